@@ -1,0 +1,60 @@
+# The README's two commands: `make demo` and `make test`. Everything else is a step of them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROTOS := protos/externalscaler/externalscaler.proto protos/unitscale/v1/signals.proto
+
+.PHONY: demo test install lint typecheck stubs stubs-check buf pytest bench clean
+
+# Reinstall only when the project metadata changes.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
+	$(BIN)/python -m pip install --quiet --group dev -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/unitscale demo
+
+test: install lint typecheck stubs-check buf pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: install
+	$(BIN)/mypy
+
+# Regenerate the committed gRPC stubs with the pinned grpcio-tools.
+stubs: install
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+
+# CI: the committed stubs must be exactly what the pinned generator makes.
+stubs-check: stubs
+	@git diff --exit-code -- protos || { echo "generated stubs differ from the committed ones: run 'make stubs' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain --untracked-files=all -- protos)" || { git status --short -- protos; echo "untracked generated files: commit them"; exit 1; }
+
+# buf lint (STANDARD, KEDA's file excepted) and buf breaking against the previous commit.
+buf: install
+	$(BIN)/buf lint
+	$(BIN)/buf format --diff --exit-code protos
+	@if git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then \
+		echo "buf breaking --against .git#ref=HEAD~1"; \
+		$(BIN)/buf breaking --against '.git#ref=HEAD~1'; \
+	else \
+		echo "buf breaking: no earlier commit with buf.yaml to compare against"; \
+	fi
+
+# pytest exits 5 when it collected nothing: that is a failure here.
+pytest: install
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python bench/scaler_rpc.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

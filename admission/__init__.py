@@ -1,0 +1,1 @@
+"""The Kueue admission-check controller for training workloads."""

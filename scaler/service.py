@@ -1,0 +1,290 @@
+"""KEDA's ``externalscaler.ExternalScaler`` service over the decision core.
+
+Decisions are made when new signals arrive (``SignalStore`` tells the registry), and
+every KEDA RPC reads the stored decision: O(1), no scrape, no I/O per call. The one
+place where errors become gRPC status codes:
+
+=====================  ==================  ========================================
+error                  status              why
+=====================  ==================  ========================================
+MetadataError          INVALID_ARGUMENT    the ScaledObject's trigger is misconfigured
+unknown metric name    NOT_FOUND           KEDA asked for a metric we never specified
+NoDataError            UNAVAILABLE         lets KEDA's fallback act; never a fake 0
+=====================  ==================  ========================================
+
+The metric is the desired replica count itself, with AverageValue target 1, so the
+HPA computes ``ceil(value / 1)`` replicas (subject to its 10% tolerance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos.externalscaler import externalscaler_pb2 as pb
+from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
+from scaler.core import Decision, DecisionState, Policy, decide
+from scaler.metadata import TriggerMetadata, parse_metadata
+from scaler.signals import SignalStore, TargetKey, describe_key, observe
+from unitscale.errors import MetadataError, NoDataError
+
+log = logging.getLogger(__name__)
+
+METRIC_NAME = "unitscale-desired-replicas"
+"""The one metric every unitscale ScaledObject gets (HPA name ``sN-`` + this)."""
+TARGET_VALUE = 1.0
+"""AverageValue target: one unit of the metric per replica."""
+
+# KEDA names the HPA metric "s<trigger index>-<name>" and strips that prefix before
+# GetMetrics; accept it anyway, for older KEDA versions and hand-made calls.
+_KEDA_INDEX_PREFIX = re.compile(r"^s\d+-")
+
+_METRIC_SPEC = pb.GetMetricSpecResponse(
+    metricSpecs=[
+        pb.MetricSpec(
+            metricName=METRIC_NAME, targetSize=int(TARGET_VALUE), targetSizeFloat=TARGET_VALUE
+        )
+    ]
+)
+_ACTIVE = pb.IsActiveResponse(result=True)
+_INACTIVE = pb.IsActiveResponse(result=False)
+
+ObjectKey = tuple[str, str]
+"""(namespace, name) of a ScaledObject."""
+
+
+@dataclass(slots=True, eq=False)
+class ScaledObject:
+    """What the scaler keeps per ScaledObject: its trigger and its latest decision."""
+
+    key: ObjectKey
+    raw_metadata: dict[str, str]
+    metadata: TriggerMetadata
+    target: TargetKey
+    policy: Policy
+    max_signal_age: float
+    state: DecisionState = field(default_factory=DecisionState)
+    decision: Decision | None = None
+    error: NoDataError | None = None
+    signals_version: int = -1
+    valid_until: float = -math.inf
+    active: bool = False
+    """Whether the last valid decision was active (for push transitions)."""
+    push_events: set[asyncio.Event] = field(default_factory=set)
+
+
+class ScaledObjectRegistry:
+    """Every ScaledObject KEDA has asked about, and its current decision."""
+
+    def __init__(
+        self,
+        store: SignalStore,
+        default_max_signal_age: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._default_max_age = default_max_signal_age
+        self._clock = clock
+        self._objects: dict[ObjectKey, ScaledObject] = {}
+        self._by_target: dict[TargetKey, set[ScaledObject]] = {}
+        store.add_listener(self._on_signals)
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def get(self, namespace: str, name: str) -> ScaledObject | None:
+        """The ScaledObject if KEDA has asked about it."""
+        return self._objects.get((namespace, name))
+
+    def resolve(self, name: str, namespace: str, raw: Mapping[str, str]) -> ScaledObject:
+        """The ScaledObject for a KEDA ref, (re)parsing its metadata when it changed.
+
+        Raises:
+            MetadataError: the metadata is invalid; an earlier valid entry is kept.
+        """
+        if not name or not namespace:
+            raise MetadataError("ScaledObjectRef needs both name and namespace")
+        key = (namespace, name)
+        existing = self._objects.get(key)
+        metadata_map = dict(raw)
+        if existing is not None and existing.raw_metadata == metadata_map:
+            return existing
+        metadata = parse_metadata(metadata_map)
+        target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
+        max_age = metadata.max_signal_age or self._default_max_age
+        if existing is None:
+            scaled = ScaledObject(key, metadata_map, metadata, target, metadata.policy(), max_age)
+            self._objects[key] = scaled
+            log.info("tracking ScaledObject %s/%s for %s", namespace, name, describe_key(target))
+        else:
+            # Update in place: open StreamIsActive calls keep their events.
+            scaled = existing
+            self._by_target.get(scaled.target, set()).discard(scaled)
+            scaled.raw_metadata, scaled.metadata, scaled.target = metadata_map, metadata, target
+            scaled.policy, scaled.max_signal_age = metadata.policy(), max_age
+            scaled.signals_version = -1
+            log.info("ScaledObject %s/%s metadata changed", namespace, name)
+        self._by_target.setdefault(target, set()).add(scaled)
+        self._refresh(scaled, self._clock())
+        return scaled
+
+    def current(self, scaled: ScaledObject) -> Decision:
+        """The decision to answer KEDA with now.
+
+        Raises:
+            NoDataError: no signals, or only stale ones, for the ScaledObject's target.
+        """
+        now = self._clock()
+        signals = self._store.get(scaled.target)
+        version = signals.version if signals is not None else 0
+        if version != scaled.signals_version or now > scaled.valid_until:
+            self._refresh(scaled, now)
+        if scaled.decision is None:
+            assert scaled.error is not None
+            raise scaled.error
+        return scaled.decision
+
+    def watch_activation(self, scaled: ScaledObject) -> asyncio.Event:
+        """An event set on each inactive-to-active transition; pass it to ``unwatch``."""
+        event = asyncio.Event()
+        scaled.push_events.add(event)
+        return event
+
+    def unwatch(self, scaled: ScaledObject, event: asyncio.Event) -> None:
+        """Stop setting ``event``."""
+        scaled.push_events.discard(event)
+
+    def _on_signals(self, target: TargetKey) -> None:
+        bound = self._by_target.get(target)
+        if bound:
+            now = self._clock()
+            for scaled in bound:
+                self._refresh(scaled, now)
+
+    def _refresh(self, scaled: ScaledObject, now: float) -> None:
+        signals = self._store.get(scaled.target)
+        scaled.signals_version = signals.version if signals is not None else 0
+        try:
+            observation, valid_until = observe(scaled.target, signals, now, scaled.max_signal_age)
+            decision = decide(observation, scaled.policy, scaled.state)
+        except NoDataError as err:
+            if scaled.error is None or str(scaled.error) != str(err):
+                log.info("ScaledObject %s/%s: %s", *scaled.key, err)
+            scaled.decision, scaled.error, scaled.valid_until = None, err, math.inf
+            return
+        previous = scaled.decision
+        scaled.decision, scaled.error, scaled.state = decision, None, decision.state
+        scaled.valid_until = valid_until
+        if previous is None or previous.desired_replicas != decision.desired_replicas:
+            log.info(
+                "ScaledObject %s/%s: desired replicas %d (%s)",
+                *scaled.key,
+                decision.desired_replicas,
+                decision.reason,
+            )
+        if decision.active and not scaled.active:
+            for event in scaled.push_events:
+                event.set()
+        scaled.active = decision.active
+
+
+class ExternalScalerService(pb_grpc.ExternalScalerServicer):
+    """The five RPCs KEDA calls, answered from the registry."""
+
+    def __init__(self, registry: ScaledObjectRegistry) -> None:
+        self._registry = registry
+
+    async def IsActive(  # noqa: N802 - name fixed by KEDA
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> pb.IsActiveResponse:
+        """Whether the ScaledObject should have replicas (KEDA's 0 <-> 1)."""
+        decision = await self._decision(request, context)
+        return _ACTIVE if decision.active else _INACTIVE
+
+    async def StreamIsActive(  # noqa: N802
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.IsActiveResponse]:
+        """Push ``true`` on every inactive-to-active transition, and nothing else.
+
+        Each ``true`` activates at once and resets KEDA's cooldown, so repeating it
+        would delay scale-to-zero; ``false`` is ignored by KEDA >= 2.18. The stream
+        opens as "inactive", so a target already active gets one ``true`` first.
+        """
+        scaled = await self._resolve(request, context)
+        event = self._registry.watch_activation(scaled)
+        try:
+            try:
+                if self._registry.current(scaled).active:
+                    event.set()
+            except NoDataError:
+                pass  # no data is not activity; wait for signals
+            while True:
+                await event.wait()
+                event.clear()
+                yield _ACTIVE
+        finally:
+            self._registry.unwatch(scaled, event)
+
+    async def GetMetricSpec(  # noqa: N802
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> pb.GetMetricSpecResponse:
+        """The one metric and its target; validates the metadata on the way."""
+        await self._resolve(request, context)
+        return _METRIC_SPEC
+
+    async def GetMetrics(  # noqa: N802
+        self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetMetricsResponse:
+        """The desired replica count as the metric value (both int and float fields)."""
+        name = request.metricName
+        if _KEDA_INDEX_PREFIX.sub("", name, count=1) != METRIC_NAME:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"unknown metric {name!r}: this scaler serves {METRIC_NAME!r}"
+                f" (optionally with KEDA's 'sN-' prefix)",
+            )
+        decision = await self._decision(request.scaledObjectRef, context)
+        desired = decision.desired_replicas
+        return pb.GetMetricsResponse(
+            metricValues=[
+                pb.MetricValue(metricName=name, metricValue=desired, metricValueFloat=desired)
+            ]
+        )
+
+    async def StreamMetricSpec(  # noqa: N802
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GetMetricSpecResponse]:
+        """The spec at once, then nothing: our target never changes (KEDA >= 2.21)."""
+        await self._resolve(request, context)
+        yield _METRIC_SPEC
+        await asyncio.Event().wait()  # hold the stream open until KEDA closes it
+
+    async def _resolve(
+        self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> ScaledObject:
+        try:
+            return self._registry.resolve(ref.name, ref.namespace, ref.scalerMetadata)
+        except MetadataError as err:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"ScaledObject {ref.namespace}/{ref.name}: {err}"
+            )
+            raise  # unreachable: abort raises
+
+    async def _decision(
+        self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> Decision:
+        scaled = await self._resolve(ref, context)
+        try:
+            return self._registry.current(scaled)
+        except NoDataError as err:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"ScaledObject {ref.namespace}/{ref.name}: {err}"
+            )
+            raise  # unreachable: abort raises

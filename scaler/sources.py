@@ -1,0 +1,115 @@
+"""Where signals come from: watches on exporters and gateways, or a demo generator.
+
+Each source is a long-running coroutine that feeds a ``SignalStore``; the server
+starts and cancels them. A broken watch reconnects with capped exponential backoff;
+meanwhile the stored signals age and KEDA gets UNAVAILABLE once they pass
+``max-signal-age``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from protos.unitscale.v1 import signals_pb2 as pb
+from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
+from scaler.config import DemoSourceConfig, SignalSourceConfig
+from scaler.signals import SignalStore
+
+log = logging.getLogger(__name__)
+
+
+async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
+    """Keep a ``WatchSignals`` stream open to one source, forever."""
+    delay = config.reconnect_min
+    while True:
+        try:
+            async with grpc.aio.insecure_channel(config.address) as channel:
+                stub = pb_grpc.SignalsServiceStub(channel)
+                call = stub.WatchSignals(pb.WatchSignalsRequest())
+                log.info("watching signals from %s", config.address)
+                async for response in call:
+                    store.update(response.signals)
+                    delay = config.reconnect_min
+            log.warning("signal watch on %s ended; reconnecting", config.address)
+        except grpc.aio.AioRpcError as err:
+            log.warning(
+                "signal watch on %s failed (%s: %s); retrying in %.1fs",
+                config.address,
+                err.code().name,
+                err.details(),
+                delay,
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, config.reconnect_max)
+
+
+def demo_concurrency(elapsed: float, period: float, peak: float) -> float:
+    """Requests in flight in the demo's load cycle at ``elapsed`` seconds.
+
+    One cycle: a ramp to 40% of peak, a burst to peak, a fall, an idle stretch at 0
+    (so scale-to-zero happens), then the ramp again::
+
+        share of period  0 ---- 0.25 ---- 0.4 ---- 0.55 ---- 0.7 ------ 1
+        load             0 ramp  0.4  burst  1  fall  0.2  drop  0   idle
+    """
+    phase = (elapsed % period) / period
+    if phase < 0.25:
+        share = 0.4 * phase / 0.25
+    elif phase < 0.4:
+        share = 0.4 + 0.6 * math.sin((phase - 0.25) / 0.15 * math.pi / 2)
+    elif phase < 0.55:
+        share = 1.0 - 0.8 * (phase - 0.4) / 0.15
+    elif phase < 0.7:
+        share = 0.2 * (0.7 - phase) / 0.15
+    else:
+        share = 0.0
+    return round(peak * share, 1)
+
+
+def demo_signals(
+    namespace: str, deployment: str, now: float, elapsed: float, config: DemoSourceConfig
+) -> tuple[pb.Signals, pb.Signals]:
+    """Engine and gateway snapshots for one demo deployment at ``elapsed``."""
+    demand = demo_concurrency(elapsed, config.period, config.peak_concurrency)
+    target = pb.Target(namespace=namespace, deployment=deployment)
+    stamp = _timestamp(now)
+    running = min(demand, config.peak_concurrency / 2)
+    engine = pb.Signals(
+        target=target,
+        source=pb.SOURCE_EXPORTER,
+        engine=pb.EngineSignals(queue_depth=demand - running, requests_running=running),
+    )
+    engine.observed_time.CopyFrom(stamp)
+    gateway = pb.Signals(
+        target=target,
+        source=pb.SOURCE_GATEWAY,
+        gateway=pb.GatewaySignals(arrival_rate=demand / 2, in_flight=int(demand)),
+    )
+    gateway.observed_time.CopyFrom(stamp)
+    return engine, gateway
+
+
+async def demo_source(
+    config: DemoSourceConfig, store: SignalStore, clock: Callable[[], float] = time.time
+) -> None:
+    """Publish demo signals for every configured deployment every ``interval``."""
+    start = clock()
+    while True:
+        now = clock()
+        for deployment in config.deployments:
+            for snapshot in demo_signals(config.namespace, deployment, now, now - start, config):
+                store.update(snapshot)
+        await asyncio.sleep(config.interval)
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int(seconds * 1e9))
+    return stamp

@@ -1,0 +1,1 @@
+"""The inference gateway, vLLM launch profiles and the simulated replica (issue #5)."""

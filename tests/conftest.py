@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from protos.externalscaler import externalscaler_pb2 as keda
+from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
+from protos.unitscale.v1 import signals_pb2 as sig
+from scaler.config import ScalerConfig
+from scaler.server import ScalerServer
+
+T0 = 1_800_000_000.0  # a fixed "now" for tests that control the clock
+
+
+class FakeClock:
+    """A settable wall clock: tests move time, the code under test reads it."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def engine_signals(
+    deployment: str = "llama",
+    namespace: str = "team-a",
+    *,
+    at: float = T0,
+    queue: float | None = None,
+    running: float | None = None,
+    model: str = "",
+) -> sig.Signals:
+    engine = sig.EngineSignals(replicas_up=1, replicas_scraped=1)
+    if queue is not None:
+        engine.queue_depth = queue
+    if running is not None:
+        engine.requests_running = running
+    return sig.Signals(
+        target=sig.Target(namespace=namespace, deployment=deployment, model=model),
+        source=sig.SOURCE_EXPORTER,
+        observed_time=stamp(at),
+        engine=engine,
+    )
+
+
+def gateway_signals(
+    deployment: str = "llama",
+    namespace: str = "team-a",
+    *,
+    at: float = T0,
+    buffered: int = 0,
+    in_flight: int = 0,
+    arrival_rate: float | None = None,
+) -> sig.Signals:
+    gateway = sig.GatewaySignals(buffered=buffered, in_flight=in_flight)
+    if arrival_rate is not None:
+        gateway.arrival_rate = arrival_rate
+    return sig.Signals(
+        target=sig.Target(namespace=namespace, deployment=deployment),
+        source=sig.SOURCE_GATEWAY,
+        observed_time=stamp(at),
+        gateway=gateway,
+    )
+
+
+def ref(
+    name: str = "llama",
+    namespace: str = "team-a",
+    **metadata: str,
+) -> keda.ScaledObjectRef:
+    meta = {"scalerAddress": "unitscale-scaler.keda:9090", "deployment": name}
+    meta.update(metadata)
+    return keda.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=meta)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def scaler(clock: FakeClock) -> AsyncIterator[ScalerServer]:
+    server = ScalerServer(ScalerConfig(max_signal_age=30.0), "127.0.0.1:0", clock=clock)
+    await server.start()
+    yield server
+    await server.stop(grace=0)
+
+
+@pytest.fixture
+async def channel(scaler: ScalerServer) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{scaler.port}") as chan:
+        yield chan
+
+
+@pytest.fixture
+def stub(channel: grpc.aio.Channel) -> keda_grpc.ExternalScalerStub:
+    return keda_grpc.ExternalScalerStub(channel)

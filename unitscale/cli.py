@@ -1,0 +1,102 @@
+"""``unitscale``: one command, a subcommand per role."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from unitscale import __version__
+from unitscale.errors import ConfigError
+
+log = logging.getLogger("unitscale")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``unitscale`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, (args.log_level or args.default_log_level).upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.run(args))
+    except ConfigError as err:
+        print(f"unitscale {args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="unitscale", description="Autoscaling and admission for LLM inference."
+    )
+    parser.add_argument("--version", action="version", version=f"unitscale {__version__}")
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="default: info for servers, warning for the demo (its table is the output)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    scaler = commands.add_parser("scaler", help="KEDA external scaler (gRPC)")
+    scaler.add_argument("--listen", default="0.0.0.0:9090", help="HOST:PORT (default %(default)s)")
+    scaler.add_argument("--config", type=Path, help="scaler config YAML (a mounted ConfigMap)")
+    scaler.add_argument("--tls-cert", type=Path, help="PEM server certificate (turns on TLS)")
+    scaler.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    scaler.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        help="PEM CA bundle; clients must present a certificate it signed (mutual TLS)",
+    )
+    scaler.set_defaults(run=_run_scaler, default_log_level="info")
+
+    demo = commands.add_parser("demo", help="local demo: the scaler polled the way KEDA does")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    demo.add_argument("--poll", type=float, default=1.0, help="seconds between KEDA polls")
+    demo.set_defaults(run=_run_demo, default_log_level="warning")
+    return parser
+
+
+def _run_scaler(args: argparse.Namespace) -> int:
+    from scaler.config import load_config
+    from scaler.server import ScalerServer, TlsFiles
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+    config = load_config(args.config)
+    if not config.signal_sources and config.demo_source is None:
+        log.warning("no signal-sources configured: every KEDA call will get UNAVAILABLE")
+    tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+
+    async def serve() -> None:
+        server = ScalerServer(config, args.listen, tls)
+        await server.start()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        await stopping.wait()
+        log.info("shutting down (grace %.1fs)", config.grace_period)
+        await server.stop()
+
+    asyncio.run(serve())
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from unitscale.demo import run_demo
+
+    return asyncio.run(run_demo(args.duration, args.poll))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
