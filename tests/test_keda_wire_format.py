@@ -139,7 +139,7 @@ def test_generated_code_serializes_to_the_hand_built_bytes(cls, wire, fields):
 
 
 def _as_dict(msg):
-    out = {}
+    out: dict[str, object] = {}
     for field, value in msg.ListFields():
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             out[field.name] = dict(value)

@@ -1,0 +1,91 @@
+"""The ``unitscale`` command as users and Kubernetes run it: a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+
+import grpc
+
+from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
+from tests.conftest import ref
+
+UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
+
+
+def test_a_bad_config_at_startup_exits_non_zero_naming_the_key(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("max-signal-age: -5s\n")
+    result = subprocess.run(
+        [*UNITSCALE, "scaler", "--listen", "127.0.0.1:0", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "max-signal-age" in result.stderr
+    assert str(config) in result.stderr
+
+
+def test_tls_key_without_cert_is_refused(tmp_path):
+    result = subprocess.run(
+        [*UNITSCALE, "scaler", "--listen", "127.0.0.1:0", "--tls-key", str(tmp_path / "k")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "--tls-cert and --tls-key go together" in result.stderr
+
+
+async def test_the_scaler_serves_and_stops_cleanly_on_sigterm(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("demo-source:\n  namespace: team-a\n  deployments: [llama]\n")
+    process = await asyncio.create_subprocess_exec(
+        *UNITSCALE,
+        "scaler",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        str(config),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stderr = process.stderr
+    assert stderr is not None
+    try:
+        port = None
+        async with asyncio.timeout(30):
+            while port is None:
+                line = (await stderr.readline()).decode()
+                assert line, "scaler exited before serving"
+                if match := re.search(r"scaler serving on port (\d+)", line):
+                    port = int(match.group(1))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = keda_grpc.ExternalScalerStub(channel)
+            assert (await stub.GetMetricSpec(ref(), timeout=5)).metricSpecs
+            await asyncio.sleep(0.3)  # the demo source publishes at once; be generous
+            assert (await stub.IsActive(ref(), timeout=5)).result is False  # cycle starts idle
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await process.wait() == 0
+        assert b"shutting down" in await stderr.read()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def test_the_demo_runs_to_completion():
+    result = subprocess.run(
+        [*UNITSCALE, "demo", "--duration", "4", "--poll", "0.25"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "StreamIsActive pushed true" in result.stdout
+    assert re.search(r"0->1", result.stdout)
+    assert "done: " in result.stdout

@@ -1,0 +1,120 @@
+"""Signals reach the scaler over a real SignalsService watch, and survive a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+
+from protos.unitscale.v1 import signals_pb2 as sig
+from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
+from scaler.config import DemoSourceConfig, SignalSourceConfig
+from scaler.signals import SignalStore
+from scaler.sources import demo_concurrency, demo_signals, watch_signals
+from tests.conftest import T0, engine_signals
+
+
+class Publisher(sig_grpc.SignalsServiceServicer):
+    """A stand-in exporter: serves whatever the test queues."""
+
+    def __init__(self):
+        self.queue: asyncio.Queue[sig.Signals] = asyncio.Queue()
+
+    async def WatchSignals(self, request, context):
+        while True:
+            yield sig.WatchSignalsResponse(signals=await self.queue.get())
+
+
+async def start_publisher(port=0):
+    server = grpc.aio.server()
+    publisher = Publisher()
+    sig_grpc.add_SignalsServiceServicer_to_server(publisher, server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, publisher, port
+
+
+def running(store):
+    signals = store.get(("team-a", "llama", ""))
+    assert signals is not None and signals.engine is not None
+    return signals.engine.engine.requests_running
+
+
+def version(store):
+    signals = store.get(("team-a", "llama", ""))
+    return signals.version if signals else 0
+
+
+async def wait_for(store, predicate, within=5.0):
+    updated = asyncio.Event()
+    store.add_listener(lambda key: updated.set())
+    async with asyncio.timeout(within):
+        while not predicate():
+            await updated.wait()
+            updated.clear()
+
+
+async def test_watch_feeds_the_store_and_reconnects_after_the_source_restarts():
+    server, publisher, port = await start_publisher()
+    store = SignalStore()
+    config = SignalSourceConfig(address=f"127.0.0.1:{port}", reconnect_min=0.05, reconnect_max=0.2)
+    task = asyncio.create_task(watch_signals(config, store))
+    try:
+        await publisher.queue.put(engine_signals(running=3.0, at=T0))
+        await wait_for(store, lambda: store.get(("team-a", "llama", "")) is not None)
+        assert running(store) == 3.0
+
+        await server.stop(grace=0)
+        server, publisher, _ = await start_publisher(port)
+        await publisher.queue.put(engine_signals(running=7.0, at=T0 + 5))
+        await wait_for(store, lambda: version(store) == 2)
+        assert running(store) == 7.0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop(grace=0)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "kept"),
+    [
+        pytest.param(T0, T0 + 1, 2, id="a-newer-snapshot-replaces-the-older"),
+        pytest.param(T0 + 1, T0, 1, id="an-older-snapshot-after-a-reconnect-is-dropped"),
+    ],
+)
+def test_store_keeps_the_newest_snapshot_per_source(first, second, kept):
+    store = SignalStore()
+    assert store.update(engine_signals(running=1.0, at=first))
+    assert store.update(engine_signals(running=2.0, at=second)) is (kept == 2)
+    assert running(store) == kept
+
+
+def test_store_refuses_snapshots_it_cannot_attribute(caplog):
+    store = SignalStore()
+    assert not store.update(sig.Signals(source=sig.SOURCE_EXPORTER, engine=sig.EngineSignals()))
+    assert not store.update(sig.Signals(target=sig.Target(namespace="a", deployment="b")))
+    assert store.keys() == []
+
+
+@pytest.mark.parametrize(
+    ("share", "load"),
+    [
+        pytest.param(0.0, 0.0, id="the-cycle-starts-idle"),
+        pytest.param(0.25, 40.0, id="the-ramp-reaches-forty-percent"),
+        pytest.param(0.4, 100.0, id="the-burst-peaks"),
+        pytest.param(0.8, 0.0, id="the-idle-stretch-lets-it-scale-to-zero"),
+    ],
+)
+def test_demo_load_cycle(share, load):
+    assert demo_concurrency(share * 60, 60, 100) == pytest.approx(load)
+
+
+def test_demo_signals_split_demand_between_running_and_queued():
+    config = DemoSourceConfig(peak_concurrency=100, period=60)
+    engine, gateway = demo_signals("demo", "llama", T0, 0.4 * 60, config)
+    assert engine.engine.requests_running + engine.engine.queue_depth == pytest.approx(100)
+    assert gateway.gateway.in_flight == 100
+    assert engine.observed_time.seconds == int(T0)
