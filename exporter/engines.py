@@ -1,0 +1,244 @@
+"""What each serving engine calls things: vLLM and SGLang metrics to one ``EngineStats``.
+
+One scrape of one replica becomes one ``EngineStats``: gauges (requests running and
+waiting, KV-cache use), counters (tokens, finished requests, preemptions) and latency
+histograms, each under a name of ours. Per concept the newest metric name wins and
+older names are the fallback (vLLM renamed ``gpu_cache_usage_perc`` and
+``time_per_output_token_seconds``; SGLang ``time_per_output_token_seconds``).
+
+Series that differ only in a replica-internal label are combined:
+
+- vLLM's ``engine`` label (data-parallel engines) and SGLang's ``dp_rank``: summed,
+  they are separate engines in one replica.
+- vLLM's ``pid`` label (a gauge without a multiprocess mode, one copy per API-server
+  process) and SGLang's ``tp_rank``/``pp_rank``/``moe_ep_rank``: the same engine seen
+  by several processes, so the largest copy is kept, never the sum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from exporter.parse import Sample
+
+GAUGES = ("running", "waiting", "kv_usage")
+COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions")
+HISTOGRAMS = ("ttft", "itl", "e2e", "queue_time")
+
+# Labels that split one replica's engine into parts to add up, or into copies.
+_SUMMED = frozenset({"engine", "dp_rank"})
+_COPIES = frozenset({"pid", "tp_rank", "pp_rank", "moe_ep_rank"})
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    """Exposed metric names per concept, newest first."""
+
+    engine: str
+    gauges: Mapping[str, tuple[str, ...]]
+    counters: Mapping[str, tuple[str, ...]]
+    histograms: Mapping[str, tuple[str, ...]]
+    model_label: str = "model_name"
+
+    def wanted(self) -> frozenset[str]:
+        """Every sample name the parser must keep for this engine."""
+        names: set[str] = set()
+        for options in (*self.gauges.values(), *self.counters.values()):
+            names.update(options)
+            names.update(f"{name.removesuffix('_total')}_created" for name in options)
+        for options in self.histograms.values():
+            for base in options:
+                names.update(f"{base}{suffix}" for suffix in ("_bucket", "_count", "_sum"))
+                names.add(f"{base}_created")
+        return frozenset(names)
+
+
+VLLM = Contract(
+    engine="vllm",
+    gauges={
+        "running": ("vllm:num_requests_running",),
+        "waiting": ("vllm:num_requests_waiting",),
+        "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    },
+    counters={
+        "prompt_tokens": ("vllm:prompt_tokens_total",),
+        "generation_tokens": ("vllm:generation_tokens_total",),
+        "requests": ("vllm:request_success_total",),  # every finished request, all reasons
+        "preemptions": ("vllm:num_preemptions_total",),
+    },
+    histograms={
+        "ttft": ("vllm:time_to_first_token_seconds",),
+        "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        "e2e": ("vllm:e2e_request_latency_seconds",),
+        "queue_time": ("vllm:request_queue_time_seconds",),
+    },
+)
+
+# Names from sgl-project/sglang python/sglang/srt/metrics/collector.py and its docs
+# (docs/references/production_metrics.md); read from source, not yet seen from a
+# running SGLang here.
+SGLANG = Contract(
+    engine="sglang",
+    gauges={
+        "running": ("sglang:num_running_reqs",),
+        "waiting": ("sglang:num_queue_reqs",),
+        "kv_usage": ("sglang:token_usage",),
+    },
+    counters={
+        "prompt_tokens": ("sglang:prompt_tokens_total",),
+        "generation_tokens": ("sglang:generation_tokens_total",),
+        "requests": ("sglang:num_requests_total",),
+        "preemptions": ("sglang:num_retracted_requests_total",),
+    },
+    histograms={
+        "ttft": ("sglang:time_to_first_token_seconds",),
+        "itl": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+        "e2e": ("sglang:e2e_request_latency_seconds",),
+        "queue_time": ("sglang:queue_time_seconds",),
+    },
+)
+
+CONTRACTS = {"vllm": VLLM, "sglang": SGLANG}
+WANTED_ANY = VLLM.wanted() | SGLANG.wanted()
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Cumulative bucket counts by upper bound (the last bound is +Inf)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    count: float
+    total: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """One replica's metrics at one scrape, by concept; absent concepts are missing."""
+
+    engine: str
+    model: str | None
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    created: float | None = None
+    """Newest ``_created`` timestamp of any counter: a change means a restart."""
+    missing: tuple[str, ...] = ()
+
+
+def detect_engine(samples: Iterable[Sample]) -> str | None:
+    """``"vllm"`` or ``"sglang"`` from the sample names, or None if neither appears."""
+    for sample in samples:
+        if sample.name.startswith("vllm:"):
+            return "vllm"
+        if sample.name.startswith("sglang:"):
+            return "sglang"
+    return None
+
+
+def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
+    """Combine one scrape's samples into concepts under ``contract``."""
+    by_name: dict[str, list[Sample]] = {}
+    for sample in samples:
+        by_name.setdefault(sample.name, []).append(sample)
+
+    model = None
+    for sample in samples:
+        if contract.model_label in sample.labels:
+            model = sample.labels[contract.model_label]
+            break
+
+    missing: list[str] = []
+    gauges: dict[str, float] = {}
+    for concept, options in contract.gauges.items():
+        value = _first(by_name, options, _combine_gauge)
+        if value is None:
+            missing.append(concept)
+        else:
+            gauges[concept] = value
+    if "kv_usage" in gauges:  # a sum over engines would exceed 1: use their mean
+        engines = _engine_count(by_name, contract.gauges["kv_usage"])
+        gauges["kv_usage"] /= max(engines, 1)
+
+    counters: dict[str, float] = {}
+    created: float | None = None
+    for concept, options in contract.counters.items():
+        value = _first(by_name, options, _combine_counter)
+        if value is None:
+            missing.append(concept)
+        else:
+            counters[concept] = value
+        for name in options:
+            for sample in by_name.get(name.removesuffix("_total") + "_created", ()):
+                created = sample.value if created is None else max(created, sample.value)
+
+    histograms: dict[str, Histogram] = {}
+    for concept, options in contract.histograms.items():
+        for base in options:
+            histogram = _histogram(by_name, base)
+            if histogram is not None:
+                histograms[concept] = histogram
+                break
+        else:
+            missing.append(concept)
+    return EngineStats(
+        contract.engine, model, gauges, counters, histograms, created, tuple(missing)
+    )
+
+
+def _first(
+    by_name: dict[str, list[Sample]],
+    options: tuple[str, ...],
+    combine: Callable[[list[Sample]], float],
+) -> float | None:
+    for name in options:
+        samples = by_name.get(name)
+        if samples:
+            return combine(samples)
+    return None
+
+
+def _identity(labels: Mapping[str, str], drop: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in drop))
+
+
+def _combine_gauge(samples: list[Sample]) -> float:
+    # Copies (pid, tp_rank, ...) of the same series: keep the largest; then sum engines.
+    per_series: dict[tuple[tuple[str, str], ...], float] = {}
+    for sample in samples:
+        key = _identity(sample.labels, _COPIES)
+        per_series[key] = max(per_series.get(key, sample.value), sample.value)
+    return float(sum(per_series.values()))
+
+
+def _combine_counter(samples: list[Sample]) -> float:
+    return _combine_gauge(samples)  # same rule; counters are summed over reasons too
+
+
+def _engine_count(by_name: dict[str, list[Sample]], options: tuple[str, ...]) -> int:
+    for name in options:
+        samples = by_name.get(name)
+        if samples:
+            return len({_identity(s.labels, _COPIES) for s in samples})
+    return 0
+
+
+def _histogram(by_name: dict[str, list[Sample]], base: str) -> Histogram | None:
+    buckets = by_name.get(base + "_bucket")
+    if not buckets:
+        return None
+    per_bound: dict[float, dict[tuple[tuple[str, str], ...], float]] = {}
+    for sample in buckets:
+        bound = float(sample.labels.get("le", "nan"))
+        key = _identity(sample.labels, _COPIES | {"le"})
+        series = per_bound.setdefault(bound, {})
+        series[key] = max(series.get(key, sample.value), sample.value)
+    bounds = tuple(sorted(b for b in per_bound if b == b))  # drop a NaN "le"
+    counts = tuple(float(sum(per_bound[b].values())) for b in bounds)
+    counts_series = by_name.get(base + "_count")
+    count = _combine_counter(counts_series) if counts_series else counts[-1]
+    sums = by_name.get(base + "_sum")
+    total = _combine_counter(sums) if sums else math.nan
+    return Histogram(bounds, counts, count, total)

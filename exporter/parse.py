@@ -1,0 +1,156 @@
+"""A fast reader of Prometheus text and OpenMetrics exposition that keeps only wanted names.
+
+vLLM's ``/metrics`` is mostly families the exporter never reads (Python GC, process,
+HTTP histograms); this parser looks at a line's metric name first and parses labels
+and value only for the wanted ones. It returns exactly what ``prometheus_client``'s
+parsers return for those samples (names, labels, values, timestamps), which the tests
+check on real captures.
+
+Errors raise ``ExpositionError`` naming the line number and the offending text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+class ExpositionError(ValueError):
+    """The text is not valid Prometheus or OpenMetrics exposition."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One exposed sample: ``name{labels} value [timestamp]``."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp: float | None = None
+
+
+def parse_samples(
+    text: str, wanted: Collection[str] | None = None, openmetrics: bool | None = None
+) -> list[Sample]:
+    """Samples whose exposed name is in ``wanted`` (every sample if None), in text order.
+
+    Accepts the classic text format (``version=0.0.4``/``1.0.0``, timestamps in
+    milliseconds) and OpenMetrics (``# EOF``, exemplars after `` # ``, timestamps in
+    seconds); ``openmetrics=None`` tells them apart by the ``# EOF`` line. Timestamps
+    come back in seconds either way. Comment and metadata lines are skipped: callers
+    match on sample names.
+
+    Raises:
+        ExpositionError: a wanted line is malformed; other lines are not examined.
+    """
+    if openmetrics is None:
+        openmetrics = text.rstrip().endswith("# EOF")
+    samples: list[Sample] = []
+    append = samples.append
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        space = _first_blank(line)
+        if brace != -1 and (space == -1 or brace < space):
+            name = line[:brace]
+            if wanted is not None and name not in wanted:
+                continue
+            labels, position = _parse_labels(line, brace + 1, number)
+        else:
+            if space == -1:
+                raise ExpositionError(f"line {number}: no value in {line!r}")
+            name = line[:space]
+            if wanted is not None and name not in wanted:
+                continue
+            labels, position = {}, space
+        if not name:
+            raise ExpositionError(f"line {number}: no metric name in {line!r}")
+        value, timestamp = _parse_value(line, position, number)
+        if timestamp is not None and not openmetrics:
+            timestamp /= 1000.0  # the text format counts milliseconds
+        append(Sample(name, labels, value, timestamp))
+    return samples
+
+
+def _first_blank(line: str) -> int:
+    space = line.find(" ")
+    tab = line.find("\t")
+    if tab != -1 and (space == -1 or tab < space):
+        return tab
+    return space
+
+
+def _parse_labels(line: str, position: int, number: int) -> tuple[dict[str, str], int]:
+    labels: dict[str, str] = {}
+    end = len(line)
+    while True:
+        while position < end and line[position] in " \t":
+            position += 1
+        if position < end and line[position] == "}":
+            return labels, position + 1
+        equals = line.find("=", position)
+        if equals == -1:
+            raise ExpositionError(f"line {number}: unterminated labels in {line!r}")
+        label = line[position:equals].strip()
+        if not label or line[equals + 1 : equals + 2] != '"':
+            raise ExpositionError(f"line {number}: bad label near {line[position:]!r}")
+        start = equals + 2
+        close = line.find('"', start)
+        if close == -1:
+            raise ExpositionError(f"line {number}: unterminated label value in {line!r}")
+        if line.find("\\", start, close) == -1:
+            value = line[start:close]
+        else:
+            value, close = _unescape(line, start, number)
+        labels[label] = value
+        position = close + 1
+        while position < end and line[position] in " \t":
+            position += 1
+        if position < end and line[position] == ",":
+            position += 1
+        elif position < end and line[position] == "}":
+            return labels, position + 1
+        else:
+            raise ExpositionError(f"line {number}: expected ',' or '}}' in {line!r}")
+
+
+def _unescape(line: str, start: int, number: int) -> tuple[str, int]:
+    out: list[str] = []
+    position = start
+    end = len(line)
+    while position < end:
+        char = line[position]
+        if char == "\\":
+            escaped = line[position + 1 : position + 2]
+            out.append(_ESCAPES.get(escaped, "\\" + escaped))
+            position += 2
+        elif char == '"':
+            return "".join(out), position
+        else:
+            out.append(char)
+            position += 1
+    raise ExpositionError(f"line {number}: unterminated label value in {line!r}")
+
+
+def _parse_value(line: str, position: int, number: int) -> tuple[float, float | None]:
+    rest = line[position:]
+    exemplar = rest.find(" # ")
+    if exemplar != -1:
+        rest = rest[:exemplar]
+    parts = rest.split()
+    if not parts or len(parts) > 2:
+        raise ExpositionError(f"line {number}: expected 'value [timestamp]' in {line!r}")
+    try:
+        value = _float(parts[0])
+        timestamp = _float(parts[1]) if len(parts) == 2 else None
+    except ValueError:
+        raise ExpositionError(f"line {number}: bad number in {line!r}") from None
+    return value, timestamp
+
+
+def _float(text: str) -> float:
+    # As prometheus_client does: float() reads "+Inf", "-Inf" and "NaN" too.
+    return float(text)

@@ -1,0 +1,311 @@
+"""Sliding windows over scrapes, and the signals derived from them.
+
+Everything here is pure: scrapes and ``now`` come in, numbers come out. Counters and
+histogram buckets become *increases inside the window* (Prometheus ``increase``
+semantics: a restart, seen as a changed ``_created`` or a counter going down, counts
+the new value as the increase), never lifetime totals. A signal that cannot be
+computed (one scrape in the window, a family the engine does not expose) is None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from exporter.engines import COUNTERS, HISTOGRAMS, EngineStats
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+Vector = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each counter and histogram sits in a replica's flat vector."""
+
+    bounds: tuple[tuple[str, tuple[float, ...]], ...]
+
+    @staticmethod
+    def of(stats: EngineStats) -> Layout:
+        """The layout of a scrape's counters and histograms."""
+        return Layout(
+            tuple((c, stats.histograms[c].bounds) for c in HISTOGRAMS if c in stats.histograms)
+        )
+
+    def vector(self, stats: EngineStats) -> Vector:
+        """Counters (NaN when missing), then each histogram's cumulative counts."""
+        values = [stats.counters.get(c, math.nan) for c in COUNTERS]
+        for concept, _ in self.bounds:
+            values.extend(stats.histograms[concept].counts)
+        return np.array(values, dtype=np.float64)
+
+
+@dataclass(slots=True)
+class ReplicaHistory:
+    """A replica's recent scrapes, oldest first, kept for ``horizon`` seconds."""
+
+    horizon: float
+    layout: Layout | None = None
+    times: list[float] = field(default_factory=list)
+    vectors: list[Vector] = field(default_factory=list)
+    created: list[float | None] = field(default_factory=list)
+    gauges: list[dict[str, float]] = field(default_factory=list)
+
+    def add(self, now: float, stats: EngineStats) -> None:
+        """Record a scrape taken at ``now``; a new histogram layout starts afresh."""
+        layout = Layout.of(stats)
+        if layout != self.layout:  # buckets changed (an upgrade): deltas would be nonsense
+            self.layout = layout
+            self.times, self.vectors, self.created, self.gauges = [], [], [], []
+        self.times.append(now)
+        self.vectors.append(layout.vector(stats))
+        self.created.append(stats.created)
+        self.gauges.append(stats.gauges)
+        cutoff = now - self.horizon
+        drop = 0
+        while drop < len(self.times) - 2 and self.times[drop + 1] < cutoff:
+            drop += 1  # keep one scrape before the horizon as the base of the window
+        if drop:
+            del self.times[:drop], self.vectors[:drop], self.created[:drop], self.gauges[:drop]
+
+    def window(self, now: float, seconds: float) -> ReplicaWindow | None:
+        """Increases and gauge means over the last ``seconds``, or None with < 2 scrapes."""
+        start = now - seconds
+        first = 0
+        while first < len(self.times) - 1 and self.times[first + 1] <= start:
+            first += 1  # the newest scrape at or before the window start is its base
+        if len(self.times) - first < 2:
+            return None
+        times = self.times[first:]
+        matrix = np.vstack(self.vectors[first:])
+        steps = np.diff(matrix, axis=0)
+        created = self.created[first:]
+        restarted = np.array(
+            [created[i + 1] != created[i] for i in range(len(created) - 1)], dtype=bool
+        )
+        restarted |= np.any(steps < 0, axis=1)
+        if restarted.any():
+            steps[restarted] = matrix[1:][restarted]  # the counts since the restart
+        assert self.layout is not None
+        gauges = self.gauges[first + 1 :]
+        means = {
+            name: float(np.mean([g[name] for g in gauges]))
+            for name in ("running", "waiting", "kv_usage")
+            if all(name in g for g in gauges)
+        }
+        return ReplicaWindow(times[-1] - times[0], steps.sum(axis=0), self.layout, means)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaWindow:
+    """One replica's increases over ``duration`` seconds."""
+
+    duration: float
+    increase: Vector
+    layout: Layout
+    gauge_means: dict[str, float]
+
+    def rate(self, counter: str) -> float | None:
+        """Per-second increase of a counter, or None if the engine lacks it."""
+        value = self.increase[COUNTERS.index(counter)]
+        return None if math.isnan(value) or self.duration <= 0 else float(value / self.duration)
+
+    def buckets(self, histogram: str) -> tuple[tuple[float, ...], Vector] | None:
+        """Bucket bounds and cumulative count increases of a histogram."""
+        offset = len(COUNTERS)
+        for concept, bounds in self.layout.bounds:
+            if concept == histogram:
+                return bounds, self.increase[offset : offset + len(bounds)]
+            offset += len(bounds)
+        return None
+
+
+def bucket_quantile(q: float, bounds: Sequence[float], cumulative: Vector) -> float | None:
+    """Prometheus ``histogram_quantile`` over cumulative bucket counts.
+
+    Linear interpolation inside the bucket holding rank ``q * total``; the first
+    bucket starts at 0; a rank in the +Inf bucket answers the largest finite bound.
+    None when the buckets hold no observation. Example: bounds (0.1, 0.5, +Inf),
+    counts (2, 6, 6), q 0.5: rank 3 lies in (0.1, 0.5] holding 4 -> 0.1 + 0.4 * 1/4 = 0.2.
+    """
+    counts = np.maximum.accumulate(cumulative)  # scrapes are not atomic: keep it monotone
+    total = float(counts[-1]) if len(counts) else 0.0
+    if total <= 0 or not math.isfinite(total):
+        return None
+    rank = q * total
+    index = int(np.searchsorted(counts, rank, side="left"))
+    index = min(index, len(bounds) - 1)
+    if math.isinf(bounds[index]):
+        finite = [b for b in bounds if math.isfinite(b)]
+        return finite[-1] if finite else None
+    upper = bounds[index]
+    if index == 0:
+        lower, below = (0.0 if upper > 0 else upper), 0.0
+    else:
+        lower, below = bounds[index - 1], float(counts[index - 1])
+    inside = float(counts[index]) - below
+    if inside <= 0:
+        return upper
+    return lower + (upper - lower) * (rank - below) / inside
+
+
+@dataclass(frozen=True, slots=True)
+class Accelerator:
+    """What one replica costs: price per accelerator-hour times the share it holds."""
+
+    price_per_hour: float
+    fraction: float
+    price_is_default: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSignals:
+    """Deployment-wide rates and latency quantiles over one window."""
+
+    seconds: float
+    request_rate: float | None = None
+    prompt_token_rate: float | None = None
+    generation_token_rate: float | None = None
+    preemption_rate: float | None = None
+    quantiles: dict[str, dict[float, float | None]] = field(default_factory=dict)
+    queue_depth_mean: float | None = None
+    running_mean: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSignals:
+    """Everything the exporter publishes for one deployment at one time."""
+
+    time: float
+    replicas: int
+    replicas_up: int
+    queue_depth: float | None
+    running: float | None
+    kv_usage: float | None
+    panic: WindowSignals
+    stable: WindowSignals
+    cost_per_million_tokens: float | None
+    cost_per_million_output_tokens: float | None
+    price_is_default: bool
+    partial: bool
+
+
+def derive(
+    now: float,
+    replicas: int,
+    latest: Sequence[EngineStats],
+    histories: Sequence[ReplicaHistory],
+    panic_seconds: float,
+    stable_seconds: float,
+    accelerator: Accelerator,
+) -> DeploymentSignals:
+    """Deployment signals from the replicas scraped now (``latest``) and their histories.
+
+    ``replicas`` counts every known replica, up or not: each holds accelerators and
+    costs money. With no replica at all, load and rates are 0 (facts, not guesses);
+    with replicas but none answering, they are None.
+    """
+    up = len(latest)
+    none_known = replicas == 0
+    panic = _window(now, panic_seconds, histories, none_known)
+    stable = _window(now, stable_seconds, histories, none_known)
+    queue = _gauge_sum(latest, "waiting", none_known)
+    running = _gauge_sum(latest, "running", none_known)
+    kv_values = [s.gauges["kv_usage"] for s in latest if "kv_usage" in s.gauges]
+    kv = float(np.mean(kv_values)) if kv_values else None
+    spend = accelerator.price_per_hour * accelerator.fraction * replicas  # $ per hour
+    cost_total = _cost(spend, _sum(stable.prompt_token_rate, stable.generation_token_rate))
+    cost_output = _cost(spend, stable.generation_token_rate)
+    partial = up < replicas or any(s.missing for s in latest)
+    return DeploymentSignals(
+        now,
+        replicas,
+        up,
+        queue,
+        running,
+        kv,
+        panic,
+        stable,
+        cost_total,
+        cost_output,
+        accelerator.price_is_default,
+        partial,
+    )
+
+
+def _sum(*values: float | None) -> float | None:
+    return (
+        None if any(v is None for v in values) else float(sum(v for v in values if v is not None))
+    )
+
+
+def _cost(dollars_per_hour: float, tokens_per_second: float | None) -> float | None:
+    """$ per 1M tokens; +Inf when paying for replicas that served nothing."""
+    if tokens_per_second is None:
+        return None
+    if tokens_per_second <= 0:
+        return math.inf if dollars_per_hour > 0 else None
+    return dollars_per_hour / (tokens_per_second * 3600) * 1e6
+
+
+def _gauge_sum(latest: Sequence[EngineStats], name: str, none_known: bool) -> float | None:
+    if none_known:
+        return 0.0
+    values = [s.gauges[name] for s in latest if name in s.gauges]
+    return float(sum(values)) if values else None
+
+
+def _window(
+    now: float, seconds: float, histories: Sequence[ReplicaHistory], none_known: bool
+) -> WindowSignals:
+    if none_known:
+        return WindowSignals(seconds, 0.0, 0.0, 0.0, 0.0, {}, 0.0, 0.0)
+    windows = [w for h in histories if (w := h.window(now, seconds)) is not None]
+    if not windows:
+        return WindowSignals(seconds)
+
+    def total(counter: str) -> float | None:
+        rates = [w.rate(counter) for w in windows]
+        return None if any(r is None for r in rates) else float(sum(r for r in rates if r))
+
+    quantiles: dict[str, dict[float, float | None]] = {}
+    for histogram in HISTOGRAMS:
+        merged = _merge_buckets(windows, histogram)
+        if merged is not None:
+            bounds, counts = merged
+            quantiles[histogram] = {q: bucket_quantile(q, bounds, counts) for q in QUANTILES}
+    means = [w.gauge_means for w in windows]
+    return WindowSignals(
+        seconds,
+        total("requests"),
+        total("prompt_tokens"),
+        total("generation_tokens"),
+        total("preemptions"),
+        quantiles,
+        float(sum(m["waiting"] for m in means)) if all("waiting" in m for m in means) else None,
+        float(sum(m["running"] for m in means)) if all("running" in m for m in means) else None,
+    )
+
+
+def _merge_buckets(
+    windows: Sequence[ReplicaWindow], histogram: str
+) -> tuple[tuple[float, ...], Vector] | None:
+    """Sum bucket increases across replicas that share bounds.
+
+    Replicas on different engine versions may bucket differently; bucket counts
+    cannot be added across layouts, so the layout with the most observations wins.
+    """
+    groups: dict[tuple[float, ...], Vector] = {}
+    for window in windows:
+        found = window.buckets(histogram)
+        if found is None:
+            continue
+        bounds, counts = found
+        groups[bounds] = groups[bounds] + counts if bounds in groups else counts.copy()
+    if not groups:
+        return None
+    bounds = max(groups, key=lambda b: float(groups[b][-1]))
+    return bounds, groups[bounds]

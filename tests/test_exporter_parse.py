@@ -1,0 +1,141 @@
+"""The exposition parser agrees with prometheus_client on every golden file and on
+generated input, and names the line of any malformed wanted sample."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.engines import WANTED_ANY
+from exporter.parse import ExpositionError, parse_samples
+
+GOLDEN = sorted((Path(__file__).parent / "golden").rglob("*.txt"))
+
+
+def reference(text, openmetrics=False):
+    parse = openmetrics_families if openmetrics else text_string_to_metric_families
+    out = []
+    for family in parse(text):
+        for s in family.samples:
+            timestamp = s.timestamp
+            if timestamp is not None and not isinstance(timestamp, float):
+                timestamp = float(timestamp.sec) + timestamp.nsec / 1e9
+            out.append((s.name, s.labels, s.value, timestamp))
+    return out
+
+
+def ours(text, wanted=None, openmetrics=None):
+    return [
+        (s.name, s.labels, s.value, s.timestamp) for s in parse_samples(text, wanted, openmetrics)
+    ]
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x[:2] == y[:2]
+        assert x[2] == y[2] or (math.isnan(x[2]) and math.isnan(y[2])), (x, y)
+        assert x[3] == y[3]
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[f"{p.parent.name}-{p.stem}" for p in GOLDEN])
+def test_every_sample_matches_prometheus_client(path):
+    text = path.read_text()
+    same(ours(text), reference(text))
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[f"{p.parent.name}-{p.stem}" for p in GOLDEN])
+def test_wanted_samples_match_prometheus_client_filtered(path):
+    text = path.read_text()
+    expected = [s for s in reference(text) if s[0] in WANTED_ANY]
+    assert expected, "the golden file holds none of the engine metrics"
+    same(ours(text, WANTED_ANY), expected)
+
+
+OPENMETRICS = """# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 12.0 1700000000.25 # {trace_id="a"} 1.0
+vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e+09 1700000000.25
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} +Inf
+# EOF
+"""
+
+
+def test_openmetrics_with_exemplars_and_timestamps_in_seconds():
+    same(ours(OPENMETRICS), reference(OPENMETRICS, openmetrics=True))
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        pytest.param('vllm:num_requests_running{engine="0" 1', "line 2", id="unclosed-braces"),
+        pytest.param("vllm:num_requests_running", "no value", id="no-value"),
+        pytest.param("vllm:num_requests_running abc", "bad number", id="not-a-number"),
+        pytest.param("vllm:num_requests_running{engine=0} 1", "bad label", id="unquoted-label"),
+        pytest.param("vllm:num_requests_running 1 2 3", "value [timestamp]", id="extra-fields"),
+    ],
+)
+def test_malformed_wanted_lines_name_the_line(line, fragment):
+    with pytest.raises(ExpositionError, match="line 2") as caught:
+        parse_samples("# HELP x\n" + line + "\n", {"vllm:num_requests_running"})
+    assert fragment in str(caught.value)
+
+
+def test_malformed_lines_of_unwanted_families_are_not_examined():
+    text = "garbage{{{ here\nvllm:num_requests_running 3\n"
+    assert ours(text, {"vllm:num_requests_running"}) == [
+        ("vllm:num_requests_running", {}, 3.0, None)
+    ]
+
+
+names = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,20}", fullmatch=True)
+label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True).filter(
+    lambda n: n != "le" and n != "quantile"
+)
+label_values = st.text(
+    st.characters(codec="utf-8", exclude_characters="\r\x85\u2028\u2029\x0b\x0c\x1c\x1d\x1e"),
+    max_size=12,
+)
+values = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=True, width=64),
+    st.integers(min_value=-(10**12), max_value=10**12).map(float),
+)
+
+
+def render_value(value):
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def escape(text):
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(names, st.dictionaries(label_names, label_values, max_size=4), values),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_generated_exposition_parses_like_prometheus_client(samples):
+    lines = []
+    for name, labels, value in samples:
+        rendered = ",".join(f'{k}="{escape(v)}"' for k, v in labels.items())
+        lines.append(
+            f"{name}{{{rendered}}} {render_value(value)}"
+            if labels
+            else f"{name} {render_value(value)}"
+        )
+    text = "\n".join(lines) + "\n"
+    same(ours(text), reference(text))

@@ -1,0 +1,151 @@
+"""Windows over scrapes: rates and quantiles from increases, restarts, cost, unknowns."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from exporter.engines import EngineStats, Histogram
+from exporter.signals import Accelerator, ReplicaHistory, bucket_quantile, derive
+
+INF = math.inf
+BOUNDS = (0.1, 0.5, 1.0, INF)
+
+
+def scrape(prompt, generation, requests, ttft=(0, 0, 0, 0), created=1.0, waiting=0.0, running=0.0):
+    return EngineStats(
+        "vllm",
+        "m",
+        gauges={"running": running, "waiting": waiting, "kv_usage": 0.5},
+        counters={
+            "prompt_tokens": prompt,
+            "generation_tokens": generation,
+            "requests": requests,
+            "preemptions": 0.0,
+        },
+        histograms={"ttft": Histogram(BOUNDS, tuple(map(float, ttft)), float(ttft[-1]), 0.0)},
+        created=created,
+    )
+
+
+def history_of(*scrapes, horizon=120.0):
+    history = ReplicaHistory(horizon)
+    for time, stats in scrapes:
+        history.add(time, stats)
+    return history
+
+
+@pytest.mark.parametrize(
+    ("q", "counts", "expected"),
+    [
+        pytest.param(0.5, (2, 6, 6, 6), 0.2, id="interpolates-inside-the-bucket"),
+        pytest.param(0.25, (2, 6, 6, 6), 0.075, id="first-bucket-starts-at-zero"),
+        pytest.param(0.99, (0, 0, 1, 10), 1.0, id="rank-in-inf-bucket-gives-largest-finite-bound"),
+        pytest.param(0.5, (0, 0, 0, 0), None, id="no-observations-is-unknown-not-zero"),
+        pytest.param(0.8, (3, 2, 4, 4), 0.6, id="non-monotone-scrape-is-made-monotone"),
+    ],
+)
+def test_bucket_quantile(q, counts, expected):
+    got = bucket_quantile(q, BOUNDS, np.array(counts, dtype=float))
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_rates_come_from_increases_inside_the_window_not_lifetime_totals():
+    history = history_of(
+        (0.0, scrape(10_000, 5_000, 900, ttft=(900, 900, 900, 900))),  # lifetime history
+        (10.0, scrape(10_100, 5_050, 905, ttft=(900, 903, 905, 905))),
+        (20.0, scrape(10_300, 5_150, 915, ttft=(902, 908, 915, 915))),
+    )
+    window = history.window(20.0, 10.0)
+    assert window is not None
+    assert window.duration == 10.0
+    assert window.rate("prompt_tokens") == pytest.approx(20.0)
+    assert window.rate("requests") == pytest.approx(1.0)
+    _bounds, counts = window.buckets("ttft")
+    assert list(counts) == [2, 5, 10, 10]  # the window's 10 requests, not 915
+
+
+def test_a_restart_never_gives_a_negative_rate():
+    history = history_of(
+        (0.0, scrape(5_000, 800, 40, created=1.0)),
+        (10.0, scrape(5_200, 850, 45, created=1.0)),
+        (20.0, scrape(30, 10, 2, created=2.0)),  # process restarted: counters from 0
+    )
+    window = history.window(20.0, 20.0)
+    assert window.rate("prompt_tokens") == pytest.approx((200 + 30) / 20)
+    assert window.rate("requests") == pytest.approx((5 + 2) / 20)
+
+
+def test_a_counter_going_down_is_a_restart_even_without_created():
+    history = history_of(
+        (0.0, scrape(1_000, 100, 10, created=None)),
+        (10.0, scrape(40, 4, 1, created=None)),
+    )
+    assert history.window(10.0, 10.0).rate("generation_tokens") == pytest.approx(0.4)
+
+
+def test_one_scrape_is_not_enough_for_a_rate():
+    assert history_of((0.0, scrape(10, 1, 1))).window(0.0, 10.0) is None
+
+
+def test_old_scrapes_leave_the_horizon():
+    history = history_of(*[(float(t), scrape(t, t, t)) for t in range(0, 200, 10)], horizon=30.0)
+    assert history.times[0] >= 190 - 40
+
+
+def test_changed_buckets_restart_the_history():
+    history = history_of((0.0, scrape(10, 1, 1)))
+    other = scrape(20, 2, 2)
+    other.histograms["ttft"] = Histogram((1.0, INF), (0.0, 0.0), 0.0, 0.0)
+    history.add(10.0, other)
+    assert len(history.times) == 1
+
+
+PRICE = Accelerator(price_per_hour=3.6, fraction=0.5)
+
+
+def test_deployment_signals_sum_replicas_and_price_tokens():
+    a = history_of((0.0, scrape(0, 0, 0)), (60.0, scrape(36_000, 3_600, 60, waiting=2, running=3)))
+    b = history_of((0.0, scrape(0, 0, 0)), (60.0, scrape(0, 3_600, 60, waiting=1, running=1)))
+    latest = [
+        a_stats := scrape(36_000, 3_600, 60, waiting=2, running=3),
+        scrape(0, 3_600, 60, waiting=1, running=1),
+    ]
+    assert a_stats.gauges["waiting"] == 2
+    signals = derive(60.0, 2, latest, [a, b], 10.0, 60.0, PRICE)
+    assert (signals.queue_depth, signals.running, signals.kv_usage) == (3.0, 4.0, 0.5)
+    assert signals.stable.request_rate == pytest.approx(2.0)
+    assert signals.stable.prompt_token_rate == pytest.approx(600.0)
+    assert signals.stable.generation_token_rate == pytest.approx(120.0)
+    # 2 replicas x 0.5 card x $3.6/h = $3.6/h; 720 tok/s = 2.592M tok/h -> $1.389 per 1M
+    assert signals.cost_per_million_tokens == pytest.approx(3.6 / (720 * 3600) * 1e6)
+    assert signals.cost_per_million_output_tokens == pytest.approx(3.6 / (120 * 3600) * 1e6)
+    assert not signals.partial
+
+
+def test_a_down_replica_still_costs_and_marks_the_signal_partial():
+    a = history_of((0.0, scrape(0, 0, 0)), (60.0, scrape(0, 360, 6)))
+    signals = derive(60.0, 2, [scrape(0, 360, 6)], [a], 10.0, 60.0, PRICE)
+    assert signals.partial and signals.replicas_up == 1
+    assert signals.cost_per_million_output_tokens == pytest.approx(3.6 / (6 * 3600) * 1e6)
+
+
+def test_replicas_that_answer_nothing_are_unknown_not_zero():
+    signals = derive(60.0, 2, [], [ReplicaHistory(120.0), ReplicaHistory(120.0)], 10.0, 60.0, PRICE)
+    assert signals.queue_depth is None and signals.running is None
+    assert signals.stable.request_rate is None
+    assert signals.cost_per_million_tokens is None
+
+
+def test_no_replicas_at_all_is_a_known_zero_load():
+    signals = derive(60.0, 0, [], [], 10.0, 60.0, PRICE)
+    assert (signals.queue_depth, signals.running, signals.stable.request_rate) == (0.0, 0.0, 0.0)
+    assert signals.cost_per_million_tokens is None  # no spend, no tokens: no price
+
+
+def test_replicas_serving_nothing_cost_infinitely_per_token():
+    a = history_of((0.0, scrape(5, 5, 5)), (60.0, scrape(5, 5, 5)))
+    signals = derive(60.0, 1, [scrape(5, 5, 5)], [a], 10.0, 60.0, PRICE)
+    assert signals.cost_per_million_tokens == INF
