@@ -178,7 +178,7 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
     for concept, options in contract.histograms.items():
         for base in options:
             histogram = _histogram(by_name, base)
-            if histogram is not None:
+            if histogram is not None and all(math.isfinite(c) for c in histogram.counts):
                 histograms[concept] = histogram
                 break
         else:
@@ -196,7 +196,9 @@ def _first(
     for name in options:
         samples = by_name.get(name)
         if samples:
-            return combine(samples)
+            value = combine(samples)
+            # NaN or Inf from a broken engine is no measurement: report it missing.
+            return value if math.isfinite(value) else None
     return None
 
 

@@ -60,6 +60,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     scaler.set_defaults(run=_run_scaler, default_log_level="info")
 
+    exporter = commands.add_parser("exporter", help="vLLM/SGLang metrics to scaling signals")
+    exporter.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="replica /metrics URL or host:port (repeatable)",
+    )
+    exporter.add_argument(
+        "--listen", default="0.0.0.0:9100", help="HTTP /metrics (default %(default)s)"
+    )
+    exporter.add_argument(
+        "--grpc-listen", default="0.0.0.0:9091", help="signals gRPC service (default %(default)s)"
+    )
+    exporter.add_argument("--config", type=Path, help="exporter config YAML (a mounted ConfigMap)")
+    exporter.add_argument("--namespace", default="default", help="namespace of --target replicas")
+    exporter.add_argument("--deployment", default="default", help="deployment of --target replicas")
+    exporter.add_argument("--dns", help="host:port of a headless Service: every A record a replica")
+    exporter.add_argument("--interval", help="scrape interval (Go duration, default 5s)")
+    exporter.add_argument("--timeout", help="per-scrape timeout (Go duration, default 2s)")
+    exporter.set_defaults(run=_run_exporter, default_log_level="info")
+
     demo = commands.add_parser("demo", help="local demo: the scaler polled the way KEDA does")
     demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
     demo.add_argument("--poll", type=float, default=1.0, help="seconds between KEDA polls")
@@ -89,6 +111,49 @@ def _run_scaler(args: argparse.Namespace) -> int:
             loop.add_signal_handler(signum, stopping.set)
         await stopping.wait()
         log.info("shutting down (grace %.1fs)", config.grace_period)
+        await server.stop()
+
+    _run_async(serve())
+    return 0
+
+
+def _run_exporter(args: argparse.Namespace) -> int:
+    from exporter.app import ExporterServer
+    from exporter.config import load_config
+
+    overrides: dict[str, object] = {}
+    if args.interval:
+        overrides["interval"] = args.interval
+    if args.timeout:
+        overrides["timeout"] = args.timeout
+    if args.target or args.dns:
+        flagged: dict[str, object] = {
+            "namespace": args.namespace,
+            "deployment": args.deployment,
+            "targets": args.target,
+        }
+        if args.dns:
+            flagged["dns"] = args.dns
+        config = load_config(args.config)
+        overrides["deployments"] = [
+            *(d.model_dump(by_alias=True) for d in config.deployments),
+            flagged,
+        ]
+    config = load_config(args.config, overrides)
+    if not config.deployments:
+        raise ConfigError(
+            "nothing to scrape: give --target URL, --dns HOST:PORT or deployments in --config"
+        )
+
+    async def serve() -> None:
+        server = ExporterServer(config, args.listen, args.grpc_listen)
+        await server.start()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        await stopping.wait()
+        log.info("shutting down")
         await server.stop()
 
     _run_async(serve())

@@ -1,0 +1,116 @@
+"""The exporter process: scrape loop, ``/metrics`` over HTTP, signals over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from exporter.collector import registry_for
+from exporter.config import ExporterConfig
+from exporter.grpc_service import SignalsService
+from exporter.runtime import Exporter
+from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
+from unitscale.errors import ConfigError
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = signals_pb2.DESCRIPTOR.services_by_name["SignalsService"].full_name
+
+
+def _split(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"expected HOST:PORT, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+class ExporterServer:
+    """A running exporter; ``start()`` returns the bound HTTP and gRPC ports."""
+
+    def __init__(
+        self,
+        config: ExporterConfig,
+        listen: str = "127.0.0.1:0",
+        grpc_listen: str = "127.0.0.1:0",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.exporter = Exporter(config, clock)
+        self.registry = registry_for(self.exporter)
+        self.signals = SignalsService(self.exporter)
+        self._listen = _split(listen)
+        self._grpc = grpc.aio.server()
+        signals_pb2_grpc.add_SignalsServiceServicer_to_server(self.signals, self._grpc)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
+        self.grpc_port = self._grpc.add_insecure_port(grpc_listen)
+        if self.grpc_port == 0:
+            raise ConfigError(f"--grpc-listen {grpc_listen}: cannot bind that address")
+        self.http_port = 0
+        self._runner: web.AppRunner | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> tuple[int, int]:
+        """Serve HTTP and gRPC and start scraping; returns (http port, grpc port)."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        # Bind first so that port 0 works and the chosen port is known.
+        family = socket.AF_INET6 if ":" in self._listen[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(self._listen)
+        except OSError as err:
+            sock.close()
+            raise ConfigError(
+                f"--listen {self._listen[0]}:{self._listen[1]}: {err.strerror}"
+            ) from err
+        await web.SockSite(self._runner, sock).start()
+        self.http_port = int(sock.getsockname()[1])
+        await self._grpc.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        self._loop_task = asyncio.create_task(self.exporter.run())
+        log.info(
+            "exporter serving /metrics on port %d, signals on port %d",
+            self.http_port,
+            self.grpc_port,
+        )
+        return self.http_port, self.grpc_port
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Stop scraping, then both servers."""
+        await self._health.enter_graceful_shutdown()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        await self._grpc.stop(grace)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        exporter = self.exporter
+        return web.json_response(
+            {
+                "cycles": exporter.cycles,
+                "last_cycle_seconds": exporter.last_cycle_seconds,
+                "deployments": len(exporter.deployments),
+            }
+        )

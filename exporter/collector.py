@@ -1,0 +1,160 @@
+"""Prometheus exposition of the exporter's signals (for Prometheus and Grafana).
+
+A custom collector reads the latest signals at scrape time, in a registry of its
+own. Labels stay bounded: namespace, deployment, model, plus ``window``, ``kind``,
+``quantile`` and ``price`` with a few fixed values; per-target series carry the
+replica's URL (one per replica, never per request). A signal that is unknown is
+left out, never written as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.runtime import Exporter
+from exporter.signals import QUANTILES, WindowSignals
+
+LABELS = ["namespace", "deployment", "model"]
+_LATENCIES = {
+    "ttft": ("unitscale_ttft_seconds", "Time to first token"),
+    "itl": ("unitscale_inter_token_seconds", "Time between output tokens"),
+    "e2e": ("unitscale_e2e_seconds", "Request latency, arrival to last token"),
+    "queue_time": ("unitscale_queue_time_seconds", "Time waiting in the engine queue"),
+}
+
+
+class SignalsCollector(Collector):
+    """Yields fresh metric families from the exporter's state on every scrape."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self._exporter = exporter
+
+    def collect(self) -> Iterator[Metric]:
+        """Every exported family; samples only for known values."""
+        window_labels = [*LABELS, "window"]
+        families = {
+            "request_rate": GaugeMetricFamily(
+                "unitscale_request_rate", "Finished requests per second.", labels=window_labels
+            ),
+            "token_rate": GaugeMetricFamily(
+                "unitscale_token_rate", "Tokens per second.", labels=[*window_labels, "kind"]
+            ),
+            "preemption_rate": GaugeMetricFamily(
+                "unitscale_preemption_rate", "Preempted sequences per second.", labels=window_labels
+            ),
+            "queue": GaugeMetricFamily(
+                "unitscale_queue_depth", "Requests waiting in the engines' queues.", labels=LABELS
+            ),
+            "running": GaugeMetricFamily(
+                "unitscale_requests_running", "Requests in the engines' batches.", labels=LABELS
+            ),
+            "kv": GaugeMetricFamily(
+                "unitscale_kv_cache_usage",
+                "Mean KV-cache use across replicas (0-1).",
+                labels=LABELS,
+            ),
+            "cost": GaugeMetricFamily(
+                "unitscale_cost_per_million_tokens",
+                "US$ per 1M tokens over the stable window (price: default or configured).",
+                labels=[*LABELS, "kind", "price"],
+            ),
+            "replicas": GaugeMetricFamily(
+                "unitscale_replicas", "Replicas known and answering.", labels=[*LABELS, "state"]
+            ),
+            "age": GaugeMetricFamily(
+                "unitscale_signal_age_seconds", "Age of the newest derived signals.", labels=LABELS
+            ),
+            "partial": GaugeMetricFamily(
+                "unitscale_signal_partial",
+                "1 when some replicas or metric families were missing.",
+                labels=LABELS,
+            ),
+        }
+        latencies = {
+            concept: GaugeMetricFamily(
+                name, f"{help_text}, by quantile.", labels=[*window_labels, "quantile"]
+            )
+            for concept, (name, help_text) in _LATENCIES.items()
+        }
+        target_labels = ["namespace", "deployment", "target"]
+        up = GaugeMetricFamily(
+            "unitscale_target_up", "1 if the last scrape worked.", labels=target_labels
+        )
+        errors = CounterMetricFamily(
+            "unitscale_target_scrape_errors",
+            "Failed scrapes by reason.",
+            labels=[*target_labels, "reason"],
+        )
+        duration = GaugeMetricFamily(
+            "unitscale_target_scrape_duration_seconds",
+            "Last scrape's duration.",
+            labels=target_labels,
+        )
+        now = self._exporter.clock()
+        for state in self._exporter.deployments:
+            namespace, deployment = state.config.namespace, state.config.deployment
+            for target, status in state.status.items():
+                up.add_metric([namespace, deployment, target], 1.0 if status.up else 0.0)
+                duration.add_metric([namespace, deployment, target], status.scrape_seconds)
+                for reason, count in status.errors.items():
+                    errors.add_metric([namespace, deployment, target, reason], count)
+            signals = state.signals
+            if signals is None:
+                continue
+            labels = [namespace, deployment, state.model_label]
+            for window in (signals.panic, signals.stable):
+                name = "panic" if window is signals.panic else "stable"
+                _window_samples(families, latencies, [*labels, name], window)
+            _maybe(families["queue"], labels, signals.queue_depth)
+            _maybe(families["running"], labels, signals.running)
+            _maybe(families["kv"], labels, signals.kv_usage)
+            price = "default" if signals.price_is_default else "configured"
+            _maybe(families["cost"], [*labels, "total", price], signals.cost_per_million_tokens)
+            _maybe(
+                families["cost"], [*labels, "output", price], signals.cost_per_million_output_tokens
+            )
+            families["replicas"].add_metric([*labels, "known"], signals.replicas)
+            families["replicas"].add_metric([*labels, "up"], signals.replicas_up)
+            families["age"].add_metric(labels, max(0.0, now - signals.time))
+            families["partial"].add_metric(labels, 1.0 if signals.partial else 0.0)
+        yield from families.values()
+        yield from latencies.values()
+        yield from (up, errors, duration)
+        cycle = GaugeMetricFamily(
+            "unitscale_exporter_cycle_seconds",
+            "Duration of the last scrape cycle over all replicas.",
+        )
+        if self._exporter.last_cycle_seconds is not None:
+            cycle.add_metric([], self._exporter.last_cycle_seconds)
+        yield cycle
+
+
+def _maybe(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+    if value is not None:
+        family.add_metric(labels, value)
+
+
+def _window_samples(
+    families: dict[str, GaugeMetricFamily],
+    latencies: dict[str, GaugeMetricFamily],
+    labels: list[str],
+    window: WindowSignals,
+) -> None:
+    _maybe(families["request_rate"], labels, window.request_rate)
+    _maybe(families["token_rate"], [*labels, "prompt"], window.prompt_token_rate)
+    _maybe(families["token_rate"], [*labels, "generation"], window.generation_token_rate)
+    _maybe(families["preemption_rate"], labels, window.preemption_rate)
+    for concept, family in latencies.items():
+        for q in QUANTILES:
+            _maybe(family, [*labels, f"{q:g}"], window.quantiles.get(concept, {}).get(q))
+
+
+def registry_for(exporter: Exporter) -> CollectorRegistry:
+    """A registry of its own holding only the signals collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SignalsCollector(exporter))
+    return registry

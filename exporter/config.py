@@ -1,0 +1,195 @@
+"""The exporter's configuration: flags alone work; a YAML file (a ConfigMap) says more.
+
+Keys are kebab-case, durations Go-style. Every setting has a default; the price of an
+accelerator-hour too, and signals computed with the default price say so
+(``price="default"`` on the cost metrics, ``price_is_default`` over gRPC).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from exporter.signals import Accelerator
+from unitscale.durations import Seconds
+from unitscale.errors import ConfigError
+
+DEFAULT_PRICE_PER_HOUR = 3.50
+"""US$ per accelerator-hour when none is configured: mid-range of 2026 neocloud H100/H200
+on-demand prices (about $2.5-4/h; shared/reference/traces-and-calibration.md §5)."""
+
+H200_MEMORY_MIB = 143_771
+"""What nvidia-smi reports for an H200 (141 GB), for HAMi memory shares."""
+
+_KEBAB = ConfigDict(
+    frozen=True,
+    extra="forbid",
+    alias_generator=lambda name: name.replace("_", "-"),
+    validate_by_name=True,
+)
+_DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+class AcceleratorConfig(BaseModel):
+    """What one replica holds, and what an accelerator-hour costs."""
+
+    model_config = _KEBAB
+
+    price_per_hour: float | None = Field(None, ge=0)
+    """US$ per whole accelerator-hour; unset uses the documented default (3.50)."""
+    count: float = Field(1.0, gt=0, le=64)
+    """Accelerators per replica (``nvidia.com/gpu``)."""
+    hami_gpucores: int | None = Field(None, ge=1, le=100)
+    """HAMi ``nvidia.com/gpucores``: percent of each card's compute the replica gets."""
+    hami_gpumem_mib: int | None = Field(None, ge=1)
+    """HAMi ``nvidia.com/gpumem``: MiB of each card's memory the replica gets."""
+    card_memory_mib: int = Field(H200_MEMORY_MIB, ge=1)
+    """Memory of one card, to turn ``hami-gpumem-mib`` into a share."""
+
+    @model_validator(mode="after")
+    def _memory_fits(self) -> AcceleratorConfig:
+        if self.hami_gpumem_mib is not None and self.hami_gpumem_mib > self.card_memory_mib:
+            raise ValueError(
+                f"hami-gpumem-mib ({self.hami_gpumem_mib}) exceeds card-memory-mib"
+                f" ({self.card_memory_mib})"
+            )
+        return self
+
+    def fraction(self) -> float:
+        """Accelerators the replica is billed for.
+
+        A HAMi share holds the larger of its compute and memory shares (nobody else
+        can use what it holds): gpucores 30 and gpumem 40 GiB of a 141 GB card ->
+        max(0.30, 0.285) = 0.30 of each of ``count`` cards.
+        """
+        shares = []
+        if self.hami_gpucores is not None:
+            shares.append(self.hami_gpucores / 100)
+        if self.hami_gpumem_mib is not None:
+            shares.append(self.hami_gpumem_mib / self.card_memory_mib)
+        return self.count * (max(shares) if shares else 1.0)
+
+    def accelerator(self) -> Accelerator:
+        """The pricing the signal math uses."""
+        default = self.price_per_hour is None
+        price = DEFAULT_PRICE_PER_HOUR if self.price_per_hour is None else self.price_per_hour
+        return Accelerator(price, self.fraction(), price_is_default=default)
+
+
+class DeploymentConfig(BaseModel):
+    """One scaled workload and where its replicas' ``/metrics`` are."""
+
+    model_config = _KEBAB
+
+    namespace: Annotated[str, Field(pattern=_DNS_NAME)] = "default"
+    deployment: Annotated[str, Field(pattern=_DNS_NAME)] = "default"
+    model: str = ""
+    """The served model, for the ``model`` label; empty takes it from the engine."""
+    engine: Literal["auto", "vllm", "sglang"] = "auto"
+    targets: list[str] = Field(default_factory=list)
+    """Replica URLs (``http://host:port``; ``/metrics`` is added when no path is given)."""
+    dns: str | None = None
+    """``host:port`` of a headless Service: every A record is a replica."""
+    accelerator: AcceleratorConfig = Field(default_factory=AcceleratorConfig)
+
+    @field_validator("targets")
+    @classmethod
+    def _urls(cls, targets: list[str]) -> list[str]:
+        return [metrics_url(t) for t in targets]
+
+    @field_validator("dns")
+    @classmethod
+    def _host_port(cls, dns: str | None) -> str | None:
+        if dns is not None:
+            host, _, port = dns.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"expected host:port, got {dns!r}")
+        return dns
+
+
+class ExporterConfig(BaseModel):
+    """Everything the exporter reads from its ConfigMap."""
+
+    model_config = _KEBAB
+
+    interval: Seconds = Field(5.0, gt=0)
+    """Time between scrape cycles. 5 s: a 10 s panic window then holds 2-3 scrapes."""
+    timeout: Seconds = Field(2.0, gt=0)
+    """Per-scrape limit; a slower replica counts as down for that cycle."""
+    panic_window: Seconds = Field(10.0, gt=0)
+    """Short window for burst detection (Knative's panic window is 6 s of 60 s)."""
+    stable_window: Seconds = Field(60.0, gt=0)
+    """Longer window for steady-state rates, quantiles and cost."""
+    deployments: list[DeploymentConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExporterConfig:
+        if self.timeout >= self.interval:
+            raise ValueError(
+                f"timeout ({self.timeout}s) must be shorter than interval ({self.interval}s)"
+            )
+        if self.panic_window > self.stable_window:
+            raise ValueError("panic-window must not be longer than stable-window")
+        keys = [(d.namespace, d.deployment, d.model) for d in self.deployments]
+        if len(set(keys)) != len(keys):
+            raise ValueError("two deployments share namespace, deployment and model")
+        return self
+
+
+def metrics_url(target: str) -> str:
+    """``host:port`` or ``http://host:port`` -> ``http://host:port/metrics``.
+
+    Raises:
+        ValueError: not an http(s) URL with a host.
+    """
+    url = target if "://" in target else f"http://{target}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected http://host:port[/path], got {target!r}")
+    return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
+
+
+def load_config(path: Path | None, overrides: dict[str, object] | None = None) -> ExporterConfig:
+    """Read the YAML file (or nothing), apply flag ``overrides``, validate.
+
+    Raises:
+        ConfigError: unreadable file, bad YAML, or a bad key (named in the message).
+    """
+    data: dict[str, object] = {}
+    origin = "flags"
+    if path is not None:
+        origin = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys, got {type(loaded).__name__}")
+        data = loaded or {}
+    data.update(overrides or {})
+    try:
+        return ExporterConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{origin}: {describe(err)}") from err
+
+
+def describe(err: ValidationError) -> str:
+    """One clause per problem, each naming the key path."""
+    problems = []
+    for error in err.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            problems.append(f"unknown key {key!r}")
+        elif error["type"] == "missing":
+            problems.append(f"missing required key {key!r}")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            where = f"key {key!r}={error.get('input')!r}: " if key else ""
+            problems.append(where + message)
+    return "; ".join(problems)

@@ -1,0 +1,158 @@
+"""The exporter's loop: discover replicas, scrape them all at once, derive, publish.
+
+Each cycle scrapes every replica concurrently with a per-scrape timeout, so one slow
+or dead replica never delays the others; the cycle waits at most ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from exporter.config import DeploymentConfig, ExporterConfig
+from exporter.scrape import REASONS, ScrapeResult, resolve_replicas, scrape
+from exporter.signals import DeploymentSignals, ReplicaHistory, derive
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TargetStatus:
+    """What the exporter knows about one replica's ``/metrics``."""
+
+    up: bool = False
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    last_error: str = ""
+    last_success: float | None = None
+    scrape_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class DeploymentState:
+    """One deployment's replicas, their histories and its latest signals."""
+
+    config: DeploymentConfig
+    targets: list[str] = field(default_factory=list)
+    histories: dict[str, ReplicaHistory] = field(default_factory=dict)
+    status: dict[str, TargetStatus] = field(default_factory=dict)
+    served_model: str = ""
+    """The model the engine reports (``model_name``), for the Prometheus label."""
+    engine: str = ""
+    signals: DeploymentSignals | None = None
+    dns_errors: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """(namespace, deployment, model) as the scaler's ScaledObjects name it.
+
+        The model part is the configured one (usually empty), so that a ScaledObject
+        naming only its deployment finds it whatever model the engine reports.
+        """
+        return (self.config.namespace, self.config.deployment, self.config.model)
+
+    @property
+    def model_label(self) -> str:
+        """The ``model`` label: configured, else what the engine reports."""
+        return self.config.model or self.served_model
+
+
+class Exporter:
+    """Holds every deployment's state; ``cycle()`` runs one scrape round."""
+
+    def __init__(self, config: ExporterConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.deployments = [DeploymentState(d) for d in config.deployments]
+        self.cycles = 0
+        self.last_cycle_seconds: float | None = None
+        self._listeners: list[Callable[[DeploymentState], None]] = []
+
+    def add_listener(self, listener: Callable[[DeploymentState], None]) -> None:
+        """Call ``listener`` with each deployment after every cycle."""
+        self._listeners.append(listener)
+
+    async def cycle(self, session: aiohttp.ClientSession) -> None:
+        """Discover, scrape every replica concurrently, derive and publish."""
+        started = time.perf_counter()
+        await asyncio.gather(*(self._discover(d) for d in self.deployments))
+        jobs = [
+            (state, scrape(session, target, self.config.timeout, state.config.engine))
+            for state in self.deployments
+            for target in state.targets
+        ]
+        results = await asyncio.gather(*(job for _, job in jobs))
+        now = self.clock()
+        by_deployment: dict[int, list[ScrapeResult]] = {id(s): [] for s in self.deployments}
+        for (state, _), result in zip(jobs, results, strict=True):
+            by_deployment[id(state)].append(result)
+        for state in self.deployments:
+            self._absorb(state, by_deployment[id(state)], now)
+            for listener in self._listeners:
+                listener(state)
+        self.cycles += 1
+        self.last_cycle_seconds = time.perf_counter() - started
+
+    async def run(self) -> None:
+        """Cycle every ``interval`` forever (a late cycle starts the next at once)."""
+        timeout = aiohttp.ClientTimeout(total=None)
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            while True:
+                began = time.monotonic()
+                await self.cycle(session)
+                await asyncio.sleep(max(0.0, self.config.interval - (time.monotonic() - began)))
+
+    async def _discover(self, state: DeploymentState) -> None:
+        targets = list(state.config.targets)
+        if state.config.dns:
+            try:
+                state.targets = sorted({*targets, *await resolve_replicas(state.config.dns)})
+                return
+            except OSError as err:
+                state.dns_errors += 1
+                log.warning(
+                    "cannot resolve %s (%s); keeping the last replica list", state.config.dns, err
+                )
+                targets = sorted({*targets, *state.targets})
+        state.targets = targets
+
+    def _absorb(self, state: DeploymentState, results: list[ScrapeResult], now: float) -> None:
+        horizon = self.config.stable_window + 2 * self.config.interval
+        known = set(state.targets)
+        for gone in [t for t in state.histories if t not in known]:
+            del state.histories[gone]
+        for gone in [t for t in state.status if t not in known]:
+            del state.status[gone]
+        latest = []
+        for result in results:
+            status = state.status.setdefault(result.target, TargetStatus())
+            status.scrape_seconds = result.seconds
+            if result.stats is None:
+                assert result.error is not None
+                if status.up or status.last_error != result.detail:
+                    log.warning("scrape %s failed: %s", result.target, result.detail)
+                status.up, status.last_error = False, result.detail
+                status.errors[result.error] += 1
+                continue
+            status.up, status.last_success, status.last_error = True, now, ""
+            state.histories.setdefault(result.target, ReplicaHistory(horizon)).add(
+                now, result.stats
+            )
+            latest.append(result.stats)
+            state.engine = result.stats.engine
+            if result.stats.model:
+                state.served_model = result.stats.model
+        state.signals = derive(
+            now,
+            len(state.targets),
+            latest,
+            [state.histories[t] for t in state.targets if t in state.histories],
+            self.config.panic_window,
+            self.config.stable_window,
+            state.config.accelerator.accelerator(),
+        )

@@ -1,0 +1,71 @@
+"""Fetch one replica's ``/metrics`` and turn it into ``EngineStats``, or say why not."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from exporter.engines import CONTRACTS, WANTED_ANY, EngineStats, detect_engine, engine_stats
+from exporter.parse import ExpositionError, parse_samples
+
+# Bounded error reasons: they become a Prometheus label.
+REASONS = ("timeout", "connect", "http", "parse", "no-engine-metrics")
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """What one scrape of one target gave."""
+
+    target: str
+    seconds: float
+    stats: EngineStats | None = None
+    error: str | None = None
+    """One of ``REASONS`` when ``stats`` is None."""
+    detail: str = ""
+
+
+async def scrape(
+    session: aiohttp.ClientSession, target: str, limit: float, engine: str = "auto"
+) -> ScrapeResult:
+    """Scrape ``target`` within ``limit`` seconds; never raises for a bad replica."""
+    start = time.perf_counter()
+
+    def failed(reason: str, detail: str) -> ScrapeResult:
+        return ScrapeResult(target, time.perf_counter() - start, error=reason, detail=detail)
+
+    try:
+        async with asyncio.timeout(limit):
+            async with session.get(target) as response:
+                if response.status != 200:
+                    return failed("http", f"HTTP {response.status}")
+                text = await response.text()
+    except TimeoutError:
+        return failed("timeout", f"no answer within {limit:g}s")
+    except (aiohttp.ClientError, OSError) as err:
+        return failed("connect", str(err) or type(err).__name__)
+    try:
+        samples = parse_samples(text, WANTED_ANY)
+    except ExpositionError as err:
+        return failed("parse", str(err))
+    kind = detect_engine(samples) if engine == "auto" else engine
+    if kind is None:
+        return failed("no-engine-metrics", "no vllm: or sglang: metrics in the response")
+    stats = engine_stats(samples, CONTRACTS[kind])
+    return ScrapeResult(target, time.perf_counter() - start, stats=stats)
+
+
+async def resolve_replicas(host_port: str) -> list[str]:
+    """Every A record of a headless Service as a ``/metrics`` URL, sorted.
+
+    Raises:
+        OSError: the name does not resolve.
+    """
+    host, _, port = host_port.rpartition(":")
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM)
+    addresses = sorted({str(info[4][0]) for info in infos})
+    return [f"http://{address}:{port}/metrics" for address in addresses]

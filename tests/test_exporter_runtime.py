@@ -1,0 +1,238 @@
+"""The exporter against real HTTP replicas: signals, failures, outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.app import ExporterServer
+from exporter.config import ExporterConfig, load_config
+from exporter.runtime import Exporter
+from protos.unitscale.v1 import signals_pb2 as sig
+from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
+from tests.conftest import FakeClock
+from tests.fake_engines import FakeReplicaServer
+from unitscale.errors import ConfigError
+
+
+@pytest.fixture
+async def replicas():
+    server = await FakeReplicaServer(3).start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def session():
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+def config_for(targets, **extra):
+    return ExporterConfig.model_validate(
+        {
+            "timeout": "300ms",
+            "panic-window": "10s",
+            "stable-window": "60s",
+            "deployments": [
+                {"namespace": "team-a", "deployment": "llama", "targets": targets, **extra}
+            ],
+        }
+    )
+
+
+def dead_url():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+async def test_signals_follow_what_the_replicas_served(replicas, session):
+    clock = FakeClock(1000.0)
+    exporter = Exporter(config_for([replicas.url(0), replicas.url(1)]), clock)
+    await exporter.cycle(session)  # the baseline scrape
+    a, b = replicas.replicas[0], replicas.replicas[1]
+    a.finish(10, prompt=100, output=20, ttft=0.3, itl=0.02, e2e=1.2)
+    b.finish(30, prompt=100, output=20, ttft=0.7, itl=0.04, e2e=2.2)
+    a.set_load(running=4, waiting=2, kv=0.4)
+    b.set_load(running=6, waiting=0, kv=0.6)
+    clock.now += 10
+    await exporter.cycle(session)
+
+    signals = exporter.deployments[0].signals
+    assert signals is not None and not signals.partial
+    assert (signals.queue_depth, signals.running) == (2.0, 10.0)
+    assert signals.kv_usage == pytest.approx(0.5)
+    assert signals.stable.request_rate == pytest.approx(4.0)  # 40 requests in 10 s
+    assert signals.stable.prompt_token_rate == pytest.approx(400.0)
+    assert signals.stable.generation_token_rate == pytest.approx(80.0)
+    ttft = signals.stable.quantiles["ttft"]
+    assert 0.25 <= ttft[0.5] <= 0.75  # 30 of 40 requests took 0.7 s, 10 took 0.3 s
+    assert 0.5 <= ttft[0.99] <= 0.75
+    # 2 whole cards at the default $3.50/h for 480 tok/s
+    assert signals.price_is_default
+    assert signals.cost_per_million_tokens == pytest.approx(7.0 / (480 * 3600) * 1e6)
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        pytest.param("slow", "timeout", id="a-slow-replica-times-out-alone"),
+        pytest.param("http-500", "http", id="an-http-error-is-counted"),
+        pytest.param("garbage", "parse", id="malformed-exposition-is-counted"),
+        pytest.param("not-vllm", "no-engine-metrics", id="a-replica-without-engine-metrics"),
+        pytest.param("dead", "connect", id="a-dead-replica-is-counted"),
+    ],
+)
+async def test_a_bad_replica_is_counted_and_marks_the_signal_partial(
+    replicas, session, mode, reason
+):
+    targets = [replicas.url(0), replicas.url(1)]
+    if mode == "dead":
+        targets[1] = dead_url()
+    else:
+        replicas.replicas[1].mode = mode
+    clock = FakeClock(1000.0)
+    exporter = Exporter(config_for(targets), clock)
+    replicas.replicas[0].set_load(running=3, waiting=1, kv=0.2)
+    await exporter.cycle(session)
+    state = exporter.deployments[0]
+    assert state.status[targets[0]].up
+    bad = state.status[targets[1]]
+    assert not bad.up and bad.errors[reason] == 1
+    assert state.signals.partial
+    assert (state.signals.replicas, state.signals.replicas_up) == (2, 1)
+    assert state.signals.queue_depth == 1.0  # the good replica still counts
+
+
+async def test_a_restarted_replica_never_gives_a_negative_rate(replicas, session):
+    clock = FakeClock(1000.0)
+    exporter = Exporter(config_for([replicas.url(0)]), clock)
+    replica = replicas.replicas[0]
+    replica.finish(50, prompt=10, output=10, ttft=0.1, itl=0.01, e2e=0.5)
+    await exporter.cycle(session)
+    replica.restart()
+    replica.finish(5, prompt=10, output=10, ttft=0.1, itl=0.01, e2e=0.5)
+    clock.now += 10
+    await exporter.cycle(session)
+    stable = exporter.deployments[0].signals.stable
+    assert stable.request_rate == pytest.approx(0.5)
+    assert stable.generation_token_rate == pytest.approx(5.0)
+
+
+async def test_nan_gauges_are_missing_not_zero(replicas, session):
+    replica = replicas.replicas[0]
+    replica.set_load(running=float("nan"), waiting=2, kv=0.1)
+    exporter = Exporter(config_for([replicas.url(0)]), FakeClock())
+    await exporter.cycle(session)
+    signals = exporter.deployments[0].signals
+    assert signals.running is None and signals.queue_depth == 2.0 and signals.partial
+
+
+async def test_dns_names_every_a_record_as_a_replica(replicas, session):
+    config = ExporterConfig.model_validate(
+        {"deployments": [{"deployment": "llama", "dns": f"localhost:{replicas.port}"}]}
+    )
+    exporter = Exporter(config, FakeClock())
+    await exporter.cycle(session)
+    assert exporter.deployments[0].targets == [f"http://127.0.0.1:{replicas.port}/metrics"]
+
+
+async def test_metrics_and_signals_are_served_over_http_and_grpc(replicas):
+    replicas.replicas[0].set_load(running=5, waiting=3, kv=0.3)
+    config = config_for([replicas.url(0), dead_url()], accelerator={"price-per-hour": 2.0})
+    config = config.model_copy(update={"interval": 0.5})
+    server = ExporterServer(config)
+    http_port, grpc_port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            watch = sig_grpc.SignalsServiceStub(channel).WatchSignals(sig.WatchSignalsRequest())
+            first = (await asyncio.wait_for(watch.read(), 10)).signals
+            watch.cancel()
+            got = await sig_grpc.SignalsServiceStub(channel).GetSignals(
+                sig.GetSignalsRequest(selector=sig.TargetSelector(deployment="llama"))
+            )
+        assert first.target == sig.Target(namespace="team-a", deployment="llama")
+        assert first.engine.queue_depth == 3.0 and first.engine.requests_running == 5.0
+        assert (
+            first.partial and first.engine.replicas_up == 1 and first.engine.replicas_scraped == 2
+        )
+        assert not first.engine.HasField("cost_per_million_tokens")  # no tokens yet: unknown
+        assert [s.target.deployment for s in got.signals] == ["llama"]
+
+        async with aiohttp.ClientSession() as client:
+            async with client.get(f"http://127.0.0.1:{http_port}/metrics") as response:
+                text = await response.text()
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        labels = (("deployment", "llama"), ("model", "tiny-llama"), ("namespace", "team-a"))
+        assert samples[("unitscale_queue_depth", labels)] == 3.0
+        assert samples[("unitscale_requests_running", labels)] == 5.0
+        assert samples[("unitscale_kv_cache_usage", labels)] == pytest.approx(0.3)
+        assert (
+            samples[("unitscale_replicas", (*labels[:2], ("namespace", "team-a"), ("state", "up")))]
+            == 1
+        )
+        assert not any(name == "unitscale_cost_per_million_tokens" for name, _ in samples)
+        up = {dict(k)["target"]: v for (n, k), v in samples.items() if n == "unitscale_target_up"}
+        assert sorted(up.values()) == [0.0, 1.0]
+        errors = [
+            v
+            for (n, k), v in samples.items()
+            if n == "unitscale_target_scrape_errors_total" and dict(k)["reason"] == "connect"
+        ]
+        assert sum(errors) >= 1
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        pytest.param(
+            {"timeout": "10s", "interval": "5s"},
+            "must be shorter than interval",
+            id="timeout-vs-interval",
+        ),
+        pytest.param(
+            {"deployments": [{"targets": ["ftp://x"]}]}, "expected http://host:port", id="bad-url"
+        ),
+        pytest.param(
+            {"deployments": [{"accelerator": {"hami-gpucores": 150}}]},
+            "deployments.0.accelerator.hami-gpucores",
+            id="hami-share-over-100-percent",
+        ),
+        pytest.param(
+            {"deployments": [{"dns": "no-port"}]}, "expected host:port", id="dns-without-port"
+        ),
+    ],
+)
+def test_bad_exporter_config_names_the_key(overrides, fragment):
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "fraction"),
+    [
+        pytest.param({}, 1.0, id="one-whole-card-by-default"),
+        pytest.param({"count": 2}, 2.0, id="two-cards"),
+        pytest.param({"hami-gpucores": 30}, 0.3, id="hami-compute-share"),
+        pytest.param(
+            {"hami-gpucores": 30, "hami-gpumem-mib": 71885}, 0.5, id="hami-memory-share-is-larger"
+        ),
+    ],
+)
+def test_accelerator_fraction(accelerator, fraction):
+    config = load_config(None, {"deployments": [{"accelerator": accelerator}]})
+    assert config.deployments[0].accelerator.fraction() == pytest.approx(fraction, rel=1e-4)
