@@ -46,6 +46,12 @@ def config_for(targets, **extra):
     )
 
 
+def signals_of(exporter):
+    signals = exporter.deployments[0].signals
+    assert signals is not None
+    return signals
+
+
 def dead_url():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -65,8 +71,8 @@ async def test_signals_follow_what_the_replicas_served(replicas, session):
     clock.now += 10
     await exporter.cycle(session)
 
-    signals = exporter.deployments[0].signals
-    assert signals is not None and not signals.partial
+    signals = signals_of(exporter)
+    assert not signals.partial
     assert (signals.queue_depth, signals.running) == (2.0, 10.0)
     assert signals.kv_usage == pytest.approx(0.5)
     assert signals.stable.request_rate == pytest.approx(4.0)  # 40 requests in 10 s
@@ -106,9 +112,10 @@ async def test_a_bad_replica_is_counted_and_marks_the_signal_partial(
     assert state.status[targets[0]].up
     bad = state.status[targets[1]]
     assert not bad.up and bad.errors[reason] == 1
-    assert state.signals.partial
-    assert (state.signals.replicas, state.signals.replicas_up) == (2, 1)
-    assert state.signals.queue_depth == 1.0  # the good replica still counts
+    signals = signals_of(exporter)
+    assert signals.partial
+    assert (signals.replicas, signals.replicas_up) == (2, 1)
+    assert signals.queue_depth == 1.0  # the good replica still counts
 
 
 async def test_a_restarted_replica_never_gives_a_negative_rate(replicas, session):
@@ -121,7 +128,7 @@ async def test_a_restarted_replica_never_gives_a_negative_rate(replicas, session
     replica.finish(5, prompt=10, output=10, ttft=0.1, itl=0.01, e2e=0.5)
     clock.now += 10
     await exporter.cycle(session)
-    stable = exporter.deployments[0].signals.stable
+    stable = signals_of(exporter).stable
     assert stable.request_rate == pytest.approx(0.5)
     assert stable.generation_token_rate == pytest.approx(5.0)
 
@@ -131,7 +138,7 @@ async def test_nan_gauges_are_missing_not_zero(replicas, session):
     replica.set_load(running=float("nan"), waiting=2, kv=0.1)
     exporter = Exporter(config_for([replicas.url(0)]), FakeClock())
     await exporter.cycle(session)
-    signals = exporter.deployments[0].signals
+    signals = signals_of(exporter)
     assert signals.running is None and signals.queue_depth == 2.0 and signals.partial
 
 
