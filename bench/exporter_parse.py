@@ -23,11 +23,11 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.results import append  # noqa: E402
-from exporter.config import ExporterConfig  # noqa: E402
-from exporter.engines import WANTED_ANY  # noqa: E402
-from exporter.parse import parse_samples  # noqa: E402
-from exporter.runtime import Exporter  # noqa: E402
+from bench.results import append
+from exporter.config import ExporterConfig
+from exporter.engines import WANTED_ANY
+from exporter.parse import parse_samples
+from exporter.runtime import Exporter
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "golden" / "vllm"
 
@@ -141,7 +141,7 @@ def main() -> int:
         [
             "| measure | value |",
             "|---|---:|",
-            f"| captures | {len(files)} files ({', '.join(f.parent.name + '/' + f.name for f in files)}) |",
+            f"| captures | {', '.join(f'{f.parent.name}/{f.name}' for f in files)} |",
             f"| unitscale parser (wanted families) | {ours:.1f} MB/s |",
             f"| prometheus_client parser (all families) | {theirs:.1f} MB/s |",
             f"| speedup | {speedup:.1f}x |",

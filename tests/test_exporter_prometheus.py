@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import socket
-import subprocess
 
 import aiohttp
 import pytest
@@ -66,15 +65,13 @@ async def test_promql_reads_the_exported_signals(tmp_path):
         "  - job_name: unitscale-exporter\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{http_port}']}}]\n"
     )
-    process = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prometheus_port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    process = await asyncio.create_subprocess_exec(
+        PROMETHEUS,
+        f"--config.file={tmp_path / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{prometheus_port}",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     try:
         async with aiohttp.ClientSession() as client:
@@ -102,6 +99,6 @@ async def test_promql_reads_the_exported_signals(tmp_path):
             assert await query(client, prometheus_port, 'up{job="unitscale-exporter"}') != {}
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        await asyncio.wait_for(process.wait(), 30)
         await exporter.stop(grace=0)
         await replicas.stop()
