@@ -65,6 +65,7 @@ async def test_promql_reads_the_exported_signals(tmp_path):
         "  - job_name: unitscale-exporter\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{http_port}']}}]\n"
     )
+    assert PROMETHEUS is not None
     process = await asyncio.create_subprocess_exec(
         PROMETHEUS,
         f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -75,7 +76,7 @@ async def test_promql_reads_the_exported_signals(tmp_path):
     )
     try:
         async with aiohttp.ClientSession() as client:
-            queue = {}
+            queue: dict[tuple, float] = {}
             async with asyncio.timeout(60):
                 while not queue:
                     await asyncio.sleep(0.5)
