@@ -76,7 +76,7 @@ async def test_promql_reads_the_exported_signals(tmp_path):
     )
     try:
         async with aiohttp.ClientSession() as client:
-            queue: dict[tuple, float] = {}
+            queue: dict[tuple[tuple[str, str], ...], float] = {}
             async with asyncio.timeout(60):
                 while not queue:
                     await asyncio.sleep(0.5)
