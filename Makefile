@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROTOS := protos/externalscaler/externalscaler.proto protos/unitscale/v1/signals.proto
 
-.PHONY: demo test install lint typecheck stubs stubs-check buf pytest bench clean
+.PHONY: demo test install system-deps lint typecheck stubs stubs-check buf pytest bench clean
 
 # Reinstall only when the project metadata changes.
 $(VENV)/.installed: pyproject.toml
@@ -16,10 +16,14 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Debian packages that tests run for real (Prometheus).
+system-deps:
+	tools/install-system-deps
+
 demo: install
 	$(BIN)/unitscale demo
 
-test: install lint typecheck stubs-check buf pytest
+test: install system-deps lint typecheck stubs-check buf pytest
 
 lint: install
 	$(BIN)/ruff check .
@@ -55,6 +59,7 @@ pytest: install
 
 bench: install
 	$(BIN)/python bench/scaler_rpc.py
+	$(BIN)/python bench/exporter_parse.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

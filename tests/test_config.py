@@ -55,3 +55,13 @@ def test_an_empty_file_is_the_defaults(tmp_path):
 def test_a_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_the_exporter_example_parses_to_the_defaults():
+    from exporter.config import ExporterConfig, load_config
+
+    configmap = yaml.safe_load((DEPLOY / "exporter-configmap.yaml").read_text())
+    example = yaml.safe_load(configmap["data"]["_example"])
+    assert load_config(None, example) == ExporterConfig()
+    shipped = load_config(None, yaml.safe_load(configmap["data"]["exporter.yaml"]))
+    assert [d.accelerator.fraction() for d in shipped.deployments] == [1.0, 0.5]
