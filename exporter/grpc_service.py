@@ -24,9 +24,9 @@ _LATENCY_FIELDS = {
 }
 
 
-def to_proto(state: DeploymentState, signals: DeploymentSignals) -> pb.Signals:
+def to_proto(key: tuple[str, str, str], signals: DeploymentSignals) -> pb.Signals:
     """The wire form of one deployment's signals; unknown values stay unset."""
-    namespace, deployment, model = state.key
+    namespace, deployment, model = key
     engine = pb.EngineSignals(
         replicas_up=signals.replicas_up,
         replicas_scraped=signals.replicas,
@@ -95,7 +95,7 @@ class SignalsService(pb_grpc.SignalsServiceServicer):
     def _publish(self, state: DeploymentState) -> None:
         if state.signals is None:
             return
-        message = to_proto(state, state.signals)
+        message = to_proto(state.key, state.signals)
         self._latest[state.key] = message
         for queue in self._watchers:
             if queue.qsize() >= self._max_backlog:

@@ -89,3 +89,78 @@ def test_the_demo_runs_to_completion():
     assert "StreamIsActive pushed true" in result.stdout
     assert re.search(r"0->1", result.stdout)
     assert "done: " in result.stdout
+
+
+def test_replay_writes_results_report_and_plots(tmp_path):
+    trace = tmp_path / "tiny.csv"
+    rows = [f"2023-11-16 18:17:{s:02d}.0000000,512,16" for s in range(0, 60, 2)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    result = subprocess.run(
+        [
+            *UNITSCALE,
+            "replay",
+            "--trace",
+            str(trace),
+            "--policy",
+            "all",
+            "--rate-multiplier",
+            "2",
+            "--max-replicas",
+            "8",
+            "--report",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    import json
+
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(results) == {
+        "static-peak",
+        "production-stack",
+        "kpa",
+        "aibrix-kv",
+        "oracle",
+        "unitscale",
+    }
+    for metrics in results.values():
+        assert metrics["requests"] == 60
+        for key in (
+            "gpu_hours",
+            "cost_per_million_tokens",
+            "cost_per_million_output_tokens",
+            "slo_attainment",
+            "ttft_p50_seconds",
+            "ttft_p95_seconds",
+            "ttft_p99_seconds",
+            "e2e_p95_seconds",
+            "mean_utilization",
+            "dropped",
+            "cold_starts",
+        ):
+            assert key in metrics
+    assert "| oracle |" in (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "out" / "replicas.png").stat().st_size > 0
+    assert (tmp_path / "out" / "latency_cdf.png").stat().st_size > 0
+
+
+def test_replay_refuses_an_unknown_policy(tmp_path):
+    result = subprocess.run(
+        [
+            *UNITSCALE,
+            "replay",
+            "--trace",
+            str(tmp_path / "x.csv"),
+            "--policy",
+            "hpa-cpu",
+            "--report",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "--policy 'hpa-cpu'" in result.stderr

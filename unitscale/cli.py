@@ -82,6 +82,31 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument("--timeout", help="per-scrape timeout (Go duration, default 2s)")
     exporter.set_defaults(run=_run_exporter, default_log_level="info")
 
+    replay = commands.add_parser("replay", help="simulate a vLLM fleet under KEDA for every policy")
+    replay.add_argument("--trace", type=Path, required=True, help="Azure LLM CSV or Mooncake JSONL")
+    replay.add_argument("--policy", default="all", help="a policy name or 'all'")
+    replay.add_argument("--rate-multiplier", type=float, default=1.0)
+    replay.add_argument("--time-compression", type=float, default=1.0)
+    replay.add_argument("--profile", default="llama3-8b-h200")
+    replay.add_argument(
+        "--price", type=float, help="US$ per accelerator-hour (default: the profile's)"
+    )
+    replay.add_argument("--slo-ttft", type=float, default=2.0, help="seconds (default 2)")
+    replay.add_argument(
+        "--slo-itl", type=float, default=0.1, help="mean inter-token seconds (default 0.1)"
+    )
+    replay.add_argument(
+        "--cold-start", default="local-disk", help="cached | local-disk | remote | new-node"
+    )
+    replay.add_argument(
+        "--prewarm", action="store_true", help="Fluid prewarm: every start is cached"
+    )
+    replay.add_argument("--max-replicas", type=int, default=64)
+    replay.add_argument("--target-concurrency", type=float, default=32.0)
+    replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument("--report", type=Path, required=True, help="output directory")
+    replay.set_defaults(run=_run_replay, default_log_level="warning")
+
     demo = commands.add_parser("demo", help="local demo: the scaler polled the way KEDA does")
     demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
     demo.add_argument("--poll", type=float, default=1.0, help="seconds between KEDA polls")
@@ -157,6 +182,61 @@ def _run_exporter(args: argparse.Namespace) -> int:
         await server.stop()
 
     _run_async(serve())
+    return 0
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from rich.progress import Progress
+
+    from scaler.replay.run import POLICIES, ReplayOptions, run_policies, write_report
+    from scaler.replay.simulate import COLD_START_TIERS, SimConfig
+    from scaler.replay.trace import TraceError, read_trace, scale
+    from serving.replica_model import PROFILES
+
+    if args.profile not in PROFILES:
+        raise ConfigError(f"--profile {args.profile!r}: one of {', '.join(PROFILES)}")
+    if args.cold_start not in COLD_START_TIERS:
+        raise ConfigError(f"--cold-start {args.cold_start!r}: one of {', '.join(COLD_START_TIERS)}")
+    names = list(POLICIES) if args.policy == "all" else [args.policy]
+    if any(n not in POLICIES for n in names):
+        raise ConfigError(f"--policy {args.policy!r}: one of {', '.join(POLICIES)} or all")
+    if args.rate_multiplier <= 0 or args.time_compression <= 0:
+        raise ConfigError("--rate-multiplier and --time-compression must be positive")
+    profile = PROFILES[args.profile]
+    if args.price is not None:
+        profile = dataclasses.replace(profile, price_per_hour=args.price)
+    try:
+        trace = scale(
+            read_trace(args.trace), args.rate_multiplier, args.time_compression, args.seed
+        )
+    except TraceError as err:
+        raise ConfigError(str(err)) from err
+    config = SimConfig(
+        profile,
+        slo_ttft=args.slo_ttft,
+        slo_itl=args.slo_itl,
+        cold_start_tier=args.cold_start,
+        prewarm=args.prewarm,
+        max_replicas=args.max_replicas,
+    )
+    options = ReplayOptions(
+        str(args.trace),
+        args.rate_multiplier,
+        args.time_compression,
+        args.seed,
+        args.target_concurrency,
+    )
+    with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("replay", total=trace.duration)
+
+        def progress(name: str, now: float) -> None:
+            bar.update(task, completed=now, description=name)
+
+        results = run_policies(trace, names, config, options, progress)
+    write_report(results, config, options, args.report)
+    print((args.report / "report.md").read_text())
     return 0
 
 

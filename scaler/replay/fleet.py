@@ -1,0 +1,255 @@
+"""A fleet of simulated vLLM replicas, advanced in small time steps, all at once.
+
+Each tick of ``dt`` seconds every replica runs ``dt / step`` engine steps of continuous
+batching with chunked prefill (``serving.replica_model``): its decoding sequences gain
+one token per step, and a chunk of waiting prompt tokens (first come, first served, up
+to ``max_num_batched_tokens`` per step with the decodes) is prefilled. Within a tick,
+completion times are interpolated linearly, so TTFT and latency are finer than ``dt``.
+
+Admission reserves KV cache for a request's whole prompt plus output (vLLM allocates
+blocks as it goes and preempts when full; reserving up front trades preemption, which
+is not modelled, for an earlier queue). Everything is vectorised over requests and
+replicas with numpy: the replay's hot loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.replica_model import Profile
+
+# Request states.
+WAITING, QUEUED, PREFILL, DECODE, DONE, DROPPED = range(6)
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+
+
+@dataclass(slots=True)
+class Requests:
+    """Every request of the run, by index; times are simulation seconds (NaN: not yet)."""
+
+    arrival: Floats
+    prompt: Ints
+    output: Ints
+    state: Ints = field(init=False)
+    replica: Ints = field(init=False)
+    admitted: Floats = field(init=False)
+    prefilled: Floats = field(init=False)
+    generated: Floats = field(init=False)
+    first_token: Floats = field(init=False)
+    finished: Floats = field(init=False)
+    decode_time: Floats = field(init=False)
+    """Seconds spent in decode steps after the first token: mean ITL = this / (tokens - 1)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival)
+        self.state = np.full(n, WAITING, dtype=np.int64)
+        self.replica = np.full(n, -1, dtype=np.int64)
+        self.admitted = np.full(n, np.nan)
+        self.prefilled = np.zeros(n)
+        self.generated = np.zeros(n)
+        self.first_token = np.full(n, np.nan)
+        self.finished = np.full(n, np.nan)
+        self.decode_time = np.zeros(n)
+
+
+@dataclass(slots=True)
+class TickResult:
+    """What one tick did: requests that got their first token or finished, busy replicas."""
+
+    first_tokens: Ints
+    finished: Ints
+    busy: Floats
+    """Seconds of the tick each replica slot spent stepping."""
+
+
+class Fleet:
+    """Replica slots 0..capacity-1; the caller decides which slots hold a ready replica."""
+
+    def __init__(self, profile: Profile, requests: Requests, capacity: int) -> None:
+        self.profile = profile
+        self.requests = requests
+        self.capacity = capacity
+        self.kv_capacity = float(profile.kv_capacity_tokens)
+        self.active: Ints = np.empty(0, dtype=np.int64)
+        """Requests queued at, prefilling on or decoding on a replica."""
+        self.kv_reserved = np.zeros(capacity)
+        self.outstanding = np.zeros(capacity, dtype=np.int64)
+        self.running = np.zeros(capacity, dtype=np.int64)
+        self.last_step = np.zeros(capacity)
+
+    def assign(self, index: int, replica: int, now: float) -> None:
+        """Queue request ``index`` on ``replica`` (the gateway routed it there)."""
+        r = self.requests
+        r.state[index] = QUEUED
+        r.replica[index] = replica
+        self.active = np.append(self.active, index)
+        self.outstanding[replica] += 1
+
+    def advance(self, now: float, dt: float) -> TickResult:
+        """Run every replica for ``dt`` seconds from ``now``."""
+        r, p = self.requests, self.profile
+        self._admit(now)
+        active = self.active
+        if len(active) == 0:
+            empty = np.empty(0, dtype=np.int64)
+            self.last_step[:] = 0.0
+            return TickResult(empty, empty, np.zeros(self.capacity))
+        state = r.state[active]
+        replica = r.replica[active]
+        decoding = state == DECODE
+        prefilling = state == PREFILL
+        context = (r.prompt[active] + r.generated[active]).astype(np.float64)
+        batch = np.bincount(replica[decoding], minlength=self.capacity).astype(np.float64)
+        batch_context = np.bincount(
+            replica[decoding], weights=context[decoding], minlength=self.capacity
+        )
+        remaining_prefill = np.where(prefilling, r.prompt[active] - r.prefilled[active], 0.0)
+        pending = np.bincount(replica, weights=remaining_prefill, minlength=self.capacity)
+
+        # Two phases per tick: steps carrying a prefill chunk until the pending prompt
+        # tokens are done, then pure decode steps for the rest of the tick.
+        chunk = np.minimum(pending, np.maximum(p.max_num_batched_tokens - batch, 0.0))
+        a, b, c = p.decode_ms
+        p0, p1, p2 = p.prefill_ms
+        decode_ms = np.where(batch > 0, a + b * batch + c * batch_context, 0.0)
+        mixed_ms = np.where(
+            batch > 0,
+            decode_ms + p1 * chunk + p2 * chunk * chunk,
+            np.where(chunk > 0, p0 + p1 * chunk + p2 * chunk * chunk, 0.0),
+        )
+        mixed = mixed_ms * p.overhead / 1000.0
+        pure = decode_ms * p.overhead / 1000.0
+        has_chunk = chunk > 0
+        prefill_steps = np.where(has_chunk, pending / np.where(has_chunk, chunk, 1.0), 0.0)
+        phase1 = np.minimum(dt, prefill_steps * mixed)
+        steps1 = np.where(has_chunk, phase1 / np.where(mixed > 0, mixed, 1.0), 0.0)
+        phase2 = np.where(batch > 0, dt - phase1, 0.0)
+        steps2 = np.where(pure > 0, phase2 / np.where(pure > 0, pure, 1.0), 0.0)
+        decode_steps = np.where(batch > 0, steps1 + steps2, 0.0)
+        busy = phase1 + phase2
+        self.last_step = np.where(
+            decode_steps > 0, dt / np.where(decode_steps > 0, decode_steps, 1.0), mixed
+        )
+
+        # Prefill: first come (admitted first), first served, per replica.
+        first_tokens = self._prefill(
+            active[prefilling], remaining_prefill[prefilling], steps1 * chunk, chunk, mixed, now
+        )
+
+        # Decode: every decoding sequence gains its replica's decode steps this tick.
+        rd = replica[decoding]
+        finished = self._decode(active[decoding], decode_steps[rd], self.last_step[rd], now, dt)
+
+        if len(finished):
+            done = np.isin(self.active, finished)
+            self.active = self.active[~done]
+        return TickResult(first_tokens, finished, busy)
+
+    def _admit(self, now: float) -> None:
+        """Move queued requests into the batch while seats and KV cache allow."""
+        r, p = self.requests, self.profile
+        active = self.active
+        if len(active) == 0:
+            return
+        queued = active[r.state[active] == QUEUED]
+        if len(queued) == 0:
+            return
+        order = queued[np.lexsort((r.arrival[queued], r.replica[queued]))]
+        replica = r.replica[order]
+        need = (r.prompt[order] + r.output[order]).astype(np.float64)
+        starts = np.r_[0, np.flatnonzero(replica[1:] != replica[:-1]) + 1]
+        seg = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+        cum_need = np.cumsum(need)
+        cum_need -= np.r_[0.0, cum_need][seg]
+        rank = np.arange(len(order)) - seg
+        free_kv = self.kv_capacity - self.kv_reserved[replica]
+        seats = p.max_num_seqs - self.running[replica]
+        admit = (cum_need <= free_kv) & (rank < seats)
+        # FCFS: nothing behind a request that does not fit (no overtaking in the queue).
+        if (~admit).any():
+            blockers = np.cumsum(~admit)
+            blockers -= np.r_[0, blockers][seg]
+            admit &= blockers == 0
+        chosen = order[admit]
+        if len(chosen) == 0:
+            return
+        r.state[chosen] = PREFILL
+        r.admitted[chosen] = now
+        np.add.at(self.kv_reserved, r.replica[chosen], need[admit])
+        np.add.at(self.running, r.replica[chosen], 1)
+
+    def _prefill(
+        self,
+        indices: Ints,
+        remaining: Floats,
+        budget: Floats,
+        chunk: Floats,
+        step: Floats,
+        now: float,
+    ) -> Ints:
+        """Spend each replica's prompt-token ``budget`` first come, first served.
+
+        A request whose prompt completes after ``k`` tokens of its replica's budget gets
+        its first token ``k / chunk`` steps into the tick.
+        """
+        r = self.requests
+        if len(indices) == 0:
+            return np.empty(0, dtype=np.int64)
+        order = np.lexsort((r.admitted[indices], r.arrival[indices], r.replica[indices]))
+        idx = indices[order]
+        rem = remaining[order]
+        replica = r.replica[idx]
+        starts = np.r_[0, np.flatnonzero(replica[1:] != replica[:-1]) + 1]
+        seg = np.repeat(starts, np.diff(np.r_[starts, len(idx)]))
+        cum = np.cumsum(rem)
+        cum -= np.r_[0.0, cum][seg]
+        got = budget[replica]
+        complete = cum <= got + 1e-6
+        before = cum - rem
+        partial = (~complete) & (before < got)
+        r.prefilled[idx[complete]] = r.prompt[idx[complete]]
+        r.prefilled[idx[partial]] += got[partial] - before[partial]
+        done = idx[complete]
+        if len(done):
+            per_step = np.maximum(chunk[replica[complete]], 1e-9)
+            at = now + cum[complete] / per_step * step[replica[complete]]
+            r.first_token[done] = np.maximum(at, r.arrival[done])
+            r.state[done] = DECODE
+            r.generated[done] = 1.0
+        return done
+
+    def _decode(self, indices: Ints, steps: Floats, step: Floats, now: float, dt: float) -> Ints:
+        r = self.requests
+        if len(indices) == 0:
+            return np.empty(0, dtype=np.int64)
+        left = r.output[indices] - r.generated[indices]
+        gained = np.minimum(steps, left)
+        r.generated[indices] += gained
+        r.decode_time[indices] += gained * step
+        finishing = r.generated[indices] >= r.output[indices] - 1e-9
+        done = indices[finishing]
+        if len(done):
+            fraction = np.where(steps[finishing] > 0, left[finishing] / steps[finishing], 0.0)
+            r.finished[done] = now + dt * np.clip(fraction, 0.0, 1.0)
+            r.state[done] = DONE
+            need = (r.prompt[done] + r.output[done]).astype(np.float64)
+            np.add.at(self.kv_reserved, r.replica[done], -need)
+            np.add.at(self.running, r.replica[done], -1)
+            np.add.at(self.outstanding, r.replica[done], -1)
+        return done
+
+    def queue_depth(self) -> npt.NDArray[np.int64]:
+        """Requests queued (not yet admitted) per replica slot."""
+        r = self.requests
+        active = self.active
+        queued = active[r.state[active] == QUEUED]
+        return np.bincount(r.replica[queued], minlength=self.capacity)
+
+    def kv_usage(self) -> Floats:
+        """KV cache reserved per replica slot, 0..1."""
+        return self.kv_reserved / self.kv_capacity

@@ -1,0 +1,218 @@
+"""Scaling policies, each answering from the same exporter and gateway signals.
+
+=================  ============  ===========================================================
+policy             controller    what it does
+=================  ============  ===========================================================
+static-peak        static        the replicas the trace's peak needs, all the time
+production-stack   KEDA + HPA    Prometheus trigger on vllm:num_requests_waiting, threshold 5
+                                 (polling 15 s, cooldown 360 s, min 1: vLLM production-stack)
+kpa                Knative KPA   concurrency target, 60 s stable / 6 s panic, panic at 200 %
+aibrix-kv          KEDA + HPA    KV-cache use target 0.5 per replica (AIBrix benchmark, min 1)
+oracle             schedule      the fewest replicas meeting the SLO per interval, no cold start
+unitscale          KEDA + HPA    the scaler's registry and decide(), external-push activation
+=================  ============  ===========================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from exporter.grpc_service import to_proto
+from exporter.signals import DeploymentSignals
+from protos.externalscaler import externalscaler_pb2 as keda_pb
+from protos.unitscale.v1 import signals_pb2 as pb
+from scaler.replay.keda import Answer, ScalingSpec
+from scaler.service import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry
+from scaler.signals import SignalStore
+from unitscale.errors import NoDataError
+
+Controller = Literal["keda", "kpa", "static", "schedule"]
+KEY = ("replay", "llm", "")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayView:
+    """The gateway's numbers at one moment."""
+
+    arrival_rate: float
+    buffered: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """Everything a policy may look at, at ``now``."""
+
+    now: float
+    signals: DeploymentSignals | None
+    gateway: GatewayView
+    replicas: int
+    ready: int
+
+
+class Policy(Protocol):
+    """A policy: its controller, its ScaledObject settings, its answer to a view."""
+
+    name: str
+    controller: Controller
+    spec: ScalingSpec
+    push: bool
+    """Activates at once on buffered requests (external-push / Knative activator)."""
+
+    def answer(self, view: View) -> Answer:
+        """The metric, target and activity the policy gives KEDA and the HPA."""
+        ...
+
+
+@dataclass
+class StaticPeak:
+    """Fixed replicas: enough for the trace's peak (from the oracle's schedule)."""
+
+    replicas: int
+    name: str = "static-peak"
+    controller: Controller = "static"
+    push: bool = False
+    spec: ScalingSpec = field(default_factory=ScalingSpec)
+
+    def answer(self, view: View) -> Answer:
+        return Answer(float(self.replicas), 1.0, True, "static")
+
+
+@dataclass
+class ProductionStack:
+    """KEDA Prometheus trigger on the engines' waiting queue, threshold 5."""
+
+    name: str = "production-stack"
+    controller: Controller = "keda"
+    push: bool = False
+    threshold: float = 5.0
+    spec: ScalingSpec = field(
+        default_factory=lambda: ScalingSpec(
+            min_replicas=1, max_replicas=64, polling_interval=15.0, cooldown=360.0
+        )
+    )
+
+    def answer(self, view: View) -> Answer:
+        s = view.signals
+        if s is None or s.queue_depth is None:
+            return Answer(None, self.threshold, None, "no queue metric")
+        return Answer(s.queue_depth, self.threshold, s.queue_depth > 0, "waiting")
+
+
+@dataclass
+class AibrixKv:
+    """AIBrix's KV-cache target: mean KV use 0.5 per replica, HPA arithmetic."""
+
+    name: str = "aibrix-kv"
+    controller: Controller = "keda"
+    push: bool = False
+    target: float = 0.5
+    spec: ScalingSpec = field(default_factory=lambda: ScalingSpec(min_replicas=1, max_replicas=64))
+
+    def answer(self, view: View) -> Answer:
+        s = view.signals
+        if s is None or s.kv_usage is None:
+            return Answer(None, self.target, None, "no kv metric")
+        total = s.kv_usage * max(s.replicas_up, 1)  # Prometheus sums the per-pod values
+        return Answer(total, self.target, True, "kv")
+
+
+@dataclass
+class Kpa:
+    """Knative's KPA on in-flight requests (target x 70% utilisation per replica)."""
+
+    target_concurrency: float
+    name: str = "kpa"
+    controller: Controller = "kpa"
+    push: bool = True  # the activator holds requests at zero and pokes the autoscaler
+    stable_window: float = 60.0
+    panic_window: float = 6.0
+    panic_threshold: float = 2.0
+    max_scale_down_rate: float = 2.0
+    scale_to_zero_grace: float = 30.0
+    spec: ScalingSpec = field(default_factory=lambda: ScalingSpec(min_replicas=0, max_replicas=64))
+
+    def answer(self, view: View) -> Answer:
+        raise NotImplementedError("the KPA runs its own loop: see simulate.KpaLoop")
+
+
+@dataclass
+class Unitscale:
+    """The scaler itself: ``ScaledObjectRegistry`` (the code serving KEDA) over the signals.
+
+    Each view becomes the exporter's and the gateway's ``unitscale.v1.Signals`` messages,
+    fed to a ``SignalStore``; KEDA's calls are answered by ``ScaledObjectRegistry.current``,
+    exactly as ``GetMetrics`` and ``IsActive`` answer them.
+    """
+
+    metadata: dict[str, str]
+    name: str = "unitscale"
+    controller: Controller = "keda"
+    push: bool = True
+    spec: ScalingSpec = field(default_factory=lambda: ScalingSpec(min_replicas=0, max_replicas=64))
+    _now: float = 0.0
+    _store: SignalStore = field(init=False)
+    _registry: ScaledObjectRegistry = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._store = SignalStore()
+        self._registry = ScaledObjectRegistry(self._store, 60.0, clock=lambda: self._now)
+
+    def answer(self, view: View) -> Answer:
+        self._now = view.now
+        if view.signals is not None:
+            self._store.update(to_proto(KEY, view.signals))
+        gateway = pb.Signals(
+            target=pb.Target(namespace=KEY[0], deployment=KEY[1]),
+            source=pb.SOURCE_GATEWAY,
+            gateway=pb.GatewaySignals(
+                arrival_rate=view.gateway.arrival_rate,
+                buffered=view.gateway.buffered,
+                in_flight=view.gateway.in_flight,
+            ),
+        )
+        gateway.observed_time.FromNanoseconds(int(view.now * 1e9))
+        self._store.update(gateway)
+        ref = keda_pb.ScaledObjectRef(name="llm", namespace=KEY[0], scalerMetadata=self.metadata)
+        scaled = self._registry.resolve(ref.name, ref.namespace, ref.scalerMetadata)
+        try:
+            decision = self._registry.current(scaled)
+        except NoDataError as err:
+            return Answer(None, TARGET_VALUE, None, str(err))
+        return Answer(
+            float(decision.desired_replicas), TARGET_VALUE, decision.active, decision.reason
+        )
+
+
+def unitscale_policy(target_concurrency: float, max_replicas: int) -> Unitscale:
+    """The unitscale policy with trigger metadata as a ScaledObject would carry it."""
+    return Unitscale(
+        metadata={
+            "scalerAddress": "replay:9090",
+            "deployment": KEY[1],
+            "targetConcurrency": f"{target_concurrency:g}",
+            "maxReplicas": str(max_replicas),
+        },
+        spec=ScalingSpec(min_replicas=0, max_replicas=max_replicas),
+    )
+
+
+def replicas_for(value: float, target: float) -> int:
+    """HPA AverageValue without tolerance: ``ceil(value / target)``."""
+    return math.ceil(value / target - 1e-9)
+
+
+__all__ = [
+    "METRIC_NAME",
+    "AibrixKv",
+    "GatewayView",
+    "Kpa",
+    "Policy",
+    "ProductionStack",
+    "StaticPeak",
+    "Unitscale",
+    "View",
+    "unitscale_policy",
+]

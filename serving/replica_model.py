@@ -1,0 +1,121 @@
+"""Replica physics: how long a vLLM engine step takes, and how many tokens fit in KV cache.
+
+Calibrated from ``shared/calibration/h200-step-times.json`` (kernel timings of one H200,
+bf16, CUDA graphs). Each profile keeps a least-squares fit of those tables, not the
+tables themselves:
+
+- decode step (ms) = ``a + b * batch + c * batch_context_tokens``: the weights are read
+  once per step (``a``), each sequence adds sampling and MLP work (``b``), each cached
+  token is read once (``c``). Llama-3-8B fit: every measured point within 6% (mean 2.3%).
+- prefill (ms) of T tokens = ``p0 + p1 * T + p2 * T**2`` (attention is quadratic).
+  Llama-3-8B: within 10% of every point.
+- a real engine adds scheduling and sampling on top of the kernels: ``overhead`` (1.10,
+  the middle of the calibration notes' 5-15%).
+
+Pure: plain numbers in, plain numbers out; shared by the replay simulator and the
+simulated replica.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One model on one accelerator, served by vLLM."""
+
+    name: str
+    model: str
+    decode_ms: tuple[float, float, float]
+    """(a, b, c) of ``a + b*B + c*sum(context)`` for one decode step, in ms."""
+    prefill_ms: tuple[float, float, float]
+    """(p0, p1, p2) of ``p0 + p1*T + p2*T**2`` for a T-token prefill, in ms."""
+    weights_gb: float
+    kv_bytes_per_token: int
+    accelerator_memory_bytes: int
+    price_per_hour: float
+    """US$ per accelerator-hour (configurable); replicas hold one accelerator each."""
+    gpu_memory_utilization: float = 0.90
+    activation_reserve_bytes: int = 2 * GIB
+    overhead: float = 1.10
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    """Chunked-prefill budget per step: decode tokens plus prefill chunks."""
+    engine_init_seconds: float = 25.0
+    """Engine start after weights are loaded: KV profiling, warm-up, CUDA graph capture
+    (vllm PR #11005: init 14.2 s + capture 10 s for Llama-3-8B)."""
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens of KV cache left after weights and activations at 90% memory use."""
+        usable = self.accelerator_memory_bytes * self.gpu_memory_utilization
+        free = usable - self.weights_gb * 1e9 - self.activation_reserve_bytes
+        return max(0, int(free // self.kv_bytes_per_token))
+
+    def decode_step_seconds(self, batch: float, context_tokens: float) -> float:
+        """One decode step for ``batch`` sequences holding ``context_tokens`` in all."""
+        a, b, c = self.decode_ms
+        return self.overhead * (a + b * batch + c * context_tokens) / 1000.0
+
+    def prefill_seconds(self, tokens: float) -> float:
+        """A prefill of ``tokens`` prompt tokens on its own."""
+        p0, p1, p2 = self.prefill_ms
+        return self.overhead * (p0 + p1 * tokens + p2 * tokens * tokens) / 1000.0
+
+    def mixed_step_seconds(
+        self, batch: float, context_tokens: float, prefill_tokens: float
+    ) -> float:
+        """A chunked-prefill step: ``batch`` decodes plus ``prefill_tokens`` of prompts.
+
+        The weights are read once per step, so the prefill adds only its marginal cost
+        (``p1*T + p2*T**2``) to the decode step; with no decode the step is a prefill.
+        """
+        _, p1, p2 = self.prefill_ms
+        if batch <= 0:
+            return self.prefill_seconds(prefill_tokens) if prefill_tokens > 0 else 0.0
+        marginal = self.overhead * (p1 * prefill_tokens + p2 * prefill_tokens**2) / 1000.0
+        return self.decode_step_seconds(batch, context_tokens) + marginal
+
+    def decode_capacity(self, mean_context: float, itl_slo_seconds: float) -> int:
+        """Largest decode batch whose step stays within ``itl_slo_seconds``.
+
+        Example (llama3-8b-h200, 2,300-token contexts, 100 ms): 256 sequences step in
+        about 57 ms, so the batch cap (``max_num_seqs``) binds first.
+        """
+        a, b, c = self.decode_ms
+        per_seq = b + c * mean_context
+        budget_ms = itl_slo_seconds * 1000.0 / self.overhead - a
+        if budget_ms <= 0:
+            return 0
+        by_kv = self.kv_capacity_tokens // max(1, int(mean_context))
+        return int(min(self.max_num_seqs, by_kv, math.floor(budget_ms / per_seq)))
+
+
+LLAMA3_8B_H200 = Profile(
+    name="llama3-8b-h200",
+    model="Llama-3-8B (hidden 4096, 32 layers, 8 KV heads x 128)",
+    decode_ms=(5.747346, 0.017222, 0.000028),
+    prefill_ms=(4.835232, 0.020292325, 7.32367e-07),
+    weights_gb=16.06,
+    kv_bytes_per_token=2 * 32 * 8 * 128 * 2,
+    accelerator_memory_bytes=143_771 * 1024**2,
+    price_per_hour=3.50,
+)
+
+QWEN25_32B_H200 = Profile(
+    name="qwen2.5-32b-h200",
+    model="Qwen2.5-32B (hidden 5120, 64 layers, 8 KV heads x 128)",
+    decode_ms=(19.245129, 0.062207, 0.000056),
+    prefill_ms=(15.118741, 0.084622736, 2.401704e-06),
+    weights_gb=65.53,
+    kv_bytes_per_token=2 * 64 * 8 * 128 * 2,
+    accelerator_memory_bytes=143_771 * 1024**2,
+    price_per_hour=3.50,
+    engine_init_seconds=40.0,
+)
+
+PROFILES = {p.name: p for p in (LLAMA3_8B_H200, QWEN25_32B_H200)}
