@@ -13,6 +13,7 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from scaler.core.model import Policy
 from unitscale.durations import Seconds
 from unitscale.errors import ConfigError
 
@@ -51,6 +52,60 @@ class DemoSourceConfig(BaseModel):
     """Requests in flight at the top of the burst."""
 
 
+class PolicyConfig(BaseModel):
+    """Defaults for every ScaledObject's decision policy (trigger metadata may override)."""
+
+    model_config = _FROZEN
+
+    target_concurrency: float = Field(16.0, gt=0)
+    """Requests in flight (running plus queued) one replica should hold."""
+    prefill_tokens_per_second: float = Field(30_000.0, gt=0)
+    """Prior capacity: prompt tokens a replica prefills per second (8B on H200 ~36k)."""
+    decode_tokens_per_second: float = Field(6_000.0, gt=0)
+    """Prior capacity: output tokens a replica decodes per second within the ITL SLO."""
+    target_utilization: float = Field(0.7, gt=0, le=1)
+    slo_ttft: Seconds = Field(2.0, gt=0)
+    """Time-to-first-token p95 target."""
+    slo_itl: Seconds = Field(0.1, gt=0)
+    """Inter-token latency p95 target."""
+    panic_threshold: float = Field(2.0, ge=1)
+    panic_hold: Seconds = Field(60.0, ge=0)
+    scale_down_delay: Seconds = Field(60.0, ge=0)
+    max_scale_up_rate: float = Field(2.0, gt=1)
+    max_scale_down_rate: float = Field(2.0, gt=1)
+    forecast_horizon: Seconds = Field(60.0, ge=0)
+    """About one cold start: scale-up starts this far ahead of the load."""
+    forecast_lookback: Seconds = Field(120.0, gt=0)
+    idle_grace: Seconds = Field(120.0, ge=0)
+    """No request at all for this long before scaling to zero."""
+    cost_budget_per_million_tokens: float | None = Field(None, gt=0)
+    """US$ per 1M tokens; above it, while the SLO holds, plan fuller replicas."""
+    cost_guard_utilization: float = Field(0.85, gt=0, le=1)
+
+    def policy(self, min_replicas: int = 0, max_replicas: int = 100) -> Policy:
+        """The core's policy with these defaults."""
+        return Policy(
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            target_concurrency=self.target_concurrency,
+            prefill_tokens_per_second=self.prefill_tokens_per_second,
+            decode_tokens_per_second=self.decode_tokens_per_second,
+            target_utilization=self.target_utilization,
+            slo_ttft_seconds=self.slo_ttft,
+            slo_itl_seconds=self.slo_itl,
+            panic_threshold=self.panic_threshold,
+            panic_hold_seconds=self.panic_hold,
+            scale_down_delay_seconds=self.scale_down_delay,
+            max_scale_up_rate=self.max_scale_up_rate,
+            max_scale_down_rate=self.max_scale_down_rate,
+            forecast_horizon_seconds=self.forecast_horizon,
+            forecast_lookback_seconds=self.forecast_lookback,
+            idle_grace_seconds=self.idle_grace,
+            cost_budget_per_million_tokens=self.cost_budget_per_million_tokens,
+            cost_guard_utilization=self.cost_guard_utilization,
+        )
+
+
 class ScalerConfig(BaseModel):
     """Everything the scaler reads from its ConfigMap."""
 
@@ -66,6 +121,8 @@ class ScalerConfig(BaseModel):
     """Publish synthetic signals in-process instead of (or beside) real sources."""
     grace_period: Seconds = Field(5.0, ge=0)
     """On SIGTERM, how long open RPCs may finish before the server stops."""
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """Decision defaults for every ScaledObject."""
 
 
 def load_config(path: Path | None) -> ScalerConfig:

@@ -9,6 +9,7 @@ is an error and not a silent default.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -43,10 +44,17 @@ class TriggerMetadata(BaseModel):
     """Fewest replicas to ask for (0 allows scale to zero)."""
     max_replicas: int = Field(100, alias="maxReplicas", ge=1, le=10_000)
     """Most replicas to ask for."""
-    target_concurrency: float = Field(16.0, alias="targetConcurrency", gt=0, le=100_000)
+    target_concurrency: float | None = Field(None, alias="targetConcurrency", gt=0, le=100_000)
     """Requests in flight (running plus queued) one replica should hold."""
     max_signal_age: Seconds | None = Field(None, alias="maxSignalAge", gt=0)
     """Signals older than this give UNAVAILABLE; defaults to the scaler config's."""
+    target_utilization: float | None = Field(None, alias="targetUtilization", gt=0, le=1)
+    slo_ttft: Seconds | None = Field(None, alias="sloTtft", gt=0)
+    slo_itl: Seconds | None = Field(None, alias="sloItl", gt=0)
+    idle_grace: Seconds | None = Field(None, alias="idleGrace", ge=0)
+    cost_budget: float | None = Field(None, alias="costBudgetPerMillionTokens", gt=0)
+    prefill_tokens_per_second: float | None = Field(None, alias="prefillTokensPerSecond", gt=0)
+    decode_tokens_per_second: float | None = Field(None, alias="decodeTokensPerSecond", gt=0)
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> TriggerMetadata:
@@ -57,13 +65,22 @@ class TriggerMetadata(BaseModel):
             )
         return self
 
-    def policy(self) -> Policy:
-        """The decision policy these keys select."""
-        return Policy(
-            min_replicas=self.min_replicas,
-            max_replicas=self.max_replicas,
-            target_concurrency=self.target_concurrency,
-        )
+    def policy(self, defaults: Policy | None = None) -> Policy:
+        """The scaler config's policy with these keys' overrides."""
+        base = defaults or Policy()
+        overrides = {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_concurrency": self.target_concurrency,
+            "target_utilization": self.target_utilization,
+            "slo_ttft_seconds": self.slo_ttft,
+            "slo_itl_seconds": self.slo_itl,
+            "idle_grace_seconds": self.idle_grace,
+            "cost_budget_per_million_tokens": self.cost_budget,
+            "prefill_tokens_per_second": self.prefill_tokens_per_second,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
+        }
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
 ALLOWED_KEYS: tuple[str, ...] = tuple(

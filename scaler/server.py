@@ -58,7 +58,9 @@ class ScalerServer:
     ) -> None:
         self.config = config
         self.store = SignalStore()
-        self.registry = ScaledObjectRegistry(self.store, config.max_signal_age, clock)
+        self.registry = ScaledObjectRegistry(
+            self.store, config.max_signal_age, clock, config.policy.policy()
+        )
         self._clock = clock
         self._server = grpc.aio.server(
             options=[

@@ -88,8 +88,10 @@ class ScaledObjectRegistry:
         store: SignalStore,
         default_max_signal_age: float,
         clock: Callable[[], float] = time.time,
+        policy_defaults: Policy | None = None,
     ) -> None:
         self._store = store
+        self._policy_defaults = policy_defaults or Policy()
         self._default_max_age = default_max_signal_age
         self._clock = clock
         self._objects: dict[ObjectKey, ScaledObject] = {}
@@ -120,7 +122,8 @@ class ScaledObjectRegistry:
         target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
         max_age = metadata.max_signal_age or self._default_max_age
         if existing is None:
-            scaled = ScaledObject(key, metadata_map, metadata, target, metadata.policy(), max_age)
+            policy = metadata.policy(self._policy_defaults)
+            scaled = ScaledObject(key, metadata_map, metadata, target, policy, max_age)
             self._objects[key] = scaled
             log.info("tracking ScaledObject %s/%s for %s", namespace, name, describe_key(target))
         else:
@@ -128,7 +131,8 @@ class ScaledObjectRegistry:
             scaled = existing
             self._by_target.get(scaled.target, set()).discard(scaled)
             scaled.raw_metadata, scaled.metadata, scaled.target = metadata_map, metadata, target
-            scaled.policy, scaled.max_signal_age = metadata.policy(), max_age
+            scaled.policy = metadata.policy(self._policy_defaults)
+            scaled.max_signal_age = max_age
             scaled.signals_version = -1
             log.info("ScaledObject %s/%s metadata changed", namespace, name)
         self._by_target.setdefault(target, set()).add(scaled)

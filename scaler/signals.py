@@ -141,8 +141,12 @@ def _optional(message: object, name: str) -> float | None:
 
 
 def _engine_values(engine: pb.EngineSignals) -> dict[str, float | int | None]:
-    stable = engine.stable
+    stable, panic = engine.stable, engine.panic
     return {
+        "prompt_token_rate_panic": _optional(panic, "prompt_token_rate"),
+        "generation_token_rate_panic": _optional(panic, "generation_token_rate"),
+        "ttft_p95_panic_seconds": _optional(panic.ttft_seconds, "p95"),
+        "replicas_known": engine.replicas_scraped,
         "queue_depth": _optional(engine, "queue_depth"),
         "requests_running": _optional(engine, "requests_running"),
         "kv_cache_usage": _optional(engine, "kv_cache_usage"),

@@ -78,7 +78,12 @@ def ref(
     namespace: str = "team-a",
     **metadata: str,
 ) -> keda.ScaledObjectRef:
-    meta = {"scalerAddress": "unitscale-scaler.keda:9090", "deployment": name}
+    # Plumbing tests plan replicas 100% full, so that desired = ceil(in flight / 16).
+    meta = {
+        "scalerAddress": "unitscale-scaler.keda:9090",
+        "deployment": name,
+        "targetUtilization": "1",
+    }
     meta.update(metadata)
     return keda.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=meta)
 

@@ -1,101 +1,265 @@
-"""The placeholder decision: concurrency over target, clamped, never a guess."""
+"""The decision core, behaviour by behaviour, plus properties over random inputs."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scaler.core import DecisionState, Observation, Policy, decide
 from unitscale.errors import NoDataError
 
 NOW = 1_800_000_000.0
+POLICY = Policy()  # 16 in flight per replica, planned 70% full, 30k prefill / 6k decode tok/s
 
 
 def obs(**values):
     return Observation(now=NOW, signal_time=NOW, **values)
 
 
-@pytest.mark.parametrize(
-    ("observation", "policy", "replicas", "active"),
-    [
-        pytest.param(
-            obs(queue_depth=8, requests_running=32),
-            Policy(target_concurrency=16),
-            3,
-            True,
-            id="forty-in-flight-at-sixteen-per-replica-needs-three",
-        ),
-        pytest.param(
-            obs(queue_depth=0, requests_running=32),
-            Policy(target_concurrency=16),
-            2,
-            True,
-            id="exactly-full-replicas-need-no-extra",
-        ),
-        pytest.param(
-            obs(queue_depth=0, requests_running=0),
-            Policy(),
-            0,
-            False,
-            id="no-load-and-no-arrivals-is-inactive",
-        ),
-        pytest.param(
-            obs(queue_depth=0, requests_running=0, gateway_arrival_rate=0.2),
-            Policy(),
-            1,
-            True,
-            id="arrivals-alone-activate-one-replica",
-        ),
-        pytest.param(
-            obs(gateway_buffered=3, gateway_in_flight=0),
-            Policy(),
-            1,
-            True,
-            id="requests-buffered-at-zero-replicas-activate",
-        ),
-        pytest.param(
-            obs(queue_depth=1, requests_running=2, gateway_buffered=40, gateway_in_flight=3),
-            Policy(target_concurrency=10),
-            5,
-            True,
-            id="the-larger-of-engine-and-gateway-demand-counts",
-        ),
-        pytest.param(
-            obs(queue_depth=500, requests_running=500),
-            Policy(max_replicas=10),
-            10,
-            True,
-            id="held-at-max-replicas",
-        ),
-        pytest.param(
-            obs(queue_depth=0, requests_running=0),
-            Policy(min_replicas=2),
-            2,
-            True,
-            id="held-at-min-replicas-which-keeps-it-active",
-        ),
-        pytest.param(
-            obs(requests_running=5),
-            Policy(target_concurrency=4),
-            2,
-            True,
-            id="a-missing-queue-uses-the-running-count-alone",
-        ),
-    ],
-)
-def test_decide(observation, policy, replicas, active):
-    decision = decide(observation, policy, DecisionState())
-    assert (decision.desired_replicas, decision.active) == (replicas, active)
-    assert str(replicas) in decision.reason
-    assert decision.state.decisions == 1
+def state(**values):
+    return DecisionState(**values)
 
 
-def test_reason_says_when_a_bound_holds():
-    decision = decide(
-        obs(queue_depth=500, requests_running=0), Policy(max_replicas=10), DecisionState()
-    )
-    assert decision.reason == "500 in flight / 16 per replica -> 32, held at max 10"
+CASES = [
+    pytest.param(
+        obs(queue_depth=8, requests_running=32),
+        POLICY,
+        state(),
+        4,
+        False,
+        id="forty-in-flight-at-sixteen-per-replica-planned-seventy-percent-full-needs-four",
+    ),
+    pytest.param(
+        obs(
+            queue_depth=0, requests_running=1, prompt_token_rate=30_000, generation_token_rate=3_000
+        ),
+        POLICY,
+        state(),
+        3,
+        False,
+        id="token-throughput-sets-the-capacity-need-one-and-a-half-replicas-at-seventy-percent",
+    ),
+    pytest.param(
+        obs(queue_depth=0, requests_running=0, gateway_arrival_rate=0.0),
+        POLICY,
+        state(desired=1, last_activity=NOW - 200),
+        0,
+        False,
+        id="idle-past-the-grace-period-scales-to-zero",
+    ),
+    pytest.param(
+        obs(queue_depth=0, requests_running=0, gateway_arrival_rate=0.0),
+        POLICY,
+        state(desired=1, last_activity=NOW - 60),
+        1,
+        False,
+        id="idle-within-the-grace-period-keeps-one-replica",
+    ),
+    pytest.param(
+        obs(gateway_buffered=1, gateway_in_flight=0, gateway_arrival_rate=0.1),
+        POLICY,
+        state(desired=0, last_activity=NOW - 900),
+        1,
+        False,
+        id="the-first-arrival-at-zero-activates-one-replica",
+    ),
+    pytest.param(
+        obs(
+            queue_depth=0,
+            requests_running=8,
+            replicas_known=2,
+            prompt_token_rate=30_000,
+            generation_token_rate=0,
+            prompt_token_rate_panic=150_000,
+            generation_token_rate_panic=0,
+        ),
+        POLICY,
+        state(desired=2, last_activity=NOW),
+        4,
+        True,
+        id="a-burst-five-times-the-stable-load-panics-and-doubles-in-one-step",
+    ),
+    pytest.param(
+        obs(queue_depth=0, requests_running=4, replicas_known=6),
+        POLICY,
+        state(desired=6, panic_until=NOW + 30, last_activity=NOW),
+        6,
+        True,
+        id="no-scale-down-while-panicking",
+    ),
+    pytest.param(
+        obs(queue_depth=0, requests_running=20, replicas_known=8),
+        POLICY,
+        state(desired=8, low_since=NOW - 61, last_activity=NOW),
+        4,
+        False,
+        id="after-sustained-headroom-scale-down-by-at-most-half",
+    ),
+    pytest.param(
+        obs(queue_depth=0, requests_running=20, replicas_known=8),
+        POLICY,
+        state(desired=8, last_activity=NOW),
+        8,
+        False,
+        id="headroom-that-just-appeared-holds-the-replicas",
+    ),
+    pytest.param(
+        obs(
+            queue_depth=0,
+            requests_running=8,
+            replicas_known=4,
+            ttft_p95_seconds=4.0,
+            inter_token_p95_seconds=0.05,
+        ),
+        POLICY,
+        state(desired=4, last_activity=NOW),
+        8,
+        False,
+        id="a-ttft-p95-twice-the-slo-doubles-the-replicas",
+    ),
+    pytest.param(
+        obs(queue_depth=0, requests_running=8, prompt_token_rate=120_000, generation_token_rate=0),
+        POLICY,
+        state(
+            desired=6,
+            last_activity=NOW,
+            load_history=((NOW - 90, 1.0), (NOW - 60, 2.0), (NOW - 30, 3.0)),
+        ),
+        9,
+        False,
+        id="a-rising-trend-is-met-one-cold-start-ahead",
+    ),
+    pytest.param(
+        obs(
+            queue_depth=0,
+            requests_running=64,
+            cost_per_million_tokens=5.0,
+            ttft_p95_seconds=0.5,
+            inter_token_p95_seconds=0.02,
+        ),
+        replace(POLICY, cost_budget_per_million_tokens=1.0),
+        state(),
+        5,
+        False,
+        id="over-the-cost-budget-with-slo-margin-plans-fuller-replicas",
+    ),
+    pytest.param(
+        obs(
+            queue_depth=0,
+            requests_running=64,
+            cost_per_million_tokens=5.0,
+            ttft_p95_seconds=1.9,
+            inter_token_p95_seconds=0.02,
+        ),
+        replace(POLICY, cost_budget_per_million_tokens=1.0),
+        state(),
+        6,
+        False,
+        id="the-cost-guard-yields-when-the-slo-margin-is-thin",
+    ),
+    pytest.param(
+        obs(queue_depth=500, requests_running=500),
+        replace(POLICY, max_replicas=10),
+        state(),
+        10,
+        False,
+        id="held-at-max-replicas",
+    ),
+    pytest.param(
+        obs(queue_depth=0, requests_running=0),
+        replace(POLICY, min_replicas=2),
+        state(),
+        2,
+        False,
+        id="held-at-min-replicas-which-keeps-it-active",
+    ),
+    pytest.param(
+        obs(gateway_arrival_rate=1.0),
+        POLICY,
+        state(desired=5, last_activity=NOW),
+        5,
+        False,
+        id="unknown-engine-load-never-lowers-the-count",
+    ),
+]
 
 
-def test_no_concurrency_signal_is_an_error_not_zero():
+@pytest.mark.parametrize(("observation", "policy", "previous", "replicas", "panic"), CASES)
+def test_decide(observation, policy, previous, replicas, panic):
+    decision = decide(observation, policy, previous)
+    assert decision.desired_replicas == replicas, decision.reason
+    assert decision.active is (replicas > 0)
+    assert decision.panic is panic
+    assert decision.state.decisions == previous.decisions + 1
+    assert f"-> {replicas}" in decision.reason or "scale to zero" in decision.reason
+
+
+def test_nothing_known_is_an_error_not_zero():
     with pytest.raises(NoDataError):
-        decide(obs(request_rate=3.0, kv_cache_usage=0.5), Policy(), DecisionState())
+        decide(obs(kv_cache_usage=0.5), POLICY, DecisionState())
+
+
+def test_capacity_is_learned_from_saturated_replicas():
+    # 4 saturated replicas deliver 60k prompt tok/s: 0.5 of the 30k prior each.
+    saturated = obs(
+        queue_depth=40,
+        requests_running=32,
+        replicas_known=4,
+        ttft_p95_seconds=5.0,
+        inter_token_p95_seconds=0.05,
+        prompt_token_rate=60_000,
+        generation_token_rate=0,
+    )
+    learned = DecisionState(desired=4, last_activity=NOW)
+    for _ in range(20):
+        learned = decide(saturated, POLICY, learned).state
+    assert learned.capacity_scale == pytest.approx(0.5, abs=0.02)
+
+
+loads = st.floats(min_value=0, max_value=5_000, allow_nan=False)
+policies = st.builds(
+    Policy,
+    min_replicas=st.integers(0, 3),
+    max_replicas=st.integers(3, 200),
+    target_concurrency=st.floats(1, 256),
+    target_utilization=st.floats(0.3, 1.0),
+)
+previous_states = st.builds(
+    DecisionState,
+    desired=st.one_of(st.none(), st.integers(0, 200)),
+    last_activity=st.floats(NOW - 1_000, NOW),
+    low_since=st.one_of(st.none(), st.floats(NOW - 1_000, NOW)),
+    panic_until=st.floats(NOW - 1_000, NOW + 100),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies, previous_states, loads, loads, st.one_of(st.none(), st.floats(0, 50)))
+def test_never_below_min_or_above_max(policy, previous, running, queued, arrivals):
+    decision = decide(
+        obs(requests_running=running, queue_depth=queued, gateway_arrival_rate=arrivals),
+        policy,
+        previous,
+    )
+    assert policy.min_replicas <= decision.desired_replicas <= policy.max_replicas
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies, previous_states, loads, loads)
+def test_more_load_never_asks_for_fewer_replicas(policy, previous, low, extra):
+    a = decide(obs(requests_running=low, queue_depth=0.0), policy, previous)
+    b = decide(obs(requests_running=low + extra, queue_depth=0.0), policy, previous)
+    assert b.desired_replicas >= a.desired_replicas
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies, st.integers(1, 100), st.floats(0, 50))
+def test_missing_engine_signals_never_scale_down_or_to_zero(policy, desired, arrivals):
+    previous = DecisionState(desired=desired, last_activity=NOW - 10_000)
+    decision = decide(obs(gateway_arrival_rate=arrivals), policy, previous)
+    assert decision.desired_replicas >= min(desired, policy.max_replicas)
+    assert not math.isnan(decision.inputs["need"])

@@ -116,6 +116,13 @@ def test_key_lists_match_the_documented_keys():
         "maxReplicas",
         "targetConcurrency",
         "maxSignalAge",
+        "targetUtilization",
+        "sloTtft",
+        "sloItl",
+        "idleGrace",
+        "costBudgetPerMillionTokens",
+        "prefillTokensPerSecond",
+        "decodeTokensPerSecond",
     }
 
 

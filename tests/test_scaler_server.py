@@ -154,7 +154,7 @@ async def next_push(call, within=2.0):
 
 async def test_stream_is_active_pushes_only_inactive_to_active_transitions(scaler, clock, stub):
     scaler.store.update(engine_signals(queue=0.0, running=0.0))
-    call = stub.StreamIsActive(ref())
+    call = stub.StreamIsActive(ref(idleGrace="0s"))
     await asyncio.sleep(0.2)  # let the stream subscribe
     for step, running in enumerate([0.0, 4.0, 8.0, 30.0, 0.0, 0.0, 2.0], start=1):
         clock.now = T0 + step

@@ -1,8 +1,28 @@
-"""Turn an observation into a replica count.
+"""Turn an observation into a replica count: SLO-, burst- and cost-aware, to zero and back.
 
-This is the placeholder the decision-core issue replaces: concurrency-based, like
-Knative's KPA without windows. Its signature is the contract every caller uses
-(the gRPC service, replay, the demo), so the replacement changes no caller.
+Load is measured in *replicas' worth of work*: prompt tokens over a replica's prefill
+capacity plus output tokens over its decode capacity (priors per model profile, scaled
+by what is learned online), or requests in flight over the per-replica concurrency
+target, whichever is larger. Then, in order:
+
+1. **Activity.** Any arrival, buffered or in-flight request means active; after
+   ``idle_grace_seconds`` of none at all, 0 replicas and inactive.
+2. **Stable need** = load over the stable window / ``target_utilization``; with the
+   **forecast** (linear trend over the lookback, ``forecast_horizon_seconds`` ahead,
+   about one cold start) when it is higher.
+3. **SLO feedback.** TTFT or inter-token p95 over target scales the need up by the
+   breach ratio.
+4. **Panic.** Short-window load needing ``panic_threshold`` x the ready replicas, or a
+   panic-window TTFT over the SLO, starts panic: the short-window need wins and nothing
+   scales down for ``panic_hold_seconds``.
+5. **Cost guard.** Over the unit-cost budget while the SLO holds with margin: plan for
+   ``cost_guard_utilization`` instead (fewer, fuller replicas).
+6. **Steps.** Up at most ``max_scale_up_rate`` x (at least +1), down at most /
+   ``max_scale_down_rate``, and down only after ``scale_down_delay_seconds`` below.
+7. **Bounds.** ``min_replicas`` .. ``max_replicas``; at least 1 while active.
+
+Missing signals never lower the count: a part of the load that is unknown keeps the
+previous decision as the floor.
 """
 
 from __future__ import annotations
@@ -16,44 +36,225 @@ from unitscale.errors import NoDataError
 def decide(observation: Observation, policy: Policy, previous: DecisionState) -> Decision:
     """Return the replicas ``policy`` wants for ``observation``.
 
-    Demand is requests in flight: the engine's running plus queued requests, or the
-    gateway's buffered plus in-flight requests, whichever is larger (the gateway sees
-    requests the engines have not yet accepted). Each replica should hold
-    ``policy.target_concurrency`` of them: 40 in flight at 16 per replica -> 3.
-
     Raises:
-        NoDataError: neither engine nor gateway concurrency was measured; the caller
-            must not treat that as zero load.
+        NoDataError: neither engine nor gateway load was measured; the caller must not
+            treat that as zero load.
     """
-    engine = _sum_known(observation.queue_depth, observation.requests_running)
-    gateway = _sum_known(observation.gateway_buffered, observation.gateway_in_flight)
-    if engine is None and gateway is None:
-        raise NoDataError("neither engine nor gateway concurrency is known")
-    demand = max(v for v in (engine, gateway) if v is not None)
-    arrivals = observation.gateway_arrival_rate or 0.0
-
-    wanted = math.ceil(demand / policy.target_concurrency - 1e-9)
-    if wanted == 0 and arrivals > 0:
-        wanted = 1  # requests are arriving: one replica, even before any is in flight
-    desired = min(max(wanted, policy.min_replicas), policy.max_replicas)
-
-    if desired == wanted:
-        reason = f"{demand:g} in flight / {policy.target_concurrency:g} per replica -> {desired}"
-    else:
-        bound = "min" if desired > wanted else "max"
-        reason = (
-            f"{demand:g} in flight / {policy.target_concurrency:g} per replica"
-            f" -> {wanted}, held at {bound} {desired}"
-        )
-    return Decision(
-        desired_replicas=desired,
-        active=desired > 0,
-        state=DecisionState(decisions=previous.decisions + 1),
-        reason=reason,
-        inputs={"demand": demand, "arrival_rate": arrivals},
+    o, p, now = observation, policy, observation.now
+    concurrency = _larger(
+        _sum_known(o.queue_depth, o.requests_running),
+        _sum_known(o.gateway_buffered, o.gateway_in_flight),
     )
+    if concurrency is None and o.gateway_arrival_rate is None and o.prompt_token_rate is None:
+        raise NoDataError("neither engine nor gateway load is known")
+    arrivals = o.gateway_arrival_rate or 0.0
+    busy = (concurrency or 0.0) > 0 or arrivals > 0 or (o.request_rate or 0.0) > 0
+    last_activity = now if busy else previous.last_activity
+    ready = max(o.replicas_known or o.replicas_up or 0, 0)
+    current = previous.desired if previous.desired is not None else ready
+    notes: list[str] = []
+
+    # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
+    idle = not busy and concurrency is not None
+    if idle and p.min_replicas == 0 and now - last_activity >= p.idle_grace_seconds:
+        state = DecisionState(
+            previous.decisions + 1,
+            0,
+            previous.panic_until,
+            None,
+            last_activity,
+            previous.capacity_scale,
+            (),
+        )
+        idle = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
+        return Decision(0, False, state, f"idle for {idle}: scale to zero", {"concurrency": 0.0})
+
+    scale = _learn_capacity(o, p, previous.capacity_scale, ready)
+    load = _load(o.prompt_token_rate, o.generation_token_rate, concurrency, p, scale)
+    load_panic = _load(
+        o.prompt_token_rate_panic, o.generation_token_rate_panic, concurrency, p, scale
+    )
+    history = tuple(
+        (t, v) for t, v in previous.load_history if now - t <= p.forecast_lookback_seconds
+    )
+    if load is not None:
+        history += ((now, load),)
+    forecast = _forecast(history, now + p.forecast_horizon_seconds)
+
+    utilization = p.target_utilization
+    cost_guard = (
+        p.cost_budget_per_million_tokens is not None
+        and o.cost_per_million_tokens is not None
+        and o.cost_per_million_tokens > p.cost_budget_per_million_tokens
+        and _slo_margin(o, p) >= 0.3
+    )
+    if cost_guard:
+        utilization = max(utilization, p.cost_guard_utilization)
+        notes.append(
+            f"cost ${o.cost_per_million_tokens:.3f}/1M over budget: plan {utilization:.0%} full"
+        )
+
+    # 2. Stable need, with the forecast.
+    planned = max(v for v in (load, forecast, 0.0) if v is not None)
+    need = planned / utilization
+    if forecast is not None and load is not None and forecast > load * 1.05:
+        notes.append(f"forecast {forecast:.1f} > load {load:.1f}")
+
+    # 3. SLO feedback.
+    breach = max(
+        (o.ttft_p95_seconds or 0.0) / p.slo_ttft_seconds,
+        (o.inter_token_p95_seconds or 0.0) / p.slo_itl_seconds,
+    )
+    if breach > 1.0 and ready > 0:
+        need = max(need, ready * min(breach, p.max_scale_up_rate))
+        notes.append(f"SLO breached x{breach:.2f}")
+
+    # 4. Panic.
+    panic_need = (load_panic or 0.0) / p.target_utilization
+    ttft_panic = (o.ttft_p95_panic_seconds or 0.0) > p.slo_ttft_seconds
+    queue_panic = (o.gateway_buffered or 0) > 0 and ready > 0
+    starts_panic = (
+        (ready > 0 and panic_need >= p.panic_threshold * ready) or ttft_panic or queue_panic
+    )
+    panic_until = now + p.panic_hold_seconds if starts_panic else previous.panic_until
+    panicking = now < panic_until
+    if panicking:
+        need = max(need, panic_need, float(current))
+        notes.append("panic" if starts_panic else "panic hold")
+
+    wanted = max(math.ceil(need - 1e-9), 1 if busy or arrivals > 0 else 0)
+
+    # Unknown load (missing families) never lowers the count.
+    if load is None and previous.desired is not None:
+        wanted = max(wanted, previous.desired)
+        notes.append("load unknown: holding")
+
+    # 6. Bounded steps and the scale-down delay.
+    low_since = previous.low_since
+    first = previous.desired is None
+    if first and wanted < current:
+        # A restarted scaler has no history: it never scales down on its first look.
+        wanted, low_since = current, now
+        notes.append("first decision: not scaling down")
+    elif first:
+        pass  # nor does it hold back a scale-up the load asks for
+    elif current > 0 and wanted > current:
+        wanted = min(wanted, max(current + 1, math.ceil(current * p.max_scale_up_rate)))
+        low_since = None
+    elif wanted < current:
+        low_since = now if low_since is None else low_since
+        if panicking or now - low_since < p.scale_down_delay_seconds:
+            notes.append(f"holding {current} (below for {now - low_since:.0f}s)")
+            wanted = current
+        else:
+            wanted = max(wanted, math.floor(current / p.max_scale_down_rate), 1 if busy else 0)
+    else:
+        low_since = None
+
+    # 7. Bounds.
+    desired = min(max(wanted, p.min_replicas), p.max_replicas)
+    if busy and desired == 0:
+        desired = min(1, p.max_replicas)
+    if desired != wanted:
+        notes.append(f"held at {'min' if desired > wanted else 'max'} {desired}")
+
+    reason = f"load {load:.2f} replicas" if load is not None else "load unknown"
+    reason += f", need {need:.2f} at {utilization:.0%} -> {desired}"
+    if notes:
+        reason += " (" + "; ".join(notes) + ")"
+    state = DecisionState(
+        previous.decisions + 1, desired, panic_until, low_since, last_activity, scale, history
+    )
+    inputs = {
+        "load": load if load is not None else math.nan,
+        "load_panic": load_panic if load_panic is not None else math.nan,
+        "forecast": forecast if forecast is not None else math.nan,
+        "capacity_scale": scale,
+        "need": need,
+        "concurrency": concurrency if concurrency is not None else math.nan,
+    }
+    return Decision(desired, desired > 0, state, reason, inputs, panicking)
+
+
+def _load(
+    prompt_rate: float | None,
+    generation_rate: float | None,
+    concurrency: float | None,
+    p: Policy,
+    scale: float,
+) -> float | None:
+    """Replicas' worth of work: token rates over capacity, or in-flight over target."""
+    parts = []
+    if prompt_rate is not None and generation_rate is not None:
+        parts.append(
+            (
+                prompt_rate / p.prefill_tokens_per_second
+                + generation_rate / p.decode_tokens_per_second
+            )
+            / scale
+        )
+    if concurrency is not None:
+        parts.append(concurrency / p.target_concurrency)
+    return max(parts) if parts else None
+
+
+def _learn_capacity(o: Observation, p: Policy, scale: float, ready: int) -> float:
+    """Nudge the capacity scale toward what saturated replicas actually deliver.
+
+    Saturated (queue above half a request per replica and TTFT over the SLO): the token
+    throughput per replica is the capacity, so the scale moves 20% of the way to it.
+    Healthy while carrying more than the priors say: capacity is at least that.
+    """
+    if ready <= 0 or o.prompt_token_rate is None or o.generation_token_rate is None:
+        return scale
+    delivered = (
+        o.prompt_token_rate / p.prefill_tokens_per_second
+        + o.generation_token_rate / p.decode_tokens_per_second
+    ) / ready
+    if delivered <= 0.05:
+        return scale
+    saturated = (o.queue_depth or 0.0) > 0.5 * ready and (
+        o.ttft_p95_seconds or 0.0
+    ) > p.slo_ttft_seconds
+    healthy = _slo_margin(o, p) > 0 and (o.queue_depth or 0.0) <= 0.1 * ready
+    if saturated:
+        scale += 0.2 * (delivered - scale)
+    elif healthy and delivered > scale:
+        scale += 0.2 * (delivered - scale)
+    return min(max(scale, 0.25), 4.0)
+
+
+def _slo_margin(o: Observation, p: Policy) -> float:
+    """1 - the worse of TTFT and ITL p95 over their targets (unknown counts as 0 margin)."""
+    if o.ttft_p95_seconds is None or o.inter_token_p95_seconds is None:
+        return 0.0
+    return 1.0 - max(
+        o.ttft_p95_seconds / p.slo_ttft_seconds, o.inter_token_p95_seconds / p.slo_itl_seconds
+    )
+
+
+def _forecast(history: tuple[tuple[float, float], ...], at: float) -> float | None:
+    """Least-squares line through the load history, evaluated at ``at`` (never below 0)."""
+    if len(history) < 4:
+        return None
+    n = len(history)
+    mean_t = sum(t for t, _ in history) / n
+    mean_v = sum(v for _, v in history) / n
+    var = sum((t - mean_t) ** 2 for t, _ in history)
+    if var <= 0:
+        return None
+    slope = sum((t - mean_t) * (v - mean_v) for t, v in history) / var
+    return max(0.0, mean_v + slope * (at - mean_t))
 
 
 def _sum_known(*values: float | None) -> float | None:
     known = [v for v in values if v is not None]
     return float(sum(known)) if known else None
+
+
+def _larger(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 class Observation:
     """What is known about one target at time ``now``; ``None`` means not measured.
 
-    Engine fields are sums over the deployment's replicas (from the exporter);
-    gateway fields come from the gateway in front of them and are known even at
-    zero replicas.
+    Engine fields are sums over the deployment's replicas (from the exporter); stable
+    rates and latencies are over the exporter's stable window, ``*_panic`` ones over its
+    short window; gateway fields come from the gateway and are known at zero replicas.
     """
 
     now: float
@@ -24,12 +24,17 @@ class Observation:
     """Finished requests per second over the stable window."""
     prompt_token_rate: float | None = None
     generation_token_rate: float | None = None
+    prompt_token_rate_panic: float | None = None
+    generation_token_rate_panic: float | None = None
     kv_cache_usage: float | None = None
     ttft_p95_seconds: float | None = None
     inter_token_p95_seconds: float | None = None
+    ttft_p95_panic_seconds: float | None = None
     cost_per_million_tokens: float | None = None
     replicas_up: int | None = None
     """Replicas the exporter scraped successfully."""
+    replicas_known: int | None = None
+    """Replicas the exporter knows of (the HPA's current count, roughly)."""
     gateway_arrival_rate: float | None = None
     gateway_buffered: int | None = None
     gateway_in_flight: int | None = None
@@ -37,12 +42,36 @@ class Observation:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """Per-ScaledObject tuning, from trigger metadata over the scaler config."""
+    """Every knob of the decision, per ScaledObject (config defaults, metadata overrides)."""
 
     min_replicas: int = 0
     max_replicas: int = 100
     target_concurrency: float = 16.0
     """Requests in flight (running plus queued) one replica should hold."""
+    prefill_tokens_per_second: float = 30_000.0
+    """Prior: prompt tokens one replica prefills per second (Llama-3-8B on H200 ~36k)."""
+    decode_tokens_per_second: float = 6_000.0
+    """Prior: output tokens one replica decodes per second within the inter-token SLO."""
+    target_utilization: float = 0.7
+    """Share of a replica's capacity to plan for; the rest absorbs bursts."""
+    slo_ttft_seconds: float = 2.0
+    slo_itl_seconds: float = 0.1
+    panic_threshold: float = 2.0
+    """Panic when short-window load needs this many times the ready replicas."""
+    panic_hold_seconds: float = 60.0
+    """Stay in panic (no scale-down) this long after the last breach."""
+    scale_down_delay_seconds: float = 60.0
+    """Desired must stay below current this long before replicas are removed."""
+    max_scale_up_rate: float = 2.0
+    max_scale_down_rate: float = 2.0
+    forecast_horizon_seconds: float = 60.0
+    """About one cold start: scale-up starts this far ahead of the load."""
+    forecast_lookback_seconds: float = 120.0
+    idle_grace_seconds: float = 120.0
+    """No request at all for this long before scaling to zero."""
+    cost_budget_per_million_tokens: float | None = None
+    """While the SLO holds, plan fuller replicas when the unit cost exceeds this."""
+    cost_guard_utilization: float = 0.85
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +79,14 @@ class DecisionState:
     """Soft state carried from one decision to the next for one ScaledObject."""
 
     decisions: int = 0
-    """How many decisions were made; a placeholder until the decision core lands."""
+    desired: int | None = None
+    panic_until: float = float("-inf")
+    low_since: float | None = None
+    last_activity: float = float("-inf")
+    capacity_scale: float = 1.0
+    """Learned: observed capacity over the priors (1.0 = the priors hold)."""
+    load_history: tuple[tuple[float, float], ...] = ()
+    """(time, load in replicas) over the forecast lookback."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +99,4 @@ class Decision:
     reason: str
     inputs: dict[str, float] = field(default_factory=dict)
     """The numbers the reason refers to, for logs and metrics."""
+    panic: bool = False
