@@ -68,7 +68,7 @@ class TriggerMetadata(BaseModel):
     def policy(self, defaults: Policy | None = None) -> Policy:
         """The scaler config's policy with these keys' overrides."""
         base = defaults or Policy()
-        overrides = {
+        overrides: dict[str, float | int | None] = {
             "min_replicas": self.min_replicas,
             "max_replicas": self.max_replicas,
             "target_concurrency": self.target_concurrency,
@@ -80,7 +80,8 @@ class TriggerMetadata(BaseModel):
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "decode_tokens_per_second": self.decode_tokens_per_second,
         }
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        chosen = {k: v for k, v in overrides.items() if v is not None}
+        return replace(base, **chosen)  # type: ignore[arg-type]
 
 
 ALLOWED_KEYS: tuple[str, ...] = tuple(

@@ -66,8 +66,8 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
             previous.capacity_scale,
             (),
         )
-        idle = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
-        return Decision(0, False, state, f"idle for {idle}: scale to zero", {"concurrency": 0.0})
+        since = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
+        return Decision(0, False, state, f"idle for {since}: scale to zero", {"concurrency": 0.0})
 
     scale = _learn_capacity(o, p, previous.capacity_scale, ready)
     load = _load(o.prompt_token_rate, o.generation_token_rate, concurrency, p, scale)
