@@ -71,6 +71,8 @@ class PolicyConfig(BaseModel):
     panic_threshold: float = Field(2.0, ge=1)
     panic_hold: Seconds = Field(60.0, ge=0)
     scale_down_delay: Seconds = Field(60.0, ge=0)
+    scale_down_window: Seconds = Field(300.0, ge=0)
+    """Scale down only to the most replicas needed within this window."""
     max_scale_up_rate: float = Field(2.0, gt=1)
     max_scale_down_rate: float = Field(2.0, gt=1)
     forecast_horizon: Seconds = Field(60.0, ge=0)
@@ -96,6 +98,7 @@ class PolicyConfig(BaseModel):
             panic_threshold=self.panic_threshold,
             panic_hold_seconds=self.panic_hold,
             scale_down_delay_seconds=self.scale_down_delay,
+            scale_down_window_seconds=self.scale_down_window,
             max_scale_up_rate=self.max_scale_up_rate,
             max_scale_down_rate=self.max_scale_down_rate,
             forecast_horizon_seconds=self.forecast_horizon,

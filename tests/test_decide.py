@@ -109,17 +109,35 @@ CASES = [
     ),
     pytest.param(
         obs(
-            queue_depth=0,
+            queue_depth=8,
             requests_running=8,
             replicas_known=4,
             ttft_p95_seconds=4.0,
             inter_token_p95_seconds=0.05,
+            prompt_token_rate=90_000,
+            generation_token_rate=0,
         ),
         POLICY,
         state(desired=4, last_activity=NOW),
         8,
         False,
-        id="a-ttft-p95-twice-the-slo-doubles-the-replicas",
+        id="a-ttft-p95-twice-the-slo-with-a-queue-doubles-the-replicas",
+    ),
+    pytest.param(
+        obs(
+            queue_depth=0,
+            requests_running=8,
+            replicas_known=4,
+            ttft_p95_seconds=4.0,
+            inter_token_p95_seconds=0.05,
+            prompt_token_rate=90_000,
+            generation_token_rate=0,
+        ),
+        POLICY,
+        state(desired=4, last_activity=NOW),
+        5,
+        False,
+        id="a-ttft-breach-without-a-queue-is-not-a-capacity-problem",
     ),
     pytest.param(
         obs(queue_depth=0, requests_running=8, prompt_token_rate=120_000, generation_token_rate=0),
@@ -204,20 +222,32 @@ def test_nothing_known_is_an_error_not_zero():
 
 
 def test_capacity_is_learned_from_saturated_replicas():
-    # 4 saturated replicas deliver 60k prompt tok/s: 0.5 of the 30k prior each.
+    # 4 saturated replicas deliver 72k prompt tok/s: 0.6 of the 30k prior each.
     saturated = obs(
         queue_depth=40,
         requests_running=32,
         replicas_known=4,
-        ttft_p95_seconds=5.0,
-        inter_token_p95_seconds=0.05,
-        prompt_token_rate=60_000,
-        generation_token_rate=0,
+        ttft_p95_panic_seconds=5.0,
+        prompt_token_rate_panic=72_000,
+        generation_token_rate_panic=0,
     )
     learned = DecisionState(desired=4, last_activity=NOW)
-    for _ in range(20):
-        learned = decide(saturated, POLICY, learned).state
-    assert learned.capacity_scale == pytest.approx(0.5, abs=0.02)
+    for _ in range(60):
+        learned = replace(decide(saturated, POLICY, learned).state, desired=4)
+    assert learned.capacity_scale == pytest.approx(0.6, abs=0.01)
+
+
+def test_capacity_is_not_judged_while_the_fleet_changes_size():
+    saturated = obs(
+        queue_depth=40,
+        requests_running=32,
+        replicas_known=4,
+        ttft_p95_panic_seconds=5.0,
+        prompt_token_rate_panic=72_000,
+        generation_token_rate_panic=0,
+    )
+    decision = decide(saturated, POLICY, DecisionState(desired=8, last_activity=NOW))
+    assert decision.state.capacity_scale == 1.0
 
 
 loads = st.floats(min_value=0, max_value=5_000, allow_nan=False)

@@ -69,7 +69,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         since = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
         return Decision(0, False, state, f"idle for {since}: scale to zero", {"concurrency": 0.0})
 
-    scale = _learn_capacity(o, p, previous.capacity_scale, ready)
+    scale = _learn_capacity(o, p, previous.capacity_scale, ready, previous.desired == ready)
     load = _load(o.prompt_token_rate, o.generation_token_rate, concurrency, p, scale)
     load_panic = _load(
         o.prompt_token_rate_panic, o.generation_token_rate_panic, concurrency, p, scale
@@ -79,7 +79,11 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     )
     if load is not None:
         history += ((now, load),)
-    forecast = _forecast(history, now + p.forecast_horizon_seconds)
+    forecast = None
+    if load is not None and history and now - history[0][0] >= p.forecast_lookback_seconds / 2:
+        trend = _forecast(history, now + p.forecast_horizon_seconds)
+        # a short, noisy history must not multiply the load: at most double it
+        forecast = None if trend is None else min(trend, 2 * load + 1)
 
     utilization = p.target_utilization
     cost_guard = (
@@ -101,20 +105,22 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         notes.append(f"forecast {forecast:.1f} > load {load:.1f}")
 
     # 3. SLO feedback.
+    # Only a breach with queued requests at the engines says capacity is short; one
+    # without (a slow cold start, long prompts) is not cured by more replicas.
     breach = max(
         (o.ttft_p95_seconds or 0.0) / p.slo_ttft_seconds,
         (o.inter_token_p95_seconds or 0.0) / p.slo_itl_seconds,
     )
-    if breach > 1.0 and ready > 0:
-        need = max(need, ready * min(breach, p.max_scale_up_rate))
-        notes.append(f"SLO breached x{breach:.2f}")
+    saturated = (o.queue_depth or 0.0) > 0.5 * max(ready, 1)
+    if breach > 1.0 and ready > 0 and saturated and load is not None:
+        need = max(need, load / utilization * min(breach, p.max_scale_up_rate))
+        notes.append(f"SLO breached x{breach:.2f} with a queue")
 
     # 4. Panic.
     panic_need = (load_panic or 0.0) / p.target_utilization
     ttft_panic = (o.ttft_p95_panic_seconds or 0.0) > p.slo_ttft_seconds
-    queue_panic = (o.gateway_buffered or 0) > 0 and ready > 0
-    starts_panic = (
-        (ready > 0 and panic_need >= p.panic_threshold * ready) or ttft_panic or queue_panic
+    starts_panic = (ready > 0 and panic_need >= p.panic_threshold * ready) or (
+        ttft_panic and saturated
     )
     panic_until = now + p.panic_hold_seconds if starts_panic else previous.panic_until
     panicking = now < panic_until
@@ -122,7 +128,19 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         need = max(need, panic_need, float(current))
         notes.append("panic" if starts_panic else "panic hold")
 
-    wanted = max(math.ceil(need - 1e-9), 1 if busy or arrivals > 0 else 0)
+    # Within the idle grace period one replica stays, whatever the load says.
+    recently_active = busy or now - last_activity < p.idle_grace_seconds
+    floor = 1 if recently_active else 0
+    wanted = max(math.ceil(need - 1e-9), floor)
+
+    # Scale down no lower than the most needed within the window: bursts recur, and a
+    # replica removed now costs a cold start when the next one comes.
+    needs = tuple((t, n) for t, n in previous.need_history if now - t < p.scale_down_window_seconds)
+    needs += ((now, wanted),)
+    peak = max(n for _, n in needs)
+    if peak > wanted:
+        notes.append(f"window peak {peak}")
+        wanted = peak
 
     # Unknown load (missing families) never lowers the count.
     if load is None and previous.desired is not None:
@@ -147,23 +165,32 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
             notes.append(f"holding {current} (below for {now - low_since:.0f}s)")
             wanted = current
         else:
-            wanted = max(wanted, math.floor(current / p.max_scale_down_rate), 1 if busy else 0)
+            wanted = max(wanted, math.floor(current / p.max_scale_down_rate), floor)
     else:
         low_since = None
 
     # 7. Bounds.
     desired = min(max(wanted, p.min_replicas), p.max_replicas)
-    if busy and desired == 0:
+    if recently_active and desired == 0:
         desired = min(1, p.max_replicas)
     if desired != wanted:
         notes.append(f"held at {'min' if desired > wanted else 'max'} {desired}")
 
+    if abs(scale - 1.0) > 0.05:
+        notes.append(f"learned capacity x{scale:.2f}")
     reason = f"load {load:.2f} replicas" if load is not None else "load unknown"
     reason += f", need {need:.2f} at {utilization:.0%} -> {desired}"
     if notes:
         reason += " (" + "; ".join(notes) + ")"
     state = DecisionState(
-        previous.decisions + 1, desired, panic_until, low_since, last_activity, scale, history
+        previous.decisions + 1,
+        desired,
+        panic_until,
+        low_since,
+        last_activity,
+        scale,
+        history,
+        needs,
     )
     inputs = {
         "load": load if load is not None else math.nan,
@@ -183,45 +210,49 @@ def _load(
     p: Policy,
     scale: float,
 ) -> float | None:
-    """Replicas' worth of work: token rates over capacity, or in-flight over target."""
-    parts = []
+    """Replicas' worth of work: token throughput over capacity.
+
+    In-flight requests over the per-replica target stand in when token rates are not
+    known yet (at zero, right after a restart). A queue that forms while replicas start
+    is backlog, not steady load: counting it as load would buy a replica per queued
+    request, so once token rates are known it only drives panic (see ``decide``).
+    """
     if prompt_rate is not None and generation_rate is not None:
-        parts.append(
-            (
-                prompt_rate / p.prefill_tokens_per_second
-                + generation_rate / p.decode_tokens_per_second
-            )
-            / scale
-        )
+        return (
+            prompt_rate / p.prefill_tokens_per_second + generation_rate / p.decode_tokens_per_second
+        ) / scale
     if concurrency is not None:
-        parts.append(concurrency / p.target_concurrency)
-    return max(parts) if parts else None
+        return concurrency / p.target_concurrency
+    return None
 
 
-def _learn_capacity(o: Observation, p: Policy, scale: float, ready: int) -> float:
+def _learn_capacity(
+    o: Observation, p: Policy, scale: float, ready: int, stable_fleet: bool
+) -> float:
     """Nudge the capacity scale toward what saturated replicas actually deliver.
 
-    Saturated (queue above half a request per replica and TTFT over the SLO): the token
-    throughput per replica is the capacity, so the scale moves 20% of the way to it.
-    Healthy while carrying more than the priors say: capacity is at least that.
+    Only a fleet that has kept its size can be judged (window rates over a changing
+    replica count would divide old throughput by new replicas). Saturated (more than
+    one queued request per replica and a short-window TTFT over the SLO): short-window
+    token throughput per replica is the capacity, and the scale moves 10% of the way
+    to it. Healthy while carrying more than the priors say: capacity is at least that.
+    Bounded to 0.5-2x the priors.
     """
-    if ready <= 0 or o.prompt_token_rate is None or o.generation_token_rate is None:
+    if ready <= 0 or not stable_fleet:
         return scale
-    delivered = (
-        o.prompt_token_rate / p.prefill_tokens_per_second
-        + o.generation_token_rate / p.decode_tokens_per_second
-    ) / ready
+    prompt, output = o.prompt_token_rate_panic, o.generation_token_rate_panic
+    if prompt is None or output is None:
+        return scale
+    delivered = (prompt / p.prefill_tokens_per_second + output / p.decode_tokens_per_second) / ready
     if delivered <= 0.05:
         return scale
-    saturated = (o.queue_depth or 0.0) > 0.5 * ready and (
-        o.ttft_p95_seconds or 0.0
+    saturated = (o.queue_depth or 0.0) > ready and (
+        o.ttft_p95_panic_seconds or 0.0
     ) > p.slo_ttft_seconds
     healthy = _slo_margin(o, p) > 0 and (o.queue_depth or 0.0) <= 0.1 * ready
-    if saturated:
-        scale += 0.2 * (delivered - scale)
-    elif healthy and delivered > scale:
-        scale += 0.2 * (delivered - scale)
-    return min(max(scale, 0.25), 4.0)
+    if saturated or (healthy and delivered > scale):
+        scale += 0.1 * (delivered - scale)
+    return min(max(scale, 0.5), 2.0)
 
 
 def _slo_margin(o: Observation, p: Policy) -> float:

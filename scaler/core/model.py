@@ -62,6 +62,8 @@ class Policy:
     """Stay in panic (no scale-down) this long after the last breach."""
     scale_down_delay_seconds: float = 60.0
     """Desired must stay below current this long before replicas are removed."""
+    scale_down_window_seconds: float = 300.0
+    """Scale down only to the most replicas needed within this window (bursts recur)."""
     max_scale_up_rate: float = 2.0
     max_scale_down_rate: float = 2.0
     forecast_horizon_seconds: float = 60.0
@@ -87,6 +89,8 @@ class DecisionState:
     """Learned: observed capacity over the priors (1.0 = the priors hold)."""
     load_history: tuple[tuple[float, float], ...] = ()
     """(time, load in replicas) over the forecast lookback."""
+    need_history: tuple[tuple[float, int], ...] = ()
+    """(time, replicas needed) over the scale-down window: scale down to their maximum."""
 
 
 @dataclass(frozen=True, slots=True)

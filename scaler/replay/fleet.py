@@ -42,6 +42,8 @@ class Requests:
     generated: Floats = field(init=False)
     first_token: Floats = field(init=False)
     finished: Floats = field(init=False)
+    routed: Floats = field(init=False)
+    """When the gateway handed the request to a replica (the engine's own clock starts)."""
     decode_time: Floats = field(init=False)
     """Seconds spent in decode steps after the first token: mean ITL = this / (tokens - 1)."""
 
@@ -55,6 +57,7 @@ class Requests:
         self.first_token = np.full(n, np.nan)
         self.finished = np.full(n, np.nan)
         self.decode_time = np.zeros(n)
+        self.routed = np.full(n, np.nan)
 
 
 @dataclass(slots=True)
@@ -87,6 +90,7 @@ class Fleet:
         r = self.requests
         r.state[index] = QUEUED
         r.replica[index] = replica
+        r.routed[index] = now
         self.active = np.append(self.active, index)
         self.outstanding[replica] += 1
 

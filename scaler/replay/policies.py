@@ -23,6 +23,7 @@ from exporter.grpc_service import to_proto
 from exporter.signals import DeploymentSignals
 from protos.externalscaler import externalscaler_pb2 as keda_pb
 from protos.unitscale.v1 import signals_pb2 as pb
+from scaler.core.model import Policy as CorePolicy
 from scaler.replay.keda import Answer, ScalingSpec
 from scaler.service import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry
 from scaler.signals import SignalStore
@@ -148,6 +149,8 @@ class Unitscale:
     """
 
     metadata: dict[str, str]
+    defaults: CorePolicy = field(default_factory=CorePolicy)
+    """The scaler config's policy section (``ScalerConfig.policy``)."""
     name: str = "unitscale"
     controller: Controller = "keda"
     push: bool = True
@@ -158,7 +161,9 @@ class Unitscale:
 
     def __post_init__(self) -> None:
         self._store = SignalStore()
-        self._registry = ScaledObjectRegistry(self._store, 60.0, clock=lambda: self._now)
+        self._registry = ScaledObjectRegistry(
+            self._store, 60.0, clock=lambda: self._now, policy_defaults=self.defaults
+        )
 
     def answer(self, view: View) -> Answer:
         self._now = view.now
@@ -186,16 +191,27 @@ class Unitscale:
         )
 
 
-def unitscale_policy(target_concurrency: float, max_replicas: int) -> Unitscale:
+def unitscale_policy(
+    target_concurrency: float, max_replicas: int, defaults: CorePolicy | None = None
+) -> Unitscale:
     """The unitscale policy with trigger metadata as a ScaledObject would carry it."""
     return Unitscale(
+        defaults=defaults or CorePolicy(),
         metadata={
             "scalerAddress": "replay:9090",
             "deployment": KEY[1],
             "targetConcurrency": f"{target_concurrency:g}",
             "maxReplicas": str(max_replicas),
         },
-        spec=ScalingSpec(min_replicas=0, max_replicas=max_replicas),
+        # deploy/scaledobject-recommended.yaml: the scaler delays scale-down itself, so
+        # the HPA's own stabilization is cut to 60 s.
+        spec=ScalingSpec(
+            min_replicas=0,
+            max_replicas=max_replicas,
+            scale_down_stabilization=60.0,
+            scale_up_percent=400.0,
+            scale_up_pods=16,
+        ),
     )
 
 

@@ -49,6 +49,8 @@ class ReplayOptions:
     seed: int
     target_concurrency: float = 32.0
     slo_target: float = 0.99
+    warm_start: bool = True
+    """Start every policy with the oracle's first-interval replicas ready."""
 
 
 def run_policies(
@@ -60,18 +62,18 @@ def run_policies(
 ) -> dict[str, Result]:
     """Every named policy over ``trace``; the oracle first (static-peak uses its peak)."""
     results: dict[str, Result] = {}
-    oracle_peak = None
-    if "oracle" in names or "static-peak" in names:
-        result, schedule = find_oracle(trace, config, options.slo_target)
-        oracle_peak = int(min(schedule.replicas().max(), config.max_replicas))
-        if "oracle" in names:
-            results["oracle"] = result
+    result, schedule = find_oracle(trace, config, options.slo_target)
+    oracle_peak = int(min(schedule.replicas().max(), config.max_replicas))
+    # Every policy starts warm with the replicas the first interval needs.
+    warm = int(min(schedule.replicas()[0], config.max_replicas)) if options.warm_start else 0
+    if "oracle" in names:
+        results["oracle"] = result
     for name in names:
         if name == "oracle":
             continue
         policy = make_policy(name, config, options, oracle_peak)
         callback = (lambda t, n=name: progress(n, t)) if progress else None
-        results[name] = simulate(trace, policy, config, progress=callback)
+        results[name] = simulate(trace, policy, config, progress=callback, initial_replicas=warm)
     return {name: results[name] for name in names}
 
 

@@ -207,8 +207,13 @@ def simulate(
     config: SimConfig,
     schedule: Callable[[float], int] | None = None,
     progress: Callable[[float], None] | None = None,
+    initial_replicas: int = 0,
 ) -> Result:
-    """Replay ``trace`` under ``policy`` (or a replica ``schedule`` for the oracle)."""
+    """Replay ``trace`` under ``policy`` (or a replica ``schedule`` for the oracle).
+
+    ``initial_replicas`` start ready (a warm start, as if earlier traffic had sized the
+    fleet); 0 starts cold, every replica paying its cold start.
+    """
     profile = config.profile
     slots = config.max_replicas
     requests = Requests(trace.arrival.copy(), trace.prompt.copy(), trace.output.copy())
@@ -277,10 +282,9 @@ def simulate(
 
     if desired_static is not None:
         scale_to(int(desired_static), "static", instant=True)
-    elif schedule is None and policy.spec.min_replicas > 0:
-        scale_to(
-            policy.spec.min_replicas, "minReplicaCount", instant=True
-        )  # running before the trace
+    elif schedule is None and max(policy.spec.min_replicas, initial_replicas) > 0:
+        warm = max(policy.spec.min_replicas, initial_replicas)
+        scale_to(warm, "running before the trace", instant=True)
     if schedule is not None:
         scale_to(schedule(0.0), "schedule", instant=True)
 
@@ -406,15 +410,16 @@ def _record(
     counters: npt.NDArray[np.float64],
     hist: dict[str, tuple[tuple[float, ...], npt.NDArray[np.float64], npt.NDArray[np.float64]]],
 ) -> None:
+    # The engine measures from when it got the request, not from the gateway's arrival.
     if len(first):
-        ttft = requests.first_token[first] - requests.arrival[first]
+        ttft = requests.first_token[first] - requests.routed[first]
         _observe(hist["ttft"], requests.replica[first], ttft)
     if len(finished):
         slots = requests.replica[finished]
         np.add.at(counters[:, 0], slots, requests.prompt[finished])
         np.add.at(counters[:, 1], slots, requests.output[finished])
         np.add.at(counters[:, 2], slots, 1.0)
-        _observe(hist["e2e"], slots, requests.finished[finished] - requests.arrival[finished])
+        _observe(hist["e2e"], slots, requests.finished[finished] - requests.routed[finished])
         gaps = np.maximum(requests.output[finished] - 1, 1)
         _observe(hist["itl"], slots, requests.decode_time[finished] / gaps)
 
