@@ -99,6 +99,15 @@ class ScaledObjectRegistry:
     def __len__(self) -> int:
         return len(self._objects)
 
+    def set_default_max_signal_age(self, seconds: float) -> None:
+        """A reloaded ``max-signal-age``: applies to every ScaledObject without its own."""
+        self._default_max_age = seconds
+        now = self._clock()
+        for scaled in self._objects.values():
+            if scaled.metadata.max_signal_age is None and scaled.max_signal_age != seconds:
+                scaled.max_signal_age = seconds
+                self._refresh(scaled, now)
+
     def get(self, namespace: str, name: str) -> ScaledObject | None:
         """The ScaledObject if KEDA has asked about it."""
         return self._objects.get((namespace, name))
