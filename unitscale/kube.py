@@ -4,7 +4,7 @@
 the list's ``resourceVersion``; every change hands the whole current set (name -> raw
 JSON object) to a callback. The watch ends after ``resync`` seconds (server-side
 timeout) and the loop lists again, so a missed event is repaired within one resync. A
-broken connection (an API server restart) or a ``410 Gone`` relists after a capped,
+broken connection (an API server restart) or a ``410 GoneError`` relists after a capped,
 doubling backoff; meanwhile the last known set stays in use.
 """
 
@@ -49,11 +49,12 @@ class KubeAccess:
         configuration = client.Configuration()
         try:
             if self.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config(client_configuration=configuration)
+                config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
             else:
-                path = self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
                 await config.load_kube_config(
-                    config_file=str(Path(path).expanduser()),
+                    config_file=self._kubeconfig_file(),
                     client_configuration=configuration,
                     persist_config=False,
                 )
@@ -61,6 +62,10 @@ class KubeAccess:
             where = self.kubeconfig or "in-cluster/KUBECONFIG/~/.kube/config"
             raise ConfigError(f"--kubeconfig {where}: {err}") from err
         return client.ApiClient(configuration)
+
+    def _kubeconfig_file(self) -> str:
+        path = self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        return os.path.expanduser(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +84,11 @@ class Selection:
 
 def _list_method(api: client.ApiClient, resource: str) -> Callable[..., Awaitable[Any]]:
     if resource == "configmaps":
-        return client.CoreV1Api(api).list_namespaced_config_map  # type: ignore[no-any-return]
-    return client.DiscoveryV1Api(api).list_namespaced_endpoint_slice  # type: ignore[no-any-return]
+        return client.CoreV1Api(api).list_namespaced_config_map
+    return client.DiscoveryV1Api(api).list_namespaced_endpoint_slice
 
 
-class Gone(Exception):
+class GoneError(Exception):
     """The watch's resourceVersion is too old (HTTP 410): list again."""
 
 
@@ -115,8 +120,8 @@ async def watch_objects(
                         on_change(dict(objects))
                         delay = reconnect_min
                         await _watch(api, selection, objects, version, on_change, resync)
-            except Gone:
-                log.info("watch on %s expired (410 Gone); listing again", selection)
+            except GoneError:
+                log.info("watch on %s expired (410 GoneError); listing again", selection)
                 continue
             except (aiohttp.ClientError, client.ApiException, TimeoutError, ValueError) as err:
                 log.warning(
@@ -174,7 +179,7 @@ async def _watch(
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 if obj.get("code") == 410:
-                    raise Gone
+                    raise GoneError
                 raise ValueError(f"watch error: {obj.get('message', obj)}")
             if kind == "BOOKMARK":
                 continue

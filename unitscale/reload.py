@@ -108,7 +108,7 @@ async def poll_file(store: ConfigStore[C], path: Path, interval: float = 1.0) ->
             continue
         seen = now
         try:
-            text = path.read_text(encoding="utf-8")
+            text = await asyncio.to_thread(path.read_text, encoding="utf-8")
         except OSError as err:
             store.reject(f"cannot read config file {path}: {err.strerror}")
             continue
@@ -225,7 +225,7 @@ class ConfigSource:
         if self.file is None:
             return ""
         try:
-            return self.file.read_text(encoding="utf-8")
+            return await asyncio.to_thread(self.file.read_text, encoding="utf-8")
         except OSError as err:
             raise ConfigError(f"cannot read config file {self.file}: {err.strerror}") from err
 
