@@ -80,6 +80,10 @@ def crd_files(module: str, version: str, subdir: str) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    try:
+        binaries(("kueue",))
+    except UnavailableError as err:
+        unavailable(str(err))
     module, version = versions.MODULES["kueue"]
     control_plane.apply_crds(crd_files(module, version, "config/components/crd/bases"))
     controller = Kueue(control_plane, tmp_path_factory.mktemp("kueue"))

@@ -42,14 +42,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def binaries() -> Path:
-    """The cache directory with every binary.
+def binaries(names: tuple[str, ...] = ("etcd", "kube-apiserver")) -> Path:
+    """The cache directory holding ``names``.
 
     Raises:
         UnavailableError: a binary is missing (with how to build it, or why it cannot be).
     """
     cache = versions.cache_dir()
-    missing = [name for name in versions.BINARIES if not (cache / name).exists()]
+    missing = [name for name in names if not (cache / name).exists()]
     if not missing:
         return cache
     if shutil.which("go") is None and not os.access("/usr/local/go/bin/go", os.X_OK):
