@@ -32,6 +32,15 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from tests.k8s import versions
 
 
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, method: str, path: str, code: int, body: str) -> None:
+        super().__init__(f"{method} {path}: {code} {body[:1000]}")
+        self.code = code
+        self.body = body
+
+
 class UnavailableError(Exception):
     """The control plane cannot run here (no binaries, no Go); the message says why."""
 
@@ -138,7 +147,8 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None, token: str = "") -
     try:
         with urllib.request.urlopen(request, timeout=2, context=context) as response:
             return int(response.status) == 200
-    except urllib.error.HTTPError:
+    except urllib.error.HTTPError as err:
+        err.close()
         return False
 
 
@@ -283,23 +293,29 @@ class ControlPlane:
         """One API call; returns the decoded JSON.
 
         Raises:
-            urllib.error.HTTPError: a non-2xx answer (``.code``, body in ``.read()``).
+            ApiError: a non-2xx answer.
         """
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.host}{path}", data=data, method=method)
         request.add_header("Authorization", f"Bearer {self.token}")
         request.add_header("Content-Type", "application/json")
         context = ssl.create_default_context(cafile=str(self.ca_file))
-        with urllib.request.urlopen(request, timeout=30, context=context) as response:
-            return json.loads(response.read() or b"null")
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=context) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as err:
+            with err:  # closes the connection the error holds
+                raise ApiError(
+                    method, path, err.code, err.read().decode(errors="replace")
+                ) from None
 
     def ensure(self, path: str, body: dict[str, Any]) -> None:
         """Create the object at collection ``path`` unless it exists."""
         try:
             self.request("POST", path, body)
-        except urllib.error.HTTPError as err:
+        except ApiError as err:
             if err.code != 409:
-                raise RuntimeError(f"POST {path}: {err.code} {err.read()[:500]!r}") from err
+                raise
 
     def create_namespace(self, name: str) -> None:
         self.ensure("/api/v1/namespaces", {"metadata": {"name": name}})
