@@ -7,13 +7,15 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from exporter.collector import registry_for
 from exporter.config import ExporterConfig, parse_config
@@ -26,6 +28,24 @@ from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = signals_pb2.DESCRIPTOR.services_by_name["SignalsService"].full_name
+
+
+class ConfigReloadCollector(Collector):
+    """``unitscale_config_reloads_total{result}``: applied and refused config updates."""
+
+    def __init__(self, store: ConfigStore[ExporterConfig]) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """One counter family, both results always present."""
+        family = CounterMetricFamily(
+            "unitscale_config_reloads",
+            "Config updates: success (applied) or error (refused, the last good stays).",
+            labels=["result"],
+        )
+        family.add_metric(["success"], self._store.reloads)
+        family.add_metric(["error"], self._store.errors)
+        yield family
 
 
 def _split(listen: str) -> tuple[str, int]:
@@ -60,6 +80,7 @@ class ExporterServer:
         self._source = source
         self._reload_task: asyncio.Task[None] | None = None
         self.registry = registry_for(self.exporter)
+        self.registry.register(ConfigReloadCollector(self.configs))
         self.signals = SignalsService(self.exporter)
         self._listen = _split(listen)
         self._grpc = grpc.aio.server()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from prometheus_client import generate_latest
 
 from exporter.app import ExporterServer
 from exporter.config import load_config
@@ -123,6 +124,9 @@ async def test_the_exporter_follows_a_kubelet_symlink_swap(volume):
         # A deployment that stays keeps its state (histories, errors); its config is new.
         assert exporter.deployments[0] is llama
         assert llama.config.targets[-1] == "http://127.0.0.1:3/metrics"
+        exposition = generate_latest(server.registry).decode()
+        assert 'unitscale_config_reloads_total{result="success"} 1.0' in exposition
+        assert 'unitscale_config_reloads_total{result="error"} 0.0' in exposition
     finally:
         await server.stop()
 
