@@ -7,23 +7,45 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from exporter.collector import registry_for
-from exporter.config import ExporterConfig
+from exporter.config import ExporterConfig, parse_config
 from exporter.grpc_service import SignalsService
 from exporter.runtime import Exporter
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 from unitscale.errors import ConfigError
+from unitscale.kube import KubeAccess
+from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = signals_pb2.DESCRIPTOR.services_by_name["SignalsService"].full_name
+
+
+class ConfigReloadCollector(Collector):
+    """``unitscale_config_reloads_total{result}``: applied and refused config updates."""
+
+    def __init__(self, store: ConfigStore[ExporterConfig]) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """One counter family, both results always present."""
+        family = CounterMetricFamily(
+            "unitscale_config_reloads",
+            "Config updates: success (applied) or error (refused, the last good stays).",
+            labels=["result"],
+        )
+        family.add_metric(["success"], self._store.reloads)
+        family.add_metric(["error"], self._store.errors)
+        yield family
 
 
 def _split(listen: str) -> tuple[str, int]:
@@ -34,7 +56,12 @@ def _split(listen: str) -> tuple[str, int]:
 
 
 class ExporterServer:
-    """A running exporter; ``start()`` returns the bound HTTP and gRPC ports."""
+    """A running exporter; ``start()`` returns the bound HTTP and gRPC ports.
+
+    With a ``source`` the config is hot-reloaded (``parse`` turns its text into a
+    config, applying the command line's overrides): interval, timeout, windows and
+    deployments apply from the next scrape cycle.
+    """
 
     def __init__(
         self,
@@ -42,9 +69,18 @@ class ExporterServer:
         listen: str = "127.0.0.1:0",
         grpc_listen: str = "127.0.0.1:0",
         clock: Callable[[], float] = time.time,
+        source: ConfigSource | None = None,
+        parse: Callable[[str, str], ExporterConfig] = parse_config,
+        kube: KubeAccess | None = None,
+        slice_resync: float = 300.0,
     ) -> None:
-        self.exporter = Exporter(config, clock)
+        self.exporter = Exporter(config, clock, kube, slice_resync)
+        self.configs = ConfigStore(config, parse)
+        self.configs.add_listener(self.exporter.apply)
+        self._source = source
+        self._reload_task: asyncio.Task[None] | None = None
         self.registry = registry_for(self.exporter)
+        self.registry.register(ConfigReloadCollector(self.configs))
         self.signals = SignalsService(self.exporter)
         self._listen = _split(listen)
         self._grpc = grpc.aio.server()
@@ -83,6 +119,8 @@ class ExporterServer:
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._loop_task = asyncio.create_task(self.exporter.run())
+        if self._source is not None:
+            self._reload_task = asyncio.create_task(self._source.follow(self.configs))
         log.info(
             "exporter serving /metrics on port %d, signals on port %d",
             self.http_port,
@@ -93,10 +131,11 @@ class ExporterServer:
     async def stop(self, grace: float = 2.0) -> None:
         """Stop scraping, then both servers."""
         await self._health.enter_graceful_shutdown()
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        for task in (self._reload_task, self._loop_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._grpc.stop(grace)
         if self._runner is not None:
             await self._runner.cleanup()
@@ -112,5 +151,7 @@ class ExporterServer:
                 "cycles": exporter.cycles,
                 "last_cycle_seconds": exporter.last_cycle_seconds,
                 "deployments": len(exporter.deployments),
+                "config_reloads": self.configs.reloads,
+                "config_errors": self.configs.errors,
             }
         )

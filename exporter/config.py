@@ -80,6 +80,33 @@ class AcceleratorConfig(BaseModel):
         return Accelerator(price, self.fraction(), price_is_default=default)
 
 
+class EndpointSlicesConfig(BaseModel):
+    """Replicas from a Service's EndpointSlices (``discovery.k8s.io/v1``), watched.
+
+    Every ready endpoint of the slices labelled ``kubernetes.io/service-name=<service>``
+    in the deployment's namespace is a replica. Needs RBAC ``list`` and ``watch`` on
+    ``endpointslices`` there.
+    """
+
+    model_config = _KEBAB
+
+    service: Annotated[str, Field(pattern=_DNS_NAME, max_length=63)]
+    """The Service whose slices list the replicas (need not be headless)."""
+    port: int | Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+    """The scrape port: a number as is, or the name of a port of the Service."""
+    scheme: Literal["http", "https"] = "http"
+    path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
+
+    @field_validator("port")
+    @classmethod
+    def _port_range(cls, port: int | str) -> int | str:
+        if isinstance(port, str) and port.isdigit():  # "8000" from YAML is a number
+            port = int(port)
+        if isinstance(port, int) and not 1 <= port <= 65535:
+            raise ValueError(f"port {port} is outside 1-65535")
+        return port
+
+
 class DeploymentConfig(BaseModel):
     """One scaled workload and where its replicas' ``/metrics`` are."""
 
@@ -94,6 +121,8 @@ class DeploymentConfig(BaseModel):
     """Replica URLs (``http://host:port``; ``/metrics`` is added when no path is given)."""
     dns: str | None = None
     """``host:port`` of a headless Service: every A record is a replica."""
+    endpoint_slices: EndpointSlicesConfig | None = None
+    """Watch the Service's EndpointSlices: every ready endpoint is a replica."""
     accelerator: AcceleratorConfig = Field(default_factory=AcceleratorConfig)
 
     @field_validator("targets")
@@ -153,30 +182,55 @@ def metrics_url(target: str) -> str:
     return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
 
 
-def load_config(path: Path | None, overrides: dict[str, object] | None = None) -> ExporterConfig:
+def parse_config(
+    text: str,
+    origin: str = "<config>",
+    overrides: dict[str, object] | None = None,
+    extra_deployments: list[dict[str, object]] | None = None,
+) -> ExporterConfig:
+    """Validate config text (YAML), then flag ``overrides`` and flag-given deployments.
+
+    A hot reload calls this with the same overrides, so flags keep winning.
+
+    Raises:
+        ConfigError: bad YAML or a bad key (named in the message).
+    """
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{origin}: not valid YAML: {err}") from err
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{origin}: expected a mapping of keys, got {type(loaded).__name__}")
+    data: dict[str, object] = dict(loaded or {})
+    data.update(overrides or {})
+    if extra_deployments:
+        listed = data.get("deployments") or []
+        if not isinstance(listed, list):
+            raise ConfigError(f"{origin}: key 'deployments': expected a list")
+        data["deployments"] = [*listed, *extra_deployments]
+    try:
+        return ExporterConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{origin}: {describe(err)}") from err
+
+
+def load_config(
+    path: Path | None,
+    overrides: dict[str, object] | None = None,
+    extra_deployments: list[dict[str, object]] | None = None,
+) -> ExporterConfig:
     """Read the YAML file (or nothing), apply flag ``overrides``, validate.
 
     Raises:
         ConfigError: unreadable file, bad YAML, or a bad key (named in the message).
     """
-    data: dict[str, object] = {}
-    origin = "flags"
-    if path is not None:
-        origin = str(path)
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as err:
-            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from err
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys, got {type(loaded).__name__}")
-        data = loaded or {}
-    data.update(overrides or {})
+    if path is None:
+        return parse_config("", "flags", overrides, extra_deployments)
     try:
-        return ExporterConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"{origin}: {describe(err)}") from err
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    return parse_config(text, str(path), overrides, extra_deployments)
 
 
 def describe(err: ValidationError) -> str:

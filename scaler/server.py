@@ -15,11 +15,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
-from scaler.config import ScalerConfig
+from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
 from scaler.service import ExternalScalerService, ScaledObjectRegistry
 from scaler.signals import SignalStore
 from scaler.sources import demo_source, watch_signals
 from unitscale.errors import ConfigError
+from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,13 @@ class TlsFiles:
 
 
 class ScalerServer:
-    """A running scaler: ``await start()`` returns the bound port; ``await stop()``."""
+    """A running scaler: ``await start()`` returns the bound port; ``await stop()``.
+
+    The config is hot-reloaded from ``source`` (a mounted file or a ConfigMap) when one
+    is given: ``max-signal-age`` applies to the next decision, ``signal-sources``
+    watches start and stop to match. ``grace-period`` and ``demo-source`` are read at
+    start only.
+    """
 
     def __init__(
         self,
@@ -55,8 +62,11 @@ class ScalerServer:
         listen: str = "127.0.0.1:0",
         tls: TlsFiles | None = None,
         clock: Callable[[], float] = time.time,
+        source: ConfigSource | None = None,
     ) -> None:
-        self.config = config
+        self.configs = ConfigStore(config, parse_config)
+        self.configs.add_listener(self._reconfigure)
+        self._source = source
         self.store = SignalStore()
         self.registry = ScaledObjectRegistry(
             self.store, config.max_signal_age, clock, config.policy.policy()
@@ -84,15 +94,46 @@ class ScalerServer:
         if self.port == 0:
             raise ConfigError(f"--listen {listen}: cannot bind that address")
         self._tasks: list[asyncio.Task[None]] = []
+        self._source_tasks: dict[SignalSourceConfig, asyncio.Task[None]] = {}
+        self._started = False
+
+    @property
+    def config(self) -> ScalerConfig:
+        """The config in force now (one frozen snapshot)."""
+        return self.configs.current
+
+    def _reconfigure(self, config: ScalerConfig) -> None:
+        self.registry.set_default_max_signal_age(config.max_signal_age)
+        self.registry.set_policy_defaults(config.policy.policy())
+        if self._started:
+            self._reconcile_sources(config)
+
+    def _reconcile_sources(self, config: ScalerConfig) -> None:
+        """Watch exactly ``config.signal_sources``: start new ones, cancel dropped ones."""
+        wanted = set(config.signal_sources)
+        for source in [s for s in self._source_tasks if s not in wanted]:
+            log.info("no longer watching signals from %s", source.address)
+            self._source_tasks.pop(source).cancel()
+        for source in config.signal_sources:
+            if source not in self._source_tasks:
+                task = asyncio.create_task(watch_signals(source, self.store))
+                self._source_tasks[source] = task
+
+    @property
+    def watched_sources(self) -> list[str]:
+        """Addresses of the signal sources being watched now."""
+        return sorted(source.address for source in self._source_tasks)
 
     async def start(self) -> int:
-        """Start serving and the signal sources; returns the bound port."""
-        for source in self.config.signal_sources:
-            self._tasks.append(asyncio.create_task(watch_signals(source, self.store)))
+        """Start serving, the signal sources and the config reload; returns the port."""
+        self._started = True
+        self._reconcile_sources(self.config)
         if self.config.demo_source is not None:
             self._tasks.append(
                 asyncio.create_task(demo_source(self.config.demo_source, self.store, self._clock))
             )
+        if self._source is not None:
+            self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
         await self._server.start()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -102,9 +143,11 @@ class ScalerServer:
     async def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, let open RPCs finish for ``grace`` seconds, then stop."""
         await self._health.enter_graceful_shutdown()
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._source_tasks.values()]
+        self._source_tasks.clear()
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._server.stop(self.config.grace_period if grace is None else grace)

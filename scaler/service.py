@@ -101,6 +101,23 @@ class ScaledObjectRegistry:
     def __len__(self) -> int:
         return len(self._objects)
 
+    def set_default_max_signal_age(self, seconds: float) -> None:
+        """A reloaded ``max-signal-age``: applies to every ScaledObject without its own."""
+        self._default_max_age = seconds
+        now = self._clock()
+        for scaled in self._objects.values():
+            if scaled.metadata.max_signal_age is None and scaled.max_signal_age != seconds:
+                scaled.max_signal_age = seconds
+                self._refresh(scaled, now)
+
+    def set_policy_defaults(self, defaults: Policy) -> None:
+        """A reloaded ``policy`` section: every ScaledObject's policy is rebuilt over it."""
+        if defaults == self._policy_defaults:
+            return
+        self._policy_defaults = defaults
+        for scaled in self._objects.values():
+            scaled.policy = scaled.metadata.policy(defaults)
+
     def get(self, namespace: str, name: str) -> ScaledObject | None:
         """The ScaledObject if KEDA has asked about it."""
         return self._objects.get((namespace, name))

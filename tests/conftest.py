@@ -110,3 +110,15 @@ async def channel(scaler: ScalerServer) -> AsyncIterator[grpc.aio.Channel]:
 @pytest.fixture
 def stub(channel: grpc.aio.Channel) -> keda_grpc.ExternalScalerStub:
     return keda_grpc.ExternalScalerStub(channel)
+
+
+async def eventually(predicate, what: str = "condition", limit: float = 30.0) -> None:
+    """Wait until ``predicate()`` is true; a cap against hangs, not a timing assertion."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still false after {limit:.0f}s")
+        await asyncio.sleep(0.05)

@@ -65,3 +65,18 @@ def test_the_exporter_example_parses_to_the_defaults():
     assert load_config(None, example) == ExporterConfig()
     shipped = load_config(None, yaml.safe_load(configmap["data"]["exporter.yaml"]))
     assert [d.accelerator.fraction() for d in shipped.deployments] == [1.0, 0.5]
+
+
+def test_a_reloaded_policy_section_reaches_every_scaled_object():
+    from scaler.service import ScaledObjectRegistry
+    from scaler.signals import SignalStore
+
+    registry = ScaledObjectRegistry(
+        SignalStore(), 30.0, policy_defaults=ScalerConfig().policy.policy()
+    )
+    meta = {"scalerAddress": "s:1", "deployment": "llama", "sloTtft": "1s"}
+    scaled = registry.resolve("llama", "team-a", meta)
+    reloaded = parse_config("policy: {target-utilization: 0.9, slo-ttft: 3s}")
+    registry.set_policy_defaults(reloaded.policy.policy())
+    assert scaled.policy.target_utilization == 0.9  # from the new config
+    assert scaled.policy.slo_ttft_seconds == 1.0  # the ScaledObject's own override stays

@@ -9,10 +9,14 @@ import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from unitscale import __version__
 from unitscale.errors import ConfigError
+
+if TYPE_CHECKING:
+    from exporter.config import ExporterConfig
+    from unitscale.reload import ConfigSource
 
 log = logging.getLogger("unitscale")
 T = TypeVar("T")
@@ -50,7 +54,10 @@ def _parser() -> argparse.ArgumentParser:
 
     scaler = commands.add_parser("scaler", help="KEDA external scaler (gRPC)")
     scaler.add_argument("--listen", default="0.0.0.0:9090", help="HOST:PORT (default %(default)s)")
-    scaler.add_argument("--config", type=Path, help="scaler config YAML (a mounted ConfigMap)")
+    scaler.add_argument(
+        "--config", type=Path, help="scaler config YAML (a mounted ConfigMap; hot-reloaded)"
+    )
+    _kube_arguments(scaler)
     scaler.add_argument("--tls-cert", type=Path, help="PEM server certificate (turns on TLS)")
     scaler.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     scaler.add_argument(
@@ -74,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument(
         "--grpc-listen", default="0.0.0.0:9091", help="signals gRPC service (default %(default)s)"
     )
-    exporter.add_argument("--config", type=Path, help="exporter config YAML (a mounted ConfigMap)")
+    exporter.add_argument(
+        "--config", type=Path, help="exporter config YAML (a mounted ConfigMap; hot-reloaded)"
+    )
+    _kube_arguments(exporter)
     exporter.add_argument("--namespace", default="default", help="namespace of --target replicas")
     exporter.add_argument("--deployment", default="default", help="deployment of --target replicas")
     exporter.add_argument("--dns", help="host:port of a headless Service: every A record a replica")
@@ -114,28 +124,52 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _kube_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--config-configmap",
+        metavar="NAMESPACE/NAME[:KEY]",
+        help="read and watch the config from this ConfigMap through the API "
+        "(key default config.yaml) instead of --config",
+    )
+    command.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig for API access (default: in-cluster service account when in a "
+        "pod, else $KUBECONFIG or ~/.kube/config)",
+    )
+
+
+def _config_source(args: argparse.Namespace) -> ConfigSource:
+    from unitscale.kube import KubeAccess
+    from unitscale.reload import ConfigSource
+
+    return ConfigSource(args.config, args.config_configmap, KubeAccess(args.kubeconfig))
+
+
 def _run_scaler(args: argparse.Namespace) -> int:
-    from scaler.config import load_config
+    from scaler.config import parse_config
     from scaler.server import ScalerServer, TlsFiles
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
         raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
-    config = load_config(args.config)
-    if not config.signal_sources and config.demo_source is None:
-        log.warning("no signal-sources configured: every KEDA call will get UNAVAILABLE")
+    source = _config_source(args)
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
 
     async def serve() -> None:
-        server = ScalerServer(config, args.listen, tls)
+        # A bad config at startup raises ConfigError here: exit status 2.
+        config = parse_config(await source.read(), source.origin)
+        if not config.signal_sources and config.demo_source is None:
+            log.warning("no signal-sources configured: every KEDA call will get UNAVAILABLE")
+        server = ScalerServer(config, args.listen, tls, source=source)
         await server.start()
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stopping.set)
         await stopping.wait()
-        log.info("shutting down (grace %.1fs)", config.grace_period)
+        log.info("shutting down (grace %.1fs)", server.config.grace_period)
         await server.stop()
 
     _run_async(serve())
@@ -144,13 +178,14 @@ def _run_scaler(args: argparse.Namespace) -> int:
 
 def _run_exporter(args: argparse.Namespace) -> int:
     from exporter.app import ExporterServer
-    from exporter.config import load_config
+    from exporter.config import parse_config
 
     overrides: dict[str, object] = {}
     if args.interval:
         overrides["interval"] = args.interval
     if args.timeout:
         overrides["timeout"] = args.timeout
+    extra: list[dict[str, object]] = []
     if args.target or args.dns:
         flagged: dict[str, object] = {
             "namespace": args.namespace,
@@ -159,19 +194,22 @@ def _run_exporter(args: argparse.Namespace) -> int:
         }
         if args.dns:
             flagged["dns"] = args.dns
-        config = load_config(args.config)
-        overrides["deployments"] = [
-            *(d.model_dump(by_alias=True) for d in config.deployments),
-            flagged,
-        ]
-    config = load_config(args.config, overrides)
-    if not config.deployments:
-        raise ConfigError(
-            "nothing to scrape: give --target URL, --dns HOST:PORT or deployments in --config"
-        )
+        extra.append(flagged)
+    source = _config_source(args)
+
+    def parse(text: str, origin: str) -> ExporterConfig:
+        # Flags win over the file at startup and on every reload.
+        return parse_config(text, origin, overrides, extra)
 
     async def serve() -> None:
-        server = ExporterServer(config, args.listen, args.grpc_listen)
+        config = parse(await source.read(), source.origin)
+        if not config.deployments:
+            raise ConfigError(
+                "nothing to scrape: give --target URL, --dns HOST:PORT or deployments in --config"
+            )
+        server = ExporterServer(
+            config, args.listen, args.grpc_listen, source=source, parse=parse, kube=source.kube
+        )
         await server.start()
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()

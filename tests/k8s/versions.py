@@ -1,0 +1,41 @@
+"""Pinned upstream versions of the test control plane and where their binaries live.
+
+Shared by `tests/k8s/build-control-plane` (which builds them) and the pytest fixture
+(which runs them), so both always agree on the cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# kube-apiserver is built from k8s.io/kubernetes; its staging modules are published as
+# v0.<minor>.<patch>. 1.35.4 is the newest 1.35 the Go proxy serves, and Kueue 0.17 is
+# built against k8s.io/* v0.35.
+KUBERNETES = "v1.35.4"
+# envtest pairs Kubernetes 1.35/1.36 with etcd 3.6.6/3.6.8; 3.6.8 is on the proxy.
+ETCD = "v3.6.8"
+# Kueue 0.17: API v1beta2 (storage version); the newest version the Go proxy serves.
+KUEUE = "v0.17.0"
+# KEDA: only its CRDs are read (config/crd/bases), the operator is not built.
+KEDA = "v2.21.0"
+
+BINARIES = ("kube-apiserver", "etcd", "kueue")
+
+MODULES = {
+    "kueue": ("sigs.k8s.io/kueue", KUEUE),
+    "keda": ("github.com/kedacore/keda/v2", KEDA),
+}
+
+
+def cache_dir() -> Path:
+    """The version-keyed directory holding the built binaries.
+
+    Returns:
+        `$UNITSCALE_K8S_CACHE/<key>` when that variable is set, else `.cache/k8s/<key>`
+        in the repository (git-ignored).
+    """
+    root = Path(os.environ.get("UNITSCALE_K8S_CACHE", REPO_ROOT / ".cache" / "k8s"))
+    return root / f"kube-{KUBERNETES}_etcd-{ETCD}_kueue-{KUEUE}"

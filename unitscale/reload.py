@@ -1,0 +1,237 @@
+"""Config hot reload: one frozen config object, swapped whole, from a file or a ConfigMap.
+
+Semantics (Knative's ``configmap`` store): a bad config at startup is fatal (the caller
+loads it with ``load_*`` and exits 2); a bad *update* logs an ERROR, is counted, and the
+last good config stays. Readers take ``store.current`` once per unit of work; the object
+is frozen, so a snapshot never changes under them.
+
+Two sources feed a store:
+
+- ``poll_file``: a ConfigMap mounted as a directory. The kubelet writes a new
+  ``..2026_01_02_03_04_05.123`` directory and swaps the ``..data`` symlink atomically;
+  ``config.yaml`` is a symlink through ``..data``. Polling ``os.readlink(..data)`` plus
+  the file's stat every ``interval`` sees both that swap and a plain file edited in place.
+- ``watch_configmap``: the ConfigMap itself through the API (``--config-configmap``),
+  for a process that runs outside the pod or wants updates without the kubelet's delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from unitscale.errors import ConfigError
+from unitscale.kube import KubeAccess, RawObject, Selection, watch_objects
+
+log = logging.getLogger(__name__)
+C = TypeVar("C")
+
+DEFAULT_KEY = "config.yaml"
+"""The ConfigMap key holding the YAML, as in ``deploy/*-configmap.yaml``."""
+
+
+class ConfigStore(Generic[C]):
+    """The current config and what happened to the updates.
+
+    Attributes:
+        current: the config in force (the last good one).
+        reloads: updates applied.
+        errors: updates refused (the old config stayed).
+        last_error: why the latest refused update was refused; "" after a good one.
+    """
+
+    def __init__(self, initial: C, parse: Callable[[str, str], C]) -> None:
+        self.current = initial
+        self.reloads = 0
+        self.errors = 0
+        self.last_error = ""
+        self._parse = parse
+        self._listeners: list[Callable[[C], None]] = []
+
+    def add_listener(self, listener: Callable[[C], None]) -> None:
+        """Call ``listener(new_config)`` after every applied update."""
+        self._listeners.append(listener)
+
+    def update(self, text: str, origin: str) -> bool:
+        """Parse ``text``; swap it in when valid. Returns whether the config changed."""
+        try:
+            new = self._parse(text, origin)
+        except ConfigError as err:
+            self.reject(str(err))
+            return False
+        self.last_error = ""
+        if new == self.current:
+            return False
+        self.current = new
+        self.reloads += 1
+        log.info("config reloaded from %s", origin)
+        for listener in self._listeners:
+            listener(new)
+        return True
+
+    def reject(self, reason: str) -> None:
+        """Count and log an update that cannot be used; the current config stays."""
+        self.errors += 1
+        self.last_error = reason
+        log.error("config update refused, keeping the last good config: %s", reason)
+
+
+def file_fingerprint(path: Path) -> tuple[object, ...]:
+    """What changes when a mounted file's content may have changed.
+
+    The ``..data`` target changes on every kubelet update; inode, size and mtime
+    catch a file rewritten in place (editors, ``kubectl cp``, tests).
+    """
+    data_link = path.parent / "..data"
+    try:
+        target: str | None = os.readlink(data_link)
+    except OSError:
+        target = None
+    try:
+        st = path.stat()
+    except OSError:
+        return (target, None)
+    return (target, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+async def poll_file(store: ConfigStore[C], path: Path, interval: float = 1.0) -> None:
+    """Reload ``path`` into ``store`` whenever its fingerprint changes, forever."""
+    seen = file_fingerprint(path)
+    while True:
+        await asyncio.sleep(interval)
+        now = file_fingerprint(path)
+        if now == seen:
+            continue
+        seen = now
+        try:
+            text = await asyncio.to_thread(path.read_text, encoding="utf-8")
+        except OSError as err:
+            store.reject(f"cannot read config file {path}: {err.strerror}")
+            continue
+        store.update(text, str(path))
+
+
+def parse_configmap_ref(ref: str) -> tuple[str, str, str]:
+    """``NAMESPACE/NAME[:KEY]`` -> (namespace, name, key); the key defaults to config.yaml.
+
+    Raises:
+        ConfigError: not in that form.
+    """
+    where, _, key = ref.partition(":")
+    namespace, _, name = where.partition("/")
+    if not namespace or not name or "/" in name:
+        raise ConfigError(f"--config-configmap {ref!r}: expected NAMESPACE/NAME[:KEY]")
+    return namespace, name, key or DEFAULT_KEY
+
+
+def configmap_text(objects: dict[str, RawObject], name: str, key: str) -> str:
+    """The YAML under ``key`` of ConfigMap ``name`` in a watched set.
+
+    Raises:
+        ConfigError: the ConfigMap or the key is missing.
+    """
+    configmap = objects.get(name)
+    if configmap is None:
+        raise ConfigError(f"ConfigMap {name!r} not found")
+    data = configmap.get("data") or {}
+    if key not in data:
+        raise ConfigError(f"ConfigMap {name!r} has no key {key!r} (keys: {sorted(data)})")
+    return str(data[key])
+
+
+async def read_configmap(access: KubeAccess, namespace: str, name: str, key: str) -> str:
+    """The ConfigMap's YAML once, for startup (where any problem is fatal).
+
+    Raises:
+        ConfigError: unreachable API, missing ConfigMap or key.
+    """
+    from kubernetes_asyncio import client
+
+    async with await access.client() as api:
+        try:
+            configmap = await client.CoreV1Api(api).read_namespaced_config_map(name, namespace)
+        except client.ApiException as err:
+            raise ConfigError(
+                f"--config-configmap {namespace}/{name}: {err.status} {err.reason}"
+            ) from err
+        except OSError as err:
+            raise ConfigError(f"--config-configmap {namespace}/{name}: {err}") from err
+    data = configmap.data or {}
+    if key not in data:
+        raise ConfigError(f"ConfigMap {namespace}/{name} has no key {key!r}")
+    return str(data[key])
+
+
+async def watch_configmap(
+    store: ConfigStore[C], access: KubeAccess, namespace: str, name: str, key: str
+) -> None:
+    """Feed every change of the ConfigMap's ``key`` into ``store``, forever."""
+    origin = f"configmap {namespace}/{name}:{key}"
+
+    def changed(objects: dict[str, RawObject]) -> None:
+        try:
+            text = configmap_text(objects, name, key)
+        except ConfigError as err:
+            store.reject(f"{origin}: {err}")
+            return
+        store.update(text, origin)
+
+    selection = Selection("configmaps", namespace, field_selector=f"metadata.name={name}")
+    await watch_objects(access, selection, changed)
+
+
+class ConfigSource:
+    """Where a process's config comes from: nothing, a mounted file, or a ConfigMap."""
+
+    def __init__(
+        self,
+        file: Path | None = None,
+        configmap: str | None = None,
+        kube: KubeAccess | None = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        """Validate the choice.
+
+        Raises:
+            ConfigError: both a file and a ConfigMap, or a malformed ConfigMap reference.
+        """
+        if file is not None and configmap is not None:
+            raise ConfigError("--config and --config-configmap exclude each other")
+        self.file = file
+        self.configmap = parse_configmap_ref(configmap) if configmap else None
+        self.kube = kube or KubeAccess()
+        self.poll_interval = poll_interval
+
+    @property
+    def origin(self) -> str:
+        """The source as error messages name it."""
+        if self.configmap is not None:
+            namespace, name, key = self.configmap
+            return f"configmap {namespace}/{name}:{key}"
+        return str(self.file) if self.file is not None else "flags"
+
+    async def read(self) -> str:
+        """The config text now ("" without a source), for startup.
+
+        Raises:
+            ConfigError: unreadable file, unreachable API, missing ConfigMap or key.
+        """
+        if self.configmap is not None:
+            return await read_configmap(self.kube, *self.configmap)
+        if self.file is None:
+            return ""
+        try:
+            return await asyncio.to_thread(self.file.read_text, encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {self.file}: {err.strerror}") from err
+
+    async def follow(self, store: ConfigStore[C]) -> None:
+        """Feed updates into ``store`` forever (returns at once without a source)."""
+        if self.configmap is not None:
+            await watch_configmap(store, self.kube, *self.configmap)
+        elif self.file is not None:
+            await poll_file(store, self.file, self.poll_interval)
