@@ -31,6 +31,7 @@ import grpc
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from scaler.core import Decision, DecisionState, Policy, decide
+from scaler.core.hpa import metric_for
 from scaler.metadata import TriggerMetadata, parse_metadata
 from scaler.signals import SignalStore, TargetKey, describe_key, observe
 from unitscale.errors import MetadataError, NoDataError
@@ -57,6 +58,13 @@ _ACTIVE = pb.IsActiveResponse(result=True)
 _INACTIVE = pb.IsActiveResponse(result=False)
 
 ObjectKey = tuple[str, str]
+
+
+def metric_value(decision: Decision) -> float:
+    """What GetMetrics reports so that the HPA lands on the decision (``core.hpa``)."""
+    return metric_for(decision.desired_replicas, decision.current_replicas)
+
+
 """(namespace, name) of a ScaledObject."""
 
 
@@ -272,10 +280,13 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 f" (optionally with KEDA's 'sN-' prefix)",
             )
         decision = await self._decision(request.scaledObjectRef, context)
-        desired = decision.desired_replicas
+        value = metric_value(decision)
         return pb.GetMetricsResponse(
             metricValues=[
-                pb.MetricValue(metricName=name, metricValue=desired, metricValueFloat=desired)
+                # int field for KEDA < 2.17: ceil keeps the HPA's result the same
+                pb.MetricValue(
+                    metricName=name, metricValue=math.ceil(value), metricValueFloat=value
+                )
             ]
         )
 

@@ -200,7 +200,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         "need": need,
         "concurrency": concurrency if concurrency is not None else math.nan,
     }
-    return Decision(desired, desired > 0, state, reason, inputs, panicking)
+    return Decision(desired, desired > 0, state, reason, inputs, panicking, o.replicas_known)
 
 
 def _load(

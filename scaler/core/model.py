@@ -104,3 +104,5 @@ class Decision:
     inputs: dict[str, float] = field(default_factory=dict)
     """The numbers the reason refers to, for logs and metrics."""
     panic: bool = False
+    current_replicas: int | None = None
+    """Replicas the exporter saw (the HPA's count), for ``hpa.metric_for``."""

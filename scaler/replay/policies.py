@@ -25,7 +25,7 @@ from protos.externalscaler import externalscaler_pb2 as keda_pb
 from protos.unitscale.v1 import signals_pb2 as pb
 from scaler.core.model import Policy as CorePolicy
 from scaler.replay.keda import Answer, ScalingSpec
-from scaler.service import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry
+from scaler.service import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry, metric_value
 from scaler.signals import SignalStore
 from unitscale.errors import NoDataError
 
@@ -186,9 +186,8 @@ class Unitscale:
             decision = self._registry.current(scaled)
         except NoDataError as err:
             return Answer(None, TARGET_VALUE, None, str(err))
-        return Answer(
-            float(decision.desired_replicas), TARGET_VALUE, decision.active, decision.reason
-        )
+        # The value GetMetrics would return: the HPA then lands where decide() wants.
+        return Answer(metric_value(decision), TARGET_VALUE, decision.active, decision.reason)
 
 
 def unitscale_policy(

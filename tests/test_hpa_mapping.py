@@ -1,0 +1,42 @@
+"""The metric the scaler returns lands the HPA where decide() wants, as near as it can."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scaler.core.hpa import metric_for
+from scaler.replay.keda import Answer, LoopState, ScalingSpec, hpa_sync
+
+SPEC = ScalingSpec(max_replicas=1000, scale_up_pods=1000, scale_down_stabilization=0)
+
+
+def hpa(current, value):
+    return hpa_sync(current, Answer(value, 1.0, True), LoopState(), 0.0, SPEC)[0]
+
+
+@pytest.mark.parametrize(
+    ("current", "desired", "lands"),
+    [
+        pytest.param(4, 8, 8, id="a-big-step-up-lands-exactly"),
+        pytest.param(10, 5, 5, id="a-big-step-down-lands-exactly"),
+        pytest.param(20, 21, 23, id="a-small-step-up-overshoots-by-the-least-the-hpa-allows"),
+        pytest.param(10, 9, 9, id="a-small-step-down-lands-exactly-when-reachable"),
+        pytest.param(20, 19, 20, id="an-unreachable-small-step-down-stays-never-below-desired"),
+        pytest.param(7, 7, 7, id="no-change"),
+        pytest.param(1, 0, 1, id="zero-is-keda-business-the-hpa-keeps-one"),
+    ],
+)
+def test_the_hpa_lands_where_decide_wants(current, desired, lands):
+    assert hpa(current, metric_for(desired, current)) == lands
+
+
+@pytest.mark.parametrize("current", range(1, 60))
+@pytest.mark.parametrize("desired", range(1, 60))
+def test_the_hpa_never_lands_below_desired_when_scaling_up_nor_below_it_when_down(current, desired):
+    lands = hpa(current, metric_for(desired, current))
+    if desired >= current:
+        assert desired <= lands <= max(desired, math.ceil(current * 1.1 + 0.01))
+    else:
+        assert desired <= lands <= current
