@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -19,6 +20,7 @@ from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
 from scaler.service import ExternalScalerService, ScaledObjectRegistry
 from scaler.signals import SignalStore
 from scaler.sources import demo_source, watch_signals
+from scaler.telemetry import metrics_app
 from unitscale.errors import ConfigError
 from unitscale.reload import ConfigSource, ConfigStore
 
@@ -63,7 +65,11 @@ class ScalerServer:
         tls: TlsFiles | None = None,
         clock: Callable[[], float] = time.time,
         source: ConfigSource | None = None,
+        metrics_listen: str | None = None,
     ) -> None:
+        self._metrics_listen = metrics_listen
+        self.metrics_port = 0
+        self._metrics_runner: web.AppRunner | None = None
         self.configs = ConfigStore(config, parse_config)
         self.configs.add_listener(self._reconfigure)
         self._source = source
@@ -135,6 +141,15 @@ class ScalerServer:
         if self._source is not None:
             self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
         await self._server.start()
+        if self._metrics_listen is not None:
+            host, _, port = self._metrics_listen.rpartition(":")
+            self._metrics_runner = web.AppRunner(
+                metrics_app(self.registry, self.configs),
+                access_log=None,
+            )
+            await self._metrics_runner.setup()
+            await web.TCPSite(self._metrics_runner, host.strip("[]"), int(port)).start()
+            self.metrics_port = int(self._metrics_runner.addresses[0][1])
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("scaler serving on port %d", self.port)
@@ -151,6 +166,8 @@ class ScalerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._server.stop(self.config.grace_period if grace is None else grace)
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
 
     async def wait(self) -> None:
         """Until the server stops."""

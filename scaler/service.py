@@ -126,6 +126,10 @@ class ScaledObjectRegistry:
         for scaled in self._objects.values():
             scaled.policy = scaled.metadata.policy(defaults)
 
+    def objects(self) -> list[ScaledObject]:
+        """Every ScaledObject KEDA has asked about."""
+        return list(self._objects.values())
+
     def get(self, namespace: str, name: str) -> ScaledObject | None:
         """The ScaledObject if KEDA has asked about it."""
         return self._objects.get((namespace, name))
@@ -216,6 +220,13 @@ class ScaledObjectRegistry:
                 "ScaledObject %s/%s: desired replicas %d (%s)",
                 *scaled.key,
                 decision.desired_replicas,
+                decision.reason,
+            )
+        if previous is not None and previous.panic != decision.panic:
+            log.info(
+                "ScaledObject %s/%s: panic %s (%s)",
+                *scaled.key,
+                "started" if decision.panic else "ended",
                 decision.reason,
             )
         if decision.active and not scaled.active:

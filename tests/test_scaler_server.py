@@ -10,6 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos.externalscaler import externalscaler_pb2 as keda
+from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from tests.conftest import T0, engine_signals, gateway_signals, ref
 
 METRIC = "unitscale-desired-replicas"
@@ -239,3 +240,36 @@ async def test_graceful_shutdown_reports_not_serving_first(clock):
         stopping = asyncio.create_task(server.stop(grace=1.0))
         assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
         await stopping
+
+
+async def test_every_decision_is_exported_for_prometheus(clock):
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from scaler.config import ScalerConfig
+    from scaler.server import ScalerServer
+
+    server = ScalerServer(ScalerConfig(), "127.0.0.1:0", clock=clock, metrics_listen="127.0.0.1:0")
+    port = await server.start()
+    try:
+        server.store.update(engine_signals(queue=8.0, running=24.0))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as chan:
+            stub = keda_grpc.ExternalScalerStub(chan)
+            await stub.GetMetrics(metrics_request(ref()))
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.IsActive(ref("other"))  # no signals: unavailable
+        async with aiohttp.ClientSession() as client:
+            async with client.get(f"http://127.0.0.1:{server.metrics_port}/metrics") as response:
+                text = await response.text()
+        samples = {
+            (s.name, s.labels.get("scaled_object")): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
+        assert samples[("unitscale_scaler_desired_replicas", "llama")] == 2.0  # 32 in flight / 16
+        assert samples[("unitscale_scaler_active", "llama")] == 1.0
+        assert samples[("unitscale_scaler_signals_available", "llama")] == 1.0
+        assert samples[("unitscale_scaler_signals_available", "other")] == 0.0
+        assert ("unitscale_scaler_desired_replicas", "other") not in samples  # never a fake 0
+    finally:
+        await server.stop(grace=0)

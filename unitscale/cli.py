@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
         "--config", type=Path, help="scaler config YAML (a mounted ConfigMap; hot-reloaded)"
     )
     _kube_arguments(scaler)
+    scaler.add_argument(
+        "--metrics-listen",
+        default="0.0.0.0:9092",
+        help="Prometheus /metrics of every decision (default %(default)s)",
+    )
     scaler.add_argument("--tls-cert", type=Path, help="PEM server certificate (turns on TLS)")
     scaler.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     scaler.add_argument(
@@ -162,7 +167,9 @@ def _run_scaler(args: argparse.Namespace) -> int:
         config = parse_config(await source.read(), source.origin)
         if not config.signal_sources and config.demo_source is None:
             log.warning("no signal-sources configured: every KEDA call will get UNAVAILABLE")
-        server = ScalerServer(config, args.listen, tls, source=source)
+        server = ScalerServer(
+            config, args.listen, tls, source=source, metrics_listen=args.metrics_listen
+        )
         await server.start()
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -169,6 +169,19 @@ class Unitscale:
         self._now = view.now
         if view.signals is not None:
             self._store.update(to_proto(KEY, view.signals))
+        self._store.update(self.gateway_signals(view))
+        ref = keda_pb.ScaledObjectRef(name="llm", namespace=KEY[0], scalerMetadata=self.metadata)
+        scaled = self._registry.resolve(ref.name, ref.namespace, ref.scalerMetadata)
+        try:
+            decision = self._registry.current(scaled)
+        except NoDataError as err:
+            return Answer(None, TARGET_VALUE, None, str(err))
+        # The value GetMetrics would return: the HPA then lands where decide() wants.
+        return Answer(metric_value(decision), TARGET_VALUE, decision.active, decision.reason)
+
+    @staticmethod
+    def gateway_signals(view: View) -> pb.Signals:
+        """The gateway's ``unitscale.v1.Signals`` for a view, as the gateway publishes it."""
         gateway = pb.Signals(
             target=pb.Target(namespace=KEY[0], deployment=KEY[1]),
             source=pb.SOURCE_GATEWAY,
@@ -179,15 +192,7 @@ class Unitscale:
             ),
         )
         gateway.observed_time.FromNanoseconds(int(view.now * 1e9))
-        self._store.update(gateway)
-        ref = keda_pb.ScaledObjectRef(name="llm", namespace=KEY[0], scalerMetadata=self.metadata)
-        scaled = self._registry.resolve(ref.name, ref.namespace, ref.scalerMetadata)
-        try:
-            decision = self._registry.current(scaled)
-        except NoDataError as err:
-            return Answer(None, TARGET_VALUE, None, str(err))
-        # The value GetMetrics would return: the HPA then lands where decide() wants.
-        return Answer(metric_value(decision), TARGET_VALUE, decision.active, decision.reason)
+        return gateway
 
 
 def unitscale_policy(
