@@ -119,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--max-replicas", type=int, default=64)
     replay.add_argument("--target-concurrency", type=float, default=32.0)
     replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument(
+        "--scaler-config",
+        type=Path,
+        help="the scaler's ConfigMap YAML to try: its policy section drives the unitscale policy",
+    )
     replay.add_argument("--report", type=Path, required=True, help="output directory")
     replay.set_defaults(run=_run_replay, default_log_level="warning")
 
@@ -266,12 +271,16 @@ def _run_replay(args: argparse.Namespace) -> int:
         prewarm=args.prewarm,
         max_replicas=args.max_replicas,
     )
+    from scaler.config import load_config as load_scaler_config
+
+    scaler_config = load_scaler_config(args.scaler_config)
     options = ReplayOptions(
         str(args.trace),
         args.rate_multiplier,
         args.time_compression,
         args.seed,
         args.target_concurrency,
+        policy=scaler_config.policy.policy(),
     )
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("replay", total=trace.duration)

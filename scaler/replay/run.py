@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from scaler.core.model import Policy as CorePolicy
 from scaler.replay.oracle import find_oracle
 from scaler.replay.policies import (
     AibrixKv,
@@ -51,6 +52,8 @@ class ReplayOptions:
     slo_target: float = 0.99
     warm_start: bool = True
     """Start every policy with the oracle's first-interval replicas ready."""
+    policy: CorePolicy = field(default_factory=CorePolicy)
+    """The scaler config's policy section, for the unitscale policy."""
 
 
 def run_policies(
@@ -89,7 +92,7 @@ def make_policy(name: str, config: SimConfig, options: ReplayOptions, peak: int 
     if name == "kpa":
         return Kpa(target_concurrency=options.target_concurrency * 0.7)
     if name == "unitscale":
-        return unitscale_policy(options.target_concurrency, config.max_replicas)
+        return unitscale_policy(options.target_concurrency, config.max_replicas, options.policy)
     raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)} or all")
 
 
