@@ -103,6 +103,12 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     need = planned / utilization
     if forecast is not None and load is not None and forecast > load * 1.05:
         notes.append(f"forecast {forecast:.1f} > load {load:.1f}")
+    # Plan for the short window too: a burst must be absorbed within the TTFT SLO, long
+    # before a cold start could help; the scale-down window then keeps that headroom
+    # for as long as such bursts recur.
+    if load_panic is not None and load_panic > planned:
+        need = max(need, load_panic / utilization)
+        notes.append(f"short-window load {load_panic:.1f}")
 
     # 3. SLO feedback.
     # Only a breach with queued requests at the engines says capacity is short; one
