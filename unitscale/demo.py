@@ -21,7 +21,7 @@ import grpc
 
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
-from scaler.config import DemoSourceConfig, ScalerConfig
+from scaler.config import DemoSourceConfig, PolicyConfig, ScalerConfig
 from scaler.server import ScalerServer
 from scaler.sources import demo_concurrency
 
@@ -63,7 +63,19 @@ async def run_demo(duration: float, poll: float = 1.0, cooldown: float | None = 
     source = DemoSourceConfig(
         namespace="demo", deployments=["llama-chat"], interval=poll / 2, period=duration
     )
-    server = ScalerServer(ScalerConfig(demo_source=source, max_signal_age=max(5.0, poll * 5)))
+    # The demo compresses a day into ``duration``: the policy's clocks shrink with it.
+    minute = duration / 30
+    policy = PolicyConfig(
+        idle_grace=2 * minute,
+        scale_down_delay=minute,
+        scale_down_window=2 * minute,
+        panic_hold=minute,
+        forecast_horizon=minute,
+        forecast_lookback=2 * minute,
+    )
+    server = ScalerServer(
+        ScalerConfig(demo_source=source, max_signal_age=max(5.0, poll * 5), policy=policy)
+    )
     port = await server.start()
     ref = pb.ScaledObjectRef(
         name="llama-chat",
