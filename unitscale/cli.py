@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -96,6 +96,25 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument("--interval", help="scrape interval (Go duration, default 5s)")
     exporter.add_argument("--timeout", help="per-scrape timeout (Go duration, default 2s)")
     exporter.set_defaults(run=_run_exporter, default_log_level="info")
+
+    gateway = commands.add_parser("gateway", help="inference gateway: routing, buffering at zero")
+    gateway.add_argument("--listen", default="0.0.0.0:8080", help="HTTP (default %(default)s)")
+    gateway.add_argument("--grpc-listen", default="0.0.0.0:9093", help="signals for the scaler")
+    gateway.add_argument("--replica", action="append", default=[], metavar="URL", help="repeatable")
+    gateway.add_argument(
+        "--buffer-timeout", type=float, default=120.0, help="seconds (default 120)"
+    )
+    gateway.add_argument("--buffer-size", type=int, default=1000, help="requests (default 1000)")
+    gateway.add_argument("--namespace", default="default")
+    gateway.add_argument("--deployment", default="default")
+    gateway.set_defaults(run=_run_gateway, default_log_level="info")
+
+    sim = commands.add_parser("sim-replica", help="a vLLM-compatible simulated replica")
+    sim.add_argument("--listen", default="127.0.0.1:8000", help="HTTP (default %(default)s)")
+    sim.add_argument("--profile", default="llama3-8b-h200")
+    sim.add_argument("--model", default="sim-llama", help="served model name")
+    sim.add_argument("--speedup", type=float, default=1.0, help="run engine steps this much faster")
+    sim.set_defaults(run=_run_sim_replica, default_log_level="info")
 
     replay = commands.add_parser("replay", help="simulate a vLLM fleet under KEDA for every policy")
     replay.add_argument("--trace", type=Path, required=True, help="Azure LLM CSV or Mooncake JSONL")
@@ -232,6 +251,62 @@ def _run_exporter(args: argparse.Namespace) -> int:
         await server.stop()
 
     _run_async(serve())
+    return 0
+
+
+def _run_until_signal(
+    start: Callable[[], Awaitable[object]], stop: Callable[[], Awaitable[None]]
+) -> None:
+    async def serve() -> None:
+        await start()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        await stopping.wait()
+        log.info("shutting down")
+        await stop()
+
+    _run_async(serve())
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    from serving.gateway import GatewaySettings
+    from serving.server import GatewayServer
+
+    if args.buffer_timeout <= 0 or args.buffer_size < 0:
+        raise ConfigError("--buffer-timeout must be positive and --buffer-size not negative")
+    settings = GatewaySettings(
+        namespace=args.namespace,
+        deployment=args.deployment,
+        buffer_size=args.buffer_size,
+        buffer_timeout=args.buffer_timeout,
+    )
+    holder: dict[str, GatewayServer] = {}
+
+    async def start() -> None:
+        holder["server"] = GatewayServer(args.replica, settings, args.listen, args.grpc_listen)
+        await holder["server"].start()
+
+    _run_until_signal(start, lambda: holder["server"].stop())
+    return 0
+
+
+def _run_sim_replica(args: argparse.Namespace) -> int:
+    from serving.replica_model import PROFILES
+    from serving.server import SimReplicaServer
+
+    if args.profile not in PROFILES:
+        raise ConfigError(f"--profile {args.profile!r}: one of {', '.join(PROFILES)}")
+    holder: dict[str, SimReplicaServer] = {}
+
+    async def start() -> None:
+        holder["server"] = SimReplicaServer(
+            PROFILES[args.profile], args.listen, args.model, args.speedup
+        )
+        await holder["server"].start()
+
+    _run_until_signal(start, lambda: holder["server"].stop())
     return 0
 
 

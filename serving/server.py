@@ -1,0 +1,91 @@
+"""Process shells for ``unitscale gateway`` and ``unitscale sim-replica``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from aiohttp import web
+
+from protos.unitscale.v1 import signals_pb2_grpc
+from serving.gateway import Gateway, GatewaySettings, GatewaySignalsService
+from serving.replica_model import Profile
+from serving.sim_replica import SimReplica
+from unitscale.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _split(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"expected HOST:PORT, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+class GatewayServer:
+    """The gateway's HTTP proxy and its signals gRPC service."""
+
+    def __init__(
+        self, replicas: list[str], settings: GatewaySettings, listen: str, grpc_listen: str
+    ) -> None:
+        self.gateway = Gateway(replicas, settings)
+        self._listen = _split(listen)
+        self._grpc = grpc.aio.server()
+        signals_pb2_grpc.add_SignalsServiceServicer_to_server(
+            GatewaySignalsService(self.gateway), self._grpc
+        )
+        self.grpc_port = self._grpc.add_insecure_port(grpc_listen)
+        if self.grpc_port == 0:
+            raise ConfigError(f"--grpc-listen {grpc_listen}: cannot bind that address")
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> tuple[int, int]:
+        """Serve; returns (HTTP port, gRPC port)."""
+        self._runner = web.AppRunner(self.gateway.app(), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, *self._listen).start()
+        self.port = int(self._runner.addresses[0][1])
+        await self._grpc.start()
+        log.info("gateway on port %d, signals on port %d", self.port, self.grpc_port)
+        return self.port, self.grpc_port
+
+    async def stop(self) -> None:
+        await self._grpc.stop(1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+class SimReplicaServer:
+    """One simulated vLLM replica on HTTP."""
+
+    def __init__(
+        self, profile: Profile, listen: str, model: str = "sim-llama", speedup: float = 1.0
+    ) -> None:
+        self.replica = SimReplica(profile, model, speedup)
+        self._listen = _split(listen)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> int:
+        self._runner = web.AppRunner(self.replica.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, *self._listen).start()
+        self.port = int(self._runner.addresses[0][1])
+        log.info("simulated replica (%s) on port %d", self.replica.engine.profile.name, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def wait_forever() -> None:
+    """Until cancelled (the CLI cancels on SIGTERM/SIGINT)."""
+    await asyncio.Event().wait()

@@ -1,0 +1,254 @@
+"""The gateway and the simulated replica, as real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+
+import aiohttp
+import grpc
+import pytest
+
+from exporter.engines import VLLM, WANTED_ANY, detect_engine, engine_stats
+from exporter.parse import parse_samples
+from protos.unitscale.v1 import signals_pb2 as sig
+from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
+from serving.gateway import GatewaySettings
+from serving.replica_model import LLAMA3_8B_H200
+from serving.server import GatewayServer, SimReplicaServer
+
+FAST = 50.0  # engine steps 50x faster than an H200: tests take milliseconds per request
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def start_sim(port=0):
+    server = SimReplicaServer(LLAMA3_8B_H200, f"127.0.0.1:{port}", speedup=FAST)
+    await server.start()
+    return server
+
+
+async def start_gateway(replicas, **settings):
+    values = {"health_interval": 0.05, "deployment": "llama", "namespace": "team-a"} | settings
+    server = GatewayServer(replicas, GatewaySettings(**values), "127.0.0.1:0", "127.0.0.1:0")
+    await server.start()
+    return server
+
+
+async def wait_ready(gateway, count):
+    async with asyncio.timeout(10):
+        while sum(r.ready for r in gateway.gateway.replicas) < count:
+            await asyncio.sleep(0.02)
+
+
+def completion(stream=False, max_tokens=8, **extra):
+    return {
+        "model": "sim-llama",
+        "prompt": "hello world",
+        "max_tokens": max_tokens,
+        "stream": stream,
+    } | extra
+
+
+async def sse_events(response):
+    events = []
+    async for line in response.content:
+        text = line.decode().strip()
+        if text.startswith("data: "):
+            events.append(text[len("data: ") :])
+    return events
+
+
+async def test_the_sim_replica_looks_like_vllm_to_the_exporter():
+    sim = await start_sim()
+    try:
+        async with aiohttp.ClientSession() as client:
+            for _ in range(3):
+                async with client.post(f"{sim.url}/v1/completions", json=completion()) as r:
+                    usage = (await r.json())["usage"]
+                    assert usage["completion_tokens"] == 8
+            async with client.get(f"{sim.url}/metrics") as r:
+                assert r.headers["Content-Type"].startswith("text/plain")
+                text = await r.text()
+        samples = parse_samples(text, WANTED_ANY)
+        assert detect_engine(samples) == "vllm"
+        stats = engine_stats(samples, VLLM)
+        assert stats.missing == ()
+        assert stats.counters["requests"] == 3 and stats.counters["generation_tokens"] == 24
+        assert stats.counters["prompt_tokens"] == 3 * usage["prompt_tokens"]
+        assert stats.histograms["itl"].count == 3 * 7
+    finally:
+        await sim.stop()
+
+
+async def test_streaming_passes_through_chunk_by_chunk():
+    sim = await start_sim()
+    gateway = await start_gateway([sim.url])
+    try:
+        await wait_ready(gateway, 1)
+        body = completion(stream=True, stream_options={"include_usage": True})
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions", json=body
+            ) as r:
+                assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+                events = await sse_events(r)
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert sum(1 for c in chunks if c["choices"]) == 8
+        assert chunks[-1]["usage"]["completion_tokens"] == 8
+    finally:
+        await gateway.stop()
+        await sim.stop()
+
+
+async def test_requests_are_balanced_across_ready_replicas():
+    sims = [await start_sim(), await start_sim()]
+    gateway = await start_gateway([s.url for s in sims])
+    try:
+        await wait_ready(gateway, 2)
+        async with aiohttp.ClientSession() as client:
+
+            async def one():
+                async with client.post(
+                    f"http://127.0.0.1:{gateway.port}/v1/completions",
+                    json=completion(max_tokens=32),
+                ) as r:
+                    assert r.status == 200
+
+            await asyncio.gather(*(one() for _ in range(20)))
+        served = [
+            s.replica.engine.metrics.success.labels("0", "sim-llama", "length")._value.get()
+            for s in sims
+        ]
+        assert sum(served) == 20 and min(served) >= 8, served
+    finally:
+        await gateway.stop()
+        for s in sims:
+            await s.stop()
+
+
+async def test_a_request_at_zero_replicas_waits_activates_the_scaler_and_is_served():
+    port = free_port()
+    gateway = await start_gateway([f"http://127.0.0.1:{port}"])
+    sim = None
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
+            watch = sig_grpc.SignalsServiceStub(channel).WatchSignals(sig.WatchSignalsRequest())
+            first = await asyncio.wait_for(watch.read(), 5)
+            assert first.signals.gateway.buffered == 0
+            assert first.signals.target == sig.Target(namespace="team-a", deployment="llama")
+            async with aiohttp.ClientSession() as client:
+                pending = asyncio.create_task(
+                    client.post(
+                        f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
+                    )
+                )
+                async with asyncio.timeout(5):  # pushed at once, not at the next periodic update
+                    while (await watch.read()).signals.gateway.buffered != 1:
+                        pass
+                sim = await start_sim(port)  # the replica becomes ready
+                response = await asyncio.wait_for(pending, 10)
+                assert response.status == 200
+                assert (await response.json())["usage"]["completion_tokens"] == 8
+                response.release()
+            watch.cancel()
+    finally:
+        await gateway.stop()
+        if sim is not None:
+            await sim.stop()
+
+
+@pytest.mark.parametrize(
+    ("settings", "status", "retry_after"),
+    [
+        pytest.param(
+            {"buffer_timeout": 0.3}, 503, True, id="a-wait-past-the-timeout-is-503-with-retry-after"
+        ),
+        pytest.param({"buffer_size": 0}, 429, True, id="a-full-buffer-is-429-with-retry-after"),
+    ],
+)
+async def test_buffer_limits(settings, status, retry_after):
+    gateway = await start_gateway([f"http://127.0.0.1:{free_port()}"], **settings)
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
+            ) as r:
+                assert r.status == status
+                assert ("Retry-After" in r.headers) is retry_after
+                assert "message" in await r.json()
+    finally:
+        await gateway.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        pytest.param(b"{not json", 400, "not valid JSON", id="malformed-json"),
+        pytest.param(b"[1, 2]", 400, "JSON object", id="not-an-object"),
+        pytest.param(
+            b'{"model": 7, "prompt": "x"}', 400, "model must be a string", id="model-not-a-string"
+        ),
+        pytest.param(
+            b'{"model": "gpt-5", "prompt": "x"}', 404, "no replica serves model", id="unknown-model"
+        ),
+    ],
+)
+async def test_malformed_client_input_gets_a_clear_4xx(body, status, fragment):
+    sim = await start_sim()
+    gateway = await start_gateway([sim.url])
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as r:
+                assert r.status == status
+                assert fragment in (await r.json())["message"]
+    finally:
+        await gateway.stop()
+        await sim.stop()
+
+
+async def test_a_replica_dying_mid_stream_fails_that_client_only():
+    port = free_port()
+    replica = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "unitscale.cli",
+        "--log-level",
+        "warning",
+        "sim-replica",
+        "--listen",
+        f"127.0.0.1:{port}",  # real H200 pace: ~7 ms a token
+    )
+    gateway = await start_gateway([f"http://127.0.0.1:{port}"])
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            response = await client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions",
+                json=completion(stream=True, max_tokens=2000),
+            )
+            assert response.status == 200
+            await response.content.readline()  # the stream has started
+            replica.kill()  # the replica dies: SIGKILL, no goodbye
+            await replica.wait()
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await response.read()
+            async with client.get(f"http://127.0.0.1:{gateway.port}/health") as r:
+                assert r.status == 200  # the gateway carries on
+    finally:
+        if replica.returncode is None:
+            replica.kill()
+            await replica.wait()
+        await gateway.stop()
