@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 import sys
+from typing import Any
 
 import aiohttp
 import grpc
@@ -35,16 +36,17 @@ async def start_sim(port=0):
 
 
 async def start_gateway(replicas, **settings):
-    values = {"health_interval": 0.05, "deployment": "llama", "namespace": "team-a"} | settings
+    values: dict[str, Any] = {"health_interval": 0.05, "deployment": "llama", "namespace": "team-a"}
+    values |= settings
     server = GatewayServer(replicas, GatewaySettings(**values), "127.0.0.1:0", "127.0.0.1:0")
     await server.start()
     return server
 
 
 async def wait_ready(gateway, count):
-    async with asyncio.timeout(10):
-        while sum(r.ready for r in gateway.gateway.replicas) < count:
-            await asyncio.sleep(0.02)
+    g = gateway.gateway
+    async with asyncio.timeout(10), g._ready:  # notified whenever a replica turns ready
+        await g._ready.wait_for(lambda: sum(r.ready for r in g.replicas) >= count)
 
 
 def completion(stream=False, max_tokens=8, **extra):
