@@ -149,6 +149,49 @@ async def test_exporter_counts_match_what_was_sent_and_what_vllm_reports(replica
     assert exporter.deployments[0].served_model == vllm.MODEL_NAME
 
 
+async def test_the_gateway_streams_vllm_chunk_for_chunk(replica):
+    from serving.gateway import GatewaySettings
+    from serving.server import GatewayServer
+
+    gateway = GatewayServer(
+        [replica.url], GatewaySettings(health_interval=0.1), "127.0.0.1:0", "127.0.0.1:0"
+    )
+    await gateway.start()
+    try:
+        body = {
+            "model": vllm.MODEL_NAME,
+            "prompt": "hello world",
+            "max_tokens": 12,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+
+        async def stream(base):
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{base}/v1/completions", json=body) as r,
+            ):
+                assert r.status == 200
+                texts = []
+                async for line in r.content:
+                    line = line.decode().strip()
+                    if line.startswith("data: {"):
+                        texts.append(
+                            "".join(c.get("text", "") for c in json.loads(line[6:])["choices"])
+                        )
+                return texts
+
+        g = gateway.gateway
+        async with asyncio.timeout(30), g._ready:  # notified when a replica turns ready
+            await g._ready.wait_for(lambda: any(r.ready for r in g.replicas))
+        direct = await stream(replica.url)
+        proxied = await stream(f"http://127.0.0.1:{gateway.port}")
+        assert proxied == direct and len(direct) >= 12
+    finally:
+        await gateway.stop()
+
+
 async def test_a_replica_killed_mid_run_is_counted_down_not_zero(replica):
     exporter = exporter_for(replica.url)
     target = f"{replica.url}/metrics"

@@ -12,10 +12,12 @@ import socket
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+
+from serving.vllm_profile import CPU_TEST, launch_args
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "tiny-llama"
@@ -93,28 +95,12 @@ def start(python: Path, model: Path, log: Path, ready_within: float = 300.0) -> 
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    profile = replace(
+        CPU_TEST, model=str(model), served_model_name=MODEL_NAME, host="127.0.0.1", port=port
+    )
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [
-                str(python),
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(model),
-                "--served-model-name",
-                MODEL_NAME,
-                "--dtype",
-                "float32",
-                "--enforce-eager",
-                "--max-model-len",
-                "512",
-                "--max-num-seqs",
-                "8",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
+            [str(python), "-m", "vllm.entrypoints.openai.api_server", *launch_args(profile)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
