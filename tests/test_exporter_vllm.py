@@ -174,8 +174,8 @@ async def test_the_gateway_streams_vllm_chunk_for_chunk(replica):
             ):
                 assert r.status == 200
                 texts = []
-                async for line in r.content:
-                    line = line.decode().strip()
+                async for raw in r.content:
+                    line = raw.decode().strip()
                     if line.startswith("data: {"):
                         texts.append(
                             "".join(c.get("text", "") for c in json.loads(line[6:])["choices"])
