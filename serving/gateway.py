@@ -68,6 +68,8 @@ class GatewaySettings:
     health_interval: float = 1.0
     connect_retries: int = 2
     signal_interval: float = 1.0
+    rate_window: float = 10.0
+    """Seconds over which the arrival and upstream-error rates are measured."""
 
 
 @dataclass(slots=True)
@@ -201,7 +203,7 @@ class Gateway:
 
     def signals(self, now: float) -> pb.Signals:
         """The gateway's snapshot for the scaler."""
-        window = 10.0
+        window = self.settings.rate_window
         while self.stats.arrivals and now - self.stats.arrivals[0] > window:
             self.stats.arrivals.popleft()
         while self.stats.errors and now - self.stats.errors[0] > window:

@@ -44,7 +44,8 @@ class GatewayServer:
 
     async def start(self) -> tuple[int, int]:
         """Serve; returns (HTTP port, gRPC port)."""
-        self._runner = web.AppRunner(self.gateway.app(), access_log=None)
+        # A client that gives up while buffered frees its place (and its upstream request).
+        self._runner = web.AppRunner(self.gateway.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         await web.TCPSite(self._runner, *self._listen).start()
         self.port = int(self._runner.addresses[0][1])

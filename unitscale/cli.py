@@ -105,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         "--buffer-timeout", type=float, default=120.0, help="seconds (default 120)"
     )
     gateway.add_argument("--buffer-size", type=int, default=1000, help="requests (default 1000)")
+    gateway.add_argument("--rate-window", type=float, default=10.0, help="seconds (default 10)")
     gateway.add_argument("--namespace", default="default")
     gateway.add_argument("--deployment", default="default")
     gateway.set_defaults(run=_run_gateway, default_log_level="info")
@@ -281,6 +282,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         deployment=args.deployment,
         buffer_size=args.buffer_size,
         buffer_timeout=args.buffer_timeout,
+        rate_window=args.rate_window,
     )
     holder: dict[str, GatewayServer] = {}
 
