@@ -69,6 +69,10 @@ pytest: install
 bench: install
 	$(BIN)/python bench/scaler_rpc.py
 	$(BIN)/python bench/exporter_parse.py
+	$(BIN)/python bench/activation.py
+	$(BIN)/python bench/replay_speed.py
+	$(BIN)/python bench/replay_quality.py
+	$(BIN)/python bench/k8s_control_plane.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
