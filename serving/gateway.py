@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -70,6 +71,8 @@ class GatewaySettings:
     signal_interval: float = 1.0
     rate_window: float = 10.0
     """Seconds over which the arrival and upstream-error rates are measured."""
+    dns: str | None = None
+    """``host:port`` of a headless Service: every A record is a replica (re-resolved each check)."""
 
 
 @dataclass(slots=True)
@@ -87,6 +90,7 @@ class Gateway:
     def __init__(self, replicas: list[str], settings: GatewaySettings) -> None:
         self.settings = settings
         self.replicas = [Replica(url.rstrip("/")) for url in replicas]
+        self._static = {r.url for r in self.replicas}
         self.stats = Stats()
         self._ready = asyncio.Condition()
         self._listeners: list[asyncio.Queue[pb.Signals]] = []
@@ -165,8 +169,29 @@ class Gateway:
 
     # --- health --------------------------------------------------------------------------
 
+    async def _discover(self) -> None:
+        """Add the replicas DNS names now; drop those it no longer names once idle."""
+        if self.settings.dns is None:
+            return
+        host, _, port = self.settings.dns.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(
+                host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
+            )
+        except OSError as err:
+            log.warning("cannot resolve %s (%s); keeping the replica list", self.settings.dns, err)
+            return
+        urls = {f"http://{info[4][0]}:{port}" for info in infos}
+        known = {r.url for r in self.replicas}
+        self.replicas += [Replica(url) for url in sorted(urls - known)]
+        self.replicas = [
+            r for r in self.replicas if r.url in urls or r.url in self._static or r.outstanding
+        ]
+
     async def _health_loop(self) -> None:
         while True:
+            await self._discover()
             await asyncio.gather(*(self._check(r) for r in self.replicas))
             self.m_ready.labels(*self.labels).set(sum(r.ready for r in self.replicas))
             await asyncio.sleep(self.settings.health_interval)

@@ -254,3 +254,19 @@ async def test_a_replica_dying_mid_stream_fails_that_client_only():
             replica.kill()
             await replica.wait()
         await gateway.stop()
+
+
+async def test_replicas_are_discovered_from_dns():
+    sim = await start_sim()
+    gateway = await start_gateway([], dns=f"localhost:{sim.port}")
+    try:
+        await wait_ready(gateway, 1)
+        assert [r.url for r in gateway.gateway.replicas] == [f"http://127.0.0.1:{sim.port}"]
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
+            ) as r:
+                assert r.status == 200
+    finally:
+        await gateway.stop()
+        await sim.stop()

@@ -106,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     gateway.add_argument("--buffer-size", type=int, default=1000, help="requests (default 1000)")
     gateway.add_argument("--rate-window", type=float, default=10.0, help="seconds (default 10)")
+    gateway.add_argument("--dns", help="host:port of a headless Service: every A record a replica")
     gateway.add_argument("--namespace", default="default")
     gateway.add_argument("--deployment", default="default")
     gateway.set_defaults(run=_run_gateway, default_log_level="info")
@@ -283,6 +284,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
         buffer_size=args.buffer_size,
         buffer_timeout=args.buffer_timeout,
         rate_window=args.rate_window,
+        dns=args.dns,
     )
     holder: dict[str, GatewayServer] = {}
 
