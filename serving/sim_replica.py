@@ -31,78 +31,11 @@ from prometheus_client import (
     generate_latest,
 )
 
+from serving import vllm_buckets
 from serving.replica_model import PROFILES, Profile
 
 log = logging.getLogger(__name__)
 
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-E2E_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
 WORDS = ("the", "model", "token", "cache", "replica", "scale", "quick", "answer")
 
 
@@ -153,28 +86,28 @@ class VllmMetrics:
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             labels,
-            buckets=TTFT_BUCKETS,
+            buckets=vllm_buckets.TTFT,
             registry=r,
         )
         self.itl = Histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             labels,
-            buckets=ITL_BUCKETS,
+            buckets=vllm_buckets.ITL,
             registry=r,
         )
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
             labels,
-            buckets=E2E_BUCKETS,
+            buckets=vllm_buckets.E2E,
             registry=r,
         )
         self.queue = Histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
             labels,
-            buckets=E2E_BUCKETS,
+            buckets=vllm_buckets.E2E,
             registry=r,
         )
         # vLLM creates every child at start-up: every series exists from the first scrape.

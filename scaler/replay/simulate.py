@@ -21,83 +21,16 @@ from scaler.replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
 from scaler.replay.keda import LoopState, hpa_sync, keda_poll
 from scaler.replay.policies import GatewayView, Kpa, Policy, View
 from scaler.replay.trace import Trace
+from serving import vllm_buckets
 from serving.replica_model import Profile
 
 OFF, STARTING, READY, DRAINING = range(4)
 
-# vLLM 0.32's bucket bounds (shared/reference/vllm-metrics.md §4), so that the
-# exporter's own quantile math runs on what a real engine would expose.
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-    math.inf,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    math.inf,
-)
-E2E_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-    math.inf,
-)
+# vLLM's bucket bounds, so that the exporter's own quantile math runs on what a real
+# engine would expose (+Inf closes each histogram).
+TTFT_BUCKETS = (*vllm_buckets.TTFT, math.inf)
+ITL_BUCKETS = (*vllm_buckets.ITL, math.inf)
+E2E_BUCKETS = (*vllm_buckets.E2E, math.inf)
 
 COLD_START_TIERS = ("cached", "local-disk", "remote", "new-node")
 
