@@ -37,6 +37,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from exporter.discovery import EndpointSliceWatch
 from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
 from serving.routing import ReplicaView, choose, known_models, may_buffer
@@ -91,6 +92,8 @@ class Gateway:
         self.settings = settings
         self.replicas = [Replica(url.rstrip("/")) for url in replicas]
         self._static = {r.url for r in self.replicas}
+        self.endpoint_watch: EndpointSliceWatch | None = None
+        """Set by the server when replicas come from a Service's EndpointSlices."""
         self.stats = Stats()
         self._ready = asyncio.Condition()
         self._listeners: list[asyncio.Queue[pb.Signals]] = []
@@ -169,25 +172,36 @@ class Gateway:
 
     # --- health --------------------------------------------------------------------------
 
-    async def _discover(self) -> None:
-        """Add the replicas DNS names now; drop those it no longer names once idle."""
-        if self.settings.dns is None:
-            return
-        host, _, port = self.settings.dns.rpartition(":")
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await loop.getaddrinfo(
-                host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
-            )
-        except OSError as err:
-            log.warning("cannot resolve %s (%s); keeping the replica list", self.settings.dns, err)
-            return
-        urls = {f"http://{info[4][0]}:{port}" for info in infos}
+    def reconfigure(self, replicas: list[str], settings: GatewaySettings) -> None:
+        """A reloaded config: new static replicas and settings (buffered requests stay)."""
+        self.settings = settings
+        self._static = {url.rstrip("/") for url in replicas}
         known = {r.url for r in self.replicas}
-        self.replicas += [Replica(url) for url in sorted(urls - known)]
-        self.replicas = [
-            r for r in self.replicas if r.url in urls or r.url in self._static or r.outstanding
-        ]
+        self.replicas += [Replica(url) for url in sorted(self._static - known)]
+
+    async def _discover(self) -> None:
+        """Replicas = static URLs + DNS A records + ready EndpointSlice endpoints.
+
+        New ones are added at once; one no longer named is dropped once it has no
+        outstanding request. A failed DNS lookup keeps the replicas it named before.
+        """
+        named = set(self._static)
+        if self.endpoint_watch is not None and self.endpoint_watch.targets is not None:
+            named |= {url.rstrip("/") for url in self.endpoint_watch.targets}
+        if self.settings.dns is not None:
+            host, _, port = self.settings.dns.rpartition(":")
+            loop = asyncio.get_running_loop()
+            try:
+                infos = await loop.getaddrinfo(
+                    host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
+                )
+                named |= {f"http://{info[4][0]}:{port}" for info in infos}
+            except OSError as err:
+                log.warning("cannot resolve %s (%s); keeping its replicas", self.settings.dns, err)
+                named |= {r.url for r in self.replicas}
+        known = {r.url for r in self.replicas}
+        self.replicas += [Replica(url) for url in sorted(named - known)]
+        self.replicas = [r for r in self.replicas if r.url in named or r.outstanding]
 
     async def _health_loop(self) -> None:
         while True:

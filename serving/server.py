@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable
 
 import grpc
 from aiohttp import web
 
+from exporter.discovery import EndpointSliceWatch
 from protos.unitscale.v1 import signals_pb2_grpc
+from serving.config import GatewayConfig
 from serving.gateway import Gateway, GatewaySettings, GatewaySignalsService
 from serving.replica_model import Profile
 from serving.sim_replica import SimReplica
 from unitscale.errors import ConfigError
+from unitscale.kube import KubeAccess
+from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +34,24 @@ class GatewayServer:
     """The gateway's HTTP proxy and its signals gRPC service."""
 
     def __init__(
-        self, replicas: list[str], settings: GatewaySettings, listen: str, grpc_listen: str
+        self,
+        replicas: list[str],
+        settings: GatewaySettings,
+        listen: str,
+        grpc_listen: str,
+        *,
+        config: GatewayConfig | None = None,
+        source: ConfigSource | None = None,
+        parse: Callable[[str, str], GatewayConfig] | None = None,
+        kube: KubeAccess | None = None,
     ) -> None:
         self.gateway = Gateway(replicas, settings)
+        self._config, self._source, self._kube = config, source, kube
+        self.configs: ConfigStore[GatewayConfig] | None = None
+        if config is not None and source is not None and parse is not None:
+            self.configs = ConfigStore(config, parse)
+            self.configs.add_listener(lambda c: self.gateway.reconfigure(c.replicas, c.settings()))
+        self._tasks: list[asyncio.Task[None]] = []
         self._listen = _split(listen)
         self._grpc = grpc.aio.server()
         signals_pb2_grpc.add_SignalsServiceServicer_to_server(
@@ -50,10 +71,21 @@ class GatewayServer:
         await web.TCPSite(self._runner, *self._listen).start()
         self.port = int(self._runner.addresses[0][1])
         await self._grpc.start()
+        if self._config is not None and self._config.endpoint_slices is not None:
+            watch = EndpointSliceWatch(self._config.namespace, self._config.endpoint_slices)
+            self.gateway.endpoint_watch = watch
+            self._tasks.append(asyncio.create_task(watch.run(self._kube or KubeAccess())))
+        if self.configs is not None and self._source is not None:
+            self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
         log.info("gateway on port %d, signals on port %d", self.port, self.grpc_port)
         return self.port, self.grpc_port
 
     async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self._grpc.stop(1.0)
         if self._runner is not None:
             await self._runner.cleanup()

@@ -80,3 +80,13 @@ def test_a_reloaded_policy_section_reaches_every_scaled_object():
     registry.set_policy_defaults(reloaded.policy.policy())
     assert scaled.policy.target_utilization == 0.9  # from the new config
     assert scaled.policy.slo_ttft_seconds == 1.0  # the ScaledObject's own override stays
+
+
+def test_the_gateway_example_parses_to_the_defaults():
+    from serving.config import GatewayConfig
+    from serving.config import parse_config as parse_gateway
+
+    configmap = yaml.safe_load((DEPLOY / "gateway-configmap.yaml").read_text())
+    assert parse_gateway(configmap["data"]["_example"], "_example") == GatewayConfig()
+    shipped = parse_gateway(configmap["data"]["gateway.yaml"], "gateway.yaml")
+    assert shipped.endpoint_slices is not None and shipped.endpoint_slices.service == "llama-chat"

@@ -270,3 +270,60 @@ async def test_replicas_are_discovered_from_dns():
     finally:
         await gateway.stop()
         await sim.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        pytest.param("buffer-timeout: soon", "key 'buffer-timeout'='soon'", id="bad-duration"),
+        pytest.param(
+            "replicas: [10.0.0.1:8000]", "expected http://host:port", id="url-without-scheme"
+        ),
+        pytest.param("buffer-sizes: 3", "unknown key 'buffer-sizes'", id="typo"),
+        pytest.param(
+            "endpoint-slices: {port: 8000}", "endpoint-slices.service", id="slices-need-a-service"
+        ),
+    ],
+)
+def test_bad_gateway_config_names_the_key(text, fragment):
+    from serving.config import parse_config
+    from unitscale.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "gateway.yaml")
+    assert fragment in str(caught.value)
+
+
+def test_flags_win_over_the_file():
+    from serving.config import parse_config
+
+    config = parse_config("buffer-size: 5\nnamespace: a\n", "gateway.yaml", {"buffer-size": 9})
+    assert (config.buffer_size, config.namespace, config.settings().buffer_size) == (9, "a", 9)
+
+
+async def test_a_reloaded_config_file_swaps_the_replicas(tmp_path):
+    from serving.config import parse_config
+    from tests.kubelet_volume import KubeletVolume
+    from unitscale.reload import ConfigSource
+
+    first, second = await start_sim(), await start_sim()
+    volume = KubeletVolume(tmp_path / "config")
+    volume.write({"gateway.yaml": f"replicas: [{first.url}]\nhealth-interval: 50ms\n"})
+    source = ConfigSource(volume.path("gateway.yaml"), poll_interval=0.05)
+    config = parse_config(await source.read(), source.origin)
+    gateway = GatewayServer(
+        config.replicas, config.settings(), "127.0.0.1:0", "127.0.0.1:0",
+        config=config, source=source, parse=parse_config,
+    )  # fmt: skip
+    await gateway.start()
+    try:
+        await wait_ready(gateway, 1)
+        volume.write({"gateway.yaml": f"replicas: [{second.url}]\nhealth-interval: 50ms\n"})
+        g = gateway.gateway
+        async with asyncio.timeout(10), g._ready:
+            await g._ready.wait_for(lambda: [r.url for r in g.replicas if r.ready] == [second.url])
+        assert gateway.configs is not None and gateway.configs.reloads == 1
+    finally:
+        await gateway.stop()
+        await first.stop()
+        await second.stop()

@@ -101,14 +101,14 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--listen", default="0.0.0.0:8080", help="HTTP (default %(default)s)")
     gateway.add_argument("--grpc-listen", default="0.0.0.0:9093", help="signals for the scaler")
     gateway.add_argument("--replica", action="append", default=[], metavar="URL", help="repeatable")
-    gateway.add_argument(
-        "--buffer-timeout", type=float, default=120.0, help="seconds (default 120)"
-    )
-    gateway.add_argument("--buffer-size", type=int, default=1000, help="requests (default 1000)")
-    gateway.add_argument("--rate-window", type=float, default=10.0, help="seconds (default 10)")
+    gateway.add_argument("--config", type=Path, help="gateway config YAML (hot-reloaded)")
+    _kube_arguments(gateway)
+    gateway.add_argument("--buffer-timeout", help="Go duration (default 2m)")
+    gateway.add_argument("--buffer-size", type=int, help="requests (default 1000)")
+    gateway.add_argument("--rate-window", help="Go duration (default 10s)")
     gateway.add_argument("--dns", help="host:port of a headless Service: every A record a replica")
-    gateway.add_argument("--namespace", default="default")
-    gateway.add_argument("--deployment", default="default")
+    gateway.add_argument("--namespace", help="the target's namespace (default: default)")
+    gateway.add_argument("--deployment", help="the target's deployment (default: default)")
     gateway.set_defaults(run=_run_gateway, default_log_level="info")
 
     sim = commands.add_parser("sim-replica", help="a vLLM-compatible simulated replica")
@@ -273,23 +273,42 @@ def _run_until_signal(
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
-    from serving.gateway import GatewaySettings
+    from serving.config import GatewayConfig, parse_config
     from serving.server import GatewayServer
 
-    if args.buffer_timeout <= 0 or args.buffer_size < 0:
-        raise ConfigError("--buffer-timeout must be positive and --buffer-size not negative")
-    settings = GatewaySettings(
-        namespace=args.namespace,
-        deployment=args.deployment,
-        buffer_size=args.buffer_size,
-        buffer_timeout=args.buffer_timeout,
-        rate_window=args.rate_window,
-        dns=args.dns,
-    )
+    # Flags given on the command line win over the file, at start and on every reload.
+    overrides: dict[str, object] = {
+        key: value
+        for key, value in (
+            ("replicas", args.replica or None),
+            ("buffer-timeout", args.buffer_timeout),
+            ("buffer-size", args.buffer_size),
+            ("rate-window", args.rate_window),
+            ("dns", args.dns),
+            ("namespace", args.namespace),
+            ("deployment", args.deployment),
+        )
+        if value is not None
+    }
+    source = _config_source(args)
+
+    def parse(text: str, origin: str) -> GatewayConfig:
+        return parse_config(text, origin, overrides)
+
     holder: dict[str, GatewayServer] = {}
 
     async def start() -> None:
-        holder["server"] = GatewayServer(args.replica, settings, args.listen, args.grpc_listen)
+        config = parse(await source.read(), source.origin)
+        holder["server"] = GatewayServer(
+            config.replicas,
+            config.settings(),
+            args.listen,
+            args.grpc_listen,
+            config=config,
+            source=source,
+            parse=parse,
+            kube=source.kube,
+        )
         await holder["server"].start()
 
     _run_until_signal(start, lambda: holder["server"].stop())

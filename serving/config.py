@@ -1,0 +1,90 @@
+"""The gateway's configuration: flags alone work; a YAML file (a ConfigMap) says more.
+
+Replicas are the union of ``replicas`` (URLs), ``dns`` (every A record of a headless
+Service) and ``endpoint-slices`` (the ready endpoints of a Service, watched through the
+API). Keys are kebab-case, durations Go-style; hot-reloaded like the scaler's.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from exporter.config import EndpointSlicesConfig, describe
+from serving.gateway import GatewaySettings
+from unitscale.durations import Seconds
+from unitscale.errors import ConfigError
+
+_DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+class GatewayConfig(BaseModel):
+    """Everything the gateway reads from its ConfigMap."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=lambda name: name.replace("_", "-"),
+        validate_by_name=True,
+    )
+
+    namespace: Annotated[str, Field(pattern=_DNS_NAME)] = "default"
+    deployment: Annotated[str, Field(pattern=_DNS_NAME)] = "default"
+    """The target the scaler knows the replicas by (its ScaledObjects' ``deployment``)."""
+    replicas: list[str] = Field(default_factory=list)
+    """Replica base URLs (``http://host:port``)."""
+    dns: str | None = None
+    """``host:port`` of a headless Service: every A record is a replica."""
+    endpoint_slices: EndpointSlicesConfig | None = None
+    """A Service whose ready endpoints are replicas (``path`` is ignored)."""
+    buffer_size: int = Field(1000, ge=0)
+    """Requests that may wait for a replica; one more is answered 429."""
+    buffer_timeout: Seconds = Field(120.0, gt=0)
+    """How long a request may wait; then 503. Above a local-disk cold start (~40 s)."""
+    health_interval: Seconds = Field(1.0, gt=0)
+    rate_window: Seconds = Field(10.0, gt=0)
+    connect_retries: int = Field(2, ge=0, le=10)
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, replicas: list[str]) -> list[str]:
+        for url in replicas:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"expected http://host:port, got {url!r}")
+        return [url.rstrip("/") for url in replicas]
+
+    def settings(self) -> GatewaySettings:
+        """The gateway's runtime settings."""
+        return GatewaySettings(
+            namespace=self.namespace,
+            deployment=self.deployment,
+            buffer_size=self.buffer_size,
+            buffer_timeout=self.buffer_timeout,
+            health_interval=self.health_interval,
+            connect_retries=self.connect_retries,
+            rate_window=self.rate_window,
+            dns=self.dns,
+        )
+
+
+def parse_config(
+    text: str, origin: str, overrides: dict[str, object] | None = None
+) -> GatewayConfig:
+    """Validate YAML text, flags in ``overrides`` winning.
+
+    Raises:
+        ConfigError: bad YAML or a bad key (named in the message).
+    """
+    try:
+        data = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{origin}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping of keys, got {type(data).__name__}")
+    data.update(overrides or {})
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{origin}: {describe(err)}") from err
