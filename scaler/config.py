@@ -124,6 +124,9 @@ class ScalerConfig(BaseModel):
     """Publish synthetic signals in-process instead of (or beside) real sources."""
     grace_period: Seconds = Field(5.0, ge=0)
     """On SIGTERM, how long open RPCs may finish before the server stops."""
+    scaled_object_ttl: Seconds = Field(3600.0, gt=0)
+    """Forget a ScaledObject KEDA has not asked about for this long (KEDA never says one
+    was deleted; its polls come every 15-30 s)."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     """Decision defaults for every ScaledObject."""
 

@@ -140,6 +140,7 @@ class ScalerServer:
             )
         if self._source is not None:
             self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
+        self._tasks.append(asyncio.create_task(self._evict_loop()))
         await self._server.start()
         if self._metrics_listen is not None:
             host, _, port = self._metrics_listen.rpartition(":")
@@ -154,6 +155,12 @@ class ScalerServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("scaler serving on port %d", self.port)
         return self.port
+
+    async def _evict_loop(self) -> None:
+        """Forget ScaledObjects KEDA stopped asking about (checked each minute)."""
+        while True:
+            await asyncio.sleep(60.0)
+            self.registry.evict_idle(self.config.scaled_object_ttl)
 
     async def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, let open RPCs finish for ``grace`` seconds, then stop."""

@@ -86,6 +86,8 @@ class ScaledObject:
     active: bool = False
     """Whether the last valid decision was active (for push transitions)."""
     push_events: set[asyncio.Event] = field(default_factory=set)
+    last_seen: float = 0.0
+    """When KEDA last asked about it (clock seconds); long silence means it is gone."""
 
 
 class ScaledObjectRegistry:
@@ -126,6 +128,24 @@ class ScaledObjectRegistry:
         for scaled in self._objects.values():
             scaled.policy = scaled.metadata.policy(defaults)
 
+    def evict_idle(self, ttl: float) -> list[ObjectKey]:
+        """Forget ScaledObjects KEDA has not asked about for ``ttl`` seconds.
+
+        KEDA never says a ScaledObject was deleted; without this the registry (and its
+        metrics) would keep every one ever seen. One with an open StreamIsActive stays.
+        """
+        now = self._clock()
+        gone = [
+            key
+            for key, scaled in self._objects.items()
+            if now - scaled.last_seen > ttl and not scaled.push_events
+        ]
+        for key in gone:
+            scaled = self._objects.pop(key)
+            self._by_target.get(scaled.target, set()).discard(scaled)
+            log.info("forgot ScaledObject %s/%s (not asked about for %.0fs)", *key, ttl)
+        return gone
+
     def objects(self) -> list[ScaledObject]:
         """Every ScaledObject KEDA has asked about."""
         return list(self._objects.values())
@@ -146,6 +166,7 @@ class ScaledObjectRegistry:
         existing = self._objects.get(key)
         metadata_map = dict(raw)
         if existing is not None and existing.raw_metadata == metadata_map:
+            existing.last_seen = self._clock()
             return existing
         metadata = parse_metadata(metadata_map)
         target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
@@ -153,6 +174,7 @@ class ScaledObjectRegistry:
         if existing is None:
             policy = metadata.policy(self._policy_defaults)
             scaled = ScaledObject(key, metadata_map, metadata, target, policy, max_age)
+            scaled.last_seen = self._clock()
             self._objects[key] = scaled
             log.info("tracking ScaledObject %s/%s for %s", namespace, name, describe_key(target))
         else:
@@ -163,6 +185,7 @@ class ScaledObjectRegistry:
             scaled.policy = metadata.policy(self._policy_defaults)
             scaled.max_signal_age = max_age
             scaled.signals_version = -1
+            scaled.last_seen = self._clock()
             log.info("ScaledObject %s/%s metadata changed", namespace, name)
         self._by_target.setdefault(target, set()).add(scaled)
         self._refresh(scaled, self._clock())

@@ -273,3 +273,15 @@ async def test_every_decision_is_exported_for_prometheus(clock):
         assert ("unitscale_scaler_desired_replicas", "other") not in samples  # never a fake 0
     finally:
         await server.stop(grace=0)
+
+
+async def test_scaled_objects_keda_stopped_asking_about_are_forgotten(scaler, clock, stub):
+    from tests.conftest import T0
+
+    await stub.GetMetricSpec(ref("kept"))
+    await stub.GetMetricSpec(ref("gone"))
+    clock.now = T0 + 3000
+    await stub.GetMetricSpec(ref("kept"))  # still polled by KEDA
+    clock.now = T0 + 3700
+    assert scaler.registry.evict_idle(3600.0) == [("team-a", "gone")]
+    assert [s.key for s in scaler.registry.objects()] == [("team-a", "kept")]
