@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporter.signals import Accelerator
+from unitscale.configfile import load_mapping, validate
 from unitscale.durations import Seconds
 from unitscale.errors import ConfigError
 
@@ -195,23 +195,14 @@ def parse_config(
     Raises:
         ConfigError: bad YAML or a bad key (named in the message).
     """
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{origin}: not valid YAML: {err}") from err
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"{origin}: expected a mapping of keys, got {type(loaded).__name__}")
-    data: dict[str, object] = dict(loaded or {})
+    data = load_mapping(text, origin)
     data.update(overrides or {})
     if extra_deployments:
         listed = data.get("deployments") or []
         if not isinstance(listed, list):
             raise ConfigError(f"{origin}: key 'deployments': expected a list")
         data["deployments"] = [*listed, *extra_deployments]
-    try:
-        return ExporterConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"{origin}: {describe(err)}") from err
+    return validate(ExporterConfig, data, origin)
 
 
 def load_config(
@@ -231,19 +222,3 @@ def load_config(
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
     return parse_config(text, str(path), overrides, extra_deployments)
-
-
-def describe(err: ValidationError) -> str:
-    """One clause per problem, each naming the key path."""
-    problems = []
-    for error in err.errors():
-        key = ".".join(str(part) for part in error["loc"])
-        if error["type"] == "extra_forbidden":
-            problems.append(f"unknown key {key!r}")
-        elif error["type"] == "missing":
-            problems.append(f"missing required key {key!r}")
-        else:
-            message = error["msg"].removeprefix("Value error, ")
-            where = f"key {key!r}={error.get('input')!r}: " if key else ""
-            problems.append(where + message)
-    return "; ".join(problems)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from scaler.core.model import Policy
+from unitscale.configfile import load_mapping, validate
 from unitscale.durations import Seconds
 from unitscale.errors import ConfigError
 
@@ -148,25 +148,4 @@ def load_config(path: Path | None) -> ScalerConfig:
 
 def parse_config(text: str, origin: str = "<config>") -> ScalerConfig:
     """Validate config text (YAML); see ``load_config``."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{origin}: not valid YAML: {err}") from err
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: expected a mapping of keys, got {type(data).__name__}")
-    try:
-        return ScalerConfig.model_validate(data)
-    except ValidationError as err:
-        problems = []
-        for error in err.errors():
-            key = ".".join(str(part) for part in error["loc"])
-            if error["type"] == "extra_forbidden":
-                problems.append(f"unknown key {key!r}")
-            elif error["type"] == "missing":
-                problems.append(f"missing required key {key!r}")
-            else:
-                message = error["msg"].removeprefix("Value error, ")
-                problems.append(f"key {key!r}={error.get('input')!r}: {message}")
-        raise ConfigError(f"{origin}: " + "; ".join(problems)) from err
+    return validate(ScalerConfig, load_mapping(text, origin), origin)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from exporter.config import EndpointSlicesConfig, describe
+from exporter.config import EndpointSlicesConfig
 from serving.gateway import GatewaySettings
+from unitscale.configfile import load_mapping, validate
 from unitscale.durations import Seconds
-from unitscale.errors import ConfigError
 
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
@@ -77,14 +76,6 @@ def parse_config(
     Raises:
         ConfigError: bad YAML or a bad key (named in the message).
     """
-    try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{origin}: not valid YAML: {err}") from err
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: expected a mapping of keys, got {type(data).__name__}")
+    data = load_mapping(text, origin)
     data.update(overrides or {})
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"{origin}: {describe(err)}") from err
+    return validate(GatewayConfig, data, origin)
