@@ -24,6 +24,7 @@ from exporter.runtime import Exporter
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 from unitscale.errors import ConfigError
 from unitscale.kube import KubeAccess
+from unitscale.net import split_listen
 from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,6 @@ class ConfigReloadCollector(Collector):
         family.add_metric(["success"], self._store.reloads)
         family.add_metric(["error"], self._store.errors)
         yield family
-
-
-def _split(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"expected HOST:PORT, got {listen!r}")
-    return host.strip("[]"), int(port)
 
 
 class ExporterServer:
@@ -82,7 +76,7 @@ class ExporterServer:
         self.registry = registry_for(self.exporter)
         self.registry.register(ConfigReloadCollector(self.configs))
         self.signals = SignalsService(self.exporter)
-        self._listen = _split(listen)
+        self._listen = split_listen(listen)
         self._grpc = grpc.aio.server()
         signals_pb2_grpc.add_SignalsServiceServicer_to_server(self.signals, self._grpc)
         self._health = health.aio.HealthServicer()

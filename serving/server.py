@@ -18,16 +18,10 @@ from serving.replica_model import Profile
 from serving.sim_replica import SimReplica
 from unitscale.errors import ConfigError
 from unitscale.kube import KubeAccess
+from unitscale.net import split_listen
 from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
-
-
-def _split(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"expected HOST:PORT, got {listen!r}")
-    return host.strip("[]"), int(port)
 
 
 class GatewayServer:
@@ -52,7 +46,7 @@ class GatewayServer:
             self.configs = ConfigStore(config, parse)
             self.configs.add_listener(lambda c: self.gateway.reconfigure(c.replicas, c.settings()))
         self._tasks: list[asyncio.Task[None]] = []
-        self._listen = _split(listen)
+        self._listen = split_listen(listen)
         self._grpc = grpc.aio.server()
         signals_pb2_grpc.add_SignalsServiceServicer_to_server(
             GatewaySignalsService(self.gateway), self._grpc
@@ -98,7 +92,7 @@ class SimReplicaServer:
         self, profile: Profile, listen: str, model: str = "sim-llama", speedup: float = 1.0
     ) -> None:
         self.replica = SimReplica(profile, model, speedup)
-        self._listen = _split(listen)
+        self._listen = split_listen(listen)
         self._runner: web.AppRunner | None = None
         self.port = 0
 
