@@ -20,8 +20,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 GIB = 1024**3
+N = TypeVar("N", float, npt.NDArray[np.float64])
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +61,23 @@ class Profile:
         free = usable - self.weights_gb * 1e9 - self.activation_reserve_bytes
         return max(0, int(free // self.kv_bytes_per_token))
 
-    def decode_step_seconds(self, batch: float, context_tokens: float) -> float:
+    # The step formulas take plain numbers or numpy arrays alike: the simulated replica
+    # calls them per step, the replay's fleet once per tick for every replica at once.
+
+    def decode_step_seconds(self, batch: N, context_tokens: N) -> N:
         """One decode step for ``batch`` sequences holding ``context_tokens`` in all."""
         a, b, c = self.decode_ms
         return self.overhead * (a + b * batch + c * context_tokens) / 1000.0
 
-    def prefill_seconds(self, tokens: float) -> float:
+    def prefill_seconds(self, tokens: N) -> N:
         """A prefill of ``tokens`` prompt tokens on its own."""
-        p0, p1, p2 = self.prefill_ms
-        return self.overhead * (p0 + p1 * tokens + p2 * tokens * tokens) / 1000.0
+        p0, _, _ = self.prefill_ms
+        return self.overhead * p0 / 1000.0 + self.prefill_marginal_seconds(tokens)
+
+    def prefill_marginal_seconds(self, tokens: N) -> N:
+        """What ``tokens`` of prefill add to a step that reads the weights anyway."""
+        _, p1, p2 = self.prefill_ms
+        return self.overhead * (p1 * tokens + p2 * tokens * tokens) / 1000.0
 
     def mixed_step_seconds(
         self, batch: float, context_tokens: float, prefill_tokens: float
@@ -74,11 +87,10 @@ class Profile:
         The weights are read once per step, so the prefill adds only its marginal cost
         (``p1*T + p2*T**2``) to the decode step; with no decode the step is a prefill.
         """
-        _, p1, p2 = self.prefill_ms
         if batch <= 0:
             return self.prefill_seconds(prefill_tokens) if prefill_tokens > 0 else 0.0
-        marginal = self.overhead * (p1 * prefill_tokens + p2 * prefill_tokens**2) / 1000.0
-        return self.decode_step_seconds(batch, context_tokens) + marginal
+        decode = self.decode_step_seconds(batch, context_tokens)
+        return decode + self.prefill_marginal_seconds(prefill_tokens)
 
     def decode_capacity(self, mean_context: float, itl_slo_seconds: float) -> int:
         """Largest decode batch whose step stays within ``itl_slo_seconds``.

@@ -111,23 +111,20 @@ class Fleet:
         batch = np.bincount(replica[decoding], minlength=self.capacity).astype(np.float64)
         batch_context = np.bincount(
             replica[decoding], weights=context[decoding], minlength=self.capacity
-        )
+        ).astype(np.float64)
         remaining_prefill = np.where(prefilling, r.prompt[active] - r.prefilled[active], 0.0)
         pending = np.bincount(replica, weights=remaining_prefill, minlength=self.capacity)
 
         # Two phases per tick: steps carrying a prefill chunk until the pending prompt
         # tokens are done, then pure decode steps for the rest of the tick.
         chunk = np.minimum(pending, np.maximum(p.max_num_batched_tokens - batch, 0.0))
-        a, b, c = p.decode_ms
-        p0, p1, p2 = p.prefill_ms
-        decode_ms = np.where(batch > 0, a + b * batch + c * batch_context, 0.0)
-        mixed_ms = np.where(
+        # Profile.mixed_step_seconds, for every replica at once.
+        pure = np.where(batch > 0, p.decode_step_seconds(batch, batch_context), 0.0)
+        mixed = np.where(
             batch > 0,
-            decode_ms + p1 * chunk + p2 * chunk * chunk,
-            np.where(chunk > 0, p0 + p1 * chunk + p2 * chunk * chunk, 0.0),
+            pure + p.prefill_marginal_seconds(chunk),
+            np.where(chunk > 0, p.prefill_seconds(chunk), 0.0),
         )
-        mixed = mixed_ms * p.overhead / 1000.0
-        pure = decode_ms * p.overhead / 1000.0
         has_chunk = chunk > 0
         prefill_steps = np.where(has_chunk, pending / np.where(has_chunk, chunk, 1.0), 0.0)
         phase1 = np.minimum(dt, prefill_steps * mixed)

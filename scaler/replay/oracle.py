@@ -57,11 +57,7 @@ def engine_work(trace: Trace, config: SimConfig, interval: float) -> np.ndarray:
     context = float(np.mean(trace.prompt + trace.output / 2))
     batch = max(1, p.decode_capacity(context, config.slo_itl * 0.8))
     per_token = p.decode_step_seconds(batch, batch * context) / batch
-    prefill = (
-        p.overhead
-        * (p.prefill_ms[1] * trace.prompt + p.prefill_ms[2] * trace.prompt.astype(float) ** 2)
-        / 1000
-    )
+    prefill = p.prefill_marginal_seconds(trace.prompt.astype(np.float64))
     work = prefill + trace.output * per_token
     seconds = math.ceil(trace.duration + 1e-9) + 1
     per_second = np.bincount(trace.arrival.astype(int), weights=work, minlength=seconds)
