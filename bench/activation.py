@@ -12,9 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,23 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import free_port, spawn_unitscale
 from bench.results import append
 from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def spawn(*args: str) -> subprocess.Popen[bytes]:
-    root = Path(__file__).resolve().parent.parent
-    return subprocess.Popen(
-        [sys.executable, "-m", "unitscale.cli", "--log-level", "warning", *args],
-        env=os.environ | {"PYTHONPATH": str(root)},
-    )
 
 
 async def trial(client: aiohttp.ClientSession, url: str, stream: grpc.aio.UnaryStreamCall) -> float:
@@ -114,11 +98,15 @@ def main() -> int:
             )
         )
         dead = f"http://127.0.0.1:{free_port()}"  # no replica: every request waits
-        gateway = spawn("gateway", "--listen", f"127.0.0.1:{gateway_port}", "--grpc-listen",
-                        f"127.0.0.1:{gateway_grpc}", "--replica", dead, "--deployment", "llama",
-                        "--rate-window", "0.5")  # fmt: skip
-        scaler = spawn("scaler", "--listen", f"127.0.0.1:{scaler_port}", "--config", str(config),
-                       "--metrics-listen", "127.0.0.1:0")  # fmt: skip
+        gateway = spawn_unitscale(
+            *("gateway", "--listen", f"127.0.0.1:{gateway_port}"),
+            *("--grpc-listen", f"127.0.0.1:{gateway_grpc}", "--replica", dead),
+            *("--deployment", "llama", "--rate-window", "0.5"),
+        )
+        scaler = spawn_unitscale(
+            *("scaler", "--listen", f"127.0.0.1:{scaler_port}", "--config", str(config)),
+            *("--metrics-listen", "127.0.0.1:0"),
+        )
         try:
             latencies = np.array(asyncio.run(run(args.trials, gateway_port, scaler_port))) * 1000
         finally:

@@ -23,6 +23,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import free_port
 from bench.results import append
 from exporter.config import ExporterConfig
 from exporter.engines import WANTED_ANY
@@ -123,11 +124,7 @@ def main() -> int:
     ours = time_parse(texts, lambda t: parse_samples(t, WANTED_ANY), args.seconds)
     theirs = time_parse(texts, prometheus_client_parse, args.seconds)
 
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     biggest = max(files, key=lambda f: f.stat().st_size)
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), str(biggest)])
     try:

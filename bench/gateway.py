@@ -11,9 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,23 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import free_port, spawn_unitscale
 from bench.results import append
 
 BODY = {"model": "sim-llama", "prompt": "hello world", "max_tokens": 4}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def spawn(*args: str) -> subprocess.Popen[bytes]:
-    root = Path(__file__).resolve().parent.parent
-    return subprocess.Popen(
-        [sys.executable, "-m", "unitscale.cli", "--log-level", "warning", *args],
-        env=os.environ | {"PYTHONPATH": str(root)},
-    )
 
 
 async def wait_up(client: aiohttp.ClientSession, url: str) -> None:
@@ -93,8 +77,10 @@ def main() -> int:
     parser.add_argument("--no-record", dest="record", action="store_false")
     args = parser.parse_args()
     replica_port, gateway_port = free_port(), free_port()
-    replica = spawn("sim-replica", "--listen", f"127.0.0.1:{replica_port}", "--speedup", "1000")
-    gateway = spawn(
+    replica = spawn_unitscale(
+        "sim-replica", "--listen", f"127.0.0.1:{replica_port}", "--speedup", "1000"
+    )
+    gateway = spawn_unitscale(
         "gateway",
         "--listen",
         f"127.0.0.1:{gateway_port}",

@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,16 +28,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import free_port, spawn_unitscale
 from bench.results import append
 from protos.externalscaler import externalscaler_pb2 as keda
 
 METRIC = "unitscale-desired-replicas"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_scaler(
@@ -59,20 +52,14 @@ def start_scaler(
             }
         )
     )
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "unitscale.cli",
-            "--log-level",
-            "warning",
-            "scaler",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--config",
-            str(config),
-        ],
-        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    return spawn_unitscale(
+        "scaler",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--config",
+        str(config),
+        "--metrics-listen",
+        "127.0.0.1:0",
     )
 
 
