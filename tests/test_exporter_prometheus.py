@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 
 import aiohttp
 import pytest
 
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig
+from tests.conftest import free_port
 from tests.fake_engines import FakeReplicaServer
 
 PROMETHEUS = shutil.which("prometheus")
@@ -20,12 +20,6 @@ if PROMETHEUS is None and os.environ.get("CI") == "true":
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus)"
 )
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def query(client, port, promql):

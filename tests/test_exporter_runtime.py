@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 import grpc
@@ -15,7 +14,7 @@ from exporter.config import ExporterConfig, load_config
 from exporter.runtime import Exporter
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, free_port
 from tests.fake_engines import FakeReplicaServer
 from unitscale.errors import ConfigError
 
@@ -53,10 +52,7 @@ def signals_of(exporter):
 
 
 def dead_url():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/metrics"
+    return f"http://127.0.0.1:{free_port()}/metrics"
 
 
 async def test_signals_follow_what_the_replicas_served(replicas, session):

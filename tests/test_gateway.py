@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 from typing import Any
 
@@ -19,14 +18,9 @@ from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from serving.gateway import GatewaySettings
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import GatewayServer, SimReplicaServer
+from tests.conftest import free_port
 
 FAST = 50.0  # engine steps 50x faster than an H200: tests take milliseconds per request
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def start_sim(port=0):

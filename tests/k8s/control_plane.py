@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -29,6 +28,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.conftest import free_port
 from tests.k8s import versions
 
 
@@ -43,12 +43,6 @@ class ApiError(Exception):
 
 class UnavailableError(Exception):
     """The control plane cannot run here (no binaries, no Go); the message says why."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def binaries(names: tuple[str, ...] = ("etcd", "kube-apiserver")) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from serving.vllm_profile import CPU_TEST, launch_args
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "tiny-llama"
@@ -39,12 +39,6 @@ def require_vllm() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return python
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
