@@ -2,9 +2,9 @@
 
 It starts a real scaler server on a free loopback port, opens an ``external-push``
 stream and, every poll, calls GetMetricSpec, GetMetrics and IsActive exactly as
-KEDA's operator does. A small stand-in for KEDA + HPA turns the answers into a
-replica count (activation 0 -> 1, ``ceil(value / target)`` beyond a 10% tolerance,
-scale to zero after a cooldown). It prints one line per poll.
+KEDA's operator does. The replay's model of KEDA + HPA (``scaler.replay.keda``) turns
+the answers into a replica count (activation 0 -> 1, the HPA's AverageValue math and
+rate limits, scale to zero after a cooldown). It prints one line per poll.
 
 The full demo (gateway, simulated replicas, exporter, trace replay, report) replaces
 the signal generator with real processes; this one shows the scaler's contract.
@@ -13,48 +13,29 @@ the signal generator with real processes; this one shows the scaler's contract.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from dataclasses import dataclass
 
 import grpc
 
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from scaler.config import DemoSourceConfig, PolicyConfig, ScalerConfig
+from scaler.replay.keda import Answer, LoopState, ScalingSpec, hpa_sync, keda_poll
 from scaler.server import ScalerServer
 from scaler.sources import demo_concurrency
 
-HPA_TOLERANCE = 0.1
 
+def keda_and_hpa(
+    replicas: int, state: LoopState, now: float, answer: Answer, spec: ScalingSpec
+) -> tuple[int, LoopState]:
+    """One KEDA poll then one HPA sync, with the replay's model of both (``scaler.replay.keda``).
 
-@dataclass(frozen=True, slots=True)
-class KedaView:
-    """What the stand-in for KEDA + HPA knows between polls."""
-
-    replicas: int = 0
-    last_active: float = -math.inf
-
-
-def keda_step(
-    view: KedaView, now: float, value: float, target: float, active: bool, cooldown: float
-) -> KedaView:
-    """One KEDA + HPA evaluation with the answers the scaler gave.
-
-    Activation scales 0 -> 1; with replicas the HPA applies AverageValue math,
-    ``ceil(value / target)`` unless ``value / (target * replicas)`` is within 10% of 1;
-    inactivity for ``cooldown`` seconds scales N -> 0.
+    An activation (0 -> 1) is the whole step: the HPA only acts on running replicas.
     """
-    replicas, last_active = view.replicas, view.last_active
-    if active:
-        last_active = now
-        if replicas == 0:
-            return KedaView(1, last_active)
-    elif replicas > 0 and now - last_active >= cooldown:
-        return KedaView(0, last_active)
-    if replicas > 0 and abs(1 - value / (target * replicas)) > HPA_TOLERANCE:
-        replicas = max(1, math.ceil(value / target - 1e-9))
-    return KedaView(replicas, last_active)
+    polled, state = keda_poll(replicas, answer, state, now, spec)
+    if replicas == 0:
+        return polled, state
+    return hpa_sync(polled, answer, state, now, spec)
 
 
 async def run_demo(duration: float, poll: float = 1.0, cooldown: float | None = None) -> int:
@@ -93,10 +74,13 @@ async def run_demo(duration: float, poll: float = 1.0, cooldown: float | None = 
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.ExternalScalerStub(channel)
             push = asyncio.create_task(_listen_push(stub, ref, start, pushes))
-            view = KedaView()
+            replicas, state = 0, LoopState()
+            # The demo's clock is compressed: no HPA scale-down stabilization on top of
+            # the scaler's own (compressed) scale-down delay.
+            spec = ScalingSpec(cooldown=cooldown, scale_down_stabilization=0.0)
             while (elapsed := time.monotonic() - start) < duration:
-                spec = (await stub.GetMetricSpec(ref)).metricSpecs[0]
-                request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=spec.metricName)
+                metric = (await stub.GetMetricSpec(ref)).metricSpecs[0]
+                request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=metric.metricName)
                 try:
                     value = (await stub.GetMetrics(request)).metricValues[0].metricValueFloat
                     active = (await stub.IsActive(ref)).result
@@ -104,12 +88,13 @@ async def run_demo(duration: float, poll: float = 1.0, cooldown: float | None = 
                     print(f"{elapsed:6.1f}  scaler says {err.code().name}: {err.details()}")
                     await asyncio.sleep(poll)
                     continue
-                before = view.replicas
-                view = keda_step(view, elapsed, value, spec.targetSizeFloat, active, cooldown)
+                before = replicas
+                answer = Answer(value, metric.targetSizeFloat, active)
+                replicas, state = keda_and_hpa(replicas, state, elapsed, answer, spec)
                 scaled = server.registry.get("demo", "llama-chat")
                 reason = scaled.decision.reason if scaled and scaled.decision else "-"
                 load = demo_concurrency(elapsed, source.period, source.peak_concurrency)
-                change = f"{before}->{view.replicas}" if before != view.replicas else str(before)
+                change = f"{before}->{replicas}" if before != replicas else str(before)
                 print(
                     f"{elapsed:6.1f}  {load:9.1f}  {value:6.0f}  {'yes' if active else 'no':>6}"
                     f"  {change:>8}  {reason}"
