@@ -40,7 +40,7 @@ from prometheus_client import (
 from exporter.discovery import EndpointSliceWatch
 from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
-from serving.routing import ReplicaView, choose, known_models, may_buffer
+from serving.routing import ReplicaView, choose, is_unserved, known_models, may_buffer
 
 log = logging.getLogger(__name__)
 
@@ -334,13 +334,7 @@ class Gateway:
         self.stats.arrivals.append(now)
         self.stats.last_arrival = now
         self.m_arrivals.labels(*self.labels).inc()
-        if (
-            model
-            and self.replicas
-            and all(r.models for r in self.replicas if r.ready)
-            and any(r.ready for r in self.replicas)
-            and model not in known_models(self._views())
-        ):
+        if model and is_unserved(self._views(), model):
             raise _reject(404, f"no replica serves model {model!r}", None, self)
         assert self._session is not None
         for attempt in range(self.settings.connect_retries + 1):

@@ -42,6 +42,16 @@ def may_buffer(buffered: int, capacity: int) -> bool:
     return buffered < capacity
 
 
+def is_unserved(replicas: Sequence[ReplicaView], model: str) -> bool:
+    """Whether ``model`` is certainly served by nobody: some replica is ready, every ready
+    one has listed its models, and none lists it (a 404 then beats waiting).
+    """
+    ready = [r for r in replicas if r.ready]
+    return (
+        bool(ready) and all(r.models for r in ready) and all(model not in r.models for r in ready)
+    )
+
+
 def known_models(replicas: Sequence[ReplicaView]) -> Mapping[str, int]:
     """Every model some replica serves, with how many ready replicas serve it."""
     counts: dict[str, int] = {}

@@ -321,3 +321,22 @@ async def test_a_reloaded_config_file_swaps_the_replicas(tmp_path):
         await gateway.stop()
         await first.stop()
         await second.stop()
+
+
+@pytest.mark.parametrize(
+    ("replicas", "unserved"),
+    [
+        pytest.param([(True, {"llama"})], True, id="ready-replicas-list-other-models"),
+        pytest.param([(True, {"llama", "m"})], False, id="a-lora-adapter-counts-as-a-model"),
+        pytest.param([(True, set())], False, id="a-replica-whose-models-are-unknown-may-serve-it"),
+        pytest.param([(False, {"llama"})], False, id="no-ready-replica-means-wait-not-404"),
+    ],
+)
+def test_is_unserved(replicas, unserved):
+    from serving.routing import ReplicaView, is_unserved
+
+    views = [
+        ReplicaView(f"http://r{i}", ready, 0, frozenset(models))
+        for i, (ready, models) in enumerate(replicas)
+    ]
+    assert is_unserved(views, "m") is unserved
