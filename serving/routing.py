@@ -43,13 +43,14 @@ def may_buffer(buffered: int, capacity: int) -> bool:
 
 
 def is_unserved(replicas: Sequence[ReplicaView], model: str) -> bool:
-    """Whether ``model`` is certainly served by nobody: some replica is ready, every ready
-    one has listed its models, and none lists it (a 404 then beats waiting).
+    """Whether ``model`` is certainly served by nobody.
+
+    True when some replica is ready, every ready one has listed its models, and none
+    lists ``model``: a 404 then beats waiting in the buffer for nothing.
     """
     ready = [r for r in replicas if r.ready]
-    return (
-        bool(ready) and all(r.models for r in ready) and all(model not in r.models for r in ready)
-    )
+    listed = bool(ready) and all(r.models for r in ready)
+    return listed and all(model not in r.models for r in ready)
 
 
 def known_models(replicas: Sequence[ReplicaView]) -> Mapping[str, int]:
