@@ -148,9 +148,48 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--report", type=Path, required=True, help="output directory")
     replay.set_defaults(run=_run_replay, default_log_level="warning")
 
-    demo = commands.add_parser("demo", help="local demo: the scaler polled the way KEDA does")
-    demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
-    demo.add_argument("--poll", type=float, default=1.0, help="seconds between KEDA polls")
+    demo = commands.add_parser(
+        "demo",
+        help="local end-to-end demo: gateway, replicas, exporter, scaler, KEDA, a trace",
+    )
+    demo.add_argument(
+        "--duration", type=float, default=180.0, help="wall seconds of trace (default 180)"
+    )
+    demo.add_argument(
+        "--time-compression",
+        type=float,
+        default=10.0,
+        help="trace seconds per wall second, for every clock (default 10)",
+    )
+    demo.add_argument(
+        "--trace", type=Path, help="Azure LLM CSV or Mooncake JSONL (default: built-in workload)"
+    )
+    demo.add_argument("--rate-multiplier", type=float, default=1.0, help="for --trace")
+    demo.add_argument(
+        "--real-vllm", action="store_true", help="real vLLM for CPUs replicas (tiny model)"
+    )
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--profile", default="qwen2.5-32b-h200", help="simulated replica model")
+    demo.add_argument("--max-replicas", type=int, default=8)
+    demo.add_argument(
+        "--target-concurrency", type=float, default=16.0, help="the trigger's targetConcurrency"
+    )
+    demo.add_argument(
+        "--cold-start", default="local-disk", help="cached | local-disk | remote | new-node"
+    )
+    demo.add_argument(
+        "--scaled-object",
+        type=Path,
+        help="ScaledObject YAML (default deploy/scaledobject-recommended.yaml)",
+    )
+    demo.add_argument("--scaler-config", type=Path, help="the scaler's ConfigMap YAML to try")
+    demo.add_argument("--plain", action="store_true", help="log lines instead of the live panel")
+    demo.add_argument(
+        "--report",
+        type=Path,
+        default=Path("demo-report"),
+        help="output directory (default %(default)s)",
+    )
     demo.set_defaults(run=_run_demo, default_log_level="warning")
     return parser
 
@@ -163,6 +202,12 @@ def _kube_arguments(command: argparse.ArgumentParser) -> None:
         "(key default config.yaml) instead of --config",
     )
     command.add_argument(
+        "--config-poll",
+        default="1s",
+        metavar="DURATION",
+        help="how often --config is checked for changes (Go duration, default %(default)s)",
+    )
+    command.add_argument(
         "--kubeconfig",
         type=Path,
         help="kubeconfig for API access (default: in-cluster service account when in a "
@@ -171,10 +216,19 @@ def _kube_arguments(command: argparse.ArgumentParser) -> None:
 
 
 def _config_source(args: argparse.Namespace) -> ConfigSource:
+    from unitscale.durations import parse_duration
     from unitscale.kube import KubeAccess
     from unitscale.reload import ConfigSource
 
-    return ConfigSource(args.config, args.config_configmap, KubeAccess(args.kubeconfig))
+    try:
+        poll = parse_duration(args.config_poll)
+    except ValueError as err:
+        raise ConfigError(f"--config-poll {args.config_poll!r}: {err}") from err
+    if poll <= 0:
+        raise ConfigError(f"--config-poll {args.config_poll!r}: must be positive")
+    return ConfigSource(
+        args.config, args.config_configmap, KubeAccess(args.kubeconfig), poll_interval=poll
+    )
 
 
 def _run_scaler(args: argparse.Namespace) -> int:
@@ -393,9 +447,30 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from unitscale.demo import run_demo
+    import os
 
-    return _run_async(run_demo(args.duration, args.poll))
+    # Children are exec'd at once: gRPC's fork handlers would only log that they skip.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    from unitscale.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        report=args.report,
+        duration=args.duration,
+        time_compression=args.time_compression,
+        trace=args.trace,
+        rate_multiplier=args.rate_multiplier,
+        real_vllm=args.real_vllm,
+        seed=args.seed,
+        profile=args.profile,
+        max_replicas=args.max_replicas,
+        target_concurrency=args.target_concurrency,
+        cold_start=args.cold_start,
+        live_view=False if args.plain else None,
+        command="unitscale " + " ".join(sys.argv[1:]),
+        **({"scaled_object": args.scaled_object} if args.scaled_object else {}),
+        scaler_config=args.scaler_config,
+    )
+    return _run_async(run_demo(options))
 
 
 def _run_async(main: Coroutine[Any, Any, T]) -> T:

@@ -14,7 +14,11 @@ kedacore/keda pkg/scaling/executor/scale_scaledobjects.go (see keda-external-sca
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from unitscale.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +102,91 @@ def hpa_sync(
         max(stabilized, down_limit, max(spec.min_replicas, 1)), up_limit, spec.max_replicas
     )
     return desired, LoopState(state.last_active, window)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaledObjectSpec:
+    """What a ScaledObject manifest says about scaling one workload."""
+
+    name: str
+    namespace: str
+    spec: ScalingSpec
+    metadata: dict[str, str]
+    """The unitscale trigger's ``metadata`` (what KEDA sends as ``scalerMetadata``)."""
+    push: bool
+    """``external-push``: StreamIsActive activates at once."""
+
+
+def read_scaled_object(doc: Mapping[str, Any], origin: str = "ScaledObject") -> ScaledObjectSpec:
+    """A ScaledObject manifest (parsed YAML) as KEDA and the HPA would act on it.
+
+    KEDA's defaults fill what the manifest leaves out (polling 30 s, cooldown 300 s,
+    min 0, max 100); HPA behaviour policies must use 15 s periods (one HPA sync), the
+    only ones this model has. Anything else this model cannot follow is refused.
+
+    Raises:
+        ConfigError: not a ScaledObject with one external(-push) trigger, or a setting
+            the model does not follow (named in the message).
+    """
+    if doc.get("kind") != "ScaledObject":
+        raise ConfigError(f"{origin}: kind is {doc.get('kind')!r}, expected ScaledObject")
+    meta = doc.get("metadata") or {}
+    spec = doc.get("spec") or {}
+    triggers = [t for t in spec.get("triggers") or [] if t.get("type") in EXTERNAL_TRIGGERS]
+    if len(triggers) != 1 or len(spec.get("triggers") or []) != 1:
+        raise ConfigError(
+            f"{origin}: expected exactly one trigger, of type external or external-push"
+        )
+    trigger = triggers[0]
+    behavior = ((spec.get("advanced") or {}).get("horizontalPodAutoscalerConfig") or {}).get(
+        "behavior"
+    ) or {}
+    up = _policies(behavior.get("scaleUp") or {}, f"{origin}: behavior.scaleUp")
+    down = _policies(behavior.get("scaleDown") or {}, f"{origin}: behavior.scaleDown")
+    if (behavior.get("scaleUp") or {}).get("stabilizationWindowSeconds", 0) not in (0, None):
+        raise ConfigError(f"{origin}: scaleUp.stabilizationWindowSeconds must be 0 here")
+    if "Pods" in down:
+        raise ConfigError(f"{origin}: scaleDown Pods policies are not modelled; use Percent")
+    defaults = ScalingSpec()
+    try:
+        scaling = ScalingSpec(
+            min_replicas=int(spec.get("minReplicaCount", defaults.min_replicas)),
+            max_replicas=int(spec.get("maxReplicaCount", defaults.max_replicas)),
+            polling_interval=float(spec.get("pollingInterval", defaults.polling_interval)),
+            cooldown=float(spec.get("cooldownPeriod", defaults.cooldown)),
+            scale_down_stabilization=float(
+                (behavior.get("scaleDown") or {}).get(
+                    "stabilizationWindowSeconds", defaults.scale_down_stabilization
+                )
+            ),
+            scale_up_pods=int(up.get("Pods", defaults.scale_up_pods)),
+            scale_up_percent=float(up.get("Percent", defaults.scale_up_percent)),
+            scale_down_percent=float(down.get("Percent", defaults.scale_down_percent)),
+        )
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{origin}: {err}") from err
+    metadata = {str(k): str(v) for k, v in (trigger.get("metadata") or {}).items()}
+    return ScaledObjectSpec(
+        str(meta.get("name", "")),
+        str(meta.get("namespace", "default")),
+        scaling,
+        metadata,
+        trigger.get("type") == "external-push",
+    )
+
+
+EXTERNAL_TRIGGERS = ("external", "external-push")
+
+
+def _policies(rules: Mapping[str, Any], origin: str) -> dict[str, float]:
+    """``{type: value}`` of 15 s policies whose ``selectPolicy`` is Max (the default)."""
+    if rules.get("selectPolicy", "Max") != "Max":
+        raise ConfigError(f"{origin}.selectPolicy: only Max is modelled")
+    found: dict[str, float] = {}
+    for policy in rules.get("policies") or []:
+        if policy.get("periodSeconds") != 15:
+            raise ConfigError(f"{origin}: policies need periodSeconds 15 (one HPA sync)")
+        if policy.get("type") not in ("Pods", "Percent"):
+            raise ConfigError(f"{origin}: unknown policy type {policy.get('type')!r}")
+        found[policy["type"]] = float(policy["value"])
+    return found

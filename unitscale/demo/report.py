@@ -1,0 +1,309 @@
+"""The demo's report: the live run beside the replay's prediction, and the gap stated.
+
+Everything is in trace time (the wall-clock run times the compression). Live latency
+quantiles are the client's: TTFT from the streamed sample, end-to-end from every
+request. Live cost counts each replica from its process start to its exit, as a pod
+holds its accelerator, up to the last response (where the replay stops too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from scaler.replay.simulate import Result
+from unitscale.demo.fleet import Replica
+from unitscale.demo.load import Outcome
+from unitscale.demo.observe import Sample
+from unitscale.demo.world import Plan
+
+# (key, label, unit, format): the comparison table's rows.
+ROWS = (
+    ("requests", "requests", "", "d"),
+    ("served", "served", "", "d"),
+    ("failed", "failed or dropped", "", "d"),
+    ("gpu_hours", "accelerator-hours", "h", ".3f"),
+    ("cost", "cost", "US$", ".2f"),
+    ("cost_per_million_tokens", "cost per 1M tokens", "US$", ".3f"),
+    ("slo_attainment", "SLO attainment", "", ".1%"),
+    ("ttft_p50_seconds", "TTFT p50", "s", ".2f"),
+    ("ttft_p95_seconds", "TTFT p95", "s", ".2f"),
+    ("ttft_p99_seconds", "TTFT p99", "s", ".2f"),
+    ("e2e_p95_seconds", "end-to-end p95", "s", ".2f"),
+    ("max_replicas", "most replicas", "", "d"),
+    ("cold_starts", "replica starts", "", "d"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRun:
+    """What the live run left behind, in wall seconds since its start."""
+
+    outcomes: Sequence[Outcome]
+    replicas: Sequence[Replica]
+    samples: Sequence[Sample]
+    events: Sequence[tuple[float, str]]
+    """(trace seconds, text)."""
+    interrupted: bool = False
+
+
+def live_metrics(run: LiveRun, plan: Plan) -> dict[str, float | int]:
+    """The replay's metrics, measured on the live run (trace units)."""
+    c = plan.compression
+    sent = [o for o in run.outcomes if o.sent is not None]
+    ok = [o for o in sent if o.ok]
+    end = max((o.finished for o in sent if o.finished is not None), default=0.0)
+    replica_seconds = _held(run.replicas, end) * c
+    gpu_hours = replica_seconds / 3600.0
+    cost = gpu_hours * plan.profile.price_per_hour
+    tokens = float(sum(o.prompt + o.output for o in ok))
+    streamed = [o for o in ok if o.streamed and o.first_token is not None]
+    ttft = np.array([(o.first_token - o.sent) * c for o in streamed])  # type: ignore[operator]
+    itl = np.array(
+        [
+            (o.finished - o.first_token) * c / max(o.output - 1, 1)  # type: ignore[operator]
+            for o in streamed
+        ]
+    )
+    e2e = np.array([(o.finished - o.sent) * c for o in ok])  # type: ignore[operator]
+    sample_ok = (ttft <= plan.slo_ttft) & (itl <= plan.slo_itl)
+    # A failed request misses the SLO; the sample stands for its share of requests.
+    failed_share = 1 - len(ok) / len(sent) if sent else 0.0
+    attainment = float(sample_ok.mean()) * (1 - failed_share) if len(streamed) else math.nan
+    return {
+        "requests": len(run.outcomes),
+        "served": len(ok),
+        "failed": len(run.outcomes) - len(ok),
+        "gpu_hours": gpu_hours,
+        "cost": cost,
+        "cost_per_million_tokens": cost / tokens * 1e6 if tokens else math.nan,
+        "slo_attainment": attainment,
+        "ttft_p50_seconds": _pct(ttft, 50),
+        "ttft_p95_seconds": _pct(ttft, 95),
+        "ttft_p99_seconds": _pct(ttft, 99),
+        "e2e_p95_seconds": _pct(e2e, 95),
+        "max_replicas": max((s.replicas for s in run.samples), default=0),
+        "cold_starts": len(run.replicas),
+        "ttft_sample": len(streamed),
+        "cold_start_seconds_mean": _mean(
+            [(r.ready_at - r.started) * c for r in run.replicas if r.ready_at is not None]
+        ),
+    }
+
+
+def predicted_metrics(result: Result) -> dict[str, float | int]:
+    m = dict(result.metrics)
+    m["served"] = int(m["requests"]) - int(m["dropped"])
+    m["failed"] = int(m["dropped"])
+    return m
+
+
+def write_report(
+    out: Path, plan: Plan, run: LiveRun, prediction: Result, trace_name: str, command: str
+) -> dict[str, dict[str, float | int]]:
+    """``report.md``, ``results.json`` and three PNGs in ``out``; returns both metric sets."""
+    out.mkdir(parents=True, exist_ok=True)
+    live = live_metrics(run, plan)
+    predicted = predicted_metrics(prediction)
+    _plots(out, plan, run, prediction)
+    lines = [
+        "# unitscale demo: live run vs replay prediction",
+        "",
+        f"- command: `{command}`",
+        f"- trace: {trace_name}, {live['requests']} requests over"
+        f" {_minutes(max((s.t for s in run.samples), default=0.0))} of trace time,"
+        f" played {plan.compression:g}x faster",
+        f"- replicas: `{plan.profile.name}` simulated (US$ {plan.profile.price_per_hour:.2f}"
+        f" per accelerator-hour), cold start {plan.cold_start:.1f} s ({plan.cold_start_tier});"
+        f" measured {_cell(live['cold_start_seconds_mean'], '.1f')} s on average",
+        f"- SLO: TTFT <= {plan.slo_ttft:g} s and mean inter-token <= {plan.slo_itl:g} s",
+        f"- ScaledObject: {'external-push' if plan.scaled_object.push else 'external'},"
+        f" polling {plan.scaled_object.spec.polling_interval:g} s, cooldown"
+        f" {plan.scaled_object.spec.cooldown:g} s, max {plan.scaled_object.spec.max_replicas}"
+        " replicas",
+        "",
+    ]
+    if run.interrupted:
+        lines += [
+            "**Interrupted:** the live run stopped early; it covers only part of the"
+            " trace, the prediction all of it.",
+            "",
+        ]
+    lines += [
+        _headline(live, predicted),
+        "",
+        "| metric | live | predicted | gap |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, label, unit, spec in ROWS:
+        a, b = live.get(key, math.nan), predicted.get(key, math.nan)
+        lines.append(
+            f"| {label}{f' ({unit})' if unit else ''} | {_cell(a, spec)} | {_cell(b, spec)}"
+            f" | {_gap(a, b, spec)} |"
+        )
+    lines += [
+        "",
+        f"Live TTFT and SLO attainment come from the {live['ttft_sample']} streamed requests"
+        " (every 8th); end-to-end from every request. The gap is live minus predicted,"
+        " relative to predicted (percentage points for SLO attainment).",
+        "",
+        "![replicas and load](replicas.png)",
+        "![latency](latency.png)",
+        "![cost](cost.png)",
+        "",
+        "## Decisions (trace time)",
+        "",
+        *[f"- {_minutes(t)}  {text}" for t, text in run.events],
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "live": {k: _json(v) for k, v in live.items()},
+                "predicted": {k: _json(v) for k, v in predicted.items()},
+                "compression": plan.compression,
+                "interrupted": run.interrupted,
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
+    return {"live": live, "predicted": predicted}
+
+
+def _headline(live: dict[str, float | int], predicted: dict[str, float | int]) -> str:
+    cost = _gap(live["cost_per_million_tokens"], predicted["cost_per_million_tokens"], ".3f")
+    slo = _gap(live["slo_attainment"], predicted["slo_attainment"], ".1%")
+    return (
+        f"**Headline:** live cost per 1M tokens US$"
+        f" {_cell(live['cost_per_million_tokens'], '.3f')} against US$"
+        f" {_cell(predicted['cost_per_million_tokens'], '.3f')} predicted ({cost});"
+        f" SLO attainment {_cell(live['slo_attainment'], '.1%')} against"
+        f" {_cell(predicted['slo_attainment'], '.1%')} predicted ({slo}); at most"
+        f" {live['max_replicas']} replicas live, {predicted['max_replicas']} predicted."
+    )
+
+
+def _held(replicas: Sequence[Replica], until: float) -> float:
+    total = 0.0
+    for r in replicas:
+        end = min(r.stopped_at if r.stopped_at is not None else until, until)
+        total += max(0.0, end - r.started)
+    return total
+
+
+def _pct(values: npt.NDArray[np.float64], q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else math.nan
+
+
+def _cell(value: float | int, spec: str) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    if spec == "d":
+        return f"{int(value):d}"
+    return f"{value:{spec}}"
+
+
+def _gap(live: float | int, predicted: float | int, spec: str) -> str:
+    if any(isinstance(v, float) and (math.isnan(v) or math.isinf(v)) for v in (live, predicted)):
+        return "n/a"
+    if spec.endswith("%"):
+        return f"{(live - predicted) * 100:+.1f} pp"
+    if predicted == 0:
+        return "n/a" if live != 0 else "0%"
+    return f"{(live - predicted) / abs(predicted):+.0%}"
+
+
+def _minutes(t: float) -> str:
+    minutes, seconds = divmod(int(t), 60)
+    return f"{minutes:02d}:{seconds:02d}"
+
+
+def _json(value: float | int) -> float | int | None:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = plan.compression
+    t = np.array([s.t for s in run.samples]) / 60
+    pt = np.array(prediction.series["t"]) / 60
+
+    fig, (load, reps) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    period = np.diff(np.r_[0.0, [s.t for s in run.samples]])
+    rate = np.array([s.arrivals for s in run.samples]) / np.maximum(period, 1e-9)
+    load.plot(t, rate, label="live (sent)", color="tab:blue")
+    load.plot(pt, prediction.series["arrivals"], label="replay", color="tab:orange", alpha=0.7)
+    load.set_ylabel("requests/s")
+    load.legend(loc="upper right")
+    reps.step(t, [s.replicas for s in run.samples], where="post", label="live", color="tab:blue")
+    reps.step(
+        t,
+        [s.ready for s in run.samples],
+        where="post",
+        label="live ready",
+        color="tab:blue",
+        linestyle=":",
+    )
+    reps.step(
+        pt, prediction.series["replicas"], where="post", label="predicted", color="tab:orange"
+    )
+    reps.set_ylabel("replicas")
+    reps.set_xlabel("trace time (minutes)")
+    reps.legend(loc="upper right")
+    fig.suptitle("Load and replicas: live run vs replay prediction")
+    fig.tight_layout()
+    fig.savefig(out / "replicas.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    live_ttft = np.sort(
+        [
+            (o.first_token - o.sent) * c  # type: ignore[operator]
+            for o in run.outcomes
+            if o.ok and o.streamed and o.first_token is not None
+        ]
+    )
+    for values, label in (
+        (live_ttft, "live (streamed sample)"),
+        (np.sort(prediction.ttft), "predicted"),
+    ):
+        if len(values):
+            ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=label)
+    ax.axvline(plan.slo_ttft, color="grey", linestyle="--", label="SLO")
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (s, trace time)")
+    ax.set_ylabel("share of requests")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    price = plan.profile.price_per_hour
+    ends = [s.t / c for s in run.samples]
+    live_cost = [_held(run.replicas, e) * c / 3600 * price for e in ends]
+    predicted_cost = np.cumsum(np.array(prediction.series["replicas"]) * 10.0) / 3600 * price
+    ax.plot(t, live_cost, label="live", color="tab:blue")
+    ax.plot(pt, predicted_cost, label="predicted", color="tab:orange")
+    ax.set_xlabel("trace time (minutes)")
+    ax.set_ylabel("accelerator cost (US$)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "cost.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,249 @@
+"""The demo's compressed world: every process's config, in wall time, from one plan.
+
+The demo plays ``L`` seconds of trace in ``L / C`` seconds of wall time. For the
+scaler to see what it would see in production, everything that has a clock is
+compressed by the same ``C``: the sim replicas step ``C`` times faster, so token rates
+are ``C`` times higher and latencies ``C`` times shorter; every interval, window,
+delay and SLO of the exporter, gateway, scaler and KEDA is divided by ``C``; the
+token-rate priors are multiplied by ``C``; and an accelerator-hour costs ``C`` times
+more, so that cost per 1M tokens comes out as in production. The decision code sees a
+world that only differs from production by its unit of time.
+
+The replay's prediction runs the same plan uncompressed (``prediction``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scaler.config import PolicyConfig
+from scaler.replay.keda import ScaledObjectSpec, ScalingSpec, read_scaled_object
+from scaler.replay.policies import KEY as REPLAY_KEY
+from scaler.replay.policies import Unitscale
+from scaler.replay.simulate import SimConfig, cold_start_seconds
+from serving.replica_model import Profile
+from unitscale.durations import parse_duration
+from unitscale.errors import ConfigError
+
+NAMESPACE = "demo"
+DEPLOYMENT = "llama-chat"
+
+# Trigger metadata keys that are durations (compressed) and token rates (sped up).
+_DURATION_KEYS = ("sloTtft", "sloItl", "idleGrace", "maxSignalAge")
+_RATE_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond")
+# PolicyConfig fields likewise.
+_POLICY_DURATIONS = (
+    "slo_ttft",
+    "slo_itl",
+    "panic_hold",
+    "scale_down_delay",
+    "scale_down_window",
+    "forecast_horizon",
+    "forecast_lookback",
+    "idle_grace",
+)
+_POLICY_RATES = ("prefill_tokens_per_second", "decode_tokens_per_second")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The demo's settings in trace time (production units)."""
+
+    compression: float
+    profile: Profile
+    scaled_object: ScaledObjectSpec
+    """The ScaledObject KEDA would hold, with the demo's trigger metadata."""
+    policy: PolicyConfig
+    """The scaler ConfigMap's policy section."""
+    cold_start_tier: str = "local-disk"
+    max_signal_age: float = 30.0
+    scrape_interval: float = 5.0
+    scrape_timeout: float = 2.0
+    panic_window: float = 10.0
+    stable_window: float = 60.0
+    buffer_size: int = 1000
+    buffer_timeout: float = 120.0
+    rate_window: float = 10.0
+    health_interval: float = 1.0
+
+    @property
+    def cold_start(self) -> float:
+        """Seconds from a replica's start to ready (trace time)."""
+        return cold_start_seconds(self.profile, self.cold_start_tier)
+
+    def wall(self, seconds: float) -> float:
+        """Trace seconds -> wall seconds."""
+        return seconds / self.compression
+
+    @property
+    def slo_ttft(self) -> float:
+        return self._metadata_seconds("sloTtft", self.policy.slo_ttft)
+
+    @property
+    def slo_itl(self) -> float:
+        return self._metadata_seconds("sloItl", self.policy.slo_itl)
+
+    def _metadata_seconds(self, key: str, default: float) -> float:
+        text = self.scaled_object.metadata.get(key)
+        return default if text is None else parse_duration(text)
+
+
+def make_plan(
+    compression: float,
+    profile: Profile,
+    scaled_object_file: Path,
+    scaler_config_policy: PolicyConfig,
+    max_replicas: int,
+    target_concurrency: float,
+) -> Plan:
+    """The demo's plan: the ScaledObject in ``scaled_object_file`` pointed at the demo.
+
+    Raises:
+        ConfigError: unreadable or unusable ScaledObject file, bad compression.
+    """
+    if compression <= 0:
+        raise ConfigError(f"--time-compression must be positive, got {compression:g}")
+    try:
+        documents = list(yaml.safe_load_all(scaled_object_file.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read ScaledObject {scaled_object_file}: {err}") from err
+    found = [d for d in documents if isinstance(d, dict) and d.get("kind") == "ScaledObject"]
+    if len(found) != 1:
+        raise ConfigError(f"{scaled_object_file}: expected one ScaledObject, found {len(found)}")
+    scaled = read_scaled_object(found[0], str(scaled_object_file))
+    metadata = {
+        **scaled.metadata,
+        "deployment": DEPLOYMENT,
+        "namespace": NAMESPACE,
+        "maxReplicas": str(max_replicas),
+        "targetConcurrency": f"{target_concurrency:g}",
+    }
+    spec = replace(scaled.spec, max_replicas=max_replicas)
+    scaled = replace(scaled, name=DEPLOYMENT, namespace=NAMESPACE, spec=spec, metadata=metadata)
+    return Plan(compression, profile, scaled, scaler_config_policy)
+
+
+# --- the live (compressed) world --------------------------------------------------------
+
+
+def scaler_config(plan: Plan, sources: list[str]) -> dict[str, Any]:
+    """The scaler's config file, compressed."""
+    c = plan.compression
+    policy = plan.policy.model_dump(by_alias=False)
+    for name in _POLICY_DURATIONS:
+        policy[name] = policy[name] / c
+    for name in _POLICY_RATES:
+        policy[name] = policy[name] * c
+    return {
+        "signal-sources": [
+            {"address": a, "reconnect-min": 0.05, "reconnect-max": 1.0} for a in sources
+        ],
+        "max-signal-age": plan.max_signal_age / c,
+        "grace-period": 0.5,
+        "policy": {k.replace("_", "-"): v for k, v in policy.items()},
+    }
+
+
+def exporter_config(plan: Plan, replicas: list[str]) -> dict[str, Any]:
+    """The exporter's config file, compressed; ``replicas`` are base URLs."""
+    c = plan.compression
+    return {
+        "interval": plan.scrape_interval / c,
+        "timeout": min(plan.scrape_timeout / c, 0.8 * plan.scrape_interval / c),
+        "panic-window": plan.panic_window / c,
+        "stable-window": plan.stable_window / c,
+        "deployments": [
+            {
+                "namespace": NAMESPACE,
+                "deployment": DEPLOYMENT,
+                "engine": "vllm",
+                "targets": [f"{url}/metrics" for url in replicas],
+                # An hour of wall time is C hours of trace time.
+                "accelerator": {"price-per-hour": plan.profile.price_per_hour * c},
+            }
+        ],
+    }
+
+
+def gateway_config(plan: Plan, replicas: list[str]) -> dict[str, Any]:
+    """The gateway's config file, compressed."""
+    c = plan.compression
+    return {
+        "namespace": NAMESPACE,
+        "deployment": DEPLOYMENT,
+        "replicas": replicas,
+        "buffer-size": plan.buffer_size,
+        "buffer-timeout": plan.buffer_timeout / c,
+        "rate-window": plan.rate_window / c,
+        # Failures are rare here and checks cost CPU: no faster than 4 per second.
+        "health-interval": max(plan.health_interval / c, 0.25),
+    }
+
+
+def trigger_metadata(plan: Plan, scaler_address: str) -> dict[str, str]:
+    """``scalerMetadata`` as KEDA would send it, compressed."""
+    c = plan.compression
+    metadata = dict(plan.scaled_object.metadata, scalerAddress=scaler_address)
+    for key in _DURATION_KEYS:
+        if key in metadata:
+            metadata[key] = f"{parse_duration(metadata[key]) / c:g}s"
+    for key in _RATE_KEYS:
+        if key in metadata:
+            metadata[key] = f"{float(metadata[key]) * c:g}"
+    return metadata
+
+
+def keda_spec(plan: Plan) -> ScalingSpec:
+    """KEDA's and the HPA's clocks, compressed."""
+    s = plan.scaled_object.spec
+    c = plan.compression
+    return replace(
+        s,
+        polling_interval=s.polling_interval / c,
+        cooldown=s.cooldown / c,
+        hpa_sync=s.hpa_sync / c,
+        scale_down_stabilization=s.scale_down_stabilization / c,
+    )
+
+
+def write_yaml(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` atomically (a reader never sees half a file)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    partial.replace(path)
+
+
+# --- the prediction (trace time) ---------------------------------------------------------
+
+
+def prediction(plan: Plan) -> tuple[Unitscale, SimConfig]:
+    """The replay's unitscale policy and fleet for the same plan, uncompressed."""
+    scaled = plan.scaled_object
+    policy = Unitscale(
+        # The replay names its one target by its own key (namespace of the ScaledObject).
+        metadata={
+            **{k: v for k, v in scaled.metadata.items() if k != "namespace"},
+            "scalerAddress": "replay:9090",
+            "deployment": REPLAY_KEY[1],
+        },
+        defaults=plan.policy.policy(),
+        push=scaled.push,
+        spec=scaled.spec,
+    )
+    config = SimConfig(
+        plan.profile,
+        slo_ttft=plan.slo_ttft,
+        slo_itl=plan.slo_itl,
+        scrape_interval=plan.scrape_interval,
+        panic_window=plan.panic_window,
+        stable_window=plan.stable_window,
+        cold_start_tier=plan.cold_start_tier,
+        gateway_buffer=plan.buffer_size,
+        gateway_timeout=plan.buffer_timeout,
+        max_replicas=scaled.spec.max_replicas,
+    )
+    return policy, config
