@@ -170,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--profile", default="qwen2.5-32b-h200", help="simulated replica model")
-    demo.add_argument("--max-replicas", type=int, default=8)
+    demo.add_argument("--max-replicas", type=int, help="default 8 simulated, 2 with --real-vllm")
     demo.add_argument(
         "--target-concurrency", type=float, default=16.0, help="the trigger's targetConcurrency"
     )

@@ -75,10 +75,10 @@ class Supervisor:
         self.failure: asyncio.Queue[ComponentError] = asyncio.Queue()
 
     async def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        """Start ``argv`` in a new session, its output appended to ``logs/NAME.log``."""
+        """Start ``argv`` in a new session, its output written to ``logs/NAME.log``."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
-        with log.open("ab") as out:
+        with log.open("wb") as out:  # a fresh log per run, even in a reused directory
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,

@@ -136,7 +136,7 @@ def write_report(
             "",
         ]
     lines += [
-        _headline(live, predicted),
+        headline(live, predicted),
         "",
         "| metric | live | predicted | gap |",
         "|---|---:|---:|---:|",
@@ -178,7 +178,8 @@ def write_report(
     return {"live": live, "predicted": predicted}
 
 
-def _headline(live: dict[str, float | int], predicted: dict[str, float | int]) -> str:
+def headline(live: dict[str, float | int], predicted: dict[str, float | int]) -> str:
+    """One sentence: cost, SLO attainment and replicas, live against predicted."""
     cost = _gap(live["cost_per_million_tokens"], predicted["cost_per_million_tokens"], ".3f")
     slo = _gap(live["slo_attainment"], predicted["slo_attainment"], ".1%")
     return (
@@ -262,6 +263,14 @@ def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
     )
     reps.step(
         pt, prediction.series["replicas"], where="post", label="predicted", color="tab:orange"
+    )
+    reps.step(
+        pt,
+        prediction.series["ready"],
+        where="post",
+        label="predicted ready",
+        color="tab:orange",
+        linestyle=":",
     )
     reps.set_ylabel("replicas")
     reps.set_xlabel("trace time (minutes)")

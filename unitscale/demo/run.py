@@ -25,7 +25,7 @@ from unitscale.demo.keda import KedaLoop
 from unitscale.demo.load import LoadGenerator, wall_trace
 from unitscale.demo.observe import ReasonTail, Sampler
 from unitscale.demo.processes import ComponentError, Supervisor, free_port, unitscale_command
-from unitscale.demo.report import LiveRun, write_report
+from unitscale.demo.report import LiveRun, headline, write_report
 from unitscale.demo.view import View
 from unitscale.demo.workload import WorkloadShape, generate
 from unitscale.demo.world import (
@@ -59,7 +59,8 @@ class DemoOptions:
     real_vllm: bool = False
     seed: int = 0
     profile: str = "qwen2.5-32b-h200"
-    max_replicas: int = 8
+    max_replicas: int | None = None
+    """Default 8 simulated replicas, or 2 vLLM ones (each ~2 GB of memory and a core)."""
     target_concurrency: float = 16.0
     cold_start: str = "local-disk"
     scaled_object: Path = ROOT / "deploy" / "scaledobject-recommended.yaml"
@@ -121,7 +122,7 @@ def validate(options: DemoOptions) -> None:
         raise ConfigError(
             f"--cold-start {options.cold_start!r}: one of {', '.join(COLD_START_TIERS)}"
         )
-    if options.max_replicas < 1:
+    if options.max_replicas is not None and options.max_replicas < 1:
         raise ConfigError("--max-replicas must be at least 1")
 
 
@@ -145,7 +146,7 @@ async def run_demo(options: DemoOptions) -> int:
         profile,
         options.scaled_object,
         policy,
-        options.max_replicas,
+        options.max_replicas or (2 if options.real_vllm else 8),
         options.target_concurrency,
     )
     plan = dataclasses.replace(plan, cold_start_tier=options.cold_start)
@@ -169,9 +170,8 @@ async def run_demo(options: DemoOptions) -> int:
     policy_, config = prediction(plan)
     predicted = simulate(trace, policy_, config)
     metrics = write_report(out, plan, conductor.live, predicted, trace.name, options.command)
-    print((out / "report.md").read_text(encoding="utf-8").split("\n\n| metric")[0].split("\n")[-1])
+    print(headline(metrics["live"], metrics["predicted"]))
     print(f"report: {out / 'report.md'}")
-    del metrics
     return status
 
 
@@ -320,7 +320,7 @@ class Conductor:
             scalerMetadata=trigger_metadata(plan, scaler_address),
         )
         title = f"unitscale demo ({plan.profile.name}, {plan.compression:g}x time)"
-        view = View(title, self.trace.duration, options.live_view)
+        view = View(title, options.duration * plan.compression, options.live_view)
         c = plan.compression
 
         def report(who: str, before: int, after: int, why: str) -> None:
@@ -383,12 +383,10 @@ class Conductor:
                 if failed in done:
                     raise failed.result()
                 interrupted = stopped in done or player not in done
-                end = clock()
                 await fleet.stop()
         self.live = LiveRun(
             load.outcomes, fleet.replicas, sampler.samples, self.events, interrupted
         )
-        del end
         return 130 if stopped.done() and not stopped.cancelled() else 0
 
     def _event(self, view: View, t: float, text: str) -> None:

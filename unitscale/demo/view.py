@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import deque
 from types import TracebackType
@@ -16,7 +17,10 @@ from unitscale.demo.observe import Sample
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{unit}"
+    # Unmeasured (None) or undefined (cost per token with no token served) shows as "-".
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:{spec}}{unit}"
 
 
 class View:
@@ -80,39 +84,30 @@ class View:
 
     def _render(self) -> Group:
         s = self.last
-        table = Table.grid(padding=(0, 2))
-        for _ in range(4):
-            table.add_column(justify="right")
-            table.add_column()
+        table = Table.grid(padding=(0, 1))
+        for justify in ("right", "left", "right", "left"):
+            table.add_column(justify=justify)
         if s is None:
-            table.add_row("", "starting the scaler, exporter and gateway...")
+            table.add_row("", "starting the scaler, exporter and gateway...", "", "")
         else:
-            table.add_row(
-                Text(_fmt(s.arrival_rate, ".2f"), style="bold"),
-                "req/s at the gateway",
-                Text(f"{s.replicas}", style="bold"),
-                f"replicas ({s.ready} ready)",
-                Text(_fmt(s.ttft_p95, ".2f", "s"), style="bold"),
-                "TTFT p95",
-                Text(_fmt(s.cost_per_million, ".3f", ""), style="bold"),
-                "US$ / 1M tokens",
-            )
-            table.add_row(
-                Text(str(s.buffered) if s.buffered is not None else "-", style="bold"),
-                "buffered at the gateway",
-                Text(_fmt(s.engine_queue, ".0f"), style="bold"),
-                "queued in engines",
-                Text(_fmt(s.itl_p95, ".3f", "s"), style="bold"),
-                "inter-token p95",
-                Text(_fmt(s.running, ".0f"), style="bold"),
-                "requests running",
-            )
+            rows = (
+                (_fmt(s.arrival_rate, ".2f"), "req/s at the gateway",
+                 _fmt(s.ttft_p95, ".2f", " s"), "TTFT p95"),
+                (f"{s.replicas} ({s.ready} ready)", "replicas",
+                 _fmt(s.itl_p95, ".3f", " s"), "inter-token p95"),
+                (str(s.buffered) if s.buffered is not None else "-", "buffered at the gateway",
+                 _fmt(s.cost_per_million, ".3f"), "US$ per 1M tokens"),
+                (_fmt(s.engine_queue, ".0f"), "queued in engines",
+                 _fmt(s.running, ".0f"), "running in engines"),
+            )  # fmt: skip
+            for a, label_a, b, label_b in rows:
+                table.add_row(Text(a, style="bold"), label_a, Text(b, style="bold"), label_b)
         t = s.t if s is not None else 0.0
         header = Text(
-            f"{self.title}   trace time {_clock(t)} / {_clock(self.trace_seconds)}",
+            f"{self.title}   trace time {_clock(t)} of {_clock(self.trace_seconds)}",
             style="bold cyan",
         )
-        events = Text("\n".join(self.events) or "(no decision yet)")
+        events = Text("\n".join(self.events) or "(no decision yet)", overflow="ellipsis")
         return Group(header, table, Panel(events, title="decisions (trace time)"))
 
 
