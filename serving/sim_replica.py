@@ -5,8 +5,25 @@ streaming, ``/v1/models``, ``/health``) and exposes ``/metrics`` with vLLM 0.32'
 names, labels and histogram buckets, rendered by prometheus_client as vLLM renders them,
 so the exporter cannot tell it from vLLM by format. Inside, an engine loop runs
 continuous batching with chunked prefill, each step lasting what
-``serving.replica_model`` says (optionally sped up for tests), and emits one token per
-step to every decoding request.
+``serving.replica_model`` says (divided by ``speedup``), and emits one token per step to
+every decoding request.
+
+**Keeping wall-clock pace.** The engine keeps its own ideal clock: a step ends exactly one
+model step (divided by ``speedup``) after the previous one ended; an idle engine's clock
+restarts at the arrival of the request that wakes it. It sleeps only while that clock is
+ahead of the wall clock, and hands a step's tokens out only once the wall clock has
+reached the step's end: a client may get a token slightly late (a loaded process, a
+coarse timer), never early. A late engine runs its next steps back to back, yielding to
+the event loop between them, until it has caught up, so its throughput stays what the
+model says. Latency metrics (TTFT, ITL, e2e, queue time) are differences on the ideal
+clock, i.e. what the engine model says, even while the process runs a little late. A
+request's arrival is the wall clock at submit; it joins the first step that starts
+(ideally) at or after it, so no request is served in a step that began before it came.
+
+Per step the work is small: one bulk observation for the inter-token latencies of the
+whole batch (``BulkHistogram``), cached metric children, and queue items only for
+streaming requests (a non-streaming request is woken once, when it finishes). At
+``--speedup 20`` an 8B model steps every ~0.4 ms of wall time, so this matters.
 
 Tokens are counted, not computed: a prompt is ~1.3 tokens per word (+1 for BOS), and a
 request generates exactly ``max_tokens`` (default 16) tokens of filler text.
@@ -15,11 +32,15 @@ request generates exactly ``max_tokens`` (default 16) tokens of filler text.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import cast
 
 from aiohttp import web
 from prometheus_client import (
@@ -27,9 +48,11 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from serving import vllm_buckets
 from serving.replica_model import PROFILES, Profile
@@ -37,6 +60,67 @@ from serving.replica_model import PROFILES, Profile
 log = logging.getLogger(__name__)
 
 WORDS = ("the", "model", "token", "cache", "replica", "scale", "quick", "answer")
+
+MIN_SLEEP = 0.001
+"""Shortest sleep (s) when the engine is ahead of the wall clock. Event-loop timers are
+millisecond-grained (uvloop rounds to the nearest ms, so a shorter sleep may return at once
+and spin); sleeping at least 1 ms caps wake-ups at ~1,000/s, and the steps it oversleeps are
+run back to back afterwards."""
+
+
+class BulkHistogram:
+    """One labelled histogram child, observed in bulk; a prometheus_client collector.
+
+    ``observe(value, count)`` records ``count`` observations of ``value`` in O(log buckets),
+    where ``Histogram.labels(...).observe`` takes one call (and a lock) per observation: one
+    engine step gives every decoding request the same inter-token latency, so one call per
+    step does. The exposition is the same as prometheus_client's ``Histogram`` with one
+    child: buckets, ``_count``, ``_sum``, then ``_created``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: dict[str, str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = dict(labels)
+        self.bounds = tuple(float(b) for b in buckets)
+        go_string = cast(Callable[[float], str], floatToGoString)  # untyped upstream
+        self._le = [go_string(b) for b in self.bounds] + ["+Inf"]
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.created = time.time()
+        registry.register(self)
+
+    def observe(self, value: float, count: int = 1) -> None:
+        """Record ``count`` observations of ``value``."""
+        # Prometheus buckets are upper-inclusive: 0.01 falls in le="0.01".
+        self.counts[bisect.bisect_left(self.bounds, value)] += count
+        self.sum += value * count
+
+    @property
+    def count(self) -> int:
+        """Observations so far."""
+        return sum(self.counts)
+
+    def describe(self) -> Iterable[Metric]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))]
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
+        cumulative = list(itertools.accumulate(self.counts))
+        family.add_metric(
+            list(self.labels.values()),
+            [(le, float(n)) for le, n in zip(self._le, cumulative, strict=True)],
+            self.sum,
+        )
+        family.samples.append(Sample(self.name + "_created", dict(self.labels), self.created))
+        return [family]
 
 
 class VllmMetrics:
@@ -46,6 +130,7 @@ class VllmMetrics:
         r = self.registry = CollectorRegistry()
         labels = ["engine", "model_name"]
         self.labels = ("0", model)
+        child = dict(zip(labels, self.labels, strict=True))
         self.running = Gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
@@ -82,33 +167,33 @@ class VllmMetrics:
             labels,
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = BulkHistogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            labels,
-            buckets=vllm_buckets.TTFT,
-            registry=r,
+            child,
+            vllm_buckets.TTFT,
+            r,
         )
-        self.itl = Histogram(
+        self.itl = BulkHistogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            labels,
-            buckets=vllm_buckets.ITL,
-            registry=r,
+            child,
+            vllm_buckets.ITL,
+            r,
         )
-        self.e2e = Histogram(
+        self.e2e = BulkHistogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
-            labels,
-            buckets=vllm_buckets.E2E,
-            registry=r,
+            child,
+            vllm_buckets.E2E,
+            r,
         )
-        self.queue = Histogram(
+        self.queue = BulkHistogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
-            labels,
-            buckets=vllm_buckets.E2E,
-            registry=r,
+            child,
+            vllm_buckets.E2E,
+            r,
         )
         # vLLM creates every child at start-up: every series exists from the first scrape.
         for reason in ("stop", "length", "abort", "error", "repetition"):
@@ -120,10 +205,6 @@ class VllmMetrics:
             self.prompt,
             self.generation,
             self.preemptions,
-            self.ttft,
-            self.itl,
-            self.e2e,
-            self.queue,
         ):
             metric.labels(*self.labels)
 
@@ -132,112 +213,223 @@ class VllmMetrics:
         return generate_latest(self.registry)
 
 
-@dataclass(eq=False)
+def token_text(index: int) -> str:
+    """The filler text of a request's ``index``-th output token."""
+    return " " + WORDS[index % len(WORDS)]
+
+
+@dataclass(eq=False, slots=True)
 class SimRequest:
-    """One request inside the simulated engine."""
+    """One request inside the simulated engine; times are on the engine's ideal clock."""
 
     prompt_tokens: int
     max_tokens: int
     arrived: float
+    """Wall clock (``time.monotonic``) at submit."""
+    done: asyncio.Future[None]
+    """Set when the last token is out."""
+    tokens: asyncio.Queue[str | None] | None = None
+    """Streaming requests only: each token as it is generated, then None."""
     prefilled: int = 0
     generated: int = 0
     admitted: float | None = None
     first_token: float | None = None
     last_token: float | None = None
-    tokens: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
+    aborted: bool = False
 
 
 class SimEngine:
-    """Continuous batching in real time (divided by ``speedup``)."""
+    """Continuous batching on an ideal clock that keeps pace with the wall clock / ``speedup``."""
 
     def __init__(self, profile: Profile, model: str, speedup: float = 1.0) -> None:
         self.profile = profile
         self.model = model
         self.speedup = speedup
         self.metrics = VllmMetrics(model)
-        self.waiting: list[SimRequest] = []
-        self.running: list[SimRequest] = []
+        self.waiting: deque[SimRequest] = deque()
+        self.prefilling: list[SimRequest] = []
+        """Admitted, prompt not fully prefilled yet (in admission order)."""
+        self.decoding: list[SimRequest] = []
+        """Admitted, first token out: one more token every step."""
+        self.clock = time.monotonic()
+        """The ideal clock: when the last step ended (``time.monotonic`` seconds)."""
+        self._kv_used = 0
+        """KV tokens reserved by admitted requests (prompt + max_tokens each)."""
+        self._context = 0
+        """Tokens in the decoding requests' contexts (prompt + generated)."""
         self._wake = asyncio.Event()
-        self._words = itertools.cycle(WORDS)
+        m, labels = self.metrics, self.metrics.labels
+        self._m_running = m.running.labels(*labels)
+        self._m_waiting = m.waiting.labels(*labels)
+        self._m_kv = m.kv.labels(*labels)
+        self._m_prompt = m.prompt.labels(*labels)
+        self._m_generation = m.generation.labels(*labels)
+        self._m_length = m.success.labels(*labels, "length")
+        self._m_abort = m.success.labels(*labels, "abort")
 
-    def submit(self, prompt_tokens: int, max_tokens: int) -> SimRequest:
-        """Queue a request; its tokens arrive on ``request.tokens`` (None ends it)."""
-        request = SimRequest(prompt_tokens, max_tokens, time.monotonic())
+    @property
+    def running(self) -> int:
+        """Requests in the batch (prefilling or decoding)."""
+        return len(self.prefilling) + len(self.decoding)
+
+    def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
+        """Whether a request fits in the KV cache at all (else it could never be admitted)."""
+        return prompt_tokens + max_tokens <= self.profile.kv_capacity_tokens
+
+    def submit(self, prompt_tokens: int, max_tokens: int, stream: bool = False) -> SimRequest:
+        """Queue a request.
+
+        ``request.done`` is set when it finishes; a streaming request's tokens arrive on
+        ``request.tokens`` (None ends it).
+        """
+        request = SimRequest(
+            prompt_tokens,
+            max_tokens,
+            time.monotonic(),
+            asyncio.get_running_loop().create_future(),
+            asyncio.Queue() if stream else None,
+        )
         self.waiting.append(request)
-        self._update_gauges()
+        self._m_waiting.set(len(self.waiting))
         self._wake.set()
         return request
 
     def abort(self, request: SimRequest) -> None:
         """The client went away: drop the request."""
-        for queue in (self.waiting, self.running):
-            if request in queue:
-                queue.remove(request)
-                self.metrics.success.labels(*self.metrics.labels, "abort").inc()
+        # Not ``done.done()``: cancelling a handler that awaits ``done`` cancels it too.
+        if request.aborted:
+            return
+        request.aborted = True
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request in self.prefilling:
+            self.prefilling.remove(request)
+            self._kv_used -= request.prompt_tokens + request.max_tokens
+        elif request in self.decoding:
+            self.decoding.remove(request)
+            self._kv_used -= request.prompt_tokens + request.max_tokens
+            self._context -= request.prompt_tokens + request.generated
+        else:
+            return
+        self._m_abort.inc()
         self._update_gauges()
 
     async def run(self) -> None:
-        """Step forever; sleep while idle."""
-        p = self.profile
+        """Step forever; sleep while idle or ahead of the wall clock."""
         while True:
-            if not self.waiting and not self.running:
+            if not (self.waiting or self.prefilling or self.decoding):
                 self._wake.clear()
                 await self._wake.wait()
-            kv_used = sum(r.prompt_tokens + r.max_tokens for r in self.running)
-            while self.waiting and len(self.running) < p.max_num_seqs:
-                candidate = self.waiting[0]
-                if kv_used + candidate.prompt_tokens + candidate.max_tokens > p.kv_capacity_tokens:
-                    break
-                self.waiting.pop(0)
-                candidate.admitted = time.monotonic()
-                self.metrics.queue.labels(*self.metrics.labels).observe(
-                    candidate.admitted - candidate.arrived
-                )
-                kv_used += candidate.prompt_tokens + candidate.max_tokens
-                self.running.append(candidate)
-            decoding = [r for r in self.running if r.prefilled >= r.prompt_tokens]
-            prefilling = [r for r in self.running if r.prefilled < r.prompt_tokens]
-            budget = max(p.max_num_batched_tokens - len(decoding), 0)
-            chunk = 0
-            for request in prefilling:
-                take = min(request.prompt_tokens - request.prefilled, budget - chunk)
-                if take <= 0:
-                    break
-                request.prefilled += take
-                chunk += take
-            context = sum(r.prompt_tokens + r.generated for r in decoding)
-            step = p.mixed_step_seconds(len(decoding), context, chunk) / self.speedup
-            await asyncio.sleep(step)
-            now = time.monotonic()
-            for request in decoding:
-                self._emit(request, now)
-            for request in prefilling:
-                if request.prefilled >= request.prompt_tokens and request.generated == 0:
-                    self._emit(request, now)  # the first token comes with the last chunk
-            self.metrics.kv.labels(*self.metrics.labels).set(kv_used / p.kv_capacity_tokens)
+                continue
+            start = self.clock
+            if not self.prefilling and not self.decoding and self.waiting[0].arrived > start:
+                # Idle until it arrived: the clock restarts at its arrival (the wall clock
+                # at submit), not at the wake-up a little later, which is scheduling noise.
+                start = self.waiting[0].arrived
+            duration = self._schedule(start) / self.speedup
+            if duration <= 0:  # nothing admissible (cannot happen with fits() checked)
+                self.clock = start
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            end = start + duration
+            slept = False
+            while (ahead := end - time.monotonic()) > 0:
+                await asyncio.sleep(max(ahead, MIN_SLEEP))
+                slept = True
+            self.clock = end
+            self._emit(end, duration)
             self._update_gauges()
+            if not slept:
+                await asyncio.sleep(0)  # a late engine still lets the HTTP handlers run
 
-    def _emit(self, request: SimRequest, now: float) -> None:
-        labels = self.metrics.labels
-        if request.first_token is None:
-            request.first_token = now
-            self.metrics.ttft.labels(*labels).observe(now - request.arrived)
-        elif request.last_token is not None:
-            self.metrics.itl.labels(*labels).observe(now - request.last_token)
-        request.last_token = now
-        request.generated += 1
-        request.tokens.put_nowait(" " + next(self._words))
-        if request.generated >= request.max_tokens:
-            self.running.remove(request)
-            request.tokens.put_nowait(None)
-            self.metrics.prompt.labels(*labels).inc(request.prompt_tokens)
-            self.metrics.generation.labels(*labels).inc(request.generated)
-            self.metrics.success.labels(*labels, "length").inc()
-            self.metrics.e2e.labels(*labels).observe(now - request.arrived)
+    def _schedule(self, start: float) -> float:
+        """Admit what arrived by ``start`` and fits; plan prefill chunks. Model seconds."""
+        p = self.profile
+        while self.waiting and self.running < p.max_num_seqs:
+            candidate = self.waiting[0]
+            if candidate.arrived > start:
+                break  # it arrived after this step (ideally) began: the engine runs late
+            need = candidate.prompt_tokens + candidate.max_tokens
+            if self._kv_used + need > p.kv_capacity_tokens:
+                break
+            self.waiting.popleft()
+            candidate.admitted = start
+            self.metrics.queue.observe(start - candidate.arrived)
+            self._kv_used += need
+            self.prefilling.append(candidate)
+        budget = max(p.max_num_batched_tokens - len(self.decoding), 0)
+        chunk = 0
+        for request in self.prefilling:
+            take = min(request.prompt_tokens - request.prefilled, budget - chunk)
+            if take <= 0:
+                break
+            request.prefilled += take
+            chunk += take
+        return p.mixed_step_seconds(len(self.decoding), self._context, chunk)
+
+    def _emit(self, end: float, duration: float) -> None:
+        """The step ended at ``end``: hand its tokens out.
+
+        A token to every decoding request, the first token to each request whose prompt
+        is now prefilled; finished requests leave.
+        """
+        finished = False
+        if self.decoding:
+            # Each had its last token when this step began: one ITL of ``duration`` each.
+            self.metrics.itl.observe(duration, len(self.decoding))
+            self._context += len(self.decoding)
+            for request in self.decoding:
+                request.last_token = end
+                if request.tokens is not None:
+                    request.tokens.put_nowait(token_text(request.generated))
+                request.generated += 1
+                finished = finished or request.generated >= request.max_tokens
+        if self.prefilling and self.prefilling[0].prefilled >= self.prefilling[0].prompt_tokens:
+            still = []
+            for request in self.prefilling:
+                if request.prefilled < request.prompt_tokens:
+                    still.append(request)
+                    continue
+                # The first token comes with the last chunk.
+                request.first_token = request.last_token = end
+                self.metrics.ttft.observe(end - request.arrived)
+                if request.tokens is not None:
+                    request.tokens.put_nowait(token_text(0))
+                request.generated = 1
+                self._context += request.prompt_tokens + 1
+                self.decoding.append(request)
+                finished = finished or request.max_tokens <= 1
+            self.prefilling = still
+        if finished:
+            self._finish(end)
+
+    def _finish(self, end: float) -> None:
+        prompt = generation = requests = 0
+        still = []
+        for request in self.decoding:
+            if request.generated < request.max_tokens:
+                still.append(request)
+                continue
+            self._kv_used -= request.prompt_tokens + request.max_tokens
+            self._context -= request.prompt_tokens + request.generated
+            prompt += request.prompt_tokens
+            generation += request.generated
+            requests += 1
+            self.metrics.e2e.observe(end - request.arrived)
+            if request.tokens is not None:
+                request.tokens.put_nowait(None)
+            if not request.done.done():
+                request.done.set_result(None)
+        self.decoding = still
+        self._m_prompt.inc(prompt)
+        self._m_generation.inc(generation)
+        self._m_length.inc(requests)
 
     def _update_gauges(self) -> None:
-        self.metrics.running.labels(*self.metrics.labels).set(len(self.running))
-        self.metrics.waiting.labels(*self.metrics.labels).set(len(self.waiting))
+        self._m_running.set(self.running)
+        self._m_waiting.set(len(self.waiting))
+        self._m_kv.set(self._kv_used / self.profile.kv_capacity_tokens)
 
 
 def count_tokens(text: str) -> int:
@@ -260,7 +452,7 @@ class SimReplica:
         self.app.cleanup_ctx.append(self._engine_task)
         self._ids = itertools.count(1)
 
-    async def _engine_task(self, app: web.Application):  # type: ignore[no-untyped-def]
+    async def _engine_task(self, app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(self.engine.run())
         yield
         task.cancel()
@@ -314,19 +506,28 @@ class SimReplica:
                 text=_error("max_tokens must be a positive integer"),
                 content_type="application/json",
             )
+        if not self.engine.fits(prompt_tokens, max_tokens):
+            capacity = self.engine.profile.kv_capacity_tokens
+            raise web.HTTPBadRequest(
+                text=_error(
+                    f"This model's KV cache holds {capacity} tokens. However, you requested"
+                    f" {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt,"
+                    f" {max_tokens} in the completion)."
+                ),
+                content_type="application/json",
+            )
         rid = f"{'chatcmpl' if chat else 'cmpl'}-sim{next(self._ids)}"
-        sim = self.engine.submit(prompt_tokens, max_tokens)
+        stream = bool(body.get("stream"))
+        sim = self.engine.submit(prompt_tokens, max_tokens, stream)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": max_tokens,
             "total_tokens": prompt_tokens + max_tokens,
         }
         try:
-            if not body.get("stream"):
-                parts = []
-                while (token := await sim.tokens.get()) is not None:
-                    parts.append(token)
-                text = "".join(parts)
+            if sim.tokens is None:
+                await sim.done
+                text = "".join(token_text(i) for i in range(max_tokens))
                 choice: dict[str, object] = (
                     {
                         "index": 0,

@@ -41,12 +41,10 @@ class FakeVllm:
         m.prompt.labels(*m.labels).inc(requests * prompt)
         m.generation.labels(*m.labels).inc(requests * output)
         m.success.labels(*m.labels, "stop").inc(requests)
-        for _ in range(requests):
-            m.ttft.labels(*m.labels).observe(ttft)
-            m.e2e.labels(*m.labels).observe(e2e)
-            m.queue.labels(*m.labels).observe(0.0)
-            for _ in range(output - 1):
-                m.itl.labels(*m.labels).observe(itl)
+        m.ttft.observe(ttft, requests)
+        m.e2e.observe(e2e, requests)
+        m.queue.observe(0.0, requests)
+        m.itl.observe(itl, requests * (output - 1))
 
     def body(self) -> str:
         return self.metrics.render().decode()

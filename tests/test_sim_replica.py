@@ -1,0 +1,97 @@
+"""The simulated replica: its engine clock and its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from serving import vllm_buckets
+from serving.replica_model import LLAMA3_8B_H200
+from serving.sim_replica import BulkHistogram, SimEngine, token_text
+
+FAST = 50.0
+
+
+# --- metrics ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "observations",
+    [
+        pytest.param([], id="no-observation-yet"),
+        pytest.param([(0.01, 3)], id="a-value-on-a-bound-falls-in-that-bucket"),
+        pytest.param([(0.0125, 2), (0.5, 1), (80.0, 1)], id="values-inside-buckets"),
+        pytest.param([(100.0, 4)], id="a-value-past-the-last-bound-counts-in-inf-only"),
+    ],
+)
+def test_a_bulk_histogram_renders_like_a_prometheus_client_histogram(observations):
+    name, doc = "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    bulk = BulkHistogram(name, doc, {"engine": "0", "model_name": "m"}, vllm_buckets.ITL, ours)
+    child = Histogram(
+        name, doc, ["engine", "model_name"], buckets=vllm_buckets.ITL, registry=theirs
+    ).labels("0", "m")
+    for value, count in observations:
+        bulk.observe(value, count)
+        for _ in range(count):
+            child.observe(value)
+
+    def without_created(text):
+        return re.sub(r"(_created\{.*\}) \S+", r"\1 T", text.decode())
+
+    assert without_created(generate_latest(ours)) == without_created(generate_latest(theirs))
+
+
+# --- the engine clock ------------------------------------------------------------------
+
+
+async def test_the_engine_metrics_are_the_models_step_times():
+    # One request on an idle engine: its clock starts at the arrival, so every latency is
+    # a sum of model step times (divided by the speedup), however busy this machine is.
+    p, speedup = LLAMA3_8B_H200, FAST
+    engine = SimEngine(p, "m", speedup)
+    task = asyncio.create_task(engine.run())
+    try:
+        request = engine.submit(512, 4)
+        await request.done
+    finally:
+        task.cancel()
+    ttft = p.mixed_step_seconds(0, 0, 512) / speedup
+    itls = [p.mixed_step_seconds(1, 512 + k, 0) / speedup for k in (1, 2, 3)]
+    m = engine.metrics
+    assert (m.ttft.count, m.itl.count, m.e2e.count, m.queue.count) == (1, 3, 1, 1)
+    assert m.ttft.sum == pytest.approx(ttft, rel=1e-6)
+    assert m.itl.sum == pytest.approx(sum(itls), rel=1e-6)
+    assert m.e2e.sum == pytest.approx(ttft + sum(itls), rel=1e-6)
+    assert m.queue.sum == 0.0
+
+
+async def test_tokens_are_never_handed_out_before_their_step_ends():
+    engine = SimEngine(LLAMA3_8B_H200, "m", FAST)
+    task = asyncio.create_task(engine.run())
+    try:
+        streamed = engine.submit(100, 40, stream=True)
+        quiet = engine.submit(300, 20)
+        assert streamed.tokens is not None and quiet.tokens is None  # no queue unless streaming
+        texts = []
+        while (token := await streamed.tokens.get()) is not None:
+            assert streamed.last_token is not None and time.monotonic() >= streamed.last_token
+            texts.append(token)
+        await quiet.done
+        assert quiet.last_token is not None and time.monotonic() >= quiet.last_token
+    finally:
+        task.cancel()
+    assert texts == [token_text(i) for i in range(40)]
+
+
+async def test_a_request_never_joins_a_step_that_began_before_it_arrived():
+    engine = SimEngine(LLAMA3_8B_H200, "m", FAST)  # not running: steps are driven by hand
+    request = engine.submit(64, 4)
+    assert engine._schedule(request.arrived - 0.001) == 0.0  # a late engine's earlier step
+    assert list(engine.waiting) == [request]
+    assert engine._schedule(request.arrived) > 0.0
+    assert engine.prefilling == [request] and request.admitted == request.arrived
