@@ -25,8 +25,9 @@ whole batch (``BulkHistogram``), cached metric children, and queue items only fo
 streaming requests (a non-streaming request is woken once, when it finishes). At
 ``--speedup 20`` an 8B model steps every ~0.4 ms of wall time, so this matters.
 
-Tokens are counted, not computed: a prompt is ~1.3 tokens per word (+1 for BOS), and a
-request generates exactly ``max_tokens`` (default 16) tokens of filler text.
+Tokens are counted, not computed: a text prompt is ~1.3 tokens per word (+1 for BOS), a
+token-id prompt is exactly as long as its list, and a request generates exactly
+``max_tokens`` (default 16) tokens of filler text.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -437,13 +439,100 @@ def count_tokens(text: str) -> int:
     return 1 + max(1, round(len(text.split()) * 1.3))
 
 
+class RequestError(Exception):
+    """A request vLLM would refuse.
+
+    Answered in vLLM 0.32's error shape: ``{"error": {"message", "type", "param", "code"}}``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        kind: str = "BadRequestError",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.status, self.kind, self.param = message, status, kind, param
+
+    def response(self) -> web.Response:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+        return web.json_response(body, status=self.status)
+
+
+def _invalid(loc: str, kind: str, message: str, value: object) -> RequestError:
+    """What vLLM's request validation answers (pydantic's first error, its ``loc`` cleaned)."""
+    shown = value
+    if isinstance(value, list | dict):
+        shown = f"<{type(value).__name__} of {len(value)} items>"
+    error = {"type": kind, "loc": loc, "msg": message, "input": str(shown)}
+    return RequestError(f"1 validation error:\n  {error}", kind="Bad Request", param=loc)
+
+
+def prompt_length(prompt: object) -> int:
+    """Prompt tokens of a ``/v1/completions`` ``prompt``.
+
+    A string is estimated from its words; a list of token ids counts exactly its length.
+
+    vLLM also takes a list of prompts (strings or token-id lists) and answers each; the
+    simulated replica serves one prompt per request and refuses those with a 400 too.
+
+    Raises:
+        RequestError: what vLLM 0.32 answers for that prompt (messages as vLLM words them).
+    """
+    if prompt is None or prompt == "":
+        raise RequestError(
+            "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
+            param="prompt",
+        )
+    if isinstance(prompt, str):
+        return count_tokens(prompt)
+    if not isinstance(prompt, list):
+        raise _invalid("body.prompt", "string_type", "Input should be a valid string", prompt)
+    if not prompt:
+        raise RequestError("You must pass at least one prompt")
+    if all(isinstance(p, str | list) for p in prompt):
+        raise RequestError(
+            f"prompt is a list of {len(prompt)} prompts: the simulated replica serves one"
+            " prompt (a string or a list of token ids) per request",
+            param="prompt",
+        )
+    for i, token in enumerate(prompt):
+        # JSON numbers as pydantic's lax int takes them: true/false and 3.0 are ids too.
+        if isinstance(token, float) and not token.is_integer():
+            raise _invalid(
+                f"body.prompt.{i}",
+                "int_from_float",
+                "Input should be a valid integer, got a number with a fractional part",
+                token,
+            )
+        if not isinstance(token, int | float):
+            raise _invalid(f"body.prompt.{i}", "int_type", "Input should be a valid integer", token)
+        if token < 0:
+            raise _invalid(
+                f"body.prompt.{i}",
+                "greater_than_equal",
+                "Input should be greater than or equal to 0",
+                token,
+            )
+    return len(prompt)
+
+
 class SimReplica:
     """The HTTP face of a ``SimEngine``: the parts of vLLM's OpenAI server we use."""
 
     def __init__(self, profile: Profile, model: str = "sim-llama", speedup: float = 1.0) -> None:
         self.engine = SimEngine(profile, model, speedup)
         self.model = model
-        self.app = web.Application()
+        self.app = web.Application(middlewares=[_request_errors])
         self.app.router.add_post("/v1/completions", self._completions)
         self.app.router.add_post("/v1/chat/completions", self._chat)
         self.app.router.add_get("/v1/models", self._models)
@@ -475,46 +564,41 @@ class SimReplica:
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
-        prompt = body.get("prompt", "")
-        if not isinstance(prompt, str):
-            raise web.HTTPBadRequest(
-                text=_error("prompt must be a string"), content_type="application/json"
-            )
-        return await self._serve(request, body, count_tokens(prompt), chat=False)
+        self._check_model(body)
+        return await self._serve(request, body, prompt_length(body.get("prompt")), chat=False)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
+        self._check_model(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise web.HTTPBadRequest(
-                text=_error("messages must be a list of objects"), content_type="application/json"
-            )
+            raise RequestError("messages must be a list of objects", param="messages")
         text = " ".join(str(m.get("content", "")) for m in messages)
         return await self._serve(request, body, count_tokens(text) + 4 * len(messages), chat=True)
+
+    def _check_model(self, body: dict[str, object]) -> None:
+        model = body.get("model", self.model)
+        if model != self.model:
+            raise RequestError(
+                f"The model `{model}` does not exist. Valid aliases: {self.model}.",
+                status=404,
+                kind="NotFoundError",
+                param="model",
+            )
 
     async def _serve(
         self, request: web.Request, body: dict[str, object], prompt_tokens: int, chat: bool
     ) -> web.StreamResponse:
-        model = body.get("model", self.model)
-        if model != self.model:
-            raise web.HTTPNotFound(
-                text=_error(f"The model `{model}` does not exist."), content_type="application/json"
-            )
         max_tokens = body.get("max_tokens", 16)
         if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise web.HTTPBadRequest(
-                text=_error("max_tokens must be a positive integer"),
-                content_type="application/json",
-            )
+            raise RequestError("max_tokens must be a positive integer", param="max_tokens")
         if not self.engine.fits(prompt_tokens, max_tokens):
             capacity = self.engine.profile.kv_capacity_tokens
-            raise web.HTTPBadRequest(
-                text=_error(
-                    f"This model's KV cache holds {capacity} tokens. However, you requested"
-                    f" {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt,"
-                    f" {max_tokens} in the completion)."
-                ),
-                content_type="application/json",
+            raise RequestError(
+                f"This model's KV cache holds {capacity} tokens. However, you requested"
+                f" {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt,"
+                f" {max_tokens} in the completion).",
+                param="input_tokens",
             )
         rid = f"{'chatcmpl' if chat else 'cmpl'}-sim{next(self._ids)}"
         stream = bool(body.get("stream"))
@@ -580,24 +664,22 @@ class SimReplica:
             raise
 
 
+@web.middleware
+async def _request_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as err:
+        return err.response()
+
+
 async def _json_body(request: web.Request) -> dict[str, object]:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise web.HTTPBadRequest(
-            text=_error("request body is not valid JSON"), content_type="application/json"
-        ) from None
+        raise RequestError("request body is not valid JSON") from None
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(
-            text=_error("request body must be a JSON object"), content_type="application/json"
-        )
+        raise RequestError("request body must be a JSON object")
     return body
-
-
-def _error(message: str) -> str:
-    return json.dumps(
-        {"object": "error", "message": message, "type": "BadRequestError", "code": 400}
-    )
 
 
 def profile_named(name: str) -> Profile:

@@ -1,4 +1,4 @@
-"""The simulated replica: its engine clock and its metrics."""
+"""The simulated replica: its engine clock, its metrics and its API."""
 
 from __future__ import annotations
 
@@ -6,14 +6,28 @@ import asyncio
 import re
 import time
 
+import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from exporter.engines import VLLM, WANTED_ANY, engine_stats
+from exporter.parse import parse_samples
 from serving import vllm_buckets
 from serving.replica_model import LLAMA3_8B_H200
-from serving.sim_replica import BulkHistogram, SimEngine, token_text
+from serving.server import SimReplicaServer
+from serving.sim_replica import BulkHistogram, RequestError, SimEngine, prompt_length, token_text
 
 FAST = 50.0
+
+
+async def start_sim(speedup=FAST):
+    server = SimReplicaServer(LLAMA3_8B_H200, "127.0.0.1:0", speedup=speedup)
+    await server.start()
+    return server
+
+
+def completion(prompt, max_tokens=8, **extra):
+    return {"model": "sim-llama", "prompt": prompt, "max_tokens": max_tokens} | extra
 
 
 # --- metrics ---------------------------------------------------------------------------
@@ -44,6 +58,82 @@ def test_a_bulk_histogram_renders_like_a_prometheus_client_histogram(observation
         return re.sub(r"(_created\{.*\}) \S+", r"\1 T", text.decode())
 
     assert without_created(generate_latest(ours)) == without_created(generate_latest(theirs))
+
+
+# --- prompts ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt", "tokens"),
+    [
+        pytest.param("hello world", 4, id="a-string-is-13-tokens-per-10-words-plus-bos"),
+        pytest.param([128000, 9906, 1917], 3, id="token-ids-count-exactly"),
+        pytest.param([0] * 512, 512, id="a-512-token-prompt-is-512-tokens"),
+        pytest.param([1, True, 2.0], 3, id="bools-and-whole-floats-are-ids-as-vllm-takes-them"),
+    ],
+)
+def test_prompt_length(prompt, tokens):
+    assert prompt_length(prompt) == tokens
+
+
+@pytest.mark.parametrize(
+    ("prompt", "kind", "param", "fragment"),
+    [
+        pytest.param(None, "BadRequestError", "prompt", "must be provided", id="no-prompt"),
+        pytest.param("", "BadRequestError", "prompt", "non-empty", id="an-empty-string"),
+        pytest.param([], "BadRequestError", None, "at least one prompt", id="an-empty-list"),
+        pytest.param(
+            [5, -1], "Bad Request", "body.prompt.1", "greater than or equal to 0", id="negative-id"
+        ),
+        pytest.param(
+            [1, "a"], "Bad Request", "body.prompt.1", "valid integer", id="a-string-among-ids"
+        ),
+        pytest.param([1.5], "Bad Request", "body.prompt.0", "fractional part", id="a-fraction"),
+        pytest.param(7, "Bad Request", "body.prompt", "valid string", id="a-number"),
+        pytest.param({"a": 1}, "Bad Request", "body.prompt", "valid string", id="an-object"),
+        pytest.param(
+            ["a", "b"], "BadRequestError", "prompt", "one prompt", id="a-batch-of-strings"
+        ),
+        pytest.param(
+            [[1, 2], [3]], "BadRequestError", "prompt", "one prompt", id="a-batch-of-id-lists"
+        ),
+    ],
+)
+async def test_a_bad_prompt_gets_vllms_400(prompt, kind, param, fragment):
+    with pytest.raises(RequestError) as caught:
+        prompt_length(prompt)
+    assert (caught.value.kind, caught.value.param) == (kind, param)
+    sim = await start_sim()
+    try:
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"{sim.url}/v1/completions", json=completion(prompt)) as r,
+        ):
+            assert r.status == 400
+            error = (await r.json())["error"]
+        assert (error["type"], error["param"], error["code"]) == (kind, param, 400)
+        assert fragment in error["message"]
+    finally:
+        await sim.stop()
+
+
+async def test_a_token_id_prompt_is_served_and_counted_exactly():
+    sim = await start_sim()
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"{sim.url}/v1/completions", json=completion(list(range(512)), max_tokens=3)
+            ) as r:
+                assert r.status == 200
+                body = await r.json()
+            async with client.get(f"{sim.url}/metrics") as r:
+                text = await r.text()
+        assert body["usage"] == {"prompt_tokens": 512, "completion_tokens": 3, "total_tokens": 515}
+        assert body["choices"][0]["text"] == token_text(0) + token_text(1) + token_text(2)
+        stats = engine_stats(parse_samples(text, WANTED_ANY), VLLM)
+        assert stats.counters["prompt_tokens"] == 512
+    finally:
+        await sim.stop()
 
 
 # --- the engine clock ------------------------------------------------------------------
