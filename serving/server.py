@@ -86,13 +86,25 @@ class GatewayServer:
 
 
 class SimReplicaServer:
-    """One simulated vLLM replica on HTTP."""
+    """One simulated vLLM replica on HTTP.
+
+    ``stop()`` drains like a Kubernetes pod being deleted: the listening socket closes (new
+    connections are refused, so health checks fail and gateways route elsewhere), idle
+    keep-alive connections close, requests in flight run to their end for up to ``grace``
+    seconds of wall time, then whatever is left is cancelled and the engine stops.
+    """
 
     def __init__(
-        self, profile: Profile, listen: str, model: str = "sim-llama", speedup: float = 1.0
+        self,
+        profile: Profile,
+        listen: str,
+        model: str = "sim-llama",
+        speedup: float = 1.0,
+        grace: float = 30.0,
     ) -> None:
         self.replica = SimReplica(profile, model, speedup)
         self._listen = split_listen(listen)
+        self._grace = grace
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -101,7 +113,12 @@ class SimReplicaServer:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> int:
-        self._runner = web.AppRunner(self.replica.app, access_log=None)
+        # aiohttp's own shutdown does the draining: stop listening, close idle connections,
+        # wait up to shutdown_timeout for handlers, then run the app's cleanup (the engine
+        # task, which must outlive the handlers it serves).
+        self._runner = web.AppRunner(
+            self.replica.app, access_log=None, shutdown_timeout=self._grace
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, *self._listen).start()
         self.port = int(self._runner.addresses[0][1])
@@ -109,7 +126,12 @@ class SimReplicaServer:
         return self.port
 
     async def stop(self) -> None:
+        """Drain: refuse new connections, let requests in flight finish (``grace``), stop."""
         if self._runner is not None:
+            engine = self.replica.engine
+            in_flight = engine.running + len(engine.waiting)
+            if in_flight:
+                log.info("draining %d requests (grace %gs)", in_flight, self._grace)
             await self._runner.cleanup()
 
 

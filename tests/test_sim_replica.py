@@ -1,9 +1,11 @@
-"""The simulated replica: its engine clock, its metrics and its API."""
+"""The simulated replica: its engine clock, its metrics, its API and its graceful stop."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import signal
+import sys
 import time
 
 import aiohttp
@@ -16,12 +18,13 @@ from serving import vllm_buckets
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import SimReplicaServer
 from serving.sim_replica import BulkHistogram, RequestError, SimEngine, prompt_length, token_text
+from tests.conftest import eventually, free_port
 
 FAST = 50.0
 
 
-async def start_sim(speedup=FAST):
-    server = SimReplicaServer(LLAMA3_8B_H200, "127.0.0.1:0", speedup=speedup)
+async def start_sim(speedup=FAST, grace=30.0):
+    server = SimReplicaServer(LLAMA3_8B_H200, "127.0.0.1:0", speedup=speedup, grace=grace)
     await server.start()
     return server
 
@@ -185,3 +188,95 @@ async def test_a_request_never_joins_a_step_that_began_before_it_arrived():
     assert list(engine.waiting) == [request]
     assert engine._schedule(request.arrived) > 0.0
     assert engine.prefilling == [request] and request.admitted == request.arrived
+
+
+# --- graceful stop ---------------------------------------------------------------------
+
+
+async def test_stop_lets_requests_in_flight_finish_and_refuses_new_connections():
+    sim = await start_sim(speedup=2.0)  # ~4 ms a token: 100 tokens outlast the stop call
+    url = sim.url
+    async with aiohttp.ClientSession() as client:
+
+        async def one(stream):
+            body = completion("hello world", max_tokens=100, stream=stream)
+            async with client.post(f"{url}/v1/completions", json=body) as r:
+                return r.status, await r.text()
+
+        requests = [asyncio.create_task(one(stream=i % 2 == 1)) for i in range(4)]
+        engine = sim.replica.engine
+        await eventually(lambda: engine.running == 4, "four requests in the engine")
+        stopping = asyncio.create_task(sim.stop())
+        runner = sim._runner
+        assert runner is not None
+        await eventually(lambda: not runner.sites, "the listening socket closed")
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await client.get(f"{url}/health")
+        results = await asyncio.gather(*requests)
+        await stopping
+    assert [status for status, _ in results] == [200] * 4
+    assert '"completion_tokens": 100' in results[0][1]  # non-streaming: the whole answer
+    assert results[1][1].endswith("data: [DONE]\n\n")  # streaming: to the end
+
+
+async def test_stop_cuts_requests_still_running_after_the_grace_period():
+    sim = await start_sim(speedup=1.0, grace=0.2)  # 2,000 tokens: ~15 s, far past the grace
+    async with aiohttp.ClientSession() as client:
+        request = asyncio.create_task(
+            client.post(f"{sim.url}/v1/completions", json=completion("hello", max_tokens=2000))
+        )
+        await eventually(lambda: sim.replica.engine.running == 1, "the request in the engine")
+        await sim.stop()
+        with pytest.raises(aiohttp.ClientError):
+            response = await request
+            await response.read()
+
+
+async def until(check, limit=30.0):
+    """Poll an async ``check`` until true; a cap against hangs, not a timing assertion."""
+    async with asyncio.timeout(limit):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_sigterm_drains_the_sim_replica_process():
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "unitscale.cli", "--log-level", "warning",
+        "sim-replica", "--listen", f"127.0.0.1:{port}", "--speedup", "2",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as client:
+
+            async def up():
+                try:
+                    async with client.get(f"{url}/health") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await until(up)
+
+            async def one():
+                body = completion("hello world", max_tokens=150)
+                async with client.post(f"{url}/v1/completions", json=body) as r:
+                    return r.status, (await r.json())["usage"]["completion_tokens"]
+
+            requests = [asyncio.create_task(one()) for _ in range(3)]
+
+            async def running():
+                async with client.get(f"{url}/metrics") as r:
+                    text = await r.text()
+                return 'vllm:num_requests_running{engine="0",model_name="sim-llama"} 3.0' in text
+
+            await until(running)
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.gather(*requests) == [(200, 150)] * 3
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
