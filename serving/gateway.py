@@ -10,6 +10,11 @@ timeout) and the scaler hears of it at once over ``unitscale.v1.SignalsService``
 Connection failures are retried on another replica; a request already sent upstream is
 never retried (it may have run). A replica that fails mid-stream ends that client's
 response; the gateway carries on.
+
+A replica no longer named (config, DNS, EndpointSlices) but with requests still in flight
+is draining: it gets no new request, whatever its health, and is dropped when its last one
+ends. A reloaded config is acted on at once (discovery and health checks run then, not at
+the next interval), so a newly listed ready replica takes traffic within milliseconds.
 """
 
 from __future__ import annotations
@@ -54,8 +59,16 @@ class Replica:
 
     url: str
     ready: bool = False
+    """Its /health answers 200."""
     outstanding: int = 0
     models: frozenset[str] = frozenset()
+    draining: bool = False
+    """No longer named but with requests in flight: no new ones, dropped when they end."""
+
+    @property
+    def routable(self) -> bool:
+        """Whether new requests may go here."""
+        return self.ready and not self.draining
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,10 @@ class Gateway:
         self.settings = settings
         self.replicas = [Replica(url.rstrip("/")) for url in replicas]
         self._static = {r.url for r in self.replicas}
+        self._dns_named: set[str] = set()
+        """Replicas of the last DNS answer (kept while a lookup fails)."""
+        self._recheck = asyncio.Event()
+        """Set to run discovery and health checks now instead of at the next interval."""
         self.endpoint_watch: EndpointSliceWatch | None = None
         """Set by the server when replicas come from a Service's EndpointSlices."""
         self.stats = Stats()
@@ -139,7 +156,7 @@ class Gateway:
         )
         self.m_ready = Gauge(
             "unitscale_gateway_replicas_ready",
-            "Replicas answering /health.",
+            "Replicas answering /health, draining ones excepted.",
             labels,
             registry=self.registry,
         )
@@ -173,21 +190,30 @@ class Gateway:
     # --- health --------------------------------------------------------------------------
 
     def reconfigure(self, replicas: list[str], settings: GatewaySettings) -> None:
-        """A reloaded config: new static replicas and settings (buffered requests stay)."""
+        """A reloaded config: new static replicas and settings (buffered requests stay).
+
+        Replicas it no longer names start draining now; discovery and health checks run at
+        once, so new ones are checked (and take traffic) without waiting for the interval.
+        """
         self.settings = settings
         self._static = {url.rstrip("/") for url in replicas}
-        known = {r.url for r in self.replicas}
-        self.replicas += [Replica(url) for url in sorted(self._static - known)]
+        self._apply_named(self._named())
+        self._recheck.set()
 
-    async def _discover(self) -> None:
-        """Replicas = static URLs + DNS A records + ready EndpointSlice endpoints.
-
-        New ones are added at once; one no longer named is dropped once it has no
-        outstanding request. A failed DNS lookup keeps the replicas it named before.
-        """
+    def _named(self) -> set[str]:
+        """Replicas = static URLs + DNS A records (last answer) + ready EndpointSlice endpoints."""
         named = set(self._static)
         if self.endpoint_watch is not None and self.endpoint_watch.targets is not None:
             named |= {url.rstrip("/") for url in self.endpoint_watch.targets}
+        if self.settings.dns is not None:
+            named |= self._dns_named
+        return named
+
+    async def _discover(self) -> None:
+        """Resolve the DNS name, if any, and apply the replicas named now.
+
+        A failed DNS lookup keeps the replicas it named before.
+        """
         if self.settings.dns is not None:
             host, _, port = self.settings.dns.rpartition(":")
             loop = asyncio.get_running_loop()
@@ -195,20 +221,51 @@ class Gateway:
                 infos = await loop.getaddrinfo(
                     host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
                 )
-                named |= {f"http://{info[4][0]}:{port}" for info in infos}
+                self._dns_named = {f"http://{info[4][0]}:{port}" for info in infos}
             except OSError as err:
                 log.warning("cannot resolve %s (%s); keeping its replicas", self.settings.dns, err)
-                named |= {r.url for r in self.replicas}
-        known = {r.url for r in self.replicas}
-        self.replicas += [Replica(url) for url in sorted(named - known)]
-        self.replicas = [r for r in self.replicas if r.url in named or r.outstanding]
+        self._apply_named(self._named())
+
+    def _apply_named(self, named: set[str]) -> None:
+        """New replicas are added; one no longer named drains, or goes if it is idle."""
+        kept: list[Replica] = []
+        for replica in self.replicas:
+            if replica.url in named:
+                if replica.draining:
+                    log.info("replica %s is listed again", replica.url)
+                    replica.draining = False
+                kept.append(replica)
+            elif replica.outstanding:
+                if not replica.draining:
+                    log.info(
+                        "replica %s is no longer listed: draining %d requests",
+                        replica.url,
+                        replica.outstanding,
+                    )
+                    replica.draining = True
+                kept.append(replica)
+        known = {r.url for r in kept}
+        self.replicas = kept + [Replica(url) for url in sorted(named - known)]
+
+    def _drop_if_drained(self, replica: Replica) -> None:
+        if replica.draining and not replica.outstanding:
+            log.info("replica %s drained", replica.url)
+            self.replicas = [r for r in self.replicas if r is not replica]
 
     async def _health_loop(self) -> None:
         while True:
+            self._recheck.clear()
             await self._discover()
             await asyncio.gather(*(self._check(r) for r in self.replicas))
-            self.m_ready.labels(*self.labels).set(sum(r.ready for r in self.replicas))
-            await asyncio.sleep(self.settings.health_interval)
+            routable = sum(r.routable for r in self.replicas)
+            self.m_ready.labels(*self.labels).set(routable)
+            if routable:
+                # Buffered requests look again: a replica may have been listed again.
+                async with self._ready:
+                    self._ready.notify_all()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.health_interval):
+                    await self._recheck.wait()
 
     async def _check(self, replica: Replica) -> None:
         assert self._session is not None
@@ -291,7 +348,8 @@ class Gateway:
     # --- requests -----------------------------------------------------------------------
 
     def _views(self) -> list[ReplicaView]:
-        return [ReplicaView(r.url, r.ready, r.outstanding, r.models) for r in self.replicas]
+        # A draining replica is not ready as far as routing goes, however healthy.
+        return [ReplicaView(r.url, r.routable, r.outstanding, r.models) for r in self.replicas]
 
     async def _wait_for_replica(self, model: str | None) -> Replica | None:
         """A ready replica for ``model``, waiting in the buffer if there is none."""
@@ -362,6 +420,7 @@ class Gateway:
                     return await self._relay(request, upstream)
             finally:
                 replica.outstanding -= 1
+                self._drop_if_drained(replica)
                 self.stats.in_flight -= 1
                 self.m_in_flight.labels(*self.labels).set(self.stats.in_flight)
         raise _reject(503, "no replica accepted the connection", 5, self)
@@ -404,7 +463,8 @@ class Gateway:
             {
                 "status": "ok",
                 "replicas": len(self.replicas),
-                "ready": sum(r.ready for r in self.replicas),
+                "ready": sum(r.routable for r in self.replicas),
+                "draining": sum(r.draining for r in self.replicas),
                 "buffered": self.stats.buffered,
                 "in_flight": self.stats.in_flight,
             }

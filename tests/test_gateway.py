@@ -15,16 +15,16 @@ from exporter.engines import VLLM, WANTED_ANY, detect_engine, engine_stats
 from exporter.parse import parse_samples
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
-from serving.gateway import GatewaySettings
+from serving.gateway import Gateway, GatewaySettings, Replica
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import GatewayServer, SimReplicaServer
-from tests.conftest import free_port
+from tests.conftest import eventually, free_port
 
 FAST = 50.0  # engine steps 50x faster than an H200: tests take milliseconds per request
 
 
-async def start_sim(port=0):
-    server = SimReplicaServer(LLAMA3_8B_H200, f"127.0.0.1:{port}", speedup=FAST)
+async def start_sim(port=0, speedup=FAST):
+    server = SimReplicaServer(LLAMA3_8B_H200, f"127.0.0.1:{port}", speedup=speedup)
     await server.start()
     return server
 
@@ -340,3 +340,86 @@ def test_is_unserved(replicas, unserved):
         for i, (ready, models) in enumerate(replicas)
     ]
     assert is_unserved(views, "m") is unserved
+
+
+def served(sim):
+    return sim.replica.engine.metrics.success.labels("0", "sim-llama", "length")._value.get()
+
+
+async def test_a_replica_no_longer_listed_drains_then_goes():
+    slow = await start_sim(speedup=1.0)  # real H200 pace: a 2,000-token answer takes ~13 s
+    fresh = await start_sim()
+    gateway = await start_gateway([slow.url], health_interval=0.01)
+    g = gateway.gateway
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            long = await client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions",
+                json=completion(stream=True, max_tokens=2000),
+            )
+            await long.content.readline()  # in flight on the slow replica
+            g.reconfigure([fresh.url], g.settings)
+            old = next(r for r in g.replicas if r.url == slow.url)
+            assert old.draining and old.outstanding == 1  # at once, not at the next check
+            async with asyncio.timeout(10), g._ready:
+                await g._ready.wait_for(lambda: any(r.routable for r in g.replicas))
+
+            async def one():
+                async with client.post(
+                    f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
+                ) as r:
+                    assert r.status == 200
+
+            # At once: by fewest-outstanding alone some would go to the slow one (1 in flight).
+            # Health checks (every 10 ms) keep finding it healthy meanwhile.
+            await asyncio.gather(*(one() for _ in range(20)))
+            async with client.get(f"http://127.0.0.1:{gateway.port}/health") as r:
+                health = await r.json()
+            assert (health["ready"], health["draining"]) == (1, 1)
+            assert (served(slow), served(fresh)) == (0, 20)
+            long.close()  # the client leaves: its upstream request ends, the replica goes
+            await eventually(lambda: [r.url for r in g.replicas] == [fresh.url], "drained")
+    finally:
+        await gateway.stop()
+        await slow.stop()
+        await fresh.stop()
+
+
+async def test_a_reload_checks_new_replicas_at_once():
+    first, second = await start_sim(), await start_sim()
+    gateway = await start_gateway([first.url], health_interval=3600)  # one check, at start
+    g = gateway.gateway
+    try:
+        await wait_ready(gateway, 1)
+        g.reconfigure([first.url, second.url], g.settings)
+        await wait_ready(gateway, 2)  # within the hour only if the reload woke the checks
+    finally:
+        await gateway.stop()
+        await first.stop()
+        await second.stop()
+
+
+@pytest.mark.parametrize(
+    ("before", "named", "after"),
+    [
+        pytest.param([("a", 0, False)], set(), [], id="an-idle-replica-no-longer-named-goes"),
+        pytest.param(
+            [("a", 2, False)], set(), [("a", True)], id="a-busy-replica-no-longer-named-drains"
+        ),
+        pytest.param(
+            [("a", 1, True)], {"a"}, [("a", False)], id="a-draining-replica-named-again-returns"
+        ),
+        pytest.param(
+            [("b", 0, False)],
+            {"b", "a"},
+            [("b", False), ("a", False)],
+            id="new-replicas-come-after-the-known-ones",
+        ),
+    ],
+)
+def test_apply_named(before, named, after):
+    g = Gateway([], GatewaySettings())
+    g.replicas = [Replica(url, ready=True, outstanding=n, draining=d) for url, n, d in before]
+    g._apply_named(named)
+    assert [(r.url, r.draining) for r in g.replicas] == after
