@@ -78,19 +78,6 @@ async def test_the_scaler_serves_and_stops_cleanly_on_sigterm(tmp_path):
             await process.wait()
 
 
-def test_the_demo_runs_to_completion():
-    result = subprocess.run(
-        [*UNITSCALE, "demo", "--duration", "4", "--poll", "0.25"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "StreamIsActive pushed true" in result.stdout
-    assert re.search(r"0->1", result.stdout)
-    assert "done: " in result.stdout
-
-
 def test_replay_writes_results_report_and_plots(tmp_path):
     trace = tmp_path / "tiny.csv"
     rows = [f"2023-11-16 18:17:{s:02d}.0000000,512,16" for s in range(0, 60, 2)]

@@ -382,3 +382,23 @@ def test_bad_flags_exit_2_with_the_flag_named(tmp_path: Path) -> None:
     output, _ = demo.communicate(timeout=60)
     assert demo.returncode == 2 and "--profile 'gpt-9'" in output
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "output", "clipped"),
+    [
+        pytest.param(100, 50, (100, 50), id="a request that fits is sent as it is"),
+        pytest.param(1000, 50, (384, 50), id="a long prompt is cut to the prompt limit"),
+        pytest.param(300, 400, (300, 200), id="the output is cut to what the context leaves"),
+        pytest.param(5000, 400, (384, 116), id="both cut, the prompt first"),
+    ],
+)
+def test_real_vllm_requests_are_clipped_to_the_tiny_models_context(
+    prompt: int, output: int, clipped: tuple[int, int]
+) -> None:
+    from scaler.replay.trace import Trace
+    from unitscale.demo.load import clip
+
+    trace = Trace("t", np.array([0.0]), np.array([prompt]), np.array([output]))
+    out = clip(trace, max_prompt=384, max_total=500)
+    assert (int(out.prompt[0]), int(out.output[0])) == clipped

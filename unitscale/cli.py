@@ -158,8 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--time-compression",
         type=float,
-        default=10.0,
-        help="trace seconds per wall second, for every clock (default 10)",
+        help="trace seconds per wall second, for every clock (default 10; 1 with --real-vllm)",
     )
     demo.add_argument(
         "--trace", type=Path, help="Azure LLM CSV or Mooncake JSONL (default: built-in workload)"

@@ -74,6 +74,8 @@ class SimConfig:
     cold_start_tier: str = "local-disk"
     prewarm: bool = False
     """Fluid prewarm: every start is in the ``cached`` tier."""
+    cold_start_override: float | None = None
+    """Seconds from start to ready, replacing the tier's (a start measured elsewhere)."""
     gateway_buffer: int = 5000
     gateway_timeout: float = 120.0
     max_replicas: int = 64
@@ -154,7 +156,11 @@ def simulate(
     slot = np.full(slots, OFF, dtype=np.int64)
     ready_at = np.zeros(slots)
     created = np.zeros(slots)
-    cold = cold_start_seconds(profile, "cached" if config.prewarm else config.cold_start_tier)
+    cold = (
+        config.cold_start_override
+        if config.cold_start_override is not None
+        else cold_start_seconds(profile, "cached" if config.prewarm else config.cold_start_tier)
+    )
     counters = np.zeros((slots, 3))  # prompt tokens, output tokens, finished requests
     hist = {
         "ttft": (TTFT_BUCKETS, np.zeros((slots, len(TTFT_BUCKETS))), np.zeros(slots)),

@@ -143,7 +143,9 @@ class Fleet:
             if replica.retired_at is None:  # not stopped on purpose: the demo stops
                 await self._supervisor.failure.put(failure)
             return
-        cold = self._plan.wall(self._plan.cold_start)
+        # A simulated replica waits out its (compressed) cold start; a real one has had its own.
+        real = self._plan.measured_cold_start is not None
+        cold = 0.0 if real else self._plan.wall(self._plan.cold_start)
         await asyncio.sleep(max(0.0, replica.started + cold - self._clock()))
         if replica.retired_at is None:
             replica.ready_at = self._clock()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+import numpy as np
 
 from scaler.replay.trace import Trace
 
@@ -49,9 +50,6 @@ class LoadGenerator:
     clock: Callable[[], float]
     stream_every: int = 8
     token_id: int = 100
-    max_prompt: int | None = None
-    """Clip prompts (and prompt + output) to fit a small model's context."""
-    max_total: int | None = None
 
     def __post_init__(self) -> None:
         self.outcomes: list[Outcome] = []
@@ -73,13 +71,13 @@ class LoadGenerator:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _outcome(self, i: int) -> Outcome:
-        prompt = int(self.trace.prompt[i])
-        output = int(self.trace.output[i])
-        if self.max_prompt is not None:
-            prompt = min(prompt, self.max_prompt)
-        if self.max_total is not None:
-            output = max(1, min(output, self.max_total - prompt))
-        return Outcome(i, float(self.trace.arrival[i]), prompt, output, i % self.stream_every == 0)
+        return Outcome(
+            i,
+            float(self.trace.arrival[i]),
+            int(self.trace.prompt[i]),
+            int(self.trace.output[i]),
+            i % self.stream_every == 0,
+        )
 
     async def _send(self, session: aiohttp.ClientSession, outcome: Outcome) -> None:
         body = {
@@ -107,6 +105,13 @@ class LoadGenerator:
 
     def in_flight(self) -> int:
         return sum(1 for o in self.outcomes if o.sent is not None and o.finished is None)
+
+
+def clip(trace: Trace, max_prompt: int, max_total: int) -> Trace:
+    """Prompts of at most ``max_prompt`` tokens, prompt + output at most ``max_total``."""
+    prompt = np.minimum(trace.prompt, max_prompt)
+    output = np.maximum(np.minimum(trace.output, max_total - prompt), 1)
+    return Trace(trace.name, trace.arrival, prompt, output)
 
 
 def wall_trace(trace: Trace, compression: float, offset: float) -> Trace:

@@ -141,18 +141,42 @@ class Supervisor:
         running = [c for c in self.children if not c.exited.is_set()]
         await asyncio.gather(*(self.stop(c, grace) for c in running))
 
-    def leftovers(self) -> list[int]:
-        """Process groups of ours that still have a live process."""
-        alive = []
-        for child in self.children:
-            try:
-                os.killpg(child.pid, 0)
-            except ProcessLookupError:
-                continue
-            except PermissionError:
-                pass
-            alive.append(child.pid)
-        return alive
+    async def leftovers(self, within: float = 5.0) -> list[int]:
+        """Process groups of ours with a live (not zombie) process after ``within`` s.
+
+        A SIGKILLed process takes a moment to go; one reparented to a PID 1 that does
+        not reap (some containers) stays a zombie, which holds nothing and is not counted.
+        """
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            alive = [c.pid for c in self.children if _group_alive(c.pid)]
+            if not alive or asyncio.get_running_loop().time() > deadline:
+                return alive
+            await asyncio.sleep(0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: any process of the group, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # comm may hold spaces and parentheses: the fields after the last ')' are fixed.
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            return True
+    return False
 
 
 def _signal_group(pid: int, signum: int) -> None:

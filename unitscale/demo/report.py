@@ -50,6 +50,7 @@ class LiveRun:
     samples: Sequence[Sample]
     events: Sequence[tuple[float, str]]
     """(trace seconds, text)."""
+    replica_kind: str = "simulated replicas"
     interrupted: bool = False
 
 
@@ -119,9 +120,11 @@ def write_report(
         f"- trace: {trace_name}, {live['requests']} requests over"
         f" {_minutes(max((s.t for s in run.samples), default=0.0))} of trace time,"
         f" played {plan.compression:g}x faster",
-        f"- replicas: `{plan.profile.name}` simulated (US$ {plan.profile.price_per_hour:.2f}"
-        f" per accelerator-hour), cold start {plan.cold_start:.1f} s ({plan.cold_start_tier});"
-        f" measured {_cell(live['cold_start_seconds_mean'], '.1f')} s on average",
+        f"- replicas: {run.replica_kind}; measured cold start"
+        f" {_cell(live['cold_start_seconds_mean'], '.1f')} s on average",
+        f"- prediction: the replay's `{plan.profile.name}` replica model (US$"
+        f" {plan.profile.price_per_hour:.2f} per accelerator-hour, which the live cost uses"
+        f" too), cold start {plan.cold_start:.1f} s",
         f"- SLO: TTFT <= {plan.slo_ttft:g} s and mean inter-token <= {plan.slo_itl:g} s",
         f"- ScaledObject: {'external-push' if plan.scaled_object.push else 'external'},"
         f" polling {plan.scaled_object.spec.polling_interval:g} s, cooldown"

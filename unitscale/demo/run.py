@@ -22,7 +22,7 @@ from serving.replica_model import PROFILES, Profile
 from unitscale.demo import vllm_replica
 from unitscale.demo.fleet import Fleet
 from unitscale.demo.keda import KedaLoop
-from unitscale.demo.load import LoadGenerator, wall_trace
+from unitscale.demo.load import LoadGenerator, clip, wall_trace
 from unitscale.demo.observe import ReasonTail, Sampler
 from unitscale.demo.processes import ComponentError, Supervisor, free_port, unitscale_command
 from unitscale.demo.report import LiveRun, headline, write_report
@@ -53,7 +53,8 @@ class DemoOptions:
     report: Path
     duration: float = 180.0
     """Wall seconds of trace to play (the trace is cut to ``duration x compression``)."""
-    time_compression: float = 10.0
+    time_compression: float | None = None
+    """Default 10 with simulated replicas; 1 with vLLM, whose steps cannot be sped up."""
     trace: Path | None = None
     rate_multiplier: float = 1.0
     real_vllm: bool = False
@@ -110,7 +111,7 @@ def validate(options: DemoOptions) -> None:
     """
     if options.duration <= 0:
         raise ConfigError("--duration must be positive")
-    if options.time_compression <= 0:
+    if options.time_compression is not None and options.time_compression <= 0:
         raise ConfigError("--time-compression must be positive")
     if options.rate_multiplier <= 0:
         raise ConfigError("--rate-multiplier must be positive")
@@ -133,6 +134,7 @@ async def run_demo(options: DemoOptions) -> int:
         ConfigError: bad options, ScaledObject, scaler config or trace.
     """
     validate(options)
+    compression = options.time_compression or (1.0 if options.real_vllm else 10.0)
     profile = PROFILES[options.profile]
     if options.real_vllm:
         vllm_replica.check_installed()
@@ -142,16 +144,24 @@ async def run_demo(options: DemoOptions) -> int:
         else capacity_priors(profile)
     )
     plan = make_plan(
-        options.time_compression,
+        compression,
         profile,
         options.scaled_object,
         policy,
         options.max_replicas or (2 if options.real_vllm else 8),
         options.target_concurrency,
     )
-    plan = dataclasses.replace(plan, cold_start_tier=options.cold_start)
-    length = options.duration * options.time_compression
+    plan = dataclasses.replace(
+        plan,
+        cold_start_tier=options.cold_start,
+        measured_cold_start=vllm_replica.START_ESTIMATE * compression
+        if options.real_vllm
+        else None,
+    )
+    length = options.duration * compression
     trace = load_trace(options, length)
+    if options.real_vllm:
+        trace = clip(trace, **vllm_replica.LIMITS)  # the prediction gets the same tokens
     out = options.report
     out.mkdir(parents=True, exist_ok=True)
     print(
@@ -192,17 +202,19 @@ class Conductor:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         try:
-            return await self._run(stop)
+            status = await self._run(stop)
         except ComponentError as failure:
             print(f"unitscale demo: stopped: {failure}", flush=True)
-            return 1
+            status = 1
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
             await self.supervisor.stop_all()
-            left = self.supervisor.leftovers()
-            if left:
-                print(f"unitscale demo: processes left behind: {left}", flush=True)
+        left = await self.supervisor.leftovers()
+        if left:
+            print(f"unitscale demo: process groups left behind: {left}", flush=True)
+            status = status or 1
+        return status
 
     async def _run(self, stop: asyncio.Event) -> int:
         plan, options = self.plan, self.options
@@ -353,7 +365,6 @@ class Conductor:
                 f"http://127.0.0.1:{ports['gateway']}",
                 plan.profile.name if not options.real_vllm else vllm_replica.MODEL_NAME,
                 clock,
-                **(vllm_replica.LIMITS if options.real_vllm else {}),
             )
             reasons = ReasonTail(self.supervisor.logs / "scaler.log")
             tasks = {
@@ -384,8 +395,13 @@ class Conductor:
                     raise failed.result()
                 interrupted = stopped in done or player not in done
                 await fleet.stop()
+        kind = (
+            f"vLLM for CPUs serving `{vllm_replica.MODEL_NAME}` (real processes)"
+            if options.real_vllm
+            else f"simulated `{plan.profile.name}` (`unitscale sim-replica`)"
+        )
         self.live = LiveRun(
-            load.outcomes, fleet.replicas, sampler.samples, self.events, interrupted
+            load.outcomes, fleet.replicas, sampler.samples, self.events, kind, interrupted
         )
         return 130 if stopped.done() and not stopped.cancelled() else 0
 

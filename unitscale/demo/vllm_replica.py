@@ -21,6 +21,9 @@ from unitscale.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "tiny-llama"
+START_ESTIMATE = 30.0
+"""Seconds a vLLM replica takes to serve here (measured: ~25 s alone, more when several
+start at once); the prediction's cold start."""
 START_TIMEOUT = 300.0
 """Seconds a vLLM replica may take to answer /health (about 25 s here, alone)."""
 LIMITS: dict[str, int] = {"max_prompt": 384, "max_total": 500}

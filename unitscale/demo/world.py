@@ -69,10 +69,15 @@ class Plan:
     buffer_timeout: float = 120.0
     rate_window: float = 10.0
     health_interval: float = 1.0
+    measured_cold_start: float | None = None
+    """Replicas whose start is real (vLLM) take what they take: this estimate (trace
+    seconds) replaces the tier's for the prediction, and the demo adds no wait."""
 
     @property
     def cold_start(self) -> float:
         """Seconds from a replica's start to ready (trace time)."""
+        if self.measured_cold_start is not None:
+            return self.measured_cold_start
         return cold_start_seconds(self.profile, self.cold_start_tier)
 
     def wall(self, seconds: float) -> float:
@@ -242,6 +247,7 @@ def prediction(plan: Plan) -> tuple[Unitscale, SimConfig]:
         panic_window=plan.panic_window,
         stable_window=plan.stable_window,
         cold_start_tier=plan.cold_start_tier,
+        cold_start_override=plan.measured_cold_start,
         gateway_buffer=plan.buffer_size,
         gateway_timeout=plan.buffer_timeout,
         max_replicas=scaled.spec.max_replicas,
