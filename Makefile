@@ -71,6 +71,7 @@ bench: install
 	$(BIN)/python bench/exporter_parse.py
 	$(BIN)/python bench/activation.py
 	$(BIN)/python bench/sim_replica.py
+	$(BIN)/python bench/demo.py
 	$(BIN)/python bench/replay_speed.py
 	$(BIN)/python bench/replay_quality.py
 	$(BIN)/python bench/k8s_control_plane.py
