@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import grpc
+import pytest
 
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from tests.conftest import ref
@@ -28,6 +29,27 @@ def test_a_bad_config_at_startup_exits_non_zero_naming_the_key(tmp_path):
     assert result.returncode == 2
     assert "max-signal-age" in result.stderr
     assert str(config) in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "poll"),
+    [
+        pytest.param("scaler", "soon", id="the scaler refuses a poll interval that is no duration"),
+        pytest.param("exporter", "0s", id="the exporter refuses a zero poll interval"),
+        pytest.param("gateway", "-1s", id="the gateway refuses a negative poll interval"),
+    ],
+)
+def test_a_bad_config_poll_interval_exits_2_naming_the_flag(tmp_path, command, poll):
+    config = tmp_path / "config.yaml"
+    config.write_text("")
+    result = subprocess.run(
+        [*UNITSCALE, command, "--config", str(config), f"--config-poll={poll}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"--config-poll {poll!r}" in result.stderr
 
 
 def test_tls_key_without_cert_is_refused(tmp_path):
