@@ -177,8 +177,8 @@ async def run_demo(options: DemoOptions) -> int:
     if conductor.live is None:
         return status
     print("predicting the same run with the replay simulator...", flush=True)
-    policy_, config = prediction(plan)
-    predicted = simulate(trace, policy_, config)
+    replay_policy, replay_config = prediction(plan)
+    predicted = simulate(trace, replay_policy, replay_config)
     metrics = write_report(out, plan, conductor.live, predicted, trace.name, options.command)
     print(headline(metrics["live"], metrics["predicted"]))
     print(f"report: {out / 'report.md'}")
