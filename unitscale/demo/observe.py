@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +95,21 @@ def _quantile(engine: Any, name: str, factor: float) -> float | None:
     return float(quantiles.p95) * factor if quantiles.HasField("p95") else None
 
 
-_DECISION = re.compile(r"ScaledObject \S+: (desired replicas \d+ \(.*\)|panic \w+ \(.*\))$")
+_DECISION = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*ScaledObject \S+:"
+    r" (desired replicas \d+ \(.*\)|panic \w+ \(.*\))$"
+)
 
 
 class ReasonTail:
-    """New decision lines of the scaler's log since the last call."""
+    """New decision lines of the scaler's log since the last call, with their times."""
 
     def __init__(self, log: Path) -> None:
         self._log = log
         self._offset = 0
 
-    def read(self) -> list[str]:
+    def read(self) -> list[tuple[float, str]]:
+        """``(seconds since the epoch, decision)`` for each new line (the log's clock)."""
         try:
             with self._log.open("rb") as handle:
                 handle.seek(self._offset)
@@ -117,7 +122,9 @@ class ReasonTail:
         for line in data[:end].decode("utf-8", errors="replace").splitlines():
             match = _DECISION.search(line)
             if match:
-                found.append(match.group(1))
+                # logging's asctime: local time, milliseconds after a comma
+                at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                found.append((at, match.group(2)))
         return found
 
 

@@ -162,7 +162,7 @@ def write_report(
         "",
         "## Decisions (trace time)",
         "",
-        *[f"- {_minutes(t)}  {text}" for t, text in run.events],
+        *[f"- {_minutes(t)}  {text}" for t, text in sorted(run.events, key=lambda e: e[0])],
         "",
     ]
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")

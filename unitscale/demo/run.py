@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -367,10 +368,12 @@ class Conductor:
                 clock,
             )
             reasons = ReasonTail(self.supervisor.logs / "scaler.log")
+            epoch = time.time()  # the scaler's log has wall-clock times
             tasks = {
                 asyncio.create_task(keda.run(), name="keda"),
+                asyncio.create_task(self._reasons(view, reasons, epoch), name="reasons"),
                 asyncio.create_task(
-                    self._sample(view, sampler, fleet, load, reasons, clock), name="sampler"
+                    self._sample(view, sampler, fleet, load, clock), name="sampler"
                 ),
             }
             player = asyncio.create_task(load.run(), name="load")
@@ -405,6 +408,14 @@ class Conductor:
         )
         return 130 if stopped.done() and not stopped.cancelled() else 0
 
+    async def _reasons(self, view: View, reasons: ReasonTail, epoch: float) -> None:
+        """The scaler's decisions as it logs them, at their own times (trace time)."""
+        while True:
+            for at, line in reasons.read():
+                t = max(0.0, at - epoch) * self.plan.compression
+                self._event(view, t, f"scaler: {line}")
+            await asyncio.sleep(0.2)
+
     def _event(self, view: View, t: float, text: str) -> None:
         self.events.append((t, text))
         view.event(t, text)
@@ -415,18 +426,14 @@ class Conductor:
         sampler: Sampler,
         fleet: Fleet,
         load: LoadGenerator,
-        reasons: ReasonTail,
-        clock: object,
+        clock: Callable[[], float],
     ) -> None:
-        assert callable(clock)
         period = self.plan.wall(SAMPLE_EVERY)
         sent_before = 0
         next_at = 0.0
         while True:
             await asyncio.sleep(max(0.0, next_at - clock()))
             next_at += period
-            for line in reasons.read():
-                self._event(view, clock() * self.plan.compression, f"scaler: {line}")
             sample = await sampler.sample(
                 clock(), fleet.desired, fleet.count("ready"), load.sent - sent_before
             )
