@@ -331,6 +331,7 @@ def test_a_short_demo_runs_end_to_end_reports_and_leaves_no_process(tmp_path: Pa
     assert _ours(report) == []
     text = (report / "report.md").read_text()
     assert "| cost per 1M tokens (US$) |" in text and "**Headline:**" in text
+    assert "always on: 8 replicas" in text and "Fluid prewarm" in text
     results = json.loads((report / "results.json").read_text())
     live, predicted = results["live"], results["predicted"]
     assert live["requests"] == predicted["requests"] > 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,9 +106,18 @@ def predicted_metrics(result: Result) -> dict[str, float | int]:
 
 
 def write_report(
-    out: Path, plan: Plan, run: LiveRun, prediction: Result, trace_name: str, command: str
+    out: Path,
+    plan: Plan,
+    run: LiveRun,
+    prediction: Result,
+    trace_name: str,
+    command: str,
+    alternatives: Mapping[str, Result] | None = None,
 ) -> dict[str, dict[str, float | int]]:
-    """``report.md``, ``results.json`` and three PNGs in ``out``; returns both metric sets."""
+    """``report.md``, ``results.json`` and three PNGs in ``out``; returns both metric sets.
+
+    ``alternatives`` are replay-only what-ifs on the same trace, listed after the run.
+    """
     out.mkdir(parents=True, exist_ok=True)
     live = live_metrics(run, plan)
     predicted = predicted_metrics(prediction)
@@ -160,6 +169,7 @@ def write_report(
         "![latency](latency.png)",
         "![cost](cost.png)",
         "",
+        *_alternatives(predicted, alternatives or {}),
         "## Decisions (trace time)",
         "",
         *[f"- {_minutes(t)}  {text}" for t, text in sorted(run.events, key=lambda e: e[0])],
@@ -179,6 +189,26 @@ def write_report(
         encoding="utf-8",
     )
     return {"live": live, "predicted": predicted}
+
+
+def _alternatives(predicted: dict[str, float | int], others: Mapping[str, Result]) -> list[str]:
+    if not others:
+        return []
+    lines = [
+        "## What the replay predicts for alternatives (same trace)",
+        "",
+        "| policy | accelerator-hours | cost per 1M tokens (US$) | SLO attainment | TTFT p95 (s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    rows = {"unitscale as run (the prediction above)": predicted}
+    rows.update({name: predicted_metrics(result) for name, result in others.items()})
+    for name, m in rows.items():
+        lines.append(
+            f"| {name} | {_cell(m['gpu_hours'], '.3f')}"
+            f" | {_cell(m['cost_per_million_tokens'], '.3f')}"
+            f" | {_cell(m['slo_attainment'], '.1%')} | {_cell(m['ttft_p95_seconds'], '.2f')} |"
+        )
+    return [*lines, ""]
 
 
 def headline(live: dict[str, float | int], predicted: dict[str, float | int]) -> str:

@@ -31,6 +31,7 @@ from unitscale.demo.view import View
 from unitscale.demo.workload import WorkloadShape, generate
 from unitscale.demo.world import (
     Plan,
+    alternatives,
     keda_spec,
     make_plan,
     prediction,
@@ -180,7 +181,13 @@ async def run_demo(options: DemoOptions) -> int:
     print("predicting the same run with the replay simulator...", flush=True)
     replay_policy, replay_config = prediction(plan)
     predicted = simulate(trace, replay_policy, replay_config)
-    metrics = write_report(out, plan, conductor.live, predicted, trace.name, options.command)
+    others = {
+        name: simulate(trace, policy, config)
+        for name, (policy, config) in alternatives(plan).items()
+    }
+    metrics = write_report(
+        out, plan, conductor.live, predicted, trace.name, options.command, others
+    )
     print(headline(metrics["live"], metrics["predicted"]))
     print(f"report: {out / 'report.md'}")
     return status

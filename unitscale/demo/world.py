@@ -23,7 +23,7 @@ import yaml
 from scaler.config import PolicyConfig
 from scaler.replay.keda import ScaledObjectSpec, ScalingSpec, read_scaled_object
 from scaler.replay.policies import KEY as REPLAY_KEY
-from scaler.replay.policies import Unitscale
+from scaler.replay.policies import Policy, StaticPeak, Unitscale
 from scaler.replay.simulate import SimConfig, cold_start_seconds
 from serving.replica_model import Profile
 from unitscale.durations import parse_duration
@@ -253,3 +253,21 @@ def prediction(plan: Plan) -> tuple[Unitscale, SimConfig]:
         max_replicas=scaled.spec.max_replicas,
     )
     return policy, config
+
+
+def alternatives(plan: Plan) -> dict[str, tuple[Policy, SimConfig]]:
+    """What-ifs the replay can answer for the same trace: Fluid prewarm, a fixed fleet."""
+    policy, config = prediction(plan)
+    found: dict[str, tuple[Policy, SimConfig]] = {}
+    if plan.measured_cold_start is None and plan.cold_start_tier != "cached":
+        cached = cold_start_seconds(plan.profile, "cached")
+        found[f"unitscale with Fluid prewarm (cold start {cached:.0f} s)"] = (
+            policy,
+            replace(config, prewarm=True),
+        )
+    peak = plan.scaled_object.spec.max_replicas
+    found[f"always on: {peak} replicas, no autoscaling"] = (
+        StaticPeak(peak, name="always-on"),
+        config,
+    )
+    return found
