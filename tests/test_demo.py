@@ -403,3 +403,9 @@ def test_real_vllm_requests_are_clipped_to_the_tiny_models_context(
     trace = Trace("t", np.array([0.0]), np.array([prompt]), np.array([output]))
     out = clip(trace, max_prompt=384, max_total=500)
     assert (int(out.prompt[0]), int(out.output[0])) == clipped
+
+
+def test_the_replays_unitscale_policy_scales_as_the_recommended_scaled_object() -> None:
+    from scaler.replay.policies import RECOMMENDED_SPEC
+
+    assert read_scaled_object(yaml.safe_load(RECOMMENDED.read_text())).spec == RECOMMENDED_SPEC

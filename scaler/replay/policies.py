@@ -16,7 +16,7 @@ unitscale          KEDA + HPA    the scaler's registry and decide(), external-pu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from exporter.grpc_service import to_proto
@@ -195,6 +195,19 @@ class Unitscale:
         return gateway
 
 
+RECOMMENDED_SPEC = ScalingSpec(
+    min_replicas=0,
+    max_replicas=64,
+    polling_interval=15.0,
+    cooldown=60.0,
+    scale_down_stabilization=60.0,
+    scale_up_percent=400.0,
+    scale_up_pods=16,
+    scale_down_percent=50.0,
+)
+"""``deploy/scaledobject-recommended.yaml``'s scaling, as KEDA and the HPA act on it."""
+
+
 def unitscale_policy(
     target_concurrency: float, max_replicas: int, defaults: CorePolicy | None = None
 ) -> Unitscale:
@@ -207,15 +220,9 @@ def unitscale_policy(
             "targetConcurrency": f"{target_concurrency:g}",
             "maxReplicas": str(max_replicas),
         },
-        # deploy/scaledobject-recommended.yaml: the scaler delays scale-down itself, so
-        # the HPA's own stabilization is cut to 60 s.
-        spec=ScalingSpec(
-            min_replicas=0,
-            max_replicas=max_replicas,
-            scale_down_stabilization=60.0,
-            scale_up_percent=400.0,
-            scale_up_pods=16,
-        ),
+        # deploy/scaledobject-recommended.yaml (a test keeps the two equal): the scaler
+        # delays scale-down itself, so the HPA's own stabilization is cut to 60 s.
+        spec=replace(RECOMMENDED_SPEC, max_replicas=max_replicas),
     )
 
 
