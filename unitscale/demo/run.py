@@ -239,12 +239,11 @@ class Conductor:
                 "gateway-grpc",
             )
         }
+        local = "127.0.0.1:{}".format
         files = {name: config_dir / f"{name}.yaml" for name in ("scaler", "exporter", "gateway")}
         write_yaml(
             files["scaler"],
-            scaler_config(
-                plan, [f"127.0.0.1:{ports['exporter-grpc']}", f"127.0.0.1:{ports['gateway-grpc']}"]
-            ),
+            scaler_config(plan, [local(ports["exporter-grpc"]), local(ports["gateway-grpc"])]),
         )
         start = time.monotonic() + 1e9  # set for real when the trace starts
 
@@ -259,7 +258,7 @@ class Conductor:
                 "warning",
                 "sim-replica",
                 "--listen",
-                f"127.0.0.1:{port}",
+                local(port),
                 "--profile",
                 plan.profile.name,
                 "--model",
@@ -278,62 +277,27 @@ class Conductor:
             clock,
             ready_timeout=vllm_replica.START_TIMEOUT if options.real_vllm else 30.0,
         )
-        poll = ["--config-poll", f"{CONFIG_POLL * 1000:g}ms"]
-        scaler = await self.supervisor.start(
-            "scaler",
-            unitscale_command(
-                "--log-level",
-                "info",
-                "scaler",
-                "--listen",
-                f"127.0.0.1:{ports['scaler']}",
-                "--metrics-listen",
-                f"127.0.0.1:{ports['scaler-metrics']}",
-                "--config",
-                str(files["scaler"]),
-                *poll,
-            ),
-        )
-        exporter = await self.supervisor.start(
-            "exporter",
-            unitscale_command(
-                "--log-level",
-                "warning",
-                "exporter",
-                "--listen",
-                f"127.0.0.1:{ports['exporter']}",
-                "--grpc-listen",
-                f"127.0.0.1:{ports['exporter-grpc']}",
-                "--config",
-                str(files["exporter"]),
-                *poll,
-            ),
-        )
-        gateway = await self.supervisor.start(
-            "gateway",
-            unitscale_command(
-                "--log-level",
-                "warning",
-                "gateway",
-                "--listen",
-                f"127.0.0.1:{ports['gateway']}",
-                "--grpc-listen",
-                f"127.0.0.1:{ports['gateway-grpc']}",
-                "--config",
-                str(files["gateway"]),
-                *poll,
-            ),
-        )
+        # name -> (log level, its flags, the URL that answers 200 once it serves)
+        servers = {
+            "scaler": ("info", ["--listen", local(ports["scaler"]),
+                                "--metrics-listen", local(ports["scaler-metrics"])],
+                       f"http://{local(ports['scaler-metrics'])}/metrics"),
+            "exporter": ("warning", ["--listen", local(ports["exporter"]),
+                                     "--grpc-listen", local(ports["exporter-grpc"])],
+                         f"http://{local(ports['exporter'])}/healthz"),
+            "gateway": ("warning", ["--listen", local(ports["gateway"]),
+                                    "--grpc-listen", local(ports["gateway-grpc"])],
+                        f"http://{local(ports['gateway'])}/health"),
+        }  # fmt: skip
+        children = {}
+        for name, (level, flags, _) in servers.items():
+            poll = f"--config-poll={CONFIG_POLL * 1000:g}ms"
+            argv = ["--log-level", level, name, *flags, "--config", str(files[name]), poll]
+            children[name] = await self.supervisor.start(name, unitscale_command(*argv))
         await asyncio.gather(
-            self.supervisor.wait_http(
-                scaler, f"http://127.0.0.1:{ports['scaler-metrics']}/metrics", 30
-            ),
-            self.supervisor.wait_http(
-                exporter, f"http://127.0.0.1:{ports['exporter']}/healthz", 30
-            ),
-            self.supervisor.wait_http(gateway, f"http://127.0.0.1:{ports['gateway']}/health", 30),
+            *(self.supervisor.wait_http(children[n], url, 30) for n, (_, _, url) in servers.items())
         )
-        scaler_address = f"127.0.0.1:{ports['scaler']}"
+        scaler_address = local(ports["scaler"])
         ref = keda_pb.ScaledObjectRef(
             name=plan.scaled_object.name,
             namespace=plan.scaled_object.namespace,
@@ -349,8 +313,8 @@ class Conductor:
         interrupted = False
         async with (
             grpc.aio.insecure_channel(scaler_address) as keda_channel,
-            grpc.aio.insecure_channel(f"127.0.0.1:{ports['exporter-grpc']}") as exporter_channel,
-            grpc.aio.insecure_channel(f"127.0.0.1:{ports['gateway-grpc']}") as gateway_channel,
+            grpc.aio.insecure_channel(local(ports["exporter-grpc"])) as exporter_channel,
+            grpc.aio.insecure_channel(local(ports["gateway-grpc"])) as gateway_channel,
         ):
             keda = KedaLoop(
                 keda_grpc.ExternalScalerStub(keda_channel),
@@ -370,7 +334,7 @@ class Conductor:
             start = time.monotonic()
             load = LoadGenerator(
                 wall_trace(self.trace, c, 0.0),
-                f"http://127.0.0.1:{ports['gateway']}",
+                f"http://{local(ports['gateway'])}",
                 plan.profile.name if not options.real_vllm else vllm_replica.MODEL_NAME,
                 clock,
             )
