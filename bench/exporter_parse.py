@@ -23,12 +23,12 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.processes import free_port
 from bench.results import append
 from exporter.config import ExporterConfig
 from exporter.engines import WANTED_ANY
 from exporter.parse import parse_samples
 from exporter.runtime import Exporter
+from unitscale.net import free_port
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "golden" / "vllm"
 

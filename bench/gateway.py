@@ -20,8 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.processes import free_port, spawn_unitscale
+from bench.processes import spawn_unitscale
 from bench.results import append
+from unitscale.net import free_port
 
 BODY = {"model": "sim-llama", "prompt": "hello world", "max_tokens": 4}
 

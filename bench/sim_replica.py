@@ -24,10 +24,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.processes import free_port, spawn_unitscale
+from bench.processes import spawn_unitscale
 from bench.results import append
 from exporter.engines import VLLM, WANTED_ANY, engine_stats
 from exporter.parse import parse_samples
+from unitscale.net import free_port
 
 
 @dataclass(frozen=True)

@@ -25,15 +25,6 @@ class FakeClock:
         return self.now
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on right now (for "dead" replicas and late starts)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def stamp(seconds: float) -> Timestamp:
     ts = Timestamp()
     ts.FromNanoseconds(int(seconds * 1e9))

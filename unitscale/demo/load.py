@@ -10,7 +10,6 @@ included) on a uniform sample, without paying for every token's chunk on 2 cores
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -117,7 +116,3 @@ def clip(trace: Trace, max_prompt: int, max_total: int) -> Trace:
 def wall_trace(trace: Trace, compression: float, offset: float) -> Trace:
     """``trace`` with arrivals in wall seconds, starting ``offset`` seconds from now."""
     return Trace(trace.name, trace.arrival / compression + offset, trace.prompt, trace.output)
-
-
-def now_since(start: float) -> float:
-    return time.monotonic() - start

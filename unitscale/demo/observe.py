@@ -9,7 +9,6 @@ decisions (``desired replicas N (reason)``), which the scaler logs on every chan
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -126,6 +125,3 @@ class ReasonTail:
                 at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
                 found.append((at, match.group(2)))
         return found
-
-
-Clock = Callable[[], float]

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +25,6 @@ MARKER = "UNITSCALE_DEMO_RUN"
 
 class ComponentError(UnitscaleError):
     """A demo component exited or never became ready; the message says which and why."""
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def unitscale_command(*args: str) -> list[str]:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
-from scaler.replay.simulate import Result
-from unitscale.demo.fleet import Replica
+from scaler.replay.run import json_number
+from scaler.replay.simulate import Result, percentile
+from unitscale.demo.fleet import Replica, held_seconds
 from unitscale.demo.load import Outcome
 from unitscale.demo.observe import Sample
 from unitscale.demo.world import Plan
@@ -60,7 +60,7 @@ def live_metrics(run: LiveRun, plan: Plan) -> dict[str, float | int]:
     sent = [o for o in run.outcomes if o.sent is not None]
     ok = [o for o in sent if o.ok]
     end = max((o.finished for o in sent if o.finished is not None), default=0.0)
-    replica_seconds = _held(run.replicas, end) * c
+    replica_seconds = held_seconds(run.replicas, end) * c
     gpu_hours = replica_seconds / 3600.0
     cost = gpu_hours * plan.profile.price_per_hour
     tokens = float(sum(o.prompt + o.output for o in ok))
@@ -85,10 +85,10 @@ def live_metrics(run: LiveRun, plan: Plan) -> dict[str, float | int]:
         "cost": cost,
         "cost_per_million_tokens": cost / tokens * 1e6 if tokens else math.nan,
         "slo_attainment": attainment,
-        "ttft_p50_seconds": _pct(ttft, 50),
-        "ttft_p95_seconds": _pct(ttft, 95),
-        "ttft_p99_seconds": _pct(ttft, 99),
-        "e2e_p95_seconds": _pct(e2e, 95),
+        "ttft_p50_seconds": percentile(ttft, 50),
+        "ttft_p95_seconds": percentile(ttft, 95),
+        "ttft_p99_seconds": percentile(ttft, 99),
+        "e2e_p95_seconds": percentile(e2e, 95),
         "max_replicas": max((s.replicas for s in run.samples), default=0),
         "cold_starts": len(run.replicas),
         "ttft_sample": len(streamed),
@@ -179,8 +179,8 @@ def write_report(
     (out / "results.json").write_text(
         json.dumps(
             {
-                "live": {k: _json(v) for k, v in live.items()},
-                "predicted": {k: _json(v) for k, v in predicted.items()},
+                "live": {k: json_number(v) for k, v in live.items()},
+                "predicted": {k: json_number(v) for k, v in predicted.items()},
                 "compression": plan.compression,
                 "interrupted": run.interrupted,
             },
@@ -225,18 +225,6 @@ def headline(live: dict[str, float | int], predicted: dict[str, float | int]) ->
     )
 
 
-def _held(replicas: Sequence[Replica], until: float) -> float:
-    total = 0.0
-    for r in replicas:
-        end = min(r.stopped_at if r.stopped_at is not None else until, until)
-        total += max(0.0, end - r.started)
-    return total
-
-
-def _pct(values: npt.NDArray[np.float64], q: float) -> float:
-    return float(np.percentile(values, q)) if len(values) else math.nan
-
-
 def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else math.nan
 
@@ -262,10 +250,6 @@ def _gap(live: float | int, predicted: float | int, spec: str) -> str:
 def _minutes(t: float) -> str:
     minutes, seconds = divmod(int(t), 60)
     return f"{minutes:02d}:{seconds:02d}"
-
-
-def _json(value: float | int) -> float | int | None:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
@@ -339,7 +323,7 @@ def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     price = plan.profile.price_per_hour
     ends = [s.t / c for s in run.samples]
-    live_cost = [_held(run.replicas, e) * c / 3600 * price for e in ends]
+    live_cost = [held_seconds(run.replicas, e) * c / 3600 * price for e in ends]
     predicted_cost = np.cumsum(np.array(prediction.series["replicas"]) * 10.0) / 3600 * price
     ax.plot(t, live_cost, label="live", color="tab:blue")
     ax.plot(pt, predicted_cost, label="predicted", color="tab:orange")

@@ -25,7 +25,7 @@ from unitscale.demo.fleet import Fleet
 from unitscale.demo.keda import KedaLoop
 from unitscale.demo.load import LoadGenerator, clip, wall_trace
 from unitscale.demo.observe import ReasonTail, Sampler
-from unitscale.demo.processes import ComponentError, Supervisor, free_port, unitscale_command
+from unitscale.demo.processes import ComponentError, Supervisor, unitscale_command
 from unitscale.demo.report import LiveRun, headline, write_report
 from unitscale.demo.view import View
 from unitscale.demo.workload import WorkloadShape, generate
@@ -40,6 +40,7 @@ from unitscale.demo.world import (
     write_yaml,
 )
 from unitscale.errors import ConfigError
+from unitscale.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_POLL = 0.05
