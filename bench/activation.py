@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.processes import spawn_unitscale
 from bench.results import append
+from foundation.net import free_port
 from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
-from unitscale.net import free_port
 
 
 async def trial(client: aiohttp.ClientSession, url: str, stream: grpc.aio.UnaryStreamCall) -> float:

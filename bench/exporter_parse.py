@@ -28,7 +28,7 @@ from exporter.config import ExporterConfig
 from exporter.engines import WANTED_ANY
 from exporter.parse import parse_samples
 from exporter.runtime import Exporter
-from unitscale.net import free_port
+from foundation.net import free_port
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "golden" / "vllm"
 

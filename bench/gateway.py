@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.processes import spawn_unitscale
 from bench.results import append
-from unitscale.net import free_port
+from foundation.net import free_port
 
 BODY = {"model": "sim-llama", "prompt": "hello world", "max_tokens": 4}
 

@@ -17,9 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.results import append
-from scaler.replay.run import POLICIES, ReplayOptions, run_policies, write_report
-from scaler.replay.simulate import SimConfig
-from scaler.replay.trace import read_trace, scale
+from replay.run import POLICIES, ReplayOptions, run_policies, write_report
+from replay.simulate import SimConfig
+from replay.trace import read_trace, scale
 from serving.replica_model import LLAMA3_8B_H200
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

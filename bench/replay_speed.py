@@ -11,9 +11,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.results import append
-from scaler.replay.policies import unitscale_policy
-from scaler.replay.simulate import SimConfig, simulate
-from scaler.replay.trace import read_trace, scale
+from replay.policies import unitscale_policy
+from replay.simulate import SimConfig, simulate
+from replay.trace import read_trace, scale
 from serving.replica_model import LLAMA3_8B_H200
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.processes import spawn_unitscale
 from bench.results import append
+from foundation.net import free_port
 from protos.externalscaler import externalscaler_pb2 as keda
-from unitscale.net import free_port
 
 METRIC = "unitscale-desired-replicas"
 

@@ -28,7 +28,7 @@ from bench.processes import spawn_unitscale
 from bench.results import append
 from exporter.engines import VLLM, WANTED_ANY, engine_stats
 from exporter.parse import parse_samples
-from unitscale.net import free_port
+from foundation.net import free_port
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 
-import grpc
 from aiohttp import web
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -21,14 +18,15 @@ from exporter.collector import registry_for
 from exporter.config import ExporterConfig, parse_config
 from exporter.grpc_service import SignalsService
 from exporter.runtime import Exporter
+from foundation.errors import ConfigError
+from foundation.grpc_server import GrpcServer, service_name
+from foundation.kube import KubeAccess
+from foundation.net import split_listen
+from foundation.reload import ConfigSource, ConfigStore
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
-from unitscale.errors import ConfigError
-from unitscale.kube import KubeAccess
-from unitscale.net import split_listen
-from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = signals_pb2.DESCRIPTOR.services_by_name["SignalsService"].full_name
+SERVICE_NAME = service_name(signals_pb2.DESCRIPTOR, "SignalsService")
 
 
 class ConfigReloadCollector(Collector):
@@ -77,14 +75,11 @@ class ExporterServer:
         self.registry.register(ConfigReloadCollector(self.configs))
         self.signals = SignalsService(self.exporter)
         self._listen = split_listen(listen)
-        self._grpc = grpc.aio.server()
-        signals_pb2_grpc.add_SignalsServiceServicer_to_server(self.signals, self._grpc)
-        self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port(grpc_listen)
-        if self.grpc_port == 0:
-            raise ConfigError(f"--grpc-listen {grpc_listen}: cannot bind that address")
+        self._grpc = GrpcServer(
+            [(SERVICE_NAME, signals_pb2_grpc.add_SignalsServiceServicer_to_server, self.signals)],
+            grpc_listen,
+        )
+        self.grpc_port = self._grpc.port
         self.http_port = 0
         self._runner: web.AppRunner | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -110,8 +105,6 @@ class ExporterServer:
         await web.SockSite(self._runner, sock).start()
         self.http_port = int(sock.getsockname()[1])
         await self._grpc.start()
-        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._loop_task = asyncio.create_task(self.exporter.run())
         if self._source is not None:
             self._reload_task = asyncio.create_task(self._source.follow(self.configs))
@@ -124,7 +117,7 @@ class ExporterServer:
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop scraping, then both servers."""
-        await self._health.enter_graceful_shutdown()
+        await self._grpc.enter_graceful_shutdown()
         for task in (self._reload_task, self._loop_task):
             if task is not None:
                 task.cancel()

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from exporter.signals import Accelerator
-from unitscale.configfile import load_mapping, validate
-from unitscale.durations import Seconds
-from unitscale.errors import ConfigError
+from foundation.configfile import DNS_NAME, KEBAB_CASE, load_mapping, validate
+from foundation.discovery import EndpointSlicesConfig
+from foundation.durations import Seconds
+from foundation.errors import ConfigError
 
 DEFAULT_PRICE_PER_HOUR = 3.50
 """US$ per accelerator-hour when none is configured: mid-range of 2026 neocloud H100/H200
@@ -25,19 +26,11 @@ on-demand prices (about $2.5-4/h; shared/reference/traces-and-calibration.md §5
 H200_MEMORY_MIB = 143_771
 """What nvidia-smi reports for an H200 (141 GB), for HAMi memory shares."""
 
-_KEBAB = ConfigDict(
-    frozen=True,
-    extra="forbid",
-    alias_generator=lambda name: name.replace("_", "-"),
-    validate_by_name=True,
-)
-_DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-
 
 class AcceleratorConfig(BaseModel):
     """What one replica holds, and what an accelerator-hour costs."""
 
-    model_config = _KEBAB
+    model_config = KEBAB_CASE
 
     price_per_hour: float | None = Field(None, ge=0)
     """US$ per whole accelerator-hour; unset uses the documented default (3.50)."""
@@ -80,40 +73,13 @@ class AcceleratorConfig(BaseModel):
         return Accelerator(price, self.fraction(), price_is_default=default)
 
 
-class EndpointSlicesConfig(BaseModel):
-    """Replicas from a Service's EndpointSlices (``discovery.k8s.io/v1``), watched.
-
-    Every ready endpoint of the slices labelled ``kubernetes.io/service-name=<service>``
-    in the deployment's namespace is a replica. Needs RBAC ``list`` and ``watch`` on
-    ``endpointslices`` there.
-    """
-
-    model_config = _KEBAB
-
-    service: Annotated[str, Field(pattern=_DNS_NAME, max_length=63)]
-    """The Service whose slices list the replicas (need not be headless)."""
-    port: int | Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
-    """The scrape port: a number as is, or the name of a port of the Service."""
-    scheme: Literal["http", "https"] = "http"
-    path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
-
-    @field_validator("port")
-    @classmethod
-    def _port_range(cls, port: int | str) -> int | str:
-        if isinstance(port, str) and port.isdigit():  # "8000" from YAML is a number
-            port = int(port)
-        if isinstance(port, int) and not 1 <= port <= 65535:
-            raise ValueError(f"port {port} is outside 1-65535")
-        return port
-
-
 class DeploymentConfig(BaseModel):
     """One scaled workload and where its replicas' ``/metrics`` are."""
 
-    model_config = _KEBAB
+    model_config = KEBAB_CASE
 
-    namespace: Annotated[str, Field(pattern=_DNS_NAME)] = "default"
-    deployment: Annotated[str, Field(pattern=_DNS_NAME)] = "default"
+    namespace: Annotated[str, Field(pattern=DNS_NAME)] = "default"
+    deployment: Annotated[str, Field(pattern=DNS_NAME)] = "default"
     model: str = ""
     """The served model, for the ``model`` label; empty takes it from the engine."""
     engine: Literal["auto", "vllm", "sglang"] = "auto"
@@ -143,7 +109,7 @@ class DeploymentConfig(BaseModel):
 class ExporterConfig(BaseModel):
     """Everything the exporter reads from its ConfigMap."""
 
-    model_config = _KEBAB
+    model_config = KEBAB_CASE
 
     interval: Seconds = Field(5.0, gt=0)
     """Time between scrape cycles. 5 s: a 10 s panic window then holds 2-3 scrapes."""

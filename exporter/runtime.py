@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from exporter.config import DeploymentConfig, EndpointSlicesConfig, ExporterConfig
-from exporter.discovery import EndpointSliceWatch
+from exporter.config import DeploymentConfig, ExporterConfig
 from exporter.scrape import REASONS, ScrapeResult, resolve_replicas, scrape
 from exporter.signals import DeploymentSignals, ReplicaHistory, derive
-from unitscale.kube import KubeAccess
+from foundation.discovery import EndpointSlicesConfig, EndpointSliceWatch
+from foundation.kube import KubeAccess
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ import aiohttp
 
 from exporter.engines import CONTRACTS, WANTED_ANY, EngineStats, detect_engine, engine_stats
 from exporter.parse import ExpositionError, parse_samples
+from foundation.dns import resolve_addresses
 
 # Bounded error reasons: they become a Prometheus label.
 REASONS = ("timeout", "connect", "http", "parse", "no-engine-metrics")
@@ -64,8 +64,5 @@ async def resolve_replicas(host_port: str) -> list[str]:
     Raises:
         OSError: the name does not resolve.
     """
-    host, _, port = host_port.rpartition(":")
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM)
-    addresses = sorted({str(info[4][0]) for info in infos})
+    addresses, port = await resolve_addresses(host_port)
     return [f"http://{address}:{port}/metrics" for address in addresses]

@@ -10,25 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from foundation.configfile import KEBAB_CASE, load_mapping, validate
+from foundation.durations import Seconds
+from foundation.errors import ConfigError
 from scaler.core.model import Policy
-from unitscale.configfile import load_mapping, validate
-from unitscale.durations import Seconds
-from unitscale.errors import ConfigError
-
-_FROZEN = ConfigDict(
-    frozen=True,
-    extra="forbid",
-    alias_generator=lambda name: name.replace("_", "-"),
-    validate_by_name=True,  # Python callers write max_signal_age=..., YAML max-signal-age
-)
 
 
 class SignalSourceConfig(BaseModel):
     """One process serving ``unitscale.v1.SignalsService`` (exporter or gateway)."""
 
-    model_config = _FROZEN
+    model_config = KEBAB_CASE
 
     address: Annotated[str, Field(min_length=1)]
     """``host:port`` to dial; a headless Service name reaches every pod behind it."""
@@ -40,7 +33,7 @@ class SignalSourceConfig(BaseModel):
 class DemoSourceConfig(BaseModel):
     """A built-in synthetic signal source, for the demo and benchmarks."""
 
-    model_config = _FROZEN
+    model_config = KEBAB_CASE
 
     namespace: str = "demo"
     deployments: list[str] = Field(default_factory=lambda: ["llama-chat"], min_length=1)
@@ -55,7 +48,7 @@ class DemoSourceConfig(BaseModel):
 class PolicyConfig(BaseModel):
     """Defaults for every ScaledObject's decision policy (trigger metadata may override)."""
 
-    model_config = _FROZEN
+    model_config = KEBAB_CASE
 
     target_concurrency: float = Field(16.0, gt=0)
     """Requests in flight (running plus queued) one replica should hold."""
@@ -112,7 +105,7 @@ class PolicyConfig(BaseModel):
 class ScalerConfig(BaseModel):
     """Everything the scaler reads from its ConfigMap."""
 
-    model_config = _FROZEN
+    model_config = KEBAB_CASE
 
     signal_sources: list[SignalSourceConfig] = Field(default_factory=list)
     """Exporters and gateways to watch. Empty is allowed only with ``demo-source``."""

@@ -14,9 +14,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from foundation.durations import Seconds
+from foundation.errors import MetadataError
 from scaler.core.model import Policy
-from unitscale.durations import Seconds
-from unitscale.errors import MetadataError
 
 # RFC 1123 label: what Kubernetes allows in namespace and Deployment names.
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"

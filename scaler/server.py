@@ -12,21 +12,20 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from foundation.errors import ConfigError
+from foundation.grpc_server import KEEPALIVE_FOR_LONG_LIVED_CLIENTS, GrpcServer, service_name
+from foundation.reload import ConfigSource, ConfigStore
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
 from scaler.service import ExternalScalerService, ScaledObjectRegistry
 from scaler.signals import SignalStore
 from scaler.sources import demo_source, watch_signals
 from scaler.telemetry import metrics_app
-from unitscale.errors import ConfigError
-from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = externalscaler_pb2.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
+SERVICE_NAME = service_name(externalscaler_pb2.DESCRIPTOR, "ExternalScaler")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,27 +77,20 @@ class ScalerServer:
             self.store, config.max_signal_age, clock, config.policy.policy()
         )
         self._clock = clock
-        self._server = grpc.aio.server(
-            options=[
-                # KEDA keeps one long-lived connection per scaler address; let it idle.
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            ]
+        self._grpc = GrpcServer(
+            [
+                (
+                    SERVICE_NAME,
+                    externalscaler_pb2_grpc.add_ExternalScalerServicer_to_server,
+                    ExternalScalerService(self.registry),
+                )
+            ],
+            listen,
+            flag="--listen",
+            credentials=tls.credentials() if tls is not None else None,
+            options=KEEPALIVE_FOR_LONG_LIVED_CLIENTS,
         )
-        externalscaler_pb2_grpc.add_ExternalScalerServicer_to_server(
-            ExternalScalerService(self.registry), self._server
-        )
-        self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
-        )
-        if tls is not None:
-            self.port = self._server.add_secure_port(listen, tls.credentials())
-        else:
-            self.port = self._server.add_insecure_port(listen)
-        if self.port == 0:
-            raise ConfigError(f"--listen {listen}: cannot bind that address")
+        self.port = self._grpc.port
         self._tasks: list[asyncio.Task[None]] = []
         self._source_tasks: dict[SignalSourceConfig, asyncio.Task[None]] = {}
         self._started = False
@@ -141,7 +133,7 @@ class ScalerServer:
         if self._source is not None:
             self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
         self._tasks.append(asyncio.create_task(self._evict_loop()))
-        await self._server.start()
+        await self._grpc.start()
         if self._metrics_listen is not None:
             host, _, port = self._metrics_listen.rpartition(":")
             self._metrics_runner = web.AppRunner(
@@ -151,8 +143,6 @@ class ScalerServer:
             await self._metrics_runner.setup()
             await web.TCPSite(self._metrics_runner, host.strip("[]"), int(port)).start()
             self.metrics_port = int(self._metrics_runner.addresses[0][1])
-        for name in ("", SERVICE_NAME):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("scaler serving on port %d", self.port)
         return self.port
 
@@ -164,7 +154,7 @@ class ScalerServer:
 
     async def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, let open RPCs finish for ``grace`` seconds, then stop."""
-        await self._health.enter_graceful_shutdown()
+        await self._grpc.enter_graceful_shutdown()
         tasks = [*self._tasks, *self._source_tasks.values()]
         self._source_tasks.clear()
         for task in tasks:
@@ -172,10 +162,10 @@ class ScalerServer:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._server.stop(self.config.grace_period if grace is None else grace)
+        await self._grpc.stop(self.config.grace_period if grace is None else grace)
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
 
     async def wait(self) -> None:
         """Until the server stops."""
-        await self._server.wait_for_termination()
+        await self._grpc.wait()

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from foundation.errors import MetadataError, NoDataError
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from scaler.core import Decision, DecisionState, Policy, decide
 from scaler.core.hpa import metric_for
 from scaler.metadata import TriggerMetadata, parse_metadata
 from scaler.signals import SignalStore, TargetKey, describe_key, observe
-from unitscale.errors import MetadataError, NoDataError
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from foundation.durations import format_duration
+from foundation.errors import NoDataError, StaleSignalError
 from protos.unitscale.v1 import signals_pb2 as pb
 from scaler.core.model import Observation
-from unitscale.durations import format_duration
-from unitscale.errors import NoDataError, StaleSignalError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from foundation.reload import ConfigStore
 from scaler.service import ScaledObjectRegistry, metric_value
-from unitscale.reload import ConfigStore
 
 _LABELS = ["namespace", "scaled_object"]
 _GAUGES = {

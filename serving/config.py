@@ -9,28 +9,21 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from exporter.config import EndpointSlicesConfig
+from foundation.configfile import DNS_NAME, KEBAB_CASE, load_mapping, validate
+from foundation.discovery import EndpointSlicesConfig
+from foundation.durations import Seconds
 from serving.gateway import GatewaySettings
-from unitscale.configfile import load_mapping, validate
-from unitscale.durations import Seconds
-
-_DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 class GatewayConfig(BaseModel):
     """Everything the gateway reads from its ConfigMap."""
 
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=lambda name: name.replace("_", "-"),
-        validate_by_name=True,
-    )
+    model_config = KEBAB_CASE
 
-    namespace: Annotated[str, Field(pattern=_DNS_NAME)] = "default"
-    deployment: Annotated[str, Field(pattern=_DNS_NAME)] = "default"
+    namespace: Annotated[str, Field(pattern=DNS_NAME)] = "default"
+    deployment: Annotated[str, Field(pattern=DNS_NAME)] = "default"
     """The target the scaler knows the replicas by (its ScaledObjects' ``deployment``)."""
     replicas: list[str] = Field(default_factory=list)
     """Replica base URLs (``http://host:port``)."""

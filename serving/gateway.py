@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -42,7 +41,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from exporter.discovery import EndpointSliceWatch
+from foundation.discovery import EndpointSliceWatch
+from foundation.dns import resolve_addresses
 from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
 from serving.routing import ReplicaView, choose, is_unserved, known_models, may_buffer
@@ -215,13 +215,9 @@ class Gateway:
         A failed DNS lookup keeps the replicas it named before.
         """
         if self.settings.dns is not None:
-            host, _, port = self.settings.dns.rpartition(":")
-            loop = asyncio.get_running_loop()
             try:
-                infos = await loop.getaddrinfo(
-                    host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
-                )
-                self._dns_named = {f"http://{info[4][0]}:{port}" for info in infos}
+                addresses, port = await resolve_addresses(self.settings.dns)
+                self._dns_named = {f"http://{address}:{port}" for address in addresses}
             except OSError as err:
                 log.warning("cannot resolve %s (%s); keeping its replicas", self.settings.dns, err)
         self._apply_named(self._named())

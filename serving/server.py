@@ -7,19 +7,18 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-import grpc
 from aiohttp import web
 
-from exporter.discovery import EndpointSliceWatch
-from protos.unitscale.v1 import signals_pb2_grpc
+from foundation.discovery import EndpointSliceWatch
+from foundation.grpc_server import GrpcServer, service_name
+from foundation.kube import KubeAccess
+from foundation.net import split_listen
+from foundation.reload import ConfigSource, ConfigStore
+from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 from serving.config import GatewayConfig
 from serving.gateway import Gateway, GatewaySettings, GatewaySignalsService
 from serving.replica_model import Profile
 from serving.sim_replica import SimReplica
-from unitscale.errors import ConfigError
-from unitscale.kube import KubeAccess
-from unitscale.net import split_listen
-from unitscale.reload import ConfigSource, ConfigStore
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +46,17 @@ class GatewayServer:
             self.configs.add_listener(lambda c: self.gateway.reconfigure(c.replicas, c.settings()))
         self._tasks: list[asyncio.Task[None]] = []
         self._listen = split_listen(listen)
-        self._grpc = grpc.aio.server()
-        signals_pb2_grpc.add_SignalsServiceServicer_to_server(
-            GatewaySignalsService(self.gateway), self._grpc
+        self._grpc = GrpcServer(
+            [
+                (
+                    service_name(signals_pb2.DESCRIPTOR, "SignalsService"),
+                    signals_pb2_grpc.add_SignalsServiceServicer_to_server,
+                    GatewaySignalsService(self.gateway),
+                )
+            ],
+            grpc_listen,
         )
-        self.grpc_port = self._grpc.add_insecure_port(grpc_listen)
-        if self.grpc_port == 0:
-            raise ConfigError(f"--grpc-listen {grpc_listen}: cannot bind that address")
+        self.grpc_port = self._grpc.port
         self._runner: web.AppRunner | None = None
         self.port = 0
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from foundation.errors import ConfigError
 from scaler.config import ScalerConfig, load_config, parse_config
-from unitscale.errors import ConfigError
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 

@@ -9,12 +9,12 @@ from prometheus_client import generate_latest
 
 from exporter.app import ExporterServer
 from exporter.config import load_config
+from foundation.errors import ConfigError
+from foundation.reload import ConfigSource, ConfigStore, parse_configmap_ref
 from scaler.config import load_config as load_scaler_config
 from scaler.server import ScalerServer
 from tests.conftest import eventually
 from tests.kubelet_volume import KubeletVolume
-from unitscale.errors import ConfigError
-from unitscale.reload import ConfigSource, ConfigStore, parse_configmap_ref
 
 SCALER_BEFORE = """
 max-signal-age: 30s
@@ -72,7 +72,7 @@ async def test_a_bad_update_keeps_the_last_good_config(volume, caplog, text, fra
     server = await scaler_on(volume, SCALER_BEFORE)
     before = server.config
     try:
-        with caplog.at_level(logging.ERROR, logger="unitscale.reload"):
+        with caplog.at_level(logging.ERROR, logger="foundation.reload"):
             volume.write({"config.yaml": text})
             await eventually(lambda: server.configs.errors == 1, "refused update")
         assert server.config is before

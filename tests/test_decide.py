@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from foundation.errors import NoDataError
 from scaler.core import DecisionState, Observation, Policy, decide
-from unitscale.errors import NoDataError
 
 NOW = 1_800_000_000.0
 POLICY = Policy()  # 16 in flight per replica, planned 70% full, 30k prefill / 6k decode tok/s

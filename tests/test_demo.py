@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import yaml
 
+from foundation.errors import ConfigError
+from replay.keda import ScalingSpec, read_scaled_object
 from scaler.config import PolicyConfig
 from scaler.core.decide import decide
 from scaler.core.model import DecisionState, Observation
-from scaler.replay.keda import ScalingSpec, read_scaled_object
 from serving.replica_model import PROFILES
 from unitscale.demo.processes import MARKER
 from unitscale.demo.run import DemoOptions, capacity_priors, load_trace, validate
@@ -35,7 +36,6 @@ from unitscale.demo.world import (
     scaler_config,
     trigger_metadata,
 )
-from unitscale.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 RECOMMENDED = ROOT / "deploy" / "scaledobject-recommended.yaml"
@@ -397,7 +397,7 @@ def test_bad_flags_exit_2_with_the_flag_named(tmp_path: Path) -> None:
 def test_real_vllm_requests_are_clipped_to_the_tiny_models_context(
     prompt: int, output: int, clipped: tuple[int, int]
 ) -> None:
-    from scaler.replay.trace import Trace
+    from replay.trace import Trace
     from unitscale.demo.load import clip
 
     trace = Trace("t", np.array([0.0]), np.array([prompt]), np.array([output]))
@@ -406,6 +406,6 @@ def test_real_vllm_requests_are_clipped_to_the_tiny_models_context(
 
 
 def test_the_replays_unitscale_policy_scales_as_the_recommended_scaled_object() -> None:
-    from scaler.replay.policies import RECOMMENDED_SPEC
+    from replay.policies import RECOMMENDED_SPEC
 
     assert read_scaled_object(yaml.safe_load(RECOMMENDED.read_text())).spec == RECOMMENDED_SPEC

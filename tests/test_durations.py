@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from unitscale.durations import format_duration, parse_duration
+from foundation.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

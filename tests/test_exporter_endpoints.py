@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.config import EndpointSlicesConfig
-from exporter.endpoints import slice_targets
-from unitscale.errors import ConfigError
+from foundation.discovery import EndpointSlicesConfig
+from foundation.endpoint_slices import slice_targets
+from foundation.errors import ConfigError
 
 
 def eps(*endpoints, ports=(("metrics", 8000),), address_type="IPv4"):

@@ -11,8 +11,8 @@ import pytest
 
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig
+from foundation.net import free_port
 from tests.fake_engines import FakeReplicaServer
-from unitscale.net import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 if PROMETHEUS is None and os.environ.get("CI") == "true":

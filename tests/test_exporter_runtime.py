@@ -12,12 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig, load_config
 from exporter.runtime import Exporter
+from foundation.errors import ConfigError
+from foundation.net import free_port
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from tests.conftest import FakeClock
 from tests.fake_engines import FakeReplicaServer
-from unitscale.errors import ConfigError
-from unitscale.net import free_port
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ import pytest
 
 from exporter.engines import VLLM, WANTED_ANY, detect_engine, engine_stats
 from exporter.parse import parse_samples
+from foundation.net import free_port
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from serving.gateway import Gateway, GatewaySettings, Replica
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import GatewayServer, SimReplicaServer
 from tests.conftest import eventually
-from unitscale.net import free_port
 
 FAST = 50.0  # engine steps 50x faster than an H200: tests take milliseconds per request
 
@@ -281,8 +281,8 @@ async def test_replicas_are_discovered_from_dns():
     ],
 )
 def test_bad_gateway_config_names_the_key(text, fragment):
+    from foundation.errors import ConfigError
     from serving.config import parse_config
-    from unitscale.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         parse_config(text, "gateway.yaml")
@@ -297,9 +297,9 @@ def test_flags_win_over_the_file():
 
 
 async def test_a_reloaded_config_file_swaps_the_replicas(tmp_path):
+    from foundation.reload import ConfigSource
     from serving.config import parse_config
     from tests.kubelet_volume import KubeletVolume
-    from unitscale.reload import ConfigSource
 
     first, second = await start_sim(), await start_sim()
     volume = KubeletVolume(tmp_path / "config")

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from replay.keda import Answer, LoopState, ScalingSpec, hpa_sync
 from scaler.core.hpa import metric_for
-from scaler.replay.keda import Answer, LoopState, ScalingSpec, hpa_sync
 
 SPEC = ScalingSpec(max_replicas=1000, scale_up_pods=1000, scale_down_stabilization=0)
 

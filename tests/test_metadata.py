@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from foundation.errors import MetadataError
 from scaler.metadata import ALLOWED_KEYS, REQUIRED_KEYS, parse_metadata
-from unitscale.errors import MetadataError
 
 BASE = {"scalerAddress": "unitscale-scaler.keda:9090", "deployment": "llama"}
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from scaler.replay.oracle import find_oracle
-from scaler.replay.policies import StaticPeak, unitscale_policy
-from scaler.replay.simulate import SimConfig, cold_start_seconds, simulate
-from scaler.replay.trace import Trace, TraceError, read_trace, scale
+from replay.oracle import find_oracle
+from replay.policies import StaticPeak, unitscale_policy
+from replay.simulate import SimConfig, cold_start_seconds, simulate
+from replay.trace import Trace, TraceError, read_trace, scale
 from serving.replica_model import LLAMA3_8B_H200
 
 CONFIG = SimConfig(LLAMA3_8B_H200, max_replicas=16, tail=300.0)

@@ -9,8 +9,8 @@ from exporter.grpc_service import to_proto
 from exporter.signals import DeploymentSignals, WindowSignals
 from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
+from replay.policies import KEY, GatewayView, View, unitscale_policy
 from scaler.config import ScalerConfig
-from scaler.replay.policies import KEY, GatewayView, View, unitscale_policy
 from scaler.server import ScalerServer
 from tests.conftest import T0, FakeClock
 

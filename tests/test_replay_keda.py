@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.replay.keda import Answer, LoopState, ScalingSpec, hpa_sync, keda_poll
+from replay.keda import Answer, LoopState, ScalingSpec, hpa_sync, keda_poll
 
 SPEC = ScalingSpec(min_replicas=0, max_replicas=20)
 

@@ -95,7 +95,7 @@ async def test_untrusted_clients_are_refused(tmp_path, ca, server_cert, client):
 
 
 def test_unreadable_tls_files_name_the_file(tmp_path):
-    from unitscale.errors import ConfigError
+    from foundation.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"missing\.crt"):
         TlsFiles(tmp_path / "missing.crt", tmp_path / "missing.key").credentials()

@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from exporter.engines import VLLM, WANTED_ANY, engine_stats
 from exporter.parse import parse_samples
+from foundation.net import free_port
 from serving import vllm_buckets
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import SimReplicaServer
 from serving.sim_replica import BulkHistogram, RequestError, SimEngine, prompt_length, token_text
 from tests.conftest import eventually
-from unitscale.net import free_port
 
 FAST = 50.0
 

@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from foundation.errors import ConfigError
 from unitscale import __version__
-from unitscale.errors import ConfigError
 
 if TYPE_CHECKING:
     from exporter.config import ExporterConfig
-    from unitscale.reload import ConfigSource
+    from foundation.reload import ConfigSource
 
 log = logging.getLogger("unitscale")
 T = TypeVar("T")
@@ -215,9 +215,9 @@ def _kube_arguments(command: argparse.ArgumentParser) -> None:
 
 
 def _config_source(args: argparse.Namespace) -> ConfigSource:
-    from unitscale.durations import parse_duration
-    from unitscale.kube import KubeAccess
-    from unitscale.reload import ConfigSource
+    from foundation.durations import parse_duration
+    from foundation.kube import KubeAccess
+    from foundation.reload import ConfigSource
 
     try:
         poll = parse_duration(args.config_poll)
@@ -391,9 +391,9 @@ def _run_replay(args: argparse.Namespace) -> int:
 
     from rich.progress import Progress
 
-    from scaler.replay.run import POLICIES, ReplayOptions, run_policies, write_report
-    from scaler.replay.simulate import COLD_START_TIERS, SimConfig
-    from scaler.replay.trace import TraceError, read_trace, scale
+    from replay.run import POLICIES, ReplayOptions, run_policies, write_report
+    from replay.simulate import COLD_START_TIERS, SimConfig
+    from replay.trace import TraceError, read_trace, scale
     from serving.replica_model import PROFILES
 
     if args.profile not in PROFILES:

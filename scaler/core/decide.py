@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 
+from foundation.errors import NoDataError
 from scaler.core.model import Decision, DecisionState, Observation, Policy
-from unitscale.errors import NoDataError
 
 
 def decide(observation: Observation, policy: Policy, previous: DecisionState) -> Decision:

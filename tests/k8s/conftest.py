@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
+from foundation.kube import KubeAccess
 from tests.k8s import versions
 from tests.k8s.control_plane import ControlPlane, Kueue, UnavailableError, binaries, module_dir
-from unitscale.kube import KubeAccess
 
 
 def unavailable(reason: str) -> None:

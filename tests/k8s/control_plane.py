@@ -28,8 +28,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from foundation.net import free_port
 from tests.k8s import versions
-from unitscale.net import free_port
 
 
 class ApiError(Exception):

@@ -7,12 +7,12 @@ from kubernetes_asyncio import client
 
 from exporter.app import ExporterServer
 from exporter.config import parse_config as parse_exporter_config
+from foundation.errors import ConfigError
+from foundation.reload import ConfigSource
 from scaler.config import parse_config
 from scaler.server import ScalerServer
 from tests.conftest import eventually
 from unitscale.cli import main
-from unitscale.errors import ConfigError
-from unitscale.reload import ConfigSource
 
 pytestmark = pytest.mark.k8s
 

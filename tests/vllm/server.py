@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from foundation.net import free_port
 from unitscale.demo import vllm_replica
-from unitscale.net import free_port
 
 MODEL_NAME = vllm_replica.MODEL_NAME
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from foundation.net import free_port
 from unitscale.demo.processes import Child, ComponentError, Supervisor
 from unitscale.demo.world import Plan, exporter_config, gateway_config, write_yaml
-from unitscale.net import free_port
 
 
 @dataclass(eq=False)

@@ -4,7 +4,7 @@ Every ``pollingInterval`` KEDA calls ``GetMetricSpec``, ``GetMetrics`` and ``IsA
 (activation 0 -> 1, scale to zero after ``cooldownPeriod``); every HPA sync the HPA
 reads the metric through KEDA (``GetMetrics``) and applies its AverageValue arithmetic
 and behaviour; an ``external-push`` trigger's ``StreamIsActive`` activates at once.
-The arithmetic is the replay's (``scaler.replay.keda``), with the plan's clocks.
+The arithmetic is the replay's (``replay.keda``), with the plan's clocks.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import grpc
 
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
-from scaler.replay.keda import Answer, LoopState, ScalingSpec, hpa_sync, keda_poll
+from replay.keda import Answer, LoopState, ScalingSpec, hpa_sync, keda_poll
 
 Report = Callable[[str, int, int, str], None]
 """``(who, before, after, why)`` for every change of the replica count."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
-from scaler.replay.trace import Trace
+from replay.trace import Trace
 
 
 @dataclass(slots=True)

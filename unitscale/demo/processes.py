@@ -18,7 +18,7 @@ from pathlib import Path
 
 import aiohttp
 
-from unitscale.errors import UnitscaleError
+from foundation.errors import UnitscaleError
 
 MARKER = "UNITSCALE_DEMO_RUN"
 

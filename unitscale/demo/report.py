@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scaler.replay.run import json_number
-from scaler.replay.simulate import Result, percentile
+from replay.run import json_number
+from replay.simulate import Result, percentile
 from unitscale.demo.fleet import Replica, held_seconds
 from unitscale.demo.load import Outcome
 from unitscale.demo.observe import Sample

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import grpc
 
+from foundation.errors import ConfigError
+from foundation.net import free_port
 from protos.externalscaler import externalscaler_pb2 as keda_pb
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import signals_pb2_grpc as signals_grpc
+from replay.simulate import COLD_START_TIERS, simulate
+from replay.trace import Trace, TraceError, read_trace, scale
 from scaler.config import PolicyConfig, load_config
-from scaler.replay.simulate import COLD_START_TIERS, simulate
-from scaler.replay.trace import Trace, TraceError, read_trace, scale
 from serving.replica_model import PROFILES, Profile
 from unitscale.demo import vllm_replica
 from unitscale.demo.fleet import Fleet
@@ -39,8 +41,6 @@ from unitscale.demo.world import (
     trigger_metadata,
     write_yaml,
 )
-from unitscale.errors import ConfigError
-from unitscale.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_POLL = 0.05

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from foundation.errors import ConfigError
 from serving.vllm_profile import CPU_TEST, launch_args
-from unitscale.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "tiny-llama"

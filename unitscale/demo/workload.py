@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from scaler.replay.trace import Trace
+from replay.trace import Trace
 
 # (start, end, rate at start, rate at end) as shares of the length and of the base rate;
 # None stands for the burst rate.

@@ -20,14 +20,14 @@ from typing import Any
 
 import yaml
 
+from foundation.durations import parse_duration
+from foundation.errors import ConfigError
+from replay.keda import ScaledObjectSpec, ScalingSpec, read_scaled_object
+from replay.policies import KEY as REPLAY_KEY
+from replay.policies import Policy, StaticPeak, Unitscale
+from replay.simulate import SimConfig, cold_start_seconds
 from scaler.config import PolicyConfig
-from scaler.replay.keda import ScaledObjectSpec, ScalingSpec, read_scaled_object
-from scaler.replay.policies import KEY as REPLAY_KEY
-from scaler.replay.policies import Policy, StaticPeak, Unitscale
-from scaler.replay.simulate import SimConfig, cold_start_seconds
 from serving.replica_model import Profile
-from unitscale.durations import parse_duration
-from unitscale.errors import ConfigError
 
 NAMESPACE = "demo"
 DEPLOYMENT = "llama-chat"

@@ -21,13 +21,13 @@ from typing import Literal, Protocol
 
 from exporter.grpc_service import to_proto
 from exporter.signals import DeploymentSignals
+from foundation.errors import NoDataError
 from protos.externalscaler import externalscaler_pb2 as keda_pb
 from protos.unitscale.v1 import signals_pb2 as pb
+from replay.keda import Answer, ScalingSpec
 from scaler.core.model import Policy as CorePolicy
-from scaler.replay.keda import Answer, ScalingSpec
 from scaler.service import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry, metric_value
 from scaler.signals import SignalStore
-from unitscale.errors import NoDataError
 
 Controller = Literal["keda", "kpa", "static", "schedule"]
 KEY = ("replay", "llm", "")

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from unitscale.errors import ConfigError
+from foundation.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

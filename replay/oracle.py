@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaler.replay.policies import StaticPeak
-from scaler.replay.simulate import Result, SimConfig, simulate
-from scaler.replay.trace import Trace
+from replay.policies import StaticPeak
+from replay.simulate import Result, SimConfig, simulate
+from replay.trace import Trace
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,12 +3,42 @@
 from __future__ import annotations
 
 import logging
+from typing import Annotated, Literal
 
-from exporter.config import EndpointSlicesConfig
-from exporter.endpoints import SERVICE_NAME_LABEL, slice_targets
-from unitscale.kube import KubeAccess, RawObject, Selection, watch_objects
+from pydantic import BaseModel, Field, field_validator
+
+from foundation.configfile import DNS_NAME, KEBAB_CASE
+from foundation.endpoint_slices import SERVICE_NAME_LABEL, slice_targets
+from foundation.kube import KubeAccess, RawObject, Selection, watch_objects
 
 log = logging.getLogger(__name__)
+
+
+class EndpointSlicesConfig(BaseModel):
+    """Replicas from a Service's EndpointSlices (``discovery.k8s.io/v1``), watched.
+
+    Every ready endpoint of the slices labelled ``kubernetes.io/service-name=<service>``
+    in the deployment's namespace is a replica. Needs RBAC ``list`` and ``watch`` on
+    ``endpointslices`` there.
+    """
+
+    model_config = KEBAB_CASE
+
+    service: Annotated[str, Field(pattern=DNS_NAME, max_length=63)]
+    """The Service whose slices list the replicas (need not be headless)."""
+    port: int | Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+    """The scrape port: a number as is, or the name of a port of the Service."""
+    scheme: Literal["http", "https"] = "http"
+    path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
+
+    @field_validator("port")
+    @classmethod
+    def _port_range(cls, port: int | str) -> int | str:
+        if isinstance(port, str) and port.isdigit():  # "8000" from YAML is a number
+            port = int(port)
+        if isinstance(port, int) and not 1 <= port <= 65535:
+            raise ValueError(f"port {port} is outside 1-65535")
+        return port
 
 
 class EndpointSliceWatch:

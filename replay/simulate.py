@@ -17,10 +17,10 @@ import numpy.typing as npt
 
 from exporter.engines import EngineStats, Histogram
 from exporter.signals import Accelerator, DeploymentSignals, ReplicaHistory, derive
-from scaler.replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
-from scaler.replay.keda import LoopState, hpa_sync, keda_poll
-from scaler.replay.policies import GatewayView, Kpa, Policy, View
-from scaler.replay.trace import Trace
+from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
+from replay.keda import LoopState, hpa_sync, keda_poll
+from replay.policies import GatewayView, Kpa, Policy, View
+from replay.trace import Trace
 from serving import vllm_buckets
 from serving.replica_model import Profile
 

@@ -10,11 +10,22 @@ from __future__ import annotations
 from typing import TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from unitscale.errors import ConfigError
+from foundation.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+KEBAB_CASE = ConfigDict(
+    frozen=True,
+    extra="forbid",
+    alias_generator=lambda name: name.replace("_", "-"),
+    validate_by_name=True,
+)
+"""Every config model's settings: frozen, unknown keys refused, kebab-case keys."""
+
+DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A Kubernetes object or DNS name (RFC 1123 subdomain)."""
 
 
 def load_mapping(text: str, origin: str) -> dict[str, object]:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scaler.core.model import Policy as CorePolicy
-from scaler.replay.oracle import find_oracle
-from scaler.replay.policies import (
+from replay.oracle import find_oracle
+from replay.policies import (
     AibrixKv,
     Kpa,
     Policy,
@@ -20,8 +19,9 @@ from scaler.replay.policies import (
     StaticPeak,
     unitscale_policy,
 )
-from scaler.replay.simulate import Result, SimConfig, simulate
-from scaler.replay.trace import Trace
+from replay.simulate import Result, SimConfig, simulate
+from replay.trace import Trace
+from scaler.core.model import Policy as CorePolicy
 
 POLICIES = ("static-peak", "production-stack", "kpa", "aibrix-kv", "oracle", "unitscale")
 COLUMNS = (

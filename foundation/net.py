@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from unitscale.errors import ConfigError
+from foundation.errors import ConfigError
 
 
 def split_listen(listen: str) -> tuple[str, int]:

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from unitscale.errors import ConfigError
-from unitscale.kube import KubeAccess, RawObject, Selection, watch_objects
+from foundation.errors import ConfigError
+from foundation.kube import KubeAccess, RawObject, Selection, watch_objects
 
 log = logging.getLogger(__name__)
 C = TypeVar("C")

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import aiohttp
 from kubernetes_asyncio import client, config
 
-from unitscale.errors import ConfigError
+from foundation.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from unitscale.errors import UnitscaleError
+from foundation.errors import UnitscaleError
 
 
 class TraceError(UnitscaleError):
