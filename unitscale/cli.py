@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from foundation.errors import ConfigError
 from unitscale import __version__
@@ -17,6 +17,12 @@ from unitscale import __version__
 if TYPE_CHECKING:
     from exporter.config import ExporterConfig
     from foundation.reload import ConfigSource
+    from replay.run import ReplayOptions
+    from replay.simulate import SimConfig
+    from serving.replica_model import Profile
+
+    Commands = argparse._SubParsersAction[argparse.ArgumentParser]
+    """What ``add_subparsers()`` returns: each ``_add_*_command`` adds one to it."""
 
 log = logging.getLogger("unitscale")
 T = TypeVar("T")
@@ -40,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# --- the command line ---------------------------------------------------------------------
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="unitscale", description="Autoscaling and admission for LLM inference."
@@ -51,17 +60,21 @@ def _parser() -> argparse.ArgumentParser:
         help="default: info for servers, warning for the demo (its table is the output)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_scaler_command(commands)
+    _add_exporter_command(commands)
+    _add_gateway_command(commands)
+    _add_sim_replica_command(commands)
+    _add_replay_command(commands)
+    _add_demo_command(commands)
+    return parser
 
+
+def _add_scaler_command(commands: Commands) -> None:
     scaler = commands.add_parser("scaler", help="KEDA external scaler (gRPC)")
-    scaler.add_argument("--listen", default="0.0.0.0:9090", help="HOST:PORT (default %(default)s)")
-    scaler.add_argument(
-        "--config", type=Path, help="scaler config YAML (a mounted ConfigMap; hot-reloaded)"
-    )
-    _kube_arguments(scaler)
-    scaler.add_argument(
-        "--metrics-listen",
-        default="0.0.0.0:9092",
-        help="Prometheus /metrics of every decision (default %(default)s)",
+    _listen_argument(scaler, "--listen", "0.0.0.0:9090", "HOST:PORT")
+    _config_arguments(scaler, "scaler config YAML (a mounted ConfigMap; hot-reloaded)")
+    _listen_argument(
+        scaler, "--metrics-listen", "0.0.0.0:9092", "Prometheus /metrics of every decision"
     )
     scaler.add_argument("--tls-cert", type=Path, help="PEM server certificate (turns on TLS)")
     scaler.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
@@ -72,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     scaler.set_defaults(run=_run_scaler, default_log_level="info")
 
+
+def _add_exporter_command(commands: Commands) -> None:
     exporter = commands.add_parser("exporter", help="vLLM/SGLang metrics to scaling signals")
     exporter.add_argument(
         "--target",
@@ -80,44 +95,43 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="replica /metrics URL or host:port (repeatable)",
     )
-    exporter.add_argument(
-        "--listen", default="0.0.0.0:9100", help="HTTP /metrics (default %(default)s)"
-    )
-    exporter.add_argument(
-        "--grpc-listen", default="0.0.0.0:9091", help="signals gRPC service (default %(default)s)"
-    )
-    exporter.add_argument(
-        "--config", type=Path, help="exporter config YAML (a mounted ConfigMap; hot-reloaded)"
-    )
-    _kube_arguments(exporter)
+    _listen_argument(exporter, "--listen", "0.0.0.0:9100", "HTTP /metrics")
+    _listen_argument(exporter, "--grpc-listen", "0.0.0.0:9091", "signals gRPC service")
+    _config_arguments(exporter, "exporter config YAML (a mounted ConfigMap; hot-reloaded)")
     exporter.add_argument("--namespace", default="default", help="namespace of --target replicas")
     exporter.add_argument("--deployment", default="default", help="deployment of --target replicas")
-    exporter.add_argument("--dns", help="host:port of a headless Service: every A record a replica")
+    _dns_argument(exporter)
     exporter.add_argument("--interval", help="scrape interval (Go duration, default 5s)")
     exporter.add_argument("--timeout", help="per-scrape timeout (Go duration, default 2s)")
     exporter.set_defaults(run=_run_exporter, default_log_level="info")
 
+
+def _add_gateway_command(commands: Commands) -> None:
     gateway = commands.add_parser("gateway", help="inference gateway: routing, buffering at zero")
-    gateway.add_argument("--listen", default="0.0.0.0:8080", help="HTTP (default %(default)s)")
-    gateway.add_argument("--grpc-listen", default="0.0.0.0:9093", help="signals for the scaler")
+    _listen_argument(gateway, "--listen", "0.0.0.0:8080", "HTTP")
+    _listen_argument(gateway, "--grpc-listen", "0.0.0.0:9093", "signals for the scaler")
     gateway.add_argument("--replica", action="append", default=[], metavar="URL", help="repeatable")
-    gateway.add_argument("--config", type=Path, help="gateway config YAML (hot-reloaded)")
-    _kube_arguments(gateway)
+    _config_arguments(gateway, "gateway config YAML (hot-reloaded)")
     gateway.add_argument("--buffer-timeout", help="Go duration (default 2m)")
     gateway.add_argument("--buffer-size", type=int, help="requests (default 1000)")
     gateway.add_argument("--rate-window", help="Go duration (default 10s)")
-    gateway.add_argument("--dns", help="host:port of a headless Service: every A record a replica")
+    _dns_argument(gateway)
+    # No defaults here: a flag given overrides the file, one not given leaves it be.
     gateway.add_argument("--namespace", help="the target's namespace (default: default)")
     gateway.add_argument("--deployment", help="the target's deployment (default: default)")
     gateway.set_defaults(run=_run_gateway, default_log_level="info")
 
+
+def _add_sim_replica_command(commands: Commands) -> None:
     sim = commands.add_parser("sim-replica", help="a vLLM-compatible simulated replica")
-    sim.add_argument("--listen", default="127.0.0.1:8000", help="HTTP (default %(default)s)")
+    _listen_argument(sim, "--listen", "127.0.0.1:8000", "HTTP")
     sim.add_argument("--profile", default="llama3-8b-h200")
     sim.add_argument("--model", default="sim-llama", help="served model name")
     sim.add_argument("--speedup", type=float, default=1.0, help="run engine steps this much faster")
     sim.set_defaults(run=_run_sim_replica, default_log_level="info")
 
+
+def _add_replay_command(commands: Commands) -> None:
     replay = commands.add_parser("replay", help="simulate a vLLM fleet under KEDA for every policy")
     replay.add_argument("--trace", type=Path, required=True, help="Azure LLM CSV or Mooncake JSONL")
     replay.add_argument("--policy", default="all", help="a policy name or 'all'")
@@ -131,9 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--slo-itl", type=float, default=0.1, help="mean inter-token seconds (default 0.1)"
     )
-    replay.add_argument(
-        "--cold-start", default="local-disk", help="cached | local-disk | remote | new-node"
-    )
+    _cold_start_argument(replay)
     replay.add_argument(
         "--prewarm", action="store_true", help="Fluid prewarm: every start is cached"
     )
@@ -148,6 +160,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--report", type=Path, required=True, help="output directory")
     replay.set_defaults(run=_run_replay, default_log_level="warning")
 
+
+def _add_demo_command(commands: Commands) -> None:
     demo = commands.add_parser(
         "demo",
         help="local end-to-end demo: gateway, replicas, exporter, scaler, KEDA, a trace",
@@ -173,9 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--target-concurrency", type=float, default=16.0, help="the trigger's targetConcurrency"
     )
-    demo.add_argument(
-        "--cold-start", default="local-disk", help="cached | local-disk | remote | new-node"
-    )
+    _cold_start_argument(demo)
     demo.add_argument(
         "--scaled-object",
         type=Path,
@@ -190,10 +202,16 @@ def _parser() -> argparse.ArgumentParser:
         help="output directory (default %(default)s)",
     )
     demo.set_defaults(run=_run_demo, default_log_level="warning")
-    return parser
 
 
-def _kube_arguments(command: argparse.ArgumentParser) -> None:
+def _listen_argument(command: argparse.ArgumentParser, flag: str, default: str, what: str) -> None:
+    """A ``HOST:PORT`` to serve ``what`` on."""
+    command.add_argument(flag, default=default, help=f"{what} (default %(default)s)")
+
+
+def _config_arguments(command: argparse.ArgumentParser, config_help: str) -> None:
+    """Where a server's hot-reloaded config comes from: ``_config_source`` reads them."""
+    command.add_argument("--config", type=Path, help=config_help)
     command.add_argument(
         "--config-configmap",
         metavar="NAMESPACE/NAME[:KEY]",
@@ -214,6 +232,16 @@ def _kube_arguments(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _dns_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--dns", help="host:port of a headless Service: every A record a replica")
+
+
+def _cold_start_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--cold-start", default="local-disk", help="cached | local-disk | remote | new-node"
+    )
+
+
 def _config_source(args: argparse.Namespace) -> ConfigSource:
     from foundation.durations import parse_duration
     from foundation.kube import KubeAccess
@@ -230,6 +258,48 @@ def _config_source(args: argparse.Namespace) -> ConfigSource:
     )
 
 
+# --- the servers ---------------------------------------------------------------------------
+
+
+class _Server(Protocol):
+    """What a server subcommand runs: every role's server has this shape."""
+
+    async def start(self) -> object: ...
+
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Server)
+
+
+def _shutting_down(server: object) -> str:
+    return "shutting down"
+
+
+def _serve_until_signal(
+    build: Callable[[], Awaitable[S]], farewell: Callable[[S], str] = _shutting_down
+) -> int:
+    """Build and start a server, serve until SIGTERM or SIGINT, log ``farewell``, stop.
+
+    ``build`` runs on the event loop, where servers bind; a ConfigError it raises (a bad
+    config at startup) ends the command with status 2. Returns the exit status, 0.
+    """
+
+    async def serve() -> None:
+        server = await build()
+        await server.start()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        await stopping.wait()
+        log.info("%s", farewell(server))
+        await server.stop()
+
+    _run_async(serve())
+    return 0
+
+
 def _run_scaler(args: argparse.Namespace) -> int:
     from scaler.config import parse_config
     from scaler.server import ScalerServer, TlsFiles
@@ -241,31 +311,50 @@ def _run_scaler(args: argparse.Namespace) -> int:
     source = _config_source(args)
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
 
-    async def serve() -> None:
+    async def build() -> ScalerServer:
         # A bad config at startup raises ConfigError here: exit status 2.
         config = parse_config(await source.read(), source.origin)
         if not config.signal_sources and config.demo_source is None:
             log.warning("no signal-sources configured: every KEDA call will get UNAVAILABLE")
-        server = ScalerServer(
+        return ScalerServer(
             config, args.listen, tls, source=source, metrics_listen=args.metrics_listen
         )
-        await server.start()
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stopping.set)
-        await stopping.wait()
-        log.info("shutting down (grace %.1fs)", server.config.grace_period)
-        await server.stop()
 
-    _run_async(serve())
-    return 0
+    def farewell(server: ScalerServer) -> str:
+        # The grace period in force now: the config may have been reloaded since the start.
+        return f"shutting down (grace {server.config.grace_period:.1f}s)"
+
+    return _serve_until_signal(build, farewell)
 
 
 def _run_exporter(args: argparse.Namespace) -> int:
     from exporter.app import ExporterServer
     from exporter.config import parse_config
 
+    overrides, extra = _exporter_flags(args)
+    source = _config_source(args)
+
+    def parse(text: str, origin: str) -> ExporterConfig:
+        # Flags win over the file at startup and on every reload.
+        return parse_config(text, origin, overrides, extra)
+
+    async def build() -> ExporterServer:
+        config = parse(await source.read(), source.origin)
+        if not config.deployments:
+            raise ConfigError(
+                "nothing to scrape: give --target URL, --dns HOST:PORT or deployments in --config"
+            )
+        return ExporterServer(
+            config, args.listen, args.grpc_listen, source=source, parse=parse, kube=source.kube
+        )
+
+    return _serve_until_signal(build)
+
+
+def _exporter_flags(
+    args: argparse.Namespace,
+) -> tuple[dict[str, object], list[dict[str, object]]]:
+    """The exporter's config overrides, and the deployment ``--target``/``--dns`` name."""
     overrides: dict[str, object] = {}
     if args.interval:
         overrides["interval"] = args.interval
@@ -281,56 +370,38 @@ def _run_exporter(args: argparse.Namespace) -> int:
         if args.dns:
             flagged["dns"] = args.dns
         extra.append(flagged)
-    source = _config_source(args)
-
-    def parse(text: str, origin: str) -> ExporterConfig:
-        # Flags win over the file at startup and on every reload.
-        return parse_config(text, origin, overrides, extra)
-
-    async def serve() -> None:
-        config = parse(await source.read(), source.origin)
-        if not config.deployments:
-            raise ConfigError(
-                "nothing to scrape: give --target URL, --dns HOST:PORT or deployments in --config"
-            )
-        server = ExporterServer(
-            config, args.listen, args.grpc_listen, source=source, parse=parse, kube=source.kube
-        )
-        await server.start()
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stopping.set)
-        await stopping.wait()
-        log.info("shutting down")
-        await server.stop()
-
-    _run_async(serve())
-    return 0
-
-
-def _run_until_signal(
-    start: Callable[[], Awaitable[object]], stop: Callable[[], Awaitable[None]]
-) -> None:
-    async def serve() -> None:
-        await start()
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stopping.set)
-        await stopping.wait()
-        log.info("shutting down")
-        await stop()
-
-    _run_async(serve())
+    return overrides, extra
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
     from serving.config import GatewayConfig, parse_config
     from serving.server import GatewayServer
 
-    # Flags given on the command line win over the file, at start and on every reload.
-    overrides: dict[str, object] = {
+    overrides = _gateway_overrides(args)
+    source = _config_source(args)
+
+    def parse(text: str, origin: str) -> GatewayConfig:
+        return parse_config(text, origin, overrides)
+
+    async def build() -> GatewayServer:
+        config = parse(await source.read(), source.origin)
+        return GatewayServer(
+            config.replicas,
+            config.settings(),
+            args.listen,
+            args.grpc_listen,
+            config=config,
+            source=source,
+            parse=parse,
+            kube=source.kube,
+        )
+
+    return _serve_until_signal(build)
+
+
+def _gateway_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The flags given: they win over the file, at start and on every reload."""
+    return {
         key: value
         for key, value in (
             ("replicas", args.replica or None),
@@ -343,96 +414,45 @@ def _run_gateway(args: argparse.Namespace) -> int:
         )
         if value is not None
     }
-    source = _config_source(args)
-
-    def parse(text: str, origin: str) -> GatewayConfig:
-        return parse_config(text, origin, overrides)
-
-    holder: dict[str, GatewayServer] = {}
-
-    async def start() -> None:
-        config = parse(await source.read(), source.origin)
-        holder["server"] = GatewayServer(
-            config.replicas,
-            config.settings(),
-            args.listen,
-            args.grpc_listen,
-            config=config,
-            source=source,
-            parse=parse,
-            kube=source.kube,
-        )
-        await holder["server"].start()
-
-    _run_until_signal(start, lambda: holder["server"].stop())
-    return 0
 
 
 def _run_sim_replica(args: argparse.Namespace) -> int:
-    from serving.replica_model import PROFILES
     from serving.server import SimReplicaServer
 
-    if args.profile not in PROFILES:
-        raise ConfigError(f"--profile {args.profile!r}: one of {', '.join(PROFILES)}")
-    holder: dict[str, SimReplicaServer] = {}
+    profile = _profile(args.profile)
 
-    async def start() -> None:
-        holder["server"] = SimReplicaServer(
-            PROFILES[args.profile], args.listen, args.model, args.speedup
-        )
-        await holder["server"].start()
+    async def build() -> SimReplicaServer:
+        return SimReplicaServer(profile, args.listen, args.model, args.speedup)
 
-    _run_until_signal(start, lambda: holder["server"].stop())
-    return 0
+    return _serve_until_signal(build)
+
+
+def _profile(name: str) -> Profile:
+    """The replica model called ``name`` (``--profile``)."""
+    from serving.replica_model import PROFILES
+
+    if name not in PROFILES:
+        raise ConfigError(f"--profile {name!r}: one of {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+# --- the tools -----------------------------------------------------------------------------
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from rich.progress import Progress
 
-    from replay.run import POLICIES, ReplayOptions, run_policies, write_report
-    from replay.simulate import COLD_START_TIERS, SimConfig
+    from replay.run import run_policies, write_report
     from replay.trace import TraceError, read_trace, scale
-    from serving.replica_model import PROFILES
 
-    if args.profile not in PROFILES:
-        raise ConfigError(f"--profile {args.profile!r}: one of {', '.join(PROFILES)}")
-    if args.cold_start not in COLD_START_TIERS:
-        raise ConfigError(f"--cold-start {args.cold_start!r}: one of {', '.join(COLD_START_TIERS)}")
-    names = list(POLICIES) if args.policy == "all" else [args.policy]
-    if any(n not in POLICIES for n in names):
-        raise ConfigError(f"--policy {args.policy!r}: one of {', '.join(POLICIES)} or all")
-    if args.rate_multiplier <= 0 or args.time_compression <= 0:
-        raise ConfigError("--rate-multiplier and --time-compression must be positive")
-    profile = PROFILES[args.profile]
-    if args.price is not None:
-        profile = dataclasses.replace(profile, price_per_hour=args.price)
+    config, names = _replay_config(args)
     try:
         trace = scale(
             read_trace(args.trace), args.rate_multiplier, args.time_compression, args.seed
         )
     except TraceError as err:
         raise ConfigError(str(err)) from err
-    config = SimConfig(
-        profile,
-        slo_ttft=args.slo_ttft,
-        slo_itl=args.slo_itl,
-        cold_start_tier=args.cold_start,
-        prewarm=args.prewarm,
-        max_replicas=args.max_replicas,
-    )
-    from scaler.config import load_config as load_scaler_config
-
-    scaler_config = load_scaler_config(args.scaler_config)
-    options = ReplayOptions(
-        str(args.trace),
-        args.rate_multiplier,
-        args.time_compression,
-        args.seed,
-        args.target_concurrency,
-        policy=scaler_config.policy.policy(),
-    )
+    options = _replay_options(args)
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("replay", total=trace.duration)
 
@@ -443,6 +463,50 @@ def _run_replay(args: argparse.Namespace) -> int:
     write_report(results, config, options, args.report)
     print((args.report / "report.md").read_text())
     return 0
+
+
+def _replay_config(args: argparse.Namespace) -> tuple[SimConfig, list[str]]:
+    """The simulated fleet and the policies to replay, from checked flags."""
+    import dataclasses
+
+    from replay.run import POLICIES
+    from replay.simulate import COLD_START_TIERS, SimConfig
+
+    profile = _profile(args.profile)
+    if args.cold_start not in COLD_START_TIERS:
+        raise ConfigError(f"--cold-start {args.cold_start!r}: one of {', '.join(COLD_START_TIERS)}")
+    names = list(POLICIES) if args.policy == "all" else [args.policy]
+    if any(n not in POLICIES for n in names):
+        raise ConfigError(f"--policy {args.policy!r}: one of {', '.join(POLICIES)} or all")
+    if args.rate_multiplier <= 0 or args.time_compression <= 0:
+        raise ConfigError("--rate-multiplier and --time-compression must be positive")
+    if args.price is not None:
+        profile = dataclasses.replace(profile, price_per_hour=args.price)
+    config = SimConfig(
+        profile,
+        slo_ttft=args.slo_ttft,
+        slo_itl=args.slo_itl,
+        cold_start_tier=args.cold_start,
+        prewarm=args.prewarm,
+        max_replicas=args.max_replicas,
+    )
+    return config, names
+
+
+def _replay_options(args: argparse.Namespace) -> ReplayOptions:
+    """The run's settings, the unitscale policy's from ``--scaler-config``."""
+    from replay.run import ReplayOptions
+    from scaler.config import load_config as load_scaler_config
+
+    scaler_config = load_scaler_config(args.scaler_config)
+    return ReplayOptions(
+        str(args.trace),
+        args.rate_multiplier,
+        args.time_compression,
+        args.seed,
+        args.target_concurrency,
+        policy=scaler_config.policy.policy(),
+    )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
