@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter.runtime import Exporter
-from exporter.signals import QUANTILES, WindowSignals
+from foundation.signals import QUANTILES, WindowSignals
 
 LABELS = ["namespace", "deployment", "model"]
 _LATENCIES = {
@@ -150,7 +150,7 @@ def _window_samples(
     _maybe(families["preemption_rate"], labels, window.preemption_rate)
     for concept, family in latencies.items():
         for q in QUANTILES:
-            _maybe(family, [*labels, f"{q:g}"], window.quantiles.get(concept, {}).get(q))
+            _maybe(family, [*labels, f"{q:g}"], window.latency(concept).at(q))
 
 
 def registry_for(exporter: Exporter) -> CollectorRegistry:

@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from exporter.parse import Sample
+from foundation.signals import LATENCIES
 
-GAUGES = ("running", "waiting", "kv_usage")
 COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions")
-HISTOGRAMS = ("ttft", "itl", "e2e", "queue_time")
+HISTOGRAMS = LATENCIES
+"""Latency histograms by concept: each becomes one ``Quantiles`` per window."""
 
 # Labels that split one replica's engine into parts to add up, or into copies.
 _SUMMED = frozenset({"engine", "dp_rank"})

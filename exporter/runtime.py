@@ -21,9 +21,10 @@ import aiohttp
 
 from exporter.config import DeploymentConfig, ExporterConfig
 from exporter.scrape import REASONS, ScrapeResult, resolve_replicas, scrape
-from exporter.signals import DeploymentSignals, ReplicaHistory, derive
+from exporter.signals import ReplicaHistory, derive, history_horizon
 from foundation.discovery import EndpointSlicesConfig, EndpointSliceWatch
 from foundation.kube import KubeAccess
+from foundation.signals import EngineSignals
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class DeploymentState:
     served_model: str = ""
     """The model the engine reports (``model_name``), for the Prometheus label."""
     engine: str = ""
-    signals: DeploymentSignals | None = None
+    signals: EngineSignals | None = None
     dns_errors: int = 0
 
     @property
@@ -102,7 +103,7 @@ class Exporter:
         is dropped with its series.
         """
         old = {state.key: state for state in self.deployments}
-        horizon = config.stable_window + 2 * config.interval
+        horizon = history_horizon(config.stable_window, config.interval)
         states = []
         for deployment in config.deployments:
             state = DeploymentState(deployment)
@@ -215,7 +216,7 @@ class Exporter:
         results: list[ScrapeResult],
         now: float,
     ) -> None:
-        horizon = config.stable_window + 2 * config.interval
+        horizon = history_horizon(config.stable_window, config.interval)
         known = set(state.targets)
         for gone in [t for t in state.histories if t not in known]:
             del state.histories[gone]

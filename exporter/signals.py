@@ -17,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from exporter.engines import COUNTERS, HISTOGRAMS, EngineStats
+from foundation.signals import QUANTILES, EngineSignals, Quantiles, WindowSignals
 
-QUANTILES = (0.5, 0.9, 0.95, 0.99)
 Vector = npt.NDArray[np.float64]
 
 
@@ -41,6 +41,15 @@ class Layout:
         for concept, _ in self.bounds:
             values.extend(stats.histograms[concept].counts)
         return np.array(values, dtype=np.float64)
+
+
+def history_horizon(stable_window: float, interval: float) -> float:
+    """How long a replica's scrapes are kept: the stable window plus two intervals.
+
+    A window needs the newest scrape at or before its start as its base, and scrapes
+    land up to one interval late, so 60 s windows scraped every 5 s keep 70 s.
+    """
+    return stable_window + 2 * interval
 
 
 @dataclass(slots=True)
@@ -161,38 +170,6 @@ class Accelerator:
     price_is_default: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class WindowSignals:
-    """Deployment-wide rates and latency quantiles over one window."""
-
-    seconds: float
-    request_rate: float | None = None
-    prompt_token_rate: float | None = None
-    generation_token_rate: float | None = None
-    preemption_rate: float | None = None
-    quantiles: dict[str, dict[float, float | None]] = field(default_factory=dict)
-    queue_depth_mean: float | None = None
-    running_mean: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DeploymentSignals:
-    """Everything the exporter publishes for one deployment at one time."""
-
-    time: float
-    replicas: int
-    replicas_up: int
-    queue_depth: float | None
-    running: float | None
-    kv_usage: float | None
-    panic: WindowSignals
-    stable: WindowSignals
-    cost_per_million_tokens: float | None
-    cost_per_million_output_tokens: float | None
-    price_is_default: bool
-    partial: bool
-
-
 def derive(
     now: float,
     replicas: int,
@@ -201,7 +178,7 @@ def derive(
     panic_seconds: float,
     stable_seconds: float,
     accelerator: Accelerator,
-) -> DeploymentSignals:
+) -> EngineSignals:
     """Deployment signals from the replicas scraped now (``latest``) and their histories.
 
     ``replicas`` counts every known replica, up or not: each holds accelerators and
@@ -220,7 +197,7 @@ def derive(
     cost_total = _cost(spend, _sum(stable.prompt_token_rate, stable.generation_token_rate))
     cost_output = _cost(spend, stable.generation_token_rate)
     partial = up < replicas or any(s.missing for s in latest)
-    return DeploymentSignals(
+    return EngineSignals(
         now,
         replicas,
         up,
@@ -262,7 +239,7 @@ def _window(
     now: float, seconds: float, histories: Sequence[ReplicaHistory], none_known: bool
 ) -> WindowSignals:
     if none_known:
-        return WindowSignals(seconds, 0.0, 0.0, 0.0, 0.0, {}, 0.0, 0.0)
+        return WindowSignals(seconds, 0.0, 0.0, 0.0, 0.0, queue_depth_mean=0.0, running_mean=0.0)
     windows = [w for h in histories if (w := h.window(now, seconds)) is not None]
     if not windows:
         return WindowSignals(seconds)
@@ -271,12 +248,14 @@ def _window(
         rates = [w.rate(counter) for w in windows]
         return None if any(r is None for r in rates) else float(sum(r for r in rates if r))
 
-    quantiles: dict[str, dict[float, float | None]] = {}
+    quantiles: dict[str, Quantiles] = {}
     for histogram in HISTOGRAMS:
         merged = _merge_buckets(windows, histogram)
         if merged is not None:
             bounds, counts = merged
-            quantiles[histogram] = {q: bucket_quantile(q, bounds, counts) for q in QUANTILES}
+            quantiles[histogram] = Quantiles(
+                *(bucket_quantile(q, bounds, counts) for q in QUANTILES)
+            )
     means = [w.gauge_means for w in windows]
     return WindowSignals(
         seconds,
@@ -284,9 +263,13 @@ def _window(
         total("prompt_tokens"),
         total("generation_tokens"),
         total("preemptions"),
-        quantiles,
-        float(sum(m["waiting"] for m in means)) if all("waiting" in m for m in means) else None,
-        float(sum(m["running"] for m in means)) if all("running" in m for m in means) else None,
+        **quantiles,
+        queue_depth_mean=(
+            float(sum(m["waiting"] for m in means)) if all("waiting" in m for m in means) else None
+        ),
+        running_mean=(
+            float(sum(m["running"] for m in means)) if all("running" in m for m in means) else None
+        ),
     )
 
 

@@ -9,22 +9,22 @@ from google.protobuf.timestamp_pb2 import Timestamp
 def to_timestamp(seconds: float) -> Timestamp:
     """A Timestamp of ``seconds`` since the epoch (nanosecond resolution)."""
     stamp = Timestamp()
-    stamp.FromNanoseconds(int(seconds * 1e9))
+    stamp.FromNanoseconds(round(seconds * 1e9))
     return stamp
 
 
 def from_timestamp(stamp: Timestamp) -> float:
     """Seconds since the epoch of a Timestamp."""
-    return stamp.seconds + stamp.nanos * 1e-9
+    return stamp.ToNanoseconds() / 1e9  # one correctly rounded division
 
 
 def to_duration(seconds: float) -> Duration:
     """A Duration of ``seconds`` (nanosecond resolution)."""
     duration = Duration()
-    duration.FromNanoseconds(int(seconds * 1e9))
+    duration.FromNanoseconds(round(seconds * 1e9))
     return duration
 
 
 def from_duration(duration: Duration) -> float:
     """Seconds in a Duration."""
-    return duration.seconds + duration.nanos * 1e-9
+    return duration.ToNanoseconds() / 1e9

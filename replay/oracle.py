@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.policies import StaticPeak
+from replay.policies import Scheduled
 from replay.simulate import Result, SimConfig, simulate
 from replay.trace import Trace
 
@@ -88,12 +88,7 @@ def find_oracle(
     best: tuple[Result, OracleSchedule] | None = None
     while True:  # grow until the SLO holds
         schedule = OracleSchedule(interval, work, high)
-        result = simulate(
-            trace,
-            StaticPeak(0, name="oracle", controller="schedule"),
-            config,
-            schedule.function(config.max_replicas),
-        )
+        result = simulate(trace, Scheduled(schedule.function(config.max_replicas)), config)
         if result.metrics["slo_attainment"] >= slo_target or high >= 16:
             best = (result, schedule)
             break
@@ -101,12 +96,7 @@ def find_oracle(
     for _ in range(iterations):
         middle = (low + high) / 2
         schedule = OracleSchedule(interval, work, middle)
-        result = simulate(
-            trace,
-            StaticPeak(0, name="oracle", controller="schedule"),
-            config,
-            schedule.function(config.max_replicas),
-        )
+        result = simulate(trace, Scheduled(schedule.function(config.max_replicas)), config)
         if result.metrics["slo_attainment"] >= slo_target:
             high, best = middle, (result, schedule)
         else:

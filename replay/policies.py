@@ -15,21 +15,24 @@ unitscale          KEDA + HPA    the scaler's registry and decide(), external-pu
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
-from exporter.grpc_service import to_proto
-from exporter.signals import DeploymentSignals
 from foundation.errors import NoDataError
-from protos.externalscaler import externalscaler_pb2 as keda_pb
-from protos.unitscale.v1 import signals_pb2 as pb
+from foundation.signals import EngineSignals, GatewaySignals, Snapshot
+from replay.controllers import (
+    Controller,
+    KedaController,
+    KpaController,
+    ScheduleController,
+    StaticController,
+)
 from replay.keda import Answer, ScalingSpec
 from scaler.core.model import Policy as CorePolicy
-from scaler.service import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry, metric_value
+from scaler.registry import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry, metric_value
 from scaler.signals import SignalStore
 
-Controller = Literal["keda", "kpa", "static", "schedule"]
 KEY = ("replay", "llm", "")
 
 
@@ -47,23 +50,19 @@ class View:
     """Everything a policy may look at, at ``now``."""
 
     now: float
-    signals: DeploymentSignals | None
+    signals: EngineSignals | None
     gateway: GatewayView
     replicas: int
     ready: int
 
 
 class Policy(Protocol):
-    """A policy: its controller, its ScaledObject settings, its answer to a view."""
+    """A policy: its name, and a fresh controller (with its own state) for each run."""
 
     name: str
-    controller: Controller
-    spec: ScalingSpec
-    push: bool
-    """Activates at once on buffered requests (external-push / Knative activator)."""
 
-    def answer(self, view: View) -> Answer:
-        """The metric, target and activity the policy gives KEDA and the HPA."""
+    def controller(self) -> Controller:
+        """The controller that scales the replay's fleet for this policy."""
         ...
 
 
@@ -73,12 +72,20 @@ class StaticPeak:
 
     replicas: int
     name: str = "static-peak"
-    controller: Controller = "static"
-    push: bool = False
-    spec: ScalingSpec = field(default_factory=ScalingSpec)
 
-    def answer(self, view: View) -> Answer:
-        return Answer(float(self.replicas), 1.0, True, "static")
+    def controller(self) -> Controller:
+        return StaticController(self.replicas)
+
+
+@dataclass
+class Scheduled:
+    """Replicas from a schedule known in advance, started instantly (the oracle)."""
+
+    schedule: Callable[[float], int]
+    name: str = "oracle"
+
+    def controller(self) -> Controller:
+        return ScheduleController(self.schedule)
 
 
 @dataclass
@@ -86,7 +93,6 @@ class ProductionStack:
     """KEDA Prometheus trigger on the engines' waiting queue, threshold 5."""
 
     name: str = "production-stack"
-    controller: Controller = "keda"
     push: bool = False
     threshold: float = 5.0
     spec: ScalingSpec = field(
@@ -101,13 +107,15 @@ class ProductionStack:
             return Answer(None, self.threshold, None, "no queue metric")
         return Answer(s.queue_depth, self.threshold, s.queue_depth > 0, "waiting")
 
+    def controller(self) -> Controller:
+        return KedaController(self)
+
 
 @dataclass
 class AibrixKv:
     """AIBrix's KV-cache target: mean KV use 0.5 per replica, HPA arithmetic."""
 
     name: str = "aibrix-kv"
-    controller: Controller = "keda"
     push: bool = False
     target: float = 0.5
     spec: ScalingSpec = field(default_factory=lambda: ScalingSpec(min_replicas=1, max_replicas=64))
@@ -119,6 +127,9 @@ class AibrixKv:
         total = s.kv_usage * max(s.replicas_up, 1)  # Prometheus sums the per-pod values
         return Answer(total, self.target, True, "kv")
 
+    def controller(self) -> Controller:
+        return KedaController(self)
+
 
 @dataclass
 class Kpa:
@@ -126,8 +137,6 @@ class Kpa:
 
     target_concurrency: float
     name: str = "kpa"
-    controller: Controller = "kpa"
-    push: bool = True  # the activator holds requests at zero and pokes the autoscaler
     stable_window: float = 60.0
     panic_window: float = 6.0
     panic_threshold: float = 2.0
@@ -135,24 +144,25 @@ class Kpa:
     scale_to_zero_grace: float = 30.0
     spec: ScalingSpec = field(default_factory=lambda: ScalingSpec(min_replicas=0, max_replicas=64))
 
-    def answer(self, view: View) -> Answer:
-        raise NotImplementedError("the KPA runs its own loop: see simulate.KpaLoop")
+    def controller(self) -> Controller:
+        # The activator holds requests at zero and pokes the autoscaler: push, in effect.
+        return KpaController(self)
 
 
 @dataclass
 class Unitscale:
     """The scaler itself: ``ScaledObjectRegistry`` (the code serving KEDA) over the signals.
 
-    Each view becomes the exporter's and the gateway's ``unitscale.v1.Signals`` messages,
-    fed to a ``SignalStore``; KEDA's calls are answered by ``ScaledObjectRegistry.current``,
-    exactly as ``GetMetrics`` and ``IsActive`` answer them.
+    Each view becomes the exporter's and the gateway's snapshots (``foundation.signals``,
+    what the scaler decodes from the wire), fed to a ``SignalStore``; KEDA's calls are
+    answered by ``ScaledObjectRegistry.current``, exactly as ``GetMetrics`` and
+    ``IsActive`` answer them.
     """
 
     metadata: dict[str, str]
     defaults: CorePolicy = field(default_factory=CorePolicy)
     """The scaler config's policy section (``ScalerConfig.policy``)."""
     name: str = "unitscale"
-    controller: Controller = "keda"
     push: bool = True
     spec: ScalingSpec = field(default_factory=lambda: ScalingSpec(min_replicas=0, max_replicas=64))
     _now: float = 0.0
@@ -165,13 +175,15 @@ class Unitscale:
             self._store, 60.0, clock=lambda: self._now, policy_defaults=self.defaults
         )
 
+    def controller(self) -> Controller:
+        return KedaController(self)
+
     def answer(self, view: View) -> Answer:
         self._now = view.now
         if view.signals is not None:
-            self._store.update(to_proto(KEY, view.signals))
+            self._store.update(Snapshot(KEY, view.signals))
         self._store.update(self.gateway_signals(view))
-        ref = keda_pb.ScaledObjectRef(name="llm", namespace=KEY[0], scalerMetadata=self.metadata)
-        scaled = self._registry.resolve(ref.name, ref.namespace, ref.scalerMetadata)
+        scaled = self._registry.resolve(KEY[1], KEY[0], self.metadata)
         try:
             decision = self._registry.current(scaled)
         except NoDataError as err:
@@ -180,19 +192,15 @@ class Unitscale:
         return Answer(metric_value(decision), TARGET_VALUE, decision.active, decision.reason)
 
     @staticmethod
-    def gateway_signals(view: View) -> pb.Signals:
-        """The gateway's ``unitscale.v1.Signals`` for a view, as the gateway publishes it."""
-        gateway = pb.Signals(
-            target=pb.Target(namespace=KEY[0], deployment=KEY[1]),
-            source=pb.SOURCE_GATEWAY,
-            gateway=pb.GatewaySignals(
-                arrival_rate=view.gateway.arrival_rate,
-                buffered=view.gateway.buffered,
-                in_flight=view.gateway.in_flight,
-            ),
+    def gateway_signals(view: View) -> Snapshot:
+        """The gateway's snapshot for a view, as the gateway publishes it."""
+        gateway = GatewaySignals(
+            time=view.now,
+            arrival_rate=view.gateway.arrival_rate,
+            buffered=view.gateway.buffered,
+            in_flight=view.gateway.in_flight,
         )
-        gateway.observed_time.FromNanoseconds(int(view.now * 1e9))
-        return gateway
+        return Snapshot(KEY, gateway)
 
 
 RECOMMENDED_SPEC = ScalingSpec(
@@ -226,11 +234,6 @@ def unitscale_policy(
     )
 
 
-def replicas_for(value: float, target: float) -> int:
-    """HPA AverageValue without tolerance: ``ceil(value / target)``."""
-    return math.ceil(value / target - 1e-9)
-
-
 __all__ = [
     "METRIC_NAME",
     "AibrixKv",
@@ -238,6 +241,7 @@ __all__ = [
     "Kpa",
     "Policy",
     "ProductionStack",
+    "Scheduled",
     "StaticPeak",
     "Unitscale",
     "View",

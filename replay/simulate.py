@@ -16,10 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 from exporter.engines import EngineStats, Histogram
-from exporter.signals import Accelerator, DeploymentSignals, ReplicaHistory, derive
+from exporter.signals import Accelerator, ReplicaHistory, derive, history_horizon
+from foundation.signals import EngineSignals
 from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
-from replay.keda import LoopState, hpa_sync, keda_poll
-from replay.policies import GatewayView, Kpa, Policy, View
+from replay.policies import GatewayView, Policy, View
 from replay.trace import Trace
 from serving import vllm_buckets
 from serving.replica_model import Profile
@@ -95,56 +95,14 @@ class Result:
     decisions: list[tuple[float, int, str]] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class KpaLoop:
-    """Knative's KPA state: concurrency samples, panic mode."""
-
-    policy: Kpa
-    samples: deque[tuple[float, float]] = field(default_factory=deque)
-    panic_until: float = -math.inf
-    panic_floor: int = 0
-    last_nonzero: float = -math.inf
-
-    def observe(self, now: float, concurrency: float) -> None:
-        self.samples.append((now, concurrency))
-        while self.samples and now - self.samples[0][0] > self.policy.stable_window:
-            self.samples.popleft()
-        if concurrency > 0:
-            self.last_nonzero = now
-
-    def desired(self, now: float, ready: int) -> int:
-        """``ceil(window average / target)`` with Knative's panic and rate rules."""
-        p = self.policy
-        target = p.target_concurrency
-        stable = [c for _, c in self.samples]
-        panic = [c for t, c in self.samples if now - t <= p.panic_window]
-        stable_avg = sum(stable) / len(stable) if stable else 0.0
-        panic_avg = sum(panic) / len(panic) if panic else 0.0
-        want_stable = math.ceil(stable_avg / target - 1e-9)
-        want_panic = math.ceil(panic_avg / target - 1e-9)
-        floor = math.floor(ready / p.max_scale_down_rate) if ready else 0
-        if ready and want_panic / ready >= p.panic_threshold:
-            self.panic_until = now + p.stable_window
-        if now < self.panic_until:
-            self.panic_floor = max(self.panic_floor, want_panic, ready)
-            want = max(want_stable, self.panic_floor)
-        else:
-            self.panic_floor = 0
-            want = max(want_stable, floor)
-        if want == 0 and now - self.last_nonzero < p.scale_to_zero_grace:
-            want = max(ready, 1) if ready else 0
-        return min(want, p.spec.max_replicas)
-
-
 def simulate(
     trace: Trace,
     policy: Policy,
     config: SimConfig,
-    schedule: Callable[[float], int] | None = None,
     progress: Callable[[float], None] | None = None,
     initial_replicas: int = 0,
 ) -> Result:
-    """Replay ``trace`` under ``policy`` (or a replica ``schedule`` for the oracle).
+    """Replay ``trace`` under ``policy``'s controller.
 
     ``initial_replicas`` start ready (a warm start, as if earlier traffic had sized the
     fleet); 0 starts cold, every replica paying its cold start.
@@ -171,9 +129,7 @@ def simulate(
     accelerator = Accelerator(profile.price_per_hour, 1.0)
     buffer: deque[int] = deque()
     arrivals_seen: deque[float] = deque()
-    state = LoopState()
-    kpa = KpaLoop(policy) if isinstance(policy, Kpa) else None
-    signals: DeploymentSignals | None = None
+    signals: EngineSignals | None = None
     decisions: list[tuple[float, int, str]] = []
     series: dict[str, list[float]] = {
         k: [] for k in ("t", "arrivals", "replicas", "ready", "queue")
@@ -183,14 +139,9 @@ def simulate(
     next_arrival = 0
     too_big = float(profile.kv_capacity_tokens)
     end = trace.duration + config.tail
-    next_scrape = next_poll = next_hpa = next_kpa = next_series = 0.0
+    next_scrape = next_series = 0.0
     arrivals_in_series = 0
     now = 0.0
-    desired_static = (
-        policy.answer(View(0.0, None, GatewayView(0, 0, 0), 0, 0)).value
-        if policy.controller == "static"
-        else None
-    )
 
     def running_count() -> int:
         return int(np.count_nonzero((slot == STARTING) | (slot == READY)))
@@ -219,13 +170,9 @@ def simulate(
             drain = ready[np.argsort(fleet.outstanding[ready], kind="stable")][:surplus]
             slot[drain] = DRAINING
 
-    if desired_static is not None:
-        scale_to(int(desired_static), "static", instant=True)
-    elif schedule is None and max(policy.spec.min_replicas, initial_replicas) > 0:
-        warm = max(policy.spec.min_replicas, initial_replicas)
-        scale_to(warm, "running before the trace", instant=True)
-    if schedule is not None:
-        scale_to(schedule(0.0), "schedule", instant=True)
+    controller = policy.controller()
+    actuator = _Actuator(scale_to, running_count)
+    controller.start(actuator, initial_replicas)
 
     def route(index: int) -> bool:
         ready = np.flatnonzero(slot == READY)
@@ -273,8 +220,6 @@ def simulate(
         gateway = GatewayView(
             len(arrivals_seen) / config.panic_window, len(buffer), int(fleet.outstanding.sum())
         )
-        if kpa is not None:
-            kpa.observe(now, gateway.buffered + gateway.in_flight)
         # 4. The exporter scrapes every replica with endpoints.
         if now >= next_scrape:
             next_scrape += config.scrape_interval
@@ -283,7 +228,8 @@ def simulate(
             for s in serving:
                 stats = _engine_stats(int(s), fleet, counters, hist, created[s])
                 histories.setdefault(
-                    int(s), ReplicaHistory(config.stable_window + 2 * config.scrape_interval)
+                    int(s),
+                    ReplicaHistory(history_horizon(config.stable_window, config.scrape_interval)),
                 ).add(now, stats)
                 latest.append(stats)
             signals = derive(
@@ -297,31 +243,7 @@ def simulate(
             )
         view = View(now, signals, gateway, running_count(), int(np.count_nonzero(slot == READY)))
         # 5. The controller acts.
-        if schedule is not None:
-            scale_to(schedule(now), "schedule", instant=True)
-        elif kpa is not None:
-            if buffer and running_count() == 0:
-                scale_to(1, "activator: request at zero")
-            if now >= next_kpa:
-                next_kpa += 2.0
-                scale_to(kpa.desired(now, view.ready), "kpa")
-        elif policy.controller == "keda":
-            replicas = running_count()
-            if policy.push and buffer and replicas == 0:
-                answer = policy.answer(view)
-                if answer.active:
-                    scale_to(max(policy.spec.min_replicas, 1), "push: " + answer.reason)
-                    state = LoopState(now, state.recommendations)
-            if now >= next_poll:
-                next_poll += policy.spec.polling_interval
-                answer = policy.answer(view)
-                replicas, state = keda_poll(running_count(), answer, state, now, policy.spec)
-                scale_to(replicas, "keda: " + answer.reason)
-            if now >= next_hpa:
-                next_hpa += policy.spec.hpa_sync
-                answer = policy.answer(view)
-                replicas, state = hpa_sync(running_count(), answer, state, now, policy.spec)
-                scale_to(replicas, "hpa: " + answer.reason)
+        controller.tick(view, actuator)
         if now >= next_series:
             next_series += 10.0
             series["t"].append(now)
@@ -340,6 +262,20 @@ def simulate(
     return _result(
         policy.name, requests, config, replica_seconds, busy_seconds, cold_starts, series, decisions
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Actuator:
+    """The simulated Deployment, as a controller sees it."""
+
+    scale: Callable[[int, str, bool], None]
+    count: Callable[[], int]
+
+    def scale_to(self, replicas: int, reason: str, instant: bool = False) -> None:
+        self.scale(replicas, reason, instant)
+
+    def running(self) -> int:
+        return self.count()
 
 
 def _record(

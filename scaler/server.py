@@ -18,7 +18,8 @@ from foundation.grpc_server import KEEPALIVE_FOR_LONG_LIVED_CLIENTS, GrpcServer,
 from foundation.reload import ConfigSource, ConfigStore
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
-from scaler.service import ExternalScalerService, ScaledObjectRegistry
+from scaler.registry import ScaledObjectRegistry
+from scaler.service import ExternalScalerService
 from scaler.signals import SignalStore
 from scaler.sources import demo_source, watch_signals
 from scaler.telemetry import metrics_app

@@ -1,8 +1,6 @@
 """KEDA's ``externalscaler.ExternalScaler`` service over the decision core.
 
-Decisions are made when new signals arrive (``SignalStore`` tells the registry), and
-every KEDA RPC reads the stored decision: O(1), no scrape, no I/O per call. The one
-place where errors become gRPC status codes:
+The one place where errors become gRPC status codes:
 
 =====================  ==================  ========================================
 error                  status              why
@@ -12,8 +10,7 @@ unknown metric name    NOT_FOUND           KEDA asked for a metric we never spec
 NoDataError            UNAVAILABLE         lets KEDA's fallback act; never a fake 0
 =====================  ==================  ========================================
 
-The metric is the desired replica count itself, with AverageValue target 1, so the
-HPA computes ``ceil(value / 1)`` replicas (subject to its 10% tolerance).
+The answers come from ``scaler.registry`` (grpc-free, shared with the replay).
 """
 
 from __future__ import annotations
@@ -22,26 +19,23 @@ import asyncio
 import logging
 import math
 import re
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 import grpc
 
 from foundation.errors import MetadataError, NoDataError
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
-from scaler.core import Decision, DecisionState, Policy, decide
-from scaler.core.hpa import metric_for
-from scaler.metadata import TriggerMetadata, parse_metadata
-from scaler.signals import SignalStore, TargetKey, describe_key, observe
+from scaler.core import Decision
+from scaler.registry import (
+    METRIC_NAME,
+    TARGET_VALUE,
+    ScaledObject,
+    ScaledObjectRegistry,
+    metric_value,
+)
 
 log = logging.getLogger(__name__)
-
-METRIC_NAME = "unitscale-desired-replicas"
-"""The one metric every unitscale ScaledObject gets (HPA name ``sN-`` + this)."""
-TARGET_VALUE = 1.0
-"""AverageValue target: one unit of the metric per replica."""
 
 # KEDA names the HPA metric "s<trigger index>-<name>" and strips that prefix before
 # GetMetrics; accept it anyway, for older KEDA versions and hand-made calls.
@@ -56,206 +50,6 @@ _METRIC_SPEC = pb.GetMetricSpecResponse(
 )
 _ACTIVE = pb.IsActiveResponse(result=True)
 _INACTIVE = pb.IsActiveResponse(result=False)
-
-ObjectKey = tuple[str, str]
-
-
-def metric_value(decision: Decision) -> float:
-    """What GetMetrics reports so that the HPA lands on the decision (``core.hpa``)."""
-    return metric_for(decision.desired_replicas, decision.current_replicas)
-
-
-"""(namespace, name) of a ScaledObject."""
-
-
-@dataclass(slots=True, eq=False)
-class ScaledObject:
-    """What the scaler keeps per ScaledObject: its trigger and its latest decision."""
-
-    key: ObjectKey
-    raw_metadata: dict[str, str]
-    metadata: TriggerMetadata
-    target: TargetKey
-    policy: Policy
-    max_signal_age: float
-    state: DecisionState = field(default_factory=DecisionState)
-    decision: Decision | None = None
-    error: NoDataError | None = None
-    signals_version: int = -1
-    valid_until: float = -math.inf
-    active: bool = False
-    """Whether the last valid decision was active (for push transitions)."""
-    push_events: set[asyncio.Event] = field(default_factory=set)
-    last_seen: float = 0.0
-    """When KEDA last asked about it (clock seconds); long silence means it is gone."""
-
-
-class ScaledObjectRegistry:
-    """Every ScaledObject KEDA has asked about, and its current decision."""
-
-    def __init__(
-        self,
-        store: SignalStore,
-        default_max_signal_age: float,
-        clock: Callable[[], float] = time.time,
-        policy_defaults: Policy | None = None,
-    ) -> None:
-        self._store = store
-        self._policy_defaults = policy_defaults or Policy()
-        self._default_max_age = default_max_signal_age
-        self._clock = clock
-        self._objects: dict[ObjectKey, ScaledObject] = {}
-        self._by_target: dict[TargetKey, set[ScaledObject]] = {}
-        store.add_listener(self._on_signals)
-
-    def __len__(self) -> int:
-        return len(self._objects)
-
-    def set_default_max_signal_age(self, seconds: float) -> None:
-        """A reloaded ``max-signal-age``: applies to every ScaledObject without its own."""
-        self._default_max_age = seconds
-        now = self._clock()
-        for scaled in self._objects.values():
-            if scaled.metadata.max_signal_age is None and scaled.max_signal_age != seconds:
-                scaled.max_signal_age = seconds
-                self._refresh(scaled, now)
-
-    def set_policy_defaults(self, defaults: Policy) -> None:
-        """A reloaded ``policy`` section: every ScaledObject's policy is rebuilt over it."""
-        if defaults == self._policy_defaults:
-            return
-        self._policy_defaults = defaults
-        for scaled in self._objects.values():
-            scaled.policy = scaled.metadata.policy(defaults)
-
-    def evict_idle(self, ttl: float) -> list[ObjectKey]:
-        """Forget ScaledObjects KEDA has not asked about for ``ttl`` seconds.
-
-        KEDA never says a ScaledObject was deleted; without this the registry (and its
-        metrics) would keep every one ever seen. One with an open StreamIsActive stays.
-        """
-        now = self._clock()
-        gone = [
-            key
-            for key, scaled in self._objects.items()
-            if now - scaled.last_seen > ttl and not scaled.push_events
-        ]
-        for key in gone:
-            scaled = self._objects.pop(key)
-            self._by_target.get(scaled.target, set()).discard(scaled)
-            log.info("forgot ScaledObject %s/%s (not asked about for %.0fs)", *key, ttl)
-        return gone
-
-    def objects(self) -> list[ScaledObject]:
-        """Every ScaledObject KEDA has asked about."""
-        return list(self._objects.values())
-
-    def get(self, namespace: str, name: str) -> ScaledObject | None:
-        """The ScaledObject if KEDA has asked about it."""
-        return self._objects.get((namespace, name))
-
-    def resolve(self, name: str, namespace: str, raw: Mapping[str, str]) -> ScaledObject:
-        """The ScaledObject for a KEDA ref, (re)parsing its metadata when it changed.
-
-        Raises:
-            MetadataError: the metadata is invalid; an earlier valid entry is kept.
-        """
-        if not name or not namespace:
-            raise MetadataError("ScaledObjectRef needs both name and namespace")
-        key = (namespace, name)
-        existing = self._objects.get(key)
-        metadata_map = dict(raw)
-        if existing is not None and existing.raw_metadata == metadata_map:
-            existing.last_seen = self._clock()
-            return existing
-        metadata = parse_metadata(metadata_map)
-        target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
-        max_age = metadata.max_signal_age or self._default_max_age
-        if existing is None:
-            policy = metadata.policy(self._policy_defaults)
-            scaled = ScaledObject(key, metadata_map, metadata, target, policy, max_age)
-            scaled.last_seen = self._clock()
-            self._objects[key] = scaled
-            log.info("tracking ScaledObject %s/%s for %s", namespace, name, describe_key(target))
-        else:
-            # Update in place: open StreamIsActive calls keep their events.
-            scaled = existing
-            self._by_target.get(scaled.target, set()).discard(scaled)
-            scaled.raw_metadata, scaled.metadata, scaled.target = metadata_map, metadata, target
-            scaled.policy = metadata.policy(self._policy_defaults)
-            scaled.max_signal_age = max_age
-            scaled.signals_version = -1
-            scaled.last_seen = self._clock()
-            log.info("ScaledObject %s/%s metadata changed", namespace, name)
-        self._by_target.setdefault(target, set()).add(scaled)
-        self._refresh(scaled, self._clock())
-        return scaled
-
-    def current(self, scaled: ScaledObject) -> Decision:
-        """The decision to answer KEDA with now.
-
-        Raises:
-            NoDataError: no signals, or only stale ones, for the ScaledObject's target.
-        """
-        now = self._clock()
-        signals = self._store.get(scaled.target)
-        version = signals.version if signals is not None else 0
-        if version != scaled.signals_version or now > scaled.valid_until:
-            self._refresh(scaled, now)
-        if scaled.decision is None:
-            assert scaled.error is not None
-            raise scaled.error
-        return scaled.decision
-
-    def watch_activation(self, scaled: ScaledObject) -> asyncio.Event:
-        """An event set on each inactive-to-active transition; pass it to ``unwatch``."""
-        event = asyncio.Event()
-        scaled.push_events.add(event)
-        return event
-
-    def unwatch(self, scaled: ScaledObject, event: asyncio.Event) -> None:
-        """Stop setting ``event``."""
-        scaled.push_events.discard(event)
-
-    def _on_signals(self, target: TargetKey) -> None:
-        bound = self._by_target.get(target)
-        if bound:
-            now = self._clock()
-            for scaled in bound:
-                self._refresh(scaled, now)
-
-    def _refresh(self, scaled: ScaledObject, now: float) -> None:
-        signals = self._store.get(scaled.target)
-        scaled.signals_version = signals.version if signals is not None else 0
-        try:
-            observation, valid_until = observe(scaled.target, signals, now, scaled.max_signal_age)
-            decision = decide(observation, scaled.policy, scaled.state)
-        except NoDataError as err:
-            if scaled.error is None or str(scaled.error) != str(err):
-                log.info("ScaledObject %s/%s: %s", *scaled.key, err)
-            scaled.decision, scaled.error, scaled.valid_until = None, err, math.inf
-            return
-        previous = scaled.decision
-        scaled.decision, scaled.error, scaled.state = decision, None, decision.state
-        scaled.valid_until = valid_until
-        if previous is None or previous.desired_replicas != decision.desired_replicas:
-            log.info(
-                "ScaledObject %s/%s: desired replicas %d (%s)",
-                *scaled.key,
-                decision.desired_replicas,
-                decision.reason,
-            )
-        if previous is not None and previous.panic != decision.panic:
-            log.info(
-                "ScaledObject %s/%s: panic %s (%s)",
-                *scaled.key,
-                "started" if decision.panic else "ended",
-                decision.reason,
-            )
-        if decision.active and not scaled.active:
-            for event in scaled.push_events:
-                event.set()
-        scaled.active = decision.active
 
 
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
@@ -281,7 +75,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         opens as "inactive", so a target already active gets one ``true`` first.
         """
         scaled = await self._resolve(request, context)
-        event = self._registry.watch_activation(scaled)
+        event = asyncio.Event()
+        self._registry.add_activation_listener(scaled, event.set)
         try:
             try:
                 if self._registry.current(scaled).active:
@@ -293,7 +88,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 event.clear()
                 yield _ACTIVE
         finally:
-            self._registry.unwatch(scaled, event)
+            self._registry.remove_activation_listener(scaled, event.set)
 
     async def GetMetricSpec(  # noqa: N802
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext

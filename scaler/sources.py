@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
+from foundation.signals import EngineSignals, GatewaySignals, Snapshot, WindowSignals
+from foundation.signals_wire import WireError, decode
 from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
 from scaler.config import DemoSourceConfig, SignalSourceConfig
@@ -35,7 +36,7 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
                 call = stub.WatchSignals(pb.WatchSignalsRequest())
                 log.info("watching signals from %s", config.address)
                 async for response in call:
-                    store.update(response.signals)
+                    receive(store, response.signals)
                     delay = config.reconnect_min
             log.warning("signal watch on %s ended; reconnecting", config.address)
         except grpc.aio.AioRpcError as err:
@@ -48,6 +49,19 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
             )
         await asyncio.sleep(delay)
         delay = min(delay * 2, config.reconnect_max)
+
+
+def receive(store: SignalStore, message: pb.Signals) -> bool:
+    """Decode a wire message into ``store``; one that cannot be attributed is refused.
+
+    Returns whether the store kept it.
+    """
+    try:
+        snapshot = decode(message)
+    except WireError as err:
+        log.warning("ignoring signals: %s: %s", err, message)
+        return False
+    return store.update(snapshot)
 
 
 def demo_concurrency(elapsed: float, period: float, peak: float) -> float:
@@ -75,25 +89,27 @@ def demo_concurrency(elapsed: float, period: float, peak: float) -> float:
 
 def demo_signals(
     namespace: str, deployment: str, now: float, elapsed: float, config: DemoSourceConfig
-) -> tuple[pb.Signals, pb.Signals]:
+) -> tuple[Snapshot, Snapshot]:
     """Engine and gateway snapshots for one demo deployment at ``elapsed``."""
     demand = demo_concurrency(elapsed, config.period, config.peak_concurrency)
-    target = pb.Target(namespace=namespace, deployment=deployment)
-    stamp = _timestamp(now)
+    target = (namespace, deployment, "")
     running = min(demand, config.peak_concurrency / 2)
-    engine = pb.Signals(
-        target=target,
-        source=pb.SOURCE_EXPORTER,
-        engine=pb.EngineSignals(queue_depth=demand - running, requests_running=running),
+    engine = EngineSignals(
+        time=now,
+        replicas=0,
+        replicas_up=0,
+        queue_depth=demand - running,
+        running=running,
+        kv_usage=None,
+        panic=WindowSignals(0.0),
+        stable=WindowSignals(0.0),
+        cost_per_million_tokens=None,
+        cost_per_million_output_tokens=None,
+        price_is_default=False,
+        partial=False,
     )
-    engine.observed_time.CopyFrom(stamp)
-    gateway = pb.Signals(
-        target=target,
-        source=pb.SOURCE_GATEWAY,
-        gateway=pb.GatewaySignals(arrival_rate=demand / 2, in_flight=int(demand)),
-    )
-    gateway.observed_time.CopyFrom(stamp)
-    return engine, gateway
+    gateway = GatewaySignals(time=now, arrival_rate=demand / 2, buffered=0, in_flight=int(demand))
+    return Snapshot(target, engine), Snapshot(target, gateway)
 
 
 async def demo_source(
@@ -107,9 +123,3 @@ async def demo_source(
             for snapshot in demo_signals(config.namespace, deployment, now, now - start, config):
                 store.update(snapshot)
         await asyncio.sleep(config.interval)
-
-
-def _timestamp(seconds: float) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromNanoseconds(int(seconds * 1e9))
-    return stamp

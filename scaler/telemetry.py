@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from foundation.reload import ConfigStore
-from scaler.service import ScaledObjectRegistry, metric_value
+from scaler.registry import ScaledObjectRegistry, metric_value
 
 _LABELS = ["namespace", "scaled_object"]
 _GAUGES = {

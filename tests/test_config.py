@@ -68,7 +68,7 @@ def test_the_exporter_example_parses_to_the_defaults():
 
 
 def test_a_reloaded_policy_section_reaches_every_scaled_object():
-    from scaler.service import ScaledObjectRegistry
+    from scaler.registry import ScaledObjectRegistry
     from scaler.signals import SignalStore
 
     registry = ScaledObjectRegistry(

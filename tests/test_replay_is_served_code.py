@@ -5,19 +5,22 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from exporter.grpc_service import to_proto
-from exporter.signals import DeploymentSignals, WindowSignals
+from foundation.signals import EngineSignals, Snapshot, WindowSignals
+from foundation.signals_wire import encode
 from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from replay.policies import KEY, GatewayView, View, unitscale_policy
 from scaler.config import ScalerConfig
 from scaler.server import ScalerServer
+from scaler.sources import receive
 from tests.conftest import T0, FakeClock
 
 
 def signals(at, queue, running, prompt, output, replicas):
-    window = WindowSignals(60.0, 2.0, prompt, output, 0.0, {}, queue, running)
-    return DeploymentSignals(
+    window = WindowSignals(
+        60.0, 2.0, prompt, output, 0.0, queue_depth_mean=queue, running_mean=running
+    )
+    return EngineSignals(
         at, replicas, replicas, queue, running, 0.4, window, window, 1.0, 5.0, False, False
     )
 
@@ -48,9 +51,11 @@ async def test_same_signals_same_answers(target_concurrency):
                 answer = policy.answer(
                     View(T0 + offset, engine, gateway, engine.replicas, engine.replicas)
                 )
-                server.store.update(to_proto(KEY, engine))
-                server.store.update(
-                    policy.gateway_signals(View(T0 + offset, engine, gateway, 0, 0))
+                # The served path gets both over the wire, as from the exporter and gateway.
+                receive(server.store, encode(Snapshot(KEY, engine)))
+                receive(
+                    server.store,
+                    encode(policy.gateway_signals(View(T0 + offset, engine, gateway, 0, 0))),
                 )
                 request = keda.GetMetricsRequest(
                     scaledObjectRef=ref, metricName="s0-unitscale-desired-replicas"

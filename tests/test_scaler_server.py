@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
+from scaler.sources import receive
 from tests.conftest import T0, engine_signals, gateway_signals, ref
 
 METRIC = "unitscale-desired-replicas"
@@ -38,7 +39,7 @@ async def test_metric_spec_names_one_metric_with_both_target_fields(stub):
 async def test_get_metrics_returns_desired_replicas_in_int_and_float(
     scaler, stub, queue, running, expected
 ):
-    scaler.store.update(engine_signals(queue=queue, running=running))
+    receive(scaler.store, engine_signals(queue=queue, running=running))
     response = await stub.GetMetrics(metrics_request(ref()))
     assert [(v.metricName, v.metricValue, v.metricValueFloat) for v in response.metricValues] == [
         (METRIC, expected, float(expected))
@@ -54,13 +55,13 @@ async def test_get_metrics_returns_desired_replicas_in_int_and_float(
     ],
 )
 async def test_keda_prefixed_metric_names_are_accepted_and_echoed(scaler, stub, name):
-    scaler.store.update(engine_signals(queue=1.0, running=1.0))
+    receive(scaler.store, engine_signals(queue=1.0, running=1.0))
     response = await stub.GetMetrics(metrics_request(ref(), name))
     assert [v.metricName for v in response.metricValues] == [name]
 
 
 async def test_unknown_metric_name_is_not_found(scaler, stub):
-    scaler.store.update(engine_signals(queue=1.0, running=1.0))
+    receive(scaler.store, engine_signals(queue=1.0, running=1.0))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.GetMetrics(metrics_request(ref(), "s0-cpu"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
@@ -104,19 +105,19 @@ async def test_no_signals_is_unavailable_never_zero(stub, rpc):
 
 
 async def test_stale_signals_become_unavailable_and_fresh_ones_recover(scaler, clock, stub):
-    scaler.store.update(engine_signals(queue=0.0, running=20.0, at=T0))
+    receive(scaler.store, engine_signals(queue=0.0, running=20.0, at=T0))
     assert (await stub.GetMetrics(metrics_request(ref()))).metricValues[0].metricValue == 2
     clock.now = T0 + 31  # max-signal-age is 30s in the fixture
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.GetMetrics(metrics_request(ref()))
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "stale (SOURCE_EXPORTER 31s old; max 30s)" in caught.value.details()
-    scaler.store.update(engine_signals(queue=0.0, running=40.0, at=T0 + 31))
+    receive(scaler.store, engine_signals(queue=0.0, running=40.0, at=T0 + 31))
     assert (await stub.GetMetrics(metrics_request(ref()))).metricValues[0].metricValue == 3
 
 
 async def test_per_object_max_signal_age_overrides_the_config(scaler, clock, stub):
-    scaler.store.update(engine_signals(queue=0.0, running=1.0, at=T0))
+    receive(scaler.store, engine_signals(queue=0.0, running=1.0, at=T0))
     clock.now = T0 + 6
     assert (await stub.IsActive(ref())).result is True
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -127,15 +128,15 @@ async def test_per_object_max_signal_age_overrides_the_config(scaler, clock, stu
 async def test_a_fresh_gateway_keeps_a_target_decidable_when_the_exporter_is_stale(
     scaler, clock, stub
 ):
-    scaler.store.update(engine_signals(queue=0.0, running=0.0, at=T0))
+    receive(scaler.store, engine_signals(queue=0.0, running=0.0, at=T0))
     clock.now = T0 + 40
-    scaler.store.update(gateway_signals(at=T0 + 40, buffered=2, arrival_rate=0.5))
+    receive(scaler.store, gateway_signals(at=T0 + 40, buffered=2, arrival_rate=0.5))
     assert (await stub.IsActive(ref())).result is True
     assert (await stub.GetMetrics(metrics_request(ref()))).metricValues[0].metricValue == 1
 
 
 async def test_metadata_selects_namespace_and_model_of_the_target(scaler, stub):
-    scaler.store.update(engine_signals("llama", "serving", model="m1", queue=0.0, running=64.0))
+    receive(scaler.store, engine_signals("llama", "serving", model="m1", queue=0.0, running=64.0))
     so = ref(namespace="serving", model="m1", targetConcurrency="32")
     assert (await stub.GetMetrics(metrics_request(so))).metricValues[0].metricValue == 2
     with pytest.raises(grpc.aio.AioRpcError):  # same deployment, other model: no signals
@@ -143,7 +144,7 @@ async def test_metadata_selects_namespace_and_model_of_the_target(scaler, stub):
 
 
 async def test_changed_metadata_takes_effect_on_the_next_call(scaler, stub):
-    scaler.store.update(engine_signals(queue=0.0, running=64.0))
+    receive(scaler.store, engine_signals(queue=0.0, running=64.0))
     assert (await stub.GetMetrics(metrics_request(ref()))).metricValues[0].metricValue == 4
     so = ref(maxReplicas="3")
     assert (await stub.GetMetrics(metrics_request(so))).metricValues[0].metricValue == 3
@@ -154,12 +155,12 @@ async def next_push(call, within=2.0):
 
 
 async def test_stream_is_active_pushes_only_inactive_to_active_transitions(scaler, clock, stub):
-    scaler.store.update(engine_signals(queue=0.0, running=0.0))
+    receive(scaler.store, engine_signals(queue=0.0, running=0.0))
     call = stub.StreamIsActive(ref(idleGrace="0s"))
     await asyncio.sleep(0.2)  # let the stream subscribe
     for step, running in enumerate([0.0, 4.0, 8.0, 30.0, 0.0, 0.0, 2.0], start=1):
         clock.now = T0 + step
-        scaler.store.update(engine_signals(queue=0.0, running=running, at=T0 + step))
+        receive(scaler.store, engine_signals(queue=0.0, running=running, at=T0 + step))
         if step == 2:  # 0 -> 4 in flight: the one transition so far
             assert (await next_push(call)).result is True
     # 8 and 30 stayed active: nothing more was sent; 0 -> 2 at the end is a new transition.
@@ -170,7 +171,7 @@ async def test_stream_is_active_pushes_only_inactive_to_active_transitions(scale
 
 
 async def test_stream_is_active_opens_with_true_when_already_active(scaler, stub):
-    scaler.store.update(engine_signals(queue=3.0, running=0.0))
+    receive(scaler.store, engine_signals(queue=3.0, running=0.0))
     call = stub.StreamIsActive(ref())
     assert (await next_push(call)).result is True
     with pytest.raises(asyncio.TimeoutError):
@@ -197,7 +198,7 @@ async def test_stream_metric_spec_sends_the_spec_at_once_and_stays_open(stub):
 async def test_many_scaled_objects_are_served_concurrently_and_independently(scaler, stub):
     count = 400
     for i in range(count):
-        scaler.store.update(engine_signals(f"model-{i}", queue=0.0, running=float(i)))
+        receive(scaler.store, engine_signals(f"model-{i}", queue=0.0, running=float(i)))
 
     async def ask(i):
         so = ref(f"model-{i}", targetConcurrency="10")
@@ -252,7 +253,7 @@ async def test_every_decision_is_exported_for_prometheus(clock):
     server = ScalerServer(ScalerConfig(), "127.0.0.1:0", clock=clock, metrics_listen="127.0.0.1:0")
     port = await server.start()
     try:
-        server.store.update(engine_signals(queue=8.0, running=24.0))
+        receive(server.store, engine_signals(queue=8.0, running=24.0))
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as chan:
             stub = keda_grpc.ExternalScalerStub(chan)
             await stub.GetMetrics(metrics_request(ref()))

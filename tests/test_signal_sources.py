@@ -8,11 +8,12 @@ import contextlib
 import grpc
 import pytest
 
+from foundation.signals import EngineSignals, GatewaySignals
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from scaler.config import DemoSourceConfig, SignalSourceConfig
 from scaler.signals import SignalStore
-from scaler.sources import demo_concurrency, demo_signals, watch_signals
+from scaler.sources import demo_concurrency, demo_signals, receive, watch_signals
 from tests.conftest import T0, engine_signals
 
 
@@ -39,7 +40,7 @@ async def start_publisher(port=0):
 def running(store):
     signals = store.get(("team-a", "llama", ""))
     assert signals is not None and signals.engine is not None
-    return signals.engine.engine.requests_running
+    return signals.engine.running
 
 
 def version(store):
@@ -87,15 +88,15 @@ async def test_watch_feeds_the_store_and_reconnects_after_the_source_restarts():
 )
 def test_store_keeps_the_newest_snapshot_per_source(first, second, kept):
     store = SignalStore()
-    assert store.update(engine_signals(running=1.0, at=first))
-    assert store.update(engine_signals(running=2.0, at=second)) is (kept == 2)
+    assert receive(store, engine_signals(running=1.0, at=first))
+    assert receive(store, engine_signals(running=2.0, at=second)) is (kept == 2)
     assert running(store) == kept
 
 
 def test_store_refuses_snapshots_it_cannot_attribute(caplog):
     store = SignalStore()
-    assert not store.update(sig.Signals(source=sig.SOURCE_EXPORTER, engine=sig.EngineSignals()))
-    assert not store.update(sig.Signals(target=sig.Target(namespace="a", deployment="b")))
+    assert not receive(store, sig.Signals(source=sig.SOURCE_EXPORTER, engine=sig.EngineSignals()))
+    assert not receive(store, sig.Signals(target=sig.Target(namespace="a", deployment="b")))
     assert store.keys() == []
 
 
@@ -115,6 +116,8 @@ def test_demo_load_cycle(share, load):
 def test_demo_signals_split_demand_between_running_and_queued():
     config = DemoSourceConfig(peak_concurrency=100, period=60)
     engine, gateway = demo_signals("demo", "llama", T0, 0.4 * 60, config)
-    assert engine.engine.requests_running + engine.engine.queue_depth == pytest.approx(100)
-    assert gateway.gateway.in_flight == 100
-    assert engine.observed_time.seconds == int(T0)
+    assert isinstance(engine.signals, EngineSignals)
+    assert isinstance(gateway.signals, GatewaySignals)
+    assert engine.signals.running + engine.signals.queue_depth == pytest.approx(100)  # type: ignore[operator]
+    assert gateway.signals.in_flight == 100
+    assert int(engine.time) == int(T0)

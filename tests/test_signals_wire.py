@@ -1,0 +1,89 @@
+"""The wire carries the typed signals unchanged: what the exporter derives is what decide() sees."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from foundation.signals import EngineSignals, GatewaySignals, Quantiles, Snapshot, WindowSignals
+from foundation.signals_wire import WireError, decode, encode
+from protos.unitscale.v1 import signals_pb2 as pb
+
+# Times on a whole microsecond: the wire keeps nanoseconds, a float keeps ~0.2 us at 1.8e9 s.
+times = st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1e6)
+values = st.none() | st.floats(0, 1e9, allow_nan=False, allow_infinity=False)
+costs = values | st.just(math.inf)  # paying for replicas that served nothing
+counts = st.integers(0, 10_000)
+names = st.text("abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=20)
+quantiles = st.builds(Quantiles, values, values, values, values)
+windows = st.builds(
+    WindowSignals,
+    st.integers(1, 3600).map(float),
+    values,
+    values,
+    values,
+    values,
+    quantiles,
+    quantiles,
+    quantiles,
+    quantiles,
+    values,
+    values,
+)
+engines = st.builds(
+    EngineSignals,
+    times,
+    counts,
+    counts,
+    values,
+    values,
+    values,
+    windows,
+    windows,
+    costs,
+    costs,
+    st.booleans(),
+    st.booleans(),
+)
+gateways = st.builds(GatewaySignals, times, values, counts, counts, st.none() | times, values)
+targets = st.tuples(names, names, st.just("") | names)
+
+
+@given(targets, engines | gateways)
+def test_a_snapshot_comes_back_from_the_wire_as_it_went(target, signals):
+    snapshot = Snapshot(target, signals)
+    assert decode(pb.Signals.FromString(encode(snapshot).SerializeToString())) == snapshot
+
+
+def test_nan_is_sent_as_unknown_never_as_a_number():
+    window = WindowSignals(60.0, request_rate=math.nan, ttft=Quantiles(p95=math.nan))
+    engine = EngineSignals(0.0, 1, 1, math.nan, 2.0, None, window, window, None, None, False, False)
+    back = decode(encode(Snapshot(("a", "b", ""), engine))).signals
+    assert isinstance(back, EngineSignals)
+    assert (back.queue_depth, back.running, back.stable.request_rate, back.stable.ttft.p95) == (
+        None,
+        2.0,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param(
+            pb.Signals(source=pb.SOURCE_EXPORTER, engine=pb.EngineSignals()),
+            id="a-message-naming-no-deployment-is-refused",
+        ),
+        pytest.param(
+            pb.Signals(target=pb.Target(namespace="a", deployment="b")),
+            id="a-message-with-no-payload-is-refused",
+        ),
+    ],
+)
+def test_messages_that_cannot_be_attributed_are_refused(message):
+    with pytest.raises(WireError):
+        decode(message)
