@@ -75,9 +75,9 @@ async def test_signals_follow_what_the_replicas_served(replicas, session):
     assert signals.stable.request_rate == pytest.approx(4.0)  # 40 requests in 10 s
     assert signals.stable.prompt_token_rate == pytest.approx(400.0)
     assert signals.stable.generation_token_rate == pytest.approx(80.0)
-    ttft = signals.stable.quantiles["ttft"]
-    assert 0.25 <= ttft[0.5] <= 0.75  # 30 of 40 requests took 0.7 s, 10 took 0.3 s
-    assert 0.5 <= ttft[0.99] <= 0.75
+    ttft = signals.stable.ttft
+    assert 0.25 <= ttft.p50 <= 0.75  # 30 of 40 requests took 0.7 s, 10 took 0.3 s
+    assert 0.5 <= ttft.p99 <= 0.75
     # 2 whole cards at the default $3.50/h for 480 tok/s
     assert signals.price_is_default
     assert signals.cost_per_million_tokens == pytest.approx(7.0 / (480 * 3600) * 1e6)
