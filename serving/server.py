@@ -18,7 +18,7 @@ from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 from serving.config import GatewayConfig
 from serving.gateway import Gateway, GatewaySettings, GatewaySignalsService
 from serving.replica_model import Profile
-from serving.sim_replica import SimReplica
+from serving.sim_http import SimReplica
 
 log = logging.getLogger(__name__)
 

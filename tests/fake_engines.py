@@ -11,7 +11,7 @@ import asyncio
 
 from aiohttp import web
 
-from serving.sim_replica import VllmMetrics
+from serving.vllm_metrics import VllmMetrics
 
 
 class FakeVllm:

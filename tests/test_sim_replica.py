@@ -18,7 +18,9 @@ from foundation.net import free_port
 from serving import vllm_buckets
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import SimReplicaServer
-from serving.sim_replica import BulkHistogram, RequestError, SimEngine, prompt_length, token_text
+from serving.sim_engine import SimEngine, token_text
+from serving.sim_validation import RequestError, prompt_length
+from serving.vllm_metrics import BulkHistogram
 from tests.conftest import eventually
 
 FAST = 50.0

@@ -1,0 +1,207 @@
+"""The simulated replica's HTTP face: the parts of vLLM's OpenAI server the project uses.
+
+It speaks vLLM's OpenAI API (``/v1/completions``, ``/v1/chat/completions`` with SSE
+streaming, ``/v1/models``, ``/health``) and exposes ``/metrics`` with vLLM 0.32's metric
+names, labels and histogram buckets (``serving.vllm_metrics``), so the exporter cannot tell
+it from vLLM by format. Requests are checked as vLLM checks them (``serving.sim_validation``)
+and served by the engine (``serving.sim_engine``), whose timing comes from the replica model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from serving.replica_model import Profile
+from serving.sim_engine import SimEngine, token_text
+from serving.sim_validation import (
+    RequestError,
+    chat_prompt_length,
+    check_model,
+    json_object,
+    max_tokens_of,
+    prompt_length,
+    too_long,
+)
+
+
+class SimReplica:
+    """The HTTP face of a ``SimEngine``: the parts of vLLM's OpenAI server we use."""
+
+    def __init__(self, profile: Profile, model: str = "sim-llama", speedup: float = 1.0) -> None:
+        self.engine = SimEngine(profile, model, speedup)
+        self.model = model
+        self.app = web.Application(middlewares=[_request_errors])
+        self.app.router.add_post("/v1/completions", self._completions)
+        self.app.router.add_post("/v1/chat/completions", self._chat)
+        self.app.router.add_get("/v1/models", self._models)
+        self.app.router.add_get("/health", self._health)
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.cleanup_ctx.append(self._engine_task)
+        self._ids = itertools.count(1)
+
+    async def _engine_task(self, app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.engine.run())
+        yield
+        task.cancel()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.model, "object": "model", "owned_by": "unitscale-sim"}],
+            }
+        )
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        check_model(body, self.model)
+        return await self._serve(request, body, prompt_length(body.get("prompt")), chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        check_model(body, self.model)
+        prompt_tokens = chat_prompt_length(body.get("messages"))
+        return await self._serve(request, body, prompt_tokens, chat=True)
+
+    async def _serve(
+        self, request: web.Request, body: dict[str, object], prompt_tokens: int, chat: bool
+    ) -> web.StreamResponse:
+        """Check the request's size, run it on the engine, answer whole or streamed."""
+        max_tokens = max_tokens_of(body)
+        if not self.engine.fits(prompt_tokens, max_tokens):
+            raise too_long(prompt_tokens, max_tokens, self.engine.profile.kv_capacity_tokens)
+        answer = _Answer(
+            f"{'chatcmpl' if chat else 'cmpl'}-sim{next(self._ids)}",
+            self.model,
+            chat,
+            _usage(prompt_tokens, max_tokens),
+        )
+        sim = self.engine.submit(prompt_tokens, max_tokens, bool(body.get("stream")))
+        try:
+            if sim.tokens is None:
+                await sim.done
+                return web.json_response(answer.whole(max_tokens, int(time.time())))
+            return await _stream(request, sim.tokens, answer, _include_usage(body))
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.engine.abort(sim)
+            raise
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """The bodies of one request's answer, in vLLM's OpenAI shapes."""
+
+    rid: str
+    model: str
+    chat: bool
+    usage: dict[str, int]
+
+    def whole(self, max_tokens: int, created: int) -> dict[str, object]:
+        """The non-streaming answer: every token's text at once."""
+        text = "".join(token_text(i) for i in range(max_tokens))
+        choice: dict[str, object] = (
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "length",
+            }
+            if self.chat
+            else {"index": 0, "text": text, "finish_reason": "length"}
+        )
+        return {
+            "id": self.rid,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage,
+        }
+
+    def chunk(self, token: str) -> dict[str, object]:
+        """One streamed token."""
+        delta: dict[str, object] = (
+            {"index": 0, "delta": {"content": token}, "finish_reason": None}
+            if self.chat
+            else {"index": 0, "text": token, "finish_reason": None}
+        )
+        return {
+            "id": self.rid,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "model": self.model,
+            "choices": [delta],
+        }
+
+    def usage_chunk(self) -> dict[str, object]:
+        """The last streamed chunk when the client asked for usage: no choices, the usage."""
+        return {
+            "id": self.rid,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "model": self.model,
+            "choices": [],
+            "usage": self.usage,
+        }
+
+
+def _usage(prompt_tokens: int, max_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": max_tokens,
+        "total_tokens": prompt_tokens + max_tokens,
+    }
+
+
+def _include_usage(body: dict[str, object]) -> bool:
+    """Whether a streaming request asked for a final usage chunk."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+async def _stream(
+    request: web.Request,
+    tokens: asyncio.Queue[str | None],
+    answer: _Answer,
+    include_usage: bool,
+) -> web.StreamResponse:
+    """Server-sent events: a chunk per token as the engine hands it out, then ``[DONE]``."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    while (token := await tokens.get()) is not None:
+        await response.write(f"data: {json.dumps(answer.chunk(token))}\n\n".encode())
+    if include_usage:
+        await response.write(f"data: {json.dumps(answer.usage_chunk())}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+@web.middleware
+async def _request_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as err:
+        return web.json_response(err.body(), status=err.status)
+
+
+async def _json_body(request: web.Request) -> dict[str, object]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RequestError("request body is not valid JSON") from None
+    return json_object(body)

@@ -1,0 +1,199 @@
+"""vLLM 0.32's ``/metrics`` families for one engine, rendered as vLLM renders them.
+
+The simulated replica serves them and the exporter's tests drive them (``tests/fake_engines``):
+metric names, labels, histogram buckets (``serving.vllm_buckets``) and the order of the
+families are vLLM's, rendered by prometheus_client as vLLM renders its own, so the exporter
+cannot tell them from vLLM by format.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import cast
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from serving import vllm_buckets
+
+LABELS = ["engine", "model_name"]
+
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""``vllm:request_success``'s ``finished_reason`` values, every one created at start-up."""
+
+
+class BulkHistogram:
+    """One labelled histogram child, observed in bulk; a prometheus_client collector.
+
+    ``observe(value, count)`` records ``count`` observations of ``value`` in O(log buckets),
+    where ``Histogram.labels(...).observe`` takes one call (and a lock) per observation: one
+    engine step gives every decoding request the same inter-token latency, so one call per
+    step does. The exposition is the same as prometheus_client's ``Histogram`` with one
+    child: buckets, ``_count``, ``_sum``, then ``_created``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: dict[str, str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = dict(labels)
+        self.bounds = tuple(float(b) for b in buckets)
+        go_string = cast(Callable[[float], str], floatToGoString)  # untyped upstream
+        self._le = [go_string(b) for b in self.bounds] + ["+Inf"]
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.created = time.time()
+        registry.register(self)
+
+    def observe(self, value: float, count: int = 1) -> None:
+        """Record ``count`` observations of ``value``."""
+        # Prometheus buckets are upper-inclusive: 0.01 falls in le="0.01".
+        self.counts[bisect.bisect_left(self.bounds, value)] += count
+        self.sum += value * count
+
+    @property
+    def count(self) -> int:
+        """Observations so far."""
+        return sum(self.counts)
+
+    def describe(self) -> Iterable[Metric]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))]
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
+        cumulative = list(itertools.accumulate(self.counts))
+        family.add_metric(
+            list(self.labels.values()),
+            [(le, float(n)) for le, n in zip(self._le, cumulative, strict=True)],
+            self.sum,
+        )
+        family.samples.append(Sample(self.name + "_created", dict(self.labels), self.created))
+        return [family]
+
+
+class VllmMetrics:
+    """vLLM's Prometheus families for one engine (``engine="0"``).
+
+    Registered in vLLM's order (gauges, counters, histograms): the exposition lists the
+    families in that order.
+    """
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = ("0", model)
+        self.running, self.waiting, self.kv = _gauges(self.registry)
+        self.prompt, self.generation, self.success, self.preemptions = _counters(self.registry)
+        child = dict(zip(LABELS, self.labels, strict=True))
+        self.ttft, self.itl, self.e2e, self.queue = _histograms(self.registry, child)
+        self._create_every_child()
+
+    def _create_every_child(self) -> None:
+        # vLLM creates every child at start-up: every series exists from the first scrape.
+        for reason in FINISHED_REASONS:
+            self.success.labels(*self.labels, reason)
+        for metric in (
+            self.running,
+            self.waiting,
+            self.kv,
+            self.prompt,
+            self.generation,
+            self.preemptions,
+        ):
+            metric.labels(*self.labels)
+
+    def render(self) -> bytes:
+        """The exposition text, as vLLM's /metrics serves it."""
+        return generate_latest(self.registry)
+
+
+def _gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    """Requests running, requests waiting, KV-cache usage."""
+    return (
+        Gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            LABELS,
+            registry=r,
+        ),
+        Gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            LABELS,
+            registry=r,
+        ),
+        Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            LABELS,
+            registry=r,
+        ),
+    )
+
+
+def _counters(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Counter]:
+    """Prompt tokens, generation tokens, finished requests (by reason), preemptions."""
+    return (
+        Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=r),
+        Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r
+        ),
+        Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*LABELS, "finished_reason"],
+            registry=r,
+        ),
+        Counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            LABELS,
+            registry=r,
+        ),
+    )
+
+
+def _histograms(
+    r: CollectorRegistry, child: dict[str, str]
+) -> tuple[BulkHistogram, BulkHistogram, BulkHistogram, BulkHistogram]:
+    """TTFT, inter-token latency, e2e latency, queue time: one child each."""
+    return (
+        BulkHistogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            child,
+            vllm_buckets.TTFT,
+            r,
+        ),
+        BulkHistogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            child,
+            vllm_buckets.ITL,
+            r,
+        ),
+        BulkHistogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            child,
+            vllm_buckets.E2E,
+            r,
+        ),
+        BulkHistogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            child,
+            vllm_buckets.E2E,
+            r,
+        ),
+    )
