@@ -14,7 +14,10 @@ from pydantic import BaseModel, Field, field_validator
 from foundation.configfile import DNS_NAME, KEBAB_CASE, load_mapping, validate
 from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
-from serving.gateway import GatewaySettings
+from serving.gateway_settings import GatewaySettings
+
+_DEFAULTS = GatewaySettings()
+"""Where every default below comes from."""
 
 
 class GatewayConfig(BaseModel):
@@ -22,22 +25,22 @@ class GatewayConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    namespace: Annotated[str, Field(pattern=DNS_NAME)] = "default"
-    deployment: Annotated[str, Field(pattern=DNS_NAME)] = "default"
+    namespace: Annotated[str, Field(pattern=DNS_NAME)] = _DEFAULTS.namespace
+    deployment: Annotated[str, Field(pattern=DNS_NAME)] = _DEFAULTS.deployment
     """The target the scaler knows the replicas by (its ScaledObjects' ``deployment``)."""
     replicas: list[str] = Field(default_factory=list)
     """Replica base URLs (``http://host:port``)."""
-    dns: str | None = None
+    dns: str | None = _DEFAULTS.dns
     """``host:port`` of a headless Service: every A record is a replica."""
     endpoint_slices: EndpointSlicesConfig | None = None
     """A Service whose ready endpoints are replicas (``path`` is ignored)."""
-    buffer_size: int = Field(1000, ge=0)
+    buffer_size: int = Field(_DEFAULTS.buffer_size, ge=0)
     """Requests that may wait for a replica; one more is answered 429."""
-    buffer_timeout: Seconds = Field(120.0, gt=0)
+    buffer_timeout: Seconds = Field(_DEFAULTS.buffer_timeout, gt=0)
     """How long a request may wait; then 503. Above a local-disk cold start (~40 s)."""
-    health_interval: Seconds = Field(1.0, gt=0)
-    rate_window: Seconds = Field(10.0, gt=0)
-    connect_retries: int = Field(2, ge=0, le=10)
+    health_interval: Seconds = Field(_DEFAULTS.health_interval, gt=0)
+    rate_window: Seconds = Field(_DEFAULTS.rate_window, gt=0)
+    connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10)
 
     @field_validator("replicas")
     @classmethod

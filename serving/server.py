@@ -16,7 +16,9 @@ from foundation.net import split_listen
 from foundation.reload import ConfigSource, ConfigStore
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 from serving.config import GatewayConfig
-from serving.gateway import Gateway, GatewaySettings, GatewaySignalsService
+from serving.gateway import Gateway
+from serving.gateway_settings import GatewaySettings
+from serving.gateway_signals import GatewaySignalsService
 from serving.replica_model import Profile
 from serving.sim_http import SimReplica
 
@@ -51,7 +53,7 @@ class GatewayServer:
                 (
                     service_name(signals_pb2.DESCRIPTOR, "SignalsService"),
                     signals_pb2_grpc.add_SignalsServiceServicer_to_server,
-                    GatewaySignalsService(self.gateway),
+                    GatewaySignalsService(self.gateway.feed),
                 )
             ],
             grpc_listen,
@@ -70,7 +72,7 @@ class GatewayServer:
         await self._grpc.start()
         if self._config is not None and self._config.endpoint_slices is not None:
             watch = EndpointSliceWatch(self._config.namespace, self._config.endpoint_slices)
-            self.gateway.endpoint_watch = watch
+            self.gateway.pool.endpoint_watch = watch
             self._tasks.append(asyncio.create_task(watch.run(self._kube or KubeAccess())))
         if self.configs is not None and self._source is not None:
             self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))

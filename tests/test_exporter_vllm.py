@@ -150,7 +150,7 @@ async def test_exporter_counts_match_what_was_sent_and_what_vllm_reports(replica
 
 
 async def test_the_gateway_streams_vllm_chunk_for_chunk(replica):
-    from serving.gateway import GatewaySettings
+    from serving.gateway_settings import GatewaySettings
     from serving.server import GatewayServer
 
     gateway = GatewayServer(

@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
 import pytest
+import yaml
 
 from exporter.engines import VLLM, WANTED_ANY, detect_engine, engine_stats
 from exporter.parse import parse_samples
 from foundation.net import free_port
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
-from serving.gateway import Gateway, GatewaySettings, Replica
+from serving.config import GatewayConfig
+from serving.gateway_replicas import Replica, ReplicaPool
+from serving.gateway_settings import GatewaySettings
 from serving.replica_model import LLAMA3_8B_H200
 from serving.server import GatewayServer, SimReplicaServer
 from tests.conftest import eventually
 
+DEPLOY = Path(__file__).parent.parent / "deploy"
 FAST = 50.0  # engine steps 50x faster than an H200: tests take milliseconds per request
 
 
@@ -296,6 +302,40 @@ def test_flags_win_over_the_file():
     assert (config.buffer_size, config.namespace, config.settings().buffer_size) == (9, "a", 9)
 
 
+SETTINGS_IN_THE_CONFIG = [
+    pytest.param("namespace", id="the-target-namespace-has-one-default"),
+    pytest.param("deployment", id="the-target-deployment-has-one-default"),
+    pytest.param("buffer_size", id="the-buffer-size-has-one-default"),
+    pytest.param("buffer_timeout", id="the-buffer-timeout-has-one-default"),
+    pytest.param("health_interval", id="the-health-interval-has-one-default"),
+    pytest.param("rate_window", id="the-rate-window-has-one-default"),
+    pytest.param("connect_retries", id="the-connect-retries-have-one-default"),
+    pytest.param("dns", id="no-dns-name-is-the-default-everywhere"),
+]
+
+
+def documented_example():
+    from serving.config import parse_config
+
+    configmap = yaml.safe_load((DEPLOY / "gateway-configmap.yaml").read_text())
+    return parse_config(configmap["data"]["_example"], "_example")
+
+
+@pytest.mark.parametrize("key", SETTINGS_IN_THE_CONFIG)
+def test_a_gateway_default_is_the_settings_one_in_the_config_and_the_documented_example(key):
+    default = getattr(GatewaySettings(), key)
+    assert getattr(GatewayConfig(), key) == default
+    assert getattr(documented_example(), key) == default
+
+
+def test_the_defaults_table_names_every_setting_the_config_sets():
+    settings = {f.name for f in dataclasses.fields(GatewaySettings)}
+    assert set(GatewayConfig.model_fields) & settings == {
+        p.values[0] for p in SETTINGS_IN_THE_CONFIG
+    }
+    assert GatewayConfig().settings() == GatewaySettings()
+
+
 async def test_a_reloaded_config_file_swaps_the_replicas(tmp_path):
     from foundation.reload import ConfigSource
     from serving.config import parse_config
@@ -420,7 +460,7 @@ async def test_a_reload_checks_new_replicas_at_once():
     ],
 )
 def test_apply_named(before, named, after):
-    g = Gateway([], GatewaySettings())
+    g = ReplicaPool([], GatewaySettings())
     g.replicas = [Replica(url, ready=True, outstanding=n, draining=d) for url, n, d in before]
-    g._apply_named(named)
+    g.apply_named(named)
     assert [(r.url, r.draining) for r in g.replicas] == after

@@ -1,0 +1,88 @@
+"""The gateway's Prometheus metrics (``/metrics``), every series labelled with its target.
+
+A series appears at its first event (prometheus_client creates a child when first used),
+labelled with the ``namespace`` and ``deployment`` the gateway started with.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+BUFFER_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300)
+"""Seconds in the buffer: up to well past the default timeout (120 s)."""
+
+
+class GatewayMetrics:
+    """The gateway's counters, gauges and buffer-time histogram."""
+
+    def __init__(self, namespace: str, deployment: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._labels = (namespace, deployment)
+        labels = ["namespace", "deployment"]
+        r = self.registry
+        self._arrivals = Counter(
+            "unitscale_gateway_requests", "Requests that reached the gateway.", labels, registry=r
+        )
+        self._buffered = Gauge(
+            "unitscale_gateway_buffered", "Requests waiting for a replica.", labels, registry=r
+        )
+        self._in_flight = Gauge(
+            "unitscale_gateway_in_flight",
+            "Requests sent upstream and not finished.",
+            labels,
+            registry=r,
+        )
+        self._errors = Counter(
+            "unitscale_gateway_upstream_errors",
+            "Upstream failures by kind.",
+            [*labels, "kind"],
+            registry=r,
+        )
+        self._rejected = Counter(
+            "unitscale_gateway_rejected",
+            "Requests answered by the gateway itself.",
+            [*labels, "status"],
+            registry=r,
+        )
+        self._wait = Histogram(
+            "unitscale_gateway_buffer_seconds",
+            "Time requests waited for a replica.",
+            labels,
+            buckets=BUFFER_BUCKETS,
+            registry=r,
+        )
+        self._ready = Gauge(
+            "unitscale_gateway_replicas_ready",
+            "Replicas answering /health, draining ones excepted.",
+            labels,
+            registry=r,
+        )
+
+    def arrived(self) -> None:
+        """A request reached the gateway."""
+        self._arrivals.labels(*self._labels).inc()
+
+    def set_buffered(self, count: int) -> None:
+        self._buffered.labels(*self._labels).set(count)
+
+    def set_in_flight(self, count: int) -> None:
+        self._in_flight.labels(*self._labels).set(count)
+
+    def upstream_error(self, kind: str) -> None:
+        """An upstream failure: ``connect`` or ``mid-response``."""
+        self._errors.labels(*self._labels, kind).inc()
+
+    def rejected(self, status: int) -> None:
+        """The gateway answered a request itself, with ``status``."""
+        self._rejected.labels(*self._labels, str(status)).inc()
+
+    def waited(self, seconds: float) -> None:
+        """A request left the buffer after ``seconds``."""
+        self._wait.labels(*self._labels).observe(seconds)
+
+    def set_ready(self, count: int) -> None:
+        self._ready.labels(*self._labels).set(count)
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)

@@ -1,0 +1,27 @@
+"""The gateway's runtime settings: the one source of its defaults.
+
+``serving.config.GatewayConfig`` (the ConfigMap's keys and the flags) takes its defaults
+from here, and ``deploy/gateway-configmap.yaml`` documents them; a test keeps all three equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """Buffering and health-check settings, with the gateway's defaults."""
+
+    namespace: str = "default"
+    deployment: str = "default"
+    buffer_size: int = 1000
+    buffer_timeout: float = 120.0
+    """Seconds a request may wait for a replica: above a cold start from local disk (~40 s)."""
+    health_interval: float = 1.0
+    connect_retries: int = 2
+    signal_interval: float = 1.0
+    rate_window: float = 10.0
+    """Seconds over which the arrival and upstream-error rates are measured."""
+    dns: str | None = None
+    """``host:port`` of a headless Service: every A record is a replica (re-resolved each check)."""

@@ -1,0 +1,110 @@
+"""What the gateway tells the scaler: its ``unitscale.v1.Signals``, now and at every change.
+
+``gateway_signals`` builds the snapshot from the traffic the proxy counts; ``SignalsFeed``
+hands it to every watcher (at once when a request is buffered, so ``StreamIsActive`` pushes
+KEDA to scale from zero without waiting for a poll); ``GatewaySignalsService`` serves it
+over ``unitscale.v1.SignalsService``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from protos.unitscale.v1 import signals_pb2 as pb
+from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
+from serving.gateway_settings import GatewaySettings
+
+
+@dataclass(slots=True)
+class TrafficStats:
+    """The proxy's traffic, as the signals (and ``/health``) report it."""
+
+    arrivals: deque[float] = field(default_factory=deque)
+    """Arrival times (``time.time``) within the rate window."""
+    errors: deque[float] = field(default_factory=deque)
+    """Upstream failure times within the rate window."""
+    buffered: int = 0
+    in_flight: int = 0
+    last_arrival: float | None = None
+
+
+def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) -> pb.Signals:
+    """The gateway's snapshot for the scaler; forgets arrivals and errors past the window."""
+    window = settings.rate_window
+    while stats.arrivals and now - stats.arrivals[0] > window:
+        stats.arrivals.popleft()
+    while stats.errors and now - stats.errors[0] > window:
+        stats.errors.popleft()
+    gateway = pb.GatewaySignals(
+        arrival_rate=len(stats.arrivals) / window,
+        buffered=stats.buffered,
+        in_flight=stats.in_flight,
+        upstream_error_rate=len(stats.errors) / window,
+    )
+    if stats.last_arrival is not None:
+        gateway.last_arrival_time.FromNanoseconds(int(stats.last_arrival * 1e9))
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int(now * 1e9))
+    return pb.Signals(
+        target=pb.Target(namespace=settings.namespace, deployment=settings.deployment),
+        source=pb.SOURCE_GATEWAY,
+        observed_time=stamp,
+        gateway=gateway,
+    )
+
+
+class SignalsFeed:
+    """The snapshot on demand, and pushed to every watcher's queue."""
+
+    def __init__(self, snapshot: Callable[[float], pb.Signals]) -> None:
+        self.snapshot = snapshot
+        """The signals at a time (``time.time`` seconds)."""
+        self._listeners: list[asyncio.Queue[pb.Signals]] = []
+
+    def subscribe(self) -> asyncio.Queue[pb.Signals]:
+        queue: asyncio.Queue[pb.Signals] = asyncio.Queue(maxsize=64)
+        self._listeners.append(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[pb.Signals]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(queue)
+
+    def publish(self) -> None:
+        """Send a snapshot to every watcher now (a full watcher drops its oldest)."""
+        message = self.snapshot(time.time())
+        for queue in self._listeners:
+            if queue.full():
+                queue.get_nowait()
+            queue.put_nowait(message)
+
+
+class GatewaySignalsService(pb_grpc.SignalsServiceServicer):  # type: ignore[misc]  # untyped base
+    """The gateway's signals for the scaler: now, then at every change and second."""
+
+    def __init__(self, feed: SignalsFeed) -> None:
+        self._feed = feed
+
+    async def GetSignals(  # noqa: N802 - gRPC method name
+        self, request: pb.GetSignalsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSignalsResponse:
+        return pb.GetSignalsResponse(signals=[self._feed.snapshot(time.time())])
+
+    async def WatchSignals(  # noqa: N802
+        self, request: pb.WatchSignalsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchSignalsResponse]:
+        queue = self._feed.subscribe()
+        try:
+            yield pb.WatchSignalsResponse(signals=self._feed.snapshot(time.time()))
+            while True:
+                yield pb.WatchSignalsResponse(signals=await queue.get())
+        finally:
+            self._feed.unsubscribe(queue)
