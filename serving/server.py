@@ -138,8 +138,3 @@ class SimReplicaServer:
             if in_flight:
                 log.info("draining %d requests (grace %gs)", in_flight, self._grace)
             await self._runner.cleanup()
-
-
-async def wait_forever() -> None:
-    """Until cancelled (the CLI cancels on SIGTERM/SIGINT)."""
-    await asyncio.Event().wait()

