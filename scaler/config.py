@@ -1,8 +1,12 @@
 """The scaler's own configuration: a YAML file, mounted from a ConfigMap.
 
-Keys are kebab-case, durations Go-style. ``ScalerConfig()`` is the documented
-default; ``deploy/scaler-configmap.yaml`` shows every key. A bad file at startup is
-fatal (``ConfigError`` names the key); hot reload arrives with the decision core.
+Keys are kebab-case, durations Go-style. ``ScalerConfig()`` is the documented default;
+``deploy/scaler-configmap.yaml`` shows every key and ``docs/scaler.md`` explains them.
+The ``policy`` section's defaults are the core's ``Policy`` defaults, taken from it, not
+repeated here (``tests/test_defaults.py`` keeps the ConfigMap and the docs equal to
+them). A bad file at startup is fatal (``ConfigError`` names the key); the running
+scaler hot-reloads the file, and a bad update keeps the last good config
+(``foundation.reload``).
 """
 
 from __future__ import annotations
@@ -45,40 +49,54 @@ class DemoSourceConfig(BaseModel):
     """Requests in flight at the top of the burst."""
 
 
+# The one source of the policy defaults: the decision core's own.
+_CORE = Policy()
+
+
 class PolicyConfig(BaseModel):
-    """Defaults for every ScaledObject's decision policy (trigger metadata may override)."""
+    """Defaults for every ScaledObject's decision policy (trigger metadata may override).
+
+    Each key is a ``Policy`` field (durations without the ``_seconds`` suffix) with the
+    core's default; only the bounds are the config's own.
+    """
 
     model_config = KEBAB_CASE
 
-    target_concurrency: float = Field(16.0, gt=0)
+    target_concurrency: float = Field(_CORE.target_concurrency, gt=0)
     """Requests in flight (running plus queued) one replica should hold."""
-    prefill_tokens_per_second: float = Field(30_000.0, gt=0)
+    prefill_tokens_per_second: float = Field(_CORE.prefill_tokens_per_second, gt=0)
     """Prior capacity: prompt tokens a replica prefills per second (8B on H200 ~36k)."""
-    decode_tokens_per_second: float = Field(6_000.0, gt=0)
+    decode_tokens_per_second: float = Field(_CORE.decode_tokens_per_second, gt=0)
     """Prior capacity: output tokens a replica decodes per second within the ITL SLO."""
-    target_utilization: float = Field(0.7, gt=0, le=1)
-    slo_ttft: Seconds = Field(2.0, gt=0)
+    target_utilization: float = Field(_CORE.target_utilization, gt=0, le=1)
+    """Share of a replica's capacity to plan for; the rest absorbs bursts."""
+    slo_ttft: Seconds = Field(_CORE.slo_ttft_seconds, gt=0)
     """Time-to-first-token p95 target."""
-    slo_itl: Seconds = Field(0.1, gt=0)
+    slo_itl: Seconds = Field(_CORE.slo_itl_seconds, gt=0)
     """Inter-token latency p95 target."""
-    panic_threshold: float = Field(2.0, ge=1)
-    panic_hold: Seconds = Field(60.0, ge=0)
-    scale_down_delay: Seconds = Field(60.0, ge=0)
-    scale_down_window: Seconds = Field(300.0, ge=0)
+    panic_threshold: float = Field(_CORE.panic_threshold, ge=1)
+    """Panic when short-window load needs this many times the ready replicas."""
+    panic_hold: Seconds = Field(_CORE.panic_hold_seconds, ge=0)
+    """Stay in panic (no scale-down) this long after the last breach."""
+    scale_down_delay: Seconds = Field(_CORE.scale_down_delay_seconds, ge=0)
+    """Desired must stay below current this long before replicas are removed."""
+    scale_down_window: Seconds = Field(_CORE.scale_down_window_seconds, ge=0)
     """Scale down only to the most replicas needed within this window."""
-    max_scale_up_rate: float = Field(2.0, gt=1)
-    max_scale_down_rate: float = Field(2.0, gt=1)
-    forecast_horizon: Seconds = Field(60.0, ge=0)
+    max_scale_up_rate: float = Field(_CORE.max_scale_up_rate, gt=1)
+    max_scale_down_rate: float = Field(_CORE.max_scale_down_rate, gt=1)
+    forecast_horizon: Seconds = Field(_CORE.forecast_horizon_seconds, ge=0)
     """About one cold start: scale-up starts this far ahead of the load."""
-    forecast_lookback: Seconds = Field(120.0, gt=0)
-    idle_grace: Seconds = Field(120.0, ge=0)
+    forecast_lookback: Seconds = Field(_CORE.forecast_lookback_seconds, gt=0)
+    idle_grace: Seconds = Field(_CORE.idle_grace_seconds, ge=0)
     """No request at all for this long before scaling to zero."""
-    cost_budget_per_million_tokens: float | None = Field(None, gt=0)
+    cost_budget_per_million_tokens: float | None = Field(_CORE.cost_budget_per_million_tokens, gt=0)
     """US$ per 1M tokens; above it, while the SLO holds, plan fuller replicas."""
-    cost_guard_utilization: float = Field(0.85, gt=0, le=1)
+    cost_guard_utilization: float = Field(_CORE.cost_guard_utilization, gt=0, le=1)
 
-    def policy(self, min_replicas: int = 0, max_replicas: int = 100) -> Policy:
-        """The core's policy with these defaults."""
+    def policy(
+        self, min_replicas: int = _CORE.min_replicas, max_replicas: int = _CORE.max_replicas
+    ) -> Policy:
+        """The core's policy with these defaults (replica bounds come from each trigger)."""
         return Policy(
             min_replicas=min_replicas,
             max_replicas=max_replicas,
