@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from foundation.errors import NoDataError
 from scaler.core import DecisionState, Observation, Policy, decide
+from scaler.core.window import Recent
 
 NOW = 1_800_000_000.0
 POLICY = Policy()  # 16 in flight per replica, planned 70% full, 30k prefill / 6k decode tok/s
@@ -145,7 +146,7 @@ CASES = [
         state(
             desired=6,
             last_activity=NOW,
-            load_history=((NOW - 90, 1.0), (NOW - 60, 2.0), (NOW - 30, 3.0)),
+            load_history=Recent(((NOW - 90, 1.0), (NOW - 60, 2.0), (NOW - 30, 3.0))),
         ),
         9,
         False,

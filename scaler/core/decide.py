@@ -28,9 +28,35 @@ previous decision as the floor.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from foundation.errors import NoDataError
 from scaler.core.model import Decision, DecisionState, Observation, Policy
+from scaler.core.window import Recent
+
+
+@dataclass(frozen=True, slots=True)
+class _Activity:
+    """Whether anything is happening, and since when."""
+
+    concurrency: float | None
+    """Requests in flight (engines or gateway, the larger), None when neither is known."""
+    busy: bool
+    last_activity: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """Replicas' worth of work, and the replicas it asks for, before steps and bounds."""
+
+    load: float | None
+    load_panic: float | None
+    forecast: float | None
+    history: Recent[float]
+    utilization: float
+    need: float
+    panic_until: float
+    panicking: bool
 
 
 def decide(observation: Observation, policy: Policy, previous: DecisionState) -> Decision:
@@ -41,6 +67,69 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
             treat that as zero load.
     """
     o, p, now = observation, policy, observation.now
+    activity = _activity(o, previous)
+    ready = max(o.replicas_known or o.replicas_up or 0, 0)
+    current = previous.desired if previous.desired is not None else ready
+
+    # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
+    idle = not activity.busy and activity.concurrency is not None
+    if idle and p.min_replicas == 0 and now - activity.last_activity >= p.idle_grace_seconds:
+        return _scale_to_zero(previous, activity.last_activity, now)
+
+    notes: list[str] = []
+    scale = _learn_capacity(o, p, previous.capacity_scale, ready, previous.desired == ready)
+    need = _need(o, p, previous, activity, scale, ready, current, notes)
+
+    # Within the idle grace period one replica stays, whatever the load says.
+    recently_active = activity.busy or now - activity.last_activity < p.idle_grace_seconds
+    floor = 1 if recently_active else 0
+    wanted = max(math.ceil(need.need - 1e-9), floor)
+
+    # Scale down no lower than the most needed within the window: bursts recur, and a
+    # replica removed now costs a cold start when the next one comes.
+    needs = previous.need_history.within(now, p.scale_down_window_seconds, closed=False)
+    needs = needs.add(now, wanted)
+    peak = max(needs.values())
+    if peak > wanted:
+        notes.append(f"window peak {peak}")
+        wanted = peak
+
+    # Unknown load (missing families) never lowers the count.
+    if need.load is None and previous.desired is not None:
+        wanted = max(wanted, previous.desired)
+        notes.append("load unknown: holding")
+
+    wanted, low_since = _step(p, previous, wanted, current, floor, need.panicking, now, notes)
+    desired = _bounded(p, wanted, recently_active, notes)
+    if abs(scale - 1.0) > 0.05:
+        notes.append(f"learned capacity x{scale:.2f}")
+    state = DecisionState(
+        previous.decisions + 1,
+        desired,
+        need.panic_until,
+        low_since,
+        activity.last_activity,
+        scale,
+        need.history,
+        needs,
+    )
+    return Decision(
+        desired,
+        desired > 0,
+        state,
+        _reason(need, desired, notes),
+        _inputs(need, scale, activity),
+        need.panicking,
+        o.replicas_known,
+    )
+
+
+def _activity(o: Observation, previous: DecisionState) -> _Activity:
+    """In-flight requests and whether any request arrives, runs or waits.
+
+    Raises:
+        NoDataError: no load signal at all.
+    """
     concurrency = _larger(
         _sum_known(o.queue_depth, o.requests_running),
         _sum_known(o.gateway_buffered, o.gateway_in_flight),
@@ -49,54 +138,41 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         raise NoDataError("neither engine nor gateway load is known")
     arrivals = o.gateway_arrival_rate or 0.0
     busy = (concurrency or 0.0) > 0 or arrivals > 0 or (o.request_rate or 0.0) > 0
-    last_activity = now if busy else previous.last_activity
-    ready = max(o.replicas_known or o.replicas_up or 0, 0)
-    current = previous.desired if previous.desired is not None else ready
-    notes: list[str] = []
+    return _Activity(concurrency, busy, o.now if busy else previous.last_activity)
 
-    # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
-    idle = not busy and concurrency is not None
-    if idle and p.min_replicas == 0 and now - last_activity >= p.idle_grace_seconds:
-        state = DecisionState(
-            previous.decisions + 1,
-            0,
-            previous.panic_until,
-            None,
-            last_activity,
-            previous.capacity_scale,
-            (),
-        )
-        since = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
-        return Decision(0, False, state, f"idle for {since}: scale to zero", {"concurrency": 0.0})
 
-    scale = _learn_capacity(o, p, previous.capacity_scale, ready, previous.desired == ready)
-    load = _load(o.prompt_token_rate, o.generation_token_rate, concurrency, p, scale)
+def _scale_to_zero(previous: DecisionState, last_activity: float, now: float) -> Decision:
+    state = DecisionState(
+        previous.decisions + 1,
+        0,
+        previous.panic_until,
+        None,
+        last_activity,
+        previous.capacity_scale,
+        Recent(),
+    )
+    since = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
+    return Decision(0, False, state, f"idle for {since}: scale to zero", {"concurrency": 0.0})
+
+
+def _need(
+    o: Observation,
+    p: Policy,
+    previous: DecisionState,
+    activity: _Activity,
+    scale: float,
+    ready: int,
+    current: int,
+    notes: list[str],
+) -> _Need:
+    """Steps 2-5: stable need with the forecast and the short window, SLO, panic, cost."""
+    now = o.now
+    load = _load(o.prompt_token_rate, o.generation_token_rate, activity.concurrency, p, scale)
     load_panic = _load(
-        o.prompt_token_rate_panic, o.generation_token_rate_panic, concurrency, p, scale
+        o.prompt_token_rate_panic, o.generation_token_rate_panic, activity.concurrency, p, scale
     )
-    history = tuple(
-        (t, v) for t, v in previous.load_history if now - t <= p.forecast_lookback_seconds
-    )
-    if load is not None:
-        history += ((now, load),)
-    forecast = None
-    if load is not None and history and now - history[0][0] >= p.forecast_lookback_seconds / 2:
-        trend = _forecast(history, now + p.forecast_horizon_seconds)
-        # a short, noisy history must not multiply the load: at most double it
-        forecast = None if trend is None else min(trend, 2 * load + 1)
-
-    utilization = p.target_utilization
-    cost_guard = (
-        p.cost_budget_per_million_tokens is not None
-        and o.cost_per_million_tokens is not None
-        and o.cost_per_million_tokens > p.cost_budget_per_million_tokens
-        and _slo_margin(o, p) >= 0.3
-    )
-    if cost_guard:
-        utilization = max(utilization, p.cost_guard_utilization)
-        notes.append(
-            f"cost ${o.cost_per_million_tokens:.3f}/1M over budget: plan {utilization:.0%} full"
-        )
+    history, forecast = _forecast_load(previous.load_history, load, p, now)
+    utilization = _utilization(o, p, notes)
 
     # 2. Stable need, with the forecast.
     planned = max(v for v in (load, forecast, 0.0) if v is not None)
@@ -133,80 +209,100 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     if panicking:
         need = max(need, panic_need, float(current))
         notes.append("panic" if starts_panic else "panic hold")
+    return _Need(load, load_panic, forecast, history, utilization, need, panic_until, panicking)
 
-    # Within the idle grace period one replica stays, whatever the load says.
-    recently_active = busy or now - last_activity < p.idle_grace_seconds
-    floor = 1 if recently_active else 0
-    wanted = max(math.ceil(need - 1e-9), floor)
 
-    # Scale down no lower than the most needed within the window: bursts recur, and a
-    # replica removed now costs a cold start when the next one comes.
-    needs = tuple((t, n) for t, n in previous.need_history if now - t < p.scale_down_window_seconds)
-    needs += ((now, wanted),)
-    peak = max(n for _, n in needs)
-    if peak > wanted:
-        notes.append(f"window peak {peak}")
-        wanted = peak
+def _forecast_load(
+    previous: Recent[float], load: float | None, p: Policy, now: float
+) -> tuple[Recent[float], float | None]:
+    """The load history over the lookback, and the trend one horizon ahead."""
+    history = previous.within(now, p.forecast_lookback_seconds)
+    if load is not None:
+        history = history.add(now, load)
+    if load is None or not history or history.age(now) < p.forecast_lookback_seconds / 2:
+        return history, None
+    trend = _forecast(history.samples, now + p.forecast_horizon_seconds)
+    # a short, noisy history must not multiply the load: at most double it
+    return history, None if trend is None else min(trend, 2 * load + 1)
 
-    # Unknown load (missing families) never lowers the count.
-    if load is None and previous.desired is not None:
-        wanted = max(wanted, previous.desired)
-        notes.append("load unknown: holding")
 
-    # 6. Bounded steps and the scale-down delay.
+def _utilization(o: Observation, p: Policy, notes: list[str]) -> float:
+    """5. The share of a replica to plan for: fuller when over the cost budget."""
+    cost_guard = (
+        p.cost_budget_per_million_tokens is not None
+        and o.cost_per_million_tokens is not None
+        and o.cost_per_million_tokens > p.cost_budget_per_million_tokens
+        and _slo_margin(o, p) >= 0.3
+    )
+    if not cost_guard:
+        return p.target_utilization
+    utilization = max(p.target_utilization, p.cost_guard_utilization)
+    notes.append(
+        f"cost ${o.cost_per_million_tokens:.3f}/1M over budget: plan {utilization:.0%} full"
+    )
+    return utilization
+
+
+def _step(
+    p: Policy,
+    previous: DecisionState,
+    wanted: int,
+    current: int,
+    floor: int,
+    panicking: bool,
+    now: float,
+    notes: list[str],
+) -> tuple[int, float | None]:
+    """6. Bounded steps and the scale-down delay; returns replicas and ``low_since``."""
     low_since = previous.low_since
     first = previous.desired is None
     if first and wanted < current:
         # A restarted scaler has no history: it never scales down on its first look.
-        wanted, low_since = current, now
         notes.append("first decision: not scaling down")
-    elif first:
-        pass  # nor does it hold back a scale-up the load asks for
-    elif current > 0 and wanted > current:
-        wanted = min(wanted, max(current + 1, math.ceil(current * p.max_scale_up_rate)))
-        low_since = None
-    elif wanted < current:
+        return current, now
+    if first:
+        return wanted, low_since  # nor does it hold back a scale-up the load asks for
+    if current > 0 and wanted > current:
+        return min(wanted, max(current + 1, math.ceil(current * p.max_scale_up_rate))), None
+    if wanted < current:
         low_since = now if low_since is None else low_since
         if panicking or now - low_since < p.scale_down_delay_seconds:
             notes.append(f"holding {current} (below for {now - low_since:.0f}s)")
-            wanted = current
-        else:
-            wanted = max(wanted, math.floor(current / p.max_scale_down_rate), floor)
-    else:
-        low_since = None
+            return current, low_since
+        return max(wanted, math.floor(current / p.max_scale_down_rate), floor), low_since
+    return wanted, None
 
-    # 7. Bounds.
+
+def _bounded(p: Policy, wanted: int, recently_active: bool, notes: list[str]) -> int:
+    """7. ``min_replicas`` .. ``max_replicas``; at least 1 while recently active."""
     desired = min(max(wanted, p.min_replicas), p.max_replicas)
     if recently_active and desired == 0:
         desired = min(1, p.max_replicas)
     if desired != wanted:
         notes.append(f"held at {'min' if desired > wanted else 'max'} {desired}")
+    return desired
 
-    if abs(scale - 1.0) > 0.05:
-        notes.append(f"learned capacity x{scale:.2f}")
-    reason = f"load {load:.2f} replicas" if load is not None else "load unknown"
-    reason += f", need {need:.2f} at {utilization:.0%} -> {desired}"
-    if notes:
-        reason += " (" + "; ".join(notes) + ")"
-    state = DecisionState(
-        previous.decisions + 1,
-        desired,
-        panic_until,
-        low_since,
-        last_activity,
-        scale,
-        history,
-        needs,
-    )
-    inputs = {
-        "load": load if load is not None else math.nan,
-        "load_panic": load_panic if load_panic is not None else math.nan,
-        "forecast": forecast if forecast is not None else math.nan,
+
+def _reason(need: _Need, desired: int, notes: list[str]) -> str:
+    reason = f"load {need.load:.2f} replicas" if need.load is not None else "load unknown"
+    reason += f", need {need.need:.2f} at {need.utilization:.0%} -> {desired}"
+    return reason + (" (" + "; ".join(notes) + ")" if notes else "")
+
+
+def _inputs(need: _Need, scale: float, activity: _Activity) -> dict[str, float]:
+    """The numbers the reason refers to (NaN where unknown), for logs and metrics."""
+
+    def known(value: float | None) -> float:
+        return value if value is not None else math.nan
+
+    return {
+        "load": known(need.load),
+        "load_panic": known(need.load_panic),
+        "forecast": known(need.forecast),
         "capacity_scale": scale,
-        "need": need,
-        "concurrency": concurrency if concurrency is not None else math.nan,
+        "need": need.need,
+        "concurrency": known(activity.concurrency),
     }
-    return Decision(desired, desired > 0, state, reason, inputs, panicking, o.replicas_known)
 
 
 def _load(

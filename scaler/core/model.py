@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scaler.core.window import Recent
+
 
 @dataclass(frozen=True, slots=True)
 class Observation:
@@ -87,10 +89,10 @@ class DecisionState:
     last_activity: float = float("-inf")
     capacity_scale: float = 1.0
     """Learned: observed capacity over the priors (1.0 = the priors hold)."""
-    load_history: tuple[tuple[float, float], ...] = ()
-    """(time, load in replicas) over the forecast lookback."""
-    need_history: tuple[tuple[float, int], ...] = ()
-    """(time, replicas needed) over the scale-down window: scale down to their maximum."""
+    load_history: Recent[float] = field(default_factory=Recent)
+    """Load in replicas over the forecast lookback."""
+    need_history: Recent[int] = field(default_factory=Recent)
+    """Replicas needed over the scale-down window: scale down to their maximum."""
 
 
 @dataclass(frozen=True, slots=True)
