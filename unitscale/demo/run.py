@@ -7,9 +7,9 @@ import contextlib
 import dataclasses
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import grpc
 
@@ -137,6 +137,32 @@ async def run_demo(options: DemoOptions) -> int:
         ConfigError: bad options, ScaledObject, scaler config or trace.
     """
     validate(options)
+    plan = _plan(options)
+    trace = _trace(options, plan)
+    out = options.report
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"unitscale demo: {len(trace)} requests over"
+        f" {options.duration * plan.compression / 60:.0f} min of trace time, played"
+        f" {plan.compression:g}x faster ({options.duration:g} s); report and logs in {out}",
+        flush=True,
+    )
+    if options.real_vllm:
+        print("building the tiny model for vLLM...", flush=True)
+        await asyncio.to_thread(vllm_replica.build_model, out / "model")
+    conductor = Conductor(options, plan, trace)
+    status = await conductor.run()
+    if conductor.live is not None:
+        _predict_and_report(options, plan, trace, conductor.live)
+    return status
+
+
+def _plan(options: DemoOptions) -> Plan:
+    """The plan for ``options``: compression, policy, ScaledObject, cold start.
+
+    Raises:
+        ConfigError: vLLM for CPUs not installed, bad ScaledObject or scaler config.
+    """
     compression = options.time_compression or (1.0 if options.real_vllm else 10.0)
     profile = PROFILES[options.profile]
     if options.real_vllm:
@@ -154,31 +180,25 @@ async def run_demo(options: DemoOptions) -> int:
         options.max_replicas or (2 if options.real_vllm else 8),
         options.target_concurrency,
     )
-    plan = dataclasses.replace(
+    return dataclasses.replace(
         plan,
         cold_start_tier=options.cold_start,
         measured_cold_start=vllm_replica.START_ESTIMATE * compression
         if options.real_vllm
         else None,
     )
-    length = options.duration * compression
-    trace = load_trace(options, length)
+
+
+def _trace(options: DemoOptions, plan: Plan) -> Trace:
+    """The trace to play: ``duration`` wall seconds of it, clipped to fit vLLM for CPUs."""
+    trace = load_trace(options, options.duration * plan.compression)
     if options.real_vllm:
         trace = clip(trace, **vllm_replica.LIMITS)  # the prediction gets the same tokens
-    out = options.report
-    out.mkdir(parents=True, exist_ok=True)
-    print(
-        f"unitscale demo: {len(trace)} requests over {length / 60:.0f} min of trace time, played"
-        f" {plan.compression:g}x faster ({options.duration:g} s); report and logs in {out}",
-        flush=True,
-    )
-    if options.real_vllm:
-        print("building the tiny model for vLLM...", flush=True)
-        await asyncio.to_thread(vllm_replica.build_model, out / "model")
-    conductor = Conductor(options, plan, trace)
-    status = await conductor.run()
-    if conductor.live is None:
-        return status
+    return trace
+
+
+def _predict_and_report(options: DemoOptions, plan: Plan, trace: Trace, live: LiveRun) -> None:
+    """The replay's prediction for the same trace and plan, the report, its headline."""
     print("predicting the same run with the replay simulator...", flush=True)
     replay_policy, replay_config = prediction(plan)
     predicted = simulate(trace, replay_policy, replay_config)
@@ -186,12 +206,47 @@ async def run_demo(options: DemoOptions) -> int:
         name: simulate(trace, policy, config)
         for name, (policy, config) in alternatives(plan).items()
     }
-    metrics = write_report(
-        out, plan, conductor.live, predicted, trace.name, options.command, others
-    )
+    out = options.report
+    metrics = write_report(out, plan, live, predicted, trace.name, options.command, others)
     print(headline(metrics["live"], metrics["predicted"]))
     print(f"report: {out / 'report.md'}")
-    return status
+
+
+_PORTS = ("scaler", "scaler-metrics", "exporter", "exporter-grpc", "gateway", "gateway-grpc")
+"""Every port the servers listen on, each picked free on loopback."""
+
+
+def _local(port: int) -> str:
+    """``HOST:PORT`` on loopback."""
+    return f"127.0.0.1:{port}"
+
+
+def _servers(ports: dict[str, int]) -> dict[str, tuple[str, list[str], str]]:
+    """Name -> (log level, its flags, the URL that answers 200 once it serves)."""
+    return {
+        "scaler": ("info", ["--listen", _local(ports["scaler"]),
+                            "--metrics-listen", _local(ports["scaler-metrics"])],
+                   f"http://{_local(ports['scaler-metrics'])}/metrics"),
+        "exporter": ("warning", ["--listen", _local(ports["exporter"]),
+                                 "--grpc-listen", _local(ports["exporter-grpc"])],
+                     f"http://{_local(ports['exporter'])}/healthz"),
+        "gateway": ("warning", ["--listen", _local(ports["gateway"]),
+                                "--grpc-listen", _local(ports["gateway-grpc"])],
+                    f"http://{_local(ports['gateway'])}/health"),
+    }  # fmt: skip
+
+
+class _Clock:
+    """Wall seconds since the trace started playing (about -1e9 before it does)."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic() + 1e9  # set for real when the trace starts
+
+    def start(self) -> None:
+        self._start = time.monotonic()
+
+    def __call__(self) -> float:
+        return time.monotonic() - self._start
 
 
 class Conductor:
@@ -202,6 +257,7 @@ class Conductor:
         self.plan = plan
         self.trace = trace
         self.supervisor = Supervisor(options.report / "logs", str(options.report.resolve()))
+        self.clock = _Clock()
         self.live: LiveRun | None = None
         self.events: list[tuple[float, str]] = []
 
@@ -226,159 +282,157 @@ class Conductor:
         return status
 
     async def _run(self, stop: asyncio.Event) -> int:
-        plan, options = self.plan, self.options
-        config_dir = options.report / "config"
-        config_dir.mkdir(parents=True, exist_ok=True)
-        ports = {
-            name: free_port()
-            for name in (
-                "scaler",
-                "scaler-metrics",
-                "exporter",
-                "exporter-grpc",
-                "gateway",
-                "gateway-grpc",
-            )
-        }
-        local = "127.0.0.1:{}".format
-        files = {name: config_dir / f"{name}.yaml" for name in ("scaler", "exporter", "gateway")}
-        write_yaml(
-            files["scaler"],
-            scaler_config(plan, [local(ports["exporter-grpc"]), local(ports["gateway-grpc"])]),
-        )
-        start = time.monotonic() + 1e9  # set for real when the trace starts
-
-        def clock() -> float:
-            return time.monotonic() - start
-
-        launch = (
-            vllm_replica.launcher(options.report / "model")
-            if options.real_vllm
-            else lambda port: unitscale_command(
-                "--log-level",
-                "warning",
-                "sim-replica",
-                "--listen",
-                local(port),
-                "--profile",
-                plan.profile.name,
-                "--model",
-                plan.profile.name,
-                "--speedup",
-                f"{plan.compression:g}",
-            )
-        )
-        fleet = Fleet(
-            self.supervisor,
-            plan,
-            launch,
-            files["gateway"],
-            files["exporter"],
-            CONFIG_POLL,
-            clock,
-            ready_timeout=vllm_replica.START_TIMEOUT if options.real_vllm else 30.0,
-        )
-        # name -> (log level, its flags, the URL that answers 200 once it serves)
-        servers = {
-            "scaler": ("info", ["--listen", local(ports["scaler"]),
-                                "--metrics-listen", local(ports["scaler-metrics"])],
-                       f"http://{local(ports['scaler-metrics'])}/metrics"),
-            "exporter": ("warning", ["--listen", local(ports["exporter"]),
-                                     "--grpc-listen", local(ports["exporter-grpc"])],
-                         f"http://{local(ports['exporter'])}/healthz"),
-            "gateway": ("warning", ["--listen", local(ports["gateway"]),
-                                    "--grpc-listen", local(ports["gateway-grpc"])],
-                        f"http://{local(ports['gateway'])}/health"),
-        }  # fmt: skip
-        children = {}
-        for name, (level, flags, _) in servers.items():
-            poll = f"--config-poll={CONFIG_POLL * 1000:g}ms"
-            argv = ["--log-level", level, name, *flags, "--config", str(files[name]), poll]
-            children[name] = await self.supervisor.start(name, unitscale_command(*argv))
-        await asyncio.gather(
-            *(self.supervisor.wait_http(children[n], url, 30) for n, (_, _, url) in servers.items())
-        )
-        scaler_address = local(ports["scaler"])
+        """Start the servers, play the trace until it ends or ``stop``, record the run."""
+        plan, c = self.plan, self.plan.compression
+        ports = {name: free_port() for name in _PORTS}
+        files = self._write_configs(ports)
+        fleet = self._fleet(files)
+        await self._start_servers(ports, files)
         ref = keda_pb.ScaledObjectRef(
             name=plan.scaled_object.name,
             namespace=plan.scaled_object.namespace,
-            scalerMetadata=trigger_metadata(plan, scaler_address),
+            scalerMetadata=trigger_metadata(plan, _local(ports["scaler"])),
         )
-        title = f"unitscale demo ({plan.profile.name}, {plan.compression:g}x time)"
-        view = View(title, options.duration * plan.compression, options.live_view)
-        c = plan.compression
-
-        def report(who: str, before: int, after: int, why: str) -> None:
-            self._event(view, clock() * c, f"{who}: {before} -> {after} replicas ({why})")
-
-        interrupted = False
+        title = f"unitscale demo ({plan.profile.name}, {c:g}x time)"
+        view = View(title, self.options.duration * c, self.options.live_view)
         async with (
-            grpc.aio.insecure_channel(scaler_address) as keda_channel,
-            grpc.aio.insecure_channel(local(ports["exporter-grpc"])) as exporter_channel,
-            grpc.aio.insecure_channel(local(ports["gateway-grpc"])) as gateway_channel,
+            grpc.aio.insecure_channel(_local(ports["scaler"])) as keda_channel,
+            grpc.aio.insecure_channel(_local(ports["exporter-grpc"])) as exporter_channel,
+            grpc.aio.insecure_channel(_local(ports["gateway-grpc"])) as gateway_channel,
         ):
-            keda = KedaLoop(
-                keda_grpc.ExternalScalerStub(keda_channel),
-                ref,
-                keda_spec(plan),
-                plan.scaled_object.push,
-                lambda: fleet.desired,
-                fleet.scale_to,
-                clock,
-                report,
-            )
+            keda = self._keda(keda_grpc.ExternalScalerStub(keda_channel), ref, fleet, view)
             sampler = Sampler(
                 signals_grpc.SignalsServiceStub(exporter_channel),
                 signals_grpc.SignalsServiceStub(gateway_channel),
                 c,
             )
-            start = time.monotonic()
-            load = LoadGenerator(
-                wall_trace(self.trace, c, 0.0),
-                f"http://{local(ports['gateway'])}",
-                plan.profile.name if not options.real_vllm else vllm_replica.MODEL_NAME,
-                clock,
-            )
-            reasons = ReasonTail(self.supervisor.logs / "scaler.log")
-            epoch = time.time()  # the scaler's log has wall-clock times
-            tasks = {
-                asyncio.create_task(keda.run(), name="keda"),
-                asyncio.create_task(self._reasons(view, reasons, epoch), name="reasons"),
-                asyncio.create_task(
-                    self._sample(view, sampler, fleet, load, clock), name="sampler"
-                ),
-            }
-            player = asyncio.create_task(load.run(), name="load")
-            failed = asyncio.create_task(self.supervisor.failure.get(), name="failure")
-            stopped = asyncio.create_task(stop.wait(), name="stop")
-            # The trace's length plus time for the last requests (a backlog after a
-            # cold start, say); then the run ends whatever is still in flight.
-            limit = options.duration + max(30.0, options.duration / 4)
-            with view:
-                done, _ = await asyncio.wait(
-                    {player, failed, stopped, *tasks},
-                    timeout=limit,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                for task in {player, failed, stopped, *tasks} - done:
-                    task.cancel()
-                for task in {player, failed, stopped, *tasks}:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        if task in done and task is not failed:
-                            task.result()
-                if failed in done:
-                    raise failed.result()
-                interrupted = stopped in done or player not in done
-                await fleet.stop()
-        kind = (
-            f"vLLM for CPUs serving `{vllm_replica.MODEL_NAME}` (real processes)"
-            if options.real_vllm
-            else f"simulated `{plan.profile.name}` (`unitscale sim-replica`)"
-        )
+            self.clock.start()
+            load = self._load(f"http://{_local(ports['gateway'])}")
+            interrupted, stopped = await self._play(stop, view, keda, sampler, fleet, load)
         self.live = LiveRun(
-            load.outcomes, fleet.replicas, sampler.samples, self.events, kind, interrupted
+            load.outcomes, fleet.replicas, sampler.samples, self.events, self._kind(), interrupted
         )
         return 130 if stopped.done() and not stopped.cancelled() else 0
+
+    def _write_configs(self, ports: dict[str, int]) -> dict[str, Path]:
+        """Each server's config file; the scaler's written now, the others by the fleet."""
+        config_dir = self.options.report / "config"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        files = {name: config_dir / f"{name}.yaml" for name in ("scaler", "exporter", "gateway")}
+        sources = [_local(ports["exporter-grpc"]), _local(ports["gateway-grpc"])]
+        write_yaml(files["scaler"], scaler_config(self.plan, sources))
+        return files
+
+    def _fleet(self, files: dict[str, Path]) -> Fleet:
+        real = self.options.real_vllm
+        return Fleet(
+            self.supervisor,
+            self.plan,
+            vllm_replica.launcher(self.options.report / "model") if real else self._sim_replica,
+            files["gateway"],
+            files["exporter"],
+            CONFIG_POLL,
+            self.clock,
+            ready_timeout=vllm_replica.START_TIMEOUT if real else 30.0,
+        )
+
+    def _sim_replica(self, port: int) -> list[str]:
+        """The argv of a simulated replica on ``port``, stepping at the plan's speed."""
+        name = self.plan.profile.name
+        return unitscale_command(
+            "--log-level", "warning", "sim-replica", "--listen", _local(port),
+            "--profile", name, "--model", name, "--speedup", f"{self.plan.compression:g}",
+        )  # fmt: skip
+
+    async def _start_servers(self, ports: dict[str, int], files: dict[str, Path]) -> None:
+        """The scaler, the exporter and the gateway, each serving before this returns."""
+        table = _servers(ports)
+        children = {}
+        for name, (level, flags, _) in table.items():
+            poll = f"--config-poll={CONFIG_POLL * 1000:g}ms"
+            argv = ["--log-level", level, name, *flags, "--config", str(files[name]), poll]
+            children[name] = await self.supervisor.start(name, unitscale_command(*argv))
+        await asyncio.gather(
+            *(self.supervisor.wait_http(children[n], url, 30) for n, (_, _, url) in table.items())
+        )
+
+    def _keda(
+        self,
+        stub: keda_grpc.ExternalScalerStub,
+        ref: keda_pb.ScaledObjectRef,
+        fleet: Fleet,
+        view: View,
+    ) -> KedaLoop:
+        """KEDA and the HPA scaling ``fleet``; each change is an event."""
+
+        def report(who: str, before: int, after: int, why: str) -> None:
+            t = self.clock() * self.plan.compression
+            self._event(view, t, f"{who}: {before} -> {after} replicas ({why})")
+
+        plan = self.plan
+        return KedaLoop(
+            stub,
+            ref,
+            keda_spec(plan),
+            plan.scaled_object.push,
+            lambda: fleet.desired,
+            fleet.scale_to,
+            self.clock,
+            report,
+        )
+
+    def _load(self, gateway_url: str) -> LoadGenerator:
+        """The trace's requests at their (compressed) times, to the gateway."""
+        plan = self.plan
+        return LoadGenerator(
+            wall_trace(self.trace, plan.compression, 0.0),
+            gateway_url,
+            plan.profile.name if not self.options.real_vllm else vllm_replica.MODEL_NAME,
+            self.clock,
+        )
+
+    async def _play(
+        self,
+        stop: asyncio.Event,
+        view: View,
+        keda: KedaLoop,
+        sampler: Sampler,
+        fleet: Fleet,
+        load: LoadGenerator,
+    ) -> tuple[bool, asyncio.Task[Literal[True]]]:
+        """Play the trace with KEDA, the sampler and the scaler's reasons running.
+
+        Until the trace is done, a component fails (raised), ``stop`` is set or time
+        is up; returns whether the run was cut short, and the task that waited on ``stop``.
+        """
+        reasons = ReasonTail(self.supervisor.logs / "scaler.log")
+        epoch = time.time()  # the scaler's log has wall-clock times
+        watchers = [
+            asyncio.create_task(keda.run(), name="keda"),
+            asyncio.create_task(self._reasons(view, reasons, epoch), name="reasons"),
+            asyncio.create_task(self._sample(view, sampler, fleet, load), name="sampler"),
+        ]
+        player = asyncio.create_task(load.run(), name="load")
+        failed = asyncio.create_task(self.supervisor.failure.get(), name="failure")
+        stopped = asyncio.create_task(stop.wait(), name="stop")
+        everything: set[asyncio.Task[Any]] = {player, failed, stopped, *watchers}
+        # The trace's length plus time for the last requests (a backlog after a
+        # cold start, say); then the run ends whatever is still in flight.
+        limit = self.options.duration + max(30.0, self.options.duration / 4)
+        with view:
+            done, _ = await asyncio.wait(
+                everything, timeout=limit, return_when=asyncio.FIRST_COMPLETED
+            )
+            _settle(everything, done, failed)
+            interrupted = stopped in done or player not in done
+            await fleet.stop()
+        return interrupted, stopped
+
+    def _kind(self) -> str:
+        """The replicas, as the report names them."""
+        if self.options.real_vllm:
+            return f"vLLM for CPUs serving `{vllm_replica.MODEL_NAME}` (real processes)"
+        return f"simulated `{self.plan.profile.name}` (`unitscale sim-replica`)"
 
     async def _reasons(self, view: View, reasons: ReasonTail, epoch: float) -> None:
         """The scaler's decisions as it logs them, at their own times (trace time)."""
@@ -393,13 +447,10 @@ class Conductor:
         view.event(t, text)
 
     async def _sample(
-        self,
-        view: View,
-        sampler: Sampler,
-        fleet: Fleet,
-        load: LoadGenerator,
-        clock: Callable[[], float],
+        self, view: View, sampler: Sampler, fleet: Fleet, load: LoadGenerator
     ) -> None:
+        """A sample of the system every ``SAMPLE_EVERY`` trace seconds, shown live."""
+        clock = self.clock
         period = self.plan.wall(SAMPLE_EVERY)
         sent_before = 0
         next_at = 0.0
@@ -411,3 +462,20 @@ class Conductor:
             )
             sent_before = load.sent
             view.sample(sample)
+
+
+def _settle(
+    tasks: set[asyncio.Task[Any]], done: set[asyncio.Task[Any]], failure: asyncio.Task[Any]
+) -> None:
+    """Cancel the tasks still running; raise what a finished one raised, or the failure.
+
+    ``failure``'s result is a component's error: raised, not returned.
+    """
+    for task in tasks - done:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            if task in done and task is not failure:
+                task.result()
+    if failure in done:
+        raise failure.result()
