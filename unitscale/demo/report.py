@@ -13,8 +13,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from replay.run import json_number
 from replay.simulate import Result, percentile
@@ -22,6 +24,10 @@ from unitscale.demo.fleet import Replica, held_seconds
 from unitscale.demo.load import Outcome
 from unitscale.demo.observe import Sample
 from unitscale.demo.world import Plan
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # (key, label, unit, format): the comparison table's rows.
 ROWS = (
@@ -123,6 +129,24 @@ def write_report(
     predicted = predicted_metrics(prediction)
     _plots(out, plan, run, prediction)
     lines = [
+        *_setting(plan, run, live, trace_name, command),
+        *_interruption(run),
+        *_comparison(live, predicted),
+        *_figures(live),
+        *_alternatives(predicted, alternatives or {}),
+        *_decisions(run),
+    ]
+    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    _write_results(out / "results.json", plan, run, live, predicted)
+    return {"live": live, "predicted": predicted}
+
+
+def _setting(
+    plan: Plan, run: LiveRun, live: dict[str, float | int], trace_name: str, command: str
+) -> list[str]:
+    """The title, and what ran: command, trace, replicas, prediction, SLO, ScaledObject."""
+    scaled = plan.scaled_object
+    return [
         "# unitscale demo: live run vs replay prediction",
         "",
         f"- command: `{command}`",
@@ -135,19 +159,27 @@ def write_report(
         f" {plan.profile.price_per_hour:.2f} per accelerator-hour, which the live cost uses"
         f" too), cold start {plan.cold_start:.1f} s",
         f"- SLO: TTFT <= {plan.slo_ttft:g} s and mean inter-token <= {plan.slo_itl:g} s",
-        f"- ScaledObject: {'external-push' if plan.scaled_object.push else 'external'},"
-        f" polling {plan.scaled_object.spec.polling_interval:g} s, cooldown"
-        f" {plan.scaled_object.spec.cooldown:g} s, max {plan.scaled_object.spec.max_replicas}"
+        f"- ScaledObject: {'external-push' if scaled.push else 'external'},"
+        f" polling {scaled.spec.polling_interval:g} s, cooldown"
+        f" {scaled.spec.cooldown:g} s, max {scaled.spec.max_replicas}"
         " replicas",
         "",
     ]
-    if run.interrupted:
-        lines += [
-            "**Interrupted:** the live run stopped early; it covers only part of the"
-            " trace, the prediction all of it.",
-            "",
-        ]
-    lines += [
+
+
+def _interruption(run: LiveRun) -> list[str]:
+    if not run.interrupted:
+        return []
+    return [
+        "**Interrupted:** the live run stopped early; it covers only part of the"
+        " trace, the prediction all of it.",
+        "",
+    ]
+
+
+def _comparison(live: dict[str, float | int], predicted: dict[str, float | int]) -> list[str]:
+    """The headline and the table: every ``ROWS`` metric, live, predicted and the gap."""
+    lines = [
         headline(live, predicted),
         "",
         "| metric | live | predicted | gap |",
@@ -159,7 +191,12 @@ def write_report(
             f"| {label}{f' ({unit})' if unit else ''} | {_cell(a, spec)} | {_cell(b, spec)}"
             f" | {_gap(a, b, spec)} |"
         )
-    lines += [
+    return lines
+
+
+def _figures(live: dict[str, float | int]) -> list[str]:
+    """How the table was measured, and the three plots."""
+    return [
         "",
         f"Live TTFT and SLO attainment come from the {live['ttft_sample']} streamed requests"
         " (every 8th); end-to-end from every request. The gap is live minus predicted,"
@@ -169,14 +206,28 @@ def write_report(
         "![latency](latency.png)",
         "![cost](cost.png)",
         "",
-        *_alternatives(predicted, alternatives or {}),
+    ]
+
+
+def _decisions(run: LiveRun) -> list[str]:
+    """Every event of the live run, in trace time order."""
+    return [
         "## Decisions (trace time)",
         "",
         *[f"- {_minutes(t)}  {text}" for t, text in sorted(run.events, key=lambda e: e[0])],
         "",
     ]
-    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
-    (out / "results.json").write_text(
+
+
+def _write_results(
+    path: Path,
+    plan: Plan,
+    run: LiveRun,
+    live: dict[str, float | int],
+    predicted: dict[str, float | int],
+) -> None:
+    """``results.json``: both metric sets, as JSON numbers."""
+    path.write_text(
         json.dumps(
             {
                 "live": {k: json_number(v) for k, v in live.items()},
@@ -188,7 +239,6 @@ def write_report(
         ),
         encoding="utf-8",
     )
-    return {"live": live, "predicted": predicted}
 
 
 def _alternatives(predicted: dict[str, float | int], others: Mapping[str, Result]) -> list[str]:
@@ -256,21 +306,43 @@ def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    _plot_replicas(out / "replicas.png", run, prediction)
+    _plot_latency(out / "latency.png", plan, run, prediction)
+    _plot_cost(out / "cost.png", plan, run, prediction)
+
+
+def _minutes_axes(
+    run: LiveRun, prediction: Result
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The live samples' and the prediction's times, in trace minutes."""
+    return np.array([s.t for s in run.samples]) / 60, np.array(prediction.series["t"]) / 60
+
+
+def _plot_replicas(path: Path, run: LiveRun, prediction: Result) -> None:
+    """Load above, replicas (all and ready) below: live and predicted."""
     import matplotlib.pyplot as plt
 
-    c = plan.compression
-    t = np.array([s.t for s in run.samples]) / 60
-    pt = np.array(prediction.series["t"]) / 60
-
     fig, (load, reps) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    _load_panel(load, run, prediction)
+    _replicas_panel(reps, run, prediction)
+    fig.suptitle("Load and replicas: live run vs replay prediction")
+    _save(fig, path)
+
+
+def _load_panel(ax: Axes, run: LiveRun, prediction: Result) -> None:
+    t, pt = _minutes_axes(run, prediction)
     period = np.diff(np.r_[0.0, [s.t for s in run.samples]])
     rate = np.array([s.arrivals for s in run.samples]) / np.maximum(period, 1e-9)
-    load.plot(t, rate, label="live (sent)", color="tab:blue")
-    load.plot(pt, prediction.series["arrivals"], label="replay", color="tab:orange", alpha=0.7)
-    load.set_ylabel("requests/s")
-    load.legend(loc="upper right")
-    reps.step(t, [s.replicas for s in run.samples], where="post", label="live", color="tab:blue")
-    reps.step(
+    ax.plot(t, rate, label="live (sent)", color="tab:blue")
+    ax.plot(pt, prediction.series["arrivals"], label="replay", color="tab:orange", alpha=0.7)
+    ax.set_ylabel("requests/s")
+    ax.legend(loc="upper right")
+
+
+def _replicas_panel(ax: Axes, run: LiveRun, prediction: Result) -> None:
+    t, pt = _minutes_axes(run, prediction)
+    ax.step(t, [s.replicas for s in run.samples], where="post", label="live", color="tab:blue")
+    ax.step(
         t,
         [s.ready for s in run.samples],
         where="post",
@@ -278,10 +350,8 @@ def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
         color="tab:blue",
         linestyle=":",
     )
-    reps.step(
-        pt, prediction.series["replicas"], where="post", label="predicted", color="tab:orange"
-    )
-    reps.step(
+    ax.step(pt, prediction.series["replicas"], where="post", label="predicted", color="tab:orange")
+    ax.step(
         pt,
         prediction.series["ready"],
         where="post",
@@ -289,14 +359,16 @@ def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
         color="tab:orange",
         linestyle=":",
     )
-    reps.set_ylabel("replicas")
-    reps.set_xlabel("trace time (minutes)")
-    reps.legend(loc="upper right")
-    fig.suptitle("Load and replicas: live run vs replay prediction")
-    fig.tight_layout()
-    fig.savefig(out / "replicas.png", dpi=110)
-    plt.close(fig)
+    ax.set_ylabel("replicas")
+    ax.set_xlabel("trace time (minutes)")
+    ax.legend(loc="upper right")
 
+
+def _plot_latency(path: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
+    """The TTFT distributions (CDFs), live sample and predicted, against the SLO."""
+    import matplotlib.pyplot as plt
+
+    c = plan.compression
     fig, ax = plt.subplots(figsize=(7, 4))
     live_ttft = np.sort(
         [
@@ -316,10 +388,15 @@ def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
     ax.set_xlabel("time to first token (s, trace time)")
     ax.set_ylabel("share of requests")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "latency.png", dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
+
+def _plot_cost(path: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
+    """Accelerator cost so far, live and predicted."""
+    import matplotlib.pyplot as plt
+
+    c = plan.compression
+    t, pt = _minutes_axes(run, prediction)
     fig, ax = plt.subplots(figsize=(7, 4))
     price = plan.profile.price_per_hour
     ends = [s.t / c for s in run.samples]
@@ -330,6 +407,12 @@ def _plots(out: Path, plan: Plan, run: LiveRun, prediction: Result) -> None:
     ax.set_xlabel("trace time (minutes)")
     ax.set_ylabel("accelerator cost (US$)")
     ax.legend()
+    _save(fig, path)
+
+
+def _save(fig: Figure, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    fig.savefig(out / "cost.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
