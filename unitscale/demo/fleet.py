@@ -27,7 +27,6 @@ from unitscale.demo.world import Plan, exporter_config, gateway_config, write_ya
 class Replica:
     """One replica process and its life, in wall seconds since the demo's start."""
 
-    index: int
     port: int
     child: Child
     started: float
@@ -89,7 +88,7 @@ class Fleet:
             child = await self._supervisor.start(
                 f"replica-{len(self.replicas)}", self._launch(port)
             )
-            replica = Replica(len(self.replicas), port, child, self._clock())
+            replica = Replica(port, child, self._clock())
             self.replicas.append(replica)
             self._spawn(self._bring_up(replica))
         surplus = self.desired - n

@@ -36,7 +36,6 @@ class KedaLoop:
     clock: Callable[[], float]
     report: Report
     state: LoopState = field(default_factory=LoopState)
-    last_error: str = ""
 
     async def run(self) -> None:
         """Poll and sync forever (cancel to stop)."""
@@ -87,9 +86,7 @@ class KedaLoop:
             value = (await self.stub.GetMetrics(request)).metricValues[0].metricValueFloat
             active = (await self.stub.IsActive(self.ref)).result if with_activity else None
         except grpc.aio.AioRpcError as err:
-            self.last_error = f"{err.code().name}: {err.details()}"
-            return Answer(None, 1.0, None, self.last_error)
-        self.last_error = ""
+            return Answer(None, 1.0, None, f"{err.code().name}: {err.details()}")
         target = spec.targetSizeFloat or float(spec.targetSize) or 1.0
         return Answer(value, target, active, f"metric {value:g}")
 

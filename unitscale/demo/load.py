@@ -23,7 +23,6 @@ from replay.trace import Trace
 class Outcome:
     """One request as the client saw it; times in wall seconds since the demo's start."""
 
-    index: int
     scheduled: float
     prompt: int
     output: int
@@ -71,7 +70,6 @@ class LoadGenerator:
 
     def _outcome(self, i: int) -> Outcome:
         return Outcome(
-            i,
             float(self.trace.arrival[i]),
             int(self.trace.prompt[i]),
             int(self.trace.output[i]),
@@ -101,9 +99,6 @@ class LoadGenerator:
         except (aiohttp.ClientError, TimeoutError) as err:
             outcome.error = f"{type(err).__name__}: {err}"
             outcome.finished = self.clock()
-
-    def in_flight(self) -> int:
-        return sum(1 for o in self.outcomes if o.sent is not None and o.finished is None)
 
 
 def clip(trace: Trace, max_prompt: int, max_total: int) -> Trace:

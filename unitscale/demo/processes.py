@@ -116,8 +116,8 @@ class Supervisor:
                     )
                 await asyncio.sleep(0.05)
 
-    async def stop(self, child: Child, grace: float) -> int | None:
-        """SIGTERM its group, wait up to ``grace``, then SIGKILL; returns its exit status."""
+    async def stop(self, child: Child, grace: float) -> None:
+        """SIGTERM its group, wait up to ``grace``, then SIGKILL."""
         child.retiring = True
         _signal_group(child.pid, signal.SIGTERM)
         try:
@@ -126,7 +126,6 @@ class Supervisor:
             _signal_group(child.pid, signal.SIGKILL)
             await child.exited.wait()
         _signal_group(child.pid, signal.SIGKILL)  # stragglers in its group (vLLM's engine)
-        return child.process.returncode
 
     async def stop_all(self, grace: float = 10.0) -> None:
         """Stop every child still running, all at once."""
