@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.runtime import Exporter
-from foundation.signals import QUANTILES, WindowSignals
+from exporter.runtime import DeploymentState, Exporter
+from foundation.signals import QUANTILES, EngineSignals, WindowSignals
 
 LABELS = ["namespace", "deployment", "model"]
 _LATENCIES = {
@@ -35,95 +35,17 @@ class SignalsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Every exported family; samples only for known values."""
-        window_labels = [*LABELS, "window"]
-        families = {
-            "request_rate": GaugeMetricFamily(
-                "unitscale_request_rate", "Finished requests per second.", labels=window_labels
-            ),
-            "token_rate": GaugeMetricFamily(
-                "unitscale_token_rate", "Tokens per second.", labels=[*window_labels, "kind"]
-            ),
-            "preemption_rate": GaugeMetricFamily(
-                "unitscale_preemption_rate", "Preempted sequences per second.", labels=window_labels
-            ),
-            "queue": GaugeMetricFamily(
-                "unitscale_queue_depth", "Requests waiting in the engines' queues.", labels=LABELS
-            ),
-            "running": GaugeMetricFamily(
-                "unitscale_requests_running", "Requests in the engines' batches.", labels=LABELS
-            ),
-            "kv": GaugeMetricFamily(
-                "unitscale_kv_cache_usage",
-                "Mean KV-cache use across replicas (0-1).",
-                labels=LABELS,
-            ),
-            "cost": GaugeMetricFamily(
-                "unitscale_cost_per_million_tokens",
-                "US$ per 1M tokens over the stable window (price: default or configured).",
-                labels=[*LABELS, "kind", "price"],
-            ),
-            "replicas": GaugeMetricFamily(
-                "unitscale_replicas", "Replicas known and answering.", labels=[*LABELS, "state"]
-            ),
-            "age": GaugeMetricFamily(
-                "unitscale_signal_age_seconds", "Age of the newest derived signals.", labels=LABELS
-            ),
-            "partial": GaugeMetricFamily(
-                "unitscale_signal_partial",
-                "1 when some replicas or metric families were missing.",
-                labels=LABELS,
-            ),
-        }
-        latencies = {
-            concept: GaugeMetricFamily(
-                name, f"{help_text}, by quantile.", labels=[*window_labels, "quantile"]
-            )
-            for concept, (name, help_text) in _LATENCIES.items()
-        }
-        target_labels = ["namespace", "deployment", "target"]
-        up = GaugeMetricFamily(
-            "unitscale_target_up", "1 if the last scrape worked.", labels=target_labels
-        )
-        errors = CounterMetricFamily(
-            "unitscale_target_scrape_errors",
-            "Failed scrapes by reason.",
-            labels=[*target_labels, "reason"],
-        )
-        duration = GaugeMetricFamily(
-            "unitscale_target_scrape_duration_seconds",
-            "Last scrape's duration.",
-            labels=target_labels,
-        )
+        families, latencies = _signal_families()
+        targets = _TargetFamilies()
         now = self._exporter.clock()
         for state in self._exporter.deployments:
-            namespace, deployment = state.config.namespace, state.config.deployment
-            for target, status in state.status.items():
-                up.add_metric([namespace, deployment, target], 1.0 if status.up else 0.0)
-                duration.add_metric([namespace, deployment, target], status.scrape_seconds)
-                for reason, count in status.errors.items():
-                    errors.add_metric([namespace, deployment, target, reason], count)
-            signals = state.signals
-            if signals is None:
-                continue
-            labels = [namespace, deployment, state.model_label]
-            for window in (signals.panic, signals.stable):
-                name = "panic" if window is signals.panic else "stable"
-                _window_samples(families, latencies, [*labels, name], window)
-            _maybe(families["queue"], labels, signals.queue_depth)
-            _maybe(families["running"], labels, signals.running)
-            _maybe(families["kv"], labels, signals.kv_usage)
-            price = "default" if signals.price_is_default else "configured"
-            _maybe(families["cost"], [*labels, "total", price], signals.cost_per_million_tokens)
-            _maybe(
-                families["cost"], [*labels, "output", price], signals.cost_per_million_output_tokens
-            )
-            families["replicas"].add_metric([*labels, "known"], signals.replicas)
-            families["replicas"].add_metric([*labels, "up"], signals.replicas_up)
-            families["age"].add_metric(labels, max(0.0, now - signals.time))
-            families["partial"].add_metric(labels, 1.0 if signals.partial else 0.0)
+            targets.add(state)
+            if state.signals is not None:
+                labels = [state.config.namespace, state.config.deployment, state.model_label]
+                _deployment_samples(families, latencies, labels, state.signals, now)
         yield from families.values()
         yield from latencies.values()
-        yield from (up, errors, duration)
+        yield from (targets.up, targets.errors, targets.duration)
         cycle = GaugeMetricFamily(
             "unitscale_exporter_cycle_seconds",
             "Duration of the last scrape cycle over all replicas.",
@@ -131,6 +53,106 @@ class SignalsCollector(Collector):
         if self._exporter.last_cycle_seconds is not None:
             cycle.add_metric([], self._exporter.last_cycle_seconds)
         yield cycle
+
+
+def _signal_families() -> tuple[dict[str, GaugeMetricFamily], dict[str, GaugeMetricFamily]]:
+    """Fresh per-deployment families, and one latency family per histogram concept."""
+    window_labels = [*LABELS, "window"]
+    families = {
+        "request_rate": GaugeMetricFamily(
+            "unitscale_request_rate", "Finished requests per second.", labels=window_labels
+        ),
+        "token_rate": GaugeMetricFamily(
+            "unitscale_token_rate", "Tokens per second.", labels=[*window_labels, "kind"]
+        ),
+        "preemption_rate": GaugeMetricFamily(
+            "unitscale_preemption_rate", "Preempted sequences per second.", labels=window_labels
+        ),
+        "queue": GaugeMetricFamily(
+            "unitscale_queue_depth", "Requests waiting in the engines' queues.", labels=LABELS
+        ),
+        "running": GaugeMetricFamily(
+            "unitscale_requests_running", "Requests in the engines' batches.", labels=LABELS
+        ),
+        "kv": GaugeMetricFamily(
+            "unitscale_kv_cache_usage",
+            "Mean KV-cache use across replicas (0-1).",
+            labels=LABELS,
+        ),
+        "cost": GaugeMetricFamily(
+            "unitscale_cost_per_million_tokens",
+            "US$ per 1M tokens over the stable window (price: default or configured).",
+            labels=[*LABELS, "kind", "price"],
+        ),
+        "replicas": GaugeMetricFamily(
+            "unitscale_replicas", "Replicas known and answering.", labels=[*LABELS, "state"]
+        ),
+        "age": GaugeMetricFamily(
+            "unitscale_signal_age_seconds", "Age of the newest derived signals.", labels=LABELS
+        ),
+        "partial": GaugeMetricFamily(
+            "unitscale_signal_partial",
+            "1 when some replicas or metric families were missing.",
+            labels=LABELS,
+        ),
+    }
+    latencies = {
+        concept: GaugeMetricFamily(
+            name, f"{help_text}, by quantile.", labels=[*window_labels, "quantile"]
+        )
+        for concept, (name, help_text) in _LATENCIES.items()
+    }
+    return families, latencies
+
+
+class _TargetFamilies:
+    """Per-replica scrape health: up, errors by reason, last scrape's duration."""
+
+    def __init__(self) -> None:
+        target_labels = ["namespace", "deployment", "target"]
+        self.up = GaugeMetricFamily(
+            "unitscale_target_up", "1 if the last scrape worked.", labels=target_labels
+        )
+        self.errors = CounterMetricFamily(
+            "unitscale_target_scrape_errors",
+            "Failed scrapes by reason.",
+            labels=[*target_labels, "reason"],
+        )
+        self.duration = GaugeMetricFamily(
+            "unitscale_target_scrape_duration_seconds",
+            "Last scrape's duration.",
+            labels=target_labels,
+        )
+
+    def add(self, state: DeploymentState) -> None:
+        namespace, deployment = state.config.namespace, state.config.deployment
+        for target, status in state.status.items():
+            self.up.add_metric([namespace, deployment, target], 1.0 if status.up else 0.0)
+            self.duration.add_metric([namespace, deployment, target], status.scrape_seconds)
+            for reason, count in status.errors.items():
+                self.errors.add_metric([namespace, deployment, target, reason], count)
+
+
+def _deployment_samples(
+    families: dict[str, GaugeMetricFamily],
+    latencies: dict[str, GaugeMetricFamily],
+    labels: list[str],
+    signals: EngineSignals,
+    now: float,
+) -> None:
+    for window in (signals.panic, signals.stable):
+        name = "panic" if window is signals.panic else "stable"
+        _window_samples(families, latencies, [*labels, name], window)
+    _maybe(families["queue"], labels, signals.queue_depth)
+    _maybe(families["running"], labels, signals.running)
+    _maybe(families["kv"], labels, signals.kv_usage)
+    price = "default" if signals.price_is_default else "configured"
+    _maybe(families["cost"], [*labels, "total", price], signals.cost_per_million_tokens)
+    _maybe(families["cost"], [*labels, "output", price], signals.cost_per_million_output_tokens)
+    families["replicas"].add_metric([*labels, "known"], signals.replicas)
+    families["replicas"].add_metric([*labels, "up"], signals.replicas_up)
+    families["age"].add_metric(labels, max(0.0, now - signals.time))
+    families["partial"].add_metric(labels, 1.0 if signals.partial else 0.0)
 
 
 def _maybe(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
