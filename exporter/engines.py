@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from exporter.parse import Sample
+from exporter.parse import Sample, parse_samples
 from foundation.signals import LATENCIES
 
 COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions")
@@ -137,6 +137,26 @@ def detect_engine(samples: Iterable[Sample]) -> str | None:
         if sample.name.startswith("sglang:"):
             return "sglang"
     return None
+
+
+class NoEngineMetricsError(ValueError):
+    """The exposition holds no metric of a known engine."""
+
+
+def read_exposition(text: str, engine: str = "auto") -> EngineStats:
+    """One replica's ``/metrics`` text as engine-neutral stats: the one entry point.
+
+    ``engine`` is ``vllm``, ``sglang`` or ``auto`` (told by the metric names).
+
+    Raises:
+        ExpositionError: the text is not a valid exposition.
+        NoEngineMetricsError: no ``vllm:`` or ``sglang:`` metric in it.
+    """
+    samples = parse_samples(text, WANTED_ANY)
+    kind = detect_engine(samples) if engine == "auto" else engine
+    if kind is None:
+        raise NoEngineMetricsError("no vllm: or sglang: metrics in the response")
+    return engine_stats(samples, CONTRACTS[kind])
 
 
 def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:

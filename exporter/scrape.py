@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from exporter.engines import CONTRACTS, WANTED_ANY, EngineStats, detect_engine, engine_stats
-from exporter.parse import ExpositionError, parse_samples
+from exporter.engines import EngineStats, NoEngineMetricsError, read_exposition
+from exporter.parse import ExpositionError
 from foundation.dns import resolve_addresses
 
 # Bounded error reasons: they become a Prometheus label.
@@ -48,13 +48,11 @@ async def scrape(
     except (aiohttp.ClientError, OSError) as err:
         return failed("connect", str(err) or type(err).__name__)
     try:
-        samples = parse_samples(text, WANTED_ANY)
+        stats = read_exposition(text, engine)
     except ExpositionError as err:
         return failed("parse", str(err))
-    kind = detect_engine(samples) if engine == "auto" else engine
-    if kind is None:
-        return failed("no-engine-metrics", "no vllm: or sglang: metrics in the response")
-    stats = engine_stats(samples, CONTRACTS[kind])
+    except NoEngineMetricsError as err:
+        return failed("no-engine-metrics", str(err))
     return ScrapeResult(target, time.perf_counter() - start, stats=stats)
 
 
