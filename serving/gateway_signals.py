@@ -1,4 +1,4 @@
-"""What the gateway tells the scaler: its ``unitscale.v1.Signals``, now and at every change.
+"""What the gateway tells the scaler: its signals snapshot, now and at every change.
 
 ``gateway_signals`` builds the snapshot from the traffic the proxy counts; ``SignalsFeed``
 hands it to every watcher (at once when a request is buffered, so ``StreamIsActive`` pushes
@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
+from foundation.signals import GatewaySignals, Snapshot
+from foundation.signals_wire import encode
 from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
 from serving.gateway_settings import GatewaySettings
@@ -36,35 +37,28 @@ class TrafficStats:
     last_arrival: float | None = None
 
 
-def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) -> pb.Signals:
+def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) -> Snapshot:
     """The gateway's snapshot for the scaler; forgets arrivals and errors past the window."""
     window = settings.rate_window
     while stats.arrivals and now - stats.arrivals[0] > window:
         stats.arrivals.popleft()
     while stats.errors and now - stats.errors[0] > window:
         stats.errors.popleft()
-    gateway = pb.GatewaySignals(
+    signals = GatewaySignals(
+        time=now,
         arrival_rate=len(stats.arrivals) / window,
         buffered=stats.buffered,
         in_flight=stats.in_flight,
+        last_arrival_time=stats.last_arrival,
         upstream_error_rate=len(stats.errors) / window,
     )
-    if stats.last_arrival is not None:
-        gateway.last_arrival_time.FromNanoseconds(int(stats.last_arrival * 1e9))
-    stamp = Timestamp()
-    stamp.FromNanoseconds(int(now * 1e9))
-    return pb.Signals(
-        target=pb.Target(namespace=settings.namespace, deployment=settings.deployment),
-        source=pb.SOURCE_GATEWAY,
-        observed_time=stamp,
-        gateway=gateway,
-    )
+    return Snapshot((settings.namespace, settings.deployment, ""), signals)
 
 
 class SignalsFeed:
     """The snapshot on demand, and pushed to every watcher's queue."""
 
-    def __init__(self, snapshot: Callable[[float], pb.Signals]) -> None:
+    def __init__(self, snapshot: Callable[[float], Snapshot]) -> None:
         self.snapshot = snapshot
         """The signals at a time (``time.time`` seconds)."""
         self._listeners: list[asyncio.Queue[pb.Signals]] = []
@@ -80,14 +74,14 @@ class SignalsFeed:
 
     def publish(self) -> None:
         """Send a snapshot to every watcher now (a full watcher drops its oldest)."""
-        message = self.snapshot(time.time())
+        message = encode(self.snapshot(time.time()))
         for queue in self._listeners:
             if queue.full():
                 queue.get_nowait()
             queue.put_nowait(message)
 
 
-class GatewaySignalsService(pb_grpc.SignalsServiceServicer):  # type: ignore[misc]  # untyped base
+class GatewaySignalsService(pb_grpc.SignalsServiceServicer):
     """The gateway's signals for the scaler: now, then at every change and second."""
 
     def __init__(self, feed: SignalsFeed) -> None:
@@ -96,14 +90,14 @@ class GatewaySignalsService(pb_grpc.SignalsServiceServicer):  # type: ignore[mis
     async def GetSignals(  # noqa: N802 - gRPC method name
         self, request: pb.GetSignalsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSignalsResponse:
-        return pb.GetSignalsResponse(signals=[self._feed.snapshot(time.time())])
+        return pb.GetSignalsResponse(signals=[encode(self._feed.snapshot(time.time()))])
 
     async def WatchSignals(  # noqa: N802
         self, request: pb.WatchSignalsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchSignalsResponse]:
         queue = self._feed.subscribe()
         try:
-            yield pb.WatchSignalsResponse(signals=self._feed.snapshot(time.time()))
+            yield pb.WatchSignalsResponse(signals=encode(self._feed.snapshot(time.time())))
             while True:
                 yield pb.WatchSignalsResponse(signals=await queue.get())
         finally:
