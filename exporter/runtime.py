@@ -36,7 +36,6 @@ class TargetStatus:
     up: bool = False
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     last_error: str = ""
-    last_success: float | None = None
     scrape_seconds: float = 0.0
 
 
@@ -52,7 +51,6 @@ class DeploymentState:
     """The model the engine reports (``model_name``), for the Prometheus label."""
     engine: str = ""
     signals: EngineSignals | None = None
-    dns_errors: int = 0
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -202,7 +200,6 @@ class Exporter:
                 state.targets = sorted({*targets, *await resolve_replicas(state.config.dns)})
                 return
             except OSError as err:
-                state.dns_errors += 1
                 log.warning(
                     "cannot resolve %s (%s); keeping the last replica list", state.config.dns, err
                 )
@@ -233,7 +230,7 @@ class Exporter:
                 status.up, status.last_error = False, result.detail
                 status.errors[result.error] += 1
                 continue
-            status.up, status.last_success, status.last_error = True, now, ""
+            status.up, status.last_error = True, ""
             state.histories.setdefault(result.target, ReplicaHistory(horizon)).add(
                 now, result.stats
             )

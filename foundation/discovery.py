@@ -47,14 +47,12 @@ class EndpointSliceWatch:
     Attributes:
         targets: replica URLs; ``None`` until the first list succeeded (then the last
             known list stays while the API server is unreachable).
-        updates: how many times the slices changed (for tests and logs).
     """
 
     def __init__(self, namespace: str, config: EndpointSlicesConfig) -> None:
         self.namespace = namespace
         self.config = config
         self.targets: list[str] | None = None
-        self.updates = 0
 
     def _changed(self, slices: dict[str, RawObject]) -> None:
         targets = slice_targets(
@@ -68,7 +66,6 @@ class EndpointSliceWatch:
                 len(targets),
             )
         self.targets = targets
-        self.updates += 1
 
     async def run(self, access: KubeAccess, resync: float = 300.0) -> None:
         """Watch forever (cancel to stop)."""

@@ -15,7 +15,7 @@ from serving.vllm_metrics import VllmMetrics
 
 
 class FakeVllm:
-    """One replica's metrics in vLLM's names (``serving.sim_replica.VllmMetrics``), driven
+    """One replica's metrics in vLLM's names (``serving.vllm_metrics.VllmMetrics``), driven
     by the test; ``restart()`` zeroes them like a new process."""
 
     def __init__(self, model: str = "tiny-llama") -> None:

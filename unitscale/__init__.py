@@ -1,8 +1,9 @@
 """unitscale: autoscaling and admission for LLM inference and training on Kubernetes.
 
-This package holds what every role shares: the command line, Go-style durations and
-the error tree. The roles live in their own top-level packages (``scaler``,
-``exporter``, ``serving``, ``admission``) and the wire contracts in ``protos``.
+This package is the application on top: the ``unitscale`` command (``cli``) and the
+local demo (``demo``). Beneath it lie the replay (``replay``), the roles (``scaler``,
+``exporter``, ``serving``, ``admission``), the foundation they share (``foundation``)
+and the wire contracts (``protos``); docs/development.md draws the layers.
 """
 
 __version__ = "0.1.0"
