@@ -62,7 +62,7 @@ def cold_start_seconds(
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """Run settings; every default documented in README's replay section."""
+    """Run settings; every default documented in docs/replay.md."""
 
     profile: Profile
     dt: float = 0.2
@@ -107,59 +107,97 @@ def simulate(
     ``initial_replicas`` start ready (a warm start, as if earlier traffic had sized the
     fleet); 0 starts cold, every replica paying its cold start.
     """
-    profile = config.profile
-    slots = config.max_replicas
-    requests = Requests(trace.arrival.copy(), trace.prompt.copy(), trace.output.copy())
-    fleet = Fleet(profile, requests, slots)
-    slot = np.full(slots, OFF, dtype=np.int64)
-    ready_at = np.zeros(slots)
-    created = np.zeros(slots)
-    cold = (
-        config.cold_start_override
-        if config.cold_start_override is not None
-        else cold_start_seconds(profile, "cached" if config.prewarm else config.cold_start_tier)
-    )
-    counters = np.zeros((slots, 3))  # prompt tokens, output tokens, finished requests
-    hist = {
-        "ttft": (TTFT_BUCKETS, np.zeros((slots, len(TTFT_BUCKETS))), np.zeros(slots)),
-        "itl": (ITL_BUCKETS, np.zeros((slots, len(ITL_BUCKETS))), np.zeros(slots)),
-        "e2e": (E2E_BUCKETS, np.zeros((slots, len(E2E_BUCKETS))), np.zeros(slots)),
-    }
-    histories: dict[int, ReplicaHistory] = {}
-    accelerator = Accelerator(profile.price_per_hour, 1.0)
-    buffer: deque[int] = deque()
-    arrivals_seen: deque[float] = deque()
-    signals: EngineSignals | None = None
-    decisions: list[tuple[float, int, str]] = []
-    series: dict[str, list[float]] = {
-        k: [] for k in ("t", "arrivals", "replicas", "ready", "queue")
-    }
-    replica_seconds = busy_seconds = 0.0
-    cold_starts = 0
-    next_arrival = 0
-    too_big = float(profile.kv_capacity_tokens)
-    end = trace.duration + config.tail
-    next_scrape = next_series = 0.0
-    arrivals_in_series = 0
-    now = 0.0
+    run = _Replay(trace, config)
+    controller = policy.controller()
+    controller.start(run, initial_replicas)
+    while run.now <= run.end:
+        run.start_ready()
+        run.admit_arrivals()
+        gateway = run.advance_fleet()
+        if run.now >= run.next_scrape:
+            run.scrape()
+        view = View(run.now, run.signals, gateway, run.running(), run.ready())
+        controller.tick(view, run)
+        if run.now >= run.next_series:
+            run.record_series(progress)
+        if run.finished():
+            break
+        run.now += config.dt
+    return run.result(policy.name)
 
-    def running_count() -> int:
-        return int(np.count_nonzero((slot == STARTING) | (slot == READY)))
 
-    def scale_to(n: int, reason: str, instant: bool = False) -> None:
-        nonlocal cold_starts
-        n = max(0, min(n, slots))
-        current = running_count()
+class _Replay:
+    """One replay's state: the trace's requests, the fleet's slots, the exporter's view.
+
+    It is also the ``Actuator`` the controller scales. Each tick runs, in this order:
+    replicas whose cold start is over become ready; arrivals are routed or buffered
+    (the gateway); the fleet runs one tick; the exporter scrapes when due; the
+    controller acts; the series are sampled every 10 s.
+    """
+
+    def __init__(self, trace: Trace, config: SimConfig) -> None:
+        profile, slots = config.profile, config.max_replicas
+        self.trace, self.config, self.slots = trace, config, slots
+        self.requests = Requests(trace.arrival.copy(), trace.prompt.copy(), trace.output.copy())
+        self.fleet = Fleet(profile, self.requests, slots)
+        self.slot = np.full(slots, OFF, dtype=np.int64)
+        self.ready_at = np.zeros(slots)
+        self.created = np.zeros(slots)
+        self.cold = (
+            config.cold_start_override
+            if config.cold_start_override is not None
+            else cold_start_seconds(profile, "cached" if config.prewarm else config.cold_start_tier)
+        )
+        self.counters = np.zeros((slots, 3))  # prompt tokens, output tokens, finished requests
+        self.hist = {
+            "ttft": (TTFT_BUCKETS, np.zeros((slots, len(TTFT_BUCKETS))), np.zeros(slots)),
+            "itl": (ITL_BUCKETS, np.zeros((slots, len(ITL_BUCKETS))), np.zeros(slots)),
+            "e2e": (E2E_BUCKETS, np.zeros((slots, len(E2E_BUCKETS))), np.zeros(slots)),
+        }
+        self.histories: dict[int, ReplicaHistory] = {}
+        self.horizon = history_horizon(config.stable_window, config.scrape_interval)
+        self.accelerator = Accelerator(profile.price_per_hour, 1.0)
+        self.buffer: deque[int] = deque()
+        self.arrivals_seen: deque[float] = deque()
+        self.signals: EngineSignals | None = None
+        self.decisions: list[tuple[float, int, str]] = []
+        self.series: dict[str, list[float]] = {
+            k: [] for k in ("t", "arrivals", "replicas", "ready", "queue")
+        }
+        self.replica_seconds = self.busy_seconds = 0.0
+        self.cold_starts = 0
+        self.next_arrival = 0
+        self.too_big = float(profile.kv_capacity_tokens)
+        self.end = trace.duration + config.tail
+        self.next_scrape = self.next_series = 0.0
+        self.arrivals_in_series = 0
+        self.now = 0.0
+
+    # --- the Deployment, as controllers see it ---------------------------------------
+
+    def running(self) -> int:
+        """Replicas starting or ready."""
+        return int(np.count_nonzero((self.slot == STARTING) | (self.slot == READY)))
+
+    def ready(self) -> int:
+        """Replicas ready to serve."""
+        return int(np.count_nonzero(self.slot == READY))
+
+    def scale_to(self, replicas: int, reason: str, instant: bool = False) -> None:
+        """Start replicas (cold unless ``instant``), or stop starting ones, then drain."""
+        n = max(0, min(replicas, self.slots))
+        current = self.running()
         if n == current:
             return
-        decisions.append((now, n, reason))
+        slot, now = self.slot, self.now
+        self.decisions.append((now, n, reason))
         if n > current:
             free = np.flatnonzero(slot == OFF)[: n - current]
             slot[free] = READY if instant else STARTING
-            ready_at[free] = now if instant else now + cold
-            created[free] = now
+            self.ready_at[free] = now if instant else now + self.cold
+            self.created[free] = now
             if not instant:
-                cold_starts += len(free)
+                self.cold_starts += len(free)
             return
         surplus = current - n
         starting = np.flatnonzero(slot == STARTING)[::-1][:surplus]
@@ -167,115 +205,121 @@ def simulate(
         surplus -= len(starting)
         if surplus:
             ready = np.flatnonzero(slot == READY)
-            drain = ready[np.argsort(fleet.outstanding[ready], kind="stable")][:surplus]
+            drain = ready[np.argsort(self.fleet.outstanding[ready], kind="stable")][:surplus]
             slot[drain] = DRAINING
 
-    controller = policy.controller()
-    actuator = _Actuator(scale_to, running_count)
-    controller.start(actuator, initial_replicas)
+    # --- one tick, stage by stage ----------------------------------------------------
 
-    def route(index: int) -> bool:
-        ready = np.flatnonzero(slot == READY)
-        if len(ready) == 0:
-            return False
-        target = ready[np.argmin(fleet.outstanding[ready])]
-        fleet.assign(index, int(target), now)
-        return True
+    def start_ready(self) -> None:
+        """Replicas whose cold start is over become ready."""
+        self.slot[(self.slot == STARTING) & (self.ready_at <= self.now)] = READY
 
-    dt = config.dt
-    while now <= end:
-        # 1. Replicas whose cold start is over become ready.
-        starting = (slot == STARTING) & (ready_at <= now)
-        slot[starting] = READY
-        # 2. Arrivals and the gateway buffer.
+    def admit_arrivals(self) -> None:
+        """The gateway: route arrivals, buffer them while no replica is ready, time out."""
+        trace, requests, buffer, config = self.trace, self.requests, self.buffer, self.config
         # Arrivals up to half a tick ahead join this tick: no bias on average.
-        while next_arrival < len(trace) and trace.arrival[next_arrival] <= now + dt / 2:
-            i = next_arrival
-            next_arrival += 1
-            arrivals_seen.append(now)
-            arrivals_in_series += 1
-            if requests.prompt[i] + requests.output[i] > too_big:
+        while (
+            self.next_arrival < len(trace)
+            and trace.arrival[self.next_arrival] <= self.now + config.dt / 2
+        ):
+            i = self.next_arrival
+            self.next_arrival += 1
+            self.arrivals_seen.append(self.now)
+            self.arrivals_in_series += 1
+            if requests.prompt[i] + requests.output[i] > self.too_big:
                 requests.state[i] = DROPPED
-            elif buffer or not route(i):
+            elif buffer or not self._route(i):
                 if len(buffer) >= config.gateway_buffer:
                     requests.state[i] = DROPPED
                 else:
                     buffer.append(i)
-        while buffer and requests.arrival[buffer[0]] + config.gateway_timeout < now:
+        while buffer and requests.arrival[buffer[0]] + config.gateway_timeout < self.now:
             requests.state[buffer.popleft()] = DROPPED
-        while buffer and route(buffer[0]):
+        while buffer and self._route(buffer[0]):
             buffer.popleft()
-        while arrivals_seen and now - arrivals_seen[0] > config.panic_window:
-            arrivals_seen.popleft()
-        # 3. The fleet runs one tick.
-        tick = fleet.advance(now, dt)
-        _record(requests, tick.first_tokens, tick.finished, counters, hist)
+        while self.arrivals_seen and self.now - self.arrivals_seen[0] > config.panic_window:
+            self.arrivals_seen.popleft()
+
+    def _route(self, index: int) -> bool:
+        ready = np.flatnonzero(self.slot == READY)
+        if len(ready) == 0:
+            return False
+        target = ready[np.argmin(self.fleet.outstanding[ready])]
+        self.fleet.assign(index, int(target), self.now)
+        return True
+
+    def advance_fleet(self) -> GatewayView:
+        """The fleet runs one tick; drained replicas stop; returns the gateway's view."""
+        slot, fleet, dt = self.slot, self.fleet, self.config.dt
+        tick = fleet.advance(self.now, dt)
+        _record(self.requests, tick.first_tokens, tick.finished, self.counters, self.hist)
         holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING)
-        replica_seconds += dt * int(np.count_nonzero(holding))
-        busy_seconds += float(tick.busy[holding].sum())
+        self.replica_seconds += dt * int(np.count_nonzero(holding))
+        self.busy_seconds += float(tick.busy[holding].sum())
         drained = (slot == DRAINING) & (fleet.outstanding == 0)
         slot[drained] = OFF
         for s in np.flatnonzero(drained):
-            histories.pop(int(s), None)
-        gateway = GatewayView(
-            len(arrivals_seen) / config.panic_window, len(buffer), int(fleet.outstanding.sum())
+            self.histories.pop(int(s), None)
+        return GatewayView(
+            len(self.arrivals_seen) / self.config.panic_window,
+            len(self.buffer),
+            int(fleet.outstanding.sum()),
         )
-        # 4. The exporter scrapes every replica with endpoints.
-        if now >= next_scrape:
-            next_scrape += config.scrape_interval
-            serving = np.flatnonzero((slot == READY) | (slot == DRAINING))
-            latest = []
-            for s in serving:
-                stats = _engine_stats(int(s), fleet, counters, hist, created[s])
-                histories.setdefault(
-                    int(s),
-                    ReplicaHistory(history_horizon(config.stable_window, config.scrape_interval)),
-                ).add(now, stats)
-                latest.append(stats)
-            signals = derive(
-                now,
-                len(serving),
-                latest,
-                [histories[int(s)] for s in serving],
-                config.panic_window,
-                config.stable_window,
-                accelerator,
-            )
-        view = View(now, signals, gateway, running_count(), int(np.count_nonzero(slot == READY)))
-        # 5. The controller acts.
-        controller.tick(view, actuator)
-        if now >= next_series:
-            next_series += 10.0
-            series["t"].append(now)
-            series["arrivals"].append(arrivals_in_series / 10.0)
-            series["replicas"].append(float(running_count()))
-            series["ready"].append(float(np.count_nonzero(slot == READY)))
-            series["queue"].append(float(len(buffer) + fleet.queue_depth().sum()))
-            arrivals_in_series = 0
-            if progress is not None:
-                progress(min(now, trace.duration))
-        if next_arrival >= len(trace) and not buffer and len(fleet.active) == 0:
-            break
-        now += dt
-    unfinished = (requests.state != DONE) & (requests.state != DROPPED)
-    requests.state[unfinished] = DROPPED
-    return _result(
-        policy.name, requests, config, replica_seconds, busy_seconds, cold_starts, series, decisions
-    )
 
+    def scrape(self) -> None:
+        """The exporter scrapes every replica with endpoints and derives the signals."""
+        config = self.config
+        self.next_scrape += config.scrape_interval
+        serving = np.flatnonzero((self.slot == READY) | (self.slot == DRAINING))
+        latest = []
+        for s in serving:
+            stats = _engine_stats(int(s), self.fleet, self.counters, self.hist, self.created[s])
+            self.histories.setdefault(int(s), ReplicaHistory(self.horizon)).add(self.now, stats)
+            latest.append(stats)
+        self.signals = derive(
+            self.now,
+            len(serving),
+            latest,
+            [self.histories[int(s)] for s in serving],
+            config.panic_window,
+            config.stable_window,
+            self.accelerator,
+        )
 
-@dataclass(frozen=True, slots=True)
-class _Actuator:
-    """The simulated Deployment, as a controller sees it."""
+    def record_series(self, progress: Callable[[float], None] | None) -> None:
+        """Sample the plotted series (every 10 s of trace) and report progress."""
+        self.next_series += 10.0
+        series = self.series
+        series["t"].append(self.now)
+        series["arrivals"].append(self.arrivals_in_series / 10.0)
+        series["replicas"].append(float(self.running()))
+        series["ready"].append(float(self.ready()))
+        series["queue"].append(float(len(self.buffer) + self.fleet.queue_depth().sum()))
+        self.arrivals_in_series = 0
+        if progress is not None:
+            progress(min(self.now, self.trace.duration))
 
-    scale: Callable[[int, str, bool], None]
-    count: Callable[[], int]
+    def finished(self) -> bool:
+        """Every request has arrived and none is buffered or in the fleet."""
+        return (
+            self.next_arrival >= len(self.trace) and not self.buffer and len(self.fleet.active) == 0
+        )
 
-    def scale_to(self, replicas: int, reason: str, instant: bool = False) -> None:
-        self.scale(replicas, reason, instant)
-
-    def running(self) -> int:
-        return self.count()
+    def result(self, name: str) -> Result:
+        """The run's metrics; a request still unfinished counts as dropped."""
+        requests = self.requests
+        unfinished = (requests.state != DONE) & (requests.state != DROPPED)
+        requests.state[unfinished] = DROPPED
+        return _result(
+            name,
+            requests,
+            self.config,
+            self.replica_seconds,
+            self.busy_seconds,
+            self.cold_starts,
+            self.series,
+            self.decisions,
+        )
 
 
 def _record(
