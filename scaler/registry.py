@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from foundation.errors import MetadataError, NoDataError
+from foundation.errors import MetadataError, NoDataError, StaleSignalError
 from foundation.signals import TargetKey, describe_target
 from scaler.core import Decision, DecisionState, Policy, decide
 from scaler.core.hpa import metric_for
@@ -204,9 +204,13 @@ class ScaledObjectRegistry:
             observation, valid_until = observe(scaled.target, signals, now, scaled.max_signal_age)
             decision = decide(observation, scaled.policy, scaled.state)
         except NoDataError as err:
-            if scaled.error is None or str(scaled.error) != str(err):
+            if scaled.error is None or _kind(scaled.error) != _kind(err):
                 log.info("ScaledObject %s/%s: %s", *scaled.key, err)
-            scaled.decision, scaled.error, scaled.valid_until = None, err, math.inf
+            # Stale signals age with every call (the message says how old), so look again
+            # at the next one; "no signals yet" stays true until a source reports.
+            stale = isinstance(err, StaleSignalError)
+            scaled.decision, scaled.error = None, err
+            scaled.valid_until = now if stale else math.inf
             return
         previous = scaled.decision
         scaled.decision, scaled.error, scaled.state = decision, None, decision.state
@@ -229,3 +233,8 @@ class ScaledObjectRegistry:
             for listener in list(scaled.activation_listeners):
                 listener()
         scaled.active = decision.active
+
+
+def _kind(err: NoDataError) -> str:
+    """What a no-data error says, less the ages in it: a change is worth a log line."""
+    return "stale" if isinstance(err, StaleSignalError) else str(err)

@@ -27,26 +27,33 @@ log = logging.getLogger(__name__)
 
 
 async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
-    """Keep a ``WatchSignals`` stream open to one source, forever."""
+    """Keep a ``WatchSignals`` stream open to one source, forever.
+
+    Logged on changes only: "watching" once the first snapshot arrives, one WARNING when
+    the watch breaks, DEBUG for every further failed attempt until it works again (a
+    source down for an hour is one line, not one per backoff).
+    """
     delay = config.reconnect_min
+    healthy = True  # until a failure says otherwise: the first failure is worth a warning
     while True:
+        streaming = False
         try:
             async with grpc.aio.insecure_channel(config.address) as channel:
                 stub = pb_grpc.SignalsServiceStub(channel)
-                call = stub.WatchSignals(pb.WatchSignalsRequest())
-                log.info("watching signals from %s", config.address)
-                async for response in call:
+                async for response in stub.WatchSignals(pb.WatchSignalsRequest()):
+                    if not streaming:
+                        streaming, healthy = True, True
+                        log.info("watching signals from %s", config.address)
                     receive(store, response.signals)
                     delay = config.reconnect_min
-            log.warning("signal watch on %s ended; reconnecting", config.address)
+            problem = "ended"
         except grpc.aio.AioRpcError as err:
-            log.warning(
-                "signal watch on %s failed (%s: %s); retrying in %.1fs",
-                config.address,
-                err.code().name,
-                err.details(),
-                delay,
-            )
+            problem = f"failed ({err.code().name}: {err.details()})"
+        if healthy or streaming:
+            log.warning("signal watch on %s %s; reconnecting", config.address, problem)
+        else:
+            log.debug("signal watch on %s %s; retrying in %.2fs", config.address, problem, delay)
+        healthy = False
         await asyncio.sleep(delay)
         delay = min(delay * 2, config.reconnect_max)
 

@@ -94,10 +94,14 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         notes.append(f"window peak {peak}")
         wanted = peak
 
-    # Unknown load (missing families) never lowers the count.
+    # Unknown load (missing families) never lowers the count, nor does a replica that
+    # did not answer the last scrape: its share of the load is unknown, not zero.
     if need.load is None and previous.desired is not None:
         wanted = max(wanted, previous.desired)
         notes.append("load unknown: holding")
+    elif _replicas_missing(o) and previous.desired is not None and wanted < previous.desired:
+        wanted = previous.desired
+        notes.append("a replica did not answer its scrape: holding")
 
     wanted, low_since = _step(p, previous, wanted, current, floor, need.panicking, now, notes)
     desired = _bounded(p, wanted, recently_active, notes)
@@ -378,6 +382,12 @@ def _forecast(history: tuple[tuple[float, float], ...], at: float) -> float | No
         return None
     slope = sum((t - mean_t) * (v - mean_v) for t, v in history) / var
     return max(0.0, mean_v + slope * (at - mean_t))
+
+
+def _replicas_missing(o: Observation) -> bool:
+    """Some replica the exporter knows of did not answer its last scrape."""
+    known, up = o.replicas_known, o.replicas_up
+    return known is not None and up is not None and up < known
 
 
 def _sum_known(*values: float | None) -> float | None:

@@ -1,0 +1,160 @@
+"""The scaler under faults: stale or partial data, restarts, two replicas, broken sources."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+import pytest
+
+from foundation.signals import EngineSignals, Snapshot, WindowSignals
+from foundation.signals_wire import encode
+from protos.externalscaler import externalscaler_pb2 as keda
+from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
+from scaler.config import ScalerConfig, SignalSourceConfig
+from scaler.server import ScalerServer
+from scaler.signals import SignalStore
+from scaler.sources import receive, watch_signals
+from tests.conftest import T0, FakeClock, engine_signals, ref
+from tests.test_signal_sources import start_publisher, wait_for
+
+
+def metrics_request(scaled: keda.ScaledObjectRef) -> keda.GetMetricsRequest:
+    return keda.GetMetricsRequest(scaledObjectRef=scaled, metricName="unitscale-desired-replicas")
+
+
+async def desired(stub: keda_grpc.ExternalScalerStub, **metadata: str) -> float:
+    response = await stub.GetMetrics(metrics_request(ref(**metadata)))
+    return response.metricValues[0].metricValueFloat
+
+
+async def test_the_unavailable_message_tells_the_signals_age_now(scaler, clock, stub, caplog):
+    receive(scaler.store, engine_signals(queue=0.0, running=20.0, at=T0))
+    assert await desired(stub) == 2
+    caplog.set_level(logging.INFO, logger="scaler.registry")
+    ages = []
+    for later in (31, 41, 61):
+        clock.now = T0 + later
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetMetrics(metrics_request(ref()))
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        ages.append(caught.value.details().split("(SOURCE_EXPORTER ")[1].split(" old")[0])
+    assert ages == ["31s", "41s", "1m1s"]
+    # One log line when the signals went stale, not one per KEDA call.
+    assert sum("stale" in r.getMessage() for r in caplog.records) == 1
+
+
+def engine(at: float, replicas: int, up: int, running: float, partial: bool) -> Snapshot:
+    window = WindowSignals(60.0, 1.0, 16_000.0 * running / 16, 1_600.0 * running / 16, 0.0)
+    signals = EngineSignals(
+        at, replicas, up, 0.0, running, None, window, window, None, None, False, partial
+    )
+    return Snapshot(("team-a", "llama", ""), signals)
+
+
+@pytest.mark.parametrize(
+    ("up", "running", "partial", "settles"),
+    [
+        pytest.param(
+            4, 16.0, False, lambda n: n == 1, id="complete-signals-of-less-load-scale-down"
+        ),
+        pytest.param(1, 16.0, True, lambda n: n == 4, id="a-partial-scrape-never-lowers-the-count"),
+        pytest.param(1, 200.0, True, lambda n: n > 4, id="a-partial-scrape-may-still-raise-it"),
+    ],
+)
+async def test_partial_signals_only_raise_the_count(
+    scaler, clock, stub, up, running, partial, settles
+):
+    # A fleet settled at 4 on complete signals, then 400 s of the case at hand.
+    for step in range(0, 400, 5):
+        clock.now = T0 + step
+        scaler.store.update(engine(T0 + step, 4, 4, 64.0, False))
+    assert await desired(stub) == 4
+    for step in range(400, 800, 5):
+        clock.now = T0 + step
+        scaler.store.update(engine(T0 + step, 4, up, running, partial))
+    assert settles(await desired(stub))
+
+
+async def scaler_answers(config: ScalerConfig, clock: FakeClock, feed) -> list[float]:
+    server = ScalerServer(config, "127.0.0.1:0", clock=clock)
+    await server.start()
+    answers = []
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = keda_grpc.ExternalScalerStub(channel)
+            for at, snapshot in feed:
+                clock.now = at
+                server.store.update(snapshot)
+                answers.append(await desired(stub))
+    finally:
+        await server.stop(grace=0)
+    return answers
+
+
+FEED = [(T0 + s, engine(T0 + s, 4, 4, 16.0 * (1 + (s // 60) % 4), False)) for s in range(0, 600, 5)]
+
+
+async def test_two_scaler_replicas_fed_the_same_signals_answer_alike():
+    config = ScalerConfig(max_signal_age=30.0)
+    first, second = await asyncio.gather(
+        scaler_answers(config, FakeClock(T0), FEED), scaler_answers(config, FakeClock(T0), FEED)
+    )
+    assert first == second
+    assert len(set(first)) > 1  # the feed moves the answer: the comparison means something
+
+
+async def test_a_restarted_scaler_answers_as_before_once_it_has_seen_the_signals():
+    config = ScalerConfig(max_signal_age=30.0)
+    before = await scaler_answers(config, FakeClock(T0), FEED)
+    # Restarted half way: it has no history, and gets the signals from there on.
+    after = await scaler_answers(config, FakeClock(T0), FEED[len(FEED) // 2 :])
+    tail = len(after) // 2  # after the scale-down window of a fresh start, answers agree
+    assert after[-tail:] == before[-tail:]
+
+
+async def test_a_source_that_keeps_failing_is_logged_once_until_it_recovers(caplog):
+    caplog.set_level(logging.DEBUG, logger="scaler.sources")
+    store = SignalStore()
+    server, publisher, port = await start_publisher()
+    await server.stop(grace=0)  # nothing listens there now
+    config = SignalSourceConfig(address=f"127.0.0.1:{port}", reconnect_min=0.01, reconnect_max=0.02)
+    attempts = asyncio.Event()
+    seen = 0
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            nonlocal seen
+            seen += 1
+            if seen >= 6:
+                attempts.set()
+
+    counter = Count(level=logging.DEBUG)
+    logging.getLogger("scaler.sources").addHandler(counter)
+    task = asyncio.create_task(watch_signals(config, store))
+    try:
+        async with asyncio.timeout(30):
+            await attempts.wait()
+        server, publisher, _ = await start_publisher(port)
+        await publisher.queue.put(engine_signals(running=1.0, at=T0))
+        await wait_for(store, lambda: store.get(("team-a", "llama", "")) is not None, within=30)
+    finally:
+        logging.getLogger("scaler.sources").removeHandler(counter)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop(grace=0)
+    loud = [r for r in caplog.records if r.levelno >= logging.INFO]
+    failures = [r for r in loud if "failed" in r.getMessage() or "unreachable" in r.getMessage()]
+    assert len(failures) == 1, [r.getMessage() for r in loud]
+    assert any("watching signals" in r.getMessage() for r in loud)
+
+
+def test_an_undecodable_message_is_refused_with_a_warning(caplog):
+    store = SignalStore()
+    message = encode(engine(T0, 1, 1, 1.0, False))
+    message.ClearField("engine")
+    assert not receive(store, message)
+    assert store.keys() == []
