@@ -34,6 +34,8 @@ class GrpcServer:
         flag: the command-line flag ``listen`` came from, for the bind error.
         credentials: TLS server credentials, or None for plaintext.
         options: channel options for the server.
+        max_concurrent_rpcs: calls (streams included) served at once; one more is refused
+            at once with ``RESOURCE_EXHAUSTED`` instead of queueing without bound.
 
     Raises:
         ConfigError: the address cannot be bound.
@@ -47,8 +49,11 @@ class GrpcServer:
         flag: str = "--grpc-listen",
         credentials: grpc.ServerCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        max_concurrent_rpcs: int | None = None,
     ) -> None:
-        self.server = grpc.aio.server(options=list(options))
+        self.server = grpc.aio.server(
+            options=list(options), maximum_concurrent_rpcs=max_concurrent_rpcs
+        )
         self._names = [name for name, _, _ in services]
         for _, add, servicer in services:
             add(servicer, self.server)

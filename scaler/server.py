@@ -26,6 +26,14 @@ from scaler.telemetry import metrics_app
 
 log = logging.getLogger(__name__)
 
+MAX_CONCURRENT_RPCS = 50_000
+"""Calls served at once; more are refused (RESOURCE_EXHAUSTED), never queued without bound.
+
+KEDA holds one StreamIsActive per external-push ScaledObject and polls the rest with
+short calls answered from memory, so 10,000 ScaledObjects use about 10,000 slots; a
+flood past 50,000 is refused at once instead of growing memory (about 10 KB a call).
+"""
+
 SERVICE_NAME = service_name(externalscaler_pb2.DESCRIPTOR, "ExternalScaler")
 
 
@@ -66,6 +74,7 @@ class ScalerServer:
         clock: Callable[[], float] = time.time,
         source: ConfigSource | None = None,
         metrics_listen: str | None = None,
+        max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
     ) -> None:
         self._metrics_listen = metrics_listen
         self.metrics_port = 0
@@ -90,6 +99,7 @@ class ScalerServer:
             flag="--listen",
             credentials=tls.credentials() if tls is not None else None,
             options=KEEPALIVE_FOR_LONG_LIVED_CLIENTS,
+            max_concurrent_rpcs=max_concurrent_rpcs,
         )
         self.port = self._grpc.port
         self._tasks: list[asyncio.Task[None]] = []

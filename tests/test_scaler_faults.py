@@ -158,3 +158,32 @@ def test_an_undecodable_message_is_refused_with_a_warning(caplog):
     message.ClearField("engine")
     assert not receive(store, message)
     assert store.keys() == []
+
+
+async def test_calls_beyond_the_concurrency_bound_are_refused_not_queued(clock):
+    server = ScalerServer(ScalerConfig(), "127.0.0.1:0", clock=clock, max_concurrent_rpcs=3)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = keda_grpc.ExternalScalerStub(channel)
+            receive(server.store, engine_signals(queue=0.0, running=1.0, at=T0))
+            # Three push streams hold the three slots (KEDA keeps one per ScaledObject);
+            # each says `true` first, the target being active: the server holds it then.
+            streams = [stub.StreamIsActive(ref()) for _ in range(3)]
+            for stream in streams:
+                assert (await stream.read()).result is True
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.GetMetrics(metrics_request(ref()), timeout=10)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            streams[0].cancel()
+            async with asyncio.timeout(10):
+                while True:  # the slot frees once the server has seen the cancel
+                    try:
+                        assert await desired(stub) == 1
+                        break
+                    except grpc.aio.AioRpcError as err:
+                        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            for stream in streams[1:]:
+                stream.cancel()
+    finally:
+        await server.stop(grace=0)
