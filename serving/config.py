@@ -2,22 +2,47 @@
 
 Replicas are the union of ``replicas`` (URLs), ``dns`` (every A record of a headless
 Service) and ``endpoint-slices`` (the ready endpoints of a Service, watched through the
-API). Keys are kebab-case, durations Go-style; hot-reloaded like the scaler's.
+API). Keys are kebab-case, durations Go-style, sizes in bytes or with a Kubernetes suffix
+(``16Mi``); hot-reloaded like the scaler's.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 
-from foundation.configfile import DNS_NAME, KEBAB_CASE, load_mapping, validate
+from foundation.configfile import DNS_NAME, KEBAB_CASE, host_port, load_mapping, validate
 from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
+from foundation.errors import quote
 from serving.gateway_settings import GatewaySettings
 
 _DEFAULTS = GatewaySettings()
 """Where every default below comes from."""
+
+_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi|k|M|G)?")
+_SIZE_UNITS = {None: 1, "k": 1000, "M": 1000**2, "G": 1000**3}
+_SIZE_UNITS |= {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+
+
+def parse_size(value: object) -> int:
+    """A number of bytes, bare or with a Kubernetes suffix (``k``, ``M``, ``G``, ``Ki``, ...).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"expected a size such as 16Mi or 1048576, got {value!r}")
+    return int(match[1]) * _SIZE_UNITS[match[2]]
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+"""Bytes, written ``16777216`` or ``16Mi``."""
 
 
 class GatewayConfig(BaseModel):
@@ -34,10 +59,19 @@ class GatewayConfig(BaseModel):
     """``host:port`` of a headless Service: every A record is a replica."""
     endpoint_slices: EndpointSlicesConfig | None = None
     """A Service whose ready endpoints are replicas (``path`` is ignored)."""
+    models: tuple[Annotated[str, Field(min_length=1)], ...] = _DEFAULTS.models
+    """Models (and LoRA adapters) served: known at zero replicas, where others get 404."""
     buffer_size: int = Field(_DEFAULTS.buffer_size, ge=0)
     """Requests that may wait for a replica; one more is answered 429."""
+    buffer_bytes: Size = Field(_DEFAULTS.buffer_bytes, ge=0)
+    """Bytes of bodies that may wait for a replica; a request that would pass it gets 429."""
     buffer_timeout: Seconds = Field(_DEFAULTS.buffer_timeout, gt=0)
     """How long a request may wait; then 503. Above a local-disk cold start (~40 s)."""
+    max_request_bytes: Size = Field(_DEFAULTS.max_request_bytes, gt=0)
+    """The largest request body; a larger one gets 413."""
+    upstream_timeout: Seconds = Field(_DEFAULTS.upstream_timeout, gt=0)
+    """How long a replica may stay silent: to its response headers (then 504) or between
+    two chunks of its body (then that response ends broken)."""
     health_interval: Seconds = Field(_DEFAULTS.health_interval, gt=0)
     rate_window: Seconds = Field(_DEFAULTS.rate_window, gt=0)
     connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10)
@@ -47,8 +81,22 @@ class GatewayConfig(BaseModel):
     def _urls(cls, replicas: list[str]) -> list[str]:
         for url in replicas:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"expected http://host:port, got {url!r}")
+                raise ValueError(f"expected http://host:port, got {quote(url)}")
         return [url.rstrip("/") for url in replicas]
+
+    @field_validator("dns")
+    @classmethod
+    def _host_port(cls, dns: str | None) -> str | None:
+        return None if dns is None else host_port(dns)
+
+    @model_validator(mode="after")
+    def _largest_request_fits_the_buffer(self) -> GatewayConfig:
+        if self.buffer_bytes < self.max_request_bytes:
+            raise ValueError(
+                f"buffer-bytes ({self.buffer_bytes}) is below max-request-bytes "
+                f"({self.max_request_bytes}): a request of the largest size could never wait"
+            )
+        return self
 
     def settings(self) -> GatewaySettings:
         """The gateway's runtime settings."""
@@ -56,7 +104,11 @@ class GatewayConfig(BaseModel):
             namespace=self.namespace,
             deployment=self.deployment,
             buffer_size=self.buffer_size,
+            buffer_bytes=self.buffer_bytes,
             buffer_timeout=self.buffer_timeout,
+            max_request_bytes=self.max_request_bytes,
+            upstream_timeout=self.upstream_timeout,
+            models=self.models,
             health_interval=self.health_interval,
             connect_retries=self.connect_retries,
             rate_window=self.rate_window,

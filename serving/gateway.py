@@ -3,13 +3,20 @@
 An aiohttp reverse proxy for the OpenAI-compatible API: requests go to the ready
 replica serving their model with the fewest outstanding requests (``serving.routing``);
 responses, streamed or not, pass through chunk by chunk. With no ready replica a
-request waits in a bounded buffer (429 when full, 503 with ``Retry-After`` after the
-timeout) and the scaler hears of it at once (``serving.gateway_signals``), so
-``StreamIsActive`` pushes KEDA to scale from zero without waiting for a poll.
+request waits in a buffer bounded in requests and in bytes (429 when full, 503 with
+``Retry-After`` after the timeout) and the scaler hears of it at once
+(``serving.gateway_signals``), so ``StreamIsActive`` pushes KEDA to scale from zero
+without waiting for a poll. A body over ``max_request_bytes`` is 413, one that is not a
+JSON object 400, a model certainly served by nobody 404: none of them is buffered or
+counted as an arrival.
 
 Connection failures are retried on another replica; a request already sent upstream is
-never retried (it may have run). A replica that fails mid-stream ends that client's
-response; the gateway carries on.
+never retried (it may have run): a replica that fails before its response headers is a
+502, one silent past ``upstream_timeout`` a 504. A replica that fails mid-stream, or goes
+silent past ``upstream_timeout`` between two chunks, ends that client's response; the
+gateway carries on. Every one of these upstream failures is counted (by kind) in the
+metrics and in the ``upstream_error_rate`` the scaler reads; every error the gateway
+answers itself is ``{"object": "error", "message": ..., "code": status}``.
 
 Which replicas there are, and which are healthy or draining, is ``serving.gateway_replicas``;
 a reloaded config is acted on at once, so a newly listed ready replica takes traffic within
@@ -62,7 +69,8 @@ class Gateway:
     # --- lifecycle ----------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024**2)
+        # Bodies are read in _read, which enforces max_request_bytes (reloadable).
+        app = web.Application()
         for path in PROXIED:
             app.router.add_post(path, self._proxy)
         app.router.add_get("/v1/models", self._models)
@@ -73,7 +81,10 @@ class Gateway:
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+            # Idle connections go before uvicorn's (vLLM's server) 5 s keep-alive closes
+            # them: a POST on a connection the replica is closing fails after sending.
+            connector=aiohttp.TCPConnector(keepalive_timeout=4),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         tasks = [
             asyncio.create_task(self.pool.check_forever(self._session, self.metrics.set_ready)),
@@ -103,14 +114,24 @@ class Gateway:
 
     # --- requests -----------------------------------------------------------------------
 
-    async def _wait_for_replica(self, model: str | None) -> Replica:
-        """A ready replica for ``model``, waiting in the buffer if there is none."""
+    async def _wait_for_replica(self, model: str | None, size: int) -> Replica:
+        """A ready replica for ``model``, waiting in the buffer (``size`` bytes) if none."""
         url = choose(self.pool.views(), model)
         if url is not None:
             return self.pool.find(url)
-        if not may_buffer(self.stats.buffered, self.settings.buffer_size):
-            raise self._reject(429, "the gateway's buffer is full", self.settings.buffer_timeout)
-        self._set_buffered(+1)
+        s, stats = self.settings, self.stats
+        if not may_buffer(
+            stats.buffered, s.buffer_size, stats.buffered_bytes, size, s.buffer_bytes
+        ):
+            if stats.buffered >= s.buffer_size:
+                message = f"the gateway's buffer is full ({s.buffer_size} requests)"
+            else:
+                message = (
+                    f"the gateway's buffer is full: {stats.buffered_bytes} of its "
+                    f"{s.buffer_bytes} bytes are taken and this request has {size}"
+                )
+            raise self._reject(429, message, s.buffer_timeout)
+        self._set_buffered(+1, size)
         self.feed.publish()  # the scaler hears at once: StreamIsActive can push true
         started = time.monotonic()
         try:
@@ -123,26 +144,45 @@ class Gateway:
                 503, f"no replica became ready within {self.settings.buffer_timeout:g}s", 10
             ) from None
         finally:
-            self._set_buffered(-1)
+            self._set_buffered(-1, -size)
             self.metrics.waited(time.monotonic() - started)
         return self.pool.find(url)
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         raw, model = await self._read(request)
+        known = frozenset(self.settings.models) | self.pool.served
+        if model and is_unserved(self.pool.views(), model, known):
+            # Before it counts as an arrival: the scaler must not scale up for it.
+            raise self._reject(404, f"no replica serves model {model!r}", None)
         now = time.time()
         self.stats.arrivals.append(now)
         self.stats.last_arrival = now
         self.metrics.arrived()
-        if model and is_unserved(self.pool.views(), model):
-            raise self._reject(404, f"no replica serves model {model!r}", None)
         return await self._forward(request, raw, model)
 
     async def _read(self, request: web.Request) -> tuple[bytes, str | None]:
-        """The request's body and the model it names (a bad body is the client's 400)."""
-        raw = await request.read()
+        """The request's body and the model it names.
+
+        A body over ``max_request_bytes`` is 413 (refused on its Content-Length, before
+        it is read, or as soon as it grows past the limit); one that is not a JSON object
+        is the client's 400, whatever is wrong with it.
+        """
+        limit = self.settings.max_request_bytes
+        too_large = f"request body is larger than {limit} bytes"
+        if request.content_length is not None and request.content_length > limit:
+            raise self._reject(413, too_large, None)
+        chunks, size = [], 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise self._reject(413, too_large, None)
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
+            # ValueError: malformed, not UTF-8, an integer past Python's 4,300 digits;
+            # RecursionError: nested deeper than the parser's stack.
             raise self._reject(400, "request body is not valid JSON", None) from None
         if not isinstance(body, dict):
             raise self._reject(400, "request body must be a JSON object", None)
@@ -154,19 +194,25 @@ class Gateway:
     async def _forward(
         self, request: web.Request, raw: bytes, model: str | None
     ) -> web.StreamResponse:
-        """Send upstream, trying another replica while a connection fails (nothing sent yet)."""
+        """Send upstream, trying another replica while a connection fails (nothing sent yet).
+
+        Once sent, a request is never sent again (it may have run): a replica failing
+        before its response headers is a 502, one silent past ``upstream_timeout`` a 504.
+        """
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        timeout = self.settings.upstream_timeout
         for attempt in range(self.settings.connect_retries + 1):
-            replica = await self._wait_for_replica(model)
+            replica = await self._wait_for_replica(model, len(raw))
             replica.outstanding += 1
             self._set_in_flight(+1)
             try:
                 try:
-                    upstream = await self._session.post(
-                        replica.url + request.path, data=raw, headers=headers
-                    )
-                except aiohttp.ClientConnectorError as err:
+                    async with asyncio.timeout(timeout):
+                        upstream = await self._session.post(
+                            replica.url + request.path, data=raw, headers=headers
+                        )
+                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as err:
                     # Nothing was sent: safe to try another replica.
                     log.warning(
                         "cannot connect to %s (%s); attempt %d", replica.url, err, attempt + 1
@@ -174,6 +220,16 @@ class Gateway:
                     self.pool.mark_down(replica)
                     self._upstream_error("connect")
                     continue
+                except TimeoutError:
+                    log.warning("%s sent no response within %gs", replica.url, timeout)
+                    self._upstream_error("timeout")
+                    raise self._reject(
+                        504, f"the replica sent no response within {timeout:g}s", None
+                    ) from None
+                except aiohttp.ClientError as err:
+                    log.warning("%s failed before its response: %r", replica.url, err)
+                    self._upstream_error("before-response")
+                    raise self._reject(502, "the replica failed before answering", None) from None
                 async with upstream:
                     return await self._relay(request, upstream)
             finally:
@@ -185,29 +241,44 @@ class Gateway:
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse
     ) -> web.StreamResponse:
+        """Pass the response on chunk by chunk, however long, while no gap passes the timeout."""
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
-        try:
-            async for chunk in upstream.content.iter_any():
+        gap = self.settings.upstream_timeout
+        while True:
+            try:
+                async with asyncio.timeout(gap):
+                    chunk = await upstream.content.readany()
+            except TimeoutError:
+                log.warning("upstream %s sent nothing for %gs mid-response", upstream.url, gap)
+                return self._broken(request, response, "stalled")
+            except aiohttp.ClientError as err:
+                # The replica died mid-response: this client's response ends broken; we go on.
+                log.warning("upstream %s failed mid-response: %r", upstream.url, err)
+                return self._broken(request, response, "mid-response")
+            try:
+                if not chunk:
+                    await response.write_eof()
+                    return response
                 await response.write(chunk)
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ServerDisconnectedError,
-            aiohttp.ClientOSError,
-        ) as err:
-            # The replica died mid-response: this client's response ends broken; we go on.
-            log.warning("upstream %s failed mid-response: %s", upstream.url, err)
-            self._upstream_error("mid-response")
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        await response.write_eof()
+            except ConnectionResetError:
+                log.debug("the client of %s left mid-response", request.path)
+                return response
+
+    def _broken(
+        self, request: web.Request, response: web.StreamResponse, kind: str
+    ) -> web.StreamResponse:
+        """End a response whose upstream failed: the client sees it cut, not complete."""
+        self._upstream_error(kind)
+        if request.transport is not None:
+            request.transport.close()
         return response
 
-    def _set_buffered(self, change: int) -> None:
+    def _set_buffered(self, change: int, size: int) -> None:
         self.stats.buffered += change
-        self.metrics.set_buffered(self.stats.buffered)
+        self.stats.buffered_bytes += size
+        self.metrics.set_buffered(self.stats.buffered, self.stats.buffered_bytes)
 
     def _set_in_flight(self, change: int) -> None:
         self.stats.in_flight += change
@@ -225,7 +296,12 @@ class Gateway:
     # --- the gateway's own endpoints ----------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        models = sorted(known_models(self.pool.views()))
+        """The ready replicas' models; with none ready, the models known (as requests see)."""
+        views = self.pool.views()
+        if any(v.ready for v in views):
+            models = sorted(known_models(views))
+        else:
+            models = sorted(frozenset(self.settings.models) | self.pool.served)
         return web.json_response(
             {
                 "object": "list",
@@ -251,11 +327,20 @@ class Gateway:
         )
 
 
+class _RequestTooLarge(web.HTTPClientError):
+    """413 without ``web.HTTPRequestEntityTooLarge``'s required sizes and its own text."""
+
+    status_code = 413
+
+
 _HTTP: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest,
     404: web.HTTPNotFound,
+    413: _RequestTooLarge,
     429: web.HTTPTooManyRequests,
+    502: web.HTTPBadGateway,
     503: web.HTTPServiceUnavailable,
+    504: web.HTTPGatewayTimeout,
 }
 
 

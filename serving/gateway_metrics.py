@@ -1,12 +1,21 @@
 """The gateway's Prometheus metrics (``/metrics``), every series labelled with its target.
 
 A series appears at its first event (prometheus_client creates a child when first used),
-labelled with the ``namespace`` and ``deployment`` the gateway started with.
+labelled with the ``namespace`` and ``deployment`` the gateway started with. With a
+reloadable config, ``unitscale_config_reloads_total{result}`` counts its updates, as the
+scaler and the exporter do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from foundation.reload import ConfigStore
 
 BUFFER_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300)
 """Seconds in the buffer: up to well past the default timeout (120 s)."""
@@ -25,6 +34,12 @@ class GatewayMetrics:
         )
         self._buffered = Gauge(
             "unitscale_gateway_buffered", "Requests waiting for a replica.", labels, registry=r
+        )
+        self._buffered_bytes = Gauge(
+            "unitscale_gateway_buffered_bytes",
+            "Bytes of the bodies of requests waiting for a replica.",
+            labels,
+            registry=r,
         )
         self._in_flight = Gauge(
             "unitscale_gateway_in_flight",
@@ -62,14 +77,22 @@ class GatewayMetrics:
         """A request reached the gateway."""
         self._arrivals.labels(*self._labels).inc()
 
-    def set_buffered(self, count: int) -> None:
+    def set_buffered(self, count: int, size: int) -> None:
+        """``count`` requests wait for a replica, holding ``size`` bytes of bodies."""
         self._buffered.labels(*self._labels).set(count)
+        self._buffered_bytes.labels(*self._labels).set(size)
 
     def set_in_flight(self, count: int) -> None:
         self._in_flight.labels(*self._labels).set(count)
 
     def upstream_error(self, kind: str) -> None:
-        """An upstream failure: ``connect`` or ``mid-response``."""
+        """An upstream failure, by kind.
+
+        ``connect`` (nothing sent; tried elsewhere), ``before-response`` (failed after the
+        request was sent: 502), ``timeout`` (no response headers within the upstream
+        timeout: 504), ``mid-response`` (failed while the body streamed), ``stalled``
+        (silent past the upstream timeout while the body streamed).
+        """
         self._errors.labels(*self._labels, kind).inc()
 
     def rejected(self, status: int) -> None:
@@ -83,6 +106,28 @@ class GatewayMetrics:
     def set_ready(self, count: int) -> None:
         self._ready.labels(*self._labels).set(count)
 
+    def count_reloads(self, store: ConfigStore[Any]) -> None:
+        """Export ``store``'s applied and refused updates from now on."""
+        self.registry.register(ConfigReloadCollector(store))
+
     def render(self) -> bytes:
         """The exposition text."""
         return generate_latest(self.registry)
+
+
+class ConfigReloadCollector(Collector):
+    """``unitscale_config_reloads_total{result}``: applied and refused config updates."""
+
+    def __init__(self, store: ConfigStore[Any]) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """One counter family, both results always present."""
+        family = CounterMetricFamily(
+            "unitscale_config_reloads",
+            "Config updates: success (applied) or error (refused, the last good stays).",
+            labels=["result"],
+        )
+        family.add_metric(["success"], self._store.reloads)
+        family.add_metric(["error"], self._store.errors)
+        yield family

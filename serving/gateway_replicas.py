@@ -4,7 +4,8 @@ Replicas are the union of the static URLs (flags, config), the A records of a DN
 (``foundation.dns``; the last answer is kept while a lookup fails) and the ready endpoints
 of a Service's EndpointSlices (``foundation.discovery``). Each is checked on ``/health``
 (and, once healthy, asked its ``/v1/models``) every ``health_interval``, or at once when a
-reload asks.
+reload asks. The models replicas have listed are remembered, so that at zero replicas the
+gateway still knows which models exist.
 
 A replica no longer named but with requests still in flight is draining: it gets no new
 request, whatever its health, and is dropped when its last one ends.
@@ -62,6 +63,8 @@ class ReplicaPool:
         """Set by the server when replicas come from a Service's EndpointSlices."""
         self.ready = asyncio.Condition()
         """Notified whenever a replica turns ready, and after a round that finds any routable."""
+        self.served: set[str] = set()
+        """Every model a replica has listed since the gateway started (kept at zero)."""
 
     def reconfigure(self, replicas: list[str], settings: GatewaySettings) -> None:
         """New static replicas and settings.
@@ -166,6 +169,7 @@ class ReplicaPool:
                 ) as r:
                     data = await r.json()
                 replica.models = frozenset(str(m["id"]) for m in data.get("data", []))
+                self.served |= replica.models
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
             healthy = False
         if healthy != replica.ready:

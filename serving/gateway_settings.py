@@ -16,8 +16,18 @@ class GatewaySettings:
     namespace: str = "default"
     deployment: str = "default"
     buffer_size: int = 1000
+    buffer_bytes: int = 256 * 1024**2
+    """Bytes of request bodies the buffer may hold: 16 requests of the largest size."""
     buffer_timeout: float = 120.0
     """Seconds a request may wait for a replica: above a cold start from local disk (~40 s)."""
+    max_request_bytes: int = 16 * 1024**2
+    """The largest request body: a 128k-token prompt as token ids is ~1 MB; images need more."""
+    upstream_timeout: float = 300.0
+    """Seconds a replica may stay silent once sent a request: before its response headers
+    (which a non-streaming answer sends after its last token) and between two chunks of a
+    body (a stream's first chunk waits for its queueing and prefill). Knative's default."""
+    models: tuple[str, ...] = ()
+    """Models (and LoRA adapters) the replicas serve, known before any replica is up."""
     health_interval: float = 1.0
     connect_retries: int = 2
     signal_interval: float = 1.0

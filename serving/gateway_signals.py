@@ -33,6 +33,8 @@ class TrafficStats:
     errors: deque[float] = field(default_factory=deque)
     """Upstream failure times within the rate window."""
     buffered: int = 0
+    buffered_bytes: int = 0
+    """The bodies of the buffered requests."""
     in_flight: int = 0
     last_arrival: float | None = None
 

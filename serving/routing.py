@@ -4,7 +4,12 @@
   as a model a replica serves) with the fewest outstanding requests; ties go to the
   replica listed first, so routing is deterministic.
 - With no such replica, a request may wait in the buffer while it holds fewer than
-  ``capacity`` requests; a full buffer answers 429, a wait past the timeout 503.
+  ``capacity`` requests and its body fits in the buffer's bytes; a full buffer answers
+  429, a wait past the timeout 503.
+- A request for a model certainly served by nobody is answered 404 at once. With ready
+  replicas that have listed their models, they decide. With none ready, the known models
+  decide (those configured plus every one a replica has listed since the gateway
+  started): a model outside them is 404; with nothing known yet, every model may wait.
 """
 
 from __future__ import annotations
@@ -37,20 +42,40 @@ def choose(replicas: Sequence[ReplicaView], model: str | None) -> str | None:
     return best.url if best is not None else None
 
 
-def may_buffer(buffered: int, capacity: int) -> bool:
-    """Whether one more request may wait for a replica."""
-    return buffered < capacity
+def may_buffer(
+    buffered: int, capacity: int, buffered_bytes: int, size: int, byte_capacity: int
+) -> bool:
+    """Whether one more request, of ``size`` bytes, may wait for a replica.
+
+    Args:
+        buffered: requests waiting now.
+        capacity: the most requests that may wait.
+        buffered_bytes: the bytes of their bodies.
+        size: the bytes of this request's body.
+        byte_capacity: the most bytes of bodies that may wait.
+    """
+    return buffered < capacity and buffered_bytes + size <= byte_capacity
 
 
-def is_unserved(replicas: Sequence[ReplicaView], model: str) -> bool:
-    """Whether ``model`` is certainly served by nobody.
+def is_unserved(
+    replicas: Sequence[ReplicaView], model: str, known: frozenset[str] = frozenset()
+) -> bool:
+    """Whether ``model`` is certainly served by nobody: a 404 beats waiting for nothing.
 
-    True when some replica is ready, every ready one has listed its models, and none
-    lists ``model``: a 404 then beats waiting in the buffer for nothing.
+    Args:
+        replicas: what the router sees.
+        model: the model asked for.
+        known: the models configured or listed by a replica since the gateway started.
+
+    Returns:
+        With some replica ready: True when every ready one has listed its models and
+        none lists ``model``. With none ready: True when ``known`` is not empty and
+        does not hold ``model``.
     """
     ready = [r for r in replicas if r.ready]
-    listed = bool(ready) and all(r.models for r in ready)
-    return listed and all(model not in r.models for r in ready)
+    if ready:
+        return all(r.models and model not in r.models for r in ready)
+    return bool(known) and model not in known
 
 
 def known_models(replicas: Sequence[ReplicaView]) -> Mapping[str, int]:

@@ -46,6 +46,7 @@ class GatewayServer:
         if config is not None and source is not None and parse is not None:
             self.configs = ConfigStore(config, parse)
             self.configs.add_listener(lambda c: self.gateway.reconfigure(c.replicas, c.settings()))
+            self.gateway.metrics.count_reloads(self.configs)
         self._tasks: list[asyncio.Task[None]] = []
         self._listen = split_listen(listen)
         self._grpc = GrpcServer(
@@ -121,8 +122,13 @@ class SimReplicaServer:
         # aiohttp's own shutdown does the draining: stop listening, close idle connections,
         # wait up to shutdown_timeout for handlers, then run the app's cleanup (the engine
         # task, which must outlive the handlers it serves).
+        # A client that leaves has its handler cancelled, so its request is aborted as
+        # vLLM aborts it, not run to the end for nobody.
         self._runner = web.AppRunner(
-            self.replica.app, access_log=None, shutdown_timeout=self._grace
+            self.replica.app,
+            access_log=None,
+            shutdown_timeout=self._grace,
+            handler_cancellation=True,
         )
         await self._runner.setup()
         await web.TCPSite(self._runner, *self._listen).start()

@@ -5,6 +5,9 @@ streaming, ``/v1/models``, ``/health``) and exposes ``/metrics`` with vLLM 0.32'
 names, labels and histogram buckets (``serving.vllm_metrics``), so the exporter cannot tell
 it from vLLM by format. Requests are checked as vLLM checks them (``serving.sim_validation``)
 and served by the engine (``serving.sim_engine``), whose timing comes from the replica model.
+
+A client that leaves (mid-stream, or before its whole answer) has its request aborted, as
+vLLM aborts it; that is normal traffic, logged at DEBUG only.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,6 +35,8 @@ from serving.sim_validation import (
     prompt_length,
     too_long,
 )
+
+log = logging.getLogger(__name__)
 
 
 class SimReplica:
@@ -94,14 +100,21 @@ class SimReplica:
             _usage(prompt_tokens, max_tokens),
         )
         sim = self.engine.submit(prompt_tokens, max_tokens, bool(body.get("stream")))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         try:
             if sim.tokens is None:
                 await sim.done
                 return web.json_response(answer.whole(max_tokens, int(time.time())))
-            return await _stream(request, sim.tokens, answer, _include_usage(body))
-        except (asyncio.CancelledError, ConnectionResetError):
+            await _stream(request, response, sim.tokens, answer, _include_usage(body))
+        except asyncio.CancelledError:
+            # The client left (the server cancels its handler) or the server stops.
             self.engine.abort(sim)
             raise
+        except ConnectionResetError:
+            # The client left while its stream was being written.
+            log.debug("the client of %s left; aborted", answer.rid)
+            self.engine.abort(sim)
+        return response
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,12 +188,12 @@ def _include_usage(body: dict[str, object]) -> bool:
 
 async def _stream(
     request: web.Request,
+    response: web.StreamResponse,
     tokens: asyncio.Queue[str | None],
     answer: _Answer,
     include_usage: bool,
-) -> web.StreamResponse:
+) -> None:
     """Server-sent events: a chunk per token as the engine hands it out, then ``[DONE]``."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     while (token := await tokens.get()) is not None:
         await response.write(f"data: {json.dumps(answer.chunk(token))}\n\n".encode())
@@ -188,7 +201,6 @@ async def _stream(
         await response.write(f"data: {json.dumps(answer.usage_chunk())}\n\n".encode())
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
-    return response
 
 
 @web.middleware
@@ -202,6 +214,7 @@ async def _request_errors(request: web.Request, handler: Handler) -> web.StreamR
 async def _json_body(request: web.Request) -> dict[str, object]:
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
+        # Whatever is wrong: malformed, not UTF-8, too many digits, nested too deep.
         raise RequestError("request body is not valid JSON") from None
     return json_object(body)

@@ -202,6 +202,11 @@ async def test_buffer_limits(settings, status, retry_after):
         pytest.param(
             b'{"model": "gpt-5", "prompt": "x"}', 404, "no replica serves model", id="unknown-model"
         ),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, 400, "not valid JSON", id="deep-arrays"),
+        pytest.param(b'{"a":' * 100_000 + b"1" + b"}" * 100_000, 400, "not valid JSON", id="deep"),
+        pytest.param(b'{"model": "\xff"}', 400, "not valid JSON", id="not-utf-8"),
+        pytest.param(b'{"n": ' + b"9" * 5000 + b"}", 400, "not valid JSON", id="a-huge-integer"),
+        pytest.param(b"", 400, "not valid JSON", id="an-empty-body"),
     ],
 )
 async def test_malformed_client_input_gets_a_clear_4xx(body, status, fragment):
@@ -284,6 +289,16 @@ async def test_replicas_are_discovered_from_dns():
         pytest.param(
             "endpoint-slices: {port: 8000}", "endpoint-slices.service", id="slices-need-a-service"
         ),
+        pytest.param(
+            "max-request-bytes: 16MB", "key 'max-request-bytes'='16MB'", id="a-size-in-megabytes"
+        ),
+        pytest.param(
+            "buffer-bytes: 1Mi",
+            "buffer-bytes (1048576) is below max-request-bytes (16777216)",
+            id="a-buffer-smaller-than-the-largest-request",
+        ),
+        pytest.param("upstream-timeout: 0s", "key 'upstream-timeout'", id="no-upstream-timeout"),
+        pytest.param("models: ['']", "key 'models.0'", id="an-empty-model-name"),
     ],
 )
 def test_bad_gateway_config_names_the_key(text, fragment):
@@ -293,6 +308,22 @@ def test_bad_gateway_config_names_the_key(text, fragment):
     with pytest.raises(ConfigError) as caught:
         parse_config(text, "gateway.yaml")
     assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        pytest.param("1048576", 1048576, id="bare-bytes"),
+        pytest.param("16Mi", 16 * 1024**2, id="mebibytes"),
+        pytest.param("2Gi", 2 * 1024**3, id="gibibytes"),
+        pytest.param("500k", 500_000, id="kilobytes-are-thousands"),
+    ],
+)
+def test_sizes_are_bytes_or_kubernetes_quantities(text, size):
+    from serving.config import parse_config
+
+    config = parse_config(f"max-request-bytes: {text}\nbuffer-bytes: 4Gi\n", "gateway.yaml")
+    assert config.settings().max_request_bytes == size
 
 
 def test_flags_win_over_the_file():
@@ -311,6 +342,10 @@ SETTINGS_IN_THE_CONFIG = [
     pytest.param("rate_window", id="the-rate-window-has-one-default"),
     pytest.param("connect_retries", id="the-connect-retries-have-one-default"),
     pytest.param("dns", id="no-dns-name-is-the-default-everywhere"),
+    pytest.param("upstream_timeout", id="the-upstream-timeout-has-one-default"),
+    pytest.param("max_request_bytes", id="the-request-size-limit-has-one-default"),
+    pytest.param("buffer_bytes", id="the-buffer-bytes-have-one-default"),
+    pytest.param("models", id="no-configured-model-is-the-default-everywhere"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import signal
 import sys
@@ -123,6 +124,34 @@ async def test_a_bad_prompt_gets_vllms_400(prompt, kind, param, fragment):
         await sim.stop()
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"{not json", id="malformed"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, id="arrays-100k-deep"),
+        pytest.param(b'{"prompt": "\xff"}', id="not-utf-8"),
+        pytest.param(b'{"max_tokens": ' + b"9" * 5000 + b"}", id="a-huge-integer"),
+    ],
+)
+async def test_bad_json_of_any_kind_gets_vllms_400(body, caplog):
+    sim = await start_sim()
+    try:
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(
+                f"{sim.url}/v1/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as r,
+        ):
+            assert r.status == 400
+            error = (await r.json())["error"]
+        assert (error["code"], error["message"]) == (400, "request body is not valid JSON")
+        assert [r for r in caplog.records if r.exc_info] == []
+    finally:
+        await sim.stop()
+
+
 async def test_a_token_id_prompt_is_served_and_counted_exactly():
     sim = await start_sim()
     try:
@@ -191,6 +220,49 @@ async def test_a_request_never_joins_a_step_that_began_before_it_arrived():
     assert list(engine.waiting) == [request]
     assert engine._schedule(request.arrived) > 0.0
     assert engine.prefilling == [request] and request.admitted == request.arrived
+
+
+# --- clients that leave ------------------------------------------------------------------
+
+
+def aborted(sim):
+    return sim.replica.engine.metrics.success.labels("0", "sim-llama", "abort")._value.get()
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        pytest.param(True, id="a-streaming-client-leaving-mid-stream"),
+        pytest.param(False, id="a-client-leaving-before-its-whole-answer"),
+    ],
+)
+async def test_a_client_leaving_is_aborted_quietly(stream, caplog):
+    # Real pace: 2,000 tokens take ~13 s, so only an abort ends the request early.
+    sim = await start_sim(speedup=1.0)
+    engine = sim.replica.engine
+    try:
+        caplog.set_level(logging.DEBUG)
+        caplog.clear()
+        async with aiohttp.ClientSession() as client:
+            body = completion("hello", max_tokens=2000, stream=stream)
+            request = asyncio.create_task(client.post(f"{sim.url}/v1/completions", json=body))
+            await eventually(lambda: engine.running == 1, "the request in the engine")
+            if stream:
+                response = await request
+                await response.content.readline()  # the stream has started
+                response.close()  # the client leaves
+            else:
+                request.cancel()  # the client gives up waiting and closes its connection
+            await eventually(lambda: aborted(sim) == 1, "the request aborted", limit=10)
+        assert engine.running == 0 and served(sim) == 0
+        noisy = [r for r in caplog.records if r.levelno > logging.DEBUG or r.exc_info]
+        assert noisy == [], [r.getMessage() for r in noisy]
+    finally:
+        await sim.stop()
+
+
+def served(sim):
+    return sim.replica.engine.metrics.success.labels("0", "sim-llama", "length")._value.get()
 
 
 # --- graceful stop ---------------------------------------------------------------------

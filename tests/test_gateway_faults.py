@@ -1,0 +1,546 @@
+"""The gateway under faults: replicas that die, hang or stall, bodies too big, unknown models.
+
+Real servers on 127.0.0.1: the gateway, the simulated replica (in process or as a process
+that is SIGKILLed) and small aiohttp replicas that misbehave on purpose. Every error the
+gateway answers itself is in the API's shape (``{"object": "error", "message", "code"}``);
+every upstream failure is counted in ``unitscale_gateway_upstream_errors_total`` and the
+``upstream_error_rate`` the scaler reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from foundation.net import free_port
+from serving.routing import ReplicaView, is_unserved
+from tests.conftest import eventually
+from tests.test_gateway import completion, start_gateway, start_sim, wait_ready
+
+Behaviour = Callable[[web.Request, "Fake"], Awaitable[web.StreamResponse]]
+
+
+class Fake:
+    """A replica that passes ``/health``, lists ``sim-llama`` and answers completions badly."""
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.received = 0
+        """Completion requests that reached it."""
+        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        """What ``stream_on_demand`` writes next (None ends the response)."""
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> Fake:
+        app = web.Application()
+        app.router.add_get("/health", _health)
+        app.router.add_get("/v1/models", _models)
+        app.router.add_post("/v1/completions", self._completions)
+        # A handler whose connection is gone is cancelled, so the runner stops at once.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.received += 1
+        return await self.behaviour(request, self)
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response()
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "sim-llama"}]})
+
+
+async def forever() -> web.StreamResponse:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def close_before_headers(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """The replica's connection drops after it read the request, before any answer."""
+    assert request.transport is not None
+    request.transport.abort()
+    return await forever()
+
+
+async def garbage_before_headers(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """The replica answers something that is not HTTP, then closes."""
+    assert request.transport is not None
+    request.transport.write(b"this is not HTTP\r\n\r\n")
+    request.transport.close()
+    return await forever()
+
+
+async def hang_before_headers(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """The replica takes the request and never answers (its /health stays fine)."""
+    return await forever()
+
+
+async def stall_mid_stream(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """The replica starts a stream, sends one chunk, then goes silent."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b"data: 1\n\n")
+    return await forever()
+
+
+async def stream_on_demand(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """The replica streams what the test hands it, as slowly as the test likes."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    while (chunk := await fake.chunks.get()) is not None:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def fakes(*behaviours: Behaviour) -> list[Fake]:
+    return [await Fake(b).start() for b in behaviours]
+
+
+def upstream_errors(gateway) -> dict[str, float]:
+    """``unitscale_gateway_upstream_errors_total`` by kind, from the gateway's /metrics."""
+    text = gateway.gateway.metrics.render().decode()
+    return {
+        s.labels["kind"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "unitscale_gateway_upstream_errors"
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+def error_rate(gateway) -> float:
+    """The ``upstream_error_rate`` the scaler would read now."""
+    rate = gateway.gateway.feed.snapshot(time.time()).signals.upstream_error_rate
+    assert rate is not None
+    return float(rate)
+
+
+async def assert_api_error(response: aiohttp.ClientResponse, status: int, fragment: str) -> None:
+    assert response.status == status
+    assert response.content_type == "application/json"
+    body = await response.json()
+    assert (body["object"], body["code"]) == ("error", status)
+    assert fragment in body["message"], body
+
+
+def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+# --- a replica failing before its response headers: 502, counted, never retried ---------
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        pytest.param(close_before_headers, id="its-connection-drops-after-the-request-was-sent"),
+        pytest.param(garbage_before_headers, id="it-answers-something-that-is-not-http"),
+    ],
+)
+async def test_a_replica_failing_before_its_headers_is_a_counted_502_never_retried(
+    behaviour, caplog
+):
+    replicas = await fakes(behaviour, behaviour)
+    gateway = await start_gateway([f.url for f in replicas])
+    try:
+        await wait_ready(gateway, 2)
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
+            ) as r:
+                await assert_api_error(r, 502, "failed before answering")
+        # Sent once: it may have run, so no other replica is tried.
+        assert sum(f.received for f in replicas) == 1
+        assert upstream_errors(gateway) == {"before-response": 1.0}
+        assert error_rate(gateway) > 0
+        assert tracebacks(caplog) == []
+    finally:
+        await gateway.stop()
+        for f in replicas:
+            await f.stop()
+
+
+async def test_a_sim_replica_sigkilled_before_its_headers_is_a_counted_502():
+    port = free_port()
+    replica = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "unitscale.cli", "--log-level", "warning",
+        "sim-replica", "--listen", f"127.0.0.1:{port}",  # real H200 pace: 2,000 tokens ~13 s
+    )  # fmt: skip
+    gateway = await start_gateway([f"http://127.0.0.1:{port}"])
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            pending = asyncio.create_task(
+                client.post(
+                    f"http://127.0.0.1:{gateway.port}/v1/completions",
+                    json=completion(max_tokens=2000),  # not streamed: headers come at the end
+                )
+            )
+            await eventually(lambda: gateway.gateway.stats.in_flight == 1, "sent upstream")
+            running = 'vllm:num_requests_running{engine="0",model_name="sim-llama"} 1.0'
+            async with asyncio.timeout(30):
+                while True:
+                    async with client.get(f"http://127.0.0.1:{port}/metrics") as m:
+                        if running in await m.text():
+                            break
+                    await asyncio.sleep(0.02)
+            replica.kill()
+            await replica.wait()
+            async with await asyncio.wait_for(pending, 10) as r:
+                await assert_api_error(r, 502, "failed before answering")
+        assert upstream_errors(gateway) == {"before-response": 1.0}
+        assert error_rate(gateway) > 0
+    finally:
+        if replica.returncode is None:
+            replica.kill()
+            await replica.wait()
+        await gateway.stop()
+
+
+# --- a replica that passes /health but never answers: 504; a stalled stream ends ----------
+
+
+async def test_a_replica_that_never_answers_is_a_counted_504_after_the_upstream_timeout(caplog):
+    (replica,) = await fakes(hang_before_headers)
+    gateway = await start_gateway([replica.url], upstream_timeout=0.3)
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            async with asyncio.timeout(20):  # without an upstream timeout: held for ever
+                async with client.post(
+                    f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
+                ) as r:
+                    await assert_api_error(r, 504, "no response within 0.3s")
+        assert replica.received == 1
+        assert upstream_errors(gateway) == {"timeout": 1.0}
+        assert error_rate(gateway) > 0
+        assert gateway.gateway.stats.in_flight == 0
+        assert tracebacks(caplog) == []
+    finally:
+        await gateway.stop()
+        await replica.stop()
+
+
+async def test_a_stream_that_goes_silent_past_the_upstream_timeout_ends_broken_and_counted():
+    (replica,) = await fakes(stall_mid_stream)
+    gateway = await start_gateway([replica.url], upstream_timeout=0.3)
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            async with asyncio.timeout(20):
+                async with client.post(
+                    f"http://127.0.0.1:{gateway.port}/v1/completions",
+                    json=completion(stream=True),
+                ) as r:
+                    assert r.status == 200  # the headers were sent: only the body can end
+                    assert await r.content.readline() == b"data: 1\n"
+                    with pytest.raises(aiohttp.ClientPayloadError):
+                        await r.read()
+        assert upstream_errors(gateway) == {"stalled": 1.0}
+        assert error_rate(gateway) > 0
+        assert gateway.gateway.stats.in_flight == 0
+    finally:
+        await gateway.stop()
+        await replica.stop()
+
+
+async def test_a_stream_longer_than_the_upstream_timeout_passes_while_chunks_keep_coming():
+    (replica,) = await fakes(stream_on_demand)
+    timeout = 0.3
+    gateway = await start_gateway([replica.url], upstream_timeout=timeout)
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion(stream=True)
+            ) as r:
+                assert r.status == 200
+                started, sent = time.monotonic(), 0
+                # Chunk after chunk, each as soon as the last arrived, for twice the timeout.
+                while time.monotonic() - started < 2 * timeout and sent < 100_000:
+                    replica.chunks.put_nowait(f"data: {sent}\n\n".encode())
+                    assert await r.content.readline() == f"data: {sent}\n".encode()
+                    assert await r.content.readline() == b"\n"
+                    sent += 1
+                replica.chunks.put_nowait(None)
+                assert await r.read() == b""  # the end, unbroken
+        assert upstream_errors(gateway) == {}
+    finally:
+        await gateway.stop()
+        await replica.stop()
+
+
+# --- bytes: a body over the limit is 413; a buffer full of bytes is 429 -------------------
+
+
+async def chunked(body: bytes) -> AsyncIterator[bytes]:
+    """A body sent without Content-Length, 1 KB at a time."""
+    for i in range(0, len(body), 1024):
+        yield body[i : i + 1024]
+
+
+def padded(size: int) -> bytes:
+    """A valid completion request of exactly ``size`` bytes."""
+    start, end = b'{"model": "sim-llama", "max_tokens": 1, "prompt": "', b'"}'
+    return start + b"x" * (size - len(start) - len(end)) + end
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        pytest.param(lambda body: body, id="a-content-length-over-the-limit"),
+        pytest.param(chunked, id="a-chunked-body-that-grows-over-the-limit"),
+    ],
+)
+async def test_a_body_over_the_limit_is_413_and_never_buffered(send):
+    gateway = await start_gateway([f"http://127.0.0.1:{free_port()}"], max_request_bytes=4096)
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with asyncio.timeout(20):
+                async with client.post(
+                    f"http://127.0.0.1:{gateway.port}/v1/completions",
+                    data=send(padded(4097)),
+                    headers={"Content-Type": "application/json"},
+                ) as r:
+                    await assert_api_error(r, 413, "larger than 4096 bytes")
+        g = gateway.gateway
+        assert (g.stats.buffered, g.stats.buffered_bytes, list(g.stats.arrivals)) == (0, 0, [])
+    finally:
+        await gateway.stop()
+
+
+async def test_a_body_at_the_limit_is_served():
+    sim = await start_sim()
+    gateway = await start_gateway([sim.url], max_request_bytes=4096)
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions",
+                data=padded(4096),
+                headers={"Content-Type": "application/json"},
+            ) as r:
+                assert r.status == 200, await r.text()
+    finally:
+        await gateway.stop()
+        await sim.stop()
+
+
+async def test_a_buffer_full_of_bytes_is_429_and_its_bytes_come_back():
+    gateway = await start_gateway(
+        [f"http://127.0.0.1:{free_port()}"],
+        buffer_size=100,
+        buffer_bytes=10_000,
+        max_request_bytes=8_000,
+        buffer_timeout=60,
+    )
+    g = gateway.gateway
+    url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+    headers = {"Content-Type": "application/json"}
+    try:
+        async with aiohttp.ClientSession() as client:
+            first = asyncio.create_task(client.post(url, data=padded(6_000), headers=headers))
+            await eventually(lambda: g.stats.buffered == 1, "the first request buffered")
+            assert g.stats.buffered_bytes == 6_000
+            async with client.post(url, data=padded(5_000), headers=headers) as r:
+                await assert_api_error(r, 429, "10000 bytes")  # 11,000 would not fit
+                assert "Retry-After" in r.headers
+            second = asyncio.create_task(client.post(url, data=padded(4_000), headers=headers))
+            await eventually(lambda: g.stats.buffered == 2, "a request that fits buffered")
+            assert g.stats.buffered_bytes == 10_000
+            for task in (first, second):
+                task.cancel()  # the clients leave: their bytes are freed
+            await eventually(lambda: g.stats.buffered == 0, "the buffer emptied")
+            assert g.stats.buffered_bytes == 0
+    finally:
+        await gateway.stop()
+
+
+# --- unknown models at zero replicas: 404 at once when the model is certainly unknown ------
+
+
+async def _sim_served_then_gone(gateway, sim) -> None:
+    await wait_ready(gateway, 1)
+    await sim.stop()
+    await eventually(lambda: not any(r.ready for r in gateway.gateway.replicas), "not ready")
+
+
+@pytest.mark.parametrize(
+    ("configured", "served_before", "unknown_is_404"),
+    [
+        pytest.param(("sim-llama",), False, True, id="a-configured-model-makes-others-404"),
+        pytest.param((), True, True, id="a-model-served-before-makes-others-404"),
+        pytest.param((), False, False, id="with-nothing-known-yet-every-model-waits"),
+    ],
+)
+async def test_at_zero_replicas_a_model_nobody_knows_is_404_and_a_known_one_waits(
+    configured, served_before, unknown_is_404
+):
+    sim = await start_sim()
+    upstream = sim.url if served_before else f"http://127.0.0.1:{free_port()}"
+    gateway = await start_gateway([upstream], models=configured, buffer_timeout=60)
+    g = gateway.gateway
+    url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+    try:
+        if served_before:
+            await _sim_served_then_gone(gateway, sim)
+        async with aiohttp.ClientSession() as client:
+            unknown = asyncio.create_task(client.post(url, json=completion(model="gpt-5")))
+            if unknown_is_404:
+                async with await asyncio.wait_for(unknown, 10) as r:
+                    await assert_api_error(r, 404, "'gpt-5'")
+                # Not buffered and no activity for the scaler: no arrival, nothing waited.
+                assert (g.stats.buffered, list(g.stats.arrivals), g.stats.last_arrival) == (
+                    0,
+                    [],
+                    None,
+                )
+            else:
+                await eventually(lambda: g.stats.buffered == 1, "the unknown model waits")
+                unknown.cancel()
+                await eventually(lambda: g.stats.buffered == 0, "its client left")
+            known = asyncio.create_task(client.post(url, json=completion()))
+            await eventually(lambda: g.stats.buffered == 1, "a known model waits")
+            assert g.stats.last_arrival is not None  # and the scaler hears of it
+            known.cancel()
+            async with client.get(f"http://127.0.0.1:{gateway.port}/v1/models") as r:
+                listed = [m["id"] for m in (await r.json())["data"]]
+            assert listed == (["sim-llama"] if unknown_is_404 else [])
+    finally:
+        await gateway.stop()
+        await sim.stop()
+
+
+@pytest.mark.parametrize(
+    ("replicas", "known", "unserved"),
+    [
+        pytest.param([], {"llama"}, True, id="no-replica-and-a-known-set-without-it-is-404"),
+        pytest.param([], {"llama", "m"}, False, id="no-replica-but-known-means-wait"),
+        pytest.param([], set(), False, id="no-replica-and-nothing-known-means-wait"),
+        pytest.param([(False, {"llama"})], {"llama"}, True, id="a-replica-not-ready-changes-none"),
+        pytest.param([(True, {"llama"})], {"m"}, True, id="ready-replicas-decide-over-known"),
+        pytest.param([(True, set())], {"llama"}, False, id="a-ready-replica-unlisted-may-serve"),
+    ],
+)
+def test_is_unserved_with_known_models(replicas, known, unserved):
+    views = [
+        ReplicaView(f"http://r{i}", ready, 0, frozenset(models))
+        for i, (ready, models) in enumerate(replicas)
+    ]
+    assert is_unserved(views, "m", frozenset(known)) is unserved
+
+
+# --- config reloads are counted on /metrics ----------------------------------------------
+
+
+async def test_config_reloads_are_counted_by_result(tmp_path):
+    from foundation.reload import ConfigSource
+    from serving.config import parse_config
+    from serving.server import GatewayServer
+    from tests.kubelet_volume import KubeletVolume
+
+    volume = KubeletVolume(tmp_path / "config")
+    volume.write({"gateway.yaml": "health-interval: 50ms\n"})
+    source = ConfigSource(volume.path("gateway.yaml"), poll_interval=0.05)
+    config = parse_config(await source.read(), source.origin)
+    gateway = GatewayServer(
+        config.replicas, config.settings(), "127.0.0.1:0", "127.0.0.1:0",
+        config=config, source=source, parse=parse_config,
+    )  # fmt: skip
+    await gateway.start()
+    configs = gateway.configs
+    assert configs is not None
+    try:
+        async with aiohttp.ClientSession() as client:
+
+            async def reloads() -> dict[str, float]:
+                async with client.get(f"http://127.0.0.1:{gateway.port}/metrics") as r:
+                    text = await r.text()
+                return {
+                    s.labels["result"]: s.value
+                    for family in text_string_to_metric_families(text)
+                    if family.name == "unitscale_config_reloads"
+                    for s in family.samples
+                }
+
+            assert await reloads() == {"success": 0.0, "error": 0.0}
+            volume.write({"gateway.yaml": "health-interval: 60ms\n"})
+            await eventually(lambda: configs.reloads == 1, "the good update applied")
+            volume.write({"gateway.yaml": "health-interval: soon\n"})
+            await eventually(lambda: configs.errors == 1, "the bad update refused")
+            assert await reloads() == {"success": 1.0, "error": 1.0}
+    finally:
+        await gateway.stop()
+
+
+# --- what already held: nothing accepted is lost; a client leaving frees its place -------
+
+
+async def test_every_request_buffered_at_zero_is_served_once_a_replica_is_ready():
+    port = free_port()
+    gateway = await start_gateway([f"http://127.0.0.1:{port}"], buffer_timeout=60)
+    g = gateway.gateway
+    sim = None
+    try:
+        async with aiohttp.ClientSession() as client:
+
+            async def one(body) -> tuple[int, str]:
+                url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+                headers = {"Content-Type": "application/json"}
+                async with client.post(url, data=body, headers=headers) as r:
+                    return r.status, await r.text()
+
+            bodies = [padded(200 + 500 * i) for i in range(6)]
+            requests = [asyncio.create_task(one(b)) for b in bodies]
+            await eventually(lambda: g.stats.buffered == len(bodies), "all buffered")
+            assert g.stats.buffered_bytes == sum(len(b) for b in bodies)
+            sim = await start_sim(port)
+            results = await asyncio.wait_for(asyncio.gather(*requests), 30)
+        assert [status for status, _ in results] == [200] * len(bodies)
+        assert (g.stats.buffered, g.stats.buffered_bytes) == (0, 0)
+    finally:
+        await gateway.stop()
+        if sim is not None:
+            await sim.stop()
+
+
+async def test_a_client_leaving_the_buffer_frees_its_place():
+    gateway = await start_gateway(
+        [f"http://127.0.0.1:{free_port()}"], buffer_size=1, buffer_timeout=60
+    )
+    g = gateway.gateway
+    url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+    try:
+        async with aiohttp.ClientSession() as client:
+            first = asyncio.create_task(client.post(url, json=completion()))
+            await eventually(lambda: g.stats.buffered == 1, "the first request buffered")
+            async with client.post(url, json=completion()) as r:
+                assert r.status == 429  # the one place is taken
+            first.cancel()
+            await eventually(lambda: g.stats.buffered == 0, "its place freed")
+            second = asyncio.create_task(client.post(url, json=completion()))
+            await eventually(lambda: g.stats.buffered == 1, "the next request buffered")
+            second.cancel()
+    finally:
+        await gateway.stop()
