@@ -227,7 +227,13 @@ class Gateway:
                         504, f"the replica sent no response within {timeout:g}s", None
                     ) from None
                 except aiohttp.ClientError as err:
-                    log.warning("%s failed before its response: %r", replica.url, err)
+                    # str, never repr: an error's repr carries the request's headers.
+                    log.warning(
+                        "%s failed before its response: %s: %s",
+                        replica.url,
+                        type(err).__name__,
+                        err,
+                    )
                     self._upstream_error("before-response")
                     raise self._reject(502, "the replica failed before answering", None) from None
                 async with upstream:
@@ -255,7 +261,9 @@ class Gateway:
                 return self._broken(request, response, "stalled")
             except aiohttp.ClientError as err:
                 # The replica died mid-response: this client's response ends broken; we go on.
-                log.warning("upstream %s failed mid-response: %r", upstream.url, err)
+                log.warning(
+                    "upstream %s failed mid-response: %s: %s", upstream.url, type(err).__name__, err
+                )
                 return self._broken(request, response, "mid-response")
             try:
                 if not chunk:

@@ -161,13 +161,16 @@ def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 async def test_a_replica_failing_before_its_headers_is_a_counted_502_never_retried(
     behaviour, caplog
 ):
+    caplog.set_level(logging.DEBUG)
     replicas = await fakes(behaviour, behaviour)
     gateway = await start_gateway([f.url for f in replicas])
     try:
         await wait_ready(gateway, 2)
         async with aiohttp.ClientSession() as client:
             async with client.post(
-                f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
+                f"http://127.0.0.1:{gateway.port}/v1/completions",
+                json=completion(),
+                headers={"Authorization": "Bearer SECRET-MARKER-502"},
             ) as r:
                 await assert_api_error(r, 502, "failed before answering")
         # Sent once: it may have run, so no other replica is tried.
@@ -175,6 +178,7 @@ async def test_a_replica_failing_before_its_headers_is_a_counted_502_never_retri
         assert upstream_errors(gateway) == {"before-response": 1.0}
         assert error_rate(gateway) > 0
         assert tracebacks(caplog) == []
+        assert "SECRET-MARKER" not in caplog.text  # the error's repr carries the headers
     finally:
         await gateway.stop()
         for f in replicas:
