@@ -75,6 +75,7 @@ bench: install
 	$(BIN)/python bench/replay_speed.py
 	$(BIN)/python bench/replay_quality.py
 	$(BIN)/python bench/k8s_control_plane.py
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
