@@ -1,4 +1,11 @@
-"""The exporter process: scrape loop, ``/metrics`` over HTTP, signals over gRPC."""
+"""The exporter process: scrape loop, ``/metrics`` over HTTP, signals over gRPC.
+
+Health: ``/healthz`` answers 200 while the scrape loop is alive and has completed a
+cycle within ``STALE_CYCLES`` intervals, else 503 with the ``problem``; the gRPC health
+service says ``SERVING`` or ``NOT_SERVING`` to match. The loop restarts itself after a
+failed cycle (``Exporter.run``); when it is gone for good or stays stuck, failing health
+is what tells Kubernetes to restart the pod (a liveness probe on ``/healthz`` or gRPC).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from aiohttp import web
+from grpc_health.v1 import health_pb2
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -27,6 +35,8 @@ from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = service_name(signals_pb2.DESCRIPTOR, "SignalsService")
+HEALTH_CHECK_PERIOD = 1.0
+"""Most seconds between health checks that keep the gRPC health status current."""
 
 
 class ConfigReloadCollector(Collector):
@@ -83,6 +93,8 @@ class ExporterServer:
         self.http_port = 0
         self._runner: web.AppRunner | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._health_changed = asyncio.Event()
 
     async def start(self) -> tuple[int, int]:
         """Serve HTTP and gRPC and start scraping; returns (http port, grpc port)."""
@@ -106,6 +118,8 @@ class ExporterServer:
         self.http_port = int(sock.getsockname()[1])
         await self._grpc.start()
         self._loop_task = asyncio.create_task(self.exporter.run())
+        self._loop_task.add_done_callback(self._loop_ended)
+        self._health_task = asyncio.create_task(self._follow_health())
         if self._source is not None:
             self._reload_task = asyncio.create_task(self._source.follow(self.configs))
         log.info(
@@ -118,14 +132,56 @@ class ExporterServer:
     async def stop(self, grace: float = 2.0) -> None:
         """Stop scraping, then both servers."""
         await self._grpc.enter_graceful_shutdown()
-        for task in (self._reload_task, self._loop_task):
+        for task in (self._health_task, self._reload_task, self._loop_task):
             if task is not None:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                # A loop that died earlier was logged when it did (``_loop_ended``).
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.gather(task, return_exceptions=True)
         await self._grpc.stop(grace)
         if self._runner is not None:
             await self._runner.cleanup()
+
+    def problem(self) -> str | None:
+        """Why the exporter is unhealthy, or None while its loop is alive and cycling."""
+        task = self._loop_task
+        if task is not None and task.done():
+            if task.cancelled():
+                return "scrape loop stopped: cancelled"
+            return f"scrape loop stopped: {task.exception()!r}"
+        return self.exporter.stalled()
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return  # stop() cancels it
+        error = task.exception()
+        log.critical("scrape loop stopped: %r; health fails until a restart", error, exc_info=error)
+        self._health_changed.set()  # report it at once
+
+    async def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse
+        # GrpcServer keeps its health servicer to itself; only this process knows what
+        # "serving" means for the exporter, so it sets the status there directly.
+        servicer = self._grpc._health
+        for name in ("", SERVICE_NAME):
+            await servicer.set(name, status.SERVING if serving else status.NOT_SERVING)
+
+    async def _follow_health(self) -> None:
+        """Keep the gRPC health status in step with ``problem()``."""
+        serving = True
+        while True:
+            problem = self.problem()
+            if (problem is None) != serving:
+                serving = problem is None
+                await self._set_health(serving)
+                if problem is not None:
+                    log.error("unhealthy: %s", problem)
+                else:
+                    log.info("healthy again")
+            period = min(HEALTH_CHECK_PERIOD, self.exporter.config.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._health_changed.wait(), period)
+            self._health_changed.clear()
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
@@ -133,12 +189,17 @@ class ExporterServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         exporter = self.exporter
+        problem = self.problem()
         return web.json_response(
             {
+                "healthy": problem is None,
+                "problem": problem,
                 "cycles": exporter.cycles,
                 "last_cycle_seconds": exporter.last_cycle_seconds,
+                "loop_restarts": exporter.loop_restarts,
                 "deployments": len(exporter.deployments),
                 "config_reloads": self.configs.reloads,
                 "config_errors": self.configs.errors,
-            }
+            },
+            status=200 if problem is None else 503,
         )

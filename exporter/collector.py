@@ -45,14 +45,27 @@ class SignalsCollector(Collector):
                 _deployment_samples(families, latencies, labels, state.signals, now)
         yield from families.values()
         yield from latencies.values()
-        yield from (targets.up, targets.errors, targets.duration)
-        cycle = GaugeMetricFamily(
-            "unitscale_exporter_cycle_seconds",
-            "Duration of the last scrape cycle over all replicas.",
-        )
-        if self._exporter.last_cycle_seconds is not None:
-            cycle.add_metric([], self._exporter.last_cycle_seconds)
-        yield cycle
+        yield from (targets.up, targets.errors, targets.rejected, targets.duration)
+        yield from _loop_families(self._exporter)
+
+
+def _loop_families(exporter: Exporter) -> Iterator[Metric]:
+    """The scrape loop's own health: cycle duration, cycles and restarts."""
+    cycle = GaugeMetricFamily(
+        "unitscale_exporter_cycle_seconds",
+        "Duration of the last scrape cycle over all replicas.",
+    )
+    if exporter.last_cycle_seconds is not None:
+        cycle.add_metric([], exporter.last_cycle_seconds)
+    yield cycle
+    yield CounterMetricFamily(
+        "unitscale_exporter_cycles", "Scrape cycles completed.", value=exporter.cycles
+    )
+    yield CounterMetricFamily(
+        "unitscale_exporter_loop_restarts",
+        "Scrape loop restarts after a cycle failed (with backoff).",
+        value=exporter.loop_restarts,
+    )
 
 
 def _signal_families() -> tuple[dict[str, GaugeMetricFamily], dict[str, GaugeMetricFamily]]:
@@ -118,6 +131,11 @@ class _TargetFamilies:
             "Failed scrapes by reason.",
             labels=[*target_labels, "reason"],
         )
+        self.rejected = CounterMetricFamily(
+            "unitscale_target_rejected_values",
+            "Concepts whose values were no measurement (negative, not-finite, duplicate).",
+            labels=[*target_labels, "reason"],
+        )
         self.duration = GaugeMetricFamily(
             "unitscale_target_scrape_duration_seconds",
             "Last scrape's duration.",
@@ -131,6 +149,8 @@ class _TargetFamilies:
             self.duration.add_metric([namespace, deployment, target], status.scrape_seconds)
             for reason, count in status.errors.items():
                 self.errors.add_metric([namespace, deployment, target, reason], count)
+            for why, count in status.rejected.items():
+                self.rejected.add_metric([namespace, deployment, target, why], count)
 
 
 def _deployment_samples(

@@ -13,11 +13,12 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from exporter.parse import MAX_BYTES, MAX_SERIES, Limits
 from exporter.signals import Accelerator
-from foundation.configfile import DNS_NAME, KEBAB_CASE, load_mapping, validate
+from foundation.configfile import DNS_NAME, KEBAB_CASE, host_port, load_mapping, validate
 from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, quote
 
 DEFAULT_PRICE_PER_HOUR = 3.50
 """US$ per accelerator-hour when none is configured: mid-range of 2026 neocloud H100/H200
@@ -99,11 +100,7 @@ class DeploymentConfig(BaseModel):
     @field_validator("dns")
     @classmethod
     def _host_port(cls, dns: str | None) -> str | None:
-        if dns is not None:
-            host, _, port = dns.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"expected host:port, got {dns!r}")
-        return dns
+        return None if dns is None else host_port(dns)
 
 
 class ExporterConfig(BaseModel):
@@ -119,7 +116,17 @@ class ExporterConfig(BaseModel):
     """Short window for burst detection (Knative's panic window is 6 s of 60 s)."""
     stable_window: Seconds = Field(60.0, gt=0)
     """Longer window for steady-state rates, quantiles and cost."""
+    max_body_bytes: int = Field(MAX_BYTES, ge=1024)
+    """Largest ``/metrics`` body read from one target (4 MiB); a larger one is a
+    ``too-large`` failure, never parsed. vLLM sends about 50 kB per engine."""
+    max_series: int = Field(MAX_SERIES, ge=1)
+    """Most wanted samples from one target per scrape (10,000); more is a
+    ``too-many-series`` failure. One vLLM engine exposes about 120."""
     deployments: list[DeploymentConfig] = Field(default_factory=list)
+
+    def limits(self) -> Limits:
+        """What one target may send in one scrape."""
+        return Limits(self.max_body_bytes, self.max_series)
 
     @model_validator(mode="after")
     def _consistent(self) -> ExporterConfig:
@@ -142,9 +149,13 @@ def metrics_url(target: str) -> str:
         ValueError: not an http(s) URL with a host.
     """
     url = target if "://" in target else f"http://{target}"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected http://host:port[/path], got {target!r}")
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError:  # an unbalanced IPv6 bracket
+        hostname = None
+    if hostname is None or parts.scheme not in ("http", "https"):
+        raise ValueError(f"expected http://host:port[/path], got {quote(target)}")
     return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
 
 
@@ -187,4 +198,6 @@ def load_config(
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    except ValueError as err:  # not UTF-8
+        raise ConfigError(f"cannot read config file {path}: {err}") from err
     return parse_config(text, str(path), overrides, extra_deployments)

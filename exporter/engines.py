@@ -13,15 +13,29 @@ Series that differ only in a replica-internal label are combined:
 - vLLM's ``pid`` label (a gauge without a multiprocess mode, one copy per API-server
   process) and SGLang's ``tp_rank``/``pp_rank``/``moe_ep_rank``: the same engine seen
   by several processes, so the largest copy is kept, never the sum.
+
+A value that cannot be a measurement makes its concept missing and is named in
+``EngineStats.rejected``: a negative gauge, counter or bucket count (``negative``), NaN
+or an infinity (``not-finite``), and one series (same name, same labels) sent twice with
+different values (``duplicate``: which one is true is unknowable, and taking either would
+be a guess). One bad concept never spoils the others.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from exporter.parse import Sample, parse_samples
+from exporter.parse import (
+    DEFAULT_LIMITS,
+    ExpositionError,
+    Limits,
+    Sample,
+    TooLargeError,
+    excerpt,
+    parse_samples,
+)
 from foundation.signals import LATENCIES
 
 COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions")
@@ -127,6 +141,12 @@ class EngineStats:
     created: float | None = None
     """Newest ``_created`` timestamp of any counter: a change means a restart."""
     missing: tuple[str, ...] = ()
+    rejected: dict[str, str] = field(default_factory=dict)
+    """Concepts whose values were no measurement, with why: one of ``REJECTIONS``."""
+
+
+REJECTIONS = ("negative", "not-finite", "duplicate")
+"""Why a concept's values were rejected (bounded: a Prometheus label)."""
 
 
 def detect_engine(samples: Iterable[Sample]) -> str | None:
@@ -143,24 +163,58 @@ class NoEngineMetricsError(ValueError):
     """The exposition holds no metric of a known engine."""
 
 
-def read_exposition(text: str, engine: str = "auto") -> EngineStats:
-    """One replica's ``/metrics`` text as engine-neutral stats: the one entry point.
+def read_exposition(
+    body: str | bytes, engine: str = "auto", limits: Limits = DEFAULT_LIMITS
+) -> EngineStats:
+    """One replica's ``/metrics`` body as engine-neutral stats: the one entry point.
 
-    ``engine`` is ``vllm``, ``sglang`` or ``auto`` (told by the metric names).
+    ``engine`` is ``vllm``, ``sglang`` or ``auto`` (told by the metric names). A body in
+    bytes is UTF-8: bytes that are not UTF-8 are harmless in comments and families the
+    exporter does not read, and an ``ExpositionError`` in a sample it reads. Pure and
+    thread-safe: the exporter runs it in a worker thread.
 
     Raises:
-        ExpositionError: the text is not a valid exposition.
+        TooLargeError: the body is over ``limits.max_bytes`` (bytes, or characters of
+            text); it is not parsed.
+        TooManySeriesError: over ``limits.max_series`` wanted samples.
+        ExpositionError: the body is not a valid exposition.
         NoEngineMetricsError: no ``vllm:`` or ``sglang:`` metric in it.
     """
-    samples = parse_samples(text, WANTED_ANY)
+    if len(body) > limits.max_bytes:
+        unit = "bytes" if isinstance(body, bytes) else "characters"
+        raise TooLargeError(f"body of {len(body):,} {unit} is over {limits.max_bytes:,}")
+    lossy = False
+    if isinstance(body, bytes):
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            # Keep the bad bytes as lone surrogates: no valid text holds one, so a wanted
+            # sample that does is told apart below; comments never matter.
+            text, lossy = body.decode("utf-8", "surrogateescape"), True
+    else:
+        text = body
+    samples = parse_samples(text, WANTED_ANY, max_samples=limits.max_series)
+    if lossy:
+        _refuse_undecodable(samples)
     kind = detect_engine(samples) if engine == "auto" else engine
     if kind is None:
         raise NoEngineMetricsError("no vllm: or sglang: metrics in the response")
     return engine_stats(samples, CONTRACTS[kind])
 
 
+def _refuse_undecodable(samples: list[Sample]) -> None:
+    for sample in samples:
+        for text in (sample.name, *sample.labels.keys(), *sample.labels.values()):
+            if any("\udc80" <= char <= "\udcff" for char in text):
+                raise ExpositionError(f"{sample.name}: bytes that are not UTF-8 in {excerpt(text)}")
+
+
 def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
-    """Combine one scrape's samples into concepts under ``contract``."""
+    """Combine one scrape's samples into concepts under ``contract``.
+
+    Raises:
+        ExpositionError: a histogram bucket bound (``le``) is not a number.
+    """
     by_name: dict[str, list[Sample]] = {}
     for sample in samples:
         by_name.setdefault(sample.name, []).append(sample)
@@ -172,10 +226,13 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
             break
 
     missing: list[str] = []
+    rejected: dict[str, str] = {}
     gauges: dict[str, float] = {}
     for concept, options in contract.gauges.items():
-        value = _first(by_name, options, _combine_gauge)
-        if value is None:
+        value = _first(by_name, options)
+        if isinstance(value, str):
+            rejected[concept] = value
+        if value is None or isinstance(value, str):
             missing.append(concept)
         else:
             gauges[concept] = value
@@ -186,8 +243,10 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
     counters: dict[str, float] = {}
     created: float | None = None
     for concept, options in contract.counters.items():
-        value = _first(by_name, options, _combine_counter)
-        if value is None:
+        value = _first(by_name, options)
+        if isinstance(value, str):
+            rejected[concept] = value
+        if value is None or isinstance(value, str):
             missing.append(concept)
         else:
             counters[concept] = value
@@ -198,28 +257,43 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
     histograms: dict[str, Histogram] = {}
     for concept, options in contract.histograms.items():
         for base in options:
+            if base + "_bucket" not in by_name:
+                continue
             histogram = _histogram(by_name, base)
-            if histogram is not None and all(math.isfinite(c) for c in histogram.counts):
+            if isinstance(histogram, str):
+                rejected[concept] = histogram
+            elif histogram is not None:
                 histograms[concept] = histogram
-                break
-        else:
+            break  # the newest name exposed decides, good or bad
+        if concept not in histograms:
             missing.append(concept)
     return EngineStats(
-        contract.engine, model, gauges, counters, histograms, created, tuple(missing)
+        contract.engine, model, gauges, counters, histograms, created, tuple(missing), rejected
     )
 
 
-def _first(
-    by_name: dict[str, list[Sample]],
-    options: tuple[str, ...],
-    combine: Callable[[list[Sample]], float],
-) -> float | None:
+def _first(by_name: dict[str, list[Sample]], options: tuple[str, ...]) -> float | str | None:
+    """The combined value of the newest name exposed; why not (a rejection); or None."""
     for name in options:
         samples = by_name.get(name)
         if samples:
-            value = combine(samples)
-            # NaN or Inf from a broken engine is no measurement: report it missing.
-            return value if math.isfinite(value) else None
+            problem = _implausible(samples)
+            return problem if problem is not None else _combine(samples)
+    return None
+
+
+def _implausible(samples: list[Sample], ignore: frozenset[str] = frozenset()) -> str | None:
+    """Why these samples of one name are no measurement (``REJECTIONS``), or None."""
+    seen: dict[tuple[tuple[str, str], ...], float] = {}
+    for sample in samples:
+        value = sample.value
+        if not math.isfinite(value):
+            return "not-finite"
+        if value < 0:
+            return "negative"
+        key = _identity(sample.labels, ignore)
+        if seen.setdefault(key, value) != value:
+            return "duplicate"
     return None
 
 
@@ -227,17 +301,14 @@ def _identity(labels: Mapping[str, str], drop: frozenset[str]) -> tuple[tuple[st
     return tuple(sorted((k, v) for k, v in labels.items() if k not in drop))
 
 
-def _combine_gauge(samples: list[Sample]) -> float:
-    # Copies (pid, tp_rank, ...) of the same series: keep the largest; then sum engines.
+def _combine(samples: list[Sample]) -> float:
+    # Copies (pid, tp_rank, ...) of the same series: keep the largest; then sum engines
+    # (and, for counters, reasons).
     per_series: dict[tuple[tuple[str, str], ...], float] = {}
     for sample in samples:
         key = _identity(sample.labels, _COPIES)
         per_series[key] = max(per_series.get(key, sample.value), sample.value)
     return float(sum(per_series.values()))
-
-
-def _combine_counter(samples: list[Sample]) -> float:
-    return _combine_gauge(samples)  # same rule; counters are summed over reasons too
 
 
 def _engine_count(by_name: dict[str, list[Sample]], options: tuple[str, ...]) -> int:
@@ -248,20 +319,36 @@ def _engine_count(by_name: dict[str, list[Sample]], options: tuple[str, ...]) ->
     return 0
 
 
-def _histogram(by_name: dict[str, list[Sample]], base: str) -> Histogram | None:
+def _bound(sample: Sample, base: str) -> float:
+    le = sample.labels.get("le", "nan")
+    try:
+        return float(le)
+    except ValueError:
+        raise ExpositionError(
+            f"{base}_bucket: bucket bound le={excerpt(le)} is not a number"
+        ) from None
+
+
+def _histogram(by_name: dict[str, list[Sample]], base: str) -> Histogram | str | None:
+    """The histogram under ``base``; why its counts are no measurement; or None."""
     buckets = by_name.get(base + "_bucket")
     if not buckets:
         return None
+    counts_series = by_name.get(base + "_count") or []
+    problem = _implausible(buckets) or _implausible(counts_series)
+    if problem is not None:
+        return problem
     per_bound: dict[float, dict[tuple[tuple[str, str], ...], float]] = {}
     for sample in buckets:
-        bound = float(sample.labels.get("le", "nan"))
+        bound = _bound(sample, base)
         key = _identity(sample.labels, _COPIES | {"le"})
         series = per_bound.setdefault(bound, {})
         series[key] = max(series.get(key, sample.value), sample.value)
     bounds = tuple(sorted(b for b in per_bound if b == b))  # drop a NaN "le"
+    if not bounds:
+        return None  # no bucket with a usable bound: nothing to read quantiles from
     counts = tuple(float(sum(per_bound[b].values())) for b in bounds)
-    counts_series = by_name.get(base + "_count")
-    count = _combine_counter(counts_series) if counts_series else counts[-1]
+    count = _combine(counts_series) if counts_series else counts[-1]
     sums = by_name.get(base + "_sum")
-    total = _combine_counter(sums) if sums else math.nan
+    total = _combine(sums) if sums else math.nan
     return Histogram(bounds, counts, count, total)

@@ -6,7 +6,10 @@ and value only for the wanted ones. It returns exactly what ``prometheus_client`
 parsers return for those samples (names, labels, values, timestamps), which the tests
 check on real captures.
 
-Errors raise ``ExpositionError`` naming the line number and the offending text.
+Errors raise ``ExpositionError`` naming the line number and the offending text, quoted
+in a bounded excerpt (``excerpt``): a hostile replica's megabyte line never reaches a log
+whole. ``Limits`` bound what one target may send: its size (``TooLargeError``) and its
+count of wanted samples (``TooManySeriesError``, raised as soon as the cap is passed).
 """
 
 from __future__ import annotations
@@ -16,9 +19,46 @@ from dataclasses import dataclass
 
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
+EXCERPT = 200
+"""Characters of an offending line or value quoted in an error message."""
+
 
 class ExpositionError(ValueError):
     """The text is not valid Prometheus or OpenMetrics exposition."""
+
+
+class TooLargeError(ValueError):
+    """The body is larger than ``Limits.max_bytes``: it is never parsed."""
+
+
+class TooManySeriesError(ValueError):
+    """The body holds more wanted samples than ``Limits.max_series``."""
+
+
+MAX_BYTES = 4 << 20
+"""Default body cap: 4 MiB; vLLM sends about 50 kB per engine."""
+MAX_SERIES = 10_000
+"""Default cap on wanted samples; one vLLM engine exposes about 120."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one target may send in one scrape."""
+
+    max_bytes: int = MAX_BYTES
+    """Body size in bytes (characters for text)."""
+    max_series: int = MAX_SERIES
+    """Wanted samples."""
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def excerpt(text: str, limit: int = EXCERPT) -> str:
+    """``text`` quoted (``repr``), cut to ``limit`` characters with its length when longer."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +72,10 @@ class Sample:
 
 
 def parse_samples(
-    text: str, wanted: Collection[str] | None = None, openmetrics: bool | None = None
+    text: str,
+    wanted: Collection[str] | None = None,
+    openmetrics: bool | None = None,
+    max_samples: int | None = None,
 ) -> list[Sample]:
     """Samples whose exposed name is in ``wanted`` (every sample if None), in text order.
 
@@ -44,11 +87,13 @@ def parse_samples(
 
     Raises:
         ExpositionError: a wanted line is malformed; other lines are not examined.
+        TooManySeriesError: more than ``max_samples`` wanted samples (None: no cap).
     """
     if openmetrics is None:
         openmetrics = text.rstrip().endswith("# EOF")
     samples: list[Sample] = []
     append = samples.append
+    room = -1 if max_samples is None else max_samples
     for number, line in enumerate(text.splitlines(), start=1):
         if not line or line[0] == "#":
             continue
@@ -61,16 +106,21 @@ def parse_samples(
             labels, position = _parse_labels(line, brace + 1, number)
         else:
             if space == -1:
-                raise ExpositionError(f"line {number}: no value in {line!r}")
+                raise ExpositionError(f"line {number}: no value in {excerpt(line)}")
             name = line[:space]
             if wanted is not None and name not in wanted:
                 continue
             labels, position = {}, space
         if not name:
-            raise ExpositionError(f"line {number}: no metric name in {line!r}")
+            raise ExpositionError(f"line {number}: no metric name in {excerpt(line)}")
         value, timestamp = _parse_value(line, position, number)
         if timestamp is not None and not openmetrics:
             timestamp /= 1000.0  # the text format counts milliseconds
+        if room == 0:
+            raise TooManySeriesError(
+                f"line {number}: more than {max_samples:,} wanted samples in one scrape"
+            )
+        room -= 1
         append(Sample(name, labels, value, timestamp))
     return samples
 
@@ -93,14 +143,14 @@ def _parse_labels(line: str, position: int, number: int) -> tuple[dict[str, str]
             return labels, position + 1
         equals = line.find("=", position)
         if equals == -1:
-            raise ExpositionError(f"line {number}: unterminated labels in {line!r}")
+            raise ExpositionError(f"line {number}: unterminated labels in {excerpt(line)}")
         label = line[position:equals].strip()
         if not label or line[equals + 1 : equals + 2] != '"':
-            raise ExpositionError(f"line {number}: bad label near {line[position:]!r}")
+            raise ExpositionError(f"line {number}: bad label near {excerpt(line[position:])}")
         start = equals + 2
         close = line.find('"', start)
         if close == -1:
-            raise ExpositionError(f"line {number}: unterminated label value in {line!r}")
+            raise ExpositionError(f"line {number}: unterminated label value in {excerpt(line)}")
         if line.find("\\", start, close) == -1:
             value = line[start:close]
         else:
@@ -114,7 +164,7 @@ def _parse_labels(line: str, position: int, number: int) -> tuple[dict[str, str]
         elif position < end and line[position] == "}":
             return labels, position + 1
         else:
-            raise ExpositionError(f"line {number}: expected ',' or '}}' in {line!r}")
+            raise ExpositionError(f"line {number}: expected ',' or '}}' in {excerpt(line)}")
 
 
 def _unescape(line: str, start: int, number: int) -> tuple[str, int]:
@@ -132,7 +182,7 @@ def _unescape(line: str, start: int, number: int) -> tuple[str, int]:
         else:
             out.append(char)
             position += 1
-    raise ExpositionError(f"line {number}: unterminated label value in {line!r}")
+    raise ExpositionError(f"line {number}: unterminated label value in {excerpt(line)}")
 
 
 def _parse_value(line: str, position: int, number: int) -> tuple[float, float | None]:
@@ -142,12 +192,12 @@ def _parse_value(line: str, position: int, number: int) -> tuple[float, float | 
         rest = rest[:exemplar]
     parts = rest.split()
     if not parts or len(parts) > 2:
-        raise ExpositionError(f"line {number}: expected 'value [timestamp]' in {line!r}")
+        raise ExpositionError(f"line {number}: expected 'value [timestamp]' in {excerpt(line)}")
     try:
         value = _float(parts[0])
         timestamp = _float(parts[1]) if len(parts) == 2 else None
     except ValueError:
-        raise ExpositionError(f"line {number}: bad number in {line!r}") from None
+        raise ExpositionError(f"line {number}: bad number in {excerpt(line)}") from None
     return value, timestamp
 
 

@@ -1,7 +1,15 @@
 """The exporter's loop: discover replicas, scrape them all at once, derive, publish.
 
 Each cycle scrapes every replica concurrently with a per-scrape timeout, so one slow
-or dead replica never delays the others; the cycle waits at most ``timeout``.
+or dead replica never delays the others; the cycle waits at most ``timeout``. Bodies are
+parsed in a small pool of worker threads, off the event loop.
+
+A replica's failure stays its own: counted under its reason, logged once per change, its
+signals absent and its deployment marked partial. A deployment whose signals cannot be
+derived or published is logged and skipped, never the cycle. A cycle that raises all the
+same restarts the loop after a backoff (``loop_restarts`` counts them), and
+``stalled()`` says when no cycle has completed for ``STALE_CYCLES`` intervals, which the
+process turns into failing health.
 
 Replicas come from flags/``targets``, DNS and EndpointSlice watches (their union).
 ``apply(config)`` swaps in a reloaded config between cycles: deployments that stay keep
@@ -15,11 +23,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from exporter.config import DeploymentConfig, ExporterConfig
+from exporter.engines import REJECTIONS
 from exporter.scrape import REASONS, ScrapeResult, resolve_replicas, scrape
 from exporter.signals import ReplicaHistory, derive, history_horizon
 from foundation.discovery import EndpointSlicesConfig, EndpointSliceWatch
@@ -28,6 +38,13 @@ from foundation.signals import EngineSignals
 
 log = logging.getLogger(__name__)
 
+STALE_CYCLES = 3
+"""Health fails when no cycle has completed for this many intervals."""
+BACKOFF_CAP = 60.0
+"""Longest wait before restarting a failed loop; the first wait is one interval."""
+PARSE_WORKERS = 2
+"""Threads that parse bodies: one slow parse never holds up the rest."""
+
 
 @dataclass(slots=True)
 class TargetStatus:
@@ -35,7 +52,14 @@ class TargetStatus:
 
     up: bool = False
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    """Failed scrapes by reason."""
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECTIONS, 0))
+    """Concepts rejected by why, summed over scrapes (a scrape may reject several)."""
     last_error: str = ""
+    last_reason: str = ""
+    """The last failure's reason, "" while scrapes work: a change is logged."""
+    last_rejected: dict[str, str] = field(default_factory=dict)
+    """The last good scrape's rejected concepts: a change is logged."""
     scrape_seconds: float = 0.0
 
 
@@ -51,6 +75,8 @@ class DeploymentState:
     """The model the engine reports (``model_name``), for the Prometheus label."""
     engine: str = ""
     signals: EngineSignals | None = None
+    failure: str = ""
+    """Why its signals could not be derived or published last cycle ("" when they were)."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -88,6 +114,12 @@ class Exporter:
         self.deployments = [DeploymentState(d) for d in config.deployments]
         self.cycles = 0
         self.last_cycle_seconds: float | None = None
+        self.last_cycle_end: float | None = None
+        """``time.monotonic()`` when the last cycle completed."""
+        self.loop_restarts = 0
+        self._started: float | None = None
+        self._failures = 0
+        self._parser: ThreadPoolExecutor | None = None
         self.slice_watches: dict[SliceKey, EndpointSliceWatch] = {}
         self._watch_tasks: dict[SliceKey, asyncio.Task[None]] = {}
         self._running = False
@@ -147,14 +179,36 @@ class Exporter:
         """Call ``listener`` with each deployment after every cycle."""
         self._listeners.append(listener)
 
+    def _parse_pool(self) -> ThreadPoolExecutor:
+        if self._parser is None:
+            self._parser = ThreadPoolExecutor(PARSE_WORKERS, thread_name_prefix="exporter-parse")
+        return self._parser
+
+    def close(self) -> None:
+        """Stop the parsing threads (a later cycle starts new ones)."""
+        if self._parser is not None:
+            self._parser.shutdown(wait=False, cancel_futures=True)
+            self._parser = None
+
     async def cycle(self, session: aiohttp.ClientSession) -> None:
-        """Discover, scrape every replica concurrently, derive and publish."""
+        """Discover, scrape every replica concurrently, derive and publish.
+
+        Raises nothing for a bad replica or a deployment that cannot be derived.
+        """
         started = time.perf_counter()
         # One snapshot per cycle: a reload during the awaits applies from the next one.
         config, deployments = self.config, self.deployments
-        await asyncio.gather(*(self._discover(d) for d in deployments))
+        found = await asyncio.gather(
+            *(self._discover(d) for d in deployments), return_exceptions=True
+        )
+        for state, outcome in zip(deployments, found, strict=True):
+            if isinstance(outcome, Exception):
+                log.warning("discovery of %s failed (%r); keeping its replicas", state.key, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        limits, parser = config.limits(), self._parse_pool()
         jobs = [
-            (state, scrape(session, target, config.timeout, state.config.engine))
+            (state, scrape(session, target, config.timeout, state.config.engine, limits, parser))
             for state in deployments
             for target in state.targets
         ]
@@ -164,29 +218,104 @@ class Exporter:
         for (state, _), result in zip(jobs, results, strict=True):
             by_deployment[id(state)].append(result)
         for state in deployments:
-            self._absorb(config, state, by_deployment[id(state)], now)
-            for listener in self._listeners:
-                listener(state)
+            self._publish(config, state, by_deployment[id(state)], now)
         self.cycles += 1
         self.last_cycle_seconds = time.perf_counter() - started
+        self.last_cycle_end = time.monotonic()
+
+    def _publish(
+        self,
+        config: ExporterConfig,
+        state: DeploymentState,
+        results: list[ScrapeResult],
+        now: float,
+    ) -> None:
+        """Absorb one deployment's scrapes and tell the listeners; a failure stays its own."""
+        failure = ""
+        try:
+            self._absorb(config, state, results, now)
+        except Exception as err:
+            state.signals = None  # no signals rather than wrong ones
+            failure = f"deriving signals failed: {err!r}"
+            self._deployment_failed(state, failure, err)
+        else:
+            for listener in self._listeners:
+                try:
+                    listener(state)
+                except Exception as err:
+                    failure = f"publishing signals failed: {err!r}"
+                    self._deployment_failed(state, failure, err)
+        if not failure and state.failure:
+            log.info("deployment %s/%s works again", *state.key[:2])
+        state.failure = failure
+
+    @staticmethod
+    def _deployment_failed(state: DeploymentState, failure: str, err: Exception) -> None:
+        if failure != state.failure:  # once per change
+            namespace, deployment, _ = state.key
+            log.error("deployment %s/%s: %s", namespace, deployment, failure[:300], exc_info=err)
+
+    def stalled(self, now: float | None = None) -> str | None:
+        """Why the loop looks stuck (no cycle for ``STALE_CYCLES`` intervals), or None."""
+        since = self.last_cycle_end if self.last_cycle_end is not None else self._started
+        if since is None:
+            return None  # not running
+        age = (time.monotonic() if now is None else now) - since
+        limit = STALE_CYCLES * self.config.interval
+        if age <= limit:
+            return None
+        return (
+            f"no scrape cycle completed for {age:.1f}s"
+            f" (more than {STALE_CYCLES} intervals of {self.config.interval:g}s)"
+        )
 
     async def run(self) -> None:
-        """Cycle every ``interval`` forever (a late cycle starts the next at once)."""
-        timeout = aiohttp.ClientTimeout(total=None)
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+        """Cycle every ``interval`` forever (a late cycle starts the next at once).
+
+        A cycle that raises is logged and the loop restarts with a fresh HTTP session
+        after one interval, doubling each time it fails again (at most ``BACKOFF_CAP``);
+        histories survive. ``loop_restarts`` counts the restarts.
+        """
         self._running = True
+        self._started = time.monotonic()
         self._reconcile_watches()
+        last = ""
         try:
-            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-                while True:
-                    began = time.monotonic()
-                    await self.cycle(session)
-                    # Read per cycle: a reload may have changed the interval.
-                    wait = self.config.interval - (time.monotonic() - began)
-                    await asyncio.sleep(max(0.0, wait))
+            while True:
+                try:
+                    await self._cycle_forever()
+                except Exception as err:
+                    self._failures += 1
+                    self.loop_restarts += 1
+                    exponent = min(self._failures - 1, 16)
+                    delay = min(self.config.interval * 2**exponent, BACKOFF_CAP)
+                    log.error(
+                        "scrape loop failed (%d in a row): %r; restarting in %.1fs",
+                        self._failures,
+                        err,
+                        delay,
+                        exc_info=err if repr(err) != last else None,  # a traceback per change
+                    )
+                    last = repr(err)
+                    await asyncio.sleep(delay)
         finally:
             self._running = False
             await self._stop_watches()
+            self.close()
+
+    async def _cycle_forever(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=None)
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            while True:
+                began = time.monotonic()
+                await self.cycle(session)
+                if self._failures:
+                    log.info("scrape loop works again after %d failures", self._failures)
+                    self._failures = 0
+                # Read per cycle: a reload may have changed the interval.
+                wait = self.config.interval - (time.monotonic() - began)
+                await asyncio.sleep(max(0.0, wait))
 
     async def _discover(self, state: DeploymentState) -> None:
         targets = list(state.config.targets)
@@ -225,12 +354,32 @@ class Exporter:
             status.scrape_seconds = result.seconds
             if result.stats is None:
                 assert result.error is not None
-                if status.up or status.last_error != result.detail:
-                    log.warning("scrape %s failed: %s", result.target, result.detail)
+                if status.last_reason != result.error:  # once per change of reason
+                    log.warning(
+                        "scrape %s failed (%s): %s",
+                        result.target,
+                        result.error,
+                        result.detail,
+                        exc_info=result.exception,
+                    )
                 status.up, status.last_error = False, result.detail
+                status.last_reason = result.error
                 status.errors[result.error] += 1
                 continue
-            status.up, status.last_error = True, ""
+            if status.last_reason:
+                log.info("scrape %s works again", result.target)
+            status.up, status.last_error, status.last_reason = True, "", ""
+            rejected = result.stats.rejected
+            for why in rejected.values():
+                status.rejected[why] += 1
+            if rejected != status.last_rejected:
+                if rejected:
+                    log.warning(
+                        "scrape %s: no measurement of %s",
+                        result.target,
+                        ", ".join(f"{concept} ({why})" for concept, why in rejected.items()),
+                    )
+                status.last_rejected = dict(rejected)
             state.histories.setdefault(result.target, ReplicaHistory(horizon)).add(
                 now, result.stats
             )

@@ -1,19 +1,50 @@
-"""Fetch one replica's ``/metrics`` and turn it into ``EngineStats``, or say why not."""
+"""Fetch one replica's ``/metrics`` and turn it into ``EngineStats``, or say why not.
+
+One deadline (the scrape timeout) covers the whole scrape: connecting, reading at most
+``Limits.max_bytes`` of body, and parsing it. Parsing runs in a worker thread
+(``engines.read_exposition`` is pure), never on the event loop, so a large body cannot
+stall the exporter's HTTP and gRPC servers or the other scrapes; a parse still running at
+the deadline is abandoned (its result dropped) and the target counts as timed out.
+
+Nothing a target sends escapes as an exception: every failure is a ``ScrapeResult`` with
+one of ``REASONS`` and a bounded ``detail``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 
 import aiohttp
 
 from exporter.engines import EngineStats, NoEngineMetricsError, read_exposition
-from exporter.parse import ExpositionError
+from exporter.parse import (
+    DEFAULT_LIMITS,
+    EXCERPT,
+    ExpositionError,
+    Limits,
+    TooLargeError,
+    TooManySeriesError,
+)
 from foundation.dns import resolve_addresses
 
 # Bounded error reasons: they become a Prometheus label.
-REASONS = ("timeout", "connect", "http", "parse", "no-engine-metrics")
+REASONS = (
+    "timeout",
+    "connect",
+    "http",
+    "too-large",
+    "parse",
+    "too-many-series",
+    "no-engine-metrics",
+    "internal",
+)
+"""Why a scrape failed; ``internal`` is a bug of the exporter's, met on this target."""
+
+DETAIL = 300
+"""Characters of a failure's detail kept (it is logged and shown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,34 +57,72 @@ class ScrapeResult:
     error: str | None = None
     """One of ``REASONS`` when ``stats`` is None."""
     detail: str = ""
+    exception: BaseException | None = field(default=None, compare=False)
+    """The exception behind an ``internal`` failure, for its traceback."""
 
 
 async def scrape(
-    session: aiohttp.ClientSession, target: str, limit: float, engine: str = "auto"
+    session: aiohttp.ClientSession,
+    target: str,
+    limit: float,
+    engine: str = "auto",
+    limits: Limits = DEFAULT_LIMITS,
+    parser: Executor | None = None,
 ) -> ScrapeResult:
-    """Scrape ``target`` within ``limit`` seconds; never raises for a bad replica."""
-    start = time.perf_counter()
+    """Scrape ``target`` within ``limit`` seconds; never raises for a bad replica.
 
-    def failed(reason: str, detail: str) -> ScrapeResult:
-        return ScrapeResult(target, time.perf_counter() - start, error=reason, detail=detail)
+    ``parser`` is the executor that parses (None: the event loop's default executor).
+    """
+    start = time.perf_counter()
+    phase = "connect"
+
+    def failed(reason: str, detail: str, exception: BaseException | None = None) -> ScrapeResult:
+        if len(detail) > DETAIL:
+            detail = detail[:DETAIL] + "..."
+        return ScrapeResult(
+            target, time.perf_counter() - start, error=reason, detail=detail, exception=exception
+        )
 
     try:
         async with asyncio.timeout(limit):
             async with session.get(target) as response:
                 if response.status != 200:
                     return failed("http", f"HTTP {response.status}")
-                text = await response.text()
+                phase = "read"
+                body = await _read_capped(response, limits.max_bytes)
+            phase = "parse"
+            loop = asyncio.get_running_loop()
+            stats = await loop.run_in_executor(parser, read_exposition, body, engine, limits)
     except TimeoutError:
-        return failed("timeout", f"no answer within {limit:g}s")
-    except (aiohttp.ClientError, OSError) as err:
-        return failed("connect", str(err) or type(err).__name__)
-    try:
-        stats = read_exposition(text, engine)
+        return failed("timeout", f"{phase} not done within {limit:g}s")
+    except TooLargeError as err:
+        return failed("too-large", str(err))
+    except TooManySeriesError as err:
+        return failed("too-many-series", str(err))
     except ExpositionError as err:
         return failed("parse", str(err))
     except NoEngineMetricsError as err:
         return failed("no-engine-metrics", str(err))
+    except (aiohttp.ClientError, OSError) as err:
+        return failed("connect", str(err) or type(err).__name__)
+    except Exception as err:  # a bug met on this target must not stop the others
+        return failed("internal", f"{type(err).__name__}: {str(err)[:EXCERPT]}", err)
     return ScrapeResult(target, time.perf_counter() - start, stats=stats)
+
+
+async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
+    """The body, or ``TooLargeError`` as soon as it is known to be over ``cap`` bytes."""
+    declared = response.content_length
+    if declared is not None and declared > cap:
+        raise TooLargeError(f"Content-Length {declared:,} bytes is over {cap:,}")
+    chunks = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > cap:
+            raise TooLargeError(f"body over {cap:,} bytes (stopped reading at {size:,})")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def resolve_replicas(host_port: str) -> list[str]:

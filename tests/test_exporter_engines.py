@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.engines import CONTRACTS, WANTED_ANY, detect_engine, engine_stats
-from exporter.parse import parse_samples
+from exporter.engines import CONTRACTS, WANTED_ANY, detect_engine, engine_stats, read_exposition
+from exporter.parse import (
+    ExpositionError,
+    Limits,
+    TooLargeError,
+    TooManySeriesError,
+    parse_samples,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -123,3 +129,160 @@ def test_windows_over_real_captures_count_only_the_window():
     assert window.rate("generation_tokens") == pytest.approx(7.2)
     found = window.buckets("ttft")
     assert found is not None and found[1][-1] == 9
+
+
+RUN = 'vllm:num_requests_running{engine="0",model_name="m"}'
+WAIT = 'vllm:num_requests_waiting{engine="0",model_name="m"}'
+TOKENS = 'vllm:prompt_tokens_total{engine="0",model_name="m"}'
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def bucket(le, value, engine="0"):
+    return f'{TTFT}_bucket{{engine="{engine}",le="{le}",model_name="m"}} {value}'
+
+
+@pytest.mark.parametrize(
+    ("lines", "present", "rejected"),
+    [
+        pytest.param(
+            [f"{RUN} -5", f"{WAIT} -3"],
+            {},
+            {"running": "negative", "waiting": "negative"},
+            id="negative-gauges-are-no-measurement",
+        ),
+        pytest.param(
+            [f"{RUN} 5", 'vllm:num_requests_running{engine="1",model_name="m"} -3'],
+            {},
+            {"running": "negative"},
+            id="one-negative-engine-spoils-the-sum-never-5-minus-3",
+        ),
+        pytest.param(
+            [f"{TOKENS} -10"], {}, {"prompt_tokens": "negative"}, id="a-negative-counter-is-missing"
+        ),
+        pytest.param(
+            [f"{RUN} NaN", f"{TOKENS} +Inf"],
+            {},
+            {"running": "not-finite", "prompt_tokens": "not-finite"},
+            id="nan-and-inf-are-no-measurement",
+        ),
+        pytest.param(
+            [f"{RUN} 3", f"{RUN} 40"],
+            {},
+            {"running": "duplicate"},
+            id="a-series-twice-with-different-values-is-missing-never-the-larger",
+        ),
+        pytest.param(
+            [f"{RUN} 3", f"{RUN} 3"],
+            {"running": 3.0},
+            {},
+            id="a-series-twice-with-the-same-value-counts-once",
+        ),
+        pytest.param(
+            [
+                'vllm:num_requests_running{model_name="m",pid="1"} 3',
+                'vllm:num_requests_running{model_name="m",pid="2"} 4',
+            ],
+            {"running": 4.0},
+            {},
+            id="pid-copies-are-not-duplicates-the-largest-copy-stays",
+        ),
+        pytest.param(
+            [f"{RUN} 0", f"{WAIT} 0"],
+            {"running": 0.0, "waiting": 0.0},
+            {},
+            id="zero-is-a-measurement",
+        ),
+        pytest.param(
+            [bucket("0.1", 1), bucket("+Inf", -2)],
+            {},
+            {"ttft": "negative"},
+            id="a-negative-bucket-count-is-no-histogram",
+        ),
+        pytest.param(
+            [bucket("0.1", 1), bucket("0.1", 2), bucket("+Inf", 2)],
+            {},
+            {"ttft": "duplicate"},
+            id="a-bucket-twice-with-different-counts-is-no-histogram",
+        ),
+    ],
+)
+def test_implausible_values_are_rejected_not_measured(lines, present, rejected):
+    stats = read_exposition("\n".join(lines) + "\n")
+    values = {**stats.gauges, **stats.counters}
+    for concept, value in present.items():
+        assert values[concept] == value
+    assert stats.rejected == rejected
+    for concept in rejected:
+        assert concept in stats.missing
+        assert concept not in values and concept not in stats.histograms
+
+
+@pytest.mark.parametrize(
+    ("lines", "fragment"),
+    [
+        pytest.param([bucket("fast", 1)], "le='fast'", id="a-bucket-bound-that-is-no-number"),
+        pytest.param(
+            [bucket("x" * 5000, 1)], "5,000 characters", id="a-huge-bucket-bound-is-quoted-bounded"
+        ),
+    ],
+)
+def test_a_malformed_bucket_bound_is_an_exposition_error(lines, fragment):
+    with pytest.raises(ExpositionError) as caught:
+        read_exposition("\n".join([f"{RUN} 1", *lines]) + "\n")
+    assert fragment in str(caught.value) and TTFT in str(caught.value)
+    assert len(str(caught.value)) < 400
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        pytest.param([f"{TTFT}_bucket 1"], id="a-bucket-without-le"),
+        pytest.param([bucket("NaN", 1), bucket("NaN", 2)], id="buckets-with-only-nan-bounds"),
+    ],
+)
+def test_a_histogram_without_usable_bounds_is_missing(lines):
+    stats = read_exposition("\n".join([f"{RUN} 1", *lines]) + "\n")
+    assert "ttft" in stats.missing and "ttft" not in stats.histograms
+
+
+@pytest.mark.parametrize(
+    ("body", "outcome"),
+    [
+        pytest.param(
+            b"# HELP x caf\xe9\n" + RUN.encode() + b" 2\n",
+            2.0,
+            id="bytes-that-are-not-utf8-in-a-comment-are-ignored",
+        ),
+        pytest.param(
+            b'process_name{x="caf\xe9"} 1\n' + RUN.encode() + b" 2\n",
+            2.0,
+            id="bytes-that-are-not-utf8-in-an-unread-family-are-ignored",
+        ),
+        pytest.param(
+            b'vllm:num_requests_running{model_name="caf\xe9"} 2\n',
+            "not UTF-8",
+            id="bytes-that-are-not-utf8-in-a-wanted-sample-are-an-exposition-error",
+        ),
+        pytest.param(
+            'vllm:num_requests_running{model_name="café"} 2\n'.encode(),
+            2.0,
+            id="utf8-label-values-are-read",
+        ),
+    ],
+)
+def test_bodies_are_utf8_where_it_matters(body, outcome):
+    if isinstance(outcome, str):
+        with pytest.raises(ExpositionError, match=outcome):
+            read_exposition(body)
+    else:
+        assert read_exposition(body).gauges["running"] == outcome
+
+
+def test_limits_stop_a_body_over_the_cap_and_too_many_series():
+    body = "".join(f'vllm:num_requests_running{{engine="{i}"}} 1\n' for i in range(50)).encode()
+    with pytest.raises(TooLargeError, match=f"{len(body):,} bytes"):
+        read_exposition(body, limits=Limits(max_bytes=len(body) - 1, max_series=1000))
+    with pytest.raises(TooManySeriesError, match="more than 49"):
+        read_exposition(body, limits=Limits(max_bytes=len(body), max_series=49))
+    stats = read_exposition(body, limits=Limits(max_bytes=len(body), max_series=50))
+    assert stats.gauges["running"] == 50.0

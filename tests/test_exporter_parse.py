@@ -15,7 +15,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.engines import WANTED_ANY
-from exporter.parse import ExpositionError, parse_samples
+from exporter.parse import ExpositionError, TooManySeriesError, parse_samples
 
 GOLDEN = sorted((Path(__file__).parent / "golden").rglob("*.txt"))
 
@@ -140,3 +140,21 @@ def test_generated_exposition_parses_like_prometheus_client(samples):
         )
     text = "\n".join(lines) + "\n"
     same(ours(text), reference(text))
+
+
+def test_an_error_quotes_at_most_200_characters_of_a_long_line():
+    line = "vllm:num_requests_running{" + "x" * 5_000_000
+    with pytest.raises(ExpositionError) as caught:
+        parse_samples(line + "\n", {"vllm:num_requests_running"})
+    message = str(caught.value)
+    assert len(message) < 300
+    assert "line 1" in message and f"{len(line):,} characters" in message
+    assert "vllm:num_requests_running{xxx" in message
+
+
+def test_more_wanted_samples_than_the_cap_stop_the_parse():
+    text = "".join(f'vllm:num_requests_running{{engine="{i}"}} 1\n' for i in range(10))
+    text += "process_cpu_seconds_total 1\n" * 100  # unwanted lines never count
+    assert len(parse_samples(text, {"vllm:num_requests_running"}, max_samples=10)) == 10
+    with pytest.raises(TooManySeriesError, match="line 10"):
+        parse_samples(text, {"vllm:num_requests_running"}, max_samples=9)

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig, load_config
+from exporter.parse import Limits
 from exporter.runtime import Exporter
 from foundation.errors import ConfigError
 from foundation.net import free_port
@@ -218,6 +219,16 @@ async def test_metrics_and_signals_are_served_over_http_and_grpc(replicas):
         pytest.param(
             {"deployments": [{"dns": "no-port"}]}, "expected host:port", id="dns-without-port"
         ),
+        pytest.param(
+            {"max-body-bytes": 10},
+            "'max-body-bytes'=10: Input should be greater than or equal to 1024",
+            id="a-body-cap-below-1-kib",
+        ),
+        pytest.param(
+            {"max-series": 0},
+            "'max-series'=0: Input should be greater than or equal to 1",
+            id="a-series-cap-of-zero",
+        ),
     ],
 )
 def test_bad_exporter_config_names_the_key(overrides, fragment):
@@ -240,3 +251,9 @@ def test_bad_exporter_config_names_the_key(overrides, fragment):
 def test_accelerator_fraction(accelerator, fraction):
     config = load_config(None, {"deployments": [{"accelerator": accelerator}]})
     assert config.deployments[0].accelerator.fraction() == pytest.approx(fraction, rel=1e-4)
+
+
+def test_limits_have_documented_defaults_and_are_configurable():
+    assert load_config(None).limits() == Limits(max_bytes=4 * 1024 * 1024, max_series=10_000)
+    config = load_config(None, {"max-body-bytes": 65536, "max-series": 500})
+    assert config.limits() == Limits(max_bytes=65536, max_series=500)

@@ -1,0 +1,373 @@
+"""A hostile replica fails alone, and a broken scrape loop never looks healthy.
+
+Every test here serves real HTTP on 127.0.0.1 (``tests.fake_engines``) and drives the
+exporter's own loop, its ``/healthz`` and its gRPC health service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import aiohttp
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import scrape as scrape_module
+from exporter.app import ExporterServer
+from exporter.config import ExporterConfig
+from exporter.engines import read_exposition
+from exporter.runtime import Exporter
+from protos.unitscale.v1 import signals_pb2 as sig
+from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
+from tests.conftest import FakeClock, eventually
+from tests.fake_engines import LONG_LINE, FakeReplicaServer
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.fixture
+async def replicas():
+    server = await FakeReplicaServer(2).start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def session():
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+def config_for(*deployments, **top):
+    return ExporterConfig.model_validate(
+        {
+            "interval": "5s",
+            "timeout": "2s",
+            "max-body-bytes": 1 << 20,
+            "max-series": 1000,
+            **top,
+            "deployments": [
+                {"namespace": "team-a", "deployment": name, "targets": targets}
+                for name, targets in deployments
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason", "missing"),
+    [
+        pytest.param(
+            "bad-bucket-bound", "parse", None, id="a-bad-bucket-bound-fails-only-its-target"
+        ),
+        pytest.param(
+            "non-utf8-comment", None, (), id="bytes-that-are-not-utf8-in-a-comment-are-harmless"
+        ),
+        pytest.param(
+            "non-utf8-label", "parse", None, id="bytes-that-are-not-utf8-in-a-wanted-sample-fail-it"
+        ),
+        pytest.param("too-large", "too-large", None, id="a-body-over-the-cap-is-never-parsed"),
+        pytest.param(
+            "chunked-too-large",
+            "too-large",
+            None,
+            id="a-body-without-content-length-is-cut-at-the-cap",
+        ),
+        pytest.param(
+            "too-many-series",
+            "too-many-series",
+            None,
+            id="more-series-than-the-cap-fail-the-target",
+        ),
+        pytest.param(
+            "negative-gauges",
+            None,
+            ("running", "waiting"),
+            id="negative-gauges-are-no-measurement",
+        ),
+        pytest.param(
+            "duplicate-series",
+            None,
+            ("running",),
+            id="a-series-sent-twice-with-different-values-is-no-measurement",
+        ),
+        pytest.param(
+            "long-malformed-line", "parse", None, id="a-megabyte-malformed-line-is-a-parse-failure"
+        ),
+    ],
+)
+async def test_a_hostile_replica_fails_alone(replicas, session, mode, reason, missing):
+    good, bad = replicas.url(0), replicas.url(1)
+    replicas.replicas[0].set_load(running=3, waiting=1, kv=0.2)
+    replicas.replicas[1].set_load(running=7, waiting=4, kv=0.5)
+    replicas.replicas[1].mode = mode
+    exporter = Exporter(config_for(("llama", [good, bad])), FakeClock(1000.0))
+    await exporter.cycle(session)  # raises nothing, whatever the replica sent
+
+    state = exporter.deployments[0]
+    assert state.status[good].up
+    status = state.status[bad]
+    signals = state.signals
+    assert signals is not None
+    if reason is not None:
+        assert not status.up and status.errors[reason] == 1
+        assert sum(status.errors.values()) == 1
+        assert (signals.replicas, signals.replicas_up) == (2, 1)
+        assert (signals.running, signals.queue_depth) == (3.0, 1.0)  # the good one's alone
+    else:
+        assert status.up and sum(status.errors.values()) == 0
+        assert sum(status.rejected.values()) == len(missing)
+        if "running" in missing:
+            assert signals.running == 3.0  # never 3 - 5, never 3 + max(7, 40)
+        if "waiting" in missing:
+            assert signals.queue_depth == 1.0
+    assert signals.partial == (reason is not None or bool(missing))
+
+
+async def test_a_reader_that_crashes_on_one_target_is_that_targets_internal_error(
+    replicas, session, monkeypatch
+):
+    real = read_exposition
+
+    def crashing(body, *args, **kwargs):
+        if b'model_name="boom"' in body:
+            raise RuntimeError("a bug in the reader")
+        return real(body, *args, **kwargs)
+
+    monkeypatch.setattr(scrape_module, "read_exposition", crashing)
+    replicas.replicas[1].model = "boom"
+    replicas.replicas[1].restart()
+    exporter = Exporter(config_for(("llama", [replicas.url(0), replicas.url(1)])), FakeClock())
+    await exporter.cycle(session)
+    state = exporter.deployments[0]
+    assert state.status[replicas.url(0)].up
+    assert state.status[replicas.url(1)].errors["internal"] == 1
+    assert "RuntimeError: a bug in the reader" in state.status[replicas.url(1)].last_error
+
+
+async def test_a_deployment_whose_publishing_fails_leaves_the_others_published(replicas, session):
+    config = config_for(("llama", [replicas.url(0)]), ("qwen", [replicas.url(1)]))
+    exporter = Exporter(config, FakeClock())
+    published = []
+
+    def listener(state):
+        if state.config.deployment == "llama":
+            raise ValueError("cannot encode")
+        published.append(state.config.deployment)
+
+    exporter.add_listener(listener)
+    await exporter.cycle(session)
+    await exporter.cycle(session)
+    assert published == ["qwen", "qwen"]
+    assert exporter.cycles == 2
+
+
+async def test_parsing_runs_off_the_event_loop_and_inside_the_scrape_deadline(
+    replicas, session, monkeypatch
+):
+    release = threading.Event()
+    threads = []
+
+    def stuck(*args, **kwargs):
+        threads.append(threading.current_thread())
+        release.wait(5)  # a cap, not a synchronisation: the test releases it
+        raise AssertionError("a parse past its deadline is never waited for")
+
+    monkeypatch.setattr(scrape_module, "read_exposition", stuck)
+    config = config_for(("llama", [replicas.url(0)]), timeout="300ms")
+    exporter = Exporter(config, FakeClock())
+    try:
+        await exporter.cycle(session)
+    finally:
+        release.set()
+    status = exporter.deployments[0].status[replicas.url(0)]
+    assert threads and threads[0] is not threading.main_thread()
+    assert status.errors["timeout"] == 1 and "parse" in status.last_error
+
+
+async def test_a_malformed_megabyte_line_is_logged_once_in_a_bounded_excerpt(
+    replicas, session, caplog
+):
+    replicas.replicas[1].mode = "long-malformed-line"
+    exporter = Exporter(config_for(("llama", [replicas.url(0), replicas.url(1)])), FakeClock())
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        for _ in range(3):
+            await exporter.cycle(session)
+    about = [r.getMessage() for r in caplog.records if replicas.url(1) in r.getMessage()]
+    assert len(about) == 1, about  # once per change, not once per scrape
+    assert len(about[0]) < 500
+    assert f"{LONG_LINE + len('vllm:num_requests_running{'):,} characters" in about[0]
+
+
+def served(config, **kwargs):
+    return ExporterServer(config.model_copy(update={"interval": 0.2, "timeout": 0.15}), **kwargs)
+
+
+async def healthz(port):
+    async with aiohttp.ClientSession() as client:
+        async with client.get(f"http://127.0.0.1:{port}/healthz") as response:
+            return response.status, await response.json()
+
+
+async def grpc_health(port):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        response = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+        return response.status
+
+
+async def metric(port, name):
+    async with aiohttp.ClientSession() as client:
+        async with client.get(f"http://127.0.0.1:{port}/metrics") as response:
+            text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"{name} is not exported")
+
+
+async def until(check, what, limit=15.0):
+    """Poll an async ``check`` until it is true; the cap only guards against hangs."""
+    result = {"ok": False}
+
+    async def probe():
+        result["ok"] = await check()
+
+    deadline = asyncio.get_running_loop().time() + limit
+    while True:
+        await probe()
+        if result["ok"]:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: still false after {limit:.0f}s")
+        await asyncio.sleep(0.05)
+
+
+async def test_the_loop_keeps_cycling_past_a_replica_with_a_bad_bucket_bound(replicas):
+    replicas.replicas[0].set_load(running=2, waiting=5, kv=0.1)
+    replicas.replicas[1].mode = "bad-bucket-bound"
+    server = served(config_for(("llama", [replicas.url(0), replicas.url(1)])))
+    http_port, grpc_port = await server.start()
+    try:
+        await eventually(lambda: server.exporter.cycles >= 3, "three cycles past the bad one")
+        status, body = await healthz(http_port)
+        assert status == 200 and body["cycles"] >= 3
+        assert await grpc_health(grpc_port) == SERVING
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            got = await sig_grpc.SignalsServiceStub(channel).GetSignals(sig.GetSignalsRequest())
+        (signals,) = got.signals
+        assert signals.partial and signals.engine.queue_depth == 5.0
+        assert server.exporter.deployments[0].status[replicas.url(1)].errors["parse"] >= 3
+    finally:
+        await server.stop()
+
+
+async def test_a_failing_loop_restarts_with_backoff_and_is_unhealthy_until_it_recovers(
+    replicas,
+):
+    server = served(config_for(("llama", [replicas.url(0)])))
+    recovered = asyncio.Event()
+    real = server.exporter.cycle
+
+    async def failing(session):
+        if not recovered.is_set():
+            raise RuntimeError("the cycle broke")
+        await real(session)
+
+    server.exporter.cycle = failing
+    http_port, grpc_port = await server.start()
+    try:
+
+        async def unhealthy():
+            return (await healthz(http_port))[0] == 503 and await grpc_health(grpc_port) == (
+                NOT_SERVING
+            )
+
+        await until(unhealthy, "unhealthy while every cycle fails")
+        _, body = await healthz(http_port)
+        assert "no scrape cycle completed" in body["problem"]
+        await until(
+            lambda: _at_least(metric(http_port, "unitscale_exporter_loop_restarts_total"), 2),
+            "two restarts counted",
+        )
+        recovered.set()
+
+        async def healthy():
+            return (await healthz(http_port))[0] == 200 and await grpc_health(grpc_port) == SERVING
+
+        await until(healthy, "healthy again once cycles complete")
+        assert server.exporter.cycles >= 1
+    finally:
+        await server.stop()
+
+
+async def _at_least(value, floor):
+    return await value >= floor
+
+
+class Fatal(BaseException):
+    """Escapes every ``except Exception``: what only a dead loop lets through."""
+
+
+async def test_a_dead_loop_fails_health_over_http_and_grpc(replicas):
+    server = served(config_for(("llama", [replicas.url(0)])))
+    real = server.exporter.cycle
+    calls = 0
+
+    async def dying(session):
+        nonlocal calls
+        calls += 1
+        if calls > 2:
+            raise Fatal("the loop task ends")
+        await real(session)
+
+    server.exporter.cycle = dying
+    http_port, grpc_port = await server.start()
+    try:
+
+        async def dead():
+            return (await healthz(http_port))[0] == 503 and await grpc_health(grpc_port) == (
+                NOT_SERVING
+            )
+
+        await until(dead, "unhealthy once the loop has died")
+        _, body = await healthz(http_port)
+        assert "scrape loop stopped" in body["problem"] and "Fatal" in body["problem"]
+    finally:
+        await server.stop()
+
+
+async def test_a_stuck_loop_fails_health(replicas):
+    server = served(config_for(("llama", [replicas.url(0)])))
+    never = asyncio.Event()
+    real = server.exporter.cycle
+    calls = 0
+
+    async def stuck(session):
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await never.wait()  # cancelled by stop()
+        await real(session)
+
+    server.exporter.cycle = stuck
+    http_port, grpc_port = await server.start()
+    try:
+        await eventually(lambda: server.exporter.cycles >= 1, "the first cycle")
+
+        async def unhealthy():
+            return (await healthz(http_port))[0] == 503 and await grpc_health(grpc_port) == (
+                NOT_SERVING
+            )
+
+        await until(unhealthy, "unhealthy while the loop is stuck")
+        _, body = await healthz(http_port)
+        assert "no scrape cycle completed" in body["problem"] and body["cycles"] == 1
+    finally:
+        await server.stop()
