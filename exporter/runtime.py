@@ -219,6 +219,7 @@ class Exporter:
             by_deployment[id(state)].append(result)
         for state in deployments:
             self._publish(config, state, by_deployment[id(state)], now)
+            await asyncio.sleep(0)  # let /healthz and gRPC in between deployments
         self.cycles += 1
         self.last_cycle_seconds = time.perf_counter() - started
         self.last_cycle_end = time.monotonic()
