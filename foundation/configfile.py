@@ -3,16 +3,22 @@
 The scaler, the exporter and the gateway parse their files the same way: YAML to a
 mapping, then pydantic validation, with every problem reported at once, each naming
 its key path (``key 'signal-sources.0.address'``), as ``ConfigError``.
+
+Whatever the file holds, parsing ends in a model or a ``ConfigError``: a value of the
+wrong type (null, a list, a mapping, a date where a duration goes) is a problem like
+any other, and a message quotes each value with a length cap and lists at most
+``MAX_PROBLEMS`` problems, so a megabyte of bad YAML gives a short line.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, quote
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -21,23 +27,49 @@ KEBAB_CASE = ConfigDict(
     extra="forbid",
     alias_generator=lambda name: name.replace("_", "-"),
     validate_by_name=True,
+    allow_inf_nan=False,
 )
-"""Every config model's settings: frozen, unknown keys refused, kebab-case keys."""
+"""Every config model's settings: frozen, unknown keys refused, kebab-case keys, finite
+numbers only."""
 
 DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 """A Kubernetes object or DNS name (RFC 1123 subdomain)."""
+
+_HOST_PORT = re.compile(r"(?P<host>[^\s/]{1,253}):(?P<port>[0-9]{1,5})")
+
+
+def host_port(value: str) -> str:
+    """``value`` when it is ``host:port`` (a port 1-65535 in ASCII digits), for validators.
+
+    Raises:
+        ValueError: anything else; the message quotes the value with a length cap.
+    """
+    match = _HOST_PORT.fullmatch(value)
+    if match is None or not 1 <= int(match["port"]) <= 65535:
+        raise ValueError(f"expected host:port, got {quote(value)}")
+    return value
+
+
+MAX_PROBLEMS = 10
+"""Problems a message lists; the rest are counted."""
+KEY_LIMIT = 100
+"""Characters of a key path a message shows."""
+_MESSAGE_LIMIT = 300
 
 
 def load_mapping(text: str, origin: str) -> dict[str, object]:
     """The YAML text as a mapping (empty text is an empty mapping).
 
     Raises:
-        ConfigError: not YAML, or YAML that is not a mapping.
+        ConfigError: not YAML, YAML nested deeper than the parser goes, or YAML that
+            is not a mapping.
     """
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{origin}: not valid YAML: {err}") from err
+        raise ConfigError(f"{origin}: not valid YAML: {_clip(str(err))}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{origin}: not a usable config: YAML nested too deeply") from err
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -49,25 +81,55 @@ def validate(model: type[M], data: dict[str, object], origin: str) -> M:
     """``model`` from ``data``.
 
     Raises:
-        ConfigError: every problem, each naming its key.
+        ConfigError: every problem, each naming its key. An exception other than a
+            validation error (a validator that met a type it did not expect) is one
+            too, naming the top-level key whose value raised it when one does.
     """
     try:
         return model.model_validate(data)
     except ValidationError as err:
         raise ConfigError(f"{origin}: {describe(err)}") from err
+    except (ValueError, TypeError, AttributeError, LookupError, ArithmeticError) as err:
+        raise ConfigError(f"{origin}: {_unexpected(model, data, err)}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{origin}: a value is nested too deeply") from err
 
 
 def describe(err: ValidationError) -> str:
-    """One clause per problem, each naming the key path."""
-    problems = []
-    for error in err.errors():
-        key = ".".join(str(part) for part in error["loc"])
-        if error["type"] == "extra_forbidden":
-            problems.append(f"unknown key {key!r}")
-        elif error["type"] == "missing":
-            problems.append(f"missing required key {key!r}")
-        else:
-            message = error["msg"].removeprefix("Value error, ")
-            where = f"key {key!r}={error.get('input')!r}: " if key else ""
-            problems.append(where + message)
+    """One clause per problem, each naming the key path; at most ``MAX_PROBLEMS``."""
+    errors = err.errors()
+    problems = [_problem(error) for error in errors[:MAX_PROBLEMS]]
+    if len(errors) > MAX_PROBLEMS:
+        problems.append(f"and {len(errors) - MAX_PROBLEMS} more problems")
     return "; ".join(problems)
+
+
+def _problem(error: object) -> str:
+    assert isinstance(error, dict)
+    key = ".".join(str(part) for part in error["loc"])
+    shown = quote(key, KEY_LIMIT)
+    if error["type"] == "extra_forbidden":
+        return f"unknown key {shown}"
+    if error["type"] == "missing":
+        return f"missing required key {shown}"
+    message = _clip(str(error["msg"]).removeprefix("Value error, "))
+    where = f"key {shown}={quote(error.get('input'))}: " if key else ""
+    return where + message
+
+
+def _unexpected(model: type[BaseModel], data: dict[str, object], err: Exception) -> str:
+    """Name the key whose value made validation raise ``err``, when one alone does."""
+    for key, value in data.items():
+        try:
+            model.model_validate({key: value})
+        except (ValidationError, RecursionError):
+            continue
+        except Exception:
+            return f"key {quote(str(key), KEY_LIMIT)}={quote(value)}: invalid ({_clip(repr(err))})"
+    return f"invalid config ({_clip(repr(err))})"
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MESSAGE_LIMIT:
+        return text
+    return f"{text[:_MESSAGE_LIMIT]}… ({len(text)} characters)"

@@ -3,6 +3,11 @@
 Kubernetes users write durations the Go way; pydantic's ``timedelta`` accepts only
 ISO 8601 ("PT30S") and plain numbers. ``Seconds`` accepts both Go strings and bare
 numbers (read as seconds) and yields a float number of seconds.
+
+Only the documented forms are durations: ASCII digits (no ``_``, no other scripts'
+digits, no exponent, no ``inf``), Go's units, and Go's range (an int64 of nanoseconds,
+about 292 years). Anything else, whatever its type, is a ``ValueError``, the one
+exception pydantic turns into a validation error that names the key.
 """
 
 from __future__ import annotations
@@ -13,19 +18,32 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
+from foundation.errors import kind, quote
+
 _UNIT_SECONDS = {
     "ns": 1e-9,
     "us": 1e-6,
-    "µs": 1e-6,
+    "µs": 1e-6,  # U+00B5 MICRO SIGN, as Go spells it
+    "μs": 1e-6,  # U+03BC GREEK SMALL LETTER MU, which Go accepts too
     "ms": 1e-3,
     "s": 1.0,
     "m": 60.0,
     "h": 3600.0,
 }
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # [0-9], not \d: ASCII digits only
+_UNIT = r"(?:ns|us|µs|μs|ms|s|m|h)"
+_BARE = re.compile(_NUMBER)
+_GO = re.compile(f"(?:{_NUMBER}{_UNIT})+")
+_PART = re.compile(f"({_NUMBER})({_UNIT})")
+
+MAX_SECONDS = (2**63 - 1) / 1e9
+"""Go's longest duration (an int64 of nanoseconds): 2562047h47m16.854775807s."""
+MAX_LENGTH = 100
+"""Characters a duration may have; a longer text is refused before it is parsed."""
+_FORMS = "a duration such as '500ms', '30s' or '2m3s' (units ns, us, ms, s, m, h)"
 
 
-def parse_duration(text: str | float | int) -> float:
+def parse_duration(text: object) -> float:
     """Return the number of seconds in a Go duration string or a bare number.
 
     >>> parse_duration("2m3.5s")
@@ -34,39 +52,36 @@ def parse_duration(text: str | float | int) -> float:
     90.0
 
     Raises:
-        ValueError: the text is not a duration, or it is negative or not finite.
+        ValueError: not a duration (whatever the type), or negative, not finite or
+            longer than Go allows. The message quotes the value with a length cap.
     """
-    if isinstance(text, bool):
-        raise ValueError(f"expected a duration such as '30s', got {text!r}")
-    if isinstance(text, int | float):
-        seconds = float(text)
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ValueError(f"expected {_FORMS} or a number of seconds, got {kind(text)}")
+    if isinstance(text, str):
+        seconds = _parse_text(text)
     else:
-        raw = text.strip()
         try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = _parse_go(raw)
+            seconds = float(text)
+        except OverflowError:
+            seconds = math.inf
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"expected a non-negative duration such as '30s', got {text!r}")
+        raise ValueError(f"expected a non-negative duration such as '30s', got {quote(text)}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"expected a duration of at most 2562047h (Go's limit), got {quote(text)}")
     return seconds
 
 
-def _parse_go(raw: str) -> float:
+def _parse_text(text: str) -> float:
+    raw = text.strip(" \t\r\n")
     if not raw:
         raise ValueError("expected a duration such as '30s', got an empty string")
-    position = 0
-    total = 0.0
-    for match in _PART.finditer(raw):
-        if match.start() != position:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        position = match.end()
-    if position != len(raw):
-        raise ValueError(
-            f"expected a duration such as '500ms', '30s' or '2m3s' (units ns, us, ms, s, m, h),"
-            f" got {raw!r}"
-        )
-    return total
+    if len(raw) > MAX_LENGTH:
+        raise ValueError(f"expected {_FORMS}, got {quote(text)}")
+    if _BARE.fullmatch(raw):
+        return float(raw)
+    if not _GO.fullmatch(raw):
+        raise ValueError(f"expected {_FORMS}, got {quote(raw)}")
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _PART.findall(raw))
 
 
 def format_duration(seconds: float) -> str:

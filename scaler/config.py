@@ -154,6 +154,8 @@ def load_config(path: Path | None) -> ScalerConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    except ValueError as err:  # not UTF-8
+        raise ConfigError(f"cannot read config file {path}: {err}") from err
     return parse_config(text, origin=str(path))
 
 

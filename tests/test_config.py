@@ -90,3 +90,170 @@ def test_the_gateway_example_parses_to_the_defaults():
     assert parse_gateway(configmap["data"]["_example"], "_example") == GatewayConfig()
     shipped = parse_gateway(configmap["data"]["gateway.yaml"], "gateway.yaml")
     assert shipped.endpoint_slices is not None and shipped.endpoint_slices.service == "llama-chat"
+
+
+def _scaler(text):
+    return parse_config(text, origin="config.yaml")
+
+
+def _exporter(text):
+    from exporter.config import parse_config as parse_exporter
+
+    return parse_exporter(text, origin="config.yaml")
+
+
+def _gateway(text):
+    from serving.config import parse_config as parse_gateway
+
+    return parse_gateway(text, origin="config.yaml")
+
+
+BIG = 10**400
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "fragments"),
+    [
+        pytest.param(
+            _scaler, "max-signal-age: null", ["key 'max-signal-age'=None", "duration", "null"],
+            id="scaler-a-null-duration-names-the-key-and-the-allowed-form",
+        ),
+        pytest.param(
+            _scaler, "max-signal-age: [1, 2]",
+            ["key 'max-signal-age'=a list of 2 items", "duration"],
+            id="scaler-a-list-for-a-duration-names-the-key",
+        ),
+        pytest.param(
+            _scaler, "max-signal-age: {a: 1}", ["key 'max-signal-age'", "got a mapping"],
+            id="scaler-a-mapping-for-a-duration-names-the-key",
+        ),
+        pytest.param(
+            _scaler, "max-signal-age: 2024-01-01", ["key 'max-signal-age'", "got a date"],
+            id="scaler-a-date-for-a-duration-names-the-key",
+        ),
+        pytest.param(
+            _scaler, f"max-signal-age: {BIG}", ["key 'max-signal-age'", "bits"],
+            id="scaler-an-integer-beyond-floats-names-the-key",
+        ),
+        pytest.param(
+            _scaler, "signal-sources: [{address: 'a:1', reconnect-min: ~}]",
+            ["key 'signal-sources.0.reconnect-min'", "null"],
+            id="scaler-a-nested-null-duration-has-its-path",
+        ),
+        pytest.param(
+            _scaler, "policy: {slo-ttft: 2024-01-01 10:00:00}",
+            ["key 'policy.slo-ttft'", "timestamp"],
+            id="scaler-a-timestamp-in-the-policy-has-its-path",
+        ),
+        pytest.param(
+            _scaler, "policy: {target-concurrency: .inf}", ["key 'policy.target-concurrency'"],
+            id="scaler-an-infinite-number-is-refused",
+        ),
+        pytest.param(
+            _scaler, "max-signal-age: 5_0s", ["key 'max-signal-age'='5_0s'"],
+            id="scaler-underscores-are-not-a-duration",
+        ),
+        pytest.param(
+            _exporter, "interval: [1]", ["key 'interval'", "got a list"],
+            id="exporter-a-list-for-the-interval-names-the-key",
+        ),
+        pytest.param(
+            _exporter, "interval: ~", ["key 'interval'", "null"],
+            id="exporter-a-null-interval-names-the-key",
+        ),
+        pytest.param(
+            _exporter, "deployments: [{accelerator: {price-per-hour: .inf}}]",
+            ["key 'deployments.0.accelerator.price-per-hour'"],
+            id="exporter-an-infinite-price-is-refused",
+        ),
+        pytest.param(
+            _exporter, "deployments: [{targets: ['http://[::1']}]",
+            ["key 'deployments.0.targets'"],
+            id="exporter-a-broken-url-names-the-key",
+        ),
+        pytest.param(
+            _exporter, "deployments: 5", ["key 'deployments'"],
+            id="exporter-a-number-for-the-deployments-names-the-key",
+        ),
+        pytest.param(
+            _gateway, "buffer-timeout: {a: 1}", ["key 'buffer-timeout'", "got a mapping"],
+            id="gateway-a-mapping-for-the-buffer-timeout-names-the-key",
+        ),
+        pytest.param(
+            _gateway, "buffer-timeout: 2024-01-01", ["key 'buffer-timeout'", "got a date"],
+            id="gateway-a-date-for-the-buffer-timeout-names-the-key",
+        ),
+        pytest.param(
+            _gateway, "health-interval: ~", ["key 'health-interval'", "null"],
+            id="gateway-a-null-health-interval-names-the-key",
+        ),
+        pytest.param(
+            _gateway, "replicas: [5]", ["key 'replicas.0'"],
+            id="gateway-a-number-for-a-replica-url-names-the-key",
+        ),
+        pytest.param(
+            _gateway, "a: " + "[" * 5000 + "]" * 5000, ["nested too deeply"],
+            id="gateway-yaml-nested-beyond-the-parser-is-a-config-error",
+        ),
+    ],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_key(parse, text, fragments):
+    with pytest.raises(ConfigError, match=r"config\.yaml") as caught:
+        parse(text)
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "shown"),
+    [
+        pytest.param(
+            _scaler, "max-signal-age: '" + "9" * 1_000_000 + "x'", "(1000001 characters)",
+            id="scaler-a-megabyte-duration-is-quoted-with-a-cap",
+        ),
+        pytest.param(
+            _scaler, "".join(f"unknown-{i}: 1\n" for i in range(10_000)), "more problems",
+            id="scaler-ten-thousand-unknown-keys-are-counted-not-listed",
+        ),
+        pytest.param(
+            _scaler, "'" + "k" * 1000 + "': 1", "(1000 characters)",
+            id="scaler-a-long-unknown-key-is-quoted-with-a-cap",
+        ),
+        pytest.param(
+            _exporter, "deployments: [{targets: ['" + "h" * 1_000_000 + "://x']}]",
+            "(1000004 characters)",
+            id="exporter-a-megabyte-target-is-quoted-with-a-cap",
+        ),
+        pytest.param(
+            _gateway, "dns: '" + "h" * 1_000_000 + "'", "(1000000 characters)",
+            id="gateway-a-megabyte-dns-name-is-quoted-with-a-cap",
+        ),
+        pytest.param(
+            _gateway, "replicas: ['" + "h" * 1_000_000 + "']", "(1000000 characters)",
+            id="gateway-a-megabyte-replica-url-is-quoted-with-a-cap",
+        ),
+    ],
+)  # fmt: skip
+def test_a_huge_value_gives_a_short_message(parse, text, shown):
+    with pytest.raises(ConfigError) as caught:
+        parse(text)
+    message = str(caught.value)
+    assert shown in message
+    assert len(message) < 4000, len(message)
+
+
+@pytest.mark.parametrize(
+    "load",
+    [
+        pytest.param(load_config, id="the-scaler-names-a-file-that-is-not-utf-8"),
+        pytest.param(
+            lambda path: __import__("exporter.config").config.load_config(path),
+            id="the-exporter-names-a-file-that-is-not-utf-8",
+        ),
+    ],
+)
+def test_a_file_that_is_not_utf_8_is_a_config_error(tmp_path, load):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"max-signal-age: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"cannot read config file .*config\.yaml"):
+        load(path)
