@@ -57,11 +57,21 @@ class ConfigStore(Generic[C]):
         self._listeners.append(listener)
 
     def update(self, text: str, origin: str) -> bool:
-        """Parse ``text``; swap it in when valid. Returns whether the config changed."""
+        """Parse ``text``; swap it in when valid. Returns whether the config changed.
+
+        Never raises for a bad update: a ``ConfigError``, or any other exception from
+        parsing (a bug meeting an input nobody foresaw), is refused, logged as one ERROR
+        line, counted, and the last good config stays. A listener that raises is logged
+        the same way; the new config is in force and the other listeners still run.
+        """
         try:
             new = self._parse(text, origin)
         except ConfigError as err:
             self.reject(str(err))
+            return False
+        except Exception as err:  # defence in depth: a reload must never stop the watch
+            log.debug("config parse of %s raised", origin, exc_info=True)
+            self.reject(f"{origin}: cannot parse ({_describe_exception(err)})")
             return False
         self.last_error = ""
         if new == self.current:
@@ -70,14 +80,37 @@ class ConfigStore(Generic[C]):
         self.reloads += 1
         log.info("config reloaded from %s", origin)
         for listener in self._listeners:
-            listener(new)
+            try:
+                listener(new)
+            except Exception as err:
+                log.debug("config listener raised", exc_info=True)
+                log.error(
+                    "config from %s is in force, but applying it failed: %s",
+                    origin,
+                    _describe_exception(err),
+                )
         return True
 
     def reject(self, reason: str) -> None:
         """Count and log an update that cannot be used; the current config stays."""
         self.errors += 1
-        self.last_error = reason
-        log.error("config update refused, keeping the last good config: %s", reason)
+        self.last_error = _clip(reason)
+        log.error("config update refused, keeping the last good config: %s", self.last_error)
+
+
+_REASON_LIMIT = 2000
+
+
+def _clip(text: str) -> str:
+    """One log line of bounded length, whatever a message held."""
+    line = " ".join(text.splitlines())
+    if len(line) <= _REASON_LIMIT:
+        return line
+    return f"{line[:_REASON_LIMIT]}… ({len(line)} characters)"
+
+
+def _describe_exception(err: BaseException) -> str:
+    return _clip(f"{type(err).__name__}: {err}")
 
 
 def file_fingerprint(path: Path) -> tuple[object, ...]:
@@ -98,9 +131,20 @@ def file_fingerprint(path: Path) -> tuple[object, ...]:
     return (target, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-async def poll_file(store: ConfigStore[C], path: Path, interval: float = 1.0) -> None:
-    """Reload ``path`` into ``store`` whenever its fingerprint changes, forever."""
-    seen = file_fingerprint(path)
+async def poll_file(
+    store: ConfigStore[C],
+    path: Path,
+    interval: float = 1.0,
+    seen: tuple[object, ...] | None = None,
+) -> None:
+    """Reload ``path`` into ``store`` whenever its fingerprint changes, forever.
+
+    ``seen`` is the fingerprint of the text ``store`` started from (``ConfigSource.read``
+    takes it), so that a change between that read and this watch is not missed; without
+    it the file as it is now is the baseline. Nothing an update holds ends the loop.
+    """
+    if seen is None:
+        seen = file_fingerprint(path)
     while True:
         await asyncio.sleep(interval)
         now = file_fingerprint(path)
@@ -111,6 +155,9 @@ async def poll_file(store: ConfigStore[C], path: Path, interval: float = 1.0) ->
             text = await asyncio.to_thread(path.read_text, encoding="utf-8")
         except OSError as err:
             store.reject(f"cannot read config file {path}: {err.strerror}")
+            continue
+        except ValueError as err:  # not UTF-8
+            store.reject(f"cannot read config file {path}: {err}")
             continue
         store.update(text, str(path))
 
@@ -205,6 +252,7 @@ class ConfigSource:
         self.configmap = parse_configmap_ref(configmap) if configmap else None
         self.kube = kube or KubeAccess()
         self.poll_interval = poll_interval
+        self._read_fingerprint: tuple[object, ...] | None = None
 
     @property
     def origin(self) -> str:
@@ -224,14 +272,18 @@ class ConfigSource:
             return await read_configmap(self.kube, *self.configmap)
         if self.file is None:
             return ""
+        # Taken before reading: a change racing the read is seen again, never missed.
+        self._read_fingerprint = file_fingerprint(self.file)
         try:
             return await asyncio.to_thread(self.file.read_text, encoding="utf-8")
         except OSError as err:
             raise ConfigError(f"cannot read config file {self.file}: {err.strerror}") from err
+        except ValueError as err:  # not UTF-8
+            raise ConfigError(f"cannot read config file {self.file}: {err}") from err
 
     async def follow(self, store: ConfigStore[C]) -> None:
         """Feed updates into ``store`` forever (returns at once without a source)."""
         if self.configmap is not None:
             await watch_configmap(store, self.kube, *self.configmap)
         elif self.file is not None:
-            await poll_file(store, self.file, self.poll_interval)
+            await poll_file(store, self.file, self.poll_interval, self._read_fingerprint)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -9,6 +11,7 @@ from prometheus_client import generate_latest
 
 from exporter.app import ExporterServer
 from exporter.config import load_config
+from exporter.config import parse_config as parse_exporter
 from foundation.errors import ConfigError
 from foundation.reload import ConfigSource, ConfigStore, parse_configmap_ref
 from scaler.config import load_config as load_scaler_config
@@ -164,3 +167,173 @@ def test_bad_configmap_refs(ref):
 def test_file_and_configmap_exclude_each_other(tmp_path):
     with pytest.raises(ConfigError, match="exclude each other"):
         ConfigSource(tmp_path / "x.yaml", "a/b")
+
+
+# A duration key set to a value of the wrong type: each once killed the file watcher.
+WRONG_TYPES = [
+    pytest.param("~", id="null"),
+    pytest.param("[1, 2]", id="a-list"),
+    pytest.param("{a: 1}", id="a-mapping"),
+    pytest.param("2024-01-01", id="a-date"),
+]
+
+
+def _errors_logged(caplog, fragment):
+    return [
+        r
+        for r in caplog.records
+        if r.name == "foundation.reload" and r.levelno == logging.ERROR and fragment in r.message
+    ]
+
+
+@pytest.mark.parametrize("value", WRONG_TYPES)
+async def test_the_scaler_survives_a_duration_of_the_wrong_type(volume, caplog, value):
+    from prometheus_client import CollectorRegistry
+
+    from scaler.telemetry import DecisionCollector
+
+    server = await scaler_on(volume, SCALER_BEFORE)
+    before = server.config
+    try:
+        with caplog.at_level(logging.ERROR, logger="foundation.reload"):
+            volume.write({"config.yaml": f"max-signal-age: {value}\n"})
+            await eventually(lambda: server.configs.errors == 1, "refused update")
+        assert server.config is before
+        assert len(_errors_logged(caplog, "max-signal-age")) == 1
+        collectors = CollectorRegistry(auto_describe=False)
+        collectors.register(DecisionCollector(server.registry, server.configs))
+        assert (
+            'unitscale_config_reloads_total{result="error"} 1.0'
+            in generate_latest(collectors).decode()
+        )
+        # The watcher is still alive: a later valid config is applied.
+        volume.write({"config.yaml": SCALER_AFTER})
+        await eventually(lambda: server.configs.reloads == 1, "reload after a bad update")
+        assert server.watched_sources == ["127.0.0.1:2", "127.0.0.1:3"]
+    finally:
+        await server.stop(grace=0)
+
+
+@pytest.mark.parametrize("value", WRONG_TYPES)
+async def test_the_exporter_survives_an_interval_of_the_wrong_type(volume, caplog, value):
+    volume.write({"exporter.yaml": EXPORTER_BEFORE})
+    path = volume.path("exporter.yaml")
+    source = ConfigSource(path, poll_interval=0.05)
+    server = ExporterServer(parse_exporter(await source.read(), source.origin), source=source)
+    await server.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="foundation.reload"):
+            volume.write({"exporter.yaml": f"interval: {value}\n"})
+            await eventually(lambda: server.configs.errors == 1, "refused update")
+        assert len(_errors_logged(caplog, "interval")) == 1
+        exposition = generate_latest(server.registry).decode()
+        assert 'unitscale_config_reloads_total{result="error"} 1.0' in exposition
+        volume.write({"exporter.yaml": EXPORTER_AFTER})
+        await eventually(lambda: server.configs.reloads == 1, "reload after a bad update")
+        assert server.exporter.config.interval == 2.0
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("value", WRONG_TYPES)
+async def test_the_gateway_survives_a_buffer_timeout_of_the_wrong_type(volume, caplog, value):
+    from serving.config import parse_config as parse_gateway
+    from serving.server import GatewayServer
+
+    volume.write({"gateway.yaml": "replicas: [http://127.0.0.1:1]\n"})
+    source = ConfigSource(volume.path("gateway.yaml"), poll_interval=0.05)
+    config = parse_gateway(await source.read(), source.origin)
+    server = GatewayServer(
+        config.replicas, config.settings(), "127.0.0.1:0", "127.0.0.1:0",
+        config=config, source=source, parse=parse_gateway,
+    )  # fmt: skip
+    await server.start()
+    configs = server.configs
+    assert configs is not None
+    try:
+        with caplog.at_level(logging.ERROR, logger="foundation.reload"):
+            volume.write({"gateway.yaml": f"buffer-timeout: {value}\n"})
+            await eventually(lambda: configs.errors == 1, "refused update")
+        assert len(_errors_logged(caplog, "buffer-timeout")) == 1
+        # The gateway still follows its replica list.
+        volume.write({"gateway.yaml": "replicas: [http://127.0.0.1:2]\n"})
+        await eventually(lambda: configs.reloads == 1, "reload after a bad update")
+        assert [r.url for r in server.gateway.replicas] == ["http://127.0.0.1:2"]
+    finally:
+        await server.stop()
+
+
+class BoomError(RuntimeError):
+    pass
+
+
+def _parse_or_explode(text: str, origin: str) -> str:
+    if text.strip() == "explode":
+        raise BoomError("a parser bug")
+    if text.startswith("bad"):
+        raise ConfigError(f"{origin}: {text}")
+    return text
+
+
+@pytest.mark.parametrize(
+    ("updates", "current", "errors"),
+    [
+        pytest.param(["explode", "good"], "good", 1, id="a-parser-crash-is-refused"),
+        pytest.param(["bad one", "explode", "good"], "good", 2, id="errors-of-both-kinds-count"),
+        pytest.param(["good", "explode"], "good", 1, id="a-crash-keeps-the-last-good"),
+        pytest.param([b"\xff\xfe", "good"], "good", 1, id="a-file-that-is-not-utf-8-is-an-error"),
+    ],
+)  # fmt: skip
+async def test_the_file_watch_survives_any_exception_from_parsing(
+    tmp_path, caplog, updates, current, errors
+):
+    path = tmp_path / "config.yaml"
+    path.write_text("first")
+    source = ConfigSource(path, poll_interval=0.01)
+    store = ConfigStore(await source.read(), _parse_or_explode)
+    watch = asyncio.create_task(source.follow(store))
+    try:
+        with caplog.at_level(logging.ERROR, logger="foundation.reload"):
+            for seen, text in enumerate(updates, start=1):
+                if isinstance(text, bytes):
+                    path.write_bytes(text + b" " * seen)  # a new size: a new fingerprint
+                else:
+                    path.write_text(text + " " * seen)
+                await eventually(lambda n=seen: store.reloads + store.errors == n, repr(text))
+        assert store.current.strip() == current
+        assert (store.errors, watch.done()) == (errors, False)
+        crashes = _errors_logged(caplog, "BoomError")
+        assert len(crashes) == updates.count("explode")
+        assert all("a parser bug" in r.message and r.exc_info is None for r in crashes)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+
+
+async def test_a_listener_that_raises_does_not_stop_the_watch(tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text("first")
+    source = ConfigSource(path, poll_interval=0.01)
+    store = ConfigStore(await source.read(), _parse_or_explode)
+    calls = []
+
+    def listener(config: str) -> None:
+        calls.append(config)
+        if len(calls) == 1:
+            raise BoomError("a listener bug")
+
+    store.add_listener(listener)
+    watch = asyncio.create_task(source.follow(store))
+    try:
+        with caplog.at_level(logging.ERROR, logger="foundation.reload"):
+            path.write_text("second")
+            await eventually(lambda: len(calls) == 1, "first listener call")
+            path.write_text("third!")
+            await eventually(lambda: len(calls) == 2, "the watch goes on")
+        assert store.current == "third!"
+        assert len(_errors_logged(caplog, "a listener bug")) == 1
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
