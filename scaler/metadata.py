@@ -4,34 +4,102 @@ KEDA forwards the trigger's whole ``metadata`` map as ``ScaledObjectRef.scalerMe
 (strings only), including its own keys (``scalerAddress``, ``enableTLS``,
 ``unsafeSsl``). Unknown keys are refused, so that a typo such as ``maxReplica``
 is an error and not a silent default.
+
+Only the documented forms parse: integers and numbers in ASCII decimal (no ``_``, no
+other scripts' digits, finite), booleans ``true`` or ``false`` (as KEDA documents its
+own keys), Go durations in ASCII. Sizes are bounded before anything else is looked at
+(``MAX_KEYS`` keys, ``MAX_VALUE_LENGTH`` characters a value, Kubernetes' limits on the
+ScaledObject's name and namespace), so an oversized ScaledObject is refused before it is
+stored, and every message quotes values with a cap: it stays far below gRPC's 8 KB
+limit on the status a client receives, whatever was submitted.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from foundation.durations import Seconds
-from foundation.errors import MetadataError
+from foundation.errors import MetadataError, quote
 from scaler.core.model import Policy
 
 # RFC 1123 label: what Kubernetes allows in namespace and Deployment names.
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
+MAX_KEYS = 64
+"""Keys a trigger's metadata may hold (unitscale's and KEDA's own are fewer than 20)."""
+MAX_VALUE_LENGTH = 4096
+"""Characters one metadata value may have."""
+MAX_KEY_LENGTH = 253
+"""Characters one metadata key may have (a Kubernetes name's limit)."""
+MAX_NAME_LENGTH = 253
+"""A ScaledObject's name: a Kubernetes object name (RFC 1123 subdomain)."""
+MAX_NAMESPACE_LENGTH = 63
+"""A namespace: an RFC 1123 label."""
+MAX_PROBLEMS = 10
+"""Problems a message lists; the rest are counted."""
+
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_INTEGER = re.compile(r"[-+]?[0-9]+")  # [0-9], not \d: ASCII digits only
+_DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def _integer(value: object) -> object:
+    if isinstance(value, str):
+        if not _INTEGER.fullmatch(value):
+            raise ValueError("expected an integer in ASCII digits")
+        return int(value)
+    return value
+
+
+def _decimal(value: object) -> object:
+    if isinstance(value, str):
+        if not _DECIMAL.fullmatch(value):
+            raise ValueError("expected a decimal number such as 16 or 0.5")
+        return float(value)  # 1e400 is inf here, which the finite check refuses
+    return value
+
+
+def _boolean(value: object) -> object:
+    if isinstance(value, bool):
+        return value
+    if value == "true":
+        return True
+    if value == "false":
+        return False
+    raise ValueError("expected true or false")
+
+
+Integer = Annotated[int, BeforeValidator(_integer)]
+"""An integer written in ASCII digits ("16", "-1"); nothing else."""
+Decimal = Annotated[float, BeforeValidator(_decimal)]
+"""A finite number in ASCII decimal ("16", "0.5", "1e3"); no ``inf``, ``nan`` or ``_``."""
+Boolean = Annotated[bool, BeforeValidator(_boolean)]
+"""``true`` or ``false``, exactly."""
+
 
 class TriggerMetadata(BaseModel):
     """Every key a unitscale trigger's ``metadata`` may hold."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     scaler_address: str = Field(alias="scalerAddress", min_length=1)
     """KEDA's: where KEDA dials the scaler (``host:port``). Required by KEDA itself."""
-    enable_tls: bool = Field(False, alias="enableTLS")
+    enable_tls: Boolean = Field(False, alias="enableTLS")
     """KEDA's: dial the scaler over TLS. Accepted and ignored here."""
-    unsafe_ssl: bool = Field(False, alias="unsafeSsl")
+    unsafe_ssl: Boolean = Field(False, alias="unsafeSsl")
     """KEDA's: skip certificate verification. Accepted and ignored here."""
 
     deployment: Annotated[str, Field(pattern=_DNS_NAME, max_length=253)]
@@ -40,21 +108,21 @@ class TriggerMetadata(BaseModel):
     """The workload's namespace; defaults to the ScaledObject's own."""
     model: str = ""
     """The served model, when the deployment's signals are split by model."""
-    min_replicas: int = Field(0, alias="minReplicas", ge=0, le=10_000)
+    min_replicas: Integer = Field(0, alias="minReplicas", ge=0, le=10_000)
     """Fewest replicas to ask for (0 allows scale to zero)."""
-    max_replicas: int = Field(100, alias="maxReplicas", ge=1, le=10_000)
+    max_replicas: Integer = Field(100, alias="maxReplicas", ge=1, le=10_000)
     """Most replicas to ask for."""
-    target_concurrency: float | None = Field(None, alias="targetConcurrency", gt=0, le=100_000)
+    target_concurrency: Decimal | None = Field(None, alias="targetConcurrency", gt=0, le=100_000)
     """Requests in flight (running plus queued) one replica should hold."""
     max_signal_age: Seconds | None = Field(None, alias="maxSignalAge", gt=0)
     """Signals older than this give UNAVAILABLE; defaults to the scaler config's."""
-    target_utilization: float | None = Field(None, alias="targetUtilization", gt=0, le=1)
+    target_utilization: Decimal | None = Field(None, alias="targetUtilization", gt=0, le=1)
     slo_ttft: Seconds | None = Field(None, alias="sloTtft", gt=0)
     slo_itl: Seconds | None = Field(None, alias="sloItl", gt=0)
     idle_grace: Seconds | None = Field(None, alias="idleGrace", ge=0)
-    cost_budget: float | None = Field(None, alias="costBudgetPerMillionTokens", gt=0)
-    prefill_tokens_per_second: float | None = Field(None, alias="prefillTokensPerSecond", gt=0)
-    decode_tokens_per_second: float | None = Field(None, alias="decodeTokensPerSecond", gt=0)
+    cost_budget: Decimal | None = Field(None, alias="costBudgetPerMillionTokens", gt=0)
+    prefill_tokens_per_second: Decimal | None = Field(None, alias="prefillTokensPerSecond", gt=0)
+    decode_tokens_per_second: Decimal | None = Field(None, alias="decodeTokensPerSecond", gt=0)
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> TriggerMetadata:
@@ -96,17 +164,78 @@ REQUIRED_KEYS: tuple[str, ...] = tuple(
 )
 
 
-def parse_metadata(raw: Mapping[str, str]) -> TriggerMetadata:
-    """Validate a trigger's metadata map.
+def parse_metadata(
+    raw: Mapping[str, str], *, name: str | None = None, namespace: str | None = None
+) -> TriggerMetadata:
+    """Validate a trigger's metadata map, and the ScaledObject's name and namespace if given.
 
     Raises:
-        MetadataError: one line per problem, each naming the key and what it allows.
+        MetadataError: one clause per problem (at most ``MAX_PROBLEMS``), each naming the
+            key and what it allows, every value quoted with a length cap.
     """
+    oversized = _ref_problems(name, namespace) + _size_problems(raw)
+    if oversized:
+        raise MetadataError("invalid scalerMetadata: " + _join(oversized))
     try:
         return TriggerMetadata.model_validate(dict(raw))
     except ValidationError as err:
         problems = [_describe(error, raw) for error in err.errors()]
-        raise MetadataError("invalid scalerMetadata: " + "; ".join(problems)) from err
+        unknown = any(error["type"] == "extra_forbidden" for error in err.errors())
+        tail = f" (allowed keys: {', '.join(ALLOWED_KEYS)})" if unknown else ""
+        raise MetadataError("invalid scalerMetadata: " + _join(problems) + tail) from err
+
+
+def describe_object(namespace: str, name: str) -> str:
+    """``namespace/name`` as a message shows it: a part beyond Kubernetes' limit is cut.
+
+    >>> describe_object("team-a", "llama")
+    'team-a/llama'
+    """
+    return f"{_cut(namespace, MAX_NAMESPACE_LENGTH)}/{_cut(name, MAX_NAME_LENGTH)}"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:64]}… ({len(text)} characters)"
+
+
+def _ref_problems(name: str | None, namespace: str | None) -> list[str]:
+    """What Kubernetes itself would refuse in a ScaledObject's name and namespace."""
+    problems = []
+    if name is not None and (len(name) > MAX_NAME_LENGTH or not _SUBDOMAIN.fullmatch(name)):
+        problems.append(
+            f"ScaledObject name {quote(name)} is not a Kubernetes object name"
+            f" (lowercase RFC 1123 subdomain, at most {MAX_NAME_LENGTH} characters)"
+        )
+    if namespace is not None and (
+        len(namespace) > MAX_NAMESPACE_LENGTH or not _LABEL.fullmatch(namespace)
+    ):
+        problems.append(
+            f"ScaledObject namespace {quote(namespace)} is not a Kubernetes namespace"
+            f" (lowercase RFC 1123 label, at most {MAX_NAMESPACE_LENGTH} characters)"
+        )
+    return problems
+
+
+def _size_problems(raw: Mapping[str, str]) -> list[str]:
+    """Keys and values too many or too long to look at further."""
+    if len(raw) > MAX_KEYS:
+        return [f"{len(raw)} keys, at most {MAX_KEYS}"]
+    problems = []
+    for key, value in raw.items():
+        if isinstance(key, str) and len(key) > MAX_KEY_LENGTH:
+            problems.append(f"unknown key {quote(key)}: at most {MAX_KEY_LENGTH} characters")
+        elif isinstance(value, str) and len(value) > MAX_VALUE_LENGTH:
+            problems.append(
+                f"key {quote(key)}: a value of {len(value)} characters, at most {MAX_VALUE_LENGTH}"
+            )
+    return problems
+
+
+def _join(problems: list[str]) -> str:
+    shown = problems[:MAX_PROBLEMS]
+    if len(problems) > MAX_PROBLEMS:
+        shown.append(f"and {len(problems) - MAX_PROBLEMS} more problems")
+    return "; ".join(shown)
 
 
 def _describe(error: object, raw: Mapping[str, str]) -> str:
@@ -115,10 +244,10 @@ def _describe(error: object, raw: Mapping[str, str]) -> str:
     key = str(location[0]) if location else ""
     kind = error.get("type", "")
     if kind == "extra_forbidden":
-        return f"unknown key {key!r} (allowed keys: {', '.join(ALLOWED_KEYS)})"
+        return f"unknown key {quote(key)}"
     if kind == "missing":
-        return f"missing required key {key!r}"
+        return f"missing required key {quote(key)}"
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     if key:
-        return f"key {key!r}={raw.get(key)!r}: {message}"
+        return f"key {quote(key)}={quote(raw.get(key))}: {message}"
     return message

@@ -141,7 +141,7 @@ class ScaledObjectRegistry:
         if existing is not None and existing.raw_metadata == metadata_map:
             existing.last_seen = self._clock()
             return existing
-        metadata = parse_metadata(metadata_map)
+        metadata = parse_metadata(metadata_map, name=name, namespace=namespace)
         target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
         max_age = metadata.max_signal_age or self._default_max_age
         if existing is None:

@@ -23,10 +23,11 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from foundation.errors import MetadataError, NoDataError
+from foundation.errors import MetadataError, NoDataError, quote
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from scaler.core import Decision
+from scaler.metadata import describe_object
 from scaler.registry import (
     METRIC_NAME,
     TARGET_VALUE,
@@ -105,7 +106,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         if _KEDA_INDEX_PREFIX.sub("", name, count=1) != METRIC_NAME:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"unknown metric {name!r}: this scaler serves {METRIC_NAME!r}"
+                f"unknown metric {quote(name)}: this scaler serves {METRIC_NAME!r}"
                 f" (optionally with KEDA's 'sN-' prefix)",
             )
         decision = await self._decision(request.scaledObjectRef, context)
@@ -133,9 +134,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         try:
             return self._registry.resolve(ref.name, ref.namespace, ref.scalerMetadata)
         except MetadataError as err:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"ScaledObject {ref.namespace}/{ref.name}: {err}"
-            )
+            where = describe_object(ref.namespace, ref.name)  # a huge name is cut
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ScaledObject {where}: {err}")
             raise  # unreachable: abort raises
 
     async def _decision(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
-from foundation.errors import MetadataError
+from foundation.errors import MetadataError, quote
 from scaler.metadata import ALLOWED_KEYS, REQUIRED_KEYS, parse_metadata
 
 BASE = {"scalerAddress": "unitscale-scaler.keda:9090", "deployment": "llama"}
@@ -137,3 +138,224 @@ def test_every_key_is_documented_in_the_scaler_docs():
     for key in ALLOWED_KEYS:
         assert f"| `{key}` |" in section, key
     assert documented == set(ALLOWED_KEYS)
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        pytest.param(
+            {"minReplicas": "5_0"}, ["'minReplicas'='5_0'", "integer"],
+            id="underscores-in-an-integer-are-refused",
+        ),
+        pytest.param(
+            {"minReplicas": "5.0"}, ["'minReplicas'='5.0'", "integer"],
+            id="a-fraction-for-an-integer-is-refused",
+        ),
+        pytest.param(
+            {"maxReplicas": " 5"}, ["'maxReplicas'=' 5'", "integer"],
+            id="spaces-around-an-integer-are-refused",
+        ),
+        pytest.param(
+            {"maxReplicas": "\u0665"}, ["'maxReplicas'", "integer"],
+            id="non-ascii-digits-are-not-an-integer",
+        ),
+        pytest.param(
+            {"targetConcurrency": "1_0.5"}, ["'targetConcurrency'='1_0.5'", "decimal number"],
+            id="underscores-in-a-number-are-refused",
+        ),
+        pytest.param(
+            {"targetConcurrency": "\u0662"}, ["'targetConcurrency'", "decimal number"],
+            id="non-ascii-digits-are-not-a-number",
+        ),
+        pytest.param(
+            {"prefillTokensPerSecond": "inf"}, ["'prefillTokensPerSecond'='inf'"],
+            id="infinity-is-not-a-capacity",
+        ),
+        pytest.param(
+            {"decodeTokensPerSecond": "1e400"}, ["'decodeTokensPerSecond'='1e400'", "finite"],
+            id="a-number-beyond-floats-is-refused",
+        ),
+        pytest.param(
+            {"costBudgetPerMillionTokens": "nan"}, ["'costBudgetPerMillionTokens'='nan'"],
+            id="nan-is-not-a-budget",
+        ),
+        pytest.param(
+            {"maxSignalAge": "\u0663s"}, ["'maxSignalAge'", "duration"],
+            id="non-ascii-digits-are-not-a-duration",
+        ),
+        pytest.param(
+            {"sloTtft": "\u0661"}, ["'sloTtft'", "duration"],
+            id="a-bare-non-ascii-number-is-not-a-duration",
+        ),
+        pytest.param(
+            {"enableTLS": "yes"}, ["'enableTLS'='yes'", "true or false"],
+            id="yes-is-not-a-boolean",
+        ),
+        pytest.param(
+            {"unsafeSsl": "1"}, ["'unsafeSsl'='1'", "true or false"],
+            id="one-is-not-a-boolean",
+        ),
+        pytest.param(
+            {"enableTLS": "True"}, ["'enableTLS'='True'", "true or false"],
+            id="a-capitalised-boolean-is-refused-as-keda-documents-true-and-false",
+        ),
+    ],
+)  # fmt: skip
+def test_only_the_documented_forms_parse(extra, fragments):
+    with pytest.raises(MetadataError) as caught:
+        parse_metadata(BASE | extra)
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        pytest.param({"targetConcurrency": "16"}, 16.0, id="an-integer-is-a-number"),
+        pytest.param({"targetConcurrency": "0.5"}, 0.5, id="a-decimal-fraction"),
+        pytest.param({"targetConcurrency": ".5"}, 0.5, id="a-fraction-without-a-leading-zero"),
+        pytest.param({"targetConcurrency": "1e3"}, 1000.0, id="an-ascii-exponent"),
+    ],
+)
+def test_documented_numbers_parse(extra, expected):
+    assert parse_metadata(BASE | extra).target_concurrency == expected
+
+
+MEGABYTE = 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("metadata", "fragments"),
+    [
+        pytest.param(
+            BASE | {"model": "m" * MEGABYTE},
+            ["'model'", "1000000 characters", "at most 4096"],
+            id="a-megabyte-value-is-refused-by-its-length",
+        ),
+        pytest.param(
+            BASE | {"deployment": "d" * MEGABYTE},
+            ["'deployment'", "1000000 characters"],
+            id="a-megabyte-deployment-is-refused-by-its-length",
+        ),
+        pytest.param(
+            BASE | {"k" * MEGABYTE: "1"},
+            ["unknown key", "1000000 characters"],
+            id="a-megabyte-key-is-quoted-with-a-cap",
+        ),
+        pytest.param(
+            BASE | {f"key{i}": "1" for i in range(10_000)},
+            ["10002 keys", "at most 64"],
+            id="ten-thousand-keys-are-refused-by-their-count",
+        ),
+        pytest.param(
+            BASE | {f"key{i}": "1" for i in range(40)},
+            ["unknown key 'key0'", "more problems"],
+            id="forty-unknown-keys-are-listed-up-to-a-cap",
+        ),
+        pytest.param(
+            BASE | {"maxReplicas": "9" * 4000},
+            ["'maxReplicas'", "4000 characters"],
+            id="a-long-number-is-quoted-with-a-cap",
+        ),
+        pytest.param(
+            BASE | {"maxSignalAge": "9" * 4000 + "s"},
+            ["'maxSignalAge'", "4001 characters"],
+            id="a-long-duration-is-quoted-with-a-cap",
+        ),
+    ],
+)
+def test_an_oversized_input_gives_a_short_message(metadata, fragments):
+    with pytest.raises(MetadataError) as caught:
+        parse_metadata(metadata)
+    message = str(caught.value)
+    for fragment in fragments:
+        assert fragment in message
+    assert len(message) < 2048, len(message)
+
+
+@pytest.mark.parametrize(
+    ("name", "namespace", "fragment"),
+    [
+        pytest.param("n" * 254, "team-a", "ScaledObject name", id="a-name-beyond-253-is-refused"),
+        pytest.param("llama", "n" * 64, "namespace", id="a-namespace-beyond-63-is-refused"),
+        pytest.param("n" * MEGABYTE, "team-a", "1000000 characters", id="a-megabyte-name"),
+        pytest.param("Llama_3", "team-a", "ScaledObject name", id="a-name-kubernetes-refuses"),
+        pytest.param("llama", "team.a", "namespace", id="a-namespace-is-a-dns-label"),
+    ],
+)
+def test_the_scaled_object_s_name_and_namespace_have_kubernetes_limits(name, namespace, fragment):
+    with pytest.raises(MetadataError) as caught:
+        parse_metadata(BASE, name=name, namespace=namespace)
+    assert fragment in str(caught.value)
+    assert len(str(caught.value)) < 2048
+
+
+def test_a_name_and_namespace_within_the_limits_parse():
+    assert parse_metadata(BASE, name="n" * 253, namespace="n" * 63).deployment == "llama"
+
+
+def test_an_oversized_scaled_object_is_not_stored():
+    from scaler.registry import ScaledObjectRegistry
+    from scaler.signals import SignalStore
+
+    registry = ScaledObjectRegistry(SignalStore(), 30.0)
+    for name, metadata in [("n" * MEGABYTE, BASE), ("llama", BASE | {"model": "m" * MEGABYTE})]:
+        with pytest.raises(MetadataError):
+            registry.resolve(name, "team-a", metadata)
+    assert len(registry) == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "rpc"),
+    [
+        pytest.param("model", "GetMetricSpec", id="a-megabyte-model-on-get-metric-spec"),
+        pytest.param("maxSignalAge", "IsActive", id="a-megabyte-duration-on-is-active"),
+        pytest.param("deployment", "GetMetricSpec", id="a-megabyte-deployment"),
+        pytest.param("x" * MEGABYTE, "GetMetricSpec", id="a-megabyte-unknown-key"),
+    ],
+)
+async def test_a_megabyte_value_is_invalid_argument_with_a_short_message(scaler, stub, field, rpc):
+    """A standard client gets INVALID_ARGUMENT, not RESOURCE_EXHAUSTED for a huge status."""
+    from tests.conftest import ref
+
+    so = ref(**{field: "9" * MEGABYTE})
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await getattr(stub, rpc)(so, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert "characters" in details and quote(field) in details
+    assert len(details.encode()) < 2048, len(details)
+    assert len(scaler.registry) == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "namespace"),
+    [
+        pytest.param("n" * MEGABYTE, "team-a", id="a-megabyte-scaled-object-name"),
+        pytest.param("llama", "n" * MEGABYTE, id="a-megabyte-namespace"),
+    ],
+)
+async def test_a_megabyte_name_is_invalid_argument_and_not_stored(scaler, stub, name, namespace):
+    from protos.externalscaler import externalscaler_pb2 as keda
+
+    so = keda.ScaledObjectRef(
+        name=name, namespace=namespace, scalerMetadata={"scalerAddress": "a:1", "deployment": "x"}
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetMetricSpec(so, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert "1000000 characters" in details
+    assert len(details.encode()) < 2048, len(details)
+    assert len(scaler.registry) == 0
+
+
+async def test_a_megabyte_metric_name_is_not_found_with_a_short_message(stub):
+    from protos.externalscaler import externalscaler_pb2 as keda
+    from tests.conftest import ref
+
+    request = keda.GetMetricsRequest(scaledObjectRef=ref(), metricName="m" * MEGABYTE)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetMetrics(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len((caught.value.details() or "").encode()) < 2048
