@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,15 +47,59 @@ class TlsFiles:
     client_ca: Path | None = None
 
     def credentials(self) -> grpc.ServerCredentials:
-        """Server credentials; with a client CA, clients must present a cert it signed."""
+        """Server credentials; with a client CA, clients must present a cert it signed.
+
+        Raises:
+            ConfigError: a file cannot be read, the certificate and key are not a pair
+                (naming both files), or the client CA holds no certificate. gRPC itself
+                would only fail to bind, naming neither.
+        """
         try:
             cert, key = self.cert.read_bytes(), self.key.read_bytes()
             client_ca = self.client_ca.read_bytes() if self.client_ca else None
         except OSError as err:
             raise ConfigError(f"cannot read TLS file {err.filename}: {err.strerror}") from err
+        self.check()
         return grpc.ssl_server_credentials(
             [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
         )
+
+    def check(self) -> None:
+        """Load the files the way a TLS server would, before gRPC binds with them.
+
+        Raises:
+            ConfigError: as ``credentials``.
+        """
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            # A password callback, so that an encrypted key fails instead of prompting.
+            context.load_cert_chain(self.cert, self.key, password=_no_password)
+        except (ssl.SSLError, ValueError, TypeError) as err:
+            if getattr(err, "reason", None) == "KEY_VALUES_MISMATCH":
+                problem = "do not match: the key is not the certificate's"
+            else:
+                problem = (
+                    "cannot be loaded (expected a PEM certificate and its unencrypted PEM"
+                    f" key): {_reason(err)}"
+                )
+            raise ConfigError(f"TLS certificate {self.cert} and key {self.key} {problem}") from err
+        if self.client_ca is not None:
+            try:
+                context.load_verify_locations(cafile=self.client_ca)
+            except (ssl.SSLError, ValueError) as err:
+                raise ConfigError(
+                    f"TLS client CA {self.client_ca} holds no usable PEM certificate:"
+                    f" {_reason(err)}"
+                ) from err
+
+
+def _no_password() -> bytes:
+    return b""
+
+
+def _reason(err: Exception) -> str:
+    reason = getattr(err, "reason", None)
+    return str(reason) if reason else str(err)
 
 
 class ScalerServer:

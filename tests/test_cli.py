@@ -173,3 +173,48 @@ def test_replay_refuses_an_unknown_policy(tmp_path):
         timeout=60,
     )
     assert result.returncode == 2 and "--policy 'hpa-cpu'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "text", "key"),
+    [
+        pytest.param("scaler", "max-signal-age: null\n", "max-signal-age", id="scaler-null"),
+        pytest.param("scaler", "max-signal-age: 2024-01-01\n", "max-signal-age", id="scaler-date"),
+        pytest.param("exporter", "interval: [1]\n", "interval", id="exporter-a-list"),
+        pytest.param("gateway", "buffer-timeout: {a: 1}\n", "buffer-timeout", id="gateway-a-map"),
+    ],
+)
+def test_a_value_of_the_wrong_type_at_startup_exits_2_naming_the_key(tmp_path, command, text, key):
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    listen = ["--listen", "127.0.0.1:0"] + (
+        ["--grpc-listen", "127.0.0.1:0"] if command != "scaler" else []
+    )
+    result = subprocess.run(
+        [*UNITSCALE, command, *listen, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"key '{key}'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_certificate_and_key_that_do_not_match_exit_2_naming_both(tmp_path):
+    import trustme
+
+    ca = trustme.CA()
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    ca.issue_cert("a.example").cert_chain_pems[0].write_to_path(str(cert))
+    ca.issue_cert("b.example").private_key_pem.write_to_path(str(key))
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    result = subprocess.run(
+        [*UNITSCALE, "scaler", "--listen", "127.0.0.1:0", *tls],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert str(cert) in result.stderr and str(key) in result.stderr
+    assert "Traceback" not in result.stderr and "Failed to bind" not in result.stderr

@@ -99,3 +99,72 @@ def test_unreadable_tls_files_name_the_file(tmp_path):
 
     with pytest.raises(ConfigError, match=r"missing\.crt"):
         TlsFiles(tmp_path / "missing.crt", tmp_path / "missing.key").credentials()
+
+
+def _write(tmp_path, name, pem):
+    path = tmp_path / name
+    path.write_bytes(pem)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("files", "named"),
+    [
+        pytest.param(
+            {"cert": "server", "key": "other"}, ["tls.crt", "tls.key", "do not match"],
+            id="a-key-from-another-certificate-names-both-files",
+        ),
+        pytest.param(
+            {"cert": "garbage", "key": "server"}, ["tls.crt", "tls.key"],
+            id="a-certificate-that-is-no-pem-names-both-files",
+        ),
+        pytest.param(
+            {"cert": "server", "key": "garbage"}, ["tls.crt", "tls.key"],
+            id="a-key-that-is-no-pem-names-both-files",
+        ),
+        pytest.param(
+            {"cert": "key-as-cert", "key": "cert-as-key"}, ["tls.crt", "tls.key"],
+            id="certificate-and-key-swapped-name-both-files",
+        ),
+        pytest.param(
+            {"cert": "server", "key": "server", "ca": "garbage"}, ["client-ca.crt"],
+            id="a-client-ca-that-is-no-certificate-names-its-file",
+        ),
+    ],
+)  # fmt: skip
+def test_an_unusable_certificate_or_key_is_a_config_error_naming_the_files(
+    tmp_path, ca, server_cert, files, named
+):
+    from foundation.errors import ConfigError
+
+    pems = {
+        "server": (server_cert.cert_chain_pems[0].bytes(), server_cert.private_key_pem.bytes()),
+        "other": (b"", trustme.CA().issue_cert("other").private_key_pem.bytes()),
+        "garbage": (b"not a certificate\n", b"not a key\n"),
+        "key-as-cert": (server_cert.private_key_pem.bytes(), b""),
+        "cert-as-key": (b"", server_cert.cert_chain_pems[0].bytes()),
+    }
+    cert = _write(tmp_path, "tls.crt", pems[files["cert"]][0])
+    key = _write(tmp_path, "tls.key", pems[files["key"]][1])
+    client_ca = _write(tmp_path, "client-ca.crt", b"not a CA\n") if "ca" in files else None
+    with pytest.raises(ConfigError) as caught:
+        ScalerServer(ScalerConfig(), "127.0.0.1:0", TlsFiles(cert, key, client_ca))
+    for fragment in named:
+        assert fragment in str(caught.value)
+
+
+def test_an_encrypted_key_is_a_config_error_not_a_password_prompt(tmp_path, server_cert):
+    from cryptography.hazmat.primitives import serialization
+
+    from foundation.errors import ConfigError
+
+    private = serialization.load_pem_private_key(server_cert.private_key_pem.bytes(), None)
+    encrypted = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    cert = _write(tmp_path, "tls.crt", server_cert.cert_chain_pems[0].bytes())
+    key = _write(tmp_path, "tls.key", encrypted)
+    with pytest.raises(ConfigError, match=r"tls\.key"):
+        TlsFiles(cert, key).credentials()
