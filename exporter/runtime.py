@@ -349,7 +349,7 @@ class Exporter:
             del state.histories[gone]
         for gone in [t for t in state.status if t not in known]:
             del state.status[gone]
-        latest = []
+        latest, answered = [], []
         for result in results:
             status = state.status.setdefault(result.target, TargetStatus())
             status.scrape_seconds = result.seconds
@@ -385,6 +385,7 @@ class Exporter:
                 now, result.stats
             )
             latest.append(result.stats)
+            answered.append(result.target)
             state.engine = result.stats.engine
             if result.stats.model:
                 state.served_model = result.stats.model
@@ -392,7 +393,10 @@ class Exporter:
             now,
             len(state.targets),
             latest,
-            [state.histories[t] for t in state.targets if t in state.histories],
+            # Only replicas that answered now: a silent one's last minute is history, not
+            # load now (it keeps its history for when it answers again; the signals are
+            # partial meanwhile, and the scaler never lowers the count on partial data).
+            [state.histories[t] for t in answered],
             config.panic_window,
             config.stable_window,
             state.config.accelerator.accelerator(),

@@ -257,3 +257,23 @@ def test_limits_have_documented_defaults_and_are_configurable():
     assert load_config(None).limits() == Limits(max_bytes=4 * 1024 * 1024, max_series=10_000)
     config = load_config(None, {"max-body-bytes": 65536, "max-series": 500})
     assert config.limits() == Limits(max_bytes=65536, max_series=500)
+
+
+async def test_a_replica_that_stopped_answering_adds_no_old_rates(replicas, session):
+    # Its last minute of traffic is history, not load now: the rates are the answering
+    # replicas' own, and the signals say some are missing (the scaler then holds).
+    clock = FakeClock(1000.0)
+    exporter = Exporter(config_for([replicas.url(0), replicas.url(1)]), clock)
+    await exporter.cycle(session)
+    a, b = replicas.replicas[0], replicas.replicas[1]
+    a.finish(10, prompt=100, output=20, ttft=0.3, itl=0.02, e2e=1.2)
+    b.finish(30, prompt=100, output=20, ttft=0.7, itl=0.04, e2e=2.2)
+    clock.now += 10
+    await exporter.cycle(session)
+    assert signals_of(exporter).stable.request_rate == pytest.approx(4.0)
+    b.mode = "http-500"
+    clock.now += 10
+    await exporter.cycle(session)
+    signals = signals_of(exporter)
+    assert signals.partial and (signals.replicas, signals.replicas_up) == (2, 1)
+    assert signals.stable.request_rate == pytest.approx(10 / 20)  # a's 10 over 20 s
