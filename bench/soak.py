@@ -117,6 +117,9 @@ class Fault:
     """What misbehaved: sentences for the report."""
     broken: set[str] = field(default_factory=set)
     """Servers it left alive but not working, to restart before the next fault."""
+    hides: bool = False
+    """It hid signals: a replica or the exporter down, or the exporter's scrape loop
+    stopped. Only then is a lower answer (or inactive) a decision on missing data."""
 
 
 @dataclass(slots=True)
@@ -207,13 +210,18 @@ class Cluster:
         self._spawn(self._watch(role, child))
         return child
 
-    async def kill(self, role: str) -> None:
-        """SIGKILL ``role`` (no grace: a node failure, an OOM kill) and wait until it is gone."""
+    async def kill(self, role: str) -> float:
+        """SIGKILL ``role`` (no grace: a node failure, an OOM kill) and wait until it is gone.
+
+        Returns when the signal was sent (clock seconds).
+        """
         child = self.children[role]
         child.retiring = True  # on purpose: not a crash
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
+        killed = self.clock()
         await child.exited.wait()
+        return killed
 
     async def _watch(self, role: str, child: Child) -> None:
         """A process that dies on its own is a finding; it is restarted, as a kubelet would."""
@@ -481,12 +489,13 @@ class Faults:
             fault.recovered = self.clock()
 
     async def _replica_kill(self, fault: Fault) -> None:
-        self.kills.append(self.clock())
-        await self.cluster.kill(fault.target)
+        fault.hides = True
+        self.kills.append(await self.cluster.kill(fault.target))
         await asyncio.sleep(self.hold)
         await self._restart(fault, fault.target)
 
     async def _exporter_kill(self, fault: Fault) -> None:
+        fault.hides = True
         await self.cluster.kill("exporter")
         await asyncio.sleep(self.hold)
         await self._restart(fault, "exporter")
@@ -507,6 +516,7 @@ class Faults:
             await asyncio.sleep(self.hold)
             if cluster.children[server].exited.is_set():
                 fault.seen.append(f"{server} exited on the bad value")
+                fault.hides = server != "scaler"
             elif cluster.log_count(server, "config update refused") == refused:
                 fault.seen.append(f"{server} logged no 'config update refused' for the bad value")
             # A good config that differs (harmlessly) from the last one: a live reload
@@ -523,6 +533,7 @@ class Faults:
             if server == "exporter" and not await scrape_loop_alive(cluster):
                 fault.seen.append("the exporter's scrape loop stopped after the bad value")
                 fault.broken.add(server)
+                fault.hides = True
 
         return play
 
@@ -543,6 +554,8 @@ class Faults:
             after = await exporter_cycles(cluster)
             if self.hostile.scrapes[kind] == scrapes:
                 fault.seen.append("the exporter never scraped the hostile target")
+            if before is None or after is None or after <= before:
+                fault.hides = True
             if before is None or after is None:
                 fault.seen.append("the exporter's /healthz stopped answering")
             elif after <= before:
@@ -555,6 +568,7 @@ class Faults:
                 fault.seen.append("the exporter did not reload the config without the target")
             if not await scrape_loop_alive(cluster):
                 fault.broken.add("exporter")
+                fault.hides = True
 
         return play
 
@@ -706,6 +720,8 @@ class Run:
     hostile_scrapes: dict[str, int]
     reasons: list[tuple[float, str]]
     """The scaler's logged decisions, in bench seconds."""
+    kills: list[float]
+    """When replicas were SIGKILLed, in bench seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -727,7 +743,7 @@ class Timing:
         # scale-down window and delay (a drop after that would be the faults').
         p = plan.policy
         settled = plan.wall(p.forecast_lookback + p.scale_down_window + p.scale_down_delay)
-        warmup, tail = min(settled, 0.3 * seconds), min(10.0, 0.06 * seconds)
+        warmup, tail = min(max(20.0, 2 * settled), 0.3 * seconds), min(10.0, 0.06 * seconds)
         slot = (seconds - warmup - tail) / faults
         hold = min(5.0, slot / 3)
         # Two signal ages: the newest signals then come from after the recovery.
@@ -759,7 +775,7 @@ async def soak(args: argparse.Namespace, workdir: Path) -> Run:
         return Run(
             args.seconds, args.rate, args.max_tokens, timing, load.outcomes, keda.answers,
             faults.record, cluster.crashes, memory, health, log_stats(cluster),
-            dict(hostile.scrapes), scaler_reasons(cluster, clock.epoch),
+            dict(hostile.scrapes), scaler_reasons(cluster, clock.epoch), faults.kills,
         )  # fmt: skip
     finally:
         await cluster.stop()
@@ -923,16 +939,27 @@ def report(run: Run, record: bool) -> dict[str, Any]:
     # During a fault: from its injection until the signals can be whole again (a scrape
     # and a watch reconnect after the recovery). After: until it has settled.
     during: dict[str, list[tuple[float, float]]] = {}
+    hiding: dict[str, list[tuple[float, float]]] = {}
     after: list[tuple[float, float]] = []
     for f in run.faults:
         recovered = f.recovered if f.recovered is not None else end
-        during.setdefault(f.kind, []).append((f.injected, recovered + run.timing.catch_up))
-        after.append((recovered + run.timing.catch_up, recovered + run.timing.settle))
+        span = (f.injected, recovered + run.timing.catch_up)
+        during.setdefault(f.kind, []).append(span)
+        if f.hides:
+            hiding.setdefault(f.kind, []).append(span)
+        after.append((span[1], recovered + run.timing.settle))
     faulty = [span for spans in during.values() for span in spans] + after
     windows = {**during, "after recovery": after, "calm": _gaps(faulty, run.timing.warmup, end)}
     verdicts = judge(run.answers, windows, run.timing.warmup)
     tallies = tally(verdicts, list(windows))
-    wrong = sum(tallies[name].wrong for name in during)
+    # Decisions on missing data: lower or inactive while a fault hid signals.
+    wrong_by_kind = Counter(
+        v.window
+        for v in verdicts
+        if ({"lowered", "inactive"} & set(v.counts))
+        and any(s <= v.answer.at <= e for s, e in hiding.get(v.window, []))
+    )
+    wrong = sum(wrong_by_kind.values())
 
     rows = [
         ("requests lost", f"{kinds['lost']} of {len(run.outcomes)}", "0", kinds["lost"] == 0),
@@ -942,10 +969,11 @@ def report(run: Run, record: bool) -> dict[str, Any]:
         ("decisions taken on missing data", f"{wrong}", "0", wrong == 0),
     ]
     for name, t in tallies.items():
-        if name in during:
-            rows.append(
-                (f"scaler answers during {name}", str(t), "UNAVAILABLE or held", not t.wrong)
-            )
+        if name in hiding:
+            ok = wrong_by_kind[name] == 0
+            rows.append((f"scaler answers during {name}", str(t), "UNAVAILABLE or held", ok))
+        elif name in during:
+            rows.append((f"scaler answers during {name}", str(t), "(hid no signal)", None))
         else:
             rows.append((f"scaler answers, {name}", str(t), "(context)", None))
     for role, m in run.memory.items():
@@ -1025,10 +1053,20 @@ def _notes(
         f" {len(run.faults)} faults after"
         f" {run.timing.warmup:g} s of warm-up, each judged (its scaler answers) from its"
         f" injection until {run.timing.settle:.1f} s after its recovery. All processes and"
-        " this load generator share the machine's cores.",
+        " this load generator share the machine's cores. A decision on missing data: a"
+        " GetMetrics answer lower than the one before, or IsActive false, while a fault hid"
+        " signals (a replica or the exporter down, the exporter's scrape loop stopped); every"
+        " other change of the answer outside the calm is listed below, with the scaler's reason.",
     ]
     if lost:
         out.append(f"Lost: {_counts(lost)}.")
+        for o in [o for o in run.outcomes if o.kind == "lost"][:10]:
+            kill = min(run.kills, key=lambda k: abs(k - o.sent), default=None)
+            near = "" if kill is None else f" ({o.sent - kill:+.3f} s from a replica's SIGKILL)"
+            out.append(
+                f"Lost request sent at {o.sent:.3f} s{near}, answered at {_g(o.finished)} s:"
+                f" {o.detail}."
+            )
     if killed:
         out.append(f"Failed with their replica: {_counts(killed)}.")
     out.extend(
