@@ -77,6 +77,8 @@ class DeploymentState:
     signals: EngineSignals | None = None
     failure: str = ""
     """Why its signals could not be derived or published last cycle ("" when they were)."""
+    dns_problem: str = ""
+    """Why its DNS name did not resolve last cycle ("" when it did): a change is logged."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -327,12 +329,23 @@ class Exporter:
                 targets = sorted({*targets, *watch.targets})
         if state.config.dns:
             try:
-                state.targets = sorted({*targets, *await resolve_replicas(state.config.dns)})
+                # Bounded like a scrape: a resolver that hangs must not hold up the cycle.
+                async with asyncio.timeout(self.config.timeout):
+                    found = await resolve_replicas(state.config.dns)
+                state.targets = sorted({*targets, *found})
+                if state.dns_problem:
+                    log.info("%s resolves again", state.config.dns)
+                    state.dns_problem = ""
                 return
-            except OSError as err:
-                log.warning(
-                    "cannot resolve %s (%s); keeping the last replica list", state.config.dns, err
-                )
+            except OSError as err:  # TimeoutError included
+                problem = str(err) or f"no answer within {self.config.timeout:g}s"
+                if problem != state.dns_problem:  # once per change
+                    log.warning(
+                        "cannot resolve %s (%s); keeping the last replica list",
+                        state.config.dns,
+                        problem,
+                    )
+                state.dns_problem = problem
                 targets = sorted({*targets, *state.targets})
         state.targets = targets
 

@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import runtime as runtime_module
 from exporter import scrape as scrape_module
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig
@@ -371,3 +372,35 @@ async def test_a_stuck_loop_fails_health(replicas):
         assert "no scrape cycle completed" in body["problem"] and body["cycles"] == 1
     finally:
         await server.stop()
+
+
+async def test_a_dns_lookup_that_hangs_costs_one_timeout_not_the_cycle(
+    replicas, session, monkeypatch, caplog
+):
+    never = asyncio.Event()
+
+    async def hanging(host_port):
+        await never.wait()
+        return []
+
+    monkeypatch.setattr(runtime_module, "resolve_replicas", hanging)
+    config = ExporterConfig.model_validate(
+        {
+            "timeout": "300ms",
+            "deployments": [
+                {
+                    "deployment": "llama",
+                    "dns": "llama.serving.svc:8000",
+                    "targets": [replicas.url(0)],
+                }
+            ],
+        }
+    )
+    exporter = Exporter(config, FakeClock())
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        for _ in range(3):
+            await asyncio.wait_for(exporter.cycle(session), 10)  # a cap against the hang
+    assert exporter.cycles == 3
+    assert len([r for r in caplog.records if "cannot resolve" in r.getMessage()]) == 1
+    assert exporter.deployments[0].status[replicas.url(0)].up  # the listed target still counts
+    assert exporter.deployments[0].dns_problem == "no answer within 0.3s"
