@@ -9,6 +9,8 @@ the failure modes (``mode``): slow, HTTP errors, garbage, and the hostile bodies
 from __future__ import annotations
 
 import asyncio
+import functools
+import gzip
 from collections.abc import Callable
 
 from aiohttp import web
@@ -57,6 +59,13 @@ def _long_malformed_line(body: bytes) -> bytes:
     return body + RUNNING + b"{" + b"x" * LONG_LINE + b"\n"
 
 
+@functools.cache
+def gzip_bomb() -> bytes:
+    """About 8 MB of wanted series, gzip-compressed to a few tens of kB."""
+    line = b'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 1.0\n'
+    return gzip.compress(line * 130_000, compresslevel=9)
+
+
 HOSTILE: dict[str, Callable[[bytes], bytes]] = {
     "bad-bucket-bound": _bad_bucket_bound,
     "non-utf8-comment": _non_utf8_comment,
@@ -76,7 +85,8 @@ class FakeVllm:
 
     def __init__(self, model: str = "tiny-llama") -> None:
         self.model = model
-        self.mode = "ok"  # ok | slow | http-500 | garbage | not-vllm | chunked | HOSTILE
+        # ok | slow | http-500 | garbage | not-vllm | chunked-too-large | gzip-bomb | HOSTILE
+        self.mode = "ok"
         self.restart()
 
     def restart(self) -> None:
@@ -147,6 +157,11 @@ class FakeReplicaServer:
             return web.Response(text='vllm:num_requests_running{engine="0" oops\n')
         if replica.mode == "not-vllm":
             return web.Response(text="process_cpu_seconds_total 1.0\n")
+        if replica.mode == "gzip-bomb":
+            # A small Content-Length: only counting the decompressed bytes can stop it.
+            return web.Response(
+                body=gzip_bomb(), headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"}
+            )
         if replica.mode == "chunked-too-large":
             # No Content-Length: only counting what arrives can stop it.
             response = web.StreamResponse(headers={"Content-Type": "text/plain"})

@@ -80,6 +80,9 @@ def config_for(*deployments, **top):
             id="a-body-without-content-length-is-cut-at-the-cap",
         ),
         pytest.param(
+            "gzip-bomb", "too-large", None, id="a-gzip-bomb-is-cut-at-the-cap-after-decompressing"
+        ),
+        pytest.param(
             "too-many-series",
             "too-many-series",
             None,
