@@ -77,8 +77,8 @@ class DeploymentState:
     signals: EngineSignals | None = None
     failure: str = ""
     """Why its signals could not be derived or published last cycle ("" when they were)."""
-    dns_problem: str = ""
-    """Why its DNS name did not resolve last cycle ("" when it did): a change is logged."""
+    discovery_problem: str = ""
+    """Why discovering its replicas failed last cycle ("" when it worked): a change is logged."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -205,9 +205,15 @@ class Exporter:
         )
         for state, outcome in zip(deployments, found, strict=True):
             if isinstance(outcome, Exception):
-                log.warning("discovery of %s failed (%r); keeping its replicas", state.key, outcome)
+                problem = f"discovery failed: {outcome!r}"[:300]
+                if problem != state.discovery_problem:  # once per change
+                    log.error("%s/%s: %s; keeping its replicas", *state.key[:2], problem)
+                state.discovery_problem = problem
             elif isinstance(outcome, BaseException):
                 raise outcome
+            elif state.discovery_problem.startswith("discovery failed"):
+                log.info("%s/%s: discovery works again", *state.key[:2])
+                state.discovery_problem = ""
         limits, parser = config.limits(), self._parse_pool()
         jobs = [
             (state, scrape(session, target, config.timeout, state.config.engine, limits, parser))
@@ -293,9 +299,9 @@ class Exporter:
                     exponent = min(self._failures - 1, 16)
                     delay = min(self.config.interval * 2**exponent, BACKOFF_CAP)
                     log.error(
-                        "scrape loop failed (%d in a row): %r; restarting in %.1fs",
+                        "scrape loop failed (%d in a row): %s; restarting in %.1fs",
                         self._failures,
-                        err,
+                        repr(err)[:300],
                         delay,
                         exc_info=err if repr(err) != last else None,  # a traceback per change
                     )
@@ -333,19 +339,19 @@ class Exporter:
                 async with asyncio.timeout(self.config.timeout):
                     found = await resolve_replicas(state.config.dns)
                 state.targets = sorted({*targets, *found})
-                if state.dns_problem:
+                if state.discovery_problem:
                     log.info("%s resolves again", state.config.dns)
-                    state.dns_problem = ""
+                    state.discovery_problem = ""
                 return
             except OSError as err:  # TimeoutError included
                 problem = str(err) or f"no answer within {self.config.timeout:g}s"
-                if problem != state.dns_problem:  # once per change
+                if problem != state.discovery_problem:  # once per change
                     log.warning(
                         "cannot resolve %s (%s); keeping the last replica list",
                         state.config.dns,
                         problem,
                     )
-                state.dns_problem = problem
+                state.discovery_problem = problem
                 targets = sorted({*targets, *state.targets})
         state.targets = targets
 

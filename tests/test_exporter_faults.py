@@ -406,4 +406,27 @@ async def test_a_dns_lookup_that_hangs_costs_one_timeout_not_the_cycle(
     assert exporter.cycles == 3
     assert len([r for r in caplog.records if "cannot resolve" in r.getMessage()]) == 1
     assert exporter.deployments[0].status[replicas.url(0)].up  # the listed target still counts
-    assert exporter.deployments[0].dns_problem == "no answer within 0.3s"
+    assert exporter.deployments[0].discovery_problem == "no answer within 0.3s"
+
+
+async def test_a_deployment_whose_discovery_crashes_keeps_its_replicas_and_the_others_cycle(
+    replicas, session, monkeypatch
+):
+    async def crashing(host_port):
+        raise ValueError("a bug in discovery")
+
+    monkeypatch.setattr(runtime_module, "resolve_replicas", crashing)
+    config = ExporterConfig.model_validate(
+        {
+            "timeout": "300ms",
+            "deployments": [
+                {"deployment": "llama", "dns": "llama.serving.svc:8000"},
+                {"deployment": "qwen", "targets": [replicas.url(1)]},
+            ],
+        }
+    )
+    exporter = Exporter(config, FakeClock())
+    await exporter.cycle(session)
+    llama, qwen = exporter.deployments
+    assert "ValueError('a bug in discovery')" in llama.discovery_problem
+    assert qwen.status[replicas.url(1)].up and exporter.cycles == 1
