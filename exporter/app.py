@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 
 from aiohttp import web
-from grpc_health.v1 import health_pb2
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -159,12 +158,7 @@ class ExporterServer:
         self._health_changed.set()  # report it at once
 
     async def _set_health(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse
-        # GrpcServer keeps its health servicer to itself; only this process knows what
-        # "serving" means for the exporter, so it sets the status there directly.
-        servicer = self._grpc._health
-        for name in ("", SERVICE_NAME):
-            await servicer.set(name, status.SERVING if serving else status.NOT_SERVING)
+        await self._grpc.set_serving(serving)
 
     async def _follow_health(self) -> None:
         """Keep the gRPC health status in step with ``problem()``."""

@@ -76,6 +76,12 @@ class GrpcServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
 
+    async def set_serving(self, serving: bool) -> None:
+        """Report every service ``SERVING`` or ``NOT_SERVING`` (the process's own health)."""
+        status = health_pb2.HealthCheckResponse
+        for name in ("", *self._names):
+            await self._health.set(name, status.SERVING if serving else status.NOT_SERVING)
+
     async def enter_graceful_shutdown(self) -> None:
         """Report ``NOT_SERVING`` for every service (load balancers stop sending)."""
         await self._health.enter_graceful_shutdown()
