@@ -257,3 +257,24 @@ def test_a_file_that_is_not_utf_8_is_a_config_error(tmp_path, load):
     path.write_bytes(b"max-signal-age: \xff\xfe\n")
     with pytest.raises(ConfigError, match=r"cannot read config file .*config\.yaml"):
         load(path)
+
+
+def test_a_validator_that_raises_something_else_is_still_a_config_error_naming_the_key():
+    """Defence in depth: only ValueError becomes a pydantic error; the rest would escape."""
+    from typing import Annotated
+
+    from pydantic import BaseModel, BeforeValidator
+
+    from foundation.configfile import KEBAB_CASE, validate
+
+    def fragile(value: object) -> object:
+        return {"a": 1}[str(value)]  # KeyError for anything but "a"
+
+    class Fragile(BaseModel):
+        model_config = KEBAB_CASE
+        plain: int = 0
+        touchy_key: Annotated[int, BeforeValidator(fragile)] = 1
+
+    assert validate(Fragile, {"touchy-key": "a"}, "x.yaml").touchy_key == 1
+    with pytest.raises(ConfigError, match=r"x\.yaml: key 'touchy-key'='b': invalid \(KeyError"):
+        validate(Fragile, {"plain": 2, "touchy-key": "b"}, "x.yaml")
