@@ -72,12 +72,18 @@ def _decimal(value: object) -> object:
     return value
 
 
+# Exactly what Go's strconv.ParseBool takes, as KEDA reads its own enableTLS and
+# unsafeSsl: a ScaledObject KEDA accepts must not be refused here ("yes" is refused by both).
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
 def _boolean(value: object) -> object:
     if isinstance(value, bool):
         return value
-    if value == "true":
+    if value in _TRUE:
         return True
-    if value == "false":
+    if value in _FALSE:
         return False
     raise ValueError("expected true or false")
 
@@ -87,7 +93,7 @@ Integer = Annotated[int, BeforeValidator(_integer)]
 Decimal = Annotated[float, BeforeValidator(_decimal)]
 """A finite number in ASCII decimal ("16", "0.5", "1e3"); no ``inf``, ``nan`` or ``_``."""
 Boolean = Annotated[bool, BeforeValidator(_boolean)]
-"""``true`` or ``false``, exactly."""
+"""``true`` or ``false`` (and the other spellings Go's ``strconv.ParseBool`` takes)."""
 
 
 class TriggerMetadata(BaseModel):

@@ -35,6 +35,11 @@ BASE = {"scalerAddress": "unitscale-scaler.keda:9090", "deployment": "llama"}
             id="keda-own-tls-keys-are-accepted",
         ),
         pytest.param(
+            {"enableTLS": "True", "unsafeSsl": "0"},
+            {"enable_tls": True, "unsafe_ssl": False},
+            id="every-spelling-of-a-boolean-kedas-parsebool-takes-is-accepted",
+        ),
+        pytest.param(
             {"targetConcurrency": "2.5", "model": "llama-3-8b"},
             {"target_concurrency": 2.5, "model": "llama-3-8b"},
             id="target-concurrency-may-be-fractional",
@@ -192,12 +197,8 @@ def test_every_key_is_documented_in_the_scaler_docs():
             id="yes-is-not-a-boolean",
         ),
         pytest.param(
-            {"unsafeSsl": "1"}, ["'unsafeSsl'='1'", "true or false"],
-            id="one-is-not-a-boolean",
-        ),
-        pytest.param(
-            {"enableTLS": "True"}, ["'enableTLS'='True'", "true or false"],
-            id="a-capitalised-boolean-is-refused-as-keda-documents-true-and-false",
+            {"unsafeSsl": "on"}, ["'unsafeSsl'='on'", "true or false"],
+            id="on-is-not-a-boolean",
         ),
     ],
 )  # fmt: skip
