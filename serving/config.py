@@ -22,7 +22,7 @@ from serving.gateway_settings import GatewaySettings
 _DEFAULTS = GatewaySettings()
 """Where every default below comes from."""
 
-_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi|k|M|G)?")
+_SIZE = re.compile(r"([0-9]{1,15})(Ki|Mi|Gi|k|M|G)?")  # ASCII digits only, as Kubernetes
 _SIZE_UNITS = {None: 1, "k": 1000, "M": 1000**2, "G": 1000**3}
 _SIZE_UNITS |= {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
 
@@ -37,7 +37,7 @@ def parse_size(value: object) -> int:
         return value
     match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
     if match is None:
-        raise ValueError(f"expected a size such as 16Mi or 1048576, got {value!r}")
+        raise ValueError(f"expected a size such as 16Mi or 1048576, got {quote(value)}")
     return int(match[1]) * _SIZE_UNITS[match[2]]
 
 

@@ -290,6 +290,11 @@ async def test_replicas_are_discovered_from_dns():
             "endpoint-slices: {port: 8000}", "endpoint-slices.service", id="slices-need-a-service"
         ),
         pytest.param(
+            'buffer-bytes: "\u0663Gi"',
+            "key 'buffer-bytes'",
+            id="a-size-in-other-scripts-digits",
+        ),
+        pytest.param(
             "max-request-bytes: 16MB", "key 'max-request-bytes'='16MB'", id="a-size-in-megabytes"
         ),
         pytest.param(
