@@ -19,7 +19,7 @@ simulated replica.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
@@ -27,6 +27,17 @@ import numpy.typing as npt
 
 GIB = 1024**3
 N = TypeVar("N", float, npt.NDArray[np.float64])
+
+CHUNK_ALIGN = 256
+"""Chunk budgets are multiples of this (vLLM's block and CUDA-graph sizes are powers of 2)."""
+MIN_CHUNK_BUDGET = 512
+"""vLLM's practical floor: the first chunked-prefill default (vllm PR #4580, the best ITL
+on an A100); smaller chunks re-read the weights for too little work."""
+ITL_MARGIN = 0.9
+"""Share of the ITL SLO a mixed step may take: the fits are within 6-10% of the kernels."""
+FULL_BATCH_CONTEXT = 2048
+"""Default mean context of a full decode batch when sizing the chunk budget: above the
+Azure conversation mix's 1,260 (1,155 prompt + 211/2 output), the calibration's middle."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +116,60 @@ class Profile:
             return 0
         by_kv = self.kv_capacity_tokens // max(1, int(mean_context))
         return int(min(self.max_num_seqs, by_kv, math.floor(budget_ms / per_seq)))
+
+    def for_itl_slo(
+        self,
+        slo_itl_seconds: float,
+        *,
+        mean_context_tokens: float = FULL_BATCH_CONTEXT,
+        margin: float = ITL_MARGIN,
+    ) -> Profile:
+        """This profile with the chunk budget that keeps every step within the ITL SLO.
+
+        ``max_num_batched_tokens`` becomes ``chunk_budget_for_itl(self, slo_itl_seconds)``,
+        the flag ``serving.vllm_profile.for_itl_slo`` launches vLLM with.
+        """
+        budget = chunk_budget_for_itl(
+            self, slo_itl_seconds, mean_context_tokens=mean_context_tokens, margin=margin
+        )
+        return replace(self, max_num_batched_tokens=budget)
+
+
+def chunk_budget_for_itl(
+    profile: Profile,
+    slo_itl_seconds: float,
+    *,
+    mean_context_tokens: float = FULL_BATCH_CONTEXT,
+    margin: float = ITL_MARGIN,
+) -> int:
+    """The largest ``max_num_batched_tokens`` whose steps stay within the ITL SLO.
+
+    A step carries the decode batch plus a prefill chunk, and the budget counts both (one
+    token per decode). With a full decode batch ``B`` (``decode_capacity`` at the SLO:
+    ``max_num_seqs``, the KV cache or the SLO itself, whichever is smallest) the chunk
+    ``c`` may add ``margin * slo - decode_step(B)``, so ``p1*c + p2*c**2`` solves for
+    ``c``; the budget is ``B + c``, rounded down to a multiple of 256, and at least
+    512 and ``max_num_seqs`` (vLLM refuses a budget below ``max_num_seqs``). When the decode
+    step alone takes the margin, the floor is all that is left.
+
+    Example (llama3-8b-h200, 100 ms, 2,048-token contexts): 256 decodes step in 27.3 ms,
+    leaving 62.7 ms for 2,569 prompt tokens: 256 + 2,569 = 2,825, so 2,816. Today's 8,192
+    would step in 255 ms with that batch.
+    """
+    if slo_itl_seconds <= 0 or not 0 < margin <= 1:
+        raise ValueError(
+            f"the ITL SLO must be positive and the margin in (0, 1]: {slo_itl_seconds}, {margin}"
+        )
+    floor = max(MIN_CHUNK_BUDGET, -(-profile.max_num_seqs // CHUNK_ALIGN) * CHUNK_ALIGN)
+    batch = profile.decode_capacity(mean_context_tokens, slo_itl_seconds)
+    decode = profile.decode_step_seconds(float(batch), float(batch) * mean_context_tokens)
+    room_ms = (margin * slo_itl_seconds - decode) * 1000.0 / profile.overhead
+    if room_ms <= 0:
+        return floor
+    _, p1, p2 = profile.prefill_ms
+    chunk = room_ms / p1 if p2 <= 0 else (math.sqrt(p1 * p1 + 4 * p2 * room_ms) - p1) / (2 * p2)
+    budget = int((batch + chunk) // CHUNK_ALIGN) * CHUNK_ALIGN
+    return max(floor, budget)
 
 
 LLAMA3_8B_H200 = Profile(
