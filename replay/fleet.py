@@ -8,8 +8,10 @@ completion times are interpolated linearly, so TTFT and latency are finer than `
 
 Admission reserves KV cache for a request's whole prompt plus output (vLLM allocates
 blocks as it goes and preempts when full; reserving up front trades preemption, which
-is not modelled, for an earlier queue). Everything is vectorised over requests and
-replicas with numpy: the replay's hot loop.
+is not modelled, for an earlier queue). The engines' ``waiting`` and ``running`` gauges
+follow vLLM v1's scheduler (``Fleet.scheduler_queues``): a request waits until a step
+gives it prefill tokens, not only until it has a seat. Everything is vectorised over
+requests and replicas with numpy: the replay's hot loop.
 """
 
 from __future__ import annotations
@@ -250,6 +252,26 @@ class Fleet:
         active = self.active
         queued = active[r.state[active] == QUEUED]
         return np.bincount(r.replica[queued], minlength=self.capacity)
+
+    def scheduler_queues(self) -> tuple[Ints, Ints]:
+        """``(waiting, running)`` per replica slot, as vLLM v1's scheduler counts them.
+
+        vLLM v1 keeps a request in ``waiting`` until a step gives it token budget (its
+        first prefill chunk, within ``max_num_batched_tokens`` after the running
+        requests, and a free seat); from then on it is ``running``, chunked prefill
+        or decode (``vllm/v1/core/sched/scheduler.py``, ``schedule``). Here: queued
+        requests (no seat or KV yet) and admitted ones whose prompt got no prefill
+        tokens in the last tick wait; the rest run. ``vllm:num_requests_waiting`` and
+        ``vllm:num_requests_running`` are these two gauges.
+        """
+        r = self.requests
+        active = self.active
+        state = r.state[active]
+        waiting = (state == QUEUED) | ((state == PREFILL) & (r.prefilled[active] <= 0))
+        replica = r.replica[active]
+        queued = np.bincount(replica[waiting], minlength=self.capacity).astype(np.int64)
+        running = np.bincount(replica[~waiting], minlength=self.capacity).astype(np.int64)
+        return queued, running
 
     def kv_usage(self) -> Floats:
         """KV cache reserved per replica slot, 0..1."""

@@ -60,6 +60,14 @@ def cold_start_seconds(
     return load + profile.engine_init_seconds
 
 
+def cold_start_of(config: SimConfig) -> float:
+    """Seconds from a replica's start to ready under ``config`` (override, prewarm, tier)."""
+    if config.cold_start_override is not None:
+        return config.cold_start_override
+    tier = "cached" if config.prewarm else config.cold_start_tier
+    return cold_start_seconds(config.profile, tier)
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Run settings; every default documented in docs/replay.md."""
@@ -81,6 +89,35 @@ class SimConfig:
     max_replicas: int = 64
     tail: float = 900.0
     """Seconds after the last arrival before unfinished requests count as dropped."""
+    slo_prefill_multiple: float = 1.5
+    """A request's TTFT target is the larger of ``slo_ttft`` and this multiple of its own
+    prefill on an idle replica (``ttft_target``)."""
+
+
+TTFT_PREFILL_MULTIPLE = 1.5
+"""The default multiple of a request's idle prefill its TTFT target allows (docs/replay.md)."""
+
+
+def ttft_target(
+    prefill_seconds: npt.NDArray[np.float64],
+    slo_ttft: float,
+    multiple: float = TTFT_PREFILL_MULTIPLE,
+) -> npt.NDArray[np.float64]:
+    """Each request's attainable TTFT target: ``max(slo_ttft, multiple * prefill)``.
+
+    ``prefill_seconds`` is the request's own prefill on an idle replica (for the replay,
+    ``Profile.prefill_seconds(prompt)``). No replica can answer a long prompt faster than
+    its prefill, so a fixed TTFT target would judge the prompt's length, not the fleet;
+    short prompts keep the configured target. Pure: numbers in, numbers out, nothing of
+    the replay's (the scaler's SLO feedback can use the same rule).
+
+    Args:
+        prefill_seconds: per request, seconds to prefill its prompt alone.
+        slo_ttft: the configured TTFT target, seconds.
+        multiple: how much of its own prefill a request may take again in queueing and
+            sharing steps with other requests.
+    """
+    return np.maximum(slo_ttft, multiple * np.asarray(prefill_seconds, dtype=np.float64))
 
 
 @dataclass(slots=True)
@@ -93,6 +130,11 @@ class Result:
     ttft: npt.NDArray[np.float64]
     e2e: npt.NDArray[np.float64]
     decisions: list[tuple[float, int, str]] = field(default_factory=list)
+    met: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """Per request, in the trace's order: served within its TTFT target and the ITL SLO."""
+    slo_ratio: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    """Per request, in the trace's order: the larger of TTFT / its target and mean ITL /
+    the ITL SLO (at most 1 meets the SLO; infinite when dropped)."""
 
 
 def simulate(
@@ -143,11 +185,7 @@ class _Replay:
         self.slot = np.full(slots, OFF, dtype=np.int64)
         self.ready_at = np.zeros(slots)
         self.created = np.zeros(slots)
-        self.cold = (
-            config.cold_start_override
-            if config.cold_start_override is not None
-            else cold_start_seconds(profile, "cached" if config.prewarm else config.cold_start_tier)
-        )
+        self.cold = cold_start_of(config)
         self.counters = np.zeros((slots, 3))  # prompt tokens, output tokens, finished requests
         self.hist = {
             "ttft": (TTFT_BUCKETS, np.zeros((slots, len(TTFT_BUCKETS))), np.zeros(slots)),
@@ -272,8 +310,11 @@ class _Replay:
         self.next_scrape += config.scrape_interval
         serving = np.flatnonzero((self.slot == READY) | (self.slot == DRAINING))
         latest = []
+        queues = self.fleet.scheduler_queues()
         for s in serving:
-            stats = _engine_stats(int(s), self.fleet, self.counters, self.hist, self.created[s])
+            stats = _engine_stats(
+                int(s), self.fleet, queues, self.counters, self.hist, self.created[s]
+            )
             self.histories.setdefault(int(s), ReplicaHistory(self.horizon)).add(self.now, stats)
             latest.append(stats)
         self.signals = derive(
@@ -357,6 +398,7 @@ def _observe(
 def _engine_stats(
     s: int,
     fleet: Fleet,
+    queues: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
     counters: npt.NDArray[np.float64],
     hist: dict[str, tuple[tuple[float, ...], npt.NDArray[np.float64], npt.NDArray[np.float64]]],
     created: float,
@@ -367,12 +409,13 @@ def _engine_stats(
         histograms[name] = Histogram(
             bounds, tuple(cumulative.tolist()), float(cumulative[-1]), float(sums[s])
         )
+    waiting, running = queues
     return EngineStats(
         "vllm",
         "replay",
         gauges={
-            "running": float(fleet.running[s]),
-            "waiting": float(fleet.outstanding[s] - fleet.running[s]),
+            "running": float(running[s]),
+            "waiting": float(waiting[s]),
             "kv_usage": float(fleet.kv_reserved[s] / fleet.kv_capacity),
         },
         counters={
@@ -401,10 +444,16 @@ def _result(
     e2e = (requests.finished - requests.arrival)[served]
     gaps = np.maximum(requests.output - 1, 1)
     itl = requests.decode_time / gaps
-    ok = (
-        served
-        & (requests.first_token - requests.arrival <= config.slo_ttft)
-        & (itl <= config.slo_itl)
+    target = ttft_target(
+        config.profile.prefill_seconds(requests.prompt.astype(np.float64)),
+        config.slo_ttft,
+        config.slo_prefill_multiple,
+    )
+    ok = served & (requests.first_token - requests.arrival <= target) & (itl <= config.slo_itl)
+    ratio = np.where(
+        served,
+        np.maximum((requests.first_token - requests.arrival) / target, itl / config.slo_itl),
+        np.inf,
     )
     gpu_hours = replica_seconds / 3600.0
     cost = gpu_hours * config.profile.price_per_hour
@@ -429,7 +478,7 @@ def _result(
         "max_replicas": int(max(series["replicas"], default=0)),
     }
     assert not ((requests.state == WAITING).any()), "a request was neither served nor dropped"
-    return Result(name, metrics, series, ttft, e2e, decisions)
+    return Result(name, metrics, series, ttft, e2e, decisions, ok, ratio)
 
 
 def percentile(values: npt.NDArray[np.float64], q: float) -> float:
