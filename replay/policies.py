@@ -1,34 +1,42 @@
 """Scaling policies, each answering from the same exporter and gateway signals.
 
 =================  ============  ===========================================================
-policy             controller    what it does
+policy             controller    what it does (docs/replay.md: each setting and its source)
 =================  ============  ===========================================================
-static-peak        static        the replicas the trace's peak needs, all the time
+static-peak        static        the smallest fixed fleet meeting the SLO target (``replicas``)
 production-stack   KEDA + HPA    Prometheus trigger on vllm:num_requests_waiting, threshold 5
                                  (polling 15 s, cooldown 360 s, min 1: vLLM production-stack)
-kpa                Knative KPA   concurrency target, 60 s stable / 6 s panic, panic at 200 %
-aibrix-kv          KEDA + HPA    KV-cache use target 0.5 per replica (AIBrix benchmark, min 1)
-oracle             schedule      the fewest replicas meeting the SLO per interval, no cold start
+kpa                Knative KPA   ``target`` 32 at 70 % utilisation, 60 s stable / 6 s panic,
+                                 panic at 200 %, ``scale_down_delay`` 300 s, min-scale 0
+aibrix-kv          KEDA + HPA    KV-cache use target 0.15 per replica (``target``, min 1)
+oracle             clairvoyant   per 15 s interval the fewest ready replicas meeting the SLO,
+                                 each started one cold start ahead and billed from its start
+instant-bound      schedule      the old fit: one multiplier on the work, instant starts
 unitscale          KEDA + HPA    the scaler's registry and decide(), external-push activation
 =================  ============  ===========================================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from foundation.errors import NoDataError
 from foundation.signals import EngineSignals, GatewaySignals, Snapshot
 from replay.controllers import (
+    KPA_TICK,
+    Actuator,
     Controller,
     KedaController,
+    KedaTrigger,
     KpaController,
     ScheduleController,
     StaticController,
+    warm_start,
 )
-from replay.keda import Answer, ScalingSpec
+from replay.keda import Answer, LoopState, ScalingSpec
 from scaler.core.model import Policy as CorePolicy
 from scaler.registry import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry, metric_value
 from scaler.signals import SignalStore
@@ -68,7 +76,10 @@ class Policy(Protocol):
 
 @dataclass
 class StaticPeak:
-    """Fixed replicas: enough for the trace's peak (from the oracle's schedule)."""
+    """Fixed replicas, ready from the start.
+
+    ``replay.run`` sizes ``static-peak`` as the smallest fleet meeting the SLO target.
+    """
 
     replicas: int
     name: str = "static-peak"
@@ -79,13 +90,92 @@ class StaticPeak:
 
 @dataclass
 class Scheduled:
-    """Replicas from a schedule known in advance, started instantly (the oracle)."""
+    """Replicas from a schedule known in advance, started instantly (the instant bound)."""
 
     schedule: Callable[[float], int]
-    name: str = "oracle"
+    name: str = "instant-bound"
 
     def controller(self) -> Controller:
         return ScheduleController(self.schedule)
+
+
+@dataclass
+class Clairvoyant:
+    """Every arrival known in advance, every policy's physics (the ``oracle`` row).
+
+    ``ready[i]`` replicas must be ready through interval ``i`` (``[i, i + 1) * interval``).
+    A replica is started ``lead`` seconds (its cold start plus a tick) before the first
+    interval that needs it and is billed from its start, as every policy's are; at any
+    moment the fleet holds the most any interval starting within ``lead`` needs, so it
+    keeps replicas through a dip shorter than a cold start (stopping and restarting
+    would bill the restart's cold start anyway) and stops them in a longer one. The
+    replicas needed before a cold start could finish are running before the trace, as
+    every policy's warm start is.
+    """
+
+    ready: Sequence[int]
+    interval: float
+    lead: float
+    name: str = "oracle"
+
+    def controller(self) -> Controller:
+        return LookaheadController(tuple(int(r) for r in self.ready), self.interval, self.lead)
+
+    def running_at(self, now: float) -> int:
+        """Replicas starting or ready at ``now``: the most any interval within ``lead`` needs."""
+        return _lookahead(tuple(int(r) for r in self.ready), self.interval, self.lead, now)
+
+
+def _lookahead(ready: tuple[int, ...], interval: float, lead: float, now: float) -> int:
+    if not ready:
+        return 0
+    last = len(ready) - 1
+    first = min(int(now // interval), last)
+    until = min(int((now + lead) // interval), last)
+    return max(ready[first : until + 1])
+
+
+@dataclass(slots=True)
+class LookaheadController:
+    """Starts (cold) what the intervals within ``lead`` need; drains what none needs."""
+
+    ready: tuple[int, ...]
+    interval: float
+    lead: float
+
+    def start(self, actuator: Actuator, initial_replicas: int) -> None:
+        actuator.scale_to(
+            _lookahead(self.ready, self.interval, self.lead, 0.0), "clairvoyant", instant=True
+        )
+
+    def tick(self, view: View, actuator: Actuator) -> None:
+        actuator.scale_to(_lookahead(self.ready, self.interval, self.lead, view.now), "clairvoyant")
+
+
+@dataclass(slots=True)
+class WarmKedaController:
+    """KEDA + HPA (``KedaController``) whose HPA remembers the warm start.
+
+    A warm start stands for earlier traffic that sized the fleet: the HPA would have
+    recommended those replicas within its scale-down stabilization window, so the
+    window starts with them instead of empty (an empty window let the first sync, on
+    one scrape of a just-started trace, drop the warm fleet at t = 0).
+    """
+
+    trigger: KedaTrigger
+    keda: KedaController = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keda = KedaController(self.trigger)
+
+    def start(self, actuator: Actuator, initial_replicas: int) -> None:
+        self.keda.start(actuator, initial_replicas)
+        running = actuator.running()
+        if running:
+            self.keda.state = LoopState(0.0, ((0.0, running),))
+
+    def tick(self, view: View, actuator: Actuator) -> None:
+        self.keda.tick(view, actuator)
 
 
 @dataclass
@@ -108,16 +198,26 @@ class ProductionStack:
         return Answer(s.queue_depth, self.threshold, s.queue_depth > 0, "waiting")
 
     def controller(self) -> Controller:
-        return KedaController(self)
+        return WarmKedaController(self)
+
+
+AIBRIX_KV_TARGET = 0.15
+"""Below what a saturated replica holds (0.39-0.59 on the shared traces; docs/replay.md)."""
 
 
 @dataclass
 class AibrixKv:
-    """AIBrix's KV-cache target: mean KV use 0.5 per replica, HPA arithmetic."""
+    """AIBrix's KV-cache target: mean KV use per replica, HPA arithmetic.
+
+    AIBrix's samples use 0.5 (``samples/autoscaling``); a replica whose 256 seats are
+    full holds only 0.39-0.59 of this model's KV cache on the shared traces, so an
+    operator sets the target below saturation, near what replicas hold while the fleet
+    meets the SLO: 0.15 by default (``target``).
+    """
 
     name: str = "aibrix-kv"
     push: bool = False
-    target: float = 0.5
+    target: float = AIBRIX_KV_TARGET
     spec: ScalingSpec = field(default_factory=lambda: ScalingSpec(min_replicas=1, max_replicas=64))
 
     def answer(self, view: View) -> Answer:
@@ -128,14 +228,30 @@ class AibrixKv:
         return Answer(total, self.target, True, "kv")
 
     def controller(self) -> Controller:
-        return KedaController(self)
+        return WarmKedaController(self)
+
+
+KPA_TARGET = 32.0
+"""Knative's ``autoscaling.knative.dev/target`` for a vLLM replica (docs/replay.md)."""
+KPA_SCALE_DOWN_DELAY = 300.0
+"""Knative's ``scale-down-delay`` (default 0 s) as operators of slow-starting models set it."""
 
 
 @dataclass
 class Kpa:
-    """Knative's KPA on in-flight requests (target x 70% utilisation per replica)."""
+    """Knative's KPA on in-flight requests, with Knative's knobs.
 
-    target_concurrency: float
+    ``target`` is ``autoscaling.knative.dev/target`` (in-flight requests per replica),
+    ``target_utilization`` Knative's ``target-utilization-percentage`` (70 %), so the
+    autoscaler aims at ``target * target_utilization`` per replica; ``scale_down_delay``
+    (``scale-down-delay``) holds the highest recommendation of that window before any
+    scale-down, zero included; ``min_scale`` is ``autoscaling.knative.dev/min-scale``.
+    """
+
+    target: float = KPA_TARGET
+    target_utilization: float = 0.7
+    scale_down_delay: float = KPA_SCALE_DOWN_DELAY
+    min_scale: int = 0
     name: str = "kpa"
     stable_window: float = 60.0
     panic_window: float = 6.0
@@ -144,9 +260,58 @@ class Kpa:
     scale_to_zero_grace: float = 30.0
     spec: ScalingSpec = field(default_factory=lambda: ScalingSpec(min_replicas=0, max_replicas=64))
 
+    @property
+    def target_concurrency(self) -> float:
+        """In-flight requests per replica the autoscaler aims at."""
+        return self.target * self.target_utilization
+
     def controller(self) -> Controller:
         # The activator holds requests at zero and pokes the autoscaler: push, in effect.
-        return KpaController(self)
+        return KnativeController(self)
+
+
+@dataclass(slots=True)
+class KnativeController:
+    """Knative's KPA decider (``KpaController``), then its scale-down delay and bounds.
+
+    Knative records each tick's recommendation in a window of ``scale-down-delay`` and
+    scales to the window's highest (``pkg/autoscaler/scaling/autoscaler.go``), then
+    applies min-scale and max-scale.
+    """
+
+    policy: Kpa
+    decider: KpaController = field(init=False)
+    recent: deque[tuple[float, int]] = field(default_factory=deque)
+    next_tick: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.decider = KpaController(self.policy)
+
+    def start(self, actuator: Actuator, initial_replicas: int) -> None:
+        warm_start(actuator, self.policy.min_scale, initial_replicas)
+        # earlier traffic recommended the warm fleet within the delay window
+        if self.policy.scale_down_delay > 0 and actuator.running():
+            self.recent.append((0.0, actuator.running()))
+
+    def tick(self, view: View, actuator: Actuator) -> None:
+        p = self.policy
+        self.decider.observe(view.now, view.gateway.buffered + view.gateway.in_flight)
+        if view.gateway.buffered and actuator.running() == 0:
+            actuator.scale_to(max(1, p.min_scale), "activator: request at zero")
+        if view.now >= self.next_tick:
+            self.next_tick += KPA_TICK
+            want = self.delayed(view.now, self.decider.desired(view.now, view.ready))
+            actuator.scale_to(min(max(want, p.min_scale), p.spec.max_replicas), "kpa")
+
+    def delayed(self, now: float, want: int) -> int:
+        """The highest recommendation of the last ``scale_down_delay`` seconds."""
+        delay = self.policy.scale_down_delay
+        if delay <= 0:
+            return want
+        self.recent.append((now, want))
+        while self.recent and now - self.recent[0][0] >= delay:
+            self.recent.popleft()
+        return max(r for _, r in self.recent)
 
 
 @dataclass
@@ -235,8 +400,12 @@ def unitscale_policy(
 
 
 __all__ = [
+    "AIBRIX_KV_TARGET",
+    "KPA_SCALE_DOWN_DELAY",
+    "KPA_TARGET",
     "METRIC_NAME",
     "AibrixKv",
+    "Clairvoyant",
     "GatewayView",
     "Kpa",
     "Policy",

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from replay.oracle import find_oracle
+from replay.oracle import REACHED, find_clairvoyant, find_instant_bound, smallest_static
 from replay.policies import (
     AibrixKv,
     Kpa,
     Policy,
     ProductionStack,
     StaticPeak,
+    Unitscale,
     unitscale_policy,
 )
 from replay.simulate import Result, SimConfig, simulate
@@ -24,6 +26,19 @@ from replay.trace import Trace
 from scaler.core.model import Policy as CorePolicy
 
 POLICIES = ("static-peak", "production-stack", "kpa", "aibrix-kv", "oracle", "unitscale")
+"""What ``--policy all`` runs; ``oracle`` is the clairvoyant bound."""
+BOUNDS = ("oracle", "instant-bound")
+"""Found by search over full simulations (``replay.oracle``), not made by ``make_policy``."""
+ALL_POLICIES = (*POLICIES, "instant-bound")
+"""Every name ``run_policies`` knows, the looser ``instant-bound`` reference row included."""
+KNOBS: dict[str, tuple[str, ...]] = {
+    "static-peak": ("replicas",),
+    "production-stack": ("threshold",),
+    "kpa": ("target", "scale_down_delay", "target_utilization", "min_scale"),
+    "aibrix-kv": ("target",),
+    "unitscale": ("metadata",),
+}
+"""Each policy's knobs, as ``make_policy`` keywords (its constructor's parameters)."""
 COLUMNS = (
     "gpu_hours",
     "cost_per_million_tokens",
@@ -62,38 +77,138 @@ def run_policies(
     config: SimConfig,
     options: ReplayOptions,
     progress: Callable[[str, float], None] | None = None,
+    knobs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Result]:
-    """Every named policy over ``trace``; the oracle first (static-peak uses its peak)."""
+    """Every named policy over ``trace``, in the order named.
+
+    The instant bound is fitted first: every policy starts warm with the replicas its
+    first interval needs, and it seeds the clairvoyant's search. ``static-peak`` is the
+    smallest static fleet meeting ``options.slo_target`` (unless ``knobs`` give it
+    ``replicas``), and a candidate schedule of the clairvoyant (``oracle``).
+    ``knobs[name]`` are ``make_policy`` keywords for that policy.
+
+    Raises:
+        ValueError: an unknown name or knob.
+    """
+    knobs = knobs or {}
+    for name in names:
+        if name not in ALL_POLICIES:
+            raise ValueError(f"unknown policy {name!r}; one of {', '.join(ALL_POLICIES)}")
+    target = options.slo_target
+    instant, schedule = find_instant_bound(trace, config, target)
+    planned = np.minimum(schedule.replicas(), config.max_replicas)
+    warm = int(planned[0]) if options.warm_start and len(planned) else 0
+    static: tuple[Result, int] | None = None
+    sized = "static-peak" in names and "replicas" not in knobs.get("static-peak", {})
+    if sized or "oracle" in names:
+        static = smallest_static(trace, config, target, hint=int(planned.max(initial=1)))
     results: dict[str, Result] = {}
-    result, schedule = find_oracle(trace, config, options.slo_target)
-    oracle_peak = int(min(schedule.replicas().max(), config.max_replicas))
-    # Every policy starts warm with the replicas the first interval needs.
-    warm = int(min(schedule.replicas()[0], config.max_replicas)) if options.warm_start else 0
-    if "oracle" in names:
-        results["oracle"] = result
     for name in names:
         if name == "oracle":
-            continue
-        policy = make_policy(name, config, options, oracle_peak)
-        callback = (lambda t, n=name: progress(n, t)) if progress else None
-        results[name] = simulate(trace, policy, config, progress=callback, initial_replicas=warm)
-    return {name: results[name] for name in names}
+            results[name] = find_clairvoyant(
+                trace, config, target, seed=schedule.replicas(), static=static
+            )[0]
+        elif name == "instant-bound":
+            results[name] = instant
+        elif name == "static-peak" and sized and static is not None:
+            results[name] = static[0]
+        else:
+            policy = make_policy(name, config, options, **knobs.get(name, {}))
+            callback = (lambda t, n=name: progress(n, t)) if progress else None
+            results[name] = simulate(
+                trace, policy, config, progress=callback, initial_replicas=warm
+            )
+    return results
 
 
-def make_policy(name: str, config: SimConfig, options: ReplayOptions, peak: int | None) -> Policy:
-    """A policy by name, sized for ``config``'s replicas."""
+def make_policy(name: str, config: SimConfig, options: ReplayOptions, **knobs: Any) -> Policy:
+    """A policy by name, sized for ``config``'s replicas, its knobs set for a sweep.
+
+    Knobs (``KNOBS``; defaults and sources in docs/replay.md): ``static-peak``:
+    ``replicas`` (required); ``production-stack``: ``threshold`` (waiting requests per
+    replica); ``kpa``: ``target`` (in-flight requests per replica),
+    ``scale_down_delay`` (seconds), ``target_utilization`` (0-1], ``min_scale``;
+    ``aibrix-kv``: ``target`` (KV use per replica, 0-1]; ``unitscale``: ``metadata``
+    (trigger metadata merged over what ``options`` give, e.g. ``targetConcurrency``).
+
+    Raises:
+        ValueError: an unknown policy or knob, or a knob out of range (named).
+    """
+    if name in BOUNDS:
+        raise ValueError(f"{name} is a bound found by search: run_policies([{name!r}], ...)")
+    if name not in KNOBS:
+        raise ValueError(f"unknown policy {name!r}; one of {', '.join(ALL_POLICIES)}")
+    unknown = sorted(set(knobs) - set(KNOBS[name]))
+    if unknown:
+        raise ValueError(f"{name} has no knob {unknown[0]!r}; its knobs: {', '.join(KNOBS[name])}")
+    top = config.max_replicas
     if name == "static-peak":
-        assert peak is not None
-        return StaticPeak(peak)
+        if "replicas" not in knobs:
+            raise ValueError("static-peak needs its size: replicas=N (run_policies sizes it)")
+        return StaticPeak(_count(name, "replicas", knobs["replicas"], 1, top))
     if name == "production-stack":
-        return ProductionStack()
+        threshold = _positive(name, "threshold", knobs.get("threshold", ProductionStack.threshold))
+        return ProductionStack(
+            threshold=threshold, spec=replace(ProductionStack().spec, max_replicas=top)
+        )
     if name == "aibrix-kv":
-        return AibrixKv()
+        target = _positive(name, "target", knobs.get("target", AibrixKv.target), at_most=1.0)
+        return AibrixKv(target=target, spec=replace(AibrixKv().spec, max_replicas=top))
     if name == "kpa":
-        return Kpa(target_concurrency=options.target_concurrency * 0.7)
-    if name == "unitscale":
-        return unitscale_policy(options.target_concurrency, config.max_replicas, options.policy)
-    raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)} or all")
+        defaults = Kpa()
+        return Kpa(
+            target=_positive(name, "target", knobs.get("target", defaults.target)),
+            target_utilization=_positive(
+                name,
+                "target_utilization",
+                knobs.get("target_utilization", defaults.target_utilization),
+                at_most=1.0,
+            ),
+            scale_down_delay=_seconds(
+                name, "scale_down_delay", knobs.get("scale_down_delay", defaults.scale_down_delay)
+            ),
+            min_scale=_count(name, "min_scale", knobs.get("min_scale", defaults.min_scale), 0, top),
+            spec=replace(defaults.spec, max_replicas=top),
+        )
+    base = unitscale_policy(options.target_concurrency, top, options.policy)
+    metadata = knobs.get("metadata")
+    if metadata is None:
+        return base
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError(f"unitscale: metadata must map strings to strings, got {metadata!r}")
+    return Unitscale(metadata={**base.metadata, **metadata}, defaults=base.defaults, spec=base.spec)
+
+
+def _positive(name: str, key: str, value: Any, at_most: float = math.inf) -> float:
+    number = _number(name, key, value)
+    if not 0 < number <= at_most:
+        bound = "" if math.isinf(at_most) else f" and at most {at_most:g}"
+        raise ValueError(f"{name}: {key}={number:g} must be above 0{bound}")
+    return number
+
+
+def _seconds(name: str, key: str, value: Any) -> float:
+    number = _number(name, key, value)
+    if not 0 <= number <= 3600:  # Knative: 0s <= scale-down-delay <= 1h
+        raise ValueError(f"{name}: {key}={number:g} must be 0 to 3600 seconds")
+    return number
+
+
+def _count(name: str, key: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name}: {key}={value!r} must be a whole number {low} to {high}")
+    return value
+
+
+def _number(name: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}: {key}={value!r} is not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name}: {key}={number:g} is not finite")
+    return number
 
 
 def write_report(
@@ -118,10 +233,13 @@ def write_report(
         f" (${config.profile.price_per_hour:.2f} per accelerator-hour)",
         f"- rate multiplier {options.rate_multiplier:g},"
         f" time compression {options.time_compression:g}, seed {options.seed}",
-        f"- SLO: TTFT <= {config.slo_ttft:g} s and mean inter-token latency"
-        f" <= {config.slo_itl * 1000:g} ms; dropped requests count as misses",
+        f"- SLO: TTFT <= the larger of {config.slo_ttft:g} s and"
+        f" {config.slo_prefill_multiple:g}x the request's own prefill on an idle replica,"
+        f" and mean inter-token latency <= {config.slo_itl * 1000:g} ms;"
+        f" dropped requests count as misses",
         f"- cold start: {config.cold_start_tier}"
         + (" (Fluid prewarm: cached)" if config.prewarm else ""),
+        *_unreached(results, options.slo_target),
         "",
         header,
         rule,
@@ -134,6 +252,17 @@ def write_report(
     ]
     (out / "report.md").write_text("\n".join(lines))
     _plots(results, out)
+
+
+def _unreached(results: dict[str, Result], slo_target: float) -> list[str]:
+    """A line for each bound (or sized static fleet) that did not reach the SLO target."""
+    return [
+        f"- `{name}` did not reach the SLO target of {slo_target:.0%}: the closest it came"
+        f" is {r.metrics['slo_attainment']:.2%} (at most {r.metrics['max_replicas']} replicas),"
+        " so its cost is no bound"
+        for name, r in results.items()
+        if r.metrics.get(REACHED) is False
+    ]
 
 
 def _plots(results: dict[str, Result], out: Path) -> None:

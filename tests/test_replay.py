@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from replay.oracle import find_oracle
+from replay.oracle import find_instant_bound
 from replay.policies import StaticPeak, unitscale_policy
 from replay.simulate import SimConfig, cold_start_seconds, simulate
 from replay.trace import Trace, TraceError, read_trace, scale
@@ -81,7 +81,7 @@ def test_the_gateway_drops_requests_that_wait_past_its_timeout():
 
 def test_the_oracle_is_never_more_expensive_than_a_policy_meeting_the_slo():
     trace = bursty()
-    oracle, _ = find_oracle(trace, CONFIG, iterations=4)
+    oracle, _ = find_instant_bound(trace, CONFIG, iterations=4)
     assert oracle.metrics["slo_attainment"] >= 0.99
     for replicas in range(1, 8):
         static = simulate(trace, StaticPeak(replicas), CONFIG)
