@@ -217,93 +217,140 @@ def find_clairvoyant(
         The run (named ``oracle``, ``reached_slo_target`` set) and its schedule. If no
         candidate met the target, the one that came closest.
     """
-    lead = cold_start_of(config) + config.dt
-    n = int(trace.duration // interval) + 1
-    index = (trace.arrival // interval).astype(np.int64)
-    count = np.bincount(index, minlength=n)
-    allowed = math.floor((1.0 - slo_target) * len(trace) + 1e-9)
-    cap = max(1, config.max_replicas)
-    if seed is None:
-        seed = OracleSchedule(interval, engine_work(trace, config, interval), 1.0).replicas()
-    start = np.zeros(n)
-    start[: min(n, len(seed))] = np.asarray(seed, dtype=np.float64)[:n]
+    search = _Search(trace, config, slo_target, interval, rounds, seed)
+    low, low_misses = search.global_fit()
+    if low > 0:
+        search.raise_misses(low, low_misses)
+    search.trim()
+    return search.outcome(static)
 
-    def scaled(factor: float) -> npt.NDArray[np.int64]:
-        return np.where(count > 0, np.clip(np.ceil(start * factor - 1e-9), 1, cap), 0).astype(
-            np.int64
+
+class _Search:
+    """The clairvoyant's search state: the best schedule so far, the closest, the budget."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        config: SimConfig,
+        slo_target: float,
+        interval: float,
+        rounds: int,
+        seed: npt.NDArray[np.int64] | None,
+    ) -> None:
+        self.trace, self.config, self.slo_target, self.interval = (
+            trace,
+            config,
+            slo_target,
+            interval,
         )
+        self.lead = cold_start_of(config) + config.dt
+        self.n = int(trace.duration // interval) + 1
+        self.index = (trace.arrival // interval).astype(np.int64)
+        self.count = np.bincount(self.index, minlength=self.n)
+        self.allowed = math.floor((1.0 - slo_target) * len(trace) + 1e-9)
+        self.cap = max(1, config.max_replicas)
+        if seed is None:
+            seed = OracleSchedule(interval, engine_work(trace, config, interval), 1.0).replicas()
+        self.start = np.zeros(self.n)
+        self.start[: min(self.n, len(seed))] = np.asarray(seed, dtype=np.float64)[: self.n]
+        self.best: Candidate | None = None
+        self.closest: tuple[Result, npt.NDArray[np.int64]] | None = None
+        self.budget = max(1, rounds)
 
-    best: Candidate | None = None
-    closest: tuple[Result, npt.NDArray[np.int64]] | None = None
-    budget = max(1, rounds)
+    def scaled(self, factor: float) -> npt.NDArray[np.int64]:
+        """The seed times ``factor``, at least 1 where requests arrive, at most the cap."""
+        replicas = np.clip(np.ceil(self.start * factor - 1e-9), 1, self.cap)
+        return np.where(self.count > 0, replicas, 0).astype(np.int64)
 
-    def run(schedule: npt.NDArray[np.int64]) -> tuple[bool, npt.NDArray[np.int64]]:
+    def run(self, schedule: npt.NDArray[np.int64]) -> tuple[bool, npt.NDArray[np.int64]]:
         """One simulation: whether it met the target, and its misses per interval."""
-        nonlocal best, closest, budget
-        budget -= 1
-        result = simulate(trace, ClairvoyantSchedule(interval, schedule, lead).policy(), config)
-        misses = np.bincount(index[~result.met], minlength=n)
-        if closest is None or _attainment(result) > _attainment(closest[0]):
-            closest = (result, schedule.copy())
-        feasible = int(misses.sum()) <= allowed
-        if feasible and (best is None or _cheaper(result, schedule, best)):
-            best = (result, schedule.copy(), misses, _tightest(result, index, n))
+        self.budget -= 1
+        policy = ClairvoyantSchedule(self.interval, schedule, self.lead).policy()
+        result = simulate(self.trace, policy, self.config)
+        misses = np.bincount(self.index[~result.met], minlength=self.n)
+        if self.closest is None or _attainment(result) > _attainment(self.closest[0]):
+            self.closest = (result, schedule.copy())
+        feasible = int(misses.sum()) <= self.allowed
+        if feasible and (self.best is None or _cheaper(result, schedule, self.best)):
+            tightest = _tightest(result, self.index, self.n)
+            self.best = (result, schedule.copy(), misses, tightest)
             return True, misses
         return False, misses
 
-    # 1. One factor on the seed, bisected (a few rounds): a global fit with cold starts.
-    low, high, factor = 0.0, math.inf, 1.0
-    low_misses = np.zeros(n, dtype=np.int64)
-    for _ in range(min(GLOBAL_ROUNDS, budget)):
-        feasible, misses = run(scaled(factor))
-        if feasible:
-            high = factor
-        else:
-            low, low_misses = factor, misses
-        factor = (low + high) / 2 if math.isfinite(high) else factor * 1.5
-    # 2. From the largest factor that missed, raise the intervals that miss until the
-    # target holds (or the budget ends; the factor that met stays the fallback).
-    if low > 0:
-        ready, misses, met = scaled(low), low_misses, False
-        while not met and budget > 0:
-            raised = _raise(ready, misses, count, int(misses.sum()) - allowed, cap)
+    def global_fit(self) -> tuple[float, npt.NDArray[np.int64]]:
+        """1. One factor on the seed, bisected (a few rounds): a global fit with cold starts.
+
+        Returns the largest factor that missed (0 if none did) and its misses.
+        """
+        low, high, factor = 0.0, math.inf, 1.0
+        low_misses = np.zeros(self.n, dtype=np.int64)
+        for _ in range(min(GLOBAL_ROUNDS, self.budget)):
+            feasible, misses = self.run(self.scaled(factor))
+            if feasible:
+                high = factor
+            else:
+                low, low_misses = factor, misses
+            factor = (low + high) / 2 if math.isfinite(high) else factor * 1.5
+        return low, low_misses
+
+    def raise_misses(self, low: float, misses: npt.NDArray[np.int64]) -> None:
+        """2. From the largest factor that missed, raise the intervals that miss.
+
+        Until the target holds, or the budget ends (the factor that met stays the fallback).
+        """
+        ready, met = self.scaled(low), False
+        while not met and self.budget > 0:
+            excess = int(misses.sum()) - self.allowed
+            raised = _raise(ready, misses, self.count, excess, self.cap)
             if raised is None:
                 break  # every interval that misses is at max_replicas
             ready = raised
-            feasible, misses = run(ready)
-            met = feasible or int(misses.sum()) <= allowed
-    # 3. Trim: lower by one the intervals that missed nothing and whose replicas the
-    # fleet actually holds, the fullest first; the batch doubles while the target holds
-    # and halves when it breaks.
-    batch, blocked = 0, np.zeros(n, dtype=bool)
-    while best is not None and budget > 0:
-        base, base_misses = best[1], best[2]
-        held = _holds(base, interval, lead)
-        lowerable = np.flatnonzero((base_misses == 0) & (base > 1) & held & ~blocked)
-        if len(lowerable) == 0:
-            break
-        batch = min(batch or max(1, len(lowerable) // 2), len(lowerable))
-        candidate = lowerable[np.argsort(-base[lowerable], kind="stable")][:batch]
-        ready = base.copy()
-        ready[candidate] -= 1
-        accepted, _ = run(ready)
-        if accepted:
-            batch *= 2
-        else:
-            if batch == 1:
-                blocked[candidate] = True
-            batch = max(1, batch // 2)
+            feasible, misses = self.run(ready)
+            met = feasible or int(misses.sum()) <= self.allowed
 
-    if static is not None and _meets(static[0], slo_target):
-        if best is None or _hours(static[0]) < _hours(best[0]):
-            fixed = np.full(n, static[1], dtype=np.int64)
-            best = (_renamed(static[0], "oracle"), fixed, np.zeros(n, dtype=np.int64), np.zeros(n))
-    if best is not None:
-        best[0].metrics[REACHED] = True
-        return best[0], ClairvoyantSchedule(interval, best[1], lead)
-    assert closest is not None
-    closest[0].metrics[REACHED] = False
-    return closest[0], ClairvoyantSchedule(interval, closest[1], lead)
+    def trim(self) -> None:
+        """3. Trim: lower by one the intervals that missed nothing and that the fleet holds.
+
+        The fullest first; the batch doubles while the target holds and halves when it
+        breaks.
+        """
+        batch, blocked = 0, np.zeros(self.n, dtype=bool)
+        while self.best is not None and self.budget > 0:
+            base, base_misses = self.best[1], self.best[2]
+            held = _holds(base, self.interval, self.lead)
+            lowerable = np.flatnonzero((base_misses == 0) & (base > 1) & held & ~blocked)
+            if len(lowerable) == 0:
+                break
+            batch = min(batch or max(1, len(lowerable) // 2), len(lowerable))
+            candidate = lowerable[np.argsort(-base[lowerable], kind="stable")][:batch]
+            ready = base.copy()
+            ready[candidate] -= 1
+            accepted, _ = self.run(ready)
+            if accepted:
+                batch *= 2
+            else:
+                if batch == 1:
+                    blocked[candidate] = True
+                batch = max(1, batch // 2)
+
+    def outcome(self, static: tuple[Result, int] | None) -> tuple[Result, ClairvoyantSchedule]:
+        """The best schedule (the smallest static fleet if cheaper), or the closest miss."""
+        n, best = self.n, self.best
+        if static is not None and _meets(static[0], self.slo_target):
+            if best is None or _hours(static[0]) < _hours(best[0]):
+                fixed = np.full(n, static[1], dtype=np.int64)
+                best = (
+                    _renamed(static[0], "oracle"),
+                    fixed,
+                    np.zeros(n, dtype=np.int64),
+                    np.zeros(n),
+                )
+        if best is not None:
+            best[0].metrics[REACHED] = True
+            return best[0], ClairvoyantSchedule(self.interval, best[1], self.lead)
+        assert self.closest is not None
+        self.closest[0].metrics[REACHED] = False
+        return self.closest[0], ClairvoyantSchedule(self.interval, self.closest[1], self.lead)
 
 
 def _cheaper(result: Result, ready: npt.NDArray[np.int64], best: Candidate) -> bool:
