@@ -14,12 +14,10 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 
 from exporter.collector import registry_for
 from exporter.config import ExporterConfig, parse_config
@@ -30,30 +28,13 @@ from foundation.grpc_server import GrpcServer, service_name
 from foundation.kube import KubeAccess
 from foundation.net import split_listen
 from foundation.reload import ConfigSource, ConfigStore
+from foundation.reload_metrics import ConfigReloadCollector
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = service_name(signals_pb2.DESCRIPTOR, "SignalsService")
 HEALTH_CHECK_PERIOD = 1.0
 """Most seconds between health checks that keep the gRPC health status current."""
-
-
-class ConfigReloadCollector(Collector):
-    """``unitscale_config_reloads_total{result}``: applied and refused config updates."""
-
-    def __init__(self, store: ConfigStore[ExporterConfig]) -> None:
-        self._store = store
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        """One counter family, both results always present."""
-        family = CounterMetricFamily(
-            "unitscale_config_reloads",
-            "Config updates: success (applied) or error (refused, the last good stays).",
-            labels=["result"],
-        )
-        family.add_metric(["success"], self._store.reloads)
-        family.add_metric(["error"], self._store.errors)
-        yield family
 
 
 class ExporterServer:

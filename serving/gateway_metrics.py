@@ -8,14 +8,12 @@ scaler and the exporter do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 
 from foundation.reload import ConfigStore
+from foundation.reload_metrics import ConfigReloadCollector
 
 BUFFER_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300)
 """Seconds in the buffer: up to well past the default timeout (120 s)."""
@@ -113,21 +111,3 @@ class GatewayMetrics:
     def render(self) -> bytes:
         """The exposition text."""
         return generate_latest(self.registry)
-
-
-class ConfigReloadCollector(Collector):
-    """``unitscale_config_reloads_total{result}``: applied and refused config updates."""
-
-    def __init__(self, store: ConfigStore[Any]) -> None:
-        self._store = store
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        """One counter family, both results always present."""
-        family = CounterMetricFamily(
-            "unitscale_config_reloads",
-            "Config updates: success (applied) or error (refused, the last good stays).",
-            labels=["result"],
-        )
-        family.add_metric(["success"], self._store.reloads)
-        family.add_metric(["error"], self._store.errors)
-        yield family
