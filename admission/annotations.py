@@ -1,0 +1,41 @@
+"""The names the admission check reads from Workloads and writes into podSetUpdates.
+
+One place for every key, so the controller, its pure core, the manifests and the docs
+agree. Ours live under ``unitscale.io/``; HAMi's and Fluid's are theirs, spelled as
+their sources spell them (``../shared/reference/kueue-hami-fluid.md`` B2-B4, C5).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- set by users on a Job / Workload (metadata.annotations) -------------------------
+DATASET: Final = "unitscale.io/dataset"
+"""The Fluid Dataset (same namespace) the job reads; its cache must be warm first."""
+LORA_BASE_MODEL: Final = "unitscale.io/lora-base-model"
+"""Marks a LoRA fine-tuning workload and names the base model its tenants share."""
+
+# --- written by us into podSetUpdates --------------------------------------------------
+LORA_INSTANCE: Final = "unitscale.io/lora-instance"
+"""Label on a LoRA tenant's pods: which base-model instance it shares."""
+
+# --- HAMi (pod annotations read by its scheduler extender) -----------------------------
+HAMI_GPU_POLICY: Final = "hami.io/gpu-scheduler-policy"
+HAMI_NODE_POLICY: Final = "hami.io/node-scheduler-policy"
+HAMI_USE_GPUTYPE: Final = "nvidia.com/use-gputype"
+HAMI_NOUSE_GPUTYPE: Final = "nvidia.com/nouse-gputype"
+HAMI_NODE_REGISTER: Final = "hami.io/node-nvidia-register"
+HAMI_NODE_HANDSHAKE: Final = "hami.io/node-handshake"
+HAMI_DEVICES_ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
+HAMI_DEVICE_CORDON: Final = "hami.io/device-cordon"
+
+# --- HAMi resources (container requests / limits) --------------------------------------
+GPU: Final = "nvidia.com/gpu"
+GPU_MEMORY: Final = "nvidia.com/gpumem"
+GPU_MEMORY_PERCENT: Final = "nvidia.com/gpumem-percentage"
+GPU_CORES: Final = "nvidia.com/gpucores"
+
+
+def fluid_cache_node_label(namespace: str, dataset: str) -> str:
+    """The label Fluid puts on nodes caching ``namespace/dataset`` (its ``node.go``)."""
+    return f"fluid.io/s-{namespace}-{dataset}"
