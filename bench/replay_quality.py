@@ -17,10 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.results import append
+from foundation.replica_model import LLAMA3_8B_H200
 from replay.run import POLICIES, ReplayOptions, run_policies, write_report
 from replay.simulate import SimConfig
 from replay.trace import read_trace, scale
-from serving.replica_model import LLAMA3_8B_H200
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 RUNS = (

@@ -48,10 +48,10 @@ from bench.results import append
 from bench.soak_hostile import HostileTarget, hostile_bodies
 from foundation.errors import UnitscaleError
 from foundation.net import free_port
+from foundation.replica_model import PROFILES
 from protos.externalscaler import externalscaler_pb2 as keda_pb
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler.registry import METRIC_NAME
-from serving.replica_model import PROFILES
 from unitscale.demo.processes import Child, ComponentError, Supervisor, unitscale_command
 from unitscale.demo.run import capacity_priors
 from unitscale.demo.world import (

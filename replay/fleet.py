@@ -1,7 +1,7 @@
 """A fleet of simulated vLLM replicas, advanced in small time steps, all at once.
 
 Each tick of ``dt`` seconds every replica runs ``dt / step`` engine steps of continuous
-batching with chunked prefill (``serving.replica_model``): its decoding sequences gain
+batching with chunked prefill (``foundation.replica_model``): its decoding sequences gain
 one token per step, and a chunk of waiting prompt tokens (first come, first served, up
 to ``max_num_batched_tokens`` per step with the decodes) is prefilled. Within a tick,
 completion times are interpolated linearly, so TTFT and latency are finer than ``dt``.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from serving.replica_model import Profile
+from foundation.replica_model import Profile
 
 # Request states.
 WAITING, QUEUED, PREFILL, DECODE, DONE, DROPPED = range(6)

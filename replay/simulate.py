@@ -17,12 +17,12 @@ import numpy.typing as npt
 
 from exporter.engines import EngineStats, Histogram
 from exporter.signals import Accelerator, ReplicaHistory, derive, history_horizon
+from foundation.replica_model import Profile
 from foundation.signals import EngineSignals
 from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
 from replay.policies import GatewayView, Policy, View
 from replay.trace import Trace
 from serving import vllm_buckets
-from serving.replica_model import Profile
 
 OFF, STARTING, READY, DRAINING = range(4)
 

@@ -14,12 +14,12 @@ from foundation.grpc_server import GrpcServer, service_name
 from foundation.kube import KubeAccess
 from foundation.net import split_listen
 from foundation.reload import ConfigSource, ConfigStore
+from foundation.replica_model import Profile
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 from serving.config import GatewayConfig
 from serving.gateway import Gateway
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import GatewaySignalsService
-from serving.replica_model import Profile
 from serving.sim_http import SimReplica
 
 log = logging.getLogger(__name__)

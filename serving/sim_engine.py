@@ -1,7 +1,7 @@
 """The simulated replica's engine: continuous batching on the shared replica physics.
 
 An engine loop runs continuous batching with chunked prefill, each step lasting what
-``serving.replica_model`` says (divided by ``speedup``), and emits one token per step to
+``foundation.replica_model`` says (divided by ``speedup``), and emits one token per step to
 every decoding request; it keeps vLLM's metrics (``serving.vllm_metrics``) as it goes.
 
 **Keeping wall-clock pace.** The engine keeps its own ideal clock: a step ends exactly one
@@ -32,7 +32,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from serving.replica_model import Profile
+from foundation.replica_model import Profile
 from serving.vllm_metrics import VllmMetrics
 
 WORDS = ("the", "model", "token", "cache", "replica", "scale", "quick", "answer")

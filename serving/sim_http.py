@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from serving.replica_model import Profile
+from foundation.replica_model import Profile
 from serving.sim_engine import SimEngine, token_text
 from serving.sim_validation import (
     RequestError,

@@ -20,7 +20,7 @@ route LoRA adapters to, and the scaler can park in sleep mode.
 - ``--max-num-batched-tokens`` (the chunked-prefill budget per step) and
   ``--max-num-seqs``: ``for_itl_slo`` sizes the budget so that a step carrying a full
   decode batch and a prefill chunk stays within the ITL SLO
-  (``serving.replica_model.chunk_budget_for_itl``). vLLM's own defaults on an H100/H200
+  (``foundation.replica_model.chunk_budget_for_itl``). vLLM's own defaults on an H100/H200
   API server are 8,192 and 1,024; at 8,192 a llama3-8b-h200 step with 256 decodes takes
   about 255 ms, so every short request decoding beside a long prompt misses a 100 ms ITL.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from serving.replica_model import FULL_BATCH_CONTEXT, Profile, chunk_budget_for_itl
+from foundation.replica_model import FULL_BATCH_CONTEXT, Profile, chunk_budget_for_itl
 
 
 @dataclass(frozen=True, slots=True)

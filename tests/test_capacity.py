@@ -1,6 +1,6 @@
 """A replica's SLO capacity against the replay's own physics, and its properties.
 
-The evidence is independent of ``serving.capacity``'s formulas: the replay's fleet
+The evidence is independent of ``foundation.capacity``'s formulas: the replay's fleet
 (``replay.fleet``) steps simulated replicas tick by tick. Each row drives replica slots
 with Poisson arrivals of fixed-size requests and bisects the rate at which they start to
 breach (TTFT p95 over its SLO, or the p95 of each request's mean ITL over its SLO); the
@@ -22,10 +22,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from foundation.capacity import ScalerRates, replica_capacity
+from foundation.replica_model import LLAMA3_8B_H200, PROFILES, QWEN25_32B_H200, Profile
 from replay.fleet import Fleet, Requests
 from replay.simulate import SimConfig
-from serving.capacity import ScalerRates, replica_capacity
-from serving.replica_model import LLAMA3_8B_H200, PROFILES, QWEN25_32B_H200, Profile
 
 TICK = SimConfig(LLAMA3_8B_H200).dt
 """The replay's tick: the fleet admits new requests once per tick."""

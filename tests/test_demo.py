@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from foundation.errors import ConfigError
+from foundation.replica_model import PROFILES
 from replay.keda import ScalingSpec, read_scaled_object
 from scaler.config import PolicyConfig
 from scaler.core.decide import decide
 from scaler.core.model import DecisionState, Observation
-from serving.replica_model import PROFILES
 from unitscale.demo.processes import MARKER
 from unitscale.demo.run import DemoOptions, capacity_priors, load_trace, validate
 from unitscale.demo.workload import IDLE, WorkloadShape, generate, rate_at

@@ -17,12 +17,12 @@ import yaml
 from exporter.engines import VLLM, WANTED_ANY, detect_engine, engine_stats
 from exporter.parse import parse_samples
 from foundation.net import free_port
+from foundation.replica_model import LLAMA3_8B_H200
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from serving.config import GatewayConfig
 from serving.gateway_replicas import Replica, ReplicaPool
 from serving.gateway_settings import GatewaySettings
-from serving.replica_model import LLAMA3_8B_H200
 from serving.server import GatewayServer, SimReplicaServer
 from tests.conftest import eventually
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from foundation.replica_model import LLAMA3_8B_H200
 from replay.oracle import find_instant_bound
 from replay.policies import StaticPeak, unitscale_policy
 from replay.simulate import SimConfig, cold_start_seconds, simulate
 from replay.trace import Trace, TraceError, read_trace, scale
-from serving.replica_model import LLAMA3_8B_H200
 
 CONFIG = SimConfig(LLAMA3_8B_H200, max_replicas=16, tail=300.0)
 

@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from foundation.replica_model import LLAMA3_8B_H200
 from replay.policies import AibrixKv, Kpa, ProductionStack, StaticPeak, Unitscale
 from replay.run import ReplayOptions, make_policy
 from replay.simulate import SimConfig, simulate
 from replay.trace import Trace
-from serving.replica_model import LLAMA3_8B_H200
 
 CONFIG = SimConfig(LLAMA3_8B_H200, max_replicas=8, tail=300.0)
 OPTIONS = ReplayOptions("test", 1.0, 1.0, 0, target_concurrency=16.0)

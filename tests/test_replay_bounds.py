@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from foundation.replica_model import LLAMA3_8B_H200
 from replay.policies import StaticPeak
 from replay.run import POLICIES, ReplayOptions, run_policies, write_report
 from replay.simulate import SimConfig, cold_start_seconds, simulate
 from replay.trace import Trace, read_trace
-from serving.replica_model import LLAMA3_8B_H200
 
 MOONCAKE = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from foundation.replica_model import LLAMA3_8B_H200
 from replay.controllers import Actuator
 from replay.policies import StaticPeak, View
 from replay.simulate import SimConfig, simulate, ttft_target
 from replay.trace import Trace
-from serving.replica_model import LLAMA3_8B_H200
 
 CONFIG = SimConfig(LLAMA3_8B_H200, max_replicas=4, tail=120.0)
 

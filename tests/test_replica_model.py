@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.replica_model import (
+from foundation.replica_model import (
     ITL_MARGIN,
     LLAMA3_8B_H200,
     PROFILES,

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from exporter.engines import VLLM, WANTED_ANY, engine_stats
 from exporter.parse import parse_samples
 from foundation.net import free_port
+from foundation.replica_model import LLAMA3_8B_H200
 from serving import vllm_buckets
-from serving.replica_model import LLAMA3_8B_H200
 from serving.server import SimReplicaServer
 from serving.sim_engine import SimEngine, token_text
 from serving.sim_validation import RequestError, prompt_length

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from serving.replica_model import LLAMA3_8B_H200, QWEN25_32B_H200
+from foundation.replica_model import LLAMA3_8B_H200, QWEN25_32B_H200
 from serving.vllm_profile import CPU_TEST, LaunchProfile, for_itl_slo, launch_args
 
 LLAMA = LaunchProfile(model="meta-llama/Meta-Llama-3-8B", served_model_name="llama")

@@ -17,9 +17,9 @@ from unitscale import __version__
 if TYPE_CHECKING:
     from exporter.config import ExporterConfig
     from foundation.reload import ConfigSource
+    from foundation.replica_model import Profile
     from replay.run import ReplayOptions
     from replay.simulate import SimConfig
-    from serving.replica_model import Profile
 
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
     """What ``add_subparsers()`` returns: each ``_add_*_command`` adds one to it."""
@@ -429,7 +429,7 @@ def _run_sim_replica(args: argparse.Namespace) -> int:
 
 def _profile(name: str) -> Profile:
     """The replica model called ``name`` (``--profile``)."""
-    from serving.replica_model import PROFILES
+    from foundation.replica_model import PROFILES
 
     if name not in PROFILES:
         raise ConfigError(f"--profile {name!r}: one of {', '.join(PROFILES)}")

@@ -15,13 +15,13 @@ import grpc
 
 from foundation.errors import ConfigError
 from foundation.net import free_port
+from foundation.replica_model import PROFILES, Profile
 from protos.externalscaler import externalscaler_pb2 as keda_pb
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import signals_pb2_grpc as signals_grpc
 from replay.simulate import COLD_START_TIERS, simulate
 from replay.trace import Trace, TraceError, read_trace, scale
 from scaler.config import PolicyConfig, load_config
-from serving.replica_model import PROFILES, Profile
 from unitscale.demo import vllm_replica
 from unitscale.demo.fleet import Fleet
 from unitscale.demo.keda import KedaLoop

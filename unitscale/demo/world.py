@@ -22,12 +22,12 @@ import yaml
 
 from foundation.durations import parse_duration
 from foundation.errors import ConfigError
+from foundation.replica_model import Profile
 from replay.keda import ScaledObjectSpec, ScalingSpec, read_scaled_object
 from replay.policies import KEY as REPLAY_KEY
 from replay.policies import Policy, StaticPeak, Unitscale
 from replay.simulate import SimConfig, cold_start_seconds
 from scaler.config import PolicyConfig
-from serving.replica_model import Profile
 
 NAMESPACE = "demo"
 DEPLOYMENT = "llama-chat"

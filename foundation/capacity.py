@@ -65,7 +65,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from serving.replica_model import Profile
+from foundation.replica_model import Profile
 
 Z95 = 1.645
 """The standard normal's 95th percentile."""
