@@ -19,6 +19,18 @@ LORA_BASE_MODEL: Final = "unitscale.io/lora-base-model"
 LORA_INSTANCE: Final = "unitscale.io/lora-instance"
 """Label on a LoRA tenant's pods: which base-model instance it shares."""
 
+# --- on the objects we create (Fluid DataLoads) ----------------------------------------
+MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+"""The well-known label naming the tool that manages an object."""
+MANAGER: Final = "unitscale-admission"
+"""Our value of ``MANAGED_BY`` (a label value: the controller name's ``/`` is not allowed)."""
+FOR_WORKLOAD: Final = "unitscale.io/workload"
+"""Annotation on a DataLoad we made: the Workload that asked for it (names exceed 63)."""
+
+# --- Kubernetes well-known labels --------------------------------------------------------
+HOSTNAME: Final = "kubernetes.io/hostname"
+"""The node label a nodeSelector pins one node with (LoRA co-location)."""
+
 # --- HAMi (pod annotations read by its scheduler extender) -----------------------------
 HAMI_GPU_POLICY: Final = "hami.io/gpu-scheduler-policy"
 HAMI_NODE_POLICY: Final = "hami.io/node-scheduler-policy"
@@ -36,6 +48,14 @@ GPU_MEMORY_PERCENT: Final = "nvidia.com/gpumem-percentage"
 GPU_CORES: Final = "nvidia.com/gpucores"
 
 
+FLUID_CACHE_LABEL_PREFIX: Final = "fluid.io/s-"
+"""Fluid's ``LabelAnnotationStorageCapacityPrefix``: cache-node labels start with it."""
+
+
 def fluid_cache_node_label(namespace: str, dataset: str) -> str:
-    """The label Fluid puts on nodes caching ``namespace/dataset`` (its ``node.go``)."""
-    return f"fluid.io/s-{namespace}-{dataset}"
+    """The label Fluid puts on nodes caching ``namespace/dataset`` (its ``node.go``).
+
+    Only while the key stays under 63 characters; ``admission.fluid.cache_node_label``
+    applies Fluid's fallback to the Dataset's UID beyond that.
+    """
+    return f"{FLUID_CACHE_LABEL_PREFIX}{namespace}-{dataset}"
