@@ -1,0 +1,197 @@
+"""A Kueue Workload (v1beta2) as the check reads it, and the status write it makes.
+
+Reading: our entries in ``status.admissionChecks`` (by check name), the conditions
+that say whether a write is safe, ``spec.active``, priority and creation time.
+
+Writing follows Kueue's own admission-check controllers (``pkg/workload`` ``patching``):
+server-side apply on ``workloads/status`` with our field manager, a body holding only
+what identifies the object and our one entry of the ``admissionChecks`` map-list, so no
+other check's entry is touched. The body carries ``uid`` and ``resourceVersion`` as
+Kueue's strict apply does: the write lands only on the version we judged, and a Workload
+that changed since (evicted in between, say) answers 409 instead of taking a stale state.
+
+The Retry-after-Evicted race (kueue#3543): Kueue evicts and resets checks in separate
+writes; a Retry written in between wedges the Workload. ``write_guard`` says no unless
+quota is reserved and the Workload is not evicted, finished, deactivated or admitted.
+
+Pure: raw API objects and ``now`` in, values out.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+RawObject = dict[str, Any]
+
+API_VERSION: Final = "kueue.x-k8s.io/v1beta2"
+MESSAGE_LIMIT: Final = 32768
+"""Kueue's maximum ``message`` length of a check state."""
+PENDING: Final = "Pending"
+
+_GUARDS: Final = (
+    # (condition type, status that forbids a write, reason)
+    ("Evicted", "True", "evicted"),
+    ("Finished", "True", "finished"),
+    ("DeactivationTarget", "True", "deactivation-target"),
+    ("Admitted", "True", "admitted"),
+)
+
+
+class StatusDecision(Protocol):
+    """What a status write reads from an ``admission.decide.Decision``."""
+
+    @property
+    def check(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def requeue_after_seconds(self) -> int | None: ...
+    @property
+    def pod_set_updates(self) -> Sequence[Mapping[str, Any]]: ...
+
+
+def key(workload: Mapping[str, Any]) -> str:
+    """``namespace/name`` of an object."""
+    meta = workload.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def check_entries(workload: Mapping[str, Any]) -> dict[str, RawObject]:
+    """The Workload's admission-check states by check name."""
+    entries = (workload.get("status") or {}).get("admissionChecks") or []
+    return {e["name"]: e for e in entries if isinstance(e, dict) and "name" in e}
+
+
+def condition_status(workload: Mapping[str, Any], kind: str) -> str | None:
+    """``True``/``False``/``Unknown`` of condition ``kind``, None when absent."""
+    for cond in (workload.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == kind:
+            status = cond.get("status")
+            return status if isinstance(status, str) else None
+    return None
+
+
+def priority(workload: Mapping[str, Any]) -> int:
+    """``spec.priority`` (Kueue copies the priority class's value there), 0 when unset."""
+    value = (workload.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def created_at(workload: Mapping[str, Any]) -> float:
+    """``metadata.creationTimestamp`` in unix seconds, 0 when unreadable."""
+    return parse_time((workload.get("metadata") or {}).get("creationTimestamp")) or 0.0
+
+
+def parse_time(text: object) -> float | None:
+    """Unix seconds of an RFC 3339 time as the API server writes it, None when not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def format_time(seconds: float) -> str:
+    """``seconds`` as a Kubernetes ``metav1.Time`` (RFC 3339, whole seconds, UTC)."""
+    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_guard(workload: Mapping[str, Any]) -> str | None:
+    """Why no check state may be written now, or None when one may.
+
+    A write needs ``QuotaReserved=True`` and none of Evicted, Finished,
+    DeactivationTarget, Admitted true, and ``spec.active`` not false.
+    """
+    if condition_status(workload, "QuotaReserved") != "True":
+        return "no-quota-reserved"
+    if (workload.get("spec") or {}).get("active") is False:
+        return "deactivated"
+    for kind, status, reason in _GUARDS:
+        if condition_status(workload, kind) == status:
+            return reason
+    return None
+
+
+def actionable(workload: Mapping[str, Any], our_checks: Collection[str]) -> list[tuple[str, float]]:
+    """Our checks the Workload holds as Pending, with when each became Pending.
+
+    Empty when ``write_guard`` forbids a write. Sorted by check name; a transition time
+    that cannot be read counts from the Workload's creation.
+    """
+    if write_guard(workload) is not None:
+        return []
+    found = []
+    for name, entry in sorted(check_entries(workload).items()):
+        if name in our_checks and entry.get("state") == PENDING:
+            since = parse_time(entry.get("lastTransitionTime"))
+            found.append((name, created_at(workload) if since is None else since))
+    return found
+
+
+def apply_body(
+    workload: Mapping[str, Any],
+    decision: StatusDecision,
+    previous_entry: Mapping[str, Any] | None,
+    now: float,
+) -> RawObject | None:
+    """The server-side-apply body writing ``decision`` into our check entry, or None.
+
+    None when nothing may or need be written: the guard forbids it, the Workload lists
+    no such check (``previous_entry`` None), the entry is not Pending (Kueue resets a
+    Retry; a Ready entry's podSetUpdates are immutable), or the same state, message,
+    ``requeueAfterSeconds`` and podSetUpdates are there already. A field the decision
+    leaves unset is not compared (Kueue keeps ``requeueAfterSeconds`` across a reset).
+    ``lastTransitionTime`` stays unless the state changes.
+    """
+    if previous_entry is None or previous_entry.get("state") != PENDING:
+        return None
+    if write_guard(workload) is not None:
+        return None
+    entry = _entry(decision, previous_entry, now)
+    if not _changes(entry, previous_entry):
+        return None
+    meta = workload.get("metadata") or {}
+    identity = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "metadata": identity,
+        "status": {"admissionChecks": [entry]},
+    }
+
+
+def _entry(decision: StatusDecision, previous: Mapping[str, Any], now: float) -> RawObject:
+    since = previous.get("lastTransitionTime")
+    if decision.state != previous.get("state") or not isinstance(since, str):
+        since = format_time(now)
+    entry: RawObject = {
+        "name": decision.check,
+        "state": decision.state,
+        "lastTransitionTime": since,
+        "message": _clip(decision.message),
+    }
+    if decision.requeue_after_seconds is not None:
+        entry["requeueAfterSeconds"] = int(decision.requeue_after_seconds)
+    if decision.pod_set_updates:
+        entry["podSetUpdates"] = [copy.deepcopy(dict(u)) for u in decision.pod_set_updates]
+    return entry
+
+
+def _changes(entry: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
+    # Only what we write is compared: name, state and message always, the rest when set.
+    return any(previous.get(field) != value for field, value in entry.items())
+
+
+def _clip(message: str) -> str:
+    if len(message) <= MESSAGE_LIMIT:
+        return message
+    return message[: MESSAGE_LIMIT - 1] + "…"
