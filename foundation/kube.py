@@ -1,11 +1,16 @@
 """Talking to the Kubernetes API: client access and a list-then-watch loop.
 
 ``watch_objects`` is a small informer: it lists the selected objects, then watches from
-the list's ``resourceVersion``; every change hands the whole current set (name -> raw
-JSON object) to a callback. The watch ends after ``resync`` seconds (server-side
-timeout) and the loop lists again, so a missed event is repaired within one resync. A
-broken connection (an API server restart) or a ``410 GoneError`` relists after a capped,
-doubling backoff; meanwhile the last known set stays in use.
+the list's ``resourceVersion``; every change hands the whole current set (key -> raw
+JSON object) to a callback. The key is the object's name, or ``namespace/name`` when
+the selection spans every namespace. The watch ends after ``resync`` seconds
+(server-side timeout) and the loop lists again, so a missed event is repaired within one
+resync. A broken connection (an API server restart) or a ``410 GoneError`` relists after
+a capped, doubling backoff; meanwhile the last known set stays in use.
+
+Any resource works (``Resource``: the core group, built-in groups, custom resources). One
+the server does not serve (a CRD not installed) answers 404: ``on_error`` hears it and
+the loop keeps trying at the capped backoff, so a CRD installed later is picked up.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -69,23 +74,61 @@ class KubeAccess:
 
 
 @dataclass(frozen=True, slots=True)
-class Selection:
-    """Which objects to watch: one resource in one namespace, narrowed by selectors."""
+class Resource:
+    """A kind of object the API serves: group (``""`` for the core group), version, plural."""
 
-    resource: Literal["configmaps", "endpointslices"]
-    namespace: str
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None) -> str:
+        """The collection's URL path, in ``namespace`` or across all of them (None)."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace is not None:
+            return f"{base}/namespaces/{namespace}/{self.plural}"
+        return f"{base}/{self.plural}"
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+CONFIGMAPS = Resource("", "v1", "configmaps")
+ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices")
+NODES = Resource("", "v1", "nodes", namespaced=False)
+PODS = Resource("", "v1", "pods")
+_BY_NAME = {"configmaps": CONFIGMAPS, "endpointslices": ENDPOINT_SLICES}
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which objects to watch: one resource, narrowed by namespace and selectors.
+
+    ``namespace=None`` watches every namespace (or a cluster-scoped resource); the set
+    is then keyed ``namespace/name`` for namespaced objects, else by name.
+    """
+
+    resource: Resource | Literal["configmaps", "endpointslices"]
+    namespace: str | None = None
     label_selector: str = ""
     field_selector: str = ""
 
+    @property
+    def kind(self) -> Resource:
+        """The resource, a short name resolved."""
+        return self.resource if isinstance(self.resource, Resource) else _BY_NAME[self.resource]
+
+    def key(self, obj: RawObject) -> str:
+        """The object's key in the watched set."""
+        meta = obj["metadata"]
+        if self.namespace is None and meta.get("namespace"):
+            return f"{meta['namespace']}/{meta['name']}"
+        return str(meta["name"])
+
     def __str__(self) -> str:
         narrowed = ",".join(s for s in (self.label_selector, self.field_selector) if s)
-        return f"{self.resource} in {self.namespace}" + (f" ({narrowed})" if narrowed else "")
-
-
-def _list_method(api: client.ApiClient, resource: str) -> Callable[..., Awaitable[Any]]:
-    if resource == "configmaps":
-        return client.CoreV1Api(api).list_namespaced_config_map
-    return client.DiscoveryV1Api(api).list_namespaced_endpoint_slice
+        where = f" in {self.namespace}" if self.namespace is not None else ""
+        return f"{self.kind}{where}" + (f" ({narrowed})" if narrowed else "")
 
 
 class GoneError(Exception):
@@ -100,13 +143,17 @@ async def watch_objects(
     resync: float = 300.0,
     reconnect_min: float = 0.5,
     reconnect_max: float = 30.0,
+    on_error: Callable[[Exception], None] | None = None,
 ) -> None:
     """List and watch ``selection`` forever, calling ``on_change`` with every new set.
 
     ``on_change`` runs after each list and after each watch event, with a dict of
-    object name to raw object; it must not block.
+    object key to raw object; it must not block. ``on_error`` (optional, must not block)
+    hears each failed list or watch before the backoff: an ``ApiException`` with status
+    404 means the server does not serve the resource.
     """
     delay = reconnect_min
+    last_problem = ""
     while True:
         try:
             api = await access.client()
@@ -118,34 +165,66 @@ async def watch_objects(
                     while True:
                         objects, version = await _list(api, selection)
                         on_change(dict(objects))
-                        delay = reconnect_min
+                        delay, last_problem = reconnect_min, ""
                         await _watch(api, selection, objects, version, on_change, resync)
             except GoneError:
                 log.info("watch on %s expired (410 GoneError); listing again", selection)
                 continue
             except (aiohttp.ClientError, client.ApiException, TimeoutError, ValueError) as err:
-                log.warning(
-                    "watch on %s failed (%s: %s); retrying in %.1fs",
-                    selection,
-                    type(err).__name__,
-                    err,
-                    delay,
+                if on_error is not None:
+                    on_error(err)
+                problem = f"{type(err).__name__}: {_brief(err)}"
+                # The same failure again (a CRD still absent) is logged once, not every try.
+                level = logging.WARNING if problem != last_problem else logging.DEBUG
+                log.log(
+                    level, "watch on %s failed (%s); retrying in %.1fs", selection, problem, delay
                 )
+                last_problem = problem
         await asyncio.sleep(delay)
         delay = min(delay * 2, reconnect_max)
 
 
-async def _list(api: client.ApiClient, selection: Selection) -> tuple[dict[str, RawObject], str]:
-    method = _list_method(api, selection.resource)
-    response = await method(
-        selection.namespace,
-        label_selector=selection.label_selector,
-        field_selector=selection.field_selector,
+def _brief(err: Exception) -> str:
+    if isinstance(err, client.ApiException):
+        return f"{err.status} {err.reason}"
+    return str(err)[:300]
+
+
+async def _get(
+    api: client.ApiClient, selection: Selection, request_timeout: float, **query: object
+) -> Any:
+    """GET the selection's collection; the raw (unread) aiohttp response."""
+    params: list[tuple[str, object]] = [
+        (name, value)
+        for name, value in (
+            ("labelSelector", selection.label_selector),
+            ("fieldSelector", selection.field_selector),
+            *query.items(),
+        )
+        if value not in ("", None)
+    ]
+    response = await api.call_api(
+        selection.kind.path(selection.namespace),
+        "GET",
+        query_params=params,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
         _preload_content=False,
-        _request_timeout=30,
+        _request_timeout=request_timeout,
     )
+    if not 200 <= response.status <= 299:
+        # Unread responses are not checked by the client: an error must not pass as a list.
+        error = client.ApiException(status=response.status, reason=response.reason)
+        error.body = (await response.read())[:2000]
+        response.release()
+        raise error
+    return response
+
+
+async def _list(api: client.ApiClient, selection: Selection) -> tuple[dict[str, RawObject], str]:
+    response = await _get(api, selection, 30)
     body = json.loads(await response.read())
-    items = {item["metadata"]["name"]: item for item in body.get("items") or []}
+    items = {selection.key(item): item for item in body.get("items") or []}
     return items, str(body["metadata"]["resourceVersion"])
 
 
@@ -158,18 +237,15 @@ async def _watch(
     resync: float,
 ) -> None:
     """Apply watch events to ``objects`` until the server ends the watch after ``resync``."""
-    method = _list_method(api, selection.resource)
-    response = await method(
-        selection.namespace,
-        label_selector=selection.label_selector,
-        field_selector=selection.field_selector,
-        watch=True,
-        allow_watch_bookmarks=True,
-        resource_version=version,
-        timeout_seconds=int(resync),
-        _preload_content=False,
+    response = await _get(
+        api,
+        selection,
         # The client-side limit only guards against a silently dead connection.
-        _request_timeout=resync + 30,
+        resync + 30,
+        watch="true",
+        allowWatchBookmarks="true",
+        resourceVersion=version,
+        timeoutSeconds=int(resync),
     )
     async with response:
         async for line in response.content:
@@ -183,7 +259,7 @@ async def _watch(
                 raise ValueError(f"watch error: {obj.get('message', obj)}")
             if kind == "BOOKMARK":
                 continue
-            name = obj["metadata"]["name"]
+            name = selection.key(obj)
             if kind == "DELETED":
                 objects.pop(name, None)
             else:
