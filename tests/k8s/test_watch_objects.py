@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -13,10 +15,22 @@ from foundation.kube import NODES, PODS, Resource, Selection, watch_objects
 pytestmark = pytest.mark.k8s
 
 
-async def until(what, check, limit=30.0):
-    async with asyncio.timeout(limit):
-        while not check():
-            await asyncio.sleep(0.05)
+class Seen:
+    """The latest set a watch handed over, and an event per change to wait on."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Any] = {}
+        self.changed = asyncio.Event()
+
+    def update(self, objects: dict[str, Any]) -> None:
+        self.objects = objects
+        self.changed.set()
+
+    async def until(self, what: str, check: Callable[[dict[str, Any]], bool]) -> None:
+        async with asyncio.timeout(30):
+            while not check(self.objects):
+                self.changed.clear()
+                await self.changed.wait()
 
 
 def pod(name):
@@ -30,19 +44,19 @@ def pod(name):
 
 async def test_a_cluster_scoped_resource_is_keyed_by_name(control_plane, kube_access):
     name = f"node-{secrets.token_hex(3)}"
-    seen: dict = {}
+    seen = Seen()
     task = asyncio.create_task(
         watch_objects(
             kube_access,
             Selection(NODES, field_selector=f"metadata.name={name}"),
-            lambda objects: (seen.clear(), seen.update(objects)),
+            seen.update,
         )
     )
     try:
         control_plane.ensure("/api/v1/nodes", {"metadata": {"name": name}})
-        await until("the node", lambda: name in seen)
+        await seen.until("the node", lambda objects: name in objects)
         control_plane.request("DELETE", f"/api/v1/nodes/{name}")
-        await until("the node gone", lambda: name not in seen)
+        await seen.until("the node gone", lambda objects: name not in objects)
     finally:
         task.cancel()
 
@@ -52,16 +66,19 @@ async def test_all_namespaces_are_keyed_namespace_slash_name(control_plane, kube
     for namespace in (first, second):
         control_plane.create_namespace(namespace)
         control_plane.ensure(f"/api/v1/namespaces/{namespace}/pods", pod("same-name"))
-    seen: dict = {}
+    seen = Seen()
     task = asyncio.create_task(
         watch_objects(
             kube_access,
             Selection(PODS, field_selector="metadata.name=same-name"),
-            lambda objects: (seen.clear(), seen.update(objects)),
+            seen.update,
         )
     )
     try:
-        await until("both pods", lambda: {f"{first}/same-name", f"{second}/same-name"} <= set(seen))
+        await seen.until(
+            "both pods",
+            lambda objects: {f"{first}/same-name", f"{second}/same-name"} <= set(objects),
+        )
     finally:
         task.cancel()
 
@@ -70,21 +87,23 @@ async def test_a_crd_installed_after_the_watch_started_is_picked_up(control_plan
     group = f"t{secrets.token_hex(3)}.example.com"
     widgets = Resource(group, "v1", "widgets", namespaced=False)
     errors: list[Exception] = []
-    seen: dict = {}
+    seen = Seen()
     task = asyncio.create_task(
         watch_objects(
             kube_access,
             Selection(widgets),
-            lambda objects: (seen.clear(), seen.update(objects)),
+            seen.update,
             reconnect_min=0.1,
             reconnect_max=0.5,
             on_error=errors.append,
         )
     )
     try:
-        await until("a 404 for the missing CRD", lambda: bool(errors))
+        async with asyncio.timeout(30):
+            while not errors:  # noqa: ASYNC110 - on_error must not block: no event to set
+                await asyncio.sleep(0.05)
         assert isinstance(errors[0], client.ApiException) and errors[0].status == 404
-        assert seen == {}
+        assert seen.objects == {}
         crd = {
             "apiVersion": "apiextensions.k8s.io/v1",
             "kind": "CustomResourceDefinition",
@@ -115,7 +134,9 @@ async def test_a_crd_installed_after_the_watch_started_is_picked_up(control_plan
                 return False
             return True
 
-        await until("the widget created", create)
-        await until("the widget seen", lambda: "w" in seen)
+        async with asyncio.timeout(30):
+            while not create():  # noqa: ASYNC110 - the API server has no event to wait on
+                await asyncio.sleep(0.1)
+        await seen.until("the widget seen", lambda objects: "w" in objects)
     finally:
         task.cancel()
