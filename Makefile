@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PROTOS := protos/externalscaler/externalscaler.proto protos/unitscale/v1/signals.proto
+PROTOS := protos/externalscaler/externalscaler.proto protos/unitscale/v1/signals.proto protos/unitscale/v1/capacity.proto
 
 .PHONY: demo test install system-deps k8s-bins lint typecheck stubs stubs-check buf pytest bench clean
 

@@ -88,12 +88,25 @@ def _boolean(value: object) -> object:
     raise ValueError("expected true or false")
 
 
+def _pool(value: object) -> object:
+    if isinstance(value, str) and (
+        len(value) > MAX_NAMESPACE_LENGTH or not _LABEL.fullmatch(value)
+    ):
+        raise ValueError(
+            "expected a pool name: a lowercase RFC 1123 label such as 'h200', at most"
+            f" {MAX_NAMESPACE_LENGTH} characters"
+        )
+    return value
+
+
 Integer = Annotated[int, BeforeValidator(_integer)]
 """An integer written in ASCII digits ("16", "-1"); nothing else."""
 Decimal = Annotated[float, BeforeValidator(_decimal)]
 """A finite number in ASCII decimal ("16", "0.5", "1e3"); no ``inf``, ``nan`` or ``_``."""
 Boolean = Annotated[bool, BeforeValidator(_boolean)]
 """``true`` or ``false`` (and the other spellings Go's ``strconv.ParseBool`` takes)."""
+Pool = Annotated[str, BeforeValidator(_pool)]
+"""An accelerator pool's name: a lowercase RFC 1123 label (``h200``, ``a100-80g``)."""
 
 
 class TriggerMetadata(BaseModel):
@@ -129,6 +142,12 @@ class TriggerMetadata(BaseModel):
     cost_budget: Decimal | None = Field(None, alias="costBudgetPerMillionTokens", gt=0)
     prefill_tokens_per_second: Decimal | None = Field(None, alias="prefillTokensPerSecond", gt=0)
     decode_tokens_per_second: Decimal | None = Field(None, alias="decodeTokensPerSecond", gt=0)
+    pool: Pool | None = None
+    """The accelerator pool the replicas run on; what the inference-demand RPC sums by."""
+    accelerators_per_replica: Decimal | None = Field(
+        None, alias="acceleratorsPerReplica", gt=0, le=1024
+    )
+    """Accelerators one replica holds (a fraction for a shared one); given with ``pool``."""
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> TriggerMetadata:
@@ -136,6 +155,21 @@ class TriggerMetadata(BaseModel):
             raise ValueError(
                 f"minReplicas ({self.min_replicas}) must not exceed maxReplicas"
                 f" ({self.max_replicas})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pool_with_accelerators(self) -> TriggerMetadata:
+        # Either alone says nothing usable: a pool's demand needs both, and a silent
+        # default of 1 would undercount an 8-way tensor-parallel replica.
+        if self.pool is not None and self.accelerators_per_replica is None:
+            raise ValueError(
+                f"pool {quote(self.pool)} needs acceleratorsPerReplica (the accelerators"
+                " one replica holds)"
+            )
+        if self.pool is None and self.accelerators_per_replica is not None:
+            raise ValueError(
+                "acceleratorsPerReplica needs pool (the accelerator pool the replicas run on)"
             )
         return self
 

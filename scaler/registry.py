@@ -52,6 +52,8 @@ class ScaledObject:
     max_signal_age: float
     state: DecisionState = field(default_factory=DecisionState)
     decision: Decision | None = None
+    decided_at: float | None = None
+    """When ``decision`` was made (clock seconds); None without one."""
     error: NoDataError | None = None
     signals_version: int = -1
     valid_until: float = -math.inf
@@ -209,11 +211,12 @@ class ScaledObjectRegistry:
             # Stale signals age with every call (the message says how old), so look again
             # at the next one; "no signals yet" stays true until a source reports.
             stale = isinstance(err, StaleSignalError)
-            scaled.decision, scaled.error = None, err
+            scaled.decision, scaled.decided_at, scaled.error = None, None, err
             scaled.valid_until = now if stale else math.inf
             return
         previous = scaled.decision
         scaled.decision, scaled.error, scaled.state = decision, None, decision.state
+        scaled.decided_at = now
         scaled.valid_until = valid_until
         if previous is None or previous.desired_replicas != decision.desired_replicas:
             log.info(

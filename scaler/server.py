@@ -18,9 +18,10 @@ from foundation.errors import ConfigError
 from foundation.grpc_server import KEEPALIVE_FOR_LONG_LIVED_CLIENTS, GrpcServer, service_name
 from foundation.reload import ConfigSource, ConfigStore
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
+from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
 from scaler.registry import ScaledObjectRegistry
-from scaler.service import ExternalScalerService
+from scaler.service import CapacityService, ExternalScalerService
 from scaler.signals import SignalStore
 from scaler.sources import demo_source, watch_signals
 from scaler.telemetry import metrics_app
@@ -36,6 +37,7 @@ flood past 50,000 is refused at once instead of growing memory (about 10 KB a ca
 """
 
 SERVICE_NAME = service_name(externalscaler_pb2.DESCRIPTOR, "ExternalScaler")
+CAPACITY_SERVICE_NAME = service_name(capacity_pb2.DESCRIPTOR, "CapacityService")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,12 @@ class ScalerServer:
                     SERVICE_NAME,
                     externalscaler_pb2_grpc.add_ExternalScalerServicer_to_server,
                     ExternalScalerService(self.registry),
-                )
+                ),
+                (
+                    CAPACITY_SERVICE_NAME,
+                    capacity_pb2_grpc.add_CapacityServiceServicer_to_server,
+                    CapacityService(self.registry),
+                ),
             ],
             listen,
             flag="--listen",

@@ -1,4 +1,4 @@
-"""KEDA's ``externalscaler.ExternalScaler`` service over the decision core.
+"""KEDA's ``externalscaler.ExternalScaler`` and our ``unitscale.v1.CapacityService``.
 
 The one place where errors become gRPC status codes:
 
@@ -8,14 +8,18 @@ error                  status              why
 MetadataError          INVALID_ARGUMENT    the ScaledObject's trigger is misconfigured
 unknown metric name    NOT_FOUND           KEDA asked for a metric we never specified
 NoDataError            UNAVAILABLE         lets KEDA's fallback act; never a fake 0
+unknown pool           NOT_FOUND           no ScaledObject declares it (not "needs 0")
+negative horizon       INVALID_ARGUMENT    GetInferenceDemand's horizon
 =====================  ==================  ========================================
 
-The answers come from ``scaler.registry`` (grpc-free, shared with the replay).
+The answers come from ``scaler.registry`` (grpc-free, shared with the replay) and, for
+inference demand, ``scaler.demand`` (pure) over it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -24,9 +28,12 @@ from collections.abc import AsyncIterator
 import grpc
 
 from foundation.errors import MetadataError, NoDataError, quote
+from foundation.timestamps import from_duration, to_duration, to_timestamp
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
+from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.core import Decision
+from scaler.demand import InferenceDemand, declared, pool_demand
 from scaler.metadata import describe_object
 from scaler.registry import (
     METRIC_NAME,
@@ -149,3 +156,70 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 grpc.StatusCode.UNAVAILABLE, f"ScaledObject {ref.namespace}/{ref.name}: {err}"
             )
             raise  # unreachable: abort raises
+
+
+class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
+    """Inference demand per accelerator pool, from the registry's latest decisions."""
+
+    def __init__(self, registry: ScaledObjectRegistry) -> None:
+        self._registry = registry
+
+    async def GetInferenceDemand(  # noqa: N802 - name fixed by the proto
+        self, request: capacity_pb2.GetInferenceDemandRequest, context: grpc.aio.ServicerContext
+    ) -> capacity_pb2.GetInferenceDemandResponse:
+        """Each pool's held and needed accelerators; an unknown figure is left unset."""
+        horizon = from_duration(request.horizon)
+        if horizon < 0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"horizon {horizon:g}s: must not be negative"
+            )
+        entries = []
+        for scaled in self._registry.objects():
+            if scaled.metadata.pool is None:
+                continue
+            # Refresh as a KEDA call would: a decision past its signals' age is unknown.
+            with contextlib.suppress(NoDataError):
+                self._registry.current(scaled)
+            entry = declared(scaled)
+            if entry is not None:
+                entries.append(entry)
+        pools = pool_demand(entries, request.pool)
+        if request.pool and not pools:
+            known = sorted({e.pool for e in entries})
+            listed = ", ".join(known[:20]) + (
+                f" and {len(known) - 20} more" if len(known) > 20 else ""
+            )
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no ScaledObject the scaler knows of declares pool {quote(request.pool)}"
+                f" (pools: {listed or 'none'})",
+            )
+        return capacity_pb2.GetInferenceDemandResponse(
+            pools=[_pool_message(p) for p in pools.values()]
+        )
+
+
+def _pool_message(demand: InferenceDemand) -> capacity_pb2.PoolDemand:
+    message = capacity_pb2.PoolDemand(pool=demand.pool, unknown_reason=demand.unknown)
+    if demand.accelerators_held is not None:
+        message.accelerators_held = demand.accelerators_held
+    if demand.accelerators_needed is not None:
+        message.accelerators_needed = demand.accelerators_needed
+    if demand.decided_at is not None:
+        message.decided_time.CopyFrom(to_timestamp(demand.decided_at))
+    for part in demand.deployments:
+        entry = message.deployments.add(
+            namespace=part.namespace,
+            name=part.name,
+            deployment=part.deployment,
+            accelerators_per_replica=part.accelerators_per_replica,
+            reason=part.reason,
+            forecast_horizon=to_duration(part.forecast_horizon_seconds),
+        )
+        if part.replicas_now is not None:
+            entry.replicas_now = part.replicas_now
+        if part.replicas_needed is not None:
+            entry.replicas_forecast = part.replicas_needed
+        if part.decided_at is not None:
+            entry.decided_time.CopyFrom(to_timestamp(part.decided_at))
+    return message

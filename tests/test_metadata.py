@@ -44,6 +44,26 @@ BASE = {"scalerAddress": "unitscale-scaler.keda:9090", "deployment": "llama"}
             {"target_concurrency": 2.5, "model": "llama-3-8b"},
             id="target-concurrency-may-be-fractional",
         ),
+        pytest.param(
+            {},
+            {"pool": None, "accelerators_per_replica": None},
+            id="a-scaled-object-without-a-pool-declares-no-accelerators",
+        ),
+        pytest.param(
+            {"pool": "h200", "acceleratorsPerReplica": "1"},
+            {"pool": "h200", "accelerators_per_replica": 1.0},
+            id="a-pool-and-its-accelerators-per-replica-are-declared-together",
+        ),
+        pytest.param(
+            {"pool": "a100-80g", "acceleratorsPerReplica": "8"},
+            {"pool": "a100-80g", "accelerators_per_replica": 8.0},
+            id="a-tensor-parallel-replica-holds-several-accelerators",
+        ),
+        pytest.param(
+            {"pool": "h200", "acceleratorsPerReplica": "0.5"},
+            {"accelerators_per_replica": 0.5},
+            id="a-replica-may-hold-a-shared-fraction-of-an-accelerator",
+        ),
     ],
 )
 def test_valid_metadata_parses(extra, expected):
@@ -96,6 +116,46 @@ def test_valid_metadata_parses(extra, expected):
             id="a-deployment-name-kubernetes-would-refuse-is-refused",
         ),
         pytest.param(
+            BASE | {"pool": "h200"},
+            ["pool 'h200' needs acceleratorsPerReplica"],
+            id="a-pool-without-accelerators-per-replica-is-refused",
+        ),
+        pytest.param(
+            BASE | {"acceleratorsPerReplica": "1"},
+            ["acceleratorsPerReplica needs pool"],
+            id="accelerators-per-replica-without-a-pool-is-refused",
+        ),
+        pytest.param(
+            BASE | {"pool": "H200_sxm", "acceleratorsPerReplica": "1"},
+            ["'pool'='H200_sxm'", "lowercase RFC 1123 label"],
+            id="a-pool-name-kubernetes-would-not-take-as-a-label-is-refused",
+        ),
+        pytest.param(
+            BASE | {"pool": "", "acceleratorsPerReplica": "1"},
+            ["'pool'=''", "lowercase RFC 1123 label"],
+            id="an-empty-pool-is-refused",
+        ),
+        pytest.param(
+            BASE | {"pool": "p" * 64, "acceleratorsPerReplica": "1"},
+            ["'pool'", "at most 63 characters"],
+            id="a-pool-name-beyond-63-characters-is-refused",
+        ),
+        pytest.param(
+            BASE | {"pool": "h200", "acceleratorsPerReplica": "0"},
+            ["'acceleratorsPerReplica'='0'", "greater than 0"],
+            id="zero-accelerators-per-replica-is-refused",
+        ),
+        pytest.param(
+            BASE | {"pool": "h200", "acceleratorsPerReplica": "2000"},
+            ["'acceleratorsPerReplica'='2000'", "less than or equal to 1024"],
+            id="more-accelerators-per-replica-than-any-replica-holds-is-refused",
+        ),
+        pytest.param(
+            BASE | {"pool": "h200", "acceleratorsPerReplica": "one"},
+            ["'acceleratorsPerReplica'='one'", "decimal number"],
+            id="accelerators-per-replica-in-words-is-refused",
+        ),
+        pytest.param(
             {"deployment": "x", "bogus": "1", "minReplicas": "x"},
             ["missing required key 'scalerAddress'", "unknown key 'bogus'", "'minReplicas'='x'"],
             id="every-problem-is-reported-at-once",
@@ -129,6 +189,8 @@ def test_key_lists_match_the_documented_keys():
         "costBudgetPerMillionTokens",
         "prefillTokensPerSecond",
         "decodeTokensPerSecond",
+        "pool",
+        "acceleratorsPerReplica",
     }
 
 

@@ -74,7 +74,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
     idle = not activity.busy and activity.concurrency is not None
     if idle and p.min_replicas == 0 and now - activity.last_activity >= p.idle_grace_seconds:
-        return _scale_to_zero(previous, activity.last_activity, now)
+        return _scale_to_zero(previous, activity.last_activity, now, o.replicas_known)
 
     notes: list[str] = []
     scale = _learn_capacity(o, p, previous.capacity_scale, ready, previous.desired == ready)
@@ -145,7 +145,9 @@ def _activity(o: Observation, previous: DecisionState) -> _Activity:
     return _Activity(concurrency, busy, o.now if busy else previous.last_activity)
 
 
-def _scale_to_zero(previous: DecisionState, last_activity: float, now: float) -> Decision:
+def _scale_to_zero(
+    previous: DecisionState, last_activity: float, now: float, current: int | None
+) -> Decision:
     state = DecisionState(
         previous.decisions + 1,
         0,
@@ -156,7 +158,8 @@ def _scale_to_zero(previous: DecisionState, last_activity: float, now: float) ->
         Recent(),
     )
     since = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
-    return Decision(0, False, state, f"idle for {since}: scale to zero", {"concurrency": 0.0})
+    reason = f"idle for {since}: scale to zero"
+    return Decision(0, False, state, reason, {"concurrency": 0.0}, current_replicas=current)
 
 
 def _need(

@@ -1,0 +1,109 @@
+"""What inference needs of a pool, asked of the scaler (``unitscale.v1.CapacityService``).
+
+A thin client. ``fetch_demand`` never raises for a scaler that cannot answer: an
+unreachable address, a call past its timeout, ``UNAVAILABLE``, a pool the scaler knows no
+ScaledObject of (``NOT_FOUND``) or a figure the scaler left unknown all come back as an
+error string, and the caller decides (``inferenceHeadroom.whenUnavailable``). A missing
+figure is never read as 0: a 0 would say inference needs nothing and hand its
+accelerators to a training gang.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import grpc
+
+from foundation.errors import quote
+from foundation.timestamps import to_duration
+from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
+
+MAX_HORIZON_SECONDS = 366 * 86_400.0
+"""A horizon beyond a year is a mistake, not a plan (and past what a Duration carries)."""
+MAX_ERROR_LENGTH = 1024
+"""Characters of the scaler's message an error keeps (it is logged and put in statuses)."""
+
+
+@dataclass(frozen=True)
+class PoolDemand:
+    """One pool's figures, both known."""
+
+    pool: str
+    accelerators_held: float
+    """What inference replicas on the pool hold now."""
+    accelerators_needed: float
+    """The most inference is forecast to need within the horizon."""
+
+
+@dataclass(frozen=True)
+class DemandResult:
+    """The pools the scaler answered with both figures known, or why not.
+
+    ``demand`` is None when nothing usable came back (the scaler could not be asked, or
+    the one pool asked for is unknown); asking for every pool, it holds the known pools
+    and ``error`` names the others. A pool absent from ``demand`` is unknown, never 0.
+    """
+
+    demand: Mapping[str, PoolDemand] | None
+    error: str = ""
+
+
+async def fetch_demand(
+    address: str,
+    pool: str,
+    horizon_seconds: float,
+    *,
+    timeout: float,  # noqa: ASYNC109 - the call's gRPC deadline, not a wait of ours
+) -> DemandResult:
+    """Ask the scaler at ``address`` (``host:port``) for ``pool`` ("" = every pool).
+
+    The call fails fast on a refused connection (no wait for the channel to become ready)
+    and gives up after ``timeout`` seconds.
+    """
+    if not math.isfinite(horizon_seconds) or abs(horizon_seconds) > MAX_HORIZON_SECONDS:
+        return DemandResult(None, f"horizon {horizon_seconds!r}s: not a usable horizon")
+    request = capacity_pb2.GetInferenceDemandRequest(
+        pool=pool, horizon=to_duration(horizon_seconds)
+    )
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = capacity_pb2_grpc.CapacityServiceStub(channel)
+            response = await stub.GetInferenceDemand(request, timeout=timeout)
+    except grpc.RpcError as err:
+        return DemandResult(None, f"scaler {quote(address)}: {_describe(err)}")
+    return _result(response, pool)
+
+
+def _describe(err: grpc.RpcError) -> str:
+    code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
+    details = err.details() if isinstance(err, grpc.aio.AioRpcError) else str(err)
+    name = str(code.name) if code is not None else "error"
+    return f"{name}: {str(details or '')[:MAX_ERROR_LENGTH]}"
+
+
+def _result(response: capacity_pb2.GetInferenceDemandResponse, asked: str) -> DemandResult:
+    known: dict[str, PoolDemand] = {}
+    problems: list[str] = []
+    for message in response.pools:
+        name = str(message.pool)
+        if message.HasField("accelerators_held") and message.HasField("accelerators_needed"):
+            held, needed = float(message.accelerators_held), float(message.accelerators_needed)
+            known[name] = PoolDemand(name, held, needed)
+        else:
+            problems.append(f"pool {quote(name)}: {_unknown(message)}")
+    if asked and asked not in known:
+        problems = problems or [f"pool {quote(asked)}: not in the scaler's answer"]
+        return DemandResult(None, "; ".join(problems)[:MAX_ERROR_LENGTH])
+    return DemandResult(known, "; ".join(problems)[:MAX_ERROR_LENGTH])
+
+
+def _unknown(message: capacity_pb2.PoolDemand) -> str:
+    missing = [
+        field.removeprefix("accelerators_")
+        for field in ("accelerators_held", "accelerators_needed")
+        if not message.HasField(field)
+    ]
+    why = str(message.unknown_reason) or "no reason given"
+    return f"accelerators {' and '.join(missing)} unknown ({why})"
