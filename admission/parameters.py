@@ -320,3 +320,81 @@ class _Reader:
             )
             return default
         return cast("T", value)
+
+
+# --- an AdmissionCheck, its parameters and its Active condition ---------------------------
+
+ACTIVE: Final = "Active"
+ACTIVE_MESSAGE: Final = "The admission check is active"
+BAD_PARAMETERS_REF: Final = "BadParametersRef"
+KUEUE_API_VERSION: Final = "kueue.x-k8s.io/v1beta2"
+
+
+def check_parameters(
+    check: Mapping[str, Any], parameters_objects: Mapping[str, Mapping[str, Any]]
+) -> Parameters:
+    """The parameters an AdmissionCheck refers to, by name among ``parameters_objects``.
+
+    A check without ``spec.parameters`` runs on the defaults (``Parameters()``).
+
+    Raises:
+        ConfigError: the reference names another kind, or an object that does not exist
+            or is invalid; the message says which, for the check's Active condition.
+    """
+    ref = (check.get("spec") or {}).get("parameters")
+    if ref is None:
+        return Parameters()
+    group, ref_kind, name = ref.get("apiGroup"), ref.get("kind"), ref.get("name")
+    if group != API_GROUP or ref_kind != KIND:
+        raise ConfigError(
+            f"spec.parameters: expected apiGroup {API_GROUP} kind {KIND}, got "
+            f"{quote(group)} {quote(ref_kind)}"
+        )
+    obj = parameters_objects.get(name) if isinstance(name, str) else None
+    if obj is None:
+        raise ConfigError(f"{KIND} {quote(name)} not found")
+    return parse_parameters(obj)
+
+
+def active_condition(
+    check: Mapping[str, Any], problem: str | None, now: str
+) -> dict[str, Any] | None:
+    """The ``Active`` condition the check should carry, or None when it carries it.
+
+    ``problem`` None: ``Active=True`` (reason Active); else ``Active=False`` with reason
+    BadParametersRef and ``problem`` as the message. ``now`` (RFC 3339) becomes the
+    transition time only when the status changes.
+    """
+    current = next(
+        (
+            c
+            for c in (check.get("status") or {}).get("conditions") or []
+            if isinstance(c, dict) and c.get("type") == ACTIVE
+        ),
+        None,
+    )
+    wanted: dict[str, Any] = {
+        "type": ACTIVE,
+        "status": "True" if problem is None else "False",
+        "reason": ACTIVE if problem is None else BAD_PARAMETERS_REF,
+        "message": ACTIVE_MESSAGE if problem is None else problem[:32768],
+        "observedGeneration": (check.get("metadata") or {}).get("generation", 0),
+        "lastTransitionTime": now,
+    }
+    if current is not None and current.get("status") == wanted["status"]:
+        wanted["lastTransitionTime"] = current.get("lastTransitionTime", now)
+    if current is not None and all(current.get(k) == v for k, v in wanted.items()):
+        return None
+    return wanted
+
+
+def active_body(check: Mapping[str, Any], condition: Mapping[str, Any]) -> dict[str, Any]:
+    """The server-side-apply body setting ``condition`` on the AdmissionCheck's status."""
+    meta = check.get("metadata") or {}
+    identity = {k: meta[k] for k in ("name", "uid") if k in meta}
+    return {
+        "apiVersion": KUEUE_API_VERSION,
+        "kind": "AdmissionCheck",
+        "metadata": identity,
+        "status": {"conditions": [dict(condition)]},
+    }

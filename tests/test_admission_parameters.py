@@ -13,6 +13,9 @@ from admission.parameters import (
     Headroom,
     LoraParameters,
     Parameters,
+    active_body,
+    active_condition,
+    check_parameters,
     parse_parameters,
 )
 from foundation.errors import ConfigError
@@ -319,3 +322,143 @@ def test_the_crd_enums_and_bounds_are_the_parsers():
     assert headroom["properties"]["whenUnavailable"]["enum"] == ["Hold", "Ignore"]
     lora = props["lora"]["properties"]["tenantsPerInstance"]
     assert (lora["minimum"], lora["maximum"]) == (1, 8)
+
+
+# --- an AdmissionCheck's parameters and Active condition -----------------------------------
+
+NOW_TEXT = "2026-01-01T00:00:00Z"
+EARLIER = "2025-12-31T00:00:00Z"
+
+
+def admission_check(parameters=None, conditions=None, generation=2):
+    spec = {"controllerName": "unitscale.io/capacity"}
+    if parameters is not None:
+        spec["parameters"] = parameters
+    obj = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": "capacity", "uid": "ac-uid", "generation": generation},
+        "spec": spec,
+    }
+    if conditions is not None:
+        obj["status"] = {"conditions": conditions}
+    return obj
+
+
+REF = {"apiGroup": "unitscale.io", "kind": "CapacityCheckParameters", "name": "h200"}
+
+
+@pytest.mark.parametrize(
+    ("check", "objects", "expected"),
+    [
+        pytest.param(admission_check(), {}, Parameters(), id="no-reference-runs-on-the-defaults"),
+        pytest.param(
+            admission_check(REF),
+            {"h200": params_object({"retryAfterSeconds": 5})},
+            Parameters(retry_after_seconds=5),
+            id="the-referenced-object-is-parsed",
+        ),
+    ],
+)
+def test_check_parameters(check, objects, expected):
+    assert check_parameters(check, objects) == expected
+
+
+@pytest.mark.parametrize(
+    ("check", "objects", "message"),
+    [
+        pytest.param(
+            admission_check(REF), {}, "CapacityCheckParameters 'h200' not found", id="missing"
+        ),
+        pytest.param(
+            admission_check({**REF, "kind": "ProvisioningRequestConfig"}),
+            {"h200": params_object()},
+            "spec.parameters: expected apiGroup unitscale.io kind CapacityCheckParameters, "
+            "got 'unitscale.io' 'ProvisioningRequestConfig'",
+            id="another-kind",
+        ),
+        pytest.param(
+            admission_check({**REF, "apiGroup": "kueue.x-k8s.io"}),
+            {"h200": params_object()},
+            "got 'kueue.x-k8s.io' 'CapacityCheckParameters'",
+            id="another-group",
+        ),
+        pytest.param(
+            admission_check(REF),
+            {"h200": params_object({"lora": {"tenantsPerInstance": 80}})},
+            "CapacityCheckParameters 'h200': spec.lora.tenantsPerInstance=80",
+            id="an-invalid-object",
+        ),
+    ],
+)
+def test_a_bad_reference_names_the_problem(check, objects, message):
+    with pytest.raises(ConfigError) as raised:
+        check_parameters(check, objects)
+    assert message in str(raised.value)
+
+
+def active(status="True", reason="Active", message="The admission check is active", **more):
+    return {
+        "type": "Active",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": 2,
+        "lastTransitionTime": EARLIER,
+        **more,
+    }
+
+
+@pytest.mark.parametrize(
+    ("check", "problem", "expected"),
+    [
+        pytest.param(
+            admission_check(),
+            None,
+            {**active(), "lastTransitionTime": NOW_TEXT},
+            id="a-new-check-becomes-active-now",
+        ),
+        pytest.param(
+            admission_check(conditions=[active()]), None, None, id="an-active-check-is-left-alone"
+        ),
+        pytest.param(
+            admission_check(conditions=[active()]),
+            "CapacityCheckParameters 'h200' not found",
+            {
+                **active("False", "BadParametersRef", "CapacityCheckParameters 'h200' not found"),
+                "lastTransitionTime": NOW_TEXT,
+            },
+            id="a-missing-object-makes-it-inactive-naming-it",
+        ),
+        pytest.param(
+            admission_check(conditions=[active("False", "BadParametersRef", "old problem")]),
+            "new problem",
+            active("False", "BadParametersRef", "new problem"),
+            id="a-new-problem-keeps-the-transition-time",
+        ),
+        pytest.param(
+            admission_check(conditions=[active("False", "BadParametersRef", "old problem")]),
+            None,
+            {**active(), "lastTransitionTime": NOW_TEXT},
+            id="fixed-parameters-make-it-active-again",
+        ),
+        pytest.param(
+            admission_check(conditions=[active()], generation=3),
+            None,
+            {**active(), "observedGeneration": 3},
+            id="a-new-generation-is-observed",
+        ),
+    ],
+)
+def test_active_condition(check, problem, expected):
+    assert active_condition(check, problem, NOW_TEXT) == expected
+
+
+def test_the_active_body_is_minimal():
+    condition = active()
+    assert active_body(admission_check(conditions=[active("False")]), condition) == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": "capacity", "uid": "ac-uid"},
+        "status": {"conditions": [condition]},
+    }
