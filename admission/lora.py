@@ -1,0 +1,259 @@
+"""LoRA fine-tuning tenants sharing a base-model instance's nodes, N at most per instance.
+
+Pure: Workloads and Pods as the API server's JSON in; an assignment out.
+
+A Workload annotated ``unitscale.io/lora-base-model: <model>`` is a tenant of that base
+model. Tenants are grouped into instances of at most ``tenants_per_instance`` (1-8,
+default 5); an instance is named ``<model slug>-<n>`` and carried to the pods as the
+``unitscale.io/lora-instance`` label (a podSetUpdate). A new tenant joins the fullest
+instance of its model that still has a seat (packing tenants onto as few instances as
+possible), else starts the next instance (the smallest unused ``n``). When the joined
+instance's pods run, a ``kubernetes.io/hostname`` nodeSelector co-locates the tenant.
+
+Who holds a seat: a Workload that is not finished, evicted or deactivated, and carries
+our label in a Ready admission-check entry, or (admitted) on its pod template. A Ready
+entry counts before Kueue admits, so two tenants decided close together cannot both take
+the last seat; Pending entries carry no podSetUpdates (Kueue drops them when it resets
+checks on eviction). Instances are cluster-wide: tenants of one base model share nodes
+whatever their namespace.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from admission import annotations as names
+from admission.hints import Hints, workload_annotation
+
+DEFAULT_TENANTS_PER_INSTANCE: Final = 5
+MAX_TENANTS_PER_INSTANCE: Final = 8
+_SLUG_LENGTH: Final = 50
+"""Leaves room in a 63-character label value for ``-<n>``."""
+_NOT_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def validate_tenants_per_instance(value: object) -> int:
+    """``value`` as the tenant limit.
+
+    Raises:
+        ValueError: not an integer from 1 to 8 (a bool is not an integer here).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
+        raise ValueError(
+            f"tenants_per_instance must be an integer from 1 to {MAX_TENANTS_PER_INSTANCE}, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def base_model(workload: Mapping[str, Any]) -> str | None:
+    """The base model a Workload fine-tunes; ``None``: not a LoRA tenant (or blank)."""
+    value = workload_annotation(workload, names.LORA_BASE_MODEL)
+    return value.strip() if value and value.strip() else None
+
+
+def instance_slug(model: str) -> str:
+    """A label-value-safe stem for a model's instances: ``meta-llama-llama-3-1-8b``."""
+    slug = _NOT_SLUG.sub("-", model.lower()).strip("-")[:_SLUG_LENGTH].strip("-")
+    return slug or "model"
+
+
+@dataclass(frozen=True)
+class LoraAssignment:
+    """The instance a tenant goes to, and where its pods should run."""
+
+    workload: str
+    """``namespace/name`` of the tenant."""
+    base_model: str
+    instance: str
+    tenants: int
+    """Tenants on the instance, this one included."""
+    capacity: int
+    new_instance: bool
+    node: str | None
+    """The node to co-locate with (``None``: no pods of the instance run yet)."""
+    message: str
+
+    def hints(self) -> Hints:
+        """The label, and the nodeSelector when there is a node to join."""
+        selector = {names.HOSTNAME: self.node} if self.node else {}
+        return Hints(labels={names.LORA_INSTANCE: self.instance}, node_selector=selector)
+
+
+@dataclass(frozen=True)
+class _Seat:
+    workload: str
+    base_model: str | None
+    instance: str
+
+
+def assign_instance(
+    workload: Mapping[str, Any],
+    workloads: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    tenants_per_instance: int = DEFAULT_TENANTS_PER_INSTANCE,
+    taken: Sequence[LoraAssignment] = (),
+) -> LoraAssignment | None:
+    """The instance ``workload`` joins; ``None`` when it is not a LoRA tenant.
+
+    Args:
+        workload: the Workload to place.
+        workloads: all Workloads (seat holders are read from them).
+        pods: all Pods (where each instance runs).
+        tenants_per_instance: at most this many tenants per instance, 1-8.
+        taken: assignments made earlier in the same pass, not yet in ``workloads``.
+
+    Raises:
+        ValueError: ``tenants_per_instance`` is not an integer from 1 to 8.
+    """
+    limit = validate_tenants_per_instance(tenants_per_instance)
+    model = base_model(workload)
+    if model is None:
+        return None
+    me = _key(workload)
+    seats = [s for s in _seats(workloads) if s.workload != me]
+    seats += [_Seat(a.workload, a.base_model, a.instance) for a in taken if a.workload != me]
+    counts = Counter(s.instance for s in seats)
+    pinned = _template_instance(workload)
+    own = _ready_instance(workload)
+    if pinned:
+        instance, why = pinned, "set on its pod template"
+    elif own and counts[own] < limit:
+        instance, why = own, ""
+    else:
+        instance, why = _choose(model, seats, pods, limit), ""
+    tenants = counts[instance] + 1
+    node, where = _node(instance, pods)
+    verb = "keeps" if instance == own else "starts" if counts[instance] == 0 else "joins"
+    message = f"{verb} LoRA instance {instance} of {model} ({tenants} of {limit} tenants"
+    message += f", {why})" if why else ")"
+    if tenants > limit:
+        message += f": over the limit of {limit}, as the pod template asks"
+    return LoraAssignment(
+        me, model, instance, tenants, limit, counts[instance] == 0, node, f"{message}; {where}"
+    )
+
+
+def tenants_per_base_model(workloads: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Seat holders per base model, for the tenants metric (models with none absent)."""
+    counts = Counter(s.base_model for s in _seats(workloads) if s.base_model)
+    return {model: counts[model] for model in sorted(counts)}
+
+
+def _choose(
+    model: str, seats: Sequence[_Seat], pods: Sequence[Mapping[str, Any]], limit: int
+) -> str:
+    """The fullest instance of ``model`` with a free seat, else the next new one."""
+    by_instance: dict[str, set[str | None]] = {}
+    for seat in seats:
+        by_instance.setdefault(seat.instance, set()).add(seat.base_model)
+    counts = Counter(s.instance for s in seats)
+    slug = instance_slug(model)
+    joinable = [i for i, models in by_instance.items() if models == {model} and counts[i] < limit]
+    if joinable:
+        return min(joinable, key=lambda i: (-counts[i], _number(i, slug), i))
+    # Ids held by other models (a shared slug) or by pods still running are skipped.
+    used = set(by_instance) | {_labels(p).get(names.LORA_INSTANCE, "") for p in _live(pods)}
+    n = 1
+    while f"{slug}-{n}" in used:
+        n += 1
+    return f"{slug}-{n}"
+
+
+def _node(instance: str, pods: Sequence[Mapping[str, Any]]) -> tuple[str | None, str]:
+    """The node to pin to, and a sentence on why.
+
+    A nodeSelector names one node (podSetUpdates carry no affinity), so when the
+    instance runs on several nodes the tenant goes to the one with most of its pods,
+    the first name on a tie.
+    """
+    nodes = Counter(
+        str(p["spec"]["nodeName"])
+        for p in _live(pods)
+        if _labels(p).get(names.LORA_INSTANCE) == instance and (p.get("spec") or {}).get("nodeName")
+    )
+    if not nodes:
+        return None, "no running pods of it yet: no node pin"
+    node, count = min(nodes.items(), key=lambda item: (-item[1], item[0]))
+    total = sum(nodes.values())
+    if len(nodes) == 1:
+        return node, f"pinned to node {node}, where its pods run"
+    return node, (
+        f"pinned to node {node}, which runs {count} of its {total} pods on {len(nodes)} nodes "
+        "(a nodeSelector names one node)"
+    )
+
+
+def _seats(workloads: Iterable[Mapping[str, Any]]) -> list[_Seat]:
+    seats = []
+    for wl in workloads:
+        if not _holds_seat(wl):
+            continue
+        instance = _ready_instance(wl) or (_template_instance(wl) if _admitted(wl) else None)
+        if instance:
+            seats.append(_Seat(_key(wl), base_model(wl), instance))
+    return seats
+
+
+def _holds_seat(workload: Mapping[str, Any]) -> bool:
+    if (workload.get("spec") or {}).get("active") is False:
+        return False
+    return not any(_condition(workload, kind) for kind in ("Finished", "Evicted"))
+
+
+def _admitted(workload: Mapping[str, Any]) -> bool:
+    return _condition(workload, "Admitted")
+
+
+def _condition(workload: Mapping[str, Any], kind: str) -> bool:
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+
+def _ready_instance(workload: Mapping[str, Any]) -> str | None:
+    """Our label in a Ready admission-check entry's podSetUpdates."""
+    for entry in (workload.get("status") or {}).get("admissionChecks") or []:
+        if entry.get("state") != "Ready":
+            continue
+        for update in entry.get("podSetUpdates") or []:
+            value = (update.get("labels") or {}).get(names.LORA_INSTANCE)
+            if value:
+                return str(value)
+    return None
+
+
+def _template_instance(workload: Mapping[str, Any]) -> str | None:
+    for pod_set in (workload.get("spec") or {}).get("podSets") or []:
+        metadata = (pod_set.get("template") or {}).get("metadata") or {}
+        value = (metadata.get("labels") or {}).get(names.LORA_INSTANCE)
+        if value:
+            return str(value)
+    return None
+
+
+def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [
+        p
+        for p in pods
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _key(workload: Mapping[str, Any]) -> str:
+    meta = workload.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _number(instance: str, slug: str) -> int:
+    tail = instance.removeprefix(f"{slug}-")
+    return int(tail) if tail.isdigit() else 1 << 30
