@@ -2,8 +2,10 @@
 
 The Dataset and DataLoad objects are golden files shaped as Fluid v1.0.8 writes them
 (``tests/golden/fluid``), and each one, like the DataLoad ``dataload_for`` makes, is
-checked against the structural schema of the real CRD in ``/work/shared/crds/fluid``
-(the same rules the API server applies: known fields, types, enums, required fields).
+checked against the structural schema of the real CRD, read by path from
+``shared/crds/fluid`` in or beside the checkout (never copied into the repository), with
+the rules the API server applies to these CRDs: known fields, types, enums, required
+fields, lengths and patterns.
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ from admission.fluid import (
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "fluid"
-CRDS = Path("/work/shared/crds/fluid")
+ROOT = Path(__file__).resolve().parent.parent
+CRDS = next(
+    (d for d in (ROOT / "shared/crds/fluid", ROOT.parent / "shared/crds/fluid") if d.is_dir()),
+    ROOT.parent / "shared/crds/fluid",
+)
+needs_crds = pytest.mark.skipif(not CRDS.is_dir(), reason=f"no Fluid CRDs at {CRDS}")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -521,9 +528,10 @@ TYPES: dict[str, tuple[type, ...]] = {
 
 def schema_errors(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     """What the API server's structural-schema validation would refuse (a subset)."""
-    if schema.get("x-kubernetes-int-or-string"):
-        ok = isinstance(value, int | str) and not isinstance(value, bool)
-        return [] if ok else [f"{path}: not int-or-string"]
+    if schema.get("x-kubernetes-int-or-string") and (
+        isinstance(value, bool) or not isinstance(value, int | str)
+    ):
+        return [f"{path}: not int-or-string"]
     kind = schema.get("type")
     if kind and (
         not isinstance(value, TYPES[kind]) or (kind != "boolean" and isinstance(value, bool))
@@ -531,6 +539,12 @@ def schema_errors(value: Any, schema: dict[str, Any], path: str = "") -> list[st
         return [f"{path}: {value!r} is not {kind}"]
     if "enum" in schema and value not in schema["enum"]:
         return [f"{path}: {value!r} not in {schema['enum']}"]
+    if isinstance(value, str) and (
+        len(value) < schema.get("minLength", 0)
+        or len(value) > schema.get("maxLength", len(value))
+        or ("pattern" in schema and not re.search(schema["pattern"], value))
+    ):
+        return [f"{path}: {value!r} breaks its length or pattern"]
     errors = []
     if isinstance(value, dict) and path != ".metadata":
         props = schema.get("properties", {})
@@ -560,6 +574,7 @@ def schema_errors(value: Any, schema: dict[str, Any], path: str = "") -> list[st
         pytest.param(golden("dataset-notbound.yaml"), "datasets", id="golden-dataset-notbound"),
     ],
 )
+@needs_crds
 def test_the_objects_validate_against_fluids_crd_schema(obj, kind):
     assert schema_errors(obj, crd_schema(kind)) == []
 
@@ -571,7 +586,12 @@ def test_the_objects_validate_against_fluids_crd_schema(obj, kind):
         pytest.param({"spec": {"dataset": {"namespace": "x"}}}, id="a-required-field"),
         pytest.param({"spec": {"dataset": {"name": "x"}, "targets": []}}, id="an-unknown-field"),
         pytest.param({"spec": {"dataset": {"name": "x"}, "loadMetadata": "yes"}}, id="a-type"),
+        pytest.param(
+            {"spec": {"dataset": {"name": "x"}, "resources": {"limits": {"cpu": "lots"}}}},
+            id="a-pattern",
+        ),
     ],
 )
+@needs_crds
 def test_the_schema_check_can_fail(bad):
     assert schema_errors({"apiVersion": "v", "kind": "DataLoad", **bad}, crd_schema("dataloads"))
