@@ -43,11 +43,11 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any, Final, Literal
 
 from admission import annotations as names
 from admission.hints import workload_annotation
+from admission.workload import parse_time
 
 RawObject = dict[str, Any]
 """An API object as the API server's JSON."""
@@ -506,13 +506,5 @@ def _finished_at(load: Mapping[str, Any]) -> float | None:
     for kind in ("Complete", "Failed"):
         stamp = _condition(load, kind).get("lastTransitionTime")
         if stamp:
-            return _rfc3339(str(stamp))
-    stamp = (load.get("status") or {}).get("lastSuccessfulTime")
-    return _rfc3339(str(stamp)) if stamp else None
-
-
-def _rfc3339(stamp: str) -> float | None:
-    try:
-        return datetime.fromisoformat(stamp).timestamp()
-    except ValueError:
-        return None
+            return parse_time(stamp)
+    return parse_time((load.get("status") or {}).get("lastSuccessfulTime"))

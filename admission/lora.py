@@ -11,7 +11,8 @@ possible), else starts the next instance (the smallest unused ``n``). When the j
 instance's pods run, a ``kubernetes.io/hostname`` nodeSelector co-locates the tenant.
 
 Who holds a seat: a Workload that is not finished, evicted or deactivated, and carries
-our label in a Ready admission-check entry, or (admitted) on its pod template. A Ready
+our label in a Ready admission-check entry, or (admitted) on its pod template; one
+marked for deactivation (``DeactivationTarget``) is leaving and holds none. A Ready
 entry counts before Kueue admits, so two tenants decided close together cannot both take
 the last seat; Pending entries carry no podSetUpdates (Kueue drops them when it resets
 checks on eviction). Instances are cluster-wide: tenants of one base model share nodes
@@ -28,6 +29,7 @@ from typing import Any, Final
 
 from admission import annotations as names
 from admission.hints import Hints, workload_annotation
+from admission.workload import condition_status, key
 
 DEFAULT_TENANTS_PER_INSTANCE: Final = 5
 MAX_TENANTS_PER_INSTANCE: Final = 8
@@ -115,7 +117,7 @@ def assign_instance(
     model = base_model(workload)
     if model is None:
         return None
-    me = _key(workload)
+    me = key(workload)
     seats = [s for s in _seats(workloads) if s.workload != me]
     seats += [_Seat(a.workload, a.base_model, a.instance) for a in taken if a.workload != me]
     counts = Counter(s.instance for s in seats)
@@ -196,23 +198,19 @@ def _seats(workloads: Iterable[Mapping[str, Any]]) -> list[_Seat]:
             continue
         instance = _ready_instance(wl) or (_template_instance(wl) if _admitted(wl) else None)
         if instance:
-            seats.append(_Seat(_key(wl), base_model(wl), instance))
+            seats.append(_Seat(key(wl), base_model(wl), instance))
     return seats
 
 
 def _holds_seat(workload: Mapping[str, Any]) -> bool:
     if (workload.get("spec") or {}).get("active") is False:
         return False
-    return not any(_condition(workload, kind) for kind in ("Finished", "Evicted"))
+    leaving = ("Finished", "Evicted", "DeactivationTarget")
+    return not any(condition_status(workload, kind) == "True" for kind in leaving)
 
 
 def _admitted(workload: Mapping[str, Any]) -> bool:
-    return _condition(workload, "Admitted")
-
-
-def _condition(workload: Mapping[str, Any], kind: str) -> bool:
-    conditions = (workload.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+    return condition_status(workload, "Admitted") == "True"
 
 
 def _ready_instance(workload: Mapping[str, Any]) -> str | None:
@@ -247,11 +245,6 @@ def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return (obj.get("metadata") or {}).get("labels") or {}
-
-
-def _key(workload: Mapping[str, Any]) -> str:
-    meta = workload.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def _number(instance: str, slug: str) -> int:

@@ -165,6 +165,12 @@ NEW = tenant("new", instance=None, conditions=("QuotaReserved",))
             id="a-deactivated-tenant-frees-its-seat",
         ),
         pytest.param(
+            [tenant("going", instance=f"{SLUG}-1", conditions=("Admitted", "DeactivationTarget"))],
+            5,
+            (f"{SLUG}-1", 1, True),
+            id="a-tenant-marked-for-deactivation-frees-its-seat",
+        ),
+        pytest.param(
             [tenant("reset", instance=f"{SLUG}-1", state="Pending")],
             5,
             (f"{SLUG}-1", 1, True),
