@@ -176,6 +176,67 @@ def test_replay_refuses_an_unknown_policy(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("trace", "message"),
+    [
+        pytest.param(
+            "builtin:weekend",
+            "unknown built-in trace 'builtin:weekend'; one of builtin:business-day",
+            id="an-unknown-builtin-trace-is-refused-naming-the-builtins",
+        ),
+        pytest.param(
+            "{tmp}/missing.csv", "cannot read trace", id="a-missing-trace-file-is-refused"
+        ),
+    ],
+)
+def test_replay_refuses_a_trace_it_cannot_read(tmp_path, trace, message):
+    result = subprocess.run(
+        [
+            *UNITSCALE,
+            "replay",
+            "--trace",
+            trace.format(tmp=tmp_path),
+            "--policy",
+            "unitscale",
+            "--report",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_replay_runs_the_builtin_business_day(tmp_path):
+    # 5% of the day's requests, 20x faster: three minutes of trace, about 9,000 requests.
+    result = subprocess.run(
+        [
+            *UNITSCALE,
+            "replay",
+            "--trace",
+            "builtin:business-day",
+            "--policy",
+            "unitscale",
+            "--rate-multiplier",
+            "0.05",
+            "--time-compression",
+            "20",
+            "--report",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    import json
+
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert 8_000 < results["unitscale"]["requests"] < 10_000
+    assert "# Replay of `builtin:business-day`" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
     ("command", "text", "key"),
     [
         pytest.param("scaler", "max-signal-age: null\n", "max-signal-age", id="scaler-null"),

@@ -133,7 +133,11 @@ def _add_sim_replica_command(commands: Commands) -> None:
 
 def _add_replay_command(commands: Commands) -> None:
     replay = commands.add_parser("replay", help="simulate a vLLM fleet under KEDA for every policy")
-    replay.add_argument("--trace", type=Path, required=True, help="Azure LLM CSV or Mooncake JSONL")
+    replay.add_argument(
+        "--trace",
+        required=True,
+        help="Azure LLM CSV, Mooncake JSONL, or builtin:business-day (replay.workloads)",
+    )
     replay.add_argument("--policy", default="all", help="a policy name or 'all'")
     replay.add_argument("--rate-multiplier", type=float, default=1.0)
     replay.add_argument("--time-compression", type=float, default=1.0)
@@ -443,12 +447,16 @@ def _run_replay(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from replay.run import run_policies, write_report
-    from replay.trace import TraceError, read_trace, scale
+    from replay.trace import TraceError, scale
+    from replay.workloads import load_trace
 
     config, names = _replay_config(args)
     try:
         trace = scale(
-            read_trace(args.trace), args.rate_multiplier, args.time_compression, args.seed
+            load_trace(args.trace, args.seed),
+            args.rate_multiplier,
+            args.time_compression,
+            args.seed,
         )
     except TraceError as err:
         raise ConfigError(str(err)) from err

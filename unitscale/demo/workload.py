@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from replay.trace import Trace
+from replay.workloads import lognormal_lengths, thinned_arrivals
 
 # (start, end, rate at start, rate at end) as shares of the length and of the base rate;
 # None stands for the burst rate.
@@ -75,19 +75,10 @@ def generate(shape: WorkloadShape, seed: int = 0) -> Trace:
     """A Poisson trace with ``rate_at``'s shape (thinning), reproducible for a seed."""
     rng = np.random.default_rng(seed)
     peak = max(shape.base_rate, shape.burst_rate)
-    # Thinning: candidates at the peak rate, each kept with probability rate(t) / peak.
-    count = rng.poisson(peak * shape.length)
-    candidates = np.sort(rng.uniform(0.0, shape.length, count))
-    keep = rng.random(count) * peak < np.array([rate_at(t, shape) for t in candidates])
-    arrival = candidates[keep]
+    arrival = thinned_arrivals(
+        rng, lambda times: np.array([rate_at(t, shape) for t in times]), peak, shape.length
+    )
     n = len(arrival)
-    prompt = _lognormal(rng, shape.prompt_median, shape.sigma, shape.prompt_range, n)
-    output = _lognormal(rng, shape.output_median, shape.sigma, shape.output_range, n)
+    prompt = lognormal_lengths(rng, shape.prompt_median, shape.sigma, shape.prompt_range, n)
+    output = lognormal_lengths(rng, shape.output_median, shape.sigma, shape.output_range, n)
     return Trace("unitscale-demo", arrival, prompt, output)
-
-
-def _lognormal(
-    rng: np.random.Generator, median: float, sigma: float, bounds: tuple[int, int], n: int
-) -> npt.NDArray[np.int64]:
-    values = np.rint(rng.lognormal(np.log(median), sigma, n)).astype(np.int64)
-    return np.clip(values, *bounds)
