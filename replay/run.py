@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from replay.oracle import REACHED, find_clairvoyant, find_instant_bound, smallest_static
+from replay.oracle import (
+    REACHED,
+    OracleSchedule,
+    find_clairvoyant,
+    find_instant_bound,
+    smallest_static,
+)
 from replay.policies import (
     AibrixKv,
     Kpa,
@@ -96,12 +102,11 @@ def run_policies(
             raise ValueError(f"unknown policy {name!r}; one of {', '.join(ALL_POLICIES)}")
     target = options.slo_target
     instant, schedule = find_instant_bound(trace, config, target)
-    planned = np.minimum(schedule.replicas(), config.max_replicas)
-    warm = int(planned[0]) if options.warm_start and len(planned) else 0
+    warm = warm_replicas(schedule, config, options)
     static: tuple[Result, int] | None = None
     sized = "static-peak" in names and "replicas" not in knobs.get("static-peak", {})
     if sized or "oracle" in names:
-        static = smallest_static(trace, config, target, hint=int(planned.max(initial=1)))
+        static = smallest_static(trace, config, target, hint=static_hint(schedule, config))
     results: dict[str, Result] = {}
     for name in names:
         if name == "oracle":
@@ -119,6 +124,17 @@ def run_policies(
                 trace, policy, config, progress=callback, initial_replicas=warm
             )
     return results
+
+
+def warm_replicas(schedule: OracleSchedule, config: SimConfig, options: ReplayOptions) -> int:
+    """The replicas every policy starts with: the instant bound's first interval's (or 0)."""
+    planned = np.minimum(schedule.replicas(), config.max_replicas)
+    return int(planned[0]) if options.warm_start and len(planned) else 0
+
+
+def static_hint(schedule: OracleSchedule, config: SimConfig) -> int:
+    """The static fleet size ``smallest_static`` tries first: the instant bound's peak."""
+    return int(np.minimum(schedule.replicas(), config.max_replicas).max(initial=1))
 
 
 def make_policy(name: str, config: SimConfig, options: ReplayOptions, **knobs: Any) -> Policy:
