@@ -265,3 +265,73 @@ async def _watch(
             else:
                 objects[name] = obj
             on_change(dict(objects))
+
+
+# --- writes -----------------------------------------------------------------------------
+
+
+async def _send(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    body: RawObject,
+    content_type: str,
+    query: list[tuple[str, object]],
+) -> RawObject:
+    response = await api.call_api(
+        path,
+        method,
+        query_params=query,
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=30,
+    )
+    async with response:
+        text = await response.read()
+    if not 200 <= response.status <= 299:
+        error = client.ApiException(status=response.status, reason=response.reason)
+        error.body = text[:2000]
+        raise error
+    answer: RawObject = json.loads(text)
+    return answer
+
+
+async def apply(
+    api: client.ApiClient,
+    resource: Resource,
+    body: RawObject,
+    *,
+    field_manager: str,
+    subresource: str = "",
+    force: bool = True,
+) -> RawObject:
+    """Server-side apply ``body`` (named by its metadata) and return the object after it.
+
+    Sent as ``application/apply-patch+yaml`` (JSON is YAML) with ``fieldManager`` and
+    ``force``; ``subresource="status"`` writes the status subresource. A
+    ``metadata.resourceVersion`` in the body is a precondition: a changed object answers
+    409.
+
+    Raises:
+        client.ApiException: any answer but 2xx (``status`` 409: a conflict).
+    """
+    meta = body["metadata"]
+    path = f"{resource.path(meta.get('namespace'))}/{meta['name']}"
+    if subresource:
+        path += f"/{subresource}"
+    query: list[tuple[str, object]] = [("fieldManager", field_manager)]
+    if force:
+        query.append(("force", "true"))
+    return await _send(api, "PATCH", path, body, "application/apply-patch+yaml", query)
+
+
+async def create(api: client.ApiClient, resource: Resource, body: RawObject) -> RawObject:
+    """Create ``body`` (in ``metadata.namespace`` for a namespaced resource).
+
+    Raises:
+        client.ApiException: any answer but 2xx (``status`` 409: it exists already).
+    """
+    path = resource.path(body["metadata"].get("namespace"))
+    return await _send(api, "POST", path, body, "application/json", [])

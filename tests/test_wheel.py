@@ -136,7 +136,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_from_anywhere(tmp_path):
     env = clean_env(venv)
     usage = run([venv / "bin" / "unitscale", "--help"], elsewhere, env)
     assert usage.startswith("usage: unitscale")
-    for command in ("scaler", "exporter", "gateway", "sim-replica", "replay", "demo"):
+    for command in ("scaler", "exporter", "gateway", "sim-replica", "admission", "replay", "demo"):
         assert command in usage
     version = run([venv / "bin" / "unitscale", "--version"], elsewhere, env)
     assert metadata.version("unitscale") in version

@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_exporter_command(commands)
     _add_gateway_command(commands)
     _add_sim_replica_command(commands)
+    _add_admission_command(commands)
     _add_replay_command(commands)
     _add_demo_command(commands)
     return parser
@@ -129,6 +130,28 @@ def _add_sim_replica_command(commands: Commands) -> None:
     sim.add_argument("--model", default="sim-llama", help="served model name")
     sim.add_argument("--speedup", type=float, default=1.0, help="run engine steps this much faster")
     sim.set_defaults(run=_run_sim_replica, default_log_level="info")
+
+
+def _add_admission_command(commands: Commands) -> None:
+    admission = commands.add_parser(
+        "admission", help="Kueue admission check: GPU gang fit (HAMi), data (Fluid), headroom"
+    )
+    admission.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig for API access (default: in-cluster service account when in a "
+        "pod, else $KUBECONFIG or ~/.kube/config)",
+    )
+    admission.add_argument(
+        "--controller-name",
+        help="spec.controllerName of the AdmissionChecks served, also the field manager "
+        "(default: the config's, else unitscale.io/capacity)",
+    )
+    admission.add_argument("--config", type=Path, help="admission config YAML (read at start)")
+    admission.add_argument(
+        "--metrics-listen", help="HOST:PORT of /metrics and /healthz (default 0.0.0.0:9094)"
+    )
+    admission.set_defaults(run=_run_admission, default_log_level="info")
 
 
 def _add_replay_command(commands: Commands) -> None:
@@ -427,6 +450,28 @@ def _run_sim_replica(args: argparse.Namespace) -> int:
 
     async def build() -> SimReplicaServer:
         return SimReplicaServer(profile, args.listen, args.model, args.speedup)
+
+    return _serve_until_signal(build)
+
+
+def _run_admission(args: argparse.Namespace) -> int:
+    from admission.app import AdmissionServer, configure_logging
+    from admission.config import load_config
+    from foundation.kube import KubeAccess
+
+    overrides = {
+        key: value
+        for key, value in (
+            ("controller-name", args.controller_name),
+            ("metrics-listen", args.metrics_listen),
+        )
+        if value is not None
+    }
+    config = load_config(args.config, overrides)
+    configure_logging(config, keep_level=args.log_level is not None)
+
+    async def build() -> AdmissionServer:
+        return AdmissionServer(config, KubeAccess(args.kubeconfig))
 
     return _serve_until_signal(build)
 

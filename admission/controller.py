@@ -1,0 +1,535 @@
+"""The admission-check controller: watches, an in-memory view, and one reconcile loop.
+
+Seven list-then-watch loops (``foundation.kube.watch_objects``) keep the view: our
+AdmissionChecks and their CapacityCheckParameters, Workloads in every namespace, Nodes,
+live Pods, and Fluid's Datasets and DataLoads. A resource the server does not serve (Fluid
+not installed) is an empty set marked ``absent``, never a crash, and is picked up once its
+CRD appears.
+
+Every change marks the view dirty; the loop waits ``debounce`` after the first change,
+then runs one pass over the whole view, so a burst of 1,000 Workload events costs a few
+passes. A pass also runs every ``resync`` seconds. No pass runs before every watch has
+listed once: deciding on an empty Pod list would hand out GPUs that pods hold.
+
+A pass: keep each of our AdmissionChecks Active (or Active=False, BadParametersRef, with
+the problem); gather the Pending checks Kueue lets us write (``workload.actionable``),
+call ``admission.decide.decide_all`` once for all of them, create what the decisions ask
+for (DataLoads; AlreadyExists is fine), and write each check state that changed with
+server-side apply (``workload.apply_body``: uid and resourceVersion as preconditions, so
+a Workload changed since our view answers 409 and the next pass judges it again).
+
+What we write comes back through the watch later; until it does, the object our write
+returned stands in for the watched one (the higher resourceVersion wins), so the next
+pass neither writes the same state twice nor judges a stale copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from admission import hami, lora
+from admission import parameters as params
+from admission.config import AdmissionConfig
+from admission.demand import DemandResult, fetch_demand
+from admission.metrics import AdmissionMetrics
+from admission.workload import actionable, apply_body, check_entries, format_time, key
+from foundation.errors import ConfigError
+from foundation.kube import (
+    NODES,
+    PODS,
+    KubeAccess,
+    RawObject,
+    Resource,
+    Selection,
+    apply,
+    create,
+    watch_objects,
+)
+
+if TYPE_CHECKING:
+    from admission.decide import Cluster, Pending
+
+log = logging.getLogger(__name__)
+
+ADMISSION_CHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", namespaced=False)
+WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads")
+PARAMETERS = Resource(params.API_GROUP, params.VERSION, params.PLURAL, namespaced=False)
+DATASETS = Resource("data.fluid.io", "v1alpha1", "datasets")
+DATALOADS = Resource("data.fluid.io", "v1alpha1", "dataloads")
+
+WATCHES: Mapping[str, Selection] = {
+    "admissionchecks": Selection(ADMISSION_CHECKS),
+    "parameters": Selection(PARAMETERS),
+    "workloads": Selection(WORKLOADS),
+    "nodes": Selection(NODES),
+    # Finished pods hold nothing (HAMi frees their cards): not worth a copy in memory.
+    "pods": Selection(PODS, field_selector="status.phase!=Succeeded,status.phase!=Failed"),
+    "datasets": Selection(DATASETS),
+    "dataloads": Selection(DATALOADS),
+}
+RETRY_MIN = 1.0
+RETRY_MAX = 30.0
+"""Seconds before a pass whose writes failed runs again (doubling)."""
+CREATABLE: Mapping[tuple[str, str], Resource] = {("data.fluid.io/v1alpha1", "DataLoad"): DATALOADS}
+"""What a decision may ask us to create, by (apiVersion, kind)."""
+
+
+class Decision(Protocol):
+    """What the controller reads of an ``admission.decide.Decision``."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def workload(self) -> str: ...
+    @property
+    def check(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def requeue_after_seconds(self) -> int | None: ...
+    @property
+    def pod_set_updates(self) -> Sequence[Mapping[str, Any]]: ...
+    @property
+    def create(self) -> Sequence[Mapping[str, Any]]: ...
+
+
+Decide = Callable[[Sequence["Pending"], "Cluster", float], Sequence[Decision]]
+FetchDemand = Callable[..., Awaitable[DemandResult]]
+
+
+@dataclass
+class Watched:
+    """One watch's latest set and how it stands."""
+
+    objects: dict[str, RawObject] = field(default_factory=dict)
+    synced: bool = False
+    """Listed at least once (or found not served)."""
+    absent: bool = False
+    """The server does not serve the resource (its CRD is not installed)."""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The view at the start of a pass; a pass reads nothing else."""
+
+    checks: dict[str, RawObject]
+    parameters: dict[str, RawObject]
+    workloads: dict[str, RawObject]
+    nodes: list[RawObject]
+    pods: list[RawObject]
+    datasets: list[RawObject]
+    dataloads: list[RawObject]
+
+
+class _Once:
+    """Log a recurring problem when it changes, not on every pass."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, str] = {}
+
+    def warn(self, topic: str, message: str, *args: object) -> None:
+        text = message % args if args else message
+        level = logging.WARNING if self._last.get(topic) != text else logging.DEBUG
+        self._last[topic] = text
+        log.log(level, "%s", text)
+
+    def clear(self, topic: str) -> None:
+        self._last.pop(topic, None)
+
+
+class Controller:
+    """Watches, the view, and the reconcile loop; ``run()`` until cancelled."""
+
+    def __init__(
+        self,
+        access: KubeAccess,
+        config: AdmissionConfig,
+        metrics: AdmissionMetrics | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        decide: Decide | None = None,
+        demand: FetchDemand = fetch_demand,
+    ) -> None:
+        self.access = access
+        self.config = config
+        self.name = config.controller_name
+        self.metrics = metrics or AdmissionMetrics()
+        self._clock = clock
+        self._decide = decide
+        self._fetch_demand = demand
+        self.watched = {name: Watched() for name in WATCHES}
+        self._fresh: dict[tuple[str, str], RawObject] = {}
+        self._dirty = asyncio.Event()
+        self._synced = asyncio.Event()
+        self._demand_cache: dict[tuple[str, str, int], tuple[float, DemandResult]] = {}
+        self._once = _Once()
+        self.passes = 0
+        self.last_pass_end: float | None = None
+        self.started = time.monotonic()
+        self._loop: asyncio.Task[None] | None = None
+        self._unwritten = False
+        """A write of the last pass failed for a reason other than a conflict."""
+
+    # --- the view --------------------------------------------------------------------
+
+    def _changed(self, name: str, objects: dict[str, RawObject]) -> None:
+        watched = self.watched[name]
+        watched.objects, watched.synced, watched.absent, watched.error = objects, True, False, ""
+        self._mark()
+
+    def _failed(self, name: str, err: Exception) -> None:
+        watched = self.watched[name]
+        if isinstance(err, client.ApiException) and err.status == 404:
+            if not watched.absent:
+                log.info("%s is not served (CRD not installed): taken as empty", WATCHES[name])
+            watched.objects, watched.synced, watched.absent = {}, True, True
+            watched.error = f"{WATCHES[name].kind} is not served by the API server"
+            self._mark()
+        else:
+            watched.error = f"{type(err).__name__}: {str(err)[:200]}"
+
+    def _mark(self) -> None:
+        self._dirty.set()
+        if not self._synced.is_set() and all(w.synced for w in self.watched.values()):
+            log.info("every watch has listed: reconciling")
+            self._synced.set()
+
+    def notify(self) -> None:
+        """Ask for a pass soon (tests, and anything that knows the view changed)."""
+        self._dirty.set()
+
+    def snapshot(self) -> Snapshot:
+        """The view now, our own fresher writes standing in for the watched copies."""
+        sets = {name: self._merged(name) for name in WATCHES}
+        return Snapshot(
+            checks=sets["admissionchecks"],
+            parameters=sets["parameters"],
+            workloads=sets["workloads"],
+            nodes=list(sets["nodes"].values()),
+            pods=list(sets["pods"].values()),
+            datasets=list(sets["datasets"].values()),
+            dataloads=list(sets["dataloads"].values()),
+        )
+
+    def _merged(self, name: str) -> dict[str, RawObject]:
+        objects = dict(self.watched[name].objects)
+        for (kind, object_key), ours in list(self._fresh.items()):
+            if kind != name:
+                continue
+            watched = objects.get(object_key)
+            if watched is not None and _version(ours) > _version(watched):
+                objects[object_key] = ours
+            else:  # the watch caught up (or the object is gone): ours is no longer needed
+                del self._fresh[(kind, object_key)]
+        return objects
+
+    # --- the loop --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Watch and reconcile until cancelled.
+
+        Raises:
+            ConfigError: no usable kubeconfig or service account.
+        """
+        api = await self.access.client()
+        watches = [asyncio.create_task(self._watch(name), name=f"watch {name}") for name in WATCHES]
+        try:
+            async with api:
+                self._loop = asyncio.current_task()
+                await self._reconcile_forever(api)
+        finally:
+            for task in watches:
+                task.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
+
+    async def _watch(self, name: str) -> None:
+        await watch_objects(
+            self.access,
+            WATCHES[name],
+            functools.partial(self._changed, name),
+            resync=self.config.resync,
+            on_error=functools.partial(self._failed, name),
+        )
+
+    async def _reconcile_forever(self, api: client.ApiClient) -> None:
+        await self._synced.wait()
+        retry = RETRY_MIN
+        while True:
+            # A pass whose writes failed (API server restarting, 429, 5xx) is retried
+            # sooner than the resync, doubling up to RETRY_MAX; nothing else would ask.
+            wait = retry if self._unwritten else self.config.resync
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), wait)
+            # Gather the rest of a burst of changes into this one pass.
+            await asyncio.sleep(self.config.debounce)
+            self._dirty.clear()
+            started = time.monotonic()
+            failed_before = self._unwritten
+            self._unwritten = False
+            try:
+                await self.reconcile(api)
+            except Exception as err:  # one bad pass must not end the controller
+                self._once.warn("pass", "reconcile pass failed: %r", err)
+                log.debug("reconcile pass failed", exc_info=True)
+                self._unwritten = True
+            else:
+                self._once.clear("pass")
+            retry = min(retry * 2, RETRY_MAX) if failed_before and self._unwritten else RETRY_MIN
+            self.passes += 1
+            self.last_pass_end = time.monotonic()
+            self.metrics.passes.inc()
+            self.metrics.pass_seconds.observe(self.last_pass_end - started)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Healthy while the loop runs and passes keep coming (at least every resync)."""
+        now = time.monotonic()
+        problem = None
+        if self._loop is not None and self._loop.done():
+            problem = "reconcile loop stopped"
+        elif self.last_pass_end is not None:
+            if now - self.last_pass_end > 2 * self.config.resync + 60:
+                problem = f"no reconcile pass for {now - self.last_pass_end:.0f}s"
+        details = {
+            "problem": problem,
+            "synced": self._synced.is_set(),
+            "passes": self.passes,
+            "absent": sorted(str(WATCHES[n].kind) for n, w in self.watched.items() if w.absent),
+            "watch_errors": {
+                n: w.error for n, w in self.watched.items() if w.error and not w.absent
+            },
+        }
+        return problem is None, details
+
+    # --- one pass --------------------------------------------------------------------
+
+    async def reconcile(self, api: client.ApiClient) -> None:
+        """One pass over the view: checks Active, then every actionable Workload."""
+        # Imported here: the module is the lead's, composed from the others at call time.
+        from admission import decide
+
+        now = self._clock()
+        view = self.snapshot()
+        ours = await self._sync_checks(api, view, now)
+        pending = [
+            decide.Pending(workload=w, check=check, parameters=ours[check], pending_since=since)
+            for w in view.workloads.values()
+            for check, since in actionable(w, ours)
+        ]
+        self._observe(view, ours, now)
+        if not pending:
+            return
+        demand, demand_error = await self._demand(p.parameters for p in pending)
+        cluster = decide.Cluster(
+            nodes=view.nodes,
+            pods=view.pods,
+            workloads=list(view.workloads.values()),
+            datasets=view.datasets,
+            dataloads=view.dataloads,
+            demand=demand,
+            demand_error=demand_error,
+        )
+        decisions = (self._decide or decide.decide_all)(pending, cluster, now)
+        since = {(key(p.workload), p.check): p.pending_since for p in pending}
+        gate = asyncio.Semaphore(self.config.write_concurrency)
+
+        async def write(decision: Decision) -> None:
+            async with gate:
+                await self._write(api, decision, view, since, now)
+
+        await asyncio.gather(*(write(d) for d in decisions))
+
+    async def _sync_checks(
+        self, api: client.ApiClient, view: Snapshot, now: float
+    ) -> dict[str, params.Parameters]:
+        """Keep our checks' Active condition; the parameters of the usable ones."""
+        usable: dict[str, params.Parameters] = {}
+        active: dict[str, bool] = {}
+        for name, check in sorted(view.checks.items()):
+            if (check.get("spec") or {}).get("controllerName") != self.name:
+                continue
+            problem = None
+            try:
+                usable[name] = params.check_parameters(check, view.parameters)
+            except ConfigError as err:
+                problem = str(err)
+                if self.watched["parameters"].absent:
+                    problem += f" (the {PARAMETERS} CRD is not installed)"
+            active[name] = problem is None
+            condition = params.active_condition(check, problem, format_time(now))
+            if condition is None:
+                continue
+            if problem is not None:
+                log.warning("AdmissionCheck %s is not active: %s", name, problem)
+            else:
+                log.info("AdmissionCheck %s is active", name)
+            body = params.active_body(check, condition)
+            await self._apply(api, ADMISSION_CHECKS, "admissionchecks", name, body)
+        self.metrics.set_active(active)
+        return usable
+
+    async def _write(
+        self,
+        api: client.ApiClient,
+        decision: Decision,
+        view: Snapshot,
+        since: Mapping[tuple[str, str], float],
+        now: float,
+    ) -> None:
+        object_key = f"{decision.namespace}/{decision.workload}"
+        workload = view.workloads.get(object_key)
+        if workload is None:
+            return
+        for obj in decision.create:
+            await self._create(api, obj)
+        previous = check_entries(workload).get(decision.check)
+        body = apply_body(workload, decision, previous, now)
+        if body is None:
+            return
+        if not await self._apply(api, WORKLOADS, "workloads", object_key, body):
+            return
+        before = (previous or {}).get("state")
+        if before != decision.state:
+            log.info(
+                "workload %s check %s: %s -> %s: %s",
+                object_key,
+                decision.check,
+                before,
+                decision.state,
+                decision.message[:300],
+            )
+        waited = now - since.get((object_key, decision.check), now)
+        self.metrics.decided(decision.check, decision.state, waited)
+
+    async def _apply(
+        self, api: client.ApiClient, resource: Resource, name: str, object_key: str, body: RawObject
+    ) -> bool:
+        """Server-side apply a status; whether it landed."""
+        topic = f"apply {resource} {object_key}"
+        try:
+            answer = await apply(api, resource, body, field_manager=self.name, subresource="status")
+        except client.ApiException as err:
+            if err.status == 409:
+                # Changed since our view (or not there any more): the watch brings the
+                # new version, and a pass judges that one.
+                log.debug("%s: conflict, judged again next pass", topic)
+                self.metrics.writes.labels("conflict").inc()
+            elif err.status != 404:  # 404: deleted meanwhile, nothing to write to
+                self._once.warn(topic, "%s failed: %s %s", topic, err.status, err.reason)
+                self.metrics.writes.labels("error").inc()
+                self._unwritten = True
+            return False
+        except (aiohttp.ClientError, TimeoutError) as err:
+            self._once.warn(topic, "%s failed: %s", topic, err)
+            self.metrics.writes.labels("error").inc()
+            self._unwritten = True
+            return False
+        self._once.clear(topic)
+        self._fresh[(name, object_key)] = answer
+        self.metrics.writes.labels("applied").inc()
+        return True
+
+    async def _create(self, api: client.ApiClient, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        what = f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
+        resource = CREATABLE.get((str(obj.get("apiVersion")), str(obj.get("kind"))))
+        if resource is None:
+            self._once.warn(what, "not creating %s: not a kind the check creates", what)
+            return
+        try:
+            await create(api, resource, dict(obj))
+        except client.ApiException as err:
+            if err.status == 409:
+                return  # created already (by us, an earlier pass)
+            self._once.warn(what, "creating %s failed: %s %s", what, err.status, err.reason)
+            self._unwritten = True
+            return
+        except (aiohttp.ClientError, TimeoutError) as err:
+            self._once.warn(what, "creating %s failed: %s", what, err)
+            self._unwritten = True
+            return
+        log.info("created %s", what)
+        self.metrics.writes.labels("applied").inc()
+
+    # --- inference demand ------------------------------------------------------------
+
+    async def _demand(
+        self, parameters: Iterable[params.Parameters]
+    ) -> tuple[Mapping[str, Any] | None, str]:
+        """What inference needs of the pools the pending checks guard, cached briefly."""
+        asked = {
+            (h.scaler, h.pool, h.horizon_seconds)
+            for p in parameters
+            if (h := p.inference_headroom) is not None
+        }
+        if not asked:
+            return {}, ""
+        results = await asyncio.gather(*(self._ask(*one) for one in sorted(asked)))
+        known: dict[str, Any] = {}
+        errors = []
+        for result in results:
+            known.update(result.demand or {})
+            if result.error:
+                errors.append(result.error)
+        if not known and errors:
+            return None, "; ".join(errors)
+        return known, "; ".join(errors)
+
+    async def _ask(self, scaler: str, pool: str, horizon: int) -> DemandResult:
+        now = time.monotonic()
+        cached = self._demand_cache.get((scaler, pool, horizon))
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        result = await self._fetch_demand(
+            scaler, pool, float(horizon), timeout=self.config.demand_timeout
+        )
+        # A failure is asked again sooner: the scaler may be back in seconds.
+        keep = (
+            self.config.demand_cache
+            if result.demand is not None
+            else min(5.0, self.config.demand_cache)
+        )
+        self._demand_cache[(scaler, pool, horizon)] = (now + keep, result)
+        if result.demand is None:
+            self._once.warn(
+                f"demand {scaler}", "inference demand from %s: %s", scaler, result.error
+            )
+        else:
+            self._once.clear(f"demand {scaler}")
+        return result
+
+    # --- metrics of the view ---------------------------------------------------------
+
+    def _observe(self, view: Snapshot, ours: Mapping[str, params.Parameters], now: float) -> None:
+        pools: dict[str, tuple[int, int]] = {}
+        for check, parameters in ours.items():
+            seen = hami.inventory(
+                view.nodes,
+                view.pods,
+                now=now,
+                handshake_timeout=parameters.handshake_timeout_seconds,
+                node_selector=dict(parameters.pool_node_selector) or None,
+            )
+            total = sum(len(node.devices) for node in seen.pool)
+            free = sum(1 for node in seen.nodes for card in node.devices if card.untouched)
+            pools[check] = (total, free)
+        self.metrics.set_inventory(pools)
+        self.metrics.set_lora_tenants(lora.tenants_per_base_model(view.workloads.values()))
+
+
+def _version(obj: Mapping[str, Any]) -> int:
+    """An object's resourceVersion as a number (etcd's revision), -1 when not one."""
+    text = (obj.get("metadata") or {}).get("resourceVersion", "")
+    return int(text) if isinstance(text, str) and text.isdigit() else -1

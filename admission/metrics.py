@@ -1,0 +1,176 @@
+"""The admission controller's own Prometheus metrics and its ``/metrics``, ``/healthz``.
+
+Labels are bounded: ``check`` (our AdmissionChecks, a handful), ``outcome`` (the four
+check states), ``pool`` (one per check: its poolNodeSelector's nodes), ``base_model``
+(LoRA base models in use), ``result`` (of a status write). Never a Workload or pod name.
+
+- ``unitscale_admission_decisions_total{check,outcome}``: check states written
+  (``Pending`` counts message updates);
+- ``unitscale_admission_check_latency_seconds{check,outcome}``: from a check becoming
+  Pending to our Ready, Retry or Rejected landing;
+- ``unitscale_admission_inventory_gpus{pool,state}``: ``total`` cards HAMi registered in
+  the pool, ``free`` cards no pod holds anything on;
+- ``unitscale_admission_lora_tenants{base_model}``: admitted LoRA tenants per base model;
+- ``unitscale_admission_check_active{check}``: 1 while the check is Active;
+- ``unitscale_admission_writes_total{result}``, ``unitscale_admission_passes_total``,
+  ``unitscale_admission_pass_seconds``: the controller's own work.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from foundation.errors import ConfigError
+from foundation.net import split_listen
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+"""Seconds: a fit decides within a pass (< 1 s), a cache warm-up takes minutes to hours."""
+
+
+class AdmissionMetrics:
+    """Every series the controller exports, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter(
+            "unitscale_admission_decisions",
+            "Check states written, by check and outcome.",
+            ["check", "outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "unitscale_admission_check_latency_seconds",
+            "Seconds from a check becoming Pending to our Ready, Retry or Rejected.",
+            ["check", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.inventory = Gauge(
+            "unitscale_admission_inventory_gpus",
+            "GPUs of a check's pool: total registered, free (nothing held on them).",
+            ["pool", "state"],
+            registry=self.registry,
+        )
+        self.lora_tenants = Gauge(
+            "unitscale_admission_lora_tenants",
+            "Admitted LoRA fine-tuning tenants per base model.",
+            ["base_model"],
+            registry=self.registry,
+        )
+        self.active = Gauge(
+            "unitscale_admission_check_active",
+            "1 while the AdmissionCheck is Active, 0 while its parameters are bad.",
+            ["check"],
+            registry=self.registry,
+        )
+        self.writes = Counter(
+            "unitscale_admission_writes",
+            "API writes by result: applied, conflict (the object changed first), error.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.passes = Counter(
+            "unitscale_admission_passes", "Reconcile passes run.", registry=self.registry
+        )
+        self.pass_seconds = Histogram(
+            "unitscale_admission_pass_seconds",
+            "Seconds one reconcile pass took (decisions and writes).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+
+    def decided(self, check: str, outcome: str, latency: float | None) -> None:
+        """One check state written; ``latency`` for a final (non-Pending) one."""
+        self.decisions.labels(check, outcome).inc()
+        if latency is not None and outcome != "Pending":
+            self.latency.labels(check, outcome).observe(max(0.0, latency))
+
+    def set_inventory(self, pools: Mapping[str, tuple[int, int]]) -> None:
+        """``pool -> (total, free)`` now; pools gone since are dropped."""
+        self.inventory.clear()
+        for pool, (total, free) in pools.items():
+            self.inventory.labels(pool, "total").set(total)
+            self.inventory.labels(pool, "free").set(free)
+
+    def set_lora_tenants(self, tenants: Mapping[str, int]) -> None:
+        """``base model -> admitted tenants`` now."""
+        self.lora_tenants.clear()
+        for model, count in tenants.items():
+            self.lora_tenants.labels(model).set(count)
+
+    def set_active(self, checks: Mapping[str, bool]) -> None:
+        """``check -> Active`` now."""
+        self.active.clear()
+        for check, is_active in checks.items():
+            self.active.labels(check).set(1 if is_active else 0)
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` over HTTP; ``start()`` returns the bound port."""
+
+    def __init__(
+        self,
+        metrics: AdmissionMetrics,
+        listen: str,
+        health: Callable[[], tuple[bool, Mapping[str, Any]]],
+    ) -> None:
+        self._metrics = metrics
+        self._listen = split_listen(listen)
+        self._health = health
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        """Bind and serve.
+
+        Raises:
+            ConfigError: the address cannot be bound (named).
+        """
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        app.router.add_get("/healthz", self._serve_health)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        # Bind first so that port 0 works and the chosen port is known.
+        family = socket.AF_INET6 if ":" in self._listen[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(self._listen)
+        except OSError as err:
+            sock.close()
+            await self._runner.cleanup()
+            raise ConfigError(
+                f"metrics-listen {self._listen[0]}:{self._listen[1]}: {err.strerror}"
+            ) from err
+        await web.SockSite(self._runner, sock).start()
+        self.port = int(sock.getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _serve_health(self, request: web.Request) -> web.Response:
+        healthy, details = self._health()
+        return web.json_response({"healthy": healthy, **details}, status=200 if healthy else 503)

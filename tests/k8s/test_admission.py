@@ -1,0 +1,508 @@
+"""The admission controller against a real API server and a real Kueue.
+
+Each test has its own controller name, AdmissionCheck, ClusterQueue and namespace, so
+the controllers of different tests never act on each other's objects. The controller
+runs in the test's event loop; waits poll the API with a cap (the fixture's REST
+helper), yielding to the loop in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from admission.config import AdmissionConfig
+from foundation.kube import KubeAccess
+from tests import admission_decide_stub
+from tests.k8s.control_plane import ApiError
+
+admission_decide_stub.install()
+
+from admission.controller import Controller  # noqa: E402 - after the stand-in
+from admission.decide import Decision  # noqa: E402
+
+pytestmark = pytest.mark.k8s
+
+ROOT = Path(__file__).resolve().parents[2]
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+PARAMS = "/apis/unitscale.io/v1alpha1/capacitycheckparameters"
+V1BETA2 = "kueue.x-k8s.io/v1beta2"
+
+
+# --- fixtures and helpers --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def admission_crd(control_plane):
+    control_plane.apply_crds([ROOT / "deploy" / "admission" / "crd.yaml"])
+
+
+async def eventually(what: str, get: Callable[[], Any], limit: float = 60.0) -> Any:
+    """Poll ``get()`` until it returns something truthy, yielding to the loop between."""
+    deadline = asyncio.get_running_loop().time() + limit
+    while True:
+        try:
+            value = get()
+        except ApiError as err:
+            if err.code not in (429, 503):  # an API server (re)starting answers these
+                raise
+            value = None
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: not after {limit:.0f}s")
+        await asyncio.sleep(0.2)
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind:
+            return dict(cond)
+    return None
+
+
+def is_true(obj: dict[str, Any], kind: str) -> bool:
+    found = condition(obj, kind)
+    return found is not None and found["status"] == "True"
+
+
+class Scripted:
+    """A stand-in for ``decide_all``: every pending check gets the scripted state."""
+
+    def __init__(self, state: str = "Pending", message: str = "waiting", **more: Any) -> None:
+        self.state, self.message, self.more = state, message, more
+        self.calls = 0
+
+    def __call__(self, pending, cluster, now):
+        self.calls += 1
+        return [
+            Decision(
+                namespace=p.workload["metadata"]["namespace"],
+                workload=p.workload["metadata"]["name"],
+                check=p.check,
+                state=self.state,
+                message=self.message,
+                **self.more,
+            )
+            for p in pending
+        ]
+
+
+@dataclasses.dataclass
+class Setup:
+    """One test's Kueue objects, named after it."""
+
+    plane: Any
+    namespace: str
+    suffix: str = dataclasses.field(default_factory=lambda: secrets.token_hex(3))
+
+    @property
+    def controller_name(self) -> str:
+        return f"test.unitscale.io/{self.suffix}"
+
+    @property
+    def check(self) -> str:
+        return f"capacity-{self.suffix}"
+
+    @property
+    def parameters(self) -> str:
+        return f"pool-{self.suffix}"
+
+    def create_parameters(self, spec: dict[str, Any] | None = None) -> None:
+        self.plane.ensure(
+            PARAMS,
+            {
+                "apiVersion": "unitscale.io/v1alpha1",
+                "kind": "CapacityCheckParameters",
+                "metadata": {"name": self.parameters},
+                "spec": spec or {},
+            },
+        )
+
+    def create_check(self) -> None:
+        self.plane.ensure(
+            f"{KUEUE}/admissionchecks",
+            {
+                "apiVersion": V1BETA2,
+                "kind": "AdmissionCheck",
+                "metadata": {"name": self.check},
+                "spec": {
+                    "controllerName": self.controller_name,
+                    "parameters": {
+                        "apiGroup": "unitscale.io",
+                        "kind": "CapacityCheckParameters",
+                        "name": self.parameters,
+                    },
+                },
+            },
+        )
+
+    def get_check(self) -> dict[str, Any]:
+        return dict(self.plane.request("GET", f"{KUEUE}/admissionchecks/{self.check}"))
+
+    def create_queues(self) -> None:
+        flavor, cluster_queue = f"flavor-{self.suffix}", f"cq-{self.suffix}"
+        self.plane.ensure(
+            f"{KUEUE}/resourceflavors",
+            {"apiVersion": V1BETA2, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+        )
+        self.plane.ensure(
+            f"{KUEUE}/clusterqueues",
+            {
+                "apiVersion": V1BETA2,
+                "kind": "ClusterQueue",
+                "metadata": {"name": cluster_queue},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory"],
+                            "flavors": [
+                                {
+                                    "name": flavor,
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "8"},
+                                        {"name": "memory", "nominalQuota": "8Gi"},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                    "admissionChecksStrategy": {"admissionChecks": [{"name": self.check}]},
+                },
+            },
+        )
+        self.plane.ensure(
+            f"{KUEUE}/namespaces/{self.namespace}/localqueues",
+            {
+                "apiVersion": V1BETA2,
+                "kind": "LocalQueue",
+                "metadata": {"name": "team"},
+                "spec": {"clusterQueue": cluster_queue},
+            },
+        )
+
+    def create_job(self, name: str = "train") -> None:
+        self.plane.ensure(
+            f"/apis/batch/v1/namespaces/{self.namespace}/jobs",
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+                "spec": {
+                    # Created suspended, as Kueue's (unregistered) mutating webhook would.
+                    "suspend": True,
+                    "template": {
+                        "metadata": {"annotations": {"example.com/user-set": "kept"}},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [
+                                {
+                                    "name": "main",
+                                    "image": "registry.invalid/train:1",
+                                    "resources": {"requests": {"cpu": "1", "memory": "256Mi"}},
+                                }
+                            ],
+                        },
+                    },
+                },
+            },
+        )
+
+    def job(self, name: str = "train") -> dict[str, Any]:
+        return dict(
+            self.plane.request("GET", f"/apis/batch/v1/namespaces/{self.namespace}/jobs/{name}")
+        )
+
+    def workload_of(self, job: str = "train") -> dict[str, Any] | None:
+        items = self.plane.request("GET", f"{KUEUE}/namespaces/{self.namespace}/workloads")
+        for item in items["items"]:
+            owners = item["metadata"].get("ownerReferences") or []
+            if any(o["name"] == job for o in owners):
+                return dict(item)
+        return None
+
+    def entry(self, job: str = "train") -> dict[str, Any] | None:
+        workload = self.workload_of(job) or {}
+        for item in (workload.get("status") or {}).get("admissionChecks") or []:
+            if item["name"] == self.check:
+                return dict(item)
+        return None
+
+    def controller(self, decide: Callable[..., Any]) -> Controller:
+        config = AdmissionConfig(controller_name=self.controller_name, resync=30, debounce=0.05)
+        return Controller(KubeAccess(self.plane.kubeconfig), config, decide=decide)
+
+
+@contextlib.asynccontextmanager
+async def running(controller: Controller) -> AsyncIterator[Controller]:
+    task = asyncio.create_task(controller.run())
+    try:
+        yield controller
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def ours(obj: dict[str, Any], manager: str) -> list[dict[str, Any]]:
+    """The managedFields entries of ``manager``."""
+    return [m for m in obj["metadata"].get("managedFields") or [] if m["manager"] == manager]
+
+
+# --- the AdmissionCheck's Active condition --------------------------------------------
+
+
+async def test_our_admission_check_becomes_active(control_plane, kueue, admission_crd, namespace):
+    setup = Setup(control_plane, namespace)
+    setup.create_parameters({"retryAfterSeconds": 30})
+    setup.create_check()
+    async with running(setup.controller(Scripted())):
+        check = await eventually(
+            "Active=True", lambda: is_true(setup.get_check(), "Active") and setup.get_check()
+        )
+    active = condition(check, "Active")
+    assert active is not None
+    assert (active["reason"], active["message"]) == ("Active", "The admission check is active")
+    (managed,) = ours(check, setup.controller_name)
+    assert (managed["operation"], managed["subresource"]) == ("Apply", "status")
+
+
+async def test_a_missing_then_invalid_then_good_parameters_object(
+    control_plane, kueue, admission_crd, namespace
+):
+    setup = Setup(control_plane, namespace)
+    setup.create_check()  # names a parameters object that does not exist yet
+
+    def inactive_with(text: str) -> Callable[[], bool]:
+        def probe() -> bool:
+            found = condition(setup.get_check(), "Active")
+            return bool(
+                found
+                and found["status"] == "False"
+                and found["reason"] == "BadParametersRef"
+                and text in found["message"]
+            )
+
+        return probe
+
+    async with running(setup.controller(Scripted())):
+        await eventually("Active=False naming the missing object", inactive_with("not found"))
+        # A port the schema lets through (five digits) but no socket has.
+        setup.create_parameters({"inferenceHeadroom": {"scaler": "scaler:99999", "pool": "h200"}})
+        await eventually(
+            "Active=False naming the bad field",
+            inactive_with("spec.inferenceHeadroom.scaler='scaler:99999'"),
+        )
+        control_plane.request("DELETE", f"{PARAMS}/{setup.parameters}")
+        setup.create_parameters({"retryAfterSeconds": 10})
+        await eventually("Active=True again", lambda: is_true(setup.get_check(), "Active"))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param({"gpuSchedulerPolicy": "round-robin"}, id="an-unknown-policy"),
+        pytest.param({"lora": {"tenantsPerInstance": 9}}, id="too-many-tenants"),
+        pytest.param({"poolNodeSelector": {"-bad key": "x"}}, id="a-bad-label-key"),
+        pytest.param({"inferenceHeadroom": {"pool": "h200"}}, id="a-headroom-without-scaler"),
+    ],
+)
+def test_the_api_server_refuses_what_the_schema_can_say(control_plane, admission_crd, spec):
+    body = {
+        "apiVersion": "unitscale.io/v1alpha1",
+        "kind": "CapacityCheckParameters",
+        "metadata": {"name": f"bad-{secrets.token_hex(3)}"},
+        "spec": spec,
+    }
+    with pytest.raises(ApiError) as refused:
+        control_plane.request("POST", PARAMS, body)
+    assert refused.value.code == 422
+
+
+def test_the_api_server_fills_in_the_defaults(control_plane, admission_crd):
+    name = f"defaults-{secrets.token_hex(3)}"
+    control_plane.ensure(
+        PARAMS,
+        {
+            "apiVersion": "unitscale.io/v1alpha1",
+            "kind": "CapacityCheckParameters",
+            "metadata": {"name": name},
+        },
+    )
+    spec = control_plane.request("GET", f"{PARAMS}/{name}")["spec"]
+    assert spec == {
+        "gpuSchedulerPolicy": "binpack",
+        "retryAfterSeconds": 60,
+        "handshakeTimeoutSeconds": 60,
+        "data": {"cachedPercentage": 95, "timeoutSeconds": 1800, "createDataLoad": True},
+        "lora": {"tenantsPerInstance": 5},
+    }
+
+
+# --- the write path, with scripted decisions -----------------------------------------
+
+HINTS = (
+    {
+        "name": "main",
+        "annotations": {"hami.io/gpu-scheduler-policy": "binpack"},
+        "nodeSelector": {"accelerator-pool": "h200"},
+    },
+)
+
+
+async def test_a_job_flows_pending_ready_admitted_unsuspended_with_the_hints(
+    control_plane, kueue, admission_crd, namespace
+):
+    setup = Setup(control_plane, namespace)
+    setup.create_parameters()
+    setup.create_check()
+    setup.create_queues()
+    decide = Scripted("Pending", "waiting for the cache (40%)")
+    async with running(setup.controller(decide)) as controller:
+        setup.create_job()
+        pending = await eventually(
+            "our Pending message",
+            lambda: (e := setup.entry()) and e["message"] == "waiting for the cache (40%)" and e,
+        )
+        assert pending["state"] == "Pending"
+        workload = setup.workload_of()
+        assert workload is not None and not is_true(workload, "Admitted")
+        decide.state, decide.message, decide.more = "Ready", "fits", {"pod_set_updates": HINTS}
+        controller.notify()
+        admitted = await eventually(
+            "Admitted", lambda: (w := setup.workload_of()) and is_true(w, "Admitted") and w
+        )
+        job = await eventually(
+            "unsuspended", lambda: (j := setup.job())["spec"]["suspend"] is False and j
+        )
+    (entry,) = [e for e in admitted["status"]["admissionChecks"] if e["name"] == setup.check]
+    assert entry["state"] == "Ready" and entry["podSetUpdates"] == list(HINTS)
+    template = job["spec"]["template"]
+    assert template["metadata"]["annotations"]["hami.io/gpu-scheduler-policy"] == "binpack"
+    assert template["metadata"]["annotations"]["example.com/user-set"] == "kept"
+    assert template["spec"]["nodeSelector"] == {"accelerator-pool": "h200"}
+    (managed,) = ours(admitted, setup.controller_name)
+    assert (managed["operation"], managed["subresource"]) == ("Apply", "status")
+
+
+async def test_a_restarted_controller_makes_no_duplicate_writes(
+    control_plane, kueue, admission_crd, namespace
+):
+    setup = Setup(control_plane, namespace)
+    setup.create_parameters()
+    setup.create_check()
+    setup.create_queues()
+    decide = Scripted("Pending", "waiting for the cache (10%)")
+    async with running(setup.controller(decide)) as first:
+        setup.create_job()
+        await eventually("our message", lambda: (e := setup.entry()) and "10%" in e["message"])
+        await eventually("another pass", lambda: first.passes >= 2)
+    # The first controller is gone mid-flight (cancelled: its connections just drop).
+    settled = setup.workload_of()
+    assert settled is not None
+    decide = Scripted("Pending", "waiting for the cache (10%)")
+    second = setup.controller(decide)
+    async with running(second):
+        await eventually("the second controller decided", lambda: decide.calls >= 2)
+        unchanged = setup.workload_of()
+        assert unchanged is not None
+        # Same decision: no write at all, not even a no-op apply.
+        assert unchanged["metadata"]["resourceVersion"] == settled["metadata"]["resourceVersion"]
+        assert ours(unchanged, setup.controller_name) == ours(settled, setup.controller_name)
+        decide.state, decide.message = "Ready", "fits"
+        second.notify()
+        await eventually("Admitted", lambda: (w := setup.workload_of()) and is_true(w, "Admitted"))
+        calls = decide.calls
+        second.notify()
+        await eventually("a pass after admission", lambda: second.passes > calls + 1)
+    applied = second.metrics.writes.labels("applied")._value.get()
+    assert applied == 1  # the one Ready; the Active condition was already right
+
+
+async def test_an_evicted_workload_gets_no_retry(control_plane, kueue, admission_crd, namespace):
+    setup = Setup(control_plane, namespace)
+    setup.create_parameters()
+    setup.create_check()
+    setup.create_queues()
+    decide = Scripted("Pending", "judging")
+    async with running(setup.controller(decide)) as controller:
+        setup.create_job()
+        await eventually("our message", lambda: (e := setup.entry()) and e["message"] == "judging")
+        workload = setup.workload_of()
+        assert workload is not None
+        name = workload["metadata"]["name"]
+        stale = controller.snapshot()
+        # Kueue evicts it (deactivation: Evicted=True first, quota released after).
+        _merge_patch(
+            control_plane,
+            f"{KUEUE}/namespaces/{namespace}/workloads/{name}",
+            {"spec": {"active": False}},
+        )
+        await eventually("Evicted", lambda: is_true(setup.workload_of() or {}, "Evicted"))
+        decide.state, decide.message, decide.more = (
+            "Retry",
+            "no room",
+            {"requeue_after_seconds": 60},
+        )
+        controller.notify()
+        calls = decide.calls
+        await eventually("a pass after the eviction", lambda: controller.passes > calls + 2)
+        # The race itself: a write judged on the view from before the eviction.
+        retry = Decision(namespace, name, setup.check, "Retry", "no room", 60)
+        before = controller.metrics.writes.labels("conflict")._value.get()
+        async with await controller.access.client() as api:
+            await controller._write(api, retry, stale, {}, controller._clock())
+        after = controller.metrics.writes.labels("conflict")._value.get()
+    entry = setup.entry()
+    assert entry is not None and entry["state"] != "Retry"
+    assert after == before + 1  # refused by the resourceVersion precondition
+
+
+def _merge_patch(plane: Any, path: str, body: dict[str, Any]) -> None:
+    """A JSON merge patch through the fixture's REST helper."""
+    import json
+    import ssl
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{plane.host}{path}", data=json.dumps(body).encode(), method="PATCH"
+    )
+    request.add_header("Authorization", f"Bearer {plane.token}")
+    request.add_header("Content-Type", "application/merge-patch+json")
+    context = ssl.create_default_context(cafile=str(plane.ca_file))
+    with urllib.request.urlopen(request, timeout=30, context=context) as response:
+        response.read()
+
+
+async def test_the_controller_survives_an_api_server_restart(
+    control_plane, kueue, admission_crd, namespace
+):
+    setup = Setup(control_plane, namespace)
+    setup.create_parameters()
+    setup.create_check()
+    setup.create_queues()
+    decide = Scripted("Ready", "fits")
+    async with running(setup.controller(decide)):
+        setup.create_job("before")
+        await eventually(
+            "the first job admitted", lambda: (e := setup.entry("before")) and e["state"] == "Ready"
+        )
+        control_plane.restart_apiserver()
+
+        def create_after() -> bool:
+            setup.create_job("after")
+            return True
+
+        await eventually("the job created after the restart", create_after)
+        await eventually(
+            "the job created after the restart admitted",
+            lambda: (e := setup.entry("after")) and e["state"] == "Ready",
+            limit=90,
+        )

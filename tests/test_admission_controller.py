@@ -1,0 +1,251 @@
+"""The admission controller's shell without an API server: config, coalescing, the view."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import cast
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+
+from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
+from foundation.errors import ConfigError
+from foundation.kube import KubeAccess
+from tests import admission_decide_stub
+
+admission_decide_stub.install()
+
+from admission.app import AdmissionServer  # noqa: E402 - after the stand-in
+from admission.controller import WATCHES, Controller  # noqa: E402
+
+UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
+NO_API = cast(client.ApiClient, None)
+"""The passes here never call the API."""
+
+
+# --- config ------------------------------------------------------------------------------
+
+
+def test_the_defaults():
+    config = parse_config("")
+    assert config == AdmissionConfig()
+    assert config.controller_name == DEFAULT_CONTROLLER_NAME == "unitscale.io/capacity"
+    assert config.resync == 300.0
+    assert config.logging.format == "text"
+
+
+def test_a_full_file():
+    config = parse_config(
+        "controller-name: example.com/gpu\nmetrics-listen: 127.0.0.1:0\nresync: 2m\n"
+        "debounce: 250ms\nlogging: {level: debug, format: json}\n"
+    )
+    assert config.controller_name == "example.com/gpu"
+    assert config.resync == 120.0 and config.debounce == 0.25
+    assert config.logging.level == "debug" and config.logging.format == "json"
+
+
+def test_a_flag_overrides_the_file():
+    config = parse_config(
+        "controller-name: example.com/gpu\n", overrides={"controller-name": "a.b/c"}
+    )
+    assert config.controller_name == "a.b/c"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        pytest.param(
+            "controller-name: Capacity Check\n", "controller-name", id="a-name-with-spaces"
+        ),
+        pytest.param("controller-name: capacity\n", "controller-name", id="a-name-without-a-path"),
+        pytest.param(f"controller-name: a.b/{'x' * 130}\n", "controller-name", id="too-long"),
+        pytest.param("metrics-listen: 9094\n", "metrics-listen", id="a-port-without-host"),
+        pytest.param("resync: 1s\n", "resync", id="a-resync-too-short"),
+        pytest.param("resync: soon\n", "resync", id="not-a-duration"),
+        pytest.param("write-concurrency: 0\n", "write-concurrency", id="no-writes-at-all"),
+        pytest.param("logging: {format: xml}\n", "logging.format", id="an-unknown-log-format"),
+        pytest.param("resync-seconds: 60\n", "resync-seconds", id="an-unknown-key"),
+    ],
+)
+def test_a_bad_file_names_the_key(text, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        parse_config(text, "admission.yaml")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(
+            ["--controller-name", "no spaces please"],
+            "key 'controller-name'",
+            id="a-bad-controller-name-flag",
+        ),
+        pytest.param(
+            ["--config", "{tmp}/missing.yaml"], "cannot read config file", id="a-missing-file"
+        ),
+        pytest.param(
+            ["--kubeconfig", "{tmp}/no-kubeconfig", "--metrics-listen", "127.0.0.1:0"],
+            "--kubeconfig",
+            id="a-missing-kubeconfig",
+        ),
+    ],
+)
+def test_the_command_exits_2_naming_the_problem(tmp_path, args, expected):
+    result = subprocess.run(
+        [*UNITSCALE, "admission", *(a.format(tmp=tmp_path) for a in args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --- the loop: coalescing and waiting for every watch ------------------------------------
+
+
+class Counting(Controller):
+    """A controller whose pass only records what it saw."""
+
+    def __init__(self, **config):
+        settings = {"resync": 3600, "debounce": 0.05, **config}
+        super().__init__(KubeAccess(), AdmissionConfig(**settings), clock=lambda: 0.0)
+        self.seen: list[int] = []
+        self.synced_at_pass: list[bool] = []
+        self.pass_done = asyncio.Event()
+
+    async def reconcile(self, api):
+        self.seen.append(len(self.watched["workloads"].objects))
+        self.synced_at_pass.append(all(w.synced for w in self.watched.values()))
+        self.pass_done.set()
+
+
+def workload(i):
+    return {"metadata": {"name": f"w{i}", "namespace": "team", "resourceVersion": str(i)}}
+
+
+async def wait_for_pass(controller, condition):
+    async with asyncio.timeout(10):
+        while not condition():
+            controller.pass_done.clear()
+            await controller.pass_done.wait()
+
+
+async def test_a_burst_of_a_thousand_changes_is_a_few_passes():
+    controller = Counting()
+    for name in WATCHES:
+        controller._changed(name, {})
+    loop = asyncio.create_task(controller._reconcile_forever(api=NO_API))
+    try:
+        objects = {}
+        for i in range(1000):
+            objects[f"team/w{i}"] = workload(i)
+            controller._changed("workloads", dict(objects))
+            await asyncio.sleep(0)  # let the loop run between events, as a watch does
+        await wait_for_pass(controller, lambda: controller.seen and controller.seen[-1] == 1000)
+    finally:
+        loop.cancel()
+    assert len(controller.seen) <= 3, controller.seen
+
+
+async def test_no_pass_runs_before_every_watch_has_listed():
+    controller = Counting(debounce=0)  # a pass would follow a change at once
+    loop = asyncio.create_task(controller._reconcile_forever(api=NO_API))
+    try:
+        names = list(WATCHES)
+        for name in names[:-1]:
+            controller._changed(name, {})
+        for _ in range(10):
+            await asyncio.sleep(0)
+        # The last watch finds its CRD not installed: that counts as listed (empty).
+        controller._failed(names[-1], client.ApiException(status=404, reason="Not Found"))
+        await wait_for_pass(controller, lambda: bool(controller.seen))
+    finally:
+        loop.cancel()
+    assert controller.synced_at_pass[0] is True
+
+
+async def test_a_failing_pass_does_not_end_the_loop():
+    class Failing(Counting):
+        async def reconcile(self, api):
+            await super().reconcile(api)
+            raise RuntimeError("a bug in a pass")
+
+    controller = Failing()
+    for name in WATCHES:
+        controller._changed(name, {})
+    loop = asyncio.create_task(controller._reconcile_forever(api=NO_API))
+    try:
+        await wait_for_pass(controller, lambda: len(controller.seen) >= 1)
+        controller.notify()
+        await wait_for_pass(controller, lambda: len(controller.seen) >= 2)
+    finally:
+        loop.cancel()
+    assert not loop.done() or loop.cancelled()
+
+
+# --- the view ------------------------------------------------------------------------
+
+
+def test_our_fresher_write_stands_in_until_the_watch_catches_up():
+    controller = Counting()
+    controller._changed("workloads", {"team/w": workload(5)})
+    ours = {**workload(7), "status": {"ours": True}}
+    controller._fresh[("workloads", "team/w")] = ours
+    assert controller.snapshot().workloads["team/w"] is ours
+    controller._changed("workloads", {"team/w": workload(9)})
+    assert controller.snapshot().workloads["team/w"]["metadata"]["resourceVersion"] == "9"
+    assert controller._fresh == {}
+
+
+def test_a_deleted_object_is_not_brought_back_by_our_write():
+    controller = Counting()
+    controller._fresh[("workloads", "team/w")] = workload(7)
+    controller._changed("workloads", {})
+    assert controller.snapshot().workloads == {}
+
+
+def test_a_resource_not_served_is_empty_and_reported():
+    controller = Counting()
+    controller._changed("datasets", {"team/d": {"metadata": {"name": "d"}}})
+    controller._failed("datasets", client.ApiException(status=404, reason="Not Found"))
+    assert controller.watched["datasets"].objects == {}
+    healthy, details = controller.health()
+    assert healthy
+    assert details["absent"] == ["datasets.data.fluid.io"]
+
+
+def test_a_broken_connection_keeps_the_last_set():
+    controller = Counting()
+    controller._changed("pods", {"team/p": {"metadata": {"name": "p"}}})
+    controller._failed("pods", aiohttp.ClientConnectionError("connection reset"))
+    assert list(controller.watched["pods"].objects) == ["team/p"]
+    assert "connection reset" in controller.health()[1]["watch_errors"]["pods"]
+
+
+# --- the process's HTTP side ---------------------------------------------------------
+
+
+async def test_metrics_and_health_are_served(tmp_path):
+    controller = Counting(metrics_listen="127.0.0.1:0")
+    server = AdmissionServer(controller.config, controller.access, controller)
+    port = await server.http.start()
+    try:
+        controller.metrics.decided("capacity", "Ready", 12.0)
+        controller.metrics.set_inventory({"capacity": (8, 3)})
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                text = await response.text()
+            async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
+                health = await response.json()
+                status = response.status
+    finally:
+        await server.http.stop()
+    assert 'unitscale_admission_decisions_total{check="capacity",outcome="Ready"} 1.0' in text
+    assert 'unitscale_admission_inventory_gpus{pool="capacity",state="free"} 3.0' in text
+    assert 'unitscale_admission_check_latency_seconds_bucket{check="capacity",le="30.0"' in text
+    assert status == 200 and health["healthy"] is True and health["synced"] is False
