@@ -39,6 +39,8 @@ HAMI_NOUSE_GPUTYPE: Final = "nvidia.com/nouse-gputype"
 HAMI_NODE_REGISTER: Final = "hami.io/node-nvidia-register"
 HAMI_NODE_HANDSHAKE: Final = "hami.io/node-handshake"
 HAMI_DEVICES_ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
+HAMI_VGPU_NODE: Final = "hami.io/vgpu-node"
+"""The node HAMi's scheduler chose for a pod (its allocation lives on that node)."""
 HAMI_DEVICE_CORDON: Final = "hami.io/device-cordon"
 
 # --- HAMi resources (container requests / limits) --------------------------------------

@@ -1,0 +1,724 @@
+"""Whether a Kueue Workload's gang fits HAMi's GPUs all at once (pure).
+
+A Workload's ``spec.podSets[]`` become demands (``count`` pods of one template); each
+container's GPU request is read the way HAMi's webhook and scheduler read it
+(``pkg/device/nvidia/device.go``: limits before requests; memory, cores or a memory
+percentage without ``nvidia.com/gpu`` get one GPU; a count with neither cores nor a
+memory size, or with 100 % of memory, is exclusive: ``gpucores=100``). A card takes a
+container when HAMi's ``Fit`` would let it: the type matches ``nvidia.com/use-gputype``
+and not ``nouse-gputype`` (case-insensitive substrings), a slot is free (``count`` per
+card), the memory (MiB, or a percentage of the card) and cores are free, an exclusive
+request finds the card unused, and a request without cores finds some cores left.
+
+The gang fits when every pod of every podSet has a node at once, each pod's containers
+on one node, each container on as many distinct cards as it asks. Pods are placed
+largest first; nodes and cards are tried in the policy's order (binpack: the busiest
+first, spread: the idlest), so the first placement found is the greedy one HAMi's
+scheduler would likely make. When that pass misses, a depth-first search tries the
+other nodes and card choices (states already refuted are remembered, identical nodes
+and cards tried once) within a step budget; a search that runs out says ``undecided``.
+
+Not modelled: GPU topology (NVLink pair scores of ``topology-aware`` are read as
+binpack), NUMA binding, ``use-gpuuuid`` pins, ``vgpu-mode``, MIG, HAMi's ResourceQuota,
+the order in which HAMi will really see the pods, and everything kube-scheduler checks
+besides GPUs (CPU, memory, taints, affinity). An init container must fit on its own on
+the node before the pod's containers, and holds nothing afterwards (HAMi's peak model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from admission import annotations as names
+from admission.hami import (
+    Device,
+    DeviceState,
+    DeviceTake,
+    Inventory,
+    NodeGpus,
+    PodPlacement,
+    RawObject,
+    parse_quantity,
+)
+
+DEFAULT_BUDGET = 5_000
+"""Placements the search may try before it answers undecided. A step costs about 0.3 ms
+on a pool of 100 eight-GPU nodes, so the worst case stays near 1.5 s; the capacity bound
+settles most misses within a few steps."""
+
+GPU_POLICIES = {"binpack": False, "spread": True, "topology-aware": False}
+"""``hami.io/gpu-scheduler-policy`` values and whether cards are spread."""
+NODE_POLICIES = {"binpack": False, "spread": True}
+"""``hami.io/node-scheduler-policy`` values and whether nodes are spread."""
+
+NAMES_SHOWN = 8
+"""Node names a message lists before it counts the rest."""
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What one container asks of HAMi, webhook defaults applied."""
+
+    container: str
+    gpus: int
+    """Distinct cards the container needs."""
+    memory_mib: int | None = None
+    """Memory per card; ``None`` when asked as a share (``memory_percent``)."""
+    memory_percent: int | None = None
+    """Percent of each card's memory when no MiB were asked (HAMi's default: 100)."""
+    cores: int = 0
+    """Percent of each card's SMs; 100 means the card alone."""
+
+    def memory_on(self, device: Device) -> int:
+        """MiB the container takes on ``device`` (a percentage as HAMi rounds it)."""
+        if self.memory_mib:
+            return self.memory_mib
+        percent = 100 if self.memory_percent is None else self.memory_percent
+        return device.memory_mib * percent // 100
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """What one pod of a podSet asks: its GPU containers and the pod's type constraints."""
+
+    containers: tuple[GpuRequest, ...] = ()
+    """The containers that ask for GPUs (others do not matter here)."""
+    init_containers: tuple[GpuRequest, ...] = ()
+    use_types: tuple[str, ...] = ()
+    """``nvidia.com/use-gputype``: a card's type must contain one of these."""
+    nouse_types: tuple[str, ...] = ()
+    """``nvidia.com/nouse-gputype``: a card's type must contain none of these."""
+
+    @property
+    def gpus(self) -> int:
+        """Cards the pod holds while it runs."""
+        return sum(c.gpus for c in self.containers)
+
+    @property
+    def asks_gpus(self) -> bool:
+        """Whether any of the pod's containers needs a card at all."""
+        return bool(self.containers or self.init_containers)
+
+    def accepts(self, device: Device) -> bool:
+        """Whether the pod's type constraints allow this card."""
+        card = device.type.upper()
+        if self.use_types and not any(t.upper() in card for t in self.use_types):
+            return False
+        return not any(t.upper() in card for t in self.nouse_types)
+
+
+@dataclass(frozen=True)
+class PodSetDemand:
+    """``count`` identical pods of one Kueue podSet."""
+
+    name: str
+    count: int
+    pod: PodRequest
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Whether the gang fits, where each GPU pod would go, and a one-line reason."""
+
+    fits: bool
+    reason: str
+    placements: tuple[PodPlacement, ...] = ()
+    """One per pod that asks for GPUs (pods without GPU requests fit anywhere)."""
+    gpu_types: tuple[str, ...] = ()
+    """The card types the placements use, sorted."""
+    undecided: bool = False
+    """The search ran out of steps (or had nothing to search); ``fits`` is then the
+    safe answer: False from ``fit_gang`` (wait), True from ``fits_ever`` (do not reject)."""
+
+    def nodes(self, pod_set: str | None = None) -> tuple[str, ...]:
+        """The nodes the placements use (of one podSet, or of all), sorted."""
+        return tuple(sorted({p.node for p in self.placements if pod_set in (None, p.pod_set)}))
+
+    def types_for(self, pod_set: str) -> tuple[str, ...]:
+        """The card types one podSet's placements use, sorted."""
+        takes = (t for p in self.placements if p.pod_set == pod_set for t in p.takes())
+        return tuple(sorted({t.type for t in takes}))
+
+
+# --- reading requests -----------------------------------------------------------------
+
+
+def container_request(container: Mapping[str, Any]) -> GpuRequest | None:
+    """One container's GPU request as HAMi sees it, or None when it asks for no GPU."""
+    resources = container.get("resources") or {}
+    limits: Mapping[str, Any] = resources.get("limits") or {}
+    requests: Mapping[str, Any] = resources.get("requests") or {}
+
+    def present(key: str) -> bool:
+        return key in limits or key in requests
+
+    def value(key: str) -> int | None:
+        return parse_quantity(limits[key] if key in limits else requests.get(key))
+
+    shares = (names.GPU_CORES, names.GPU_MEMORY, names.GPU_MEMORY_PERCENT)
+    # The webhook adds nvidia.com/gpu=1 (defaultGPUNum) to limits naming only a share.
+    gpus = 1 if names.GPU not in limits and any(k in limits for k in shares) else value(names.GPU)
+    if gpus is None or gpus <= 0:
+        return None
+    memory = max(value(names.GPU_MEMORY) or 0, 0)
+    percent = value(names.GPU_MEMORY_PERCENT)
+    cores = value(names.GPU_CORES)
+    if not present(names.GPU_CORES):
+        # The webhook makes a count without a memory size (or with 100 %) exclusive.
+        if present(names.GPU_MEMORY_PERCENT):
+            exclusive = percent == 100
+        else:
+            exclusive = not present(names.GPU_MEMORY)
+        if exclusive:
+            cores = 100
+    cores = min(max(cores or 0, 0), 100)  # HAMi caps cores at 100
+    name = str(container.get("name", ""))
+    if memory > 0:
+        return GpuRequest(name, gpus, memory_mib=memory, cores=cores)
+    return GpuRequest(name, gpus, memory_percent=100 if percent is None else percent, cores=cores)
+
+
+def pod_request(template: RawObject) -> PodRequest:
+    """What each pod of a PodTemplateSpec asks for (its containers and type constraints)."""
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    spec = template.get("spec") or {}
+    return PodRequest(
+        containers=_requests(spec.get("containers")),
+        init_containers=_requests(spec.get("initContainers")),
+        use_types=_types(annotations.get(names.HAMI_USE_GPUTYPE)),
+        nouse_types=_types(annotations.get(names.HAMI_NOUSE_GPUTYPE)),
+    )
+
+
+def _requests(containers: Iterable[Mapping[str, Any]] | None) -> tuple[GpuRequest, ...]:
+    found = (container_request(c) for c in containers or ())
+    return tuple(r for r in found if r is not None)
+
+
+def _types(value: object) -> tuple[str, ...]:
+    if not isinstance(value, str):
+        return ()
+    return tuple(t.strip() for t in value.split(",") if t.strip())
+
+
+def workload_demand(workload: RawObject) -> tuple[PodSetDemand, ...]:
+    """The demand of a Kueue Workload, one entry per ``spec.podSets[]``.
+
+    ``name`` defaults to ``main`` and ``count`` to 1, as Kueue defaults them; a count in
+    ``status.admission.podSetAssignments`` (partial admission) wins over the spec's.
+    """
+    admission = (workload.get("status") or {}).get("admission") or {}
+    assigned = {
+        a.get("name"): a["count"]
+        for a in admission.get("podSetAssignments") or ()
+        if isinstance(a, Mapping) and isinstance(a.get("count"), int)
+    }
+    demand = []
+    for pod_set in (workload.get("spec") or {}).get("podSets") or ():
+        name = pod_set.get("name") or "main"
+        count = assigned.get(name, pod_set.get("count", 1))
+        demand.append(PodSetDemand(name, int(count), pod_request(pod_set.get("template") or {})))
+    return tuple(demand)
+
+
+# --- fitting --------------------------------------------------------------------------
+
+
+def fit_gang(
+    demand: Sequence[PodSetDemand],
+    inventory: Inventory,
+    policy: str = "binpack",
+    *,
+    node_policy: str = "binpack",
+    budget: int = DEFAULT_BUDGET,
+) -> FitResult:
+    """Whether every pod of ``demand`` fits what the inventory's nodes offer now.
+
+    Args:
+        demand: The gang (all podSets of one Workload).
+        inventory: What HAMi's nodes offer (``admission.hami.inventory``).
+        policy: ``hami.io/gpu-scheduler-policy``: ``binpack``, ``spread`` or
+            ``topology-aware`` (tried as binpack).
+        node_policy: ``hami.io/node-scheduler-policy``: ``binpack`` or ``spread``.
+        budget: Placements the search may try before it answers undecided.
+
+    Raises:
+        ValueError: an unknown policy.
+    """
+    spread_cards = _policy(policy, GPU_POLICIES, "gpu scheduler policy")
+    spread_nodes = _policy(node_policy, NODE_POLICIES, "node scheduler policy")
+    items = _items(demand)
+    if not items:
+        return FitResult(True, "no pod asks for a GPU")
+    search = _Search(items, inventory.nodes, spread_cards, spread_nodes, budget)
+    found = search.run()
+    if found is not None:
+        return _fitted(found)
+    reason = _miss(demand, items, search.best, inventory.nodes)
+    if search.out_of_steps:
+        return FitResult(
+            False, f"could not decide within {budget} placement steps; {reason}", undecided=True
+        )
+    return FitResult(False, reason)
+
+
+def fits_ever(
+    demand: Sequence[PodSetDemand], inventory: Inventory, *, budget: int = DEFAULT_BUDGET
+) -> FitResult:
+    """Whether the gang would fit the pool's hardware if nothing else ran.
+
+    The pool is every node HAMi registered there, unschedulable or silent ones too, with
+    every card, none held (``Inventory.pool``): only a gang that misses even that can
+    never run, so only then is ``fits`` False and the caller may Reject. An empty pool or
+    a search out of steps gives ``fits=True, undecided=True``: not a reason to reject.
+    The placements of a fit are on the pool, for the message: never reserve them.
+    """
+    items = _items(demand)
+    if not items:
+        return FitResult(True, "no pod asks for a GPU")
+    pool = inventory.pool
+    if not pool:
+        return FitResult(
+            True,
+            "no HAMi GPU node in the pool: cannot tell whether the gang fits it",
+            undecided=True,
+        )
+    cards = sum(len(n.devices) for n in pool)
+    size = f"the pool ({cards} GPU{_s(cards)} on {len(pool)} node{_s(len(pool))})"
+    search = _Search(items, pool, False, False, budget)
+    found = search.run()
+    if found is not None:
+        fitted = _fitted(found)
+        return FitResult(
+            True, f"fits {size} with nothing else running", fitted.placements, fitted.gpu_types
+        )
+    reason = _miss(demand, items, search.best, pool)
+    if search.out_of_steps:
+        return FitResult(
+            True,
+            f"could not decide within {budget} placement steps whether it ever fits "
+            f"{size}; {reason}",
+            undecided=True,
+        )
+    return FitResult(False, f"never fits {size} even with nothing else running: {reason}")
+
+
+def whole_free_gpus(inventory: Inventory) -> int:
+    """Offered cards nobody holds anything on (what inference could still take whole)."""
+    return sum(1 for n in inventory.nodes for d in n.devices if d.untouched)
+
+
+def _policy(value: str, known: Mapping[str, bool], what: str) -> bool:
+    if value not in known:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(known)}")
+    return known[value]
+
+
+@dataclass(frozen=True)
+class _Item:
+    pod_set: str
+    index: int
+    pod: PodRequest
+
+
+def _items(demand: Sequence[PodSetDemand]) -> list[_Item]:
+    """The gang's GPU pods, largest first (first-fit decreasing); a podSet stays together."""
+    items = [_Item(d.name, i, d.pod) for d in demand if d.pod.asks_gpus for i in range(d.count)]
+    return sorted(items, key=lambda item: _size(item.pod))
+
+
+def _size(pod: PodRequest) -> tuple[int, int, int, int]:
+    containers = pod.containers or pod.init_containers
+    return (
+        -pod.gpus,
+        -max(c.cores for c in containers),
+        -max(c.memory_mib or 0 for c in containers),
+        -max(c.memory_percent or 0 for c in containers),
+    )
+
+
+def _fitted(placements: Sequence[PodPlacement]) -> FitResult:
+    nodes = sorted({p.node for p in placements})
+    shown = ", ".join(nodes[:NAMES_SHOWN]) + (
+        f" and {len(nodes) - NAMES_SHOWN} more" if len(nodes) > NAMES_SHOWN else ""
+    )
+    pods = f"{len(placements)} pod{_s(len(placements))}"
+    reason = f"{pods} fit on {len(nodes)} node{_s(len(nodes))}: {shown}"
+    types = tuple(sorted({t.type for p in placements for t in p.takes()}))
+    return FitResult(True, reason, tuple(placements), types)
+
+
+def _miss(
+    demand: Sequence[PodSetDemand],
+    items: Sequence[_Item],
+    best: Sequence[PodPlacement],
+    nodes: Sequence[NodeGpus],
+) -> str:
+    """``podSet P: k of n pods fit; each needs …; at most m such GPUs free on one node``."""
+    placed = {(p.pod_set, p.index) for p in best}
+    first = next(i for i in items if (i.pod_set, i.index) not in placed)
+    count = next(d.count for d in demand if d.name == first.pod_set)
+    fitted = sum(1 for p in best if p.pod_set == first.pod_set)
+    pod = first.pod
+    request = (pod.containers or pod.init_containers)[0]
+    most = max((sum(1 for d in n.devices if _take(d, request, pod)) for n in nodes), default=0)
+    return (
+        f"podSet {first.pod_set}: {fitted} of {count} pods fit; each needs {_describe(pod)}; "
+        f"at most {most} such GPU{_s(most)} free on one node"
+    )
+
+
+def _describe(pod: PodRequest) -> str:
+    text = " + ".join(_describe_container(c) for c in pod.containers or pod.init_containers)
+    if pod.use_types:
+        text += f" (type {'/'.join(pod.use_types)})"
+    if pod.nouse_types:
+        text += f" (not {'/'.join(pod.nouse_types)})"
+    return text
+
+
+def _describe_container(c: GpuRequest) -> str:
+    if c.memory_mib is None and c.memory_percent == 100 and c.cores == 100:
+        return f"{c.gpus} whole GPU{_s(c.gpus)}"
+    memory = f"{c.memory_mib} MiB" if c.memory_mib else f"{c.memory_percent}% memory"
+    text = f"{c.gpus} GPU{_s(c.gpus)} of {memory}"
+    if c.cores == 100:
+        return text + ", exclusive"
+    return text + (f", {c.cores}% cores" if c.cores else "")
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+# --- the search -----------------------------------------------------------------------
+
+
+def _take(state: DeviceState, request: GpuRequest, pod: PodRequest) -> DeviceTake | None:
+    """What ``request`` takes on this card, or None where HAMi's ``Fit`` refuses it."""
+    device = state.device
+    if not pod.accepts(device) or state.used_slots >= device.split_count:
+        return None
+    memory = request.memory_on(device)
+    cores = request.cores
+    if device.memory_mib - state.used_memory_mib < memory:
+        return None
+    if device.cores - state.used_cores < cores:
+        return None
+    if device.cores == 100 and cores == 100 and state.used_slots > 0:
+        return None  # exclusive, and someone is on the card
+    if device.cores and state.used_cores >= device.cores and cores == 0:
+        return None  # every core is given out: a share without cores would get none
+    return DeviceTake(device.uuid, memory, cores, device.type)
+
+
+def _usage(state: DeviceState) -> float:
+    """How full a card is (HAMi's device score without the request): slots, cores, memory."""
+    d = state.device
+    return (
+        (state.used_slots / d.split_count if d.split_count else 1.0)
+        + (state.used_cores / d.cores if d.cores else 0.0)
+        + (state.used_memory_mib / d.memory_mib if d.memory_mib else 0.0)
+    )
+
+
+_DeviceKey = tuple[str, int, int, int, str, int, int, int]
+_NodeKey = tuple[_DeviceKey, ...]
+
+
+def _device_key(state: DeviceState) -> _DeviceKey:
+    """Everything that decides what a card can still take (not its UUID)."""
+    d = state.device
+    return (
+        d.type,
+        d.memory_mib,
+        d.cores,
+        d.split_count,
+        d.mode,
+        state.used_slots,
+        state.used_memory_mib,
+        state.used_cores,
+    )
+
+
+def _node_key(devices: Iterable[DeviceState]) -> _NodeKey:
+    return tuple(sorted(_device_key(d) for d in devices))
+
+
+_Choice = tuple[tuple[DeviceTake, ...], tuple[DeviceState, ...]]
+"""One container's cards and the node's cards after it took them."""
+_PodChoice = tuple[tuple[tuple[DeviceTake, ...], ...], tuple[DeviceState, ...]]
+"""A pod's cards, container by container, and the node's cards after it took them."""
+
+
+def _choices(
+    request: GpuRequest, pod: PodRequest, devices: tuple[DeviceState, ...], spread: bool
+) -> Iterator[_Choice]:
+    """Every distinct set of cards one container could take on a node, policy order first.
+
+    Cards in the same state are interchangeable, so they form one group and only how
+    many are taken from each group varies; the first choice takes from the groups the
+    policy prefers (the greedy one).
+    """
+    eligible = [(i, take) for i, d in enumerate(devices) if (take := _take(d, request, pod))]
+    if len(eligible) < request.gpus:
+        return
+    sign = 1.0 if spread else -1.0
+    eligible.sort(key=lambda e: (sign * _usage(devices[e[0]]), devices[e[0]].device.index))
+    groups: dict[_DeviceKey, list[tuple[int, DeviceTake]]] = {}
+    for entry in eligible:
+        groups.setdefault(_device_key(devices[entry[0]]), []).append(entry)
+    ordered = list(groups.values())
+    for counts in _counts([len(g) for g in ordered], request.gpus):
+        chosen = [entry for group, n in zip(ordered, counts, strict=True) for entry in group[:n]]
+        after = list(devices)
+        for i, take in chosen:
+            after[i] = after[i].taking(take.memory_mib, take.cores)
+        yield tuple(take for _, take in chosen), tuple(after)
+
+
+def _counts(sizes: Sequence[int], k: int, start: int = 0) -> Iterator[tuple[int, ...]]:
+    """Ways to take ``k`` items from groups of ``sizes``, most from the first group first."""
+    if k == 0:
+        yield (0,) * (len(sizes) - start)
+        return
+    if start == len(sizes) or sum(sizes[start:]) < k:
+        return
+    for n in range(min(k, sizes[start]), -1, -1):
+        for rest in _counts(sizes, k - n, start + 1):
+            yield (n, *rest)
+
+
+def _pod_options(
+    pod: PodRequest, devices: tuple[DeviceState, ...], spread: bool
+) -> Iterator[_PodChoice]:
+    """Every way the pod's containers could sit on one node (init containers checked first)."""
+    for init in pod.init_containers:
+        if next(_choices(init, pod, devices, spread), None) is None:
+            return
+    yield from _containers(pod, pod.containers, devices, (), spread)
+
+
+def _containers(
+    pod: PodRequest,
+    remaining: tuple[GpuRequest, ...],
+    devices: tuple[DeviceState, ...],
+    done: tuple[tuple[DeviceTake, ...], ...],
+    spread: bool,
+) -> Iterator[_PodChoice]:
+    if not remaining:
+        yield done, devices
+        return
+    for takes, after in _choices(remaining[0], pod, devices, spread):
+        yield from _containers(pod, remaining[1:], after, (*done, takes), spread)
+
+
+class _OutOfStepsError(Exception):
+    pass
+
+
+def _units(state: DeviceState, request: GpuRequest, pod: PodRequest) -> int:
+    """At most how many containers like ``request`` the card could still take."""
+    if _take(state, request, pod) is None:
+        return 0
+    device = state.device
+    if device.cores == 100 and request.cores == 100:
+        return 1  # exclusive: the first one shuts the card
+    units = device.split_count - state.used_slots
+    memory = request.memory_on(device)
+    if memory > 0:
+        units = min(units, (device.memory_mib - state.used_memory_mib) // memory)
+    if request.cores > 0:
+        units = min(units, (device.cores - state.used_cores) // request.cores)
+    return units
+
+
+def _node_bound(devices: Sequence[DeviceState], pod: PodRequest) -> int:
+    """At most how many such pods the node could still take (each container on its own).
+
+    ``p`` pods need ``gpus`` distinct cards each, so a card gives at most ``p`` of its
+    units: ``p`` is possible only while the cards' ``min(units, p)`` add up to
+    ``gpus * p``, and that holds from 0 up to a largest ``p``.
+    """
+    bound = _UNBOUNDED
+    for request in pod.containers:
+        units = [u for d in devices if (u := _units(d, request, pod))]
+        low, high = 0, min(bound, sum(units) // request.gpus)
+        while low < high:
+            mid = (low + high + 1) // 2
+            if sum(min(u, mid) for u in units) >= request.gpus * mid:
+                low = mid
+            else:
+                high = mid - 1
+        bound = low
+    return bound
+
+
+_UNBOUNDED = 1 << 30
+"""The bound of a pod whose GPUs are all in init containers: it holds nothing after."""
+
+_Candidate = tuple[int, tuple[tuple[DeviceTake, ...], ...], tuple[DeviceState, ...], _NodeKey]
+_Entry = tuple[PodPlacement, int, tuple[DeviceState, ...], _NodeKey, tuple[int, ...]]
+"""A placed pod and what its node was before (cards, key, bounds), to undo it."""
+_MemoKey = tuple[int, tuple[_NodeKey, ...]]
+
+
+class _Search:
+    """The gang's pods placed one level per pod: a greedy pass, then a pruned search.
+
+    The search is depth-first over nodes and card choices, refuted states remembered
+    (nodes as the multiset of their cards' states, so identical nodes and permutations
+    of identical pods count once), and a branch is cut as soon as some kind of pod left
+    has more pods than every node's upper bound for it together (``_node_bound``).
+    """
+
+    def __init__(
+        self,
+        items: Sequence[_Item],
+        nodes: Sequence[NodeGpus],
+        spread_cards: bool,
+        spread_nodes: bool,
+        budget: int,
+    ) -> None:
+        self.items = items
+        self.names = [n.name for n in nodes]
+        self.start = [n.devices for n in nodes]
+        self.spread_cards = spread_cards
+        self.spread_nodes = spread_nodes
+        self.budget = budget
+        self.steps = 0
+        self.out_of_steps = False
+        self.best: list[PodPlacement] = []
+        self.refuted: set[_MemoKey] = set()
+        self.kinds = list(dict.fromkeys(item.pod for item in items))
+        kind = {pod: k for k, pod in enumerate(self.kinds)}
+        # left[i][k]: pods of kind k from level i on
+        self.left = [[0] * len(self.kinds) for _ in range(len(items) + 1)]
+        for i in range(len(items) - 1, -1, -1):
+            self.left[i] = list(self.left[i + 1])
+            self.left[i][kind[items[i].pod]] += 1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.state = list(self.start)
+        self.keys = [_node_key(d) for d in self.state]
+        self.bounds = [self._bounds(d) for d in self.state]
+        self.totals = [sum(b[k] for b in self.bounds) for k in range(len(self.kinds))]
+
+    def run(self) -> list[PodPlacement] | None:
+        """The placements of every pod, or None (``best`` then holds the deepest try)."""
+        try:
+            found = self._greedy()
+            if found is None:
+                self._reset()
+                found = self._search()
+            return found
+        except _OutOfStepsError:
+            self.out_of_steps = True
+            return None
+
+    def _greedy(self) -> list[PodPlacement] | None:
+        """The first candidate at every level: what HAMi's scheduler would likely do."""
+        path: list[_Entry] = []
+        for level in range(len(self.items)):
+            candidate = next(self._candidates(level), None)
+            if candidate is None:
+                return None
+            path.append(self._apply(level, candidate))
+            self._record(path)
+        return [entry[0] for entry in path]
+
+    def _search(self) -> list[PodPlacement] | None:
+        # An explicit stack, not recursion: a gang may have more pods than Python frames.
+        if not self._may_fit(0):
+            return None
+        path: list[_Entry] = []
+        levels: list[tuple[Iterator[_Candidate], _MemoKey]] = [
+            (self._candidates(0), self._memo_key(0))
+        ]
+        while levels:
+            candidates, key = levels[-1]
+            candidate = next(candidates, None)
+            if candidate is None:
+                self.refuted.add(key)
+                levels.pop()
+                if path:
+                    self._undo(path.pop())
+                continue
+            path.append(self._apply(len(path), candidate))
+            self._record(path)
+            if len(path) == len(self.items):
+                return [entry[0] for entry in path]
+            key = self._memo_key(len(path))
+            if key in self.refuted or not self._may_fit(len(path)):
+                self.refuted.add(key)
+                self._undo(path.pop())
+                continue
+            levels.append((self._candidates(len(path)), key))
+        return None
+
+    def _apply(self, level: int, candidate: _Candidate) -> _Entry:
+        self.steps += 1
+        if self.steps > self.budget:
+            raise _OutOfStepsError
+        n, takes, devices, key = candidate
+        item = self.items[level]
+        entry = (
+            PodPlacement(item.pod_set, item.index, self.names[n], takes),
+            n,
+            self.state[n],
+            self.keys[n],
+            self.bounds[n],
+        )
+        self._set(n, devices, key, self._bounds(devices))
+        return entry
+
+    def _undo(self, entry: _Entry) -> None:
+        _, n, devices, key, bounds = entry
+        self._set(n, devices, key, bounds)
+
+    def _set(
+        self, n: int, devices: tuple[DeviceState, ...], key: _NodeKey, bounds: tuple[int, ...]
+    ) -> None:
+        for k, (old, new) in enumerate(zip(self.bounds[n], bounds, strict=True)):
+            self.totals[k] += new - old
+        self.state[n], self.keys[n], self.bounds[n] = devices, key, bounds
+
+    def _bounds(self, devices: Sequence[DeviceState]) -> tuple[int, ...]:
+        return tuple(_node_bound(devices, pod) for pod in self.kinds)
+
+    def _may_fit(self, level: int) -> bool:
+        """Whether every kind of pod left is within what all nodes together could take."""
+        return all(total >= left for total, left in zip(self.totals, self.left[level], strict=True))
+
+    def _record(self, path: Sequence[_Entry]) -> None:
+        if len(path) > len(self.best):
+            self.best = [entry[0] for entry in path]
+
+    def _memo_key(self, level: int) -> _MemoKey:
+        return level, tuple(sorted(self.keys))
+
+    def _candidates(self, level: int) -> Iterator[_Candidate]:
+        """Where the pod at ``level`` could go, node order by policy, duplicates once."""
+        pod = self.items[level].pod
+        sign = 1.0 if self.spread_nodes else -1.0
+        order = sorted(
+            range(len(self.names)), key=lambda n: (sign * self._node_usage(n), self.names[n])
+        )
+        tried: set[_NodeKey] = set()
+        for n in order:
+            if self.keys[n] in tried:
+                continue  # a node in the same state as one tried already
+            tried.add(self.keys[n])
+            seen: set[_NodeKey] = set()
+            for takes, devices in _pod_options(pod, self.state[n], self.spread_cards):
+                node_key = _node_key(devices)
+                if node_key not in seen:
+                    seen.add(node_key)
+                    yield n, takes, devices, node_key
+
+    def _node_usage(self, n: int) -> float:
+        devices = self.state[n]
+        return sum(_usage(d) for d in devices) / len(devices) if devices else 0.0

@@ -1,0 +1,597 @@
+"""HAMi's GPU inventory, read from its node and pod annotations (pure).
+
+HAMi (``Project-HAMi/HAMi``, v2.10.0) keeps no CRD: the device plugin writes each
+node's cards into ``hami.io/node-nvidia-register`` (a JSON array since v2.8.0, a
+``:``-separated text before), the scheduler writes what it gave each pod into
+``hami.io/vgpu-devices-allocated`` and rebuilds its view of free capacity from those
+two, as this module does. The inventory says, per node, what every card still offers
+(slots, memory, cores) once the pods HAMi placed are taken off, and lists every node or
+annotation it had to leave out with the reason (``Inventory.problems``); one malformed
+node never hides the others.
+
+What HAMi does and this module follows (its ``pkg/device/devices.go``,
+``pkg/scheduler/scheduler.go``, ``pkg/device/nvidia/device.go``):
+
+- a pod holds its allocation until its phase is ``Succeeded`` or ``Failed``; its node is
+  ``hami.io/vgpu-node`` (the scheduler's choice), else ``spec.nodeName``;
+- a MIG instance (``GPU-…[1-2]``) counts against its physical card; a malformed
+  allocation counts as nothing, as in HAMi (and is listed here);
+- ``hami.io/node-handshake`` ``Requesting_<time>`` older than the timeout means the
+  device plugin stopped answering: the node offers nothing unless the kubelet still
+  allocates ``nvidia.com/gpu`` there (HAMi keeps such a node); an unreadable time is
+  taken as healthy, as HAMi does. HAMi parses the time in its own local zone; this
+  module reads it as UTC, the zone of a container that sets no ``TZ``;
+- unhealthy cards and the UUIDs in ``hami.io/device-cordon`` take no new pods.
+
+Left out on purpose: MIG-mode cards (HAMi fits MIG profiles, not memory shares: they are
+listed as a problem and offered nowhere), HAMi's ResourceQuota accounting, and the
+device plugin's memory/core scaling factors (the register already carries the scaled
+values).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from admission import annotations as names
+from foundation.errors import UnitscaleError, quote
+
+RawObject = Mapping[str, Any]
+"""A Kubernetes object as the API server's JSON (a plain mapping)."""
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""Pod phases in which HAMi no longer counts what the pod was given."""
+
+HANDSHAKE_TIME_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y.%m.%d %H:%M:%S")
+"""Go's ``time.DateTime`` (HAMi today) and the dotted layout older releases wrote."""
+
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_GO_INT = re.compile(r"[+-]?\d+")
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:[eE](?P<exponent>[+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?"
+)
+_SUFFIX = {
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+class HamiFormatError(UnitscaleError, ValueError):
+    """A HAMi annotation value HAMi would not have written; names the device and field."""
+
+
+# --- values ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    """One card as the device plugin registered it."""
+
+    uuid: str
+    index: int
+    type: str
+    """As HAMi spells it, e.g. ``NVIDIA-NVIDIA H200``; type constraints match substrings."""
+    split_count: int
+    """How many containers may share the card (``deviceSplitCount``, default 10)."""
+    memory_mib: int
+    cores: int
+    """Percent of the card's SMs; 100 is the whole card."""
+    numa: int
+    healthy: bool
+    mode: str
+    """``hami-core``, ``mig`` or ``mps``; empty when the JSON register left it out."""
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """What one container of a pod holds on one card."""
+
+    container: int
+    """Index among the pod's containers as HAMi numbers them (init containers first)."""
+    uuid: str
+    memory_mib: int
+    cores: int
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """A card and what the pods on it already hold."""
+
+    device: Device
+    used_slots: int = 0
+    used_memory_mib: int = 0
+    used_cores: int = 0
+
+    @property
+    def free_slots(self) -> int:
+        """Containers the card can still take (``count - used``)."""
+        return max(0, self.device.split_count - self.used_slots)
+
+    @property
+    def free_memory_mib(self) -> int:
+        """Memory not yet given out; never negative, even when HAMi over-committed."""
+        return max(0, self.device.memory_mib - self.used_memory_mib)
+
+    @property
+    def free_cores(self) -> int:
+        """Percent of SMs not yet given out; never negative."""
+        return max(0, self.device.cores - self.used_cores)
+
+    @property
+    def untouched(self) -> bool:
+        """No container holds anything on the card."""
+        return self.used_slots == 0 and self.used_memory_mib == 0 and self.used_cores == 0
+
+    def taking(self, memory_mib: int, cores: int) -> DeviceState:
+        """The card after one more container takes ``memory_mib`` and ``cores``."""
+        return replace(
+            self,
+            used_slots=self.used_slots + 1,
+            used_memory_mib=self.used_memory_mib + memory_mib,
+            used_cores=self.used_cores + cores,
+        )
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """One node's cards (those it offers, or in ``Inventory.pool`` all it has)."""
+
+    name: str
+    devices: tuple[DeviceState, ...]
+
+    def device(self, uuid: str) -> DeviceState | None:
+        """The card with this UUID, if the node offers it."""
+        return next((d for d in self.devices if d.device.uuid == uuid), None)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A node or pod the inventory left out or read only in part, and why."""
+
+    subject: str
+    """``node/NAME`` or ``pod/NAMESPACE/NAME``."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeviceTake:
+    """What one container takes on one card when placed."""
+
+    uuid: str
+    memory_mib: int
+    cores: int
+    type: str = ""
+    """The card's type as registered (what ``nvidia.com/use-gputype`` would name)."""
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """Where one pod of a gang goes: its node, and per GPU container the cards it takes."""
+
+    pod_set: str
+    index: int
+    """The pod's number within its podSet (0-based)."""
+    node: str
+    containers: tuple[tuple[DeviceTake, ...], ...]
+
+    def takes(self) -> Iterator[DeviceTake]:
+        """Every card take of the pod, container after container."""
+        for container in self.containers:
+            yield from container
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What HAMi's nodes offer now, the pool's hardware, and what was left out."""
+
+    nodes: tuple[NodeGpus, ...] = ()
+    """Nodes that take new pods, each with the cards it offers and their usage."""
+    pool: tuple[NodeGpus, ...] = ()
+    """Every node HAMi registered in the pool (also unschedulable or silent ones), every
+    card on it, nothing held: the hardware a gang would have if nothing else ran."""
+    problems: tuple[Problem, ...] = ()
+
+    def node(self, name: str) -> NodeGpus | None:
+        """The offering node of this name, if any."""
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def reserve(self, placements: Iterable[PodPlacement]) -> Inventory:
+        """A new inventory with these placements taken (the caller decides one by one).
+
+        Raises:
+            ValueError: a placement names a node or card this inventory does not offer.
+        """
+        states = {n.name: {d.device.uuid: d for d in n.devices} for n in self.nodes}
+        for placement in placements:
+            cards = states.get(placement.node)
+            if cards is None:
+                raise ValueError(
+                    f"placement of {placement.pod_set}[{placement.index}] names node "
+                    f"{placement.node!r}, which the inventory does not offer"
+                )
+            for take in placement.takes():
+                state = cards.get(take.uuid)
+                if state is None:
+                    raise ValueError(
+                        f"placement of {placement.pod_set}[{placement.index}] names card "
+                        f"{take.uuid!r}, which node {placement.node!r} does not offer"
+                    )
+                cards[take.uuid] = state.taking(take.memory_mib, take.cores)
+        nodes = tuple(NodeGpus(n.name, tuple(states[n.name].values())) for n in self.nodes)
+        return replace(self, nodes=nodes)
+
+
+# --- parsing --------------------------------------------------------------------------
+
+
+def parse_quantity(value: object) -> int | None:
+    """A Kubernetes quantity as an integer, as ``Quantity.AsInt64`` reads it.
+
+    ``None`` when it is not a whole number (``500m``, ``1.5``) or no quantity at all;
+    HAMi then ignores the resource, and so does the fit.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if not isinstance(value, str):
+        return None
+    match = _QUANTITY.fullmatch(value.strip())
+    if match is None:
+        return None
+    try:
+        number = Decimal(match["number"])
+    except InvalidOperation:  # pragma: no cover - the pattern admits only decimals
+        return None
+    if match["exponent"] is not None:
+        number = number.scaleb(int(match["exponent"]))
+    elif match["suffix"] is not None:
+        number *= _SUFFIX[match["suffix"]]
+    return int(number) if number == number.to_integral_value() else None
+
+
+def parse_node_register(value: str) -> tuple[Device, ...]:
+    """The cards of ``hami.io/node-nvidia-register``, either format.
+
+    A value starting with ``[`` (or ``{``) is the JSON array of HAMi v2.8.0+ (every field
+    ``omitempty``: absent ``health`` is false, absent ``index``/``numa`` are 0); anything
+    else is the older text, ``uuid,count,devmem,devcore,type,numa,health[,index,mode]:``
+    per card (7 or 9 fields; 7 means index 0 and mode ``hami-core``).
+
+    Raises:
+        HamiFormatError: the value is not one HAMi writes; names the device and field.
+    """
+    text = value.strip()
+    if not text:
+        raise HamiFormatError("the register value is empty")
+    if text[0] in "[{":
+        return _register_json(text)
+    return _register_text(text)
+
+
+def _register_json(text: str) -> tuple[Device, ...]:
+    try:
+        items = json.loads(text)
+    except ValueError as error:
+        raise HamiFormatError(f"not valid JSON: {error}") from None
+    if not isinstance(items, list):
+        raise HamiFormatError(f"{quote(text)} is not a JSON array of devices")
+    devices = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise HamiFormatError(f"device {i}: not a JSON object but {quote(item)}")
+        uuid = item.get("id")
+        if not isinstance(uuid, str) or not uuid:
+            what = "is missing" if uuid is None else f"is {quote(uuid)}, not a UUID"
+            raise HamiFormatError(f"device {i}: field 'id' {what}")
+        where = f"device {i} ({uuid})"
+        devices.append(
+            Device(
+                uuid=uuid,
+                index=_json_int(item, "index", where),
+                type=_json_str(item, "type", where),
+                split_count=_json_int(item, "count", where),
+                memory_mib=_json_int(item, "devmem", where),
+                cores=_json_int(item, "devcore", where),
+                numa=_json_int(item, "numa", where, negative=True),
+                healthy=_json_bool(item, "health", where),
+                mode=_json_str(item, "mode", where),
+            )
+        )
+    return tuple(devices)
+
+
+def _json_int(item: Mapping[str, Any], key: str, where: str, *, negative: bool = False) -> int:
+    value = item.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HamiFormatError(f"{where}: field {key!r} is {quote(value)}, not an integer")
+    if value < 0 and not negative:
+        raise HamiFormatError(f"{where}: field {key!r} is {value}, negative")
+    return value
+
+
+def _json_str(item: Mapping[str, Any], key: str, where: str) -> str:
+    value = item.get(key, "")
+    if not isinstance(value, str):
+        raise HamiFormatError(f"{where}: field {key!r} is {quote(value)}, not a string")
+    return value
+
+
+def _json_bool(item: Mapping[str, Any], key: str, where: str) -> bool:
+    value = item.get(key, False)
+    if not isinstance(value, bool):
+        raise HamiFormatError(f"{where}: field {key!r} is {quote(value)}, not a boolean")
+    return value
+
+
+def _register_text(text: str) -> tuple[Device, ...]:
+    if ":" not in text:
+        raise HamiFormatError(f"{quote(text)} has no ':' device separator")
+    segments = [s for s in text.split(":") if s]
+    devices = []
+    for i, segment in enumerate(segments):
+        if "," not in segment:
+            raise HamiFormatError(f"device {i}: no ',' in {quote(segment)}")
+        fields = segment.split(",")
+        where = f"device {i} ({fields[0]})"
+        if len(fields) not in (7, 9):
+            raise HamiFormatError(f"{where}: {len(fields)} fields, not 7 or 9")
+        long_form = len(fields) == 9
+        devices.append(
+            Device(
+                uuid=fields[0],
+                index=_text_int(fields[7], "index", where) if long_form else 0,
+                type=fields[4],
+                split_count=_text_int(fields[1], "count", where),
+                memory_mib=_text_int(fields[2], "devmem", where),
+                cores=_text_int(fields[3], "devcore", where),
+                numa=_text_int(fields[5], "numa", where, negative=True),
+                healthy=_text_bool(fields[6], "health", where),
+                mode=fields[8] if long_form else "hami-core",
+            )
+        )
+    return tuple(devices)
+
+
+def _text_int(text: str, key: str, where: str, *, negative: bool = False) -> int:
+    if not _GO_INT.fullmatch(text):
+        raise HamiFormatError(f"{where}: field {key!r} is {quote(text)}, not an integer")
+    value = int(text)
+    if value < 0 and not negative:
+        raise HamiFormatError(f"{where}: field {key!r} is {quote(text)}, negative")
+    return value
+
+
+def _text_bool(text: str, key: str, where: str) -> bool:
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise HamiFormatError(f"{where}: field {key!r} is {quote(text)}, not a boolean")
+
+
+def parse_devices_allocated(value: str) -> tuple[DeviceUse, ...]:
+    """The cards of ``hami.io/vgpu-devices-allocated``, container by container.
+
+    ``UUID,TYPE,usedmemMiB,usedcores:`` per card, ``;`` after each container (a container
+    without GPUs leaves an empty entry, so indices follow the pod's containers).
+
+    Raises:
+        HamiFormatError: the value is not one HAMi writes; names the container and field.
+    """
+    uses = []
+    for c, container in enumerate(value.split(";")):
+        for d, segment in enumerate(s for s in container.split(":") if s):
+            where = f"container {c}, device {d}"
+            if "," not in segment:
+                raise HamiFormatError(f"{where}: no ',' in {quote(segment)}")
+            fields = segment.split(",")
+            if len(fields) < 4:
+                raise HamiFormatError(f"{where}: {len(fields)} fields, not 4")
+            if not fields[0]:
+                raise HamiFormatError(f"{where}: no UUID in {quote(segment)}")
+            if not fields[1]:
+                raise HamiFormatError(f"{where} ({fields[0]}): no device type")
+            where = f"{where} ({fields[0]})"
+            uses.append(
+                DeviceUse(
+                    container=c,
+                    # a MIG instance is GPU-…[template-slot]: it holds its physical card
+                    uuid=fields[0].split("[", 1)[0],
+                    memory_mib=_text_int(fields[2], "usedmem", where),
+                    cores=_text_int(fields[3], "usedcores", where),
+                )
+            )
+    return tuple(uses)
+
+
+# --- the inventory --------------------------------------------------------------------
+
+
+def inventory(
+    nodes: Iterable[RawObject],
+    pods: Iterable[RawObject],
+    *,
+    now: float,
+    handshake_timeout: float = 60.0,
+    node_selector: Mapping[str, str] | None = None,
+    ignore_pods: frozenset[str] = frozenset(),
+) -> Inventory:
+    """What every HAMi node offers once the pods HAMi placed are taken off.
+
+    Args:
+        nodes: Node objects (all, or those of the pool).
+        pods: Pod objects; only those carrying a HAMi allocation matter.
+        now: Unix seconds, for the handshake's age.
+        handshake_timeout: Seconds after which an unanswered ``Requesting_`` handshake
+            means the device plugin is gone (HAMi's own limit is 60).
+        node_selector: Labels a pool node must carry; ``None`` takes every node HAMi
+            registered. With a selector, a pool node HAMi never registered is reported.
+        ignore_pods: Pod UIDs or ``namespace/name`` keys whose allocation the caller
+            already counts (pods of a gang it reserved).
+
+    Returns:
+        The inventory; every node or annotation left out is in ``problems``.
+    """
+    problems: list[Problem] = []
+    offered: dict[str, dict[str, DeviceState]] = {}
+    registered: dict[str, frozenset[str]] = {}
+    pool: list[NodeGpus] = []
+    for obj in nodes:
+        read = _read_node(obj, now, handshake_timeout, node_selector, problems)
+        if read is None:
+            continue
+        name, devices, offers = read
+        registered[name] = frozenset(d.uuid for d in devices)
+        pool.append(NodeGpus(name, tuple(DeviceState(d) for d in devices)))
+        if offers is not None:
+            offered[name] = {d.uuid: DeviceState(d) for d in offers}
+    for obj in pods:
+        _take_off(obj, offered, registered, ignore_pods, problems)
+    return Inventory(
+        nodes=tuple(NodeGpus(name, tuple(cards.values())) for name, cards in offered.items()),
+        pool=tuple(pool),
+        problems=tuple(problems),
+    )
+
+
+def _read_node(
+    obj: RawObject,
+    now: float,
+    timeout: float,
+    selector: Mapping[str, str] | None,
+    problems: list[Problem],
+) -> tuple[str, tuple[Device, ...], tuple[Device, ...] | None] | None:
+    """``(name, cards in the pool, cards offered or None)``, or None outside the pool."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(Problem("node/?", "a node without metadata.name"))
+        return None
+    subject = f"node/{name}"
+    labels = meta.get("labels") or {}
+    if selector and any(labels.get(k) != v for k, v in selector.items()):
+        wanted = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        problems.append(Problem(subject, f"labels do not match the pool selector {wanted}"))
+        return None
+    annotations = meta.get("annotations") or {}
+    register = annotations.get(names.HAMI_NODE_REGISTER)
+    if register is None:
+        if selector:
+            reason = f"no {names.HAMI_NODE_REGISTER} annotation: HAMi registered no GPU"
+            problems.append(Problem(subject, reason))
+        return None
+    try:
+        devices = parse_node_register(str(register))
+    except HamiFormatError as error:
+        problems.append(Problem(subject, f"{names.HAMI_NODE_REGISTER}: {error}"))
+        return None
+    mig = [d for d in devices if d.mode == "mig"]
+    if mig:
+        reason = f"{len(mig)} MIG-mode GPU(s) left out: MIG profiles are not modelled"
+        problems.append(Problem(subject, reason))
+        devices = tuple(d for d in devices if d.mode != "mig")
+    if (obj.get("spec") or {}).get("unschedulable") is True:
+        problems.append(Problem(subject, "unschedulable (cordoned)"))
+        return name, devices, None
+    allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(names.GPU)
+    handshake = annotations.get(names.HAMI_NODE_HANDSHAKE)
+    offers, stale = _handshake(handshake, now, timeout, parse_quantity(allocatable))
+    if stale is not None:
+        problems.append(Problem(subject, stale))
+    if not offers:
+        return name, devices, None
+    cordoned = {u.strip() for u in str(annotations.get(names.HAMI_DEVICE_CORDON, "")).split(",")}
+    return name, devices, tuple(d for d in devices if d.healthy and d.uuid not in cordoned)
+
+
+def _handshake(
+    value: object, now: float, timeout: float, allocatable: int | None
+) -> tuple[bool, str | None]:
+    """Whether the node offers its cards by HAMi's handshake, and what to report."""
+    key = names.HAMI_NODE_HANDSHAKE
+    if not isinstance(value, str):
+        return True, None
+    if "Requesting" in value:
+        stamp = value.partition("_")[2]
+        asked = _handshake_time(stamp)
+        if asked is None:
+            unreadable = f"{key} {quote(value)} has an unreadable time {quote(stamp)}"
+            return True, f"{unreadable}; taken as healthy, as HAMi does"
+        age = now - asked
+        if age < timeout or (allocatable or 0) > 0:
+            return True, None
+        return False, (
+            f"{key} asked {age:.0f} s ago (limit {timeout:.0f} s) and the device plugin has "
+            f"not answered; the node allocates no {names.GPU}"
+        )
+    if "Deleted" in value:
+        return False, f"{key} is {quote(value)}: HAMi removed its devices after a stale handshake"
+    return True, None
+
+
+def _handshake_time(stamp: str) -> float | None:
+    for fmt in HANDSHAKE_TIME_FORMATS:
+        try:
+            return datetime.strptime(stamp, fmt).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def _take_off(
+    obj: RawObject,
+    offered: dict[str, dict[str, DeviceState]],
+    registered: Mapping[str, frozenset[str]],
+    ignore: frozenset[str],
+    problems: list[Problem],
+) -> None:
+    """Subtract one pod's HAMi allocation from the cards of its node."""
+    meta = obj.get("metadata") or {}
+    key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    if key in ignore or meta.get("uid") in ignore:
+        return
+    if (obj.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        return
+    annotations = meta.get("annotations") or {}
+    value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
+    if not value:
+        return
+    node = annotations.get(names.HAMI_VGPU_NODE) or (obj.get("spec") or {}).get("nodeName")
+    if not isinstance(node, str) or node not in registered:
+        return  # a node outside the pool, or one already reported
+    try:
+        uses = parse_devices_allocated(str(value))
+    except HamiFormatError as error:
+        problems.append(Problem(f"pod/{key}", f"{names.HAMI_DEVICES_ALLOCATED}: {error}"))
+        return
+    unknown = sorted({u.uuid for u in uses if u.uuid not in registered[node]})
+    if unknown:
+        held = ", ".join(unknown)
+        problems.append(Problem(f"pod/{key}", f"holds {held}, which node {node} does not register"))
+    cards = offered.get(node, {})
+    for use in uses:
+        state = cards.get(use.uuid)
+        if state is not None:
+            cards[use.uuid] = state.taking(use.memory_mib, use.cores)
