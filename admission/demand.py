@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from admission.decide import PoolDemand
 from foundation.errors import quote
 from foundation.timestamps import to_duration
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
@@ -24,17 +25,6 @@ MAX_HORIZON_SECONDS = 366 * 86_400.0
 """A horizon beyond a year is a mistake, not a plan (and past what a Duration carries)."""
 MAX_ERROR_LENGTH = 1024
 """Characters of the scaler's message an error keeps (it is logged and put in statuses)."""
-
-
-@dataclass(frozen=True)
-class PoolDemand:
-    """One pool's figures, both known."""
-
-    pool: str
-    accelerators_held: float
-    """What inference replicas on the pool hold now."""
-    accelerators_needed: float
-    """The most inference is forecast to need within the horizon."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,386 @@
+"""The admission check's decision: each Pending workload to Ready, Retry, Rejected or Pending.
+
+Pure: the cluster as plain API objects and ``now`` in, one ``Decision`` per pending check
+out, each with its reason. The controller (``admission/controller.py``) reads, calls
+``decide_all`` once per pass and writes what it returns.
+
+For one workload, in order (the first that does not pass decides):
+
+1. **Its demand** (``admission.fit.workload_demand``): a podSet that cannot be read is
+   ``Rejected``: retrying would read it the same way.
+2. **Data** (``admission.fluid.readiness``): no Dataset named passes; a bad name is
+   ``Rejected``; a Dataset missing, unbound or still loading keeps the check ``Pending``
+   (our DataLoad created if none runs), so the quota stays reserved while the cache
+   fills; after ``data.timeoutSeconds``, a failed load or a cache that stays short:
+   ``Retry``.
+3. **Never fits**: a gang that misses the pool's hardware with nothing else running
+   (``fit.fits_ever``) is ``Rejected``: retrying cannot help.
+4. **Fits now** (``fit.fit_gang``) on what HAMi's nodes offer, less the gangs admitted
+   before it whose pods are not all placed yet, and — when the data must be local or a
+   LoRA instance runs somewhere — only on those nodes: else ``Retry`` after
+   ``retryAfterSeconds``.
+5. **Inference headroom**: after the gang, the pool keeps at least the whole GPUs the
+   scaler forecasts inference to add within the horizon (needed - held); else ``Retry``.
+   The scaler unreachable: ``Retry`` (``whenUnavailable: Hold``) or no check (``Ignore``).
+6. **Ready**, with podSetUpdates (HAMi policy and GPU type, the Fluid cache-node
+   selector, the LoRA instance), none overriding a key the user set.
+
+Workloads are decided by priority, then age; each Ready reserves its placement, so two
+gangs decided in one pass never count the same GPUs, and each DataLoad or LoRA seat
+taken is seen by the next.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from admission import annotations as names
+from admission import fluid, lora
+from admission.fit import (
+    FitResult,
+    PodSetDemand,
+    fit_gang,
+    fits_ever,
+    whole_free_gpus,
+    workload_demand,
+)
+from admission.hami import Inventory, NodeGpus, inventory
+from admission.hints import Hints, combine, merge_hints
+from admission.parameters import Parameters
+from admission.workload import check_entries, condition_status, created_at, key, priority
+
+RawObject = dict[str, Any]
+"""An API object as the server's JSON."""
+State = Literal["Pending", "Ready", "Retry", "Rejected"]
+
+__all__ = ["Cluster", "Decision", "Pending", "PoolDemand", "decide_all"]
+
+
+@dataclass(frozen=True)
+class PoolDemand:
+    """One pool's figures, both known."""
+
+    pool: str
+    accelerators_held: float
+    """What inference replicas on the pool hold now."""
+    accelerators_needed: float
+    """The most inference is forecast to need within the horizon."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One of our checks a workload holds as Pending, with quota reserved."""
+
+    workload: RawObject
+    check: str
+    parameters: Parameters
+    pending_since: float
+    """Unix seconds the check entry became Pending (its ``lastTransitionTime``)."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Everything the decision reads, as the API server's JSON."""
+
+    nodes: Sequence[RawObject]
+    pods: Sequence[RawObject]
+    workloads: Sequence[RawObject]
+    datasets: Sequence[RawObject]
+    dataloads: Sequence[RawObject]
+    demand: Mapping[str, PoolDemand] | None
+    """Inference demand per pool; None: the scaler could not be asked."""
+    demand_error: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The new state of one workload's check, and what to create before writing it."""
+
+    namespace: str
+    workload: str
+    check: str
+    state: State
+    message: str
+    requeue_after_seconds: int | None = None
+    pod_set_updates: tuple[RawObject, ...] = ()
+    create: tuple[RawObject, ...] = ()
+
+
+@dataclass
+class _Pass:
+    """What earlier decisions of this pass took: GPUs, DataLoads, LoRA seats."""
+
+    cluster: Cluster
+    now: float
+    inventories: dict[tuple[Any, ...], Inventory] = field(default_factory=dict)
+    dataloads: list[RawObject] = field(default_factory=list)
+    seats: list[lora.LoraAssignment] = field(default_factory=list)
+
+    def inventory(self, p: Parameters, checks: frozenset[str]) -> Inventory:
+        """The pool of ``p`` less the gangs admitted through ``checks`` not yet placed."""
+        group = (tuple(sorted(p.pool_node_selector.items())), p.handshake_timeout_seconds)
+        if group not in self.inventories:
+            self.inventories[group] = _pool_inventory(self.cluster, p, checks, self.now)
+        return self.inventories[group]
+
+    def reserve(self, p: Parameters, fit: FitResult) -> None:
+        group = (tuple(sorted(p.pool_node_selector.items())), p.handshake_timeout_seconds)
+        self.inventories[group] = self.inventories[group].reserve(fit.placements)
+
+
+def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
+    """One decision per pending check, by priority (highest first), then age."""
+    checks = frozenset(p.check for p in pending)
+    state = _Pass(cluster, now, dataloads=list(cluster.dataloads))
+    order = sorted(
+        pending, key=lambda p: (-priority(p.workload), created_at(p.workload), key(p.workload))
+    )
+    return [_decide(p, state, checks) for p in order]
+
+
+def _decide(p: Pending, state: _Pass, checks: frozenset[str]) -> Decision:
+    w, params = p.workload, p.parameters
+    meta = w.get("metadata") or {}
+
+    def out(
+        verdict: State,
+        message: str,
+        *,
+        retry: bool = False,
+        updates: tuple[RawObject, ...] = (),
+        create: tuple[RawObject, ...] = (),
+    ) -> Decision:
+        requeue = params.retry_after_seconds if retry else None
+        return Decision(
+            str(meta.get("namespace", "")),
+            str(meta.get("name", "")),
+            p.check,
+            verdict,
+            message,
+            requeue,
+            updates,
+            create,
+        )
+
+    # 1. The demand.
+    try:
+        demand = workload_demand(w)
+    except (ValueError, TypeError) as err:
+        return out("Rejected", f"cannot read the workload's GPU requests: {err}")
+
+    # 2. Data.
+    data = fluid.readiness(
+        w,
+        state.cluster.datasets,
+        state.dataloads,
+        threshold_percent=params.data.cached_percentage,
+        waiting_since=p.pending_since,
+        now=state.now,
+        timeout_seconds=params.data.timeout_seconds,
+        create_dataload=params.data.create_dataload,
+    )
+    create = (data.create,) if data.create is not None else ()
+    state.dataloads.extend(create)
+    if data.outcome == "reject":
+        return out("Rejected", data.message)
+    if data.outcome == "retry":
+        return out("Retry", data.message, retry=True, create=create)
+    if data.outcome == "wait":
+        return out("Pending", data.message, create=create)
+
+    # 3. Never fits the pool.
+    pool = state.inventory(params, checks)
+    ever = fits_ever(demand, pool)
+    if not ever.fits:
+        return out("Rejected", ever.reason)
+
+    # 4. Fits now, where the data and the LoRA instance are.
+    seat = lora.assign_instance(
+        w,
+        state.cluster.workloads,
+        state.cluster.pods,
+        tenants_per_instance=params.lora.tenants_per_instance,
+        taken=state.seats,
+    )
+    where = dict(data.node_selector)
+    if seat is not None and seat.node:
+        where[names.HOSTNAME] = seat.node
+    offered = _on_nodes(pool, state.cluster.nodes, where)
+    fit = fit_gang(
+        demand,
+        offered,
+        params.gpu_scheduler_policy,
+        node_policy=params.node_scheduler_policy or "binpack",
+    )
+    if not fit.fits:
+        place = f" on the nodes with {_labels(where)}" if where else ""
+        return out("Retry", f"does not fit now{place}: {fit.reason}", retry=True)
+
+    # 5. Inference headroom.
+    headroom = _headroom(params, state.cluster, offered.reserve(fit.placements))
+    if headroom.hold:
+        return out("Retry", headroom.message, retry=True)
+
+    # 6. Ready, with the hints.
+    hints = merge_hints(w, _wanted(demand, params, fit, data.node_selector, seat), check=p.check)
+    state.reserve(params, fit)
+    if seat is not None:
+        state.seats.append(seat)
+    parts = [fit.reason, headroom.message]
+    if data.dataset:
+        parts.append(data.message)
+    if seat is not None:
+        parts.append(seat.message)
+    if hints.message:
+        parts.append(f"hints left out: {hints.message}")
+    return out("Ready", "; ".join(x for x in parts if x), updates=hints.to_api())
+
+
+@dataclass(frozen=True)
+class _Headroom:
+    hold: bool
+    message: str
+
+
+def _headroom(params: Parameters, cluster: Cluster, after: Inventory) -> _Headroom:
+    """Whether admitting leaves inference the whole GPUs it is forecast to add."""
+    wanted = params.inference_headroom
+    if wanted is None:
+        return _Headroom(False, "")
+    figures = None if cluster.demand is None else cluster.demand.get(wanted.pool)
+    if figures is None:
+        why = cluster.demand_error or f"the scaler knows no pool {wanted.pool!r}"
+        if wanted.when_unavailable == "Ignore":
+            return _Headroom(False, f"inference forecast unavailable ({why}): not checked")
+        return _Headroom(True, f"waiting for the inference forecast of pool {wanted.pool} ({why})")
+    extra = max(0, math.ceil(figures.accelerators_needed - figures.accelerators_held - 1e-9))
+    free = whole_free_gpus(after)
+    horizon = f"{wanted.horizon_seconds} s"
+    if free < extra:
+        return _Headroom(
+            True,
+            f"inference on pool {wanted.pool} is forecast to need {extra} more GPU"
+            f"{'s' if extra != 1 else ''} within {horizon} "
+            f"({figures.accelerators_needed:g} needed, {figures.accelerators_held:g} held); "
+            f"admitting would leave {free} whole GPU{'s' if free != 1 else ''} free",
+        )
+    return _Headroom(False, f"leaves {free} whole GPUs free for inference (needs {extra} more)")
+
+
+def _wanted(
+    demand: Sequence[PodSetDemand],
+    params: Parameters,
+    fit: FitResult,
+    cache_nodes: Mapping[str, str],
+    seat: lora.LoraAssignment | None,
+) -> dict[str, Hints]:
+    """The hints we would like on each podSet that asks for GPUs (data and LoRA on all)."""
+    wanted: dict[str, Hints] = {}
+    for pod_set in demand:
+        parts = [Hints(node_selector=dict(cache_nodes))]
+        if seat is not None:
+            parts.append(seat.hints())
+        if pod_set.pod.asks_gpus:
+            policy: dict[str, str] = {names.HAMI_GPU_POLICY: params.gpu_scheduler_policy}
+            if params.node_scheduler_policy:
+                policy[names.HAMI_NODE_POLICY] = params.node_scheduler_policy
+            types = fit.types_for(pod_set.name)
+            if len(types) == 1:
+                # The type the gang was fitted on, so HAMi places it where we counted.
+                policy[names.HAMI_USE_GPUTYPE] = types[0]
+            parts.append(Hints(annotations=policy))
+        wanted[pod_set.name] = combine(*parts)
+    return wanted
+
+
+def _pool_inventory(
+    cluster: Cluster, params: Parameters, checks: frozenset[str], now: float
+) -> Inventory:
+    """The pool now, with the gangs we admitted whose pods are not all placed held back.
+
+    A gang whose check of ours is Ready, not finished, with fewer GPU pods placed than
+    it asks for, holds its whole demand: its placed pods are ignored and the gang is
+    fitted as a whole, so the GPUs it was admitted for are not given away while its
+    pods are being created.
+    """
+    selector = dict(params.pool_node_selector) or None
+    timeout = params.handshake_timeout_seconds
+    holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, cluster.pods)]
+    ignore = frozenset(k for w in holding for k in _pod_keys(w, cluster.pods))
+    pool = inventory(
+        cluster.nodes,
+        cluster.pods,
+        now=now,
+        handshake_timeout=timeout,
+        node_selector=selector,
+        ignore_pods=ignore,
+    )
+    for w in sorted(holding, key=lambda w: (-priority(w), created_at(w), key(w))):
+        held = fit_gang(workload_demand(w), pool, params.gpu_scheduler_policy)
+        if held.fits:
+            pool = pool.reserve(held.placements)
+    return pool
+
+
+def _holds_unplaced(w: RawObject, checks: frozenset[str], pods: Sequence[RawObject]) -> bool:
+    entries = check_entries(w)
+    if not any(entries.get(c, {}).get("state") == "Ready" for c in checks):
+        return False
+    if condition_status(w, "Finished") == "True" or condition_status(w, "Evicted") == "True":
+        return False
+    try:
+        wanted = sum(d.count for d in workload_demand(w) if d.pod.asks_gpus)
+    except (ValueError, TypeError):
+        return False
+    placed = sum(
+        1
+        for pod in _owned_pods(w, pods)
+        if names.HAMI_DEVICES_ALLOCATED in ((pod.get("metadata") or {}).get("annotations") or {})
+    )
+    return placed < wanted
+
+
+def _owned_pods(w: RawObject, pods: Sequence[RawObject]) -> list[RawObject]:
+    """The pods of the workload's owner (a Job's pods are owned by the Job, as is it)."""
+    owners = {o.get("uid") for o in (w.get("metadata") or {}).get("ownerReferences") or ()}
+    owners.discard(None)
+    return [
+        pod
+        for pod in pods
+        if owners & {o.get("uid") for o in (pod.get("metadata") or {}).get("ownerReferences") or ()}
+    ]
+
+
+def _pod_keys(w: RawObject, pods: Sequence[RawObject]) -> list[str]:
+    return [str((pod.get("metadata") or {}).get("uid") or key(pod)) for pod in _owned_pods(w, pods)]
+
+
+def _on_nodes(pool: Inventory, nodes: Sequence[RawObject], where: Mapping[str, str]) -> Inventory:
+    """The inventory narrowed to nodes carrying every label of ``where``."""
+    if not where:
+        return pool
+    labels = {
+        str((n.get("metadata") or {}).get("name")): (n.get("metadata") or {}).get("labels") or {}
+        for n in nodes
+    }
+    labels = {
+        name: {**found, names.HOSTNAME: found.get(names.HOSTNAME, name)}
+        for name, found in labels.items()
+    }
+
+    def keep(node: NodeGpus) -> bool:
+        have = labels.get(node.name, {})
+        return all(have.get(k) == v for k, v in where.items())
+
+    return Inventory(
+        tuple(n for n in pool.nodes if keep(n)),
+        tuple(n for n in pool.pool if keep(n)),
+        pool.problems,
+    )
+
+
+def _labels(where: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(where.items()))

@@ -1,0 +1,369 @@
+"""The admission check's decision (admission.decide): one pass over pending workloads.
+
+A behaviour table (each row a cluster, the pending workloads, and the states and message
+words each gets), then the rules that only show over several workloads in one pass:
+reservations, one DataLoad per Dataset, priority order, LoRA seats.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from admission import annotations as names
+from admission.decide import Cluster, Pending, PoolDemand, decide_all
+from admission.parameters import DataParameters, Headroom, LoraParameters, Parameters
+
+NOW = 1_767_000_000.0
+H200 = "NVIDIA-NVIDIA H200"
+MIB = 143771
+CHECK = "capacity"
+
+
+def node(name: str, cards: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    register = [
+        {
+            "id": f"GPU-{name}-{i}",
+            "index": i,
+            "count": 10,
+            "devmem": MIB,
+            "devcore": 100,
+            "type": H200,
+            "mode": "hami-core",
+            "health": True,
+        }
+        for i in range(cards)
+    ]
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {names.HOSTNAME: name, **(labels or {})},
+            "annotations": {
+                names.HAMI_NODE_REGISTER: json.dumps(register),
+                names.HAMI_NODE_HANDSHAKE: "Reported 2025-12-29 09:19:00",
+            },
+        },
+        "spec": {},
+        "status": {},
+    }
+
+
+def running(name: str, on: str, cards: range, owner: str = "serving") -> dict[str, Any]:
+    """A pod HAMi placed on ``on`` holding whole ``cards``."""
+    allocated = "".join(f"GPU-{on}-{i},NVIDIA,{MIB},100:" for i in cards) + ";"
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "serve",
+            "uid": f"uid-{name}",
+            "ownerReferences": [{"uid": f"uid-{owner}"}],
+            "annotations": {names.HAMI_VGPU_NODE: on, names.HAMI_DEVICES_ALLOCATED: allocated},
+        },
+        "spec": {"nodeName": on},
+        "status": {"phase": "Running"},
+    }
+
+
+def workload(
+    name: str,
+    pods: int = 1,
+    gpus: int = 8,
+    *,
+    priority: int = 0,
+    created: str = "2026-11-30T10:00:00Z",
+    annotations: dict[str, str] | None = None,
+    template_annotations: dict[str, str] | None = None,
+    state: str = "Pending",
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": name,
+            "namespace": "train",
+            "uid": f"uid-wl-{name}",
+            "creationTimestamp": created,
+            "ownerReferences": [{"uid": f"uid-job-{name}"}],
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "priority": priority,
+            "podSets": [
+                {
+                    "name": "workers",
+                    "count": pods,
+                    "template": {
+                        "metadata": {"annotations": template_annotations or {}},
+                        "spec": {
+                            "containers": [
+                                {"name": "main", "resources": {"limits": {names.GPU: str(gpus)}}}
+                            ]
+                        },
+                    },
+                }
+            ],
+        },
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True"}],
+            "admissionChecks": [
+                {
+                    "name": CHECK,
+                    "state": state,
+                    "lastTransitionTime": "2026-11-30T10:00:00Z",
+                    "message": "",
+                }
+            ],
+        },
+    }
+
+
+def dataset(name: str, cached: str = "100.0%", phase: str = "Bound") -> dict[str, Any]:
+    return {
+        "apiVersion": "data.fluid.io/v1alpha1",
+        "kind": "Dataset",
+        "metadata": {"name": name, "namespace": "train", "uid": f"uid-ds-{name}"},
+        "status": {"phase": phase, "cacheStates": {"cachedPercentage": cached}},
+    }
+
+
+def decide(
+    pending: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    *,
+    pods: list[dict[str, Any]] | None = None,
+    others: list[dict[str, Any]] | None = None,
+    datasets: list[dict[str, Any]] | None = None,
+    demand: dict[str, PoolDemand] | None = None,
+    demand_error: str = "",
+    params: Parameters | None = None,
+    since: float = NOW - 10,
+):
+    params = params or Parameters()
+    return decide_all(
+        [Pending(w, CHECK, params, since) for w in pending],
+        Cluster(
+            nodes=nodes,
+            pods=pods or [],
+            workloads=[*pending, *(others or [])],
+            datasets=datasets or [],
+            dataloads=[],
+            demand=demand,
+            demand_error=demand_error,
+        ),
+        NOW,
+    )
+
+
+HEADROOM = Parameters(inference_headroom=Headroom("scaler:9090", "h200"))
+IGNORE = Parameters(inference_headroom=Headroom("scaler:9090", "h200", when_unavailable="Ignore"))
+TWO_NODES = [node("gpu-1"), node("gpu-2")]
+
+CASES = [
+    pytest.param(
+        {"pending": [workload("a", pods=2)], "nodes": TWO_NODES},
+        ("Ready", "2 pods fit"),
+        id="a-gang-that-fits-now-is-ready",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a", pods=2)],
+            "nodes": TWO_NODES,
+            "pods": [running("inference", "gpu-2", range(4))],
+        },
+        ("Retry", "does not fit now"),
+        id="a-gang-short-of-gpus-held-by-running-pods-is-retried",
+    ),
+    pytest.param(
+        {"pending": [workload("a", pods=3)], "nodes": TWO_NODES},
+        ("Rejected", "never fits"),
+        id="a-gang-bigger-than-the-pool-is-rejected",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a", gpus=2, annotations={names.DATASET: "weights"})],
+            "nodes": TWO_NODES,
+        },
+        ("Pending", "weights"),
+        id="a-missing-dataset-keeps-the-check-pending",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a", gpus=2, annotations={names.DATASET: "weights"})],
+            "nodes": [node("gpu-1", labels={"fluid.io/s-train-weights": "true"}), node("gpu-2")],
+            "datasets": [dataset("weights")],
+        },
+        ("Ready", "cached"),
+        id="a-cached-dataset-lets-it-through-onto-the-cache-nodes",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a", gpus=2, annotations={names.DATASET: "weights"})],
+            "nodes": [
+                node("gpu-1", cards=1, labels={"fluid.io/s-train-weights": "true"}),
+                node("gpu-2"),
+            ],
+            "datasets": [dataset("weights")],
+        },
+        ("Retry", "fluid.io/s-train-weights=true"),
+        id="gpus-free-only-away-from-the-cache-nodes-are-not-enough",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a", pods=1)],
+            "nodes": TWO_NODES,
+            "demand": {"h200": PoolDemand("h200", accelerators_held=0, accelerators_needed=9)},
+            "params": HEADROOM,
+        },
+        ("Retry", "forecast to need 9 more GPUs"),
+        id="admitting-what-inference-is-about-to-need-is-retried",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a", pods=1)],
+            "nodes": TWO_NODES,
+            "demand": {"h200": PoolDemand("h200", accelerators_held=4, accelerators_needed=12)},
+            "params": HEADROOM,
+        },
+        ("Ready", "leaves 8 whole GPUs free"),
+        id="a-gang-that-leaves-inference-its-forecast-is-ready",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a")],
+            "nodes": TWO_NODES,
+            "demand": None,
+            "demand_error": "scaler:9090 unreachable",
+            "params": HEADROOM,
+        },
+        ("Retry", "scaler:9090 unreachable"),
+        id="no-forecast-holds-the-gang-by-default",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a")],
+            "nodes": TWO_NODES,
+            "demand": None,
+            "demand_error": "scaler:9090 unreachable",
+            "params": IGNORE,
+        },
+        ("Ready", "not checked"),
+        id="no-forecast-with-ignore-admits-and-says-so",
+    ),
+    pytest.param(
+        {
+            "pending": [workload("a", template_annotations={names.HAMI_GPU_POLICY: "spread"})],
+            "nodes": TWO_NODES,
+        },
+        ("Ready", "hints left out"),
+        id="a-policy-the-user-set-is-kept-and-the-message-says-so",
+    ),
+    pytest.param(
+        {"pending": [workload("a")], "nodes": []},
+        ("Retry", "does not fit now"),
+        id="an-empty-pool-retries-rather-than-rejects",
+    ),
+]
+
+
+@pytest.mark.parametrize(("setup", "expected"), CASES)
+def test_decision(setup, expected):
+    [decision] = decide(**setup)
+    state, words = expected
+    assert (decision.state, decision.workload, decision.check) == (state, "a", CHECK)
+    assert words in decision.message
+    assert (decision.requeue_after_seconds is not None) == (state == "Retry")
+
+
+def test_ready_carries_the_hami_hints_and_the_type_it_was_fitted_on():
+    [decision] = decide([workload("a", pods=2)], TWO_NODES)
+    [update] = decision.pod_set_updates
+    assert update == {
+        "name": "workers",
+        "annotations": {names.HAMI_GPU_POLICY: "binpack", names.HAMI_USE_GPUTYPE: H200},
+    }
+
+
+def test_a_cached_dataset_adds_the_cache_node_selector():
+    cache = {"fluid.io/s-train-weights": "true"}
+    [decision] = decide(
+        [workload("a", gpus=2, annotations={names.DATASET: "weights"})],
+        [node("gpu-1", labels=cache)],
+        datasets=[dataset("weights")],
+    )
+    assert decision.pod_set_updates[0]["nodeSelector"] == cache
+
+
+def test_a_user_key_is_never_overridden():
+    [decision] = decide(
+        [workload("a", template_annotations={names.HAMI_GPU_POLICY: "spread"})], TWO_NODES
+    )
+    annotations = decision.pod_set_updates[0]["annotations"]
+    assert names.HAMI_GPU_POLICY not in annotations
+
+
+def test_two_gangs_never_get_the_same_gpus_in_one_pass():
+    decisions = decide([workload("a", pods=2), workload("b", pods=1)], TWO_NODES)
+    assert [(d.workload, d.state) for d in decisions] == [("a", "Ready"), ("b", "Retry")]
+
+
+def test_higher_priority_is_decided_first_whatever_the_order_given():
+    low = workload("a", pods=2, created="2026-11-30T09:00:00Z")
+    high = workload("b", pods=2, priority=100)
+    decisions = decide([low, high], TWO_NODES)
+    assert [(d.workload, d.state) for d in decisions] == [("b", "Ready"), ("a", "Retry")]
+
+
+def test_an_admitted_gang_whose_pods_are_not_placed_yet_keeps_its_gpus():
+    admitted = workload("earlier", pods=2, state="Ready")
+    [decision] = decide([workload("a")], TWO_NODES, others=[admitted])
+    assert decision.state == "Retry"
+
+
+def test_an_admitted_gang_whose_pods_run_is_counted_once():
+    admitted = workload("earlier", pods=1, state="Ready")
+    pods = [running("earlier-0", "gpu-1", range(8), owner="job-earlier")]
+    [decision] = decide([workload("a")], TWO_NODES, others=[admitted], pods=pods)
+    assert decision.state == "Ready"
+    assert "gpu-2" in decision.message
+
+
+def test_two_workloads_of_one_dataset_create_one_dataload():
+    pending = [workload(n, gpus=1, annotations={names.DATASET: "weights"}) for n in ("a", "b")]
+    decisions = decide(pending, TWO_NODES, datasets=[dataset("weights", cached="0.0%")])
+    assert [d.state for d in decisions] == ["Pending", "Pending"]
+    created = [obj for d in decisions for obj in d.create]
+    assert len(created) == 1
+    assert created[0]["kind"] == "DataLoad"
+    assert created[0]["spec"]["dataset"]["name"] == "weights"
+
+
+def test_data_waiting_past_the_timeout_is_retried():
+    params = Parameters(data=DataParameters(timeout_seconds=60))
+    [decision] = decide(
+        [workload("a", gpus=1, annotations={names.DATASET: "weights"})],
+        TWO_NODES,
+        datasets=[dataset("weights", cached="10.0%")],
+        params=params,
+        since=NOW - 61,
+    )
+    assert decision.state == "Retry"
+
+
+def test_the_sixth_lora_tenant_of_five_per_instance_starts_a_new_instance():
+    lora = {names.LORA_BASE_MODEL: "llama-3-8b"}
+    pending = [workload(f"t{i}", gpus=1, annotations=lora) for i in range(6)]
+    params = Parameters(lora=LoraParameters(tenants_per_instance=5))
+    decisions = decide(pending, TWO_NODES, params=params)
+    instances = [d.pod_set_updates[0]["labels"][names.LORA_INSTANCE] for d in decisions]
+    assert [d.state for d in decisions] == ["Ready"] * 6
+    assert instances.count(instances[0]) == 5
+    assert len(set(instances)) == 2
+
+
+def test_an_unreadable_gpu_request_is_rejected_with_the_reason():
+    bad = workload("a")
+    bad["spec"]["podSets"][0]["count"] = "many"
+    [decision] = decide([bad], TWO_NODES)
+    assert decision.state == "Rejected"
