@@ -382,17 +382,27 @@ RECOMMENDED_SPEC = ScalingSpec(
 
 
 def unitscale_policy(
-    target_concurrency: float, max_replicas: int, defaults: CorePolicy | None = None
+    target_concurrency: float,
+    max_replicas: int,
+    defaults: CorePolicy | None = None,
+    profile: str | None = None,
 ) -> Unitscale:
-    """The unitscale policy with trigger metadata as a ScaledObject would carry it."""
+    """The unitscale policy with trigger metadata as a ScaledObject would carry it.
+
+    ``profile`` names the replica model in the metadata (``profile: llama3-8b-h200``), as
+    an operator whose replicas run that model would.
+    """
+    metadata = {
+        "scalerAddress": "replay:9090",
+        "deployment": KEY[1],
+        "targetConcurrency": f"{target_concurrency:g}",
+        "maxReplicas": str(max_replicas),
+    }
+    if profile is not None:
+        metadata["profile"] = profile
     return Unitscale(
         defaults=defaults or CorePolicy(),
-        metadata={
-            "scalerAddress": "replay:9090",
-            "deployment": KEY[1],
-            "targetConcurrency": f"{target_concurrency:g}",
-            "maxReplicas": str(max_replicas),
-        },
+        metadata=metadata,
         # deploy/scaledobject-recommended.yaml (a test keeps the two equal): the scaler
         # delays scale-down itself, so the HPA's own stabilization is cut to 60 s.
         spec=replace(RECOMMENDED_SPEC, max_replicas=max_replicas),

@@ -186,7 +186,10 @@ def make_policy(name: str, config: SimConfig, options: ReplayOptions, **knobs: A
             min_scale=_count(name, "min_scale", knobs.get("min_scale", defaults.min_scale), 0, top),
             spec=replace(defaults.spec, max_replicas=top),
         )
-    base = unitscale_policy(options.target_concurrency, top, options.policy)
+    # The replay knows the model it simulates, as an operator knows the model they serve:
+    # unitscale plans with that profile unless the scaler config names one.
+    profile = config.profile.name if options.policy.profile is None else None
+    base = unitscale_policy(options.target_concurrency, top, options.policy, profile)
     metadata = knobs.get("metadata")
     if metadata is None:
         return base

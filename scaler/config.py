@@ -20,6 +20,7 @@ from foundation.configfile import KEBAB_CASE, load_mapping, validate
 from foundation.durations import Seconds
 from foundation.errors import ConfigError
 from scaler.core.model import Policy
+from scaler.metadata import Profile
 
 
 class SignalSourceConfig(BaseModel):
@@ -92,6 +93,16 @@ class PolicyConfig(BaseModel):
     cost_budget_per_million_tokens: float | None = Field(_CORE.cost_budget_per_million_tokens, gt=0)
     """US$ per 1M tokens; above it, while the SLO holds, plan fuller replicas."""
     cost_guard_utilization: float = Field(_CORE.cost_guard_utilization, gt=0, le=1)
+    profile: Profile | None = Field(_CORE.profile)
+    """A replica model (``llama3-8b-h200``): capacity from it and the observed mix."""
+    profile_utilization: float = Field(_CORE.profile_utilization, gt=0, le=1)
+    """With a profile: the share of a replica's SLO capacity to plan for."""
+    risk_lookback: Seconds = Field(_CORE.risk_lookback_seconds, gt=0)
+    """With a profile: how far back the burst headroom looks for rises of demand."""
+    risk_quantile: float = Field(_CORE.risk_quantile, ge=0, le=1)
+    """With a profile: headroom is this quantile of the rises within one horizon."""
+    backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0)
+    """With a profile: drain a backlog within this long (more replicas if need be)."""
 
     def policy(
         self, min_replicas: int = _CORE.min_replicas, max_replicas: int = _CORE.max_replicas
@@ -117,6 +128,11 @@ class PolicyConfig(BaseModel):
             idle_grace_seconds=self.idle_grace,
             cost_budget_per_million_tokens=self.cost_budget_per_million_tokens,
             cost_guard_utilization=self.cost_guard_utilization,
+            profile=self.profile,
+            profile_utilization=self.profile_utilization,
+            risk_lookback_seconds=self.risk_lookback,
+            risk_quantile=self.risk_quantile,
+            backlog_drain_seconds=self.backlog_drain,
         )
 
 

@@ -32,6 +32,7 @@ from pydantic import (
 
 from foundation.durations import Seconds
 from foundation.errors import MetadataError, quote
+from scaler.core.capacity import check_profile
 from scaler.core.model import Policy
 
 # RFC 1123 label: what Kubernetes allows in namespace and Deployment names.
@@ -88,6 +89,10 @@ def _boolean(value: object) -> object:
     raise ValueError("expected true or false")
 
 
+def _profile(value: object) -> object:
+    return check_profile(value) if isinstance(value, str) else value
+
+
 def _pool(value: object) -> object:
     if isinstance(value, str) and (
         len(value) > MAX_NAMESPACE_LENGTH or not _LABEL.fullmatch(value)
@@ -105,6 +110,8 @@ Decimal = Annotated[float, BeforeValidator(_decimal)]
 """A finite number in ASCII decimal ("16", "0.5", "1e3"); no ``inf``, ``nan`` or ``_``."""
 Boolean = Annotated[bool, BeforeValidator(_boolean)]
 """``true`` or ``false`` (and the other spellings Go's ``strconv.ParseBool`` takes)."""
+Profile = Annotated[str, BeforeValidator(_profile)]
+"""A replica model's name (``foundation.replica_model.PROFILES``): ``llama3-8b-h200``."""
 Pool = Annotated[str, BeforeValidator(_pool)]
 """An accelerator pool's name: a lowercase RFC 1123 label (``h200``, ``a100-80g``)."""
 
@@ -142,6 +149,9 @@ class TriggerMetadata(BaseModel):
     cost_budget: Decimal | None = Field(None, alias="costBudgetPerMillionTokens", gt=0)
     prefill_tokens_per_second: Decimal | None = Field(None, alias="prefillTokensPerSecond", gt=0)
     decode_tokens_per_second: Decimal | None = Field(None, alias="decodeTokensPerSecond", gt=0)
+    profile: Profile | None = None
+    """A replica model (``foundation.replica_model.PROFILES``) the capacity comes from."""
+    profile_utilization: Decimal | None = Field(None, alias="profileUtilization", gt=0, le=1)
     pool: Pool | None = None
     """The accelerator pool the replicas run on; what the inference-demand RPC sums by."""
     accelerators_per_replica: Decimal | None = Field(
@@ -176,7 +186,7 @@ class TriggerMetadata(BaseModel):
     def policy(self, defaults: Policy | None = None) -> Policy:
         """The scaler config's policy with these keys' overrides."""
         base = defaults or Policy()
-        overrides: dict[str, float | int | None] = {
+        overrides: dict[str, str | float | int | None] = {
             "min_replicas": self.min_replicas,
             "max_replicas": self.max_replicas,
             "target_concurrency": self.target_concurrency,
@@ -187,6 +197,8 @@ class TriggerMetadata(BaseModel):
             "cost_budget_per_million_tokens": self.cost_budget,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "decode_tokens_per_second": self.decode_tokens_per_second,
+            "profile": self.profile,
+            "profile_utilization": self.profile_utilization,
         }
         chosen = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **chosen)  # type: ignore[arg-type]

@@ -64,6 +64,11 @@ BASE = {"scalerAddress": "unitscale-scaler.keda:9090", "deployment": "llama"}
             {"accelerators_per_replica": 0.5},
             id="a-replica-may-hold-a-shared-fraction-of-an-accelerator",
         ),
+        pytest.param(
+            {"profile": "llama3-8b-h200", "profileUtilization": "0.85"},
+            {"profile": "llama3-8b-h200", "profile_utilization": 0.85},
+            id="a-scaled-object-names-its-replica-profile-and-how-full-to-plan-it",
+        ),
     ],
 )
 def test_valid_metadata_parses(extra, expected):
@@ -124,6 +129,16 @@ def test_valid_metadata_parses(extra, expected):
             BASE | {"acceleratorsPerReplica": "1"},
             ["acceleratorsPerReplica needs pool"],
             id="accelerators-per-replica-without-a-pool-is-refused",
+        ),
+        pytest.param(
+            BASE | {"profile": "llama-70b-b200"},
+            ["'profile'='llama-70b-b200'", "one of llama3-8b-h200, qwen2.5-32b-h200"],
+            id="an-unknown-profile-is-refused-naming-the-known-ones",
+        ),
+        pytest.param(
+            BASE | {"profileUtilization": "1.5"},
+            ["'profileUtilization'='1.5'"],
+            id="a-profile-utilization-above-1-is-refused",
         ),
         pytest.param(
             BASE | {"pool": "H200_sxm", "acceleratorsPerReplica": "1"},
@@ -191,6 +206,8 @@ def test_key_lists_match_the_documented_keys():
         "decodeTokensPerSecond",
         "pool",
         "acceleratorsPerReplica",
+        "profile",
+        "profileUtilization",
     }
 
 

@@ -33,10 +33,17 @@ STEPS = [
 ]
 
 
-@pytest.mark.parametrize("target_concurrency", [16, 48])
-async def test_same_signals_same_answers(target_concurrency):
+@pytest.mark.parametrize(
+    ("target_concurrency", "profile"),
+    [
+        pytest.param(16, None, id="priors-at-16-in-flight"),
+        pytest.param(48, None, id="priors-at-48-in-flight"),
+        pytest.param(16, "llama3-8b-h200", id="the-llama3-8b-h200-profile"),
+    ],
+)
+async def test_same_signals_same_answers(target_concurrency, profile):
     clock = FakeClock(T0)
-    policy = unitscale_policy(target_concurrency, 64)
+    policy = unitscale_policy(target_concurrency, 64, profile=profile)
     server = ScalerServer(ScalerConfig(), "127.0.0.1:0", clock=clock)
     port = await server.start()
     try:

@@ -26,6 +26,10 @@ class Observation:
     """Finished requests per second over the stable window."""
     prompt_token_rate: float | None = None
     generation_token_rate: float | None = None
+    mean_prompt_tokens: float | None = None
+    """Prompt tokens per request finished in the stable window (the request mix)."""
+    mean_output_tokens: float | None = None
+    """Output tokens per request finished in the stable window."""
     prompt_token_rate_panic: float | None = None
     generation_token_rate_panic: float | None = None
     kv_cache_usage: float | None = None
@@ -76,6 +80,19 @@ class Policy:
     cost_budget_per_million_tokens: float | None = None
     """While the SLO holds, plan fuller replicas when the unit cost exceeds this."""
     cost_guard_utilization: float = 0.85
+    profile: str | None = None
+    """A replica model (``foundation.replica_model.PROFILES``): a replica's capacity is
+    what it sustains within the SLOs for the observed mix, and the load is planned from
+    demand (arrivals x work per request) with risk-sized headroom. None: the priors."""
+    profile_utilization: float = 0.9
+    """With a profile: the share of a replica's SLO capacity to plan for."""
+    risk_lookback_seconds: float = 1800.0
+    """With a profile: how far back the headroom looks for rises of demand."""
+    risk_quantile: float = 0.95
+    """With a profile: headroom is this quantile of the rises within one horizon."""
+    backlog_drain_seconds: float = 20.0
+    """With a profile: a backlog the ready replicas' spare capacity would not drain
+    within this long asks for the replicas that would."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +110,11 @@ class DecisionState:
     """Load in replicas over the forecast lookback."""
     need_history: Recent[int] = field(default_factory=Recent)
     """Replicas needed over the scale-down window: scale down to their maximum."""
+    demand_history: Recent[float] = field(default_factory=Recent)
+    """With a profile: demand in replicas (arrivals x work per request) over the risk
+    lookback."""
+    mix: tuple[float, float] | None = None
+    """The last known mean prompt and output tokens per request."""
 
 
 @dataclass(frozen=True, slots=True)

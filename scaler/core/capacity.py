@@ -1,0 +1,125 @@
+"""What one replica carries, in the decision's units: from a profile and the mix, or priors.
+
+With a named profile (``Policy.profile``, one of ``foundation.replica_model.PROFILES``),
+a replica's capacity is ``foundation.capacity.replica_capacity`` for the observed mix
+(mean prompt and output tokens per request): the request rate, and the prompt and
+output token rates, at which one replica keeps TTFT p95 and inter-token p95 within the
+policy's SLOs. Without one, the priors (``prefill_tokens_per_second``,
+``decode_tokens_per_second``) stand in, as raw throughput.
+
+The mix is quantised to 2.5% steps (in log space) so that a drifting mix reuses cached
+answers: a capacity costs a few milliseconds, a cache hit nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from foundation.capacity import replica_capacity
+from foundation.replica_model import PROFILES
+from scaler.core.model import Observation, Policy
+
+MIN_REQUEST_RATE = 0.05
+"""Finished requests per second below which a window's mix is too thin to read."""
+_STEP = 0.025
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """Mean prompt and output tokens per request."""
+
+    prompt_tokens: float
+    output_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """One replica's capacity: token rates, and requests per second for a known mix."""
+
+    prefill_tokens_per_second: float
+    decode_tokens_per_second: float
+    requests_per_second: float | None
+    """None while the mix is unknown."""
+    source: str
+    """``profile <name>`` or ``priors``, for the decision's reason."""
+
+    def replicas(self, prompt_rate: float, output_rate: float) -> float:
+        """Replicas' worth of work in these token rates."""
+        return (
+            prompt_rate / self.prefill_tokens_per_second
+            + output_rate / self.decode_tokens_per_second
+        )
+
+
+def check_profile(name: str) -> str:
+    """``name`` when it is a known profile.
+
+    Raises:
+        ValueError: naming the known ones.
+    """
+    if name not in PROFILES:
+        raise ValueError(f"expected a replica profile, one of {', '.join(sorted(PROFILES))}")
+    return name
+
+
+def observed_mix(o: Observation) -> Mix | None:
+    """The mix over the stable window: per finished request when the engines say so.
+
+    The engines' per-request histograms (``mean_prompt_tokens``, ``mean_output_tokens``)
+    count finished requests only; token rates over the request rate are the fallback,
+    biased while requests are in progress (prompts count at prefill, requests at the end).
+    """
+    prompt = getattr(o, "mean_prompt_tokens", None)
+    output = getattr(o, "mean_output_tokens", None)
+    if prompt is not None and output is not None and prompt >= 1 and output >= 1:
+        return Mix(prompt, output)
+    if o.request_rate is None or o.request_rate < MIN_REQUEST_RATE:
+        return None
+    if o.prompt_token_rate is None or o.generation_token_rate is None:
+        return None
+    return Mix(
+        max(o.prompt_token_rate / o.request_rate, 1.0),
+        max(o.generation_token_rate / o.request_rate, 1.0),
+    )
+
+
+def replica_rates(p: Policy, mix: Mix | None) -> Rates:
+    """What one replica carries under ``p`` for ``mix`` (priors without profile or mix)."""
+    if p.profile is None or mix is None:
+        rps = None
+        if mix is not None:
+            per_request = (
+                mix.prompt_tokens / p.prefill_tokens_per_second
+                + mix.output_tokens / p.decode_tokens_per_second
+            )
+            rps = 1.0 / per_request
+        return Rates(p.prefill_tokens_per_second, p.decode_tokens_per_second, rps, "priors")
+    return _profile_rates(
+        p.profile,
+        _quantised(mix.prompt_tokens),
+        _quantised(mix.output_tokens),
+        p.slo_ttft_seconds,
+        p.slo_itl_seconds,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _profile_rates(name: str, prompt: float, output: float, ttft: float, itl: float) -> Rates:
+    capacity = replica_capacity(PROFILES[name], prompt, output, ttft, itl)
+    rates = capacity.scaler_rates()
+    if capacity.requests_per_second <= 0:
+        # Even an idle replica misses the SLO for this mix: plan as if one replica
+        # carries its idle rate, never divide by zero (the reason says so).
+        return Rates(1.0, 1.0, None, f"profile {name} (the SLO is out of reach for this mix)")
+    return Rates(
+        rates.prefill_tokens_per_second,
+        rates.decode_tokens_per_second,
+        capacity.requests_per_second,
+        f"profile {name}",
+    )
+
+
+def _quantised(tokens: float) -> float:
+    return round(math.exp(round(math.log(max(tokens, 1.0)) / _STEP) * _STEP), 1)

@@ -1,0 +1,127 @@
+"""A replica's capacity in the decision's units (scaler.core.capacity) and burst risk
+(scaler.core.risk): worked numbers, and the mix read from what the engines report."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from foundation.capacity import replica_capacity
+from foundation.replica_model import LLAMA3_8B_H200, QWEN25_32B_H200
+from scaler.core import Observation, Policy
+from scaler.core.capacity import Mix, check_profile, observed_mix, replica_rates
+from scaler.core.risk import headroom, quantile, rises
+from scaler.core.window import Recent
+
+NOW = 1_800_000_000.0
+
+
+def obs(**values):
+    return Observation(now=NOW, signal_time=NOW, **values)
+
+
+@pytest.mark.parametrize(
+    ("observation", "mix"),
+    [
+        pytest.param(
+            obs(request_rate=10.0, prompt_token_rate=11_550.0, generation_token_rate=2_110.0),
+            Mix(1155.0, 211.0),
+            id="token-rates-over-the-request-rate-give-the-mix",
+        ),
+        pytest.param(
+            obs(request_rate=0.01, prompt_token_rate=500.0, generation_token_rate=50.0),
+            None,
+            id="a-window-with-almost-no-finished-request-says-nothing",
+        ),
+        pytest.param(
+            obs(prompt_token_rate=500.0, generation_token_rate=50.0),
+            None,
+            id="no-request-rate-no-mix-never-a-zero",
+        ),
+        pytest.param(
+            obs(request_rate=1.0, prompt_token_rate=0.0, generation_token_rate=0.0),
+            Mix(1.0, 1.0),
+            id="a-request-has-at-least-one-token-each-way",
+        ),
+    ],
+)
+def test_observed_mix(observation, mix):
+    assert observed_mix(observation) == mix
+
+
+@pytest.mark.parametrize(
+    ("profile", "prompt", "output"),
+    [
+        pytest.param(LLAMA3_8B_H200, 1155.0, 211.0, id="llama3-8b-at-the-azure-conversation-mix"),
+        pytest.param(LLAMA3_8B_H200, 2048.0, 28.0, id="llama3-8b-at-the-azure-code-mix"),
+        pytest.param(QWEN25_32B_H200, 1000.0, 200.0, id="qwen-32b-at-a-chat-mix"),
+    ],
+)
+def test_profile_rates_are_the_capacity_model_s_within_the_quantisation(profile, prompt, output):
+    policy = Policy(profile=profile.name)
+    rates = replica_rates(policy, Mix(prompt, output))
+    capacity = replica_capacity(profile, prompt, output, 2.0, 0.1)
+    assert rates.requests_per_second == pytest.approx(capacity.requests_per_second, rel=0.03)
+    # One replica at its capacity is one replica of load, in the rates' own units.
+    at_capacity = rates.replicas(
+        rates.requests_per_second * prompt, rates.requests_per_second * output
+    )
+    assert at_capacity == pytest.approx(1.0, rel=0.03)
+    assert rates.source == f"profile {profile.name}"
+
+
+def test_without_a_profile_the_priors_stand_and_give_a_request_rate():
+    rates = replica_rates(Policy(), Mix(1000.0, 200.0))
+    # 1000 / 30000 + 200 / 6000 = 1/15 of a replica per request: 15 requests/s.
+    assert rates.requests_per_second == pytest.approx(15.0)
+    assert (rates.prefill_tokens_per_second, rates.source) == (30_000.0, "priors")
+
+
+def test_without_a_mix_there_is_no_request_rate():
+    assert replica_rates(Policy(profile="llama3-8b-h200"), None).requests_per_second is None
+
+
+def test_an_unknown_profile_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"llama3-8b-h200, qwen2\.5-32b-h200"):
+        check_profile("gpt-5-on-a-toaster")
+
+
+def history(*levels: float, step: float = 30.0) -> Recent[float]:
+    return Recent(tuple((i * step, v) for i, v in enumerate(levels)))
+
+
+@pytest.mark.parametrize(
+    ("samples", "horizon", "expected"),
+    [
+        pytest.param(
+            history(4, 4, 10, 4), 60.0, [6, 6, 0, 0], id="a-burst-is-a-rise-for-the-two-before-it"
+        ),
+        pytest.param(
+            history(4, 4, 10, 4), 30.0, [0, 6, 0, 0], id="a-shorter-horizon-sees-less-of-it"
+        ),
+        pytest.param(
+            history(1, 2, 3, 4), 90.0, [3, 2, 1, 0], id="a-ramp-rises-by-what-a-horizon-adds"
+        ),
+        pytest.param(history(5, 4, 3), 60.0, [0, 0, 0], id="a-fall-is-no-rise"),
+        pytest.param(history(), 60.0, [], id="no-history-no-rises"),
+    ],
+)
+def test_rises(samples, horizon, expected):
+    assert rises(samples, horizon) == expected
+
+
+def test_headroom_is_a_high_quantile_of_the_rises():
+    # 18 quiet samples and one burst: the burst's rise (8) is in the top 5%.
+    quiet = [2.0] * 18
+    assert headroom(history(*quiet, 10.0, 2.0), 30.0, 0.95) == 8.0
+    assert headroom(history(*quiet, 10.0, 2.0), 30.0, 0.5) == 0.0
+
+
+@given(st.lists(st.floats(0, 100), max_size=50), st.floats(0, 1))
+def test_quantile_is_one_of_the_values_and_grows_with_q(values, q):
+    if not values:
+        assert quantile(values, q) == 0.0
+        return
+    assert quantile(values, q) in values
+    assert quantile(values, q) <= quantile(values, 1.0) == max(values)
