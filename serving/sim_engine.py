@@ -74,7 +74,8 @@ class SimEngine:
     def __init__(self, profile: Profile, model: str, speedup: float = 1.0) -> None:
         self.profile = profile
         self.speedup = speedup
-        self.metrics = VllmMetrics(model)
+        # The longest request the sim accepts is its KV capacity: its max_model_len.
+        self.metrics = VllmMetrics(model, profile.kv_capacity_tokens)
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []
         """Admitted, prompt not fully prefilled yet (in admission order)."""
@@ -246,6 +247,8 @@ class SimEngine:
             generation += request.generated
             requests += 1
             self.metrics.e2e.observe(end - request.arrived)
+            self.metrics.prompt_length.observe(request.prompt_tokens)
+            self.metrics.output_length.observe(request.generated)
             if request.tokens is not None:
                 request.tokens.put_nowait(None)
             if not request.done.done():

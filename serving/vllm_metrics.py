@@ -82,19 +82,28 @@ class BulkHistogram:
         return [family]
 
 
+DEFAULT_MAX_MODEL_LEN = 8192
+"""Llama-3-8B's context: vLLM's ``max_model_len`` when none is given is the model's."""
+
+
 class VllmMetrics:
     """vLLM's Prometheus families for one engine (``engine="0"``).
 
     Registered in vLLM's order (gauges, counters, histograms): the exposition lists the
-    families in that order.
+    families in that order. ``max_model_len`` sets the per-request token histograms'
+    buckets, as in vLLM.
     """
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> None:
         self.registry = CollectorRegistry()
         self.labels = ("0", model)
         self.running, self.waiting, self.kv = _gauges(self.registry)
         self.prompt, self.generation, self.success, self.preemptions = _counters(self.registry)
         child = dict(zip(LABELS, self.labels, strict=True))
+        self.prompt_length, self.output_length = _token_histograms(
+            self.registry, child, max_model_len
+        )
+        """Prompt and generated tokens, one observation per finished request."""
         self.ttft, self.itl, self.e2e, self.queue = _histograms(self.registry, child)
         self._create_every_child()
 
@@ -159,6 +168,25 @@ def _counters(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Counter]
             "Cumulative number of preemption from the engine.",
             LABELS,
             registry=r,
+        ),
+    )
+
+
+def _token_histograms(
+    r: CollectorRegistry, child: dict[str, str], max_model_len: int
+) -> tuple[BulkHistogram, BulkHistogram]:
+    """Tokens per finished request, prompt and generated (vLLM's help texts, verbatim)."""
+    buckets = vllm_buckets.request_tokens(max_model_len)
+    return (
+        BulkHistogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", child, buckets, r
+        ),
+        BulkHistogram(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            child,
+            buckets,
+            r,
         ),
     )
 

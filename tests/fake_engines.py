@@ -107,6 +107,8 @@ class FakeVllm:
         m.prompt.labels(*m.labels).inc(requests * prompt)
         m.generation.labels(*m.labels).inc(requests * output)
         m.success.labels(*m.labels, "stop").inc(requests)
+        m.prompt_length.observe(prompt, requests)
+        m.output_length.observe(output, requests)
         m.ttft.observe(ttft, requests)
         m.e2e.observe(e2e, requests)
         m.queue.observe(0.0, requests)

@@ -8,10 +8,12 @@ import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.engines import VLLM, WANTED_ANY, engine_stats
 from exporter.parse import parse_samples
@@ -21,7 +23,7 @@ from serving import vllm_buckets
 from serving.server import SimReplicaServer
 from serving.sim_engine import SimEngine, token_text
 from serving.sim_validation import RequestError, prompt_length
-from serving.vllm_metrics import BulkHistogram
+from serving.vllm_metrics import BulkHistogram, VllmMetrics
 from tests.conftest import eventually
 
 FAST = 50.0
@@ -171,6 +173,33 @@ async def test_a_token_id_prompt_is_served_and_counted_exactly():
         await sim.stop()
 
 
+GOLDEN = Path(__file__).parent / "golden" / "vllm" / "0.32.0-cpu" / "after.txt"
+TOKEN_FAMILIES = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+
+
+def families_of(text):
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_the_per_request_token_histograms_are_vllms():
+    # vLLM 0.32 at max_model_len 512 (the capture's): names, help, 1-2-5 buckets, and the
+    # place of the families in the exposition.
+    real_text = GOLDEN.read_text()
+    sim_text = VllmMetrics("tiny-llama", max_model_len=512).render().decode()
+    real, sim = families_of(real_text), families_of(sim_text)
+    for name in TOKEN_FAMILIES:
+        assert sim[name].type == real[name].type == "histogram"
+        assert sim[name].documentation == real[name].documentation
+        assert [s.labels.get("le") for s in sim[name].samples] == [
+            s.labels.get("le") for s in real[name].samples
+        ]
+    order = [line.split()[2] for line in real_text.splitlines() if line.startswith("# TYPE vllm")]
+    ours = [line.split()[2] for line in sim_text.splitlines() if line.startswith("# TYPE vllm")]
+    histograms = [name for name in ours if name in sim and sim[name].type == "histogram"]
+    assert histograms == [name for name in order if name in histograms]  # in vLLM's order
+    assert vllm_buckets.request_tokens(100) == (1, 2, 5, 10, 20, 50, 100)
+
+
 # --- the engine clock ------------------------------------------------------------------
 
 
@@ -193,6 +222,21 @@ async def test_the_engine_metrics_are_the_models_step_times():
     assert m.itl.sum == pytest.approx(sum(itls), rel=1e-6)
     assert m.e2e.sum == pytest.approx(ttft + sum(itls), rel=1e-6)
     assert m.queue.sum == 0.0
+
+
+async def test_each_finished_request_observes_its_prompt_and_output_tokens():
+    p = LLAMA3_8B_H200
+    engine = SimEngine(p, "m", FAST)
+    task = asyncio.create_task(engine.run())
+    try:
+        await asyncio.gather(engine.submit(512, 4).done, engine.submit(100, 1).done)
+    finally:
+        task.cancel()
+    m = engine.metrics
+    assert (m.prompt_length.count, m.prompt_length.sum) == (2, 612)
+    assert (m.output_length.count, m.output_length.sum) == (2, 5)
+    # The sim's longest request is its KV capacity: its max_model_len, as vLLM caps it.
+    assert m.prompt_length.bounds == vllm_buckets.request_tokens(p.kv_capacity_tokens)
 
 
 async def test_tokens_are_never_handed_out_before_their_step_ends():
