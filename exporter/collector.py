@@ -81,6 +81,11 @@ def _signal_families() -> tuple[dict[str, GaugeMetricFamily], dict[str, GaugeMet
         "preemption_rate": GaugeMetricFamily(
             "unitscale_preemption_rate", "Preempted sequences per second.", labels=window_labels
         ),
+        "tokens_per_request": GaugeMetricFamily(
+            "unitscale_tokens_per_request",
+            "Mean tokens per request finished in the window (the request mix).",
+            labels=[*window_labels, "kind"],
+        ),
         "queue": GaugeMetricFamily(
             "unitscale_queue_depth", "Requests waiting in the engines' queues.", labels=LABELS
         ),
@@ -190,6 +195,8 @@ def _window_samples(
     _maybe(families["token_rate"], [*labels, "prompt"], window.prompt_token_rate)
     _maybe(families["token_rate"], [*labels, "generation"], window.generation_token_rate)
     _maybe(families["preemption_rate"], labels, window.preemption_rate)
+    _maybe(families["tokens_per_request"], [*labels, "prompt"], window.mean_prompt_tokens)
+    _maybe(families["tokens_per_request"], [*labels, "output"], window.mean_output_tokens)
     for concept, family in latencies.items():
         for q in QUANTILES:
             _maybe(family, [*labels, f"{q:g}"], window.latency(concept).at(q))

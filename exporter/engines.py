@@ -1,10 +1,11 @@
 """What each serving engine calls things: vLLM and SGLang metrics to one ``EngineStats``.
 
 One scrape of one replica becomes one ``EngineStats``: gauges (requests running and
-waiting, KV-cache use), counters (tokens, finished requests, preemptions) and latency
-histograms, each under a name of ours. Per concept the newest metric name wins and
-older names are the fallback (vLLM renamed ``gpu_cache_usage_perc`` and
-``time_per_output_token_seconds``; SGLang ``time_per_output_token_seconds``).
+waiting, KV-cache use), counters (tokens, finished requests, preemptions), latency
+histograms and per-request token histograms, each under a name of ours. Per concept the
+newest metric name wins and older names are the fallback (vLLM renamed
+``gpu_cache_usage_perc`` and ``time_per_output_token_seconds``; SGLang
+``time_per_output_token_seconds``).
 
 Series that differ only in a replica-internal label are combined:
 
@@ -19,6 +20,10 @@ A value that cannot be a measurement makes its concept missing and is named in
 or an infinity (``not-finite``), and one series (same name, same labels) sent twice with
 different values (``duplicate``: which one is true is unknowable, and taking either would
 be a guess). One bad concept never spoils the others.
+
+The per-request token histograms (``LENGTHS``) are optional: SGLang exposes them only
+with ``--collect-tokens-histogram``, so a replica without them is not ``missing`` anything
+(its request mix is unknown); one with implausible values is, like any other concept.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from foundation.signals import LATENCIES
 COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions")
 HISTOGRAMS = LATENCIES
 """Latency histograms by concept: each becomes one ``Quantiles`` per window."""
+LENGTHS = ("prompt_length", "output_length")
+"""Tokens per finished request, prompt and output: their window means are the mix."""
 
 # Labels that split one replica's engine into parts to add up, or into copies.
 _SUMMED = frozenset({"engine", "dp_rank"})
@@ -55,6 +62,8 @@ class Contract:
     gauges: Mapping[str, tuple[str, ...]]
     counters: Mapping[str, tuple[str, ...]]
     histograms: Mapping[str, tuple[str, ...]]
+    lengths: Mapping[str, tuple[str, ...]]
+    """``LENGTHS`` histograms, observed once per finished request; optional."""
     model_label: str = "model_name"
 
     def wanted(self) -> frozenset[str]:
@@ -63,7 +72,7 @@ class Contract:
         for options in (*self.gauges.values(), *self.counters.values()):
             names.update(options)
             names.update(f"{name.removesuffix('_total')}_created" for name in options)
-        for options in self.histograms.values():
+        for options in (*self.histograms.values(), *self.lengths.values()):
             for base in options:
                 names.update(f"{base}{suffix}" for suffix in ("_bucket", "_count", "_sum"))
                 names.add(f"{base}_created")
@@ -89,6 +98,10 @@ VLLM = Contract(
         "e2e": ("vllm:e2e_request_latency_seconds",),
         "queue_time": ("vllm:request_queue_time_seconds",),
     },
+    lengths={
+        "prompt_length": ("vllm:request_prompt_tokens",),
+        "output_length": ("vllm:request_generation_tokens",),
+    },
 )
 
 # Names from sgl-project/sglang python/sglang/srt/metrics/collector.py and its docs
@@ -112,6 +125,11 @@ SGLANG = Contract(
         "itl": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
         "e2e": ("sglang:e2e_request_latency_seconds",),
         "queue_time": ("sglang:queue_time_seconds",),
+    },
+    # Only with --collect-tokens-histogram; observed once per finished request.
+    lengths={
+        "prompt_length": ("sglang:prompt_tokens_histogram",),
+        "output_length": ("sglang:generation_tokens_histogram",),
     },
 )
 
@@ -138,6 +156,7 @@ class EngineStats:
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    """Latency histograms (``HISTOGRAMS``) and per-request token ones (``LENGTHS``)."""
     created: float | None = None
     """Newest ``_created`` timestamp of any counter: a change means a restart."""
     missing: tuple[str, ...] = ()
@@ -256,20 +275,35 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
 
     histograms: dict[str, Histogram] = {}
     for concept, options in contract.histograms.items():
-        for base in options:
-            if base + "_bucket" not in by_name:
-                continue
-            histogram = _histogram(by_name, base)
-            if isinstance(histogram, str):
-                rejected[concept] = histogram
-            elif histogram is not None:
-                histograms[concept] = histogram
-            break  # the newest name exposed decides, good or bad
+        _read_histogram(by_name, concept, options, histograms, rejected)
         if concept not in histograms:
+            missing.append(concept)
+    for concept, options in contract.lengths.items():
+        _read_histogram(by_name, concept, options, histograms, rejected)
+        if concept in rejected:  # absent is fine (optional), implausible is not
             missing.append(concept)
     return EngineStats(
         contract.engine, model, gauges, counters, histograms, created, tuple(missing), rejected
     )
+
+
+def _read_histogram(
+    by_name: dict[str, list[Sample]],
+    concept: str,
+    options: tuple[str, ...],
+    histograms: dict[str, Histogram],
+    rejected: dict[str, str],
+) -> None:
+    """Put ``concept``'s histogram in ``histograms``, or why not in ``rejected``."""
+    for base in options:
+        if base + "_bucket" not in by_name:
+            continue
+        histogram = _histogram(by_name, base)
+        if isinstance(histogram, str):
+            rejected[concept] = histogram
+        elif histogram is not None:
+            histograms[concept] = histogram
+        return  # the newest name exposed decides, good or bad
 
 
 def _first(by_name: dict[str, list[Sample]], options: tuple[str, ...]) -> float | str | None:

@@ -5,6 +5,11 @@ histogram buckets become *increases inside the window* (Prometheus ``increase``
 semantics: a restart, seen as a changed ``_created`` or a counter going down, counts
 the new value as the increase), never lifetime totals. A signal that cannot be
 computed (one scrape in the window, a family the engine does not expose) is None.
+
+The request mix (mean prompt and output tokens per request) is the increase of the
+per-request token histograms' ``_sum`` over that of their ``_count``: requests finished
+in the window, each counted once when it finished (the token counters count a prompt at
+prefill, a request at its end, so their ratio is off while the load changes).
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from exporter.engines import COUNTERS, HISTOGRAMS, EngineStats
+from exporter.engines import COUNTERS, HISTOGRAMS, LENGTHS, EngineStats
 from foundation.signals import QUANTILES, EngineSignals, Quantiles, WindowSignals
 
 Vector = npt.NDArray[np.float64]
+
+
+# A replica's flat vector: counters, each LENGTHS histogram's count and sum, then buckets.
+_SCALARS = len(COUNTERS) + 2 * len(LENGTHS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +45,11 @@ class Layout:
         )
 
     def vector(self, stats: EngineStats) -> Vector:
-        """Counters (NaN when missing), then each histogram's cumulative counts."""
+        """Counters, token histograms' count and sum (NaN when missing), then buckets."""
         values = [stats.counters.get(c, math.nan) for c in COUNTERS]
+        for concept in LENGTHS:
+            found = stats.histograms.get(concept)
+            values.extend((found.count, found.total) if found else (math.nan, math.nan))
         for concept, _ in self.bounds:
             values.extend(stats.histograms[concept].counts)
         return np.array(values, dtype=np.float64)
@@ -122,9 +134,15 @@ class ReplicaWindow:
         value = self.increase[COUNTERS.index(counter)]
         return None if math.isnan(value) or self.duration <= 0 else float(value / self.duration)
 
+    def finished(self, concept: str) -> tuple[float, float] | None:
+        """Requests finished and their tokens (a ``LENGTHS`` histogram), or None if unknown."""
+        at = len(COUNTERS) + 2 * LENGTHS.index(concept)
+        count, total = self.increase[at], self.increase[at + 1]
+        return None if math.isnan(count) or math.isnan(total) else (float(count), float(total))
+
     def buckets(self, histogram: str) -> tuple[tuple[float, ...], Vector] | None:
         """Bucket bounds and cumulative count increases of a histogram."""
-        offset = len(COUNTERS)
+        offset = _SCALARS
         for concept, bounds in self.layout.bounds:
             if concept == histogram:
                 return bounds, self.increase[offset : offset + len(bounds)]
@@ -270,7 +288,20 @@ def _window(
         running_mean=(
             float(sum(m["running"] for m in means)) if all("running" in m for m in means) else None
         ),
+        mean_prompt_tokens=_mean_tokens(windows, "prompt_length"),
+        mean_output_tokens=_mean_tokens(windows, "output_length"),
     )
+
+
+def _mean_tokens(windows: Sequence[ReplicaWindow], concept: str) -> float | None:
+    """Tokens per request finished in the window, over the replicas that expose them.
+
+    As for latencies, a replica without the histogram is left out; weighted by requests,
+    so a busy replica counts for its requests, not for one replica.
+    """
+    found = [f for w in windows if (f := w.finished(concept)) is not None]
+    requests = sum(count for count, _ in found)
+    return sum(total for _, total in found) / requests if requests > 0 else None
 
 
 def _merge_buckets(

@@ -56,6 +56,11 @@ class WindowSignals:
     queue_time: Quantiles = field(default_factory=Quantiles)
     queue_depth_mean: float | None = None
     running_mean: float | None = None
+    mean_prompt_tokens: float | None = None
+    """Prompt tokens per request finished in the window (the request mix); None when
+    none finished or the engines do not expose per-request token histograms."""
+    mean_output_tokens: float | None = None
+    """Output tokens per request finished in the window; None as above."""
 
     def latency(self, concept: str) -> Quantiles:
         """The quantiles of one of ``LATENCIES``."""

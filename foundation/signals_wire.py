@@ -34,6 +34,8 @@ _WINDOW_FIELDS = (
     ("preemption_rate", "preemption_rate"),
     ("queue_depth_mean", "queue_depth_mean"),
     ("running_mean", "requests_running_mean"),
+    ("mean_prompt_tokens", "mean_prompt_tokens"),
+    ("mean_output_tokens", "mean_output_tokens"),
 )
 _LATENCY_FIELDS = (
     ("ttft", "ttft_seconds"),

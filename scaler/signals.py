@@ -136,6 +136,8 @@ def _engine_values(engine: EngineSignals) -> dict[str, Any]:
         "generation_token_rate": stable.generation_token_rate,
         "ttft_p95_seconds": stable.ttft.p95,
         "inter_token_p95_seconds": stable.itl.p95,
+        "mean_prompt_tokens": stable.mean_prompt_tokens,
+        "mean_output_tokens": stable.mean_output_tokens,
     }
 
 

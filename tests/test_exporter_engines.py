@@ -14,6 +14,7 @@ from exporter.parse import (
     TooManySeriesError,
     parse_samples,
 )
+from serving import vllm_buckets
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -131,6 +132,85 @@ def test_windows_over_real_captures_count_only_the_window():
     assert found is not None and found[1][-1] == 9
 
 
+def test_real_vllm_032_capture_has_the_per_request_token_histograms():
+    # The same 9 completions: 3 prompt and 8 output tokens each, one observation per
+    # finished request, bucketed 1-2-5 up to the capture's max_model_len (512).
+    idle = stats_of("vllm/0.32.0-cpu/idle.txt")
+    after = stats_of("vllm/0.32.0-cpu/after.txt")
+    prompt, output = after.histograms["prompt_length"], after.histograms["output_length"]
+    assert (prompt.count, prompt.total) == (9, 27)
+    assert (output.count, output.total) == (9, 72)
+    assert prompt.bounds == output.bounds == (*vllm_buckets.request_tokens(512), float("inf"))
+    assert idle.histograms["prompt_length"].count == 0
+
+
+def test_the_request_mix_over_real_captures_is_what_was_sent():
+    from exporter.signals import Accelerator, ReplicaHistory, derive
+
+    history = ReplicaHistory(120.0)
+    history.add(0.0, stats_of("vllm/0.32.0-cpu/idle.txt"))
+    after = stats_of("vllm/0.32.0-cpu/after.txt")
+    history.add(10.0, after)
+    signals = derive(10.0, 1, [after], [history], 10.0, 10.0, Accelerator(3.5, 1.0))
+    assert (signals.stable.mean_prompt_tokens, signals.stable.mean_output_tokens) == (3.0, 8.0)
+
+
+def token_histogram(base, count, total, labels='model_name="m"'):
+    """One per-request token histogram: every observation in the 100 bucket."""
+    return [
+        f'{base}_bucket{{le="100.0",{labels}}} {count}',
+        f'{base}_bucket{{le="+Inf",{labels}}} {count}',
+        f"{base}_count{{{labels}}} {count}",
+        f"{base}_sum{{{labels}}} {total}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("lines", "lengths"),
+    [
+        pytest.param(
+            [
+                *token_histogram("vllm:request_prompt_tokens", 4, 200),
+                *token_histogram("vllm:request_generation_tokens", 4, 40),
+            ],
+            {"prompt_length": (4, 200), "output_length": (4, 40)},
+            id="vllm-request-prompt-and-generation-tokens",
+        ),
+        pytest.param(
+            [
+                *token_histogram("vllm:request_prompt_tokens", 4, 200, 'engine="0",model_name="m"'),
+                *token_histogram("vllm:request_prompt_tokens", 6, 500, 'engine="1",model_name="m"'),
+            ],
+            {"prompt_length": (10, 700)},
+            id="vllm-data-parallel-engines-are-summed",
+        ),
+        pytest.param(
+            [
+                *token_histogram("sglang:prompt_tokens_histogram", 5, 1200),
+                *token_histogram("sglang:generation_tokens_histogram", 5, 300),
+            ],
+            {"prompt_length": (5, 1200), "output_length": (5, 300)},
+            id="sglang-with-collect-tokens-histogram",
+        ),
+        pytest.param(
+            ['sglang:num_running_reqs{model_name="m"} 1'],
+            {},
+            id="sglang-without-collect-tokens-histogram-has-none-and-is-not-partial-for-it",
+        ),
+    ],
+)
+def test_per_request_token_histograms_map_onto_two_concepts(lines, lengths):
+    stats = read_exposition("\n".join(lines) + "\n")
+    found = {
+        concept: (stats.histograms[concept].count, stats.histograms[concept].total)
+        for concept in ("prompt_length", "output_length")
+        if concept in stats.histograms
+    }
+    assert found == lengths
+    # Optional families (SGLang needs a flag): their absence is no gap in the scrape.
+    assert "prompt_length" not in stats.missing and "output_length" not in stats.missing
+
+
 RUN = 'vllm:num_requests_running{engine="0",model_name="m"}'
 WAIT = 'vllm:num_requests_waiting{engine="0",model_name="m"}'
 TOKENS = 'vllm:prompt_tokens_total{engine="0",model_name="m"}'
@@ -203,6 +283,12 @@ def bucket(le, value, engine="0"):
             {},
             {"ttft": "duplicate"},
             id="a-bucket-twice-with-different-counts-is-no-histogram",
+        ),
+        pytest.param(
+            token_histogram("vllm:request_prompt_tokens", -3, 200),
+            {},
+            {"prompt_length": "negative"},
+            id="a-negative-request-count-is-no-prompt-length-histogram",
         ),
     ],
 )

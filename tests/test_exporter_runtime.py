@@ -7,9 +7,11 @@ import asyncio
 import aiohttp
 import grpc
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import ExporterServer
+from exporter.collector import registry_for
 from exporter.config import ExporterConfig, load_config
 from exporter.parse import Limits
 from exporter.runtime import Exporter
@@ -82,6 +84,41 @@ async def test_signals_follow_what_the_replicas_served(replicas, session):
     # 2 whole cards at the default $3.50/h for 480 tok/s
     assert signals.price_is_default
     assert signals.cost_per_million_tokens == pytest.approx(7.0 / (480 * 3600) * 1e6)
+
+
+def tokens_per_request(exporter):
+    text = generate_latest(registry_for(exporter)).decode()
+    return {
+        (s.labels["window"], s.labels["kind"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "unitscale_tokens_per_request"
+    }
+
+
+async def test_the_request_mix_is_the_finished_requests_mean_and_is_exported(replicas, session):
+    clock = FakeClock(1000.0)
+    exporter = Exporter(config_for([replicas.url(0), replicas.url(1)]), clock)
+    await exporter.cycle(session)
+    assert signals_of(exporter).stable.mean_prompt_tokens is None  # one scrape: no window
+    assert tokens_per_request(exporter) == {}  # unknown is absent, never 0
+    a, b = replicas.replicas[0], replicas.replicas[1]
+    a.finish(10, prompt=100, output=20, ttft=0.3, itl=0.02, e2e=1.2)
+    b.finish(30, prompt=300, output=60, ttft=0.7, itl=0.04, e2e=2.2)
+    clock.now += 10
+    await exporter.cycle(session)
+
+    signals = signals_of(exporter)
+    assert not signals.partial
+    # 40 requests: (10 x 100 + 30 x 300) / 40 prompt tokens, (10 x 20 + 30 x 60) / 40 output
+    assert signals.stable.mean_prompt_tokens == pytest.approx(250.0)
+    assert signals.stable.mean_output_tokens == pytest.approx(50.0)
+    assert tokens_per_request(exporter) == {
+        ("panic", "prompt"): pytest.approx(250.0),
+        ("panic", "output"): pytest.approx(50.0),
+        ("stable", "prompt"): pytest.approx(250.0),
+        ("stable", "output"): pytest.approx(50.0),
+    }
 
 
 @pytest.mark.parametrize(

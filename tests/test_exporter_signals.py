@@ -14,7 +14,22 @@ INF = math.inf
 BOUNDS = (0.1, 0.5, 1.0, INF)
 
 
-def scrape(prompt, generation, requests, ttft=(0, 0, 0, 0), created=1.0, waiting=0.0, running=0.0):
+def scrape(
+    prompt,
+    generation,
+    requests,
+    ttft=(0, 0, 0, 0),
+    created=1.0,
+    waiting=0.0,
+    running=0.0,
+    lengths=None,
+):
+    """``lengths``: (finished requests, their prompt tokens, their output tokens) so far."""
+    histograms = {"ttft": Histogram(BOUNDS, tuple(map(float, ttft)), float(ttft[-1]), 0.0)}
+    if lengths is not None:
+        count, prompt_sum, output_sum = lengths
+        for concept, total in (("prompt_length", prompt_sum), ("output_length", output_sum)):
+            histograms[concept] = Histogram((100.0, INF), (0.0, count), count, total)
     return EngineStats(
         "vllm",
         "m",
@@ -25,7 +40,7 @@ def scrape(prompt, generation, requests, ttft=(0, 0, 0, 0), created=1.0, waiting
             "requests": requests,
             "preemptions": 0.0,
         },
-        histograms={"ttft": Histogram(BOUNDS, tuple(map(float, ttft)), float(ttft[-1]), 0.0)},
+        histograms=histograms,
         created=created,
     )
 
@@ -149,3 +164,91 @@ def test_replicas_serving_nothing_cost_infinitely_per_token():
     a = history_of((0.0, scrape(5, 5, 5)), (60.0, scrape(5, 5, 5)))
     signals = derive(60.0, 1, [scrape(5, 5, 5)], [a], 10.0, 60.0, PRICE)
     assert signals.cost_per_million_tokens == INF
+
+
+def mix_of(replicas, now=60.0, window=60.0):
+    """Each replica: its scrapes as (time, lengths) or (time, lengths, created)."""
+    histories, latest = [], []
+    for scrapes in replicas:
+        stats = [
+            (t, scrape(0, 0, 0, lengths=ls, created=(c[0] if c else 1.0))) for t, ls, *c in scrapes
+        ]
+        histories.append(history_of(*stats))
+        latest.append(stats[-1][1])
+    signals = derive(now, len(replicas), latest, histories, 10.0, window, PRICE)
+    return signals.stable.mean_prompt_tokens, signals.stable.mean_output_tokens
+
+
+LIFETIME = (100, 50_000, 1_000)  # a lifetime mean of 500 prompt and 10 output tokens
+
+
+@pytest.mark.parametrize(
+    ("replicas", "expected"),
+    [
+        pytest.param(
+            [[(0.0, LIFETIME), (60.0, (110, 52_000, 1_400))]],
+            (200.0, 40.0),
+            id="the-mean-of-the-requests-finished-in-the-window-not-the-lifetime-mean",
+        ),
+        pytest.param(
+            [[(0.0, LIFETIME), (30.0, LIFETIME), (60.0, LIFETIME)]],
+            (None, None),
+            id="no-request-finished-in-the-window-is-unknown-never-zero",
+        ),
+        pytest.param(
+            [[(0.0, LIFETIME, 1.0), (60.0, (4, 800, 160), 2.0)]],
+            (200.0, 40.0),
+            id="a-restart-counts-the-requests-since-it",
+        ),
+        pytest.param(
+            [[(0.0, LIFETIME, None), (60.0, (4, 800, 160), None)]],
+            (200.0, 40.0),
+            id="a-count-going-down-is-a-restart-even-without-created",
+        ),
+        pytest.param(
+            [
+                [(0.0, (0, 0, 0)), (60.0, (10, 1_000, 100))],
+                [(0.0, (0, 0, 0)), (60.0, (30, 9_000, 900))],
+            ],
+            (250.0, 25.0),
+            id="replicas-are-weighted-by-their-finished-requests-not-averaged",
+        ),
+        pytest.param(
+            [[(0.0, (0, 0, 0)), (60.0, (10, 2_000, 400))], [(0.0, None), (60.0, None)]],
+            (200.0, 40.0),
+            id="a-replica-without-the-histograms-is-left-out-like-for-latencies",
+        ),
+        pytest.param(
+            [[(0.0, None), (60.0, None)]],
+            (None, None),
+            id="an-engine-without-the-histograms-is-unknown",
+        ),
+        pytest.param(
+            [[(0.0, (0, math.nan, math.nan)), (60.0, (10, math.nan, math.nan))]],
+            (None, None),
+            id="a-histogram-without-its-sum-is-unknown",
+        ),
+    ],
+)
+def test_the_request_mix_is_the_window_mean_of_finished_requests(replicas, expected):
+    assert mix_of(replicas) == (
+        tuple(pytest.approx(v) if v is not None else None for v in expected)
+    )
+
+
+def test_the_panic_window_has_its_own_mix():
+    history = history_of(
+        (0.0, scrape(0, 0, 0, lengths=(0, 0, 0))),
+        (50.0, scrape(0, 0, 0, lengths=(10, 1_000, 100))),
+        (60.0, scrape(0, 0, 0, lengths=(20, 21_000, 1_100))),
+    )
+    signals = derive(
+        60.0, 1, [scrape(0, 0, 0, lengths=(20, 21_000, 1_100))], [history], 10.0, 60.0, PRICE
+    )
+    assert (signals.panic.mean_prompt_tokens, signals.panic.mean_output_tokens) == (2_000, 100)
+    assert (signals.stable.mean_prompt_tokens, signals.stable.mean_output_tokens) == (1_050, 55)
+
+
+def test_no_replicas_at_all_have_no_mix():
+    signals = derive(60.0, 0, [], [], 10.0, 60.0, PRICE)
+    assert signals.stable.mean_prompt_tokens is None and signals.stable.mean_output_tokens is None

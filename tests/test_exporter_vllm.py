@@ -147,6 +147,9 @@ async def test_exporter_counts_match_what_was_sent_and_what_vllm_reports(replica
     signals = exporter.deployments[0].signals
     assert signals is not None and not signals.partial and signals.replicas_up == 1
     assert exporter.deployments[0].served_model == vllm.MODEL_NAME
+    # The request mix from vLLM's per-request token histograms: what its usage fields said.
+    assert signals.stable.mean_prompt_tokens == pytest.approx(prompt_sent / sent)
+    assert signals.stable.mean_output_tokens == pytest.approx(8.0)
 
 
 async def test_the_gateway_streams_vllm_chunk_for_chunk(replica):

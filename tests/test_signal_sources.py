@@ -8,11 +8,11 @@ import contextlib
 import grpc
 import pytest
 
-from foundation.signals import EngineSignals, GatewaySignals
+from foundation.signals import EngineSignals, GatewaySignals, WindowSignals
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from scaler.config import DemoSourceConfig, SignalSourceConfig
-from scaler.signals import SignalStore
+from scaler.signals import SignalStore, TargetSignals, observe
 from scaler.sources import demo_concurrency, demo_signals, receive, watch_signals
 from tests.conftest import T0, engine_signals
 
@@ -121,3 +121,29 @@ def test_demo_signals_split_demand_between_running_and_queued():
     assert engine.signals.running + engine.signals.queue_depth == pytest.approx(100)  # type: ignore[operator]
     assert gateway.signals.in_flight == 100
     assert int(engine.time) == int(T0)
+
+
+def exported(at, stable_mix, panic_mix=(100.0, 10.0)):
+    stable = WindowSignals(60.0, mean_prompt_tokens=stable_mix[0], mean_output_tokens=stable_mix[1])
+    panic = WindowSignals(10.0, mean_prompt_tokens=panic_mix[0], mean_output_tokens=panic_mix[1])
+    return EngineSignals(at, 2, 2, 0.0, 4.0, 0.3, panic, stable, None, None, False, False)
+
+
+@pytest.mark.parametrize(
+    ("engine", "mix"),
+    [
+        pytest.param(
+            exported(T0, (812.5, 96.0)), (812.5, 96.0), id="the-stable-windows-mix-is-observed"
+        ),
+        pytest.param(exported(T0, (None, None)), (None, None), id="an-unknown-mix-stays-unknown"),
+        pytest.param(
+            exported(T0 - 120, (812.5, 96.0)),
+            (None, None),
+            id="a-stale-exporters-mix-is-not-observed",
+        ),
+    ],
+)
+def test_observe_takes_the_request_mix_from_the_stable_window(engine, mix):
+    gateway = GatewaySignals(T0, arrival_rate=1.0, buffered=0, in_flight=0)
+    observation, _ = observe(("team-a", "llama", ""), TargetSignals(1, engine, gateway), T0, 60.0)
+    assert (observation.mean_prompt_tokens, observation.mean_output_tokens) == mix

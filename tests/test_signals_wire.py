@@ -32,6 +32,8 @@ windows = st.builds(
     quantiles,
     values,
     values,
+    values,
+    values,
 )
 engines = st.builds(
     EngineSignals,
@@ -87,3 +89,14 @@ def test_nan_is_sent_as_unknown_never_as_a_number():
 def test_messages_that_cannot_be_attributed_are_refused(message):
     with pytest.raises(WireError):
         decode(message)
+
+
+def test_the_request_mix_travels_in_its_own_fields_and_unknown_stays_unset():
+    window = WindowSignals(60.0, mean_prompt_tokens=812.5)
+    engine = EngineSignals(0.0, 1, 1, None, None, None, window, window, None, None, False, False)
+    message = encode(Snapshot(("a", "b", ""), engine))
+    assert message.engine.stable.mean_prompt_tokens == 812.5
+    assert not message.engine.stable.HasField("mean_output_tokens")
+    back = decode(pb.Signals.FromString(message.SerializeToString())).signals
+    assert isinstance(back, EngineSignals)
+    assert (back.stable.mean_prompt_tokens, back.stable.mean_output_tokens) == (812.5, None)

@@ -26,15 +26,15 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/unitscale/v1/signals.proto\x12\x0cunitscale.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\">\n\x06Target\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"F\n\x0eTargetSelector\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"s\n\tQuantiles\x12\x10\n\x03p50\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03p90\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x10\n\x03p95\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x03p99\x18\x04 \x01(\x01H\x03\x88\x01\x01\x42\x06\n\x04_p50B\x06\n\x04_p90B\x06\n\x04_p95B\x06\n\x04_p99\"\xc6\x04\n\rWindowSignals\x12)\n\x06window\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0crequest_rate\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11prompt_token_rate\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\"\n\x15generation_token_rate\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x0fpreemption_rate\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12-\n\x0cttft_seconds\x18\x06 \x01(\x0b\x32\x17.unitscale.v1.Quantiles\x12\x34\n\x13inter_token_seconds\x18\x07 \x01(\x0b\x32\x17.unitscale.v1.Quantiles\x12,\n\x0b\x65\x32\x65_seconds\x18\x08 \x01(\x0b\x32\x17.unitscale.v1.Quantiles\x12\x33\n\x12queue_time_seconds\x18\t \x01(\x0b\x32\x17.unitscale.v1.Quantiles\x12\x1d\n\x10queue_depth_mean\x18\n \x01(\x01H\x04\x88\x01\x01\x12\"\n\x15requests_running_mean\x18\x0b \x01(\x01H\x05\x88\x01\x01\x42\x0f\n\r_request_rateB\x14\n\x12_prompt_token_rateB\x18\n\x16_generation_token_rateB\x12\n\x10_preemption_rateB\x13\n\x11_queue_depth_meanB\x18\n\x16_requests_running_mean\"\xd1\x03\n\rEngineSignals\x12\x13\n\x0breplicas_up\x18\x01 \x01(\r\x12\x18\n\x10replicas_scraped\x18\x02 \x01(\r\x12\x18\n\x0bqueue_depth\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x1d\n\x10requests_running\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x1b\n\x0ekv_cache_usage\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12*\n\x05panic\x18\x06 \x01(\x0b\x32\x1b.unitscale.v1.WindowSignals\x12+\n\x06stable\x18\x07 \x01(\x0b\x32\x1b.unitscale.v1.WindowSignals\x12$\n\x17\x63ost_per_million_tokens\x18\x08 \x01(\x01H\x03\x88\x01\x01\x12+\n\x1e\x63ost_per_million_output_tokens\x18\t \x01(\x01H\x04\x88\x01\x01\x12\x18\n\x10price_is_default\x18\n \x01(\x08\x42\x0e\n\x0c_queue_depthB\x13\n\x11_requests_runningB\x11\n\x0f_kv_cache_usageB\x1a\n\x18_cost_per_million_tokensB!\n\x1f_cost_per_million_output_tokens\"\xd2\x01\n\x0eGatewaySignals\x12\x19\n\x0c\x61rrival_rate\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08\x62uffered\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x35\n\x11last_arrival_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x13upstream_error_rate\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x0f\n\r_arrival_rateB\x16\n\x14_upstream_error_rate\"\x84\x02\n\x07Signals\x12$\n\x06target\x18\x01 \x01(\x0b\x32\x14.unitscale.v1.Target\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.unitscale.v1.Source\x12\x31\n\robserved_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07partial\x18\x04 \x01(\x08\x12-\n\x06\x65ngine\x18\x05 \x01(\x0b\x32\x1b.unitscale.v1.EngineSignalsH\x00\x12/\n\x07gateway\x18\x06 \x01(\x0b\x32\x1c.unitscale.v1.GatewaySignalsH\x00\x42\t\n\x07payload\"C\n\x11GetSignalsRequest\x12.\n\x08selector\x18\x01 \x01(\x0b\x32\x1c.unitscale.v1.TargetSelector\"<\n\x12GetSignalsResponse\x12&\n\x07signals\x18\x01 \x03(\x0b\x32\x15.unitscale.v1.Signals\"E\n\x13WatchSignalsRequest\x12.\n\x08selector\x18\x01 \x01(\x0b\x32\x1c.unitscale.v1.TargetSelector\">\n\x14WatchSignalsResponse\x12&\n\x07signals\x18\x01 \x01(\x0b\x32\x15.unitscale.v1.Signals*I\n\x06Source\x12\x16\n\x12SOURCE_UNSPECIFIED\x10\x00\x12\x13\n\x0fSOURCE_EXPORTER\x10\x01\x12\x12\n\x0eSOURCE_GATEWAY\x10\x02\x32\xbe\x01\n\x0eSignalsService\x12Q\n\nGetSignals\x12\x1f.unitscale.v1.GetSignalsRequest\x1a .unitscale.v1.GetSignalsResponse\"\x00\x12Y\n\x0cWatchSignals\x12!.unitscale.v1.WatchSignalsRequest\x1a\".unitscale.v1.WatchSignalsResponse\"\x00\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/unitscale/v1/signals.proto\x12\x0cunitscale.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\">\n\x06Target\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"F\n\x0eTargetSelector\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"s\n\tQuantiles\x12\x10\n\x03p50\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03p90\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x10\n\x03p95\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x03p99\x18\x04 \x01(\x01H\x03\x88\x01\x01\x42\x06\n\x04_p50B\x06\n\x04_p90B\x06\n\x04_p95B\x06\n\x04_p99\"\xb6\x05\n\rWindowSignals\x12)\n\x06window\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0crequest_rate\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11prompt_token_rate\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\"\n\x15generation_token_rate\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x0fpreemption_rate\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12-\n\x0cttft_seconds\x18\x06 \x01(\x0b\x32\x17.unitscale.v1.Quantiles\x12\x34\n\x13inter_token_seconds\x18\x07 \x01(\x0b\x32\x17.unitscale.v1.Quantiles\x12,\n\x0b\x65\x32\x65_seconds\x18\x08 \x01(\x0b\x32\x17.unitscale.v1.Quantiles\x12\x33\n\x12queue_time_seconds\x18\t \x01(\x0b\x32\x17.unitscale.v1.Quantiles\x12\x1d\n\x10queue_depth_mean\x18\n \x01(\x01H\x04\x88\x01\x01\x12\"\n\x15requests_running_mean\x18\x0b \x01(\x01H\x05\x88\x01\x01\x12\x1f\n\x12mean_prompt_tokens\x18\x0c \x01(\x01H\x06\x88\x01\x01\x12\x1f\n\x12mean_output_tokens\x18\r \x01(\x01H\x07\x88\x01\x01\x42\x0f\n\r_request_rateB\x14\n\x12_prompt_token_rateB\x18\n\x16_generation_token_rateB\x12\n\x10_preemption_rateB\x13\n\x11_queue_depth_meanB\x18\n\x16_requests_running_meanB\x15\n\x13_mean_prompt_tokensB\x15\n\x13_mean_output_tokens\"\xd1\x03\n\rEngineSignals\x12\x13\n\x0breplicas_up\x18\x01 \x01(\r\x12\x18\n\x10replicas_scraped\x18\x02 \x01(\r\x12\x18\n\x0bqueue_depth\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x1d\n\x10requests_running\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x1b\n\x0ekv_cache_usage\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12*\n\x05panic\x18\x06 \x01(\x0b\x32\x1b.unitscale.v1.WindowSignals\x12+\n\x06stable\x18\x07 \x01(\x0b\x32\x1b.unitscale.v1.WindowSignals\x12$\n\x17\x63ost_per_million_tokens\x18\x08 \x01(\x01H\x03\x88\x01\x01\x12+\n\x1e\x63ost_per_million_output_tokens\x18\t \x01(\x01H\x04\x88\x01\x01\x12\x18\n\x10price_is_default\x18\n \x01(\x08\x42\x0e\n\x0c_queue_depthB\x13\n\x11_requests_runningB\x11\n\x0f_kv_cache_usageB\x1a\n\x18_cost_per_million_tokensB!\n\x1f_cost_per_million_output_tokens\"\xd2\x01\n\x0eGatewaySignals\x12\x19\n\x0c\x61rrival_rate\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08\x62uffered\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x35\n\x11last_arrival_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x13upstream_error_rate\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x0f\n\r_arrival_rateB\x16\n\x14_upstream_error_rate\"\x84\x02\n\x07Signals\x12$\n\x06target\x18\x01 \x01(\x0b\x32\x14.unitscale.v1.Target\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.unitscale.v1.Source\x12\x31\n\robserved_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07partial\x18\x04 \x01(\x08\x12-\n\x06\x65ngine\x18\x05 \x01(\x0b\x32\x1b.unitscale.v1.EngineSignalsH\x00\x12/\n\x07gateway\x18\x06 \x01(\x0b\x32\x1c.unitscale.v1.GatewaySignalsH\x00\x42\t\n\x07payload\"C\n\x11GetSignalsRequest\x12.\n\x08selector\x18\x01 \x01(\x0b\x32\x1c.unitscale.v1.TargetSelector\"<\n\x12GetSignalsResponse\x12&\n\x07signals\x18\x01 \x03(\x0b\x32\x15.unitscale.v1.Signals\"E\n\x13WatchSignalsRequest\x12.\n\x08selector\x18\x01 \x01(\x0b\x32\x1c.unitscale.v1.TargetSelector\">\n\x14WatchSignalsResponse\x12&\n\x07signals\x18\x01 \x01(\x0b\x32\x15.unitscale.v1.Signals*I\n\x06Source\x12\x16\n\x12SOURCE_UNSPECIFIED\x10\x00\x12\x13\n\x0fSOURCE_EXPORTER\x10\x01\x12\x12\n\x0eSOURCE_GATEWAY\x10\x02\x32\xbe\x01\n\x0eSignalsService\x12Q\n\nGetSignals\x12\x1f.unitscale.v1.GetSignalsRequest\x1a .unitscale.v1.GetSignalsResponse\"\x00\x12Y\n\x0cWatchSignals\x12!.unitscale.v1.WatchSignalsRequest\x1a\".unitscale.v1.WatchSignalsResponse\"\x00\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.unitscale.v1.signals_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SOURCE']._serialized_start=2164
-  _globals['_SOURCE']._serialized_end=2237
+  _globals['_SOURCE']._serialized_start=2276
+  _globals['_SOURCE']._serialized_end=2349
   _globals['_TARGET']._serialized_start=116
   _globals['_TARGET']._serialized_end=178
   _globals['_TARGETSELECTOR']._serialized_start=180
@@ -42,21 +42,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUANTILES']._serialized_start=252
   _globals['_QUANTILES']._serialized_end=367
   _globals['_WINDOWSIGNALS']._serialized_start=370
-  _globals['_WINDOWSIGNALS']._serialized_end=952
-  _globals['_ENGINESIGNALS']._serialized_start=955
-  _globals['_ENGINESIGNALS']._serialized_end=1420
-  _globals['_GATEWAYSIGNALS']._serialized_start=1423
-  _globals['_GATEWAYSIGNALS']._serialized_end=1633
-  _globals['_SIGNALS']._serialized_start=1636
-  _globals['_SIGNALS']._serialized_end=1896
-  _globals['_GETSIGNALSREQUEST']._serialized_start=1898
-  _globals['_GETSIGNALSREQUEST']._serialized_end=1965
-  _globals['_GETSIGNALSRESPONSE']._serialized_start=1967
-  _globals['_GETSIGNALSRESPONSE']._serialized_end=2027
-  _globals['_WATCHSIGNALSREQUEST']._serialized_start=2029
-  _globals['_WATCHSIGNALSREQUEST']._serialized_end=2098
-  _globals['_WATCHSIGNALSRESPONSE']._serialized_start=2100
-  _globals['_WATCHSIGNALSRESPONSE']._serialized_end=2162
-  _globals['_SIGNALSSERVICE']._serialized_start=2240
-  _globals['_SIGNALSSERVICE']._serialized_end=2430
+  _globals['_WINDOWSIGNALS']._serialized_end=1064
+  _globals['_ENGINESIGNALS']._serialized_start=1067
+  _globals['_ENGINESIGNALS']._serialized_end=1532
+  _globals['_GATEWAYSIGNALS']._serialized_start=1535
+  _globals['_GATEWAYSIGNALS']._serialized_end=1745
+  _globals['_SIGNALS']._serialized_start=1748
+  _globals['_SIGNALS']._serialized_end=2008
+  _globals['_GETSIGNALSREQUEST']._serialized_start=2010
+  _globals['_GETSIGNALSREQUEST']._serialized_end=2077
+  _globals['_GETSIGNALSRESPONSE']._serialized_start=2079
+  _globals['_GETSIGNALSRESPONSE']._serialized_end=2139
+  _globals['_WATCHSIGNALSREQUEST']._serialized_start=2141
+  _globals['_WATCHSIGNALSREQUEST']._serialized_end=2210
+  _globals['_WATCHSIGNALSRESPONSE']._serialized_start=2212
+  _globals['_WATCHSIGNALSRESPONSE']._serialized_end=2274
+  _globals['_SIGNALSSERVICE']._serialized_start=2352
+  _globals['_SIGNALSSERVICE']._serialized_end=2542
 # @@protoc_insertion_point(module_scope)

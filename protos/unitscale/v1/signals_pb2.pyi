@@ -53,7 +53,7 @@ class Quantiles(_message.Message):
     def __init__(self, p50: _Optional[float] = ..., p90: _Optional[float] = ..., p95: _Optional[float] = ..., p99: _Optional[float] = ...) -> None: ...
 
 class WindowSignals(_message.Message):
-    __slots__ = ("window", "request_rate", "prompt_token_rate", "generation_token_rate", "preemption_rate", "ttft_seconds", "inter_token_seconds", "e2e_seconds", "queue_time_seconds", "queue_depth_mean", "requests_running_mean")
+    __slots__ = ("window", "request_rate", "prompt_token_rate", "generation_token_rate", "preemption_rate", "ttft_seconds", "inter_token_seconds", "e2e_seconds", "queue_time_seconds", "queue_depth_mean", "requests_running_mean", "mean_prompt_tokens", "mean_output_tokens")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     REQUEST_RATE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,8 @@ class WindowSignals(_message.Message):
     QUEUE_TIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_MEAN_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_RUNNING_MEAN_FIELD_NUMBER: _ClassVar[int]
+    MEAN_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     window: _duration_pb2.Duration
     request_rate: float
     prompt_token_rate: float
@@ -76,7 +78,9 @@ class WindowSignals(_message.Message):
     queue_time_seconds: Quantiles
     queue_depth_mean: float
     requests_running_mean: float
-    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_rate: _Optional[float] = ..., prompt_token_rate: _Optional[float] = ..., generation_token_rate: _Optional[float] = ..., preemption_rate: _Optional[float] = ..., ttft_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., inter_token_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., queue_time_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., queue_depth_mean: _Optional[float] = ..., requests_running_mean: _Optional[float] = ...) -> None: ...
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_rate: _Optional[float] = ..., prompt_token_rate: _Optional[float] = ..., generation_token_rate: _Optional[float] = ..., preemption_rate: _Optional[float] = ..., ttft_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., inter_token_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., queue_time_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., queue_depth_mean: _Optional[float] = ..., requests_running_mean: _Optional[float] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_output_tokens: _Optional[float] = ...) -> None: ...
 
 class EngineSignals(_message.Message):
     __slots__ = ("replicas_up", "replicas_scraped", "queue_depth", "requests_running", "kv_cache_usage", "panic", "stable", "cost_per_million_tokens", "cost_per_million_output_tokens", "price_is_default")
