@@ -187,10 +187,14 @@ class _Replay:
         self.created = np.zeros(slots)
         self.cold = cold_start_of(config)
         self.counters = np.zeros((slots, 3))  # prompt tokens, output tokens, finished requests
+        # vLLM's per-request token buckets, with the KV capacity as its max_model_len.
+        tokens = (*vllm_buckets.request_tokens(profile.kv_capacity_tokens), math.inf)
         self.hist = {
             "ttft": (TTFT_BUCKETS, np.zeros((slots, len(TTFT_BUCKETS))), np.zeros(slots)),
             "itl": (ITL_BUCKETS, np.zeros((slots, len(ITL_BUCKETS))), np.zeros(slots)),
             "e2e": (E2E_BUCKETS, np.zeros((slots, len(E2E_BUCKETS))), np.zeros(slots)),
+            "prompt_length": (tokens, np.zeros((slots, len(tokens))), np.zeros(slots)),
+            "output_length": (tokens, np.zeros((slots, len(tokens))), np.zeros(slots)),
         }
         self.histories: dict[int, ReplicaHistory] = {}
         self.horizon = history_horizon(config.stable_window, config.scrape_interval)
@@ -380,6 +384,8 @@ def _record(
         np.add.at(counters[:, 1], slots, requests.output[finished])
         np.add.at(counters[:, 2], slots, 1.0)
         _observe(hist["e2e"], slots, requests.finished[finished] - requests.routed[finished])
+        _observe(hist["prompt_length"], slots, requests.prompt[finished].astype(np.float64))
+        _observe(hist["output_length"], slots, requests.output[finished].astype(np.float64))
         gaps = np.maximum(requests.output[finished] - 1, 1)
         _observe(hist["itl"], slots, requests.decode_time[finished] / gaps)
 

@@ -135,3 +135,70 @@ def test_trace_readers(tmp_path):
     broken.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n")
     with pytest.raises(TraceError, match=r"b\.csv:2"):
         read_trace(broken)
+
+
+class Watching:
+    """A fixed fleet (static-peak's controller) that keeps what the exporter derived."""
+
+    name = "watching"
+
+    def __init__(self, replicas):
+        self.replicas = replicas
+        self.seen = {}  # scrape time -> EngineSignals
+
+    def controller(self):
+        inner, seen = StaticPeak(self.replicas).controller(), self.seen
+
+        class Controller:
+            def start(self, actuator, initial_replicas):
+                inner.start(actuator, initial_replicas)
+
+            def tick(self, view, actuator):
+                if view.signals is not None:
+                    seen[view.signals.time] = view.signals
+                inner.tick(view, actuator)
+
+        return Controller()
+
+
+def stable_mix(watching, start, end):
+    return [
+        (s.stable.mean_prompt_tokens, s.stable.mean_output_tokens)
+        for t, s in sorted(watching.seen.items())
+        if start <= t <= end
+    ]
+
+
+def test_the_replay_observes_the_request_mix_a_window_after_it_changes():
+    short, long = steady(4, 120, prompt=512, output=32), steady(4, 120, 2048, 128, start=120.0)
+    trace = Trace(
+        "mix-change",
+        np.r_[short.arrival, long.arrival],
+        np.r_[short.prompt, long.prompt],
+        np.r_[short.output, long.output],
+    )
+    watching = Watching(2)
+    simulate(trace, watching, CONFIG)
+    assert stable_mix(watching, 0.0, 0.0) == [(None, None)]  # one scrape: no window yet
+    before = stable_mix(watching, 65.0, 120.0)
+    after = stable_mix(watching, 125.0 + CONFIG.stable_window, 240.0)
+    assert before and set(before) == {(512.0, 32.0)}
+    assert after and set(after) == {(2048.0, 128.0)}
+    between = stable_mix(watching, 125.0, 120.0 + CONFIG.stable_window)
+    assert all(512 < p < 2048 and 32 < o < 128 for p, o in between)
+
+
+def test_the_replays_observed_mix_is_the_traces_mean_once_the_window_fills():
+    # Four request shapes in turn, at 4 per second: a 60 s window holds each about 60 times.
+    n = 4 * 300
+    prompts, outputs = np.array([256, 512, 1024, 3072]), np.array([16, 64, 128, 256])
+    trace = Trace(
+        "cycling-mix", np.arange(n) / 4.0, prompts[np.arange(n) % 4], outputs[np.arange(n) % 4]
+    )
+    watching = Watching(2)
+    simulate(trace, watching, CONFIG)
+    observed = stable_mix(watching, CONFIG.stable_window + 5.0, 300.0)
+    assert len(observed) >= 40
+    for prompt, output in observed:
+        assert prompt == pytest.approx(trace.prompt.mean(), rel=0.02)
+        assert output == pytest.approx(trace.output.mean(), rel=0.02)
