@@ -22,7 +22,9 @@ from scaler.core.window import Recent
 NOW = 1_800_000_000.0
 PROMPT, OUTPUT = 1155.0, 211.0
 POLICY = Policy(profile="llama3-8b-h200")
-RPS = replica_capacity(LLAMA3_8B_H200, PROMPT, OUTPUT, 2.0, 0.1).requests_per_second
+RPS = replica_capacity(
+    LLAMA3_8B_H200.for_itl_slo(0.1), PROMPT, OUTPUT, 2.0, 0.1
+).requests_per_second
 
 
 def served(replicas: float, **values):

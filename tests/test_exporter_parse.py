@@ -17,7 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.engines import WANTED_ANY
 from exporter.parse import ExpositionError, TooManySeriesError, parse_samples
 
-GOLDEN = sorted((Path(__file__).parent / "golden").rglob("*.txt"))
+# The engines' expositions (other golden directories hold HAMi annotations, Fluid objects).
+GOLDEN = sorted(
+    path
+    for engine in ("vllm", "sglang")
+    for path in (Path(__file__).parent / "golden" / engine).rglob("*.txt")
+)
 
 
 def reference(text, openmetrics=False):

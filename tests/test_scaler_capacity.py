@@ -30,6 +30,17 @@ def obs(**values):
             id="token-rates-over-the-request-rate-give-the-mix",
         ),
         pytest.param(
+            obs(
+                request_rate=10.0,
+                prompt_token_rate=30_000.0,
+                generation_token_rate=2_110.0,
+                mean_prompt_tokens=1155.0,
+                mean_output_tokens=211.0,
+            ),
+            Mix(1155.0, 211.0),
+            id="the-engines-per-request-means-win-over-the-rates-biased-by-prefills-in-flight",
+        ),
+        pytest.param(
             obs(request_rate=0.01, prompt_token_rate=500.0, generation_token_rate=50.0),
             None,
             id="a-window-with-almost-no-finished-request-says-nothing",
@@ -61,7 +72,8 @@ def test_observed_mix(observation, mix):
 def test_profile_rates_are_the_capacity_model_s_within_the_quantisation(profile, prompt, output):
     policy = Policy(profile=profile.name)
     rates = replica_rates(policy, Mix(prompt, output))
-    capacity = replica_capacity(profile, prompt, output, 2.0, 0.1)
+    # The replicas run with the chunk budget for the ITL SLO, as the launch profile starts them.
+    capacity = replica_capacity(profile.for_itl_slo(0.1), prompt, output, 2.0, 0.1)
     assert rates.requests_per_second == pytest.approx(capacity.requests_per_second, rel=0.03)
     # One replica at its capacity is one replica of load, in the rates' own units.
     at_capacity = rates.replicas(

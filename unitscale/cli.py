@@ -535,6 +535,10 @@ def _replay_config(args: argparse.Namespace) -> tuple[SimConfig, list[str]]:
         raise ConfigError("--rate-multiplier and --time-compression must be positive")
     if args.price is not None:
         profile = dataclasses.replace(profile, price_per_hour=args.price)
+    # The fleet runs as the launch profile starts vLLM: with the chunked-prefill budget
+    # whose steps keep the ITL SLO (serving.vllm_profile.for_itl_slo), which the scaler's
+    # capacity assumes too. vLLM's 8,192-token default breaks a 100 ms ITL at a full batch.
+    profile = profile.for_itl_slo(args.slo_itl)
     config = SimConfig(
         profile,
         slo_ttft=args.slo_ttft,

@@ -1,7 +1,9 @@
 """What one replica carries, in the decision's units: from a profile and the mix, or priors.
 
-With a named profile (``Policy.profile``, one of ``foundation.replica_model.PROFILES``),
-a replica's capacity is ``foundation.capacity.replica_capacity`` for the observed mix
+With a named profile (``Policy.profile``, one of ``foundation.replica_model.PROFILES``,
+launched with the chunk budget for the ITL SLO as ``serving.vllm_profile.for_itl_slo``
+launches vLLM), a replica's capacity is ``foundation.capacity.replica_capacity`` for the
+observed mix
 (mean prompt and output tokens per request): the request rate, and the prompt and
 output token rates, at which one replica keeps TTFT p95 and inter-token p95 within the
 policy's SLOs. Without one, the priors (``prefill_tokens_per_second``,
@@ -71,8 +73,7 @@ def observed_mix(o: Observation) -> Mix | None:
     count finished requests only; token rates over the request rate are the fallback,
     biased while requests are in progress (prompts count at prefill, requests at the end).
     """
-    prompt = getattr(o, "mean_prompt_tokens", None)
-    output = getattr(o, "mean_output_tokens", None)
+    prompt, output = o.mean_prompt_tokens, o.mean_output_tokens
     if prompt is not None and output is not None and prompt >= 1 and output >= 1:
         return Mix(prompt, output)
     if o.request_rate is None or o.request_rate < MIN_REQUEST_RATE:
@@ -107,7 +108,9 @@ def replica_rates(p: Policy, mix: Mix | None) -> Rates:
 
 @lru_cache(maxsize=4096)
 def _profile_rates(name: str, prompt: float, output: float, ttft: float, itl: float) -> Rates:
-    capacity = replica_capacity(PROFILES[name], prompt, output, ttft, itl)
+    # Replicas run as ``serving.vllm_profile.for_itl_slo`` launches them: the chunked-
+    # prefill budget whose steps keep the ITL SLO (the replay's fleet runs the same).
+    capacity = replica_capacity(PROFILES[name].for_itl_slo(itl), prompt, output, ttft, itl)
     rates = capacity.scaler_rates()
     if capacity.requests_per_second <= 0:
         # Even an idle replica misses the SLO for this mix: plan as if one replica
