@@ -6,7 +6,9 @@
   ``kubernetes_asyncio`` ``ApiClient`` for the test itself.
 - ``namespace``: a fresh namespace per test (nothing deletes namespaces here).
 - ``kueue`` (session, only when asked for): Kueue's CRDs from its Go module, and the
-  Kueue controller-manager.
+  Kueue controller-manager; ``kueue_crds``: the CRDs alone.
+- ``admission_crd`` (session): our CapacityCheckParameters CRD
+  (``deploy/admission/crd.yaml``).
 
 Without the binaries the tests skip with the reason; under ``CI=true`` they fail, so
 CI never passes by skipping.
@@ -95,6 +97,17 @@ def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
         yield controller
     finally:
         controller.stop()
+
+
+@pytest.fixture(scope="session")
+def kueue_crds(control_plane: ControlPlane) -> list[str]:
+    module, version = versions.MODULES["kueue"]
+    return control_plane.apply_crds(crd_files(module, version, "config/components/crd/bases"))
+
+
+@pytest.fixture(scope="session")
+def admission_crd(control_plane: ControlPlane) -> list[str]:
+    return control_plane.apply_crds([versions.REPO_ROOT / "deploy" / "admission" / "crd.yaml"])
 
 
 @pytest.fixture(scope="session")
