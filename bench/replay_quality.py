@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.results import append
 from foundation.replica_model import LLAMA3_8B_H200
 from replay.oracle import REACHED, find_clairvoyant, find_instant_bound, smallest_static
+from replay.policies import Unitscale
 from replay.run import (
     POLICIES,
     ReplayOptions,
@@ -47,7 +48,15 @@ from replay.run import (
     write_report,
 )
 from replay.simulate import Result, SimConfig, simulate
-from replay.sweep import CostAtSlo, Point, cost_at_slo, frontier, point_of, sweep_knobs
+from replay.sweep import (
+    CostAtSlo,
+    Point,
+    cost_at_slo,
+    frontier,
+    point_of,
+    sweep_knobs,
+    unitscale_utilization,
+)
 from replay.trace import Trace, scale
 from replay.workloads import load_trace
 
@@ -193,11 +202,16 @@ class Bench:
         if job.kind == "prepare":
             _, self.seed[run], self.warm[run], hint = output
             self.add("static", run, size_static, run, hint)
-            utilization = run.options.policy.target_utilization
+            unitscale = make_policy("unitscale", CONFIG, run.options)
+            assert isinstance(unitscale, Unitscale)
+            utilization = unitscale_utilization(unitscale.metadata, unitscale.defaults)
             for name in ONLINE:
                 self.add("point", run, sweep_point, run, name, {}, self.warm[run], True)
                 for knobs in sweep_knobs(
-                    name, target_utilization=utilization, static_replicas=hint, max_replicas=64
+                    name,
+                    utilization=utilization,
+                    static_replicas=hint,
+                    max_replicas=CONFIG.max_replicas,
                 ):
                     self.add("point", run, sweep_point, run, name, knobs, self.warm[run], False)
         elif job.kind == "static":
@@ -208,10 +222,7 @@ class Bench:
             )
             self.add("oracle", run, clairvoyant, run, self.seed[run], output)
             for knobs in sweep_knobs(
-                "static-peak",
-                target_utilization=1.0,
-                static_replicas=size,
-                max_replicas=CONFIG.max_replicas,
+                "static-peak", static_replicas=size, max_replicas=CONFIG.max_replicas
             ):
                 self.add("point", run, sweep_point, run, "static-peak", knobs, 0, False)
         elif job.kind == "oracle":

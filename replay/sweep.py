@@ -7,7 +7,9 @@ turned. ``sweep_knobs`` gives a few points around each policy's default (its mai
 cheapest point reaching the SLO target, or, when none does, the best SLO it reached
 ("not reached"). The points, as multiples of each default:
 
-- ``unitscale``: ``targetUtilization`` (trigger metadata) x 0.5, 0.7, 1.2 (at most 1);
+- ``unitscale``: the utilization it plans with (trigger metadata: ``profileUtilization``
+  with a replica profile, as the replay runs it, else ``targetUtilization``;
+  ``unitscale_utilization``) x 0.5, 0.7, 1.2 (at most 1);
 - ``kpa``: ``target`` x 1/4, 1/2, 2 at the default delay, and ``scale_down_delay`` 0 s
   and 900 s at the default target (two one-knob sweeps through the default);
 - ``production-stack``: ``threshold`` x 0.2, 0.4, 2;
@@ -29,6 +31,7 @@ from replay.policies import AibrixKv, Kpa, ProductionStack
 from replay.run import KNOBS, ReplayOptions, make_policy
 from replay.simulate import Result, SimConfig, simulate
 from replay.trace import Trace
+from scaler.core.model import Policy as CorePolicy
 
 UTILIZATION_FACTORS = (0.5, 0.7, 1.2)
 KPA_TARGET_FACTORS = (0.25, 0.5, 2.0)
@@ -135,14 +138,36 @@ def frontier(points: Sequence[Point]) -> list[Point]:
     return kept
 
 
+def unitscale_utilization(metadata: Mapping[str, str], defaults: CorePolicy) -> tuple[str, float]:
+    """The utilization the unitscale policy plans with: its metadata key and its value.
+
+    With a replica profile (the metadata's ``profile`` or the config's) the scaler plans
+    for ``profileUtilization`` of each replica's SLO capacity and ``targetUtilization``
+    no longer sizes the fleet; without one, ``targetUtilization``. The value is the
+    metadata's, else the config's (``defaults``).
+    """
+    if metadata.get("profile") or defaults.profile:
+        return "profileUtilization", float(
+            metadata.get("profileUtilization", defaults.profile_utilization)
+        )
+    return "targetUtilization", float(
+        metadata.get("targetUtilization", defaults.target_utilization)
+    )
+
+
 def sweep_knobs(
-    name: str, *, target_utilization: float, static_replicas: int, max_replicas: int
+    name: str,
+    *,
+    utilization: tuple[str, float] = ("targetUtilization", CorePolicy().target_utilization),
+    static_replicas: int,
+    max_replicas: int,
 ) -> list[dict[str, Any]]:
     """The knob settings to sweep for ``name`` besides its default (module docstring).
 
     Args:
         name: a policy of ``replay.run.KNOBS``.
-        target_utilization: the unitscale policy's default (the scaler config's).
+        utilization: the unitscale policy's utilization key and default
+            (``unitscale_utilization``).
         static_replicas: the smallest static fleet meeting the SLO target.
         max_replicas: the fleet's ceiling.
 
@@ -152,8 +177,9 @@ def sweep_knobs(
     if name not in KNOBS:
         raise ValueError(f"{name} has no knobs to sweep; the policies that do: {', '.join(KNOBS)}")
     if name == "unitscale":
-        levels = (min(1.0, round(target_utilization * f, 2)) for f in UTILIZATION_FACTORS)
-        return [{"metadata": {"targetUtilization": f"{u:g}"}} for u in _distinct(levels)]
+        key, default = utilization
+        levels = (min(1.0, round(default * f, 2)) for f in UTILIZATION_FACTORS)
+        return [{"metadata": {key: f"{u:g}"}} for u in _distinct(levels)]
     if name == "kpa":
         targets = [{"target": Kpa().target * f} for f in KPA_TARGET_FACTORS]
         delays = [{"scale_down_delay": d} for d in KPA_DELAYS if d != Kpa().scale_down_delay]

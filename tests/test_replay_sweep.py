@@ -12,8 +12,16 @@ from foundation.replica_model import LLAMA3_8B_H200
 from replay.policies import AibrixKv, Kpa, ProductionStack
 from replay.run import ReplayOptions
 from replay.simulate import SimConfig
-from replay.sweep import Point, cost_at_slo, frontier, run_sweep, sweep_knobs
+from replay.sweep import (
+    Point,
+    cost_at_slo,
+    frontier,
+    run_sweep,
+    sweep_knobs,
+    unitscale_utilization,
+)
 from replay.trace import Trace
+from scaler.core.model import Policy as CorePolicy
 
 CONFIG = SimConfig(LLAMA3_8B_H200, max_replicas=8, tail=300.0)
 OPTIONS = ReplayOptions("test", 1.0, 1.0, 0)
@@ -110,7 +118,7 @@ def test_cost_at_slo_refuses_what_it_cannot_answer(points, target, message):
             "unitscale",
             10,
             16,
-            0.7,
+            ("targetUtilization", 0.7),
             [{"metadata": {"targetUtilization": v}} for v in ("0.35", "0.49", "0.84")],
             id="unitscale-sweeps-its-target-utilization-around-the-default",
         ),
@@ -118,15 +126,15 @@ def test_cost_at_slo_refuses_what_it_cannot_answer(points, target, message):
             "unitscale",
             10,
             16,
-            0.9,
-            [{"metadata": {"targetUtilization": v}} for v in ("0.45", "0.63", "1")],
-            id="unitscale-utilization-stops-at-one",
+            ("profileUtilization", 0.9),
+            [{"metadata": {"profileUtilization": v}} for v in ("0.45", "0.63", "1")],
+            id="unitscale-with-a-profile-sweeps-its-profile-utilization-up-to-one",
         ),
         pytest.param(
             "kpa",
             10,
             16,
-            0.7,
+            ("targetUtilization", 0.7),
             [
                 {"target": Kpa().target / 4},
                 {"target": Kpa().target / 2},
@@ -140,7 +148,7 @@ def test_cost_at_slo_refuses_what_it_cannot_answer(points, target, message):
             "production-stack",
             10,
             16,
-            0.7,
+            ("targetUtilization", 0.7),
             [{"threshold": ProductionStack.threshold * f} for f in (0.2, 0.4, 2.0)],
             id="production-stack-sweeps-its-waiting-threshold",
         ),
@@ -148,7 +156,7 @@ def test_cost_at_slo_refuses_what_it_cannot_answer(points, target, message):
             "aibrix-kv",
             10,
             16,
-            0.7,
+            ("targetUtilization", 0.7),
             [{"target": round(AibrixKv.target * f, 4)} for f in (1 / 3, 2 / 3, 2.0)],
             id="aibrix-sweeps-its-kv-target",
         ),
@@ -156,7 +164,7 @@ def test_cost_at_slo_refuses_what_it_cannot_answer(points, target, message):
             "static-peak",
             10,
             16,
-            0.7,
+            ("targetUtilization", 0.7),
             [{"replicas": n} for n in (8, 9, 13)],
             id="a-static-fleet-sweeps-sizes-around-the-smallest-meeting-the-target",
         ),
@@ -164,7 +172,7 @@ def test_cost_at_slo_refuses_what_it_cannot_answer(points, target, message):
             "static-peak",
             1,
             16,
-            0.7,
+            ("targetUtilization", 0.7),
             [{"replicas": 2}],
             id="a-static-fleet-of-one-sweeps-only-upward",
         ),
@@ -172,7 +180,7 @@ def test_cost_at_slo_refuses_what_it_cannot_answer(points, target, message):
             "static-peak",
             8,
             8,
-            0.7,
+            ("targetUtilization", 0.7),
             [{"replicas": n} for n in (6, 7)],
             id="a-static-fleet-at-max-replicas-sweeps-only-downward",
         ),
@@ -181,16 +189,50 @@ def test_cost_at_slo_refuses_what_it_cannot_answer(points, target, message):
 def test_each_policy_sweeps_a_few_points_around_its_default(
     name, static, top, utilization, expected
 ):
-    knobs = sweep_knobs(
-        name, target_utilization=utilization, static_replicas=static, max_replicas=top
-    )
+    knobs = sweep_knobs(name, utilization=utilization, static_replicas=static, max_replicas=top)
     assert knobs == expected
     assert 1 <= len(knobs) <= 5
 
 
+@pytest.mark.parametrize(
+    ("metadata", "defaults", "expected"),
+    [
+        pytest.param(
+            {}, CorePolicy(), ("targetUtilization", 0.7), id="without-a-profile-target-utilization"
+        ),
+        pytest.param(
+            {"profile": "llama3-8b-h200"},
+            CorePolicy(),
+            ("profileUtilization", CorePolicy().profile_utilization),
+            id="a-profile-in-the-metadata-plans-with-the-profile-utilization",
+        ),
+        pytest.param(
+            {},
+            CorePolicy(profile="llama3-8b-h200", profile_utilization=0.8),
+            ("profileUtilization", 0.8),
+            id="a-profile-in-the-scaler-config-too",
+        ),
+        pytest.param(
+            {"profile": "llama3-8b-h200", "profileUtilization": "0.75"},
+            CorePolicy(),
+            ("profileUtilization", 0.75),
+            id="the-metadata-value-is-the-default-it-sweeps-around",
+        ),
+        pytest.param(
+            {"targetUtilization": "0.6"},
+            CorePolicy(),
+            ("targetUtilization", 0.6),
+            id="a-target-utilization-in-the-metadata",
+        ),
+    ],
+)
+def test_unitscale_sweeps_the_utilization_it_plans_with(metadata, defaults, expected):
+    assert unitscale_utilization(metadata, defaults) == expected
+
+
 def test_the_bounds_have_no_knobs_to_sweep():
     with pytest.raises(ValueError, match="oracle"):
-        sweep_knobs("oracle", target_utilization=0.7, static_replicas=1, max_replicas=8)
+        sweep_knobs("oracle", static_replicas=1, max_replicas=8)
 
 
 def burst(seconds: float = 6.0, rate: float = 50.0) -> Trace:
