@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -40,6 +40,7 @@ from kubernetes_asyncio import client
 from admission import hami, lora
 from admission import parameters as params
 from admission.config import AdmissionConfig
+from admission.decide import Cluster, Decision, Pending, PoolDemand, decide_all
 from admission.demand import DemandResult, fetch_demand
 from admission.metrics import AdmissionMetrics
 from admission.workload import actionable, apply_body, check_entries, format_time, key
@@ -55,9 +56,6 @@ from foundation.kube import (
     create,
     watch_objects,
 )
-
-if TYPE_CHECKING:
-    from admission.decide import Cluster, Pending
 
 log = logging.getLogger(__name__)
 
@@ -84,28 +82,7 @@ CREATABLE: Mapping[tuple[str, str], Resource] = {("data.fluid.io/v1alpha1", "Dat
 """What a decision may ask us to create, by (apiVersion, kind)."""
 
 
-class Decision(Protocol):
-    """What the controller reads of an ``admission.decide.Decision``."""
-
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def workload(self) -> str: ...
-    @property
-    def check(self) -> str: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def message(self) -> str: ...
-    @property
-    def requeue_after_seconds(self) -> int | None: ...
-    @property
-    def pod_set_updates(self) -> Sequence[Mapping[str, Any]]: ...
-    @property
-    def create(self) -> Sequence[Mapping[str, Any]]: ...
-
-
-Decide = Callable[[Sequence["Pending"], "Cluster", float], Sequence[Decision]]
+Decide = Callable[[Sequence[Pending], Cluster, float], Sequence[Decision]]
 FetchDemand = Callable[..., Awaitable[DemandResult]]
 
 
@@ -160,7 +137,7 @@ class Controller:
         metrics: AdmissionMetrics | None = None,
         *,
         clock: Callable[[], float] = time.time,
-        decide: Decide | None = None,
+        decide: Decide = decide_all,
         demand: FetchDemand = fetch_demand,
     ) -> None:
         self.access = access
@@ -317,22 +294,23 @@ class Controller:
 
     async def reconcile(self, api: client.ApiClient) -> None:
         """One pass over the view: checks Active, then every actionable Workload."""
-        # Imported here: the module is the lead's, composed from the others at call time.
-        from admission import decide
-
         now = self._clock()
         view = self.snapshot()
         ours = await self._sync_checks(api, view, now)
-        pending = [
-            decide.Pending(workload=w, check=check, parameters=ours[check], pending_since=since)
+        found = [
+            (w, check, since)
             for w in view.workloads.values()
             for check, since in actionable(w, ours)
         ]
         self._observe(view, ours, now)
-        if not pending:
+        if not found:
             return
+        pending = [
+            Pending(workload=w, check=check, parameters=ours[check], pending_since=since)
+            for w, check, since in found
+        ]
         demand, demand_error = await self._demand(p.parameters for p in pending)
-        cluster = decide.Cluster(
+        cluster = Cluster(
             nodes=view.nodes,
             pods=view.pods,
             workloads=list(view.workloads.values()),
@@ -341,7 +319,7 @@ class Controller:
             demand=demand,
             demand_error=demand_error,
         )
-        decisions = (self._decide or decide.decide_all)(pending, cluster, now)
+        decisions = self._decide(pending, cluster, now)
         since = {(key(p.workload), p.check): p.pending_since for p in pending}
         gate = asyncio.Semaphore(self.config.write_concurrency)
 
@@ -467,7 +445,7 @@ class Controller:
 
     async def _demand(
         self, parameters: Iterable[params.Parameters]
-    ) -> tuple[Mapping[str, Any] | None, str]:
+    ) -> tuple[Mapping[str, PoolDemand] | None, str]:
         """What inference needs of the pools the pending checks guard, cached briefly."""
         asked = {
             (h.scaler, h.pool, h.horizon_seconds)
@@ -477,7 +455,7 @@ class Controller:
         if not asked:
             return {}, ""
         results = await asyncio.gather(*(self._ask(*one) for one in sorted(asked)))
-        known: dict[str, Any] = {}
+        known: dict[str, PoolDemand] = {}
         errors = []
         for result in results:
             known.update(result.demand or {})

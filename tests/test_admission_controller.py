@@ -11,15 +11,11 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
+from admission.app import AdmissionServer
 from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
+from admission.controller import WATCHES, Controller
 from foundation.errors import ConfigError
 from foundation.kube import KubeAccess
-from tests import admission_decide_stub
-
-admission_decide_stub.install()
-
-from admission.app import AdmissionServer  # noqa: E402 - after the stand-in
-from admission.controller import WATCHES, Controller  # noqa: E402
 
 UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
 NO_API = cast(client.ApiClient, None)

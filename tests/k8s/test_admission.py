@@ -11,22 +11,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
+import re
 import secrets
+import signal
+import ssl
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from admission.config import AdmissionConfig
+from admission.controller import Controller
+from admission.decide import Decision
 from foundation.kube import KubeAccess
-from tests import admission_decide_stub
 from tests.k8s.control_plane import ApiError
-
-admission_decide_stub.install()
-
-from admission.controller import Controller  # noqa: E402 - after the stand-in
-from admission.decide import Decision  # noqa: E402
 
 pytestmark = pytest.mark.k8s
 
@@ -44,8 +48,13 @@ def admission_crd(control_plane):
     control_plane.apply_crds([ROOT / "deploy" / "admission" / "crd.yaml"])
 
 
-async def eventually(what: str, get: Callable[[], Any], limit: float = 60.0) -> Any:
-    """Poll ``get()`` until it returns something truthy, yielding to the loop between."""
+async def eventually(
+    what: str, get: Callable[[], Any], limit: float = 60.0, show: Callable[[], Any] | None = None
+) -> Any:
+    """Poll ``get()`` until it returns something truthy, yielding to the loop between.
+
+    On a timeout the error carries ``show()``, what the test was waiting on.
+    """
     deadline = asyncio.get_running_loop().time() + limit
     while True:
         try:
@@ -57,7 +66,8 @@ async def eventually(what: str, get: Callable[[], Any], limit: float = 60.0) -> 
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what}: not after {limit:.0f}s")
+            seen = f"; last seen: {show()}" if show is not None else ""
+            raise AssertionError(f"{what}: not after {limit:.0f}s{seen}")
         await asyncio.sleep(0.2)
 
 
@@ -76,7 +86,7 @@ def is_true(obj: dict[str, Any], kind: str) -> bool:
 class Scripted:
     """A stand-in for ``decide_all``: every pending check gets the scripted state."""
 
-    def __init__(self, state: str = "Pending", message: str = "waiting", **more: Any) -> None:
+    def __init__(self, state: Any = "Pending", message: str = "waiting", **more: Any) -> None:
         self.state, self.message, self.more = state, message, more
         self.calls = 0
 
@@ -466,19 +476,19 @@ async def test_an_evicted_workload_gets_no_retry(control_plane, kueue, admission
 
 
 def _merge_patch(plane: Any, path: str, body: dict[str, Any]) -> None:
-    """A JSON merge patch through the fixture's REST helper."""
-    import json
-    import ssl
-    import urllib.request
-
+    """A JSON merge patch, which the fixture's REST helper does not send."""
     request = urllib.request.Request(
         f"{plane.host}{path}", data=json.dumps(body).encode(), method="PATCH"
     )
     request.add_header("Authorization", f"Bearer {plane.token}")
     request.add_header("Content-Type", "application/merge-patch+json")
     context = ssl.create_default_context(cafile=str(plane.ca_file))
-    with urllib.request.urlopen(request, timeout=30, context=context) as response:
-        response.read()
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            response.read()
+    except urllib.error.HTTPError as err:
+        with err:
+            raise ApiError("PATCH", path, err.code, err.read().decode(errors="replace")) from None
 
 
 async def test_the_controller_survives_an_api_server_restart(
@@ -506,3 +516,440 @@ async def test_the_controller_survives_an_api_server_restart(
             lambda: (e := setup.entry("after")) and e["state"] == "Ready",
             limit=90,
         )
+
+
+# --- the command, as Kubernetes runs it ------------------------------------------------
+
+
+async def test_the_command_serves_health_and_metrics_and_stops_on_sigterm(
+    control_plane, kueue, admission_crd, namespace
+):
+    setup = Setup(control_plane, namespace)
+    setup.create_parameters()
+    setup.create_check()
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "unitscale.cli", "admission"),
+        *("--kubeconfig", str(control_plane.kubeconfig)),
+        *("--controller-name", setup.controller_name, "--metrics-listen", "127.0.0.1:0"),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stderr = process.stderr
+    assert stderr is not None
+    try:
+        port = None
+        async with asyncio.timeout(30):
+            while port is None:
+                line = (await stderr.readline()).decode()
+                assert line, "the controller exited before serving"
+                if match := re.search(r"serving /metrics on port (\d+)", line):
+                    port = int(match.group(1))
+        await eventually("Active=True", lambda: is_true(setup.get_check(), "Active"))
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
+                health = await response.json()
+                assert response.status == 200
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                metrics = await response.text()
+        assert health["healthy"] is True and health["synced"] is True
+        assert f'unitscale_admission_check_active{{check="{setup.check}"}} 1.0' in metrics
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+# --- the full flows, decided by admission.decide --------------------------------------
+
+H200 = "NVIDIA-NVIDIA H200"
+
+
+def register(node: str, cards: int) -> str:
+    """``hami.io/node-nvidia-register`` as HAMi 2.8+ writes it (JSON)."""
+    return json.dumps(
+        [
+            {
+                "id": f"GPU-{node}-{i}",
+                "index": i,
+                "count": 10,
+                "devmem": 143771,
+                "devcore": 100,
+                "type": H200,
+                "mode": "hami-core",
+                "health": True,
+            }
+            for i in range(cards)
+        ]
+    )
+
+
+@dataclasses.dataclass
+class GpuSetup(Setup):
+    """A pool of HAMi nodes of its own (labelled with the suffix) and GPU quota."""
+
+    def __post_init__(self) -> None:
+        self.pool = {"unitscale-test-pool": self.suffix}
+
+    def create_gpu_parameters(self, **spec: Any) -> None:
+        self.create_parameters({"poolNodeSelector": self.pool, "retryAfterSeconds": 1, **spec})
+
+    def create_node(self, name: str, cards: int, labels: dict[str, str] | None = None) -> str:
+        node = f"{name}-{self.suffix}"
+        self.plane.ensure(
+            "/api/v1/nodes",
+            {
+                "metadata": {
+                    "name": node,
+                    "labels": {**self.pool, **(labels or {})},
+                    "annotations": {"hami.io/node-nvidia-register": register(node, cards)},
+                }
+            },
+        )
+        return node
+
+    def create_holder(self, node: str, cards: list[int]) -> str:
+        """A pod HAMi placed on ``node``, holding whole ``cards``."""
+        name = f"holder-{secrets.token_hex(2)}"
+        allocated = "".join(f"GPU-{node}-{i},NVIDIA,143771,100:" for i in cards) + ";"
+        self.plane.ensure(
+            f"/api/v1/namespaces/{self.namespace}/pods",
+            {
+                "metadata": {
+                    "name": name,
+                    "annotations": {
+                        "hami.io/vgpu-devices-allocated": allocated,
+                        "hami.io/vgpu-node": node,
+                    },
+                },
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "main", "image": "registry.invalid/serve:1"}],
+                },
+            },
+        )
+        return name
+
+    def delete_pod(self, name: str) -> None:
+        # No kubelet confirms a graceful deletion here: remove it at once.
+        self.plane.request(
+            "DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}?gracePeriodSeconds=0"
+        )
+
+    def create_gpu_queues(self, gpus: int = 64) -> None:
+        flavor, cluster_queue = f"flavor-{self.suffix}", f"cq-{self.suffix}"
+        self.plane.ensure(
+            f"{KUEUE}/resourceflavors",
+            {"apiVersion": V1BETA2, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+        )
+        quota = [
+            {"name": "cpu", "nominalQuota": "64"},
+            {"name": "memory", "nominalQuota": "64Gi"},
+            {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
+        ]
+        self.plane.ensure(
+            f"{KUEUE}/clusterqueues",
+            {
+                "apiVersion": V1BETA2,
+                "kind": "ClusterQueue",
+                "metadata": {"name": cluster_queue},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                            "flavors": [{"name": flavor, "resources": quota}],
+                        }
+                    ],
+                    "admissionChecksStrategy": {"admissionChecks": [{"name": self.check}]},
+                },
+            },
+        )
+        self.plane.ensure(
+            f"{KUEUE}/namespaces/{self.namespace}/localqueues",
+            {
+                "apiVersion": V1BETA2,
+                "kind": "LocalQueue",
+                "metadata": {"name": "team"},
+                "spec": {"clusterQueue": cluster_queue},
+            },
+        )
+
+    def create_gpu_job(
+        self, name: str, pods: int, gpus: int, annotations: dict[str, str] | None = None
+    ) -> None:
+        self.plane.ensure(
+            f"/apis/batch/v1/namespaces/{self.namespace}/jobs",
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+                "spec": {
+                    "suspend": True,
+                    "parallelism": pods,
+                    "completions": pods,
+                    "template": {
+                        "metadata": {"annotations": annotations or {}},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [
+                                {
+                                    "name": "main",
+                                    "image": "registry.invalid/train:1",
+                                    "resources": {
+                                        "requests": {"cpu": "1", "memory": "256Mi"},
+                                        "limits": {"nvidia.com/gpu": str(gpus)},
+                                    },
+                                }
+                            ],
+                        },
+                    },
+                },
+            },
+        )
+
+    def state(self, job: str) -> str | None:
+        entry = self.entry(job)
+        return None if entry is None else str(entry["state"])
+
+    def controller_deciding(self) -> Controller:
+        config = AdmissionConfig(controller_name=self.controller_name, resync=30, debounce=0.05)
+        return Controller(KubeAccess(self.plane.kubeconfig), config)
+
+
+async def test_a_gang_that_fits_is_ready_with_hami_hints_and_admitted(
+    control_plane, kueue, admission_crd, namespace
+):
+    setup = GpuSetup(control_plane, namespace)
+    setup.create_gpu_parameters(gpuSchedulerPolicy="spread")
+    setup.create_check()
+    setup.create_gpu_queues()
+    setup.create_node("gpu-a", 4)
+    setup.create_node("gpu-b", 4)
+    async with running(setup.controller_deciding()):
+        setup.create_gpu_job("train", pods=2, gpus=4)
+        admitted = await eventually(
+            "Admitted", lambda: (w := setup.workload_of("train")) and is_true(w, "Admitted") and w
+        )
+        job = await eventually(
+            "unsuspended", lambda: (j := setup.job("train"))["spec"]["suspend"] is False and j
+        )
+    (entry,) = [e for e in admitted["status"]["admissionChecks"] if e["name"] == setup.check]
+    assert entry["state"] == "Ready"
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["hami.io/gpu-scheduler-policy"] == "spread"
+    assert annotations["nvidia.com/use-gputype"] == H200
+    assert "requeueAfterSeconds" not in entry
+
+
+async def test_a_gang_that_does_not_fit_now_retries_until_a_pod_frees_its_gpus(
+    control_plane, kueue, admission_crd, namespace
+):
+    setup = GpuSetup(control_plane, namespace)
+    setup.create_gpu_parameters()
+    setup.create_check()
+    setup.create_gpu_queues()
+    node = setup.create_node("gpu", 4)
+    holder = setup.create_holder(node, [0, 1, 2])  # inference holds three of the four cards
+    async with running(setup.controller_deciding()) as controller:
+        setup.create_gpu_job("train", pods=2, gpus=1)
+        await eventually(
+            "a Retry (Kueue resets it to Pending with a retry count)",
+            lambda: (e := setup.entry("train")) and (e["state"] == "Retry" or e.get("retryCount")),
+        )
+        workload = setup.workload_of("train")
+        assert workload is not None and not is_true(workload, "Admitted")
+        assert setup.job("train")["spec"]["suspend"] is True
+        setup.delete_pod(holder)
+        await eventually(
+            "Admitted once the pod is gone",
+            lambda: (w := setup.workload_of("train")) and is_true(w, "Admitted"),
+        )
+    assert controller.metrics.decisions.labels(setup.check, "Retry")._value.get() >= 1
+    assert controller.metrics.decisions.labels(setup.check, "Ready")._value.get() == 1
+
+
+async def test_a_gang_that_can_never_fit_the_pool_is_rejected_and_deactivated(
+    control_plane, kueue, admission_crd, namespace
+):
+    setup = GpuSetup(control_plane, namespace)
+    setup.create_gpu_parameters()
+    setup.create_check()
+    setup.create_gpu_queues()
+    setup.create_node("gpu", 4)
+    async with running(setup.controller_deciding()) as controller:
+        setup.create_gpu_job("huge", pods=3, gpus=4)  # 12 GPUs on a 4-GPU pool
+        # Kueue deactivates at once and resets the check, saying what it was.
+        workload = await eventually(
+            "deactivated by Kueue after our Rejected",
+            lambda: (
+                (w := setup.workload_of("huge"))
+                and w["spec"].get("active") is False
+                and is_true(w, "Evicted")
+                and w
+            ),
+            show=lambda: (setup.workload_of("huge") or {}).get("status"),
+        )
+        passes = controller.passes
+        controller.notify()
+        await eventually("a pass after the deactivation", lambda: controller.passes > passes)
+    evicted = condition(workload, "Evicted")
+    assert evicted is not None and evicted["reason"] == "DeactivatedDueToAdmissionCheck"
+    assert setup.check in evicted["message"]
+    entry = setup.entry("huge")
+    assert entry is not None
+    assert entry["state"] == "Rejected" or entry["message"].endswith("Previously: Rejected")
+    # Rejected once, and nothing written to the deactivated Workload after.
+    assert controller.metrics.decisions.labels(setup.check, "Rejected")._value.get() == 1
+    assert controller.metrics.writes.labels("applied")._value.get() == 2  # Active, Rejected
+    assert setup.job("huge")["spec"]["suspend"] is True
+
+
+@pytest.fixture(scope="module")
+def fluid_crds(control_plane):
+    crds = Path("/work/shared/crds/fluid")
+    if not crds.is_dir():
+        crds = ROOT.parent / "shared" / "crds" / "fluid"
+    if not crds.is_dir():
+        pytest.skip(f"no Fluid CRDs at {crds}")
+    control_plane.apply_crds(
+        [crds / "data.fluid.io_datasets.yaml", crds / "data.fluid.io_dataloads.yaml"]
+    )
+
+
+async def start_command(setup: Setup, *more: str) -> tuple[asyncio.subprocess.Process, int]:
+    """``unitscale admission`` for ``setup``, and its metrics port once it serves."""
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "unitscale.cli", "admission"),
+        *("--kubeconfig", str(setup.plane.kubeconfig), "--controller-name", setup.controller_name),
+        *("--metrics-listen", "127.0.0.1:0", *more),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stderr = process.stderr
+    assert stderr is not None
+    async with asyncio.timeout(30):
+        while True:
+            line = (await stderr.readline()).decode()
+            assert line, "the controller exited before serving"
+            if match := re.search(r"serving /metrics on port (\d+)", line):
+                break
+    # Keep reading its log, so that a full pipe never blocks it.
+    DRAINS.add(asyncio.create_task(_drain(stderr)))
+    return process, int(match.group(1))
+
+
+DRAINS: set[asyncio.Task[None]] = set()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
+
+
+async def scrape(port: int) -> str:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            return await response.text()
+
+
+def sample(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, flags=re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+async def test_uncached_data_holds_the_gang_and_a_killed_controller_repeats_no_write(
+    control_plane, kueue, admission_crd, fluid_crds, namespace
+):
+    from admission.fluid import cache_node_label
+
+    setup = GpuSetup(control_plane, namespace)
+    setup.create_gpu_parameters(data={"cachedPercentage": 90})
+    setup.create_check()
+    setup.create_gpu_queues()
+    datasets = f"/apis/data.fluid.io/v1alpha1/namespaces/{namespace}/datasets"
+    control_plane.ensure(
+        datasets,
+        {"apiVersion": "data.fluid.io/v1alpha1", "kind": "Dataset", "metadata": {"name": "corpus"}},
+    )
+    _merge_patch(
+        control_plane,
+        f"{datasets}/corpus/status",
+        {
+            "status": {
+                "phase": "Bound",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "DatasetReady"}],
+                "cacheStates": {"cachedPercentage": "10.0%"},
+            }
+        },
+    )
+    dataset = control_plane.request("GET", f"{datasets}/corpus")
+    label = cache_node_label(namespace, dataset)
+    setup.create_node("far", 4)  # no cache of the Dataset here
+    setup.create_node("near", 4, {label: "true"})
+
+    first, port = await start_command(setup)
+    try:
+        setup.create_gpu_job(
+            "train", pods=1, gpus=2, annotations={"unitscale.io/dataset": "corpus"}
+        )
+        # Settled: the DataLoad created, and the message saying it waits on it (the
+        # first message says it is being created).
+        waiting = await eventually(
+            "Pending, waiting for the cache",
+            lambda: (
+                (e := setup.entry("train"))
+                and "holds 10.0% cached" in e["message"]
+                and "creating DataLoad" not in e["message"]
+                and e
+            ),
+        )
+        assert waiting["state"] == "Pending"
+        loads = control_plane.request(
+            "GET", f"/apis/data.fluid.io/v1alpha1/namespaces/{namespace}/dataloads"
+        )["items"]
+        assert [d["spec"]["dataset"]["name"] for d in loads] == ["corpus"]
+        assert loads[0]["metadata"]["ownerReferences"][0]["kind"] == "Workload"
+    finally:
+        first.kill()  # SIGKILL, mid-flight: the check is Pending, a DataLoad running
+        await first.wait()
+    settled = setup.workload_of("train")
+    assert settled is not None
+
+    second, port = await start_command(setup)
+    try:
+
+        async def passes() -> float:
+            return sample(await scrape(port), "unitscale_admission_passes_total")
+
+        # Its first pass judges every Workload (it runs once every watch has listed).
+        deadline = asyncio.get_running_loop().time() + 30
+        while await passes() < 1:
+            assert asyncio.get_running_loop().time() < deadline, "no passes"
+            await asyncio.sleep(0.2)
+        unchanged = setup.workload_of("train")
+        assert unchanged is not None
+        assert unchanged["metadata"]["resourceVersion"] == settled["metadata"]["resourceVersion"]
+        text = await scrape(port)
+        assert sample(text, 'unitscale_admission_writes_total{result="applied"}') == 0
+        _merge_patch(
+            control_plane,
+            f"{datasets}/corpus/status",
+            {"status": {"cacheStates": {"cachedPercentage": "100.0%"}}},
+        )
+        admitted = await eventually(
+            "Admitted once cached",
+            lambda: (w := setup.workload_of("train")) and is_true(w, "Admitted") and w,
+        )
+        job = await eventually(
+            "unsuspended", lambda: (j := setup.job("train"))["spec"]["suspend"] is False and j
+        )
+        text = await scrape(port)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        await second.wait()
+    (entry,) = [e for e in admitted["status"]["admissionChecks"] if e["name"] == setup.check]
+    assert entry["state"] == "Ready"
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {label: "true"}
+    # One status write by the second controller: the Ready; the DataLoad existed already.
+    assert sample(text, 'unitscale_admission_writes_total{result="applied"}') == 1
