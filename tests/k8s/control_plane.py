@@ -357,6 +357,8 @@ class Kueue:
     health_port: int = field(default_factory=free_port)
     webhook_port: int = field(default_factory=free_port)
     visibility_port: int = field(default_factory=free_port)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Configuration keys set over the fixture's (a benchmark raises clientConnection)."""
     process: Process | None = None
 
     def start(self) -> None:
@@ -390,6 +392,7 @@ class Kueue:
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
             "integrations": {"frameworks": ["batch/job"]},
+            **self.overrides,
         }
         config_file = self.workdir / "kueue-config.yaml"
         config_file.write_text(yaml.safe_dump(config))
