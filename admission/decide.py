@@ -8,18 +8,18 @@ For one workload, in order (the first that does not pass decides):
 
 1. **Its demand** (``admission.fit.workload_demand``): a podSet that cannot be read is
    ``Rejected``: retrying would read it the same way.
-2. **Data** (``admission.fluid.readiness``): no Dataset named passes; a bad name is
+2. **Never fits**: a gang that misses the pool's hardware with nothing else running
+   (``fit.fits_ever``) is ``Rejected``: retrying, or waiting for its data, cannot help.
+3. **Data** (``admission.fluid.readiness``): no Dataset named passes; a bad name is
    ``Rejected``; a Dataset missing, unbound or still loading keeps the check ``Pending``
    (our DataLoad created if none runs), so the quota stays reserved while the cache
    fills; after ``data.timeoutSeconds``, a failed load or a cache that stays short:
    ``Retry``.
-3. **Never fits**: a gang that misses the pool's hardware with nothing else running
-   (``fit.fits_ever``) is ``Rejected``: retrying cannot help.
 4. **Fits now** (``fit.fit_gang``) on what HAMi's nodes offer, less the gangs admitted
    before it whose pods are not all placed yet, and — when the data must be local or a
    LoRA instance runs somewhere — only on those nodes: else ``Retry`` after
    ``retryAfterSeconds``.
-5. **Inference headroom**: after the gang, the pool keeps at least the whole GPUs the
+5. **Inference headroom**: after the gang, the whole pool keeps at least the whole GPUs the
    scaler forecasts inference to add within the horizon (needed - held); else ``Retry``.
    The scaler unreachable: ``Retry`` (``whenUnavailable: Hold``) or no check (``Ignore``).
 6. **Ready**, with podSetUpdates (HAMi policy and GPU type, the Fluid cache-node
@@ -50,7 +50,14 @@ from admission.fit import (
 from admission.hami import Inventory, NodeGpus, inventory
 from admission.hints import Hints, combine, merge_hints
 from admission.parameters import Parameters
-from admission.workload import check_entries, condition_status, created_at, key, priority
+from admission.workload import (
+    check_entries,
+    condition_status,
+    created_at,
+    key,
+    parse_time,
+    priority,
+)
 
 RawObject = dict[str, Any]
 """An API object as the server's JSON."""
@@ -93,6 +100,9 @@ class Cluster:
     demand: Mapping[str, PoolDemand] | None
     """Inference demand per pool; None: the scaler could not be asked."""
     demand_error: str = ""
+    our_checks: frozenset[str] = frozenset()
+    """Every AdmissionCheck of ours (gangs any of them admitted hold their GPUs); the
+    pending checks' names when empty."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ class _Pass:
 
 def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
     """One decision per pending check, by priority (highest first), then age."""
-    checks = frozenset(p.check for p in pending)
+    checks = cluster.our_checks | {p.check for p in pending}
     state = _Pass(cluster, now, dataloads=list(cluster.dataloads))
     order = sorted(
         pending, key=lambda p: (-priority(p.workload), created_at(p.workload), key(p.workload))
@@ -171,7 +181,13 @@ def _decide(p: Pending, state: _Pass, checks: frozenset[str]) -> Decision:
     except (ValueError, TypeError) as err:
         return out("Rejected", f"cannot read the workload's GPU requests: {err}")
 
-    # 2. Data.
+    # 2. Never fits the pool: no use waiting for its data first.
+    pool = state.inventory(params, checks)
+    ever = fits_ever(demand, pool)
+    if not ever.fits:
+        return out("Rejected", ever.reason)
+
+    # 3. Data.
     data = fluid.readiness(
         w,
         state.cluster.datasets,
@@ -190,12 +206,6 @@ def _decide(p: Pending, state: _Pass, checks: frozenset[str]) -> Decision:
         return out("Retry", data.message, retry=True, create=create)
     if data.outcome == "wait":
         return out("Pending", data.message, create=create)
-
-    # 3. Never fits the pool.
-    pool = state.inventory(params, checks)
-    ever = fits_ever(demand, pool)
-    if not ever.fits:
-        return out("Rejected", ever.reason)
 
     # 4. Fits now, where the data and the LoRA instance are.
     seat = lora.assign_instance(
@@ -220,7 +230,8 @@ def _decide(p: Pending, state: _Pass, checks: frozenset[str]) -> Decision:
         return out("Retry", f"does not fit now{place}: {fit.reason}", retry=True)
 
     # 5. Inference headroom.
-    headroom = _headroom(params, state.cluster, offered.reserve(fit.placements))
+    # Counted over the whole pool: inference may start anywhere in it.
+    headroom = _headroom(params, state.cluster, pool.reserve(fit.placements))
     if headroom.hold:
         return out("Retry", headroom.message, retry=True)
 
@@ -303,12 +314,15 @@ def _pool_inventory(
 
     A gang whose check of ours is Ready, not finished, with fewer GPU pods placed than
     it asks for, holds its whole demand: its placed pods are ignored and the gang is
-    fitted as a whole, so the GPUs it was admitted for are not given away while its
-    pods are being created.
+    fitted as a whole (where its podSetUpdates' nodeSelector puts it), so the GPUs it
+    was admitted for are not given away while its pods are being created. Its pods are
+    found by owner (a Job's pods and Workload share the Job as owner); a gang whose pods
+    cannot be matched so (a JobSet's, owned by child Jobs) holds for ``HOLD_SECONDS``
+    after its admission at most, by when its pods' own HAMi allocations count instead.
     """
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
-    holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, cluster.pods)]
+    holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, cluster.pods, now)]
     ignore = frozenset(k for w in holding for k in _pod_keys(w, cluster.pods))
     pool = inventory(
         cluster.nodes,
@@ -319,15 +333,35 @@ def _pool_inventory(
         ignore_pods=ignore,
     )
     for w in sorted(holding, key=lambda w: (-priority(w), created_at(w), key(w))):
-        held = fit_gang(workload_demand(w), pool, params.gpu_scheduler_policy)
+        where = _granted_selector(w, checks)
+        held = fit_gang(
+            workload_demand(w), _on_nodes(pool, cluster.nodes, where), params.gpu_scheduler_policy
+        )
         if held.fits:
             pool = pool.reserve(held.placements)
     return pool
 
 
-def _holds_unplaced(w: RawObject, checks: frozenset[str], pods: Sequence[RawObject]) -> bool:
+def _granted_selector(w: RawObject, checks: frozenset[str]) -> dict[str, str]:
+    """The nodeSelector our Ready entry gave the workload (its cache or LoRA nodes)."""
+    where: dict[str, str] = {}
+    for name in checks:
+        entry = check_entries(w).get(name) or {}
+        for update in entry.get("podSetUpdates") or ():
+            where.update((update.get("nodeSelector") or {}) if isinstance(update, dict) else {})
+    return where
+
+
+HOLD_SECONDS = 300.0
+"""How long after admission a gang whose pods cannot be matched to it keeps its GPUs."""
+
+
+def _holds_unplaced(
+    w: RawObject, checks: frozenset[str], pods: Sequence[RawObject], now: float
+) -> bool:
     entries = check_entries(w)
-    if not any(entries.get(c, {}).get("state") == "Ready" for c in checks):
+    ready = [entries[c] for c in checks if entries.get(c, {}).get("state") == "Ready"]
+    if not ready:
         return False
     if condition_status(w, "Finished") == "True" or condition_status(w, "Evicted") == "True":
         return False
@@ -335,9 +369,13 @@ def _holds_unplaced(w: RawObject, checks: frozenset[str], pods: Sequence[RawObje
         wanted = sum(d.count for d in workload_demand(w) if d.pod.asks_gpus)
     except (ValueError, TypeError):
         return False
+    owned = _owned_pods(w, pods)
+    if not owned:
+        since = max((parse_time(e.get("lastTransitionTime")) or 0.0) for e in ready)
+        return now - since < HOLD_SECONDS
     placed = sum(
         1
-        for pod in _owned_pods(w, pods)
+        for pod in owned
         if names.HAMI_DEVICES_ALLOCATED in ((pod.get("metadata") or {}).get("annotations") or {})
     )
     return placed < wanted

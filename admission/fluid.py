@@ -47,7 +47,7 @@ from typing import Any, Final, Literal
 
 from admission import annotations as names
 from admission.hints import workload_annotation
-from admission.workload import parse_time
+from admission.workload import format_time, parse_time
 
 RawObject = dict[str, Any]
 """An API object as the API server's JSON."""
@@ -322,7 +322,9 @@ def _finished(load: Mapping[str, Any], base: DataReadiness, held: str, now: floa
         return replace(
             base,
             state="cache-unknown",
-            message=f"{held}; DataLoad {ref} completed {now - done:.0f} s ago",
+            # An absolute time: a message that changed every second would be written on
+            # every pass (the controller writes only what changed).
+            message=f"{held}; DataLoad {ref} completed at {format_time(done)}",
         )
     return replace(
         base,

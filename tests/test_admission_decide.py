@@ -8,11 +8,13 @@ reservations, one DataLoad per Dataset, priority order, LoRA seats.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from admission import annotations as names
+from admission import fluid
 from admission.decide import Cluster, Pending, PoolDemand, decide_all
 from admission.parameters import DataParameters, Headroom, LoraParameters, Parameters
 
@@ -135,10 +137,13 @@ def decide(
     pods: list[dict[str, Any]] | None = None,
     others: list[dict[str, Any]] | None = None,
     datasets: list[dict[str, Any]] | None = None,
+    dataloads: list[dict[str, Any]] | None = None,
     demand: dict[str, PoolDemand] | None = None,
     demand_error: str = "",
     params: Parameters | None = None,
     since: float = NOW - 10,
+    our_checks: frozenset[str] = frozenset(),
+    now: float = NOW,
 ):
     params = params or Parameters()
     return decide_all(
@@ -148,11 +153,12 @@ def decide(
             pods=pods or [],
             workloads=[*pending, *(others or [])],
             datasets=datasets or [],
-            dataloads=[],
+            dataloads=dataloads or [],
             demand=demand,
             demand_error=demand_error,
+            our_checks=our_checks,
         ),
-        NOW,
+        now,
     )
 
 
@@ -367,3 +373,115 @@ def test_an_unreadable_gpu_request_is_rejected_with_the_reason():
     bad["spec"]["podSets"][0]["count"] = "many"
     [decision] = decide([bad], TWO_NODES)
     assert decision.state == "Rejected"
+
+
+CACHE = {"fluid.io/s-train-weights": "true"}
+
+
+def admitted(
+    name: str,
+    pods: int = 1,
+    *,
+    check: str = CHECK,
+    since: str = "2026-11-30T10:00:00Z",
+    node_selector: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A workload one of our checks made Ready (its pods may not exist yet)."""
+    w = workload(name, pods=pods, state="Ready")
+    entry = w["status"]["admissionChecks"][0]
+    entry.update(name=check, lastTransitionTime=since)
+    if node_selector:
+        entry["podSetUpdates"] = [{"name": "workers", "nodeSelector": node_selector}]
+    return w
+
+
+def test_headroom_counts_the_whole_pool_not_only_the_cache_nodes():
+    [decision] = decide(
+        [workload("a", gpus=2, annotations={names.DATASET: "weights"})],
+        [node("gpu-1", labels=CACHE), node("gpu-2"), node("gpu-3")],
+        datasets=[dataset("weights")],
+        demand={"h200": PoolDemand("h200", accelerators_held=0, accelerators_needed=8)},
+        params=HEADROOM,
+    )
+    assert decision.state == "Ready", decision.message
+    assert "leaves 22 whole GPUs free" in decision.message
+
+
+def test_a_gang_that_never_fits_is_rejected_before_waiting_for_its_data():
+    [decision] = decide(
+        [workload("a", pods=3, annotations={names.DATASET: "weights"})],
+        TWO_NODES,
+        datasets=[dataset("weights", cached="0.0%")],
+    )
+    assert (decision.state, decision.create) == ("Rejected", ())
+
+
+def test_a_gang_admitted_through_another_check_of_ours_holds_its_gpus():
+    other = admitted("earlier", pods=2, check="capacity-b")
+    [decision] = decide(
+        [workload("a")], TWO_NODES, others=[other], our_checks=frozenset({CHECK, "capacity-b"})
+    )
+    assert decision.state == "Retry"
+
+
+def jobset_pod(name: str, on: str) -> dict[str, Any]:
+    """A pod of a JobSet: owned by a child Job, not by the Workload's owner."""
+    return running(name, on, range(8), owner="child-job-of-the-jobset")
+
+
+@pytest.mark.parametrize(
+    ("admitted_ago", "state"),
+    [
+        pytest.param(
+            60, "Retry", id="just-admitted-a-gang-whose-pods-we-cannot-match-holds-its-gpus"
+        ),
+        pytest.param(
+            600, "Ready", id="long-admitted-its-pods-allocations-count-not-the-gang-again"
+        ),
+    ],
+)
+def test_a_gang_whose_pods_are_not_matched_holds_only_for_a_while(admitted_ago, state):
+    since = datetime.fromtimestamp(NOW - admitted_ago, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gang = admitted("jobset", pods=1, since=since)
+    [decision] = decide(
+        [workload("a")],
+        [node("gpu-1"), node("gpu-2")],
+        others=[gang],
+        pods=[jobset_pod("jobset-0", "gpu-1")],
+    )
+    assert decision.state == state, decision.message
+
+
+def test_a_held_gang_is_counted_on_the_nodes_its_hints_gave_it():
+    held = admitted("earlier", node_selector={names.HOSTNAME: "gpu-2"})
+    [decision] = decide(
+        [workload("a", annotations={names.DATASET: "weights"})],
+        [node("gpu-1"), node("gpu-2", labels=CACHE)],
+        others=[held],
+        datasets=[dataset("weights")],
+    )
+    assert decision.state == "Retry", decision.message
+
+
+def test_a_pending_message_does_not_change_from_one_second_to_the_next():
+    an_hour_ago = datetime.fromtimestamp(NOW - 3600, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pending = workload("a", gpus=1, annotations={names.DATASET: "weights"})
+    unknown = dataset("weights")
+    load = fluid.dataload_for(pending, unknown)  # ours, finished an hour ago
+    load["status"] = {
+        "phase": "Complete",
+        "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": an_hour_ago}],
+    }
+    unknown["status"]["cacheStates"] = {}
+    messages = {
+        decide(
+            [pending],
+            TWO_NODES,
+            datasets=[unknown],
+            dataloads=[load],
+            now=NOW + second,
+        )[0].message
+        for second in (0, 1, 7)
+    }
+    assert len(messages) == 1, messages
+    assert "completed at" in messages.pop()
