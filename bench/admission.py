@@ -18,8 +18,9 @@ share of one, 1 in 10 is a gang of 2 pods x 4 GPUs (``gpu_job``, on
    Pending with quota reserved (actionable) to the watch showing our Ready, Retry or
    Rejected.
 3. **Stream, no pods**: the same without the stand-in. There is no kubelet, so every
-   Ready gang stays unplaced and is fitted again against its pool on every later pass:
-   the worst case for ``decide._pool_inventory``.
+   Ready gang stays unplaced and is fitted again against its pool on every later pass
+   (for ``decide.HOLD_SECONDS`` after its admission): the worst case for
+   ``decide._pool_inventory``.
 
 Times are taken by a watch of this process on every Workload (the controller's CPU is in
 another process). ``--profile FILE`` runs the controller under cProfile.
@@ -653,9 +654,9 @@ def _notes(args: argparse.Namespace, result: dict[str, Any]) -> str:
         "stand-in for HAMi's scheduler creates each admitted Job's pods on cards it picks "
         f"(first fit; {b['unplaced']} gangs found no cards, {b['failed']} pods refused). No "
         "pods: no kubelet, so every Ready gang stays unplaced and is fitted again against "
-        "its pool on every pass (decide._pool_inventory). Kueue's QuotaReserved time to our "
-        "Ready by API timestamps (1 s steps; Kueue stamps its decision before its write "
-        f"lands): p50 {b.get('ready_after_quota_p50_s', 0):.0f} / "
+        "its pool on every pass for 5 minutes (decide._pool_inventory). Kueue's QuotaReserved "
+        "time to our Ready by API timestamps (1 s steps; Kueue stamps its decision before its "
+        f"write lands): p50 {b.get('ready_after_quota_p50_s', 0):.0f} / "
         f"{c.get('ready_after_quota_p50_s', 0):.0f} s. Controller: "
         f"{m.get('unitscale_admission_passes_total', 0):.0f} passes, "
         f"{m.get('unitscale_admission_pass_seconds_sum', 0):.1f} s in passes, status writes "
