@@ -128,17 +128,28 @@ class _Pass:
     inventories: dict[tuple[Any, ...], Inventory] = field(default_factory=dict)
     dataloads: list[RawObject] = field(default_factory=list)
     seats: list[lora.LoraAssignment] = field(default_factory=list)
+    ever: dict[tuple[Any, ...], FitResult] = field(default_factory=dict)
+    """``fits_ever`` per pool and gang: the pool's hardware does not change in a pass."""
+    misses: dict[tuple[Any, ...], FitResult] = field(default_factory=dict)
+    """Gangs that did not fit now, per pool, nodes and policy: within a pass the
+    inventory only shrinks, so the same gang misses again (a backlog of alike
+    workloads costs one search, not one each)."""
 
     def inventory(self, p: Parameters, checks: frozenset[str]) -> Inventory:
         """The pool of ``p`` less the gangs admitted through ``checks`` not yet placed."""
-        group = (tuple(sorted(p.pool_node_selector.items())), p.handshake_timeout_seconds)
+        group = _group(p)
         if group not in self.inventories:
             self.inventories[group] = _pool_inventory(self.cluster, p, checks, self.now)
         return self.inventories[group]
 
     def reserve(self, p: Parameters, fit: FitResult) -> None:
-        group = (tuple(sorted(p.pool_node_selector.items())), p.handshake_timeout_seconds)
+        group = _group(p)
         self.inventories[group] = self.inventories[group].reserve(fit.placements)
+
+
+def _group(p: Parameters) -> tuple[Any, ...]:
+    """Checks with the same pool selector and handshake limit share one inventory."""
+    return (tuple(sorted(p.pool_node_selector.items())), p.handshake_timeout_seconds)
 
 
 def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
@@ -183,7 +194,10 @@ def _decide(p: Pending, state: _Pass, checks: frozenset[str]) -> Decision:
 
     # 2. Never fits the pool: no use waiting for its data first.
     pool = state.inventory(params, checks)
-    ever = fits_ever(demand, pool)
+    group = _group(params)
+    ever = state.ever.get((group, demand))
+    if ever is None:
+        ever = state.ever[(group, demand)] = fits_ever(demand, pool)
     if not ever.fits:
         return out("Rejected", ever.reason)
 
@@ -219,13 +233,16 @@ def _decide(p: Pending, state: _Pass, checks: frozenset[str]) -> Decision:
     if seat is not None and seat.node:
         where[names.HOSTNAME] = seat.node
     offered = _on_nodes(pool, state.cluster.nodes, where)
-    fit = fit_gang(
+    attempt = (group, tuple(sorted(where.items())), params.gpu_scheduler_policy,
+               params.node_scheduler_policy, demand)  # fmt: skip
+    fit = state.misses.get(attempt) or fit_gang(
         demand,
         offered,
         params.gpu_scheduler_policy,
         node_policy=params.node_scheduler_policy or "binpack",
     )
     if not fit.fits:
+        state.misses[attempt] = fit
         place = f" on the nodes with {_labels(where)}" if where else ""
         return out("Retry", f"does not fit now{place}: {fit.reason}", retry=True)
 

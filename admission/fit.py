@@ -599,20 +599,25 @@ class _Search:
         for i in range(len(items) - 1, -1, -1):
             self.left[i] = list(self.left[i + 1])
             self.left[i][kind[items[i].pod]] += 1
-        self._reset()
+        self._reset(bounded=False)
 
-    def _reset(self) -> None:
+    def _reset(self, *, bounded: bool) -> None:
+        # The greedy pass needs no bounds (they only prune the search), and computing
+        # them for every node is most of a fit's cost on a large pool.
+        self.bounded = bounded
         self.state = list(self.start)
         self.keys = [_node_key(d) for d in self.state]
-        self.bounds = [self._bounds(d) for d in self.state]
-        self.totals = [sum(b[k] for b in self.bounds) for k in range(len(self.kinds))]
+        self.bounds = [self._bounds(d) if bounded else () for d in self.state]
+        self.totals = [
+            sum(b[k] for b in self.bounds) if bounded else 0 for k in range(len(self.kinds))
+        ]
 
     def run(self) -> list[PodPlacement] | None:
         """The placements of every pod, or None (``best`` then holds the deepest try)."""
         try:
             found = self._greedy()
             if found is None:
-                self._reset()
+                self._reset(bounded=True)
                 found = self._search()
             return found
         except _OutOfStepsError:
@@ -672,7 +677,7 @@ class _Search:
             self.keys[n],
             self.bounds[n],
         )
-        self._set(n, devices, key, self._bounds(devices))
+        self._set(n, devices, key, self._bounds(devices) if self.bounded else ())
         return entry
 
     def _undo(self, entry: _Entry) -> None:
@@ -682,8 +687,9 @@ class _Search:
     def _set(
         self, n: int, devices: tuple[DeviceState, ...], key: _NodeKey, bounds: tuple[int, ...]
     ) -> None:
-        for k, (old, new) in enumerate(zip(self.bounds[n], bounds, strict=True)):
-            self.totals[k] += new - old
+        if self.bounded:
+            for k, (old, new) in enumerate(zip(self.bounds[n], bounds, strict=True)):
+                self.totals[k] += new - old
         self.state[n], self.keys[n], self.bounds[n] = devices, key, bounds
 
     def _bounds(self, devices: Sequence[DeviceState]) -> tuple[int, ...]:
