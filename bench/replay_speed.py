@@ -33,7 +33,8 @@ def main() -> int:
     parser.add_argument("--no-record", dest="record", action="store_false")
     args = parser.parse_args()
     trace = scale(read_trace(args.trace), args.rate_multiplier, 1.0, seed=0)
-    config = SimConfig(LLAMA3_8B_H200, max_replicas=128)
+    # The fleet as `unitscale replay` runs it: the chunk budget for the 100 ms ITL SLO.
+    config = SimConfig(LLAMA3_8B_H200.for_itl_slo(0.1), max_replicas=128)
     options = ReplayOptions(str(args.trace), args.rate_multiplier, 1.0, 0)
     rows: list[str] = []
     summary: dict[str, float] = {}
