@@ -43,7 +43,14 @@ from admission.config import AdmissionConfig
 from admission.decide import Cluster, Decision, Pending, PoolDemand, decide_all
 from admission.demand import DemandResult, fetch_demand
 from admission.metrics import AdmissionMetrics
-from admission.workload import actionable, apply_body, check_entries, format_time, key
+from admission.workload import (
+    actionable,
+    apply_body,
+    check_entries,
+    event_for,
+    format_time,
+    key,
+)
 from foundation.errors import ConfigError
 from foundation.kube import (
     NODES,
@@ -64,6 +71,7 @@ WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads")
 PARAMETERS = Resource(params.API_GROUP, params.VERSION, params.PLURAL, namespaced=False)
 DATASETS = Resource("data.fluid.io", "v1alpha1", "datasets")
 DATALOADS = Resource("data.fluid.io", "v1alpha1", "dataloads")
+EVENTS = Resource("", "v1", "events")
 
 WATCHES: Mapping[str, Selection] = {
     "admissionchecks": Selection(ADMISSION_CHECKS),
@@ -318,6 +326,13 @@ class Controller:
             dataloads=view.dataloads,
             demand=demand,
             demand_error=demand_error,
+            # Gangs admitted through any of our checks hold their GPUs, also those of a
+            # check whose parameters are bad right now.
+            our_checks=frozenset(
+                name
+                for name, check in view.checks.items()
+                if (check.get("spec") or {}).get("controllerName") == self.name
+            ),
         )
         decisions = self._decide(pending, cluster, now)
         since = {(key(p.workload), p.check): p.pending_since for p in pending}
@@ -388,6 +403,7 @@ class Controller:
                 decision.state,
                 decision.message[:300],
             )
+            await self._event(api, event_for(workload, decision, self.name, now))
         waited = now - since.get((object_key, decision.check), now)
         self.metrics.decided(decision.check, decision.state, waited)
 
@@ -418,6 +434,15 @@ class Controller:
         self._fresh[(name, object_key)] = answer
         self.metrics.writes.labels("applied").inc()
         return True
+
+    async def _event(self, api: client.ApiClient, event: RawObject) -> None:
+        """Tell of a state change on the Workload; an event lost is only logged."""
+        try:
+            await create(api, EVENTS, event)
+        except (client.ApiException, aiohttp.ClientError, TimeoutError) as err:
+            self._once.warn(
+                "event", "an event on %s was not recorded: %s", event["involvedObject"]["name"], err
+            )
 
     async def _create(self, api: client.ApiClient, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}

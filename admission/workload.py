@@ -195,3 +195,45 @@ def _clip(message: str) -> str:
     if len(message) <= MESSAGE_LIMIT:
         return message
     return message[: MESSAGE_LIMIT - 1] + "…"
+
+
+EVENT_REASON: Final = "AdmissionCheckUpdated"
+"""The reason Kueue's own check controllers give their events on a Workload."""
+
+
+def event_for(
+    workload: Mapping[str, Any],
+    decision: StatusDecision,
+    component: str,
+    now: float,
+) -> RawObject:
+    """A ``core/v1`` Event on the Workload telling of a check state we wrote.
+
+    Kueue overwrites a Rejected or Retry entry's message when it resets the check (on
+    eviction or deactivation), so the Event is where our reason stays readable
+    (``kubectl describe workload``). Warning for Retry and Rejected, Normal otherwise;
+    named as client-go names events (``<object>.<nanoseconds in hex>``).
+    """
+    meta = workload.get("metadata") or {}
+    stamp = format_time(now)
+    involved = {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        **{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{meta.get('name', 'workload')}.{int(now * 1e9):x}",
+            "namespace": meta.get("namespace", ""),
+        },
+        "involvedObject": involved,
+        "reason": EVENT_REASON,
+        "message": _clip(f"{decision.check}: {decision.state}: {decision.message}")[:1024],
+        "type": "Warning" if decision.state in ("Retry", "Rejected") else "Normal",
+        "source": {"component": component},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from admission.config import AdmissionConfig
 from admission.controller import Controller
-from admission.decide import Decision
+from admission.decide import Decision, decide_all
 from admission.workload import actionable
 from bench.results import append
 from foundation.kube import KubeAccess
@@ -192,7 +192,7 @@ async def burst(
     check, namespace, name = set_up(plane, jobs, with_check)
     config = AdmissionConfig(controller_name=name)
     controller = Timed(
-        KubeAccess(plane.kubeconfig), config, decide=None if real_decide else ready_for_all
+        KubeAccess(plane.kubeconfig), config, decide=decide_all if real_decide else ready_for_all
     )
     task = asyncio.create_task(controller.run())
     try:

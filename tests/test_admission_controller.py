@@ -245,3 +245,46 @@ async def test_metrics_and_health_are_served(tmp_path):
     assert 'unitscale_admission_inventory_gpus{pool="capacity",state="free"} 3.0' in text
     assert 'unitscale_admission_check_latency_seconds_bucket{check="capacity",le="30.0"' in text
     assert status == 200 and health["healthy"] is True and health["synced"] is False
+
+
+def test_json_logging_writes_one_object_a_line():
+    import io
+    import json
+    import logging
+
+    from admission.app import configure_logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    formatters = [(h, h.formatter) for h in root.handlers]
+    try:
+        configure_logging(parse_config("logging: {level: warning, format: json}\n"))
+        assert root.level == logging.WARNING
+        logging.getLogger("admission.controller").warning("check %s is not active", "capacity")
+    finally:
+        for each, formatter in formatters:  # pytest's own handlers, too
+            each.setFormatter(formatter)
+        root.removeHandler(handler)
+        root.setLevel(level)
+    entry = json.loads(stream.getvalue().splitlines()[-1])
+    assert entry["level"] == "warning"
+    assert entry["logger"] == "admission.controller"
+    assert entry["message"] == "check capacity is not active"
+
+
+def test_the_command_lines_log_level_wins_over_the_files():
+    import logging
+
+    from admission.app import configure_logging
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        configure_logging(parse_config("logging: {level: error}\n"), keep_level=True)
+        assert root.level == logging.INFO
+    finally:
+        root.setLevel(level)

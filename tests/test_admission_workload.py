@@ -14,6 +14,7 @@ from admission.workload import (
     apply_body,
     check_entries,
     created_at,
+    event_for,
     format_time,
     parse_time,
     priority,
@@ -403,3 +404,42 @@ def test_apply_body_leaves_the_workload_alone():
     before = copy.deepcopy(workload)
     apply_body(workload, decision(), entry(), NOW)
     assert workload == before
+
+
+# --- the event telling of a state we wrote -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "kind"),
+    [
+        pytest.param("Rejected", "Warning", id="a-rejection-is-a-warning"),
+        pytest.param("Retry", "Warning", id="a-retry-is-a-warning"),
+        pytest.param("Ready", "Normal", id="ready-is-normal"),
+    ],
+)
+def test_an_event_names_the_workload_the_check_and_the_reason(state, kind):
+    event = event_for(
+        make_workload(), decision(state, "needs 16 GPUs"), "unitscale.io/capacity", NOW
+    )
+    assert event["metadata"] == {
+        "name": f"job-train-1a2b3.{int(NOW * 1e9):x}",
+        "namespace": "team-a",
+    }
+    assert event["involvedObject"] == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "name": "job-train-1a2b3",
+        "namespace": "team-a",
+        "uid": "6a1f-uid",
+        "resourceVersion": "4711",
+    }
+    assert event["type"] == kind
+    assert event["reason"] == "AdmissionCheckUpdated"
+    assert event["message"] == f"capacity: {state}: needs 16 GPUs"
+    assert event["source"] == {"component": "unitscale.io/capacity"}
+    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-01-01T00:00:00Z"
+
+
+def test_an_events_message_is_bounded():
+    event = event_for(make_workload(), decision("Rejected", "x" * 100_000), "c", NOW)
+    assert len(event["message"]) <= 1024

@@ -800,6 +800,17 @@ async def test_a_gang_that_can_never_fit_the_pool_is_rejected_and_deactivated(
     entry = setup.entry("huge")
     assert entry is not None
     assert entry["state"] == "Rejected" or entry["message"].endswith("Previously: Rejected")
+    # Kueue's reset took our message off the entry; the Event keeps it.
+    events = control_plane.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+    (told,) = [
+        e
+        for e in events
+        if e["involvedObject"]["name"] == workload["metadata"]["name"]
+        and e["reason"] == "AdmissionCheckUpdated"
+    ]
+    assert told["type"] == "Warning"
+    assert told["message"].startswith(f"{setup.check}: Rejected: ")
+    assert told["source"]["component"] == setup.controller_name
     # Rejected once, and nothing written to the deactivated Workload after.
     assert controller.metrics.decisions.labels(setup.check, "Rejected")._value.get() == 1
     assert controller.metrics.writes.labels("applied")._value.get() == 2  # Active, Rejected
