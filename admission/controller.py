@@ -167,6 +167,9 @@ class Controller:
         self._loop: asyncio.Task[None] | None = None
         self._unwritten = False
         """A write of the last pass failed for a reason other than a conflict."""
+        self._usable: Mapping[str, params.Parameters] = {}
+        """Our checks with good parameters, as the last pass found them."""
+        self.metrics.refresh = self.observe
 
     # --- the view --------------------------------------------------------------------
 
@@ -310,7 +313,7 @@ class Controller:
             for w in view.workloads.values()
             for check, since in actionable(w, ours)
         ]
-        self._observe(view, ours, now)
+        self._usable = ours
         if not found:
             return
         pending = [
@@ -403,7 +406,11 @@ class Controller:
                 decision.state,
                 decision.message[:300],
             )
-            await self._event(api, event_for(workload, decision, self.name, now))
+            if decision.state in ("Retry", "Rejected"):
+                # Kueue's reset overwrites these messages: the Event keeps ours. A Ready
+                # keeps its message on the entry, and an Event each would double the
+                # writes of a burst.
+                await self._event(api, event_for(workload, decision, self.name, now))
         waited = now - since.get((object_key, decision.check), now)
         self.metrics.decided(decision.check, decision.state, waited)
 
@@ -515,9 +522,15 @@ class Controller:
 
     # --- metrics of the view ---------------------------------------------------------
 
-    def _observe(self, view: Snapshot, ours: Mapping[str, params.Parameters], now: float) -> None:
+    def observe(self) -> None:
+        """Set the view's gauges: each pool's GPUs, LoRA tenants.
+
+        Run when ``/metrics`` is scraped, not every pass: the inventory costs as much as
+        a tenth of a busy controller's CPU, and only a scrape reads it.
+        """
+        view, now = self.snapshot(), self._clock()
         pools: dict[str, tuple[int, int]] = {}
-        for check, parameters in ours.items():
+        for check, parameters in self._usable.items():
             seen = hami.inventory(
                 view.nodes,
                 view.pods,

@@ -10,7 +10,8 @@ check states), ``pool`` (one per check: its poolNodeSelector's nodes), ``base_mo
   Pending to our Ready, Retry or Rejected landing;
 - ``unitscale_admission_inventory_gpus{pool,state}``: ``total`` cards HAMi registered in
   the pool, ``free`` cards no pod holds anything on;
-- ``unitscale_admission_lora_tenants{base_model}``: admitted LoRA tenants per base model;
+- ``unitscale_admission_lora_tenants{base_model}``: admitted LoRA tenants per base model
+  (this and the inventory are computed from the view when ``/metrics`` is scraped);
 - ``unitscale_admission_check_active{check}``: 1 while the check is Active;
 - ``unitscale_admission_writes_total{result}``, ``unitscale_admission_passes_total``,
   ``unitscale_admission_pass_seconds``: the controller's own work.
@@ -47,6 +48,8 @@ class AdmissionMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.refresh: Callable[[], None] | None = None
+        """Called before each scrape, to set the gauges that describe the view."""
         self.decisions = Counter(
             "unitscale_admission_decisions",
             "Check states written, by check and outcome.",
@@ -168,6 +171,11 @@ class MetricsServer:
             await self._runner.cleanup()
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
+        if self._metrics.refresh is not None:
+            try:
+                self._metrics.refresh()
+            except Exception as err:  # stale gauges beat no /metrics at all
+                log.warning("refreshing the view's gauges failed: %r", err)
         body = generate_latest(self._metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from typing import cast
@@ -14,6 +15,7 @@ from kubernetes_asyncio import client
 from admission.app import AdmissionServer
 from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
 from admission.controller import WATCHES, Controller
+from admission.parameters import Parameters
 from foundation.errors import ConfigError
 from foundation.kube import KubeAccess
 
@@ -226,13 +228,51 @@ def test_a_broken_connection_keeps_the_last_set():
 # --- the process's HTTP side ---------------------------------------------------------
 
 
+def hami_node(name, cards):
+    devices = [
+        {
+            "id": f"GPU-{name}-{i}",
+            "index": i,
+            "count": 10,
+            "devmem": 143771,
+            "devcore": 100,
+            "type": "NVIDIA-NVIDIA H200",
+            "mode": "hami-core",
+            "health": True,
+        }
+        for i in range(cards)
+    ]
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {"hami.io/node-nvidia-register": json.dumps(devices)},
+        }
+    }
+
+
+def hami_pod(node, cards):
+    allocated = "".join(f"GPU-{node}-{i},NVIDIA,143771,100:" for i in cards) + ";"
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "team",
+            "annotations": {"hami.io/vgpu-devices-allocated": allocated},
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    }
+
+
 async def test_metrics_and_health_are_served(tmp_path):
     controller = Counting(metrics_listen="127.0.0.1:0")
     server = AdmissionServer(controller.config, controller.access, controller)
     port = await server.http.start()
     try:
         controller.metrics.decided("capacity", "Ready", 12.0)
-        controller.metrics.set_inventory({"capacity": (8, 3)})
+        # What a scrape computes from the view: a HAMi node of 4 cards, one pod on 1.
+        controller._usable = {"capacity": Parameters()}
+        controller._changed("nodes", {"gpu": hami_node("gpu", 4)})
+        controller._changed("pods", {"team/p": hami_pod("gpu", [0])})
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
                 text = await response.text()
@@ -242,6 +282,7 @@ async def test_metrics_and_health_are_served(tmp_path):
     finally:
         await server.http.stop()
     assert 'unitscale_admission_decisions_total{check="capacity",outcome="Ready"} 1.0' in text
+    assert 'unitscale_admission_inventory_gpus{pool="capacity",state="total"} 4.0' in text
     assert 'unitscale_admission_inventory_gpus{pool="capacity",state="free"} 3.0' in text
     assert 'unitscale_admission_check_latency_seconds_bucket{check="capacity",le="30.0"' in text
     assert status == 200 and health["healthy"] is True and health["synced"] is False
