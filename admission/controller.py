@@ -290,6 +290,14 @@ class Controller:
         elif self.last_pass_end is not None:
             if now - self.last_pass_end > 2 * self.config.resync + 60:
                 problem = f"no reconcile pass for {now - self.last_pass_end:.0f}s"
+        elif now - self.started > 2 * self.config.resync + 60:
+            # A watch that never lists (403, a wrong URL) means no pass at all: a liveness
+            # probe must see that, not a controller that merely has nothing to do.
+            waiting = sorted(n for n, w in self.watched.items() if not w.synced)
+            problem = (
+                f"no reconcile pass in {now - self.started:.0f}s: waiting for the first list"
+                f" of {', '.join(waiting) or 'nothing'}"
+            )
         details = {
             "problem": problem,
             "synced": self._synced.is_set(),

@@ -217,6 +217,17 @@ def test_a_resource_not_served_is_empty_and_reported():
     assert details["absent"] == ["datasets.data.fluid.io"]
 
 
+def test_a_controller_whose_watches_never_list_turns_unhealthy():
+    controller = Counting()
+    controller._failed("pods", client.ApiException(status=403, reason="Forbidden"))
+    assert controller.health()[0]
+    controller.started -= 2 * controller.config.resync + 61
+    healthy, details = controller.health()
+    assert not healthy
+    assert "waiting for the first list" in details["problem"]
+    assert "pods" in details["problem"]
+
+
 def test_a_broken_connection_keeps_the_last_set():
     controller = Counting()
     controller._changed("pods", {"team/p": {"metadata": {"name": "p"}}})
