@@ -344,6 +344,7 @@ class Controller:
                 for name, check in view.checks.items()
                 if (check.get("spec") or {}).get("controllerName") == self.name
             ),
+            check_parameters=ours,
         )
         decisions = self._decide(pending, cluster, now)
         since = {(key(p.workload), p.check): p.pending_since for p in pending}

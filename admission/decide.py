@@ -103,6 +103,9 @@ class Cluster:
     our_checks: frozenset[str] = frozenset()
     """Every AdmissionCheck of ours (gangs any of them admitted hold their GPUs); the
     pending checks' names when empty."""
+    check_parameters: Mapping[str, Parameters] = field(default_factory=dict)
+    """Our checks' parameters, where usable: a gang holds GPUs only in its own check's
+    pool (one of ours with unusable parameters: in every pool, to be safe)."""
 
 
 @dataclass(frozen=True)
@@ -135,11 +138,12 @@ class _Pass:
     inventory only shrinks, so the same gang misses again (a backlog of alike
     workloads costs one search, not one each)."""
 
-    def inventory(self, p: Parameters, checks: frozenset[str]) -> Inventory:
-        """The pool of ``p`` less the gangs admitted through ``checks`` not yet placed."""
+    def inventory(self, p: Parameters, checks: Mapping[str, Parameters | None]) -> Inventory:
+        """The pool of ``p`` less the gangs admitted through its checks not yet placed."""
         group = _group(p)
         if group not in self.inventories:
-            self.inventories[group] = _pool_inventory(self.cluster, p, checks, self.now)
+            mine = frozenset(c for c, q in checks.items() if q is None or _group(q) == group)
+            self.inventories[group] = _pool_inventory(self.cluster, p, mine, self.now)
         return self.inventories[group]
 
     def reserve(self, p: Parameters, fit: FitResult) -> None:
@@ -154,7 +158,9 @@ def _group(p: Parameters) -> tuple[Any, ...]:
 
 def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
     """One decision per pending check, by priority (highest first), then age."""
-    checks = cluster.our_checks | {p.check for p in pending}
+    checks: dict[str, Parameters | None] = dict.fromkeys(cluster.our_checks)
+    checks.update(cluster.check_parameters)
+    checks.update((p.check, p.parameters) for p in pending)
     state = _Pass(cluster, now, dataloads=list(cluster.dataloads))
     order = sorted(
         pending, key=lambda p: (-priority(p.workload), created_at(p.workload), key(p.workload))
@@ -162,7 +168,7 @@ def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list
     return [_decide(p, state, checks) for p in order]
 
 
-def _decide(p: Pending, state: _Pass, checks: frozenset[str]) -> Decision:
+def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -> Decision:
     w, params = p.workload, p.parameters
     meta = w.get("metadata") or {}
 

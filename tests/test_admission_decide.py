@@ -485,3 +485,25 @@ def test_a_pending_message_does_not_change_from_one_second_to_the_next():
     }
     assert len(messages) == 1, messages
     assert "completed at" in messages.pop()
+
+
+def test_a_gang_admitted_in_another_pool_holds_nothing_in_this_one():
+    other_pool = Parameters(pool_node_selector={"pool": "b"})
+    this_pool = Parameters(pool_node_selector={"pool": "a"})
+    nodes = [node("gpu-a1", labels={"pool": "a"}), node("gpu-b1", labels={"pool": "b"})]
+    held = admitted("earlier", check="capacity-b")
+    [decision] = decide_all(
+        [Pending(workload("a"), CHECK, this_pool, NOW - 10)],
+        Cluster(
+            nodes=nodes,
+            pods=[],
+            workloads=[held],
+            datasets=[],
+            dataloads=[],
+            demand=None,
+            our_checks=frozenset({CHECK, "capacity-b"}),
+            check_parameters={CHECK: this_pool, "capacity-b": other_pool},
+        ),
+        NOW,
+    )
+    assert decision.state == "Ready", decision.message
