@@ -14,9 +14,9 @@ share of one, 1 in 10 is a gang of 2 pods x 4 GPUs (``gpu_job``, on
    watch has listed to the last decision.
 2. **Stream, pods placed**: with the controller running, Jobs arrive at ``--rate`` per
    second; a stand-in for HAMi's scheduler (``Placer``) creates each admitted Job's pods
-   with HAMi's allocation annotations. Latency of each: from the watch showing its check
-   Pending with quota reserved (actionable) to the watch showing our Ready, Retry or
-   Rejected.
+   with HAMi's allocation annotations (the backlog's too, before this phase starts).
+   Latency of each: from the watch showing its check Pending with quota reserved
+   (actionable) to the watch showing our Ready, Retry or Rejected.
 3. **Stream, no pods**: the same without the stand-in. There is no kubelet, so every
    Ready gang stays unplaced and is fitted again against its pool on every later pass
    (for ``decide.HOLD_SECONDS`` after its admission): the worst case for
@@ -53,6 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from admission import annotations as names
+from admission.hami import parse_quantity
 from admission.parameters import active_condition
 from admission.workload import actionable, check_entries, format_time
 from bench.admission_burst import job, phases
@@ -69,6 +70,8 @@ DECIDED = ("Ready", "Retry", "Rejected")
 POOL_LABEL = "bench.unitscale.io/pool"
 LIMIT = 600.0
 """Seconds any one wait may take before the run gives up (and says how far it got)."""
+DIED: list[str] = []
+"""What ended while the run waits on it (a task, the controller): every wait gives up."""
 
 
 # --- the cluster ------------------------------------------------------------------------
@@ -253,6 +256,7 @@ class Placer:
     """Admitted gangs the stand-in found no cards for (left unplaced)."""
     failed: int = 0
     """Pods the API server refused."""
+    in_flight: int = 0
     queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
 
     @classmethod
@@ -283,21 +287,28 @@ class Placer:
                     continue
                 for pod in pods:
                     path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods"
+                    self.in_flight += 1
                     sent = loop.run_in_executor(threads, self.plane.ensure, path, pod)
                     sent.add_done_callback(self._sent)
 
     def _sent(self, future: asyncio.Future[None]) -> None:
+        self.in_flight -= 1
         if future.cancelled() or future.exception() is not None:
             self.failed += 1
+
+    def settled(self, admitted: int) -> bool:
+        """``admitted`` Workloads were offered and every pod for them is created."""
+        return len(self.placed) >= admitted and self.queue.empty() and self.in_flight == 0
 
     def _pods(self, workload: dict[str, Any]) -> list[dict[str, Any]] | None:
         meta = workload["metadata"]
         (pod_set,) = workload["spec"]["podSets"]
         limits = pod_set["template"]["spec"]["containers"][0]["resources"]["limits"]
-        gpus, memory = int(limits[names.GPU]), limits.get(names.GPU_MEMORY)
+        # The API server writes quantities its own way ("20000" comes back as "20k").
+        gpus, memory = parse_quantity(limits[names.GPU]) or 1, limits.get(names.GPU_MEMORY)
         pods = []
         for k in range(int(pod_set.get("count", 1))):
-            where = self._take(gpus, None if memory is None else int(memory))
+            where = self._take(gpus, None if memory is None else parse_quantity(memory))
             if where is None:
                 return None  # the rest of the gang stays unplaced, as in a full pool
             node, allocation = where
@@ -402,6 +413,8 @@ async def until(what: str, done: Callable[[], bool], limit: float = LIMIT) -> fl
     """Wait (polling, capped) until ``done()``; the perf_counter time it became so."""
     deadline = time.perf_counter() + limit
     while not done():
+        if DIED:
+            raise SystemExit(f"bench/admission.py: {what}: {'; '.join(DIED)}")
         if time.perf_counter() > deadline:
             raise SystemExit(f"bench/admission.py: {what}: not after {limit:.0f} s")
         await asyncio.sleep(0.05)
@@ -434,6 +447,8 @@ class ControllerProcess:
     port: int = 0
     synced_at: float | None = None
     lines: list[str] = field(default_factory=list)
+    """Its last lines of log."""
+    stopping: bool = False
 
     @classmethod
     async def start(cls, kubeconfig: Path, profile: Path | None = None) -> ControllerProcess:
@@ -454,11 +469,13 @@ class ControllerProcess:
         assert self.process.stderr is not None
         async for raw in self.process.stderr:
             line = raw.decode(errors="replace").rstrip()
-            self.lines.append(line)
+            self.lines = [*self.lines[-19:], line]
             if match := re.search(r"serving /metrics on port (\d+)", line):
                 self.port = int(match.group(1))
             if self.synced_at is None and "every watch has listed" in line:
                 self.synced_at = time.perf_counter()
+        if not self.stopping:
+            DIED.append("the controller exited:\n" + "\n".join(self.lines))
 
     async def metrics(self) -> dict[str, float]:
         """The controller's own series, summed over labels, by sample name (+ outcome)."""
@@ -482,6 +499,7 @@ class ControllerProcess:
         return int(peak.group(1)) / 1024 if peak else float("nan")
 
     async def stop(self) -> None:
+        self.stopping = True
         if self.process.returncode is None:
             self.process.terminate()
             try:
@@ -575,13 +593,19 @@ async def run(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
     for pool in (first, placed, held):
         pool.create(plane, args.nodes, args.workloads)
     seen = Observed()
-    placer = Placer.of(plane, placed, args.nodes)
-    seen.hooks.append(placer.offer)
-    tasks = [asyncio.create_task(observe(plane, seen)), asyncio.create_task(placer.run())]
+    # The backlog's gangs get pods too: unplaced, they would be held against later pools.
+    placers = {pool: Placer.of(plane, pool, args.nodes) for pool in (first, placed)}
+    seen.hooks += [placer.offer for placer in placers.values()]
+    tasks = [asyncio.create_task(observe(plane, seen), name="the watch")]
+    tasks += [asyncio.create_task(p.run(), name=f"placer {p.namespace}") for p in placers.values()]
+    for task in tasks:
+        task.add_done_callback(_died)
     controller = None
     try:
         a = await backlog(plane, first, args.workloads, seen, args.profile)
         controller = a.pop("controller")
+        admitted = a["outcomes"].get("Ready", 0)
+        await until("the backlog's pods created", lambda: placers[first].settled(admitted))
         streams = {}
         for pool in (placed, held):
             active = functools.partial(_active, plane, pool.check)
@@ -595,13 +619,21 @@ async def run(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*tasks, return_exceptions=True)
         if controller is not None:
             await controller.stop()
+    lost = {
+        name: sum(getattr(p, name) for p in placers.values()) for name in ("unplaced", "failed")
+    }
     return {
         "backlog": a,
-        "placed": streams[placed] | {"unplaced": placer.unplaced, "failed": placer.failed},
+        "placed": streams[placed] | lost,
         "held": streams[held],
         "metrics": metrics,
         "rss_mb": rss,
     }
+
+
+def _died(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        DIED.append(f"{task.get_name()} failed: {task.exception()!r}")
 
 
 def _active(plane: ControlPlane, check: str) -> bool:
@@ -650,9 +682,10 @@ def _notes(args: argparse.Namespace, result: dict[str, Any]) -> str:
         "writes). **Streams**: Jobs created at "
         f"{rate} (in {b['created_s']:.1f} s and {c['created_s']:.1f} s); latency from this "
         "process's watch showing the check Pending with quota reserved to it showing our "
-        "state; decided per s from the first actionable to the last decision. Pods placed: a "
-        "stand-in for HAMi's scheduler creates each admitted Job's pods on cards it picks "
-        f"(first fit; {b['unplaced']} gangs found no cards, {b['failed']} pods refused). No "
+        "state; decided per s from the first actionable to the last decision. Pods placed (and "
+        "in the backlog): a stand-in for HAMi's scheduler creates each admitted Job's pods on "
+        f"cards it picks (first fit; {b['unplaced']} gangs found no cards, {b['failed']} pods "
+        "refused). No "
         "pods: no kubelet, so every Ready gang stays unplaced and is fitted again against "
         "its pool on every pass for 5 minutes (decide._pool_inventory). Kueue's QuotaReserved "
         "time to our Ready by API timestamps (1 s steps; Kueue stamps its decision before its "

@@ -10,6 +10,7 @@ controller, ``tests/k8s/test_admission_rbac.py``.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -122,15 +123,36 @@ def test_the_container_runs_unprivileged():
 
 
 def used_by_the_controller() -> set[tuple[str, str, str]]:
-    """(API group, resource, verb) the controller's code sends."""
+    """(API group, resource, verb) the controller's code sends, read from its source.
+
+    Watches: ``WATCHES`` (``foundation.kube.watch_objects`` lists, then watches). Writes:
+    every ``self._apply(api, RESOURCE, ...)`` (server-side apply of the status
+    subresource, a PATCH) and ``create(api, RESOURCE, ...)`` call in
+    ``admission/controller.py``; ``create(api, resource, ...)`` with a variable creates
+    what ``CREATABLE`` lists.
+    """
     used = set()
     for selection in controller.WATCHES.values():
-        for verb in ("list", "watch"):  # foundation.kube.watch_objects
+        for verb in ("list", "watch"):
             used.add((selection.kind.group, selection.kind.plural, verb))
-    for resource in controller.CREATABLE.values():  # Controller._create
-        used.add((resource.group, resource.plural, "create"))
-    for resource in (controller.ADMISSION_CHECKS, controller.WORKLOADS):  # Controller._apply
-        used.add((resource.group, f"{resource.plural}/status", "patch"))
+    source = ast.parse(Path(controller.__file__).read_text())
+    for call in ast.walk(source):
+        if not isinstance(call, ast.Call):
+            continue
+        func = call.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name not in ("_apply", "create", "apply"):
+            continue
+        target = call.args[1]
+        assert isinstance(target, ast.Name), f"line {call.lineno}: teach this test that call"
+        if name == "_apply":
+            resource = getattr(controller, target.id)
+            used.add((resource.group, f"{resource.plural}/status", "patch"))
+        elif name == "create" and target.id.isupper():
+            resource = getattr(controller, target.id)
+            used.add((resource.group, resource.plural, "create"))
+        elif name == "create":
+            used |= {(r.group, r.plural, "create") for r in controller.CREATABLE.values()}
     return used
 
 

@@ -151,7 +151,7 @@ NOT_NEEDED = [
     pytest.param("create", "", "pods", id="creating-a-pod"),
     pytest.param("list", "", "secrets", id="listing-secrets"),
     pytest.param("get", "", "configmaps", id="reading-a-configmap"),
-    pytest.param("create", "", "events", id="recording-an-event"),
+    pytest.param("patch", "", "events", id="changing-an-event"),
 ]
 
 
@@ -338,6 +338,18 @@ class Cluster:
                 return dict(item)
         return None
 
+    def events_on(self, job: str) -> list[dict[str, Any]]:
+        """Our controller's Events on the Workload of ``job`` (Kueue records its own too)."""
+        name = ((self.workload_of(job) or {}).get("metadata") or {}).get("name")
+        events = self.plane.request("GET", f"/api/v1/namespaces/{self.namespace}/events")
+        return [
+            e
+            for e in events["items"]
+            if name
+            and e["involvedObject"]["name"] == name
+            and (e.get("source") or {}).get("component") == self.controller_name
+        ]
+
     def active(self) -> bool:
         return is_true(self.plane.request("GET", f"{KUEUE}/admissionchecks/{self.check}"), "Active")
 
@@ -375,7 +387,7 @@ def assert_never_refused(controller: Controller, caplog: pytest.LogCaptureFixtur
     assert controller.metrics.writes.labels("error")._value.get() == 0
 
 
-async def test_the_controller_on_its_service_accounts_token_admits_a_job(
+async def test_the_controller_on_its_service_accounts_token_admits_a_job_and_retries_one(
     control_plane, kueue, admission_crd, namespace, tmp_path, caplog
 ):
     cluster = Cluster(control_plane, namespace)
@@ -391,9 +403,16 @@ async def test_the_controller_on_its_service_accounts_token_admits_a_job(
         await eventually(
             "Admitted", lambda: (w := cluster.workload_of("train")) and is_true(w, "Admitted")
         )
+        # The node's one card is the first Job's now: the second gets a Retry, and an Event.
+        cluster.create_job("second")
+        event, *_ = await eventually(
+            "an Event on the second Workload", lambda: cluster.events_on("second")
+        )
         await eventually("a pass after the write", lambda: controller.passes >= 3)
     annotations = entry["podSetUpdates"][0]["annotations"]
     assert annotations[names.HAMI_USE_GPUTYPE] == "NVIDIA-NVIDIA H200"
+    assert (event["type"], event["reason"]) == ("Warning", "AdmissionCheckUpdated")
+    assert "Retry" in event["message"]
     assert_never_refused(controller, caplog)
 
 
