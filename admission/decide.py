@@ -345,8 +345,9 @@ def _pool_inventory(
     """
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
-    holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, cluster.pods, now)]
-    ignore = frozenset(k for w in holding for k in _pod_keys(w, cluster.pods))
+    by_owner = _pods_by_owner(cluster.pods)
+    holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, by_owner, now)]
+    ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
     pool = inventory(
         cluster.nodes,
         cluster.pods,
@@ -380,7 +381,7 @@ HOLD_SECONDS = 300.0
 
 
 def _holds_unplaced(
-    w: RawObject, checks: frozenset[str], pods: Sequence[RawObject], now: float
+    w: RawObject, checks: frozenset[str], by_owner: Mapping[str, list[RawObject]], now: float
 ) -> bool:
     entries = check_entries(w)
     ready = [entries[c] for c in checks if entries.get(c, {}).get("state") == "Ready"]
@@ -392,7 +393,7 @@ def _holds_unplaced(
         wanted = sum(d.count for d in workload_demand(w) if d.pod.asks_gpus)
     except (ValueError, TypeError):
         return False
-    owned = _owned_pods(w, pods)
+    owned = _owned_pods(w, by_owner)
     if not owned:
         since = max((parse_time(e.get("lastTransitionTime")) or 0.0) for e in ready)
         return now - since < HOLD_SECONDS
@@ -404,19 +405,31 @@ def _holds_unplaced(
     return placed < wanted
 
 
-def _owned_pods(w: RawObject, pods: Sequence[RawObject]) -> list[RawObject]:
+def _pods_by_owner(pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:
+    """Pods by the uid of each of their owners: built once a pass, looked up per gang."""
+    index: dict[str, list[RawObject]] = {}
+    for pod in pods:
+        for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+            uid = owner.get("uid") if isinstance(owner, dict) else None
+            if uid:
+                index.setdefault(str(uid), []).append(pod)
+    return index
+
+
+def _owned_pods(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[RawObject]:
     """The pods of the workload's owner (a Job's pods are owned by the Job, as is it)."""
-    owners = {o.get("uid") for o in (w.get("metadata") or {}).get("ownerReferences") or ()}
-    owners.discard(None)
+    found: dict[int, RawObject] = {}
+    for owner in (w.get("metadata") or {}).get("ownerReferences") or ():
+        uid = owner.get("uid") if isinstance(owner, dict) else None
+        for pod in by_owner.get(str(uid), ()) if uid else ():
+            found[id(pod)] = pod
+    return list(found.values())
+
+
+def _pod_keys(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[str]:
     return [
-        pod
-        for pod in pods
-        if owners & {o.get("uid") for o in (pod.get("metadata") or {}).get("ownerReferences") or ()}
+        str((pod.get("metadata") or {}).get("uid") or key(pod)) for pod in _owned_pods(w, by_owner)
     ]
-
-
-def _pod_keys(w: RawObject, pods: Sequence[RawObject]) -> list[str]:
-    return [str((pod.get("metadata") or {}).get("uid") or key(pod)) for pod in _owned_pods(w, pods)]
 
 
 def _on_nodes(pool: Inventory, nodes: Sequence[RawObject], where: Mapping[str, str]) -> Inventory:
