@@ -168,29 +168,35 @@ def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list
     return [_decide(p, state, checks) for p in order]
 
 
+def _out(
+    p: Pending,
+    verdict: State,
+    message: str,
+    *,
+    retry: bool = False,
+    updates: tuple[RawObject, ...] = (),
+    create: tuple[RawObject, ...] = (),
+) -> Decision:
+    """The decision for ``p``: Retry waits the check's ``retryAfterSeconds``."""
+    meta = p.workload.get("metadata") or {}
+    requeue = p.parameters.retry_after_seconds if retry else None
+    return Decision(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        p.check,
+        verdict,
+        message,
+        requeue,
+        updates,
+        create,
+    )
+
+
 def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -> Decision:
     w, params = p.workload, p.parameters
-    meta = w.get("metadata") or {}
 
-    def out(
-        verdict: State,
-        message: str,
-        *,
-        retry: bool = False,
-        updates: tuple[RawObject, ...] = (),
-        create: tuple[RawObject, ...] = (),
-    ) -> Decision:
-        requeue = params.retry_after_seconds if retry else None
-        return Decision(
-            str(meta.get("namespace", "")),
-            str(meta.get("name", "")),
-            p.check,
-            verdict,
-            message,
-            requeue,
-            updates,
-            create,
-        )
+    def out(verdict: State, message: str, **extra: Any) -> Decision:
+        return _out(p, verdict, message, **extra)
 
     # 1. The demand.
     try:
