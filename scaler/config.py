@@ -16,9 +16,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from foundation.configfile import KEBAB_CASE, load_mapping, validate
+from foundation.configfile import KEBAB_CASE, load_mapping, read_config, validate
 from foundation.durations import Seconds
-from foundation.errors import ConfigError
 from scaler.core.model import Policy
 from scaler.metadata import Profile
 
@@ -166,12 +165,7 @@ def load_config(path: Path | None) -> ScalerConfig:
     """
     if path is None:
         return ScalerConfig()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
-    except ValueError as err:  # not UTF-8
-        raise ConfigError(f"cannot read config file {path}: {err}") from err
+    text = read_config(path)
     return parse_config(text, origin=str(path))
 
 
