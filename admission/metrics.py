@@ -20,6 +20,7 @@ check states), ``pool`` (one per check: its poolNodeSelector's nodes), ``base_mo
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,7 +35,7 @@ from prometheus_client import (
 )
 
 from foundation.errors import ConfigError
-from foundation.net import bind, split_listen
+from foundation.net import split_listen
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +149,18 @@ class MetricsServer:
         app.router.add_get("/healthz", self._serve_health)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
+        # Bind first so that port 0 works and the chosen port is known.
+        family = socket.AF_INET6 if ":" in self._listen[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock = bind(self._listen, "metrics-listen")
-        except ConfigError:
+            sock.bind(self._listen)
+        except OSError as err:
+            sock.close()
             await self._runner.cleanup()
-            raise
+            raise ConfigError(
+                f"metrics-listen {self._listen[0]}:{self._listen[1]}: {err.strerror}"
+            ) from err
         await web.SockSite(self._runner, sock).start()
         self.port = int(sock.getsockname()[1])
         return self.port

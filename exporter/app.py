@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -22,9 +23,10 @@ from exporter.collector import registry_for
 from exporter.config import ExporterConfig, parse_config
 from exporter.grpc_service import SignalsService
 from exporter.runtime import Exporter
+from foundation.errors import ConfigError
 from foundation.grpc_server import GrpcServer, service_name
 from foundation.kube import KubeAccess
-from foundation.net import bind, split_listen
+from foundation.net import split_listen
 from foundation.reload import ConfigSource, ConfigStore
 from foundation.reload_metrics import ConfigReloadCollector
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
@@ -81,7 +83,17 @@ class ExporterServer:
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        sock = bind(self._listen, "--listen")
+        # Bind first so that port 0 works and the chosen port is known.
+        family = socket.AF_INET6 if ":" in self._listen[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(self._listen)
+        except OSError as err:
+            sock.close()
+            raise ConfigError(
+                f"--listen {self._listen[0]}:{self._listen[1]}: {err.strerror}"
+            ) from err
         await web.SockSite(self._runner, sock).start()
         self.http_port = int(sock.getsockname()[1])
         await self._grpc.start()

@@ -15,14 +15,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from exporter.parse import MAX_BYTES, MAX_SERIES, Limits
 from exporter.signals import Accelerator
-from foundation.configfile import (
-    DNS_NAME,
-    KEBAB_CASE,
-    host_port,
-    load_mapping,
-    read_config,
-    validate,
-)
+from foundation.configfile import DNS_NAME, KEBAB_CASE, host_port, load_mapping, validate
 from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
 from foundation.errors import ConfigError, quote
@@ -201,5 +194,10 @@ def load_config(
     """
     if path is None:
         return parse_config("", "flags", overrides, extra_deployments)
-    text = read_config(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    except ValueError as err:  # not UTF-8
+        raise ConfigError(f"cannot read config file {path}: {err}") from err
     return parse_config(text, str(path), overrides, extra_deployments)

@@ -13,7 +13,6 @@ any other, and a message quotes each value with a length cap and lists at most
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TypeVar
 
 import yaml
@@ -56,20 +55,6 @@ MAX_PROBLEMS = 10
 KEY_LIMIT = 100
 """Characters of a key path a message shows."""
 _MESSAGE_LIMIT = 300
-
-
-def read_config(path: Path) -> str:
-    """The config file's text.
-
-    Raises:
-        ConfigError: unreadable, or not UTF-8 (the path named).
-    """
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
-    except ValueError as err:  # not UTF-8
-        raise ConfigError(f"cannot read config file {path}: {err}") from err
 
 
 def load_mapping(text: str, origin: str) -> dict[str, object]:

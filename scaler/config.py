@@ -16,8 +16,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from foundation.configfile import KEBAB_CASE, load_mapping, read_config, validate
+from foundation.configfile import KEBAB_CASE, load_mapping, validate
 from foundation.durations import Seconds
+from foundation.errors import ConfigError
 from scaler.core.model import Policy
 from scaler.metadata import Profile
 
@@ -165,7 +166,12 @@ def load_config(path: Path | None) -> ScalerConfig:
     """
     if path is None:
         return ScalerConfig()
-    text = read_config(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    except ValueError as err:  # not UTF-8
+        raise ConfigError(f"cannot read config file {path}: {err}") from err
     return parse_config(text, origin=str(path))
 
 
