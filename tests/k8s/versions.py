@@ -22,6 +22,12 @@ KUEUE = "v0.17.0"
 # KEDA: only its CRDs are read (config/crd/bases), the operator is not built.
 KEDA = "v2.21.0"
 
+# kustomize renders deploy/ (tests/test_deploy.py). The standalone binary, not kubectl's
+# built-in `kubectl kustomize`: a ~10 s build of a small module graph (kubectl is
+# k8s.io/kubernetes again, a long link) at the release we choose, where kubectl 1.35
+# embeds an older one. v5.8.2, as v5.8.3 needs Go 1.27.
+KUSTOMIZE = "v5.8.2"
+
 BINARIES = ("kube-apiserver", "etcd", "kueue")
 
 MODULES = {
@@ -39,3 +45,12 @@ def cache_dir() -> Path:
     """
     root = Path(os.environ.get("UNITSCALE_K8S_CACHE", REPO_ROOT / ".cache" / "k8s"))
     return root / f"kube-{KUBERNETES}_etcd-{ETCD}_kueue-{KUEUE}"
+
+
+def kustomize_path() -> Path:
+    """The kustomize binary, in a directory of its own next to `cache_dir()`.
+
+    Keyed by kustomize's version alone: bumping it does not relink the control plane,
+    and bumping the control plane does not rebuild kustomize.
+    """
+    return cache_dir().parent / f"kustomize-{KUSTOMIZE}" / "kustomize"
