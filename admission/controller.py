@@ -48,11 +48,12 @@ from admission.workload import (
     apply_body,
     check_entries,
     event_for,
-    format_time,
     key,
 )
 from foundation.errors import ConfigError
 from foundation.kube import (
+    DATALOADS,
+    DATASETS,
     NODES,
     PODS,
     KubeAccess,
@@ -63,14 +64,13 @@ from foundation.kube import (
     create,
     watch_objects,
 )
+from foundation.timestamps import format_time
 
 log = logging.getLogger(__name__)
 
 ADMISSION_CHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", namespaced=False)
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads")
 PARAMETERS = Resource(params.API_GROUP, params.VERSION, params.PLURAL, namespaced=False)
-DATASETS = Resource("data.fluid.io", "v1alpha1", "datasets")
-DATALOADS = Resource("data.fluid.io", "v1alpha1", "dataloads")
 EVENTS = Resource("", "v1", "events")
 
 WATCHES: Mapping[str, Selection] = {

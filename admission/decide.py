@@ -55,9 +55,9 @@ from admission.workload import (
     condition_status,
     created_at,
     key,
-    parse_time,
     priority,
 )
+from foundation.timestamps import parse_time
 
 RawObject = dict[str, Any]
 """An API object as the server's JSON."""

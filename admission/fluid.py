@@ -38,16 +38,28 @@ the threshold). A complete DataLoad made by someone else does not stop us creati
 
 from __future__ import annotations
 
-import hashlib
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from admission import annotations as names
 from admission.hints import workload_annotation
-from admission.workload import format_time, parse_time
+from foundation.fluid import (
+    DNS_SUBDOMAIN,
+    FINISHED_PHASES,
+    FLUID_API,
+    STATUS_LAG_SECONDS,
+    CachedPercentage,
+    active_phase,
+    bounded_name,
+    condition_text,
+    dataset_cache,
+    finished_at,
+    loads_of,
+    meta,
+    phase,
+)
+from foundation.timestamps import format_time
 
 RawObject = dict[str, Any]
 """An API object as the API server's JSON."""
@@ -67,59 +79,7 @@ DataState = Literal[
 ]
 Outcome = Literal["pass", "wait", "retry", "reject"]
 
-FLUID_API: Final = "data.fluid.io/v1alpha1"
 WORKLOAD_API: Final = "kueue.x-k8s.io/v1beta2"
-
-MAX_DATALOAD_NAME: Final = 46
-"""Fluid installs a Helm release ``<name>-loader`` (Helm: at most 53 characters) running
-a Job ``<name>-loader-job`` (its name is a label value: 63), so longer names fail there."""
-STATUS_LAG_SECONDS: Final = 120.0
-"""How long after a DataLoad completes its Dataset's ``cacheStates`` may still show the
-old figures: Fluid's runtime controllers re-read the cache on their periodic sync."""
-_HASH_LENGTH: Final = 8
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_MESSAGE_PART: Final = 200
-"""Upstream text quoted into a message is cut here (the check's message is bounded)."""
-
-
-@dataclass(frozen=True)
-class CachedPercentage:
-    """A Dataset's ``cachedPercentage``, or why there is none (never a made-up 0)."""
-
-    value: float | None
-    reason: str = ""
-
-    def describe(self) -> str:
-        """``78.0%``, or the reason there is no figure."""
-        return f"{self.value:.1f}%" if self.value is not None else self.reason
-
-
-def read_cached_percentage(value: object) -> CachedPercentage:
-    """Parse ``status.cacheStates.cachedPercentage`` as Fluid writes it (``"78.0%"``)."""
-    if value is None:
-        return CachedPercentage(None, "no cachedPercentage reported")
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return CachedPercentage(None, f"cachedPercentage {value!r} is not a percentage")
-    text = str(value).strip().removesuffix("%").strip()
-    if not text:
-        return CachedPercentage(None, "cachedPercentage is empty (Fluid has no total size yet)")
-    try:
-        number = float(text)
-    except ValueError:
-        return CachedPercentage(None, f"cachedPercentage {value!r} is not a percentage")
-    if not math.isfinite(number):
-        return CachedPercentage(None, f"cachedPercentage {value!r} is not a finite number")
-    if number < 0:
-        return CachedPercentage(None, f"cachedPercentage {value!r} is negative")
-    return CachedPercentage(number)
-
-
-def parse_cached_percentage(value: object) -> float | None:
-    """The percentage as a number; ``None`` when missing or garbled.
-
-    ``read_cached_percentage`` gives the reason with it.
-    """
-    return read_cached_percentage(value).value
 
 
 @dataclass(frozen=True)
@@ -178,7 +138,7 @@ def readiness(
     name = workload_annotation(workload, names.DATASET)
     if name is None:
         return DataReadiness("not-annotated", "pass", "no Fluid Dataset to wait for")
-    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+    if not DNS_SUBDOMAIN.match(name) or len(name) > 253:
         shown = f"{name!r} is not a Dataset name" if name else "names no Dataset"
         return DataReadiness(
             "bad-annotation",
@@ -186,9 +146,9 @@ def readiness(
             f"annotation {names.DATASET}: {shown} (the name of a Dataset in the Workload's "
             "namespace)",
         )
-    namespace = _meta(workload, "namespace")
+    namespace = meta(workload, "namespace")
     found = next(
-        (d for d in datasets if (_meta(d, "namespace"), _meta(d, "name")) == (namespace, name)),
+        (d for d in datasets if (meta(d, "namespace"), meta(d, "name")) == (namespace, name)),
         None,
     )
     ref = f"{namespace}/{name}"
@@ -220,18 +180,16 @@ def _assess(
         )
     if (dataset.get("metadata") or {}).get("deletionTimestamp"):
         return DataReadiness("not-bound", "wait", f"Dataset {ref} is being deleted")
-    phase = (dataset.get("status") or {}).get("phase") or ""
-    if phase != "Bound":
-        shown = f"is {phase}" if phase else "has no status.phase yet"
+    bound = phase(dataset)
+    if bound != "Bound":
+        shown = f"is {bound}" if bound else "has no status.phase yet"
         return DataReadiness(
             "not-bound",
             "wait",
             f"Dataset {ref} {shown}, not Bound: its runtime is not ready (kubectl describe "
             f"dataset -n {ref.replace('/', ' ')})",
         )
-    cache = read_cached_percentage(
-        ((dataset.get("status") or {}).get("cacheStates") or {}).get("cachedPercentage")
-    )
+    cache = dataset_cache(dataset)
     if threshold <= 0 or (cache.value is not None and cache.value >= threshold):
         return _ready(dataset, ref, cache, threshold)
     return _loading(workload, dataset, ref, cache, dataloads, threshold, now, create)
@@ -247,7 +205,7 @@ def _ready(
             f"Dataset {ref} is Bound with {cache.describe()} cached (threshold {threshold:g}%)"
         )
     try:
-        selector = {cache_node_label(_meta(dataset, "namespace"), dataset): "true"}
+        selector = {cache_node_label(meta(dataset, "namespace"), dataset): "true"}
     except ValueError as err:
         selector = {}
         message += f"; no cache-node hint: {err}"
@@ -271,22 +229,22 @@ def _loading(
     held = f"Dataset {ref} holds {cache.describe()} cached of the {threshold:g}% needed"
     if cache.value is None:
         held = f"Dataset {ref}: {cache.reason} (threshold {threshold:g}%)"
-    loads = _loads_of(dataloads, namespace, name)
+    loads = loads_of(dataloads, namespace, name)
     mine = dataload_name(workload)
     active = sorted(
-        (d for d in loads if _phase(d) not in ("Complete", "Failed")),
-        key=lambda d: (_meta(d, "name") != mine, _phase(d) != "Executing", _meta(d, "name")),
+        (d for d in loads if phase(d) not in FINISHED_PHASES),
+        key=lambda d: (meta(d, "name") != mine, phase(d) != "Executing", meta(d, "name")),
     )
     base = DataReadiness("loading", "wait", held, cached_percent=cache.value)
     if active:
         load = active[0]
-        shown = _active_phase(load)
+        shown = active_phase(load)
         return replace(
             base,
-            message=f"{held}; DataLoad {namespace}/{_meta(load, 'name')} is {shown}",
-            dataload=_meta(load, "name"),
+            message=f"{held}; DataLoad {namespace}/{meta(load, 'name')} is {shown}",
+            dataload=meta(load, "name"),
         )
-    own = next((d for d in loads if _meta(d, "name") == mine), None)
+    own = next((d for d in loads if meta(d, "name") == mine), None)
     if own is None and not create:
         return _without_ours(loads, base, held, namespace)
     if own is None:
@@ -301,17 +259,17 @@ def _loading(
 
 def _finished(load: Mapping[str, Any], base: DataReadiness, held: str, now: float) -> DataReadiness:
     """Our own DataLoad has finished and the cache is still short."""
-    ref = f"{_meta(load, 'namespace')}/{_meta(load, 'name')}"
-    base = replace(base, dataload=_meta(load, "name"))
-    if _phase(load) == "Failed":
+    ref = f"{meta(load, 'namespace')}/{meta(load, 'name')}"
+    base = replace(base, dataload=meta(load, "name"))
+    if phase(load) == "Failed":
         return replace(
             base,
             state="load-failed",
             outcome="retry",
-            message=f"{held}; DataLoad {ref} failed ({_condition_text(load, 'Failed')}): "
+            message=f"{held}; DataLoad {ref} failed ({condition_text(load, 'Failed')}): "
             f"delete it to load again (kubectl describe dataload -n {ref.replace('/', ' ')})",
         )
-    done = _finished_at(load)
+    done = finished_at(load)
     if done is None or now - done < STATUS_LAG_SECONDS:
         return replace(
             base,
@@ -347,22 +305,22 @@ def _without_ours(
             state="no-dataload",
             message=f"{held}; no DataLoad of it exists and {off}: waiting for one",
         )
-    last = max(loads, key=lambda d: (_finished_at(d) or 0.0, _meta(d, "name")))
-    ref = f"{namespace}/{_meta(last, 'name')}"
-    if _phase(last) == "Failed":
+    last = max(loads, key=lambda d: (finished_at(d) or 0.0, meta(d, "name")))
+    ref = f"{namespace}/{meta(last, 'name')}"
+    if phase(last) == "Failed":
         return replace(
             base,
             state="load-failed",
             outcome="retry",
-            message=f"{held}; DataLoad {ref} failed ({_condition_text(last, 'Failed')}) and "
+            message=f"{held}; DataLoad {ref} failed ({condition_text(last, 'Failed')}) and "
             f"{off}, so none is started again",
-            dataload=_meta(last, "name"),
+            dataload=meta(last, "name"),
         )
     return replace(
         base,
         state="no-dataload",
         message=f"{held}, though DataLoad {ref} completed; {off}: waiting for a new DataLoad",
-        dataload=_meta(last, "name"),
+        dataload=meta(last, "name"),
     )
 
 
@@ -374,11 +332,9 @@ def dataload_name(workload: Mapping[str, Any]) -> str:
     second one's create fails as AlreadyExists) and differs for a Workload recreated
     under the same name (whose predecessor's DataLoad is being garbage-collected).
     """
-    name = _meta(workload, "name")
-    key = f"{_meta(workload, 'namespace')}/{name}/{_meta(workload, 'uid')}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:_HASH_LENGTH]
-    prefix = name[: MAX_DATALOAD_NAME - _HASH_LENGTH - 1].rstrip("-.") or "workload"
-    return f"{prefix}-{digest}"
+    name = meta(workload, "name")
+    key = f"{meta(workload, 'namespace')}/{name}/{meta(workload, 'uid')}"
+    return bounded_name(name, key, "workload")
 
 
 def dataload_for(workload: Mapping[str, Any], dataset: Mapping[str, Any]) -> RawObject:
@@ -396,21 +352,21 @@ def dataload_for(workload: Mapping[str, Any], dataset: Mapping[str, Any]) -> Raw
         ValueError: the Workload has no UID (an owner reference needs one), or the
             Dataset is in another namespace (a DataLoad loads its own namespace's).
     """
-    namespace, uid = _meta(workload, "namespace"), _meta(workload, "uid")
+    namespace, uid = meta(workload, "namespace"), meta(workload, "uid")
     if not uid:
         raise ValueError(
-            f"Workload {namespace}/{_meta(workload, 'name')} has no metadata.uid: an "
+            f"Workload {namespace}/{meta(workload, 'name')} has no metadata.uid: an "
             "ownerReference needs one"
         )
-    if _meta(dataset, "namespace") != namespace:
+    if meta(dataset, "namespace") != namespace:
         raise ValueError(
-            f"Dataset {_meta(dataset, 'namespace')}/{_meta(dataset, 'name')} is not in the "
+            f"Dataset {meta(dataset, 'namespace')}/{meta(dataset, 'name')} is not in the "
             f"Workload's namespace {namespace}"
         )
     owner = {
         "apiVersion": WORKLOAD_API,
         "kind": "Workload",
-        "name": _meta(workload, "name"),
+        "name": meta(workload, "name"),
         "uid": uid,
         "controller": False,
         "blockOwnerDeletion": False,
@@ -422,11 +378,11 @@ def dataload_for(workload: Mapping[str, Any], dataset: Mapping[str, Any]) -> Raw
             "name": dataload_name(workload),
             "namespace": namespace,
             "labels": {names.MANAGED_BY: names.MANAGER},
-            "annotations": {names.FOR_WORKLOAD: _meta(workload, "name")},
+            "annotations": {names.FOR_WORKLOAD: meta(workload, "name")},
             "ownerReferences": [owner],
         },
         "spec": {
-            "dataset": {"name": _meta(dataset, "name"), "namespace": namespace},
+            "dataset": {"name": meta(dataset, "name"), "namespace": namespace},
             "loadMetadata": True,
             "target": [{"path": "/", "replicas": 1}],
             "policy": "Once",
@@ -444,69 +400,13 @@ def cache_node_label(namespace: str, dataset: Mapping[str, Any]) -> str:
     Raises:
         ValueError: the long form is needed and the Dataset has no UID.
     """
-    label = names.fluid_cache_node_label(namespace, _meta(dataset, "name"))
+    label = names.fluid_cache_node_label(namespace, meta(dataset, "name"))
     if len(label) < 63:
         return label
-    uid = _meta(dataset, "uid")
+    uid = meta(dataset, "uid")
     if not uid:
         raise ValueError(
-            f"Dataset {namespace}/{_meta(dataset, 'name')}: {label} is 63 characters or more "
+            f"Dataset {namespace}/{meta(dataset, 'name')}: {label} is 63 characters or more "
             "and the Dataset has no metadata.uid for Fluid's short form"
         )
     return f"{names.FLUID_CACHE_LABEL_PREFIX}{uid}"
-
-
-def _meta(obj: Mapping[str, Any], key: str) -> str:
-    return str((obj.get("metadata") or {}).get(key) or "")
-
-
-def _phase(load: Mapping[str, Any]) -> str:
-    return str((load.get("status") or {}).get("phase") or "")
-
-
-def _loads_of(
-    dataloads: Sequence[Mapping[str, Any]], namespace: str, dataset: str
-) -> list[Mapping[str, Any]]:
-    """The DataLoads of ``namespace/dataset`` that are not being deleted."""
-    out = []
-    for load in dataloads:
-        target = (load.get("spec") or {}).get("dataset") or {}
-        in_namespace = _meta(load, "namespace") == namespace
-        if (
-            in_namespace
-            and target.get("name") == dataset
-            and (target.get("namespace") or namespace) == namespace
-            and not (load.get("metadata") or {}).get("deletionTimestamp")
-        ):
-            out.append(load)
-    return out
-
-
-def _active_phase(load: Mapping[str, Any]) -> str:
-    phase = _phase(load)
-    if not phase:
-        return "not yet picked up by Fluid (no status.phase)"
-    waiting = ((load.get("status") or {}).get("waitingFor") or {}).get("operationComplete")
-    return f"{phase} (waiting for the operation it runs after)" if waiting else phase
-
-
-def _condition(load: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
-    for condition in (load.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind:
-            return dict(condition)
-    return {}
-
-
-def _condition_text(load: Mapping[str, Any], kind: str) -> str:
-    condition = _condition(load, kind)
-    text = ": ".join(str(p) for p in (condition.get("reason"), condition.get("message")) if p)
-    return (text or "no reason given")[:_MESSAGE_PART]
-
-
-def _finished_at(load: Mapping[str, Any]) -> float | None:
-    """When the DataLoad finished: its Complete/Failed condition's transition time."""
-    for kind in ("Complete", "Failed"):
-        stamp = _condition(load, kind).get("lastTransitionTime")
-        if stamp:
-            return parse_time(stamp)
-    return parse_time((load.get("status") or {}).get("lastSuccessfulTime"))

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Collection, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Final, Protocol
+
+from foundation.timestamps import format_time, parse_time
 
 RawObject = dict[str, Any]
 
@@ -85,24 +86,6 @@ def priority(workload: Mapping[str, Any]) -> int:
 def created_at(workload: Mapping[str, Any]) -> float:
     """``metadata.creationTimestamp`` in unix seconds, 0 when unreadable."""
     return parse_time((workload.get("metadata") or {}).get("creationTimestamp")) or 0.0
-
-
-def parse_time(text: object) -> float | None:
-    """Unix seconds of an RFC 3339 time as the API server writes it, None when not one."""
-    if not isinstance(text, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
-
-
-def format_time(seconds: float) -> str:
-    """``seconds`` as a Kubernetes ``metav1.Time`` (RFC 3339, whole seconds, UTC)."""
-    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def write_guard(workload: Mapping[str, Any]) -> str | None:

@@ -97,6 +97,10 @@ CONFIGMAPS = Resource("", "v1", "configmaps")
 ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 PODS = Resource("", "v1", "pods")
+DATASETS = Resource("data.fluid.io", "v1alpha1", "datasets")
+"""Fluid's Datasets (v1.0.8): what a runtime caches."""
+DATALOADS = Resource("data.fluid.io", "v1alpha1", "dataloads")
+"""Fluid's DataLoads: a request to warm a Dataset's cache."""
 _BY_NAME = {"configmaps": CONFIGMAPS, "endpointslices": ENDPOINT_SLICES}
 
 

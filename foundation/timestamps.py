@@ -1,6 +1,8 @@
-"""Seconds since the epoch to and from ``google.protobuf`` Timestamp and Duration."""
+"""Seconds since the epoch: to and from protobuf and the API server's RFC 3339 times."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -28,3 +30,21 @@ def to_duration(seconds: float) -> Duration:
 def from_duration(duration: Duration) -> float:
     """Seconds in a Duration."""
     return duration.ToNanoseconds() / 1e9
+
+
+def parse_time(text: object) -> float | None:
+    """Unix seconds of an RFC 3339 time as the API server writes it, None when not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def format_time(seconds: float) -> str:
+    """``seconds`` as a Kubernetes ``metav1.Time`` (RFC 3339, whole seconds, UTC)."""
+    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -23,15 +23,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from admission import annotations as names
-from admission.fluid import (
+from admission.fluid import cache_node_label, dataload_for, dataload_name, readiness
+from foundation.fluid import (
     MAX_DATALOAD_NAME,
     STATUS_LAG_SECONDS,
-    cache_node_label,
-    dataload_for,
-    dataload_name,
     parse_cached_percentage,
     read_cached_percentage,
-    readiness,
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "fluid"

@@ -1,0 +1,153 @@
+"""Reading Fluid's Datasets and DataLoads (v1.0.8, ``data.fluid.io/v1alpha1``): pure.
+
+Shared by the admission check (is a Workload's data warm?) and the scaler's prewarm
+(warm a model's weights before its replicas start). Objects are the API server's JSON;
+times are unix seconds. A missing or garbled figure is ``None`` with a reason, never a
+made-up 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from foundation.timestamps import parse_time
+
+FLUID_API: Final = "data.fluid.io/v1alpha1"
+
+MAX_DATALOAD_NAME: Final = 46
+"""Fluid installs a Helm release ``<name>-loader`` (Helm: at most 53 characters) running
+a Job ``<name>-loader-job`` (its name is a label value: 63), so longer names fail there."""
+STATUS_LAG_SECONDS: Final = 120.0
+"""How long after a DataLoad completes its Dataset's ``cacheStates`` may still show the
+old figures: Fluid's runtime controllers re-read the cache on their periodic sync."""
+FINISHED_PHASES: Final = ("Complete", "Failed")
+"""A DataLoad in neither is pending or executing (``policy: Once`` never reruns)."""
+DNS_SUBDOMAIN: Final = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+"""An object name Kubernetes accepts (RFC 1123 subdomain; at most 253 characters)."""
+_HASH_LENGTH: Final = 8
+_MESSAGE_PART: Final = 200
+"""Upstream text quoted into a message is cut here (messages are bounded)."""
+
+
+@dataclass(frozen=True)
+class CachedPercentage:
+    """A Dataset's ``cachedPercentage``, or why there is none (never a made-up 0)."""
+
+    value: float | None
+    reason: str = ""
+
+    def describe(self) -> str:
+        """``78.0%``, or the reason there is no figure."""
+        return f"{self.value:.1f}%" if self.value is not None else self.reason
+
+
+def read_cached_percentage(value: object) -> CachedPercentage:
+    """Parse ``status.cacheStates.cachedPercentage`` as Fluid writes it (``"78.0%"``)."""
+    if value is None:
+        return CachedPercentage(None, "no cachedPercentage reported")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return CachedPercentage(None, f"cachedPercentage {value!r} is not a percentage")
+    text = str(value).strip().removesuffix("%").strip()
+    if not text:
+        return CachedPercentage(None, "cachedPercentage is empty (Fluid has no total size yet)")
+    try:
+        number = float(text)
+    except ValueError:
+        return CachedPercentage(None, f"cachedPercentage {value!r} is not a percentage")
+    if not math.isfinite(number):
+        return CachedPercentage(None, f"cachedPercentage {value!r} is not a finite number")
+    if number < 0:
+        return CachedPercentage(None, f"cachedPercentage {value!r} is negative")
+    return CachedPercentage(number)
+
+
+def parse_cached_percentage(value: object) -> float | None:
+    """The percentage as a number; ``None`` when missing or garbled.
+
+    ``read_cached_percentage`` gives the reason with it.
+    """
+    return read_cached_percentage(value).value
+
+
+def dataset_cache(dataset: Mapping[str, Any]) -> CachedPercentage:
+    """The Dataset's ``status.cacheStates.cachedPercentage``, read."""
+    states = (dataset.get("status") or {}).get("cacheStates") or {}
+    return read_cached_percentage(states.get("cachedPercentage"))
+
+
+def bounded_name(prefix: str, key: str, fallback: str) -> str:
+    """``<prefix cut to fit>-<hash of key>``: a DataLoad name Fluid can install.
+
+    Everyone who computes it from the same ``key`` gets the same name, so a second
+    creator's create answers 409 AlreadyExists instead of starting a second load.
+    """
+    digest = hashlib.sha256(key.encode()).hexdigest()[:_HASH_LENGTH]
+    cut = prefix[: MAX_DATALOAD_NAME - _HASH_LENGTH - 1].rstrip("-.") or fallback
+    return f"{cut}-{digest}"
+
+
+def meta(obj: Mapping[str, Any], key: str) -> str:
+    """``metadata.<key>`` as text, "" when absent."""
+    return str((obj.get("metadata") or {}).get(key) or "")
+
+
+def phase(load: Mapping[str, Any]) -> str:
+    """A DataLoad's ``status.phase`` ("" before Fluid picks it up)."""
+    return str((load.get("status") or {}).get("phase") or "")
+
+
+def loads_of(
+    dataloads: Sequence[Mapping[str, Any]], namespace: str, dataset: str
+) -> list[Mapping[str, Any]]:
+    """The DataLoads of ``namespace/dataset`` that are not being deleted."""
+    out = []
+    for load in dataloads:
+        target = (load.get("spec") or {}).get("dataset") or {}
+        if (
+            meta(load, "namespace") == namespace
+            and target.get("name") == dataset
+            and (target.get("namespace") or namespace) == namespace
+            and not (load.get("metadata") or {}).get("deletionTimestamp")
+        ):
+            out.append(load)
+    return out
+
+
+def active_phase(load: Mapping[str, Any]) -> str:
+    """An unfinished DataLoad's phase, said for a message."""
+    shown = phase(load)
+    if not shown:
+        return "not yet picked up by Fluid (no status.phase)"
+    waiting = ((load.get("status") or {}).get("waitingFor") or {}).get("operationComplete")
+    return f"{shown} (waiting for the operation it runs after)" if waiting else shown
+
+
+def condition(load: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    """The status condition of type ``kind``, ``{}`` when absent."""
+    for found in (load.get("status") or {}).get("conditions") or []:
+        if found.get("type") == kind:
+            return dict(found)
+    return {}
+
+
+def condition_text(load: Mapping[str, Any], kind: str) -> str:
+    """``reason: message`` of a condition, cut for a message."""
+    found = condition(load, kind)
+    text = ": ".join(str(p) for p in (found.get("reason"), found.get("message")) if p)
+    return (text or "no reason given")[:_MESSAGE_PART]
+
+
+def finished_at(load: Mapping[str, Any]) -> float | None:
+    """When the DataLoad finished: its Complete/Failed condition's transition time."""
+    for kind in FINISHED_PHASES:
+        stamp = condition(load, kind).get("lastTransitionTime")
+        if stamp:
+            return parse_time(stamp)
+    return parse_time((load.get("status") or {}).get("lastSuccessfulTime"))
