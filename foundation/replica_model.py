@@ -35,6 +35,15 @@ MIN_CHUNK_BUDGET = 512
 on an A100); smaller chunks re-read the weights for too little work."""
 ITL_MARGIN = 0.9
 """Share of the ITL SLO a mixed step may take: the fits are within 6-10% of the kernels."""
+SLEEP_WAKE_GB_PER_S = 25.0
+"""Weights copied back to the accelerator on a level-1 wake. PCIe Gen5 x16 moves ~55 GB/s
+in one pinned transfer, but vLLM's cumem allocator restores allocation by allocation;
+25 GB/s with ``WAKE_REINIT_SECONDS`` gives 3.6 s for a 65 GB 32B model, where llm-d's
+fast model actuation measures ~4 s for Qwen3-32B on an H100 (a cold pod: ~85 s)."""
+WAKE_REINIT_SECONDS = 1.0
+"""A wake's fixed part: the KV cache remapped, the scheduler resumed, a first step."""
+LOCAL_DISK_GB_PER_S = 1.19
+"""Weights read from the calibration node's local disk (a level-2 wake reloads them)."""
 FULL_BATCH_CONTEXT = 2048
 """Default mean context of a full decode batch when sizing the chunk budget: above the
 Azure conversation mix's 1,260 (1,155 prompt + 211/2 output), the calibration's middle."""
@@ -64,6 +73,25 @@ class Profile:
     engine_init_seconds: float = 25.0
     """Engine start after weights are loaded: KV profiling, warm-up, CUDA graph capture
     (vllm PR #11005: init 14.2 s + capture 10 s for Llama-3-8B)."""
+
+    def wake_seconds(self, level: int) -> float:
+        """From ``POST /wake_up`` to serving, for a replica asleep at vLLM sleep ``level``.
+
+        Level 1 kept the weights in pinned host memory: they are copied back at
+        ``SLEEP_WAKE_GB_PER_S``, then the KV cache is mapped again (``WAKE_REINIT_SECONDS``).
+        Level 2 discarded them: they are read again from local disk (the calibration
+        disk's ``LOCAL_DISK_GB_PER_S``). Level 0 only paused scheduling. Neither pays the
+        engine init (``engine_init_seconds``): the process, its allocator and its CUDA
+        graphs stay. Llama-3-8B: 16.06 GB / 25 GB/s + 1 s = 1.6 s at level 1, 14.5 s at
+        level 2; Qwen2.5-32B: 3.6 s at level 1, against llm-d's ~4 s for Qwen3-32B.
+        """
+        if level == 0:
+            return 0.0
+        if level == 1:
+            return self.weights_gb / SLEEP_WAKE_GB_PER_S + WAKE_REINIT_SECONDS
+        if level == 2:
+            return self.weights_gb / LOCAL_DISK_GB_PER_S + WAKE_REINIT_SECONDS
+        raise ValueError(f"vLLM sleep levels are 0, 1 and 2, not {level}")
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -196,3 +224,106 @@ QWEN25_32B_H200 = Profile(
 )
 
 PROFILES = {p.name: p for p in (LLAMA3_8B_H200, QWEN25_32B_H200)}
+
+
+# --- Warm tiers: how fast a replica becomes ready, and what holding it costs --------------
+# One place for every tier's figures; the scaler's standby plan (scaler.core.tiers) and the
+# replay's fleet both read them, so a figure changed here changes both.
+
+COLD_START_TIERS = ("cached", "local-disk", "remote", "new-node")
+
+SLEEP_WAKE_GBPS = 16.4
+"""Weights per second a vLLM level-1 sleeper copies back to the accelerator on wake_up.
+
+Derived from llm-d's fast model actuation: a sleeping vLLM instance of Qwen3-32B (65.5 GB
+in bf16) wakes in about 4 s on an H100, against about 85 s for a cold pod. Level 1 keeps
+the engine (CUDA graphs, KV layout) and offloads only the weights to pinned host memory,
+so a wake is a host-to-device copy: 65.5 GB / 4 s. Llama-3-8B: 16.06 GB in 0.98 s."""
+
+HOST_MEMORY_PRICE_PER_GB_HOUR = 0.0045
+"""US$ per GB-hour of node memory: about a cloud's on-demand price of memory alone
+(e.g. a custom machine type's per-GB rate). Assumed, not measured; configurable."""
+
+
+def cold_start_seconds(
+    profile: Profile, tier: str, remote_gbps: float = 0.5, node_seconds: float = 210.0
+) -> float:
+    """Pod start to ready for a cold-start tier.
+
+    cached: weights in the node's page cache or a warm Fluid memory cache (host-to-device
+    55 GB/s) + engine init; local-disk: weights read at the calibration disk's 1.19 GB/s +
+    engine init (8B: 13.5 + 25 = 38.5 s); remote: at ``remote_gbps`` (0.5 GB/s default,
+    unverified); new-node: a node and image pull first (``node_seconds``, 3.5 min
+    default; the reference gives 2-8 min).
+    """
+    weights = profile.weights_gb
+    if tier == "cached":
+        load = weights / 55.0
+    elif tier == "local-disk":
+        load = weights / 1.19
+    elif tier == "remote":
+        load = weights / remote_gbps
+    elif tier == "new-node":
+        load = node_seconds + weights / remote_gbps
+    else:
+        raise ValueError(f"unknown cold-start tier {tier!r}; one of {', '.join(COLD_START_TIERS)}")
+    return load + profile.engine_init_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class WarmTiers:
+    """Seconds from asking to ready, and US$ per hour of holding, for each tier of a replica.
+
+    =========== ====================================== =========================================
+    tier        ready after                            costs per hour
+    =========== ====================================== =========================================
+    running     0                                      the accelerator (``running_per_hour``)
+    sleeping    ``sleeping_wake_seconds`` (wake_up)    its weights in host memory, per replica
+    cache-warm  ``cache_warm_wake_seconds`` (a start   one cached copy of the weights on the
+                reading the Fluid cache)               node, shared by every start
+    cold        ``cold_wake_seconds``                  nothing
+    =========== ====================================== =========================================
+    """
+
+    running_per_hour: float
+    sleeping_wake_seconds: float
+    sleeping_per_hour: float
+    cache_warm_wake_seconds: float
+    cache_per_hour: float
+    cold_wake_seconds: float
+
+    def __post_init__(self) -> None:
+        values = (
+            self.running_per_hour,
+            self.sleeping_wake_seconds,
+            self.sleeping_per_hour,
+            self.cache_warm_wake_seconds,
+            self.cache_per_hour,
+            self.cold_wake_seconds,
+        )
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError(f"warm tier figures must be finite and not negative: {self}")
+
+
+def warm_tiers(
+    profile: Profile,
+    cold_wake_seconds: float,
+    *,
+    memory_price_per_gb_hour: float = HOST_MEMORY_PRICE_PER_GB_HOUR,
+) -> WarmTiers:
+    """Every tier's figures for ``profile`` whose cold start takes ``cold_wake_seconds``.
+
+    A sleeper holds its weights in host memory (Llama-3-8B: 16 GB, $0.072 per hour at
+    $0.0045 per GB-hour, 2% of a $3.50 accelerator); a warm Fluid cache holds one copy for
+    every start and starts as the ``cached`` tier (8B: 25.3 s, the engine init is most
+    of it).
+    """
+    memory = profile.weights_gb * memory_price_per_gb_hour
+    return WarmTiers(
+        running_per_hour=profile.price_per_hour,
+        sleeping_wake_seconds=profile.weights_gb / SLEEP_WAKE_GBPS,
+        sleeping_per_hour=memory,
+        cache_warm_wake_seconds=cold_start_seconds(profile, "cached"),
+        cache_per_hour=memory,
+        cold_wake_seconds=cold_wake_seconds,
+    )
