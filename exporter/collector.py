@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter.runtime import DeploymentState, Exporter
+from exporter.signals import Accelerator
 from foundation.signals import QUANTILES, EngineSignals, WindowSignals
 
 LABELS = ["namespace", "deployment", "model"]
@@ -43,6 +44,8 @@ class SignalsCollector(Collector):
             if state.signals is not None:
                 labels = [state.config.namespace, state.config.deployment, state.model_label]
                 _deployment_samples(families, latencies, labels, state.signals, now)
+                accelerator = state.config.accelerator.accelerator()
+                _held_samples(families, labels, state.signals, accelerator)
         yield from families.values()
         yield from latencies.values()
         yield from (targets.up, targets.errors, targets.rejected, targets.duration)
@@ -104,6 +107,16 @@ def _signal_families() -> tuple[dict[str, GaugeMetricFamily], dict[str, GaugeMet
         ),
         "replicas": GaugeMetricFamily(
             "unitscale_replicas", "Replicas known and answering.", labels=[*LABELS, "state"]
+        ),
+        "accelerators": GaugeMetricFamily(
+            "unitscale_accelerators",
+            "Accelerators the known replicas hold (cards; a HAMi share counts its fraction).",
+            labels=LABELS,
+        ),
+        "spend": GaugeMetricFamily(
+            "unitscale_cost_per_hour",
+            "US$ per hour the known replicas' accelerators cost (price: default or configured).",
+            labels=[*LABELS, "price"],
         ),
         "age": GaugeMetricFamily(
             "unitscale_signal_age_seconds", "Age of the newest derived signals.", labels=LABELS
@@ -178,6 +191,19 @@ def _deployment_samples(
     families["replicas"].add_metric([*labels, "up"], signals.replicas_up)
     families["age"].add_metric(labels, max(0.0, now - signals.time))
     families["partial"].add_metric(labels, 1.0 if signals.partial else 0.0)
+
+
+def _held_samples(
+    families: dict[str, GaugeMetricFamily],
+    labels: list[str],
+    signals: EngineSignals,
+    accelerator: Accelerator,
+) -> None:
+    """What the deployment holds, answering or not: the base of accelerator-hours and cost."""
+    held = accelerator.fraction * signals.replicas
+    price = "default" if accelerator.price_is_default else "configured"
+    families["accelerators"].add_metric(labels, held)
+    families["spend"].add_metric([*labels, price], held * accelerator.price_per_hour)
 
 
 def _maybe(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:

@@ -225,6 +225,9 @@ async def test_metrics_and_signals_are_served_over_http_and_grpc(replicas):
             == 1
         )
         assert not any(name == "unitscale_cost_per_million_tokens" for name, _ in samples)
+        # Both replicas hold a card, the one not answering too: accelerator-hours and spend.
+        assert samples[("unitscale_accelerators", labels)] == 2.0
+        assert samples[("unitscale_cost_per_hour", (*labels, ("price", "configured")))] == 4.0
         up = {dict(k)["target"]: v for (n, k), v in samples.items() if n == "unitscale_target_up"}
         assert sorted(up.values()) == [0.0, 1.0]
         errors = [
