@@ -107,8 +107,10 @@ class SimReplicaServer:
         model: str = "sim-llama",
         speedup: float = 1.0,
         grace: float = 30.0,
+        *,
+        sleep_mode: bool = True,
     ) -> None:
-        self.replica = SimReplica(profile, model, speedup)
+        self.replica = SimReplica(profile, model, speedup, sleep_mode=sleep_mode)
         self._listen = split_listen(listen)
         self._grace = grace
         self._runner: web.AppRunner | None = None

@@ -23,6 +23,16 @@ streaming requests (a non-streaming request is woken once, when it finishes). At
 
 Tokens are counted, not computed: a request generates exactly ``max_tokens`` tokens of
 filler text (``token_text``).
+
+**Sleep mode** is vLLM 0.32's (vllm/v1/engine/core.py): ``sleep(level, mode)`` pauses the
+scheduler first (``abort``: every request ends with ``finish_reason`` "abort"; ``wait``: the
+batch runs to its end; ``keep``: the batch freezes), then at level 1 or 2 the weights and KV
+cache go to sleep. A sleeping engine still accepts requests and queues them, unscheduled
+and, as in vLLM (whose stats come from engine steps), not counted in
+``num_requests_waiting``, until ``wake_up``. Waking takes ``Profile.wake_seconds(level)``
+(divided by ``speedup``): the weights' part for the ``weights`` tag, the remap for
+``kv_cache``; scheduling resumes once neither sleeps. A level-2 wake here includes the
+weights' reload, which a real vLLM leaves to a separate ``reload_weights`` call.
 """
 
 from __future__ import annotations
@@ -30,9 +40,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
-from foundation.replica_model import Profile
+from foundation.replica_model import WAKE_REINIT_SECONDS, Profile
 from serving.vllm_metrics import VllmMetrics
 
 WORDS = ("the", "model", "token", "cache", "replica", "scale", "quick", "answer")
@@ -42,6 +54,11 @@ MIN_SLEEP = 0.001
 millisecond-grained (uvloop rounds to the nearest ms, so a shorter sleep may return at once
 and spin); sleeping at least 1 ms caps wake-ups at ~1,000/s, and the steps it oversleeps are
 run back to back afterwards."""
+
+
+SLEEP_TAGS = ("weights", "kv_cache")
+"""What sleeps at level 1 or 2, and what ``wake_up`` may wake one at a time."""
+PauseMode = Literal["abort", "wait", "keep"]
 
 
 def token_text(index: int) -> str:
@@ -66,6 +83,8 @@ class SimRequest:
     admitted: float | None = None
     last_token: float | None = None
     aborted: bool = False
+    finish_reason: str = "length"
+    """``abort`` when a sleep aborted it (its tokens so far are its answer)."""
 
 
 class SimEngine:
@@ -88,6 +107,16 @@ class SimEngine:
         self._context = 0
         """Tokens in the decoding requests' contexts (prompt + generated)."""
         self._wake = asyncio.Event()
+        self.paused: PauseMode | None = None
+        """Why the scheduler is paused (a sleep's mode), or None while it schedules."""
+        self.sleep_level = 0
+        self.sleeping_tags: set[str] = set()
+        """What is asleep: the weights, the KV cache, both or neither."""
+        self._drained = asyncio.Event()
+        """Set whenever the batch is empty: a ``wait`` sleep waits for it."""
+        self._drained.set()
+        self._operation = asyncio.Lock()
+        """Sleeps and wakes run one at a time, as vLLM's engine core runs utility calls."""
         m, labels = self.metrics, self.metrics.labels
         self._m_running = m.running.labels(*labels)
         self._m_waiting = m.waiting.labels(*labels)
@@ -120,9 +149,73 @@ class SimEngine:
             asyncio.Queue() if stream else None,
         )
         self.waiting.append(request)
-        self._m_waiting.set(len(self.waiting))
+        if self.paused is None:  # a paused vLLM does not step, so its stats stand still
+            self._m_waiting.set(len(self.waiting))
         self._wake.set()
         return request
+
+    @property
+    def is_sleeping(self) -> bool:
+        """As vLLM's ``is_sleeping``: paused at any level, or something still asleep."""
+        return self.paused is not None or bool(self.sleeping_tags)
+
+    async def sleep(self, level: int, mode: PauseMode = "abort") -> None:
+        """As vLLM's ``sleep``: pause the scheduler (``mode``), then at level 1 or 2 free memory."""
+        async with self._operation:
+            self.paused = mode
+            if mode == "abort":
+                self._abort_all()
+            elif mode == "wait":
+                await self._drained.wait()
+            if level >= 1 and not self.sleeping_tags:  # vLLM ignores a second sleep
+                self.sleeping_tags = set(SLEEP_TAGS)
+                self.sleep_level = level
+            self.metrics.set_sleep_state(1, level)
+
+    async def wake_up(self, tags: Iterable[str] | None = None) -> bool:
+        """As vLLM's ``wake_up``: wake ``tags`` (all when None); whether fully awake now.
+
+        A tag that is not asleep leaves everything asleep (vLLM warns and returns).
+        """
+        async with self._operation:
+            wanted = None if tags is None else [t for t in tags if t != "scheduling"]
+            if self.sleeping_tags and (wanted is None or wanted):
+                waking = set(self.sleeping_tags) if wanted is None else set(wanted)
+                if waking <= self.sleeping_tags:
+                    await asyncio.sleep(self._wake_seconds(waking) / self.speedup)
+                    self.sleeping_tags -= waking
+            if self.sleeping_tags:
+                return False
+            self.paused = None
+            self.sleep_level = 0
+            self.clock = max(self.clock, time.monotonic())  # nothing ran while asleep
+            self.metrics.set_sleep_state(0, 0)
+            self._m_waiting.set(len(self.waiting))
+            self._wake.set()
+            return True
+
+    def _wake_seconds(self, tags: set[str]) -> float:
+        """Model seconds to wake ``tags``: the weights' copy or reload, the KV remap."""
+        total = self.profile.wake_seconds(self.sleep_level)
+        weights = max(total - WAKE_REINIT_SECONDS, 0.0)
+        return (weights if "weights" in tags else 0.0) + (
+            total - weights if "kv_cache" in tags else 0.0
+        )
+
+    def _abort_all(self) -> None:
+        """A sleep in ``abort`` mode: every request ends now, answered with what it has."""
+        ended = [*self.waiting, *self.prefilling, *self.decoding]
+        self.waiting.clear()
+        self.prefilling, self.decoding = [], []
+        self._kv_used = self._context = 0
+        for request in ended:
+            request.finish_reason = "abort"
+            if request.tokens is not None:
+                request.tokens.put_nowait(None)
+            if not request.done.done():
+                request.done.set_result(None)
+        self._m_abort.inc(len(ended))
+        self._update_gauges()
 
     def abort(self, request: SimRequest) -> None:
         """The client went away: drop the request."""
@@ -147,7 +240,7 @@ class SimEngine:
     async def run(self) -> None:
         """Step forever; sleep while idle or ahead of the wall clock."""
         while True:
-            if not (self.waiting or self.prefilling or self.decoding):
+            if not self._has_work():
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -173,10 +266,16 @@ class SimEngine:
             if not slept:
                 await asyncio.sleep(0)  # a late engine still lets the HTTP handlers run
 
+    def _has_work(self) -> bool:
+        """Whether a step would do anything: a paused scheduler admits none of the queue."""
+        if self.paused == "keep":
+            return False
+        return bool(self.prefilling or self.decoding or (self.waiting and self.paused is None))
+
     def _schedule(self, start: float) -> float:
         """Admit what arrived by ``start`` and fits; plan prefill chunks. Model seconds."""
         p = self.profile
-        while self.waiting and self.running < p.max_num_seqs:
+        while self.waiting and self.paused is None and self.running < p.max_num_seqs:
             candidate = self.waiting[0]
             if candidate.arrived > start:
                 break  # it arrived after this step (ideally) began: the engine runs late
@@ -259,6 +358,10 @@ class SimEngine:
         self._m_length.inc(requests)
 
     def _update_gauges(self) -> None:
+        if self.running:
+            self._drained.clear()
+        else:
+            self._drained.set()
         self._m_running.set(self.running)
         self._m_waiting.set(len(self.waiting))
         self._m_kv.set(self._kv_used / self.profile.kv_capacity_tokens)

@@ -8,16 +8,24 @@ and served by the engine (``serving.sim_engine``), whose timing comes from the r
 
 A client that leaves (mid-stream, or before its whole answer) has its request aborted, as
 vLLM aborts it; that is normal traffic, logged at DEBUG only.
+
+With ``sleep_mode`` (vLLM started with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``;
+the default here) it serves vLLM's sleep endpoints: ``POST /sleep?level=0|1|2&mode=
+abort|wait|keep`` (defaults 1 and abort), ``POST /wake_up`` (``?tags=weights`` and/or
+``?tags=kv_cache`` wake one part), ``GET /is_sleeping``, with vLLM's answers, its 400 for a
+bad query, ``vllm:engine_sleep_state`` and the sleep-mode operation metrics. Without it
+those paths are 404, as on a vLLM started without them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -25,7 +33,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from foundation.replica_model import Profile
-from serving.sim_engine import SimEngine, token_text
+from serving.sim_engine import PauseMode, SimEngine, token_text
 from serving.sim_validation import (
     RequestError,
     chat_prompt_length,
@@ -42,7 +50,14 @@ log = logging.getLogger(__name__)
 class SimReplica:
     """The HTTP face of a ``SimEngine``: the parts of vLLM's OpenAI server we use."""
 
-    def __init__(self, profile: Profile, model: str = "sim-llama", speedup: float = 1.0) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        model: str = "sim-llama",
+        speedup: float = 1.0,
+        *,
+        sleep_mode: bool = True,
+    ) -> None:
         self.engine = SimEngine(profile, model, speedup)
         self.model = model
         self.app = web.Application(middlewares=[_request_errors])
@@ -51,6 +66,10 @@ class SimReplica:
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/metrics", self._metrics)
+        if sleep_mode:
+            self.app.router.add_post("/sleep", self._sleep)
+            self.app.router.add_post("/wake_up", self._wake_up)
+            self.app.router.add_get("/is_sleeping", self._is_sleeping)
         self.app.cleanup_ctx.append(self._engine_task)
         self._ids = itertools.count(1)
 
@@ -66,6 +85,34 @@ class SimReplica:
         return web.Response(
             body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
+
+    async def _sleep(self, request: web.Request) -> web.Response:
+        level, mode = sleep_query(request.query)
+        async with self._operation("sleep"):
+            await self.engine.sleep(level, mode)
+        return web.json_response({"status": "sleeping", "level": level})
+
+    async def _wake_up(self, request: web.Request) -> web.Response:
+        tags = request.query.getall("tags", []) or None
+        log.info("wake up the engine with tags: %s", tags)
+        async with self._operation("wake"):
+            awake = await self.engine.wake_up(tags)
+        return web.json_response({"status": "awake" if awake else "sleeping", "tags": tags})
+
+    async def _is_sleeping(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": self.engine.is_sleeping})
+
+    @contextlib.asynccontextmanager
+    async def _operation(self, name: str) -> AsyncIterator[None]:
+        """The sleep-mode operation metrics, as vLLM keeps them: in flight, then its duration."""
+        duration, in_flight = self.engine.metrics.operation_metrics()
+        started = time.perf_counter()
+        in_flight.labels(name).inc()
+        try:
+            yield
+        finally:
+            in_flight.labels(name).dec()
+            duration.labels(name).observe(time.perf_counter() - started)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -104,7 +151,8 @@ class SimReplica:
         try:
             if sim.tokens is None:
                 await sim.done
-                return web.json_response(answer.whole(max_tokens, int(time.time())))
+                whole = answer.whole(sim.generated, int(time.time()), sim.finish_reason)
+                return web.json_response(whole)
             await _stream(request, response, sim.tokens, answer, _include_usage(body))
         except asyncio.CancelledError:
             # The client left (the server cancels its handler) or the server stops.
@@ -126,25 +174,26 @@ class _Answer:
     chat: bool
     usage: dict[str, int]
 
-    def whole(self, max_tokens: int, created: int) -> dict[str, object]:
-        """The non-streaming answer: every token's text at once."""
-        text = "".join(token_text(i) for i in range(max_tokens))
+    def whole(self, tokens: int, created: int, finish_reason: str) -> dict[str, object]:
+        """The non-streaming answer: every token's text at once (fewer when aborted)."""
+        text = "".join(token_text(i) for i in range(tokens))
         choice: dict[str, object] = (
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "finish_reason": "length",
+                "finish_reason": finish_reason,
             }
             if self.chat
-            else {"index": 0, "text": text, "finish_reason": "length"}
+            else {"index": 0, "text": text, "finish_reason": finish_reason}
         )
+        prompt = self.usage["prompt_tokens"]
         return {
             "id": self.rid,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": created,
             "model": self.model,
             "choices": [choice],
-            "usage": self.usage,
+            "usage": _usage(prompt, tokens),
         }
 
     def chunk(self, token: str) -> dict[str, object]:
@@ -170,6 +219,40 @@ class _Answer:
             "choices": [],
             "usage": self.usage,
         }
+
+
+SLEEP_MODES: tuple[PauseMode, ...] = ("abort", "wait", "keep")
+
+
+def sleep_query(query: Mapping[str, str]) -> tuple[int, PauseMode]:
+    """``/sleep``'s ``level`` (0-2, default 1) and ``mode`` (default abort), checked as vLLM.
+
+    Raises:
+        RequestError: vLLM's 400 for a query its FastAPI route refuses.
+    """
+    raw = query.get("level", "1")
+    try:
+        level = int(raw)
+    except ValueError:
+        raise _bad_query("level", "int_parsing", "Input should be a valid integer", raw) from None
+    if level < 0:
+        raise _bad_query(
+            "level", "greater_than_equal", "Input should be greater than or equal to 0", raw
+        )
+    if level > 2:
+        raise _bad_query("level", "less_than_equal", "Input should be less than or equal to 2", raw)
+    mode = query.get("mode", "abort")
+    for known in SLEEP_MODES:
+        if mode == known:
+            return level, known
+    raise _bad_query("mode", "literal_error", "Input should be 'abort', 'wait' or 'keep'", mode)
+
+
+def _bad_query(name: str, kind: str, message: str, value: str) -> RequestError:
+    detail = {"type": kind, "loc": ("query", name), "msg": message, "input": value}
+    return RequestError(
+        f"1 validation error:\n  {detail}", kind="Bad Request", param=f"query.{name}"
+    )
 
 
 def _usage(prompt_tokens: int, max_tokens: int) -> dict[str, int]:

