@@ -1,7 +1,7 @@
 """The scaler's own configuration: a YAML file, mounted from a ConfigMap.
 
 Keys are kebab-case, durations Go-style. ``ScalerConfig()`` is the documented default;
-``deploy/scaler-configmap.yaml`` shows every key and ``docs/scaler.md`` explains them.
+``deploy/scaler/configmap.yaml`` shows every key and ``docs/scaler.md`` explains them.
 The ``policy`` section's defaults are the core's ``Policy`` defaults, taken from it, not
 repeated here (``tests/test_defaults.py`` keeps the ConfigMap and the docs equal to
 them). A bad file at startup is fatal (``ConfigError`` names the key); the running
@@ -14,13 +14,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from foundation.configfile import KEBAB_CASE, load_mapping, validate
 from foundation.durations import Seconds
 from foundation.errors import ConfigError
 from scaler.core.model import Policy
 from scaler.metadata import Profile
+from scaler.promql import (
+    DEFAULT_QUERIES,
+    DEFAULT_SELECTOR,
+    QUERY_PARAMETERS,
+    SELECTOR_PARAMETERS,
+    SIGNALS,
+    check_template,
+)
 
 
 class SignalSourceConfig(BaseModel):
@@ -48,6 +56,61 @@ class DemoSourceConfig(BaseModel):
     """Length of one demo load cycle (ramp, burst, idle, return)."""
     peak_concurrency: float = Field(64.0, gt=0)
     """Requests in flight at the top of the burst."""
+
+
+class PrometheusSourceConfig(BaseModel):
+    """Engine signals from PromQL over vLLM's own metrics (Prometheus, Thanos, Mimir...).
+
+    Every ScaledObject's target is queried each ``interval``; ``scaler.promql`` holds the
+    default query of each signal and explains the templates.
+    """
+
+    model_config = KEBAB_CASE
+
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")]
+    """Base URL of the Prometheus HTTP API (``/api/v1/query`` is added to it)."""
+    interval: Seconds = Field(5.0, gt=0)
+    """Time between query rounds for each target."""
+    timeout: Seconds = Field(3.0, gt=0)
+    """Per-query limit; a round with a failed query publishes nothing."""
+    panic_window: Seconds = Field(60.0, gt=0)
+    """``$window`` of the panic signals: at least four scrape intervals."""
+    stable_window: Seconds = Field(180.0, gt=0)
+    """``$window`` of the stable rates and quantiles."""
+    selector: str = DEFAULT_SELECTOR
+    """``$selector``: the label matchers of one target's series."""
+    model_label: str | None = Field("model_name", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    """Label matched to the ScaledObject's ``model``, when it names one; null: none."""
+    queries: dict[str, str | None] = Field(default_factory=dict)
+    """Per-signal PromQL replacing the default; null leaves the signal unmeasured."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Sent with every query, e.g. ``X-Scope-OrgID`` for a Mimir or Cortex tenant."""
+    max_concurrent_queries: int = Field(16, ge=1, le=1024)
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, text: str) -> str:
+        return check_template(text, SELECTOR_PARAMETERS, "selector")
+
+    @field_validator("queries")
+    @classmethod
+    def _queries(cls, queries: dict[str, str | None]) -> dict[str, str | None]:
+        for name, text in queries.items():
+            if name not in SIGNALS:
+                raise ValueError(f"unknown signal {name!r} (signals: {', '.join(SIGNALS)})")
+            if text is not None:
+                check_template(text, QUERY_PARAMETERS, f"query {name!r}")
+        return queries
+
+    @model_validator(mode="after")
+    def _windows(self) -> PrometheusSourceConfig:
+        if self.stable_window < self.panic_window:
+            raise ValueError("stable-window must not be shorter than panic-window")
+        return self
+
+    def effective_queries(self) -> dict[str, str | None]:
+        """The default queries with this config's replacements."""
+        return {**DEFAULT_QUERIES, **self.queries}
 
 
 # The one source of the policy defaults: the decision core's own.
@@ -148,6 +211,8 @@ class ScalerConfig(BaseModel):
     applies) instead of acting on old data. 30 s is two exporter scrapes at the
     default 15 s Prometheus interval."""
     demo_source: DemoSourceConfig | None = None
+    prometheus_source: PrometheusSourceConfig | None = None
+    """Take engine signals from PromQL instead of (or beside) an exporter; read at start."""
     """Publish synthetic signals in-process instead of (or beside) real sources."""
     grace_period: Seconds = Field(5.0, ge=0)
     """On SIGTERM, how long open RPCs may finish before the server stops."""

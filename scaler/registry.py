@@ -125,6 +125,10 @@ class ScaledObjectRegistry:
         """Every ScaledObject KEDA has asked about."""
         return list(self._objects.values())
 
+    def targets(self) -> list[TargetKey]:
+        """Every target some ScaledObject scales (what a polling source must query)."""
+        return [target for target, bound in self._by_target.items() if bound]
+
     def get(self, namespace: str, name: str) -> ScaledObject | None:
         """The ScaledObject if KEDA has asked about it."""
         return self._objects.get((namespace, name))

@@ -23,7 +23,7 @@ from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
 from scaler.registry import ScaledObjectRegistry
 from scaler.service import CapacityService, ExternalScalerService
 from scaler.signals import SignalStore
-from scaler.sources import demo_source, watch_signals
+from scaler.sources import demo_source, prometheus_source, watch_signals
 from scaler.telemetry import metrics_app
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,8 @@ class ScalerServer:
 
     The config is hot-reloaded from ``source`` (a mounted file or a ConfigMap) when one
     is given: ``max-signal-age`` applies to the next decision, ``signal-sources``
-    watches start and stop to match. ``grace-period`` and ``demo-source`` are read at
-    start only.
+    watches start and stop to match. ``grace-period``, ``demo-source`` and
+    ``prometheus-source`` are read at start only.
     """
 
     def __init__(
@@ -193,6 +193,10 @@ class ScalerServer:
             self._tasks.append(
                 asyncio.create_task(demo_source(self.config.demo_source, self.store, self._clock))
             )
+        if self.config.prometheus_source is not None:
+            targets = self.registry.targets
+            source = prometheus_source(self.config.prometheus_source, self.store, targets)
+            self._tasks.append(asyncio.create_task(source))
         if self._source is not None:
             self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
         self._tasks.append(asyncio.create_task(self._evict_loop()))

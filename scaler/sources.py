@@ -1,9 +1,10 @@
-"""Where signals come from: watches on exporters and gateways, or a demo generator.
+"""Where signals come from: watches on exporters and gateways, PromQL, or a demo generator.
 
 Each source is a long-running coroutine that feeds a ``SignalStore``; the server
 starts and cancels them. A broken watch reconnects with capped exponential backoff;
 meanwhile the stored signals age and KEDA gets UNAVAILABLE once they pass
-``max-signal-age``.
+``max-signal-age``. The Prometheus source fails the same way: a round whose queries
+fail publishes nothing, and the signals age.
 """
 
 from __future__ import annotations
@@ -12,15 +13,24 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+import aiohttp
 import grpc
 
-from foundation.signals import EngineSignals, GatewaySignals, Snapshot, WindowSignals
+from foundation.signals import (
+    EngineSignals,
+    GatewaySignals,
+    Snapshot,
+    TargetKey,
+    WindowSignals,
+    describe_target,
+)
 from foundation.signals_wire import WireError, decode
 from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
-from scaler.config import DemoSourceConfig, SignalSourceConfig
+from scaler.config import DemoSourceConfig, PrometheusSourceConfig, SignalSourceConfig
+from scaler.promql import AnswerError, Query, answer_value, plan, signals_from_answers
 from scaler.signals import SignalStore
 
 log = logging.getLogger(__name__)
@@ -130,3 +140,100 @@ async def demo_source(
             for snapshot in demo_signals(config.namespace, deployment, now, now - start, config):
                 store.update(snapshot)
         await asyncio.sleep(config.interval)
+
+
+class PrometheusError(Exception):
+    """A query round for one target failed: unreachable, an error status, a bad answer."""
+
+
+async def prometheus_source(
+    config: PrometheusSourceConfig,
+    store: SignalStore,
+    targets: Callable[[], Iterable[TargetKey]],
+) -> None:
+    """Query every target ``targets()`` names each ``interval``, forever.
+
+    Logged on changes only, per target: a WARNING when its queries start failing or
+    find no series, INFO when signals come back.
+    """
+    loop = asyncio.get_running_loop()
+    problems: dict[TargetKey, str | None] = {}
+    timeout = aiohttp.ClientTimeout(total=config.timeout)
+    async with aiohttp.ClientSession(headers=config.headers, timeout=timeout) as session:
+        limit = asyncio.Semaphore(config.max_concurrent_queries)
+        while True:
+            started = loop.time()
+            wanted = sorted(set(targets()))
+            outcomes = await asyncio.gather(
+                *(_query_target(session, limit, config, target) for target in wanted)
+            )
+            for target, outcome in zip(wanted, outcomes, strict=True):
+                problem = outcome if isinstance(outcome, str) else None
+                if isinstance(outcome, EngineSignals):
+                    store.update(Snapshot(target, outcome))
+                _log_change(target, problems.get(target, "new"), problem, config.url)
+                problems[target] = problem
+            for gone in set(problems) - set(wanted):
+                del problems[gone]
+            await asyncio.sleep(max(0.0, config.interval - (loop.time() - started)))
+
+
+def _log_change(target: TargetKey, before: str | None, now: str | None, url: str) -> None:
+    if now == before:
+        return
+    where = describe_target(target)
+    if now is None:
+        log.info("querying signals for %s from %s", where, url)
+    else:
+        log.warning("no signals for %s from %s: %s", where, url, now)
+
+
+async def _query_target(
+    session: aiohttp.ClientSession,
+    limit: asyncio.Semaphore,
+    config: PrometheusSourceConfig,
+    target: TargetKey,
+) -> EngineSignals | str:
+    """The target's signals, or why there are none (a failed query fails the round)."""
+    queries = plan(
+        target,
+        config.effective_queries(),
+        config.selector,
+        config.model_label,
+        config.panic_window,
+        config.stable_window,
+    )
+    try:
+        values = await asyncio.gather(*(_run(session, limit, config.url, q) for q in queries))
+    except PrometheusError as err:
+        return str(err)
+    answers = {(q.signal, q.window): value for q, value in zip(queries, values, strict=True)}
+    signals = signals_from_answers(answers, config.panic_window, config.stable_window)
+    if signals is None:
+        return "no series match (the replicas are not scraped, or the selector is wrong)"
+    return signals
+
+
+async def _run(
+    session: aiohttp.ClientSession, limit: asyncio.Semaphore, url: str, query: Query
+) -> float | None:
+    """One instant query's value (None: no series).
+
+    Raises:
+        PrometheusError: unreachable, timed out, a 5xx, or an answer that is not one
+            number (Prometheus answers a bad query 400 with a JSON error, named here).
+    """
+    endpoint = url.rstrip("/") + "/api/v1/query"
+    async with limit:
+        try:
+            async with session.get(endpoint, params={"query": query.promql}) as response:
+                if response.status >= 500:
+                    text = (await response.text())[:200]
+                    raise PrometheusError(f"{endpoint} answered {response.status}: {text}")
+                body = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            raise PrometheusError(f"{endpoint}: {type(err).__name__}: {err}") from err
+    try:
+        return answer_value(body, query.promql)
+    except AnswerError as err:
+        raise PrometheusError(str(err)) from err

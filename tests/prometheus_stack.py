@@ -91,18 +91,23 @@ class Prometheus:
         scrape_interval: str = "500ms",
         rule_files: Sequence[Path] = (),
         within: float = 60.0,
+        target_labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> Prometheus:
         """Start Prometheus scraping ``jobs`` (name -> ``host:port`` targets), ready to query.
+
+        ``target_labels`` gives a target labels of its own (``namespace`` and ``pod``, as
+        Kubernetes service discovery would; ``__metrics_path__`` for another path).
 
         Raises:
             AssertionError: it exited or was not ready within ``within`` seconds.
         """
         assert PROMETHEUS is not None, "prometheus not installed"
+        labels = target_labels or {}
         config = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [
-                {"job_name": name, "static_configs": [{"targets": list(targets)}]}
+                {"job_name": name, "static_configs": _static_configs(targets, labels)}
                 for name, targets in jobs.items()
             ],
         }
@@ -192,6 +197,16 @@ class Prometheus:
                 self.process.kill()
                 await self.process.wait()
         await self.client.close()
+
+
+def _static_configs(
+    targets: Sequence[str], labels: Mapping[str, Mapping[str, str]]
+) -> list[dict[str, Any]]:
+    """One group for the unlabelled targets, one for each labelled target."""
+    plain = [t for t in targets if t not in labels]
+    groups: list[dict[str, Any]] = [{"targets": plain}] if plain else []
+    groups.extend({"targets": [t], "labels": dict(labels[t])} for t in targets if t in labels)
+    return groups
 
 
 def _write_config(directory: Path, config: dict[str, Any]) -> None:
