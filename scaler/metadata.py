@@ -34,6 +34,7 @@ from foundation.durations import Seconds
 from foundation.errors import MetadataError, quote
 from scaler.core.capacity import check_profile
 from scaler.core.model import Policy
+from scaler.prewarm.plan import PrewarmSpec
 
 # RFC 1123 label: what Kubernetes allows in namespace and Deployment names.
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -104,6 +105,26 @@ def _pool(value: object) -> object:
     return value
 
 
+MAX_PREWARM_PATHS = 32
+"""Paths one ScaledObject may prewarm (each a DataLoad target)."""
+
+
+def _paths(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    paths = [part.strip() for part in value.split(",")]
+    if not all(paths) or len(paths) > MAX_PREWARM_PATHS:
+        raise ValueError(
+            "expected comma-separated absolute paths in the Dataset such as"
+            f" '/llama-3-8b' or '/llama/config.json,/llama/model.safetensors' (at most"
+            f" {MAX_PREWARM_PATHS})"
+        )
+    bad = [p for p in paths if not p.startswith("/")]
+    if bad:
+        raise ValueError(f"path {quote(bad[0])} is not absolute (a path in the Dataset: '/...')")
+    return tuple(dict.fromkeys(paths))
+
+
 Integer = Annotated[int, BeforeValidator(_integer)]
 """An integer written in ASCII digits ("16", "-1"); nothing else."""
 Decimal = Annotated[float, BeforeValidator(_decimal)]
@@ -114,6 +135,16 @@ Profile = Annotated[str, BeforeValidator(_profile)]
 """A replica model's name (``foundation.replica_model.PROFILES``): ``llama3-8b-h200``."""
 Pool = Annotated[str, BeforeValidator(_pool)]
 """An accelerator pool's name: a lowercase RFC 1123 label (``h200``, ``a100-80g``)."""
+Paths = Annotated[tuple[str, ...], BeforeValidator(_paths)]
+"""Comma-separated absolute paths in a Fluid Dataset (``/llama-3-8b``)."""
+
+_PREWARM_KEYS = (
+    "prewarmPaths",
+    "prewarmTimeout",
+    "keepWarmAfterZero",
+    "prewarmCachedPercentage",
+    "fluidDatasetNamespace",
+)
 
 
 class TriggerMetadata(BaseModel):
@@ -158,6 +189,31 @@ class TriggerMetadata(BaseModel):
         None, alias="acceleratorsPerReplica", gt=0, le=1024
     )
     """Accelerators one replica holds (a fraction for a shared one); given with ``pool``."""
+    fluid_dataset: Annotated[
+        str | None, Field(alias="fluidDataset", pattern=_DNS_NAME, max_length=253)
+    ] = None
+    """The Fluid Dataset holding the model's weights: prewarmed before scale-ups."""
+    fluid_dataset_namespace: Annotated[
+        str | None, Field(alias="fluidDatasetNamespace", pattern=_DNS_NAME, max_length=63)
+    ] = None
+    """The Dataset's namespace; defaults to the workload's."""
+    prewarm_paths: Paths | None = Field(None, alias="prewarmPaths")
+    prewarm_timeout: Seconds | None = Field(None, alias="prewarmTimeout", gt=0)
+    keep_warm_after_zero: Seconds | None = Field(None, alias="keepWarmAfterZero", ge=0)
+    prewarm_cached_percentage: Decimal | None = Field(
+        None, alias="prewarmCachedPercentage", gt=0, le=100
+    )
+
+    @model_validator(mode="after")
+    def _prewarm_needs_a_dataset(self) -> TriggerMetadata:
+        if self.fluid_dataset is None:
+            given = [k for k in _PREWARM_KEYS if getattr(self, _FIELD_OF[k]) is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} needs fluidDataset (the Fluid Dataset holding the"
+                    " model's weights)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> TriggerMetadata:
@@ -183,6 +239,26 @@ class TriggerMetadata(BaseModel):
             )
         return self
 
+    def prewarm(self, namespace: str) -> PrewarmSpec | None:
+        """The prewarm settings, None without ``fluidDataset``.
+
+        ``namespace``: the ScaledObject's, the Dataset's when neither
+        ``fluidDatasetNamespace`` nor ``namespace`` is given.
+        """
+        if self.fluid_dataset is None:
+            return None
+        defaults = PrewarmSpec("default", "default")
+        return PrewarmSpec(
+            self.fluid_dataset,
+            self.fluid_dataset_namespace or self.namespace or namespace,
+            self.prewarm_paths or defaults.paths,
+            self.prewarm_timeout or defaults.timeout_seconds,
+            defaults.keep_warm_seconds
+            if self.keep_warm_after_zero is None
+            else self.keep_warm_after_zero,
+            self.prewarm_cached_percentage or defaults.warm_percent,
+        )
+
     def policy(self, defaults: Policy | None = None) -> Policy:
         """The scaler config's policy with these keys' overrides."""
         base = defaults or Policy()
@@ -203,6 +279,8 @@ class TriggerMetadata(BaseModel):
         chosen = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **chosen)  # type: ignore[arg-type]
 
+
+_FIELD_OF = {field.alias or name: name for name, field in TriggerMetadata.model_fields.items()}
 
 ALLOWED_KEYS: tuple[str, ...] = tuple(
     sorted(field.alias or name for name, field in TriggerMetadata.model_fields.items())

@@ -208,6 +208,12 @@ def test_key_lists_match_the_documented_keys():
         "acceleratorsPerReplica",
         "profile",
         "profileUtilization",
+        "fluidDataset",
+        "fluidDatasetNamespace",
+        "prewarmPaths",
+        "prewarmTimeout",
+        "keepWarmAfterZero",
+        "prewarmCachedPercentage",
     }
 
 

@@ -1,0 +1,419 @@
+"""Prewarm planning: when to warm a ScaledObject's Fluid Dataset, and what to create.
+
+Pure: the ScaledObject's prewarm settings, its latest decision (active, desired), the
+Dataset and DataLoads as the API server's JSON (Fluid v1.0.8) and ``now`` go in; a
+``PrewarmPlan`` comes out with the state, the reason, at most one write (a DataLoad to
+create, or one of ours to delete before loading again) and the tracking state for the
+next call. Nothing here ever holds a scale decision back: the plan only says what to
+load and how the warm-up stands, and the decision's reason carries that.
+
+When the cache is wanted
+    While the decision is active (replicas wanted), and for ``keep_warm_seconds`` after
+    it went to zero (``keepWarmAfterZero``), so a return within that time finds it warm.
+    Otherwise the plan is ``idle``: nothing is loaded, nothing deleted (Fluid evicts a
+    cache under pressure on its own).
+
+Triggers
+    A scale-from-zero (inactive to active: the first buffered arrival activates the
+    decision) and each scale-out step (more replicas desired than before) start a
+    warm-up clock when the cache is cold; ``timeout_seconds`` later the plan reports
+    ``timed-out`` (the load may go on; the replicas start cold) until the cache is warm
+    or the next trigger. A warm cache starts no clock.
+
+What is created
+    One DataLoad per ScaledObject and Dataset (``dataload_name``), ``policy: Once``,
+    ``loadMetadata`` first, the configured paths as targets. Nothing is created while
+    any DataLoad of the Dataset (anyone's) is pending or executing. A completed load of
+    ours is not repeated (no churn) unless the cache was seen warm after it and then
+    fell below the threshold (evicted): then ours is deleted (precondition: its UID, so
+    two scalers never delete each other's fresh one) and created again. A failed load of
+    ours is retried the same way, at the next trigger only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Literal
+
+from foundation.fluid import (
+    DNS_SUBDOMAIN,
+    FINISHED_PHASES,
+    FLUID_API,
+    STATUS_LAG_SECONDS,
+    CachedPercentage,
+    active_phase,
+    bounded_name,
+    condition_text,
+    dataset_cache,
+    finished_at,
+    loads_of,
+    meta,
+    phase,
+)
+
+RawObject = dict[str, Any]
+
+PrewarmState = Literal[
+    "unknown",
+    "dataset-missing",
+    "not-bound",
+    "idle",
+    "warm",
+    "loading",
+    "cache-unknown",
+    "below-threshold",
+    "failed",
+    "timed-out",
+]
+STATES: Final[tuple[PrewarmState, ...]] = (
+    "unknown",
+    "dataset-missing",
+    "not-bound",
+    "idle",
+    "warm",
+    "loading",
+    "cache-unknown",
+    "below-threshold",
+    "failed",
+    "timed-out",
+)
+"""Every state, for the metric's label set."""
+
+MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGER: Final = "unitscale-scaler"
+FOR_SCALED_OBJECT: Final = "unitscale.io/scaled-object"
+"""Annotation on a DataLoad we made: ``namespace/name`` of the ScaledObject it warms for."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmSpec:
+    """A ScaledObject's prewarm settings (from its trigger metadata)."""
+
+    dataset: str
+    namespace: str
+    """The Dataset's namespace (the DataLoad is created there too)."""
+    paths: tuple[str, ...] = ("/",)
+    timeout_seconds: float = 300.0
+    keep_warm_seconds: float = 900.0
+    warm_percent: float = 100.0
+    """``cachedPercentage`` at or above which the cache counts as warm."""
+
+    def __post_init__(self) -> None:
+        if not DNS_SUBDOMAIN.match(self.dataset) or len(self.dataset) > 253:
+            raise ValueError(f"Dataset name {self.dataset!r} is not a Kubernetes object name")
+        if not self.paths or any(not p.startswith("/") for p in self.paths):
+            raise ValueError(f"prewarm paths must be absolute, got {self.paths!r}")
+        if not 0 < self.warm_percent <= 100:
+            raise ValueError(f"warm_percent must be within (0, 100], got {self.warm_percent}")
+
+
+@dataclass(frozen=True, slots=True)
+class FluidView:
+    """What the scaler's watches know of Fluid's objects."""
+
+    listed: bool
+    """Both watches have listed at least once (before that, nothing is known)."""
+    datasets: Mapping[str, RawObject] = field(default_factory=dict)
+    """``namespace/name`` -> Dataset."""
+    dataloads: Sequence[RawObject] = ()
+    problem: str = ""
+    """Why the watches cannot see Fluid's objects (its last error), "" when they can."""
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """What one plan hands the next, for one ScaledObject."""
+
+    active: bool = False
+    desired: int = 0
+    idle_since: float | None = None
+    """When the decision went to zero (None while active, or never active)."""
+    wait_since: float | None = None
+    """When the current warm-up began (a trigger found the cache cold)."""
+    wait_for: str = ""
+    """What the warm-up is for: ``scale-from-zero``, ``scale-out to 3``."""
+    timed_out: bool = False
+    warm_after: str = ""
+    """UID of our DataLoad that the cache was seen warm after (eviction shows against it)."""
+    time_to_warm: float | None = None
+    """Seconds the last warm-up took, from its trigger to a warm cache."""
+    timeouts: int = 0
+    """Warm-ups that timed out, since the scaler started."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """One of our DataLoads to delete (only if its UID is still ``uid``)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmPlan:
+    """What the prewarm should do now, and why."""
+
+    state: PrewarmState
+    reason: str
+    track: Track
+    cached_percent: float | None = None
+    dataload: str = ""
+    """The DataLoad the state refers to (ours, or the one under way)."""
+    create: RawObject | None = None
+    delete: Delete | None = None
+
+    @property
+    def note(self) -> str:
+        """The text a decision's reason carries ("" when there is nothing to say)."""
+        return "" if self.state == "idle" else f"prewarm {self.state}: {self.reason}"
+
+
+def dataload_name(scaled_object: tuple[str, str], spec: PrewarmSpec, dataset_uid: str) -> str:
+    """Our DataLoad's name: the same for every scaler replica that plans it.
+
+    The hash covers the ScaledObject, the Dataset (with its UID: a recreated Dataset's
+    predecessor's DataLoad may still be terminating) and the paths.
+    """
+    namespace, name = scaled_object
+    key = "/".join((namespace, name, spec.namespace, spec.dataset, dataset_uid, *spec.paths))
+    return bounded_name(f"prewarm-{name}", key, "prewarm")
+
+
+def dataload_for(
+    scaled_object: tuple[str, str], spec: PrewarmSpec, dataset: Mapping[str, Any]
+) -> RawObject:
+    """Our DataLoad of ``spec.paths``, once, owned by the Dataset.
+
+    Owned by the Dataset, not the ScaledObject: an owner must be in the same namespace
+    (the Dataset always is; the ScaledObject may not be), and KEDA tells the scaler no
+    ScaledObject UID. Deleting the Dataset deletes its loads; a deleted ScaledObject
+    leaves one finished ``Once`` DataLoad, which holds nothing but its record.
+    ``blockOwnerDeletion: false``: Fluid's finalizer on the DataLoad must not hold up a
+    foreground deletion of the Dataset.
+
+    Raises:
+        ValueError: the Dataset has no UID (an owner reference needs one).
+    """
+    uid = meta(dataset, "uid")
+    if not uid:
+        raise ValueError(f"Dataset {spec.namespace}/{spec.dataset} has no metadata.uid")
+    owner = {
+        "apiVersion": FLUID_API,
+        "kind": "Dataset",
+        "name": spec.dataset,
+        "uid": uid,
+        "controller": False,
+        "blockOwnerDeletion": False,
+    }
+    return {
+        "apiVersion": FLUID_API,
+        "kind": "DataLoad",
+        "metadata": {
+            "name": dataload_name(scaled_object, spec, uid),
+            "namespace": spec.namespace,
+            "labels": {MANAGED_BY: MANAGER},
+            "annotations": {FOR_SCALED_OBJECT: "/".join(scaled_object)},
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "dataset": {"name": spec.dataset, "namespace": spec.namespace},
+            "loadMetadata": True,
+            "target": [{"path": path, "replicas": 1} for path in spec.paths],
+            "policy": "Once",
+        },
+    }
+
+
+def plan(
+    scaled_object: tuple[str, str],
+    spec: PrewarmSpec,
+    track: Track,
+    *,
+    active: bool,
+    desired: int,
+    fluid: FluidView,
+    now: float,
+) -> PrewarmPlan:
+    """Where the prewarm of ``scaled_object`` stands after a decision (see the module).
+
+    Args:
+        scaled_object: its (namespace, name).
+        spec: its prewarm settings.
+        track: the previous plan's ``track`` (``Track()`` the first time).
+        active: whether the latest decision wants replicas.
+        desired: the replicas it wants.
+        fluid: what the watches see of Datasets and DataLoads.
+        now: unix seconds.
+    """
+    track, triggered = _follow(track, active, desired, now)
+    result = _assess(scaled_object, spec, track, fluid, now, triggered)
+    return _timed(result, spec, now)
+
+
+def _follow(track: Track, active: bool, desired: int, now: float) -> tuple[Track, bool]:
+    """The tracking state after this decision, and whether it is a trigger."""
+    trigger = ""
+    if active and not track.active:
+        trigger = "scale-from-zero"
+    elif active and desired > track.desired:
+        trigger = f"scale-out to {desired}"
+    idle_since = track.idle_since
+    if active:
+        idle_since = None
+    elif track.active:
+        idle_since = now
+    new = replace(track, active=active, desired=desired if active else 0, idle_since=idle_since)
+    if trigger:
+        # A new trigger restarts the clock; what it found is judged by _assess.
+        new = replace(new, wait_since=now, wait_for=trigger, timed_out=False)
+    return new, bool(trigger)
+
+
+def _assess(
+    key: tuple[str, str],
+    spec: PrewarmSpec,
+    track: Track,
+    fluid: FluidView,
+    now: float,
+    triggered: bool,
+) -> PrewarmPlan:
+    """The state, before the timeout."""
+    ref = f"{spec.namespace}/{spec.dataset}"
+    if not fluid.listed:
+        shown = fluid.problem or "waiting for the first list of Fluid Datasets and DataLoads"
+        return PrewarmPlan("unknown", shown, track)
+    dataset = fluid.datasets.get(ref)
+    if dataset is None:
+        extra = f" ({fluid.problem})" if fluid.problem else ""
+        message = f"Fluid Dataset {ref} does not exist (trigger key fluidDataset){extra}"
+        return PrewarmPlan("dataset-missing", message, _settled(track))
+    bound = phase(dataset)
+    if meta(dataset, "deletionTimestamp") or bound != "Bound":
+        shown = "is being deleted" if meta(dataset, "deletionTimestamp") else f"is {bound or 'new'}"
+        message = f"Dataset {ref} {shown}, not Bound: its runtime is not ready"
+        return PrewarmPlan("not-bound", message, track)
+    cache = dataset_cache(dataset)
+    mine = dataload_name(key, spec, meta(dataset, "uid"))
+    loads = loads_of(fluid.dataloads, spec.namespace, spec.dataset)
+    own = next((d for d in loads if meta(d, "name") == mine), None)
+    deleting = any(
+        meta(d, "name") == mine and meta(d, "deletionTimestamp") for d in fluid.dataloads
+    )
+    if cache.value is not None and cache.value >= spec.warm_percent:
+        return _warm(track, ref, cache, own, now, triggered)
+    wanted = track.active or (
+        track.idle_since is not None and now - track.idle_since < spec.keep_warm_seconds
+    )
+    held = f"Dataset {ref} holds {cache.describe()} of the {spec.warm_percent:g}% warm"
+    if cache.value is None:
+        held = f"Dataset {ref}: {cache.reason}"
+    base = PrewarmPlan("loading", held, track, cache.value, mine)
+    if not wanted:
+        return replace(
+            base, state="idle", reason=f"{held}; no replicas wanted", track=_settled(track)
+        )
+    active = [d for d in loads if phase(d) not in FINISHED_PHASES]
+    if active:
+        load = min(active, key=lambda d: (meta(d, "name") != mine, meta(d, "name")))
+        return replace(
+            base,
+            reason=f"{held}; DataLoad {spec.namespace}/{meta(load, 'name')} is "
+            f"{active_phase(load)}",
+            dataload=meta(load, "name"),
+        )
+    if deleting:
+        return replace(base, reason=f"{held}; waiting for our old DataLoad {mine} to go")
+    if own is None:
+        return replace(
+            base,
+            reason=f"{held}: creating DataLoad {spec.namespace}/{mine}",
+            create=dataload_for(key, spec, dataset),
+        )
+    return _finished(base, own, cache, track, now, triggered)
+
+
+def _warm(
+    track: Track,
+    ref: str,
+    cache: CachedPercentage,
+    own: Mapping[str, Any] | None,
+    now: float,
+    triggered: bool,
+) -> PrewarmPlan:
+    # A trigger that finds the cache warm waited for nothing: no time-to-warm.
+    waited = track.wait_since is not None and not triggered
+    took = now - track.wait_since if waited and track.wait_since is not None else None
+    # Eviction is judged against a finished load of ours seen warm after it.
+    seen = meta(own, "uid") if own is not None and phase(own) in FINISHED_PHASES else ""
+    new = replace(
+        _settled(track),
+        warm_after=seen or track.warm_after,
+        time_to_warm=took if took is not None else track.time_to_warm,
+    )
+    message = f"Dataset {ref} is warm ({cache.describe()} cached)"
+    if took is not None:
+        message += f" {took:.0f} s after the {track.wait_for}"
+    return PrewarmPlan("warm", message, new, cache.value, meta(own, "name") if own else "")
+
+
+def _finished(
+    base: PrewarmPlan,
+    own: Mapping[str, Any],
+    cache: CachedPercentage,
+    track: Track,
+    now: float,
+    triggered: bool,
+) -> PrewarmPlan:
+    """Our DataLoad finished and the cache is not warm: wait, reload, or say why not."""
+    ref = f"{meta(own, 'namespace')}/{meta(own, 'name')}"
+    again = Delete(meta(own, "namespace"), meta(own, "name"), meta(own, "uid"))
+    if phase(own) == "Failed":
+        failed = f"{base.reason}; DataLoad {ref} failed ({condition_text(own, 'Failed')})"
+        if triggered:  # a scale-up since: a Once load never reruns, so load anew
+            return replace(base, reason=f"{failed}: loading again", delete=again)
+        return replace(base, state="failed", reason=f"{failed}; retried at the next scale-up")
+    done = finished_at(own)
+    if done is None or now - done < STATUS_LAG_SECONDS:
+        return replace(
+            base, reason=f"{base.reason}; DataLoad {ref} completed: waiting for Fluid's figures"
+        )
+    if cache.value is None:
+        return replace(
+            base, state="cache-unknown", reason=f"{base.reason}; DataLoad {ref} completed"
+        )
+    if track.warm_after and track.warm_after == meta(own, "uid"):
+        return replace(
+            base, reason=f"{base.reason}, down from warm: evicted; loading again", delete=again
+        )
+    return replace(
+        base,
+        state="below-threshold",
+        reason=f"{base.reason}, though DataLoad {ref} completed: the cache is smaller than "
+        "the data, or prewarmCachedPercentage is too high; not loading again (it would "
+        "churn)",
+    )
+
+
+def _settled(track: Track) -> Track:
+    """No warm-up under way any more."""
+    return replace(track, wait_since=None, wait_for="", timed_out=False)
+
+
+def _timed(result: PrewarmPlan, spec: PrewarmSpec, now: float) -> PrewarmPlan:
+    """A warm-up that has lasted ``timeout_seconds`` is reported as given up."""
+    track = result.track
+    if track.timed_out or (
+        track.wait_since is not None and now - track.wait_since >= spec.timeout_seconds
+    ):
+        first = not track.timed_out
+        waited = now - (track.wait_since if track.wait_since is not None else now)
+        message = (
+            f"gave up waiting after {waited:.0f} s (prewarmTimeout "
+            f"{spec.timeout_seconds:g} s) for the {track.wait_for}, which proceeds with a "
+            f"cold cache: {result.reason}"
+        )
+        new = replace(track, timed_out=True, timeouts=track.timeouts + (1 if first else 0))
+        return replace(result, state="timed-out", reason=message, track=new)
+    return result
