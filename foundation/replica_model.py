@@ -232,14 +232,6 @@ PROFILES = {p.name: p for p in (LLAMA3_8B_H200, QWEN25_32B_H200)}
 
 COLD_START_TIERS = ("cached", "local-disk", "remote", "new-node")
 
-SLEEP_WAKE_GBPS = 16.4
-"""Weights per second a vLLM level-1 sleeper copies back to the accelerator on wake_up.
-
-Derived from llm-d's fast model actuation: a sleeping vLLM instance of Qwen3-32B (65.5 GB
-in bf16) wakes in about 4 s on an H100, against about 85 s for a cold pod. Level 1 keeps
-the engine (CUDA graphs, KV layout) and offloads only the weights to pinned host memory,
-so a wake is a host-to-device copy: 65.5 GB / 4 s. Llama-3-8B: 16.06 GB in 0.98 s."""
-
 HOST_MEMORY_PRICE_PER_GB_HOUR = 0.0045
 """US$ per GB-hour of node memory: about a cloud's on-demand price of memory alone
 (e.g. a custom machine type's per-GB rate). Assumed, not measured; configurable."""
@@ -260,7 +252,7 @@ def cold_start_seconds(
     if tier == "cached":
         load = weights / 55.0
     elif tier == "local-disk":
-        load = weights / 1.19
+        load = weights / LOCAL_DISK_GB_PER_S
     elif tier == "remote":
         load = weights / remote_gbps
     elif tier == "new-node":
@@ -278,7 +270,8 @@ class WarmTiers:
     tier        ready after                            costs per hour
     =========== ====================================== =========================================
     running     0                                      the accelerator (``running_per_hour``)
-    sleeping    ``sleeping_wake_seconds`` (wake_up)    its weights in host memory, per replica
+    sleeping    ``sleeping_wake_seconds`` (level-1     its weights in host memory, per replica
+                wake_up: ``Profile.wake_seconds(1)``)
     cache-warm  ``cache_warm_wake_seconds`` (a start   one cached copy of the weights on the
                 reading the Fluid cache)               node, shared by every start
     cold        ``cold_wake_seconds``                  nothing
@@ -321,7 +314,7 @@ def warm_tiers(
     memory = profile.weights_gb * memory_price_per_gb_hour
     return WarmTiers(
         running_per_hour=profile.price_per_hour,
-        sleeping_wake_seconds=profile.weights_gb / SLEEP_WAKE_GBPS,
+        sleeping_wake_seconds=profile.wake_seconds(1),
         sleeping_per_hour=memory,
         cache_warm_wake_seconds=cold_start_seconds(profile, "cached"),
         cache_per_hour=memory,

@@ -1,0 +1,234 @@
+"""The standby plan: sleeping replicas and a warm cache besides the running ones."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from foundation.replica_model import (
+    LLAMA3_8B_H200,
+    QWEN25_32B_H200,
+    WarmTiers,
+    cold_start_seconds,
+    warm_tiers,
+)
+from scaler.core.tiers import StandbyInputs, StandbyPolicy, plan_standby
+
+TIERS = warm_tiers(LLAMA3_8B_H200, cold_start_seconds(LLAMA3_8B_H200, "local-disk"))
+POLICY = StandbyPolicy()
+
+
+def inputs(**changes: object) -> StandbyInputs:
+    base = StandbyInputs(
+        now=1000.0,
+        desired_running=2,
+        recent_need=(2.0,) * 10,
+        last_activity=1000.0,
+        slo_ttft_seconds=2.0,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_figures_follow_their_derivations() -> None:
+    # a level-1 wake: 16.06 GB back at 25 GB/s + 1 s; 32B: 3.6 s (llm-d: ~4 s for Qwen3-32B)
+    assert TIERS.sleeping_wake_seconds == pytest.approx(16.06 / 25 + 1)
+    assert warm_tiers(QWEN25_32B_H200, 95.0).sleeping_wake_seconds == pytest.approx(3.62, abs=0.01)
+    assert TIERS.cache_warm_wake_seconds == pytest.approx(25.29, abs=0.01)
+    assert TIERS.cold_wake_seconds == pytest.approx(38.5, abs=0.05)
+    assert TIERS.sleeping_per_hour / TIERS.running_per_hour == pytest.approx(0.0206, abs=1e-3)
+
+
+def test_negative_figures_are_refused() -> None:
+    with pytest.raises(ValueError, match="not negative"):
+        dataclasses.replace(TIERS, sleeping_wake_seconds=-1.0)
+    with pytest.raises(ValueError, match="max_sleeping"):
+        StandbyPolicy(max_sleeping=-1)
+
+
+@pytest.mark.parametrize(
+    ("case", "policy", "tiers", "running", "sleeping", "cache"),
+    [
+        pytest.param(
+            inputs(),
+            POLICY,
+            TIERS,
+            2,
+            0,
+            True,
+            id="a steady fleet that never needed more holds no sleeper, but keeps the cache",
+        ),
+        pytest.param(
+            inputs(recent_need=(2.0,) * 8 + (3.0, 4.0)),
+            POLICY,
+            TIERS,
+            2,
+            2,
+            True,
+            id="replicas a burst needed 10% of the window sleep (above the 2% break-even)",
+        ),
+        pytest.param(
+            inputs(recent_need=(2.0,) * 99 + (3.0,)),
+            POLICY,
+            TIERS,
+            2,
+            0,
+            True,
+            id="a replica needed 1% of the window is below the break-even: it does not sleep",
+        ),
+        pytest.param(
+            inputs(recent_need=(2.0,) * 99 + (3.0,)),
+            POLICY,
+            dataclasses.replace(TIERS, sleeping_per_hour=0.01),
+            2,
+            1,
+            True,
+            id="the same rare burst pays for a sleeper whose memory is cheaper",
+        ),
+        pytest.param(
+            inputs(desired_running=0, recent_need=(0.0,) * 10, last_activity=400.0),
+            POLICY,
+            TIERS,
+            0,
+            1,
+            True,
+            id="at zero within the release time the first replica of a return sleeps",
+        ),
+        pytest.param(
+            inputs(desired_running=0, recent_need=(0.0,) * 10, last_activity=-3000.0),
+            POLICY,
+            TIERS,
+            0,
+            0,
+            False,
+            id="idle for the release time holds nothing at all",
+        ),
+        pytest.param(
+            inputs(desired_running=0, recent_need=(0.0,) * 10, last_activity=900.0),
+            StandbyPolicy(release_after_seconds=60.0),
+            TIERS,
+            0,
+            0,
+            False,
+            id="the release time is configurable",
+        ),
+        pytest.param(
+            inputs(
+                desired_running=0, recent_need=(0.0,) * 10, last_activity=-3000.0, forecast_peak=2.2
+            ),
+            POLICY,
+            TIERS,
+            0,
+            3,
+            True,
+            id="a forecast return holds its replicas asleep even after the release time",
+        ),
+        pytest.param(
+            inputs(recent_need=(2.0,) * 5 + (9.0,) * 5),
+            POLICY,
+            TIERS,
+            2,
+            4,
+            True,
+            id="sleepers are capped by max_sleeping",
+        ),
+        pytest.param(
+            inputs(recent_need=(2.0,) * 5 + (9.0,) * 5),
+            StandbyPolicy(sleeping=False),
+            TIERS,
+            2,
+            0,
+            True,
+            id="with sleeping disabled only the cache is held",
+        ),
+        pytest.param(
+            inputs(recent_need=(2.0,) * 5 + (9.0,) * 5),
+            POLICY,
+            dataclasses.replace(TIERS, cold_wake_seconds=1.5, cache_warm_wake_seconds=1.0),
+            2,
+            0,
+            False,
+            id="a cold start within the TTFT SLO makes every standby pointless",
+        ),
+        pytest.param(
+            inputs(recent_need=(2.0,) * 5 + (9.0,) * 5),
+            POLICY,
+            dataclasses.replace(TIERS, sleeping_wake_seconds=30.0),
+            2,
+            0,
+            True,
+            id="a sleeper that wakes no faster than a cache-warm start is not held",
+        ),
+    ],
+)
+def test_plan(
+    case: StandbyInputs,
+    policy: StandbyPolicy,
+    tiers: WarmTiers,
+    running: int,
+    sleeping: int,
+    cache: bool,
+) -> None:
+    plan = plan_standby(case, tiers, policy)
+    assert (plan.running, plan.sleeping, plan.cache_warm) == (running, sleeping, cache)
+    assert plan.reason.startswith(f"running {running};")
+
+
+def test_the_reason_names_the_break_even_and_the_wake() -> None:
+    plan = plan_standby(inputs(recent_need=(2.0,) * 8 + (3.0, 4.0)), TIERS, POLICY)
+    assert "wake 1.6s" in plan.reason
+    assert "2.1% break-even" in plan.reason
+    assert "25.3s instead of 38.5s" in plan.reason
+
+
+needs = st.lists(st.floats(0, 20), min_size=0, max_size=40)
+policies = st.builds(
+    StandbyPolicy,
+    sleeping=st.booleans(),
+    cache=st.booleans(),
+    max_sleeping=st.integers(0, 8),
+    release_after_seconds=st.floats(0, 7200),
+)
+
+
+@given(
+    desired=st.integers(0, 20),
+    need=needs,
+    idle=st.floats(0, 10_000),
+    forecast=st.none() | st.floats(0, 20),
+    policy=policies,
+)
+def test_never_fewer_running_than_desired_and_sleepers_bounded(
+    desired: int, need: list[float], idle: float, forecast: float | None, policy: StandbyPolicy
+) -> None:
+    case = inputs(
+        desired_running=desired,
+        recent_need=tuple(need),
+        last_activity=1000.0 - idle,
+        forecast_peak=forecast,
+    )
+    plan = plan_standby(case, TIERS, policy)
+    assert plan.running == desired
+    assert 0 <= plan.sleeping <= policy.max_sleeping
+    idle_for = case.now - case.last_activity  # as the plan computes it, rounding included
+    if idle_for >= policy.release_after_seconds and (forecast is None or forecast <= desired):
+        assert (plan.sleeping, plan.cache_warm) == (0, False)
+
+
+@given(
+    desired=st.integers(0, 10),
+    need=needs,
+    cheaper=st.floats(0, 1),
+    extra=st.floats(0, 5),
+)
+def test_more_sleepers_when_sleeping_is_cheaper_or_bursts_are_higher(
+    desired: int, need: list[float], cheaper: float, extra: float
+) -> None:
+    case = inputs(desired_running=desired, recent_need=tuple(need))
+    base = plan_standby(case, TIERS, POLICY).sleeping
+    cheap = dataclasses.replace(TIERS, sleeping_per_hour=TIERS.sleeping_per_hour * cheaper)
+    assert plan_standby(case, cheap, POLICY).sleeping >= base
+    burstier = inputs(desired_running=desired, recent_need=tuple(n + extra for n in need))
+    assert plan_standby(burstier, TIERS, POLICY).sleeping >= base
