@@ -75,6 +75,12 @@ class GatewayConfig(BaseModel):
     health_interval: Seconds = Field(_DEFAULTS.health_interval, gt=0)
     rate_window: Seconds = Field(_DEFAULTS.rate_window, gt=0)
     connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10)
+    wake_timeout: Seconds = Field(_DEFAULTS.wake_timeout, gt=0)
+    """How long a sleeping replica's ``POST /wake_up`` may take; then another is woken."""
+    wake_at_outstanding: int | None = Field(_DEFAULTS.wake_at_outstanding, ge=1)
+    """Wake a sleeping replica when every ready one has this many requests outstanding."""
+    wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, gt=0)
+    """How long a replica whose wake failed is passed over."""
 
     @field_validator("replicas")
     @classmethod
@@ -113,6 +119,9 @@ class GatewayConfig(BaseModel):
             connect_retries=self.connect_retries,
             rate_window=self.rate_window,
             dns=self.dns,
+            wake_timeout=self.wake_timeout,
+            wake_at_outstanding=self.wake_at_outstanding,
+            wake_retry_after=self.wake_retry_after,
         )
 
 

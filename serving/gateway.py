@@ -18,6 +18,13 @@ gateway carries on. Every one of these upstream failures is counted (by kind) in
 metrics and in the ``upstream_error_rate`` the scaler reads; every error the gateway
 answers itself is ``{"object": "error", "message": ..., "code": status}``.
 
+A replica asleep (vLLM sleep mode, from its ``/is_sleeping``) is routed nothing. When a
+request finds no ready replica for its model (or, with ``wake_at_outstanding``, every one
+busy) the gateway wakes one sleeping replica (``POST /wake_up``, one wake per model at a
+time, ``serving.routing.choose_to_wake``) while the request waits in the buffer as at zero
+replicas; a wake that fails, times out (``wake_timeout``) or leaves it asleep is logged,
+counted, and the next wake goes to another replica for ``wake_retry_after``.
+
 Which replicas there are, and which are healthy or draining, is ``serving.gateway_replicas``;
 a reloaded config is acted on at once, so a newly listed ready replica takes traffic within
 milliseconds. The gateway's own metrics are ``serving.gateway_metrics``.
@@ -40,7 +47,7 @@ from serving.gateway_metrics import GatewayMetrics
 from serving.gateway_replicas import Replica, ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import SignalsFeed, TrafficStats, gateway_signals
-from serving.routing import choose, is_unserved, known_models, may_buffer
+from serving.routing import choose, choose_to_wake, is_unserved, known_models, may_buffer
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,8 @@ class Gateway:
         self.metrics = GatewayMetrics(settings.namespace, settings.deployment)
         self.feed = SignalsFeed(lambda now: gateway_signals(self.stats, self.settings, now))
         self._session: aiohttp.ClientSession | None = None
+        self._wakes: set[asyncio.Task[None]] = set()
+        """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
 
     @property
     def replicas(self) -> list[Replica]:
@@ -87,10 +96,11 @@ class Gateway:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         tasks = [
-            asyncio.create_task(self.pool.check_forever(self._session, self.metrics.set_ready)),
+            asyncio.create_task(self.pool.check_forever(self._session, self.metrics.set_replicas)),
             asyncio.create_task(self._signal_loop()),
         ]
         yield
+        tasks += self._wakes
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -116,6 +126,7 @@ class Gateway:
 
     async def _wait_for_replica(self, model: str | None, size: int) -> Replica:
         """A ready replica for ``model``, waiting in the buffer (``size`` bytes) if none."""
+        self._wake_if_needed(model)
         url = choose(self.pool.views(), model)
         if url is not None:
             return self.pool.find(url)
@@ -138,6 +149,7 @@ class Gateway:
             async with asyncio.timeout(self.settings.buffer_timeout):
                 async with self._ready:
                     while (url := choose(self.pool.views(), model)) is None:
+                        self._wake_if_needed(model)  # again: the last wake may have failed
                         await self._ready.wait()
         except TimeoutError:
             raise self._reject(
@@ -147,6 +159,51 @@ class Gateway:
             self._set_buffered(-1, -size)
             self.metrics.waited(time.monotonic() - started)
         return self.pool.find(url)
+
+    def _wake_if_needed(self, model: str | None) -> None:
+        """Start waking a sleeping replica if ``model`` needs one (``choose_to_wake``)."""
+        url = choose_to_wake(self.pool.views(), model, self.settings.wake_at_outstanding)
+        if url is None:
+            return
+        replica = self.pool.find(url)
+        replica.waking = True  # before any await: one wake per replica, per model
+        task = asyncio.create_task(self._wake(replica))
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
+
+    async def _wake(self, replica: Replica) -> None:
+        """``POST /wake_up``; awake: routable at once; otherwise logged and passed over."""
+        assert self._session is not None
+        log.info("waking replica %s for buffered or waiting requests", replica.url)
+        started = time.monotonic()
+        problem: str | None = None
+        try:
+            async with (
+                asyncio.timeout(self.settings.wake_timeout),
+                self._session.post(replica.url + "/wake_up") as r,
+            ):
+                answer = await r.json(content_type=None) if r.status == 200 else None
+                if not isinstance(answer, dict) or answer.get("status") != "awake":
+                    problem = f"it answered HTTP {r.status}, {answer!r}"
+        except TimeoutError:
+            problem = f"no answer within {self.settings.wake_timeout:g}s"
+        except (aiohttp.ClientError, ValueError) as err:
+            problem = f"{type(err).__name__}: {err}"
+        finally:
+            replica.waking = False
+        took = time.monotonic() - started
+        if problem is None:
+            log.info("replica %s is awake after %.2fs", replica.url, took)
+            replica.sleeping, replica.wake_failed_at = False, None
+            self.metrics.woke(took)
+        else:
+            log.warning(
+                "waking replica %s failed (%s); the next wake tries another", replica.url, problem
+            )
+            replica.wake_failed_at = time.monotonic()
+            self.metrics.wake_failed()
+        async with self._ready:  # buffered requests route to it, or wake another
+            self._ready.notify_all()
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         raw, model = await self._read(request)
@@ -323,6 +380,7 @@ class Gateway:
                 "status": "ok",
                 "replicas": len(self.replicas),
                 "ready": sum(r.routable for r in self.replicas),
+                "sleeping": sum(r.wakeable for r in self.replicas),
                 "draining": sum(r.draining for r in self.replicas),
                 "buffered": self.stats.buffered,
                 "in_flight": self.stats.in_flight,

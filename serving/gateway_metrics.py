@@ -17,6 +17,8 @@ from foundation.reload_metrics import ConfigReloadCollector
 
 BUFFER_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300)
 """Seconds in the buffer: up to well past the default timeout (120 s)."""
+WAKE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+"""Seconds a replica's ``POST /wake_up`` took: level 1 in seconds, level 2 up to a minute."""
 
 
 class GatewayMetrics:
@@ -66,8 +68,27 @@ class GatewayMetrics:
         )
         self._ready = Gauge(
             "unitscale_gateway_replicas_ready",
-            "Replicas answering /health, draining ones excepted.",
+            "Replicas answering /health, draining and sleeping ones excepted.",
             labels,
+            registry=r,
+        )
+        self._sleeping = Gauge(
+            "unitscale_gateway_replicas_sleeping",
+            "Healthy replicas asleep (vLLM sleep mode): routed nothing until woken.",
+            labels,
+            registry=r,
+        )
+        self._wakes = Counter(
+            "unitscale_gateway_wakes",
+            "Wakes of sleeping replicas the gateway asked for, by result (woken, failed).",
+            [*labels, "result"],
+            registry=r,
+        )
+        self._wake_seconds = Histogram(
+            "unitscale_gateway_wake_seconds",
+            "Time a successful wake of a sleeping replica took.",
+            labels,
+            buckets=WAKE_BUCKETS,
             registry=r,
         )
 
@@ -101,8 +122,19 @@ class GatewayMetrics:
         """A request left the buffer after ``seconds``."""
         self._wait.labels(*self._labels).observe(seconds)
 
-    def set_ready(self, count: int) -> None:
-        self._ready.labels(*self._labels).set(count)
+    def set_replicas(self, ready: int, sleeping: int) -> None:
+        """After a health round: replicas routable and replicas asleep."""
+        self._ready.labels(*self._labels).set(ready)
+        self._sleeping.labels(*self._labels).set(sleeping)
+
+    def woke(self, seconds: float) -> None:
+        """A sleeping replica answered its wake-up, awake, after ``seconds``."""
+        self._wakes.labels(*self._labels, "woken").inc()
+        self._wake_seconds.labels(*self._labels).observe(seconds)
+
+    def wake_failed(self) -> None:
+        """A wake-up failed (no answer in time, an error, or still asleep)."""
+        self._wakes.labels(*self._labels, "failed").inc()
 
     def count_reloads(self, store: ConfigStore[Any]) -> None:
         """Export ``store``'s applied and refused updates from now on."""

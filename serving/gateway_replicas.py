@@ -9,6 +9,12 @@ gateway still knows which models exist.
 
 A replica no longer named but with requests still in flight is draining: it gets no new
 request, whatever its health, and is dropped when its last one ends.
+
+A healthy replica is also asked ``GET /is_sleeping`` (vLLM's sleep mode) each round: one
+that sleeps gets no request until it is woken (``serving.gateway`` wakes it on demand),
+since vLLM queues a sleeper's requests unserved. A 404 means it has no sleep mode (vLLM
+without ``VLLM_SERVER_DEV_MODE=1``), asked again only after it was down; an answer that
+cannot be read keeps what was known.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,11 +48,24 @@ class Replica:
     models: frozenset[str] = frozenset()
     draining: bool = False
     """No longer named but with requests in flight: no new ones, dropped when they end."""
+    sleeping: bool = False
+    """Its /is_sleeping said true (vLLM sleep mode at any level) and no wake since."""
+    sleep_mode: bool = True
+    """False once its /is_sleeping answered 404: not asked again until it was down."""
+    waking: bool = False
+    """A wake of it is under way (``serving.gateway``)."""
+    wake_failed_at: float | None = None
+    """``time.monotonic`` of its last failed wake."""
 
     @property
     def routable(self) -> bool:
         """Whether new requests may go here."""
-        return self.ready and not self.draining
+        return self.ready and not self.draining and not self.sleeping and not self.waking
+
+    @property
+    def wakeable(self) -> bool:
+        """Healthy, listed and asleep."""
+        return self.ready and not self.draining and self.sleeping
 
 
 class ReplicaPool:
@@ -77,10 +97,23 @@ class ReplicaPool:
         self.apply_named(self._named())
         self._recheck.set()
 
-    def views(self) -> list[ReplicaView]:
-        """What the router sees of each replica."""
-        # A draining replica is not ready as far as routing goes, however healthy.
-        return [ReplicaView(r.url, r.routable, r.outstanding, r.models) for r in self.replicas]
+    def views(self, now: float | None = None) -> list[ReplicaView]:
+        """What the router sees of each replica (``now``: ``time.monotonic``)."""
+        # A draining or sleeping replica is not ready as far as routing goes, however healthy.
+        now = time.monotonic() if now is None else now
+        retry = self.settings.wake_retry_after
+        return [
+            ReplicaView(
+                r.url,
+                r.routable,
+                r.outstanding,
+                r.models,
+                sleeping=r.wakeable,
+                waking=r.waking,
+                wake_failed=r.wake_failed_at is not None and now - r.wake_failed_at < retry,
+            )
+            for r in self.replicas
+        ]
 
     def find(self, url: str) -> Replica:
         """The replica the router chose."""
@@ -140,17 +173,22 @@ class ReplicaPool:
             self.replicas = [r for r in self.replicas if r is not replica]
 
     async def check_forever(
-        self, session: aiohttp.ClientSession, report_routable: Callable[[int], None]
+        self, session: aiohttp.ClientSession, report: Callable[[int, int], None]
     ) -> None:
-        """Discover and check every replica each interval (or at once on a reload)."""
+        """Discover and check every replica each interval (or at once on a reload).
+
+        ``report`` hears the replicas routable and those asleep after each round.
+        """
         while True:
             self._recheck.clear()
             await self._discover()
             await asyncio.gather(*(self._check(session, r) for r in self.replicas))
             routable = sum(r.routable for r in self.replicas)
-            report_routable(routable)
-            if routable:
-                # Buffered requests look again: a replica may have been listed again.
+            asleep = sum(r.wakeable for r in self.replicas)
+            report(routable, asleep)
+            if routable or asleep:
+                # Buffered requests look again: a replica may have been listed again, or
+                # one found asleep may be woken for them.
                 async with self.ready:
                     self.ready.notify_all()
             with contextlib.suppress(TimeoutError):
@@ -172,11 +210,35 @@ class ReplicaPool:
                 self.served |= replica.models
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
             healthy = False
+        if healthy and replica.sleep_mode and not replica.waking:
+            await self._check_sleep(session, replica)
         if healthy != replica.ready:
             log.info("replica %s is %s", replica.url, "ready" if healthy else "not ready")
             replica.ready = healthy
             if not healthy:
                 replica.models = frozenset()
+                replica.sleep_mode, replica.sleeping = True, False  # ask again once it is back
             if healthy:
                 async with self.ready:
                     self.ready.notify_all()
+
+    async def _check_sleep(self, session: aiohttp.ClientSession, replica: Replica) -> None:
+        """Its /is_sleeping: asleep, awake, no sleep mode (404), or unreadable (kept)."""
+        try:
+            async with session.get(
+                replica.url + "/is_sleeping", timeout=aiohttp.ClientTimeout(total=2)
+            ) as r:
+                if r.status == 404:
+                    replica.sleep_mode, sleeping = False, False
+                else:
+                    r.raise_for_status()
+                    answer = (await r.json()).get("is_sleeping")
+                    if not isinstance(answer, bool):
+                        raise ValueError(f"is_sleeping is {answer!r}")
+                    sleeping = answer
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as err:
+            log.debug("cannot read %s/is_sleeping (%s); keeping what was known", replica.url, err)
+            return
+        if sleeping != replica.sleeping:
+            log.info("replica %s is %s", replica.url, "asleep" if sleeping else "awake")
+            replica.sleeping = sleeping

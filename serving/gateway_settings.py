@@ -1,7 +1,7 @@
 """The gateway's runtime settings: the one source of its defaults.
 
 ``serving.config.GatewayConfig`` (the ConfigMap's keys and the flags) takes its defaults
-from here, and ``deploy/gateway-configmap.yaml`` documents them; a test keeps all three equal.
+from here, and ``deploy/gateway/configmap.yaml`` documents them; a test keeps all three equal.
 """
 
 from __future__ import annotations
@@ -35,3 +35,11 @@ class GatewaySettings:
     """Seconds over which the arrival and upstream-error rates are measured."""
     dns: str | None = None
     """``host:port`` of a headless Service: every A record is a replica (re-resolved each check)."""
+    wake_timeout: float = 60.0
+    """Seconds a sleeping replica's ``POST /wake_up`` may take before another is tried: above
+    a level-2 wake of a 32B model from local disk (~56 s; level 1 takes ~4 s)."""
+    wake_at_outstanding: int | None = None
+    """Wake a sleeping replica when every ready one has this many requests outstanding;
+    None: only when none is ready (requests buffered meanwhile)."""
+    wake_retry_after: float = 30.0
+    """Seconds a replica whose wake failed is passed over for the next wake."""

@@ -10,6 +10,10 @@
   replicas that have listed their models, they decide. With none ready, the known models
   decide (those configured plus every one a replica has listed since the gateway
   started): a model outside them is 404; with nothing known yet, every model may wait.
+- A sleeping replica (vLLM sleep mode) is never routed to. When no ready replica serves
+  a request's model, or (with ``wake_at_outstanding``) every one already has that many
+  requests outstanding, one sleeping replica serving it is woken: the first listed whose
+  last wake did not fail, and none while another wake for that model is under way.
 """
 
 from __future__ import annotations
@@ -27,6 +31,16 @@ class ReplicaView:
     outstanding: int
     models: frozenset[str]
     """Base model and loaded LoRA adapters (from its /v1/models); empty: not known yet."""
+    sleeping: bool = False
+    """Healthy, listed, and asleep (its /is_sleeping says so): wakeable, not routable."""
+    waking: bool = False
+    """A wake of it is under way."""
+    wake_failed: bool = False
+    """Its last wake failed recently: wake another."""
+
+    def serves(self, model: str | None) -> bool:
+        """Whether it may serve ``model`` (a replica that has not listed its models may)."""
+        return not model or not self.models or model in self.models
 
 
 def choose(replicas: Sequence[ReplicaView], model: str | None) -> str | None:
@@ -40,6 +54,34 @@ def choose(replicas: Sequence[ReplicaView], model: str | None) -> str | None:
         if best is None or replica.outstanding < best.outstanding:
             best = replica
     return best.url if best is not None else None
+
+
+def choose_to_wake(
+    replicas: Sequence[ReplicaView], model: str | None, wake_at_outstanding: int | None = None
+) -> str | None:
+    """The sleeping replica to wake for a request for ``model``, or None.
+
+    Args:
+        replicas: what the router sees.
+        model: the model asked for.
+        wake_at_outstanding: wake one more when every ready replica serving ``model`` has
+            at least this many requests outstanding; None: only when none is ready.
+
+    Returns:
+        The first listed replica that sleeps, serves ``model`` and did not just fail a
+        wake; None when a ready replica can take the request, when a wake for ``model``
+        is already under way (it will take them), or when none sleeps.
+    """
+    serving = [r for r in replicas if r.serves(model)]
+    if any(r.waking for r in serving):
+        return None
+    ready = [r.outstanding for r in serving if r.ready]
+    if ready and (wake_at_outstanding is None or min(ready) < wake_at_outstanding):
+        return None
+    for replica in serving:
+        if replica.sleeping and not replica.wake_failed:
+            return replica.url
+    return None
 
 
 def may_buffer(

@@ -351,13 +351,16 @@ SETTINGS_IN_THE_CONFIG = [
     pytest.param("max_request_bytes", id="the-request-size-limit-has-one-default"),
     pytest.param("buffer_bytes", id="the-buffer-bytes-have-one-default"),
     pytest.param("models", id="no-configured-model-is-the-default-everywhere"),
+    pytest.param("wake_timeout", id="the-wake-timeout-has-one-default"),
+    pytest.param("wake_at_outstanding", id="waking-only-at-zero-ready-is-the-default"),
+    pytest.param("wake_retry_after", id="the-wake-retry-delay-has-one-default"),
 ]
 
 
 def documented_example():
     from serving.config import parse_config
 
-    configmap = yaml.safe_load((DEPLOY / "gateway-configmap.yaml").read_text())
+    configmap = yaml.safe_load((DEPLOY / "gateway" / "configmap.yaml").read_text())
     return parse_config(configmap["data"]["_example"], "_example")
 
 

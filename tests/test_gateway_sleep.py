@@ -1,0 +1,347 @@
+"""The gateway and vLLM sleep mode: nothing routed to a sleeping replica, one woken on demand.
+
+Real servers on 127.0.0.1: simulated replicas (vLLM 0.32's sleep endpoints) and, for a
+wake that fails, a replica stand-in whose ``/wake_up`` answers 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from foundation.replica_model import LLAMA3_8B_H200
+from serving.gateway_settings import GatewaySettings
+from serving.routing import ReplicaView, choose, choose_to_wake
+from serving.server import GatewayServer, SimReplicaServer
+from tests.conftest import eventually
+
+FAST = 50.0
+
+
+async def start_sim(**extra):
+    server = SimReplicaServer(LLAMA3_8B_H200, "127.0.0.1:0", speedup=FAST, **extra)
+    await server.start()
+    return server
+
+
+async def start_gateway(replicas, **settings):
+    values: dict[str, Any] = {"health_interval": 0.05, "deployment": "llama", "namespace": "a"}
+    server = GatewayServer(
+        replicas, GatewaySettings(**(values | settings)), "127.0.0.1:0", "127.0.0.1:0"
+    )
+    await server.start()
+    return server
+
+
+def completion(max_tokens=8):
+    return {"model": "sim-llama", "prompt": "hello world", "max_tokens": max_tokens}
+
+
+def served(sim):
+    return sim.replica.engine.metrics.success.labels("0", "sim-llama", "length")._value.get()
+
+
+async def put_to_sleep(sim, level=1):
+    async with aiohttp.ClientSession() as client, client.post(f"{sim.url}/sleep?level={level}"):
+        pass
+
+
+def seen(gateway, url):
+    return gateway.gateway.pool.find(url)
+
+
+def gateway_samples(text):
+    return {
+        (s.name, s.labels.get("result")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("unitscale_gateway_wake")
+    }
+
+
+async def gateway_metrics(gateway):
+    async with (
+        aiohttp.ClientSession() as client,
+        client.get(f"http://127.0.0.1:{gateway.port}/metrics") as r,
+    ):
+        return gateway_samples(await r.text())
+
+
+# --- which replica to wake: pure ---------------------------------------------------------
+
+
+def view(name, *, ready=False, sleeping=False, waking=False, failed=False, busy=0, models=()):
+    return ReplicaView(
+        f"http://{name}",
+        ready,
+        busy,
+        frozenset(models),
+        sleeping=sleeping,
+        waking=waking,
+        wake_failed=failed,
+    )
+
+
+@pytest.mark.parametrize(
+    ("replicas", "at", "woken"),
+    [
+        pytest.param([view("a", sleeping=True)], None, "a", id="none-ready-wakes-the-sleeper"),
+        pytest.param(
+            [view("a", sleeping=True), view("b", sleeping=True)],
+            None,
+            "a",
+            id="the-first-listed-sleeper-is-woken",
+        ),
+        pytest.param(
+            [view("a", ready=True, busy=50), view("b", sleeping=True)],
+            None,
+            None,
+            id="a-ready-replica-takes-it-however-busy-by-default",
+        ),
+        pytest.param(
+            [view("a", waking=True), view("b", sleeping=True)],
+            None,
+            None,
+            id="a-wake-under-way-for-the-model-will-take-it",
+        ),
+        pytest.param(
+            [view("a", sleeping=True, failed=True), view("b", sleeping=True)],
+            None,
+            "b",
+            id="a-sleeper-whose-wake-just-failed-is-passed-over",
+        ),
+        pytest.param(
+            [view("a", sleeping=True, failed=True)],
+            None,
+            None,
+            id="no-sleeper-left-to-try-wakes-none",
+        ),
+        pytest.param(
+            [view("a", sleeping=True, models={"other"})],
+            None,
+            None,
+            id="a-sleeper-serving-another-model-is-not-woken",
+        ),
+        pytest.param(
+            [view("a", sleeping=True, models={"m", "m-lora"})],
+            None,
+            "a",
+            id="a-sleeper-listing-the-model-is-woken",
+        ),
+        pytest.param(
+            [view("a", ready=True, busy=4), view("b", sleeping=True)],
+            4,
+            "b",
+            id="every-ready-replica-at-the-outstanding-threshold-wakes-one-more",
+        ),
+        pytest.param(
+            [
+                view("a", ready=True, busy=4),
+                view("c", ready=True, busy=3),
+                view("b", sleeping=True),
+            ],
+            4,
+            None,
+            id="one-ready-replica-below-the-threshold-wakes-none",
+        ),
+        pytest.param([view("a", ready=True)], None, None, id="nothing-asleep-wakes-none"),
+        pytest.param([], None, None, id="no-replica-at-all-wakes-none"),
+    ],
+)
+def test_choose_to_wake(replicas, at, woken):
+    assert choose_to_wake(replicas, "m", at) == (None if woken is None else f"http://{woken}")
+
+
+def test_a_sleeping_replica_is_never_chosen():
+    assert choose([view("a", sleeping=True), view("b", waking=True)], "m") is None
+
+
+# --- real servers ------------------------------------------------------------------------
+
+
+async def test_a_sleeping_replica_gets_no_request():
+    awake, asleep = await start_sim(), await start_sim()
+    await put_to_sleep(asleep)
+    gateway = await start_gateway([awake.url, asleep.url])
+    try:
+        await eventually(lambda: seen(gateway, asleep.url).sleeping, "the sleeper is seen")
+        await eventually(lambda: seen(gateway, awake.url).routable, "the awake one is ready")
+        async with aiohttp.ClientSession() as client:
+
+            async def one():
+                url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+                async with client.post(url, json=completion()) as r:
+                    return r.status
+
+            assert await asyncio.gather(*(one() for _ in range(12))) == [200] * 12
+            async with client.get(f"http://127.0.0.1:{gateway.port}/health") as r:
+                health = await r.json()
+        assert (served(awake), served(asleep)) == (12, 0)
+        assert not asleep.replica.engine.waiting  # nothing queued there either
+        assert (health["ready"], health["sleeping"]) == (1, 1)
+        assert asleep.replica.engine.is_sleeping  # and nobody woke it
+    finally:
+        await gateway.stop()
+        await awake.stop()
+        await asleep.stop()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+async def test_a_request_at_zero_awake_replicas_wakes_one_and_is_served(level):
+    first, second = await start_sim(), await start_sim()
+    for sim in (first, second):
+        await put_to_sleep(sim, level)
+    gateway = await start_gateway([first.url, second.url])
+    try:
+        for sim in (first, second):
+            await eventually(lambda s=sim: seen(gateway, s.url).sleeping, "the sleepers are seen")
+        async with aiohttp.ClientSession() as client:
+            url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+
+            async def one():
+                async with client.post(url, json=completion()) as r:
+                    return r.status, (await r.json())["usage"]["completion_tokens"]
+
+            # Ten at once: one wake between them (one per model at a time), all served.
+            assert await asyncio.gather(*(one() for _ in range(10))) == [(200, 8)] * 10
+        metrics = await gateway_metrics(gateway)
+    finally:
+        await gateway.stop()
+        for sim in (first, second):
+            await sim.stop()
+    woken = [sim for sim in (first, second) if not sim.replica.engine.is_sleeping]
+    assert woken == [first]  # the first listed; the second still sleeps
+    assert served(first) == 10
+    assert metrics[("unitscale_gateway_wakes_total", "woken")] == 1
+    assert ("unitscale_gateway_wakes_total", "failed") not in metrics
+    assert metrics[("unitscale_gateway_wake_seconds_count", None)] == 1
+    wake = LLAMA3_8B_H200.wake_seconds(level) / FAST
+    assert metrics[("unitscale_gateway_wake_seconds_sum", None)] >= wake * 0.95
+
+
+async def stand_in(wake_up) -> tuple[web.AppRunner, str]:
+    """A replica that is healthy and asleep, whose ``POST /wake_up`` is ``wake_up``."""
+
+    async def health(request):
+        return web.Response()
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "sim-llama"}]})
+
+    async def is_sleeping(request):
+        return web.json_response({"is_sleeping": True})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/is_sleeping", is_sleeping)
+    app.router.add_post("/wake_up", wake_up)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def test_a_failed_wake_is_logged_and_another_replica_is_woken(caplog):
+    caplog.set_level(logging.WARNING, logger="serving.gateway")
+
+    async def out_of_memory(request):
+        return web.json_response({"error": "out of memory"}, status=500)
+
+    broken, broken_url = await stand_in(out_of_memory)
+    sim = await start_sim()
+    await put_to_sleep(sim)
+    gateway = await start_gateway([broken_url, sim.url])
+    try:
+        for url in (broken_url, sim.url):
+            await eventually(lambda u=url: seen(gateway, u).sleeping, "the sleepers are seen")
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()) as r,
+        ):
+            assert r.status == 200
+        metrics = await gateway_metrics(gateway)
+    finally:
+        await gateway.stop()
+        await sim.stop()
+        await broken.cleanup()
+    assert served(sim) == 1
+    assert metrics[("unitscale_gateway_wakes_total", "failed")] == 1
+    assert metrics[("unitscale_gateway_wakes_total", "woken")] == 1
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1 and broken_url in failures[0] and "500" in failures[0]
+
+
+async def test_a_wake_is_asked_only_once_per_replica_while_under_way():
+    calls = 0
+    release = asyncio.Event()
+
+    async def wake_up(request):
+        nonlocal calls
+        calls += 1
+        await release.wait()  # a slow wake: every request meanwhile waits in the buffer
+        return web.json_response({"status": "awake", "tags": None})
+
+    runner, url = await stand_in(wake_up)
+    gateway = await start_gateway([url], buffer_timeout=0.5)
+    try:
+        await eventually(lambda: seen(gateway, url).sleeping, "the sleeper is seen")
+        async with aiohttp.ClientSession() as client:
+            endpoint = f"http://127.0.0.1:{gateway.port}/v1/completions"
+            pending = [
+                asyncio.create_task(client.post(endpoint, json=completion())) for _ in range(5)
+            ]
+            await eventually(lambda: gateway.gateway.stats.buffered == 5, "all five buffered")
+            assert calls == 1 and seen(gateway, url).waking
+            statuses = [r.status for r in await asyncio.gather(*pending)]
+        assert statuses == [503] * 5  # the wake outlived the buffer's timeout
+        assert calls == 1
+    finally:
+        release.set()
+        await gateway.stop()
+        await runner.cleanup()
+
+
+async def test_a_replica_without_sleep_mode_is_routed_as_before():
+    sim = await start_sim(sleep_mode=False)
+    gateway = await start_gateway([sim.url])
+    try:
+        await eventually(lambda: seen(gateway, sim.url).routable, "ready")
+        await eventually(lambda: not seen(gateway, sim.url).sleep_mode, "its 404 is seen")
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()) as r,
+        ):
+            assert r.status == 200
+    finally:
+        await gateway.stop()
+        await sim.stop()
+
+
+async def test_every_ready_replica_busy_wakes_a_sleeper_when_so_configured():
+    busy, asleep = await start_sim(), await start_sim()
+    await put_to_sleep(asleep)
+    gateway = await start_gateway([busy.url, asleep.url], wake_at_outstanding=1)
+    try:
+        await eventually(lambda: seen(gateway, asleep.url).sleeping, "the sleeper is seen")
+        await eventually(lambda: seen(gateway, busy.url).routable, "the awake one is ready")
+        async with aiohttp.ClientSession() as client:
+            url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+            long = asyncio.create_task(client.post(url, json=completion(max_tokens=4000)))
+            await eventually(lambda: seen(gateway, busy.url).outstanding == 1, "one in flight")
+            assert asleep.replica.engine.is_sleeping
+            async with client.post(url, json=completion()) as r:
+                assert r.status == 200
+            await eventually(lambda: not asleep.replica.engine.is_sleeping, "woken")
+            await eventually(lambda: seen(gateway, asleep.url).routable, "and routable")
+            long.cancel()
+    finally:
+        await gateway.stop()
+        await busy.stop()
+        await asleep.stop()
