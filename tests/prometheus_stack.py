@@ -9,16 +9,19 @@ Two reusable pieces:
   non-empty, with a deadline.
 - ``ServingStack``: simulated vLLM replicas, the gateway, the exporter and the scaler,
   in process on port 0, with a KEDA stand-in asking the scaler every half second and
-  clients sending completions through the gateway. It starts the way a fleet does from
-  zero: requests wait in the gateway's buffer until the replicas come up. One request
-  for an unknown model (404) and a replica that drops a request (an upstream error)
-  leave their series too. A second exporter deployment with a replica that is not
-  there gives scrape-error series and a second deployment for fleet-wide sums.
+  clients sending completions through the gateway. ``serve()`` comes up the way a
+  fleet does from zero: requests wait in the gateway's buffer until the replicas
+  start. ``incidents()`` leaves one of each: requests buffered at zero ready replicas,
+  a request for an unknown model (404), a replica that drops a request (an upstream
+  error). A second exporter deployment with a replica that is not there gives
+  scrape-error series and a second deployment for fleet-wide sums.
 
-Use them together (``tests/test_dashboards.py``)::
+Use them together (``tests/test_dashboards.py``): start the stack, point Prometheus at
+it, then serve, so that Prometheus sees every counter from before its first event::
 
     stack = await ServingStack.start()
     prometheus = await Prometheus.start(tmp, stack.scrape_jobs())
+    await stack.serve()
 """
 
 from __future__ import annotations
@@ -235,6 +238,8 @@ def scaled_object_ref() -> keda.ScaledObjectRef:
 class ServingStack:
     """The whole serving path in process, under load until ``stop()``."""
 
+    ports: list[int]
+    speedup: float
     replicas: list[SimReplicaServer]
     gateway: GatewayServer
     exporter: ExporterServer
@@ -247,7 +252,11 @@ class ServingStack:
 
     @classmethod
     async def start(cls, replicas: int = 2, speedup: float = 50.0) -> ServingStack:
-        """Start every component; returns once requests have been served through the gateway."""
+        """Start the gateway, the exporter and the scaler, at zero replicas and no traffic.
+
+        The replicas' ports are chosen now (``scrape_jobs`` names them); ``serve()``
+        starts them and the load.
+        """
         ports = [free_port() for _ in range(replicas)]
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         settings = GatewaySettings(
@@ -264,27 +273,43 @@ class ServingStack:
             metrics_listen="127.0.0.1:0",
         )
         await scaler.start()
-        stack = cls([], gateway, exporter, scaler, exporter_port, dead_target)
-        try:
-            await stack._come_up_from_zero(ports, speedup)
-        except BaseException:
-            await stack.stop()
-            raise
-        return stack
+        return cls(ports, speedup, [], gateway, exporter, scaler, exporter_port, dead_target)
 
-    async def _come_up_from_zero(self, ports: list[int], speedup: float) -> None:
-        """Requests wait in the buffer, then the replicas start and serve them."""
+    async def serve(self) -> None:
+        """Come up from zero, leave one of each incident, then keep clients sending.
+
+        Requests wait in the gateway's buffer until the replicas start and serve them;
+        then ``incidents()``; then four clients send completions until ``stop()``.
+        """
         self.tasks.append(asyncio.create_task(self._keda()))
         waiting = [asyncio.create_task(self._send(max_tokens=8)) for _ in range(3)]
         await _until(lambda: self.gateway.gateway.stats.buffered == 3, "3 requests buffered")
-        for port in ports:
-            replica = SimReplicaServer(LLAMA3_8B_H200, f"127.0.0.1:{port}", MODEL, speedup)
+        for port in self.ports:
+            replica = SimReplicaServer(LLAMA3_8B_H200, f"127.0.0.1:{port}", MODEL, self.speedup)
             await replica.start()
             self.replicas.append(replica)
         await asyncio.gather(*waiting)
+        await self.incidents()
+        self.tasks.extend(asyncio.create_task(self._client(i)) for i in range(4))
+
+    async def incidents(self) -> None:
+        """Requests buffered at zero ready replicas, a 404 and an upstream error (502).
+
+        Counters and histograms appear at their first event: a ``rate()`` over them
+        shows an increase only once Prometheus has scraped them before it, so a test
+        calls this again after the first scrape.
+        """
+        gateway = self.gateway.gateway
+        healthy = [r.url for r in self.replicas]
+        gateway.reconfigure([], gateway.settings)  # the gateway sees zero replicas
+        waiting = [asyncio.create_task(self._send(max_tokens=4)) for _ in range(2)]
+        try:
+            await _until(lambda: gateway.stats.buffered >= 2, "2 requests buffered")
+        finally:
+            gateway.reconfigure(healthy, gateway.settings)
+        await asyncio.gather(*waiting)
         await self._send(model="no-such-model")  # the gateway answers 404 itself
         await self._one_upstream_error()
-        self.tasks.extend(asyncio.create_task(self._client(i)) for i in range(4))
 
     async def _one_upstream_error(self) -> None:
         """A replica that drops the connection takes requests until one fails (502)."""
@@ -293,7 +318,8 @@ class ServingStack:
         healthy = [r.url for r in self.replicas]
         try:
             gateway.reconfigure([*healthy, broken.url], gateway.settings)
-            await _until(lambda: sum(r.ready for r in gateway.replicas) == 3, "3 ready")
+            ready = len(healthy) + 1
+            await _until(lambda: sum(r.ready for r in gateway.replicas) == ready, "all ready")
             deadline = time.monotonic() + 20
             while broken.received == 0 and time.monotonic() < deadline:
                 await asyncio.gather(*(self._send(max_tokens=4) for _ in range(4)))
@@ -308,7 +334,7 @@ class ServingStack:
             "unitscale-exporter": [f"127.0.0.1:{self.exporter_port}"],
             "unitscale-gateway": [f"127.0.0.1:{self.gateway.port}"],
             "unitscale-scaler": [f"127.0.0.1:{self.scaler.metrics_port}"],
-            "vllm": [f"127.0.0.1:{r.port}" for r in self.replicas],
+            "vllm": [f"127.0.0.1:{port}" for port in self.ports],
         }
 
     async def _keda(self) -> None:

@@ -1,0 +1,298 @@
+"""The per-deployment dashboard: one scaled workload, from its load to the scaler's decision."""
+
+from __future__ import annotations
+
+from unitscale.dashboards.build import (
+    Board,
+    Panel,
+    Query,
+    Row,
+    label_variable,
+    slo_variables,
+    the_datasource,
+)
+
+# The exporter and the gateway label by deployment, the scaler by ScaledObject.
+D = 'namespace="$namespace", deployment="$deployment"'
+S = 'namespace="$namespace", scaled_object="$scaled_object"'
+
+NOTE = (
+    "The scaler logs every change of desired replicas with its reason (`load 2.40 replicas,"
+    " need 3.00 at 80% -> 3 (forecast ...)`); the numbers in a reason are the series of"
+    " *Why that many replicas*. Reasons are free text and stay out of metric labels."
+    " A signal that is unknown is absent from a graph, never drawn as 0."
+)
+
+
+def deployment_board() -> Board:
+    """Load, replicas, queues, latency, throughput and cost, and the scaler's decisions."""
+    return Board(
+        file="unitscale-deployment.json",
+        uid="unitscale-deployment",
+        title="unitscale / deployment",
+        description="One scaled deployment: load, replicas, latency, cost and decisions.",
+        variables=(
+            the_datasource(),
+            label_variable("namespace", "Namespace", "label_values(unitscale_replicas, namespace)"),
+            label_variable(
+                "deployment",
+                "Deployment",
+                'label_values(unitscale_replicas{namespace="$namespace"}, deployment)',
+            ),
+            label_variable(
+                "scaled_object",
+                "ScaledObject",
+                'label_values(unitscale_scaler_desired_replicas{namespace="$namespace"},'
+                " scaled_object)",
+            ),
+            *slo_variables(),
+        ),
+        notes=(NOTE,),
+        rows=(_load_row(), _latency_row(), _cost_row(), _decision_row()),
+    )
+
+
+def _load_row() -> Row:
+    return Row(
+        "Load and replicas",
+        (
+            Panel(
+                "Load",
+                "How much traffic is the deployment getting, and is it rising?",
+                "reqps",
+                (
+                    Query(
+                        f"sum(rate(unitscale_gateway_requests_total{{{D}}}[$__rate_interval]))",
+                        "arriving at the gateway",
+                    ),
+                    Query(f'sum(unitscale_request_rate{{{D}, window="stable"}})', "finished"),
+                    Query(
+                        f'sum(unitscale_request_rate{{{D}, window="panic"}})',
+                        "finished (panic window)",
+                    ),
+                ),
+            ),
+            Panel(
+                "Desired and ready replicas",
+                "Does the fleet follow what the scaler wants, and how far behind is it?",
+                "short",
+                (
+                    Query(f"max(unitscale_scaler_desired_replicas{{{S}}})", "desired (scaler)"),
+                    Query(f'sum(unitscale_replicas{{{D}, state="known"}})', "known (exporter)"),
+                    Query(f'sum(unitscale_replicas{{{D}, state="up"}})', "answering (exporter)"),
+                    Query(f"sum(unitscale_gateway_replicas_ready{{{D}}})", "ready (gateway)"),
+                ),
+            ),
+            Panel(
+                "Queues",
+                "Where do requests wait: in the engines or in the gateway's buffer?",
+                "short",
+                (
+                    Query(f"sum(unitscale_queue_depth{{{D}}})", "waiting in the engines"),
+                    Query(f"sum(unitscale_requests_running{{{D}}})", "running in the engines"),
+                    Query(f"sum(unitscale_gateway_buffered{{{D}}})", "buffered at the gateway"),
+                    Query(f"sum(unitscale_gateway_in_flight{{{D}}})", "in flight (gateway)"),
+                ),
+            ),
+            Panel(
+                "Time in the gateway's buffer",
+                "How long did requests wait for a ready replica (activation from zero)?",
+                "s",
+                tuple(
+                    Query(
+                        f"histogram_quantile({q}, sum by (le) (rate("
+                        f"unitscale_gateway_buffer_seconds_bucket{{{D}}}[$__rate_interval])))",
+                        f"p{round(q * 100)}",
+                    )
+                    for q in (0.5, 0.95, 0.99)
+                ),
+            ),
+            Panel(
+                "Requests the gateway answered itself, and upstream failures",
+                "Who fails requests: the gateway (buffer full, timeout, no model) or a replica?",
+                "reqps",
+                (
+                    Query(
+                        f"sum by (status) (rate(unitscale_gateway_rejected_total{{{D}}}"
+                        "[$__rate_interval]))",
+                        "answered {{status}}",
+                    ),
+                    Query(
+                        f"sum by (kind) (rate(unitscale_gateway_upstream_errors_total{{{D}}}"
+                        "[$__rate_interval]))",
+                        "upstream {{kind}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Utilization",
+                "How full are the replicas: KV cache, and load over the replicas answering?",
+                "percentunit",
+                (
+                    Query(f"max(unitscale_kv_cache_usage{{{D}}})", "KV-cache use"),
+                    Query(
+                        f"sum(unitscale_scaler_load_replicas{{{S}}})"
+                        f' / sum(unitscale_replicas{{{D}, state="up"}})',
+                        "load / answering replicas",
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+def _quantiles(metric: str, slo: str) -> tuple[Query, ...]:
+    stable = tuple(
+        Query(
+            f'max by (quantile) ({metric}{{{D}, window="stable", quantile="{q}"}})',
+            f"p{round(float(q) * 100)}",
+        )
+        for q in ("0.5", "0.9", "0.95", "0.99")
+    )
+    panic = Query(f'max({metric}{{{D}, window="panic", quantile="0.95"}})', "p95 (panic window)")
+    return (*stable, panic, Query(f"vector(${slo})", "SLO"))
+
+
+def _latency_row() -> Row:
+    return Row(
+        "Latency",
+        (
+            Panel(
+                "Time to first token",
+                "Do users wait too long for the first token (the TTFT SLO)?",
+                "s",
+                _quantiles("unitscale_ttft_seconds", "slo_ttft"),
+            ),
+            Panel(
+                "Inter-token latency",
+                "Does text stream fast enough once it starts (the inter-token SLO)?",
+                "s",
+                _quantiles("unitscale_inter_token_seconds", "slo_itl"),
+            ),
+            Panel(
+                "Queue time and end-to-end latency",
+                "Is latency spent waiting in the engine queue or generating?",
+                "s",
+                (
+                    Query(
+                        f'max(unitscale_queue_time_seconds{{{D}, window="stable",'
+                        ' quantile="0.95"})',
+                        "queue p95",
+                    ),
+                    Query(
+                        f'max(unitscale_e2e_seconds{{{D}, window="stable", quantile="0.95"}})',
+                        "end-to-end p95",
+                    ),
+                ),
+            ),
+            Panel(
+                "Preemptions",
+                "Is the KV cache so full that the engines evict running sequences?",
+                "reqps",
+                (Query(f'sum(unitscale_preemption_rate{{{D}, window="stable"}})', "preempted"),),
+            ),
+        ),
+    )
+
+
+def _cost_row() -> Row:
+    return Row(
+        "Throughput and cost",
+        (
+            Panel(
+                "Token throughput",
+                "How many tokens does the deployment process, prompt and generated?",
+                "count:tok/s",
+                (
+                    Query(
+                        f'sum by (kind) (unitscale_token_rate{{{D}, window="stable"}})', "{{kind}}"
+                    ),
+                ),
+            ),
+            Panel(
+                "Request mix",
+                "How long are prompts and answers (what one replica can sustain depends on it)?",
+                "count:tok",
+                (
+                    Query(
+                        f'max by (kind) (unitscale_tokens_per_request{{{D}, window="stable"}})',
+                        "{{kind}} tokens per request",
+                    ),
+                ),
+            ),
+            Panel(
+                "Cost per 1M tokens",
+                "What does a million tokens cost with the replicas held (+Inf: paid, none served)?",
+                "currencyUSD",
+                (
+                    Query(
+                        f"max by (kind) (unitscale_cost_per_million_tokens{{{D}}})",
+                        "{{kind}} tokens",
+                    ),
+                ),
+            ),
+            Panel(
+                "Spend per hour",
+                "What do the accelerators held cost per hour, traffic or none?",
+                "currencyUSD",
+                (Query(f"sum(unitscale_cost_per_hour{{{D}}})", "US$ per hour"),),
+            ),
+        ),
+    )
+
+
+def _decision_row() -> Row:
+    return Row(
+        "Decisions",
+        (
+            Panel(
+                "Why that many replicas",
+                "What load, forecast and need led to the desired count?",
+                "short",
+                (
+                    Query(f"max(unitscale_scaler_load_replicas{{{S}}})", "load"),
+                    Query(f"max(unitscale_scaler_load_panic_replicas{{{S}}})", "load (panic)"),
+                    Query(f"max(unitscale_scaler_forecast_replicas{{{S}}})", "forecast"),
+                    Query(f"max(unitscale_scaler_need_replicas{{{S}}})", "need"),
+                    Query(f"max(unitscale_scaler_desired_replicas{{{S}}})", "desired"),
+                ),
+            ),
+            Panel(
+                "Scaler state",
+                "Is the target active, in panic, and does the scaler have fresh signals?",
+                "bool",
+                (
+                    Query(f"max(unitscale_scaler_active{{{S}}})", "active"),
+                    Query(f"max(unitscale_scaler_panic_mode{{{S}}})", "panic"),
+                    Query(f"min(unitscale_scaler_signals_available{{{S}}})", "signals"),
+                    Query(f"max(unitscale_signal_partial{{{D}}})", "signals partial"),
+                ),
+                kind="state-timeline",
+            ),
+            Panel(
+                "Changes of desired replicas",
+                "Does the scaler change its mind often (flapping)?",
+                "short",
+                (
+                    Query(
+                        f"sum(changes(unitscale_scaler_desired_replicas{{{S}}}[$__rate_interval]))",
+                        "changes",
+                    ),
+                ),
+            ),
+            Panel(
+                "Learned capacity",
+                "Does a replica serve what its profile says (100%), or more or less?",
+                "percentunit",
+                (Query(f"max(unitscale_scaler_capacity_scale{{{S}}})", "capacity / priors"),),
+                width=6,
+            ),
+            Panel(
+                "Signal age",
+                "How old are the newest signals (the scaler refuses them past max-signal-age)?",
+                "s",
+                (Query(f"max(unitscale_signal_age_seconds{{{D}}})", "age"),),
+                width=6,
+            ),
+        ),
+    )
