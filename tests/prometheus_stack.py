@@ -11,10 +11,11 @@ Two reusable pieces:
   in process on port 0, with a KEDA stand-in asking the scaler every half second and
   clients sending completions through the gateway. ``serve()`` comes up the way a
   fleet does from zero: requests wait in the gateway's buffer until the replicas
-  start. ``incidents()`` leaves one of each: requests buffered at zero ready replicas,
-  a request for an unknown model (404), a replica that drops a request (an upstream
-  error). A second exporter deployment with a replica that is not there gives
-  scrape-error series and a second deployment for fleet-wide sums.
+  start. ``incidents()`` leaves one of each: requests buffered at zero replicas, every
+  replica asleep (vLLM sleep mode) until the gateway wakes one, a request for an unknown
+  model (404), a replica that drops a request (an upstream error). A second exporter
+  deployment with a replica that is not there gives scrape-error series and a second
+  deployment for fleet-wide sums.
 
 Use them together (``tests/test_dashboards.py``): start the stack, point Prometheus at
 it, then serve, so that Prometheus sees every counter from before its first event::
@@ -293,7 +294,7 @@ class ServingStack:
         self.tasks.extend(asyncio.create_task(self._client(i)) for i in range(4))
 
     async def incidents(self) -> None:
-        """Requests buffered at zero ready replicas, a 404 and an upstream error (502).
+        """Requests buffered at zero replicas, a wake from sleep, a 404 and an upstream error.
 
         Counters and histograms appear at their first event: a ``rate()`` over them
         shows an increase only once Prometheus has scraped them before it, so a test
@@ -308,8 +309,28 @@ class ServingStack:
         finally:
             gateway.reconfigure(healthy, gateway.settings)
         await asyncio.gather(*waiting)
+        await self._one_wake()
         await self._send(model="no-such-model")  # the gateway answers 404 itself
         await self._one_upstream_error()
+
+    async def _one_wake(self) -> None:
+        """Every replica put to sleep (vLLM sleep mode); a request makes the gateway wake one."""
+        pool = self.gateway.gateway.pool
+        async with aiohttp.ClientSession() as client:
+            for replica in self.replicas:
+                async with client.post(f"{replica.url}/sleep?level=1") as r:
+                    assert r.status == 200, await r.text()
+            await _until(
+                lambda: all(pool.find(r.url).sleeping for r in self.replicas), "all seen asleep"
+            )
+            await asyncio.gather(*(self._send(max_tokens=4) for _ in range(2)))
+            for replica in self.replicas:  # the ones the gateway left asleep
+                if replica.replica.engine.is_sleeping:
+                    async with client.post(f"{replica.url}/wake_up") as r:
+                        assert r.status == 200, await r.text()
+        await _until(
+            lambda: not any(pool.find(r.url).sleeping for r in self.replicas), "all seen awake"
+        )
 
     async def _one_upstream_error(self) -> None:
         """A replica that drops the connection takes requests until one fails (502)."""

@@ -200,6 +200,7 @@ async def prometheus(tmp_path_factory):
         # Counters first seen with their first event show an increase only from the next one.
         await server.wait_for("unitscale_gateway_buffer_seconds_count")
         await server.wait_for("unitscale_gateway_upstream_errors_total")
+        await server.wait_for("unitscale_gateway_wake_seconds_count")
         await stack.incidents()
         yield server
     finally:

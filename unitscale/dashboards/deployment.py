@@ -81,6 +81,7 @@ def _load_row() -> Row:
                     Query(f'sum(unitscale_replicas{{{D}, state="known"}})', "known (exporter)"),
                     Query(f'sum(unitscale_replicas{{{D}, state="up"}})', "answering (exporter)"),
                     Query(f"sum(unitscale_gateway_replicas_ready{{{D}}})", "ready (gateway)"),
+                    Query(f"sum(unitscale_gateway_replicas_sleeping{{{D}}})", "asleep (gateway)"),
                 ),
             ),
             Panel(
@@ -123,6 +124,33 @@ def _load_row() -> Row:
                         "upstream {{kind}}",
                     ),
                 ),
+            ),
+            Panel(
+                "Wakes from sleep",
+                "How often does the gateway wake a sleeping replica, and does the wake work?",
+                "cps",
+                (
+                    Query(
+                        f"sum by (result) (rate(unitscale_gateway_wakes_total{{{D}}}"
+                        "[$__rate_interval]))",
+                        "{{result}}",
+                    ),
+                ),
+                width=6,
+            ),
+            Panel(
+                "Time to wake",
+                "How long does a sleeping replica take to wake (requests wait meanwhile)?",
+                "s",
+                tuple(
+                    Query(
+                        f"histogram_quantile({q}, sum by (le) (rate("
+                        f"unitscale_gateway_wake_seconds_bucket{{{D}}}[$__rate_interval])))",
+                        f"p{round(q * 100)}",
+                    )
+                    for q in (0.5, 0.95)
+                ),
+                width=6,
             ),
             Panel(
                 "Utilization",
