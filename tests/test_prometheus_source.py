@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import logging
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foundation.errors import ConfigError
 from foundation.signals import EngineSignals, TargetKey, WindowSignals
 from scaler.config import PrometheusSourceConfig, parse_config
+from scaler.core import DecisionState, Policy, decide
+from scaler.core.model import Observation
 from scaler.promql import (
     INSTANT,
     PANIC,
@@ -34,6 +40,15 @@ from scaler.promql import (
     signals_from_answers,
 )
 from scaler.signals import SignalStore, TargetSignals, observe
+from scaler.sources import prometheus_source
+from tests.fake_engines import FakeReplicaServer
+from tests.prometheus_stack import (
+    DEPLOYMENT,
+    NAMESPACE,
+    Prometheus,
+    ServingStack,
+    needs_prometheus,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "prometheus"
 TARGET: TargetKey = ("team-a", "llama", "")
@@ -328,6 +343,51 @@ def test_each_signal_is_missing_exactly_when_its_series_is(present, replicas):
     assert (observation.ttft_p95_seconds is None) == (("ttft-p95", "stable") not in present)
 
 
+# --- against a real Prometheus ---------------------------------------------------------
+
+
+def pod_labels(
+    addresses: Sequence[str],
+    path: str = "/metrics",
+    namespace: str = "team-a",
+    deployment: str = "llama",
+) -> dict[str, dict[str, str]]:
+    """Each replica labelled as Kubernetes service discovery labels a Deployment's pod."""
+    return {
+        address: {
+            "namespace": namespace,
+            "pod": f"{deployment}-5d8f9c-r{index}",
+            "__metrics_path__": path,
+        }
+        for index, address in enumerate(addresses)
+    }
+
+
+async def prometheus_over(
+    directory: Path, replicas: Sequence[FakeReplicaServer], scrape_interval: str = "250ms"
+) -> Prometheus:
+    """A real Prometheus scraping fake vLLM replicas as one Deployment's pods."""
+    addresses = [f"127.0.0.1:{r.port}" for r in replicas]
+    return await Prometheus.start(
+        directory,
+        {"vllm": addresses},
+        scrape_interval=scrape_interval,
+        target_labels=pod_labels(addresses, "/r0/metrics"),
+    )
+
+
+def source_config(url: str, **overrides: object) -> dict[str, object]:
+    """The scaler's ``prometheus-source`` for tests: fast rounds, windows of seconds."""
+    return {
+        "url": url,
+        "interval": "250ms",
+        "timeout": "2s",
+        "panic-window": "2s",
+        "stable-window": "4s",
+        **overrides,
+    }
+
+
 async def drain(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -337,3 +397,216 @@ async def drain(task: asyncio.Task[None]) -> None:
 def engine_of(store: SignalStore, target: TargetKey = TARGET) -> EngineSignals | None:
     signals = store.get(target)
     return signals.engine if signals is not None else None
+
+
+async def engine_signals_until(
+    store: SignalStore, done: Callable[[EngineSignals], bool], within: float = 30.0
+) -> EngineSignals:
+    """Poll the store until its engine signals satisfy ``done``; the last ones named."""
+    deadline = time.monotonic() + within
+    while True:
+        engine = engine_of(store)
+        if engine is not None and done(engine):
+            return engine
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {within:g}s; last signals: {engine}")
+        await asyncio.sleep(0.05)
+
+
+class WithoutFamily(FakeReplicaServer):
+    """Fake replicas whose ``/metrics`` lack one metric family (an engine without it)."""
+
+    def __init__(self, count: int, family: str) -> None:
+        super().__init__(count)
+        self.family = family
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        replica = self.replicas[int(request.match_info["index"])]
+        lines = replica.body().splitlines(keepends=True)
+        kept = "".join(line for line in lines if self.family not in line)
+        return web.Response(text=kept, content_type="text/plain")
+
+
+@needs_prometheus
+async def test_a_family_an_engine_lacks_is_missing_and_idle_latency_unmeasured(tmp_path):
+    replicas = [await WithoutFamily(1, "vllm:kv_cache_usage_perc").start() for _ in range(2)]
+    replicas[0].replicas[0].set_load(running=3, waiting=1, kv=0.5)
+    replicas[1].replicas[0].set_load(running=2, waiting=0, kv=0.5)
+    prometheus = await prometheus_over(tmp_path, replicas)
+    store = SignalStore()
+    config = PrometheusSourceConfig.model_validate(source_config(prometheus.url))
+    task = asyncio.create_task(prometheus_source(config, store, lambda: [TARGET]))
+    try:
+        # Two scrapes of each replica at least: rates need two samples in the window.
+        engine = await engine_signals_until(store, lambda e: e.stable.request_rate is not None)
+    finally:
+        await drain(task)
+        await prometheus.stop()
+        for server in replicas:
+            await server.stop()
+    assert (engine.replicas, engine.replicas_up, engine.partial) == (2, 2, False)
+    assert (engine.running, engine.queue_depth) == (5.0, 1.0)
+    assert engine.kv_usage is None  # the family is not there: not measured, not 0
+    # Nothing finished: the counters say 0 (a fact), the quantiles and means say nothing.
+    assert engine.stable.request_rate == 0.0
+    assert engine.stable.ttft.p95 is None and engine.stable.itl.p95 is None
+    assert engine.stable.mean_prompt_tokens is None
+
+
+# Fields of decide()'s input that only the exporter can fill: it knows the price.
+EXPORTER_ONLY = {"cost_per_million_tokens"}
+# (field, relative tolerance): the two sources measure the same replicas over windows
+# that end up to a scrape apart; Prometheus's rate() also extrapolates to the window's
+# ends. The panic window is 2 s of 500 ms scrapes: the noisiest. (Measured: 2-4% apart.)
+CLOSE = [
+    ("request_rate", 0.2),
+    ("prompt_token_rate", 0.2),
+    ("generation_token_rate", 0.2),
+    ("prompt_token_rate_panic", 0.4),
+    ("generation_token_rate_panic", 0.4),
+    ("mean_prompt_tokens", 0.02),
+    ("mean_output_tokens", 0.05),
+    ("ttft_p95_seconds", 0.3),
+    ("inter_token_p95_seconds", 0.3),
+]
+
+
+def measured(observation: Observation) -> set[str]:
+    return {
+        f.name
+        for f in dataclasses.fields(observation)
+        if getattr(observation, f.name) is not None and f.name not in ("now", "signal_time")
+    }
+
+
+async def both_measure(
+    stores: Sequence[SignalStore], target: TargetKey, since: float, within: float = 60.0
+) -> list[EngineSignals]:
+    """Poll until every store holds engine signals with finished requests in their stable
+    window, measured at ``since`` or later."""
+    deadline = time.monotonic() + within
+    while True:
+        engines = [engine_of(store, target) for store in stores]
+        found = [e for e in engines if e is not None and e.stable.request_rate and e.time >= since]
+        if len(found) == len(stores):
+            return found
+        assert time.monotonic() < deadline, f"no signals under load: {engines}"
+        await asyncio.sleep(0.1)
+
+
+@needs_prometheus
+async def test_prometheus_and_the_exporter_give_decide_the_same_observation(tmp_path):
+    stack = await ServingStack.start()
+    jobs = stack.scrape_jobs()
+    labels = pod_labels(jobs["vllm"], namespace=NAMESPACE, deployment=DEPLOYMENT)
+    prometheus = await Prometheus.start(tmp_path, {"vllm": jobs["vllm"]}, target_labels=labels)
+    await stack.serve()
+    target: TargetKey = (NAMESPACE, DEPLOYMENT, "")
+    store = SignalStore()
+    windows = {"panic-window": "2s", "stable-window": "6s"}  # the stack's exporter's
+    config = PrometheusSourceConfig.model_validate(source_config(prometheus.url, **windows))
+    task = asyncio.create_task(prometheus_source(config, store, lambda: [target]))
+    try:
+        # Under load until both stable windows are full of it (the stack's clients run):
+        # signals measured a stable window after both first saw finished requests.
+        stores = [store, stack.scaler.store]
+        loaded = max(e.time for e in await both_measure(stores, target, since=0.0))
+        ours, theirs = await both_measure(stores, target, since=loaded + 6.0)
+    finally:
+        await drain(task)
+        await prometheus.stop()
+        await stack.stop()
+    now = max(ours.time, theirs.time)
+    from_prometheus, _ = observe(target, TargetSignals(1, ours), now, 30.0)
+    from_exporter, _ = observe(target, TargetSignals(1, theirs), now, 30.0)
+    assert measured(from_prometheus) == measured(from_exporter) - EXPORTER_ONLY
+    assert (from_prometheus.replicas_known, from_prometheus.replicas_up) == (2, 2)
+    assert (from_exporter.replicas_known, from_exporter.replicas_up) == (2, 2)
+    for name, tolerance in CLOSE:
+        mine, exported = getattr(from_prometheus, name), getattr(from_exporter, name)
+        assert mine == pytest.approx(exported, rel=tolerance), (name, mine, exported)
+    for name in ("queue_depth", "requests_running"):  # 4 clients: at most 4 in flight
+        assert 0 <= getattr(from_prometheus, name) <= 4, name
+    assert from_prometheus.kv_cache_usage == pytest.approx(from_exporter.kv_cache_usage, abs=0.01)
+    # And decide() makes the same decision of either.
+    policy = Policy(target_concurrency=1.0)
+    first = decide(from_prometheus, policy, DecisionState())
+    second = decide(from_exporter, policy, DecisionState())
+    assert first.desired_replicas == second.desired_replicas
+
+
+class FakePrometheus:
+    """An HTTP API on 127.0.0.1 that answers every query as its ``mode`` says."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.queries = 0
+        self.enough = 0
+        self.asked_enough = asyncio.Event()
+        """Set once ``enough`` queries have come."""
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> FakePrometheus:
+        app = web.Application()
+        app.router.add_get("/prefix/api/v1/query", self._query)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/prefix/"
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def _query(self, request: web.Request) -> web.StreamResponse:
+        self.queries += 1
+        if self.queries >= self.enough:
+            self.asked_enough.set()
+        if self.mode == "503":
+            return web.Response(status=503, text="Service Unavailable: querier overloaded")
+        if self.mode == "hang":
+            await asyncio.Event().wait()
+        if self.mode == "html":
+            return web.Response(text="<html>a login page</html>", content_type="text/html")
+        if self.mode == "two-series":
+            return web.json_response(golden("two-series"))
+        if self.mode == "bad-query":
+            return web.json_response(golden("bad-query"), status=400)
+        return web.json_response(golden("sum"))
+
+
+@pytest.mark.parametrize(
+    ("mode", "logged"),
+    [
+        pytest.param("503", "answered 503: Service Unavailable", id="a 5xx publishes nothing"),
+        pytest.param("hang", "TimeoutError", id="a query past the timeout publishes nothing"),
+        pytest.param("html", "JSONDecodeError", id="an answer that is not JSON publishes nothing"),
+        pytest.param("two-series", "aggregate it", id="an unaggregated query publishes nothing"),
+        pytest.param("bad-query", "parse error", id="a query Prometheus refuses publishes nothing"),
+    ],
+)
+async def test_a_failing_round_publishes_nothing_and_is_logged_once(mode, logged, caplog):
+    caplog.set_level(logging.INFO, logger="scaler.sources")
+    server = await FakePrometheus().start()
+    server.mode, server.enough = mode, 3 * len(INSTANT)  # three rounds at least
+    store = SignalStore()
+    config = PrometheusSourceConfig.model_validate(
+        source_config(server.url, interval="20ms", timeout="200ms")
+    )
+    task = asyncio.create_task(prometheus_source(config, store, lambda: [TARGET]))
+    try:
+        async with asyncio.timeout(30):
+            await server.asked_enough.wait()
+        assert store.get(TARGET) is None  # its signals age: KEDA gets UNAVAILABLE
+        server.mode = "ok"
+        engine = await engine_signals_until(store, lambda e: True)
+    finally:
+        await drain(task)
+        await server.stop()
+    assert engine.running == 12.0
+    messages = [r.getMessage() for r in caplog.records if r.name == "scaler.sources"]
+    warnings = [m for m in messages if m.startswith("no signals")]
+    assert len(warnings) == 1 and logged in warnings[0], messages
+    assert any(m.startswith("querying signals for team-a/llama") for m in messages)
