@@ -106,7 +106,9 @@ def _signal_families() -> tuple[dict[str, GaugeMetricFamily], dict[str, GaugeMet
             labels=[*LABELS, "kind", "price"],
         ),
         "replicas": GaugeMetricFamily(
-            "unitscale_replicas", "Replicas known and answering.", labels=[*LABELS, "state"]
+            "unitscale_replicas",
+            "Replicas known, answering, and asleep (vLLM sleep mode; absent when unknown).",
+            labels=[*LABELS, "state"],
         ),
         "accelerators": GaugeMetricFamily(
             "unitscale_accelerators",
@@ -189,6 +191,7 @@ def _deployment_samples(
     _maybe(families["cost"], [*labels, "output", price], signals.cost_per_million_output_tokens)
     families["replicas"].add_metric([*labels, "known"], signals.replicas)
     families["replicas"].add_metric([*labels, "up"], signals.replicas_up)
+    _maybe(families["replicas"], [*labels, "sleeping"], signals.replicas_sleeping)
     families["age"].add_metric(labels, max(0.0, now - signals.time))
     families["partial"].add_metric(labels, 1.0 if signals.partial else 0.0)
 

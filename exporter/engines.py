@@ -24,6 +24,13 @@ be a guess). One bad concept never spoils the others.
 The per-request token histograms (``LENGTHS``) are optional: SGLang exposes them only
 with ``--collect-tokens-histogram``, so a replica without them is not ``missing`` anything
 (its request mix is unknown); one with implausible values is, like any other concept.
+
+The sleep state (vLLM sleep mode, ``vllm:engine_sleep_state{sleep_state}``: ``awake`` 1
+or 0, ``weights_offloaded`` 1 at level 1, ``discard_all`` 1 at level 2) is optional too:
+``EngineStats.sleeping`` is None, unknown, when the family is absent (SGLang, vLLM before
+0.11) or unreadable, never "awake". A replica sleeps when any of its engines reports
+``awake`` 0 (vLLM sleeps and wakes every engine at once); its level is the deepest. A
+flag other than 0 or 1 is rejected (``not-a-flag``).
 """
 
 from __future__ import annotations
@@ -65,10 +72,12 @@ class Contract:
     lengths: Mapping[str, tuple[str, ...]]
     """``LENGTHS`` histograms, observed once per finished request; optional."""
     model_label: str = "model_name"
+    sleep_state: str | None = None
+    """The sleep-state gauge (one series per ``sleep_state`` label value), if any."""
 
     def wanted(self) -> frozenset[str]:
         """Every sample name the parser must keep for this engine."""
-        names: set[str] = set()
+        names: set[str] = {self.sleep_state} if self.sleep_state else set()
         for options in (*self.gauges.values(), *self.counters.values()):
             names.update(options)
             names.update(f"{name.removesuffix('_total')}_created" for name in options)
@@ -102,6 +111,8 @@ VLLM = Contract(
         "prompt_length": ("vllm:request_prompt_tokens",),
         "output_length": ("vllm:request_generation_tokens",),
     },
+    # vllm/v1/metrics/loggers.py (0.11 on): awake, weights_offloaded, discard_all.
+    sleep_state="vllm:engine_sleep_state",
 )
 
 # Names from sgl-project/sglang python/sglang/srt/metrics/collector.py and its docs
@@ -162,9 +173,13 @@ class EngineStats:
     missing: tuple[str, ...] = ()
     rejected: dict[str, str] = field(default_factory=dict)
     """Concepts whose values were no measurement, with why: one of ``REJECTIONS``."""
+    sleeping: bool | None = None
+    """Asleep (vLLM sleep mode, any level), awake, or None: unknown (no sleep-state metric)."""
+    sleep_level: int | None = None
+    """0, 1 or 2 while asleep (0: scheduling paused only); None while awake or unknown."""
 
 
-REJECTIONS = ("negative", "not-finite", "duplicate")
+REJECTIONS = ("negative", "not-finite", "duplicate", "not-a-flag")
 """Why a concept's values were rejected (bounded: a Prometheus label)."""
 
 
@@ -282,9 +297,53 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
         _read_histogram(by_name, concept, options, histograms, rejected)
         if concept in rejected:  # absent is fine (optional), implausible is not
             missing.append(concept)
+    sleep = _sleep_state(by_name.get(contract.sleep_state or "", []))
+    if isinstance(sleep, str):
+        rejected["sleep"] = sleep
+    sleeping, level = sleep if isinstance(sleep, tuple) else (None, None)
     return EngineStats(
-        contract.engine, model, gauges, counters, histograms, created, tuple(missing), rejected
+        contract.engine,
+        model,
+        gauges,
+        counters,
+        histograms,
+        created,
+        tuple(missing),
+        rejected,
+        sleeping,
+        level,
     )
+
+
+def _sleep_state(samples: list[Sample]) -> tuple[bool, int | None] | str | None:
+    """(asleep, level) from the sleep-state series; why not (a rejection); None if absent.
+
+    Each engine (series without ``sleep_state``) is awake, or asleep at level 2
+    (``discard_all``), 1 (``weights_offloaded``) or 0 (neither flag).
+    """
+    if not samples:
+        return None
+    problem = _implausible(samples)
+    if problem is not None:
+        return problem
+    engines: dict[tuple[tuple[str, str], ...], dict[str, float]] = {}
+    for sample in samples:
+        if sample.value not in (0.0, 1.0):
+            return "not-a-flag"
+        key = _identity(sample.labels, _COPIES | {"sleep_state"})
+        flags = engines.setdefault(key, {})
+        state = sample.labels.get("sleep_state", "")
+        flags[state] = max(flags.get(state, 0.0), sample.value)
+    if any("awake" not in flags for flags in engines.values()):
+        return None  # an engine without its awake flag: its state is unknown
+    asleep = [flags for flags in engines.values() if flags["awake"] == 0.0]
+    if not asleep:
+        return False, None
+    levels = [
+        2 if flags.get("discard_all") else 1 if flags.get("weights_offloaded") else 0
+        for flags in asleep
+    ]
+    return True, max(levels)
 
 
 def _read_histogram(

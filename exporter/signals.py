@@ -201,7 +201,8 @@ def derive(
 
     ``replicas`` counts every known replica, up or not: each holds accelerators and
     costs money. With no replica at all, load and rates are 0 (facts, not guesses);
-    with replicas but none answering, they are None.
+    with replicas but none answering, they are None. Replicas asleep are counted among
+    those answering when every one of them exposes its sleep state, else unknown (None).
     """
     up = len(latest)
     none_known = replicas == 0
@@ -228,7 +229,17 @@ def derive(
         cost_output,
         accelerator.price_is_default,
         partial,
+        replicas_sleeping=_sleeping(latest, none_known),
     )
+
+
+def _sleeping(latest: Sequence[EngineStats], none_known: bool) -> int | None:
+    """Answering replicas asleep; None when one of them does not say (or none answers)."""
+    if none_known:
+        return 0
+    if not latest or any(s.sleeping is None for s in latest):
+        return None
+    return sum(1 for s in latest if s.sleeping)
 
 
 def _sum(*values: float | None) -> float | None:

@@ -87,6 +87,10 @@ class EngineSignals:
     price_is_default: bool
     partial: bool
     """Some replicas or metric families were missing."""
+    replicas_sleeping: int | None = None
+    """Replicas answering that are asleep (vLLM sleep mode, any level): they hold host
+    memory, not an accelerator's work. None when some answering replica exposes no sleep
+    state (SGLang, vLLM before 0.11): unknown, never "awake"."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,8 @@ def _encode_engine(signals: EngineSignals) -> pb.EngineSignals:
         stable=_encode_window(signals.stable),
         price_is_default=signals.price_is_default,
     )
+    if signals.replicas_sleeping is not None:
+        engine.replicas_sleeping = signals.replicas_sleeping
     for ours, theirs in _ENGINE_FIELDS:
         _set(engine, theirs, getattr(signals, ours))
     return engine
@@ -108,6 +110,9 @@ def _decode_engine(engine: pb.EngineSignals, at: float, partial: bool) -> Engine
         stable=_decode_window(engine.stable),
         price_is_default=engine.price_is_default,
         partial=partial,
+        replicas_sleeping=(
+            engine.replicas_sleeping if engine.HasField("replicas_sleeping") else None
+        ),
         **values,
     )
 

@@ -372,3 +372,74 @@ def test_limits_stop_a_body_over_the_cap_and_too_many_series():
         read_exposition(body, limits=Limits(max_bytes=len(body), max_series=49))
     stats = read_exposition(body, limits=Limits(max_bytes=len(body), max_series=50))
     assert stats.gauges["running"] == 50.0
+
+
+# --- the sleep state (vLLM sleep mode) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("golden", "sleeping", "level"),
+    [
+        pytest.param("vllm/0.32.0-cpu/idle.txt", False, None, id="a-real-vllm-0.32-is-awake"),
+        pytest.param("vllm/0.32.0-cpu/sleeping-level1.txt", True, 1, id="real-level-1-sleep"),
+        pytest.param("vllm/0.32.0-cpu/sleeping-level2.txt", True, 2, id="real-level-2-sleep"),
+        pytest.param(
+            "vllm/0.32.0-cpu/sleeping-level0.txt", True, 0, id="real-level-0-pause-is-asleep"
+        ),
+        pytest.param(
+            "vllm/0.8-single-engine.txt", None, None, id="a-vllm-without-the-metric-is-unknown"
+        ),
+        pytest.param("sglang/collector-unified.txt", None, None, id="sglang-has-no-sleep-state"),
+    ],
+)
+def test_the_sleep_state_is_read_and_a_missing_one_is_unknown_not_awake(golden, sleeping, level):
+    stats = stats_of(golden)
+    assert (stats.sleeping, stats.sleep_level) == (sleeping, level)
+    assert "sleep" not in stats.missing and "sleep" not in stats.rejected  # optional
+
+
+def sleep_series(*engines):
+    """An exposition of vLLM's sleep-state gauge: one ``{state: value}`` per engine."""
+    lines = ["# TYPE vllm:engine_sleep_state gauge"]
+    for index, flags in enumerate(engines):
+        for state, value in flags.items():
+            labels = f'engine="{index}",model_name="m",sleep_state="{state}"'
+            lines.append(f"vllm:engine_sleep_state{{{labels}}} {value}")
+    return "\n".join(lines) + "\n"
+
+
+AWAKE = {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
+LEVEL_1 = {"awake": 0, "weights_offloaded": 1, "discard_all": 0}
+LEVEL_2 = {"awake": 0, "weights_offloaded": 0, "discard_all": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "sleeping", "level", "rejected"),
+    [
+        pytest.param(sleep_series(AWAKE, AWAKE), False, None, None, id="every-engine-awake"),
+        pytest.param(
+            sleep_series(AWAKE, LEVEL_1), True, 1, None, id="one-engine-asleep-is-not-awake"
+        ),
+        pytest.param(sleep_series(LEVEL_1, LEVEL_2), True, 2, None, id="the-deepest-level-wins"),
+        pytest.param(
+            sleep_series({"weights_offloaded": 1}), None, None, None, id="no-awake-flag-is-unknown"
+        ),
+        pytest.param(
+            sleep_series({"awake": 0.5}), None, None, "not-a-flag", id="a-half-flag-is-rejected"
+        ),
+        pytest.param(
+            sleep_series({"awake": "NaN"}), None, None, "not-finite", id="nan-is-rejected"
+        ),
+        pytest.param(
+            sleep_series(AWAKE) + sleep_series({"awake": 0}).split("\n", 1)[1],
+            None,
+            None,
+            "duplicate",
+            id="one-series-twice-with-two-values-is-rejected",
+        ),
+    ],
+)
+def test_the_sleep_state_of_engines(text, sleeping, level, rejected):
+    stats = read_exposition(text, "vllm")
+    assert (stats.sleeping, stats.sleep_level) == (sleeping, level)
+    assert stats.rejected.get("sleep") == rejected

@@ -317,3 +317,18 @@ async def test_a_replica_that_stopped_answering_adds_no_old_rates(replicas, sess
     signals = signals_of(exporter)
     assert signals.partial and (signals.replicas, signals.replicas_up) == (2, 1)
     assert signals.stable.request_rate == pytest.approx(10 / 20)  # a's 10 over 20 s
+
+
+async def test_replicas_asleep_are_a_signal_and_a_metric(replicas, session):
+    exporter = Exporter(config_for([replicas.url(i) for i in range(3)]), FakeClock(1000.0))
+    replicas.replicas[1].metrics.set_sleep_state(1, 1)  # vLLM after POST /sleep?level=1
+    await exporter.cycle(session)
+    assert signals_of(exporter).replicas_sleeping == 1
+    text = generate_latest(registry_for(exporter)).decode()
+    states = {
+        s.labels["state"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "unitscale_replicas"
+    }
+    assert states == {"known": 3, "up": 3, "sleeping": 1}

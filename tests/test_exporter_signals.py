@@ -252,3 +252,42 @@ def test_the_panic_window_has_its_own_mix():
 def test_no_replicas_at_all_have_no_mix():
     signals = derive(60.0, 0, [], [], 10.0, 60.0, PRICE)
     assert signals.stable.mean_prompt_tokens is None and signals.stable.mean_output_tokens is None
+
+
+def asleep(sleeping):
+    stats = scrape(0, 0, 0)
+    return EngineStats(
+        stats.engine, stats.model, stats.gauges, stats.counters, stats.histograms, 1.0,
+        sleeping=sleeping, sleep_level=1 if sleeping else None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("known", "states", "expected"),
+    [
+        pytest.param(3, [True, False, False], 1, id="answering-replicas-asleep-are-counted"),
+        pytest.param(2, [False, False], 0, id="every-one-awake-is-a-known-zero"),
+        pytest.param(2, [True, None], None, id="one-without-a-sleep-state-makes-it-unknown"),
+        pytest.param(2, [], None, id="none-answering-is-unknown-not-zero"),
+        pytest.param(0, [], 0, id="no-replica-at-all-is-a-known-zero"),
+    ],
+)
+def test_replicas_asleep(known, states, expected):
+    latest = [asleep(s) for s in states]
+    histories = [ReplicaHistory(120.0) for _ in range(known)]
+    assert derive(60.0, known, latest, histories, 10.0, 60.0, PRICE).replicas_sleeping == expected
+
+
+def test_replicas_asleep_travel_on_the_wire_and_unknown_stays_unknown():
+    from foundation.signals import EngineSignals, Snapshot
+    from foundation.signals_wire import decode, encode
+
+    for value in (None, 0, 2):
+        signals = derive(60.0, 0, [], [], 10.0, 60.0, PRICE)
+        signals = type(signals)(**{**_fields(signals), "replicas_sleeping": value})
+        back = decode(encode(Snapshot(("n", "d", ""), signals))).signals
+        assert isinstance(back, EngineSignals) and back.replicas_sleeping == value
+
+
+def _fields(signals):
+    return {name: getattr(signals, name) for name in signals.__dataclass_fields__}

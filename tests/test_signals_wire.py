@@ -49,6 +49,7 @@ engines = st.builds(
     costs,
     st.booleans(),
     st.booleans(),
+    st.none() | counts,  # replicas asleep: unknown stays unknown
 )
 gateways = st.builds(GatewaySignals, times, values, counts, counts, st.none() | times, values)
 targets = st.tuples(names, names, st.just("") | names)

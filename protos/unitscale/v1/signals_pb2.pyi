@@ -83,7 +83,7 @@ class WindowSignals(_message.Message):
     def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_rate: _Optional[float] = ..., prompt_token_rate: _Optional[float] = ..., generation_token_rate: _Optional[float] = ..., preemption_rate: _Optional[float] = ..., ttft_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., inter_token_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., queue_time_seconds: _Optional[_Union[Quantiles, _Mapping]] = ..., queue_depth_mean: _Optional[float] = ..., requests_running_mean: _Optional[float] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_output_tokens: _Optional[float] = ...) -> None: ...
 
 class EngineSignals(_message.Message):
-    __slots__ = ("replicas_up", "replicas_scraped", "queue_depth", "requests_running", "kv_cache_usage", "panic", "stable", "cost_per_million_tokens", "cost_per_million_output_tokens", "price_is_default")
+    __slots__ = ("replicas_up", "replicas_scraped", "queue_depth", "requests_running", "kv_cache_usage", "panic", "stable", "cost_per_million_tokens", "cost_per_million_output_tokens", "price_is_default", "replicas_sleeping")
     REPLICAS_UP_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_SCRAPED_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class EngineSignals(_message.Message):
     COST_PER_MILLION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COST_PER_MILLION_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRICE_IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
     replicas_up: int
     replicas_scraped: int
     queue_depth: float
@@ -104,7 +105,8 @@ class EngineSignals(_message.Message):
     cost_per_million_tokens: float
     cost_per_million_output_tokens: float
     price_is_default: bool
-    def __init__(self, replicas_up: _Optional[int] = ..., replicas_scraped: _Optional[int] = ..., queue_depth: _Optional[float] = ..., requests_running: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., panic: _Optional[_Union[WindowSignals, _Mapping]] = ..., stable: _Optional[_Union[WindowSignals, _Mapping]] = ..., cost_per_million_tokens: _Optional[float] = ..., cost_per_million_output_tokens: _Optional[float] = ..., price_is_default: _Optional[bool] = ...) -> None: ...
+    replicas_sleeping: int
+    def __init__(self, replicas_up: _Optional[int] = ..., replicas_scraped: _Optional[int] = ..., queue_depth: _Optional[float] = ..., requests_running: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., panic: _Optional[_Union[WindowSignals, _Mapping]] = ..., stable: _Optional[_Union[WindowSignals, _Mapping]] = ..., cost_per_million_tokens: _Optional[float] = ..., cost_per_million_output_tokens: _Optional[float] = ..., price_is_default: _Optional[bool] = ..., replicas_sleeping: _Optional[int] = ...) -> None: ...
 
 class GatewaySignals(_message.Message):
     __slots__ = ("arrival_rate", "buffered", "in_flight", "last_arrival_time", "upstream_error_rate")
