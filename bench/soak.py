@@ -828,7 +828,7 @@ def _plan(compression: float, target_concurrency: float) -> Plan:
     plan = make_plan(
         compression,
         profile,
-        ROOT / "deploy" / "scaledobject-recommended.yaml",
+        ROOT / "deploy" / "scaledobjects" / "recommended.yaml",
         capacity_priors(profile),
         max_replicas=8,
         target_concurrency=target_concurrency,

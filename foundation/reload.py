@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 C = TypeVar("C")
 
 DEFAULT_KEY = "config.yaml"
-"""The ConfigMap key holding the YAML, as in ``deploy/*-configmap.yaml``."""
+"""The ConfigMap key holding the YAML, as in ``deploy/*/configmap.yaml``."""
 
 
 class ConfigStore(Generic[C]):

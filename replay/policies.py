@@ -378,7 +378,7 @@ RECOMMENDED_SPEC = ScalingSpec(
     scale_up_pods=16,
     scale_down_percent=50.0,
 )
-"""``deploy/scaledobject-recommended.yaml``'s scaling, as KEDA and the HPA act on it."""
+"""``deploy/scaledobjects/recommended.yaml``'s scaling, as KEDA and the HPA act on it."""
 
 
 def unitscale_policy(
@@ -403,7 +403,7 @@ def unitscale_policy(
     return Unitscale(
         defaults=defaults or CorePolicy(),
         metadata=metadata,
-        # deploy/scaledobject-recommended.yaml (a test keeps the two equal): the scaler
+        # deploy/scaledobjects/recommended.yaml (a test keeps the two equal): the scaler
         # delays scale-down itself, so the HPA's own stabilization is cut to 60 s.
         spec=replace(RECOMMENDED_SPEC, max_replicas=max_replicas),
     )

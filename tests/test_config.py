@@ -12,16 +12,16 @@ DEPLOY = Path(__file__).parent.parent / "deploy"
 
 
 def test_the_documented_example_parses_to_the_defaults():
-    configmap = yaml.safe_load((DEPLOY / "scaler-configmap.yaml").read_text())
+    configmap = yaml.safe_load((DEPLOY / "scaler" / "configmap.yaml").read_text())
     assert parse_config(configmap["data"]["_example"]) == ScalerConfig()
 
 
 def test_the_shipped_config_parses():
-    configmap = yaml.safe_load((DEPLOY / "scaler-configmap.yaml").read_text())
+    configmap = yaml.safe_load((DEPLOY / "scaler" / "configmap.yaml").read_text())
     config = parse_config(configmap["data"]["config.yaml"])
     assert [s.address for s in config.signal_sources] == [
         "unitscale-exporter.unitscale.svc:9091",
-        "unitscale-gateway.unitscale.svc:9091",
+        "unitscale-gateway.unitscale.svc:9093",  # the gateway's --grpc-listen
     ]
 
 
@@ -60,7 +60,7 @@ def test_a_missing_file_is_a_config_error(tmp_path):
 def test_the_exporter_example_parses_to_the_defaults():
     from exporter.config import ExporterConfig, load_config
 
-    configmap = yaml.safe_load((DEPLOY / "exporter-configmap.yaml").read_text())
+    configmap = yaml.safe_load((DEPLOY / "exporter" / "configmap.yaml").read_text())
     example = yaml.safe_load(configmap["data"]["_example"])
     assert load_config(None, example) == ExporterConfig()
     shipped = load_config(None, yaml.safe_load(configmap["data"]["exporter.yaml"]))
@@ -86,7 +86,7 @@ def test_the_gateway_example_parses_to_the_defaults():
     from serving.config import GatewayConfig
     from serving.config import parse_config as parse_gateway
 
-    configmap = yaml.safe_load((DEPLOY / "gateway-configmap.yaml").read_text())
+    configmap = yaml.safe_load((DEPLOY / "gateway" / "configmap.yaml").read_text())
     assert parse_gateway(configmap["data"]["_example"], "_example") == GatewayConfig()
     shipped = parse_gateway(configmap["data"]["gateway.yaml"], "gateway.yaml")
     assert shipped.endpoint_slices is not None and shipped.endpoint_slices.service == "llama-chat"

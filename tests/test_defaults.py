@@ -1,7 +1,7 @@
 """One source for each policy default: the core's ``Policy``.
 
 The config model takes its ``policy`` defaults from ``Policy()``; the ConfigMap example
-(``deploy/scaler-configmap.yaml``'s ``_example``) and the docs table
+(``deploy/scaler/configmap.yaml``'s ``_example``) and the docs table
 (``docs/scaler.md``, "Policy keys") state them in words, and must state the same.
 """
 
@@ -41,7 +41,7 @@ KEYS = tuple(config_key(field) for field in CONFIG_FIELDS)
 
 
 def example_text() -> str:
-    configmap = yaml.safe_load((ROOT / "deploy" / "scaler-configmap.yaml").read_text())
+    configmap = yaml.safe_load((ROOT / "deploy" / "scaler" / "configmap.yaml").read_text())
     text = configmap["data"]["_example"]
     assert isinstance(text, str)
     return text

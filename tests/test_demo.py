@@ -38,7 +38,7 @@ from unitscale.demo.world import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-RECOMMENDED = ROOT / "deploy" / "scaledobject-recommended.yaml"
+RECOMMENDED = ROOT / "deploy" / "scaledobjects" / "recommended.yaml"
 SHAPE = WorkloadShape(length=1000.0, base_rate=2.0, burst_rate=5.0)
 
 

@@ -218,7 +218,7 @@ def _add_demo_command(commands: Commands) -> None:
     demo.add_argument(
         "--scaled-object",
         type=Path,
-        help="ScaledObject YAML (default deploy/scaledobject-recommended.yaml)",
+        help="ScaledObject YAML (default deploy/scaledobjects/recommended.yaml)",
     )
     demo.add_argument("--scaler-config", type=Path, help="the scaler's ConfigMap YAML to try")
     demo.add_argument("--plain", action="store_true", help="log lines instead of the live panel")

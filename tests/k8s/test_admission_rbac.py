@@ -1,8 +1,9 @@
 """The ClusterRole of ``deploy/admission/rbac.yaml`` is enough for the controller, and no more.
 
-The ServiceAccount, ClusterRole and ClusterRoleBinding are applied as the file has them,
-but in the test's namespace and with the cluster-scoped names suffixed (so the dry run
-of the same file, which expects nothing stored under its names, still holds). A token
+The ServiceAccount, ClusterRole and ClusterRoleBinding are applied as ``kustomize build
+deploy/base`` renders them (``tests/k8s/test_rbac_components.py``'s helpers), but in the
+test's namespace and with the cluster-scoped names suffixed (so the dry run of the same
+objects, which expects nothing stored under their names, still holds). A token
 for the ServiceAccount comes from the TokenRequest API (the fixture's API server signs
 service-account tokens), and the controller runs with a kubeconfig holding only that
 token: with RBAC on, any request the role misses answers 403.
@@ -23,19 +24,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from admission import annotations as names
 from admission.config import AdmissionConfig
 from admission.controller import Controller
 from foundation.kube import KubeAccess
 from tests.k8s.control_plane import ControlPlane
+from tests.k8s.test_rbac_components import (
+    collection,
+    identity_objects,
+    relocated,
+    service_account_token,
+    token_kubeconfig,
+)
 from tests.test_admission_deploy import used_by_the_controller
+from tests.test_deploy import render
 
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[2]
-RBAC = ROOT / "deploy" / "admission" / "rbac.yaml"
 ACCOUNT = "unitscale-admission"
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 V1BETA2 = "kueue.x-k8s.io/v1beta2"
@@ -49,55 +56,12 @@ FLUID_CRDS = next(
 
 
 def apply_rbac(plane: ControlPlane, namespace: str, suffix: str) -> str:
-    """Create rbac.yaml's objects (namespaced into ``namespace``); the SA's user name."""
-    docs = {d["kind"]: d for d in yaml.safe_load_all(RBAC.read_text()) if d}
-    account, role, binding = docs["ServiceAccount"], docs["ClusterRole"], docs["ClusterRoleBinding"]
-    assert account["metadata"]["name"] == ACCOUNT
-    account["metadata"]["namespace"] = namespace
-    role["metadata"]["name"] += f"-{suffix}"
-    binding["metadata"]["name"] += f"-{suffix}"
-    binding["roleRef"]["name"] = role["metadata"]["name"]
-    (subject,) = binding["subjects"]
-    assert subject["name"] == account["metadata"]["name"]
-    subject["namespace"] = namespace
-    plane.ensure(f"/api/v1/namespaces/{namespace}/serviceaccounts", account)
-    plane.ensure("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
-    plane.ensure("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
-    return f"system:serviceaccount:{namespace}:{account['metadata']['name']}"
-
-
-def service_account_token(plane: ControlPlane, namespace: str, name: str) -> str:
-    """A token for the ServiceAccount, from the TokenRequest API."""
-    answer = plane.request(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
-    )
-    return str(answer["status"]["token"])
-
-
-def token_kubeconfig(plane: ControlPlane, token: str, directory: Path) -> Path:
-    """A kubeconfig whose only credential is ``token``."""
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "test",
-                "cluster": {"server": plane.host, "certificate-authority": str(plane.ca_file)},
-            }
-        ],
-        "users": [{"name": "admission", "user": {"token": token}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "admission"}}],
-        "current-context": "test",
-    }
-    path = directory / "admission-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    """Create the controller's identity as ``kustomize build deploy/base`` renders it
+    (namespaced into ``namespace``, cluster-scoped names suffixed); the SA's user name."""
+    for obj in identity_objects(render("base"), ACCOUNT):
+        obj = relocated(obj, {"unitscale": namespace}, suffix)
+        plane.ensure(collection(obj), obj)
+    return f"system:serviceaccount:{namespace}:{ACCOUNT}"
 
 
 def get_as(plane: ControlPlane, token: str, path: str) -> int:
@@ -361,7 +325,7 @@ async def on_its_token(
     """The controller running with only the ServiceAccount's token."""
     apply_rbac(cluster.plane, cluster.namespace, cluster.suffix)
     token = service_account_token(cluster.plane, cluster.namespace, ACCOUNT)
-    kubeconfig = token_kubeconfig(cluster.plane, token, tmp_path)
+    kubeconfig = token_kubeconfig(cluster.plane, token, tmp_path / "admission-kubeconfig")
     config = AdmissionConfig(controller_name=cluster.controller_name, resync=30, debounce=0.05)
     controller = Controller(KubeAccess(kubeconfig), config)
     caplog.set_level(logging.DEBUG, logger="admission")

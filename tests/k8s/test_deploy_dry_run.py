@@ -1,33 +1,84 @@
-"""Every manifest in deploy/ passes a real API server's validation (``dryRun=All``).
+"""Every object deploy/ ships passes a real API server's validation (``dryRun=All``).
 
-Server-side dry run runs defaulting, schema validation (OpenAPI for built-ins, the
-CRD's structural schema for KEDA's, Kueue's and our kinds) and admission, then stores
-nothing. Objects go into the test's namespace, so the manifests' own namespaces need not
-exist. ``deploy/admission/crd.yaml`` itself is not dry-run: the ``admission_crd`` fixture
-creates it for real (and waits until it is Established), which its objects need.
+What is sent: every object of ``kustomize build`` of the base and of each overlay (the
+real kustomize, ``tests/test_deploy.py``; an object identical in several renderings is
+sent once), and the example files applied on their own (``deploy/scaledobjects/``,
+``deploy/admission/check.yaml`` and ``queues.yaml``). Server-side dry run runs
+defaulting, schema validation (OpenAPI for built-ins, the CRD's structural schema for
+KEDA's, Kueue's, cert-manager's and our kinds; ``fieldValidation=Strict`` refuses an
+unknown or duplicated field) and admission, then stores nothing. Namespaced objects go
+into the test's namespace, so the manifests' own namespaces need not exist.
+
+CRDs are installed for real first: KEDA's, Kueue's and cert-manager's from their Go
+modules (cert-manager's ``deploy/crds`` are plain YAML, so the TLS component's
+Certificates and ClusterIssuers are validated like the rest), Fluid's from the shared
+reference copy when there (nothing deploy/ renders is a Fluid kind yet). Our own CRD
+(``deploy/admission/crd.yaml``) is not dry-run: the ``admission_crd`` fixture creates it
+from the same file, which is the stronger check, and its objects need it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from tests.k8s import versions
+from tests.k8s.conftest import crd_files
 from tests.k8s.control_plane import ApiError
+from tests.test_deploy import RENDERINGS, render
 
 pytestmark = pytest.mark.k8s
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
+# Applied on their own, not through a kustomization.
+EXAMPLES = sorted(
+    [
+        *DEPLOY.glob("scaledobjects/*.yaml"),
+        *(DEPLOY / "admission" / f for f in ("check.yaml", "queues.yaml")),
+    ]
+)
+ROOT = Path(__file__).resolve().parents[2]
+FLUID_CRDS = next(
+    (d for d in (ROOT / "shared/crds/fluid", ROOT.parent / "shared/crds/fluid") if d.is_dir()),
+    None,
+)
 
 
-def documents():
-    for path in sorted([*DEPLOY.glob("*.yaml"), *DEPLOY.glob("admission/*.yaml")]):
+def _id(origin: str, doc: dict[str, Any]) -> str:
+    return f"{origin}-{doc['kind']}-{doc['metadata']['name']}".lower()
+
+
+def documents() -> list[Any]:
+    """Every object to dry-run, once each, named after where it first came from.
+
+    The renderings are read when the tests are collected, so without kustomize
+    (``tests.test_deploy.render`` skips, or fails under CI=true) only the examples run.
+    """
+    seen: set[str] = set()
+    params = []
+
+    def add(origin: str, doc: dict[str, Any]) -> None:
+        key = json.dumps(doc, sort_keys=True)
+        if doc["kind"] != "CustomResourceDefinition" and key not in seen:
+            seen.add(key)
+            params.append(pytest.param(doc, id=_id(origin, doc)))
+
+    for path in EXAMPLES:
         stem = path.relative_to(DEPLOY).with_suffix("").as_posix()
         for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc["kind"] != "CustomResourceDefinition":
-                name = f"{stem}-{doc['kind']}-{doc['metadata']['name']}".lower()
-                yield pytest.param(doc, id=name)
+            if doc:
+                add(stem, doc)
+    try:
+        for directory in RENDERINGS:
+            for doc in render(directory):
+                add(directory, doc)
+    except pytest.skip.Exception:
+        pass  # the renderings' own tests report the missing binary
+    return params
 
 
 def collection_path(plane, api_version: str, kind: str, namespace: str) -> str:
@@ -41,11 +92,42 @@ def collection_path(plane, api_version: str, kind: str, namespace: str) -> str:
     raise AssertionError(f"{api_version} has no kind {kind}")
 
 
-@pytest.mark.parametrize("manifest", list(documents()))
+@pytest.fixture(scope="session")
+def cert_manager_crds(control_plane) -> list[str]:
+    module, version = versions.MODULES["cert-manager"]
+    return control_plane.apply_crds(crd_files(module, version, "deploy/crds"))
+
+
+@pytest.fixture(scope="session")
+def fluid_crds_if_there(control_plane) -> list[str]:
+    if FLUID_CRDS is None:
+        return []
+    kinds = ("datasets", "dataloads")
+    return control_plane.apply_crds([FLUID_CRDS / f"data.fluid.io_{k}.yaml" for k in kinds])
+
+
+def in_namespace(manifest: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The object moved into ``namespace``, with the bindings' subjects alike."""
+    moved = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
+    if "subjects" in manifest:
+        moved["subjects"] = [
+            {**s, "namespace": namespace} if "namespace" in s else s for s in manifest["subjects"]
+        ]
+    return moved
+
+
+@pytest.mark.parametrize("manifest", documents())
 def test_the_manifest_passes_server_side_validation(
-    control_plane, keda_crds, kueue_crds, admission_crd, namespace, manifest
+    control_plane,
+    keda_crds,
+    kueue_crds,
+    cert_manager_crds,
+    fluid_crds_if_there,
+    admission_crd,
+    namespace,
+    manifest,
 ):
-    manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
+    manifest = in_namespace(manifest, namespace)
     path = collection_path(control_plane, manifest["apiVersion"], manifest["kind"], namespace)
     try:
         created = control_plane.request(
@@ -58,3 +140,19 @@ def test_the_manifest_passes_server_side_validation(
     with pytest.raises(ApiError) as missing:
         control_plane.request("GET", f"{path}/{manifest['metadata']['name']}")
     assert missing.value.code == 404
+
+
+def test_a_wrong_field_is_refused_so_the_dry_run_can_fail(control_plane, keda_crds, namespace):
+    """The same request with one misspelled field answers 400 (else the above prove little)."""
+    (scaled,) = [
+        d
+        for d in yaml.safe_load_all((DEPLOY / "scaledobjects/recommended.yaml").read_text())
+        if d["kind"] == "ScaledObject"
+    ]
+    scaled = in_namespace(scaled, namespace)
+    scaled["spec"]["maxReplicaCout"] = scaled["spec"].pop("maxReplicaCount")
+    path = collection_path(control_plane, scaled["apiVersion"], "ScaledObject", namespace)
+    with pytest.raises(ApiError) as refused:
+        control_plane.request("POST", f"{path}?dryRun=All&fieldValidation=Strict", scaled)
+    assert refused.value.code in (400, 422)
+    assert "maxReplicaCout" in str(refused.value)

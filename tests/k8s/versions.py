@@ -22,6 +22,10 @@ KUEUE = "v0.17.0"
 # KEDA: only its CRDs are read (config/crd/bases), the operator is not built.
 KEDA = "v2.21.0"
 
+# cert-manager: only its CRDs are read (deploy/crds, plain YAML), for the dry run of
+# deploy/components/scaler-tls. v1.21.2: the newest release the Go proxy serves.
+CERT_MANAGER = "v1.21.2"
+
 # kustomize renders deploy/ (tests/test_deploy.py). The standalone binary, not kubectl's
 # built-in `kubectl kustomize`: a ~10 s build of a small module graph (kubectl is
 # k8s.io/kubernetes again, a long link) at the release we choose, where kubectl 1.35
@@ -33,6 +37,7 @@ BINARIES = ("kube-apiserver", "etcd", "kueue")
 MODULES = {
     "kueue": ("sigs.k8s.io/kueue", KUEUE),
     "keda": ("github.com/kedacore/keda/v2", KEDA),
+    "cert-manager": ("github.com/cert-manager/cert-manager", CERT_MANAGER),
 }
 
 

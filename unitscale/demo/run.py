@@ -67,7 +67,7 @@ class DemoOptions:
     """Default 8 simulated replicas, or 2 vLLM ones (each ~2 GB of memory and a core)."""
     target_concurrency: float = 16.0
     cold_start: str = "local-disk"
-    scaled_object: Path = ROOT / "deploy" / "scaledobject-recommended.yaml"
+    scaled_object: Path = ROOT / "deploy" / "scaledobjects" / "recommended.yaml"
     scaler_config: Path | None = None
     live_view: bool | None = None
     """Rich panel (True), log lines (False), or by whether stdout is a terminal."""

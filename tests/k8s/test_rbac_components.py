@@ -1,0 +1,431 @@
+"""Each component's RBAC in deploy/ is enough for its real API calls, and each rule is needed.
+
+``as_shipped`` takes a component's ServiceAccount, Roles and bindings from ``kustomize
+build deploy/base`` (the real kustomize, as ``tests/test_deploy.py`` renders it), puts
+them into the test's namespaces (``unitscale`` and the served namespace ``serving`` each
+mapped to a fresh one; cluster-scoped names suffixed), creates them, and returns a
+``KubeAccess`` whose kubeconfig holds only a token of that ServiceAccount from the
+TokenRequest API. With RBAC on (the fixture's API server authorizes with ``RBAC``), any
+request the rules miss answers 403.
+
+Enough: the scaler, the exporter and the gateway start with ``--config-configmap`` on
+that token (a get at start, then a list and a watch), follow an edit of their ConfigMap,
+and the exporter and the gateway find replicas through the EndpointSlices of the served
+namespace, as deploy/ runs them. Needed: with any one verb of ``USED`` taken out of the
+rules, the call that needs it is refused with 403. The admission controller's role has
+its own tests on the same helper (``tests/k8s/test_admission_rbac.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.app import ExporterServer
+from exporter.config import parse_config as parse_exporter
+from foundation.discovery import EndpointSlicesConfig, EndpointSliceWatch
+from foundation.errors import ConfigError
+from foundation.kube import KubeAccess
+from foundation.reload import ConfigSource, ConfigStore, read_configmap, watch_configmap
+from scaler.config import parse_config as parse_scaler
+from scaler.server import ScalerServer
+from serving.config import parse_config as parse_gateway
+from serving.server import GatewayServer
+from tests.conftest import eventually
+from tests.k8s.control_plane import ControlPlane
+from tests.k8s.test_endpoint_slices import endpoint_slice
+from tests.test_deploy import USED, render
+
+pytestmark = pytest.mark.k8s
+
+BINDINGS = ("RoleBinding", "ClusterRoleBinding")
+CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding")
+Rule = tuple[str, str, str]  # (API group, resource, verb)
+
+
+# --- the identity -------------------------------------------------------------------------
+
+
+def role_key(kind: str, name: str, namespace: str | None) -> tuple[str, str, str | None]:
+    return (kind, name, namespace if kind == "Role" else None)
+
+
+def identity_objects(docs: list[dict[str, Any]], account: str) -> list[dict[str, Any]]:
+    """The ServiceAccount ``account``, the bindings naming it and the roles they bind."""
+    (sa,) = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == account]
+    bindings = [
+        d
+        for d in docs
+        if d["kind"] in BINDINGS
+        and any(s["kind"] == "ServiceAccount" and s["name"] == account for s in d["subjects"])
+    ]
+    wanted = {
+        role_key(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+        for b in bindings
+    }
+    roles = [
+        d
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        and role_key(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) in wanted
+    ]
+    assert len(roles) == len(wanted), f"{account}: a binding names a role deploy/ lacks"
+    return [sa, *roles, *bindings]
+
+
+def relocated(obj: dict[str, Any], namespaces: dict[str, str], suffix: str) -> dict[str, Any]:
+    """``obj`` moved into the test's namespaces, a cluster-scoped name suffixed."""
+    obj = yaml.safe_load(yaml.safe_dump(obj))  # a deep copy
+    meta = obj["metadata"]
+    if obj["kind"] in CLUSTER_SCOPED:
+        meta["name"] += f"-{suffix}"
+    else:
+        meta["namespace"] = namespaces[meta["namespace"]]
+    if obj["kind"] in BINDINGS:
+        if obj["roleRef"]["kind"] == "ClusterRole":
+            obj["roleRef"]["name"] += f"-{suffix}"
+        for subject in obj["subjects"]:
+            subject["namespace"] = namespaces[subject["namespace"]]
+    return obj
+
+
+def without(role: dict[str, Any], drop: Rule) -> dict[str, Any]:
+    """``role`` with the verb of ``drop`` taken out of every rule it is in."""
+    group, resource, verb = drop
+    rules = []
+    for rule in role["rules"]:
+        if group in rule["apiGroups"] and resource in rule["resources"]:
+            rule = {**rule, "verbs": [v for v in rule["verbs"] if v != verb]}
+        if rule["verbs"]:
+            rules.append(rule)
+    return {**role, "rules": rules}
+
+
+def service_account_token(plane: ControlPlane, namespace: str, name: str) -> str:
+    """A token for the ServiceAccount, from the TokenRequest API."""
+    answer = plane.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    return str(answer["status"]["token"])
+
+
+def token_kubeconfig(plane: ControlPlane, token: str, path: Path) -> Path:
+    """A kubeconfig at ``path`` whose only credential is ``token``."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "test",
+                "cluster": {"server": plane.host, "certificate-authority": str(plane.ca_file)},
+            }
+        ],
+        "users": [{"name": "account", "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "account"}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def collection(obj: dict[str, Any]) -> str:
+    plural = {"ServiceAccount": "serviceaccounts"}.get(obj["kind"]) or obj["kind"].lower() + "s"
+    if obj["kind"] == "ServiceAccount":
+        return f"/api/v1/namespaces/{obj['metadata']['namespace']}/{plural}"
+    base = "/apis/rbac.authorization.k8s.io/v1"
+    if obj["kind"] in CLUSTER_SCOPED:
+        return f"{base}/{plural}"
+    return f"{base}/namespaces/{obj['metadata']['namespace']}/{plural}"
+
+
+def as_shipped(
+    plane: ControlPlane,
+    account: str,
+    namespaces: dict[str, str],
+    directory: Path,
+    drop: Rule | None = None,
+    docs: list[dict[str, Any]] | None = None,
+) -> KubeAccess:
+    """API access as deploy/'s ``account``, its objects created in ``namespaces``.
+
+    ``docs``: the objects to take them from (default: ``kustomize build deploy/base``);
+    ``drop``: one (group, resource, verb) taken out of its roles' rules.
+    """
+    suffix = secrets.token_hex(3)
+    for obj in identity_objects(docs if docs is not None else render("base"), account):
+        obj = relocated(obj, namespaces, suffix)
+        if drop is not None and obj["kind"] in ("Role", "ClusterRole"):
+            obj = without(obj, drop)
+        plane.ensure(collection(obj), obj)
+    token = service_account_token(plane, namespaces["unitscale"], account)
+    return KubeAccess(token_kubeconfig(plane, token, directory / f"{account}-{suffix}.kubeconfig"))
+
+
+@pytest.fixture
+def served(control_plane: ControlPlane, namespace: str) -> str:
+    """A second namespace for the models deploy/ calls `serving`."""
+    name = f"{namespace[:50]}-srv"
+    control_plane.create_namespace(name)
+    return name
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("foundation")
+        and ("403" in r.getMessage() or "Forbidden" in r.getMessage())
+    ]
+
+
+# --- enough --------------------------------------------------------------------------------
+
+
+def shipped_configmap(component: str, namespace: str, data: dict[str, str]) -> dict[str, Any]:
+    """deploy/'s ConfigMap of ``component`` (same name and key), holding ``data``."""
+    configmap = next(
+        d
+        for d in render("base")
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == f"unitscale-{component}"
+    )
+    assert set(data) <= set(configmap["data"])
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": configmap["metadata"]["name"], "namespace": namespace},
+        "data": data,
+    }
+
+
+def config_flag(component: str, namespace: str) -> str:
+    """The Deployment's --config-configmap, $(POD_NAMESPACE) expanded."""
+    deployment = next(
+        d
+        for d in render("base")
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == f"unitscale-{component}"
+    )
+    (flag,) = [
+        a
+        for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        if a.startswith("--config-configmap=")
+    ]
+    return flag.partition("=")[2].replace("$(POD_NAMESPACE)", namespace)
+
+
+def edit(plane: ControlPlane, namespace: str, name: str, key: str, text: str) -> None:
+    """Replace ``key`` of the ConfigMap (as the admin: what `kubectl edit` does)."""
+    path = f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+    configmap = plane.request("GET", path)
+    configmap["data"][key] = text
+    plane.request("PUT", path, configmap)
+
+
+SCALER_CONFIG = "max-signal-age: 30s\nsignal-sources: [{address: '127.0.0.1:1'}]\n"
+SCALER_EDITED = "max-signal-age: 12s\nsignal-sources: [{address: '127.0.0.1:2'}]\n"
+
+
+async def test_the_scaler_on_its_token_reads_and_follows_its_configmap(
+    control_plane, namespace, tmp_path, caplog
+):
+    caplog.set_level(logging.DEBUG, logger="foundation")
+    control_plane.ensure(
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        shipped_configmap("scaler", namespace, {"config.yaml": SCALER_CONFIG}),
+    )
+    kube = as_shipped(control_plane, "unitscale-scaler", {"unitscale": namespace}, tmp_path)
+    source = ConfigSource(configmap=config_flag("scaler", namespace), kube=kube)
+    server = ScalerServer(
+        parse_scaler(await source.read(), source.origin), "127.0.0.1:0", source=source
+    )
+    await server.start()
+    try:
+        edit(control_plane, namespace, "unitscale-scaler", "config.yaml", SCALER_EDITED)
+        await eventually(lambda: server.configs.reloads == 1, "the edit reloaded")
+        assert server.config.max_signal_age == 12.0
+    finally:
+        await server.stop()
+    assert refusals(caplog) == []
+
+
+def exporter_config(served: str, interval: str) -> str:
+    return yaml.safe_dump(
+        {
+            "interval": interval,
+            "timeout": "100ms",
+            "deployments": [
+                {
+                    "namespace": served,
+                    "deployment": "llama",
+                    "endpoint-slices": {"service": "llama", "port": "metrics"},
+                }
+            ],
+        }
+    )
+
+
+async def test_the_exporter_on_its_token_follows_its_configmap_and_finds_replicas(
+    control_plane, namespace, served, tmp_path, caplog
+):
+    caplog.set_level(logging.DEBUG, logger="foundation")
+    control_plane.ensure(
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        shipped_configmap(
+            "exporter", namespace, {"exporter.yaml": exporter_config(served, "300ms")}
+        ),
+    )
+    control_plane.ensure(
+        f"/apis/discovery.k8s.io/v1/namespaces/{served}/endpointslices",
+        endpoint_slice("llama-a", "llama", 8000, (1, True)),
+    )
+    spaces = {"unitscale": namespace, "serving": served}
+    kube = as_shipped(control_plane, "unitscale-exporter", spaces, tmp_path)
+    source = ConfigSource(configmap=config_flag("exporter", namespace), kube=kube)
+    config = parse_exporter(await source.read(), source.origin)
+    server = ExporterServer(config, source=source, kube=kube)
+    await server.start()
+    try:
+        state = server.exporter.deployments[0]
+        await eventually(lambda: state.targets == ["http://192.0.2.1:8000/metrics"], "discovery")
+        edit(
+            control_plane,
+            namespace,
+            "unitscale-exporter",
+            "exporter.yaml",
+            exporter_config(served, "400ms"),
+        )
+        await eventually(lambda: server.configs.reloads == 1, "the edit reloaded")
+        state = server.exporter.deployments[0]
+        await eventually(lambda: state.targets == ["http://192.0.2.1:8000/metrics"], "again")
+    finally:
+        await server.stop()
+    assert refusals(caplog) == []
+
+
+def gateway_config(served: str, buffer_size: int) -> str:
+    return yaml.safe_dump(
+        {
+            "namespace": served,
+            "deployment": "llama",
+            "health-interval": "100ms",
+            "buffer-size": buffer_size,
+            "endpoint-slices": {"service": "llama", "port": "metrics", "path": "/"},
+        }
+    )
+
+
+async def test_the_gateway_on_its_token_follows_its_configmap_and_finds_replicas(
+    control_plane, namespace, served, tmp_path, caplog
+):
+    caplog.set_level(logging.DEBUG, logger="foundation")
+    control_plane.ensure(
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        shipped_configmap("gateway", namespace, {"gateway.yaml": gateway_config(served, 10)}),
+    )
+    control_plane.ensure(
+        f"/apis/discovery.k8s.io/v1/namespaces/{served}/endpointslices",
+        endpoint_slice("llama-a", "llama", 8000, (1, True)),
+    )
+    spaces = {"unitscale": namespace, "serving": served}
+    kube = as_shipped(control_plane, "unitscale-gateway", spaces, tmp_path)
+    source = ConfigSource(configmap=config_flag("gateway", namespace), kube=kube)
+    config = parse_gateway(await source.read(), source.origin)
+    server = GatewayServer(
+        config.replicas, config.settings(), "127.0.0.1:0", "127.0.0.1:0",
+        config=config, source=source, parse=parse_gateway, kube=kube,
+    )  # fmt: skip
+    await server.start()
+    try:
+        gateway = server.gateway
+        await eventually(
+            lambda: [r.url for r in gateway.replicas] == ["http://192.0.2.1:8000"], "discovery"
+        )
+        edit(
+            control_plane,
+            namespace,
+            "unitscale-gateway",
+            "gateway.yaml",
+            gateway_config(served, 20),
+        )
+        configs = server.configs
+        assert configs is not None  # given a source, the server keeps a store
+        await eventually(lambda: configs.reloads == 1, "the edit reloaded")
+    finally:
+        await server.stop()
+    assert refusals(caplog) == []
+
+
+# --- needed --------------------------------------------------------------------------------
+
+
+async def refused_while(
+    run: Coroutine[Any, Any, object], caplog: pytest.LogCaptureFixture
+) -> list[str]:
+    """Run a forever-watch until it logs a refusal; the refusals logged."""
+    task = asyncio.create_task(run)
+    try:
+        await eventually(lambda: refusals(caplog) or task.done(), "a 403 logged")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return refusals(caplog)
+
+
+def the_call_needing(
+    rule: Rule, kube: KubeAccess, configmap: str, namespace: str, served: str
+) -> Coroutine[Any, Any, object]:
+    """The component's own call that sends ``rule``'s request (--config-configmap's
+    startup read, its watch, or the EndpointSlice watch of ``endpoint-slices``)."""
+    _, resource, verb = rule
+    if resource == "configmaps" and verb == "get":
+        return read_configmap(kube, namespace, configmap, "k")
+    if resource == "configmaps":
+        store: ConfigStore[str] = ConfigStore("", lambda text, origin: text)
+        return watch_configmap(store, kube, namespace, configmap, "k")
+    watch = EndpointSliceWatch(served, EndpointSlicesConfig(service="llama", port="metrics"))
+    return watch.run(kube)
+
+
+def each_rule() -> list[Any]:
+    return [
+        pytest.param(
+            component, (group, resource, verb), id=f"{component} without {verb} {resource}"
+        )
+        for component, used in sorted(USED.items())
+        for group, resource, verb, _ in sorted(used)
+    ]
+
+
+@pytest.mark.parametrize(("component", "rule"), each_rule())
+async def test_without_any_one_rule_the_call_needing_it_is_refused(
+    control_plane, namespace, served, tmp_path, caplog, component, rule
+):
+    caplog.set_level(logging.DEBUG, logger="foundation")
+    name = f"unitscale-{component}"
+    control_plane.ensure(
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": ""}},
+    )
+    spaces = {"unitscale": namespace, "serving": served}
+    kube = as_shipped(control_plane, name, spaces, tmp_path, drop=rule)
+    call = the_call_needing(rule, kube, name, namespace, served)
+    if rule[2] == "get":
+        with pytest.raises(ConfigError, match="403"):
+            await call
+    else:
+        (refusal, *_) = await refused_while(call, caplog)
+        assert rule[1] in refusal
