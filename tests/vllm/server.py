@@ -74,16 +74,26 @@ def build_model(python: Path, out: Path) -> Path:
     return vllm_replica.build_model(out)
 
 
-def start(python: Path, model: Path, log: Path, ready_within: float = 300.0) -> VllmServer:
+def start(
+    python: Path,
+    model: Path,
+    log: Path,
+    ready_within: float = 300.0,
+    env: dict[str, str] | None = None,
+) -> VllmServer:
     """Start vLLM on a free port and wait for the first 200 from /health.
 
-    The same launch as ``unitscale demo --real-vllm`` (``unitscale.demo.vllm_replica``).
+    The same launch as ``unitscale demo --real-vllm`` (``unitscale.demo.vllm_replica``),
+    with ``env`` added to its environment (``VLLM_SERVER_DEV_MODE=1`` for sleep mode).
     """
     assert python == vllm_python()
     port = free_port()
+    argv = vllm_replica.launcher(model)(port)
+    assert argv[0] == "env"
+    argv[1:1] = [f"{name}={value}" for name, value in (env or {}).items()]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            vllm_replica.launcher(model)(port),
+            argv,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
