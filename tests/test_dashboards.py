@@ -144,6 +144,8 @@ def test_every_panel_with_data_has_a_unit_and_a_question(path):
         assert panel["targets"], f"{panel['title']}: no query"
         assert panel["description"].endswith("?"), f"{panel['title']}: no question answered"
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        for target in panel["targets"]:  # a missing signal is never drawn as 0
+            assert not re.search(r"\bor\s+vector\(", target["expr"]), target["expr"]
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in FILES])
