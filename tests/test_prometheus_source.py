@@ -400,12 +400,15 @@ def engine_of(store: SignalStore, target: TargetKey = TARGET) -> EngineSignals |
 
 
 async def engine_signals_until(
-    store: SignalStore, done: Callable[[EngineSignals], bool], within: float = 30.0
+    store: SignalStore,
+    done: Callable[[EngineSignals], bool],
+    within: float = 30.0,
+    target: TargetKey = TARGET,
 ) -> EngineSignals:
     """Poll the store until its engine signals satisfy ``done``; the last ones named."""
     deadline = time.monotonic() + within
     while True:
-        engine = engine_of(store)
+        engine = engine_of(store, target)
         if engine is not None and done(engine):
             return engine
         if time.monotonic() > deadline:
@@ -610,3 +613,42 @@ async def test_a_failing_round_publishes_nothing_and_is_logged_once(mode, logged
     warnings = [m for m in messages if m.startswith("no signals")]
     assert len(warnings) == 1 and logged in warnings[0], messages
     assert any(m.startswith("querying signals for team-a/llama") for m in messages)
+
+
+@needs_prometheus
+async def test_names_prometheus_must_quote_select_only_their_own_pods(tmp_path):
+    replicas = [await FakeReplicaServer(1).start() for _ in range(3)]
+    addresses = [f"127.0.0.1:{r.port}" for r in replicas]
+    pods = ["llama.v2-5d8f9c-r0", "llamaxv2-5d8f9c-r1", "llama.v2-extra-5d8f9c-r2"]
+    labels = {
+        address: {"namespace": "team-a", "pod": pod, "__metrics_path__": "/r0/metrics"}
+        for address, pod in zip(addresses, pods, strict=True)
+    }
+    prometheus = await Prometheus.start(
+        tmp_path, {"vllm": addresses}, scrape_interval="250ms", target_labels=labels
+    )
+    config = PrometheusSourceConfig.model_validate(source_config(prometheus.url))
+    dotted: TargetKey = ("team-a", "llama.v2", "")
+    quoted: TargetKey = ("team-a", "llama.v2", 'tiny-llama"}) or vector(1) # \\\n')
+    modelled: TargetKey = ("team-a", "llama.v2", "tiny-llama")
+    store = SignalStore()
+    targets = [dotted, quoted, modelled]
+    task = asyncio.create_task(prometheus_source(config, store, lambda: targets))
+    try:
+        await prometheus.wait_for('count(up{namespace="team-a"}) == 3')
+        dotted_engine = await engine_signals_until(store, lambda e: True, target=dotted)
+        modelled_engine = await engine_signals_until(store, lambda e: True, target=modelled)
+        # The model's quotes stay inside its string: a query, not an injection, and no
+        # series carries that model.
+        first = plan(quoted, config.effective_queries(), config.selector, "model_name", 2, 4)[0]
+        answers = await prometheus.query(first.promql)
+    finally:
+        await drain(task)
+        await prometheus.stop()
+        for server in replicas:
+            await server.stop()
+    # The dot is a dot, not any character; the pod hash pattern keeps llama.v2-extra out.
+    assert (dotted_engine.replicas, dotted_engine.replicas_up) == (1, 1)
+    assert modelled_engine.replicas == 1 and modelled_engine.running == 0.0
+    assert answers == []
+    assert store.get(quoted) is None
