@@ -30,7 +30,8 @@ or 0, ``weights_offloaded`` 1 at level 1, ``discard_all`` 1 at level 2) is optio
 ``EngineStats.sleeping`` is None, unknown, when the family is absent (SGLang, vLLM before
 0.11) or unreadable, never "awake". A replica sleeps when any of its engines reports
 ``awake`` 0 (vLLM sleeps and wakes every engine at once); its level is the deepest. A
-flag other than 0 or 1 is rejected (``not-a-flag``).
+flag other than 0 or 1 is rejected (``not-a-flag``) and, like any rejected value, makes
+``sleep`` missing.
 """
 
 from __future__ import annotations
@@ -298,8 +299,9 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
         if concept in rejected:  # absent is fine (optional), implausible is not
             missing.append(concept)
     sleep = _sleep_state(by_name.get(contract.sleep_state or "", []))
-    if isinstance(sleep, str):
+    if isinstance(sleep, str):  # absent is fine (optional), implausible is not
         rejected["sleep"] = sleep
+        missing.append("sleep")
     sleeping, level = sleep if isinstance(sleep, tuple) else (None, None)
     return EngineStats(
         contract.engine,

@@ -443,3 +443,4 @@ def test_the_sleep_state_of_engines(text, sleeping, level, rejected):
     stats = read_exposition(text, "vllm")
     assert (stats.sleeping, stats.sleep_level) == (sleeping, level)
     assert stats.rejected.get("sleep") == rejected
+    assert ("sleep" in stats.missing) is (rejected is not None)  # the signal is partial
