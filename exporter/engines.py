@@ -262,19 +262,7 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
 
     missing: list[str] = []
     rejected: dict[str, str] = {}
-    gauges: dict[str, float] = {}
-    for concept, options in contract.gauges.items():
-        value = _first(by_name, options)
-        if isinstance(value, str):
-            rejected[concept] = value
-        if value is None or isinstance(value, str):
-            missing.append(concept)
-        else:
-            gauges[concept] = value
-    if "kv_usage" in gauges:  # a sum over engines would exceed 1: use their mean
-        engines = _engine_count(by_name, contract.gauges["kv_usage"])
-        gauges["kv_usage"] /= max(engines, 1)
-
+    gauges = _gauges(by_name, contract, missing, rejected)
     counters: dict[str, float] = {}
     created: float | None = None
     for concept, options in contract.counters.items():
@@ -315,6 +303,28 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
         sleeping,
         level,
     )
+
+
+def _gauges(
+    by_name: dict[str, list[Sample]],
+    contract: Contract,
+    missing: list[str],
+    rejected: dict[str, str],
+) -> dict[str, float]:
+    """The gauge concepts; the others go to ``missing`` (and why to ``rejected``)."""
+    gauges: dict[str, float] = {}
+    for concept, options in contract.gauges.items():
+        value = _first(by_name, options)
+        if isinstance(value, str):
+            rejected[concept] = value
+        if value is None or isinstance(value, str):
+            missing.append(concept)
+        else:
+            gauges[concept] = value
+    if "kv_usage" in gauges:  # a sum over engines would exceed 1: use their mean
+        engines = _engine_count(by_name, contract.gauges["kv_usage"])
+        gauges["kv_usage"] /= max(engines, 1)
+    return gauges
 
 
 def _sleep_state(samples: list[Sample]) -> tuple[bool, int | None] | str | None:
