@@ -35,7 +35,7 @@ RENDERINGS = {
     "base": "every component, the base's own settings",
     "overlays/single-node": "one scaler, no PodDisruptionBudget",
     "overlays/ha": "three scalers and two exporters, spread",
-    "overlays/ha-mtls": "ha with mutual TLS between KEDA and the scaler (cert-manager)",
+    "overlays/production": "ha with mutual TLS (cert-manager) and monitoring (Prometheus Operator)",
 }
 COMPONENTS = ("scaler", "exporter", "gateway", "admission")
 
@@ -124,7 +124,7 @@ def test_every_kustomization_renders_every_component_in_its_namespace(directory)
         pytest.param("base", 2, 1, id="the base runs two scalers, one may be evicted"),
         pytest.param("overlays/single-node", 1, None, id="one node: one scaler, no budget"),
         pytest.param("overlays/ha", 3, 2, id="ha: three scalers, two always up"),
-        pytest.param("overlays/ha-mtls", 3, 2, id="ha-mtls keeps ha's counts"),
+        pytest.param("overlays/production", 3, 2, id="production keeps ha's counts"),
     ],
 )
 def test_the_scalers_replicas_and_disruption_budget(directory, scalers, budget):
@@ -292,7 +292,7 @@ def test_the_endpoint_slice_roles_are_in_the_namespace_the_configs_serve():
 
 
 def test_mtls_mounts_the_certificate_the_scalers_names_are_issued_for():
-    docs = render("overlays/ha-mtls")
+    docs = render("overlays/production")
     scaler = named(docs, "Deployment", "unitscale-scaler")
     pod = scaler["spec"]["template"]["spec"]
     args = container_of(scaler)["args"]
@@ -315,6 +315,36 @@ def test_mtls_mounts_the_certificate_the_scalers_names_are_issued_for():
     scaled = next(d for d in push if d["kind"] == "ScaledObject")
     address = scaled["spec"]["triggers"][0]["metadata"]["scalerAddress"]
     assert address.rpartition(":")[0] in server["dnsNames"]
+
+
+# --- the monitoring component -------------------------------------------------------------
+
+
+def test_each_component_is_scraped_on_a_port_its_service_names_as_the_rules_job():
+    docs = render("overlays/production")
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {f"unitscale-{c}" for c in COMPONENTS}
+    for name, monitor in monitors.items():
+        service = named(docs, "Service", name)
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+            service["metadata"]["labels"].items()
+        )
+        ports = {p["name"] for p in service["spec"]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
+    # The rules select jobs by the Service names (a ServiceMonitor's job label).
+    rules = yaml.safe_dump(named(docs, "PrometheusRule", "unitscale")["spec"])
+    jobs = set(re.findall(r'job="([^"]+)"', rules))
+    assert jobs and jobs <= set(monitors)
+
+
+def test_the_dashboards_configmap_holds_every_dashboard_as_committed():
+    docs = render("overlays/production")
+    configmap = named(docs, "ConfigMap", "unitscale-dashboards")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    files = sorted((DEPLOY / "dashboards").glob("*.json"))
+    assert files
+    assert configmap["data"] == {f.name: f.read_text() for f in files}
+    assert named(docs, "PrometheusRule", "unitscale")["metadata"]["namespace"] == "unitscale"
 
 
 # --- the ScaledObject examples ----------------------------------------------------------

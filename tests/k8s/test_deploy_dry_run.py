@@ -5,13 +5,15 @@ real kustomize, ``tests/test_deploy.py``; an object identical in several renderi
 sent once), and the example files applied on their own (``deploy/scaledobjects/``,
 ``deploy/admission/check.yaml`` and ``queues.yaml``). Server-side dry run runs
 defaulting, schema validation (OpenAPI for built-ins, the CRD's structural schema for
-KEDA's, Kueue's, cert-manager's and our kinds; ``fieldValidation=Strict`` refuses an
-unknown or duplicated field) and admission, then stores nothing. Namespaced objects go
-into the test's namespace, so the manifests' own namespaces need not exist.
+KEDA's, Kueue's, cert-manager's, the Prometheus Operator's and our kinds;
+``fieldValidation=Strict`` refuses an unknown or duplicated field) and admission, then
+stores nothing. Namespaced objects go into the test's namespace, so the manifests' own
+namespaces need not exist.
 
-CRDs are installed for real first: KEDA's, Kueue's and cert-manager's from their Go
-modules (cert-manager's ``deploy/crds`` are plain YAML, so the TLS component's
-Certificates and ClusterIssuers are validated like the rest), Fluid's from the shared
+CRDs are installed for real first: KEDA's, Kueue's, cert-manager's and the Prometheus
+Operator's (ServiceMonitor, PrometheusRule) from their Go modules (cert-manager's
+``deploy/crds`` are plain YAML, so the TLS component's Certificates and ClusterIssuers
+are validated like the rest), Fluid's from the shared
 reference copy when there (nothing deploy/ renders is a Fluid kind yet). Our own CRD
 (``deploy/admission/crd.yaml``) is not dry-run: the ``admission_crd`` fixture creates it
 from the same file, which is the stronger check, and its objects need it.
@@ -99,6 +101,16 @@ def cert_manager_crds(control_plane) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def prometheus_operator_crds(control_plane) -> list[str]:
+    module, version = versions.MODULES["prometheus-operator"]
+    files = crd_files(module, version, "example/prometheus-operator-crd")
+    wanted = [
+        f for f in files if f.name.endswith(("_servicemonitors.yaml", "_prometheusrules.yaml"))
+    ]
+    return control_plane.apply_crds(wanted)
+
+
+@pytest.fixture(scope="session")
 def fluid_crds_if_there(control_plane) -> list[str]:
     if FLUID_CRDS is None:
         return []
@@ -122,6 +134,7 @@ def test_the_manifest_passes_server_side_validation(
     keda_crds,
     kueue_crds,
     cert_manager_crds,
+    prometheus_operator_crds,
     fluid_crds_if_there,
     admission_crd,
     namespace,

@@ -25,6 +25,9 @@ KEDA = "v2.21.0"
 # cert-manager: only its CRDs are read (deploy/crds, plain YAML), for the dry run of
 # deploy/components/scaler-tls. v1.21.2: the newest release the Go proxy serves.
 CERT_MANAGER = "v1.21.2"
+# Prometheus Operator: only its CRDs are read (example/prometheus-operator-crd), for the
+# dry run of deploy/components/monitoring (ServiceMonitor, PrometheusRule).
+PROMETHEUS_OPERATOR = "v0.85.0"
 
 # kustomize renders deploy/ (tests/test_deploy.py). The standalone binary, not kubectl's
 # built-in `kubectl kustomize`: a ~10 s build of a small module graph (kubectl is
@@ -38,6 +41,10 @@ MODULES = {
     "kueue": ("sigs.k8s.io/kueue", KUEUE),
     "keda": ("github.com/kedacore/keda/v2", KEDA),
     "cert-manager": ("github.com/cert-manager/cert-manager", CERT_MANAGER),
+    "prometheus-operator": (
+        "github.com/prometheus-operator/prometheus-operator",
+        PROMETHEUS_OPERATOR,
+    ),
 }
 
 
