@@ -96,7 +96,8 @@ class SimReplica:
         tags = request.query.getall("tags", []) or None
         log.info("wake up the engine with tags: %s", tags)
         async with self._operation("wake"):
-            awake = await self.engine.wake_up(tags)
+            # A client that gives up does not stop the wake: vLLM's engine carries it out.
+            awake = await asyncio.shield(self.engine.wake_up(tags))
         return web.json_response({"status": "awake" if awake else "sleeping", "tags": tags})
 
     async def _is_sleeping(self, request: web.Request) -> web.Response:

@@ -13,6 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from foundation.replica_model import LLAMA3_8B_H200
@@ -156,6 +158,31 @@ def view(name, *, ready=False, sleeping=False, waking=False, failed=False, busy=
 )
 def test_choose_to_wake(replicas, at, woken):
     assert choose_to_wake(replicas, "m", at) == (None if woken is None else f"http://{woken}")
+
+
+views = st.builds(
+    view,
+    st.sampled_from("abcdef"),
+    ready=st.booleans(),
+    sleeping=st.booleans(),
+    waking=st.booleans(),
+    failed=st.booleans(),
+    busy=st.integers(0, 5),
+    models=st.sets(st.sampled_from(["m", "other"]), max_size=2),
+)
+
+
+@given(st.lists(views, max_size=6, unique_by=lambda v: v.url), st.none() | st.integers(1, 5))
+def test_a_wake_goes_only_to_a_sleeper_that_serves_the_model_and_never_beside_another(replicas, at):
+    woken = choose_to_wake(replicas, "m", at)
+    serving = [r for r in replicas if r.serves("m")]
+    if woken is None:
+        return
+    chosen = next(r for r in replicas if r.url == woken)
+    assert chosen.sleeping and not chosen.wake_failed and chosen.serves("m")
+    assert not any(r.waking for r in serving)
+    ready = [r.outstanding for r in serving if r.ready]
+    assert not ready or (at is not None and min(ready) >= at)
 
 
 def test_a_sleeping_replica_is_never_chosen():
