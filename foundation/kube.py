@@ -339,3 +339,22 @@ async def create(api: client.ApiClient, resource: Resource, body: RawObject) -> 
     """
     path = resource.path(body["metadata"].get("namespace"))
     return await _send(api, "POST", path, body, "application/json", [])
+
+
+async def delete(
+    api: client.ApiClient, resource: Resource, namespace: str | None, name: str, *, uid: str = ""
+) -> None:
+    """Delete ``name`` (in the background); with ``uid``, only while it is that object.
+
+    The UID precondition keeps a delete from hitting a newer object under the same
+    name (one another writer just recreated).
+
+    Raises:
+        client.ApiException: any answer but 2xx (404: gone; 409: the UID differs).
+    """
+    body: RawObject = {"kind": "DeleteOptions", "apiVersion": "v1"}
+    body["propagationPolicy"] = "Background"
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    path = f"{resource.path(namespace)}/{name}"
+    await _send(api, "DELETE", path, body, "application/json", [])

@@ -65,6 +65,10 @@ class ScaledObject:
     """When KEDA last asked about it (clock seconds); long silence means it is gone."""
 
 
+DecisionHook = Callable[[ScaledObject, Decision, float], Decision]
+"""Sees each new decision of a ScaledObject at ``now`` and returns the one to keep."""
+
+
 class ScaledObjectRegistry:
     """Every ScaledObject KEDA has asked about, and its current decision."""
 
@@ -81,6 +85,7 @@ class ScaledObjectRegistry:
         self._clock = clock
         self._objects: dict[ObjectKey, ScaledObject] = {}
         self._by_target: dict[TargetKey, set[ScaledObject]] = {}
+        self._decision_hooks: list[DecisionHook] = []
         store.add_listener(self._on_signals)
 
     def __len__(self) -> int:
@@ -186,6 +191,14 @@ class ScaledObjectRegistry:
             raise scaled.error
         return scaled.decision
 
+    def add_decision_hook(self, hook: DecisionHook) -> None:
+        """Pass every new decision through ``hook(scaled, decision, now)``, in order.
+
+        What the hook returns is the decision kept (the prewarm adds to its reason). It
+        runs inside the decision, so it must not block.
+        """
+        self._decision_hooks.append(hook)
+
     def add_activation_listener(self, scaled: ScaledObject, listener: Callable[[], None]) -> None:
         """Call ``listener()`` on each inactive-to-active transition of ``scaled``."""
         scaled.activation_listeners.add(listener)
@@ -209,6 +222,8 @@ class ScaledObjectRegistry:
         try:
             observation, valid_until = observe(scaled.target, signals, now, scaled.max_signal_age)
             decision = decide(observation, scaled.policy, scaled.state)
+            for hook in self._decision_hooks:
+                decision = hook(scaled, decision, now)
         except NoDataError as err:
             if scaled.error is None or _kind(scaled.error) != _kind(err):
                 log.info("ScaledObject %s/%s: %s", *scaled.key, err)

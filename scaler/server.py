@@ -16,10 +16,12 @@ from aiohttp import web
 
 from foundation.errors import ConfigError
 from foundation.grpc_server import KEEPALIVE_FOR_LONG_LIVED_CLIENTS, GrpcServer, service_name
+from foundation.kube import KubeAccess
 from foundation.reload import ConfigSource, ConfigStore
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
+from scaler.prewarm.shell import Prewarmer
 from scaler.registry import ScaledObjectRegistry
 from scaler.service import CapacityService, ExternalScalerService
 from scaler.signals import SignalStore
@@ -122,6 +124,7 @@ class ScalerServer:
         source: ConfigSource | None = None,
         metrics_listen: str | None = None,
         max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
+        kube: KubeAccess | None = None,
     ) -> None:
         self._metrics_listen = metrics_listen
         self.metrics_port = 0
@@ -134,6 +137,8 @@ class ScalerServer:
             self.store, config.max_signal_age, clock, config.policy.policy()
         )
         self._clock = clock
+        # Fluid prewarm for ScaledObjects naming a Dataset (needs the API server).
+        self.prewarm = Prewarmer(self.registry, kube, clock) if kube is not None else None
         self._grpc = GrpcServer(
             [
                 (
@@ -200,11 +205,13 @@ class ScalerServer:
         if self._source is not None:
             self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
         self._tasks.append(asyncio.create_task(self._evict_loop()))
+        if self.prewarm is not None:
+            self._tasks.append(asyncio.create_task(self.prewarm.run()))
         await self._grpc.start()
         if self._metrics_listen is not None:
             host, _, port = self._metrics_listen.rpartition(":")
             self._metrics_runner = web.AppRunner(
-                metrics_app(self.registry, self.configs),
+                metrics_app(self.registry, self.configs, self.prewarm),
                 access_log=None,
             )
             await self._metrics_runner.setup()

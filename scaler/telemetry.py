@@ -18,6 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from foundation.reload import ConfigStore
+from scaler.prewarm.plan import STATES
+from scaler.prewarm.shell import Prewarmer
 from scaler.registry import ScaledObjectRegistry, metric_value
 
 _LABELS = ["namespace", "scaled_object"]
@@ -37,9 +39,15 @@ _GAUGES = {
 class DecisionCollector(Collector):
     """Reads the registry at scrape time."""
 
-    def __init__(self, registry: ScaledObjectRegistry, configs: ConfigStore[Any] | None) -> None:
+    def __init__(
+        self,
+        registry: ScaledObjectRegistry,
+        configs: ConfigStore[Any] | None,
+        prewarm: Prewarmer | None = None,
+    ) -> None:
         self._registry = registry
         self._configs = configs
+        self._prewarm = prewarm
 
     def collect(self) -> Iterator[Metric]:
         """One family per decision input and outcome."""
@@ -68,6 +76,8 @@ class DecisionCollector(Collector):
                     family.add_metric(labels, value)
         yield from families.values()
         yield available
+        if self._prewarm is not None:
+            yield from prewarm_families(self._prewarm)
         if self._configs is not None:
             reloads = CounterMetricFamily(
                 "unitscale_config_reloads", "Config updates by result.", labels=["result"]
@@ -77,12 +87,62 @@ class DecisionCollector(Collector):
             yield reloads
 
 
+def prewarm_families(prewarm: Prewarmer) -> Iterator[Metric]:
+    """The Fluid prewarm's state per ScaledObject (docs/scaler.md, "Fluid prewarm")."""
+    state = GaugeMetricFamily(
+        "unitscale_scaler_prewarm_state",
+        "1 for the prewarm's current state, 0 for the others.",
+        labels=[*_LABELS, "state"],
+    )
+    cached = GaugeMetricFamily(
+        "unitscale_scaler_prewarm_cached_percent",
+        "The Dataset's cachedPercentage (absent when Fluid reports none).",
+        labels=_LABELS,
+    )
+    warm = GaugeMetricFamily(
+        "unitscale_scaler_prewarm_time_to_warm_seconds",
+        "The last warm-up's time from its trigger to a warm cache.",
+        labels=_LABELS,
+    )
+    counters = {
+        "timeouts": CounterMetricFamily(
+            "unitscale_scaler_prewarm_timeouts",
+            "Warm-ups given up after prewarmTimeout.",
+            labels=_LABELS,
+        ),
+        "created": CounterMetricFamily(
+            "unitscale_scaler_prewarm_dataloads_created",
+            "DataLoads this scaler created.",
+            labels=_LABELS,
+        ),
+        "write_errors": CounterMetricFamily(
+            "unitscale_scaler_prewarm_write_errors",
+            "DataLoad creates and deletes the API server refused.",
+            labels=_LABELS,
+        ),
+    }
+    for status in prewarm.statuses():
+        labels = list(status.key)
+        for name in STATES:
+            state.add_metric([*labels, name], 1.0 if status.plan.state == name else 0.0)
+        if status.plan.cached_percent is not None:
+            cached.add_metric(labels, status.plan.cached_percent)
+        if status.plan.track.time_to_warm is not None:
+            warm.add_metric(labels, status.plan.track.time_to_warm)
+        counters["timeouts"].add_metric(labels, status.plan.track.timeouts)
+        counters["created"].add_metric(labels, status.created)
+        counters["write_errors"].add_metric(labels, status.write_errors)
+    yield from (state, cached, warm, *counters.values())
+
+
 def metrics_app(
-    registry: ScaledObjectRegistry, configs: ConfigStore[Any] | None
+    registry: ScaledObjectRegistry,
+    configs: ConfigStore[Any] | None,
+    prewarm: Prewarmer | None = None,
 ) -> web.Application:
     """An aiohttp app serving ``/metrics`` from a registry of its own."""
     collectors = CollectorRegistry(auto_describe=False)
-    collectors.register(DecisionCollector(registry, configs))
+    collectors.register(DecisionCollector(registry, configs, prewarm))
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(

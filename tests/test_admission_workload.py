@@ -15,11 +15,10 @@ from admission.workload import (
     check_entries,
     created_at,
     event_for,
-    format_time,
-    parse_time,
     priority,
     write_guard,
 )
+from foundation.timestamps import format_time, parse_time
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 T0 = "2025-12-31T23:50:00Z"  # ten minutes earlier

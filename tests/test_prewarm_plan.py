@@ -389,7 +389,9 @@ def drive(steps, cache_for, *, keep_loads: bool = True):
     A created DataLoad completes at once; ``cache_for(loads_created)`` is the cache the
     Dataset then reports. Returns the plans and the number of creates.
     """
-    track, now, loads, creates, plans = Track(), NOW, [], 0, []
+    track, now, creates = Track(), NOW, 0
+    loads: list[dict[str, Any]] = []
+    plans = []
     for (active, desired), wait in steps:
         now += wait
         fluid = view(dataset(cache_for(creates)), *loads)
@@ -427,12 +429,13 @@ def test_a_cache_that_never_gets_warm_is_loaded_at_most_once(steps):
 def test_an_evicted_cache_is_loaded_again_once_per_eviction(steps):
     # Each load warms the cache, which is then evicted: one more load per eviction seen,
     # never two for one.
-    evictions = []
+    evictions: list[float] = []
 
     def cache(created: int) -> str:
         return "100.0%" if len(evictions) < created else "0.0%"
 
-    track, now, loads, creates = Track(), NOW, [], 0
+    track, now, creates = Track(), NOW, 0
+    loads: list[dict[str, Any]] = []
     for (active, desired), wait in steps:
         now += wait
         made = plan(

@@ -328,6 +328,7 @@ def _serve_until_signal(
 
 
 def _run_scaler(args: argparse.Namespace) -> int:
+    from foundation.kube import KubeAccess
     from scaler.config import parse_config
     from scaler.server import ScalerServer, TlsFiles
 
@@ -344,7 +345,13 @@ def _run_scaler(args: argparse.Namespace) -> int:
         if not config.signal_sources and config.demo_source is None:
             log.warning("no signal-sources configured: every KEDA call will get UNAVAILABLE")
         return ScalerServer(
-            config, args.listen, tls, source=source, metrics_listen=args.metrics_listen
+            config,
+            args.listen,
+            tls,
+            source=source,
+            metrics_listen=args.metrics_listen,
+            # Used only once a ScaledObject names a Fluid Dataset (prewarm).
+            kube=KubeAccess(args.kubeconfig),
         )
 
     def farewell(server: ScalerServer) -> str:
