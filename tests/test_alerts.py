@@ -244,7 +244,9 @@ def our_exported_names() -> set[str]:
     from exporter.collector import registry_for
     from exporter.config import ExporterConfig
     from exporter.runtime import Exporter
+    from foundation.kube import KubeAccess
     from foundation.reload import ConfigStore
+    from scaler.prewarm.shell import Prewarmer
     from scaler.registry import ScaledObjectRegistry
     from scaler.signals import SignalStore
     from scaler.telemetry import DecisionCollector
@@ -253,7 +255,9 @@ def our_exported_names() -> set[str]:
 
     scaler = CollectorRegistry(auto_describe=False)
     configs: ConfigStore[Any] = ConfigStore(None, lambda _name, _text: None)
-    scaler.register(DecisionCollector(ScaledObjectRegistry(SignalStore(), 30.0), configs))
+    objects = ScaledObjectRegistry(SignalStore(), 30.0)
+    prewarm = Prewarmer(objects, KubeAccess())  # nothing started: its families only
+    scaler.register(DecisionCollector(objects, configs, prewarm))
     exporter = registry_for(Exporter(ExporterConfig.model_validate({"deployments": []})))
     registries = [scaler, exporter, GatewayMetrics("ns", "d").registry, VllmMetrics("m").registry]
     return set().union(*(exposed_names(r) for r in registries))
@@ -269,7 +273,11 @@ def used_names() -> tuple[set[str], set[str]]:
 def test_every_metric_the_rules_read_is_exported_by_our_code_or_recorded():
     used, recorded = used_names()
     ours = our_exported_names()
-    assert {"unitscale_signal_age_seconds", "vllm:time_to_first_token_seconds_bucket"} <= ours
+    assert {
+        "unitscale_signal_age_seconds",
+        "vllm:time_to_first_token_seconds_bucket",
+        "unitscale_scaler_prewarm_write_errors_total",
+    } <= ours
     unknown = sorted(n for n in used - recorded - PROMETHEUS_OWN if not n.startswith("keda_"))
     assert not [n for n in unknown if n not in ours], (
         f"metrics no collector of ours exports: {[n for n in unknown if n not in ours]}"

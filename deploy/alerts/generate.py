@@ -268,6 +268,46 @@ def cost_rules(s: Settings) -> dict[str, Any]:
     }
 
 
+# The prewarm states that need a person: Fluid's CRDs or RBAC missing (unknown), the
+# Dataset missing or unbound, the DataLoad failed, a warm-up given up after its timeout.
+PREWARM_FAILING = ("unknown", "dataset-missing", "not-bound", "failed", "timed-out")
+
+
+def prewarm_rules(s: Settings) -> dict[str, Any]:
+    """Fluid prewarm: a state that needs a person, or writes the API server refuses."""
+    failing = "|".join(PREWARM_FAILING)
+    return {
+        "name": "unitscale-prewarm",
+        "rules": [
+            _alert(
+                s,
+                "UnitscalePrewarmFailing",
+                "max by (namespace, scaled_object, state)"
+                f' (unitscale_scaler_prewarm_state{{state=~"{failing}"}}) == 1',
+                "10m",
+                {"severity": "warning", "component": "prewarm"},
+                "Prewarm of {{ $labels.namespace }}/{{ $labels.scaled_object }}"
+                " is {{ $labels.state }}",
+                "For 10 minutes the Fluid cache of this ScaledObject's model has not been"
+                " warmed: its replicas start on a cold cache. The decision's reason in the"
+                " scaler's log says why.",
+            ),
+            _alert(
+                s,
+                "UnitscalePrewarmWriteErrors",
+                "sum by (namespace, scaled_object)"
+                " (increase(unitscale_scaler_prewarm_write_errors_total[15m])) > 0",
+                "5m",
+                {"severity": "warning", "component": "prewarm"},
+                "The API server refuses the prewarm's DataLoads for"
+                " {{ $labels.namespace }}/{{ $labels.scaled_object }}",
+                "{{ $value | humanize }} DataLoad creates or deletes refused in 15 minutes"
+                " (the scaler logs each answer): RBAC on dataloads.data.fluid.io, or a quota.",
+            ),
+        ],
+    }
+
+
 def _seconds(window: str) -> int:
     units = {"m": 60, "h": 3600, "d": 86400}
     return int(window[:-1]) * units[window[-1]]
@@ -280,6 +320,7 @@ def groups(settings: Settings) -> list[dict[str, Any]]:
         scaler_rules(settings),
         slo_rules(settings),
         cost_rules(settings),
+        prewarm_rules(settings),
     ]
 
 
