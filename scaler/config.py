@@ -77,7 +77,7 @@ class PrometheusSourceConfig(BaseModel):
     """``$window`` of the panic signals: at least four scrape intervals."""
     stable_window: Seconds = Field(180.0, gt=0)
     """``$window`` of the stable rates and quantiles."""
-    selector: str = DEFAULT_SELECTOR
+    selector: str = Field(DEFAULT_SELECTOR, min_length=1)
     """``$selector``: the label matchers of one target's series."""
     model_label: str | None = Field("model_name", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
     """Label matched to the ScaledObject's ``model``, when it names one; null: none."""

@@ -23,7 +23,15 @@ from typing import Any
 
 from foundation.signals import EngineSignals, Quantiles, TargetKey, WindowSignals
 
-INSTANT = ("signal-time", "replicas", "replicas-up", "queue-depth", "running", "kv-usage")
+INSTANT = (
+    "signal-time",
+    "replicas",
+    "replicas-up",
+    "replicas-sleeping",
+    "queue-depth",
+    "running",
+    "kv-usage",
+)
 """Signals of one instant (no ``$window``)."""
 
 WINDOWED = (
@@ -63,6 +71,8 @@ DEFAULT_QUERIES: Mapping[str, str] = {
     "signal-time": "min(timestamp(vllm:num_requests_running{$selector}))",
     "replicas": "count(up{$replica_selector})",
     "replicas-up": "sum(up{$replica_selector})",
+    # Engines not awake (vLLM sleep mode); absent before vLLM ~0.11, so unknown there.
+    "replicas-sleeping": 'sum(vllm:engine_sleep_state{$selector,sleep_state="awake"} == bool 0)',
     "queue-depth": "sum(vllm:num_requests_waiting{$selector})",
     "running": "sum(vllm:num_requests_running{$selector})",
     # vLLM before 0.9.2 names it gpu_cache_usage_perc (removed in 0.12).
@@ -243,11 +253,12 @@ def signals_from_answers(
         return None
     replicas = _count(present.get(("replicas", None)))
     up = _count(present.get(("replicas-up", None)))
+    sleeping = _count(present.get(("replicas-sleeping", None)))
     known = replicas if replicas is not None else up
     queue: float | None
     running: float | None
     if known == 0:
-        queue, running = 0.0, 0.0
+        queue, running, sleeping = 0.0, 0.0, 0
         panic, stable = _idle(panic_seconds), _idle(stable_seconds)
     else:
         queue, running = present.get(("queue-depth", None)), present.get(("running", None))
@@ -266,6 +277,7 @@ def signals_from_answers(
         cost_per_million_output_tokens=None,
         price_is_default=False,
         partial=replicas is None or up is None or up < replicas,
+        replicas_sleeping=sleeping,
     )
 
 

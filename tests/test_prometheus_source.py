@@ -286,6 +286,21 @@ def with_answers(**changes: float | None) -> dict[tuple[str, str | None], float 
             id="replicas known unmeasured: those up are known, and it is partial",
         ),
         pytest.param(
+            with_answers(replicas_sleeping=None),
+            lambda s: s.replicas_sleeping is None and s.replicas == 2,
+            id="engines that do not say whether they sleep leave it unknown",
+        ),
+        pytest.param(
+            with_answers(replicas_sleeping=1.0),
+            lambda s: s.replicas_sleeping == 1,
+            id="a sleeping engine is counted",
+        ),
+        pytest.param(
+            with_answers(replicas=0, replicas_up=0, replicas_sleeping=None),
+            lambda s: s.replicas_sleeping == 0,
+            id="zero replicas known sleep none",
+        ),
+        pytest.param(
             with_answers(replicas=2, replicas_up=2),
             lambda s: not s.partial and s.cost_per_million_tokens is None,
             id="complete signals are not partial and carry no cost (no price here)",
@@ -525,6 +540,7 @@ async def test_prometheus_and_the_exporter_give_decide_the_same_observation(tmp_
     assert measured(from_prometheus) == measured(from_exporter) - EXPORTER_ONLY
     assert (from_prometheus.replicas_known, from_prometheus.replicas_up) == (2, 2)
     assert (from_exporter.replicas_known, from_exporter.replicas_up) == (2, 2)
+    assert ours.replicas_sleeping == theirs.replicas_sleeping == 0  # the sim's engines are awake
     for name, tolerance in CLOSE:
         mine, exported = getattr(from_prometheus, name), getattr(from_exporter, name)
         assert mine == pytest.approx(exported, rel=tolerance), (name, mine, exported)
@@ -596,7 +612,8 @@ async def test_a_failing_round_publishes_nothing_and_is_logged_once(mode, logged
     server.mode, server.enough = mode, 3 * len(INSTANT)  # three rounds at least
     store = SignalStore()
     config = PrometheusSourceConfig.model_validate(
-        source_config(server.url, interval="20ms", timeout="200ms")
+        # A short timeout for the query that hangs only: a loaded machine is slow.
+        source_config(server.url, interval="20ms", timeout="300ms" if mode == "hang" else "10s")
     )
     task = asyncio.create_task(prometheus_source(config, store, lambda: [TARGET]))
     try:
