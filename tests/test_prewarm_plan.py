@@ -273,7 +273,7 @@ CASES = [
         2,
         view(dataset("10.0%"), load("dataload-executing.yaml")),
         ("timed-out", None),
-        "gave up waiting after 301 s (prewarmTimeout 300 s) for the scale-out to 2, which "
+        "gave up waiting after 300 s (prewarmTimeout) for the scale-out to 2, which "
         "proceeds with a cold cache",
         id="a warm-up past prewarmTimeout is given up and the decision proceeds cold",
     ),
@@ -313,6 +313,27 @@ def test_the_created_dataload_loads_the_paths_once_owned_by_the_dataset():
         "target": [{"path": "/llama-3-8b", "replicas": 1}],
         "policy": "Once",
     }
+
+
+@pytest.mark.parametrize(
+    ("track", "fluid"),
+    [
+        pytest.param(
+            RUNNING, view(dataset("10.0%"), load("dataload-executing.yaml")), id="loading"
+        ),
+        pytest.param(
+            replace(RUNNING, wait_since=NOW - 400, wait_for="scale-from-zero"),
+            view(dataset("10.0%"), load("dataload-executing.yaml")),
+            id="timed out",
+        ),
+        pytest.param(RUNNING, view(None), id="dataset missing"),
+    ],
+)
+def test_time_alone_does_not_change_the_reason(track, fluid):
+    # The shell logs each change of reason: one that counted seconds would log each tick.
+    first = plan(KEY, SPEC, track, active=True, desired=2, fluid=fluid, now=NOW)
+    later = plan(KEY, SPEC, first.track, active=True, desired=2, fluid=fluid, now=NOW + 90)
+    assert (later.state, later.reason) == (first.state, first.reason)
 
 
 def test_an_evicted_reload_deletes_ours_only_by_its_uid():

@@ -408,11 +408,11 @@ def _timed(result: PrewarmPlan, spec: PrewarmSpec, now: float) -> PrewarmPlan:
         track.wait_since is not None and now - track.wait_since >= spec.timeout_seconds
     ):
         first = not track.timed_out
-        waited = now - (track.wait_since if track.wait_since is not None else now)
+        # No running count in the text: a reason that changed every second would be
+        # logged every second.
         message = (
-            f"gave up waiting after {waited:.0f} s (prewarmTimeout "
-            f"{spec.timeout_seconds:g} s) for the {track.wait_for}, which proceeds with a "
-            f"cold cache: {result.reason}"
+            f"gave up waiting after {spec.timeout_seconds:g} s (prewarmTimeout) for the "
+            f"{track.wait_for}, which proceeds with a cold cache: {result.reason}"
         )
         new = replace(track, timed_out=True, timeouts=track.timeouts + (1 if first else 0))
         return replace(result, state="timed-out", reason=message, track=new)

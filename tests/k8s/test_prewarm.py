@@ -110,9 +110,9 @@ class Cluster:
         )["items"]
         return items
 
-    def complete(self, name: str) -> None:
+    def complete(self, name: str, ago: float = 0.0) -> None:
         """Fluid's DataLoad controller finishing the load (a Complete condition)."""
-        stamp = format_time(time.time())
+        stamp = format_time(time.time() - ago)
         merge_patch(
             self.plane,
             f"{FLUID}/namespaces/{self.namespace}/dataloads/{name}/status",
@@ -249,9 +249,9 @@ async def test_a_warm_up_that_does_not_finish_times_out_and_the_decision_proceed
         decision = scaler.registry.current(scaler.scaled)
         samples = scaler.samples()
     assert decision.active and decision.desired_replicas >= 1
-    assert "prewarm timed-out: gave up waiting after" in decision.reason
-    assert "(prewarmTimeout 1 s) for the scale-from-zero, which proceeds with a cold cache" in (
-        decision.reason
+    assert (
+        "prewarm timed-out: gave up waiting after 1 s (prewarmTimeout) for the scale-from-zero,"
+        " which proceeds with a cold cache" in decision.reason
     )
     assert samples["unitscale_scaler_prewarm_timeouts_total"] == 1.0
     assert "unitscale_scaler_prewarm_time_to_warm_seconds" not in samples
@@ -319,3 +319,32 @@ async def test_a_missing_dataset_gives_a_clear_error_and_no_crash(
         await eventually("a DataLoad once the Dataset exists", cluster.dataloads)
         status = scaler.status()
     assert status.write_errors == 0
+
+
+async def test_an_evicted_cache_is_loaded_again_by_a_new_dataload_of_the_same_name(
+    control_plane, fluid_crds, kube_access, namespace
+):
+    cluster = Cluster(control_plane, namespace)
+    cluster.create_dataset("0.0%")
+    scaler = Scaler(kube_access, namespace)
+    async with running(scaler):
+        await eventually("Fluid's objects listed", scaler.listed)
+        scaler.arrive()
+        (first,) = await eventually("one DataLoad", cluster.dataloads)
+        # Loaded long enough ago that Fluid's figures are current, and seen warm.
+        cluster.complete(first["metadata"]["name"], ago=600)
+        cluster.set_cached("100.0%")
+        await eventually("warm", lambda: scaler.state() == "warm")
+        cluster.set_cached("12.0%")  # evicted under pressure
+        uid = first["metadata"]["uid"]
+
+        def reloaded() -> list[dict[str, Any]]:
+            loads = cluster.dataloads()
+            return [d for d in loads if d["metadata"]["uid"] != uid]
+
+        (second,) = await eventually("a new DataLoad", reloaded)
+        await eventually("following the new load", scaler.following)
+        status = scaler.status()
+    assert second["metadata"]["name"] == first["metadata"]["name"]
+    assert len(cluster.dataloads()) == 1
+    assert (status.created, status.write_errors) == (2, 0)
