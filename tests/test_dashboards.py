@@ -7,7 +7,8 @@ stack under load (``tests/prometheus_stack.py``: sim replicas coming up from zer
 through the gateway's buffer, the exporter, the scaler asked by a KEDA stand-in) and
 every PromQL expression of every panel, with the dashboard's variables substituted as
 Grafana would, must return data; every variable's ``label_values()`` must list the
-stack's namespace, deployment and ScaledObject.
+stack's namespace, deployment and ScaledObject. The Fluid prewarm row's queries need
+Fluid's objects on an API server: ``tests/k8s/test_dashboards_prewarm.py`` runs those.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests.prometheus_stack import (
     needs_prometheus,
 )
 from unitscale.dashboards import generate, stale
+from unitscale.dashboards.deployment import PREWARM_ROW
 
 ROOT = Path(__file__).parent.parent
 DIRECTORY = ROOT / "deploy" / "dashboards"
@@ -40,7 +42,7 @@ DOC = ROOT / "docs" / "dashboards.md"
 
 # Grafana's built-in unit ids the dashboards use (packages/grafana-data valueFormats);
 # custom units are "count:", "suffix:", "prefix:", "si:" or "currency:" plus a symbol.
-GRAFANA_UNITS = {"s", "reqps", "cps", "percentunit", "currencyUSD", "short", "bool"}
+GRAFANA_UNITS = {"s", "reqps", "cps", "percent", "percentunit", "currencyUSD", "short", "bool"}
 CUSTOM_UNIT = re.compile(r"^(count|suffix|prefix|si|currency):\S.*$")
 
 # Grafana's own variables, as Grafana would set them for a 5-minute range with 1 s steps;
@@ -67,33 +69,39 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every panel, those inside collapsed rows too (rows themselves left out)."""
-    found = []
+def sections(dashboard: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every panel (rows themselves left out) with its row's title ("" before the first)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    row = ""
     for panel in dashboard["panels"]:
         if panel["type"] == "row":
-            found.extend(panel.get("panels", []))
+            row = panel["title"]
+            found.extend((row, inner) for inner in panel.get("panels", []))  # collapsed
         else:
-            found.append(panel)
+            found.append((row, panel))
     return found
+
+
+def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [panel for _, panel in sections(dashboard)]
 
 
 def variables(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return list(dashboard["templating"]["list"])
 
 
-def values_for(file: str) -> dict[str, str]:
-    """Each variable's value as Grafana substitutes it into a query."""
+def values_for(file: str, **chosen: str) -> dict[str, str]:
+    """Each variable's value as Grafana substitutes it into a query (``chosen`` overrides)."""
     dashboard = load(DIRECTORY / file)
     values = dict(BUILTINS)
     for variable in variables(dashboard):
+        name = variable["name"]
         if variable["type"] == "textbox":
-            values[variable["name"]] = variable["query"]
+            values[name] = variable["query"]
         elif variable["type"] == "query":
-            chosen = CHOSEN[file][variable["name"]]
-            multi = variable.get("includeAll") and file == "unitscale-fleet.json"
-            values[variable["name"]] = variable["allValue"] if multi else chosen
-    return values
+            every = variable.get("includeAll") and file == "unitscale-fleet.json"
+            values[name] = variable["allValue"] if every else CHOSEN[file][name]
+    return values | chosen
 
 
 def substitute(text: str, values: dict[str, str]) -> str:
@@ -104,16 +112,25 @@ def substitute(text: str, values: dict[str, str]) -> str:
     return text
 
 
+def targets(prewarm: bool) -> list[tuple[str, str, str, str]]:
+    """(file, panel title, refId, expr) of every query, in the prewarm row or out of it.
+
+    The prewarm's series need Fluid on an API server: tests/k8s/test_dashboards_prewarm.py
+    runs those; the serving stack here runs the rest.
+    """
+    return [
+        (path.name, panel["title"], target["refId"], target["expr"])
+        for path in FILES
+        for row, panel in sections(load(path))
+        if (row == PREWARM_ROW) == prewarm
+        for target in panel.get("targets", [])
+    ]
+
+
 def queries() -> list[Any]:
     return [
-        pytest.param(
-            path.name,
-            target["expr"],
-            id=f"{path.stem}: {panel['title']} ({target['refId']}) returns data",
-        )
-        for path in FILES
-        for panel in panels(load(path))
-        for target in panel.get("targets", [])
+        pytest.param(file, expr, id=f"{file.removesuffix('.json')}: {title} ({ref}) returns data")
+        for file, title, ref, expr in targets(prewarm=False)
     ]
 
 
@@ -127,6 +144,10 @@ def variable_queries() -> list[Any]:
 
 
 # --- the files -----------------------------------------------------------------------------
+
+
+def test_the_prewarm_row_is_found_and_holds_queries():
+    assert len(targets(prewarm=True)) >= 4, "the prewarm row's title or layout changed"
 
 
 def test_the_committed_dashboards_are_what_the_code_generates():

@@ -16,6 +16,9 @@ from unitscale.dashboards.build import (
 D = 'namespace="$namespace", deployment="$deployment"'
 S = 'namespace="$namespace", scaled_object="$scaled_object"'
 
+PREWARM_ROW = "Fluid prewarm"
+"""Its series exist only for ScaledObjects naming a Fluid Dataset (``fluidDataset``)."""
+
 NOTE = (
     "The scaler logs every change of desired replicas with its reason (`load 2.40 replicas,"
     " need 3.00 at 80% -> 3 (forecast ...)`); the numbers in a reason are the series of"
@@ -48,7 +51,7 @@ def deployment_board() -> Board:
             *slo_variables(),
         ),
         notes=(NOTE,),
-        rows=(_load_row(), _latency_row(), _cost_row(), _decision_row()),
+        rows=(_load_row(), _latency_row(), _cost_row(), _decision_row(), _prewarm_row()),
     )
 
 
@@ -321,6 +324,48 @@ def _decision_row() -> Row:
                 "s",
                 (Query(f"max(unitscale_signal_age_seconds{{{D}}})", "age"),),
                 width=6,
+            ),
+        ),
+    )
+
+
+def _prewarm_row() -> Row:
+    def increase(metric: str, legend: str) -> Query:
+        return Query(f"sum(increase({metric}{{{S}}}[$__range]))", legend)
+
+    return Row(
+        PREWARM_ROW,
+        (
+            Panel(
+                "Prewarm state",
+                "Is the model's Fluid cache warm, loading, or failing?",
+                "bool",
+                (Query(f"max by (state) (unitscale_scaler_prewarm_state{{{S}}})", "{{state}}"),),
+                kind="state-timeline",
+            ),
+            Panel(
+                "Cache warmed",
+                "How much of the Dataset is in Fluid's cache (its cachedPercentage)?",
+                "percent",
+                (Query(f"max(unitscale_scaler_prewarm_cached_percent{{{S}}})", "cached"),),
+                width=6,
+            ),
+            Panel(
+                "Time to warm",
+                "How long did the last warm-up take, from its trigger to a warm cache?",
+                "s",
+                (Query(f"max(unitscale_scaler_prewarm_time_to_warm_seconds{{{S}}})", "last"),),
+                width=6,
+            ),
+            Panel(
+                "DataLoads, timeouts and refused writes",
+                "Does the prewarm create DataLoads, and do warm-ups time out or writes fail?",
+                "short",
+                (
+                    increase("unitscale_scaler_prewarm_dataloads_created_total", "DataLoads"),
+                    increase("unitscale_scaler_prewarm_timeouts_total", "timed out"),
+                    increase("unitscale_scaler_prewarm_write_errors_total", "writes refused"),
+                ),
             ),
         ),
     )
