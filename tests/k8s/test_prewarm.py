@@ -348,3 +348,70 @@ async def test_an_evicted_cache_is_loaded_again_by_a_new_dataload_of_the_same_na
     assert second["metadata"]["name"] == first["metadata"]["name"]
     assert len(cluster.dataloads()) == 1
     assert (status.created, status.write_errors) == (2, 0)
+
+
+async def test_past_keep_warm_after_zero_an_eviction_loads_nothing_until_the_next_scale_up(
+    control_plane, fluid_crds, kube_access, namespace
+):
+    cluster = Cluster(control_plane, namespace)
+    cluster.create_dataset("0.0%")
+    scaler = Scaler(kube_access, namespace, idleGrace="0s", keepWarmAfterZero="0s")
+    async with running(scaler):
+        await eventually("Fluid's objects listed", scaler.listed)
+        scaler.arrive()
+        (first,) = await eventually("one DataLoad", cluster.dataloads)
+        cluster.complete(first["metadata"]["name"], ago=600)
+        cluster.set_cached("100.0%")
+        await eventually("warm", lambda: scaler.state() == "warm")
+        scaler.arrive(buffered=0)  # nothing left: scale to zero
+        assert not scaler.registry.current(scaler.scaled).active
+        cluster.set_cached("12.0%")  # evicted while at zero, past keepWarmAfterZero
+        await eventually("idle", lambda: scaler.state() == "idle")
+        assert [d["metadata"]["uid"] for d in cluster.dataloads()] == [first["metadata"]["uid"]]
+        scaler.arrive()  # the next scale-from-zero loads it again
+        assert scaler.registry.current(scaler.scaled).active
+        await eventually(
+            "a new DataLoad",
+            lambda: [
+                d for d in cluster.dataloads() if d["metadata"]["uid"] != first["metadata"]["uid"]
+            ],
+        )
+        status = scaler.status()
+    assert (status.created, status.write_errors) == (2, 0)
+
+
+async def test_the_scaler_server_runs_the_prewarm_and_serves_its_metrics(
+    control_plane, fluid_crds, kube_access, namespace
+):
+    import aiohttp
+
+    from scaler.config import ScalerConfig
+    from scaler.server import ScalerServer
+
+    cluster = Cluster(control_plane, namespace)
+    cluster.create_dataset("25.0%")
+    server = ScalerServer(
+        ScalerConfig(), "127.0.0.1:0", metrics_listen="127.0.0.1:0", kube=kube_access
+    )
+    await server.start()
+    try:
+        keys = {"scalerAddress": "scaler:9090", "deployment": "llama", "fluidDataset": "weights"}
+        server.registry.resolve("llama", namespace, keys)
+        assert server.prewarm is not None
+        await eventually("Fluid's objects listed", lambda: server.prewarm and server.prewarm.listed)
+        server.store.update(
+            Snapshot((namespace, "llama", ""), GatewaySignals(time.time(), None, 1, 0))
+        )
+        await eventually("one DataLoad", cluster.dataloads)
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+            async with session.get(url) as response:
+                text = await response.text()
+    finally:
+        await server.stop(grace=0)
+    labels = f'namespace="{namespace}",scaled_object="llama"'
+    assert f'unitscale_scaler_prewarm_state{{{labels},state="loading"}} 1.0' in text
+    assert f'unitscale_scaler_prewarm_state{{{labels},state="warm"}} 0.0' in text
+    assert f"unitscale_scaler_prewarm_cached_percent{{{labels}}} 25.0" in text
+    assert f"unitscale_scaler_prewarm_dataloads_created_total{{{labels}}} 1.0" in text
+    assert "unitscale_scaler_prewarm_time_to_warm_seconds{" not in text  # none warmed yet
