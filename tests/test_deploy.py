@@ -52,6 +52,12 @@ USED: dict[str, set[tuple[str, str, str, str]]] = {
 }
 for _component in ("exporter", "gateway"):
     USED[_component] |= {("discovery.k8s.io", "endpointslices", v, "") for v in ("list", "watch")}
+# Fluid prewarm (scaler.prewarm.shell, with components/scaler-prewarm): watches of every
+# namespace's Datasets and DataLoads; a DataLoad created, and deleted under a UID
+# precondition when its cache was evicted.
+PREWARM = {("data.fluid.io", "datasets", v, "") for v in ("list", "watch")} | {
+    ("data.fluid.io", "dataloads", v, "") for v in ("list", "watch", "create", "delete")
+}
 
 
 def unavailable(reason: str) -> None:
@@ -267,10 +273,15 @@ def test_each_role_grants_exactly_what_its_component_sends(component):
     assert granted_to(render("base"), f"unitscale-{component}") == USED[component]
 
 
-@pytest.mark.parametrize("component", sorted(USED))
-def test_each_rule_says_why(component):
+def test_prewarm_adds_exactly_fluids_requests_to_the_scaler():
+    granted = granted_to(render("overlays/production"), "unitscale-scaler")
+    assert granted == USED["scaler"] | PREWARM
+
+
+@pytest.mark.parametrize("rbac", [*sorted(USED), "components/scaler-prewarm"])
+def test_each_rule_says_why(rbac):
     """Every rule of our Roles has a comment right above it."""
-    lines = (DEPLOY / component / "rbac.yaml").read_text().splitlines()
+    lines = (DEPLOY / rbac / "rbac.yaml").read_text().splitlines()
     rules = [i for i, line in enumerate(lines) if line.startswith("  - apiGroups:")]
     assert rules
     assert all(lines[i - 1].lstrip().startswith("#") for i in rules)

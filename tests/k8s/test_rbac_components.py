@@ -12,28 +12,37 @@ Enough: the scaler, the exporter and the gateway start with ``--config-configmap
 that token (a get at start, then a list and a watch), follow an edit of their ConfigMap,
 and the exporter and the gateway find replicas through the EndpointSlices of the served
 namespace, as deploy/ runs them. Needed: with any one verb of ``USED`` taken out of the
-rules, the call that needs it is refused with 403. The admission controller's role has
-its own tests on the same helper (``tests/k8s/test_admission_rbac.py``).
+rules, the call that needs it is refused with 403. Fluid prewarm's rights
+(``deploy/components/scaler-prewarm``, rendered in ``overlays/production``) alike: its
+watches of Datasets and DataLoads, a DataLoad created and deleted under its UID, and a
+403 for each verb taken away. The admission controller's role has its own tests on the
+same helper (``tests/k8s/test_admission_rbac.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
-from collections.abc import Coroutine
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio import client
 
 from exporter.app import ExporterServer
 from exporter.config import parse_config as parse_exporter
 from foundation.discovery import EndpointSlicesConfig, EndpointSliceWatch
 from foundation.errors import ConfigError
-from foundation.kube import KubeAccess
+from foundation.kube import DATALOADS, DATASETS, KubeAccess, Selection, create, watch_objects
 from foundation.reload import ConfigSource, ConfigStore, read_configmap, watch_configmap
 from scaler.config import parse_config as parse_scaler
 from scaler.server import ScalerServer
@@ -42,7 +51,7 @@ from serving.server import GatewayServer
 from tests.conftest import eventually
 from tests.k8s.control_plane import ControlPlane
 from tests.k8s.test_endpoint_slices import endpoint_slice
-from tests.test_deploy import USED, render
+from tests.test_deploy import PREWARM, USED, render
 
 pytestmark = pytest.mark.k8s
 
@@ -429,3 +438,148 @@ async def test_without_any_one_rule_the_call_needing_it_is_refused(
     else:
         (refusal, *_) = await refused_while(call, caplog)
         assert rule[1] in refusal
+
+
+# --- Fluid prewarm (components/scaler-prewarm) ----------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+FLUID_CRDS = next(
+    (d for d in (ROOT / "shared/crds/fluid", ROOT.parent / "shared/crds/fluid") if d.is_dir()),
+    ROOT.parent / "shared/crds/fluid",
+)
+FLUID = "/apis/data.fluid.io/v1alpha1"
+
+
+@pytest.fixture(scope="module")
+def fluid(control_plane: ControlPlane) -> list[str]:
+    files = [FLUID_CRDS / f"data.fluid.io_{kind}.yaml" for kind in ("datasets", "dataloads")]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        pytest.skip(f"no Fluid CRDs (looked for {', '.join(missing)})")
+    return control_plane.apply_crds(files)
+
+
+def dataload(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "data.fluid.io/v1alpha1",
+        "kind": "DataLoad",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"dataset": {"name": "weights", "namespace": namespace}},
+    }
+
+
+def delete_as(kube: KubeAccess, path: str, uid: str) -> int:
+    """DELETE ``path`` under a UID precondition with ``kube``'s token: the status."""
+    assert kube.kubeconfig is not None
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+    body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+    body["propagationPolicy"] = "Background"
+    body["preconditions"] = {"uid": uid}
+    request = urllib.request.Request(
+        f"{cluster['server']}{path}", data=json.dumps(body).encode(), method="DELETE"
+    )
+    request.add_header("Authorization", f"Bearer {user['token']}")
+    request.add_header("Content-Type", "application/json")
+    context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code
+
+
+@dataclass
+class PrewarmOutcome:
+    created: str | int = 0
+    """The DataLoad's UID, or the status that refused it."""
+    watched: bool = False
+    """The DataLoad came through the watch."""
+    statuses: list[int | None] = field(default_factory=list)
+    """Of every failed list or watch."""
+
+
+async def prewarm_requests(kube: KubeAccess, served: str, name: str) -> PrewarmOutcome:
+    """The prewarm's requests as scaler.prewarm.shell sends them, and what came of them.
+
+    Watches (list + watch) of every namespace's Datasets and DataLoads through
+    ``foundation.kube.watch_objects``, and a DataLoad created through
+    ``foundation.kube.create`` (its delete: ``delete_as``).
+    """
+    seen: dict[str, dict[str, Any]] = {}
+    outcome = PrewarmOutcome()
+
+    def remember(kind: str) -> Callable[[dict[str, Any]], None]:
+        return lambda objects: seen.__setitem__(kind, objects)
+
+    def failed(err: Exception) -> None:
+        outcome.statuses.append(getattr(err, "status", None))
+
+    watches = [
+        asyncio.create_task(
+            watch_objects(kube, Selection(resource), remember(kind), on_error=failed)
+        )
+        for kind, resource in (("datasets", DATASETS), ("dataloads", DATALOADS))
+    ]
+    try:
+        # A CRD's watch cache may answer 429 for a moment after it is created: retried.
+        await eventually(lambda: len(seen) == 2 or 403 in outcome.statuses, "both listed")
+        async with await kube.client() as api:
+            try:
+                made = await create(api, DATALOADS, dataload(served, name))
+                outcome.created = str(made["metadata"]["uid"])
+            except client.ApiException as err:
+                outcome.created = int(err.status)
+        key = f"{served}/{name}"
+        if isinstance(outcome.created, str):
+            await eventually(
+                lambda: key in seen.get("dataloads", {}) or 403 in outcome.statuses, "the watch"
+            )
+            outcome.watched = key in seen.get("dataloads", {})
+    finally:
+        for task in watches:
+            task.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
+    return outcome
+
+
+async def test_the_scaler_with_prewarm_on_its_token_watches_fluid_and_writes_dataloads(
+    control_plane, fluid, namespace, served, tmp_path
+):
+    spaces = {"unitscale": namespace, "serving": served}
+    docs = render("overlays/production")
+    kube = as_shipped(control_plane, "unitscale-scaler", spaces, tmp_path, docs=docs)
+    outcome = await prewarm_requests(kube, served, "warm")
+    assert 403 not in outcome.statuses
+    assert outcome.watched
+    uid = outcome.created
+    assert isinstance(uid, str)
+    path = f"{FLUID}/namespaces/{served}/dataloads/warm"
+    assert delete_as(kube, path, "not-its-uid") == 409  # the precondition holds
+    assert delete_as(kube, path, uid) == 200
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [pytest.param((g, r, v), id=f"prewarm without {v} {r}") for g, r, v, _ in sorted(PREWARM)],
+)
+async def test_without_any_one_prewarm_rule_its_request_is_refused(
+    control_plane, fluid, namespace, served, tmp_path, rule
+):
+    spaces = {"unitscale": namespace, "serving": served}
+    docs = render("overlays/production")
+    kube = as_shipped(control_plane, "unitscale-scaler", spaces, tmp_path, drop=rule, docs=docs)
+    verb = rule[2]
+    if verb == "delete":
+        made = control_plane.request(
+            "POST", f"{FLUID}/namespaces/{served}/dataloads", dataload(served, "warm")
+        )
+        path = f"{FLUID}/namespaces/{served}/dataloads/warm"
+        assert delete_as(kube, path, made["metadata"]["uid"]) == 403
+        return
+    outcome = await prewarm_requests(kube, served, "warm")
+    if verb == "create":
+        assert outcome.created == 403
+    else:
+        assert 403 in outcome.statuses  # the list or the watch of that resource
