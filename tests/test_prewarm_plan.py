@@ -604,3 +604,31 @@ def test_bad_prewarm_metadata_is_refused_naming_the_key(given, fragment):
 
     with pytest.raises(MetadataError, match=re.escape(fragment)):
         parse_metadata({**BASE, **given})
+
+
+# --- the shell's hook, without an API server -------------------------------------------
+
+
+def test_a_failing_prewarm_never_costs_the_decision(monkeypatch, caplog):
+    import time
+
+    from foundation.kube import KubeAccess
+    from foundation.signals import GatewaySignals, Snapshot
+    from scaler.prewarm import shell
+    from scaler.registry import ScaledObjectRegistry
+    from scaler.signals import SignalStore
+
+    store = SignalStore()
+    registry = ScaledObjectRegistry(store, 60.0)
+    shell.Prewarmer(registry, KubeAccess(Path("/nonexistent/kubeconfig")))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in planning")
+
+    monkeypatch.setattr(shell, "plan", broken)
+    scaled = registry.resolve("llama", "serving", {**BASE, "fluidDataset": "weights"})
+    store.update(Snapshot(("serving", "llama", ""), GatewaySignals(time.time(), None, 1, 0)))
+    decision = registry.current(scaled)
+    assert (decision.active, decision.desired_replicas) == (True, 1)
+    assert "prewarm" not in decision.reason
+    assert "prewarm planning failed" in caplog.text

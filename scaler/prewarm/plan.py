@@ -281,19 +281,11 @@ def _assess(
 ) -> PrewarmPlan:
     """The state, before the timeout."""
     ref = f"{spec.namespace}/{spec.dataset}"
-    if not fluid.listed:
-        shown = fluid.problem or "waiting for the first list of Fluid Datasets and DataLoads"
-        return PrewarmPlan("unknown", shown, track)
     dataset = fluid.datasets.get(ref)
-    if dataset is None:
-        extra = f" ({fluid.problem})" if fluid.problem else ""
-        message = f"Fluid Dataset {ref} does not exist (trigger key fluidDataset){extra}"
-        return PrewarmPlan("dataset-missing", message, _settled(track))
-    bound = phase(dataset)
-    if meta(dataset, "deletionTimestamp") or bound != "Bound":
-        shown = "is being deleted" if meta(dataset, "deletionTimestamp") else f"is {bound or 'new'}"
-        message = f"Dataset {ref} {shown}, not Bound: its runtime is not ready"
-        return PrewarmPlan("not-bound", message, track)
+    unusable = _unusable(ref, dataset, track, fluid)
+    if unusable is not None:
+        return unusable
+    assert dataset is not None  # _unusable reports a missing one
     cache = dataset_cache(dataset)
     mine = dataload_name(key, spec, meta(dataset, "uid"))
     loads = loads_of(fluid.dataloads, spec.namespace, spec.dataset)
@@ -332,6 +324,25 @@ def _assess(
             create=dataload_for(key, spec, dataset),
         )
     return _finished(base, own, cache, track, now, triggered)
+
+
+def _unusable(
+    ref: str, dataset: Mapping[str, Any] | None, track: Track, fluid: FluidView
+) -> PrewarmPlan | None:
+    """Why the Dataset cannot be warmed now (unknown, missing, not Bound), or None."""
+    if not fluid.listed:
+        shown = fluid.problem or "waiting for the first list of Fluid Datasets and DataLoads"
+        return PrewarmPlan("unknown", shown, track)
+    if dataset is None:
+        extra = f" ({fluid.problem})" if fluid.problem else ""
+        message = f"Fluid Dataset {ref} does not exist (trigger key fluidDataset){extra}"
+        return PrewarmPlan("dataset-missing", message, _settled(track))
+    bound = phase(dataset)
+    if meta(dataset, "deletionTimestamp") or bound != "Bound":
+        shown = "is being deleted" if meta(dataset, "deletionTimestamp") else f"is {bound or 'new'}"
+        message = f"Dataset {ref} {shown}, not Bound: its runtime is not ready"
+        return PrewarmPlan("not-bound", message, track)
+    return None
 
 
 def _warm(
