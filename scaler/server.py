@@ -20,7 +20,7 @@ from foundation.kube import KubeAccess
 from foundation.reload import ConfigSource, ConfigStore
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
-from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
+from scaler.config import PrometheusSourceConfig, ScalerConfig, SignalSourceConfig, parse_config
 from scaler.prewarm.shell import Prewarmer
 from scaler.registry import ScaledObjectRegistry
 from scaler.service import CapacityService, ExternalScalerService
@@ -111,8 +111,8 @@ class ScalerServer:
 
     The config is hot-reloaded from ``source`` (a mounted file or a ConfigMap) when one
     is given: ``max-signal-age`` applies to the next decision, ``signal-sources``
-    watches start and stop to match. ``grace-period``, ``demo-source`` and
-    ``prometheus-source`` are read at start only.
+    watches start and stop to match, a changed ``prometheus-source`` restarts its queries.
+    ``grace-period`` and ``demo-source`` are read at start only.
     """
 
     def __init__(
@@ -161,6 +161,7 @@ class ScalerServer:
         self.port = self._grpc.port
         self._tasks: list[asyncio.Task[None]] = []
         self._source_tasks: dict[SignalSourceConfig, asyncio.Task[None]] = {}
+        self._prometheus: tuple[PrometheusSourceConfig, asyncio.Task[None]] | None = None
         self._started = False
 
     @property
@@ -184,6 +185,20 @@ class ScalerServer:
             if source not in self._source_tasks:
                 task = asyncio.create_task(watch_signals(source, self.store))
                 self._source_tasks[source] = task
+        self._reconcile_prometheus(config.prometheus_source)
+
+    def _reconcile_prometheus(self, wanted: PrometheusSourceConfig | None) -> None:
+        """Query Prometheus as ``wanted`` says: a changed config restarts the rounds."""
+        if self._prometheus is not None:
+            running, task = self._prometheus
+            if running == wanted:
+                return
+            log.info("no longer querying signals from %s", running.url)
+            task.cancel()
+            self._prometheus = None
+        if wanted is not None:
+            source = prometheus_source(wanted, self.store, self.registry.targets)
+            self._prometheus = (wanted, asyncio.create_task(source))
 
     @property
     def watched_sources(self) -> list[str]:
@@ -198,10 +213,6 @@ class ScalerServer:
             self._tasks.append(
                 asyncio.create_task(demo_source(self.config.demo_source, self.store, self._clock))
             )
-        if self.config.prometheus_source is not None:
-            targets = self.registry.targets
-            source = prometheus_source(self.config.prometheus_source, self.store, targets)
-            self._tasks.append(asyncio.create_task(source))
         if self._source is not None:
             self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
         self._tasks.append(asyncio.create_task(self._evict_loop()))
@@ -230,6 +241,9 @@ class ScalerServer:
         """Report NOT_SERVING, let open RPCs finish for ``grace`` seconds, then stop."""
         await self._grpc.enter_graceful_shutdown()
         tasks = [*self._tasks, *self._source_tasks.values()]
+        if self._prometheus is not None:
+            tasks.append(self._prometheus[1])
+            self._prometheus = None
         self._source_tasks.clear()
         for task in tasks:
             task.cancel()

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import grpc
 import pytest
 from aiohttp import web
 from hypothesis import given, settings
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 
 from foundation.errors import ConfigError
 from foundation.signals import EngineSignals, TargetKey, WindowSignals
+from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler.config import PrometheusSourceConfig, parse_config
 from scaler.core import DecisionState, Policy, decide
 from scaler.core.model import Observation
@@ -39,8 +41,10 @@ from scaler.promql import (
     selector,
     signals_from_answers,
 )
+from scaler.server import ScalerServer
 from scaler.signals import SignalStore, TargetSignals, observe
 from scaler.sources import prometheus_source
+from tests.conftest import ref
 from tests.fake_engines import FakeReplicaServer
 from tests.prometheus_stack import (
     DEPLOYMENT,
@@ -593,6 +597,11 @@ class FakePrometheus:
             return web.json_response(golden("two-series"))
         if self.mode == "bad-query":
             return web.json_response(golden("bad-query"), status=400)
+        if self.mode == "later":  # every signal, its time too, 1.8e9: newer than 12
+            later = {"metric": {}, "value": [1_800_000_000.0, "1800000000"]}
+            return web.json_response(
+                {"status": "success", "data": {"resultType": "vector", "result": [later]}}
+            )
         return web.json_response(golden("sum"))
 
 
@@ -669,3 +678,30 @@ async def test_names_prometheus_must_quote_select_only_their_own_pods(tmp_path):
     assert modelled_engine.replicas == 1 and modelled_engine.running == 0.0
     assert answers == []
     assert store.get(quoted) is None
+
+
+async def test_a_reloaded_prometheus_source_queries_as_the_new_config_says():
+    first, second = await FakePrometheus().start(), await FakePrometheus().start()
+    second.mode = "later"
+    text = "prometheus-source: {{url: '{}', interval: 20ms, timeout: 10s}}\n"
+    server = ScalerServer(parse_config(text.format(first.url)))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = keda_grpc.ExternalScalerStub(channel)
+            with contextlib.suppress(grpc.aio.AioRpcError):  # KEDA names the target
+                await stub.IsActive(ref())
+        await engine_signals_until(server.store, lambda e: e.running == 12.0)
+        assert server.configs.update(text.format(second.url), "reloaded")
+        await engine_signals_until(server.store, lambda e: e.running == 1.8e9)
+        asked_before = first.queries
+        second.enough, second.asked_enough = second.queries + 3 * len(INSTANT), asyncio.Event()
+        async with asyncio.timeout(30):
+            await second.asked_enough.wait()
+        assert first.queries == asked_before  # the old rounds stopped
+        assert server.configs.update("{}\n", "removed")
+        assert server.config.prometheus_source is None
+    finally:
+        await server.stop(grace=0)
+        await first.stop()
+        await second.stop()
