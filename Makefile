@@ -70,6 +70,7 @@ bench: install
 	$(BIN)/python bench/scaler_rpc.py
 	$(BIN)/python bench/exporter_parse.py
 	$(BIN)/python bench/activation.py
+	$(BIN)/python bench/gateway_wake.py
 	$(BIN)/python bench/sim_replica.py
 	$(BIN)/python bench/demo.py
 	$(BIN)/python bench/replay_speed.py
