@@ -13,8 +13,9 @@ that token (a get at start, then a list and a watch), follow an edit of their Co
 and the exporter and the gateway find replicas through the EndpointSlices of the served
 namespace, as deploy/ runs them. Needed: with any one verb of ``USED`` taken out of the
 rules, the call that needs it is refused with 403. Fluid prewarm's rights
-(``deploy/components/scaler-prewarm``, rendered in ``overlays/production``) alike: its
-watches of Datasets and DataLoads, a DataLoad created and deleted under its UID, and a
+(``deploy/components/scaler-prewarm``, rendered in ``overlays/production``) alike: the
+scaler's ``Prewarmer`` itself (``tests/k8s/test_prewarm.py``'s scenario of an evicted
+cache: its watches, a DataLoad created, deleted under its UID and created again), and a
 403 for each verb taken away. The admission controller's role has its own tests on the
 same helper (``tests/k8s/test_admission_rbac.py``).
 """
@@ -49,6 +50,7 @@ from scaler.server import ScalerServer
 from serving.config import parse_config as parse_gateway
 from serving.server import GatewayServer
 from tests.conftest import eventually
+from tests.k8s import test_prewarm as prewarm
 from tests.k8s.control_plane import ControlPlane
 from tests.k8s.test_endpoint_slices import endpoint_slice
 from tests.test_deploy import PREWARM, USED, render
@@ -544,20 +546,34 @@ async def prewarm_requests(kube: KubeAccess, served: str, name: str) -> PrewarmO
     return outcome
 
 
-async def test_the_scaler_with_prewarm_on_its_token_watches_fluid_and_writes_dataloads(
+async def test_the_scalers_prewarm_on_its_token_loads_and_reloads_an_evicted_cache(
     control_plane, fluid, namespace, served, tmp_path
 ):
+    """scaler.prewarm.Prewarmer itself: its watches, a DataLoad created, and after an
+    eviction deleted under its UID and created again, all on the scaler's token."""
     spaces = {"unitscale": namespace, "serving": served}
     docs = render("overlays/production")
     kube = as_shipped(control_plane, "unitscale-scaler", spaces, tmp_path, docs=docs)
-    outcome = await prewarm_requests(kube, served, "warm")
-    assert 403 not in outcome.statuses
-    assert outcome.watched
-    uid = outcome.created
-    assert isinstance(uid, str)
-    path = f"{FLUID}/namespaces/{served}/dataloads/warm"
-    assert delete_as(kube, path, "not-its-uid") == 409  # the precondition holds
-    assert delete_as(kube, path, uid) == 200
+    cluster = prewarm.Cluster(control_plane, served)
+    cluster.create_dataset("0.0%")
+    scaler = prewarm.Scaler(kube, served)
+    async with prewarm.running(scaler):
+        await prewarm.eventually("Fluid's objects listed", scaler.listed)
+        scaler.arrive()
+        (first,) = await prewarm.eventually("one DataLoad", cluster.dataloads)
+        cluster.complete(first["metadata"]["name"], ago=600)
+        cluster.set_cached("100.0%")
+        await prewarm.eventually("warm", lambda: scaler.state() == "warm")
+        cluster.set_cached("12.0%")  # evicted: ours is deleted, then created again
+        uid = first["metadata"]["uid"]
+        await prewarm.eventually(
+            "a new DataLoad",
+            lambda: [d for d in cluster.dataloads() if d["metadata"]["uid"] != uid],
+        )
+        await prewarm.eventually("following the new load", scaler.following)
+        status = scaler.status()
+    assert (status.created, status.write_errors) == (2, 0)
+    assert scaler.prewarm.listed
 
 
 @pytest.mark.parametrize(
