@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foundation.replica_model import (
@@ -193,6 +193,7 @@ policies = st.builds(
 )
 
 
+@settings(deadline=None)
 @given(
     desired=st.integers(0, 20),
     need=needs,
@@ -217,6 +218,7 @@ def test_never_fewer_running_than_desired_and_sleepers_bounded(
         assert (plan.sleeping, plan.cache_warm) == (0, False)
 
 
+@settings(deadline=None)
 @given(
     desired=st.integers(0, 10),
     need=needs,
