@@ -632,3 +632,34 @@ def test_a_failing_prewarm_never_costs_the_decision(monkeypatch, caplog):
     assert (decision.active, decision.desired_replicas) == (True, 1)
     assert "prewarm" not in decision.reason
     assert "prewarm planning failed" in caplog.text
+
+
+def test_a_forecast_at_zero_warms_the_cache_before_the_first_request():
+    cold = view(dataset("0.0%"))
+    ahead = plan(
+        KEY, SPEC, LONG_AT_ZERO, active=False, desired=0, fluid=cold, now=NOW, forecast=True
+    )
+    assert (ahead.state, ahead.create is not None) == ("loading", True)
+    assert ahead.track.wait_for == "forecast return of traffic"
+    # Without the forecast the same moment is idle: nothing is loaded.
+    idle = plan(KEY, SPEC, LONG_AT_ZERO, active=False, desired=0, fluid=cold, now=NOW)
+    assert (idle.state, idle.create) == ("idle", None)
+    # The first request then finds the cache warm: no clock, nothing created.
+    warm = view(dataset("100.0%"), load("dataload-complete.yaml", finished=NOW + 50))
+    later = plan(KEY, SPEC, ahead.track, active=True, desired=1, fluid=warm, now=NOW + 60)
+    assert (later.state, later.create) == ("warm", None)
+    assert later.track.time_to_warm is None  # the scale-from-zero waited for nothing
+
+
+def test_a_forecast_while_active_is_no_trigger():
+    made = plan(
+        KEY,
+        SPEC,
+        RUNNING,
+        active=True,
+        desired=2,
+        fluid=view(dataset("100.0%")),
+        now=NOW,
+        forecast=True,
+    )
+    assert made.track.wait_since is None and not made.track.forecast

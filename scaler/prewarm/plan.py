@@ -8,14 +8,16 @@ next call. Nothing here ever holds a scale decision back: the plan only says wha
 load and how the warm-up stands, and the decision's reason carries that.
 
 When the cache is wanted
-    While the decision is active (replicas wanted), and for ``keep_warm_seconds`` after
-    it went to zero (``keepWarmAfterZero``), so a return within that time finds it warm.
+    While the decision is active (replicas wanted) or a forecast expects traffic soon,
+    and for ``keep_warm_seconds`` after it went to zero (``keepWarmAfterZero``), so a
+    return within that time finds it warm.
     Otherwise the plan is ``idle``: nothing is loaded, nothing deleted (Fluid evicts a
     cache under pressure on its own).
 
 Triggers
     A scale-from-zero (inactive to active: the first buffered arrival activates the
-    decision) and each scale-out step (more replicas desired than before) start a
+    decision), each scale-out step (more replicas desired than before), and at zero a
+    forecast of returning traffic (``PREWARM_FORECAST`` in the decision's inputs) start a
     warm-up clock when the cache is cold; ``timeout_seconds`` later the plan reports
     ``timed-out`` (the load may go on; the replicas start cold) until the cache is warm
     or the next trigger. A warm cache starts no clock.
@@ -80,6 +82,11 @@ STATES: Final[tuple[PrewarmState, ...]] = (
 )
 """Every state, for the metric's label set."""
 
+PREWARM_FORECAST: Final = "prewarm_forecast"
+"""A decision input: replicas a confident forecast expects within about one load time,
+while the decision is still at zero (above 0: warm the cache now). Set by the decision
+core's forecast when it has one; absent, only arrivals and scale-outs trigger."""
+
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGER: Final = "unitscale-scaler"
 FOR_SCALED_OBJECT: Final = "unitscale.io/scaled-object"
@@ -127,6 +134,8 @@ class Track:
 
     active: bool = False
     desired: int = 0
+    forecast: bool = False
+    """At zero, a forecast expected traffic soon (the last decision said so)."""
     idle_since: float | None = None
     """When the decision went to zero (None while active, or never active)."""
     wait_since: float | None = None
@@ -235,6 +244,7 @@ def plan(
     desired: int,
     fluid: FluidView,
     now: float,
+    forecast: bool = False,
 ) -> PrewarmPlan:
     """Where the prewarm of ``scaled_object`` stands after a decision (see the module).
 
@@ -246,25 +256,38 @@ def plan(
         desired: the replicas it wants.
         fluid: what the watches see of Datasets and DataLoads.
         now: unix seconds.
+        forecast: at zero, a forecast expects traffic within about one load time
+            (``PREWARM_FORECAST`` in the decision's inputs): a trigger, and the cache
+            is wanted while it lasts.
     """
-    track, triggered = _follow(track, active, desired, now)
+    track, triggered = _follow(track, active, desired, forecast and not active, now)
     result = _assess(scaled_object, spec, track, fluid, now, triggered)
     return _timed(result, spec, now)
 
 
-def _follow(track: Track, active: bool, desired: int, now: float) -> tuple[Track, bool]:
+def _follow(
+    track: Track, active: bool, desired: int, forecast: bool, now: float
+) -> tuple[Track, bool]:
     """The tracking state after this decision, and whether it is a trigger."""
     trigger = ""
     if active and not track.active:
         trigger = "scale-from-zero"
     elif active and desired > track.desired:
         trigger = f"scale-out to {desired}"
+    elif forecast and not track.forecast:
+        trigger = "forecast return of traffic"
     idle_since = track.idle_since
     if active:
         idle_since = None
     elif track.active:
         idle_since = now
-    new = replace(track, active=active, desired=desired if active else 0, idle_since=idle_since)
+    new = replace(
+        track,
+        active=active,
+        desired=desired if active else 0,
+        idle_since=idle_since,
+        forecast=forecast,
+    )
     if trigger:
         # A new trigger restarts the clock; what it found is judged by _assess.
         new = replace(new, wait_since=now, wait_for=trigger, timed_out=False)
@@ -295,8 +318,10 @@ def _assess(
     )
     if cache.value is not None and cache.value >= spec.warm_percent:
         return _warm(track, ref, cache, own, now, triggered)
-    wanted = track.active or (
-        track.idle_since is not None and now - track.idle_since < spec.keep_warm_seconds
+    wanted = (
+        track.active
+        or track.forecast
+        or (track.idle_since is not None and now - track.idle_since < spec.keep_warm_seconds)
     )
     held = f"Dataset {ref} holds {cache.describe()} of the {spec.warm_percent:g}% warm"
     if cache.value is None:

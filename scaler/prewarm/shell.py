@@ -33,7 +33,15 @@ from foundation.kube import (
     watch_objects,
 )
 from scaler.core import Decision
-from scaler.prewarm.plan import Delete, FluidView, PrewarmPlan, PrewarmSpec, Track, plan
+from scaler.prewarm.plan import (
+    PREWARM_FORECAST,
+    Delete,
+    FluidView,
+    PrewarmPlan,
+    PrewarmSpec,
+    Track,
+    plan,
+)
 from scaler.registry import ObjectKey, ScaledObject, ScaledObjectRegistry
 
 log = logging.getLogger(__name__)
@@ -131,6 +139,7 @@ class Prewarmer:
             desired=decision.desired_replicas,
             fluid=self._view(),
             now=now,
+            forecast=(decision.inputs.get(PREWARM_FORECAST) or 0.0) > 0,
         )
         if entry.plan is None or (entry.plan.state, entry.plan.reason) != (made.state, made.reason):
             log.info("ScaledObject %s/%s: prewarm %s: %s", *scaled.key, made.state, made.reason)
