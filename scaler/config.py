@@ -11,6 +11,7 @@ scaler hot-reloads the file, and a bad update keeps the last good config
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Annotated
 
@@ -85,6 +86,10 @@ class PrometheusSourceConfig(BaseModel):
     """Per-signal PromQL replacing the default; null leaves the signal unmeasured."""
     headers: dict[str, str] = Field(default_factory=dict)
     """Sent with every query, e.g. ``X-Scope-OrgID`` for a Mimir or Cortex tenant."""
+    bearer_token_file: Path | None = None
+    """Sent as ``Authorization: Bearer``, read every round (projected tokens rotate)."""
+    ca_file: Path | None = None
+    """PEM CA bundle to verify an https ``url`` by; unset: the system's."""
     max_concurrent_queries: int = Field(16, ge=1, le=1024)
 
     @field_validator("selector")
@@ -101,6 +106,16 @@ class PrometheusSourceConfig(BaseModel):
             if text is not None:
                 check_template(text, QUERY_PARAMETERS, f"query {name!r}")
         return queries
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                ssl.create_default_context(cafile=path)
+            except (OSError, ssl.SSLError) as err:
+                raise ValueError(f"cannot load the CA bundle {path}: {err}") from err
+        return path
 
     @model_validator(mode="after")
     def _windows(self) -> PrometheusSourceConfig:
@@ -166,6 +181,10 @@ class PolicyConfig(BaseModel):
     """With a profile: headroom is this quantile of the rises within one horizon."""
     backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0)
     """With a profile: drain a backlog within this long (more replicas if need be)."""
+    demand_window: Seconds = Field(_CORE.demand_window_seconds, gt=0)
+    """With a profile: demand is averaged over this long (the exporter's stable window)."""
+    profile_speedup: float = Field(_CORE.profile_speedup, gt=0)
+    """With a profile: replicas step this many times faster than it says (1: real ones)."""
 
     def policy(
         self, min_replicas: int = _CORE.min_replicas, max_replicas: int = _CORE.max_replicas
@@ -196,6 +215,8 @@ class PolicyConfig(BaseModel):
             risk_lookback_seconds=self.risk_lookback,
             risk_quantile=self.risk_quantile,
             backlog_drain_seconds=self.backlog_drain,
+            demand_window_seconds=self.demand_window,
+            profile_speedup=self.profile_speedup,
         )
 
 

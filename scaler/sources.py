@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable, Iterable
 
@@ -159,13 +160,20 @@ async def prometheus_source(
     loop = asyncio.get_running_loop()
     problems: dict[TargetKey, str | None] = {}
     timeout = aiohttp.ClientTimeout(total=config.timeout)
-    async with aiohttp.ClientSession(headers=config.headers, timeout=timeout) as session:
+    # The CA was loaded once when the config was validated; a bad one is a config error.
+    tls = ssl.create_default_context(cafile=config.ca_file) if config.ca_file else True
+    connector = aiohttp.TCPConnector(ssl=tls)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         limit = asyncio.Semaphore(config.max_concurrent_queries)
         while True:
             started = loop.time()
             wanted = sorted(set(targets()))
+            try:
+                headers: dict[str, str] | str = _headers(config)
+            except PrometheusError as err:
+                headers = str(err)
             outcomes = await asyncio.gather(
-                *(_query_target(session, limit, config, target) for target in wanted)
+                *(_query_target(session, limit, config, headers, target) for target in wanted)
             )
             for target, outcome in zip(wanted, outcomes, strict=True):
                 problem = outcome if isinstance(outcome, str) else None
@@ -176,6 +184,25 @@ async def prometheus_source(
             for gone in set(problems) - set(wanted):
                 del problems[gone]
             await asyncio.sleep(max(0.0, config.interval - (loop.time() - started)))
+
+
+def _headers(config: PrometheusSourceConfig) -> dict[str, str]:
+    """The headers of this round's queries, the bearer token read afresh.
+
+    Raises:
+        PrometheusError: the token file cannot be read (never its content in the message).
+    """
+    headers = dict(config.headers)
+    if config.bearer_token_file is not None:
+        try:
+            token = config.bearer_token_file.read_text(encoding="utf-8").strip()
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "strerror", None) or type(err).__name__
+            raise PrometheusError(
+                f"cannot read bearer-token-file {config.bearer_token_file}: {reason}"
+            ) from err
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
 
 
 def _log_change(target: TargetKey, before: str | None, now: str | None, url: str) -> None:
@@ -192,9 +219,15 @@ async def _query_target(
     session: aiohttp.ClientSession,
     limit: asyncio.Semaphore,
     config: PrometheusSourceConfig,
+    headers: dict[str, str] | str,
     target: TargetKey,
 ) -> EngineSignals | str:
-    """The target's signals, or why there are none (a failed query fails the round)."""
+    """The target's signals, or why there are none (a failed query fails the round).
+
+    ``headers`` is a string when this round cannot query at all: the reason.
+    """
+    if isinstance(headers, str):
+        return headers
     queries = plan(
         target,
         config.effective_queries(),
@@ -203,10 +236,16 @@ async def _query_target(
         config.panic_window,
         config.stable_window,
     )
-    try:
-        values = await asyncio.gather(*(_run(session, limit, config.url, q) for q in queries))
-    except PrometheusError as err:
-        return str(err)
+    results = await asyncio.gather(
+        *(_run(session, limit, config.url, headers, q) for q in queries), return_exceptions=True
+    )
+    values: list[float | None] = []
+    for result in results:
+        if isinstance(result, PrometheusError):
+            return str(result)  # the first in plan order: the same reason every round
+        if isinstance(result, BaseException):
+            raise result
+        values.append(result)
     answers = {(q.signal, q.window): value for q, value in zip(queries, values, strict=True)}
     signals = signals_from_answers(answers, config.panic_window, config.stable_window)
     if signals is None:
@@ -215,7 +254,11 @@ async def _query_target(
 
 
 async def _run(
-    session: aiohttp.ClientSession, limit: asyncio.Semaphore, url: str, query: Query
+    session: aiohttp.ClientSession,
+    limit: asyncio.Semaphore,
+    url: str,
+    headers: dict[str, str],
+    query: Query,
 ) -> float | None:
     """One instant query's value (None: no series).
 
@@ -224,15 +267,21 @@ async def _run(
             number (Prometheus answers a bad query 400 with a JSON error, named here).
     """
     endpoint = url.rstrip("/") + "/api/v1/query"
+    status, kind = 0, "no answer"
     async with limit:
         try:
-            async with session.get(endpoint, params={"query": query.promql}) as response:
-                if response.status >= 500:
-                    text = (await response.text())[:200]
-                    raise PrometheusError(f"{endpoint} answered {response.status}: {text}")
+            params = {"query": query.promql}
+            async with session.get(endpoint, params=params, headers=headers) as response:
+                status, kind = response.status, response.content_type
+                # Prometheus answers a bad query 400/422 in JSON; anything else is not it.
+                if status >= 500 or (status >= 400 and kind != "application/json"):
+                    text = " ".join((await response.text(errors="replace"))[:200].split())
+                    raise PrometheusError(f"{endpoint} answered {status}: {text}")
                 body = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+        except (aiohttp.ClientError, TimeoutError) as err:
             raise PrometheusError(f"{endpoint}: {type(err).__name__}: {err}") from err
+        except ValueError as err:  # not JSON: a proxy's page, not the API
+            raise PrometheusError(f"{endpoint} answered {status} {kind}, not JSON") from err
     try:
         return answer_value(body, query.promql)
     except AnswerError as err:

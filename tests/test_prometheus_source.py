@@ -14,12 +14,14 @@ import dataclasses
 import json
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
 import pytest
+import trustme
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -565,18 +567,22 @@ class FakePrometheus:
         self.mode = "ok"
         self.queries = 0
         self.enough = 0
+        self.authorization: str | None = None
+        """The Authorization header every query must carry (None: none)."""
+        self.authorized = 0
         self.asked_enough = asyncio.Event()
         """Set once ``enough`` queries have come."""
         self.runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self) -> FakePrometheus:
+    async def start(self, tls: ssl.SSLContext | None = None) -> FakePrometheus:
         app = web.Application()
         app.router.add_get("/prefix/api/v1/query", self._query)
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/prefix/"
+        await web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=tls).start()
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://localhost:{self.runner.addresses[0][1]}/prefix/"
         return self
 
     async def stop(self) -> None:
@@ -587,6 +593,9 @@ class FakePrometheus:
         self.queries += 1
         if self.queries >= self.enough:
             self.asked_enough.set()
+        if self.mode == "401" or request.headers.get("Authorization") != self.authorization:
+            return web.Response(status=401, text="Unauthorized\n")
+        self.authorized += 1
         if self.mode == "503":
             return web.Response(status=503, text="Service Unavailable: querier overloaded")
         if self.mode == "hang":
@@ -610,7 +619,8 @@ class FakePrometheus:
     [
         pytest.param("503", "answered 503: Service Unavailable", id="a 5xx publishes nothing"),
         pytest.param("hang", "TimeoutError", id="a query past the timeout publishes nothing"),
-        pytest.param("html", "JSONDecodeError", id="an answer that is not JSON publishes nothing"),
+        pytest.param("html", "200 text/html, not JSON", id="an answer not JSON publishes nothing"),
+        pytest.param("401", "answered 401: Unauthorized", id="a refusal publishes nothing"),
         pytest.param("two-series", "aggregate it", id="an unaggregated query publishes nothing"),
         pytest.param("bad-query", "parse error", id="a query Prometheus refuses publishes nothing"),
     ],
@@ -705,3 +715,83 @@ async def test_a_reloaded_prometheus_source_queries_as_the_new_config_says():
         await server.stop(grace=0)
         await first.stop()
         await second.stop()
+
+
+async def until(predicate: Callable[[], bool], what: str, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {within:g}s"
+        await asyncio.sleep(0.02)
+
+
+async def test_the_bearer_token_is_read_every_round_and_never_logged(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="scaler.sources")
+    token = tmp_path / "token"
+    token.write_text("s3cret-one\n")
+    server = await FakePrometheus().start()
+    server.authorization = "Bearer s3cret-one"
+    store = SignalStore()
+    config = PrometheusSourceConfig.model_validate(
+        source_config(server.url, interval="20ms", **{"bearer-token-file": str(token)})
+    )
+    task = asyncio.create_task(prometheus_source(config, store, lambda: [TARGET]))
+    try:
+        await engine_signals_until(store, lambda e: True)
+        server.authorization = "Bearer s3cret-two"  # the token rotated: the file follows
+        token.write_text("s3cret-two")
+        seen = server.authorized
+        await until(lambda: server.authorized > seen + len(INSTANT), "queries on the new token")
+        token.unlink()
+        await until(
+            lambda: any("cannot read bearer-token-file" in r.getMessage() for r in caplog.records),
+            "the missing token logged",
+        )
+    finally:
+        await drain(task)
+        await server.stop()
+    assert not any("s3cret" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_https_url_is_verified_by_the_configured_ca(tmp_path, caplog):
+    authority = trustme.CA()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(tls)
+    (tmp_path / "ca.pem").write_bytes(authority.cert_pem.bytes())
+    server = await FakePrometheus().start(tls)
+    trusting, untrusting = SignalStore(), SignalStore()
+    fast = {"interval": "20ms"}
+    trusted = source_config(server.url, **fast, **{"ca-file": str(tmp_path / "ca.pem")})
+    tasks = [
+        asyncio.create_task(prometheus_source(PrometheusSourceConfig.model_validate(c), s, t))
+        for c, s, t in (
+            (trusted, trusting, lambda: [TARGET]),
+            (source_config(server.url, **fast), untrusting, lambda: [TARGET]),
+        )
+    ]
+    try:
+        await engine_signals_until(trusting, lambda e: True)
+        await until(
+            lambda: any("CERTIFICATE_VERIFY_FAILED" in r.getMessage() for r in caplog.records),
+            "the system's CAs refusing our test CA",
+        )
+    finally:
+        for task in tasks:
+            await drain(task)
+        await server.stop()
+    assert untrusting.get(TARGET) is None
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(None, id="a CA file that is not there is a config error"),
+        pytest.param(b"not a certificate", id="a CA file that holds no PEM is a config error"),
+    ],
+)
+def test_a_bad_ca_file_is_a_config_error_naming_it(tmp_path, content):
+    path = tmp_path / "ca.pem"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        parse_config(f"prometheus-source: {{url: 'https://p:9090', ca-file: '{path}'}}")
+    assert "prometheus-source.ca-file" in str(caught.value) and str(path) in str(caught.value)
