@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, StaleSignalError
 from foundation.signals import EngineSignals, TargetKey, WindowSignals
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler.config import PrometheusSourceConfig, parse_config
@@ -795,3 +796,41 @@ def test_a_bad_ca_file_is_a_config_error_naming_it(tmp_path, content):
     with pytest.raises(ConfigError) as caught:
         parse_config(f"prometheus-source: {{url: 'https://p:9090', ca-file: '{path}'}}")
     assert "prometheus-source.ca-file" in str(caught.value) and str(path) in str(caught.value)
+
+
+@needs_prometheus
+async def test_the_signals_are_as_old_as_the_scrape_not_as_the_query(tmp_path):
+    replicas = [await FakeReplicaServer(1).start()]
+    replicas[0].replicas[0].set_load(running=4, waiting=0, kv=0.1)
+    prometheus = await prometheus_over(tmp_path, replicas, scrape_interval="3s")
+    store = SignalStore()
+    seen: list[tuple[float, float]] = []  # (signal time, wall time when published)
+
+    def published(target: TargetKey) -> None:
+        engine = engine_of(store, target)
+        assert engine is not None
+        seen.append((engine.time, time.time()))
+
+    store.add_listener(published)
+    config = PrometheusSourceConfig.model_validate(source_config(prometheus.url, interval="50ms"))
+    task = asyncio.create_task(prometheus_source(config, store, lambda: [TARGET]))
+    try:
+        await until(lambda: len({t for t, _ in seen}) >= 3, "three scrapes", within=60)
+    finally:
+        await drain(task)
+        await prometheus.stop()
+        await replicas[0].stop()
+    times = sorted({t for t, _ in seen})
+    # Many rounds, one time per scrape: the sample's time, not the evaluation's.
+    assert len(seen) > 2 * len(times)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert all(2.5 < gap < 3.5 for gap in gaps), gaps
+    oldest_age = max(wall - signal for signal, wall in seen)
+    assert oldest_age > 2.0  # just before the next scrape the signals are ~3 s old
+    # And observe() calls them what they are past a max-signal-age shorter than that.
+    signal, wall = max(seen, key=lambda pair: pair[1] - pair[0])
+    engine = signals_from_answers(full_answers(), 60, 180)
+    assert engine is not None
+    stale = dataclasses.replace(engine, time=signal)
+    with pytest.raises(StaleSignalError):
+        observe(TARGET, TargetSignals(1, stale), wall, 1.0)
