@@ -346,7 +346,11 @@ def test_expected_return(
         assert clock(forecast.expected_at, policy) == expected
         assert forecast.reason.startswith(f"traffic expected at {expected} (confidence")
         # the holiday's zero is one of the days the mean of the peaks counts
-        peaks = {office: 4.0, with_holiday: 0.8 * 4.0, late_start: 3.0}
+        peaks: dict[Callable[[int, float], float], float] = {
+            office: 4.0,
+            with_holiday: 0.8 * 4.0,
+            late_start: 3.0,
+        }
         assert forecast.peak == pytest.approx(peaks[busy])
     if days == 1:
         assert forecast.peak is None and forecast.reason.startswith("no forecast")
@@ -466,5 +470,5 @@ def test_the_forecast_is_never_negative(
 def test_missing_observations_do_not_count_as_idle(
     points: list[tuple[float, float | None]],
 ) -> None:
-    measured = [(t, d) for t, d in points if d is not None]
+    measured: list[tuple[float, float | None]] = [(t, d) for t, d in points if d is not None]
     assert replayed(points, POLICY) == replayed(measured, POLICY)
