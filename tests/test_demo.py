@@ -25,9 +25,16 @@ from scaler.config import PolicyConfig
 from scaler.core.decide import decide
 from scaler.core.model import DecisionState, Observation
 from unitscale.demo.processes import MARKER
-from unitscale.demo.run import DemoOptions, capacity_priors, load_trace, validate
+from unitscale.demo.run import (
+    DemoOptions,
+    capacity_priors,
+    default_policy,
+    load_trace,
+    validate,
+)
 from unitscale.demo.workload import IDLE, WorkloadShape, generate, rate_at
 from unitscale.demo.world import (
+    Plan,
     exporter_config,
     gateway_config,
     keda_spec,
@@ -163,10 +170,11 @@ def test_a_scaled_object_the_model_cannot_follow_is_refused(
 
 # --- the compressed world ------------------------------------------------------------------
 
-PLAN = make_plan(
-    10.0, PROFILES["qwen2.5-32b-h200"], RECOMMENDED, capacity_priors(PROFILES["qwen2.5-32b-h200"]),
-    8, 16.0,
-)  # fmt: skip
+QWEN = PROFILES["qwen2.5-32b-h200"]
+PLAN = make_plan(10.0, QWEN, RECOMMENDED, capacity_priors(QWEN), 8, 16.0)
+"""The priors-planned demo (``--scaler-config`` with no profile)."""
+PROFILE_PLAN = make_plan(10.0, QWEN, RECOMMENDED, default_policy(QWEN), 8, 16.0)
+"""The default demo: planned with the profile the replicas simulate."""
 
 
 def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -> None:
@@ -178,6 +186,7 @@ def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -
         PLAN.policy.decode_tokens_per_second * 10
     )
     assert scaler["max-signal-age"] == pytest.approx(3.0)
+    assert policy["profile"] is None and policy["profile-speedup"] == pytest.approx(10.0)
     exporter = exporter_config(PLAN, ["http://127.0.0.1:2"])
     assert exporter["interval"] == pytest.approx(0.5) and exporter["stable-window"] == 6.0
     assert exporter["timeout"] < exporter["interval"]
@@ -192,16 +201,69 @@ def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -
     assert spec.scale_up_pods == 16  # counts are not clocks
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        pytest.param("profile", "qwen2.5-32b-h200", id="the scaler plans with the replicas'"),
+        pytest.param("profile-speedup", 10.0, id="at the speed the replicas step"),
+        pytest.param("risk-lookback", 180.0, id="the headroom's lookback is a clock"),
+        pytest.param("backlog-drain", 2.0, id="so is the backlog's drain time"),
+        pytest.param("demand-window", 6.0, id="and the window demand is averaged over"),
+        pytest.param("forecast-horizon", 6.0, id="the headroom's horizon, as before"),
+        pytest.param("profile-utilization", 0.9, id="a share is not a clock"),
+    ],
+)  # fmt: skip
+def test_the_default_demo_plans_with_the_profile_on_the_compressed_scale(
+    key: str, value: object
+) -> None:
+    assert scaler_config(PROFILE_PLAN, [])["policy"][key] == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "output"),
+    [
+        pytest.param(1892.0, 318.0, id="the demo workload's mix"),
+        pytest.param(12_000.0, 300.0, id="long prompts"),
+        pytest.param(200.0, 1000.0, id="long outputs"),
+    ],
+)
+def test_replicas_c_times_faster_carry_c_times_the_load_within_slos_c_times_tighter(
+    prompt: float, output: float
+) -> None:
+    from scaler.core.capacity import Mix, replica_rates
+
+    real = PROFILE_PLAN.policy.policy()
+    fast = PolicyConfig.model_validate(scaler_config(PROFILE_PLAN, [])["policy"]).policy()
+    slow_rates, fast_rates = (replica_rates(p, Mix(prompt, output)) for p in (real, fast))
+    assert slow_rates.requests_per_second is not None and slow_rates.requests_per_second > 0
+    assert fast_rates.requests_per_second == pytest.approx(10 * slow_rates.requests_per_second)
+    assert fast_rates.prefill_tokens_per_second == pytest.approx(
+        10 * slow_rates.prefill_tokens_per_second
+    )
+    assert fast_rates.decode_tokens_per_second == pytest.approx(
+        10 * slow_rates.decode_tokens_per_second
+    )
+
+
 def test_the_configs_written_for_the_live_run_are_valid_for_each_process() -> None:
     from exporter.config import parse_config as parse_exporter
     from scaler.config import parse_config as parse_scaler
     from serving.config import parse_config as parse_gateway
 
     parse_scaler(yaml.safe_dump(scaler_config(PLAN, ["127.0.0.1:1"])))
+    parse_scaler(yaml.safe_dump(scaler_config(PROFILE_PLAN, ["127.0.0.1:1"])))
     parse_exporter(yaml.safe_dump(exporter_config(PLAN, ["http://127.0.0.1:2"])))
     parse_gateway(yaml.safe_dump(gateway_config(PLAN, ["http://127.0.0.1:2"])), "test")
 
 
+LOAD_SHAPE = (0.3, 0.5, 1, 1, 1.5, 2, 4, 4, 4, 3, 2, 1, 1, 0.5, 0.2, *[0] * 12, 0.8, 0.8, 1, 1)
+"""Ten minutes of decisions every 15 s: the rates scaled by this, a burst, an idle stretch
+long enough to scale to zero, and a return."""
+
+
+@pytest.mark.parametrize(
+    "plan", [pytest.param(PLAN, id="priors"), pytest.param(PROFILE_PLAN, id="profile")]
+)
 @pytest.mark.parametrize(
     "observation",
     [
@@ -220,27 +282,37 @@ def test_the_configs_written_for_the_live_run_are_valid_for_each_process() -> No
             {"gateway_buffered": 12, "gateway_in_flight": 0, "gateway_arrival_rate": 1.5},
             id="requests buffered at zero replicas",
         ),
+        pytest.param(
+            {"gateway_arrival_rate": 3.0, "gateway_buffered": 0, "gateway_in_flight": 20,
+             "mean_prompt_tokens": 1892.0, "mean_output_tokens": 318.0,
+             "prompt_token_rate": 5_700.0, "generation_token_rate": 950.0,
+             "prompt_token_rate_panic": 7_000.0, "generation_token_rate_panic": 1_100.0,
+             "queue_depth": 30.0, "requests_running": 20.0, "replicas_up": 2,
+             "replicas_known": 2, "ttft_p95_seconds": 1.2, "inter_token_p95_seconds": 0.06},
+            id="demand from the gateway with a known mix and a backlog",
+        ),
     ],
 )  # fmt: skip
 def test_the_decision_in_the_compressed_world_is_the_production_decision(
-    observation: dict[str, Any],
+    plan: Plan, observation: dict[str, Any]
 ) -> None:
     """The demo's premise: compressing time (durations / C, rates x C) changes nothing."""
-    c = PLAN.compression
-    policy = PLAN.policy.policy(max_replicas=8)
-    compressed_policy = PolicyConfig.model_validate(scaler_config(PLAN, [])["policy"]).policy(
+    c = plan.compression
+    policy = plan.policy.policy(max_replicas=8)
+    compressed_policy = PolicyConfig.model_validate(scaler_config(plan, [])["policy"]).policy(
         max_replicas=8
     )
     rates = {"prompt_token_rate", "generation_token_rate", "prompt_token_rate_panic",
              "generation_token_rate_panic", "gateway_arrival_rate"}  # fmt: skip
-    durations = {"ttft_p95_seconds"}
-    compressed = {
-        k: v * c if k in rates else v / c if k in durations else v for k, v in observation.items()
-    }
+    durations = {"ttft_p95_seconds", "inter_token_p95_seconds"}
     slow_state = fast_state = DecisionState()
-    for step in range(12):  # two minutes of decisions, every 10 s
-        now = 1_000.0 + 10.0 * step
-        slow = decide(Observation(now=now, signal_time=now, **observation), policy, slow_state)
+    for step, scale in enumerate(LOAD_SHAPE):
+        real = {k: v * scale if k in rates else v for k, v in observation.items()}
+        compressed = {
+            k: v * c if k in rates else v / c if k in durations else v for k, v in real.items()
+        }
+        now = 1_000.0 + 15.0 * step
+        slow = decide(Observation(now=now, signal_time=now, **real), policy, slow_state)
         fast = decide(
             Observation(now=now / c, signal_time=now / c, **compressed),
             compressed_policy,
@@ -250,7 +322,7 @@ def test_the_decision_in_the_compressed_world_is_the_production_decision(
             slow.desired_replicas,
             slow.active,
             slow.panic,
-        )
+        ), f"at {now - 1000:g} s: {fast.reason} / {slow.reason}"
         slow_state, fast_state = slow.state, fast.state
 
 

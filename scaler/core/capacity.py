@@ -47,6 +47,16 @@ class Rates:
     source: str
     """``profile <name>`` or ``priors``, for the decision's reason."""
 
+    def sped_up(self, factor: float) -> Rates:
+        """These rates for replicas that step ``factor`` times faster."""
+        rps = self.requests_per_second
+        return Rates(
+            self.prefill_tokens_per_second * factor,
+            self.decode_tokens_per_second * factor,
+            None if rps is None else rps * factor,
+            f"{self.source} at {factor:g}x speed",
+        )
+
     def replicas(self, prompt_rate: float, output_rate: float) -> float:
         """Replicas' worth of work in these token rates."""
         return (
@@ -97,13 +107,17 @@ def replica_rates(p: Policy, mix: Mix | None) -> Rates:
             )
             rps = 1.0 / per_request
         return Rates(p.prefill_tokens_per_second, p.decode_tokens_per_second, rps, "priors")
-    return _profile_rates(
+    # Replicas ``s`` times faster keep SLOs ``s`` times tighter at ``s`` times the rates:
+    # the capacity on the profile's own time scale, sped up (``Policy.profile_speedup``).
+    s = p.profile_speedup
+    rates = _profile_rates(
         p.profile,
         _quantised(mix.prompt_tokens),
         _quantised(mix.output_tokens),
-        p.slo_ttft_seconds,
-        p.slo_itl_seconds,
+        p.slo_ttft_seconds * s,
+        p.slo_itl_seconds * s,
     )
+    return rates if s == 1.0 else rates.sped_up(s)
 
 
 @lru_cache(maxsize=4096)

@@ -140,10 +140,6 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     )
 
 
-STABLE_DEMAND_SECONDS = 60.0
-"""Demand is averaged over this long, as the exporter's stable window averages rates."""
-
-
 def _activity(o: Observation, previous: DecisionState) -> _Activity:
     """In-flight requests and whether any request arrives, runs or waits.
 
@@ -299,7 +295,7 @@ def _demand_load(
 ) -> float | None:
     """Demand over the stable window; served load, then concurrency, without a gateway."""
     if demand_now is not None:
-        stable = demands.within(o.now, STABLE_DEMAND_SECONDS)
+        stable = demands.within(o.now, p.demand_window_seconds)
         return sum(stable.values()) / len(stable)
     served = _served(o, rates, panic=False)
     if served is not None:

@@ -93,6 +93,14 @@ class Policy:
     backlog_drain_seconds: float = 20.0
     """With a profile: a backlog the ready replicas' spare capacity would not drain
     within this long asks for the replicas that would."""
+    demand_window_seconds: float = 60.0
+    """With a profile: demand is averaged over this long, as the exporter's stable window
+    averages rates."""
+    profile_speedup: float = 1.0
+    """With a profile: the replicas step this many times faster than it says (a simulated
+    replica's ``--speedup``, the demo's time compression; 1 for real engines). Capacity is
+    the profile's at the SLOs x speedup, times the speedup: exactly what the profile
+    sustains on its own time scale, in the faster world's units."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,21 @@ def capacity_priors(profile: Profile) -> PolicyConfig:
     )
 
 
+def default_policy(profile: Profile) -> PolicyConfig:
+    """The scaler's policy without ``--scaler-config``: planned with ``profile``.
+
+    The profile the replicas simulate gives a replica's capacity for the observed mix
+    within the SLOs, and the load is planned from demand with risk-sized headroom
+    (docs/scaler.md); its ``capacity_priors`` stand in until the mix is known.
+    """
+    priors = capacity_priors(profile)
+    return PolicyConfig(
+        prefill_tokens_per_second=priors.prefill_tokens_per_second,
+        decode_tokens_per_second=priors.decode_tokens_per_second,
+        profile=profile.name,
+    )
+
+
 def load_trace(options: DemoOptions, length: float) -> Trace:
     """The demo's trace in trace time, cut to ``length`` seconds.
 
@@ -170,7 +185,7 @@ def _plan(options: DemoOptions) -> Plan:
     policy = (
         load_config(options.scaler_config).policy
         if options.scaler_config is not None
-        else capacity_priors(profile)
+        else default_policy(profile)
     )
     plan = make_plan(
         compression,

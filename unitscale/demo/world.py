@@ -5,9 +5,11 @@ scaler to see what it would see in production, everything that has a clock is
 compressed by the same ``C``: the sim replicas step ``C`` times faster, so token rates
 are ``C`` times higher and latencies ``C`` times shorter; every interval, window,
 delay and SLO of the exporter, gateway, scaler and KEDA is divided by ``C``; the
-token-rate priors are multiplied by ``C``; and an accelerator-hour costs ``C`` times
-more, so that cost per 1M tokens comes out as in production. The decision code sees a
-world that only differs from production by its unit of time.
+token-rate priors are multiplied by ``C``; the scaler plans with the profile the
+replicas simulate at ``C`` times its speed (``profile-speedup``: its capacity at the
+SLOs x ``C``, times ``C``); and an accelerator-hour costs ``C`` times more, so that cost
+per 1M tokens comes out as in production. The decision code sees a world that only
+differs from production by its unit of time.
 
 The replay's prediction runs the same plan uncompressed (``prediction``).
 """
@@ -35,18 +37,14 @@ DEPLOYMENT = "llama-chat"
 # Trigger metadata keys that are durations (compressed) and token rates (sped up).
 _DURATION_KEYS = ("sloTtft", "sloItl", "idleGrace", "maxSignalAge")
 _RATE_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond")
-# PolicyConfig fields likewise.
-_POLICY_DURATIONS = (
-    "slo_ttft",
-    "slo_itl",
-    "panic_hold",
-    "scale_down_delay",
-    "scale_down_window",
-    "forecast_horizon",
-    "forecast_lookback",
-    "idle_grace",
+# PolicyConfig fields likewise: every duration it has (a new one is compressed without
+# being listed here), and the rates, the profile's speed among them.
+POLICY_DURATIONS = tuple(
+    name
+    for name, field in PolicyConfig.model_fields.items()
+    if any(getattr(m, "func", None) is parse_duration for m in field.metadata)
 )
-_POLICY_RATES = ("prefill_tokens_per_second", "decode_tokens_per_second")
+POLICY_RATES = ("prefill_tokens_per_second", "decode_tokens_per_second", "profile_speedup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +137,9 @@ def scaler_config(plan: Plan, sources: list[str]) -> dict[str, Any]:
     """The scaler's config file, compressed."""
     c = plan.compression
     policy = plan.policy.model_dump(by_alias=False)
-    for name in _POLICY_DURATIONS:
+    for name in POLICY_DURATIONS:
         policy[name] = policy[name] / c
-    for name in _POLICY_RATES:
+    for name in POLICY_RATES:
         policy[name] = policy[name] * c
     return {
         "signal-sources": [
