@@ -42,6 +42,7 @@ WINDOWED = (
     "itl-p95",
     "mean-prompt-tokens",
     "mean-output-tokens",
+    "running-mean",
 )
 """Signals over a window: each is asked for the stable window."""
 
@@ -90,6 +91,8 @@ DEFAULT_QUERIES: Mapping[str, str] = {
     ),
     "mean-prompt-tokens": _mean_per_request("vllm:request_prompt_tokens"),
     "mean-output-tokens": _mean_per_request("vllm:request_generation_tokens"),
+    # Each replica's mean over the window, summed: the exporter's gauge mean.
+    "running-mean": "sum(avg_over_time(vllm:num_requests_running{$selector}[$window]))",
 }
 
 SELECTOR_PARAMETERS = ("namespace", "deployment", "deployment_regex", "model")
@@ -303,4 +306,5 @@ def _window(present: Answers, window: str, seconds: float) -> WindowSignals:
         itl=Quantiles(p95=value("itl-p95")),
         mean_prompt_tokens=value("mean-prompt-tokens"),
         mean_output_tokens=value("mean-output-tokens"),
+        running_mean=value("running-mean"),
     )

@@ -160,8 +160,11 @@ async def prometheus_source(
     loop = asyncio.get_running_loop()
     problems: dict[TargetKey, str | None] = {}
     timeout = aiohttp.ClientTimeout(total=config.timeout)
-    # The CA was loaded once when the config was validated; a bad one is a config error.
-    tls = ssl.create_default_context(cafile=config.ca_file) if config.ca_file else True
+    try:  # the config's validation loaded it once; it may have gone since
+        tls = ssl.create_default_context(cafile=config.ca_file) if config.ca_file else True
+    except (OSError, ssl.SSLError) as err:
+        log.error("prometheus-source stopped: cannot load ca-file %s: %s", config.ca_file, err)
+        return
     connector = aiohttp.TCPConnector(ssl=tls)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         limit = asyncio.Semaphore(config.max_concurrent_queries)

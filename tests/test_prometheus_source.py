@@ -834,3 +834,17 @@ async def test_the_signals_are_as_old_as_the_scrape_not_as_the_query(tmp_path):
     stale = dataclasses.replace(engine, time=signal)
     with pytest.raises(StaleSignalError):
         observe(TARGET, TargetSignals(1, stale), wall, 1.0)
+
+
+async def test_a_ca_file_gone_after_validation_stops_the_source_with_an_error(tmp_path, caplog):
+    path = tmp_path / "ca.pem"
+    path.write_bytes(trustme.CA().cert_pem.bytes())
+    config = PrometheusSourceConfig.model_validate(
+        source_config("https://localhost:1/", **{"ca-file": str(path)})
+    )
+    path.unlink()
+    store = SignalStore()
+    async with asyncio.timeout(10):
+        await prometheus_source(config, store, lambda: [TARGET])  # returns: nothing to run
+    assert store.get(TARGET) is None
+    assert any("cannot load ca-file" in r.getMessage() for r in caplog.records)
