@@ -1,7 +1,11 @@
 """The gateway's Prometheus metrics (``/metrics``), every series labelled with its target.
 
-A series appears at its first event (prometheus_client creates a child when first used),
-labelled with the ``namespace`` and ``deployment`` the gateway started with. With a
+Every series is labelled with the ``namespace`` and ``deployment`` the gateway started
+with. The counters and histograms, and the buffer and in-flight gauges, exist from the
+start (at 0, for every ``kind``, ``status`` and ``result`` the gateway uses):
+prometheus_client would create a labelled series only at its first event, and a
+``rate()`` never shows the event a series first appears with. The replica gauges appear
+with the first health round: before it the gateway does not know them. With a
 reloadable config, ``unitscale_config_reloads_total{result}`` counts its updates, as the
 scaler and the exporter do.
 """
@@ -19,6 +23,11 @@ BUFFER_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300
 """Seconds in the buffer: up to well past the default timeout (120 s)."""
 WAKE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 """Seconds a replica's ``POST /wake_up`` took: level 1 in seconds, level 2 up to a minute."""
+UPSTREAM_ERROR_KINDS = ("connect", "before-response", "timeout", "mid-response", "stalled")
+"""The ``kind`` of ``unitscale_gateway_upstream_errors_total`` (``upstream_error``)."""
+REJECT_STATUSES = (400, 404, 413, 429, 502, 503, 504)
+"""The ``status`` of ``unitscale_gateway_rejected_total``: what ``serving.gateway`` answers."""
+WAKE_RESULTS = ("woken", "failed")
 
 
 class GatewayMetrics:
@@ -91,6 +100,25 @@ class GatewayMetrics:
             buckets=WAKE_BUCKETS,
             registry=r,
         )
+        self._create_series()
+
+    def _create_series(self) -> None:
+        """Every series whose labels are known now, so its first event shows in ``rate()``."""
+        for metric in (
+            self._arrivals,
+            self._buffered,
+            self._buffered_bytes,
+            self._in_flight,
+            self._wait,
+            self._wake_seconds,
+        ):
+            metric.labels(*self._labels)
+        for kind in UPSTREAM_ERROR_KINDS:
+            self._errors.labels(*self._labels, kind)
+        for status in REJECT_STATUSES:
+            self._rejected.labels(*self._labels, str(status))
+        for result in WAKE_RESULTS:
+            self._wakes.labels(*self._labels, result)
 
     def arrived(self) -> None:
         """A request reached the gateway."""

@@ -296,9 +296,8 @@ class ServingStack:
     async def incidents(self) -> None:
         """Requests buffered at zero replicas, a wake from sleep, a 404 and an upstream error.
 
-        Counters and histograms appear at their first event: a ``rate()`` over them
-        shows an increase only once Prometheus has scraped them before it, so a test
-        calls this again after the first scrape.
+        A ``rate()`` shows them when Prometheus scraped their series before: the
+        gateway's exist from its start (``serving.gateway_metrics``).
         """
         gateway = self.gateway.gateway
         healthy = [r.url for r in self.replicas]

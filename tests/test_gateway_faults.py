@@ -125,7 +125,7 @@ def upstream_errors(gateway) -> dict[str, float]:
         for family in text_string_to_metric_families(text)
         if family.name == "unitscale_gateway_upstream_errors"
         for s in family.samples
-        if s.name.endswith("_total")
+        if s.name.endswith("_total") and s.value  # every kind exists from the start, at 0
     }
 
 
