@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -105,6 +106,21 @@ TARGET: TargetKey = ("team-a", "llama", "")
 )
 def test_the_selector_names_the_targets_series(target, template, model_label, expected):
     assert selector(target, template, model_label) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    model=st.text(min_size=1),
+    deployment=st.from_regex(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", fullmatch=True),
+)
+def test_every_name_is_one_promql_string_that_reads_back_as_itself(model, deployment):
+    with_model, _ = selector(("ns", deployment, model), 'pod=~"$deployment_regex"', "model_name")
+    pod_matcher, model_matcher = with_model.split(",model_name=", 1)
+    # A PromQL double-quoted string takes Go's escapes, which JSON's read the same here.
+    assert json.loads(model_matcher, strict=False) == model
+    pattern = json.loads(pod_matcher.removeprefix("pod=~"))
+    assert re.fullmatch(pattern, deployment)
+    assert not re.fullmatch(pattern, deployment + "x")
 
 
 @pytest.mark.parametrize(
