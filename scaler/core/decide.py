@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from foundation.errors import NoDataError
-from scaler.core import risk
+from scaler.core import predictive, risk
 from scaler.core.capacity import Mix, Rates, observed_mix, replica_rates
 from scaler.core.model import Decision, DecisionState, Observation, Policy
 from scaler.core.window import Recent
@@ -77,7 +77,8 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
     idle = not activity.busy and activity.concurrency is not None
     if idle and p.min_replicas == 0 and now - activity.last_activity >= p.idle_grace_seconds:
-        return _scale_to_zero(previous, activity.last_activity, now, o.replicas_known)
+        zero = _scale_to_zero(previous, activity.last_activity, now, o.replicas_known)
+        return predictive.at_zero(zero, p, previous.season, now)
 
     notes: list[str] = []
     mix = observed_mix(o) or (Mix(*previous.mix) if previous.mix else None)
@@ -117,6 +118,8 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     desired = _bounded(p, wanted, recently_active, notes)
     if abs(scale - 1.0) > 0.05:
         notes.append(f"learned capacity x{scale:.2f}")
+    seen = predictive.demand_seen(activity.busy, activity.concurrency is not None, need.need)
+    season = predictive.learn(previous.season, now, seen, p)
     state = DecisionState(
         previous.decisions + 1,
         desired,
@@ -132,7 +135,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     return Decision(
         desired,
         desired > 0,
-        state,
+        replace(state, season=season),
         _reason(need, desired, notes),
         _inputs(need, scale, activity),
         need.panicking,

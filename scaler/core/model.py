@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scaler.core.seasonal import SeasonalState
 from scaler.core.window import Recent
 
 
@@ -77,6 +78,16 @@ class Policy:
     forecast_lookback_seconds: float = 120.0
     idle_grace_seconds: float = 120.0
     """No request at all for this long before scaling to zero."""
+    seasonal_floor: bool = False
+    """At zero, start the replicas a confident seasonal forecast (``scaler.core.predictive``)
+    expects one ``forecast_horizon_seconds`` before the traffic's expected return."""
+    seasonal_prewarm_lead_seconds: float = 300.0
+    """At zero, ask for a Fluid prewarm this far ahead of a confident return (about one
+    cache load); 0: never."""
+    seasonal_utc_offset_seconds: float = 0.0
+    """The forecast's local time (business hours) is UTC plus this (fixed: no DST)."""
+    seasonal_day_seconds: float = 86_400.0
+    """The forecast's day (shorter in a replay of compressed days)."""
     cost_budget_per_million_tokens: float | None = None
     """While the SLO holds, plan fuller replicas when the unit cost exceeds this."""
     cost_guard_utilization: float = 0.85
@@ -123,6 +134,8 @@ class DecisionState:
     lookback."""
     mix: tuple[float, float] | None = None
     """The last known mean prompt and output tokens per request."""
+    season: SeasonalState = field(default_factory=SeasonalState)
+    """Learned: demand per slot of the day and day kind (``scaler.core.seasonal``), bounded."""
 
 
 @dataclass(frozen=True, slots=True)
