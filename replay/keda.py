@@ -1,24 +1,33 @@
 """KEDA's and the HPA's arithmetic, as pure functions of time and the scaler's answers.
 
 - KEDA polling (``pollingInterval``, default 30 s): active with 0 replicas -> 1 (or
-  ``minReplicaCount``); inactive for ``cooldownPeriod`` (300 s) -> 0. A scaler error
-  changes nothing (no fallback configured). ``external-push`` activates at once.
-- HPA sync (15 s) while replicas >= 1, AverageValue: ``ceil(value / target)`` unless
-  ``value / (target * replicas)`` is within the 10% tolerance of 1; scale-up limited to
-  max(+4 pods, +100%) per 15 s; scale-down to the highest recommendation of the last
-  300 s (stabilization), then at most -100% per 15 s.
+  ``minReplicaCount``); inactive for more than ``cooldownPeriod`` (300 s) -> 0.
+  ``external-push`` activates at once.
+- A scaler error changes nothing without a ``fallback``. With one, every failed call
+  (KEDA's polls and the HPA's metric reads alike) counts; past ``failureThreshold``
+  consecutive failures KEDA answers the HPA ``fallback.replicas x target`` and counts
+  the trigger active, so a ScaledObject at zero is activated and then held at the
+  fallback replicas by the HPA. One success resets the count.
+- HPA sync (15 s) while replicas >= 1, AverageValue: the value rounded to milli-units
+  (KEDA's ``%.3f`` quantity), ``ceil(value / target)`` unless ``value / (target *
+  replicas)`` is within the 10% tolerance of 1; scale-up limited to max(+4 pods, +100%)
+  per 15 s; scale-down to the highest recommendation of the last 300 s
+  (stabilization), then at most -100% per 15 s.
 Sources: kubernetes pkg/controller/podautoscaler (replica_calculator.go, defaults.go);
-kedacore/keda pkg/scaling/executor/scale_scaledobjects.go (see keda-external-scaler.md).
+kedacore/keda pkg/scaling/executor/scale_scaledobjects.go, pkg/fallback/fallback.go,
+pkg/scaling/scale_handler.go (see keda-external-scaler.md); checked against the real
+KEDA v2.21 and kube-controller-manager by tests/k8s/test_keda_e2e.py.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from foundation.errors import ConfigError
+from scaler.core.hpa import within_tolerance
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +44,20 @@ class ScalingSpec:
     scale_up_pods: int = 4
     scale_up_percent: float = 100.0
     scale_down_percent: float = 100.0
+    fallback_replicas: int | None = None
+    """``fallback.replicas``; None: no fallback (errors change nothing)."""
+    failure_threshold: int = 3
+    """``fallback.failureThreshold``: failures tolerated before the fallback applies."""
+    fallback_behavior: str = "static"
+    """``fallback.behavior``: static, currentReplicas, currentReplicasIfHigher/IfLower."""
+
+
+FALLBACK_BEHAVIORS = (
+    "static",
+    "currentReplicas",
+    "currentReplicasIfHigher",
+    "currentReplicasIfLower",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,23 +80,58 @@ class LoopState:
 
     last_active: float = -math.inf
     recommendations: tuple[tuple[float, int], ...] = ()
+    failures: int = 0
+    """Consecutive failed calls to the scaler (KEDA's fallback counter)."""
+
+
+def with_fallback(
+    replicas: int, answer: Answer, state: LoopState, spec: ScalingSpec
+) -> tuple[Answer, LoopState]:
+    """The answer KEDA acts on: the scaler's, or past the threshold the fallback's.
+
+    KEDA counts each failed call and answers ``fallback.replicas x target`` (active)
+    once the count exceeds ``failureThreshold``; a successful call resets it.
+    """
+    if answer.value is not None:
+        return answer, replace(state, failures=0) if state.failures else state
+    if spec.fallback_replicas is None:
+        return answer, state
+    state = replace(state, failures=state.failures + 1)
+    if state.failures <= spec.failure_threshold:
+        return answer, state
+    fallback = spec.fallback_replicas
+    if spec.fallback_behavior == "currentReplicas":
+        fallback = replicas
+    elif spec.fallback_behavior == "currentReplicasIfHigher":
+        fallback = max(replicas, fallback)
+    elif spec.fallback_behavior == "currentReplicasIfLower":
+        fallback = min(replicas, fallback)
+    reason = f"fallback {fallback} after {state.failures} failures ({answer.reason})"
+    return Answer(float(fallback) * answer.target, answer.target, True, reason), state
+
+
+def milli(value: float) -> float:
+    """The value as the HPA reads it: KEDA formats it with ``%.3f`` into a quantity."""
+    return float(f"{value:.3f}")
 
 
 def keda_poll(
     replicas: int, answer: Answer, state: LoopState, now: float, spec: ScalingSpec
 ) -> tuple[int, LoopState]:
     """One KEDA operator poll: 0 -> 1 on activity, N -> 0 after the cooldown."""
+    answer, state = with_fallback(replicas, answer, state, spec)
     if replicas < spec.min_replicas:
         return spec.min_replicas, state  # KEDA keeps minReplicaCount whatever the scaler says
     if answer.active is None:
         return replicas, state  # a scaler error never scales to zero
     if answer.active:
-        state = LoopState(now, state.recommendations)
+        state = replace(state, last_active=now)
         if replicas == 0:
             return max(spec.min_replicas, 1), state
         return replicas, state
-    if replicas > 0 and spec.min_replicas == 0 and now - state.last_active >= spec.cooldown:
-        return 0, LoopState(state.last_active, ())
+    # Strictly after: KEDA scales in when lastActiveTime + cooldownPeriod is before now.
+    if replicas > 0 and spec.min_replicas == 0 and now - state.last_active > spec.cooldown:
+        return 0, replace(state, recommendations=())
     return replicas, state
 
 
@@ -81,12 +139,17 @@ def hpa_sync(
     replicas: int, answer: Answer, state: LoopState, now: float, spec: ScalingSpec
 ) -> tuple[int, LoopState]:
     """One HPA evaluation of an AverageValue external metric."""
-    if replicas == 0 or answer.value is None:
+    if replicas == 0:
+        return replicas, state  # the HPA is disabled at zero: no metric read, no count
+    answer, state = with_fallback(replicas, answer, state, spec)
+    if answer.value is None:
         return replicas, state
-    value = max(0.0, answer.value)  # KEDA clamps negatives (v2.20.2)
+    value = milli(max(0.0, answer.value))  # KEDA clamps negatives (v2.20.2)
     ratio = value / (answer.target * replicas)
     wanted = (
-        replicas if abs(1.0 - ratio) <= spec.tolerance else math.ceil(value / answer.target - 1e-9)
+        replicas
+        if within_tolerance(ratio, spec.tolerance)
+        else math.ceil(value / answer.target - 1e-9)
     )
     wanted = min(max(wanted, max(spec.min_replicas, 1)), spec.max_replicas)
     window = tuple(
@@ -101,7 +164,7 @@ def hpa_sync(
     desired = min(
         max(stabilized, down_limit, max(spec.min_replicas, 1)), up_limit, spec.max_replicas
     )
-    return desired, LoopState(state.last_active, window)
+    return desired, replace(state, recommendations=window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +225,7 @@ def read_scaled_object(doc: Mapping[str, Any], origin: str = "ScaledObject") -> 
             scale_up_pods=int(up.get("Pods", defaults.scale_up_pods)),
             scale_up_percent=float(up.get("Percent", defaults.scale_up_percent)),
             scale_down_percent=float(down.get("Percent", defaults.scale_down_percent)),
+            **_fallback(spec.get("fallback"), f"{origin}: fallback"),
         )
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{origin}: {err}") from err
@@ -176,6 +240,22 @@ def read_scaled_object(doc: Mapping[str, Any], origin: str = "ScaledObject") -> 
 
 
 EXTERNAL_TRIGGERS = ("external", "external-push")
+
+
+def _fallback(fallback: Mapping[str, Any] | None, origin: str) -> dict[str, Any]:
+    """``ScalingSpec`` fields for a ScaledObject's ``fallback`` (none: no fields)."""
+    if not fallback:
+        return {}
+    behavior = fallback.get("behavior", "static")
+    if behavior not in FALLBACK_BEHAVIORS:
+        raise ConfigError(f"{origin}.behavior {behavior!r}: one of {', '.join(FALLBACK_BEHAVIORS)}")
+    if "replicas" not in fallback or "failureThreshold" not in fallback:
+        raise ConfigError(f"{origin}: needs replicas and failureThreshold (as KEDA's CRD)")
+    return {
+        "fallback_replicas": int(fallback["replicas"]),
+        "failure_threshold": int(fallback["failureThreshold"]),
+        "fallback_behavior": behavior,
+    }
 
 
 def _policies(rules: Mapping[str, Any], origin: str) -> dict[str, float]:

@@ -377,6 +377,8 @@ RECOMMENDED_SPEC = ScalingSpec(
     scale_up_percent=400.0,
     scale_up_pods=16,
     scale_down_percent=50.0,
+    fallback_replicas=2,
+    failure_threshold=3,
 )
 """``deploy/scaledobjects/recommended.yaml``'s scaling, as KEDA and the HPA act on it."""
 

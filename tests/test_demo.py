@@ -111,6 +111,8 @@ def test_the_recommended_scaled_object_reads_as_keda_and_the_hpa_would_act() -> 
         scale_up_pods=16,
         scale_up_percent=400,
         scale_down_percent=50,
+        fallback_replicas=2,
+        failure_threshold=3,
     )
 
 

@@ -26,11 +26,21 @@ import math
 MARGIN = 0.002
 
 
+def within_tolerance(ratio: float, tolerance: float = 0.1) -> bool:
+    """Whether the HPA leaves the count alone at ``ratio`` (value over current x target).
+
+    The HPA's own comparison (``Tolerances.isWithin``, Kubernetes 1.33+): the bounds are
+    inclusive as floats, so 11 / 10 (1.1 == 1.0 + 0.1) is within, where
+    ``abs(1 - 1.1) <= 0.1`` would say beyond (it is 0.10000000000000009).
+    """
+    return 1.0 - tolerance <= ratio <= 1.0 + tolerance
+
+
 def metric_for(desired: int, current: int | None, tolerance: float = 0.1) -> float:
     """The GetMetrics value for ``desired`` replicas when the HPA has ``current``."""
     if not current or desired == current or desired == 0:
         return float(desired)
-    if abs(1.0 - desired / current) > tolerance:
+    if not within_tolerance(desired / current, tolerance):
         return float(desired)
     if desired > current:
         return current * (1.0 + tolerance) + MARGIN

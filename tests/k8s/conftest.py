@@ -7,6 +7,8 @@
 - ``namespace``: a fresh namespace per test (nothing deletes namespaces here).
 - ``kueue`` (session, only when asked for): Kueue's CRDs from its Go module, and the
   Kueue controller-manager; ``kueue_crds``: the CRDs alone.
+- ``keda`` (session, only when asked for): KEDA's CRDs, operator and metrics server
+  (the external metrics APIService) and kube-controller-manager's HPA.
 - ``admission_crd`` (session): our CapacityCheckParameters CRD
   (``deploy/admission/crd.yaml``).
 
@@ -27,7 +29,14 @@ from kubernetes_asyncio import client
 
 from foundation.kube import KubeAccess
 from tests.k8s import versions
-from tests.k8s.control_plane import ControlPlane, Kueue, UnavailableError, binaries, module_dir
+from tests.k8s.control_plane import (
+    ControlPlane,
+    Keda,
+    Kueue,
+    UnavailableError,
+    binaries,
+    module_dir,
+)
 
 
 def unavailable(reason: str) -> None:
@@ -114,3 +123,21 @@ def admission_crd(control_plane: ControlPlane) -> list[str]:
 def keda_crds(control_plane: ControlPlane) -> list[str]:
     module, version = versions.MODULES["keda"]
     return control_plane.apply_crds(crd_files(module, version, "config/crd/bases"))
+
+
+@pytest.fixture(scope="session")
+def keda(
+    control_plane: ControlPlane, keda_crds: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Keda]:
+    """KEDA's operator and metrics server and kube-controller-manager (HPA, Deployment,
+    ReplicaSet controllers), started only for the tests that ask for them."""
+    try:
+        binaries(("kube-controller-manager", "keda-operator", "keda-adapter"))
+    except UnavailableError as err:
+        unavailable(str(err))
+    stack = Keda(control_plane, tmp_path_factory.mktemp("keda"))
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()

@@ -9,6 +9,7 @@ pods (as in controller-runtime's envtest).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -30,6 +31,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from foundation.net import free_port
 from tests.k8s import versions
+
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""The aggregation layer's client certificate's CN (--requestheader-allowed-names)."""
 
 
 class ApiError(Exception):
@@ -91,10 +95,10 @@ class Process:
     log: Path
     popen: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
             )
 
     def check(self) -> None:
@@ -217,6 +221,19 @@ class ControlPlane:
             )
         )
         (self.workdir / "tokens.csv").write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
+        self._write_front_proxy_credentials()
+
+    def _write_front_proxy_credentials(self) -> None:
+        """The aggregation layer's front-proxy CA and the client cert kube-apiserver presents
+        to aggregated API servers (KEDA's metrics server), which trust that CA for the
+        user it names in headers."""
+        directory = self.workdir / "front-proxy"
+        directory.mkdir(exist_ok=True)
+        ca = trustme.CA()
+        ca.cert_pem.write_to_path(str(directory / "ca.crt"))
+        client = ca.issue_cert(FRONT_PROXY_CLIENT, common_name=FRONT_PROXY_CLIENT)
+        client.cert_chain_pems[0].write_to_path(str(directory / "client.crt"))
+        client.private_key_pem.write_to_path(str(directory / "client.key"))
 
     def start_apiserver(self) -> None:
         """Start (or restart) kube-apiserver on the same port, and wait for /readyz."""
@@ -238,6 +255,7 @@ class ControlPlane:
                 f"--service-account-key-file={self.workdir / 'sa.pub'}",
                 f"--service-account-signing-key-file={self.workdir / 'sa.key'}",
                 f"--token-auth-file={self.workdir / 'tokens.csv'}",
+                *self._aggregation_flags(),
                 "--v=0",
             ],
             self.workdir / "kube-apiserver.log",
@@ -245,6 +263,18 @@ class ControlPlane:
         apiserver.start()
         self.processes["kube-apiserver"] = apiserver
         wait_until("kube-apiserver", self._ready, apiserver)
+
+    def _aggregation_flags(self) -> list[str]:
+        front_proxy = self.workdir / "front-proxy"
+        return [
+            f"--requestheader-client-ca-file={front_proxy / 'ca.crt'}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={front_proxy / 'client.crt'}",
+            f"--proxy-client-key-file={front_proxy / 'client.key'}",
+        ]
 
     def _ready(self) -> bool:
         if not self.ca_file.exists():
@@ -431,3 +461,175 @@ class Kueue:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+
+
+KEDA_NAMESPACE = "keda"
+METRICS_SERVICE = "keda-metrics-apiserver"
+EXTERNAL_METRICS_APISERVICE = "v1beta1.external.metrics.k8s.io"
+
+
+@dataclass
+class Keda:
+    """KEDA's operator and metrics API server, and the HPA's kube-controller-manager.
+
+    The metrics server is registered as the ``v1beta1.external.metrics.k8s.io``
+    APIService behind an ExternalName Service naming 127.0.0.1: kube-aggregator's
+    resolver dials an ExternalName's host and the Service's port as they are, while
+    Endpoints and EndpointSlices refuse loopback addresses. Its serving certificate
+    names ``keda-metrics-apiserver.keda.svc``, the name the aggregator verifies.
+    kube-controller-manager runs only the HPA, Deployment and ReplicaSet controllers
+    (``hpa_sync`` seconds between HPA syncs); no scheduler or kubelet, so pods stay
+    Pending and the tests watch a Deployment's ``spec.replicas``.
+    """
+
+    plane: ControlPlane
+    workdir: Path
+    hpa_sync: str = "1s"
+    operator_grpc_port: int = field(default_factory=free_port)
+    operator_health_port: int = field(default_factory=free_port)
+    adapter_port: int = field(default_factory=free_port)
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        certs = self._write_certs()
+        self.plane.create_namespace(KEDA_NAMESPACE)
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.plane.kubeconfig),
+            "POD_NAMESPACE": KEDA_NAMESPACE,
+            "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE,
+            "WATCH_NAMESPACE": "",
+        }
+        self._start("kube-controller-manager", self._controller_manager_args(), env)
+        self._start("keda-operator", self._operator_args(certs), env)
+        wait_until(
+            "keda-operator",
+            lambda: _http_ok(f"http://127.0.0.1:{self.operator_health_port}/readyz"),
+            self.processes["keda-operator"],
+            timeout=90,
+        )
+        self._start("keda-adapter", self._adapter_args(certs), env)
+        self._register_metrics_server(certs)
+        wait_until(
+            EXTERNAL_METRICS_APISERVICE,
+            self._metrics_api_available,
+            self.processes["keda-adapter"],
+            timeout=90,
+        )
+
+    def _write_certs(self) -> Path:
+        """One CA and one cert for KEDA's operator <-> metrics server gRPC (mutual TLS,
+        ``ca.crt``/``tls.crt``/``tls.key`` in ``--cert-dir``) and the metrics server's
+        HTTPS, which the aggregator verifies as the Service's DNS name."""
+        directory = self.workdir / "certs"
+        directory.mkdir(exist_ok=True)
+        ca = trustme.CA()
+        cert = ca.issue_cert(
+            "127.0.0.1",
+            "localhost",
+            f"{METRICS_SERVICE}.{KEDA_NAMESPACE}.svc",
+            f"keda-operator.{KEDA_NAMESPACE}.svc",
+        )
+        ca.cert_pem.write_to_path(str(directory / "ca.crt"))
+        cert.cert_chain_pems[0].write_to_path(str(directory / "tls.crt"))
+        cert.private_key_pem.write_to_path(str(directory / "tls.key"))
+        return directory
+
+    def _start(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        process = Process(name, [str(self.plane.bins / name), *args], self.workdir / f"{name}.log")
+        process.start(env)
+        self.processes[name] = process
+
+    def _controller_manager_args(self) -> list[str]:
+        return [
+            f"--kubeconfig={self.plane.kubeconfig}",
+            "--controllers=horizontal-pod-autoscaler-controller,deployment-controller,"
+            "replicaset-controller",
+            f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--use-service-account-credentials=false",
+            "--v=1",
+        ]
+
+    def _operator_args(self, certs: Path) -> list[str]:
+        return [
+            f"--kubeconfig={self.plane.kubeconfig}",
+            f"--cert-dir={certs}",
+            f"--metrics-service-bind-address=127.0.0.1:{self.operator_grpc_port}",
+            f"--health-probe-bind-address=127.0.0.1:{self.operator_health_port}",
+            "--metrics-bind-address=0",
+            "--enable-webhook-patching=false",
+            "--enable-apiservice-patching=false",
+            f"--ca-dir={certs}",
+            "--zap-log-level=info",
+        ]
+
+    def _adapter_args(self, certs: Path) -> list[str]:
+        kubeconfig = str(self.plane.kubeconfig)
+        return [
+            f"--kubeconfig={kubeconfig}",
+            f"--lister-kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--secure-port={self.adapter_port}",
+            "--bind-address=127.0.0.1",
+            f"--cert-dir={certs}",
+            f"--tls-cert-file={certs / 'tls.crt'}",
+            f"--tls-private-key-file={certs / 'tls.key'}",
+            f"--metrics-service-address=127.0.0.1:{self.operator_grpc_port}",
+            f"--port={free_port()}",
+        ]
+
+    def _register_metrics_server(self, certs: Path) -> None:
+        self.plane.ensure(
+            f"/api/v1/namespaces/{KEDA_NAMESPACE}/services",
+            {
+                "metadata": {"name": METRICS_SERVICE},
+                "spec": {
+                    "type": "ExternalName",
+                    "externalName": "127.0.0.1",
+                    "ports": [{"name": "https", "port": self.adapter_port}],
+                },
+            },
+        )
+        ca_bundle = base64.b64encode((certs / "ca.crt").read_bytes()).decode()
+        self.plane.ensure(
+            "/apis/apiregistration.k8s.io/v1/apiservices",
+            {
+                "metadata": {"name": EXTERNAL_METRICS_APISERVICE},
+                "spec": {
+                    "group": "external.metrics.k8s.io",
+                    "version": "v1beta1",
+                    "service": {
+                        "name": METRICS_SERVICE,
+                        "namespace": KEDA_NAMESPACE,
+                        "port": self.adapter_port,
+                    },
+                    "caBundle": ca_bundle,
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 100,
+                },
+            },
+        )
+
+    def _metrics_api_available(self) -> bool:
+        for process in self.processes.values():
+            process.check()
+        service = self.plane.request(
+            "GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{EXTERNAL_METRICS_APISERVICE}"
+        )
+        conditions = service.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+    def log(self, name: str) -> list[str]:
+        """The lines ``name`` (keda-operator, keda-adapter, ...) has logged so far."""
+        return self.processes[name].log.read_text(errors="replace").splitlines()
+
+    def log_tails(self) -> str:
+        return "\n".join(f"--- {n}\n{p.tail()}" for n, p in self.processes.items())
+
+    def stop(self) -> None:
+        for name in reversed(list(self.processes)):
+            self.processes.pop(name).stop()

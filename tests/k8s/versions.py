@@ -19,7 +19,8 @@ KUBERNETES = "v1.35.4"
 ETCD = "v3.6.8"
 # Kueue 0.17: API v1beta2 (storage version); the newest version the Go proxy serves.
 KUEUE = "v0.17.0"
-# KEDA: only its CRDs are read (config/crd/bases), the operator is not built.
+# KEDA: its operator and metrics API server (cmd/adapter) are built, its CRDs read from
+# the module (config/crd/bases). 2.21 is built against k8s.io/* v0.36.
 KEDA = "v2.21.0"
 
 # cert-manager: only its CRDs are read (deploy/crds, plain YAML), for the dry run of
@@ -35,7 +36,14 @@ PROMETHEUS_OPERATOR = "v0.85.0"
 # embeds an older one. v5.8.2, as v5.8.3 needs Go 1.27.
 KUSTOMIZE = "v5.8.2"
 
-BINARIES = ("kube-apiserver", "etcd", "kueue")
+BINARIES = (
+    "kube-apiserver",
+    "etcd",
+    "kueue",
+    "kube-controller-manager",
+    "keda-operator",
+    "keda-adapter",
+)
 
 MODULES = {
     "kueue": ("sigs.k8s.io/kueue", KUEUE),
@@ -56,7 +64,7 @@ def cache_dir() -> Path:
         in the repository (git-ignored).
     """
     root = Path(os.environ.get("UNITSCALE_K8S_CACHE", REPO_ROOT / ".cache" / "k8s"))
-    return root / f"kube-{KUBERNETES}_etcd-{ETCD}_kueue-{KUEUE}"
+    return root / f"kube-{KUBERNETES}_etcd-{ETCD}_kueue-{KUEUE}_keda-{KEDA}"
 
 
 def kustomize_path() -> Path:
