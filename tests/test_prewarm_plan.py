@@ -348,6 +348,52 @@ def test_an_evicted_reload_deletes_ours_only_by_its_uid():
     )
 
 
+MADE = NOW - 7200  # our load's creationTimestamp; it finished an hour ago
+
+
+@pytest.mark.parametrize(
+    ("since", "track", "expected"),
+    [
+        pytest.param(
+            NOW - 60,
+            RUNNING,
+            ("loading", "delete"),
+            id="a load made before a restarted scaler watched Fluid is loaded again",
+        ),
+        pytest.param(
+            MADE - 60,
+            RUNNING,
+            ("below-threshold", None),
+            id="a load made while this scaler watched, never warm, is not repeated",
+        ),
+        pytest.param(
+            MADE + 60,
+            RUNNING,
+            ("below-threshold", None),
+            id="a load made within the clock slack of the watches' start counts as seen",
+        ),
+        pytest.param(
+            NOW - 60,
+            replace(RUNNING, warm_after="uid-an-older-load"),
+            ("below-threshold", None),
+            id="once this scaler has seen the cache warm, only an eviction it saw reloads",
+        ),
+    ],
+)
+def test_a_restarted_scaler_reloads_a_load_it_did_not_see(since, track, expected):
+    # The cache is short of warm now. A scaler that was not watching when our load ran
+    # cannot tell an eviction from a cache too small for the data.
+    done = load("dataload-complete.yaml")
+    done["metadata"]["creationTimestamp"] = format_time(MADE)
+    fluid = replace(view(dataset("12.0%"), done), since=since)
+    made = plan(KEY, SPEC, track, active=True, desired=2, fluid=fluid, now=NOW)
+    action = "create" if made.create else "delete" if made.delete else None
+    assert (made.state, action) == expected, made.reason
+    if made.delete is not None:
+        assert made.delete.uid == f"uid-{OURS}"
+        assert "made before this scaler watched Fluid" in made.reason
+
+
 def test_time_to_warm_is_from_the_trigger_to_the_warm_cache():
     first = plan(KEY, SPEC, COLD_START, active=True, desired=1, fluid=view(dataset()), now=NOW)
     assert first.track.wait_since == NOW and first.track.wait_for == "scale-from-zero"

@@ -28,8 +28,11 @@ What is created
     any DataLoad of the Dataset (anyone's) is pending or executing. A completed load of
     ours is not repeated (no churn) unless the cache was seen warm after it and then
     fell below the threshold (evicted): then ours is deleted (precondition: its UID, so
-    two scalers never delete each other's fresh one) and created again. A failed load of
-    ours is retried the same way, at the next trigger only.
+    two scalers never delete each other's fresh one) and created again. A completed load
+    of ours created before this scaler watched Fluid (a restart: whether the cache was
+    warm after it was not seen, so an eviction looks like a small cache) is loaded again
+    the same way, once. A failed load of ours is retried the same way, at the next
+    trigger only.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from foundation.fluid import (
     meta,
     phase,
 )
+from foundation.timestamps import parse_time
 
 RawObject = dict[str, Any]
 
@@ -89,6 +93,9 @@ core's forecast when it has one; absent, only arrivals and scale-outs trigger.""
 
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGER: Final = "unitscale-scaler"
+CLOCK_SLACK_SECONDS: Final = 120.0
+"""How far the API server's clock (a DataLoad's ``creationTimestamp``) may run behind the
+scaler's before a load created after the watches started is taken for an older one."""
 FOR_SCALED_OBJECT: Final = "unitscale.io/scaled-object"
 """Annotation on a DataLoad we made: ``namespace/name`` of the ScaledObject it warms for."""
 
@@ -126,6 +133,8 @@ class FluidView:
     dataloads: Sequence[RawObject] = ()
     problem: str = ""
     """Why the watches cannot see Fluid's objects (its last error), "" when they can."""
+    since: float | None = None
+    """When the watches first listed: how a load created before fared, no plan here saw."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +357,7 @@ def _assess(
             reason=f"{held}: creating DataLoad {spec.namespace}/{mine}",
             create=dataload_for(key, spec, dataset),
         )
-    return _finished(base, own, cache, track, now, triggered)
+    return _finished(base, own, cache, track, now, triggered, fluid.since)
 
 
 def _unusable(
@@ -401,6 +410,7 @@ def _finished(
     track: Track,
     now: float,
     triggered: bool,
+    since: float | None,
 ) -> PrewarmPlan:
     """Our DataLoad finished and the cache is not warm: wait, reload, or say why not."""
     ref = f"{meta(own, 'namespace')}/{meta(own, 'name')}"
@@ -422,6 +432,16 @@ def _finished(
     if track.warm_after and track.warm_after == meta(own, "uid"):
         return replace(
             base, reason=f"{base.reason}, down from warm: evicted; loading again", delete=again
+        )
+    created = parse_time(meta(own, "creationTimestamp"))
+    unseen = since is not None and created is not None and created < since - CLOCK_SLACK_SECONDS
+    if unseen and not track.warm_after:
+        # Made before this scaler watched Fluid: an eviction after it was not seen.
+        return replace(
+            base,
+            reason=f"{base.reason}; DataLoad {ref} was made before this scaler watched"
+            " Fluid (evicted since, or never warm: not known): loading again once",
+            delete=again,
         )
     return replace(
         base,

@@ -92,6 +92,8 @@ class Prewarmer:
         self._entries: dict[ObjectKey, _Entry] = {}
         self._sets: dict[str, dict[str, RawObject]] = {}
         self._problem = ""
+        self._listed_at: float | None = None
+        """When both watches had first listed (what finished before, no plan here saw)."""
         self._wake = asyncio.Event()
         self._watches: list[asyncio.Task[None]] = []
         registry.add_decision_hook(self.on_decision)
@@ -153,6 +155,7 @@ class Prewarmer:
             self._sets.get("datasets", {}),
             list(self._sets.get("dataloads", {}).values()),
             self._problem,
+            self._listed_at,
         )
 
     async def run(self) -> None:
@@ -292,6 +295,8 @@ class Prewarmer:
     def _on_change(self, kind: str) -> Callable[[dict[str, RawObject]], None]:
         def changed(objects: dict[str, RawObject]) -> None:
             self._sets[kind] = objects
+            if self._listed_at is None and self._view().listed:
+                self._listed_at = self._clock()
             self._problem = ""
             self._wake.set()
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from foundation.signals import GatewaySignals, Snapshot
-from foundation.timestamps import format_time
+from foundation.timestamps import format_time, parse_time
+from scaler.prewarm import plan as plan_module
 from scaler.prewarm.shell import Prewarmer
 from scaler.registry import ScaledObjectRegistry
 from scaler.signals import SignalStore
@@ -348,6 +349,45 @@ async def test_an_evicted_cache_is_loaded_again_by_a_new_dataload_of_the_same_na
     assert second["metadata"]["name"] == first["metadata"]["name"]
     assert len(cluster.dataloads()) == 1
     assert (status.created, status.write_errors) == (2, 0)
+
+
+async def test_a_restarted_scaler_loads_again_a_cache_evicted_while_it_was_away(
+    control_plane, fluid_crds, kube_access, namespace, monkeypatch
+):
+    # A load made over a second before the restart is one the new scaler did not see
+    # (in production: two minutes, against clock skew; the test cannot wait that long).
+    monkeypatch.setattr(plan_module, "CLOCK_SLACK_SECONDS", 1.0)
+    cluster = Cluster(control_plane, namespace)
+    cluster.create_dataset("0.0%")
+    before = Scaler(kube_access, namespace)
+    async with running(before):
+        await eventually("Fluid's objects listed", before.listed)
+        before.arrive()
+        (first,) = await eventually("one DataLoad", cluster.dataloads)
+        cluster.complete(first["metadata"]["name"], ago=600)
+        cluster.set_cached("100.0%")
+        await eventually("warm", lambda: before.state() == "warm")
+    cluster.set_cached("12.0%")  # evicted while no scaler ran (a rollout)
+    made = parse_time(first["metadata"]["creationTimestamp"])
+    assert made is not None
+    await eventually("the restart over a second after the load", lambda: time.time() > made + 2)
+    after = Scaler(kube_access, namespace)
+    uid = first["metadata"]["uid"]
+    async with running(after):
+        await eventually("Fluid's objects listed", after.listed)
+        after.arrive()
+
+        def reloaded() -> list[dict[str, Any]]:
+            return [d for d in cluster.dataloads() if d["metadata"]["uid"] != uid]
+
+        (second,) = await eventually("a new DataLoad", reloaded)
+        await eventually("following the new load", after.following)
+        cluster.complete(second["metadata"]["name"], ago=600)  # and the cache stays short
+        await eventually("below-threshold", lambda: after.state() == "below-threshold")
+        status = after.status()
+    assert second["metadata"]["name"] == first["metadata"]["name"]
+    assert [d["metadata"]["uid"] for d in cluster.dataloads()] == [second["metadata"]["uid"]]
+    assert (status.created, status.write_errors) == (1, 0)  # once, not again and again
 
 
 async def test_past_keep_warm_after_zero_an_eviction_loads_nothing_until_the_next_scale_up(
