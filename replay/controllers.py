@@ -22,7 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from foundation.replica_model import WarmTiers
 from replay.keda import Answer, LoopState, ScalingSpec, hpa_sync, keda_poll
+from scaler.core.seasonal import SeasonalPolicy, seasonal_forecast
+from scaler.core.tiers import StandbyInputs, StandbyPolicy, plan_standby
 
 if TYPE_CHECKING:
     from replay.policies import Kpa, View
@@ -37,6 +40,12 @@ class Actuator(Protocol):
 
     def running(self) -> int:
         """Replicas starting or ready (what the Deployment's replica count says)."""
+        ...
+
+    def hold_standby(
+        self, sleeping: int, cache_warm: bool, reason: str, load: bool = False
+    ) -> None:
+        """Hold ``sleeping`` sleepers (``load``: start some to sleep) and the cache, or not."""
         ...
 
 
@@ -184,3 +193,84 @@ class KpaController:
         if want == 0 and now - self.last_nonzero < p.scale_to_zero_grace:
             want = max(ready, 1) if ready else 0
         return min(want, p.spec.max_replicas)
+
+
+STANDBY_INTERVAL = 5.0
+"""The standby plan is made every 5 s (the exporter's scrape interval)."""
+STANDBY_WINDOW = 1800.0
+"""The need samples the plan sees: 30 min (the scaler's ``risk_lookback_seconds``)."""
+
+
+@dataclass(slots=True)
+class StandbyController:
+    """Any controller, plus the warm-tier plan (``scaler.core.tiers``) after each of its acts.
+
+    Every ``STANDBY_INTERVAL`` it samples the replicas the controller asked for (the
+    fleet's need), notes whether any request was seen, and holds what ``plan_standby``
+    says: sleepers and the Fluid cache. It never changes the running count. With
+    ``seasonal``, a confident ``seasonal_forecast`` of the window one load ahead (a cold
+    start and two plans) is the plan's ``forecast_peak``, and the sleepers it asks for
+    are started to sleep if the fleet has too few (predictive prewarm).
+    """
+
+    inner: Controller
+    tiers: WarmTiers
+    policy: StandbyPolicy
+    slo_ttft: float
+    seasonal: SeasonalPolicy | None = None
+    need: deque[tuple[float, float]] = field(default_factory=deque)
+    history: deque[tuple[float, float]] = field(default_factory=deque)
+    """The need over the forecast's lookback (with ``seasonal``)."""
+    last_activity: float = 0.0
+    next_plan: float = 0.0
+    planned_for: int = -1
+
+    def start(self, actuator: Actuator, initial_replicas: int) -> None:
+        self.inner.start(actuator, initial_replicas)
+
+    def tick(self, view: View, actuator: Actuator) -> None:
+        self.inner.tick(view, actuator)
+        gateway = view.gateway
+        if gateway.arrival_rate > 0 or gateway.buffered or gateway.in_flight:
+            self.last_activity = view.now
+        running = actuator.running()
+        # A scale-down is planned at once: its drained replicas sleep or stop by the plan
+        # for the count they leave, not the count before.
+        if view.now < self.next_plan and running == self.planned_for:
+            return
+        if view.now >= self.next_plan:
+            self.next_plan += STANDBY_INTERVAL
+            self._sample(view.now, running)
+        self.planned_for = running
+        forecast, why = self._forecast(view.now)
+        inputs = StandbyInputs(
+            now=view.now,
+            desired_running=running,
+            recent_need=tuple(n for _, n in self.need),
+            last_activity=self.last_activity,
+            slo_ttft_seconds=self.slo_ttft,
+            forecast_peak=forecast,
+        )
+        plan = plan_standby(inputs, self.tiers, self.policy)
+        load = forecast is not None and forecast > running
+        actuator.hold_standby(plan.sleeping, plan.cache_warm, plan.reason + why, load)
+
+    def _sample(self, now: float, running: int) -> None:
+        self.need.append((now, float(running)))
+        while self.need and now - self.need[0][0] > STANDBY_WINDOW:
+            self.need.popleft()
+        if self.seasonal is not None:
+            self.history.append((now, float(running)))
+            keep = self.seasonal.lookback_days * self.seasonal.day_seconds + STANDBY_WINDOW
+            while self.history and now - self.history[0][0] > keep:
+                self.history.popleft()
+
+    def _forecast(self, now: float) -> tuple[float | None, str]:
+        """The confident seasonal forecast's replicas one load ahead (None: none)."""
+        if self.seasonal is None:
+            return None, ""
+        lead = self.tiers.cold_wake_seconds + 2 * STANDBY_INTERVAL
+        forecast = seasonal_forecast(tuple(self.history), now, lead, self.seasonal)
+        if not forecast.confident or forecast.peak is None:
+            return None, ""
+        return forecast.peak, f"; {forecast.reason}"

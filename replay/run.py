@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from foundation.replica_model import warm_tiers
 from replay.oracle import (
     REACHED,
     OracleSchedule,
@@ -27,9 +28,10 @@ from replay.policies import (
     Unitscale,
     unitscale_policy,
 )
-from replay.simulate import Result, SimConfig, simulate
+from replay.simulate import Result, SimConfig, cold_start_of, simulate
 from replay.trace import Trace
 from scaler.core.model import Policy as CorePolicy
+from scaler.core.tiers import StandbyPolicy
 
 POLICIES = ("static-peak", "production-stack", "kpa", "aibrix-kv", "oracle", "unitscale")
 """What ``--policy all`` runs; ``oracle`` is the clairvoyant bound."""
@@ -58,6 +60,22 @@ COLUMNS = (
     "requests",
     "dropped",
     "cold_starts",
+)
+TIERS = ("cold", "cache-warm", "sleeping", "always-on-1")
+"""The rows of ``compare_tiers``: unitscale's scale-from-zero from each warm tier, and a
+fleet that never scales below one replica."""
+TIER_COLUMNS = (
+    "after_idle_ttft_max_seconds",
+    "after_idle_ttft_mean_seconds",
+    "after_idle_requests",
+    "slo_attainment",
+    "cost_per_million_tokens",
+    "gpu_hours",
+    "standby_cost",
+    "cold_starts",
+    "cache_starts",
+    "wakes",
+    "dropped",
 )
 
 
@@ -124,6 +142,65 @@ def run_policies(
                 trace, policy, config, progress=callback, initial_replicas=warm
             )
     return results
+
+
+def tier_configs(
+    config: SimConfig, standby: StandbyPolicy
+) -> dict[str, tuple[SimConfig, dict[str, str]]]:
+    """Each ``TIERS`` row's fleet and the trigger metadata it adds to unitscale's.
+
+    cold: no standby (``config``'s cold start); cache-warm: the Fluid cache held, no
+    sleepers; sleeping: sleepers and the cache (``standby``); always-on-1: cold
+    scale-out above ``minReplicas: 1``.
+    """
+    return {
+        "cold": (replace(config, standby=None), {}),
+        "cache-warm": (replace(config, standby=replace(standby, sleeping=False, cache=True)), {}),
+        "sleeping": (replace(config, standby=standby), {}),
+        "always-on-1": (replace(config, standby=None), {"minReplicas": "1"}),
+    }
+
+
+def compare_tiers(
+    trace: Trace,
+    config: SimConfig,
+    options: ReplayOptions,
+    standby: StandbyPolicy | None = None,
+    progress: Callable[[str, float], None] | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> dict[str, Result]:
+    """The unitscale policy over ``trace`` once per ``TIERS`` row (``tier_configs``).
+
+    Every row starts with one replica ready (none without ``options.warm_start``) and
+    the trigger ``metadata`` given; the rows differ only in what the fleet holds besides
+    its running replicas, so the after-idle TTFT, SLO and cost columns compare the tiers.
+    """
+    results: dict[str, Result] = {}
+    initial = 1 if options.warm_start else 0
+    for name, (row, extra) in tier_configs(config, standby or StandbyPolicy()).items():
+        policy = make_policy("unitscale", row, options, metadata={**(metadata or {}), **extra})
+        callback = (lambda t, n=name: progress(n, t)) if progress else None
+        results[name] = simulate(trace, policy, row, progress=callback, initial_replicas=initial)
+    return results
+
+
+def tier_notes(config: SimConfig) -> list[str]:
+    """The report's lines on each tier's figures (``foundation.replica_model.warm_tiers``)."""
+    tiers = warm_tiers(
+        config.profile,
+        cold_start_of(config),
+        memory_price_per_gb_hour=config.memory_price_per_gb_hour,
+    )
+    price = config.profile.price_per_hour
+    return [
+        f"- tiers: running ${price:.2f}/h; sleeping (vLLM level 1) wakes in"
+        f" {tiers.sleeping_wake_seconds:.1f} s, ${tiers.sleeping_per_hour:.3f}/h each"
+        f" (its weights in host memory); cache-warm (Fluid) starts in"
+        f" {tiers.cache_warm_wake_seconds:.1f} s, ${tiers.cache_per_hour:.3f}/h for the cache;"
+        f" cold starts in {tiers.cold_wake_seconds:.1f} s",
+        f"- after idle: the requests arriving {config.idle_gap:g} s or more after the one"
+        " before (TTFT from arrival; a dropped one makes max and mean n/a)",
+    ]
 
 
 def warm_replicas(schedule: OracleSchedule, config: SimConfig, options: ReplayOptions) -> int:
@@ -231,18 +308,27 @@ def _number(name: str, key: str, value: Any) -> float:
 
 
 def write_report(
-    results: dict[str, Result], config: SimConfig, options: ReplayOptions, out: Path
+    results: dict[str, Result],
+    config: SimConfig,
+    options: ReplayOptions,
+    out: Path,
+    columns: tuple[str, ...] = COLUMNS,
+    notes: tuple[str, ...] = (),
 ) -> None:
-    """``results.json``, ``report.md``, ``replicas.png`` and ``latency_cdf.png`` in ``out``."""
+    """``results.json``, ``report.md``, ``replicas.png`` and ``latency_cdf.png`` in ``out``.
+
+    ``columns`` are the table's (``TIER_COLUMNS`` for ``compare_tiers``), ``notes`` extra
+    lines above it.
+    """
     out.mkdir(parents=True, exist_ok=True)
     payload = {
         name: {k: json_number(v) for k, v in r.metrics.items()} for name, r in results.items()
     }
     (out / "results.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    header = "| policy | " + " | ".join(COLUMNS) + " |"
-    rule = "|---|" + "---:|" * len(COLUMNS)
+    header = "| policy | " + " | ".join(columns) + " |"
+    rule = "|---|" + "---:|" * len(columns)
     rows = [
-        f"| {name} | " + " | ".join(_cell(r.metrics[c]) for c in COLUMNS) + " |"
+        f"| {name} | " + " | ".join(_cell(r.metrics[c]) for c in columns) + " |"
         for name, r in results.items()
     ]
     lines = [
@@ -259,6 +345,7 @@ def write_report(
         f"- cold start: {config.cold_start_tier}"
         + (" (Fluid prewarm: cached)" if config.prewarm else ""),
         *_unreached(results, options.slo_target),
+        *notes,
         "",
         header,
         rule,

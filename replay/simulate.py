@@ -17,47 +17,30 @@ import numpy.typing as npt
 
 from exporter.engines import EngineStats, Histogram
 from exporter.signals import Accelerator, ReplicaHistory, derive, history_horizon
-from foundation.replica_model import Profile
+from foundation.replica_model import COLD_START_TIERS as COLD_START_TIERS
+from foundation.replica_model import (
+    HOST_MEMORY_PRICE_PER_GB_HOUR,
+    Profile,
+    WarmTiers,
+    warm_tiers,
+)
+from foundation.replica_model import cold_start_seconds as cold_start_seconds
 from foundation.signals import EngineSignals
+from replay.controllers import StandbyController
 from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
 from replay.policies import GatewayView, Policy, View
 from replay.trace import Trace
+from scaler.core.seasonal import SeasonalPolicy
+from scaler.core.tiers import StandbyPolicy
 from serving import vllm_buckets
 
-OFF, STARTING, READY, DRAINING = range(4)
+OFF, STARTING, READY, DRAINING, SLEEPING, LOADING = range(6)
 
 # vLLM's bucket bounds, so that the exporter's own quantile math runs on what a real
 # engine would expose (+Inf closes each histogram).
 TTFT_BUCKETS = (*vllm_buckets.TTFT, math.inf)
 ITL_BUCKETS = (*vllm_buckets.ITL, math.inf)
 E2E_BUCKETS = (*vllm_buckets.E2E, math.inf)
-
-COLD_START_TIERS = ("cached", "local-disk", "remote", "new-node")
-
-
-def cold_start_seconds(
-    profile: Profile, tier: str, remote_gbps: float = 0.5, node_seconds: float = 210.0
-) -> float:
-    """Pod start to ready for a cold-start tier.
-
-    cached: weights in the node's page cache (host-to-device 55 GB/s) + engine init;
-    local-disk: weights read at the calibration disk's 1.19 GB/s + engine init (8B: 13.5
-    + 25 = 38.5 s); remote: at ``remote_gbps`` (0.5 GB/s default, unverified);
-    new-node: a node and image pull first (``node_seconds``, 3.5 min default; the
-    reference gives 2-8 min).
-    """
-    weights = profile.weights_gb
-    if tier == "cached":
-        load = weights / 55.0
-    elif tier == "local-disk":
-        load = weights / 1.19
-    elif tier == "remote":
-        load = weights / remote_gbps
-    elif tier == "new-node":
-        load = node_seconds + weights / remote_gbps
-    else:
-        raise ValueError(f"unknown cold-start tier {tier!r}; one of {', '.join(COLD_START_TIERS)}")
-    return load + profile.engine_init_seconds
 
 
 def cold_start_of(config: SimConfig) -> float:
@@ -92,6 +75,19 @@ class SimConfig:
     slo_prefill_multiple: float = 1.5
     """A request's TTFT target is the larger of ``slo_ttft`` and this multiple of its own
     prefill on an idle replica (``ttft_target``)."""
+    standby: StandbyPolicy | None = None
+    """Warm tiers: the standby plan (``scaler.core.tiers``) holds sleeping replicas and a
+    warm Fluid cache besides the running ones; None holds neither (every start cold)."""
+    seasonal: SeasonalPolicy | None = None
+    """Predictive prewarm (with ``standby``): a confident seasonal forecast of a return
+    holds sleepers and the cache for it, starting sleepers if there are too few."""
+    memory_price_per_gb_hour: float = HOST_MEMORY_PRICE_PER_GB_HOUR
+    """What a sleeper's weights in host memory, and the cache's copy, cost."""
+    cache_fill_gbps: float = 0.5
+    """A DataLoad fills the cache from the model store at this rate (the remote tier's)."""
+    idle_gap: float = 120.0
+    """A request arriving this long after the one before is a *first request after idle*
+    (``after_idle_*`` metrics), whatever the policy did in the gap."""
 
 
 TTFT_PREFILL_MULTIPLE = 1.5
@@ -151,6 +147,10 @@ def simulate(
     """
     run = _Replay(trace, config)
     controller = policy.controller()
+    if config.standby is not None:
+        controller = StandbyController(
+            controller, run.tiers, config.standby, config.slo_ttft, config.seasonal
+        )
     controller.start(run, initial_replicas)
     while run.now <= run.end:
         run.start_ready()
@@ -186,6 +186,10 @@ class _Replay:
         self.ready_at = np.zeros(slots)
         self.created = np.zeros(slots)
         self.cold = cold_start_of(config)
+        self.tiers = warm_tiers(
+            profile, self.cold, memory_price_per_gb_hour=config.memory_price_per_gb_hour
+        )
+        self.standby = _Standby.at_start(config, self.tiers)
         self.counters = np.zeros((slots, 3))  # prompt tokens, output tokens, finished requests
         # vLLM's per-request token buckets, with the KV capacity as its max_model_len.
         tokens = (*vllm_buckets.request_tokens(profile.kv_capacity_tokens), math.inf)
@@ -234,12 +238,7 @@ class _Replay:
         slot, now = self.slot, self.now
         self.decisions.append((now, n, reason))
         if n > current:
-            free = np.flatnonzero(slot == OFF)[: n - current]
-            slot[free] = READY if instant else STARTING
-            self.ready_at[free] = now if instant else now + self.cold
-            self.created[free] = now
-            if not instant:
-                self.cold_starts += len(free)
+            self._start(n - current, instant)
             return
         surplus = current - n
         starting = np.flatnonzero(slot == STARTING)[::-1][:surplus]
@@ -250,11 +249,64 @@ class _Replay:
             drain = ready[np.argsort(self.fleet.outstanding[ready], kind="stable")][:surplus]
             slot[drain] = DRAINING
 
+    def _start(self, count: int, instant: bool) -> None:
+        """Ready ``count`` more replicas: sleepers wake first, then cache-warm or cold starts."""
+        slot, now, standby = self.slot, self.now, self.standby
+        if instant:
+            free = np.flatnonzero(slot == OFF)[:count]
+            slot[free] = READY
+            self.ready_at[free] = now
+            self.created[free] = now
+            return
+        sleepers = np.flatnonzero(slot == SLEEPING)[:count]
+        slot[sleepers] = STARTING
+        self.ready_at[sleepers] = now + self.tiers.sleeping_wake_seconds
+        standby.wakes += len(sleepers)
+        # a replica loading to sleep serves once loaded instead
+        loading = np.flatnonzero(slot == LOADING)[: count - len(sleepers)]
+        slot[loading] = STARTING
+        self._cold_or_cached(np.flatnonzero(slot == OFF)[: count - len(sleepers) - len(loading)])
+
+    def _cold_or_cached(self, free: npt.NDArray[np.int64], state: int = STARTING) -> None:
+        """Start ``free`` slots from the warm cache if it is, else cold."""
+        now, standby = self.now, self.standby
+        self.slot[free] = state
+        self.created[free] = now
+        if standby.cache_warm(now):
+            self.ready_at[free] = now + self.tiers.cache_warm_wake_seconds
+            standby.cache_starts += len(free)
+        else:
+            self.ready_at[free] = now + self.cold
+            self.cold_starts += len(free)
+
+    def hold_standby(
+        self, sleeping: int, cache_warm: bool, reason: str, load: bool = False
+    ) -> None:
+        """Hold up to ``sleeping`` sleepers (fewer: the surplus stops) and the cache or not.
+
+        Sleepers come from replicas the fleet scales down (vLLM's ``POST /sleep`` on a
+        drained replica), or with ``load`` (a forecast return) from new replicas that
+        start, then sleep; a cache not yet warm is filled by a DataLoad first.
+        """
+        standby, slot = self.standby, self.slot
+        standby.target = sleeping
+        held = np.r_[np.flatnonzero(slot == LOADING), np.flatnonzero(slot == SLEEPING)]
+        if len(held) > sleeping:
+            slot[held[: len(held) - sleeping]] = OFF
+        elif load and len(held) < sleeping:
+            free = np.flatnonzero(slot == OFF)[: sleeping - len(held)]
+            self._cold_or_cached(free, LOADING)
+            standby.loads += len(free)
+        profile = self.config.profile
+        standby.hold_cache(cache_warm, self.now, profile.weights_gb, self.config.cache_fill_gbps)
+        standby.reason = reason
+
     # --- one tick, stage by stage ----------------------------------------------------
 
     def start_ready(self) -> None:
         """Replicas whose cold start is over become ready."""
         self.slot[(self.slot == STARTING) & (self.ready_at <= self.now)] = READY
+        self.slot[(self.slot == LOADING) & (self.ready_at <= self.now)] = SLEEPING
 
     def admit_arrivals(self) -> None:
         """The gateway: route arrivals, buffer them while no replica is ready, time out."""
@@ -295,11 +347,17 @@ class _Replay:
         slot, fleet, dt = self.slot, self.fleet, self.config.dt
         tick = fleet.advance(self.now, dt)
         _record(self.requests, tick.first_tokens, tick.finished, self.counters, self.hist)
-        holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING)
+        holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING) | (slot == LOADING)
         self.replica_seconds += dt * int(np.count_nonzero(holding))
         self.busy_seconds += float(tick.busy[holding].sum())
         drained = (slot == DRAINING) & (fleet.outstanding == 0)
         slot[drained] = OFF
+        if self.config.standby is not None:
+            # Drained replicas sleep (vLLM's POST /sleep) while the plan wants more sleepers.
+            sleepers = int(np.count_nonzero(slot == SLEEPING))
+            self.standby.accrue(sleepers, dt)
+            held = sleepers + int(np.count_nonzero(slot == LOADING))
+            slot[np.flatnonzero(drained)[: max(0, self.standby.target - held)]] = SLEEPING
         for s in np.flatnonzero(drained):
             self.histories.pop(int(s), None)
         return GatewayView(
@@ -364,6 +422,7 @@ class _Replay:
             self.cold_starts,
             self.series,
             self.decisions,
+            self.standby.metrics(self.tiers),
         )
 
 
@@ -444,6 +503,7 @@ def _result(
     cold_starts: int,
     series: dict[str, list[float]],
     decisions: list[tuple[float, int, str]],
+    standby: dict[str, float | int],
 ) -> Result:
     served = requests.state == DONE
     ttft = (requests.first_token - requests.arrival)[served]
@@ -462,7 +522,7 @@ def _result(
         np.inf,
     )
     gpu_hours = replica_seconds / 3600.0
-    cost = gpu_hours * config.profile.price_per_hour
+    cost = gpu_hours * config.profile.price_per_hour + float(standby["standby_cost"])
     tokens = float((requests.prompt + requests.output)[served].sum())
     output_tokens = float(requests.output[served].sum())
 
@@ -482,9 +542,82 @@ def _result(
         "dropped": int((requests.state == DROPPED).sum()),
         "cold_starts": cold_starts,
         "max_replicas": int(max(series["replicas"], default=0)),
+        **standby,
+        **_after_idle(requests, config.idle_gap),
     }
     assert not ((requests.state == WAITING).any()), "a request was neither served nor dropped"
     return Result(name, metrics, series, ttft, e2e, decisions, ok, ratio)
+
+
+@dataclass(slots=True)
+class _Standby:
+    """The warm tiers' state: sleepers wanted, the Fluid cache, and what they cost."""
+
+    target: int = 0
+    cache_ready_at: float = math.inf
+    """When the cache is (or becomes) warm; infinite while no cache is held."""
+    sleeping_seconds: float = 0.0
+    cache_seconds: float = 0.0
+    wakes: int = 0
+    cache_starts: int = 0
+    loads: int = 0
+    """Replicas started to sleep ahead of a forecast return."""
+    reason: str = ""
+
+    @classmethod
+    def at_start(cls, config: SimConfig, tiers: WarmTiers) -> _Standby:
+        """Earlier traffic warmed the cache, as it sized the warm-start fleet."""
+        standby = config.standby
+        warm = standby is not None and standby.cache
+        return cls(cache_ready_at=0.0 if warm else math.inf)
+
+    def cache_warm(self, now: float) -> bool:
+        return now >= self.cache_ready_at
+
+    def hold_cache(self, hold: bool, now: float, weights_gb: float, gbps: float) -> None:
+        if not hold:
+            self.cache_ready_at = math.inf
+        elif math.isinf(self.cache_ready_at):
+            self.cache_ready_at = now + weights_gb / gbps
+
+    def accrue(self, sleepers: int, dt: float) -> None:
+        self.sleeping_seconds += sleepers * dt
+        if not math.isinf(self.cache_ready_at):
+            self.cache_seconds += dt
+
+    def metrics(self, tiers: WarmTiers) -> dict[str, float | int]:
+        sleeping_hours = self.sleeping_seconds / 3600.0
+        cache_hours = self.cache_seconds / 3600.0
+        cost = sleeping_hours * tiers.sleeping_per_hour + cache_hours * tiers.cache_per_hour
+        return {
+            "sleeping_hours": sleeping_hours,
+            "cache_hours": cache_hours,
+            "standby_cost": cost,
+            "wakes": self.wakes,
+            "cache_starts": self.cache_starts,
+            "standby_loads": self.loads,
+        }
+
+
+def _after_idle(requests: Requests, idle_gap: float) -> dict[str, float | int]:
+    """TTFT of each request arriving ``idle_gap`` or more after the one before (or the start).
+
+    A dropped one counts as infinitely late (the mean and max say n/a then).
+    """
+    order = np.argsort(requests.arrival, kind="stable")
+    # the trace's start counts as the arrival before its first request
+    gaps = np.diff(requests.arrival[order], prepend=0.0)
+    after = order[gaps >= idle_gap]
+    ttft = np.where(
+        requests.state[after] == DONE,
+        requests.first_token[after] - requests.arrival[after],
+        math.inf,
+    )
+    return {
+        "after_idle_requests": len(after),
+        "after_idle_ttft_mean_seconds": float(ttft.mean()) if len(ttft) else math.nan,
+        "after_idle_ttft_max_seconds": float(ttft.max()) if len(ttft) else math.nan,
+    }
 
 
 def percentile(values: npt.NDArray[np.float64], q: float) -> float:

@@ -137,6 +137,24 @@ def business_day(day: BusinessDay, seed: int = 0) -> Trace:
     return Trace("business-day", arrival, prompt, output)
 
 
+def business_days(day: BusinessDay, days: int, seed: int = 0) -> Trace:
+    """``days`` business days back to back, day ``d`` from seed ``seed + d``.
+
+    A multi-day trace for a seasonal forecast: each day starts ``d * day.length`` seconds
+    in, so the same time of day recurs every ``day.length`` seconds.
+
+    Raises:
+        ValueError: fewer than one day, or a knob out of range.
+    """
+    if days < 1:
+        raise ValueError(f"days must be at least 1: {days}")
+    parts = [business_day(day, seed + d) for d in range(days)]
+    arrival = np.concatenate([p.arrival + d * day.length for d, p in enumerate(parts)])
+    prompt = np.concatenate([p.prompt for p in parts])
+    output = np.concatenate([p.output for p in parts])
+    return Trace(f"business-days-{days}", arrival, prompt, output)
+
+
 BUILTINS: dict[str, Callable[[int], Trace]] = {
     "business-day": lambda seed: business_day(BusinessDay(), seed),
 }
