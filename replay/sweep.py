@@ -31,6 +31,7 @@ from replay.policies import AibrixKv, Kpa, ProductionStack
 from replay.run import KNOBS, ReplayOptions, make_policy
 from replay.simulate import Result, SimConfig, simulate
 from replay.trace import Trace
+from scaler.core.capacity import PRIORS
 from scaler.core.model import Policy as CorePolicy
 
 UTILIZATION_FACTORS = (0.5, 0.7, 1.2)
@@ -146,7 +147,7 @@ def unitscale_utilization(metadata: Mapping[str, str], defaults: CorePolicy) -> 
     no longer sizes the fleet; without one, ``targetUtilization``. The value is the
     metadata's, else the config's (``defaults``).
     """
-    if metadata.get("profile") or defaults.profile:
+    if (metadata.get("profile") or defaults.profile) not in (None, PRIORS):
         return "profileUtilization", float(
             metadata.get("profileUtilization", defaults.profile_utilization)
         )

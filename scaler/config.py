@@ -181,6 +181,8 @@ class PolicyConfig(BaseModel):
     """With a profile: headroom is this quantile of the rises within one horizon."""
     backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0)
     """With a profile: drain a backlog within this long (more replicas if need be)."""
+    profile_fit: bool = Field(_CORE.profile_fit)
+    """With a profile: fit its step times to the replicas' observed ones (0.5-2x)."""
     demand_window: Seconds = Field(_CORE.demand_window_seconds, gt=0)
     """With a profile: demand is averaged over this long (the exporter's stable window)."""
     profile_speedup: float = Field(_CORE.profile_speedup, gt=0)
@@ -215,6 +217,7 @@ class PolicyConfig(BaseModel):
             risk_lookback_seconds=self.risk_lookback,
             risk_quantile=self.risk_quantile,
             backlog_drain_seconds=self.backlog_drain,
+            profile_fit=self.profile_fit,
             demand_window_seconds=self.demand_window,
             profile_speedup=self.profile_speedup,
         )

@@ -128,6 +128,7 @@ def _engine_values(engine: EngineSignals) -> dict[str, Any]:
         "replicas_known": engine.replicas,
         "queue_depth": engine.queue_depth,
         "requests_running": engine.running,
+        "requests_running_mean": stable.running_mean,
         "kv_cache_usage": engine.kv_usage,
         "cost_per_million_tokens": engine.cost_per_million_tokens,
         "replicas_up": engine.replicas_up,

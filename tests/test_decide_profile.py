@@ -96,6 +96,25 @@ CASES = [
         3,
         id="without-a-gateway-served-throughput-is-the-load",
     ),
+    pytest.param(
+        Observation(
+            now=NOW,
+            signal_time=NOW,
+            replicas_known=1,
+            replicas_up=1,
+            queue_depth=40.0,
+            requests_running=44.0,
+            prompt_token_rate=3 * POLICY.prefill_tokens_per_second,
+            generation_token_rate=0.0,
+            prompt_token_rate_panic=9 * POLICY.prefill_tokens_per_second,
+            generation_token_rate_panic=0.0,
+            gateway_arrival_rate=0.2 * RPS,
+            gateway_buffered=0,
+        ),
+        DecisionState(desired=1),
+        1,
+        id="the-first-replica-up-drains-what-waited-for-it-before-any-mix-the-count-holds",
+    ),
 ]
 
 

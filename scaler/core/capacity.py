@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from foundation.capacity import replica_capacity
-from foundation.replica_model import PROFILES
+from foundation.replica_model import PROFILES, Profile
+from scaler.core.fit import corrected
 from scaler.core.model import Observation, Policy
 
 MIN_REQUEST_RATE = 0.05
@@ -65,15 +66,27 @@ class Rates:
         )
 
 
+PRIORS = "priors"
+"""The profile name that means none: the flat priors (to override a config's profile,
+or to replay the priors, whose ``unitscale replay`` otherwise plans with the sim's)."""
+
+
 def check_profile(name: str) -> str:
-    """``name`` when it is a known profile.
+    """``name`` when it is a known profile, or ``priors``.
 
     Raises:
         ValueError: naming the known ones.
     """
-    if name not in PROFILES:
-        raise ValueError(f"expected a replica profile, one of {', '.join(sorted(PROFILES))}")
+    if name not in PROFILES and name != PRIORS:
+        raise ValueError(
+            f"expected a replica profile, one of {', '.join(sorted(PROFILES))}, or {PRIORS}"
+        )
     return name
+
+
+def profile_of(p: Policy) -> str | None:
+    """The profile ``p`` plans with; None for the priors (no profile, or ``priors``)."""
+    return None if p.profile in (None, PRIORS) else p.profile
 
 
 def observed_mix(o: Observation) -> Mix | None:
@@ -96,9 +109,14 @@ def observed_mix(o: Observation) -> Mix | None:
     )
 
 
-def replica_rates(p: Policy, mix: Mix | None) -> Rates:
-    """What one replica carries under ``p`` for ``mix`` (priors without profile or mix)."""
-    if p.profile is None or mix is None:
+def replica_rates(p: Policy, mix: Mix | None, step_scale: float = 1.0) -> Rates:
+    """What one replica carries under ``p`` for ``mix`` (priors without profile or mix).
+
+    ``step_scale``: the profile's steps take this many times as long on these replicas
+    (``scaler.core.fit``); quantised like the mix.
+    """
+    profile = profile_of(p)
+    if profile is None or mix is None:
         rps = None
         if mix is not None:
             per_request = (
@@ -111,20 +129,30 @@ def replica_rates(p: Policy, mix: Mix | None) -> Rates:
     # the capacity on the profile's own time scale, sped up (``Policy.profile_speedup``).
     s = p.profile_speedup
     rates = _profile_rates(
-        p.profile,
+        profile,
         _quantised(mix.prompt_tokens),
         _quantised(mix.output_tokens),
         p.slo_ttft_seconds * s,
         p.slo_itl_seconds * s,
+        1.0 if step_scale == 1.0 else _quantised(step_scale * 1000.0) / 1000.0,
     )
     return rates if s == 1.0 else rates.sped_up(s)
 
 
+def launched(name: str, slo_itl_seconds: float) -> Profile:
+    """Profile ``name`` as ``serving.vllm_profile.for_itl_slo`` launches its replicas."""
+    return PROFILES[name].for_itl_slo(slo_itl_seconds)
+
+
 @lru_cache(maxsize=4096)
-def _profile_rates(name: str, prompt: float, output: float, ttft: float, itl: float) -> Rates:
+def _profile_rates(
+    name: str, prompt: float, output: float, ttft: float, itl: float, step_scale: float = 1.0
+) -> Rates:
     # Replicas run as ``serving.vllm_profile.for_itl_slo`` launches them: the chunked-
-    # prefill budget whose steps keep the ITL SLO (the replay's fleet runs the same).
-    capacity = replica_capacity(PROFILES[name].for_itl_slo(itl), prompt, output, ttft, itl)
+    # prefill budget whose steps keep the ITL SLO (the replay's fleet runs the same);
+    # a fitted step scale slows its steps, not its launch flags.
+    profile = corrected(launched(name, itl), step_scale)
+    capacity = replica_capacity(profile, prompt, output, ttft, itl)
     rates = capacity.scaler_rates()
     if capacity.requests_per_second <= 0:
         # Even an idle replica misses the SLO for this mix: plan as if one replica

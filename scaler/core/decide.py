@@ -259,7 +259,7 @@ def _demand_need(
     demands = previous.demand_history.within(now, p.risk_lookback_seconds)
     if demand_now is not None:
         demands = demands.add(now, demand_now)
-    load = _demand_load(o, p, rates, activity, demands, demand_now)
+    load = _demand_load(o, p, rates, activity, demands, demand_now, ready)
     history, forecast = _forecast_load(previous.load_history, load, p, now)
     utilization = _utilization(o, replace(p, target_utilization=p.profile_utilization), notes)
     planned = max(v for v in (load, forecast, 0.0) if v is not None)
@@ -275,7 +275,9 @@ def _demand_need(
     if extra > 0 and load is not None:
         need = max(need, (load + extra) / utilization)
         notes.append(f"backlog needs +{extra:.1f}")
-    load_panic = demand_now if demand_now is not None else _served(o, rates, panic=True)
+    load_panic = demand_now
+    if load_panic is None and o.gateway_arrival_rate is None:
+        load_panic = _served(o, rates, panic=True)
     panic_need = (load_panic or 0.0) / utilization
     starts_panic = ready > 0 and panic_need >= p.panic_threshold * ready
     panic_until = now + p.panic_hold_seconds if starts_panic else previous.panic_until
@@ -295,11 +297,20 @@ def _demand_load(
     activity: _Activity,
     demands: Recent[float],
     demand_now: float | None,
+    ready: int,
 ) -> float | None:
-    """Demand over the stable window; served load, then concurrency, without a gateway."""
+    """Demand over the stable window; served load, then concurrency, without a gateway.
+
+    With a gateway but no mix yet (no request has finished on the ready replicas since
+    they came up), demand is unknown, and the count holds: what they serve then is the
+    backlog that waited for them, at full batch (the demo's first replica read 2.9
+    replicas' worth and bought 4).
+    """
     if demand_now is not None:
         stable = demands.within(o.now, p.demand_window_seconds)
         return sum(stable.values()) / len(stable)
+    if o.gateway_arrival_rate is not None and ready > 0:
+        return None
     served = _served(o, rates, panic=False)
     if served is not None:
         return served

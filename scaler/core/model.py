@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scaler.core.fit import StepFit
 from scaler.core.seasonal import SeasonalState
 from scaler.core.window import Recent
 
@@ -23,6 +24,8 @@ class Observation:
     """When the newest signal used here was measured (seconds since the epoch)."""
     queue_depth: float | None = None
     requests_running: float | None = None
+    requests_running_mean: float | None = None
+    """Requests running, averaged over the stable window (the token rates' window)."""
     request_rate: float | None = None
     """Finished requests per second over the stable window."""
     prompt_token_rate: float | None = None
@@ -104,6 +107,9 @@ class Policy:
     backlog_drain_seconds: float = 20.0
     """With a profile: a backlog the ready replicas' spare capacity would not drain
     within this long asks for the replicas that would."""
+    profile_fit: bool = True
+    """With a profile: correct its step times from the replicas' observed throughput
+    and latency (``scaler.core.fit``: bounded 0.5-2x, the reason says so)."""
     demand_window_seconds: float = 60.0
     """With a profile: demand is averaged over this long, as the exporter's stable window
     averages rates."""
@@ -134,6 +140,8 @@ class DecisionState:
     lookback."""
     mix: tuple[float, float] | None = None
     """The last known mean prompt and output tokens per request."""
+    step_fit: StepFit = field(default_factory=StepFit)
+    """With a profile: the fit of its step times to the replicas' (``scaler.core.fit``)."""
     season: SeasonalState = field(default_factory=SeasonalState)
     """Learned: demand per slot of the day and day kind (``scaler.core.seasonal``), bounded."""
 
