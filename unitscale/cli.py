@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from foundation.replica_model import Profile
     from replay.run import ReplayOptions
     from replay.simulate import SimConfig
+    from scaler.core.tiers import StandbyPolicy
 
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
     """What ``add_subparsers()`` returns: each ``_add_*_command`` adds one to it."""
@@ -175,6 +176,19 @@ def _add_replay_command(commands: Commands) -> None:
     _cold_start_argument(replay)
     replay.add_argument(
         "--prewarm", action="store_true", help="Fluid prewarm: every start is cached"
+    )
+    replay.add_argument(
+        "--compare-tiers",
+        action="store_true",
+        help="unitscale from cold, cache-warm and sleeping replicas, and always on (1)",
+    )
+    replay.add_argument(
+        "--max-sleeping", type=int, default=4, help="with --compare-tiers (default 4)"
+    )
+    replay.add_argument(
+        "--idle-grace",
+        type=float,
+        help="with --compare-tiers: seconds without a request before unitscale scales to zero",
     )
     replay.add_argument("--max-replicas", type=int, default=64)
     replay.add_argument("--target-concurrency", type=float, default=32.0)
@@ -498,7 +512,7 @@ def _profile(name: str) -> Profile:
 def _run_replay(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from replay.run import run_policies, write_report
+    from replay.run import TIER_COLUMNS, compare_tiers, run_policies, tier_notes, write_report
     from replay.trace import TraceError, scale
     from replay.workloads import load_trace
 
@@ -519,8 +533,16 @@ def _run_replay(args: argparse.Namespace) -> int:
         def progress(name: str, now: float) -> None:
             bar.update(task, completed=now, description=name)
 
-        results = run_policies(trace, names, config, options, progress)
-    write_report(results, config, options, args.report)
+        if args.compare_tiers:
+            grace = {} if args.idle_grace is None else {"idleGrace": f"{args.idle_grace:g}s"}
+            results = compare_tiers(trace, config, options, _standby(args), progress, grace)
+        else:
+            results = run_policies(trace, names, config, options, progress)
+    if args.compare_tiers:
+        notes = tuple(tier_notes(config))
+        write_report(results, config, options, args.report, TIER_COLUMNS, notes)
+    else:
+        write_report(results, config, options, args.report)
     print((args.report / "report.md").read_text())
     return 0
 
@@ -555,6 +577,17 @@ def _replay_config(args: argparse.Namespace) -> tuple[SimConfig, list[str]]:
         max_replicas=args.max_replicas,
     )
     return config, names
+
+
+def _standby(args: argparse.Namespace) -> StandbyPolicy:
+    """The standby plan's knobs for ``--compare-tiers``."""
+    from scaler.core.tiers import StandbyPolicy
+
+    if args.max_sleeping < 0:
+        raise ConfigError(f"--max-sleeping {args.max_sleeping}: must not be negative")
+    if args.idle_grace is not None and not 0 <= args.idle_grace <= 86_400:
+        raise ConfigError(f"--idle-grace {args.idle_grace:g}: must be 0 to 86,400 seconds")
+    return StandbyPolicy(max_sleeping=args.max_sleeping)
 
 
 def _replay_options(args: argparse.Namespace) -> ReplayOptions:
