@@ -58,115 +58,135 @@ def deployment_board() -> Board:
 def _load_row() -> Row:
     return Row(
         "Load and replicas",
+        (*_demand_panels(), *_gateway_panels(), *_wake_panels(), _utilization()),
+    )
+
+
+def _demand_panels() -> tuple[Panel, ...]:
+    """Traffic, replicas and queues."""
+    return (
+        Panel(
+            "Load",
+            "How much traffic is the deployment getting, and is it rising?",
+            "reqps",
+            (
+                Query(
+                    f"sum(rate(unitscale_gateway_requests_total{{{D}}}[$__rate_interval]))",
+                    "arriving at the gateway",
+                ),
+                Query(f'sum(unitscale_request_rate{{{D}, window="stable"}})', "finished"),
+                Query(
+                    f'sum(unitscale_request_rate{{{D}, window="panic"}})',
+                    "finished (panic window)",
+                ),
+            ),
+        ),
+        Panel(
+            "Desired and ready replicas",
+            "Does the fleet follow what the scaler wants, and how far behind is it?",
+            "short",
+            (
+                Query(f"max(unitscale_scaler_desired_replicas{{{S}}})", "desired (scaler)"),
+                Query(f'sum(unitscale_replicas{{{D}, state="known"}})', "known (exporter)"),
+                Query(f'sum(unitscale_replicas{{{D}, state="up"}})', "answering (exporter)"),
+                Query(f"sum(unitscale_gateway_replicas_ready{{{D}}})", "ready (gateway)"),
+                Query(f"sum(unitscale_gateway_replicas_sleeping{{{D}}})", "asleep (gateway)"),
+            ),
+        ),
+        Panel(
+            "Queues",
+            "Where do requests wait: in the engines or in the gateway's buffer?",
+            "short",
+            (
+                Query(f"sum(unitscale_queue_depth{{{D}}})", "waiting in the engines"),
+                Query(f"sum(unitscale_requests_running{{{D}}})", "running in the engines"),
+                Query(f"sum(unitscale_gateway_buffered{{{D}}})", "buffered at the gateway"),
+                Query(f"sum(unitscale_gateway_in_flight{{{D}}})", "in flight (gateway)"),
+            ),
+        ),
+    )
+
+
+def _gateway_panels() -> tuple[Panel, ...]:
+    """The gateway's buffer, its own answers and upstream failures."""
+    return (
+        Panel(
+            "Time in the gateway's buffer",
+            "How long did requests wait for a ready replica (activation from zero)?",
+            "s",
+            tuple(
+                Query(
+                    f"histogram_quantile({q}, sum by (le) (rate("
+                    f"unitscale_gateway_buffer_seconds_bucket{{{D}}}[$__rate_interval])))",
+                    f"p{round(q * 100)}",
+                )
+                for q in (0.5, 0.95, 0.99)
+            ),
+        ),
+        Panel(
+            "Requests the gateway answered itself, and upstream failures",
+            "Who fails requests: the gateway (buffer full, timeout, no model) or a replica?",
+            "reqps",
+            (
+                Query(
+                    f"sum by (status) (rate(unitscale_gateway_rejected_total{{{D}}}"
+                    "[$__rate_interval]))",
+                    "answered {{status}}",
+                ),
+                Query(
+                    f"sum by (kind) (rate(unitscale_gateway_upstream_errors_total{{{D}}}"
+                    "[$__rate_interval]))",
+                    "upstream {{kind}}",
+                ),
+            ),
+        ),
+    )
+
+
+def _wake_panels() -> tuple[Panel, ...]:
+    """Wakes of sleeping replicas (vLLM sleep mode) as the gateway sees them."""
+    return (
+        Panel(
+            "Wakes from sleep",
+            "How often does the gateway wake a sleeping replica, and does the wake work?",
+            "cps",
+            (
+                Query(
+                    f"sum by (result) (rate(unitscale_gateway_wakes_total{{{D}}}"
+                    "[$__rate_interval]))",
+                    "{{result}}",
+                ),
+            ),
+            width=6,
+        ),
+        Panel(
+            "Time to wake",
+            "How long does a sleeping replica take to wake (requests wait meanwhile)?",
+            "s",
+            tuple(
+                Query(
+                    f"histogram_quantile({q}, sum by (le) (rate("
+                    f"unitscale_gateway_wake_seconds_bucket{{{D}}}[$__rate_interval])))",
+                    f"p{round(q * 100)}",
+                )
+                for q in (0.5, 0.95)
+            ),
+            width=6,
+        ),
+    )
+
+
+def _utilization() -> Panel:
+    return Panel(
+        "Utilization",
+        "How full are the replicas: KV cache, and load over the replicas answering?",
+        "percentunit",
         (
-            Panel(
-                "Load",
-                "How much traffic is the deployment getting, and is it rising?",
-                "reqps",
-                (
-                    Query(
-                        f"sum(rate(unitscale_gateway_requests_total{{{D}}}[$__rate_interval]))",
-                        "arriving at the gateway",
-                    ),
-                    Query(f'sum(unitscale_request_rate{{{D}, window="stable"}})', "finished"),
-                    Query(
-                        f'sum(unitscale_request_rate{{{D}, window="panic"}})',
-                        "finished (panic window)",
-                    ),
-                ),
-            ),
-            Panel(
-                "Desired and ready replicas",
-                "Does the fleet follow what the scaler wants, and how far behind is it?",
-                "short",
-                (
-                    Query(f"max(unitscale_scaler_desired_replicas{{{S}}})", "desired (scaler)"),
-                    Query(f'sum(unitscale_replicas{{{D}, state="known"}})', "known (exporter)"),
-                    Query(f'sum(unitscale_replicas{{{D}, state="up"}})', "answering (exporter)"),
-                    Query(f"sum(unitscale_gateway_replicas_ready{{{D}}})", "ready (gateway)"),
-                    Query(f"sum(unitscale_gateway_replicas_sleeping{{{D}}})", "asleep (gateway)"),
-                ),
-            ),
-            Panel(
-                "Queues",
-                "Where do requests wait: in the engines or in the gateway's buffer?",
-                "short",
-                (
-                    Query(f"sum(unitscale_queue_depth{{{D}}})", "waiting in the engines"),
-                    Query(f"sum(unitscale_requests_running{{{D}}})", "running in the engines"),
-                    Query(f"sum(unitscale_gateway_buffered{{{D}}})", "buffered at the gateway"),
-                    Query(f"sum(unitscale_gateway_in_flight{{{D}}})", "in flight (gateway)"),
-                ),
-            ),
-            Panel(
-                "Time in the gateway's buffer",
-                "How long did requests wait for a ready replica (activation from zero)?",
-                "s",
-                tuple(
-                    Query(
-                        f"histogram_quantile({q}, sum by (le) (rate("
-                        f"unitscale_gateway_buffer_seconds_bucket{{{D}}}[$__rate_interval])))",
-                        f"p{round(q * 100)}",
-                    )
-                    for q in (0.5, 0.95, 0.99)
-                ),
-            ),
-            Panel(
-                "Requests the gateway answered itself, and upstream failures",
-                "Who fails requests: the gateway (buffer full, timeout, no model) or a replica?",
-                "reqps",
-                (
-                    Query(
-                        f"sum by (status) (rate(unitscale_gateway_rejected_total{{{D}}}"
-                        "[$__rate_interval]))",
-                        "answered {{status}}",
-                    ),
-                    Query(
-                        f"sum by (kind) (rate(unitscale_gateway_upstream_errors_total{{{D}}}"
-                        "[$__rate_interval]))",
-                        "upstream {{kind}}",
-                    ),
-                ),
-            ),
-            Panel(
-                "Wakes from sleep",
-                "How often does the gateway wake a sleeping replica, and does the wake work?",
-                "cps",
-                (
-                    Query(
-                        f"sum by (result) (rate(unitscale_gateway_wakes_total{{{D}}}"
-                        "[$__rate_interval]))",
-                        "{{result}}",
-                    ),
-                ),
-                width=6,
-            ),
-            Panel(
-                "Time to wake",
-                "How long does a sleeping replica take to wake (requests wait meanwhile)?",
-                "s",
-                tuple(
-                    Query(
-                        f"histogram_quantile({q}, sum by (le) (rate("
-                        f"unitscale_gateway_wake_seconds_bucket{{{D}}}[$__rate_interval])))",
-                        f"p{round(q * 100)}",
-                    )
-                    for q in (0.5, 0.95)
-                ),
-                width=6,
-            ),
-            Panel(
-                "Utilization",
-                "How full are the replicas: KV cache, and load over the replicas answering?",
-                "percentunit",
-                (
-                    Query(f"max(unitscale_kv_cache_usage{{{D}}})", "KV-cache use"),
-                    Query(
-                        f"sum(unitscale_scaler_load_replicas{{{S}}})"
-                        f' / sum(unitscale_replicas{{{D}, state="up"}})',
-                        "load / answering replicas",
-                    ),
-                ),
+            Query(f"max(unitscale_kv_cache_usage{{{D}}})", "KV-cache use"),
+            Query(
+                f"sum(unitscale_scaler_load_replicas{{{S}}})"
+                f' / sum(unitscale_replicas{{{D}, state="up"}})',
+                "load / answering replicas",
             ),
         ),
     )
