@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 
 from foundation.errors import NoDataError
 from scaler.core import predictive, risk
-from scaler.core.capacity import Mix, Rates, observed_mix, replica_rates
+from scaler.core.capacity import Mix, Rates, launched, observed_mix, profile_of, replica_rates
+from scaler.core.fit import StepFit, corrected, fit_step
 from scaler.core.model import Decision, DecisionState, Observation, Policy
 from scaler.core.window import Recent
 
@@ -82,11 +83,13 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
 
     notes: list[str] = []
     mix = observed_mix(o) or (Mix(*previous.mix) if previous.mix else None)
-    if p.profile is not None:
-        # The profile is the capacity; it is not nudged (a fit to observed latency is
-        # the next step, docs/scaler.md says so).
+    profile, step_fit, step_scale = profile_of(p), previous.step_fit, math.nan
+    if profile is not None:
+        # The profile is the capacity, its step times fitted to the replicas' own.
         scale = 1.0
-        need = _demand_need(o, p, previous, activity, replica_rates(p, mix), ready, current, notes)
+        step_fit, step_scale = _fit_profile(o, p, profile, step_fit, notes)
+        rates = replica_rates(p, mix, step_scale)
+        need = _demand_need(o, p, previous, activity, rates, ready, current, notes)
     else:
         scale = _learn_capacity(o, p, previous.capacity_scale, ready, previous.desired == ready)
         need = _need(o, p, previous, activity, scale, ready, current, notes)
@@ -131,13 +134,14 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         needs,
         need.demand_history,
         (mix.prompt_tokens, mix.output_tokens) if mix else previous.mix,
+        step_fit,
     )
     return Decision(
         desired,
         desired > 0,
         replace(state, season=season),
         _reason(need, desired, notes),
-        _inputs(need, scale, activity),
+        {**_inputs(need, scale, activity), "step_scale": step_scale},
         need.panicking,
         o.replicas_known,
     )
@@ -160,6 +164,26 @@ def _activity(o: Observation, previous: DecisionState) -> _Activity:
     return _Activity(concurrency, busy, o.now if busy else previous.last_activity)
 
 
+def _fit_profile(
+    o: Observation, p: Policy, profile: str, previous: StepFit, notes: list[str]
+) -> tuple[StepFit, float]:
+    """The step fit after ``o`` (``scaler.core.fit``) and the step scale to plan with.
+
+    The fit is against the profile as the replicas run it: launched for the ITL SLO, at
+    ``profile_speedup``. With ``profile_fit`` off it is still kept, so that turning it on
+    needs no new evidence, and the profile plans unchanged.
+    """
+    speed = p.profile_speedup
+    running = corrected(launched(profile, p.slo_itl_seconds * speed), 1.0 / speed)
+    fit = fit_step(previous, o, running, o.now)
+    if not p.profile_fit:
+        return fit, 1.0
+    note = fit.note()
+    if note is not None:
+        notes.append(note)
+    return fit, fit.scale()
+
+
 def _scale_to_zero(
     previous: DecisionState, last_activity: float, now: float, current: int | None
 ) -> Decision:
@@ -173,6 +197,7 @@ def _scale_to_zero(
         Recent(),
         demand_history=previous.demand_history,
         mix=previous.mix,
+        step_fit=previous.step_fit,
     )
     since = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
     reason = f"idle for {since}: scale to zero"
