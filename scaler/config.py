@@ -181,6 +181,14 @@ class PolicyConfig(BaseModel):
     """With a profile: headroom is this quantile of the rises within one horizon."""
     backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0)
     """With a profile: drain a backlog within this long (more replicas if need be)."""
+    seasonal_floor: bool = Field(_CORE.seasonal_floor)
+    """At zero, start the replicas a confident seasonal forecast expects, one horizon ahead."""
+    seasonal_prewarm_lead: Seconds = Field(_CORE.seasonal_prewarm_lead_seconds, ge=0)
+    """At zero, prewarm the Fluid cache this long before a confident return (0: never)."""
+    seasonal_utc_offset_hours: float = Field(_CORE.seasonal_utc_offset_hours, ge=-14, le=14)
+    """The forecast's local time is UTC plus this many hours (fixed: no DST)."""
+    seasonal_day: Seconds = Field(_CORE.seasonal_day_seconds, gt=0)
+    """The forecast's day (shorter only in a replay of compressed days)."""
     profile_fit: bool = Field(_CORE.profile_fit)
     """With a profile: fit its step times to the replicas' observed ones (0.5-2x)."""
     demand_window: Seconds = Field(_CORE.demand_window_seconds, gt=0)
@@ -217,6 +225,10 @@ class PolicyConfig(BaseModel):
             risk_lookback_seconds=self.risk_lookback,
             risk_quantile=self.risk_quantile,
             backlog_drain_seconds=self.backlog_drain,
+            seasonal_floor=self.seasonal_floor,
+            seasonal_prewarm_lead_seconds=self.seasonal_prewarm_lead,
+            seasonal_utc_offset_hours=self.seasonal_utc_offset_hours,
+            seasonal_day_seconds=self.seasonal_day,
             profile_fit=self.profile_fit,
             demand_window_seconds=self.demand_window,
             profile_speedup=self.profile_speedup,

@@ -189,6 +189,14 @@ class TriggerMetadata(BaseModel):
         None, alias="acceleratorsPerReplica", gt=0, le=1024
     )
     """Accelerators one replica holds (a fraction for a shared one); given with ``pool``."""
+    seasonal_floor: Boolean | None = Field(None, alias="seasonalFloor")
+    """At zero, start the replicas a confident seasonal forecast expects, one horizon ahead."""
+    seasonal_prewarm_lead: Seconds | None = Field(None, alias="seasonalPrewarmLead", ge=0)
+    """Prewarm the Fluid cache this long before a confident return (0: never)."""
+    seasonal_utc_offset_hours: Decimal | None = Field(
+        None, alias="seasonalUtcOffsetHours", ge=-14, le=14
+    )
+    """The workload's local time is UTC plus this many hours (fixed: no DST)."""
     fluid_dataset: Annotated[
         str | None, Field(alias="fluidDataset", pattern=_DNS_NAME, max_length=253)
     ] = None
@@ -275,6 +283,9 @@ class TriggerMetadata(BaseModel):
             "decode_tokens_per_second": self.decode_tokens_per_second,
             "profile": self.profile,
             "profile_utilization": self.profile_utilization,
+            "seasonal_floor": self.seasonal_floor,
+            "seasonal_prewarm_lead_seconds": self.seasonal_prewarm_lead,
+            "seasonal_utc_offset_hours": self.seasonal_utc_offset_hours,
         }
         chosen = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **chosen)  # type: ignore[arg-type]

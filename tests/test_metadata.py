@@ -214,6 +214,9 @@ def test_key_lists_match_the_documented_keys():
         "prewarmTimeout",
         "keepWarmAfterZero",
         "prewarmCachedPercentage",
+        "seasonalFloor",
+        "seasonalPrewarmLead",
+        "seasonalUtcOffsetHours",
     }
 
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
+from foundation.errors import ConfigError, MetadataError
+from scaler.config import parse_config
 from scaler.core import Decision, DecisionState, Observation, Policy, decide
 from scaler.core.predictive import PREWARM_FORECAST, demand_seen
+from scaler.metadata import parse_metadata
 from scaler.prewarm import plan
 
 DAY = 86_400.0
@@ -112,7 +116,7 @@ WEDNESDAY = MONDAY + 2 * DAY
             id="a prewarm lead of 0 asks for no prewarm",
         ),
         pytest.param(
-            replace(FLOOR, seasonal_utc_offset_seconds=-HOUR),
+            replace(FLOOR, seasonal_utc_offset_hours=-1.0),
             WEDNESDAY + 9 * HOUR - 50,
             0,
             False,
@@ -179,6 +183,8 @@ def test_a_missing_load_teaches_nothing() -> None:
     assert demand_seen(False, False, 0.0) is None
     assert demand_seen(False, True, 3.0) == 0.0
     assert demand_seen(True, True, 2.5) == 2.5
+    # the first request after idle, before any rate is known, is the return itself
+    assert demand_seen(True, True, 0.0) == 1.0
 
 
 def test_the_prewarm_reads_the_input_the_forecast_sets() -> None:
@@ -190,3 +196,67 @@ def test_no_forecast_on_the_first_day() -> None:
     decision = decide(seen(MONDAY + DAY + 9 * HOUR - 50, 0), FLOOR, state)
     assert decision.desired_replicas == 0 and PREWARM_FORECAST not in decision.inputs
     assert math.isfinite(decision.state.season.open_peak)
+
+
+BASE = {"scalerAddress": "s:1", "deployment": "llama"}
+
+
+@pytest.mark.parametrize(
+    ("keys", "field", "value"),
+    [
+        pytest.param({"seasonalFloor": "true"}, "seasonal_floor", True, id="seasonalFloor true"),
+        pytest.param(
+            {"seasonalPrewarmLead": "10m"},
+            "seasonal_prewarm_lead_seconds",
+            600.0,
+            id="seasonalPrewarmLead is a Go duration",
+        ),
+        pytest.param(
+            {"seasonalUtcOffsetHours": "-5"},
+            "seasonal_utc_offset_hours",
+            -5.0,
+            id="seasonalUtcOffsetHours may be west of UTC",
+        ),
+        pytest.param({}, "seasonal_floor", Policy().seasonal_floor, id="absent: the default"),
+    ],
+)
+def test_the_trigger_keys(keys: dict[str, str], field: str, value: object) -> None:
+    policy = parse_metadata({**BASE, **keys}).policy()
+    assert getattr(policy, field) == value
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        pytest.param(
+            {"seasonalUtcOffsetHours": "15"},
+            "key 'seasonalUtcOffsetHours'='15'",
+            id="an offset beyond UTC+14 is refused naming the key",
+        ),
+        pytest.param(
+            {"seasonalFloor": "yes"},
+            "key 'seasonalFloor'='yes': expected true or false",
+            id="seasonalFloor takes what Go's ParseBool takes",
+        ),
+        pytest.param(
+            {"seasonalPrewarmLead": "-1m"},
+            "key 'seasonalPrewarmLead'",
+            id="a negative prewarm lead is refused",
+        ),
+    ],
+)
+def test_bad_trigger_keys_are_refused(keys: dict[str, str], message: str) -> None:
+    with pytest.raises(MetadataError, match=re.escape(message)):
+        parse_metadata({**BASE, **keys})
+
+
+def test_the_config_keys() -> None:
+    config = parse_config(
+        "policy: {seasonal-floor: true, seasonal-prewarm-lead: 2m,"
+        " seasonal-utc-offset-hours: 5.5, seasonal-day: 1h}"
+    )
+    policy = config.policy.policy()
+    assert (policy.seasonal_floor, policy.seasonal_prewarm_lead_seconds) == (True, 120.0)
+    assert (policy.seasonal_utc_offset_hours, policy.seasonal_day_seconds) == (5.5, 3600.0)
+    with pytest.raises(ConfigError, match="seasonal-utc-offset-hours"):
+        parse_config("policy: {seasonal-utc-offset-hours: -15}")

@@ -215,6 +215,12 @@ def late_start(day: int, hour: float) -> float:
     return 3.0 if day % 7 < 5 and 9 + 10 / 60 <= hour < 17 else 0.0
 
 
+def varying(day: int, hour: float) -> float:
+    """Weekdays from 09:00 on even days, 09:10 on odd ones, to 17:00."""
+    start = 9 + (10 / 60 if day % 2 else 0)
+    return 3.0 if day % 7 < 5 and start <= hour < 17 else 0.0
+
+
 def half_the_days(day: int, hour: float) -> float:
     return office(day, hour) if day % 2 == 0 else 0.0
 
@@ -298,6 +304,15 @@ NEW_YORK = SeasonalPolicy(utc_offset_seconds=-5 * HOUR)
             id="a return within a slot is expected when it came (09:10), not at the slot's start",
         ),
         pytest.param(
+            4,
+            varying,
+            MONDAY + 4 * DAY + 8.95 * HOUR,
+            POLICY,
+            "08:54",
+            True,
+            id="a return that comes at 09:00 or 09:10 is expected from 08:54: early enough",
+        ),
+        pytest.param(
             2,
             office,
             MONDAY + 2 * DAY + 8.7 * HOUR,
@@ -350,6 +365,7 @@ def test_expected_return(
             office: 4.0,
             with_holiday: 0.8 * 4.0,
             late_start: 3.0,
+            varying: 3.0,
         }
         assert forecast.peak == pytest.approx(peaks[busy])
     if days == 1:
@@ -448,6 +464,7 @@ def test_the_state_is_bounded_whatever_the_history(
     for stats in state.slots:
         assert 0 <= stats.busy <= 1 and 0 <= stats.peak <= top + 1e-9
         assert 0 <= stats.onset <= DAY / slots + 1e-6
+        assert 0 <= stats.spread <= DAY / slots + 1e-6
         assert stats.busy_days <= stats.days <= len(points)
 
 
@@ -462,7 +479,7 @@ def test_the_forecast_is_never_negative(
     assert 0 <= forecast.confidence <= 1
     if forecast.confident:
         assert forecast.expected_at is not None
-        assert forecast.expected_at - lead <= MONDAY + now <= forecast.expected_at + 120.0
+        assert forecast.expected_at - lead <= MONDAY + now
 
 
 @settings(deadline=None, max_examples=60)

@@ -87,8 +87,9 @@ class Policy:
     seasonal_prewarm_lead_seconds: float = 300.0
     """At zero, ask for a Fluid prewarm this far ahead of a confident return (about one
     cache load); 0: never."""
-    seasonal_utc_offset_seconds: float = 0.0
-    """The forecast's local time (business hours) is UTC plus this (fixed: no DST)."""
+    seasonal_utc_offset_hours: float = 0.0
+    """The forecast's local time (business hours) is UTC plus this many hours (fixed: no
+    DST)."""
     seasonal_day_seconds: float = 86_400.0
     """The forecast's day (shorter in a replay of compressed days)."""
     cost_budget_per_million_tokens: float | None = None

@@ -32,14 +32,19 @@ PREWARM_FORECAST: Final = "prewarm_forecast"
 def seasonal_policy(p: Policy) -> SeasonalPolicy:
     """The forecast's settings from the decision policy's."""
     return SeasonalPolicy(
-        day_seconds=p.seasonal_day_seconds, utc_offset_seconds=p.seasonal_utc_offset_seconds
+        day_seconds=p.seasonal_day_seconds,
+        utc_offset_seconds=p.seasonal_utc_offset_hours * 3600.0,
     )
 
 
 def demand_seen(busy: bool, load_known: bool, need: float) -> float | None:
-    """What a decision tells the forecast: ``need`` while busy, 0 idle, None unknown."""
+    """What a decision tells the forecast: ``need`` while busy, 0 idle, None unknown.
+
+    A busy moment needs a replica, whatever its load says yet: the first request after
+    idle comes before any rate has been measured (need 0), and is the return itself.
+    """
     if busy:
-        return max(need, 0.0)
+        return max(need, 1.0)
     return 0.0 if load_known else None
 
 

@@ -34,8 +34,10 @@ The compact form (``SeasonalState``, what the decision core carries)
     whose previous slot is not. Traffic that never stopped in the learned pattern (a
     lull at noon) is not a return: being at zero then is an exception the forecast
     does not predict. The expected time is the slot's start plus the mean offset of its
-    first demand. Local time is ``now + utc_offset_seconds`` (a fixed offset: no DST;
-    a change of offset shifts the pattern by that much until it is relearnt).
+    first demand, less twice its mean deviation (the return comes a little earlier on
+    some days); it is waited for until as much after the mean, and a grace more. Local
+    time is ``now + utc_offset_seconds`` (a fixed offset: no DST; a change of offset
+    shifts the pattern by that much until it is relearnt).
 """
 
 from __future__ import annotations
@@ -169,6 +171,15 @@ class SlotStats:
     busy_days: int = 0
     onset: float = 0.0
     """Running mean, over busy days, of seconds from the slot's start to its first demand."""
+    spread: float = 0.0
+    """Running mean, over busy days, of how far the first demand was from ``onset``."""
+
+    def earliest(self) -> float:
+        """Seconds into the slot from which its first demand is expected.
+
+        ``onset`` less twice its ``spread``: a return a little early still finds replicas.
+        """
+        return self.onset - 2 * self.spread
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,17 +222,21 @@ def _fold(stats: SlotStats, peak: float, onset: float | None, smoothing: float) 
         stats.peak + weight * (peak - stats.peak),
         stats.busy_days,
         stats.onset,
+        stats.spread,
     )
     if onset is None:
         return new
     busy_days = stats.busy_days + 1
     onset_weight = max(1.0 / busy_days, smoothing)
+    # the first busy day sets the onset and deviates from nothing
+    deviation = abs(onset - stats.onset) if stats.busy_days else 0.0
     return SlotStats(
         new.days,
         new.busy,
         new.peak,
         busy_days,
         stats.onset + onset_weight * (onset - stats.onset),
+        stats.spread + onset_weight * (deviation - stats.spread),
     )
 
 
@@ -275,7 +290,8 @@ def expected_return(
     """A confident return of traffic expected within ``[now - grace, now + lead]``.
 
     The earliest such return (module docstring) is the forecast: ``confident``, its
-    slot's mean peak and share of busy days, ``expected_at``. Without one the forecast
+    slot's mean peak and share of busy days, ``expected_at`` (the early end of when it
+    comes: ``SlotStats.earliest``). Without one the forecast
     is not confident; ``peak`` is None when no slot in the window has ``min_days``
     days, 0 when they have and none is a return.
 
@@ -289,7 +305,9 @@ def expected_return(
     if len(state.slots) != kinds * policy.slots_per_day:
         return SeasonalForecast(None, 0.0, 0, False, "no forecast: nothing learned yet")
     width = _width(policy)
-    first, last = _local_slot(now - grace_seconds, policy), _local_slot(now + lead_seconds, policy)
+    # one slot more: an early return may be expected before a later slot starts
+    first = _local_slot(now - grace_seconds, policy)
+    last = _local_slot(now + lead_seconds + width, policy)
     known = 0
     for slot in range(first, last + 1):
         stats = state.slots[_stats_index(slot, policy)]
@@ -297,8 +315,9 @@ def expected_return(
         before = state.slots[_stats_index(slot - 1, policy)]
         if not _confident(stats, policy) or _confident(before, policy):
             continue
-        at = slot * width + stats.onset - policy.utc_offset_seconds
-        if at - lead_seconds <= now <= at + grace_seconds:
+        start = slot * width - policy.utc_offset_seconds
+        at, latest = start + stats.earliest(), start + stats.onset + 2 * stats.spread
+        if at - lead_seconds <= now <= latest + grace_seconds:
             reason = (
                 f"traffic expected at {clock(at, policy)} (confidence {stats.busy:.2f},"
                 f" {stats.days} days, {stats.peak:.1f} replicas)"

@@ -60,6 +60,9 @@ pytestmark = pytest.mark.k8s
 BINDINGS = ("RoleBinding", "ClusterRoleBinding")
 CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding")
 Rule = tuple[str, str, str]  # (API group, resource, verb)
+# A cap against hangs, not a timing assertion: a watch refused for a moment (a fresh
+# CRD's watch cache answers 429) backs off up to 30 s, and this machine may be loaded.
+CAP = 60.0  # (pytest-timeout ends a test at 120 s)
 
 
 # --- the identity -------------------------------------------------------------------------
@@ -526,7 +529,7 @@ async def prewarm_requests(kube: KubeAccess, served: str, name: str) -> PrewarmO
     ]
     try:
         # A CRD's watch cache may answer 429 for a moment after it is created: retried.
-        await eventually(lambda: len(seen) == 2 or 403 in outcome.statuses, "both listed")
+        await eventually(lambda: len(seen) == 2 or 403 in outcome.statuses, "both listed", CAP)
         async with await kube.client() as api:
             try:
                 made = await create(api, DATALOADS, dataload(served, name))
@@ -536,7 +539,9 @@ async def prewarm_requests(kube: KubeAccess, served: str, name: str) -> PrewarmO
         key = f"{served}/{name}"
         if isinstance(outcome.created, str):
             await eventually(
-                lambda: key in seen.get("dataloads", {}) or 403 in outcome.statuses, "the watch"
+                lambda: key in seen.get("dataloads", {}) or 403 in outcome.statuses,
+                "the watch",
+                CAP,
             )
             outcome.watched = key in seen.get("dataloads", {})
     finally:
@@ -558,19 +563,20 @@ async def test_the_scalers_prewarm_on_its_token_loads_and_reloads_an_evicted_cac
     cluster.create_dataset("0.0%")
     scaler = prewarm.Scaler(kube, served)
     async with prewarm.running(scaler):
-        await prewarm.eventually("Fluid's objects listed", scaler.listed)
+        await prewarm.eventually("Fluid's objects listed", scaler.listed, CAP)
         scaler.arrive()
-        (first,) = await prewarm.eventually("one DataLoad", cluster.dataloads)
+        (first,) = await prewarm.eventually("one DataLoad", cluster.dataloads, CAP)
         cluster.complete(first["metadata"]["name"], ago=600)
         cluster.set_cached("100.0%")
-        await prewarm.eventually("warm", lambda: scaler.state() == "warm")
+        await prewarm.eventually("warm", lambda: scaler.state() == "warm", CAP)
         cluster.set_cached("12.0%")  # evicted: ours is deleted, then created again
         uid = first["metadata"]["uid"]
         await prewarm.eventually(
             "a new DataLoad",
             lambda: [d for d in cluster.dataloads() if d["metadata"]["uid"] != uid],
+            CAP,
         )
-        await prewarm.eventually("following the new load", scaler.following)
+        await prewarm.eventually("following the new load", scaler.following, CAP)
         status = scaler.status()
     assert (status.created, status.write_errors) == (2, 0)
     assert scaler.prewarm.listed
