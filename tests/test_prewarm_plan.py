@@ -6,6 +6,7 @@ Datasets and DataLoads are the golden files shaped as Fluid v1.0.8 writes them
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import re
@@ -678,6 +679,57 @@ def test_a_failing_prewarm_never_costs_the_decision(monkeypatch, caplog):
     assert (decision.active, decision.desired_replicas) == (True, 1)
     assert "prewarm" not in decision.reason
     assert "prewarm planning failed" in caplog.text
+
+
+async def test_a_failing_watch_is_still_named_after_the_other_watch_lists_again(monkeypatch):
+    import asyncio
+    import time
+
+    from kubernetes_asyncio import client
+
+    from foundation.kube import KubeAccess
+    from foundation.signals import GatewaySignals, Snapshot
+    from scaler.prewarm import shell
+    from scaler.registry import ScaledObjectRegistry
+    from scaler.signals import SignalStore
+
+    watches: dict[str, tuple[Any, Any]] = {}
+    both = asyncio.Event()
+
+    async def watch(access: object, selection: Any, on_change: Any, **kwargs: Any) -> None:
+        # foundation.kube.watch_objects' callbacks, called below as its loop would.
+        watches[selection.resource.plural] = (on_change, kwargs["on_error"])
+        if len(watches) == 2:
+            both.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(shell, "watch_objects", watch)
+    store = SignalStore()
+    registry = ScaledObjectRegistry(store, 60.0)
+    prewarm = shell.Prewarmer(registry, KubeAccess(Path("/nonexistent/kubeconfig")), tick=0.01)
+    scaled = registry.resolve("llama", "serving", {**BASE, "fluidDataset": "weights"})
+
+    def reason() -> str:
+        store.update(Snapshot(("serving", "llama", ""), GatewaySignals(time.time(), None, 1, 0)))
+        return registry.current(scaled).reason
+
+    task = asyncio.create_task(prewarm.run())
+    try:
+        async with asyncio.timeout(10):
+            await both.wait()  # the watches start with the first prewarm ScaledObject
+        watches["datasets"][0]({})
+        watches["dataloads"][1](client.ApiException(status=403, reason="Forbidden"))
+        refused = "forbidden to watch dataloads.data.fluid.io"
+        assert refused in reason()
+        watches["datasets"][0]({})  # a resync of the watch that works
+        assert refused in reason()  # the other still fails: said, not "waiting"
+        assert "ClusterRole of deploy/components/scaler-prewarm" in reason()
+        watches["dataloads"][0]({})  # it lists at last
+        assert "forbidden" not in reason()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def test_a_forecast_at_zero_warms_the_cache_before_the_first_request():

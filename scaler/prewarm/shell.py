@@ -91,7 +91,9 @@ class Prewarmer:
         self._resync = resync
         self._entries: dict[ObjectKey, _Entry] = {}
         self._sets: dict[str, dict[str, RawObject]] = {}
-        self._problem = ""
+        self._problems: dict[str, str] = {}
+        """Why Fluid's objects cannot be seen, by watch (``datasets``, ``dataloads``), or
+        ``access`` (no Kubernetes client)."""
         self._listed_at: float | None = None
         """When both watches had first listed (what finished before, no plan here saw)."""
         self._wake = asyncio.Event()
@@ -154,7 +156,7 @@ class Prewarmer:
             listed,
             self._sets.get("datasets", {}),
             list(self._sets.get("dataloads", {}).values()),
-            self._problem,
+            "; ".join(self._problems.values()),
             self._listed_at,
         )
 
@@ -189,11 +191,13 @@ class Prewarmer:
 
     async def _client(self) -> client.ApiClient | None:
         try:
-            return await self._access.client()
+            api = await self._access.client()
         except ConfigError as err:
-            self._problem = f"no Kubernetes access: {err}"
-            log.error("prewarm: %s", self._problem)
+            self._problems["access"] = f"no Kubernetes access: {err}"
+            log.error("prewarm: %s", self._problems["access"])
             return None
+        self._problems.pop("access", None)
+        return api
 
     def _replan(self) -> None:
         """Plan every prewarm ScaledObject on its latest decision (time moves on)."""
@@ -287,7 +291,7 @@ class Prewarmer:
                         Selection(resource),
                         self._on_change(kind),
                         resync=self._resync,
-                        on_error=self._on_error,
+                        on_error=self._on_error(kind),
                     )
                 )
             )
@@ -297,25 +301,28 @@ class Prewarmer:
             self._sets[kind] = objects
             if self._listed_at is None and self._view().listed:
                 self._listed_at = self._clock()
-            self._problem = ""
+            # Only this watch's problem is over: the other's may still fail.
+            self._problems.pop(kind, None)
             self._wake.set()
 
         return changed
 
-    def _on_error(self, err: Exception) -> None:
-        if isinstance(err, client.ApiException) and err.status == 404:
-            self._problem = (
-                "the API server serves no datasets.data.fluid.io or dataloads.data.fluid.io:"
-                " are Fluid's CRDs installed?"
-            )
-        elif isinstance(err, client.ApiException) and err.status == 403:
-            self._problem = (
-                "forbidden to watch Fluid's Datasets or DataLoads: the scaler's Role needs"
-                " get, list, watch on datasets and dataloads.data.fluid.io"
-            )
-        else:
-            self._problem = f"cannot watch Fluid's objects: {_brief(err)}"
-        self._wake.set()
+    def _on_error(self, kind: str) -> Callable[[Exception], None]:
+        def failed(err: Exception) -> None:
+            resource = f"{kind}.data.fluid.io"
+            if isinstance(err, client.ApiException) and err.status == 404:
+                problem = f"the API server serves no {resource}: are Fluid's CRDs installed?"
+            elif isinstance(err, client.ApiException) and err.status == 403:
+                problem = (
+                    f"forbidden to watch {resource}: the scaler needs list and watch on it in"
+                    " every namespace (the ClusterRole of deploy/components/scaler-prewarm)"
+                )
+            else:
+                problem = f"cannot watch {resource}: {_brief(err)}"
+            self._problems[kind] = problem
+            self._wake.set()
+
+        return failed
 
 
 def _brief(err: BaseException) -> str:
