@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 import trustme
@@ -57,6 +58,7 @@ from tests.prometheus_stack import (
     ServingStack,
     needs_prometheus,
 )
+from tests.vllm import server as vllm
 
 GOLDEN = Path(__file__).parent / "golden" / "prometheus"
 TARGET: TargetKey = ("team-a", "llama", "")
@@ -864,3 +866,54 @@ async def test_a_ca_file_gone_after_validation_stops_the_source_with_an_error(tm
         await prometheus_source(config, store, lambda: [TARGET])  # returns: nothing to run
     assert store.get(TARGET) is None
     assert any("cannot load ca-file" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture(scope="module")
+def real_vllm(tmp_path_factory):
+    python = vllm.require_vllm()
+    work = tmp_path_factory.mktemp("vllm")
+    model = vllm.build_model(python, work / "model")
+    server = vllm.start(python, model, work / "vllm.log")
+    yield server
+    server.stop()
+
+
+@needs_prometheus
+@pytest.mark.vllm
+async def test_the_prometheus_source_reads_a_real_vllm(real_vllm, tmp_path):
+    address = real_vllm.url.removeprefix("http://")
+    labels = pod_labels([address], namespace="test", deployment="tiny")
+    prometheus = await Prometheus.start(
+        tmp_path, {"vllm": [address]}, scrape_interval="1s", target_labels=labels
+    )
+    target: TargetKey = ("test", "tiny", "")
+    store = SignalStore()
+    windows = {"panic-window": "30s", "stable-window": "2m", "timeout": "20s"}
+    config = PrometheusSourceConfig.model_validate(source_config(prometheus.url, **windows))
+    task = asyncio.create_task(prometheus_source(config, store, lambda: [target]))
+    body = {"model": vllm.MODEL_NAME, "prompt": "hello world", "max_tokens": 8}
+    body |= {"ignore_eos": True, "temperature": 0}
+    try:
+        # Prometheus has seen the idle engine before the first request.
+        idle = await engine_signals_until(store, lambda e: True, within=60, target=target)
+        async with aiohttp.ClientSession() as session:
+            usages = []
+            for _ in range(4):
+                async with session.post(f"{real_vllm.url}/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    usages.append((await r.json())["usage"])
+        busy = await engine_signals_until(
+            store, lambda e: e.stable.mean_output_tokens is not None, within=90, target=target
+        )
+    finally:
+        await drain(task)
+        await prometheus.stop()
+    assert (idle.replicas, idle.replicas_up, idle.partial) == (1, 1, False)
+    assert idle.stable.ttft.p95 is None  # nothing finished yet: unmeasured, not 0
+    assert busy.running is not None and busy.queue_depth is not None
+    assert busy.kv_usage is not None  # vllm:kv_cache_usage_perc (0.32)
+    assert busy.replicas_sleeping == 0  # awake
+    assert busy.stable.request_rate is not None and busy.stable.request_rate > 0
+    assert busy.stable.mean_output_tokens == pytest.approx(8.0)
+    assert busy.stable.mean_prompt_tokens == pytest.approx(usages[0]["prompt_tokens"])
+    assert busy.stable.ttft.p95 is not None and busy.stable.itl.p95 is not None
