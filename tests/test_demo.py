@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from foundation.errors import ConfigError
+from foundation.net import free_port
 from foundation.replica_model import PROFILES
 from replay.keda import ScalingSpec, read_scaled_object
 from scaler.config import PolicyConfig
@@ -26,6 +29,7 @@ from scaler.core.decide import decide
 from scaler.core.model import DecisionState, Observation
 from unitscale.demo.processes import MARKER
 from unitscale.demo.run import (
+    Conductor,
     DemoOptions,
     capacity_priors,
     default_policy,
@@ -329,11 +333,70 @@ def test_the_decision_in_the_compressed_world_is_the_production_decision(
 
 
 def test_the_prediction_runs_the_plan_uncompressed_under_the_replays_own_target() -> None:
-    policy, config = prediction(PLAN)
+    policy, config = prediction(PROFILE_PLAN)
     assert "namespace" not in policy.metadata and policy.metadata["deployment"] == "llm"
-    assert policy.spec == PLAN.scaled_object.spec and policy.push
+    assert policy.spec == PROFILE_PLAN.scaled_object.spec and policy.push
     assert config.slo_ttft == 2.0 and config.scrape_interval == 5.0
     assert config.max_replicas == 8
+    # The replay's unitscale plans with the replicas' profile, on its own time scale.
+    assert policy.defaults.profile == "qwen2.5-32b-h200"
+    assert policy.defaults.profile_speedup == 1.0
+    # Its fleet, and the live replicas, run the chunk budget the scaler's capacity assumes.
+    assert config.profile == QWEN.for_itl_slo(0.1)
+    assert config.profile.max_num_batched_tokens == 512  # 8,192 breaks the 100 ms ITL
+
+
+def _get(url: str) -> str | None:
+    """The body of ``url``, None while nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
+
+
+def test_the_demos_replicas_prefill_in_the_chunks_the_scaler_assumes(tmp_path: Path) -> None:
+    """A 2,000-token prompt on an idle replica takes four 512-token steps, not one."""
+    port = free_port()
+    speedup = 20.0
+    conductor = Conductor(DemoOptions(report=tmp_path), PROFILE_PLAN, load_trace(
+        DemoOptions(report=tmp_path), 10.0))  # fmt: skip
+    argv = [*conductor._sim_replica(port)]
+    argv[argv.index("--speedup") + 1] = f"{speedup:g}"
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "512"
+    replica = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(lambda: _get(f"{url}/health") is not None, "the replica serves")
+        body = {"model": QWEN.name, "prompt": list(range(2000)), "max_tokens": 1}
+        request = urllib.request.Request(
+            f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+        metrics = _get(f"{url}/metrics") or ""
+    finally:
+        replica.terminate()
+        replica.wait(timeout=30)
+    (ttft,) = [
+        sample.value
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "vllm:time_to_first_token_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_sum")
+    ]
+    chunks = sum(QWEN.prefill_seconds(c) for c in (512, 512, 512, 464))
+    assert ttft == pytest.approx(chunks / speedup, rel=1e-6)
+    assert ttft > 1.1 * QWEN.prefill_seconds(2000) / speedup  # one 2,000-token step: 20% less
+
+
+def test_a_chunk_budget_below_the_batch_cap_is_refused_as_vllm_refuses_it() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "unitscale.cli", "sim-replica", "--max-num-batched-tokens", "100"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--max-num-batched-tokens 100: at least max_num_seqs (256)" in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -130,6 +131,11 @@ def _add_sim_replica_command(commands: Commands) -> None:
     sim.add_argument("--profile", default="llama3-8b-h200")
     sim.add_argument("--model", default="sim-llama", help="served model name")
     sim.add_argument("--speedup", type=float, default=1.0, help="run engine steps this much faster")
+    sim.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="chunked-prefill budget per step, as vLLM's flag (default: the profile's)",
+    )
     sim.set_defaults(run=_run_sim_replica, default_log_level="info")
 
 
@@ -468,6 +474,13 @@ def _run_sim_replica(args: argparse.Namespace) -> int:
     from serving.server import SimReplicaServer
 
     profile = _profile(args.profile)
+    if args.max_num_batched_tokens is not None:
+        if args.max_num_batched_tokens < profile.max_num_seqs:
+            raise ConfigError(
+                f"--max-num-batched-tokens {args.max_num_batched_tokens}: at least"
+                f" max_num_seqs ({profile.max_num_seqs}), as vLLM requires"
+            )
+        profile = dataclasses.replace(profile, max_num_batched_tokens=args.max_num_batched_tokens)
 
     async def build() -> SimReplicaServer:
         return SimReplicaServer(profile, args.listen, args.model, args.speedup)

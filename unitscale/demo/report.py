@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from replay.run import json_number
 from replay.simulate import Result, percentile
+from scaler.core.capacity import profile_of
 from unitscale.demo.fleet import Replica, held_seconds
 from unitscale.demo.load import Outcome
 from unitscale.demo.observe import Sample
@@ -159,12 +160,26 @@ def _setting(
         f" {plan.profile.price_per_hour:.2f} per accelerator-hour, which the live cost uses"
         f" too), cold start {plan.cold_start:.1f} s",
         f"- SLO: TTFT <= {plan.slo_ttft:g} s and mean inter-token <= {plan.slo_itl:g} s",
+        f"- scaler: {_planning(plan)}",
         f"- ScaledObject: {'external-push' if scaled.push else 'external'},"
         f" polling {scaled.spec.polling_interval:g} s, cooldown"
         f" {scaled.spec.cooldown:g} s, max {scaled.spec.max_replicas}"
         " replicas",
         "",
     ]
+
+
+def _planning(plan: Plan) -> str:
+    """What the scaler plans with: the replicas' profile or the flat priors."""
+    budget = plan.replica_profile.max_num_batched_tokens
+    launch = f"replicas launched with a {budget}-token chunk budget for the ITL SLO"
+    profile = profile_of(plan.policy.policy())
+    if profile is None:
+        return f"the capacity priors (no profile); {launch}"
+    return (
+        f"the `{profile}` profile (capacity for the observed mix within the SLOs,"
+        f" risk-sized headroom); {launch}"
+    )
 
 
 def _interruption(run: LiveRun) -> list[str]:

@@ -352,11 +352,17 @@ class Conductor:
         )
 
     def _sim_replica(self, port: int) -> list[str]:
-        """The argv of a simulated replica on ``port``, stepping at the plan's speed."""
+        """The argv of a simulated replica on ``port``, at the plan's speed and budget.
+
+        It steps ``compression`` times faster, with the chunk budget for the ITL SLO, as
+        vLLM would be launched (``Plan.replica_profile``).
+        """
         name = self.plan.profile.name
+        budget = self.plan.replica_profile.max_num_batched_tokens
         return unitscale_command(
             "--log-level", "warning", "sim-replica", "--listen", _local(port),
             "--profile", name, "--model", name, "--speedup", f"{self.plan.compression:g}",
+            "--max-num-batched-tokens", str(budget),
         )  # fmt: skip
 
     async def _start_servers(self, ports: dict[str, int], files: dict[str, Path]) -> None:

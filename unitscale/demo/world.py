@@ -78,6 +78,16 @@ class Plan:
             return self.measured_cold_start
         return cold_start_seconds(self.profile, self.cold_start_tier)
 
+    @property
+    def replica_profile(self) -> Profile:
+        """The profile as the replicas run, launched for the ITL SLO.
+
+        With the chunked-prefill budget whose steps keep the ITL SLO
+        (``serving.vllm_profile.for_itl_slo``), as the scaler's capacity and the replay's
+        fleet assume.
+        """
+        return self.profile.for_itl_slo(self.slo_itl)
+
     def wall(self, seconds: float) -> float:
         """Trace seconds -> wall seconds."""
         return seconds / self.compression
@@ -238,7 +248,7 @@ def prediction(plan: Plan) -> tuple[Unitscale, SimConfig]:
         spec=scaled.spec,
     )
     config = SimConfig(
-        plan.profile,
+        plan.replica_profile,
         slo_ttft=plan.slo_ttft,
         slo_itl=plan.slo_itl,
         scrape_interval=plan.scrape_interval,
