@@ -176,3 +176,30 @@ def test_any_true_scale_is_found_at_any_operating_point(true_scale, replicas, ba
     fit = run(windows(true_scale, MIN_EVIDENCE_SECONDS * 2, replicas=replicas, batch=batch))
     expected = 1.0 if abs(true_scale - 1.0) < 0.1 else true_scale
     assert fit.scale() == pytest.approx(expected, rel=0.02, abs=0.1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(
+        [
+            "requests_running_mean",
+            "generation_token_rate",
+            "prompt_token_rate",
+            "mean_prompt_tokens",
+            "mean_output_tokens",
+            "kv_cache_usage",
+            "queue_depth",
+            "replicas_up",
+        ]
+    ),
+    st.floats(0.5, 2.0),
+    st.integers(1, 40),
+)
+def test_a_missing_signal_never_moves_the_fit(missing, true_scale, windows_later):
+    settled = run(windows(1.3, 300))
+    later = [
+        dataclasses.replace(window(true_scale, T0 + 315 + i * EVERY), **{missing: None})
+        for i in range(windows_later)
+    ]
+    after = run(later, settled)
+    assert (after.sxy, after.sxx, after.evidence) == (settled.sxy, settled.sxx, settled.evidence)
