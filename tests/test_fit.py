@@ -197,8 +197,9 @@ def test_any_true_scale_is_found_at_any_operating_point(true_scale, replicas, ba
 )
 def test_a_missing_signal_never_moves_the_fit(missing, true_scale, windows_later):
     settled = run(windows(1.3, 300))
+    unknown: dict[str, Any] = {missing: None}
     later = [
-        dataclasses.replace(window(true_scale, T0 + 315 + i * EVERY), **{missing: None})
+        dataclasses.replace(window(true_scale, T0 + 315 + i * EVERY), **unknown)
         for i in range(windows_later)
     ]
     after = run(later, settled)
