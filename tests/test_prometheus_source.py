@@ -572,6 +572,9 @@ async def test_prometheus_and_the_exporter_give_decide_the_same_observation(tmp_
     for name in ("queue_depth", "requests_running"):  # 4 clients: at most 4 in flight
         assert 0 <= getattr(from_prometheus, name) <= 4, name
     assert from_prometheus.kv_cache_usage == pytest.approx(from_exporter.kv_cache_usage, abs=0.01)
+    # A gauge's mean over the window: the exporter averages its scrapes, Prometheus its own.
+    mine, exported = from_prometheus.requests_running_mean, from_exporter.requests_running_mean
+    assert mine == pytest.approx(exported, rel=0.5, abs=0.5), (mine, exported)
     # And decide() makes the same decision of either.
     policy = Policy(target_concurrency=1.0)
     first = decide(from_prometheus, policy, DecisionState())
