@@ -348,6 +348,23 @@ def test_each_component_is_scraped_on_a_port_its_service_names_as_the_rules_job(
     assert jobs and jobs <= set(monitors)
 
 
+OPERATOR_TARGET_LABELS = {"namespace", "service", "pod", "container", "endpoint", "instance", "job"}
+"""The labels the Prometheus Operator puts on every target of a ServiceMonitor."""
+
+
+def test_the_scrapes_keep_our_namespace_label_over_the_operators():
+    from serving.gateway_metrics import GatewayMetrics
+
+    # Our series name the workload's namespace (here a gateway's), a target label too.
+    exposition = GatewayMetrics("serving", "llama").render().decode()
+    assert 'namespace="serving"' in exposition and "namespace" in OPERATOR_TARGET_LABELS
+    docs = render("overlays/production")
+    for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
+        for endpoint in monitor["spec"]["endpoints"]:
+            # Without it Prometheus renames ours exported_namespace: namespace="unitscale".
+            assert endpoint.get("honorLabels") is True, monitor["metadata"]["name"]
+
+
 def test_the_dashboards_configmap_holds_every_dashboard_as_committed():
     docs = render("overlays/production")
     configmap = named(docs, "ConfigMap", "unitscale-dashboards")
