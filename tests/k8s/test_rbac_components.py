@@ -16,8 +16,10 @@ rules, the call that needs it is refused with 403. Fluid prewarm's rights
 (``deploy/components/scaler-prewarm``, rendered in ``overlays/production``) alike: the
 scaler's ``Prewarmer`` itself (``tests/k8s/test_prewarm.py``'s scenario of an evicted
 cache: its watches, a DataLoad created, deleted under its UID and created again), and a
-403 for each verb taken away. The admission controller's role has its own tests on the
-same helper (``tests/k8s/test_admission_rbac.py``).
+403 for each verb taken away. The admission controller runs on its token in
+``tests/k8s/test_admission_rbac.py`` (on the same helper); here each request it sends
+(``tests.test_admission_deploy.used_by_the_controller``) passes the shipped role and gets
+403 from the role less that one rule.
 """
 
 from __future__ import annotations
@@ -605,3 +607,83 @@ async def test_without_any_one_prewarm_rule_its_request_is_refused(
         assert outcome.created == 403
     else:
         assert 403 in outcome.statuses  # the list or the watch of that resource
+
+
+# --- the admission controller: each of its rules needed ------------------------------------
+
+VERSIONS = {"": "v1", "kueue.x-k8s.io": "v1beta2", "unitscale.io": "v1alpha1"}
+VERSIONS["data.fluid.io"] = "v1alpha1"
+CLUSTER_RESOURCES = {"admissionchecks", "capacitycheckparameters", "nodes"}
+
+
+def admission_request(rule: Rule, namespace: str) -> tuple[str, str, dict[str, Any] | None, str]:
+    """(method, path, body, content type) of the controller's request that ``rule`` allows.
+
+    Lists and watches span every namespace, as the controller's watches do; a status
+    write is a server-side apply of the status subresource; creates go into ``namespace``.
+    RBAC is checked before the object is looked up, so no object need exist.
+    """
+    group, resource, verb = rule
+    plural, _, subresource = resource.partition("/")
+    base = f"/apis/{group}/{VERSIONS[group]}" if group else "/api/v1"
+    scope = "" if plural in CLUSTER_RESOURCES else f"/namespaces/{namespace}"
+    if verb in ("list", "watch"):
+        return (
+            "GET",
+            f"{base}/{plural}" + ("?watch=1&timeoutSeconds=1" if verb == "watch" else ""),
+            None,
+            "",
+        )
+    if verb == "create":
+        body = {
+            "apiVersion": f"{group}/{VERSIONS[group]}".lstrip("/"),
+            "metadata": {"generateName": "x-"},
+        }
+        return "POST", f"{base}{scope}/{plural}?dryRun=All", body, "application/json"
+    assert verb == "patch" and subresource == "status", rule
+    body = {"apiVersion": f"{group}/{VERSIONS[group]}", "kind": "X", "metadata": {"name": "x"}}
+    path = f"{base}{scope}/{plural}/x/status?fieldManager=unitscale.io/capacity&dryRun=All"
+    return "PATCH", path, body, "application/apply-patch+yaml"
+
+
+def status_as(kube: KubeAccess, method: str, path: str, body: Any, content_type: str) -> int:
+    """The status code of one request sent with ``kube``'s token."""
+    assert kube.kubeconfig is not None
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{cluster['server']}{path}", data=data, method=method)
+    request.add_header("Authorization", f"Bearer {user['token']}")
+    if content_type:
+        request.add_header("Content-Type", content_type)
+    context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code
+
+
+def admission_rules() -> list[Any]:
+    from tests.test_admission_deploy import used_by_the_controller
+
+    return [
+        pytest.param((g, r, v), id=f"admission without {v} {r}")
+        for g, r, v in sorted(used_by_the_controller())
+    ]
+
+
+@pytest.mark.parametrize("rule", admission_rules())
+def test_without_any_one_admission_rule_its_request_is_refused(
+    control_plane, kueue_crds, admission_crd, fluid, namespace, served, tmp_path, rule
+):
+    """Two identities (each ServiceAccount in a namespace of its own: bindings add up):
+    the shipped role, which the request passes, and the role less ``rule``, which gets 403."""
+    method, path, body, content_type = admission_request(rule, namespace)
+    full = as_shipped(control_plane, "unitscale-admission", {"unitscale": namespace}, tmp_path)
+    assert status_as(full, method, path, body, content_type) != 403, "the shipped role allows it"
+    spaces = {"unitscale": served}
+    dropped = as_shipped(control_plane, "unitscale-admission", spaces, tmp_path, drop=rule)
+    assert status_as(dropped, method, path, body, content_type) == 403
