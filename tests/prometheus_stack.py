@@ -247,16 +247,21 @@ class ServingStack:
     scaler: ScalerServer
     exporter_port: int
     dead_target: str
+    standbys: list[tuple[ExporterServer, int]] = field(default_factory=list)
+    """More exporters scraping the same replicas (the ha overlay runs two), and their
+    metrics ports: every series of theirs is the first's again, on another target."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     outcomes: dict[int, int] = field(default_factory=dict)
     """Client-side status counts (0: a client error)."""
 
     @classmethod
-    async def start(cls, replicas: int = 2, speedup: float = 50.0) -> ServingStack:
-        """Start the gateway, the exporter and the scaler, at zero replicas and no traffic.
+    async def start(
+        cls, replicas: int = 2, speedup: float = 50.0, exporters: int = 1
+    ) -> ServingStack:
+        """Start the gateway, the exporter(s) and the scaler, at zero replicas and no traffic.
 
         The replicas' ports are chosen now (``scrape_jobs`` names them); ``serve()``
-        starts them and the load.
+        starts them and the load. The scaler watches the first exporter.
         """
         ports = [free_port() for _ in range(replicas)]
         urls = [f"http://127.0.0.1:{p}" for p in ports]
@@ -274,7 +279,13 @@ class ServingStack:
             metrics_listen="127.0.0.1:0",
         )
         await scaler.start()
-        return cls(ports, speedup, [], gateway, exporter, scaler, exporter_port, dead_target)
+        standbys = []
+        for _ in range(exporters - 1):
+            standby = ExporterServer(exporter_config)
+            standbys.append((standby, (await standby.start())[0]))
+        return cls(
+            ports, speedup, [], gateway, exporter, scaler, exporter_port, dead_target, standbys
+        )
 
     async def serve(self) -> None:
         """Come up from zero, leave one of each incident, then keep clients sending.
@@ -351,7 +362,9 @@ class ServingStack:
     def scrape_jobs(self) -> dict[str, list[str]]:
         """Prometheus jobs: the exporter, the gateway, the scaler and the replicas' vLLM metrics."""
         return {
-            "unitscale-exporter": [f"127.0.0.1:{self.exporter_port}"],
+            "unitscale-exporter": [
+                f"127.0.0.1:{port}" for port in (self.exporter_port, *(p for _, p in self.standbys))
+            ],
             "unitscale-gateway": [f"127.0.0.1:{self.gateway.port}"],
             "unitscale-scaler": [f"127.0.0.1:{self.scaler.metrics_port}"],
             "vllm": [f"127.0.0.1:{port}" for port in self.ports],
@@ -397,6 +410,8 @@ class ServingStack:
                 await task
         await self.scaler.stop(grace=0)
         await self.exporter.stop(grace=0)
+        for standby, _ in self.standbys:
+            await standby.stop(grace=0)
         await self.gateway.stop()
         for replica in self.replicas:
             await replica.stop()

@@ -214,7 +214,8 @@ def test_an_unknown_variable_fails_the_substitution():
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def prometheus(tmp_path_factory):
-    stack = await ServingStack.start()
+    # Two exporters scraping the same replicas, as the ha and production overlays run.
+    stack = await ServingStack.start(replicas=REPLICAS, exporters=2)
     server = None
     try:
         server = await Prometheus.start(tmp_path_factory.mktemp("prometheus"), stack.scrape_jobs())
@@ -227,6 +228,10 @@ async def prometheus(tmp_path_factory):
         if server is not None:
             await server.stop()
         await stack.stop()
+
+
+REPLICAS = 2
+"""The stack's replicas of DEPLOYMENT."""
 
 
 async def data(server: Prometheus, promql: str, within: float = 30.0) -> list[dict[str, Any]]:
@@ -270,3 +275,45 @@ async def test_every_variable_lists_the_stack(prometheus, file, variable):
         await _pause()
     if variable["name"] == "deployment":  # the namespace's other deployment too, no other
         assert sorted(found) == sorted([DEPLOYMENT, DEAD_DEPLOYMENT])
+
+
+def expr_of(file: str, title: str, legend: str) -> str:
+    """The query of ``title`` whose legend is ``legend``, in ``file``."""
+    (found,) = [
+        target["expr"]
+        for panel in panels(load(DIRECTORY / file))
+        if panel["title"] == title
+        for target in panel.get("targets", [])
+        if target.get("legendFormat") == legend
+    ]
+    return str(found)
+
+
+@needs_prometheus
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize(
+    ("file", "title", "legend"),
+    [
+        pytest.param(
+            "unitscale-deployment.json",
+            "Desired and ready replicas",
+            "known (exporter)",
+            id="the deployment's replicas known",
+        ),
+        pytest.param(
+            "unitscale-fleet.json",
+            "Replicas known and answering",
+            "known {{deployment}}",
+            id="the fleet's replicas known by deployment",
+        ),
+    ],
+)
+async def test_a_sum_counts_each_replica_once_however_many_exporters_scrape_it(
+    prometheus, file, title, legend
+):
+    selector = f'namespace="{NAMESPACE}", deployment="{DEPLOYMENT}", state="known"'
+    copies = await data(prometheus, f"count(unitscale_replicas{{{selector}}})")
+    assert float(copies[0]["value"][1]) == 2  # each exporter exports the deployment's
+    result = await data(prometheus, substitute(expr_of(file, title, legend), values_for(file)))
+    counted = {r["metric"].get("deployment", DEPLOYMENT): float(r["value"][1]) for r in result}
+    assert counted[DEPLOYMENT] == REPLICAS

@@ -25,6 +25,16 @@ _DEFAULTS = Policy()
 Kind = Literal["timeseries", "stat", "state-timeline"]
 
 
+def one_copy(expr: str) -> str:
+    """``expr`` with one series per identity, however many replicas of ours export it.
+
+    The ha and production overlays run two exporters and three scalers, and each exports
+    every series alike, told apart only by its target's ``instance`` and ``pod``: a sum
+    over them would count each replica, load and dollar once per exporter or scaler.
+    """
+    return f"max without (instance, pod) ({expr})"
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """One PromQL expression and its legend."""

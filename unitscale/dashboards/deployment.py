@@ -8,6 +8,7 @@ from unitscale.dashboards.build import (
     Query,
     Row,
     label_variable,
+    one_copy,
     slo_variables,
     the_datasource,
 )
@@ -25,6 +26,12 @@ NOTE = (
     " *Why that many replicas*. Reasons are free text and stay out of metric labels."
     " A signal that is unknown is absent from a graph, never drawn as 0."
 )
+
+
+def _sum(selector: str, by: str = "") -> str:
+    """A sum over one copy of an exporter's or the scalers' series (``one_copy``)."""
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} ({one_copy(selector)})"
 
 
 def deployment_board() -> Board:
@@ -74,9 +81,9 @@ def _demand_panels() -> tuple[Panel, ...]:
                     f"sum(rate(unitscale_gateway_requests_total{{{D}}}[$__rate_interval]))",
                     "arriving at the gateway",
                 ),
-                Query(f'sum(unitscale_request_rate{{{D}, window="stable"}})', "finished"),
+                Query(_sum(f'unitscale_request_rate{{{D}, window="stable"}}'), "finished"),
                 Query(
-                    f'sum(unitscale_request_rate{{{D}, window="panic"}})',
+                    _sum(f'unitscale_request_rate{{{D}, window="panic"}}'),
                     "finished (panic window)",
                 ),
             ),
@@ -87,8 +94,8 @@ def _demand_panels() -> tuple[Panel, ...]:
             "short",
             (
                 Query(f"max(unitscale_scaler_desired_replicas{{{S}}})", "desired (scaler)"),
-                Query(f'sum(unitscale_replicas{{{D}, state="known"}})', "known (exporter)"),
-                Query(f'sum(unitscale_replicas{{{D}, state="up"}})', "answering (exporter)"),
+                Query(_sum(f'unitscale_replicas{{{D}, state="known"}}'), "known (exporter)"),
+                Query(_sum(f'unitscale_replicas{{{D}, state="up"}}'), "answering (exporter)"),
                 Query(f"sum(unitscale_gateway_replicas_ready{{{D}}})", "ready (gateway)"),
                 Query(f"sum(unitscale_gateway_replicas_sleeping{{{D}}})", "asleep (gateway)"),
             ),
@@ -98,8 +105,8 @@ def _demand_panels() -> tuple[Panel, ...]:
             "Where do requests wait: in the engines or in the gateway's buffer?",
             "short",
             (
-                Query(f"sum(unitscale_queue_depth{{{D}}})", "waiting in the engines"),
-                Query(f"sum(unitscale_requests_running{{{D}}})", "running in the engines"),
+                Query(_sum(f"unitscale_queue_depth{{{D}}}"), "waiting in the engines"),
+                Query(_sum(f"unitscale_requests_running{{{D}}}"), "running in the engines"),
                 Query(f"sum(unitscale_gateway_buffered{{{D}}})", "buffered at the gateway"),
                 Query(f"sum(unitscale_gateway_in_flight{{{D}}})", "in flight (gateway)"),
             ),
@@ -184,8 +191,9 @@ def _utilization() -> Panel:
         (
             Query(f"max(unitscale_kv_cache_usage{{{D}}})", "KV-cache use"),
             Query(
-                f"sum(unitscale_scaler_load_replicas{{{S}}})"
-                f' / sum(unitscale_replicas{{{D}, state="up"}})',
+                _sum(f"unitscale_scaler_load_replicas{{{S}}}")
+                + " / "
+                + _sum(f'unitscale_replicas{{{D}, state="up"}}'),
                 "load / answering replicas",
             ),
         ),
@@ -240,7 +248,7 @@ def _latency_row() -> Row:
                 "Preemptions",
                 "Is the KV cache so full that the engines evict running sequences?",
                 "reqps",
-                (Query(f'sum(unitscale_preemption_rate{{{D}, window="stable"}})', "preempted"),),
+                (Query(_sum(f'unitscale_preemption_rate{{{D}, window="stable"}}'), "preempted"),),
             ),
         ),
     )
@@ -254,11 +262,7 @@ def _cost_row() -> Row:
                 "Token throughput",
                 "How many tokens does the deployment process, prompt and generated?",
                 "count:tok/s",
-                (
-                    Query(
-                        f'sum by (kind) (unitscale_token_rate{{{D}, window="stable"}})', "{{kind}}"
-                    ),
-                ),
+                (Query(_sum(f'unitscale_token_rate{{{D}, window="stable"}}', "kind"), "{{kind}}"),),
             ),
             Panel(
                 "Request mix",
@@ -286,7 +290,7 @@ def _cost_row() -> Row:
                 "Spend per hour",
                 "What do the accelerators held cost per hour, traffic or none?",
                 "currencyUSD",
-                (Query(f"sum(unitscale_cost_per_hour{{{D}}})", "US$ per hour"),),
+                (Query(_sum(f"unitscale_cost_per_hour{{{D}}}"), "US$ per hour"),),
             ),
         ),
     )
@@ -326,7 +330,7 @@ def _decision_row() -> Row:
                 "short",
                 (
                     Query(
-                        f"sum(changes(unitscale_scaler_desired_replicas{{{S}}}[$__rate_interval]))",
+                        f"max(changes(unitscale_scaler_desired_replicas{{{S}}}[$__rate_interval]))",
                         "changes",
                     ),
                 ),
@@ -350,8 +354,10 @@ def _decision_row() -> Row:
 
 
 def _prewarm_row() -> Row:
-    def increase(metric: str, legend: str) -> Query:
-        return Query(f"sum(increase({metric}{{{S}}}[$__range]))", legend)
+    def increase(metric: str, legend: str, across: str = "sum") -> Query:
+        # Each scaler counts what it did (creates, refused writes): summed. A timeout is
+        # each scaler's view of the same warm-up: the most of them.
+        return Query(f"{across}(increase({metric}{{{S}}}[$__range]))", legend)
 
     return Row(
         PREWARM_ROW,
@@ -383,7 +389,7 @@ def _prewarm_row() -> Row:
                 "short",
                 (
                     increase("unitscale_scaler_prewarm_dataloads_created_total", "DataLoads"),
-                    increase("unitscale_scaler_prewarm_timeouts_total", "timed out"),
+                    increase("unitscale_scaler_prewarm_timeouts_total", "timed out", "max"),
                     increase("unitscale_scaler_prewarm_write_errors_total", "writes refused"),
                 ),
             ),

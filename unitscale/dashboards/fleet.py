@@ -14,6 +14,7 @@ from unitscale.dashboards.build import (
     Query,
     Row,
     label_variable,
+    one_copy,
     slo_variables,
     the_datasource,
 )
@@ -24,8 +25,22 @@ HOURS = "* $__interval_ms / 3600000"
 """A sum of samples taken every $__interval, in hours."""
 
 
+def _samples(selector: str) -> str:
+    """The sum of one copy's samples (``one_copy``) taken every $__interval in the range."""
+    return f"sum(sum_over_time(({one_copy(selector)})[$__range:$__interval]))"
+
+
 def _in_range(selector: str) -> str:
-    return f"sum(sum_over_time({selector}[$__range:$__interval])) {HOURS}"
+    return f"{_samples(selector)} {HOURS}"
+
+
+def _mean_over_range(selector: str) -> str:
+    """The sum over series of one copy's mean over the range."""
+    return f"sum(avg_over_time(({one_copy(selector)})[$__range:$__interval]))"
+
+
+def _sum_by(by: str, selector: str) -> str:
+    return f"sum by ({by}) ({one_copy(selector)})"
 
 
 def _attainment(metric: str, slo: str) -> str:
@@ -54,9 +69,7 @@ def fleet_board() -> Board:
 
 def _totals_row() -> Row:
     spend = _in_range(f"unitscale_cost_per_hour{{{N}}}")
-    tokens = (
-        f'sum(sum_over_time(unitscale_token_rate{{{N}, window="stable"}}[$__range:$__interval]))'
-    )
+    tokens = _samples(f'unitscale_token_rate{{{N}, window="stable"}}')
     return Row(
         "In the time range",
         (
@@ -83,8 +96,8 @@ def _totals_row() -> Row:
                 # Both integrate at the same step: the step cancels out.
                 (
                     Query(
-                        f"(sum(sum_over_time(unitscale_cost_per_hour{{{N}}}[$__range:$__interval]))"
-                        f" / 3600) / ({tokens} / 1e6)",
+                        f"({_samples(f'unitscale_cost_per_hour{{{N}}}')} / 3600)"
+                        f" / ({tokens} / 1e6)",
                         "US$ per 1M tokens",
                     ),
                 ),
@@ -97,8 +110,9 @@ def _totals_row() -> Row:
                 "percentunit",
                 (
                     Query(
-                        f"sum(avg_over_time(unitscale_scaler_load_replicas{{{N}}}[$__range]))"
-                        f' / sum(avg_over_time(unitscale_replicas{{{N}, state="up"}}[$__range]))',
+                        _mean_over_range(f"unitscale_scaler_load_replicas{{{N}}}")
+                        + " / "
+                        + _mean_over_range(f'unitscale_replicas{{{N}, state="up"}}'),
                         "load / answering replicas",
                     ),
                 ),
@@ -117,13 +131,13 @@ def _cost_row() -> Row:
                 "Accelerators held",
                 "Which deployments hold the accelerators now?",
                 "short",
-                (Query(f"sum by ({BY}) (unitscale_accelerators{{{N}}})", "{{deployment}}"),),
+                (Query(_sum_by(BY, f"unitscale_accelerators{{{N}}}"), "{{deployment}}"),),
             ),
             Panel(
                 "Spend per hour",
                 "Which deployments cost the most per hour?",
                 "currencyUSD",
-                (Query(f"sum by ({BY}) (unitscale_cost_per_hour{{{N}}})", "{{deployment}}"),),
+                (Query(_sum_by(BY, f"unitscale_cost_per_hour{{{N}}}"), "{{deployment}}"),),
             ),
             Panel(
                 "Cost per 1M tokens",
@@ -146,8 +160,9 @@ def _cost_row() -> Row:
                         "KV cache {{deployment}}",
                     ),
                     Query(
-                        f"sum by (namespace) (unitscale_scaler_load_replicas{{{N}}})"
-                        f' / sum by (namespace) (unitscale_replicas{{{N}, state="up"}})',
+                        _sum_by("namespace", f"unitscale_scaler_load_replicas{{{N}}}")
+                        + " / "
+                        + _sum_by("namespace", f'unitscale_replicas{{{N}, state="up"}}'),
                         "load / answering {{namespace}}",
                     ),
                 ),
@@ -203,11 +218,11 @@ def _health_row() -> Row:
                 "short",
                 (
                     Query(
-                        f'sum by ({BY}) (unitscale_replicas{{{N}, state="known"}})',
+                        _sum_by(BY, f'unitscale_replicas{{{N}, state="known"}}'),
                         "known {{deployment}}",
                     ),
                     Query(
-                        f'sum by ({BY}) (unitscale_replicas{{{N}, state="up"}})',
+                        _sum_by(BY, f'unitscale_replicas{{{N}, state="up"}}'),
                         "answering {{deployment}}",
                     ),
                 ),
