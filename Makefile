@@ -77,6 +77,7 @@ bench: install
 	$(BIN)/python bench/replay_quality.py
 	$(BIN)/python bench/k8s_control_plane.py
 	$(BIN)/python bench/admission.py
+	$(BIN)/python bench/keda_e2e.py
 	$(BIN)/python bench/soak.py
 
 clean:
