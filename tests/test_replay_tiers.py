@@ -167,12 +167,32 @@ def test_unitscale_replay_compares_the_tiers(tmp_path: Path) -> None:
     assert "wakes in 1.6 s" in report
 
 
-def test_a_negative_sleeper_count_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        pytest.param(
+            ["--max-sleeping", "-1"],
+            "--max-sleeping -1: must not be negative",
+            id="a negative sleeper count is refused",
+        ),
+        pytest.param(
+            ["--idle-grace", "-5"],
+            "--idle-grace -5: must be 0 to 86,400 seconds",
+            id="a negative idle grace is refused",
+        ),
+        pytest.param(
+            ["--policy", "kpa"],
+            "--compare-tiers runs the unitscale policy in every row",
+            id="another policy is refused, not silently replaced",
+        ),
+    ],
+)
+def test_compare_tiers_refuses_bad_flags(tmp_path: Path, flags: list[str], message: str) -> None:
     command = [sys.executable, "-m", "unitscale.cli", "replay", "--trace", "builtin:business-day"]
-    flags = ["--compare-tiers", "--max-sleeping", "-1", "--report", str(tmp_path)]
-    result = subprocess.run([*command, *flags], capture_output=True, text=True, timeout=120)
+    extra = ["--compare-tiers", *flags, "--report", str(tmp_path)]
+    result = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
-    assert "--max-sleeping -1: must not be negative" in result.stderr
+    assert message in result.stderr
 
 
 def test_a_forecast_return_finds_a_sleeper_started_ahead_of_it() -> None:

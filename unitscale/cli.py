@@ -596,6 +596,8 @@ def _standby(args: argparse.Namespace) -> StandbyPolicy:
     """The standby plan's knobs for ``--compare-tiers``."""
     from scaler.core.tiers import StandbyPolicy
 
+    if args.policy != "all":
+        raise ConfigError("--compare-tiers runs the unitscale policy in every row: drop --policy")
     if args.max_sleeping < 0:
         raise ConfigError(f"--max-sleeping {args.max_sleeping}: must not be negative")
     if args.idle_grace is not None and not 0 <= args.idle_grace <= 86_400:
