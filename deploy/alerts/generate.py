@@ -123,7 +123,9 @@ def signal_rules(s: Settings) -> dict[str, Any]:
             _alert(
                 s,
                 "UnitscaleSignalsStale",
-                f"max by (namespace, deployment, model) (unitscale_signal_age_seconds) > {age}",
+                # min: the scaler keeps the newest signals of any exporter (the ha overlay
+                # runs two), so they are stale only when every exporter's are.
+                f"min by (namespace, deployment, model) (unitscale_signal_age_seconds) > {age}",
                 "2m",
                 {"severity": "warning", "component": "exporter"},
                 "Signals of {{ $labels.namespace }}/{{ $labels.deployment }} are stale",
