@@ -87,8 +87,14 @@ CASES = [
     pytest.param(
         served(2, replicas_known=3, gateway_arrival_rate=2 * RPS, queue_depth=1000.0),
         DecisionState(desired=3, demand_history=STEADY),
+        3,
+        id="a-backlog-the-spare-replica-drains-before-a-cold-start-asks-for-nothing",
+    ),
+    pytest.param(
+        served(2, replicas_known=3, gateway_arrival_rate=2 * RPS, queue_depth=2400.0),
+        DecisionState(desired=3, demand_history=STEADY),
         4,
-        id="a-backlog-the-spare-replica-cannot-drain-in-time-asks-for-one-more",
+        id="a-backlog-that-outlasts-a-cold-start-asks-for-one-more",
     ),
     pytest.param(
         served(2, replicas_known=3),

@@ -359,19 +359,23 @@ def _backlog_extra(
     """Replicas beyond the load a backlog needs: only what the ready ones cannot drain.
 
     The backlog (queued at the engines and buffered at the gateway) is work, in
-    replica-seconds; the ready replicas' spare capacity drains it. Every request that
-    arrives behind it waits for it, so a backlog the spare capacity would not drain
-    within ``backlog_drain_seconds`` asks for the replicas that would: work over the
-    drain time, less the spare. Replicas started now serve only after a cold start, but
-    a backlog that outlasts it is drained sooner (the replay's startup backlog on the
-    Azure conversation trace: 97.6% SLO with a 60 s drain, 98.1% with 20 s, same cost).
+    replica-seconds; the ready replicas' spare capacity drains it. Replicas started now
+    serve only after a cold start (``forecast_horizon_seconds``), so what the spare
+    drains by then asks for none: more cold replicas cannot drain it sooner (the
+    demo's return from zero bought 7 replicas for a backlog its first two drained in
+    well under a cold start). What is left then asks for the replicas that drain it
+    within ``backlog_drain_seconds``: that work over the drain time, less the spare (the
+    replay's startup backlog on the Azure conversation trace: 97.6% SLO with a 60 s
+    drain, 98.1% with 20 s, same cost).
     """
     backlog = (o.queue_depth or 0.0) + (o.gateway_buffered or 0.0)
     if backlog <= 0 or not rates.requests_per_second or load is None:
         return 0.0
-    work = backlog / rates.requests_per_second
     spare = max(ready - load, 0.0)
-    return max(work / max(p.backlog_drain_seconds, 1.0) - spare, 0.0)
+    left = backlog / rates.requests_per_second - spare * p.forecast_horizon_seconds
+    if left <= 0:
+        return 0.0
+    return max(left / max(p.backlog_drain_seconds, 1.0) - spare, 0.0)
 
 
 def _forecast_load(
