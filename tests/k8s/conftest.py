@@ -7,7 +7,7 @@
 - ``namespace``: a fresh namespace per test (nothing deletes namespaces here).
 - ``kueue`` (session, only when asked for): Kueue's CRDs from its Go module, and the
   Kueue controller-manager; ``kueue_crds``: the CRDs alone.
-- ``keda`` (session, only when asked for): KEDA's CRDs, operator and metrics server
+- ``keda`` (module, only when asked for): KEDA's CRDs, operator and metrics server
   (the external metrics APIService) and kube-controller-manager's HPA.
 - ``admission_crd`` (session): our CapacityCheckParameters CRD
   (``deploy/admission/crd.yaml``).
@@ -125,12 +125,13 @@ def keda_crds(control_plane: ControlPlane) -> list[str]:
     return control_plane.apply_crds(crd_files(module, version, "config/crd/bases"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def keda(
     control_plane: ControlPlane, keda_crds: list[str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Keda]:
     """KEDA's operator and metrics server and kube-controller-manager (HPA, Deployment,
-    ReplicaSet controllers), started only for the tests that ask for them."""
+    ReplicaSet controllers), started only for the tests that ask for them, and stopped
+    after their module: other tests never meet controllers acting on their objects."""
     try:
         binaries(("kube-controller-manager", "keda-operator", "keda-adapter"))
     except UnavailableError as err:

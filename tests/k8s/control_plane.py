@@ -583,7 +583,7 @@ class Keda:
         ]
 
     def _register_metrics_server(self, certs: Path) -> None:
-        self.plane.ensure(
+        self._replace(
             f"/api/v1/namespaces/{KEDA_NAMESPACE}/services",
             {
                 "metadata": {"name": METRICS_SERVICE},
@@ -595,7 +595,7 @@ class Keda:
             },
         )
         ca_bundle = base64.b64encode((certs / "ca.crt").read_bytes()).decode()
-        self.plane.ensure(
+        self._replace(
             "/apis/apiregistration.k8s.io/v1/apiservices",
             {
                 "metadata": {"name": EXTERNAL_METRICS_APISERVICE},
@@ -613,6 +613,15 @@ class Keda:
                 },
             },
         )
+
+    def _replace(self, collection: str, body: dict[str, Any]) -> None:
+        """Create ``body``, replacing an object of that name (an earlier stack's ports)."""
+        try:
+            self.plane.request("DELETE", f"{collection}/{body['metadata']['name']}")
+        except ApiError as err:
+            if err.code != 404:
+                raise
+        self.plane.request("POST", collection, body)
 
     def _metrics_api_available(self) -> bool:
         for process in self.processes.values():
