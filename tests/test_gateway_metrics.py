@@ -91,14 +91,18 @@ def test_the_replica_gauges_are_absent_until_a_health_round_not_zero():
 
 def literal_arguments(method: str, position: int) -> set[object]:
     """Argument ``position`` of each ``self.<method>(...)`` in serving/gateway.py, if a literal."""
-    return {
-        node.args[position].value
-        for node in ast.walk(ast.parse(GATEWAY.read_text()))
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == method
-        and isinstance(node.args[position], ast.Constant)
-    }
+    found: set[object] = set()
+    for node in ast.walk(ast.parse(GATEWAY.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == method
+            and len(node.args) > position
+        ):
+            argument = node.args[position]
+            if isinstance(argument, ast.Constant):
+                found.add(argument.value)
+    return found
 
 
 @pytest.mark.parametrize(
