@@ -124,7 +124,7 @@ class KedaController:
             answer = self.trigger.answer(view)
             if answer.active:
                 actuator.scale_to(max(spec.min_replicas, 1), "push: " + answer.reason)
-                self.state = LoopState(now, self.state.recommendations)
+                self.state = self.state.activated(now)
         if now >= self.next_poll:
             self.next_poll += spec.polling_interval
             answer = self.trigger.answer(view)

@@ -83,6 +83,13 @@ class LoopState:
     failures: int = 0
     """Consecutive failed calls to the scaler (KEDA's fallback counter)."""
 
+    def activated(self, now: float) -> LoopState:
+        """The state after a push activation: active now, the failure count kept.
+
+        A push does not touch KEDA's fallback health.
+        """
+        return replace(self, last_active=now)
+
 
 def with_fallback(
     replicas: int, answer: Answer, state: LoopState, spec: ScalingSpec

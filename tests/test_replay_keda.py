@@ -157,3 +157,8 @@ def test_the_shipped_scaled_objects_fallback_is_read(trigger_type):
     ]
     spec = read_scaled_object(doc).spec
     assert (spec.fallback_replicas, spec.failure_threshold) == (2, 3)
+
+
+def test_a_push_activation_keeps_the_failure_count():
+    state = LoopState(failures=3).activated(42.0)
+    assert (state.last_active, state.failures) == (42.0, 3)

@@ -98,7 +98,7 @@ class KedaLoop:
                     if not response.result:
                         continue
                     now = self.clock()
-                    self.state = LoopState(now, self.state.recommendations)
+                    self.state = self.state.activated(now)
                     before = self.replicas()
                     if before == 0:
                         after = max(self.spec.min_replicas, 1)
