@@ -113,6 +113,10 @@ def test_external_the_deployment_follows_the_decision_up_and_down(
     # plain 11 would leave it at 10, below the decision.
     source.set(namespace, NAME, Load(running=176, replicas_up=10))
     follow(control_plane, namespace, 12, "11 wanted within the tolerance: 12")
+    # Down within the tolerance: 11 of 12 (0.917) would leave the HPA at 12; the scaler
+    # reports 12 x 0.9 - 0.002 = 10.798 and the HPA lands on 11.
+    source.set(namespace, NAME, Load(running=176, replicas_up=12))
+    follow(control_plane, namespace, 11, "11 wanted at 12, within the tolerance: 11")
 
     status = eventually(
         lambda: (hpa(control_plane, namespace) or {}).get("status", {}).get("currentMetrics"),
