@@ -7,6 +7,7 @@ Prometheus scraping the same replicas (PromQL, ``prometheus-source``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler.config import ScalerConfig
 from scaler.server import ScalerServer
 from tests.conftest import ref
-from tests.fake_engines import FakeReplicaServer
+from tests.fake_engines import FakeReplicaServer, FakeVllm
 from tests.prometheus_stack import PROMETHEUS
 from tests.test_prometheus_source import prometheus_over, source_config
 
@@ -101,6 +102,39 @@ async def replicas_and_source(
             await server.stop()
 
 
+async def decode_steadily(replica: FakeVllm, tokens_per_second: float) -> None:
+    """Generation tokens at a steady rate, by the clock, however late the ticks come.
+
+    Once token rates are known they are the load (``decide``), so a test that wants a
+    replica count must give both sources the same throughput, not in-flight alone.
+    """
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+    while True:
+        await asyncio.sleep(0.1)
+        now = loop.time()
+        output = round(tokens_per_second * (now - last))
+        if output > 1:
+            replica.finish(1, 1, output, ttft=0.05, itl=0.01, e2e=1.0)
+            last = now
+
+
+@contextlib.asynccontextmanager
+async def decoding(
+    replicas: list[FakeReplicaServer], tokens_per_second: float
+) -> AsyncIterator[None]:
+    tasks = [
+        asyncio.create_task(decode_steadily(r.replicas[0], tokens_per_second)) for r in replicas
+    ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 async def desired_when_answered(
     stub: keda_grpc.ExternalScalerStub, request: keda.GetMetricsRequest, expected: int
 ) -> None:
@@ -121,14 +155,19 @@ async def test_keda_sees_the_replicas_load_through_the_source_and_scaler(replica
     replicas[1].replicas[0].set_load(running=16, waiting=0, kv=0.5)
     scaler = ScalerServer(ScalerConfig.model_validate(source.config))
     port = await scaler.start()
+    # 48 in flight / 16 per replica = 3 until token rates are known; then 2 x 8,100
+    # output tokens/s over 6,000 per replica = 2.7: 3 again, whichever comes first.
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with (
+            decoding(replicas, 8_100),
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):
             stub = keda_grpc.ExternalScalerStub(channel)
             request = keda.GetMetricsRequest(
                 scaledObjectRef=ref(targetConcurrency="16"),
                 metricName="s0-unitscale-desired-replicas",
             )
-            await desired_when_answered(stub, request, 3)  # 48 in flight / 16 per replica
+            await desired_when_answered(stub, request, 3)
             assert (await stub.IsActive(ref())).result is True
     finally:
         await scaler.stop(grace=0)
@@ -141,8 +180,11 @@ async def test_the_source_gone_is_unavailable_once_its_signals_age(replicas_and_
     config = ScalerConfig.model_validate({**source.config, "max-signal-age": "2s"})
     scaler = ScalerServer(config)
     port = await scaler.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    try:  # 16 in flight / 8 per replica = 2; 2 x 5,100 tokens/s / 6,000 = 1.7: 2 too
+        async with (
+            decoding(replicas, 5_100),
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):
             stub = keda_grpc.ExternalScalerStub(channel)
             request = keda.GetMetricsRequest(
                 scaledObjectRef=ref(targetConcurrency="8"),
