@@ -80,19 +80,19 @@ CASES = [
     ),
     pytest.param(
         served(2, replicas_known=3, gateway_arrival_rate=2 * RPS, queue_depth=300.0),
-        DecisionState(desired=3, demand_history=STEADY),
+        DecisionState(desired=3, demand_history=STEADY, mix=(PROMPT, OUTPUT)),
         3,
         id="a-backlog-the-spare-replica-drains-in-time-asks-for-nothing",
     ),
     pytest.param(
         served(2, replicas_known=3, gateway_arrival_rate=2 * RPS, queue_depth=1000.0),
-        DecisionState(desired=3, demand_history=STEADY),
+        DecisionState(desired=3, demand_history=STEADY, mix=(PROMPT, OUTPUT)),
         3,
         id="a-backlog-the-spare-replica-drains-before-a-cold-start-asks-for-nothing",
     ),
     pytest.param(
         served(2, replicas_known=3, gateway_arrival_rate=2 * RPS, queue_depth=2400.0),
-        DecisionState(desired=3, demand_history=STEADY),
+        DecisionState(desired=3, demand_history=STEADY, mix=(PROMPT, OUTPUT)),
         4,
         id="a-backlog-that-outlasts-a-cold-start-asks-for-one-more",
     ),
@@ -154,6 +154,22 @@ def test_the_mix_is_remembered_when_a_window_has_no_finished_request():
     later = decide(quiet, POLICY, first.state)
     assert later.state.mix == first.state.mix
     assert later.desired_replicas >= 3
+
+
+def test_a_draining_backlog_shows_a_mix_the_last_known_one_stands_for():
+    """The requests that finish first out of a backlog are the short ones: not the mix."""
+    first = decide(
+        served(2, replicas_known=3, gateway_arrival_rate=2 * RPS), POLICY, DecisionState()
+    )
+    draining = served(
+        2, replicas_known=3, gateway_arrival_rate=2 * RPS, queue_depth=40.0,
+        mean_prompt_tokens=12_000.0, mean_output_tokens=20.0,
+    )  # fmt: skip
+    later = decide(draining, POLICY, first.state)
+    assert later.state.mix == first.state.mix
+    assert later.desired_replicas == 3  # two of demand at 90%, the queue drained in time
+    at_start = decide(draining, POLICY, DecisionState(desired=3))
+    assert at_start.state.mix is None and "load unknown" in at_start.reason
 
 
 def test_the_demand_history_is_kept_for_the_risk_lookback_only():
