@@ -86,8 +86,8 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     # (short outputs; prompts counted long before their requests end): not the
     # traffic's mix. The last one known holds until it drains; at the first, none.
     draining = (o.queue_depth or 0.0) > max(ready, 1)
-    seen = None if draining else observed_mix(o)
-    mix = seen or (Mix(*previous.mix) if previous.mix else None)
+    shown = None if draining else observed_mix(o)
+    mix = shown or (Mix(*previous.mix) if previous.mix else None)
     profile, step_fit, step_scale = profile_of(p), previous.step_fit, math.nan
     if profile is not None:
         # The profile is the capacity, its step times fitted to the replicas' own.
