@@ -883,6 +883,7 @@ def real_vllm(tmp_path_factory):
 
 @needs_prometheus
 @pytest.mark.vllm
+@pytest.mark.timeout(600)  # vLLM's start on two busy cores (the fixture's), then seconds
 async def test_the_prometheus_source_reads_a_real_vllm(real_vllm, tmp_path):
     address = real_vllm.url.removeprefix("http://")
     labels = pod_labels([address], namespace="test", deployment="tiny")
