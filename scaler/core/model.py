@@ -81,7 +81,7 @@ class Policy:
     forecast_lookback_seconds: float = 120.0
     idle_grace_seconds: float = 120.0
     """No request at all for this long before scaling to zero."""
-    seasonal_floor: bool = False
+    seasonal_floor: bool = True
     """At zero, start the replicas a confident seasonal forecast (``scaler.core.predictive``)
     expects one ``forecast_horizon_seconds`` before the traffic's expected return."""
     seasonal_prewarm_lead_seconds: float = 300.0
