@@ -260,3 +260,34 @@ def test_the_config_keys() -> None:
     assert (policy.seasonal_utc_offset_hours, policy.seasonal_day_seconds) == (5.5, 3600.0)
     with pytest.raises(ConfigError, match="seasonal-utc-offset-hours"):
         parse_config("policy: {seasonal-utc-offset-hours: -15}")
+
+
+def test_the_forecast_prewarms_the_fluid_cache_before_the_first_request(
+    two_days: DecisionState,
+) -> None:
+    # the decision 4 minutes before Wednesday's return, as the prewarm shell reads it
+    from tests.test_prewarm_plan import KEY, SPEC, dataset, view
+
+    state, track = two_days, plan.Track(idle_since=MONDAY + DAY + 17 * HOUR)
+    made = None
+    for t in range(int(WEDNESDAY), int(WEDNESDAY + 9 * HOUR - 240), int(STEP)):
+        decision = decide(seen(float(t), 0), NO_FLOOR, state)
+        state = decision.state
+        forecast = (decision.inputs.get(plan.PREWARM_FORECAST) or 0.0) > 0
+        made = plan.plan(
+            KEY,
+            SPEC,
+            track,
+            active=decision.active,
+            desired=decision.desired_replicas,
+            fluid=view(dataset("0.0%")),
+            now=float(t),
+            forecast=forecast,
+        )
+        track = made.track
+        if made.create is not None:
+            break
+    assert made is not None and made.create is not None, made and made.reason
+    # created within the prewarm lead (5 min) of the 09:00 return, not earlier
+    assert WEDNESDAY + 9 * HOUR - 300 <= t < WEDNESDAY + 9 * HOUR
+    assert made.track.wait_for == "forecast return of traffic"
