@@ -168,17 +168,25 @@ def compare_tiers(
     standby: StandbyPolicy | None = None,
     progress: Callable[[str, float], None] | None = None,
     metadata: Mapping[str, str] | None = None,
+    base: Unitscale | None = None,
 ) -> dict[str, Result]:
     """The unitscale policy over ``trace`` once per ``TIERS`` row (``tier_configs``).
 
     Every row starts with one replica ready (none without ``options.warm_start``) and
     the trigger ``metadata`` given; the rows differ only in what the fleet holds besides
     its running replicas, so the after-idle TTFT, SLO and cost columns compare the tiers.
+    ``base`` is the unitscale policy every row runs (its metadata, policy defaults, push
+    and ScaledObject spec; the demo's own), else ``make_policy``'s for ``options``.
     """
     results: dict[str, Result] = {}
     initial = 1 if options.warm_start else 0
     for name, (row, extra) in tier_configs(config, standby or StandbyPolicy()).items():
-        policy = make_policy("unitscale", row, options, metadata={**(metadata or {}), **extra})
+        knobs = {**(metadata or {}), **extra}
+        policy = (
+            make_policy("unitscale", row, options, metadata=knobs)
+            if base is None
+            else replace(base, metadata={**base.metadata, **knobs})  # a fresh scaler per row
+        )
         callback = (lambda t, n=name: progress(n, t)) if progress else None
         results[name] = simulate(trace, policy, row, progress=callback, initial_replicas=initial)
     return results

@@ -24,6 +24,7 @@ from scaler.core.capacity import profile_of
 from unitscale.demo.fleet import Replica, held_seconds
 from unitscale.demo.load import Outcome
 from unitscale.demo.observe import Sample
+from unitscale.demo.tiers import tier_results, tier_section
 from unitscale.demo.world import Plan
 
 if TYPE_CHECKING:
@@ -120,10 +121,12 @@ def write_report(
     trace_name: str,
     command: str,
     alternatives: Mapping[str, Result] | None = None,
+    tiers: Mapping[str, Result] | None = None,
 ) -> dict[str, dict[str, float | int]]:
     """``report.md``, ``results.json`` and three PNGs in ``out``; returns both metric sets.
 
-    ``alternatives`` are replay-only what-ifs on the same trace, listed after the run.
+    ``alternatives`` are replay-only what-ifs on the same trace, listed after the run;
+    ``tiers`` the warm-tier rows (``unitscale.demo.tiers.compare_plan_tiers``) after them.
     """
     out.mkdir(parents=True, exist_ok=True)
     live = live_metrics(run, plan)
@@ -135,10 +138,11 @@ def write_report(
         *_comparison(live, predicted),
         *_figures(live),
         *_alternatives(predicted, alternatives or {}),
+        *tier_section(plan, tiers or {}),
         *_decisions(run),
     ]
     (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
-    _write_results(out / "results.json", plan, run, live, predicted)
+    _write_results(out / "results.json", plan, run, live, predicted, tiers or {})
     return {"live": live, "predicted": predicted}
 
 
@@ -240,13 +244,15 @@ def _write_results(
     run: LiveRun,
     live: dict[str, float | int],
     predicted: dict[str, float | int],
+    tiers: Mapping[str, Result],
 ) -> None:
-    """``results.json``: both metric sets, as JSON numbers."""
+    """``results.json``: both metric sets and the warm tiers' rows, as JSON numbers."""
     path.write_text(
         json.dumps(
             {
                 "live": {k: json_number(v) for k, v in live.items()},
                 "predicted": {k: json_number(v) for k, v in predicted.items()},
+                "tiers": tier_results(tiers),
                 "compression": plan.compression,
                 "interrupted": run.interrupted,
             },

@@ -29,6 +29,7 @@ from unitscale.demo.load import LoadGenerator, clip, wall_trace
 from unitscale.demo.observe import ReasonTail, Sampler
 from unitscale.demo.processes import ComponentError, Supervisor, unitscale_command
 from unitscale.demo.report import LiveRun, headline, write_report
+from unitscale.demo.tiers import compare_plan_tiers
 from unitscale.demo.view import View
 from unitscale.demo.workload import WorkloadShape, generate
 from unitscale.demo.world import (
@@ -222,7 +223,8 @@ def _predict_and_report(options: DemoOptions, plan: Plan, trace: Trace, live: Li
         for name, (policy, config) in alternatives(plan).items()
     }
     out = options.report
-    metrics = write_report(out, plan, live, predicted, trace.name, options.command, others)
+    tiers = compare_plan_tiers(plan, trace)  # cold vs cache-warm vs sleeping, simulated
+    metrics = write_report(out, plan, live, predicted, trace.name, options.command, others, tiers)
     print(headline(metrics["live"], metrics["predicted"]))
     print(f"report: {out / 'report.md'}")
 
