@@ -6,7 +6,8 @@ by what is learned online), or requests in flight over the per-replica concurren
 target, whichever is larger. Then, in order:
 
 1. **Activity.** Any arrival, buffered or in-flight request means active; after
-   ``idle_grace_seconds`` of none at all, 0 replicas and inactive.
+   ``idle_grace_seconds`` of none at all, 0 replicas and inactive, unless the seasonal
+   forecast expects traffic back within one horizon (``scaler.core.predictive``).
 2. **Stable need** = load over the stable window / ``target_utilization``; with the
    **forecast** (linear trend over the lookback, ``forecast_horizon_seconds`` ahead,
    about one cold start) when it is higher.
