@@ -469,7 +469,9 @@ def test_a_short_demo_runs_end_to_end_reports_and_leaves_no_process(tmp_path: Pa
     text = (report / "report.md").read_text()
     assert "| cost per 1M tokens (US$) |" in text and "**Headline:**" in text
     assert "always on: 8 replicas" in text and "Fluid prewarm" in text
+    assert "## What the replay predicts from each warm tier" in text
     results = json.loads((report / "results.json").read_text())
+    assert list(results["tiers"]) == ["cold", "cache-warm", "sleeping", "always-on-1"]
     live, predicted = results["live"], results["predicted"]
     assert live["requests"] == predicted["requests"] > 0
     assert live["served"] > 0 and live["gpu_hours"] > 0 and live["cold_starts"] >= 1
