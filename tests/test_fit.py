@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from scaler.core.capacity import launched
@@ -49,6 +49,7 @@ def window(
         "requests_running": batch * replicas,
         "requests_running_mean": batch * replicas,
         "generation_token_rate": batch * replicas / per_token * noise,
+        "generation_token_rate_panic": batch * replicas / per_token * noise,
         "prompt_token_rate": requests_per_replica * prompt * replicas,
         "mean_prompt_tokens": prompt,
         "mean_output_tokens": output,
@@ -116,6 +117,8 @@ def test_noise_moves_the_fit_little():
         pytest.param({"generation_token_rate": None}, id="no token rate: left out"),
         pytest.param({"mean_prompt_tokens": None}, id="no mix: left out"),
         pytest.param({"batch": 2.0}, id="two sequences per replica are too few to measure"),
+        pytest.param({"requests_running": 1000.0}, id="a burst running now: left out"),
+        pytest.param({"generation_token_rate_panic": 1.0}, id="a short window far off: left out"),
     ],
 )
 def test_windows_that_do_not_measure_a_step_never_move_the_fit(overrides):
@@ -173,6 +176,7 @@ def test_any_signals_keep_the_scale_within_its_bounds(steps):
 @settings(max_examples=50, deadline=None)
 @given(st.floats(0.5, 2.0), st.integers(1, 64), st.floats(4, 200))
 def test_any_true_scale_is_found_at_any_operating_point(true_scale, replicas, batch):
+    assume(not 0.09 < abs(true_scale - 1.0) < 0.11)  # at the dead band's edge, either
     fit = run(windows(true_scale, MIN_EVIDENCE_SECONDS * 2, replicas=replicas, batch=batch))
     expected = 1.0 if abs(true_scale - 1.0) < 0.1 else true_scale
     assert fit.scale() == pytest.approx(expected, rel=0.02, abs=0.1)

@@ -1,6 +1,6 @@
 """End to end: the scaler's profile fit in the replay, against a fleet slower than its profile.
 
-The replay's fleet runs ``overhead`` times slower than the llama3-8b-h200 profile the
+The replay's fleet runs 1.9 times slower than the llama3-8b-h200 profile the
 scaler plans with (another engine build, a throttled accelerator): planned on the
 profile as it is, the fleet is too small and misses the SLO; with the fit
 (``policy.profile-fit``, the default) the scaler learns the slowdown from the exporter's
@@ -48,13 +48,13 @@ def trace() -> Trace:
 
 
 def test_the_fit_recovers_the_slo_of_a_fleet_slower_than_its_profile(trace):
-    without, fitted = replay(trace, 1.7, fit=False), replay(trace, 1.7, fit=True)
+    without, fitted = replay(trace, 1.9, fit=False), replay(trace, 1.9, fit=True)
     late = trace.arrival >= SECONDS / 3  # after the fit's first two stable windows
-    assert without.met[late].mean() < 0.95  # measured 0.855
-    assert fitted.met[late].mean() >= 0.99  # measured 1.000
+    assert without.met[late].mean() < 0.95  # measured 0.873
+    assert fitted.met[late].mean() >= 0.99  # measured 0.995
     assert fitted.metrics["gpu_hours"] > without.metrics["gpu_hours"]
     reasons = [reason for _, _, reason in fitted.decisions]
-    assert any("profile steps x1.7" in r or "profile steps x1.8" in r for r in reasons), reasons
+    assert any("profile steps x1.9" in r for r in reasons), reasons
 
 
 def test_a_fleet_that_runs_its_profile_is_planned_as_without_the_fit(trace):

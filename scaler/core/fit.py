@@ -23,7 +23,8 @@ Only windows that measure the step are used (``_unmeasurable`` says why one is n
 every signal known, a fleet that has kept its size for a whole stable window, at
 least ``MIN_BATCH`` sequences per replica, no backlog (prompts being prefilled are not
 yet in the token counters, and a queue's steps are not the steady state the profile
-predicts), the KV cache below ``MAX_KV_USAGE`` (vLLM preempts when it fills).
+predicts), a steady load (``_steady``), the KV cache below ``MAX_KV_USAGE`` (vLLM
+preempts when it fills).
 
 Bounds, and why:
 
@@ -73,6 +74,9 @@ DEADBAND = 0.1
 BOUNDS = (0.5, 2.0)
 """The step-time scale never leaves these: beyond, the profile is the wrong one."""
 POINT_CLIP = 4.0
+STEADY_BAND = 0.25
+"""The window is steady when the running requests now and the short window's token rate
+are within 25% of the stable window's means."""
 """One window's ratio is clipped to 1/4..4 times the profile before it enters the fit."""
 
 
@@ -171,9 +175,28 @@ def unmeasurable(o: Observation, settled_for: float) -> str | None:
         return "too few sequences to measure"
     if o.queue_depth > o.replicas_up:
         return "a backlog"
+    if not _steady(o):
+        return "the load moved within the window"
     if (o.kv_cache_usage or 0.0) >= MAX_KV_USAGE:
         return "the KV cache is nearly full"
     return None
+
+
+def _steady(o: Observation) -> bool:
+    """Running now and the short window's token rate near the stable window's means.
+
+    Little's law holds for any window, but the profile's prediction is at the mean batch:
+    in a window that holds a burst, the batch is high exactly while the steps are long
+    (prefill-heavy), and the mean of their product is not the product of their means (on
+    Azure's on/off code trace that read a fleet 1.5x slow as 2.9x).
+    """
+    mean, tokens = o.requests_running_mean, o.generation_token_rate
+    if mean is None or tokens is None or mean <= 0 or tokens <= 0:
+        return False
+    now, short = o.requests_running, o.generation_token_rate_panic
+    if now is None or short is None:
+        return False
+    return abs(now / mean - 1.0) <= STEADY_BAND and abs(short / tokens - 1.0) <= STEADY_BAND
 
 
 def _pair(o: Observation, profile: Profile) -> tuple[float, float] | None:
