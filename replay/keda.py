@@ -151,13 +151,12 @@ def hpa_sync(
     answer, state = with_fallback(replicas, answer, state, spec)
     if answer.value is None:
         return replicas, state
-    value = milli(max(0.0, answer.value))  # KEDA clamps negatives (v2.20.2)
-    ratio = value / (answer.target * replicas)
-    wanted = (
-        replicas
-        if within_tolerance(ratio, spec.tolerance)
-        else math.ceil(value / answer.target - 1e-9)
-    )
+    # The HPA divides integer milli-values (Quantity.MilliValue): 11700 / 13000 is 0.9
+    # exactly, where 11.7 / 13 is just below it. KEDA clamps negatives (v2.20.2).
+    usage = round(milli(max(0.0, answer.value)) * 1000)
+    target = round(answer.target * 1000)
+    ratio = usage / (target * replicas)
+    wanted = replicas if within_tolerance(ratio, spec.tolerance) else math.ceil(usage / target)
     wanted = min(max(wanted, max(spec.min_replicas, 1)), spec.max_replicas)
     window = tuple(
         (t, r) for t, r in state.recommendations if now - t < spec.scale_down_stabilization

@@ -83,6 +83,20 @@ def test_the_hpa_reads_the_value_in_milli_units(replicas, value, expected):
     assert hpa_sync(replicas, Answer(value, 1.0, True), LoopState(), 0.0, spec)[0] == expected
 
 
+@pytest.mark.parametrize(
+    ("replicas", "value", "expected"),
+    [
+        pytest.param(13, 11.7, 13, id="11700m over 13 x 1000m is exactly 0.9: within, kept"),
+        pytest.param(21, 18.9, 21, id="18900m over 21 x 1000m is exactly 0.9: within, kept"),
+        pytest.param(13, 11.699, 12, id="one milli-unit below the bound: beyond, ceil is 12"),
+    ],
+)
+def test_the_tolerance_is_checked_on_milli_units_as_the_hpa_does(replicas, value, expected):
+    """The HPA divides integer milli-values (11700 / 13000 is 0.9); 11.7 / 13 is not."""
+    spec = ScalingSpec(max_replicas=40, scale_down_stabilization=0.0)
+    assert hpa_sync(replicas, Answer(value, 1.0, True), LoopState(), 0.0, spec)[0] == expected
+
+
 FALLBACK = ScalingSpec(max_replicas=20, fallback_replicas=2, failure_threshold=3)
 FAILED = Answer(None, 1.0, None, "UNAVAILABLE")
 
