@@ -7,7 +7,7 @@ import math
 import pytest
 
 from replay.keda import Answer, LoopState, ScalingSpec, hpa_sync
-from scaler.core.hpa import metric_for
+from scaler.core.hpa import metric_for, within_tolerance
 
 SPEC = ScalingSpec(max_replicas=1000, scale_up_pods=1000, scale_down_stabilization=0)
 
@@ -33,6 +33,24 @@ def hpa(current, value):
 )
 def test_the_hpa_lands_where_decide_wants(current, desired, lands):
     assert hpa(current, metric_for(desired, current)) == lands
+
+
+@pytest.mark.parametrize(
+    ("usage", "target", "replicas", "within"),
+    [
+        pytest.param(11000, 1000, 10, True, id="11 at 10 is within: the upper bound is inclusive"),
+        pytest.param(9000, 1000, 10, True, id="9 at 10 is within: the lower bound is inclusive"),
+        pytest.param(11700, 1000, 13, True, id="11.7 at 13 is exactly 0.9 in milli-units"),
+        pytest.param(11002, 1000, 10, False, id="11.002 at 10 is beyond"),
+        pytest.param(8998, 1000, 10, False, id="8.998 at 10 is beyond"),
+    ],
+)
+def test_the_tolerance_is_kube_controller_managers(usage, target, replicas, within):
+    """``Tolerances.isWithin`` (1.33+): ``1 - down <= ratio <= 1 + up``, the ratio of
+    milli-values ``float64(usage) / (float64(target) * float64(replicas))``; not the
+    ``abs(1 - ratio) <= 0.1`` of earlier releases, which puts 1.1 beyond. This anchors
+    the tests above, whose HPA (``replay.keda``) shares ``within_tolerance``."""
+    assert within_tolerance(usage / (target * replicas)) is within
 
 
 @pytest.mark.parametrize("current", range(1, 60))
