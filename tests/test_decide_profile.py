@@ -156,20 +156,21 @@ def test_the_mix_is_remembered_when_a_window_has_no_finished_request():
     assert later.desired_replicas >= 3
 
 
-def test_a_draining_backlog_shows_a_mix_the_last_known_one_stands_for():
-    """The requests that finish first out of a backlog are the short ones: not the mix."""
+def test_a_draining_backlog_s_mix_is_read_as_the_traffic_s():
+    """The last known mix does not stand in: a backlog that outgrows the replicas would
+    keep a stale one (or none at the first, and no demand) for as long as it lasts."""
     first = decide(
         served(2, replicas_known=3, gateway_arrival_rate=2 * RPS), POLICY, DecisionState()
     )
     draining = served(
         2, replicas_known=3, gateway_arrival_rate=2 * RPS, queue_depth=40.0,
-        mean_prompt_tokens=12_000.0, mean_output_tokens=20.0,
+        mean_prompt_tokens=2 * PROMPT, mean_output_tokens=OUTPUT,
     )  # fmt: skip
     later = decide(draining, POLICY, first.state)
-    assert later.state.mix == first.state.mix
-    assert later.desired_replicas == 3  # two of demand at 90%, the queue drained in time
+    assert later.state.mix == (2 * PROMPT, OUTPUT)
+    assert later.desired_replicas > first.desired_replicas  # longer prompts: fewer req/s each
     at_start = decide(draining, POLICY, DecisionState(desired=3))
-    assert at_start.state.mix is None and "load unknown" in at_start.reason
+    assert at_start.state.mix == (2 * PROMPT, OUTPUT) and "load unknown" not in at_start.reason
 
 
 def test_the_demand_history_is_kept_for_the_risk_lookback_only():
