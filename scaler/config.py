@@ -11,17 +11,21 @@ scaler hot-reloads the file, and a bad update keeps the last good config
 
 from __future__ import annotations
 
+import re
 import ssl
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from foundation.configfile import KEBAB_CASE, load_mapping, validate
 from foundation.durations import Seconds
 from foundation.errors import ConfigError
+from foundation.replica_model import PROFILES
+from foundation.replica_model import Profile as ReplicaProfile
+from scaler.core.capacity import PRIORS, check_profile
 from scaler.core.model import Policy
-from scaler.metadata import Profile
 from scaler.promql import (
     DEFAULT_QUERIES,
     DEFAULT_SELECTOR,
@@ -171,8 +175,9 @@ class PolicyConfig(BaseModel):
     cost_budget_per_million_tokens: float | None = Field(_CORE.cost_budget_per_million_tokens, gt=0)
     """US$ per 1M tokens; above it, while the SLO holds, plan fuller replicas."""
     cost_guard_utilization: float = Field(_CORE.cost_guard_utilization, gt=0, le=1)
-    profile: Profile | None = Field(_CORE.profile)
-    """A replica model (``llama3-8b-h200``): capacity from it and the observed mix."""
+    profile: str | None = Field(_CORE.profile, min_length=1)
+    """A replica model (``llama3-8b-h200``, or one of ``profiles``): capacity from it and
+    the observed mix (``ScalerConfig`` checks that it is known)."""
     profile_utilization: float = Field(_CORE.profile_utilization, gt=0, le=1)
     """With a profile: the share of a replica's SLO capacity to plan for."""
     risk_lookback: Seconds = Field(_CORE.risk_lookback_seconds, gt=0)
@@ -235,6 +240,109 @@ class PolicyConfig(BaseModel):
         )
 
 
+# An SRE profile's optional keys default to the built-in profiles' defaults.
+_PROFILE_DEFAULT: dict[str, Any] = {f.name: f.default for f in fields(ReplicaProfile)}
+_PROFILE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+class ProfileConfig(BaseModel):
+    """One model on one accelerator: ``foundation.replica_model.Profile``'s numbers.
+
+    ``docs/capacity.md`` says how to fit them ("Making a profile for your model and
+    accelerator"). Every coefficient the step times divide by must be positive.
+    """
+
+    model_config = KEBAB_CASE
+
+    model: Annotated[str, Field(min_length=1)]
+    """What it serves, in words (shown in reasons and reports)."""
+    decode_ms: tuple[Positive, Positive, NonNegative]
+    """(a, b, c) of one decode step's ``a + b*batch + c*context_tokens`` ms."""
+    prefill_ms: tuple[NonNegative, Positive, NonNegative]
+    """(p0, p1, p2) of a T-token prefill's ``p0 + p1*T + p2*T**2`` ms."""
+    weights_gb: float = Field(gt=0)
+    kv_bytes_per_token: int = Field(gt=0)
+    accelerator_memory_gb: float | None = Field(None, gt=0)
+    """The accelerator's memory in GB (1e9 bytes); or ``accelerator-memory-bytes``."""
+    accelerator_memory_bytes: int | None = Field(None, gt=0)
+    price_per_hour: float = Field(gt=0)
+    """US$ per accelerator-hour."""
+    gpu_memory_utilization: float = Field(_PROFILE_DEFAULT["gpu_memory_utilization"], gt=0, le=1)
+    activation_reserve_bytes: int = Field(_PROFILE_DEFAULT["activation_reserve_bytes"], ge=0)
+    overhead: float = Field(_PROFILE_DEFAULT["overhead"], ge=1)
+    """The engine's scheduling and sampling on top of the fitted step times."""
+    max_num_seqs: int = Field(_PROFILE_DEFAULT["max_num_seqs"], ge=1)
+    max_num_batched_tokens: int = Field(_PROFILE_DEFAULT["max_num_batched_tokens"], ge=1)
+    engine_init: Seconds = Field(_PROFILE_DEFAULT["engine_init_seconds"], ge=0)
+
+    @model_validator(mode="after")
+    def _memory(self) -> ProfileConfig:
+        given = [self.accelerator_memory_gb, self.accelerator_memory_bytes]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("give one of accelerator-memory-gb and accelerator-memory-bytes")
+        if self.profile("check").kv_capacity_tokens <= 0:
+            raise ValueError(
+                "weights-gb and activation-reserve-bytes leave no KV cache in the"
+                " accelerator's memory at gpu-memory-utilization"
+            )
+        return self
+
+    def profile(self, name: str) -> ReplicaProfile:
+        """The replica model these numbers make, named ``name``."""
+        memory = self.accelerator_memory_bytes or int((self.accelerator_memory_gb or 0) * 1e9)
+        return ReplicaProfile(
+            name=name,
+            model=self.model,
+            decode_ms=self.decode_ms,
+            prefill_ms=self.prefill_ms,
+            weights_gb=self.weights_gb,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            accelerator_memory_bytes=memory,
+            price_per_hour=self.price_per_hour,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            activation_reserve_bytes=self.activation_reserve_bytes,
+            overhead=self.overhead,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            engine_init_seconds=self.engine_init,
+        )
+
+
+def _profile_names(profiles: dict[str, ProfileConfig]) -> dict[str, ProfileConfig]:
+    for name in profiles:
+        if name in PROFILES or name == PRIORS:
+            raise ValueError(f"profile {name!r} is built in: name yours differently")
+        if len(name) > 63 or not _PROFILE_NAME.fullmatch(name):
+            raise ValueError(
+                f"profile name {name!r}: lowercase letters, digits, '-' and '.', at most 63"
+                " characters (such as 'mistral-7b-l40s')"
+            )
+    return profiles
+
+
+class ProfileFile(BaseModel):
+    """A ``profiles-file``: the same ``profiles`` mapping as the config's own."""
+
+    model_config = KEBAB_CASE
+
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+
+    _names = field_validator("profiles")(_profile_names)
+
+
+def _read_profile_file(path: Path) -> dict[str, ProfileConfig]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read profiles-file {path}: {err}") from err
+    try:
+        return validate(ProfileFile, load_mapping(text, str(path)), str(path)).profiles
+    except ConfigError as err:
+        raise ValueError(f"profiles-file {err}") from err
+
+
 class ScalerConfig(BaseModel):
     """Everything the scaler reads from its ConfigMap."""
 
@@ -257,6 +365,40 @@ class ScalerConfig(BaseModel):
     was deleted; its polls come every 15-30 s)."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     """Decision defaults for every ScaledObject."""
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    """The SRE's own replica profiles by name, which ``policy.profile`` and a trigger's
+    ``profile`` may name beside the built-in ones."""
+    profiles_file: Path | None = None
+    """A YAML file holding more of them (``profiles:`` as here), read with the config."""
+
+    _names = field_validator("profiles")(_profile_names)
+    _replica_profiles: tuple[ReplicaProfile, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _own_profiles(self) -> ScalerConfig:
+        # The file is read once, with the config: a reload reads it again.
+        mine = dict(self.profiles)
+        if self.profiles_file is not None:
+            for name, own in _read_profile_file(self.profiles_file).items():
+                if name in mine:
+                    raise ValueError(f"profile {name!r} is in both profiles and profiles-file")
+                mine[name] = own
+        self._replica_profiles = tuple(own.profile(name) for name, own in sorted(mine.items()))
+        if self.policy.profile is not None:
+            try:
+                check_profile(self.policy.profile, sorted(mine))
+            except ValueError as err:
+                raise ValueError(f"policy.profile {self.policy.profile!r}: {err}") from err
+        return self
+
+    @property
+    def replica_profiles(self) -> tuple[ReplicaProfile, ...]:
+        """The SRE's own profiles: ``profiles`` and the ``profiles-file``'s, by name."""
+        return self._replica_profiles
+
+    def policy_defaults(self) -> Policy:
+        """The core's policy with ``policy``'s defaults and the SRE's own profiles."""
+        return replace(self.policy.policy(), profiles=self._replica_profiles)
 
 
 def load_config(path: Path | None) -> ScalerConfig:

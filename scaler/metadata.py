@@ -17,7 +17,7 @@ limit on the status a client receives, whatever was submitted.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Annotated
 
@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 
@@ -90,8 +91,10 @@ def _boolean(value: object) -> object:
     raise ValueError("expected true or false")
 
 
-def _profile(value: object) -> object:
-    return check_profile(value) if isinstance(value, str) else value
+def _profile(value: object, info: ValidationInfo) -> object:
+    # The scaler config's own profiles come in the validation context (``parse_metadata``).
+    custom = (info.context or {}).get("profiles", ())
+    return check_profile(value, custom) if isinstance(value, str) else value
 
 
 def _pool(value: object) -> object:
@@ -132,7 +135,8 @@ Decimal = Annotated[float, BeforeValidator(_decimal)]
 Boolean = Annotated[bool, BeforeValidator(_boolean)]
 """``true`` or ``false`` (and the other spellings Go's ``strconv.ParseBool`` takes)."""
 Profile = Annotated[str, BeforeValidator(_profile)]
-"""A replica model's name (``foundation.replica_model.PROFILES``): ``llama3-8b-h200``."""
+"""A replica model's name: built in (``foundation.replica_model.PROFILES``, such as
+``llama3-8b-h200``) or one of the scaler config's ``profiles``."""
 Pool = Annotated[str, BeforeValidator(_pool)]
 """An accelerator pool's name: a lowercase RFC 1123 label (``h200``, ``a100-80g``)."""
 Paths = Annotated[tuple[str, ...], BeforeValidator(_paths)]
@@ -181,7 +185,7 @@ class TriggerMetadata(BaseModel):
     prefill_tokens_per_second: Decimal | None = Field(None, alias="prefillTokensPerSecond", gt=0)
     decode_tokens_per_second: Decimal | None = Field(None, alias="decodeTokensPerSecond", gt=0)
     profile: Profile | None = None
-    """A replica model (``foundation.replica_model.PROFILES``) the capacity comes from."""
+    """A replica model (built in, or the scaler config's ``profiles``) the capacity comes from."""
     profile_utilization: Decimal | None = Field(None, alias="profileUtilization", gt=0, le=1)
     pool: Pool | None = None
     """The accelerator pool the replicas run on; what the inference-demand RPC sums by."""
@@ -268,8 +272,20 @@ class TriggerMetadata(BaseModel):
         )
 
     def policy(self, defaults: Policy | None = None) -> Policy:
-        """The scaler config's policy with these keys' overrides."""
+        """The scaler config's policy with these keys' overrides.
+
+        Raises:
+            MetadataError: ``profile`` names none the defaults know (a reloaded config
+                dropped it), naming the known ones.
+        """
         base = defaults or Policy()
+        if self.profile is not None:
+            try:
+                check_profile(self.profile, [own.name for own in base.profiles])
+            except ValueError as err:
+                raise MetadataError(
+                    f"invalid scalerMetadata: profile {quote(self.profile)}: {err}"
+                ) from err
         overrides: dict[str, str | float | int | None] = {
             "min_replicas": self.min_replicas,
             "max_replicas": self.max_replicas,
@@ -306,9 +322,15 @@ REQUIRED_KEYS: tuple[str, ...] = tuple(
 
 
 def parse_metadata(
-    raw: Mapping[str, str], *, name: str | None = None, namespace: str | None = None
+    raw: Mapping[str, str],
+    *,
+    name: str | None = None,
+    namespace: str | None = None,
+    profiles: Collection[str] = (),
 ) -> TriggerMetadata:
     """Validate a trigger's metadata map, and the ScaledObject's name and namespace if given.
+
+    ``profiles``: the scaler config's own profile names, which ``profile`` may name too.
 
     Raises:
         MetadataError: one clause per problem (at most ``MAX_PROBLEMS``), each naming the
@@ -318,7 +340,7 @@ def parse_metadata(
     if oversized:
         raise MetadataError("invalid scalerMetadata: " + _join(oversized))
     try:
-        return TriggerMetadata.model_validate(dict(raw))
+        return TriggerMetadata.model_validate(dict(raw), context={"profiles": profiles})
     except ValidationError as err:
         problems = [_describe(error, raw) for error in err.errors()]
         unknown = any(error["type"] == "extra_forbidden" for error in err.errors())

@@ -106,7 +106,12 @@ class ScaledObjectRegistry:
             return
         self._policy_defaults = defaults
         for scaled in self._objects.values():
-            scaled.policy = scaled.metadata.policy(defaults)
+            try:
+                scaled.policy = scaled.metadata.policy(defaults)
+            except MetadataError as err:
+                # The reload dropped the profile it names: it plans as before until its
+                # metadata changes (its next change is refused the same way, to KEDA).
+                log.error("ScaledObject %s/%s keeps its policy: %s", *scaled.key, err)
 
     def evict_idle(self, ttl: float) -> list[ObjectKey]:
         """Forget ScaledObjects KEDA has not asked about for ``ttl`` seconds.
@@ -152,11 +157,14 @@ class ScaledObjectRegistry:
         if existing is not None and existing.raw_metadata == metadata_map:
             existing.last_seen = self._clock()
             return existing
-        metadata = parse_metadata(metadata_map, name=name, namespace=namespace)
+        own_profiles = [own.name for own in self._policy_defaults.profiles]
+        metadata = parse_metadata(
+            metadata_map, name=name, namespace=namespace, profiles=own_profiles
+        )
+        policy = metadata.policy(self._policy_defaults)
         target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
         max_age = metadata.max_signal_age or self._default_max_age
         if existing is None:
-            policy = metadata.policy(self._policy_defaults)
             scaled = ScaledObject(key, metadata_map, metadata, target, policy, max_age)
             scaled.last_seen = self._clock()
             self._objects[key] = scaled
@@ -166,7 +174,7 @@ class ScaledObjectRegistry:
             scaled = existing
             self._by_target.get(scaled.target, set()).discard(scaled)
             scaled.raw_metadata, scaled.metadata, scaled.target = metadata_map, metadata, target
-            scaled.policy = metadata.policy(self._policy_defaults)
+            scaled.policy = policy
             scaled.max_signal_age = max_age
             scaled.signals_version = -1
             scaled.last_seen = self._clock()

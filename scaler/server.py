@@ -134,7 +134,7 @@ class ScalerServer:
         self._source = source
         self.store = SignalStore()
         self.registry = ScaledObjectRegistry(
-            self.store, config.max_signal_age, clock, config.policy.policy()
+            self.store, config.max_signal_age, clock, config.policy_defaults()
         )
         self._clock = clock
         # Fluid prewarm for ScaledObjects naming a Dataset (needs the API server).
@@ -171,7 +171,7 @@ class ScalerServer:
 
     def _reconfigure(self, config: ScalerConfig) -> None:
         self.registry.set_default_max_signal_age(config.max_signal_age)
-        self.registry.set_policy_defaults(config.policy.policy())
+        self.registry.set_policy_defaults(config.policy_defaults())
         if self._started:
             self._reconcile_sources(config)
 

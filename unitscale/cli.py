@@ -617,7 +617,7 @@ def _replay_options(args: argparse.Namespace) -> ReplayOptions:
         args.time_compression,
         args.seed,
         args.target_concurrency,
-        policy=scaler_config.policy.policy(),
+        policy=scaler_config.policy_defaults(),
     )
 
 

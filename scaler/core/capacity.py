@@ -1,8 +1,9 @@
 """What one replica carries, in the decision's units: from a profile and the mix, or priors.
 
-With a named profile (``Policy.profile``, one of ``foundation.replica_model.PROFILES``,
-launched with the chunk budget for the ITL SLO as ``serving.vllm_profile.for_itl_slo``
-launches vLLM), a replica's capacity is ``foundation.capacity.replica_capacity`` for the
+With a named profile (``Policy.profile``, one of ``foundation.replica_model.PROFILES`` or
+of the SRE's own in ``Policy.profiles``, the scaler config's ``profiles``, launched with
+the chunk budget for the ITL SLO as ``serving.vllm_profile.for_itl_slo`` launches vLLM),
+a replica's capacity is ``foundation.capacity.replica_capacity`` for the
 observed mix
 (mean prompt and output tokens per request): the request rate, and the prompt and
 output token rates, at which one replica keeps TTFT p95 and inter-token p95 within the
@@ -16,6 +17,7 @@ answers: a capacity costs a few milliseconds, a cache hit nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -71,22 +73,37 @@ PRIORS = "priors"
 or to replay the priors, whose ``unitscale replay`` otherwise plans with the sim's)."""
 
 
-def check_profile(name: str) -> str:
-    """``name`` when it is a known profile, or ``priors``.
+def check_profile(name: str, custom: Collection[str] = ()) -> str:
+    """``name`` when it is a known profile (built in or in ``custom``), or ``priors``.
 
     Raises:
         ValueError: naming the known ones.
     """
-    if name not in PROFILES and name != PRIORS:
-        raise ValueError(
-            f"expected a replica profile, one of {', '.join(sorted(PROFILES))}, or {PRIORS}"
-        )
+    if name not in PROFILES and name not in custom and name != PRIORS:
+        known = sorted({*PROFILES, *custom})
+        raise ValueError(f"expected a replica profile, one of {', '.join(known)}, or {PRIORS}")
     return name
 
 
 def profile_of(p: Policy) -> str | None:
     """The profile ``p`` plans with; None for the priors (no profile, or ``priors``)."""
     return None if p.profile in (None, PRIORS) else p.profile
+
+
+def profile_for(p: Policy) -> Profile | None:
+    """The profile ``p`` plans with, its own (``Policy.profiles``) before the built-in ones.
+
+    Raises:
+        ValueError: ``p`` names a profile it does not carry, naming the known ones.
+    """
+    name = profile_of(p)
+    if name is None:
+        return None
+    for own in p.profiles:
+        if own.name == name:
+            return own
+    check_profile(name, [own.name for own in p.profiles])
+    return PROFILES[name]
 
 
 def observed_mix(o: Observation) -> Mix | None:
@@ -115,7 +132,7 @@ def replica_rates(p: Policy, mix: Mix | None, step_scale: float = 1.0) -> Rates:
     ``step_scale``: the profile's steps take this many times as long on these replicas
     (``scaler.core.fit``); quantised like the mix.
     """
-    profile = profile_of(p)
+    profile = profile_for(p)
     if profile is None or mix is None:
         rps = None
         if mix is not None:
@@ -139,19 +156,32 @@ def replica_rates(p: Policy, mix: Mix | None, step_scale: float = 1.0) -> Rates:
     return rates if s == 1.0 else rates.sped_up(s)
 
 
-def launched(name: str, slo_itl_seconds: float) -> Profile:
-    """Profile ``name`` as ``serving.vllm_profile.for_itl_slo`` launches its replicas."""
-    return PROFILES[name].for_itl_slo(slo_itl_seconds)
+def launched(profile: Profile | str, slo_itl_seconds: float) -> Profile:
+    """``profile`` (or the built-in one so named) as vLLM is launched for the ITL SLO.
+
+    As ``serving.vllm_profile.for_itl_slo`` launches its replicas.
+    """
+    if isinstance(profile, str):
+        profile = PROFILES[profile]
+    return profile.for_itl_slo(slo_itl_seconds)
 
 
+# Keyed by the Profile's value (a frozen dataclass), not its name: a reloaded config
+# that changes an SRE profile's numbers under the same name plans with the new ones.
 @lru_cache(maxsize=4096)
 def _profile_rates(
-    name: str, prompt: float, output: float, ttft: float, itl: float, step_scale: float = 1.0
+    given: Profile,
+    prompt: float,
+    output: float,
+    ttft: float,
+    itl: float,
+    step_scale: float = 1.0,
 ) -> Rates:
     # Replicas run as ``serving.vllm_profile.for_itl_slo`` launches them: the chunked-
     # prefill budget whose steps keep the ITL SLO (the replay's fleet runs the same);
     # a fitted step scale slows its steps, not its launch flags.
-    profile = corrected(launched(name, itl), step_scale)
+    name = given.name
+    profile = corrected(launched(given, itl), step_scale)
     capacity = replica_capacity(profile, prompt, output, ttft, itl)
     rates = capacity.scaler_rates()
     if capacity.requests_per_second <= 0:

@@ -32,8 +32,9 @@ import math
 from dataclasses import dataclass, field, replace
 
 from foundation.errors import NoDataError
+from foundation.replica_model import Profile
 from scaler.core import predictive, risk
-from scaler.core.capacity import Mix, Rates, launched, observed_mix, profile_of, replica_rates
+from scaler.core.capacity import Mix, Rates, launched, observed_mix, profile_for, replica_rates
 from scaler.core.fit import StepFit, corrected, fit_step
 from scaler.core.model import Decision, DecisionState, Observation, Policy
 from scaler.core.window import Recent
@@ -89,7 +90,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     # this; the business day 89.3% against 87.6%), and at the first there is none.
     shown = observed_mix(o)
     mix = shown or (Mix(*previous.mix) if previous.mix else None)
-    profile, step_fit, step_scale = profile_of(p), previous.step_fit, math.nan
+    profile, step_fit, step_scale = profile_for(p), previous.step_fit, math.nan
     if profile is not None:
         # The profile is the capacity, its step times fitted to the replicas' own.
         scale = 1.0
@@ -171,7 +172,7 @@ def _activity(o: Observation, previous: DecisionState) -> _Activity:
 
 
 def _fit_profile(
-    o: Observation, p: Policy, profile: str, previous: StepFit, notes: list[str]
+    o: Observation, p: Policy, profile: Profile, previous: StepFit, notes: list[str]
 ) -> tuple[StepFit, float]:
     """The step fit after ``o`` (``scaler.core.fit``) and the step scale to plan with.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from foundation.replica_model import Profile
 from scaler.core.fit import StepFit
 from scaler.core.seasonal import SeasonalState
 from scaler.core.window import Recent
@@ -99,6 +100,10 @@ class Policy:
     """A replica model (``foundation.replica_model.PROFILES``): a replica's capacity is
     what it sustains within the SLOs for the observed mix, and the load is planned from
     demand (arrivals x work per request) with risk-sized headroom. None: the priors."""
+    profiles: tuple[Profile, ...] = ()
+    """The SRE's own replica profiles (the scaler config's ``profiles``), which ``profile``
+    may name beside the built-in ones: plain values, so a reload that changes one is a new
+    policy, and the capacity cache (keyed by the profile's value) follows it."""
     profile_utilization: float = 0.9
     """With a profile: the share of a replica's SLO capacity to plan for."""
     risk_lookback_seconds: float = 1800.0
