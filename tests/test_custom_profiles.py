@@ -286,3 +286,14 @@ def test_the_docs_example_registers_a_profile_the_policy_names():
     planned = profile_for(policy)
     assert planned is not None and planned.name == "mistral-7b-l40s"
     assert replica_rates(policy, MIXES[0]).source == "profile mistral-7b-l40s"
+
+
+def test_the_demo_refuses_a_scaler_config_planning_with_its_own_profile(tmp_path):
+    """The demo's scaler gets the policy section alone: say so rather than fail later."""
+    from unitscale.demo.run import DemoOptions, _plan
+
+    path = tmp_path / "scaler.yaml"
+    path.write_text(config_text({"mine": profile_yaml(LLAMA3_8B_H200)}, policy={"profile": "mine"}))
+    options = DemoOptions(report=tmp_path / "report.md", scaler_config=path)
+    with pytest.raises(ConfigError, match=r"built-in profiles only, not policy\.profile 'mine'"):
+        _plan(options)

@@ -103,6 +103,24 @@ def default_policy(profile: Profile) -> PolicyConfig:
     )
 
 
+def _demo_policy(path: Path) -> PolicyConfig:
+    """``--scaler-config``'s policy; the demo's scaler is given that section alone.
+
+    Raises:
+        ConfigError: a bad config, or one whose policy names one of its own ``profiles``
+            (the demo runs the built-in ones; ``unitscale replay --scaler-config`` plans
+            with an SRE's own).
+    """
+    config = load_config(path)
+    if config.policy.profile in {own.name for own in config.replica_profiles}:
+        raise ConfigError(
+            f"{path}: the demo plans with the built-in profiles only, not policy.profile"
+            f" {config.policy.profile!r} of its own profiles (unitscale replay"
+            " --scaler-config tries one on a trace)"
+        )
+    return config.policy
+
+
 def load_trace(options: DemoOptions, length: float) -> Trace:
     """The demo's trace in trace time, cut to ``length`` seconds.
 
@@ -184,7 +202,7 @@ def _plan(options: DemoOptions) -> Plan:
     if options.real_vllm:
         vllm_replica.check_installed()
     policy = (
-        load_config(options.scaler_config).policy
+        _demo_policy(options.scaler_config)
         if options.scaler_config is not None
         else default_policy(profile)
     )
