@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from foundation.fluid import (
     DNS_SUBDOMAIN,
@@ -72,18 +72,7 @@ PrewarmState = Literal[
     "failed",
     "timed-out",
 ]
-STATES: Final[tuple[PrewarmState, ...]] = (
-    "unknown",
-    "dataset-missing",
-    "not-bound",
-    "idle",
-    "warm",
-    "loading",
-    "cache-unknown",
-    "below-threshold",
-    "failed",
-    "timed-out",
-)
+STATES: Final[tuple[PrewarmState, ...]] = get_args(PrewarmState)
 """Every state, for the metric's label set."""
 
 PREWARM_FORECAST: Final = "prewarm_forecast"

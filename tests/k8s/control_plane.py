@@ -313,7 +313,9 @@ class ControlPlane:
 
     # A tiny synchronous REST client for fixtures (CRDs, namespaces): no event loop needed.
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
         """One API call; returns the decoded JSON.
 
         Raises:
@@ -322,7 +324,7 @@ class ControlPlane:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.host}{path}", data=data, method=method)
         request.add_header("Authorization", f"Bearer {self.token}")
-        request.add_header("Content-Type", "application/json")
+        request.add_header("Content-Type", content_type)
         context = ssl.create_default_context(cafile=str(self.ca_file))
         try:
             with urllib.request.urlopen(request, timeout=30, context=context) as response:
@@ -332,6 +334,10 @@ class ControlPlane:
                 raise ApiError(
                     method, path, err.code, err.read().decode(errors="replace")
                 ) from None
+
+    def merge_patch(self, path: str, body: dict[str, Any]) -> Any:
+        """A JSON merge patch (status subresources included); returns the object."""
+        return self.request("PATCH", path, body, "application/merge-patch+json")
 
     def ensure(self, path: str, body: dict[str, Any]) -> None:
         """Create the object at collection ``path`` unless it exists."""

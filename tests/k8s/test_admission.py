@@ -15,10 +15,7 @@ import json
 import re
 import secrets
 import signal
-import ssl
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +27,7 @@ from admission.config import AdmissionConfig
 from admission.controller import Controller
 from admission.decide import Decision
 from foundation.kube import KubeAccess
-from tests.k8s.control_plane import ApiError
+from tests.k8s.control_plane import ApiError, ControlPlane
 
 pytestmark = pytest.mark.k8s
 
@@ -475,20 +472,7 @@ async def test_an_evicted_workload_gets_no_retry(control_plane, kueue, admission
     assert after == before + 1  # refused by the resourceVersion precondition
 
 
-def _merge_patch(plane: Any, path: str, body: dict[str, Any]) -> None:
-    """A JSON merge patch, which the fixture's REST helper does not send."""
-    request = urllib.request.Request(
-        f"{plane.host}{path}", data=json.dumps(body).encode(), method="PATCH"
-    )
-    request.add_header("Authorization", f"Bearer {plane.token}")
-    request.add_header("Content-Type", "application/merge-patch+json")
-    context = ssl.create_default_context(cafile=str(plane.ca_file))
-    try:
-        with urllib.request.urlopen(request, timeout=30, context=context) as response:
-            response.read()
-    except urllib.error.HTTPError as err:
-        with err:
-            raise ApiError("PATCH", path, err.code, err.read().decode(errors="replace")) from None
+_merge_patch = ControlPlane.merge_patch
 
 
 async def test_the_controller_survives_an_api_server_restart(

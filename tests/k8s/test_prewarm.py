@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import ssl
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from scaler.prewarm.shell import Prewarmer
 from scaler.registry import ScaledObjectRegistry
 from scaler.signals import SignalStore
 from scaler.telemetry import prewarm_families
-from tests.k8s.control_plane import ApiError
+from tests.k8s.control_plane import ControlPlane
 
 pytestmark = pytest.mark.k8s
 
@@ -51,20 +48,7 @@ def fluid_crds(control_plane):
     )
 
 
-def merge_patch(plane: Any, path: str, body: dict[str, Any]) -> None:
-    """A JSON merge patch (the fixture's REST helper sends JSON bodies only)."""
-    request = urllib.request.Request(
-        f"{plane.host}{path}", data=json.dumps(body).encode(), method="PATCH"
-    )
-    request.add_header("Authorization", f"Bearer {plane.token}")
-    request.add_header("Content-Type", "application/merge-patch+json")
-    context = ssl.create_default_context(cafile=str(plane.ca_file))
-    try:
-        with urllib.request.urlopen(request, timeout=30, context=context) as response:
-            response.read()
-    except urllib.error.HTTPError as err:
-        with err:
-            raise ApiError("PATCH", path, err.code, err.read().decode(errors="replace")) from None
+merge_patch = ControlPlane.merge_patch
 
 
 async def eventually(what: str, get: Callable[[], Any], limit: float = 30.0) -> Any:
