@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -40,15 +41,26 @@ from kubernetes_asyncio import client
 from admission import hami, lora
 from admission import parameters as params
 from admission.config import AdmissionConfig
-from admission.decide import Cluster, Decision, Pending, PoolDemand, decide_all
+from admission.decide import (
+    CheckPlan,
+    Cluster,
+    Decision,
+    Pending,
+    PoolDemand,
+    decide_all,
+    plan_pools,
+    reclaim_all,
+)
 from admission.demand import DemandResult, fetch_demand
 from admission.metrics import AdmissionMetrics
+from admission.pool import Reclaim
 from admission.workload import (
     actionable,
     apply_body,
     check_entries,
     event_for,
     key,
+    reclaim_body,
 )
 from foundation.errors import ConfigError
 from foundation.kube import (
@@ -312,7 +324,7 @@ class Controller:
     # --- one pass --------------------------------------------------------------------
 
     async def reconcile(self, api: client.ApiClient) -> None:
-        """One pass over the view: checks Active, then every actionable Workload."""
+        """One pass over the view: checks Active, every actionable Workload, reclaims."""
         now = self._clock()
         view = self.snapshot()
         ours = await self._sync_checks(api, view, now)
@@ -322,13 +334,15 @@ class Controller:
             for check, since in actionable(w, ours)
         ]
         self._usable = ours
-        if not found:
+        reclaiming = [q for q in ours.values() if q.reclaim.enabled and q.inference_headroom]
+        if not found and not reclaiming:
+            self.metrics.set_plans({})
             return
         pending = [
             Pending(workload=w, check=check, parameters=ours[check], pending_since=since)
             for w, check, since in found
         ]
-        demand, demand_error = await self._demand(p.parameters for p in pending)
+        demand, demand_error = await self._demand([*(p.parameters for p in pending), *reclaiming])
         cluster = Cluster(
             nodes=view.nodes,
             pods=view.pods,
@@ -346,15 +360,24 @@ class Controller:
             ),
             check_parameters=ours,
         )
-        decisions = self._decide(pending, cluster, now)
+        # Planned once: admission (step 5) and reclaim read the same plan.
+        plans = plan_pools(cluster, now)
+        cluster = dataclasses.replace(cluster, plans=plans)
+        self.metrics.set_plans({p.pool: p.plan for p in plans.values()})
+        decisions = list(self._decide(pending, cluster, now)) if pending else []
+        reclaims = reclaim_all(cluster, now)
         since = {(key(p.workload), p.check): p.pending_since for p in pending}
+        taken = _reclaims_by_key(plans)
         gate = asyncio.Semaphore(self.config.write_concurrency)
 
-        async def write(decision: Decision) -> None:
+        async def write(decision: Decision, reclaim: tuple[str, Reclaim] | None) -> None:
             async with gate:
-                await self._write(api, decision, view, since, now)
+                await self._write(api, decision, view, since, now, reclaim=reclaim)
 
-        await asyncio.gather(*(write(d) for d in decisions))
+        await asyncio.gather(
+            *(write(d, None) for d in decisions),
+            *(write(d, taken.get(f"{d.namespace}/{d.workload}")) for d in reclaims),
+        )
 
     async def _sync_checks(
         self, api: client.ApiClient, view: Snapshot, now: float
@@ -392,7 +415,10 @@ class Controller:
         view: Snapshot,
         since: Mapping[tuple[str, str], float],
         now: float,
+        *,
+        reclaim: tuple[str, Reclaim] | None = None,
     ) -> None:
+        """Write one decision; ``reclaim`` (pool, what the plan said) for a reclaim's Retry."""
         object_key = f"{decision.namespace}/{decision.workload}"
         workload = view.workloads.get(object_key)
         if workload is None:
@@ -400,7 +426,10 @@ class Controller:
         for obj in decision.create:
             await self._create(api, obj)
         previous = check_entries(workload).get(decision.check)
-        body = apply_body(workload, decision, previous, now)
+        if reclaim is not None:
+            body = reclaim_body(workload, decision, previous, now)
+        else:
+            body = apply_body(workload, decision, previous, now)
         if body is None:
             return
         if not await self._apply(api, WORKLOADS, "workloads", object_key, body):
@@ -420,6 +449,11 @@ class Controller:
                 # keeps its message on the entry, and an Event each would double the
                 # writes of a burst.
                 await self._event(api, event_for(workload, decision, self.name, now))
+        if reclaim is not None:
+            pool, taken = reclaim
+            self.metrics.reclaimed(pool, taken.accelerator_hours_lost)
+            self.metrics.decided(decision.check, decision.state, None)
+            return
         waited = now - since.get((object_key, decision.check), now)
         self.metrics.decided(decision.check, decision.state, waited)
 
@@ -552,6 +586,15 @@ class Controller:
             pools[check] = (total, free)
         self.metrics.set_inventory(pools)
         self.metrics.set_lora_tenants(lora.tenants_per_base_model(view.workloads.values()))
+
+
+def _reclaims_by_key(plans: Mapping[str, CheckPlan]) -> dict[str, tuple[str, Reclaim]]:
+    """Each reclaimed workload's pool and reclaim, the first plan naming it winning."""
+    found: dict[str, tuple[str, Reclaim]] = {}
+    for _, planned in sorted(plans.items()):
+        for taken in planned.plan.reclaim:
+            found.setdefault(taken.key, (planned.pool, taken))
+    return found
 
 
 def _version(obj: Mapping[str, Any]) -> int:

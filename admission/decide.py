@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from admission import annotations as names
-from admission import fluid, lora
+from admission import fluid, lora, reclaim
 from admission.fit import (
     FitResult,
     PodSetDemand,
@@ -50,11 +50,14 @@ from admission.fit import (
 from admission.hami import Inventory, NodeGpus, inventory
 from admission.hints import Hints, combine, merge_hints
 from admission.parameters import Parameters
+from admission.pool import InferenceNeed, ManagerPolicy, PoolPlan, plan_pool, within_allowance
 from admission.workload import (
     check_entries,
     condition_status,
     created_at,
     key,
+    owned_pods,
+    pods_by_owner,
     priority,
 )
 from foundation.timestamps import parse_time
@@ -63,7 +66,16 @@ RawObject = dict[str, Any]
 """An API object as the server's JSON."""
 State = Literal["Pending", "Ready", "Retry", "Rejected"]
 
-__all__ = ["Cluster", "Decision", "Pending", "PoolDemand", "decide_all"]
+__all__ = [
+    "CheckPlan",
+    "Cluster",
+    "Decision",
+    "Pending",
+    "PoolDemand",
+    "decide_all",
+    "plan_pools",
+    "reclaim_all",
+]
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,23 @@ class Cluster:
     check_parameters: Mapping[str, Parameters] = field(default_factory=dict)
     """Our checks' parameters, where usable: a gang holds GPUs only in its own check's
     pool (one of ours with unusable parameters: in every pool, to be safe)."""
+    plans: Mapping[str, CheckPlan] | None = None
+    """The capacity manager's plan per check with reclaim enabled (``plan_pools``); None:
+    ``decide_all`` and ``reclaim_all`` make them (a caller that also exports them passes
+    them in, so they are made once a pass)."""
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """The capacity manager's plan for the pool of one check with reclaim enabled."""
+
+    check: str
+    pool: str
+    """The scaler's pool name (``inferenceHeadroom.pool``)."""
+    plan: PoolPlan
+    entries: Mapping[str, str]
+    """Per admitted workload (``namespace/name``), the check of ours holding it Ready: the
+    entry a reclaim sets to Retry."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +166,9 @@ class _Pass:
     """Gangs that did not fit now, per pool, nodes and policy: within a pass the
     inventory only shrinks, so the same gang misses again (a backlog of alike
     workloads costs one search, not one each)."""
+    plans: Mapping[str, CheckPlan] = field(default_factory=dict)
+    granted: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    """Cards' worth made Ready earlier in this pass, per pool: the plan predates them."""
 
     def inventory(self, p: Parameters, checks: Mapping[str, Parameters | None]) -> Inventory:
         """The pool of ``p`` less the gangs admitted through its checks not yet placed."""
@@ -156,12 +188,19 @@ def _group(p: Parameters) -> tuple[Any, ...]:
     return (tuple(sorted(p.pool_node_selector.items())), p.handshake_timeout_seconds)
 
 
-def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
-    """One decision per pending check, by priority (highest first), then age."""
+def _checks(cluster: Cluster, pending: Sequence[Pending] = ()) -> dict[str, Parameters | None]:
+    """Every check of ours with its parameters (None: unusable now)."""
     checks: dict[str, Parameters | None] = dict.fromkeys(cluster.our_checks)
     checks.update(cluster.check_parameters)
     checks.update((p.check, p.parameters) for p in pending)
-    state = _Pass(cluster, now, dataloads=list(cluster.dataloads))
+    return checks
+
+
+def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
+    """One decision per pending check, by priority (highest first), then age."""
+    checks = _checks(cluster, pending)
+    plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
+    state = _Pass(cluster, now, dataloads=list(cluster.dataloads), plans=plans)
     order = sorted(
         pending, key=lambda p: (-priority(p.workload), created_at(p.workload), key(p.workload))
     )
@@ -263,13 +302,21 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
     headroom = _headroom(params, state.cluster, pool.reserve(fit.placements))
     if headroom.hold:
         return out("Retry", headroom.message, retry=True)
+    # With reclaim enabled, the capacity manager's allowance too: one rule for both.
+    planned = state.plans.get(p.check)
+    cards = reclaim.placement_cards(pool, fit.placements) if planned is not None else 0.0
+    granted = state.granted.get(group, 0.0)
+    allowance = within_allowance(planned.plan, granted + cards) if planned else (True, "")
+    if not allowance[0]:
+        return out("Retry", allowance[1], retry=True)
 
     # 6. Ready, with the hints.
     hints = merge_hints(w, _wanted(demand, params, fit, data.node_selector, seat), check=p.check)
     state.reserve(params, fit)
+    state.granted[group] = granted + cards
     if seat is not None:
         state.seats.append(seat)
-    parts = [fit.reason, headroom.message]
+    parts = [fit.reason, headroom.message, allowance[1]]
     if data.dataset:
         parts.append(data.message)
     if seat is not None:
@@ -277,6 +324,76 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
     if hints.message:
         parts.append(f"hints left out: {hints.message}")
     return out("Ready", "; ".join(x for x in parts if x), updates=hints.to_api())
+
+
+def plan_pools(cluster: Cluster, now: float) -> dict[str, CheckPlan]:
+    """The capacity manager's plan for each check of ours with reclaim enabled, by check.
+
+    Each plans its whole pool: the cards HAMi's nodes offer and their taken shares, the
+    workloads admitted through any of our checks on the same pool (``reclaim``), and the
+    scaler's forecast for ``inferenceHeadroom.pool`` (unavailable: an unknown plan, which
+    reclaims nothing and says why).
+    """
+    checks = _checks(cluster)
+    inventories: dict[tuple[Any, ...], Inventory] = {}
+    plans: dict[str, CheckPlan] = {}
+    for name, params in sorted(cluster.check_parameters.items()):
+        wanted = params.inference_headroom
+        if not params.reclaim.enabled or wanted is None:
+            continue
+        group = _group(params)
+        if group not in inventories:
+            inventories[group] = inventory(
+                cluster.nodes,
+                cluster.pods,
+                now=now,
+                handshake_timeout=params.handshake_timeout_seconds,
+                node_selector=dict(params.pool_node_selector) or None,
+            )
+        pool = inventories[group]
+        mine = [c for c, q in checks.items() if q is not None and _group(q) == group]
+        here = reclaim.admitted_in_pool(
+            cluster.workloads, cluster.pods, pool, mine, params.reclaim.max_priority
+        )
+        need, missing = _need(cluster, wanted.pool)
+        policy = ManagerPolicy(reclaim=True, min_run_seconds=float(params.reclaim.min_run_seconds))
+        plan = plan_pool(
+            reclaim.pool_state(pool), need, [a.admitted for a in here], now, policy, missing
+        )
+        entries = {a.admitted.key: a.check for a in here}
+        plans[name] = CheckPlan(name, wanted.pool, plan, entries)
+    return plans
+
+
+def _need(cluster: Cluster, pool: str) -> tuple[InferenceNeed | None, str]:
+    """The scaler's figures for ``pool``, or None and why not (never a zero)."""
+    figures = None if cluster.demand is None else cluster.demand.get(pool)
+    if figures is None:
+        return None, cluster.demand_error or f"the scaler knows no pool {pool!r}"
+    return InferenceNeed(figures.accelerators_held, figures.accelerators_needed), ""
+
+
+def reclaim_all(cluster: Cluster, now: float) -> list[Decision]:
+    """A ``Retry`` for each workload a plan reclaims, on the entry of ours holding it Ready.
+
+    A workload two plans reclaim (two reclaiming checks on one pool) gets one decision;
+    ``requeueAfterSeconds`` is the ``retryAfterSeconds`` of the check written to.
+    """
+    plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
+    decisions: list[Decision] = []
+    seen: set[str] = set()
+    for _, planned in sorted(plans.items()):
+        for taken in planned.plan.reclaim:
+            check = planned.entries.get(taken.key)
+            if check is None or taken.key in seen:
+                continue
+            seen.add(taken.key)
+            namespace, _, name = taken.key.partition("/")
+            params = cluster.check_parameters.get(check) or Parameters()
+            decisions.append(
+                Decision(namespace, name, check, "Retry", taken.message, params.retry_after_seconds)
+            )
+    return decisions
 
 
 @dataclass(frozen=True)
@@ -351,7 +468,7 @@ def _pool_inventory(
     """
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
-    by_owner = _pods_by_owner(cluster.pods)
+    by_owner = pods_by_owner(cluster.pods)
     holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, by_owner, now)]
     ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
     pool = inventory(
@@ -399,7 +516,7 @@ def _holds_unplaced(
         wanted = sum(d.count for d in workload_demand(w) if d.pod.asks_gpus)
     except (ValueError, TypeError):
         return False
-    owned = _owned_pods(w, by_owner)
+    owned = owned_pods(w, by_owner)
     if not owned:
         since = max((parse_time(e.get("lastTransitionTime")) or 0.0) for e in ready)
         return now - since < HOLD_SECONDS
@@ -411,30 +528,9 @@ def _holds_unplaced(
     return placed < wanted
 
 
-def _pods_by_owner(pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:
-    """Pods by the uid of each of their owners: built once a pass, looked up per gang."""
-    index: dict[str, list[RawObject]] = {}
-    for pod in pods:
-        for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
-            uid = owner.get("uid") if isinstance(owner, dict) else None
-            if uid:
-                index.setdefault(str(uid), []).append(pod)
-    return index
-
-
-def _owned_pods(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[RawObject]:
-    """The pods of the workload's owner (a Job's pods are owned by the Job, as is it)."""
-    found: dict[int, RawObject] = {}
-    for owner in (w.get("metadata") or {}).get("ownerReferences") or ():
-        uid = owner.get("uid") if isinstance(owner, dict) else None
-        for pod in by_owner.get(str(uid), ()) if uid else ():
-            found[id(pod)] = pod
-    return list(found.values())
-
-
 def _pod_keys(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[str]:
     return [
-        str((pod.get("metadata") or {}).get("uid") or key(pod)) for pod in _owned_pods(w, by_owner)
+        str((pod.get("metadata") or {}).get("uid") or key(pod)) for pod in owned_pods(w, by_owner)
     ]
 
 

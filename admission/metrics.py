@@ -13,6 +13,12 @@ check states), ``pool`` (one per check: its poolNodeSelector's nodes), ``base_mo
 - ``unitscale_admission_lora_tenants{base_model}``: admitted LoRA tenants per base model
   (this and the inventory are computed from the view when ``/metrics`` is scraped);
 - ``unitscale_admission_check_active{check}``: 1 while the check is Active;
+- ``unitscale_admission_training_allowance_accelerators{pool}``,
+  ``unitscale_admission_inference_shortfall_accelerators{pool}``: the capacity manager's
+  plan of each reclaiming check's pool (``inferenceHeadroom.pool``), set each pass,
+  absent while the forecast is unknown; ``unitscale_admission_reclaims_total{pool}``,
+  ``unitscale_admission_reclaimed_accelerator_hours_total{pool}``: reclaims written;
+- ``unitscale_admission_lora_tenants_per_instance{base_model}``: the adaptive density;
 - ``unitscale_admission_writes_total{result}``, ``unitscale_admission_passes_total``,
   ``unitscale_admission_pass_seconds``: the controller's own work.
 """
@@ -34,6 +40,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from admission.pool import PoolPlan
 from foundation.errors import ConfigError
 from foundation.net import split_listen
 
@@ -72,6 +79,41 @@ class AdmissionMetrics:
         self.lora_tenants = Gauge(
             "unitscale_admission_lora_tenants",
             "Admitted LoRA fine-tuning tenants per base model.",
+            ["base_model"],
+            registry=self.registry,
+        )
+        self.training_allowance = Gauge(
+            "unitscale_admission_training_allowance_accelerators",
+            "Cards training may hold now on the pool (the capacity manager's allowance); "
+            "absent while the inference forecast is unknown.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.inference_shortfall = Gauge(
+            "unitscale_admission_inference_shortfall_accelerators",
+            "Whole cards inference is forecast to need beyond what it holds and what is "
+            "free; absent while the forecast is unknown.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.reclaims = Counter(
+            "unitscale_admission_reclaims",
+            "Admitted training workloads set to Retry (Kueue evicts them) to give inference "
+            "cards back.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.reclaimed_hours = Counter(
+            "unitscale_admission_reclaimed_accelerator_hours",
+            "Cards times hours run of the reclaimed workloads: the work at stake without "
+            "a checkpoint.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.lora_density = Gauge(
+            "unitscale_admission_lora_tenants_per_instance",
+            "LoRA tenants a base-model instance takes now (adaptive density; absent for "
+            "models the controller does not adapt).",
             ["base_model"],
             registry=self.registry,
         )
@@ -115,6 +157,27 @@ class AdmissionMetrics:
         self.lora_tenants.clear()
         for model, count in tenants.items():
             self.lora_tenants.labels(model).set(count)
+
+    def set_plans(self, plans: Mapping[str, PoolPlan]) -> None:
+        """``pool -> plan`` now; a plan not known leaves its pool's gauges absent."""
+        self.training_allowance.clear()
+        self.inference_shortfall.clear()
+        for pool, plan in plans.items():
+            if not plan.known or plan.allowance is None:
+                continue
+            self.training_allowance.labels(pool).set(plan.allowance)
+            self.inference_shortfall.labels(pool).set(plan.shortfall)
+
+    def reclaimed(self, pool: str, accelerator_hours: float) -> None:
+        """One reclaim's Retry landed."""
+        self.reclaims.labels(pool).inc()
+        self.reclaimed_hours.labels(pool).inc(max(0.0, accelerator_hours))
+
+    def set_lora_density(self, density: Mapping[str, int]) -> None:
+        """``base model -> tenants per instance`` of the adaptive models now."""
+        self.lora_density.clear()
+        for model, tenants in density.items():
+            self.lora_density.labels(model).set(tenants)
 
     def set_active(self, checks: Mapping[str, bool]) -> None:
         """``check -> Active`` now."""

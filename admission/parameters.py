@@ -70,7 +70,25 @@ class LoraParameters:
     """How LoRA fine-tuning tenants share one base-model instance's nodes."""
 
     tenants_per_instance: int = 5
-    """Tenants per instance, 1-8; the next one starts a new instance."""
+    """Tenants per instance, 1-8; the next one starts a new instance. With ``adaptive``,
+    the ceiling the controller's per-model density moves under."""
+    adaptive: bool = False
+    """Raise or lower the per-model density from memory pressure and step time
+    (``admission.lora.tenants_for``), at most one change a model per ``LORA_INTERVAL``."""
+    step_time_slo_seconds: float | None = None
+    """The tenants' step-time SLO; None: density follows memory pressure alone."""
+
+
+@dataclass(frozen=True)
+class ReclaimParameters:
+    """Taking cards back from admitted training when inference needs them (``spec.reclaim``)."""
+
+    enabled: bool = False
+    """False: the capacity manager's allowance is published, nothing is reclaimed."""
+    min_run_seconds: int = 600
+    """A workload admitted less than this long ago is never reclaimed (no thrashing)."""
+    max_priority: int = 0
+    """Workloads with ``spec.priority`` at most this are preemptible."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,8 @@ class Parameters:
     inference_headroom: Headroom | None = None
     """Absent: no headroom check."""
     lora: LoraParameters = field(default_factory=LoraParameters)
+    reclaim: ReclaimParameters = field(default_factory=ReclaimParameters)
+    """Enabled only with ``inference_headroom`` (the forecast it reclaims for)."""
 
 
 # Kubernetes label syntax (apimachinery validation.IsQualifiedName / IsValidLabelValue).
@@ -144,12 +164,14 @@ def _parameters(spec: Mapping[str, Any], read: _Reader) -> Parameters:
             "data",
             "inferenceHeadroom",
             "lora",
+            "reclaim",
         ),
     )
     data = _section(spec, "data", "spec.data", read.problems)
     read.only(data, "spec.data", ("cachedPercentage", "timeoutSeconds", "createDataLoad"))
     lora = _section(spec, "lora", "spec.lora", read.problems)
-    read.only(lora, "spec.lora", ("tenantsPerInstance",))
+    read.only(lora, "spec.lora", ("tenantsPerInstance", "adaptive", "stepTimeSloSeconds"))
+    headroom = _headroom(spec, read)
     node_policy = spec.get("nodeSchedulerPolicy")
     return Parameters(
         pool_node_selector=_selector(spec.get("poolNodeSelector"), read),
@@ -168,12 +190,36 @@ def _parameters(spec: Mapping[str, Any], read: _Reader) -> Parameters:
             timeout_seconds=read.integer(data, "timeoutSeconds", "spec.data", 1800, 1, 604_800),
             create_dataload=read.boolean(data, "createDataLoad", "spec.data", True),
         ),
-        inference_headroom=_headroom(spec, read),
+        inference_headroom=headroom,
         lora=LoraParameters(
             tenants_per_instance=read.integer(
                 lora, "tenantsPerInstance", "spec.lora", 5, 1, MAX_TENANTS_PER_INSTANCE
-            )
+            ),
+            adaptive=read.boolean(lora, "adaptive", "spec.lora", False),
+            step_time_slo_seconds=None
+            if lora.get("stepTimeSloSeconds") is None
+            else read.number(lora, "stepTimeSloSeconds", "spec.lora", 1.0, 0.001, 86_400),
         ),
+        reclaim=_reclaim(spec, read, headroom),
+    )
+
+
+def _reclaim(
+    spec: Mapping[str, Any], read: _Reader, headroom: Headroom | None
+) -> ReclaimParameters:
+    where = "spec.reclaim"
+    section = _section(spec, "reclaim", where, read.problems)
+    read.only(section, where, ("enabled", "minRunSeconds", "maxPriority"))
+    enabled = read.boolean(section, "enabled", where, False)
+    if enabled and headroom is None:
+        read.problems.append(
+            f"{where}.enabled=true needs spec.inferenceHeadroom: reclaim gives cards back to "
+            "the inference the scaler forecasts, and without the forecast it has none"
+        )
+    return ReclaimParameters(
+        enabled=enabled,
+        min_run_seconds=read.integer(section, "minRunSeconds", where, 600, 0, 86_400),
+        max_priority=read.integer(section, "maxPriority", where, 0, -(2**31), 2**31 - 1),
     )
 
 

@@ -88,6 +88,27 @@ def created_at(workload: Mapping[str, Any]) -> float:
     return parse_time((workload.get("metadata") or {}).get("creationTimestamp")) or 0.0
 
 
+def pods_by_owner(pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:
+    """Pods by the uid of each of their owners: built once a pass, looked up per gang."""
+    index: dict[str, list[RawObject]] = {}
+    for pod in pods:
+        for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+            uid = owner.get("uid") if isinstance(owner, dict) else None
+            if uid:
+                index.setdefault(str(uid), []).append(pod)
+    return index
+
+
+def owned_pods(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[RawObject]:
+    """The pods of the workload's owner (a Job's pods are owned by the Job, as is it)."""
+    found: dict[int, RawObject] = {}
+    for owner in (w.get("metadata") or {}).get("ownerReferences") or ():
+        uid = owner.get("uid") if isinstance(owner, dict) else None
+        for pod in by_owner.get(str(uid), ()) if uid else ():
+            found[id(pod)] = pod
+    return list(found.values())
+
+
 def write_guard(workload: Mapping[str, Any]) -> str | None:
     """Why no check state may be written now, or None when one may.
 
@@ -149,6 +170,58 @@ def apply_body(
         "kind": "Workload",
         "metadata": identity,
         "status": {"admissionChecks": [entry]},
+    }
+
+
+READY: Final = "Ready"
+
+
+def reclaim_guard(workload: Mapping[str, Any]) -> str | None:
+    """Why an admitted Workload's check may not be set to ``Retry`` now, or None.
+
+    Reclaiming writes to a Workload Kueue admitted: it needs ``QuotaReserved=True`` and
+    ``Admitted=True``, none of Evicted, Finished, DeactivationTarget true (one Kueue is
+    already taking down needs no second push, and kueue#3543's race applies as before),
+    and ``spec.active`` not false.
+    """
+    if condition_status(workload, "QuotaReserved") != "True":
+        return "no-quota-reserved"
+    if condition_status(workload, "Admitted") != "True":
+        return "not-admitted"
+    if (workload.get("spec") or {}).get("active") is False:
+        return "deactivated"
+    for kind, status, reason in _GUARDS[:3]:
+        if condition_status(workload, kind) == status:
+            return reason
+    return None
+
+
+def reclaim_body(
+    workload: Mapping[str, Any],
+    decision: StatusDecision,
+    previous_entry: Mapping[str, Any] | None,
+    now: float,
+) -> RawObject | None:
+    """The server-side-apply body setting our Ready entry of an admitted Workload to Retry.
+
+    Kueue answers a Retry on an admitted Workload by evicting it (reason
+    ``AdmissionCheck``): the Job is suspended, its quota released, every check reset to
+    Pending, and it is requeued after ``requeueAfterSeconds``. None unless the decision is
+    a Retry, our entry is Ready and ``reclaim_guard`` allows it. Our podSetUpdates leave
+    the entry (Kueue drops them on the reset anyway); the preconditions are as in
+    ``apply_body``.
+    """
+    if decision.state != "Retry" or previous_entry is None:
+        return None
+    if previous_entry.get("state") != READY or reclaim_guard(workload) is not None:
+        return None
+    meta = workload.get("metadata") or {}
+    identity = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "metadata": identity,
+        "status": {"admissionChecks": [_entry(decision, previous_entry, now)]},
     }
 
 

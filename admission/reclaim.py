@@ -1,0 +1,180 @@
+"""The capacity manager's inputs, read from the cluster: a pool's cards, its admitted training.
+
+Pure: HAMi's inventory and the API server's JSON in, ``admission.pool`` values out. The
+pass that plans each pool and turns its reclaims into ``Retry`` decisions is
+``admission.decide.plan_pools`` / ``reclaim_all``; this module only reads.
+
+**A card's taken share** is the larger of its memory and its cores given out (HAMi's
+``used / registered``), 1.0 once every slot of it is taken (nothing more fits there: an
+exclusive card), and one slot's worth for a card a container holds without memory or
+cores (touched, so not whole and free). A card is ``<node>/<uuid>``.
+
+**An admitted workload's shares** are what its pods (found by owner, as the fit finds a
+gang's pods) hold per ``hami.io/vgpu-devices-allocated``, each use the larger of its
+memory and cores fractions of the card, summed per card and capped at 1. Only cards the
+pool offers count: freeing a card on a cordoned node gives inference nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from admission import annotations as names
+from admission.hami import (
+    TERMINAL_PHASES,
+    DeviceState,
+    HamiFormatError,
+    Inventory,
+    PodPlacement,
+    parse_devices_allocated,
+)
+from admission.pool import Admitted, PoolState
+from admission.workload import (
+    READY,
+    check_entries,
+    key,
+    owned_pods,
+    pods_by_owner,
+    priority,
+    reclaim_guard,
+)
+from foundation.timestamps import parse_time
+
+RawObject = dict[str, Any]
+
+__all__ = [
+    "AdmittedHere",
+    "admitted_in_pool",
+    "card_id",
+    "card_share",
+    "placement_cards",
+    "pool_state",
+]
+
+
+def card_id(node: str, uuid: str) -> str:
+    """How the capacity manager names a card."""
+    return f"{node}/{uuid}"
+
+
+def card_share(state: DeviceState) -> float:
+    """The share of a card taken (0: untouched), as the module docstring defines it."""
+    if state.untouched:
+        return 0.0
+    device = state.device
+    if state.free_slots == 0:
+        return 1.0
+    share = max(
+        state.used_memory_mib / device.memory_mib if device.memory_mib > 0 else 0.0,
+        state.used_cores / device.cores if device.cores > 0 else 0.0,
+    )
+    return min(1.0, share) if share > 0 else 1.0 / max(1, device.split_count)
+
+
+def pool_state(pool: Inventory) -> PoolState:
+    """The cards the pool offers (healthy, not cordoned, handshake fresh) and their shares."""
+    taken: dict[str, float] = {}
+    cards = 0
+    for node in pool.nodes:
+        for state in node.devices:
+            cards += 1
+            share = card_share(state)
+            if share > 0:
+                taken[card_id(node.name, state.device.uuid)] = share
+    return PoolState(cards=cards, taken=taken)
+
+
+def placement_cards(pool: Inventory, placements: Iterable[PodPlacement]) -> float:
+    """The cards' worth a gang's placements take (each take: memory or cores, the larger)."""
+    total = 0.0
+    for placement in placements:
+        node = pool.node(placement.node)
+        for take in placement.takes():
+            state = node.device(take.uuid) if node is not None else None
+            if state is None:
+                total += 1.0  # a card we cannot size: count it whole, never less
+                continue
+            total += _fraction(take.memory_mib, take.cores, state)
+    return total
+
+
+@dataclass(frozen=True)
+class AdmittedHere:
+    """An admitted workload of the pool and the check of ours whose Ready entry it holds."""
+
+    admitted: Admitted
+    check: str
+
+
+def admitted_in_pool(
+    workloads: Iterable[RawObject],
+    pods: Sequence[RawObject],
+    pool: Inventory,
+    checks: Collection[str],
+    max_priority: int,
+) -> list[AdmittedHere]:
+    """The workloads admitted through ``checks`` that a reclaim may write to, with shares.
+
+    A workload counts when one of ``checks`` holds it Ready and ``reclaim_guard`` allows a
+    write (admitted, not evicted, finished or leaving); it is preemptible when its
+    ``spec.priority`` is at most ``max_priority``. One with no pod placed yet holds no
+    share (it frees nothing, so it is never reclaimed).
+    """
+    by_owner = pods_by_owner(pods)
+    found = []
+    for w in workloads:
+        entries = check_entries(w)
+        ours = sorted(c for c in checks if (entries.get(c) or {}).get("state") == READY)
+        if not ours or reclaim_guard(w) is not None:
+            continue
+        shares = _shares(owned_pods(w, by_owner), pool)
+        at = _admitted_at(w)
+        rank = priority(w)
+        found.append(
+            AdmittedHere(Admitted(key(w), rank, at, rank <= max_priority, shares), ours[0])
+        )
+    return found
+
+
+def _admitted_at(w: RawObject) -> float:
+    """The ``Admitted`` condition's transition; 0 when unreadable (long running: eligible)."""
+    for cond in (w.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "Admitted":
+            return parse_time(cond.get("lastTransitionTime")) or 0.0
+    return 0.0
+
+
+def _shares(pods: Iterable[RawObject], pool: Inventory) -> dict[str, float]:
+    shares: dict[str, float] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        annotations: Mapping[str, Any] = meta.get("annotations") or {}
+        value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
+        where = annotations.get(names.HAMI_VGPU_NODE) or (pod.get("spec") or {}).get("nodeName")
+        node = pool.node(str(where)) if value and where else None
+        if node is None:
+            continue
+        try:
+            uses = parse_devices_allocated(str(value))
+        except HamiFormatError:
+            continue  # the inventory reports it; its cards count as taken by nobody we know
+        for use in uses:
+            state = node.device(use.uuid)
+            if state is not None:
+                card = card_id(node.name, use.uuid)
+                part = _fraction(use.memory_mib, use.cores, state)
+                shares[card] = min(1.0, shares.get(card, 0.0) + part)
+    return shares
+
+
+def _fraction(memory_mib: int, cores: int, state: DeviceState) -> float:
+    device = state.device
+    share = max(
+        memory_mib / device.memory_mib if device.memory_mib > 0 else 0.0,
+        cores / device.cores if device.cores > 0 else 0.0,
+    )
+    return min(1.0, share) if share > 0 else 1.0 / max(1, device.split_count)
