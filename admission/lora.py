@@ -17,10 +17,15 @@ entry counts before Kueue admits, so two tenants decided close together cannot b
 the last seat; Pending entries carry no podSetUpdates (Kueue drops them when it resets
 checks on eviction). Instances are cluster-wide: tenants of one base model share nodes
 whatever their namespace.
+
+How many tenants an instance should take (``tenants_for``) follows its load: one fewer
+when its cards' memory is nearly full or the tenants' steps miss their objective, one
+more when both have room, never past the ceiling; a signal unknown never raises it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,6 +41,15 @@ MAX_TENANTS_PER_INSTANCE: Final = 8
 _SLUG_LENGTH: Final = 50
 """Leaves room in a 63-character label value for ``-<n>``."""
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
+
+MEMORY_LOWER_AT: Final = 0.90
+"""Memory used at or above this fraction of the instance's cards: one tenant fewer (the
+next adapter or a longer batch would not fit)."""
+MEMORY_RAISE_AT: Final = 0.70
+"""Memory used at or below this fraction leaves room for one more tenant's adapter."""
+STEP_RAISE_FRACTION: Final = 0.8
+"""Steps at or under this fraction of their objective leave room for one more tenant
+(a tenant more slows each step; the margin keeps one addition from breaking the SLO)."""
 
 
 def validate_tenants_per_instance(value: object) -> int:
@@ -250,3 +264,98 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
 def _number(instance: str, slug: str) -> int:
     tail = instance.removeprefix(f"{slug}-")
     return int(tail) if tail.isdigit() else 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceLoad:
+    """What one base-model instance's tenants observe (None: the signal is unknown)."""
+
+    memory_used: float | None
+    """Fraction 0..1 of the instance cards' memory taken (HAMi)."""
+    step_seconds: float | None
+    """The tenants' observed step time (p95 or mean), seconds."""
+    step_slo_seconds: float | None
+    """The tenants' step-time objective, seconds."""
+
+
+def tenants_for(
+    current: int, load: InstanceLoad, ceiling: int = MAX_TENANTS_PER_INSTANCE
+) -> tuple[int, str]:
+    """The tenants an instance should take next, one step from ``current``, and why.
+
+    Lower by one (not below 1) when memory is at ``MEMORY_LOWER_AT`` or more, or steps
+    are slower than their objective; raise by one (not above ``ceiling``) when memory is
+    at ``MEMORY_RAISE_AT`` or less and steps within ``STEP_RAISE_FRACTION`` of it; else
+    hold. A signal unknown only ever holds: the one known and bad still lowers. A
+    ``current`` above ``ceiling`` (the ceiling was lowered) comes down to it.
+
+    Raises:
+        ValueError: ``current`` below 1, ``ceiling`` not 1-8, a fraction outside 0..1,
+            a negative step or an objective not above 0.
+    """
+    limit = validate_tenants_per_instance(ceiling)
+    _check_load(current, load)
+    memory, step = _memory_reading(load.memory_used), _step_reading(load)
+    bad = [r.text for r in (memory, step) if r.bad]
+    if current > limit:
+        return limit, f"{current} tenants is above the ceiling of {limit}: {limit}"
+    if bad:
+        target = max(1, current - 1)
+        verb = f"{target} (one fewer)" if target < current else "1 (the fewest)"
+        return target, f"{' and '.join(bad)}: {verb}"
+    unknown = [r.text for r in (memory, step) if r.unknown]
+    if unknown:
+        known = [r.text for r in (memory, step) if not r.unknown]
+        seen = f" ({' and '.join(known)})" if known else ""
+        return current, f"{' and '.join(unknown)}{seen}, so no more: holding at {current}"
+    if memory.roomy and step.roomy:
+        if current >= limit:
+            return current, f"{memory.text} and {step.text}, but at the ceiling of {limit}"
+        return current + 1, f"{memory.text} and {step.text}: {current + 1} (one more)"
+    return current, f"{memory.text} and {step.text}: holding at {current}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    text: str
+    bad: bool = False
+    roomy: bool = False
+    unknown: bool = False
+
+
+def _memory_reading(used: float | None) -> _Reading:
+    if used is None:
+        return _Reading("memory use unknown", unknown=True)
+    text = f"memory {used:.0%} used"
+    if used >= MEMORY_LOWER_AT:
+        return _Reading(f"{text} (at or above {MEMORY_LOWER_AT:.0%})", bad=True)
+    if used <= MEMORY_RAISE_AT:
+        return _Reading(f"{text} (room up to {MEMORY_RAISE_AT:.0%})", roomy=True)
+    return _Reading(f"{text} (between {MEMORY_RAISE_AT:.0%} and {MEMORY_LOWER_AT:.0%})")
+
+
+def _step_reading(load: InstanceLoad) -> _Reading:
+    step, slo = load.step_seconds, load.step_slo_seconds
+    if step is None or slo is None:
+        missing = "step time" if step is None else "step objective"
+        return _Reading(f"{missing} unknown", unknown=True)
+    text = f"step {step:g} s against a {slo:g} s objective"
+    if step > slo:
+        return _Reading(f"{text} (over it)", bad=True)
+    if step <= STEP_RAISE_FRACTION * slo:
+        return _Reading(f"{text} (within {STEP_RAISE_FRACTION:.0%} of it)", roomy=True)
+    return _Reading(f"{text} (near it)")
+
+
+def _check_load(current: int, load: InstanceLoad) -> None:
+    if isinstance(current, bool) or not isinstance(current, int) or current < 1:
+        raise ValueError(f"current tenants must be an integer >= 1, got {current!r}")
+    used = load.memory_used
+    if used is not None and not (math.isfinite(used) and 0 <= used <= 1):
+        raise ValueError(f"memory_used must be a fraction from 0 to 1, got {used!r}")
+    step = load.step_seconds
+    if step is not None and not (math.isfinite(step) and step >= 0):
+        raise ValueError(f"step_seconds must be a finite number >= 0, got {step!r}")
+    slo = load.step_slo_seconds
+    if slo is not None and not (math.isfinite(slo) and slo > 0):
+        raise ValueError(f"step_slo_seconds must be a finite number > 0, got {slo!r}")

@@ -17,9 +17,12 @@ from hypothesis import strategies as st
 from admission import annotations as names
 from admission.lora import (
     DEFAULT_TENANTS_PER_INSTANCE,
+    MAX_TENANTS_PER_INSTANCE,
+    InstanceLoad,
     LoraAssignment,
     assign_instance,
     instance_slug,
+    tenants_for,
     tenants_per_base_model,
     validate_tenants_per_instance,
 )
@@ -375,3 +378,208 @@ def test_no_instance_ever_holds_more_than_n_tenants(events, n):
                 counts[label[names.LORA_INSTANCE]] = counts.get(label[names.LORA_INSTANCE], 0) + 1
         assert max(counts.values()) <= n
         assert got.tenants == counts[got.instance]
+
+
+# --- density: how many tenants an instance takes, from its load ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "load", "ceiling", "want", "said"),
+    [
+        pytest.param(
+            5,
+            InstanceLoad(0.5, 0.10, 0.25),
+            8,
+            6,
+            "one more",
+            id="memory and steps with room raise by one",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.70, 0.20, 0.25),
+            8,
+            6,
+            "one more",
+            id="exactly 70% memory and 80% of the objective still raise",
+        ),
+        pytest.param(
+            8,
+            InstanceLoad(0.3, 0.05, 0.25),
+            8,
+            8,
+            "ceiling of 8",
+            id="room at the ceiling holds there",
+        ),
+        pytest.param(
+            3, InstanceLoad(0.3, 0.05, 0.25), 3, 3, "ceiling of 3", id="a lower ceiling is honoured"
+        ),
+        pytest.param(
+            5, InstanceLoad(0.90, 0.10, 0.25), 8, 4, "90% used", id="memory at 90% lowers by one"
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.5, 0.26, 0.25),
+            8,
+            4,
+            "over it",
+            id="steps slower than their objective lower by one",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.95, 0.30, 0.25),
+            8,
+            4,
+            "and step",
+            id="both bad lower by one only, naming both",
+        ),
+        pytest.param(
+            1, InstanceLoad(0.99, 0.5, 0.25), 8, 1, "the fewest", id="never below one tenant"
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.80, 0.10, 0.25),
+            8,
+            5,
+            "holding at 5",
+            id="memory between the marks holds",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.5, 0.22, 0.25),
+            8,
+            5,
+            "holding at 5",
+            id="steps near their objective hold",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.90, 0.25, 0.25),
+            8,
+            4,
+            "90% used",
+            id="a step right at its objective is not over it, memory still lowers",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(None, 0.05, 0.25),
+            8,
+            5,
+            "memory use unknown",
+            id="memory unknown never raises, however fast the steps",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.1, None, 0.25),
+            8,
+            5,
+            "step time unknown",
+            id="step time unknown never raises, however empty the memory",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.1, 0.05, None),
+            8,
+            5,
+            "step objective unknown",
+            id="no objective never raises",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(None, 0.40, 0.25),
+            8,
+            4,
+            "over it",
+            id="memory unknown still lowers on steps that are known and slow",
+        ),
+        pytest.param(
+            5,
+            InstanceLoad(0.93, None, None),
+            8,
+            4,
+            "93% used",
+            id="step unknown still lowers on memory known and full",
+        ),
+        pytest.param(
+            5, InstanceLoad(None, None, None), 8, 5, "holding at 5", id="nothing known holds"
+        ),
+        pytest.param(
+            7,
+            InstanceLoad(0.5, 0.1, 0.25),
+            5,
+            5,
+            "above the ceiling of 5",
+            id="above a lowered ceiling comes down to it",
+        ),
+    ],
+)
+def test_tenants_follow_the_instance_load(current, load, ceiling, want, said):
+    got, reason = tenants_for(current, load, ceiling)
+    assert got == want
+    assert said in reason
+
+
+@pytest.mark.parametrize(
+    ("current", "load", "ceiling", "match"),
+    [
+        pytest.param(
+            0, InstanceLoad(0.5, 0.1, 0.2), 8, "current tenants", id="zero tenants is refused"
+        ),
+        pytest.param(
+            True, InstanceLoad(0.5, 0.1, 0.2), 8, "current tenants", id="a bool is no tenant count"
+        ),
+        pytest.param(
+            3, InstanceLoad(1.5, 0.1, 0.2), 8, "memory_used", id="memory above 1 is refused"
+        ),
+        pytest.param(
+            3,
+            InstanceLoad(float("nan"), 0.1, 0.2),
+            8,
+            "memory_used",
+            id="memory NaN is refused, not read as a number",
+        ),
+        pytest.param(
+            3, InstanceLoad(0.5, -1.0, 0.2), 8, "step_seconds", id="a negative step is refused"
+        ),
+        pytest.param(
+            3, InstanceLoad(0.5, 0.1, 0.0), 8, "step_slo_seconds", id="a zero objective is refused"
+        ),
+        pytest.param(
+            3,
+            InstanceLoad(0.5, 0.1, 0.2),
+            9,
+            "tenants_per_instance",
+            id="a ceiling above 8 is refused",
+        ),
+    ],
+)
+def test_bad_load_figures_are_refused_with_the_field_named(current, load, ceiling, match):
+    with pytest.raises(ValueError, match=match):
+        tenants_for(current, load, ceiling)
+
+
+def test_the_default_ceiling_is_the_hard_limit_of_8():
+    roomy = InstanceLoad(0.1, 0.01, 1.0)
+    assert tenants_for(7, roomy)[0] == MAX_TENANTS_PER_INSTANCE == 8
+    assert tenants_for(8, roomy)[0] == 8
+
+
+FRACTIONS = st.none() | st.floats(min_value=0, max_value=1)
+SECONDS = st.none() | st.floats(min_value=0, max_value=100)
+OBJECTIVES = st.none() | st.floats(min_value=1e-3, max_value=100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    ceiling=st.integers(min_value=1, max_value=8),
+    load=st.builds(InstanceLoad, FRACTIONS, SECONDS, OBJECTIVES),
+)
+def test_density_moves_one_step_within_bounds(data, ceiling, load):
+    current = data.draw(st.integers(min_value=1, max_value=ceiling), label="current")
+    got, reason = tenants_for(current, load, ceiling)
+    assert 1 <= got <= ceiling
+    assert abs(got - current) <= 1
+    assert reason
+    unknown = None in (load.memory_used, load.step_seconds, load.step_slo_seconds)
+    if unknown:
+        assert got <= current, "a missing signal raised the density"
