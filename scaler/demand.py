@@ -7,7 +7,8 @@ contributes, per pool:
   replica;
 - **needed**: the most replicas its decision expects: the desired count, or the peak of
   its scale-down window when that is higher (a scale-up held back by its step, bounded
-  by ``maxReplicas``) x accelerators per replica. The decision already plans one
+  by ``maxReplicas``), plus the sleepers its standby plan holds (a sleeping pod keeps
+  its accelerator request) x accelerators per replica. The decision already plans one
   ``forecast-horizon`` ahead (the load trend is part of its need), so the forecast is in
   both; nothing is extrapolated beyond it.
 
@@ -148,9 +149,12 @@ def _deployment(entry: Declared) -> DeploymentDemand:
 
 
 def _needed(made: Decision, entry: Declared) -> int:
-    """The desired count, or the window's peak (what a stepped scale-up is heading to)."""
+    """The desired count, or the window's peak (what a stepped scale-up is heading to).
+
+    Sleepers (``standby``) count too: a sleeping pod keeps its accelerator request.
+    """
     peak = max(made.state.need_history.values(), default=0)
-    return max(made.desired_replicas, min(peak, entry.max_replicas))
+    return max(made.desired_replicas, min(peak, entry.max_replicas)) + made.sleeping_replicas
 
 
 def _total(parts: tuple[DeploymentDemand, ...], field: str) -> float | None:

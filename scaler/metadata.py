@@ -35,6 +35,7 @@ from foundation.durations import Seconds
 from foundation.errors import MetadataError, quote
 from scaler.core.capacity import check_profile
 from scaler.core.model import Policy
+from scaler.core.tiers import StandbyPolicy
 from scaler.prewarm.plan import PrewarmSpec
 
 # RFC 1123 label: what Kubernetes allows in namespace and Deployment names.
@@ -108,6 +109,9 @@ def _pool(value: object) -> object:
     return value
 
 
+MAX_SLEEPING = 100
+"""Sleepers one ScaledObject may hold (``standbyMaxSleeping``)."""
+
 MAX_PREWARM_PATHS = 32
 """Paths one ScaledObject may prewarm (each a DataLoad target)."""
 
@@ -149,6 +153,9 @@ _PREWARM_KEYS = (
     "prewarmCachedPercentage",
     "fluidDatasetNamespace",
 )
+
+
+_STANDBY_KEYS = ("standbyMaxSleeping", "standbyReleaseAfter")
 
 
 class TriggerMetadata(BaseModel):
@@ -215,6 +222,15 @@ class TriggerMetadata(BaseModel):
     prewarm_cached_percentage: Decimal | None = Field(
         None, alias="prewarmCachedPercentage", gt=0, le=100
     )
+    standby: Boolean = False
+    """Hold sleeping replicas beside the running ones as the warm-tier plan says
+    (``scaler.core.standby``): KEDA gets running + sleeping, the gateway sleeps them."""
+    standby_max_sleeping: Integer | None = Field(
+        None, alias="standbyMaxSleeping", ge=0, le=MAX_SLEEPING
+    )
+    """At most this many sleepers (each holds its weights in host memory); default 4."""
+    standby_release_after: Seconds | None = Field(None, alias="standbyReleaseAfter", ge=0)
+    """Idle this long and no sleeper is held any more; default 1h."""
 
     @model_validator(mode="after")
     def _prewarm_needs_a_dataset(self) -> TriggerMetadata:
@@ -225,6 +241,14 @@ class TriggerMetadata(BaseModel):
                     f"{', '.join(given)} needs fluidDataset (the Fluid Dataset holding the"
                     " model's weights)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _standby_knobs_need_standby(self) -> TriggerMetadata:
+        if not self.standby:
+            given = [k for k in _STANDBY_KEYS if getattr(self, _FIELD_OF[k]) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} needs standby: true")
         return self
 
     @model_validator(mode="after")
@@ -269,6 +293,20 @@ class TriggerMetadata(BaseModel):
             if self.keep_warm_after_zero is None
             else self.keep_warm_after_zero,
             self.prewarm_cached_percentage or defaults.warm_percent,
+        )
+
+    def standby_policy(self) -> StandbyPolicy | None:
+        """The standby plan's knobs, None without ``standby: true``."""
+        if not self.standby:
+            return None
+        defaults = StandbyPolicy()
+        return StandbyPolicy(
+            max_sleeping=defaults.max_sleeping
+            if self.standby_max_sleeping is None
+            else self.standby_max_sleeping,
+            release_after_seconds=defaults.release_after_seconds
+            if self.standby_release_after is None
+            else self.standby_release_after,
         )
 
     def policy(self, defaults: Policy | None = None) -> Policy:

@@ -21,6 +21,7 @@ from foundation.errors import MetadataError, NoDataError, StaleSignalError
 from foundation.signals import TargetKey, describe_target
 from scaler.core import Decision, DecisionState, Policy, decide
 from scaler.core.hpa import metric_for
+from scaler.core.standby import StandbySetup, StandbyState, standby_setup, with_standby
 from scaler.metadata import TriggerMetadata, parse_metadata
 from scaler.signals import SignalStore, observe
 
@@ -36,8 +37,13 @@ ObjectKey = tuple[str, str]
 
 
 def metric_value(decision: Decision) -> float:
-    """What GetMetrics reports so that the HPA lands on the decision (``core.hpa``)."""
-    return metric_for(decision.desired_replicas, decision.current_replicas)
+    """What GetMetrics reports so that the HPA lands on the decision (``core.hpa``).
+
+    The pods wanted are the running replicas and the sleepers: the Deployment must keep
+    the sleeping pods, which the gateway puts to sleep.
+    """
+    wanted = decision.desired_replicas + decision.sleeping_replicas
+    return metric_for(wanted, decision.current_replicas)
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +69,9 @@ class ScaledObject:
     """Called on each inactive-to-active transition (open StreamIsActive calls)."""
     last_seen: float = 0.0
     """When KEDA last asked about it (clock seconds); long silence means it is gone."""
+    standby: StandbySetup | None = None
+    """With ``standby: true``: what its warm-tier plan is made with."""
+    standby_state: StandbyState = field(default_factory=StandbyState)
 
 
 DecisionHook = Callable[[ScaledObject, Decision, float], Decision]
@@ -107,7 +116,8 @@ class ScaledObjectRegistry:
         self._policy_defaults = defaults
         for scaled in self._objects.values():
             try:
-                scaled.policy = scaled.metadata.policy(defaults)
+                policy = scaled.metadata.policy(defaults)
+                scaled.policy, scaled.standby = policy, _standby(scaled.metadata, policy)
             except MetadataError as err:
                 # The reload dropped the profile it names: it plans as before until its
                 # metadata changes (its next change is refused the same way, to KEDA).
@@ -162,10 +172,12 @@ class ScaledObjectRegistry:
             metadata_map, name=name, namespace=namespace, profiles=own_profiles
         )
         policy = metadata.policy(self._policy_defaults)
+        standby = _standby(metadata, policy)
         target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
         max_age = metadata.max_signal_age or self._default_max_age
         if existing is None:
             scaled = ScaledObject(key, metadata_map, metadata, target, policy, max_age)
+            scaled.standby = standby
             scaled.last_seen = self._clock()
             self._objects[key] = scaled
             log.info("tracking ScaledObject %s/%s for %s", namespace, name, describe_target(target))
@@ -174,7 +186,7 @@ class ScaledObjectRegistry:
             scaled = existing
             self._by_target.get(scaled.target, set()).discard(scaled)
             scaled.raw_metadata, scaled.metadata, scaled.target = metadata_map, metadata, target
-            scaled.policy = policy
+            scaled.policy, scaled.standby = policy, standby
             scaled.max_signal_age = max_age
             scaled.signals_version = -1
             scaled.last_seen = self._clock()
@@ -230,6 +242,11 @@ class ScaledObjectRegistry:
         try:
             observation, valid_until = observe(scaled.target, signals, now, scaled.max_signal_age)
             decision = decide(observation, scaled.policy, scaled.state)
+            standby_state = scaled.standby_state
+            if scaled.standby is not None:
+                decision, standby_state = with_standby(
+                    decision, standby_state, scaled.standby, scaled.policy, now
+                )
             for hook in self._decision_hooks:
                 decision = hook(scaled, decision, now)
         except NoDataError as err:
@@ -243,12 +260,23 @@ class ScaledObjectRegistry:
             return
         previous = scaled.decision
         scaled.decision, scaled.error, scaled.state = decision, None, decision.state
+        scaled.standby_state = standby_state
         scaled.decided_at = now
         scaled.valid_until = valid_until
         if previous is None or previous.desired_replicas != decision.desired_replicas:
             log.info(
                 "ScaledObject %s/%s: desired replicas %d (%s)",
                 *scaled.key,
+                decision.desired_replicas,
+                decision.reason,
+            )
+        if scaled.standby is not None and (
+            previous is None or previous.sleeping_replicas != decision.sleeping_replicas
+        ):
+            log.info(
+                "ScaledObject %s/%s: %d sleeping beside %d running (%s)",
+                *scaled.key,
+                decision.sleeping_replicas,
                 decision.desired_replicas,
                 decision.reason,
             )
@@ -263,6 +291,21 @@ class ScaledObjectRegistry:
             for listener in list(scaled.activation_listeners):
                 listener()
         scaled.active = decision.active
+
+
+def _standby(metadata: TriggerMetadata, policy: Policy) -> StandbySetup | None:
+    """The standby plan's setup for a trigger with ``standby: true``, else None.
+
+    Raises:
+        MetadataError: standby without a profile to price the sleepers with.
+    """
+    knobs = metadata.standby_policy()
+    if knobs is None:
+        return None
+    try:
+        return standby_setup(policy, knobs, cache=metadata.fluid_dataset is not None)
+    except ValueError as err:
+        raise MetadataError(f"invalid scalerMetadata: standby: {err}") from err
 
 
 def _kind(err: NoDataError) -> str:

@@ -9,6 +9,7 @@ MetadataError          INVALID_ARGUMENT    the ScaledObject's trigger is misconf
 unknown metric name    NOT_FOUND           KEDA asked for a metric we never specified
 NoDataError            UNAVAILABLE         lets KEDA's fallback act; never a fake 0
 unknown pool           NOT_FOUND           no ScaledObject declares it (not "needs 0")
+no standby workload    NOT_FOUND           GetStandbyPlan: none scales it with standby
 negative horizon       INVALID_ARGUMENT    GetInferenceDemand's horizon
 =====================  ==================  ========================================
 
@@ -159,7 +160,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
 
 class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
-    """Inference demand per accelerator pool, from the registry's latest decisions."""
+    """Inference demand per pool and standby plans, from the registry's latest decisions."""
 
     def __init__(self, registry: ScaledObjectRegistry) -> None:
         self._registry = registry
@@ -197,6 +198,41 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         return capacity_pb2.GetInferenceDemandResponse(
             pools=[_pool_message(p) for p in pools.values()]
         )
+
+    async def GetStandbyPlan(  # noqa: N802 - name fixed by the proto
+        self, request: capacity_pb2.GetStandbyPlanRequest, context: grpc.aio.ServicerContext
+    ) -> capacity_pb2.GetStandbyPlanResponse:
+        """Each standby ScaledObject of the workload: running and sleeping, or unset."""
+        workload = (request.namespace, request.deployment)
+        plans = []
+        for scaled in sorted(self._registry.objects(), key=lambda s: s.key):
+            if scaled.standby is None or scaled.target[:2] != workload:
+                continue
+            with contextlib.suppress(NoDataError):
+                self._registry.current(scaled)  # refreshed as a KEDA call would be
+            plans.append(_standby_message(scaled))
+        if not plans:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no ScaledObject the scaler knows of scales {quote(request.namespace)}/"
+                f"{quote(request.deployment)} with standby: true",
+            )
+        return capacity_pb2.GetStandbyPlanResponse(plans=plans)
+
+
+def _standby_message(scaled: ScaledObject) -> capacity_pb2.StandbyPlan:
+    namespace, name = scaled.key
+    message = capacity_pb2.StandbyPlan(namespace=namespace, name=name, model=scaled.target[2])
+    decision = scaled.decision
+    if decision is None:
+        message.reason = str(scaled.error) if scaled.error is not None else "no decision yet"
+        return message
+    message.running = decision.desired_replicas
+    message.sleeping = decision.sleeping_replicas
+    message.reason = decision.reason
+    if scaled.decided_at is not None:
+        message.decided_time.CopyFrom(to_timestamp(scaled.decided_at))
+    return message
 
 
 def _pool_message(demand: InferenceDemand) -> capacity_pb2.PoolDemand:

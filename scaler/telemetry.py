@@ -33,6 +33,10 @@ _GAUGES = {
     "forecast": ("unitscale_scaler_forecast_replicas", "Load forecast one cold start ahead."),
     "need": ("unitscale_scaler_need_replicas", "Replicas needed before steps and bounds."),
     "capacity_scale": ("unitscale_scaler_capacity_scale", "Learned capacity over the priors."),
+    "sleeping": (
+        "unitscale_scaler_sleeping_replicas",
+        "With standby: replicas the warm-tier plan holds asleep beside the desired ones.",
+    ),
     "step_scale": (
         "unitscale_scaler_profile_step_scale",
         "With a profile: its step times' fitted scale planned with (1: the profile holds).",

@@ -81,6 +81,12 @@ class GatewayConfig(BaseModel):
     """Wake a sleeping replica when every ready one has this many requests outstanding."""
     wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, gt=0)
     """How long a replica whose wake failed is passed over."""
+    standby_scaler: str | None = _DEFAULTS.standby_scaler
+    """``host:port`` of the scaler: its standby plan's sleepers are put to sleep."""
+    standby_interval: Seconds = Field(_DEFAULTS.standby_interval, gt=0)
+    """How often the standby plan is asked for."""
+    sleep_after_idle: Seconds = Field(_DEFAULTS.sleep_after_idle, ge=0)
+    """How long a surplus replica must be idle (or awake since a wake) before it sleeps."""
 
     @field_validator("replicas")
     @classmethod
@@ -90,10 +96,10 @@ class GatewayConfig(BaseModel):
                 raise ValueError(f"expected http://host:port, got {quote(url)}")
         return [url.rstrip("/") for url in replicas]
 
-    @field_validator("dns")
+    @field_validator("dns", "standby_scaler")
     @classmethod
-    def _host_port(cls, dns: str | None) -> str | None:
-        return None if dns is None else host_port(dns)
+    def _host_port(cls, address: str | None) -> str | None:
+        return None if address is None else host_port(address)
 
     @model_validator(mode="after")
     def _largest_request_fits_the_buffer(self) -> GatewayConfig:
@@ -122,6 +128,9 @@ class GatewayConfig(BaseModel):
             wake_timeout=self.wake_timeout,
             wake_at_outstanding=self.wake_at_outstanding,
             wake_retry_after=self.wake_retry_after,
+            standby_scaler=self.standby_scaler,
+            standby_interval=self.standby_interval,
+            sleep_after_idle=self.sleep_after_idle,
         )
 
 

@@ -25,6 +25,14 @@ time, ``serving.routing.choose_to_wake``) while the request waits in the buffer 
 replicas; a wake that fails, times out (``wake_timeout``) or leaves it asleep is logged,
 counted, and the next wake goes to another replica for ``wake_retry_after``.
 
+With ``standby-scaler`` the gateway asks the scaler for its standby plan every
+``standby-interval`` (``serving.gateway_standby``: replicas to run, and to hold asleep
+beside them, for ``standby: true`` ScaledObjects) and holds it (``serving.routing.
+choose_standby``): a surplus replica idle for ``sleep-after-idle`` is put to sleep
+(``POST /sleep?level=1``, least recently used first, routed nothing from the moment it is
+chosen), and a sleeper is woken early when the running target lacks awake replicas.
+Without a plan to act on (no scaler, no ScaledObject, no decision) nothing is slept.
+
 Which replicas there are, and which are healthy or draining, is ``serving.gateway_replicas``;
 a reloaded config is acted on at once, so a newly listed ready replica takes traffic within
 milliseconds. The gateway's own metrics are ``serving.gateway_metrics``.
@@ -47,7 +55,15 @@ from serving.gateway_metrics import GatewayMetrics
 from serving.gateway_replicas import Replica, ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import SignalsFeed, TrafficStats, gateway_signals
-from serving.routing import choose, choose_to_wake, is_unserved, known_models, may_buffer
+from serving.gateway_standby import StandbyClient
+from serving.routing import (
+    choose,
+    choose_standby,
+    choose_to_wake,
+    is_unserved,
+    known_models,
+    may_buffer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +85,8 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._wakes: set[asyncio.Task[None]] = set()
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
+        self.standby_problem: str | None = None
+        """Why the last standby round acted on no plan; None when it had one."""
 
     @property
     def replicas(self) -> list[Replica]:
@@ -98,6 +116,7 @@ class Gateway:
         tasks = [
             asyncio.create_task(self.pool.check_forever(self._session, self.metrics.set_replicas)),
             asyncio.create_task(self._signal_loop()),
+            asyncio.create_task(self._standby_loop()),
         ]
         yield
         tasks += self._wakes
@@ -163,9 +182,10 @@ class Gateway:
     def _wake_if_needed(self, model: str | None) -> None:
         """Start waking a sleeping replica if ``model`` needs one (``choose_to_wake``)."""
         url = choose_to_wake(self.pool.views(), model, self.settings.wake_at_outstanding)
-        if url is None:
-            return
-        replica = self.pool.find(url)
+        if url is not None:
+            self._start_wake(self.pool.find(url))
+
+    def _start_wake(self, replica: Replica) -> None:
         replica.waking = True  # before any await: one wake per replica, per model
         task = asyncio.create_task(self._wake(replica))
         self._wakes.add(task)
@@ -195,6 +215,8 @@ class Gateway:
         if problem is None:
             log.info("replica %s is awake after %.2fs", replica.url, took)
             replica.sleeping, replica.wake_failed_at = False, None
+            replica.sleep_changes += 1
+            replica.idle_since = time.monotonic()  # not slept again before it served
             self.metrics.woke(took)
         else:
             log.warning(
@@ -203,6 +225,69 @@ class Gateway:
             replica.wake_failed_at = time.monotonic()
             self.metrics.wake_failed()
         async with self._ready:  # buffered requests route to it, or wake another
+            self._ready.notify_all()
+
+    # --- the standby plan -----------------------------------------------------------------
+
+    async def _standby_loop(self) -> None:
+        client = StandbyClient()
+        try:
+            while True:
+                scaler = self.settings.standby_scaler
+                try:
+                    if scaler is not None:
+                        await self._standby_round(client, scaler)
+                except Exception:  # a bug here must never stop the proxy's other work
+                    log.exception("standby round failed; trying again next interval")
+                await asyncio.sleep(self.settings.standby_interval)
+        finally:
+            await client.close()
+
+    async def _standby_round(self, client: StandbyClient, scaler: str) -> None:
+        """Ask for the plan; sleep the surplus idle replicas, wake those the running lack."""
+        s = self.settings
+        plan = await client.plan(scaler, s.namespace, s.deployment, s.standby_interval)
+        if isinstance(plan, str):
+            if plan != self.standby_problem:
+                log.warning("standby: sleeping none (%s)", plan)
+            self.standby_problem = plan
+            return
+        self.standby_problem = None
+        moves = choose_standby(self.pool.views(), plan.running, plan.sleeping, s.sleep_after_idle)
+        if moves.sleep or moves.wake:
+            log.info("standby: %s (scaler: %s)", moves.reason, plan.reason)
+        for url in moves.wake:
+            self._start_wake(self.pool.find(url))
+        chosen = [self.pool.find(url) for url in moves.sleep]
+        for replica in chosen:
+            replica.falling_asleep = True  # before any await: no request is routed there
+        await asyncio.gather(*(self._sleep(replica) for replica in chosen))
+
+    async def _sleep(self, replica: Replica) -> None:
+        """``POST /sleep?level=1``: asleep, or logged and left to the health check."""
+        assert self._session is not None
+        problem: str | None = None
+        try:
+            async with (
+                asyncio.timeout(self.settings.wake_timeout),
+                self._session.post(replica.url + "/sleep", params={"level": "1"}) as r,
+            ):
+                if r.status != 200:
+                    problem = f"it answered HTTP {r.status}"
+        except TimeoutError:
+            problem = f"no answer within {self.settings.wake_timeout:g}s"
+        except aiohttp.ClientError as err:
+            problem = f"{type(err).__name__}: {err}"
+        finally:
+            replica.falling_asleep = False
+        self.metrics.slept(problem is None)
+        if problem is None:
+            log.info("replica %s is asleep (the standby plan's)", replica.url)
+            replica.sleeping = True
+            replica.sleep_changes += 1
+        else:
+            log.warning("putting replica %s to sleep failed (%s)", replica.url, problem)
+        async with self._ready:  # a buffered request may wake it, or route to it
             self._ready.notify_all()
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
@@ -297,6 +382,7 @@ class Gateway:
                     return await self._relay(request, upstream)
             finally:
                 replica.outstanding -= 1
+                replica.idle_since = time.monotonic()
                 self.pool.drop_if_drained(replica)
                 self._set_in_flight(-1)
         raise self._reject(503, "no replica accepted the connection", 5)

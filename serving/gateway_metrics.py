@@ -28,6 +28,8 @@ UPSTREAM_ERROR_KINDS = ("connect", "before-response", "timeout", "mid-response",
 REJECT_STATUSES = (400, 404, 413, 429, 502, 503, 504)
 """The ``status`` of ``unitscale_gateway_rejected_total``: what ``serving.gateway`` answers."""
 WAKE_RESULTS = ("woken", "failed")
+SLEEP_RESULTS = ("slept", "failed")
+"""The ``result`` of ``unitscale_gateway_sleeps_total``: the standby plan's sleeps."""
 
 
 class GatewayMetrics:
@@ -100,6 +102,12 @@ class GatewayMetrics:
             buckets=WAKE_BUCKETS,
             registry=r,
         )
+        self._sleeps = Counter(
+            "unitscale_gateway_sleeps",
+            "Surplus idle replicas put to sleep for the scaler's standby plan, by result.",
+            [*labels, "result"],
+            registry=r,
+        )
         self._create_series()
 
     def _create_series(self) -> None:
@@ -119,6 +127,8 @@ class GatewayMetrics:
             self._rejected.labels(*self._labels, str(status))
         for result in WAKE_RESULTS:
             self._wakes.labels(*self._labels, result)
+        for result in SLEEP_RESULTS:
+            self._sleeps.labels(*self._labels, result)
 
     def arrived(self) -> None:
         """A request reached the gateway."""
@@ -163,6 +173,10 @@ class GatewayMetrics:
     def wake_failed(self) -> None:
         """A wake-up failed (no answer in time, an error, or still asleep)."""
         self._wakes.labels(*self._labels, "failed").inc()
+
+    def slept(self, ok: bool) -> None:
+        """A ``POST /sleep`` for the standby plan succeeded (``ok``) or failed."""
+        self._sleeps.labels(*self._labels, "slept" if ok else "failed").inc()
 
     def count_reloads(self, store: ConfigStore[Any]) -> None:
         """Export ``store``'s applied and refused updates from now on."""

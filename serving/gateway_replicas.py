@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,11 +57,23 @@ class Replica:
     """A wake of it is under way (``serving.gateway``)."""
     wake_failed_at: float | None = None
     """``time.monotonic`` of its last failed wake."""
+    falling_asleep: bool = False
+    """A ``POST /sleep`` of it (the standby plan's) is under way: routed nothing."""
+    idle_since: float = -math.inf
+    """``time.monotonic`` of its last request's end, its turning ready or its wake."""
+    sleep_changes: int = 0
+    """Sleeps and wakes the gateway made of it: a /is_sleeping read across one is stale."""
 
     @property
     def routable(self) -> bool:
         """Whether new requests may go here."""
-        return self.ready and not self.draining and not self.sleeping and not self.waking
+        return (
+            self.ready
+            and not self.draining
+            and not self.sleeping
+            and not self.waking
+            and not self.falling_asleep
+        )
 
     @property
     def wakeable(self) -> bool:
@@ -111,6 +124,8 @@ class ReplicaPool:
                 sleeping=r.wakeable,
                 waking=r.waking,
                 wake_failed=r.wake_failed_at is not None and now - r.wake_failed_at < retry,
+                idle_seconds=0.0 if r.outstanding else max(now - r.idle_since, 0.0),
+                sleep_mode=r.sleep_mode,
             )
             for r in self.replicas
         ]
@@ -210,7 +225,7 @@ class ReplicaPool:
                 self.served |= replica.models
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
             healthy = False
-        if healthy and replica.sleep_mode and not replica.waking:
+        if healthy and replica.sleep_mode and not replica.waking and not replica.falling_asleep:
             await self._check_sleep(session, replica)
         if healthy != replica.ready:
             log.info("replica %s is %s", replica.url, "ready" if healthy else "not ready")
@@ -219,11 +234,13 @@ class ReplicaPool:
                 replica.models = frozenset()
                 replica.sleep_mode, replica.sleeping = True, False  # ask again once it is back
             if healthy:
+                replica.idle_since = time.monotonic()
                 async with self.ready:
                     self.ready.notify_all()
 
     async def _check_sleep(self, session: aiohttp.ClientSession, replica: Replica) -> None:
         """Its /is_sleeping: asleep, awake, no sleep mode (404), or unreadable (kept)."""
+        changes = replica.sleep_changes
         try:
             async with session.get(
                 replica.url + "/is_sleeping", timeout=aiohttp.ClientTimeout(total=2)
@@ -239,6 +256,8 @@ class ReplicaPool:
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as err:
             log.debug("cannot read %s/is_sleeping (%s); keeping what was known", replica.url, err)
             return
+        if changes != replica.sleep_changes or replica.falling_asleep or replica.waking:
+            return  # the gateway slept or woke it meanwhile: what it knows is newer
         if sleeping != replica.sleeping:
             log.info("replica %s is %s", replica.url, "asleep" if sleeping else "awake")
             replica.sleeping = sleeping

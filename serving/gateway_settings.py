@@ -43,3 +43,10 @@ class GatewaySettings:
     None: only when none is ready (requests buffered meanwhile)."""
     wake_retry_after: float = 30.0
     """Seconds a replica whose wake failed is passed over for the next wake."""
+    standby_scaler: str | None = None
+    """``host:port`` of the scaler's gRPC port: the gateway asks it for the standby plan
+    (``GetStandbyPlan``) and puts the plan's sleepers to sleep; None: it sleeps none."""
+    standby_interval: float = 5.0
+    """Seconds between two asks for the standby plan (the scaler plans every 5 s)."""
+    sleep_after_idle: float = 10.0
+    """Seconds without a request (or since it woke) before a surplus replica is slept."""

@@ -14,10 +14,15 @@
   a request's model, or (with ``wake_at_outstanding``) every one already has that many
   requests outstanding, one sleeping replica serving it is woken: the first listed whose
   last wake did not fail, and none while another wake for that model is under way.
+- The scaler's standby plan (``running`` replicas and ``sleeping`` ones beside them) is
+  held by ``choose_standby``: the surplus idle replicas sleep, least recently used first,
+  never one with a request outstanding; a sleeper wakes early only when the running
+  target lacks awake replicas.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +42,10 @@ class ReplicaView:
     """A wake of it is under way."""
     wake_failed: bool = False
     """Its last wake failed recently: wake another."""
+    idle_seconds: float = math.inf
+    """Since its last request ended, it turned ready or it woke (0 while one is outstanding)."""
+    sleep_mode: bool = True
+    """False once its /is_sleeping answered 404: it cannot be put to sleep."""
 
     def serves(self, model: str | None) -> bool:
         """Whether it may serve ``model`` (a replica that has not listed its models may)."""
@@ -82,6 +91,54 @@ def choose_to_wake(
         if replica.sleeping and not replica.wake_failed:
             return replica.url
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyMoves:
+    """The replicas to put to sleep and to wake so that the fleet holds the plan."""
+
+    sleep: tuple[str, ...]
+    wake: tuple[str, ...]
+    reason: str
+
+
+def choose_standby(
+    replicas: Sequence[ReplicaView], running: int, sleeping: int, min_idle: float
+) -> StandbyMoves:
+    """Which replicas to put to sleep, or to wake, to hold ``sleeping`` beside ``running``.
+
+    Args:
+        replicas: what the router sees.
+        running: the replicas the scaler's decision wants awake.
+        sleeping: the replicas its standby plan holds asleep beside them.
+        min_idle: a replica sleeps only after this many seconds without a request.
+
+    Returns:
+        The held replicas are the pods the Deployment keeps (routable, asleep or waking);
+        ``min(sleeping, held - running)`` of them should sleep. With fewer asleep, the
+        awake ones with sleep mode, nothing outstanding and idle for ``min_idle`` sleep,
+        least recently used first (ties: listed first). With more, only as many wake as
+        ``running`` lacks awake: a sleeper beyond the plan is the Deployment's to remove.
+    """
+    held = [r for r in replicas if r.ready or r.sleeping or r.waking]
+    asleep = [r for r in held if r.sleeping and not r.waking]
+    awake = len(held) - len(asleep)
+    want = min(sleeping, max(len(held) - running, 0))
+    plan = f"plan: {running} running, {sleeping} sleeping; held {awake} awake, {len(asleep)} asleep"
+    if len(asleep) < want:
+        idle = [
+            r
+            for r in held
+            if r.ready and r.sleep_mode and not r.outstanding and r.idle_seconds >= min_idle
+        ]
+        idle.sort(key=lambda r: -r.idle_seconds)
+        chosen = tuple(r.url for r in idle[: want - len(asleep)])
+        return StandbyMoves(chosen, (), f"{plan}: {len(chosen)} of {want - len(asleep)} idle")
+    short = min(len(asleep) - want, running - awake)
+    if short > 0:
+        woken = tuple(r.url for r in asleep if not r.wake_failed)[:short]
+        return StandbyMoves((), woken, f"{plan}: {short} more to run")
+    return StandbyMoves((), (), plan)
 
 
 def may_buffer(

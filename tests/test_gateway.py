@@ -354,6 +354,9 @@ SETTINGS_IN_THE_CONFIG = [
     pytest.param("wake_timeout", id="the-wake-timeout-has-one-default"),
     pytest.param("wake_at_outstanding", id="waking-only-at-zero-ready-is-the-default"),
     pytest.param("wake_retry_after", id="the-wake-retry-delay-has-one-default"),
+    pytest.param("standby_scaler", id="asking-no-scaler-for-a-standby-plan-is-the-default"),
+    pytest.param("standby_interval", id="the-standby-interval-has-one-default"),
+    pytest.param("sleep_after_idle", id="the-sleep-after-idle-has-one-default"),
 ]
 
 

@@ -217,6 +217,9 @@ def test_key_lists_match_the_documented_keys():
         "seasonalFloor",
         "seasonalPrewarmLead",
         "seasonalUtcOffsetHours",
+        "standby",
+        "standbyMaxSleeping",
+        "standbyReleaseAfter",
     }
 
 

@@ -74,7 +74,8 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     """
     o, p, now = observation, policy, observation.now
     activity = _activity(o, previous)
-    ready = max(o.replicas_known or o.replicas_up or 0, 0)
+    # A sleeping replica is a pod, not capacity: it serves nothing until woken.
+    ready = max((o.replicas_known or o.replicas_up or 0) - (o.replicas_sleeping or 0), 0)
     current = previous.desired if previous.desired is not None else ready
 
     # 1. Activity and scale to zero: only on a known-zero load, never on missing data.

@@ -46,6 +46,8 @@ class Observation:
     """Replicas the exporter scraped successfully."""
     replicas_known: int | None = None
     """Replicas the exporter knows of (the HPA's current count, roughly)."""
+    replicas_sleeping: int | None = None
+    """Replicas answering that are asleep (vLLM sleep mode): pods, not capacity."""
     gateway_arrival_rate: float | None = None
     gateway_buffered: int | None = None
     gateway_in_flight: int | None = None
@@ -165,3 +167,6 @@ class Decision:
     panic: bool = False
     current_replicas: int | None = None
     """Replicas the exporter saw (the HPA's count), for ``hpa.metric_for``."""
+    sleeping_replicas: int = 0
+    """Replicas to hold asleep beside ``desired_replicas`` (the standby plan,
+    ``scaler.core.standby``): KEDA is asked for both, the gateway puts these to sleep."""

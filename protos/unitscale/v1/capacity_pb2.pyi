@@ -61,3 +61,35 @@ class DeploymentDemand(_message.Message):
     decided_time: _timestamp_pb2.Timestamp
     forecast_horizon: _duration_pb2.Duration
     def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., deployment: _Optional[str] = ..., replicas_now: _Optional[int] = ..., replicas_forecast: _Optional[int] = ..., accelerators_per_replica: _Optional[float] = ..., reason: _Optional[str] = ..., decided_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., forecast_horizon: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class GetStandbyPlanRequest(_message.Message):
+    __slots__ = ("namespace", "deployment")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    deployment: str
+    def __init__(self, namespace: _Optional[str] = ..., deployment: _Optional[str] = ...) -> None: ...
+
+class GetStandbyPlanResponse(_message.Message):
+    __slots__ = ("plans",)
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    plans: _containers.RepeatedCompositeFieldContainer[StandbyPlan]
+    def __init__(self, plans: _Optional[_Iterable[_Union[StandbyPlan, _Mapping]]] = ...) -> None: ...
+
+class StandbyPlan(_message.Message):
+    __slots__ = ("namespace", "name", "model", "running", "sleeping", "reason", "decided_time")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_TIME_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    name: str
+    model: str
+    running: int
+    sleeping: int
+    reason: str
+    decided_time: _timestamp_pb2.Timestamp
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., model: _Optional[str] = ..., running: _Optional[int] = ..., sleeping: _Optional[int] = ..., reason: _Optional[str] = ..., decided_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

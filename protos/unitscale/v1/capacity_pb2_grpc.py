@@ -39,6 +39,11 @@ class CapacityServiceStub:
                 request_serializer=protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetInferenceDemandRequest.SerializeToString,
                 response_deserializer=protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetInferenceDemandResponse.FromString,
                 _registered_method=True)
+        self.GetStandbyPlan = channel.unary_unary(
+                '/unitscale.v1.CapacityService/GetStandbyPlan',
+                request_serializer=protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetStandbyPlanRequest.SerializeToString,
+                response_deserializer=protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetStandbyPlanResponse.FromString,
+                _registered_method=True)
 
 
 class CapacityServiceServicer:
@@ -53,6 +58,16 @@ class CapacityServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStandbyPlan(self, request, context):
+        """The warm-tier plan of the ScaledObjects with `standby: true` that scale a workload:
+        how many of its replicas run and how many sleep beside them (KEDA is asked for
+        both). The gateway in front of the workload asks, and puts the sleepers to sleep.
+        NOT_FOUND when no ScaledObject the scaler knows of scales it with standby.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CapacityServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +75,11 @@ def add_CapacityServiceServicer_to_server(servicer, server):
                     servicer.GetInferenceDemand,
                     request_deserializer=protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetInferenceDemandRequest.FromString,
                     response_serializer=protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetInferenceDemandResponse.SerializeToString,
+            ),
+            'GetStandbyPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStandbyPlan,
+                    request_deserializer=protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetStandbyPlanRequest.FromString,
+                    response_serializer=protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetStandbyPlanResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +109,33 @@ class CapacityService:
             '/unitscale.v1.CapacityService/GetInferenceDemand',
             protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetInferenceDemandRequest.SerializeToString,
             protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetInferenceDemandResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStandbyPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/unitscale.v1.CapacityService/GetStandbyPlan',
+            protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetStandbyPlanRequest.SerializeToString,
+            protos_dot_unitscale_dot_v1_dot_capacity__pb2.GetStandbyPlanResponse.FromString,
             options,
             channel_credentials,
             insecure,

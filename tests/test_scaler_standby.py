@@ -1,0 +1,260 @@
+"""The served scaler acts on the warm-tier plan: ``standby: true`` in a trigger.
+
+The pure part (``scaler.core.standby.with_standby``) in tables; then the real scaler on
+127.0.0.1: KEDA's metric is running + sleeping, the ScaledObject stays active while a
+sleeper is held, and ``GetStandbyPlan`` tells the gateway both counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import grpc
+import pytest
+
+from foundation.errors import MetadataError
+from foundation.replica_model import LLAMA3_8B_H200
+from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
+from scaler.core import Decision, DecisionState, Observation, Policy, decide
+from scaler.core.predictive import PREWARM_FORECAST
+from scaler.core.standby import (
+    STANDBY_INTERVAL,
+    StandbyState,
+    standby_setup,
+    with_standby,
+)
+from scaler.core.tiers import StandbyPolicy
+from scaler.core.window import Recent
+from scaler.demand import Declared, pool_demand
+from scaler.metadata import parse_metadata
+from scaler.registry import metric_value
+from scaler.sources import receive
+from tests.conftest import T0, gateway_signals, ref
+
+PROFILED = Policy(profile=LLAMA3_8B_H200.name)
+SETUP = standby_setup(PROFILED, StandbyPolicy(), cache=False)
+STANDBY = {"profile": LLAMA3_8B_H200.name, "standby": "true", "idleGrace": "60s"}
+
+
+def decision(desired: int, last_activity: float, **inputs: float) -> Decision:
+    state = DecisionState(desired=desired, last_activity=last_activity)
+    return Decision(desired, desired > 0, state, f"-> {desired}", dict(inputs))
+
+
+def need(*levels: float) -> StandbyState:
+    """Need samples every 5 s up to T0, the last sample due now."""
+    start = T0 - STANDBY_INTERVAL * len(levels)
+    samples = tuple((start + i * STANDBY_INTERVAL, v) for i, v in enumerate(levels))
+    return StandbyState(Recent(samples), T0)
+
+
+@pytest.mark.parametrize(
+    ("made", "state", "setup", "sleeping", "active", "why"),
+    [
+        pytest.param(
+            decision(0, T0 - 300), StandbyState(), SETUP, 1, True, "1 sleeping",
+            id="idle at zero within the hour holds one sleeper and stays active",
+        ),
+        pytest.param(
+            decision(0, -math.inf), StandbyState(), SETUP, 0, False, "nothing held",
+            id="a workload never active holds nothing and stays inactive",
+        ),
+        pytest.param(
+            decision(0, T0 - 3601), StandbyState(), SETUP, 0, False, "nothing held",
+            id="idle past the release holds nothing: KEDA may scale to zero",
+        ),
+        pytest.param(
+            decision(2, T0), need(*([3.0] * 50 + [2.0] * 50)), SETUP, 1, True,
+            "replica 3 was needed",
+            id="a third replica needed half the window sleeps beside two running",
+        ),
+        pytest.param(
+            decision(2, T0), need(*([2.0] * 100)), SETUP, 0, True, "no replica above 2",
+            id="a steady fleet holds no sleeper",
+        ),
+        pytest.param(
+            decision(0, T0 - 300),
+            StandbyState(),
+            replace(SETUP, policy=StandbyPolicy(max_sleeping=0)),
+            0,
+            False,
+            "sleeping disabled",
+            id="standbyMaxSleeping 0 holds none",
+        ),
+        pytest.param(
+            decision(0, T0 - 3601, **{PREWARM_FORECAST: 2.0}), StandbyState(), SETUP, 2, True,
+            "replica 2 was needed",
+            id="a confident seasonal return of two holds two sleepers past the release",
+        ),
+    ],
+)  # fmt: skip
+def test_the_plan_in_the_decision(made, state, setup, sleeping, active, why):
+    planned, after = with_standby(made, state, setup, PROFILED, T0)
+    assert planned.sleeping_replicas == sleeping
+    assert planned.desired_replicas == made.desired_replicas  # the plan adds, never removes
+    assert planned.active is active
+    assert why in planned.reason and planned.reason.startswith(made.reason + "; standby: ")
+    assert planned.inputs["sleeping"] == sleeping
+    assert after.need.samples[-1] == (T0, float(made.desired_replicas))
+
+
+def test_the_need_is_sampled_every_interval_not_every_decision():
+    state = StandbyState()
+    for second in range(12):
+        _, state = with_standby(decision(1, T0), state, SETUP, PROFILED, T0 + second)
+    assert [t - T0 for t, _ in state.need] == [0.0, 5.0, 10.0]
+
+
+def test_standby_without_a_profile_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="standby needs a profile"):
+        standby_setup(Policy(), StandbyPolicy(), cache=False)
+
+
+def test_a_fluid_dataset_makes_starts_cache_warm_and_a_speedup_shortens_the_wakes():
+    cached = standby_setup(replace(PROFILED, profile_speedup=10.0), StandbyPolicy(), cache=True)
+    assert cached.policy.cache and not SETUP.policy.cache
+    assert cached.tiers.sleeping_wake_seconds == pytest.approx(
+        SETUP.tiers.sleeping_wake_seconds / 10
+    )
+    assert SETUP.tiers.cold_wake_seconds == PROFILED.forecast_horizon_seconds
+
+
+@pytest.mark.parametrize(
+    ("desired", "sleeping", "current", "metric"),
+    [
+        pytest.param(0, 1, 1, 1.0, id="zero running and one asleep keeps one pod"),
+        pytest.param(3, 1, 4, 4.0, id="three running and one asleep keep four pods"),
+        pytest.param(3, 1, 3, 4.0, id="a sleeper to add scales the Deployment up by one"),
+        pytest.param(2, 0, 2, 2.0, id="no sleeper: the metric is the decision's"),
+    ],
+)
+def test_keda_is_asked_for_running_plus_sleeping(desired, sleeping, current, metric):
+    made = replace(decision(desired, T0), sleeping_replicas=sleeping, current_replicas=current)
+    assert metric_value(made) == metric
+
+
+def test_sleeping_replicas_are_pods_not_capacity():
+    # A restarted scaler holds what is ready: one awake replica, not the sleeper too.
+    awake = Observation(
+        now=T0,
+        signal_time=T0,
+        replicas_known=2,
+        replicas_up=2,
+        replicas_sleeping=1,
+        queue_depth=0.0,
+        requests_running=1.0,
+    )
+    assert decide(awake, Policy(), DecisionState()).desired_replicas == 1
+    both = replace(awake, replicas_sleeping=0)
+    assert decide(both, Policy(), DecisionState()).desired_replicas == 2
+
+
+def test_a_sleeper_counts_in_the_pool_s_needed_accelerators():
+    made = replace(decision(1, T0), sleeping_replicas=1, current_replicas=2)
+    entry = Declared("team-a", "llama", "llama", "h200", 8.0, 10, 60.0, made, T0)
+    (demand,) = pool_demand([entry]).values()
+    assert (demand.accelerators_held, demand.accelerators_needed) == (16.0, 16.0)
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        pytest.param(
+            {"standbyMaxSleeping": "2"}, "standbyMaxSleeping needs standby: true",
+            id="a standby knob without standby is refused",
+        ),
+        pytest.param(
+            {"standby": "yes"}, "key 'standby'='yes': expected true or false",
+            id="standby takes what Go's ParseBool takes",
+        ),
+        pytest.param(
+            {"standby": "true", "standbyMaxSleeping": "-1"}, "standbyMaxSleeping",
+            id="a negative sleeper count is refused",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_standby_keys_are_refused(extra, problem):
+    with pytest.raises(MetadataError, match=problem):
+        parse_metadata({"scalerAddress": "s:9090", "deployment": "llama", **extra})
+
+
+def test_standby_is_off_by_default_and_its_knobs_parse():
+    plain = parse_metadata({"scalerAddress": "s:9090", "deployment": "llama"})
+    assert plain.standby_policy() is None
+    on = parse_metadata(
+        {
+            "scalerAddress": "s:9090",
+            "deployment": "llama",
+            "standby": "true",
+            "standbyMaxSleeping": "2",
+            "standbyReleaseAfter": "15m",
+        }
+    )
+    assert on.standby_policy() == StandbyPolicy(max_sleeping=2, release_after_seconds=900.0)
+
+
+# --- the real scaler ----------------------------------------------------------------------
+
+
+async def standby_plan(channel, namespace="team-a", deployment="llama"):
+    stub = capacity_pb2_grpc.CapacityServiceStub(channel)
+    request = capacity_pb2.GetStandbyPlanRequest(namespace=namespace, deployment=deployment)
+    return (await stub.GetStandbyPlan(request, timeout=5)).plans
+
+
+async def metric(stub) -> float:
+    from protos.externalscaler import externalscaler_pb2 as keda
+
+    request = keda.GetMetricsRequest(
+        scaledObjectRef=ref(**STANDBY), metricName="unitscale-desired-replicas"
+    )
+    (value,) = (await stub.GetMetrics(request, timeout=5)).metricValues
+    return value.metricValueFloat
+
+
+async def test_after_traffic_one_sleeper_is_held_through_the_hour_then_released(
+    scaler, clock, channel, stub
+):
+    await stub.GetMetricSpec(ref(**STANDBY))
+    receive(scaler.store, gateway_signals(in_flight=1, arrival_rate=0.5, at=T0))
+    assert await metric(stub) == 1.0
+    (plan,) = await standby_plan(channel)
+    assert (plan.name, plan.running, plan.sleeping) == ("llama", 1, 0)
+
+    clock.now = T0 + 120  # idle past the 60 s grace: no replica runs, one sleeps
+    receive(scaler.store, gateway_signals(arrival_rate=0.0, at=clock.now))
+    assert await metric(stub) == 1.0
+    assert (await stub.IsActive(ref(**STANDBY), timeout=5)).result
+    (plan,) = await standby_plan(channel)
+    assert (plan.running, plan.sleeping) == (0, 1)
+    assert "scale to zero; standby: running 0; 1 sleeping" in plan.reason
+    assert plan.decided_time.ToSeconds() == T0 + 120
+
+    clock.now = T0 + 3700  # an hour idle: nothing held, KEDA may scale to zero
+    receive(scaler.store, gateway_signals(arrival_rate=0.0, at=clock.now))
+    assert await metric(stub) == 0.0
+    assert not (await stub.IsActive(ref(**STANDBY), timeout=5)).result
+    (plan,) = await standby_plan(channel)
+    assert (plan.running, plan.sleeping) == (0, 0)
+
+
+async def test_a_workload_without_standby_is_not_found_and_one_without_signals_is_unset(
+    scaler, channel, stub
+):
+    await stub.GetMetricSpec(ref("plain"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await standby_plan(channel, deployment="plain")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'team-a'/'plain' with standby: true" in (caught.value.details() or "")
+    await stub.GetMetricSpec(ref(**STANDBY))
+    (plan,) = await standby_plan(channel)
+    assert not plan.HasField("running") and not plan.HasField("sleeping")
+    assert "no signals yet" in plan.reason
+
+
+async def test_standby_without_a_profile_is_invalid_argument(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetMetricSpec(ref(standby="true"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "standby needs a profile" in (caught.value.details() or "")
