@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from foundation.replica_model import WarmTiers
 from replay.keda import Answer, LoopState, ScalingSpec, hpa_sync, keda_poll
 from scaler.core.seasonal import SeasonalPolicy, seasonal_forecast
+from scaler.core.standby import STANDBY_INTERVAL, STANDBY_WINDOW
 from scaler.core.tiers import StandbyInputs, StandbyPolicy, plan_standby
 
 if TYPE_CHECKING:
@@ -195,22 +196,17 @@ class KpaController:
         return min(want, p.spec.max_replicas)
 
 
-STANDBY_INTERVAL = 5.0
-"""The standby plan is made every 5 s (the exporter's scrape interval)."""
-STANDBY_WINDOW = 1800.0
-"""The need samples the plan sees: 30 min (the scaler's ``risk_lookback_seconds``)."""
-
-
 @dataclass(slots=True)
 class StandbyController:
     """Any controller, plus the warm-tier plan (``scaler.core.tiers``) after each of its acts.
 
-    Every ``STANDBY_INTERVAL`` it samples the replicas the controller asked for (the
-    fleet's need), notes whether any request was seen, and holds what ``plan_standby``
-    says: sleepers and the Fluid cache. It never changes the running count. With
-    ``seasonal``, a confident ``seasonal_forecast`` of the window one load ahead (a cold
-    start and two plans) is the plan's ``forecast_peak``, and the sleepers it asks for
-    are started to sleep if the fleet has too few (predictive prewarm).
+    Every ``STANDBY_INTERVAL`` (the served plan's too, ``scaler.core.standby``) it samples
+    the replicas the controller asked for (the fleet's need), notes whether any request
+    was seen, and holds what ``plan_standby`` says: sleepers and the Fluid cache. It
+    never changes the running count. With ``seasonal``, a confident ``seasonal_forecast``
+    of the window one load ahead (a cold start and two plans) is the plan's
+    ``forecast_peak``, and the sleepers it asks for are started to sleep if the fleet has
+    too few (predictive prewarm).
     """
 
     inner: Controller

@@ -203,6 +203,18 @@ async def standby_plan(channel, namespace="team-a", deployment="llama"):
     return (await stub.GetStandbyPlan(request, timeout=5)).plans
 
 
+def telemetry(scaler) -> dict[str, float]:
+    """The scaler's /metrics samples for team-a/llama, as a scrape reads them."""
+    from scaler.telemetry import DecisionCollector
+
+    return {
+        sample.name: sample.value
+        for family in DecisionCollector(scaler.registry, None).collect()
+        for sample in family.samples
+        if sample.labels.get("scaled_object") == "llama"
+    }
+
+
 async def metric(stub) -> float:
     from protos.externalscaler import externalscaler_pb2 as keda
 
@@ -230,6 +242,11 @@ async def test_after_traffic_one_sleeper_is_held_through_the_hour_then_released(
     assert (plan.running, plan.sleeping) == (0, 1)
     assert "scale to zero; standby: running 0; 1 sleeping" in plan.reason
     assert plan.decided_time.ToSeconds() == T0 + 120
+    shown = telemetry(scaler)
+    assert shown["unitscale_scaler_sleeping_replicas"] == 1.0
+    assert shown["unitscale_scaler_desired_replicas"] == 0.0
+    assert shown["unitscale_scaler_metric_value"] == 1.0
+    assert shown["unitscale_scaler_active"] == 1.0
 
     clock.now = T0 + 3700  # an hour idle: nothing held, KEDA may scale to zero
     receive(scaler.store, gateway_signals(arrival_rate=0.0, at=clock.now))
