@@ -29,7 +29,7 @@ With ``standby-scaler`` the gateway asks the scaler for its standby plan every
 ``standby-interval`` (``serving.gateway_standby``: replicas to run, and to hold asleep
 beside them, for ``standby: true`` ScaledObjects) and holds it (``serving.routing.
 choose_standby``): a surplus replica idle for ``sleep-after-idle`` is put to sleep
-(``POST /sleep?level=1``, least recently used first, routed nothing from the moment it is
+(``POST /sleep?level=1&mode=wait``, least recently used first, routed nothing from the moment it is
 chosen), and a sleeper is woken early when the running target lacks awake replicas.
 Without a plan to act on (no scaler, no ScaledObject, no decision) nothing is slept.
 
@@ -68,6 +68,8 @@ from serving.routing import (
 log = logging.getLogger(__name__)
 
 PROXIED = ("/v1/completions", "/v1/chat/completions")
+SLEEP_QUERY = {"level": "1", "mode": "wait"}
+"""The standby plan's sleep: level 1 (weights to host memory), in-flight requests finish."""
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 
 
@@ -264,13 +266,17 @@ class Gateway:
         await asyncio.gather(*(self._sleep(replica) for replica in chosen))
 
     async def _sleep(self, replica: Replica) -> None:
-        """``POST /sleep?level=1``: asleep, or logged and left to the health check."""
+        """``POST /sleep?level=1&mode=wait``: asleep, or logged and left to the health check.
+
+        ``wait``: a request the gateway does not know of (another gateway's, a direct
+        client's) finishes before the engine sleeps; vLLM's default, ``abort``, would end it.
+        """
         assert self._session is not None
         problem: str | None = None
         try:
             async with (
                 asyncio.timeout(self.settings.wake_timeout),
-                self._session.post(replica.url + "/sleep", params={"level": "1"}) as r,
+                self._session.post(replica.url + "/sleep", params=SLEEP_QUERY) as r,
             ):
                 if r.status != 200:
                     problem = f"it answered HTTP {r.status}"
