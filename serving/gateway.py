@@ -55,7 +55,7 @@ from serving.gateway_metrics import GatewayMetrics
 from serving.gateway_replicas import Replica, ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import SignalsFeed, TrafficStats, gateway_signals
-from serving.gateway_standby import StandbyClient
+from serving.gateway_standby import PlanSource, StandbyClient
 from serving.routing import (
     choose,
     choose_standby,
@@ -245,7 +245,7 @@ class Gateway:
         finally:
             await client.close()
 
-    async def _standby_round(self, client: StandbyClient, scaler: str) -> None:
+    async def _standby_round(self, client: PlanSource, scaler: str) -> None:
         """Ask for the plan; sleep the surplus idle replicas, wake those the running lack."""
         s = self.settings
         plan = await client.plan(scaler, s.namespace, s.deployment, s.standby_interval)

@@ -9,6 +9,7 @@ no decision yet) is a reason to hold: nothing is put to sleep on a guess.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -22,6 +23,16 @@ class Plan:
     running: int
     sleeping: int
     reason: str
+
+
+class PlanSource(Protocol):
+    """Where a standby round gets the plan from (the scaler, or a test's stand-in)."""
+
+    async def plan(
+        self, address: str, namespace: str, deployment: str, rpc_seconds: float
+    ) -> Plan | str:
+        """The workload's plan, or why there is none to act on."""
+        ...
 
 
 class StandbyClient:

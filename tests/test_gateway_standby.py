@@ -7,6 +7,7 @@ watching the gateway's signals, with KEDA's calls made by the test.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,6 +26,7 @@ from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler.config import ScalerConfig
 from scaler.server import ScalerServer
 from serving.gateway_settings import GatewaySettings
+from serving.gateway_standby import Plan, StandbyClient
 from serving.routing import ReplicaView, choose_standby
 from serving.server import GatewayServer, SimReplicaServer
 from tests.conftest import eventually, ref
@@ -285,3 +288,75 @@ async def test_without_a_standby_scaled_object_nothing_sleeps_and_the_reason_is_
     assert "NOT_FOUND" in cluster.gateway.gateway.standby_problem
     assert "'team-a'/'llama' with standby: true" in cluster.gateway.gateway.standby_problem
     assert not any(sim.replica.engine.is_sleeping for sim in cluster.sims)
+
+
+async def test_two_standby_scaled_objects_for_one_workload_are_not_guessed_between(scaler, stub):
+    client = StandbyClient()
+    try:
+        address = f"127.0.0.1:{scaler.port}"
+        assert "NOT_FOUND" in str(await client.plan(address, "team-a", "llama", 5))
+        await stub.GetMetricSpec(ref(**STANDBY))
+        waiting = await client.plan(address, "team-a", "llama", 5)
+        assert "no standby plan yet from team-a/llama" in str(waiting)
+        twin = keda.ScaledObjectRef(
+            name="llama-twin", namespace="team-a", scalerMetadata=ref(**STANDBY).scalerMetadata
+        )
+        await stub.GetMetricSpec(twin)
+        problem = await client.plan(address, "team-a", "llama", 5)
+        assert problem == (
+            "2 ScaledObjects scale team-a/llama with standby: team-a/llama, team-a/llama-twin"
+        )
+    finally:
+        await client.close()
+
+
+class PlanFrom:
+    """A scaler stand-in for one round: always this plan."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+
+    async def plan(self, address: str, namespace: str, deployment: str, rpc_seconds: float) -> Plan:
+        return self._plan
+
+
+async def test_a_sleep_the_replica_refuses_is_counted_and_it_stays_routable(caplog):
+    caplog.set_level(logging.WARNING, logger="serving.gateway")
+
+    async def health(request):
+        return web.Response()
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "sim-llama"}]})
+
+    async def is_sleeping(request):
+        return web.json_response({"is_sleeping": False})
+
+    async def refuse(request):
+        return web.json_response({"error": "busy"}, status=500)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/is_sleeping", is_sleeping)
+    app.router.add_post("/sleep", refuse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    settings = GatewaySettings(health_interval=0.05, sleep_after_idle=0.0)
+    gateway = GatewayServer([url], settings, "127.0.0.1:0", "127.0.0.1:0")
+    await gateway.start()
+    try:
+        replica = gateway.gateway.pool.find(url)
+        await eventually(lambda: replica.routable, "ready")
+        await gateway.gateway._standby_round(PlanFrom(Plan(0, 1, "test")), "unused")
+        metrics = await samples(f"http://127.0.0.1:{gateway.port}/metrics", "unitscale_gateway")
+    finally:
+        await gateway.stop()
+        await runner.cleanup()
+    assert metrics[("unitscale_gateway_sleeps_total", "failed")] == 1.0
+    assert metrics[("unitscale_gateway_sleeps_total", "slept")] == 0.0
+    assert replica.routable and not replica.sleeping and not replica.falling_asleep
+    (warning,) = [r.getMessage() for r in caplog.records if "sleep failed" in r.getMessage()]
+    assert url in warning and "HTTP 500" in warning
