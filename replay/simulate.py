@@ -3,6 +3,23 @@
 Time advances in ticks of ``dt``; everything happens at tick boundaries in a fixed
 order (replicas become ready, arrivals are routed, the fleet runs, the exporter
 scrapes, controllers act), so a run is a pure function of trace, policy and config.
+
+``Simulation`` is one replay advanced in steps (``advance(until)``), so that several
+replays can step in lock-step with a shared pool's simulation; ``simulate`` is one run
+to the end. A shared pool bounds a replay's accelerators with
+``set_accelerator_limit(L)`` (None, the default, is unlimited; ``simulate`` never sets
+one). With a limit, a scale-up beyond ``L`` leaves the extra replicas **pending** (a
+pod the scheduler cannot place): they count in the Deployment's replica count
+(``running()``, what KEDA and the HPA see, so the HPA does not ask again) but hold no
+accelerator and cost nothing; each tick (``start_ready``) the oldest pending begin
+their cold start (or a sleeper's wake) as the limit allows. A scale-down removes
+pending replicas first, then starting ones, then drains ready ones. Lowering the limit
+below what is held stops nothing (the pool reclaims training, never inference); it
+only blocks new starts. Starting, ready, draining and loading replicas hold an
+accelerator; sleepers (vLLM sleep level 1 frees it) do not, and a wake needs one. Only
+a run that was ever given a limit reports the ``pending`` series and the
+``pending_replica_seconds`` and ``max_pending`` metrics, so every other result is as
+before.
 """
 
 from __future__ import annotations
@@ -34,7 +51,7 @@ from scaler.core.seasonal import SeasonalPolicy
 from scaler.core.tiers import StandbyPolicy
 from serving import vllm_buckets
 
-OFF, STARTING, READY, DRAINING, SLEEPING, LOADING = range(6)
+OFF, STARTING, READY, DRAINING, SLEEPING, LOADING, PENDING = range(7)
 
 # vLLM's bucket bounds, so that the exporter's own quantile math runs on what a real
 # engine would expose (+Inf closes each histogram).
@@ -145,27 +162,98 @@ def simulate(
     ``initial_replicas`` start ready (a warm start, as if earlier traffic had sized the
     fleet); 0 starts cold, every replica paying its cold start.
     """
-    run = _Replay(trace, config)
-    controller = policy.controller()
-    if config.standby is not None:
-        controller = StandbyController(
-            controller, run.tiers, config.standby, config.slo_ttft, config.seasonal
-        )
-    controller.start(run, initial_replicas)
-    while run.now <= run.end:
+    simulation = Simulation(trace, policy, config, progress, initial_replicas)
+    simulation.advance(math.inf)
+    return simulation.result()
+
+
+class Simulation:
+    """One replay, advanced in steps; ``simulate`` is this run to the end.
+
+    The controller sizes the fleet (its warm start) on the first ``advance``, so a limit
+    set before it bounds the warm start too. ``result`` ends the run: call it once
+    ``finished`` (a request still unfinished then counts as dropped).
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        policy: Policy,
+        config: SimConfig,
+        progress: Callable[[float], None] | None = None,
+        initial_replicas: int = 0,
+    ) -> None:
+        self.policy = policy
+        self._run = _Replay(trace, config)
+        controller = policy.controller()
+        if config.standby is not None:
+            controller = StandbyController(
+                controller, self._run.tiers, config.standby, config.slo_ttft, config.seasonal
+            )
+        self._controller = controller
+        self._progress = progress
+        self._initial_replicas = initial_replicas
+        self._started = self._done = False
+
+    @property
+    def now(self) -> float:
+        """The trace time of the next tick (of the last one, once finished early)."""
+        return self._run.now
+
+    @property
+    def finished(self) -> bool:
+        """Past the end (trace plus tail), or every request done."""
+        return self._done or self._run.now > self._run.end
+
+    def advance(self, until: float) -> None:
+        """Run ticks while not finished and ``now <= until``."""
+        if math.isnan(until):
+            raise ValueError("advance(until): until is NaN, not a time")
+        run = self._run
+        if not self._started:
+            self._started = True
+            self._controller.start(run, self._initial_replicas)
+        while not self._done and run.now <= run.end and run.now <= until:
+            self._tick()
+            if run.finished():
+                self._done = True
+                break
+            run.now += run.config.dt
+
+    def _tick(self) -> None:
+        run = self._run
         run.start_ready()
         run.admit_arrivals()
         gateway = run.advance_fleet()
         if run.now >= run.next_scrape:
             run.scrape()
         view = View(run.now, run.signals, gateway, run.running(), run.ready())
-        controller.tick(view, run)
+        self._controller.tick(view, run)
         if run.now >= run.next_series:
-            run.record_series(progress)
-        if run.finished():
-            break
-        run.now += config.dt
-    return run.result(policy.name)
+            run.record_series(self._progress)
+
+    def result(self) -> Result:
+        """The run's metrics; it ends the run (later ``advance`` calls do nothing)."""
+        self._done = True
+        return self._run.result(self.policy.name)
+
+    # --- a shared pool's limit ---------------------------------------------------------
+
+    def set_accelerator_limit(self, replicas: int | None) -> None:
+        """Bound the accelerators this replay's replicas may hold (None: unlimited)."""
+        self._run.set_accelerator_limit(replicas)
+
+    def accelerators_held(self) -> int:
+        """Replicas holding an accelerator now: starting, ready, draining, loading."""
+        return self._run.held()
+
+    def replicas_wanted(self) -> int:
+        """The Deployment's replica count: starting, ready and pending (``running()``)."""
+        return self._run.running()
+
+    def pending(self) -> int:
+        """Replicas the Deployment wants that wait for an accelerator."""
+        return self._run.pending()
 
 
 class _Replay:
@@ -174,7 +262,8 @@ class _Replay:
     It is also the ``Actuator`` the controller scales. Each tick runs, in this order:
     replicas whose cold start is over become ready; arrivals are routed or buffered
     (the gateway); the fleet runs one tick; the exporter scrapes when due; the
-    controller acts; the series are sampled every 10 s.
+    controller acts; the series are sampled every 10 s. A shared pool's accelerator
+    limit (``set_accelerator_limit``) leaves replicas beyond it pending (module doc).
     """
 
     def __init__(self, trace: Trace, config: SimConfig) -> None:
@@ -218,19 +307,54 @@ class _Replay:
         self.next_scrape = self.next_series = 0.0
         self.arrivals_in_series = 0
         self.now = 0.0
+        self.limit: int | None = None
+        self.limited = False
+        """A limit was ever set: the result reports the pending replicas."""
+        self.pending_since = np.zeros(slots)
+        self.pending_seconds = 0.0
+        self.max_pending = 0
+        self.pending_series: list[float] = []
 
     # --- the Deployment, as controllers see it ---------------------------------------
 
     def running(self) -> int:
-        """Replicas starting or ready."""
-        return int(np.count_nonzero((self.slot == STARTING) | (self.slot == READY)))
+        """Replicas starting, ready or pending: the Deployment's replica count."""
+        slot = self.slot
+        return int(np.count_nonzero((slot == STARTING) | (slot == READY) | (slot == PENDING)))
 
     def ready(self) -> int:
         """Replicas ready to serve."""
         return int(np.count_nonzero(self.slot == READY))
 
+    def held(self) -> int:
+        """Replicas holding an accelerator: starting, ready, draining, loading."""
+        slot = self.slot
+        holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING) | (slot == LOADING)
+        return int(np.count_nonzero(holding))
+
+    def pending(self) -> int:
+        """Replicas the Deployment wants that wait for an accelerator."""
+        return int(np.count_nonzero(self.slot == PENDING))
+
+    def set_accelerator_limit(self, replicas: int | None) -> None:
+        """Bound the accelerators held (None: unlimited); held ones above it keep running."""
+        if replicas is not None and (isinstance(replicas, bool) or replicas < 0):
+            raise ValueError(f"an accelerator limit is a count >= 0 or None, not {replicas!r}")
+        self.limit = None if replicas is None else int(replicas)
+        self.limited = self.limited or replicas is not None
+
+    def _room(self) -> int:
+        """Accelerators a new start or wake may take now (every slot when unlimited)."""
+        if self.limit is None:
+            return self.slots
+        return max(0, self.limit - self.held())
+
+    def _pending_oldest_first(self) -> npt.NDArray[np.int64]:
+        waiting = np.flatnonzero(self.slot == PENDING)
+        return waiting[np.argsort(self.pending_since[waiting], kind="stable")]
+
     def scale_to(self, replicas: int, reason: str, instant: bool = False) -> None:
-        """Start replicas (cold unless ``instant``), or stop starting ones, then drain."""
+        """Start replicas (cold unless ``instant``); stop pending, then starting, then drain."""
         n = max(0, min(replicas, self.slots))
         current = self.running()
         if n == current:
@@ -241,6 +365,9 @@ class _Replay:
             self._start(n - current, instant)
             return
         surplus = current - n
+        pending = self._pending_oldest_first()[::-1][:surplus]
+        slot[pending] = OFF
+        surplus -= len(pending)
         starting = np.flatnonzero(slot == STARTING)[::-1][:surplus]
         slot[starting] = OFF
         surplus -= len(starting)
@@ -250,22 +377,51 @@ class _Replay:
             slot[drain] = DRAINING
 
     def _start(self, count: int, instant: bool) -> None:
-        """Ready ``count`` more replicas: sleepers wake first, then cache-warm or cold starts."""
+        """Ready ``count`` more replicas: sleepers wake first, then cache-warm or cold starts.
+
+        Under a limit, wakes and starts take the accelerators free (a loading replica
+        already holds one); the rest wait pending.
+        """
         slot, now, standby = self.slot, self.now, self.standby
+        room = self._room()
         if instant:
-            free = np.flatnonzero(slot == OFF)[:count]
+            free = np.flatnonzero(slot == OFF)[: min(count, room)]
             slot[free] = READY
             self.ready_at[free] = now
             self.created[free] = now
+            self._pend(count - len(free))
             return
-        sleepers = np.flatnonzero(slot == SLEEPING)[:count]
+        sleepers = np.flatnonzero(slot == SLEEPING)[: min(count, room)]
         slot[sleepers] = STARTING
         self.ready_at[sleepers] = now + self.tiers.sleeping_wake_seconds
         standby.wakes += len(sleepers)
         # a replica loading to sleep serves once loaded instead
         loading = np.flatnonzero(slot == LOADING)[: count - len(sleepers)]
         slot[loading] = STARTING
-        self._cold_or_cached(np.flatnonzero(slot == OFF)[: count - len(sleepers) - len(loading)])
+        left = count - len(sleepers) - len(loading)
+        cold = np.flatnonzero(slot == OFF)[: min(left, room - len(sleepers))]
+        self._cold_or_cached(cold)
+        self._pend(left - len(cold))
+
+    def _pend(self, count: int) -> None:
+        """``count`` replicas wait for an accelerator (as free slots allow: max_replicas)."""
+        if count <= 0:
+            return
+        waiting = np.flatnonzero(self.slot == OFF)[:count]
+        self.slot[waiting] = PENDING
+        self.pending_since[waiting] = self.now
+
+    def _start_pending(self) -> None:
+        """The oldest pending replicas start (or wake a sleeper) as the limit allows."""
+        waiting = self._pending_oldest_first()
+        if len(waiting) == 0:
+            return
+        loading = int(np.count_nonzero(self.slot == LOADING))
+        startable = waiting[: self._room() + loading]
+        if len(startable) == 0:
+            return
+        self.slot[startable] = OFF
+        self._start(len(startable), instant=False)
 
     def _cold_or_cached(self, free: npt.NDArray[np.int64], state: int = STARTING) -> None:
         """Start ``free`` slots from the warm cache if it is, else cold."""
@@ -286,15 +442,18 @@ class _Replay:
 
         Sleepers come from replicas the fleet scales down (vLLM's ``POST /sleep`` on a
         drained replica), or with ``load`` (a forecast return) from new replicas that
-        start, then sleep; a cache not yet warm is filled by a DataLoad first.
+        start, then sleep; a cache not yet warm is filled by a DataLoad first. Pending
+        replicas keep the sleepers they will wake, besides ``sleeping``.
         """
         standby, slot = self.standby, self.slot
         standby.target = sleeping
         held = np.r_[np.flatnonzero(slot == LOADING), np.flatnonzero(slot == SLEEPING)]
-        if len(held) > sleeping:
-            slot[held[: len(held) - sleeping]] = OFF
+        # the sleepers pending replicas will wake once the pool allows are not surplus
+        keep = sleeping + self.pending()
+        if len(held) > keep:
+            slot[held[: len(held) - keep]] = OFF
         elif load and len(held) < sleeping:
-            free = np.flatnonzero(slot == OFF)[: sleeping - len(held)]
+            free = np.flatnonzero(slot == OFF)[: min(sleeping - len(held), self._room())]
             self._cold_or_cached(free, LOADING)
             standby.loads += len(free)
         profile = self.config.profile
@@ -304,9 +463,11 @@ class _Replay:
     # --- one tick, stage by stage ----------------------------------------------------
 
     def start_ready(self) -> None:
-        """Replicas whose cold start is over become ready."""
+        """Replicas whose cold start is over become ready; pending ones start if they may."""
         self.slot[(self.slot == STARTING) & (self.ready_at <= self.now)] = READY
         self.slot[(self.slot == LOADING) & (self.ready_at <= self.now)] = SLEEPING
+        if self.limited:
+            self._start_pending()
 
     def admit_arrivals(self) -> None:
         """The gateway: route arrivals, buffer them while no replica is ready, time out."""
@@ -350,6 +511,10 @@ class _Replay:
         holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING) | (slot == LOADING)
         self.replica_seconds += dt * int(np.count_nonzero(holding))
         self.busy_seconds += float(tick.busy[holding].sum())
+        if self.limited:
+            pending = self.pending()
+            self.pending_seconds += dt * pending
+            self.max_pending = max(self.max_pending, pending)
         drained = (slot == DRAINING) & (fleet.outstanding == 0)
         slot[drained] = OFF
         if self.config.standby is not None:
@@ -398,6 +563,7 @@ class _Replay:
         series["replicas"].append(float(self.running()))
         series["ready"].append(float(self.ready()))
         series["queue"].append(float(len(self.buffer) + self.fleet.queue_depth().sum()))
+        self.pending_series.append(float(self.pending()))
         self.arrivals_in_series = 0
         if progress is not None:
             progress(min(self.now, self.trace.duration))
@@ -413,7 +579,7 @@ class _Replay:
         requests = self.requests
         unfinished = (requests.state != DONE) & (requests.state != DROPPED)
         requests.state[unfinished] = DROPPED
-        return _result(
+        result = _result(
             name,
             requests,
             self.config,
@@ -424,6 +590,11 @@ class _Replay:
             self.decisions,
             self.standby.metrics(self.tiers),
         )
+        if self.limited:
+            result.series["pending"] = list(self.pending_series)
+            result.metrics["pending_replica_seconds"] = self.pending_seconds
+            result.metrics["max_pending"] = self.max_pending
+        return result
 
 
 def _record(
