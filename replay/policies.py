@@ -38,6 +38,7 @@ from replay.controllers import (
 )
 from replay.keda import Answer, LoopState, ScalingSpec
 from scaler.core.model import Policy as CorePolicy
+from scaler.demand import Declared, declared
 from scaler.registry import METRIC_NAME, TARGET_VALUE, ScaledObjectRegistry, metric_value
 from scaler.signals import SignalStore
 
@@ -356,6 +357,13 @@ class Unitscale:
         # The value GetMetrics would return: the HPA then lands where decide() wants.
         return Answer(metric_value(decision), TARGET_VALUE, decision.active, decision.reason)
 
+    def declared(self) -> Declared | None:
+        """What its ScaledObject contributes to its pool's demand; None without a ``pool``.
+
+        Read from the registry as ``GetInferenceDemand`` reads it (``scaler.demand.declared``).
+        """
+        return declared(self._registry.resolve(KEY[1], KEY[0], self.metadata))
+
     @staticmethod
     def gateway_signals(view: View) -> Snapshot:
         """The gateway's snapshot for a view, as the gateway publishes it."""
@@ -388,11 +396,14 @@ def unitscale_policy(
     max_replicas: int,
     defaults: CorePolicy | None = None,
     profile: str | None = None,
+    pool: str | None = None,
 ) -> Unitscale:
     """The unitscale policy with trigger metadata as a ScaledObject would carry it.
 
     ``profile`` names the replica model in the metadata (``profile: llama3-8b-h200``), as
-    an operator whose replicas run that model would.
+    an operator whose replicas run that model would. ``pool`` declares the accelerator
+    pool its replicas run on, one accelerator each (``acceleratorsPerReplica: "1"``), so
+    the pool's inference demand counts it (the joint replay, ``replay.pool.joint``).
     """
     metadata = {
         "scalerAddress": "replay:9090",
@@ -402,6 +413,9 @@ def unitscale_policy(
     }
     if profile is not None:
         metadata["profile"] = profile
+    if pool is not None:
+        metadata["pool"] = pool
+        metadata["acceleratorsPerReplica"] = "1"
     return Unitscale(
         defaults=defaults or CorePolicy(),
         metadata=metadata,

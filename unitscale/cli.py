@@ -19,8 +19,11 @@ if TYPE_CHECKING:
     from exporter.config import ExporterConfig
     from foundation.reload import ConfigSource
     from foundation.replica_model import Profile
+    from replay.pool.cluster import Node, Task
+    from replay.pool.joint import Inference, JointOptions
     from replay.run import ReplayOptions
     from replay.simulate import SimConfig
+    from scaler.core.model import Policy as CorePolicy
     from scaler.core.tiers import StandbyPolicy
 
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -165,8 +168,9 @@ def _add_replay_command(commands: Commands) -> None:
     replay = commands.add_parser("replay", help="simulate a vLLM fleet under KEDA for every policy")
     replay.add_argument(
         "--trace",
-        required=True,
-        help="Azure LLM CSV, Mooncake JSONL, or builtin:business-day (replay.workloads)",
+        action="append",
+        help="Azure LLM CSV, Mooncake JSONL, or builtin:business-day (replay.workloads);"
+        " with --pool repeatable, one inference deployment each (default builtin:business-day)",
     )
     replay.add_argument("--policy", default="all", help="a policy name or 'all'")
     replay.add_argument("--rate-multiplier", type=float, default=1.0)
@@ -205,7 +209,51 @@ def _add_replay_command(commands: Commands) -> None:
         help="the scaler's ConfigMap YAML to try: its policy section drives the unitscale policy",
     )
     replay.add_argument("--report", type=Path, required=True, help="output directory")
+    _joint_arguments(replay)
     replay.set_defaults(run=_run_replay, default_log_level="warning")
+
+
+def _joint_arguments(replay: argparse.ArgumentParser) -> None:
+    """The joint replay's flags (``--pool``): one pool shared by training and inference."""
+    joint = replay.add_argument_group("joint replay (one pool, training and inference)")
+    joint.add_argument(
+        "--pool",
+        type=Path,
+        metavar="NODES_CSV",
+        help="Alibaba openb node list: run the joint replay",
+    )
+    joint.add_argument(
+        "--tasks", type=Path, metavar="PODS_CSV", help="openb pod list (with --pool)"
+    )
+    joint.add_argument(
+        "--pool-fraction",
+        type=float,
+        default=0.03,
+        help="share of the nodes and tasks kept, stratified by model (default %(default)s; 1: all)",
+    )
+    joint.add_argument(
+        "--training-load",
+        type=float,
+        default=1.0,
+        help="offered training load as a share of the cards inference leaves on average"
+        " (default %(default)s)",
+    )
+    joint.add_argument(
+        "--placement",
+        action="append",
+        choices=["binpack", "spread", "fgd"],
+        help="repeatable; the manager runs with each, static and kueue with the first"
+        " (default binpack, spread, fgd)",
+    )
+    joint.add_argument(
+        "--inference-gpu-type", help="node model inference replicas need (default any)"
+    )
+    joint.add_argument(
+        "--max-task-seconds",
+        type=float,
+        default=1800.0,
+        help="training durations are capped at this (default %(default)s)",
+    )
 
 
 def _add_demo_command(commands: Commands) -> None:
@@ -529,10 +577,14 @@ def _run_replay(args: argparse.Namespace) -> int:
     from replay.trace import TraceError, scale
     from replay.workloads import load_trace
 
+    if args.pool is not None or args.tasks is not None:
+        return _run_joint_replay(args)
+    if not args.trace or len(args.trace) > 1:
+        raise ConfigError("--trace: give exactly one (several only with --pool)")
     config, names = _replay_config(args)
     try:
         trace = scale(
-            load_trace(args.trace, args.seed),
+            load_trace(args.trace[0], args.seed),
             args.rate_multiplier,
             args.time_compression,
             args.seed,
@@ -612,13 +664,98 @@ def _replay_options(args: argparse.Namespace) -> ReplayOptions:
 
     scaler_config = load_scaler_config(args.scaler_config)
     return ReplayOptions(
-        str(args.trace),
+        str(args.trace[0]),
         args.rate_multiplier,
         args.time_compression,
         args.seed,
         args.target_concurrency,
         policy=scaler_config.policy_defaults(),
     )
+
+
+def _run_joint_replay(args: argparse.Namespace) -> int:
+    """``replay --pool``: every baseline on one pool, one progress bar over simulated time."""
+    from rich.progress import Progress
+
+    from replay.pool.joint import run_all
+    from replay.pool.report import write_report
+
+    nodes, tasks, deployments, options = _joint_inputs(args)
+    horizon = max(d.horizon for d in deployments)
+    total = horizon * (1 + len(options.configs((0,) * len(deployments))))
+    with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("joint replay", total=total)
+
+        def progress(name: str, done: float) -> None:
+            bar.update(task, completed=done, description=name)
+
+        run = run_all(nodes, tasks, deployments, options, progress)
+    profile = deployments[0].config.profile
+    notes = (
+        f"- inference: {', '.join(d.name for d in deployments)} under the unitscale scaler;"
+        f" every replica is the {profile.name} calibration (${profile.price_per_hour:.2f}"
+        " per accelerator-hour), whatever GPU model of the trace's nodes it lands on",
+        f"- training: `{args.tasks.name}`, durations capped at {options.duration_cap:g} s;"
+        f" nodes `{args.pool.name}` at fraction {args.pool_fraction:g}",
+    )
+    write_report(run, args.report, notes)
+    print((args.report / "report.md").read_text())
+    return 0
+
+
+def _joint_inputs(
+    args: argparse.Namespace,
+) -> tuple[tuple[Node, ...], tuple[Task, ...], list[Inference], JointOptions]:
+    """The pool's nodes, the tasks, the inference deployments and the options, checked."""
+    from replay.pool.cluster import read_nodes, read_tasks
+    from replay.pool.joint import Inference, JointOptions
+    from replay.trace import TraceError, scale
+    from replay.workloads import load_trace
+
+    if args.pool is None or args.tasks is None:
+        raise ConfigError("--pool NODES_CSV and --tasks PODS_CSV go together")
+    if not 0 < args.pool_fraction <= 1:
+        raise ConfigError(f"--pool-fraction {args.pool_fraction:g}: must be above 0, at most 1")
+    if not args.training_load > 0 or not args.max_task_seconds > 0:
+        raise ConfigError("--training-load and --max-task-seconds must be positive")
+    if args.compare_tiers or args.policy != "all":
+        raise ConfigError("--pool runs the unitscale scaler in every deployment: drop --policy")
+    try:
+        nodes = read_nodes(args.pool, args.pool_fraction)
+        tasks = read_tasks(args.tasks, args.pool_fraction)
+    except (OSError, ValueError) as err:
+        raise ConfigError(str(err)) from err
+    config, _ = _replay_config(args)
+    policy = _replay_options_policy(args)
+    deployments: list[Inference] = []
+    for source in args.trace or ["builtin:business-day"]:
+        try:
+            trace = scale(
+                load_trace(source, args.seed),
+                args.rate_multiplier,
+                args.time_compression,
+                args.seed,
+            )
+        except TraceError as err:
+            raise ConfigError(str(err)) from err
+        name = f"{trace.name}-{len(deployments)}" if len(args.trace or ()) > 1 else trace.name
+        deployments.append(
+            Inference(name, trace, config, args.target_concurrency, args.max_replicas, policy)
+        )
+    options = JointOptions(
+        placements=tuple(args.placement or ("binpack", "spread", "fgd")),
+        training_load=args.training_load,
+        duration_cap=args.max_task_seconds,
+        inference_gpu_type=args.inference_gpu_type,
+    )
+    return nodes, tasks, deployments, options
+
+
+def _replay_options_policy(args: argparse.Namespace) -> CorePolicy:
+    """The unitscale policy section of ``--scaler-config`` (defaults without one)."""
+    from scaler.config import load_config as load_scaler_config
+
+    return load_scaler_config(args.scaler_config).policy_defaults()
 
 
 def _run_demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,471 @@
+"""The joint replay (issue #19): one pool, training under Kueue, inference under the scaler.
+
+Tiny pools (two 4-GPU nodes) and short synthetic traces, so every run takes seconds:
+the behaviours of each baseline, conservation of every task and request, and that the
+replay's inference figures and reclaims come from the code serving them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import admission.pool
+import replay.policies
+import replay.pool.joint as joint
+import scaler.demand
+from admission.pool import ManagerPolicy
+from foundation.replica_model import LLAMA3_8B_H200
+from replay.pool.cluster import Node, Task
+from replay.pool.joint import (
+    Inference,
+    JointConfig,
+    JointOptions,
+    JointResult,
+    inference_peaks,
+    prepare_tasks,
+    priority_of,
+    run_all,
+    run_joint,
+)
+from replay.pool.kueue import ClusterQueue, Workload
+from replay.pool.report import goals, write_report
+from replay.simulate import SimConfig
+from replay.trace import Trace
+
+CONFIG = SimConfig(LLAMA3_8B_H200.for_itl_slo(0.1), dt=0.5, max_replicas=8, tail=30.0)
+NODES = (Node("n0", "A", 4, 64_000, 262_144), Node("n1", "A", 4, 64_000, 262_144))
+YOUNG = ManagerPolicy(min_run_seconds=120.0)
+"""Training admitted at 0 is old enough to reclaim when inference rises at 240 s."""
+
+
+def steady(rate: float, seconds: float, start: float = 0.0) -> Trace:
+    n = int(rate * seconds)
+    arrival = start + np.arange(n) / rate
+    return Trace("steady", arrival, np.full(n, 2048, np.int64), np.full(n, 128, np.int64))
+
+
+def rising(high: float = 30.0) -> Trace:
+    """1 request/s for 4 minutes, then ``high`` for 4 more (about 7 replicas' worth at 30)."""
+    low, burst = steady(1, 240), steady(high, 240, start=240.0)
+    return Trace(
+        "rising",
+        np.r_[low.arrival, burst.arrival],
+        np.r_[low.prompt, burst.prompt],
+        np.r_[low.output, burst.output],
+    )
+
+
+def task(
+    name: str,
+    qos: str = "BE",
+    arrival: float = 0.0,
+    duration: float = 3000.0,
+    gpus: int = 1,
+    milli: int = 1000,
+) -> Task:
+    return Task(name, arrival, duration, gpus, milli, (), qos, 4000, 16_384)
+
+
+TASKS = {
+    "six BE": tuple(task(f"be{i}") for i in range(6)),
+    "six LS": tuple(task(f"ls{i}", "LS") for i in range(6)),
+    "one BE": (task("be0"),),
+    "a mix": tuple(
+        task(
+            f"mix{i}",
+            ("BE", "LS", "Burstable")[i % 3],
+            arrival=20.0 * i,
+            duration=60.0 + 37.0 * (i % 5),
+            gpus=(1, 1, 2)[i % 3],
+            milli=(500, 1000, 1000)[i % 3],
+        )
+        for i in range(24)
+    ),
+}
+DEPLOYMENT = Inference("llm", rising(), CONFIG, target_concurrency=32.0, max_replicas=8)
+
+
+@functools.cache
+def peaks() -> tuple[int, ...]:
+    return inference_peaks([DEPLOYMENT]).peaks
+
+
+@functools.cache
+def run(
+    tasks: str, baseline: str, placement: str = "binpack", manager: ManagerPolicy = YOUNG
+) -> JointResult:
+    reserved = peaks() if baseline == "static" else ()
+    config = JointConfig(baseline, placement, manager=manager, reserved=reserved)  # type: ignore[arg-type]
+    return run_joint(NODES, TASKS[tasks], [DEPLOYMENT], config)
+
+
+@pytest.mark.parametrize(
+    ("tasks", "baseline", "manager", "expect"),
+    [
+        pytest.param(
+            "six BE",
+            "manager",
+            YOUNG,
+            lambda m, kueue: (
+                m["preemptions"] > 0
+                and m["max_inference_pending"] < kueue["max_inference_pending"]
+                and m["slo_attainment"] > kueue["slo_attainment"]
+            ),
+            id="inference need rising preempts BE training under the manager, and it serves better",
+        ),
+        pytest.param(
+            "six BE",
+            "kueue",
+            YOUNG,
+            lambda m, kueue: m["preemptions"] == 0 and m["max_inference_pending"] > 0,
+            id="under Kueue alone nothing is preempted: inference replicas wait Pending",
+        ),
+        pytest.param(
+            "six BE",
+            "static",
+            YOUNG,
+            lambda m, kueue: m["preemptions"] == 0 and m["max_inference_pending"] == 0,
+            id="the static partition never preempts and inference never waits for a card",
+        ),
+        pytest.param(
+            "six LS",
+            "manager",
+            YOUNG,
+            lambda m, kueue: m["preemptions"] == 0 and m["max_inference_pending"] > 0,
+            id="LS training is not preemptible: the manager takes nothing back from it",
+        ),
+        pytest.param(
+            "one BE",
+            "manager",
+            YOUNG,
+            lambda m, kueue: m["preemptions"] == 0,
+            id="a rise inside the free cards preempts nothing",
+        ),
+        pytest.param(
+            "six BE",
+            "manager",
+            ManagerPolicy(min_run_seconds=10_000.0),
+            lambda m, kueue: m["preemptions"] == 0,
+            id="training younger than the minimum run time is spared",
+        ),
+        pytest.param(
+            "six BE",
+            "manager",
+            ManagerPolicy(reclaim=False),
+            lambda m, kueue: m["preemptions"] == 0,
+            id="reclaim turned off publishes the allowance only",
+        ),
+    ],
+)
+def test_baseline_behaviour(tasks, baseline, manager, expect):
+    result = run(tasks, baseline, manager=manager)
+    kueue = run(tasks, "kueue").metrics
+    assert expect(result.metrics, kueue), result.metrics
+
+
+def test_a_preempted_task_restarts_from_scratch_and_its_work_is_counted_lost():
+    result = run("six BE", "manager")
+    hit = [o for o in result.tasks if o.preemptions]
+    assert hit and all(o.lost_card_hours > 0 for o in hit)
+    assert math.isclose(
+        result.metrics["lost_card_hours"], sum(o.lost_card_hours for o in result.tasks)
+    )
+    # queued again at its original arrival (not started again while inference needs it)
+    assert all(o.waited > 0 for o in hit if o.state == "queued")
+
+
+RUNS = [
+    pytest.param(tasks, baseline, placement, id=f"{tasks}, {baseline}, {placement}")
+    for tasks in ("six BE", "a mix")
+    for baseline in ("static", "kueue", "manager")
+    for placement in ("binpack", "spread", "fgd")
+    if placement == "binpack" or (baseline == "manager" and tasks == "a mix")
+]
+
+
+@pytest.mark.parametrize(("tasks", "baseline", "placement"), RUNS)
+def test_every_task_and_request_is_accounted_for_once(tasks, baseline, placement):
+    result = run(tasks, baseline, placement)
+    names = [o.task.name for o in result.tasks]
+    assert sorted(names) == sorted(t.name for t in TASKS[tasks])
+    states = [o.state for o in result.tasks]
+    m = result.metrics
+    assert m["completed"] + m["running_at_end"] + m["queued_at_end"] == len(TASKS[tasks])
+    assert states.count("arriving") == 0
+    assert m["preemptions"] == sum(o.preemptions for o in result.tasks)
+    for inference in result.inference:
+        served = len(inference.ttft)
+        assert served + inference.metrics["dropped"] == inference.metrics["requests"]
+        assert inference.metrics["requests"] == len(DEPLOYMENT.trace)
+    series = result.series
+    assert max(series["allocated_cards"]) <= result.cards + 1e-9
+    held = np.add(series["training_held"], series["inference_held"])
+    assert held.max() <= result.cards + 1e-9
+
+
+def test_the_mix_completes_tasks_and_fragments_less_under_our_placement():
+    results = {p: run("a mix", "manager", p) for p in ("binpack", "spread", "fgd")}
+    assert all(r.metrics["completed"] > 0 for r in results.values())
+    assert all(r.metrics["unallocatable_cards"] >= 0 for r in results.values())
+
+
+def test_the_replay_runs_the_served_demand_and_the_capacity_managers_plan(monkeypatch):
+    served = vars(joint)
+    assert served["pool_demand"] is scaler.demand.pool_demand
+    assert served["plan_pool"] is admission.pool.plan_pool
+    assert served["within_allowance"] is admission.pool.within_allowance
+    calls: dict[str, list[object]] = {"declared": [], "demand": [], "plan": [], "allow": []}
+
+    def spy(name, real):
+        def wrapped(*args, **kwargs):
+            answer = real(*args, **kwargs)
+            calls[name].append(answer)
+            return answer
+
+        return wrapped
+
+    monkeypatch.setattr(replay.policies, "declared", spy("declared", scaler.demand.declared))
+    monkeypatch.setattr(joint, "pool_demand", spy("demand", scaler.demand.pool_demand))
+    monkeypatch.setattr(joint, "plan_pool", spy("plan", admission.pool.plan_pool))
+    monkeypatch.setattr(joint, "within_allowance", spy("allow", admission.pool.within_allowance))
+    config = JointConfig("manager", manager=YOUNG)
+    result = run_joint(NODES, TASKS["six BE"], [DEPLOYMENT], config)
+    ticks = len(result.series["t"])
+    assert len(calls["declared"]) == len(calls["demand"]) == len(calls["plan"]) == ticks
+    assert calls["allow"], "the admission check was never asked"
+    reclaimed = [r.key for plan in calls["plan"] for r in plan.reclaim]  # type: ignore[attr-defined]
+    assert len(reclaimed) == result.metrics["preemptions"] > 0
+    needed = [d[joint.POOL].accelerators_needed for d in calls["demand"]]  # type: ignore[index]
+    assert max(n for n in needed if n is not None) >= 4
+
+
+def test_the_static_baseline_carves_out_inferences_peak():
+    result = run("six BE", "static")
+    assert result.config.reserved == peaks() and peaks()[0] > 1
+    assert max(result.series["training_held"]) <= result.cards - peaks()[0]
+
+
+# --- the ClusterQueue -----------------------------------------------------------------
+
+
+def always(*_: object) -> bool:
+    return True
+
+
+@pytest.mark.parametrize(
+    ("queued", "quota", "check", "admitted"),
+    [
+        pytest.param(
+            [Workload("big", 0, 0.0, 6), Workload("small", 0, 1.0, 1)],
+            4.0,
+            always,
+            ["small"],
+            id="BestEffortFIFO: a head over the quota does not block a smaller one behind it",
+        ),
+        pytest.param(
+            [
+                Workload("early", 0, 0.0, 2),
+                Workload("urgent", 3, 9.0, 2),
+                Workload("late", 0, 5.0, 2),
+            ],
+            4.0,
+            always,
+            ["urgent", "early"],
+            id="priority first, then arrival",
+        ),
+        pytest.param(
+            [Workload("a", 1, 0.0, 1), Workload("b", 1, 1.0, 1)],
+            8.0,
+            lambda w, admitted: w.key != "a",
+            ["b"],
+            id="a workload its admission check refuses stays queued",
+        ),
+        pytest.param(
+            [
+                Workload("half", 0, 0.0, 0.5),
+                Workload("half2", 0, 1.0, 0.5),
+                Workload("one", 0, 2.0, 1.0),
+            ],
+            1.0,
+            always,
+            ["half", "half2"],
+            id="fractional shares count their fraction of the quota",
+        ),
+        pytest.param(
+            [Workload("nine", 0, 0.0, 9)],
+            8.0,
+            always,
+            [],
+            id="a workload over the nominal quota is queued, never admitted",
+        ),
+    ],
+)
+def test_cluster_queue(queued, quota, check, admitted):
+    queue = ClusterQueue(quota)
+    for workload in queued:
+        queue.push(workload)
+    assert [w.key for w in queue.admit(check, always)] == admitted
+    assert len(queue) == len(queued) - len(admitted)
+    assert queue.admitted <= quota
+
+
+workloads = st.lists(
+    st.builds(
+        Workload,
+        key=st.uuids().map(str),
+        priority=st.integers(0, 3),
+        created=st.floats(0, 1000),
+        cards=st.sampled_from([0.25, 0.5, 1.0, 2.0, 4.0, 8.0]),
+    ),
+    max_size=30,
+    unique_by=lambda w: w.key,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(workloads, st.floats(0, 24), st.sets(st.integers(0, 29)))
+def test_the_queue_admits_in_order_within_quota_and_loses_nothing(queued, quota, no_room):
+    queue = ClusterQueue(quota)
+    for workload in queued:
+        queue.push(workload)
+    order = [w.key for w in queue]
+    assert order == [w.key for w in sorted(queued, key=lambda w: w.order)]
+    index = {key: i for i, key in enumerate(order)}
+    admitted = queue.admit(always, lambda w: index[w.key] not in no_room)
+    assert [w.key for w in admitted] == [k for k in order if k in {w.key for w in admitted}]
+    assert queue.admitted <= quota + 1e-9
+    assert sorted([w.key for w in admitted] + [w.key for w in queue]) == sorted(order)
+
+
+# --- the training side ----------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.floats(0, 1e7), min_size=1, max_size=40),
+    st.floats(0.3, 4.0),
+    st.floats(10.0, 5000.0),
+)
+def test_prepared_tasks_arrive_within_the_span_capped_and_scaled(arrivals, multiplier, cap):
+    raw = [task(f"t{i}", arrival=a, duration=1e6) for i, a in enumerate(sorted(arrivals))]
+    raw.append(task("cpu-only", gpus=0, milli=0))
+    out = prepare_tasks(raw, 600.0, multiplier, cap)
+    assert all(0 <= t.arrival <= 600.0 and t.duration == cap and t.gpus for t in out)
+    assert len({t.name for t in out}) == len(out)
+    n = len(arrivals)
+    assert math.floor(multiplier) * n <= len(out) <= math.ceil(multiplier) * n
+    assert [t.arrival for t in out] == sorted(t.arrival for t in out)
+
+
+@pytest.mark.parametrize(
+    ("qos", "priority"),
+    [
+        pytest.param("Guaranteed", 3, id="Guaranteed is the highest priority"),
+        pytest.param("LS", 2, id="latency-sensitive above burstable"),
+        pytest.param("BE", 0, id="best effort is preemptible"),
+    ],
+)
+def test_priority_from_qos(qos, priority):
+    assert priority_of(task("t", qos)) == priority
+
+
+def test_an_unknown_qos_is_refused_by_name():
+    with pytest.raises(ValueError, match="task t: QoS 'Gold' is not one of Guaranteed, LS"):
+        priority_of(task("t", "Gold"))
+
+
+# --- the whole run, the report, the command line --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def whole_run():
+    options = JointOptions(placements=("binpack", "fgd"), manager=YOUNG)
+    return run_all(NODES, TASKS["a mix"], [DEPLOYMENT], options)
+
+
+def test_run_all_compares_every_baseline_and_judges_every_goal(whole_run, tmp_path):
+    assert [r.name for r in whole_run.results] == [
+        "static/binpack",
+        "kueue/binpack",
+        "manager/binpack",
+        "manager/fgd",
+    ]
+    assert whole_run.multiplier > 0
+    verdicts = goals(whole_run)
+    assert len(verdicts) == 4 and all(g.met is not None for g in verdicts)
+    write_report(whole_run, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "manager/fgd" in report and ("MISSED" in report or "met" in report)
+    assert json.loads((tmp_path / "results.json").read_text())["runs"]["kueue/binpack"]
+    assert (tmp_path / "pool.png").stat().st_size > 10_000
+
+
+UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
+
+
+def test_the_command_line_runs_the_joint_replay(tmp_path):
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        + "".join(f"node-{i},64000,262144,4,T4\n" for i in range(2))
+    )
+    pods = tmp_path / "pods.csv"
+    header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    header += "creation_time,deletion_time,scheduled_time\n"
+    rows = "".join(
+        f"pod-{i},4000,16384,1,{(500, 1000)[i % 2]},,BE,Running,{t},{t + 400},{t}\n"
+        for i, t in enumerate(range(0, 800, 100))
+    )
+    pods.write_text(header + rows)
+    trace = tmp_path / "tiny.csv"
+    stamps = [f"2023-11-16 18:17:{s:02d}.0000000,512,16" for s in range(0, 60, 2)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(stamps) + "\n")
+    out = tmp_path / "out"
+    args = ["replay", "--pool", str(nodes), "--tasks", str(pods), "--trace", str(trace)]
+    args += ["--pool-fraction", "1", "--placement", "binpack", "--report", str(out)]
+    done = subprocess.run(
+        [*UNITSCALE, *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Joint replay" in done.stdout and "manager/binpack" in done.stdout
+    assert {p.name for p in out.iterdir()} == {"report.md", "results.json", "pool.png"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        pytest.param(
+            ["--pool", "n.csv"],
+            "--pool NODES_CSV and --tasks PODS_CSV go together",
+            id="a pool without tasks is refused",
+        ),
+        pytest.param(
+            ["--pool", "n.csv", "--tasks", "p.csv", "--pool-fraction", "0"],
+            "--pool-fraction 0: must be above 0",
+            id="an empty fraction is refused",
+        ),
+        pytest.param(
+            ["--trace", "a.csv", "--trace", "b.csv"],
+            "several only with --pool",
+            id="several traces need --pool",
+        ),
+    ],
+)
+def test_the_command_line_refuses_bad_joint_flags(tmp_path, extra, message):
+    done = subprocess.run(
+        [*UNITSCALE, "replay", *extra, "--report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
