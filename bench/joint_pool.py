@@ -83,9 +83,7 @@ def main() -> int:
         "cards": run.cards,
         "tasks": len(run.tasks),
         "wall_seconds": round(wall, 1),
-        "runs": {
-            r.name: {k: json_number(v) for k, v in r.metrics.items()} for r in run.results
-        },
+        "runs": {r.name: {k: json_number(v) for k, v in r.metrics.items()} for r in run.results},
         "goals": {g.name: {"measured": g.measured, "met": g.met} for g in verdicts},
     }
     print(json.dumps(summary, sort_keys=True))
