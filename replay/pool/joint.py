@@ -192,7 +192,7 @@ def prepare_tasks(
     out: list[Task] = []
     whole, part = math.floor(multiplier), multiplier - math.floor(multiplier)
     for task in gpu:
-        base = max(0.0, task.arrival - start) * squeeze
+        base = min(span, max(0.0, task.arrival - start) * squeeze)  # no rounding past it
         for copy in range(math.ceil(multiplier)):
             if copy >= whole and _unit(task.name, copy) >= part:
                 continue
