@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from admission import hami, lora
+from admission import density, hami, lora
 from admission import parameters as params
 from admission.config import AdmissionConfig
 from admission.decide import (
@@ -179,6 +179,8 @@ class Controller:
         self._loop: asyncio.Task[None] | None = None
         self._unwritten = False
         """A write of the last pass failed for a reason other than a conflict."""
+        self._density: dict[str, density.Density] = {}
+        """Adaptive LoRA: tenants per instance by base model, from the first pass."""
         self._usable: Mapping[str, params.Parameters] = {}
         """Our checks with good parameters, as the last pass found them."""
         self.metrics.refresh = self.observe
@@ -271,8 +273,11 @@ class Controller:
             # A pass whose writes failed (API server restarting, 429, 5xx) is retried
             # sooner than the resync, doubling up to RETRY_MAX; nothing else would ask.
             wait = retry if self._unwritten else self.config.resync
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that
+            # lands as the event is set (gh-86296), and the controller would not stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._dirty.wait()
             # Gather the rest of a burst of changes into this one pass.
             await asyncio.sleep(self.config.debounce)
             self._dirty.clear()
@@ -362,7 +367,8 @@ class Controller:
         )
         # Planned once: admission (step 5) and reclaim read the same plan.
         plans = plan_pools(cluster, now)
-        cluster = dataclasses.replace(cluster, plans=plans)
+        tenants = self._step_density(view, ours, now)
+        cluster = dataclasses.replace(cluster, plans=plans, lora_density=tenants)
         self.metrics.set_plans({p.pool: p.plan for p in plans.values()})
         decisions = list(self._decide(pending, cluster, now)) if pending else []
         reclaims = reclaim_all(cluster, now)
@@ -378,6 +384,41 @@ class Controller:
             *(write(d, None) for d in decisions),
             *(write(d, taken.get(f"{d.namespace}/{d.workload}")) for d in reclaims),
         )
+
+    def _step_density(
+        self, view: Snapshot, ours: Mapping[str, params.Parameters], now: float
+    ) -> dict[str, int]:
+        """Move each base model's adaptive density one step (``admission.density``).
+
+        One density per model, cluster-wide as the instances are: the first check with
+        ``lora.adaptive`` (by name) gives the ceiling, the SLO and the pool whose HAMi
+        view reads the memory.
+        """
+        adaptive = [(n, q) for n, q in sorted(ours.items()) if q.lora.adaptive]
+        if not adaptive:
+            self._density = {}
+            self.metrics.set_lora_density({})
+            return {}
+        _, first = adaptive[0]
+        pool = hami.inventory(
+            view.nodes,
+            view.pods,
+            now=now,
+            handshake_timeout=first.handshake_timeout_seconds,
+            node_selector=dict(first.pool_node_selector) or None,
+        )
+        models = density.instance_models(list(view.workloads.values()))
+        loads = density.model_loads(view.pods, pool, models, first.lora.step_time_slo_seconds)
+        before = self._density
+        self._density = density.step_density(before, loads, first.lora.tenants_per_instance, now)
+        for model, now_held in sorted(self._density.items()):
+            if model not in before or before[model].tenants != now_held.tenants:
+                log.info(
+                    "LoRA %s: %d tenants per instance: %s", model, now_held.tenants, now_held.reason
+                )
+        tenants = {model: held.tenants for model, held in self._density.items()}
+        self.metrics.set_lora_density(tenants)
+        return tenants
 
     async def _sync_checks(
         self, api: client.ApiClient, view: Snapshot, now: float

@@ -118,6 +118,9 @@ class Cluster:
     check_parameters: Mapping[str, Parameters] = field(default_factory=dict)
     """Our checks' parameters, where usable: a gang holds GPUs only in its own check's
     pool (one of ours with unusable parameters: in every pool, to be safe)."""
+    lora_density: Mapping[str, int] = field(default_factory=dict)
+    """Tenants per instance by base model, for checks with ``lora.adaptive`` (the
+    controller's ``admission.density``); a model absent takes ``tenantsPerInstance``."""
     plans: Mapping[str, CheckPlan] | None = None
     """The capacity manager's plan per check with reclaim enabled (``plan_pools``); None:
     ``decide_all`` and ``reclaim_all`` make them (a caller that also exports them passes
@@ -277,7 +280,7 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
         w,
         state.cluster.workloads,
         state.cluster.pods,
-        tenants_per_instance=params.lora.tenants_per_instance,
+        tenants_per_instance=_tenant_limit(w, params, state.cluster),
         taken=state.seats,
     )
     where = dict(data.node_selector)
@@ -326,6 +329,13 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
     return out("Ready", "; ".join(x for x in parts if x), updates=hints.to_api())
 
 
+def _tenant_limit(w: RawObject, params: Parameters, cluster: Cluster) -> int:
+    """The check's tenantsPerInstance, or with adaptive LoRA the model's density under it."""
+    ceiling = params.lora.tenants_per_instance
+    model = lora.base_model(w) if params.lora.adaptive else None
+    return min(ceiling, cluster.lora_density.get(model, ceiling)) if model else ceiling
+
+
 def plan_pools(cluster: Cluster, now: float) -> dict[str, CheckPlan]:
     """The capacity manager's plan for each check of ours with reclaim enabled, by check.
 
@@ -358,7 +368,12 @@ def plan_pools(cluster: Cluster, now: float) -> dict[str, CheckPlan]:
         need, missing = _need(cluster, wanted.pool)
         policy = ManagerPolicy(reclaim=True, min_run_seconds=float(params.reclaim.min_run_seconds))
         plan = plan_pool(
-            reclaim.pool_state(pool), need, [a.admitted for a in here], now, policy, missing
+            reclaim.pool_state(pool, wanted.pool),
+            need,
+            [a.admitted for a in here],
+            now,
+            policy,
+            missing,
         )
         entries = {a.admitted.key: a.check for a in here}
         plans[name] = CheckPlan(name, wanted.pool, plan, entries)
@@ -376,8 +391,7 @@ def _need(cluster: Cluster, pool: str) -> tuple[InferenceNeed | None, str]:
 def reclaim_all(cluster: Cluster, now: float) -> list[Decision]:
     """A ``Retry`` for each workload a plan reclaims, on the entry of ours holding it Ready.
 
-    A workload two plans reclaim (two reclaiming checks on one pool) gets one decision;
-    ``requeueAfterSeconds`` is the ``retryAfterSeconds`` of the check written to.
+    A workload two plans reclaim (two reclaiming checks on one pool) gets one decision.
     """
     plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
     decisions: list[Decision] = []
@@ -389,10 +403,11 @@ def reclaim_all(cluster: Cluster, now: float) -> list[Decision]:
                 continue
             seen.add(taken.key)
             namespace, _, name = taken.key.partition("/")
-            params = cluster.check_parameters.get(check) or Parameters()
-            decisions.append(
-                Decision(namespace, name, check, "Retry", taken.message, params.retry_after_seconds)
-            )
+            # requeueAfterSeconds 0: Kueue 0.17 keeps an admitted Workload running, quota
+            # held, until lastTransitionTime + requeueAfterSeconds; 0 evicts it now. It
+            # comes back Pending at once and the check judges it again (Retry, with the
+            # check's retryAfterSeconds, while the allowance has no room).
+            decisions.append(Decision(namespace, name, check, "Retry", taken.message, 0))
     return decisions
 
 

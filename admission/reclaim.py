@@ -73,7 +73,7 @@ def card_share(state: DeviceState) -> float:
     return min(1.0, share) if share > 0 else 1.0 / max(1, device.split_count)
 
 
-def pool_state(pool: Inventory) -> PoolState:
+def pool_state(pool: Inventory, name: str = "") -> PoolState:
     """The cards the pool offers (healthy, not cordoned, handshake fresh) and their shares."""
     taken: dict[str, float] = {}
     cards = 0
@@ -83,7 +83,7 @@ def pool_state(pool: Inventory) -> PoolState:
             share = card_share(state)
             if share > 0:
                 taken[card_id(node.name, state.device.uuid)] = share
-    return PoolState(cards=cards, taken=taken)
+    return PoolState(cards=cards, taken=taken, pool=name)
 
 
 def placement_cards(pool: Inventory, placements: Iterable[PodPlacement]) -> float:

@@ -349,7 +349,8 @@ def test_the_api_server_fills_in_the_defaults(control_plane, admission_crd):
         "retryAfterSeconds": 60,
         "handshakeTimeoutSeconds": 60,
         "data": {"cachedPercentage": 95, "timeoutSeconds": 1800, "createDataLoad": True},
-        "lora": {"tenantsPerInstance": 5},
+        "lora": {"tenantsPerInstance": 5, "adaptive": False},
+        "reclaim": {"enabled": False, "minRunSeconds": 600, "maxPriority": 0},
     }
 
 

@@ -1,0 +1,157 @@
+"""Adaptive LoRA density: how many tenants each base model's instances take now.
+
+Pure: the pass's pods and HAMi inventory in, with the density the controller holds and
+``now``; the new density out, with a reason per model. The controller keeps one number
+per base model in memory (``Density``), starting at the check's ``tenantsPerInstance``
+(the ceiling), and calls ``step_density`` once a pass: a model moves by at most one
+(``admission.lora.tenants_for``) and not again within ``LORA_INTERVAL`` seconds of its
+last change, so a new tenant's load shows before the next step. A restarted controller
+starts again at the ceiling.
+
+The signals, per base model (its instances are the ``unitscale.io/lora-instance``
+labels on running pods whose Workload names it; the most pressed instance counts):
+
+- **memory**: of the cards the instance's pods hold, the memory HAMi has given out
+  (``used / registered``, every pod on those cards), the largest fraction;
+- **step time**: the largest ``unitscale.io/lora-step-seconds`` annotation on the
+  instance's pods (the trainer's recent step time, written by the job), against
+  ``lora.stepTimeSloSeconds``; no annotation, or no SLO, is unknown.
+
+An unknown signal only ever holds the density (or lowers it on the other signal);
+never a zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from admission import annotations as names
+from admission.hami import TERMINAL_PHASES, HamiFormatError, Inventory, parse_devices_allocated
+from admission.lora import InstanceLoad, base_model, tenants_for
+
+RawObject = dict[str, Any]
+
+LORA_INTERVAL: Final = 60.0
+"""Seconds between two changes of one model's density."""
+STEP_SECONDS: Final = "unitscale.io/lora-step-seconds"
+"""Pod annotation: the tenant's recent step time in seconds (written by the trainer)."""
+
+__all__ = [
+    "LORA_INTERVAL",
+    "STEP_SECONDS",
+    "Density",
+    "instance_models",
+    "model_loads",
+    "step_density",
+]
+
+
+@dataclass(frozen=True)
+class Density:
+    """One base model's tenants per instance now, and when it last changed."""
+
+    tenants: int
+    changed_at: float
+    reason: str = ""
+
+
+def model_loads(
+    pods: Iterable[RawObject],
+    pool: Inventory,
+    models: Mapping[str, str],
+    slo_seconds: float | None,
+) -> dict[str, InstanceLoad]:
+    """The load of each base model's most pressed instance, by model.
+
+    ``models`` maps an instance id (``unitscale.io/lora-instance``) to its base model.
+    """
+    memory: dict[str, float] = {}
+    steps: dict[str, float] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        model = models.get(str((meta.get("labels") or {}).get(names.LORA_INSTANCE, "")))
+        if model is None:
+            continue
+        annotations: Mapping[str, Any] = meta.get("annotations") or {}
+        fraction = _memory_fraction(annotations, pod, pool)
+        if fraction is not None:
+            memory[model] = max(memory.get(model, 0.0), fraction)
+        step = _step_seconds(annotations.get(STEP_SECONDS))
+        if step is not None:
+            steps[model] = max(steps.get(model, 0.0), step)
+    return {
+        model: InstanceLoad(memory.get(model), steps.get(model), slo_seconds)
+        for model in sorted(set(models.values()))
+    }
+
+
+def step_density(
+    held: Mapping[str, Density],
+    loads: Mapping[str, InstanceLoad],
+    ceiling: int,
+    now: float,
+) -> dict[str, Density]:
+    """Each model's density after this pass (models with no load known are kept)."""
+    out = dict(held)
+    for model, load in sorted(loads.items()):
+        current = held.get(model, Density(ceiling, -math.inf, "starts at tenantsPerInstance"))
+        if now - current.changed_at < LORA_INTERVAL and current.tenants <= ceiling:
+            out[model] = current
+            continue
+        tenants, why = tenants_for(current.tenants, load, ceiling)
+        changed = tenants != current.tenants
+        out[model] = Density(tenants, now if changed else current.changed_at, why)
+    return out
+
+
+def _memory_fraction(
+    annotations: Mapping[str, Any], pod: Mapping[str, Any], pool: Inventory
+) -> float | None:
+    """The largest memory fraction given out on the cards this pod holds; None: unknown."""
+    value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
+    where = annotations.get(names.HAMI_VGPU_NODE) or (pod.get("spec") or {}).get("nodeName")
+    node = pool.node(str(where)) if value and where else None
+    if node is None:
+        return None
+    try:
+        uses = parse_devices_allocated(str(value))
+    except HamiFormatError:
+        return None
+    fractions = []
+    for use in uses:
+        state = node.device(use.uuid)
+        if state is not None and state.device.memory_mib > 0:
+            fractions.append(min(1.0, state.used_memory_mib / state.device.memory_mib))
+    return max(fractions) if fractions else None
+
+
+def _step_seconds(value: object) -> float | None:
+    try:
+        seconds = float(str(value)) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
+
+
+def instance_models(workloads: Sequence[RawObject]) -> dict[str, str]:
+    """Instance id -> base model, from the tenants' Ready entries and pod templates."""
+    found: dict[str, str] = {}
+    for w in workloads:
+        model = base_model(w)
+        if model is None:
+            continue
+        for entry in (w.get("status") or {}).get("admissionChecks") or []:
+            for update in entry.get("podSetUpdates") or []:
+                instance = (update.get("labels") or {}).get(names.LORA_INSTANCE)
+                if instance:
+                    found[str(instance)] = model
+        for pod_set in (w.get("spec") or {}).get("podSets") or []:
+            labels = ((pod_set.get("template") or {}).get("metadata") or {}).get("labels") or {}
+            if labels.get(names.LORA_INSTANCE):
+                found[str(labels[names.LORA_INSTANCE])] = model
+    return found
