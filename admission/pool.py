@@ -9,12 +9,18 @@ most it is forecast to need within the horizon, headroom included), the training
 (each admitted workload's cards, priority, admission time, preemptibility) and the pool's
 inventory (cards, and how much of each card is taken). Its answer:
 
-- **allowance**: the cards training may hold now, ``cards - inference needed``; the admission
-  check refuses a gang that would take training past it;
+- **allowance**: the cards training may hold now, ``cards - inference needed - headroom``
+  (``ManagerPolicy``'s headroom for bursts, none by default); the admission check refuses a
+  gang that would take training past it;
 - **reclaim**: when inference needs whole cards the pool has no longer free, the admitted
   training workloads to evict (through Kueue: our check set to ``Retry``), lowest priority
   first, then most recently admitted, skipping any not preemptible or running for less than
   ``min_run_seconds``, and only those that free a whole card, until the shortfall is covered.
+  The shortfall is the real one: the headroom is never reclaimed for.
+
+What inference holds is the larger of the scalers' count (serving replicas) and, when
+known, the inventory's (``PoolState.inference_cards``: a replica still starting holds its
+card too); the reason says which.
 
 A missing signal is never a zero: without the forecast the plan has no allowance and
 reclaims nothing (``PoolPlan.known`` is False), and says why.
@@ -79,6 +85,9 @@ class PoolState:
     a card absent is whole and free. Only cards counted in ``cards`` belong here."""
     pool: str = ""
     """The pool's name, for the messages (``""``: left out of them)."""
+    inference_cards: float | None = None
+    """Cards the inventory shows inference pods holding (a replica still starting holds
+    its card, though the scalers count only serving ones); None: unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +117,11 @@ class ManagerPolicy:
     """False: publish the allowance, take nothing back."""
     min_run_seconds: float = 600.0
     """A workload admitted less than this long ago is never reclaimed (no thrashing)."""
+    headroom_fraction: float = 0.0
+    """The allowance keeps this share of inference's forecast more free, so a burst beyond
+    the forecast finds whole cards instead of waiting for a reclaim (and its minimum run)."""
+    headroom_cards: int = 0
+    """Whole cards the allowance keeps free on top of that, for the same reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +157,8 @@ class PoolPlan:
     """The pool's cards (``PoolState.cards``)."""
     needed_cards: int | None = None
     """Whole cards inference is forecast to need; None when not known."""
+    headroom_cards: int = 0
+    """Whole cards the allowance keeps free beyond ``needed_cards`` (the policy's headroom)."""
     uncovered: int = 0
     """Whole cards of the shortfall the reclaims do not cover."""
     reclaimed_accelerator_hours: float = 0.0
@@ -185,10 +201,12 @@ def plan_pool(
             pool=state.pool,
             cards=state.cards,
         )
+    held_by_inference, held_from = _inference_held(need, state.inference_cards)
     needed_cards = _whole(need.needed)
-    more = _whole(need.needed - need.held)
+    headroom = _headroom(need.needed, needed_cards, policy)
+    more = _whole(need.needed - held_by_inference)
     shortfall = max(0, more - free)
-    figures = _Figures(state.pool, more, need.needed, need.held, free)
+    figures = _Figures(state.pool, more, need.needed, held_by_inference, free, held_from)
     groups: list[_Group] = []
     if shortfall and policy.reclaim:
         groups = _choose(state.taken, _candidates(admitted, now, policy), shortfall)
@@ -196,7 +214,7 @@ def plan_pool(
     freed = sum(r.cards_freed for r in reclaims)
     plan = PoolPlan(
         known=True,
-        allowance=max(0, state.cards - needed_cards),
+        allowance=max(0, state.cards - needed_cards - headroom),
         training_held=held,
         free_cards=free,
         shortfall=shortfall,
@@ -205,12 +223,23 @@ def plan_pool(
         pool=state.pool,
         cards=state.cards,
         needed_cards=needed_cards,
+        headroom_cards=headroom,
         uncovered=max(0, shortfall - freed) if policy.reclaim else shortfall,
         reclaimed_accelerator_hours=math.fsum(r.accelerator_hours_lost for r in reclaims),
         cost_per_million_tokens=need.cost_per_million_tokens,
     )
     short = _uncovered_why(plan, admitted, now, policy)
     return _with_reason(plan, need, figures, short, reclaim_on=policy.reclaim)
+
+
+def _headroom(needed: float, needed_cards: int, policy: ManagerPolicy) -> int:
+    """Whole cards kept free beyond the forecast: ``ceil(needed * (1 + f)) + cards - ceil(needed)``.
+
+    Only the allowance keeps them; reclaim acts on the real shortfall alone, since evicting
+    running training for a burst that may never come loses its work for certain.
+    """
+    padded = _whole(needed * (1.0 + policy.headroom_fraction))
+    return padded - needed_cards + policy.headroom_cards
 
 
 def within_allowance(plan: PoolPlan, gang_cards: float) -> tuple[bool, str]:
@@ -227,8 +256,9 @@ def within_allowance(plan: PoolPlan, gang_cards: float) -> tuple[bool, str]:
         return True, f"no allowance known: {plan.reason}"
     after = plan.training_held + gang_cards
     where = f"on pool {plan.pool} " if plan.pool else ""
+    kept = f", {plan.headroom_cards} more kept for bursts" if plan.headroom_cards else ""
     context = (
-        f"{where}(inference forecast to need {plan.needed_cards} of {plan.cards})"
+        f"{where}(inference forecast to need {plan.needed_cards} of {plan.cards}{kept})"
         if plan.needed_cards is not None
         else where.strip()
     )
@@ -253,6 +283,8 @@ class _Figures:
     needed: float
     held: float
     free: int
+    held_from: str = ""
+    """Where ``held`` came from, when the inventory is known (for the reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +293,20 @@ class _Group:
 
     members: tuple[Admitted, ...]
     cards_freed: int
+
+
+def _inference_held(need: InferenceNeed, inventory: float | None) -> tuple[float, str]:
+    """What inference holds: the larger of the scalers' count and the inventory's, and which.
+
+    The scalers count serving replicas; one still starting already holds its card, and
+    counting that card as missing would reclaim one inference already has (training then
+    takes the freed card back, and the next plan reclaims again).
+    """
+    if inventory is None:
+        return need.held, ""
+    if inventory > need.held:
+        return inventory, f"the inventory's cards; the scalers count {need.held:g} serving"
+    return need.held, f"the scalers' count; the inventory shows {inventory:g}"
 
 
 def _candidates(admitted: Sequence[Admitted], now: float, policy: ManagerPolicy) -> list[Admitted]:
@@ -380,10 +426,12 @@ def _with_reason(
     plan: PoolPlan, need: InferenceNeed, figures: _Figures, short: str, *, reclaim_on: bool
 ) -> PoolPlan:
     """``plan`` with its one-sentence reason, every figure in it."""
+    source = f" ({figures.held_from})" if figures.held_from else ""
+    kept = f", {plan.headroom_cards} more kept free for bursts" if plan.headroom_cards else ""
     parts = [
-        f"{_pool_label(plan.pool)}: inference holds {need.held:g} and is forecast to need "
-        f"{need.needed:g} ({plan.needed_cards} whole) of {plan.cards} GPUs, so training may "
-        f"hold {plan.allowance} (it holds {plan.training_held:g})",
+        f"{_pool_label(plan.pool)}: inference holds {figures.held:g}{source} and is forecast "
+        f"to need {need.needed:g} ({plan.needed_cards} whole) of {plan.cards} GPUs{kept}, so "
+        f"training may hold {plan.allowance} (it holds {plan.training_held:g})",
         f"{figures.free} whole GPUs free",
     ]
     if figures.more == 0:
@@ -428,6 +476,8 @@ def _check_inputs(
         raise ValueError(f"PoolState.cards must be an integer >= 0, got {state.cards!r}")
     for card, share in state.taken.items():
         _check_share(f"PoolState.taken[{card!r}]", share)
+    if state.inference_cards is not None:
+        _check_count("PoolState.inference_cards", state.inference_cards)
     if need is not None:
         for name in ("held", "needed"):
             _check_count(f"InferenceNeed.{name}", getattr(need, name))
@@ -447,6 +497,10 @@ def _check_inputs(
     if not math.isfinite(now):
         raise ValueError(f"now must be finite, got {now!r}")
     _check_count("ManagerPolicy.min_run_seconds", policy.min_run_seconds)
+    _check_count("ManagerPolicy.headroom_fraction", policy.headroom_fraction)
+    cards = policy.headroom_cards
+    if isinstance(cards, bool) or not isinstance(cards, int) or cards < 0:
+        raise ValueError(f"ManagerPolicy.headroom_cards must be an integer >= 0, got {cards!r}")
 
 
 def _check_share(what: str, share: float) -> None:

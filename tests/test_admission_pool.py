@@ -252,6 +252,98 @@ def test_a_forecast_a_hair_above_a_whole_number_is_that_number():
     assert plan.allowance == 3
 
 
+# --- what inference holds: the scalers' count or the inventory's -------------------------
+
+STARTING = [job("a", gpus(3), minutes=60)]
+
+
+def counted(inventory: float | None) -> PoolState:
+    """Inference's pods on cards 0-2 (one of them a replica still starting), a job on 3."""
+    state = pool(4, STARTING, inference(0, 1, 2))
+    return PoolState(state.cards, state.taken, state.pool, inference_cards=inventory)
+
+
+@pytest.mark.parametrize(
+    ("inventory", "want", "said"),
+    [
+        pytest.param(
+            3.0, [], "inference holds 3 (the inventory's cards; the scalers count 2 serving)",
+            id="a starting replica is not a shortfall: its card is counted held",
+        ),
+        pytest.param(
+            None, ["a"], "inference holds 2 and is forecast",
+            id="without the inventory the scalers' serving count is all there is",
+        ),
+        pytest.param(
+            1.0, ["a"], "inference holds 2 (the scalers' count; the inventory shows 1)",
+            id="an inventory below the scalers' count does not lower it",
+        ),
+    ],
+)  # fmt: skip
+def test_inference_holds_the_larger_of_the_scalers_and_the_inventorys_count(inventory, want, said):
+    plan = plan_pool(counted(inventory), InferenceNeed(held=2, needed=3), STARTING, NOW, POLICY)
+    assert keys(plan) == want
+    assert said in plan.reason, plan.reason
+    assert plan.allowance == 1  # the forecast alone sets it, whichever count is used
+
+
+# --- headroom for bursts ------------------------------------------------------------------
+
+FULL = [job("a", gpus(4, 5, 6, 7), minutes=60)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "allowance", "headroom", "said"),
+    [
+        pytest.param(
+            POLICY, 12, 0, "of 16 GPUs, so training may hold 12",
+            id="no headroom by default: the allowance is the forecast's complement",
+        ),
+        pytest.param(
+            ManagerPolicy(headroom_fraction=0.25), 11, 1,
+            "of 16 GPUs, 1 more kept free for bursts, so training may hold 11",
+            id="a headroom fraction keeps a share of the forecast more free, rounded up",
+        ),
+        pytest.param(
+            ManagerPolicy(headroom_cards=2), 10, 2, "2 more kept free for bursts",
+            id="headroom cards are kept free on top of the forecast",
+        ),
+        pytest.param(
+            ManagerPolicy(headroom_fraction=0.1, headroom_cards=1), 10, 2,
+            "2 more kept free for bursts",
+            id="a fraction and cards add up (ceil(4 x 1.1) = 5, plus 1)",
+        ),
+        pytest.param(
+            ManagerPolicy(headroom_cards=30), 0, 30, "so training may hold 0",
+            id="headroom beyond the pool leaves training nothing, never less",
+        ),
+    ],
+)  # fmt: skip
+def test_headroom_lowers_the_allowance(policy, allowance, headroom, said):
+    state = pool(16, FULL, inference(0, 1, 2, 3))
+    plan = plan_pool(state, InferenceNeed(held=4, needed=4), FULL, NOW, policy)
+    assert (plan.allowance, plan.headroom_cards, plan.needed_cards) == (allowance, headroom, 4)
+    assert said in plan.reason, plan.reason
+    assert plan.reclaim == () and plan.shortfall == 0
+
+
+def test_headroom_is_never_reclaimed_for():
+    # Inference holds what it is forecast to need, no card is free, training sits past the
+    # headroom's allowance: the check admits no more, but nothing running is evicted.
+    state = pool(8, FULL, inference(0, 1, 2, 3))
+    policy = ManagerPolicy(headroom_cards=3, min_run_seconds=0)
+    plan = plan_pool(state, InferenceNeed(held=4, needed=4), FULL, NOW, policy)
+    assert (plan.allowance, plan.free_cards, plan.shortfall, plan.reclaim) == (1, 0, 0, ())
+    assert within_allowance(plan, 1) == (
+        False,
+        "admitting 1 GPU would take training to 5 of its 1-GPU allowance on pool h200 "
+        "(inference forecast to need 4 of 8, 3 more kept for bursts)",
+    )
+    # A real shortfall is reclaimed for as before, and only it: 2 cards, not 2 + 3.
+    short = plan_pool(state, InferenceNeed(held=4, needed=6), FULL, NOW, policy)
+    assert (short.shortfall, keys(short)) == (2, ["a"])
+
+
 # --- the admission check's question -------------------------------------------------------
 
 
@@ -322,6 +414,22 @@ A = job("a", gpus(0))
                      id="a NaN forecast is refused, not read as a number"),
         pytest.param(PoolState(2, {}), InferenceNeed(0, -1), [], POLICY, "needed",
                      id="a negative forecast is refused"),
+        pytest.param(PoolState(2, {}, inference_cards=-1.0), InferenceNeed(0, 1), [], POLICY,
+                     "inference_cards", id="a negative inventory count is refused"),
+        pytest.param(PoolState(2, {}, inference_cards=math.nan), InferenceNeed(0, 1), [],
+                     POLICY, "inference_cards", id="a NaN inventory count is refused"),
+        pytest.param(PoolState(2, {}), InferenceNeed(0, 1), [],
+                     ManagerPolicy(headroom_fraction=-0.1), "headroom_fraction",
+                     id="a negative headroom fraction is refused"),
+        pytest.param(PoolState(2, {}), InferenceNeed(0, 1), [],
+                     ManagerPolicy(headroom_fraction=math.inf), "headroom_fraction",
+                     id="an infinite headroom fraction is refused"),
+        pytest.param(PoolState(2, {}), InferenceNeed(0, 1), [],
+                     ManagerPolicy(headroom_cards=-1), "headroom_cards",
+                     id="negative headroom cards are refused"),
+        pytest.param(PoolState(2, {}), InferenceNeed(0, 1), [],
+                     ManagerPolicy(headroom_cards=1.5), "headroom_cards",  # type: ignore[arg-type]
+                     id="headroom in fractions of a card is refused"),
         pytest.param(pool(2, [A]), InferenceNeed(0, 1), [A, A], POLICY, "two admitted",
                      id="two workloads with one key are refused"),
         pytest.param(pool(2, []), InferenceNeed(0, 1), [job("z", {"n0/g0": -0.5})], POLICY,
@@ -456,3 +564,29 @@ def test_reclaim_off_or_a_missing_forecast_takes_nothing(case):
     assert off.uncovered == off.shortfall
     missing = plan_pool(state, None, jobs, NOW, policy, missing="x")
     assert (missing.known, missing.allowance, missing.reclaim) == (False, None, ())
+
+
+@settings(max_examples=200, deadline=None)
+@given(pools(), st.floats(min_value=0, max_value=10))
+def test_knowing_more_cards_held_never_reclaims_more(case, extra):
+    state, jobs, need, policy = case
+    blind = plan_pool(state, need, jobs, NOW, policy)
+    inventory = PoolState(state.cards, state.taken, state.pool, need.held + extra)
+    seen = plan_pool(inventory, need, jobs, NOW, policy)
+    assert seen.shortfall <= blind.shortfall
+    assert len(seen.reclaim) <= len(blind.reclaim)
+    assert seen.allowance == blind.allowance
+
+
+@settings(max_examples=200, deadline=None)
+@given(pools(), st.floats(min_value=0, max_value=2), st.integers(0, 4))
+def test_headroom_only_lowers_the_allowance_and_changes_no_reclaim(case, fraction, cards):
+    state, jobs, need, policy = case
+    plain = plan_pool(state, need, jobs, NOW, policy)
+    padded = ManagerPolicy(policy.reclaim, policy.min_run_seconds, fraction, cards)
+    kept = plan_pool(state, need, jobs, NOW, padded)
+    assert kept.reclaim == plain.reclaim and kept.shortfall == plain.shortfall
+    assert kept.allowance is not None and plain.allowance is not None
+    assert 0 <= kept.allowance <= plain.allowance
+    assert kept.allowance == max(0, plain.allowance - kept.headroom_cards)
+    assert kept.headroom_cards >= cards

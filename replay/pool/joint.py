@@ -458,11 +458,11 @@ class _Joint:
             held, needed = demand.accelerators_held, demand.accelerators_needed
             missing = demand.unknown
             if held is not None and needed is not None:
-                # The scalers count serving replicas; one still starting holds its card
-                # too (the inventory shows it), and counting it free would reclaim it.
-                placed = sum(len(p) for p in self.replicas)
-                need = InferenceNeed(held=max(held, float(placed)), needed=needed)
-        state = PoolState(cards=self.pool.cards, taken=self.pool.taken())
+                need = InferenceNeed(held=held, needed=needed)
+        # The inventory's view: a replica still starting holds its card (plan_pool takes
+        # the larger of this and the scalers' serving count).
+        placed = float(sum(len(p) for p in self.replicas))
+        state = PoolState(self.pool.cards, self.pool.taken(), inference_cards=placed)
         admitted = [self._admitted(name) for name in self.running]
         plan = plan_pool(state, need, admitted, now, self.config.manager, missing)
         if not plan.known:
