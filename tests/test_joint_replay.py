@@ -27,16 +27,20 @@ from foundation.replica_model import LLAMA3_8B_H200
 from replay.pool.cluster import Node, Task
 from replay.pool.joint import (
     Inference,
+    InferencePeaks,
     JointConfig,
     JointOptions,
     JointResult,
+    arrival_share,
     inference_peaks,
+    joint_mix,
     prepare_tasks,
     priority_of,
     run_all,
     run_joint,
 )
 from replay.pool.kueue import ClusterQueue, Workload
+from replay.pool.placement import TaskMix, TaskShape
 from replay.pool.report import goals, write_report
 from replay.simulate import SimConfig
 from replay.trace import Trace
@@ -248,6 +252,88 @@ def test_the_replay_runs_the_served_demand_and_the_capacity_managers_plan(monkey
     assert max(n for n in needed if n is not None) >= 4
 
 
+STEADY = Inference("llm", steady(3, 480), CONFIG, target_concurrency=32.0, max_replicas=8)
+"""One replica's worth all along: the forecast stays at 1 card."""
+
+
+@pytest.mark.parametrize(
+    ("fraction", "training_max"),
+    [
+        pytest.param(0.0, 7, id="without headroom training takes every card inference leaves"),
+        pytest.param(1.0, 6, id="headroom 100% of a 1-card forecast keeps 1 card free"),
+        pytest.param(2.0, 5, id="headroom 200% keeps 2 cards free"),
+    ],
+)
+def test_the_headroom_keeps_whole_cards_free_for_bursts(fraction, training_max):
+    eight = tuple(task(f"be{i}") for i in range(8))
+    config = JointConfig("manager", manager=ManagerPolicy(headroom_fraction=fraction))
+    result = run_joint(NODES, eight, [STEADY], config)
+    assert max(result.series["inference_held"]) == 1
+    assert max(result.series["training_held"]) == training_max
+    assert result.series["allocated_cards"][-1] == training_max + 1
+    assert result.metrics["preemptions"] == 0  # the headroom is never reclaimed for
+
+
+def test_a_headroom_sweep_runs_the_manager_with_each_per_placement():
+    options = JointOptions(placements=("binpack", "fgd"), headrooms=(0.0, 0.25))
+    names = [c.name for c in options.configs((3,), 0.1)]
+    assert names == [
+        "static/binpack",
+        "kueue/binpack",
+        "manager/binpack",
+        "manager/binpack h=25%",
+        "manager/fgd",
+        "manager/fgd h=25%",
+    ]
+    assert {c.inference_share for c in options.configs((3,), 0.1)} == {0.1}
+    training_only = JointOptions(mix="training").configs((3,), 0.1)
+    assert {c.inference_share for c in training_only} == {0.0}
+
+
+REPLICA = task("replica", "Guaranteed")
+MIXED = (task("a", gpus=2), task("b", gpus=2), task("c", milli=500))
+
+
+@pytest.mark.parametrize(
+    ("tasks", "share", "want"),
+    [
+        pytest.param(
+            MIXED, 0.0, TaskMix.of(MIXED).classes,
+            id="share 0 is the training tasks' mix alone",
+        ),
+        pytest.param(
+            MIXED, 0.25,
+            ((TaskShape(2, 1000, (), 4000, 16_384), 0.5),
+             (TaskShape(1, 500, (), 4000, 16_384), 0.25),
+             (TaskShape(1, 1000, (), 4000, 16_384), 0.25)),
+            id="the replica takes its share, training's classes the rest in their proportions",
+        ),
+        pytest.param(
+            (task("cpu", gpus=0, milli=0),), 0.5, ((TaskShape(1, 1000, (), 4000, 16_384), 1.0),),
+            id="no GPU task leaves the replica's shape as the whole mix",
+        ),
+    ],
+)  # fmt: skip
+def test_joint_mix(tasks, share, want):
+    got = joint_mix(tasks, REPLICA, share).classes
+    assert [s for s, _ in got] == [s for s, _ in want]
+    assert [w for _, w in got] == pytest.approx([w for _, w in want])
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5, math.nan])
+def test_joint_mix_refuses_a_share_that_is_no_share(share):
+    with pytest.raises(ValueError, match="inference share"):
+        joint_mix(MIXED, REPLICA, share)
+
+
+def test_inference_alone_counts_its_replica_starts_and_its_own_slo():
+    alone = inference_peaks([DEPLOYMENT])
+    assert alone.replica_starts == alone.peaks[0] == 7  # the rising trace only scales up
+    assert 0 < alone.slo_attainment <= 1
+    assert arrival_share(alone, TASKS["six BE"]) == pytest.approx(7 / 13)
+    assert arrival_share(InferencePeaks((0,), 0.0), ()) == 0.0
+
+
 def test_the_static_baseline_carves_out_inferences_peak():
     result = run("six BE", "static")
     assert result.config.reserved == peaks() and peaks()[0] > 1
@@ -432,11 +518,12 @@ def test_the_command_line_runs_the_joint_replay(tmp_path):
     out = tmp_path / "out"
     args = ["replay", "--pool", str(nodes), "--tasks", str(pods), "--trace", str(trace)]
     args += ["--pool-fraction", "1", "--placement", "binpack", "--report", str(out)]
+    args += ["--headroom", "0", "--headroom", "0.25", "--fgd-mix", "training"]
     done = subprocess.run(
         [*UNITSCALE, *args], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert "Joint replay" in done.stdout and "manager/binpack" in done.stdout
+    assert "Joint replay" in done.stdout and "manager/binpack h=25%" in done.stdout
     assert {p.name for p in out.iterdir()} == {"report.md", "results.json", "pool.png"}
 
 
@@ -452,6 +539,11 @@ def test_the_command_line_runs_the_joint_replay(tmp_path):
             ["--pool", "n.csv", "--tasks", "p.csv", "--pool-fraction", "0"],
             "--pool-fraction 0: must be above 0",
             id="an empty fraction is refused",
+        ),
+        pytest.param(
+            ["--pool", "n.csv", "--tasks", "p.csv", "--headroom", "-0.5"],
+            "--headroom [-0.5]: each must be a finite number >= 0",
+            id="a negative headroom is refused",
         ),
         pytest.param(
             ["--trace", "a.csv", "--trace", "b.csv"],

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -247,6 +248,21 @@ def _joint_arguments(replay: argparse.ArgumentParser) -> None:
     )
     joint.add_argument(
         "--inference-gpu-type", help="node model inference replicas need (default any)"
+    )
+    joint.add_argument(
+        "--headroom",
+        type=float,
+        action="append",
+        metavar="FRACTION",
+        help="repeatable: the manager runs with each burst headroom, a share of inference's"
+        " forecast its allowance keeps free (ManagerPolicy.headroom_fraction; default 0)",
+    )
+    joint.add_argument(
+        "--fgd-mix",
+        choices=["joint", "training"],
+        default="joint",
+        help="FGD's target workload: training's tasks and inference's replicas by arrivals,"
+        " or training's alone (default %(default)s)",
     )
     joint.add_argument(
         "--max-task-seconds",
@@ -718,6 +734,8 @@ def _joint_inputs(
         raise ConfigError(f"--pool-fraction {args.pool_fraction:g}: must be above 0, at most 1")
     if not args.training_load > 0 or not args.max_task_seconds > 0:
         raise ConfigError("--training-load and --max-task-seconds must be positive")
+    if any(not (math.isfinite(h) and h >= 0) for h in args.headroom or ()):
+        raise ConfigError(f"--headroom {args.headroom}: each must be a finite number >= 0")
     if args.compare_tiers or args.policy != "all":
         raise ConfigError("--pool runs the unitscale scaler in every deployment: drop --policy")
     try:
@@ -747,6 +765,8 @@ def _joint_inputs(
         training_load=args.training_load,
         duration_cap=args.max_task_seconds,
         inference_gpu_type=args.inference_gpu_type,
+        headrooms=tuple(args.headroom or ()),
+        mix=args.fgd_mix,
     )
     return nodes, tasks, deployments, options
 

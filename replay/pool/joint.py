@@ -48,13 +48,16 @@ from admission.pool import (
 from replay.policies import Unitscale, unitscale_policy
 from replay.pool.cluster import Node, Task
 from replay.pool.kueue import ClusterQueue, Workload
-from replay.pool.placement import Placement, PlacementPolicy, Pool, TaskMix
+from replay.pool.placement import Placement, PlacementPolicy, Pool, TaskMix, TaskShape
 from replay.simulate import Result, SimConfig, Simulation
 from replay.trace import Trace
 from scaler.core.model import Policy as CorePolicy
 from scaler.demand import pool_demand
 
 Baseline = Literal["static", "kueue", "manager"]
+MixSource = Literal["joint", "training"]
+"""What FGD's target workload is: training's tasks and inference's replicas (``joint``),
+or training's alone (``training``, the pod list's mix as the placement bench uses)."""
 BASELINES: tuple[Baseline, ...] = ("static", "kueue", "manager")
 POOL = "shared"
 """The pool every inference ScaledObject declares (``pool`` trigger metadata)."""
@@ -110,10 +113,26 @@ class JointConfig:
     """Only nodes of this model take inference replicas; None: any."""
     reserved: tuple[int, ...] = ()
     """``static``: cards carved out per deployment (its peak held when unconstrained)."""
+    inference_share: float = 0.0
+    """Inference replicas' share of the arrivals in FGD's target workload (``joint_mix``);
+    0: the training tasks' mix alone."""
 
     @property
     def name(self) -> str:
-        return f"{self.baseline}/{self.placement}"
+        base = f"{self.baseline}/{self.placement}"
+        if self.baseline != "manager":
+            return base
+        return base + _headroom_label(self.manager)
+
+
+def _headroom_label(policy: ManagerPolicy) -> str:
+    """``""`` without headroom, else `` h=25%`` / `` h=25%+2``."""
+    parts = []
+    if policy.headroom_fraction:
+        parts.append(f"{policy.headroom_fraction:.0%}")
+    if policy.headroom_cards:
+        parts.append(f"+{policy.headroom_cards}" if parts else f"{policy.headroom_cards}")
+    return f" h={''.join(parts)}" if parts else ""
 
 
 @dataclass(slots=True)
@@ -214,6 +233,42 @@ class InferencePeaks:
     peaks: tuple[int, ...]
     mean_held: float
     """All deployments together, over the longest horizon."""
+    slo_attainment: float = math.nan
+    """All deployments' requests together: the scaler's own SLO, the pool's cost aside."""
+    replica_starts: int = 0
+    """Replicas placed over the run (each tick's rise in cards held, the first fleet
+    included): inference's arrivals on the pool, for ``joint_mix``."""
+
+
+def joint_mix(tasks: Sequence[Task], replica: Task | None, share: float) -> TaskMix:
+    """FGD's target workload: the training tasks' mix and the inference replica's shape.
+
+    The replica class takes ``share`` of the popularity and the training classes the rest
+    in their proportions. FGD's popularity is the chance that the next arriving task is of
+    the class (its measure is the expected unallocatable GPUs for it), so the share counts
+    arrivals: replicas placed against training tasks arriving, not cards held.
+
+    Raises:
+        ValueError: ``share`` outside [0, 1], or neither a GPU task nor a replica to measure.
+    """
+    if not 0 <= share <= 1:
+        raise ValueError(f"inference share {share!r}: must be within [0, 1]")
+    gpu = [t for t in tasks if t.gpus > 0]
+    if replica is None or share == 0:
+        return TaskMix.of(gpu)
+    shape = TaskShape(
+        replica.gpus, replica.gpu_milli, replica.gpu_types, replica.cpu_milli, replica.memory_mib
+    )
+    if not gpu or share == 1:
+        return TaskMix(((shape, 1.0),))
+    training = TaskMix.of(gpu).classes
+    return TaskMix((*((s, w * (1 - share)) for s, w in training), (shape, share)))
+
+
+def arrival_share(peaks: InferencePeaks, tasks: Sequence[Task]) -> float:
+    """Inference replicas' share of the pool's arrivals: placed replicas over all."""
+    total = peaks.replica_starts + sum(1 for t in tasks if t.gpus > 0)
+    return peaks.replica_starts / total if total else 0.0
 
 
 def inference_peaks(
@@ -224,19 +279,24 @@ def inference_peaks(
     """Run every deployment without a limit, sampled each ``tick`` (the static carve-out)."""
     sims = [d.simulation() for d in deployments]
     horizon = max(d.horizon for d in deployments)
-    peaks = [0] * len(sims)
-    held_sum, ticks, now = 0.0, 0, 0.0
+    peaks, last = [0] * len(sims), [0] * len(sims)
+    held_sum, ticks, now, starts = 0.0, 0, 0.0, 0
     while now <= horizon:
         for i, sim in enumerate(sims):
             sim.advance(now)
             held = sim.accelerators_held()
             peaks[i] = max(peaks[i], held)
+            starts += max(0, held - last[i])
+            last[i] = held
             held_sum += held
         ticks += 1
         if progress is not None:
             progress(now)
         now += tick
-    return InferencePeaks(tuple(peaks), held_sum / ticks if ticks else 0.0)
+    results = [sim.result() for sim in sims]
+    requests = sum(int(r.metrics["requests"]) for r in results)
+    slo = sum(int(r.met.sum()) for r in results) / requests if requests else math.nan
+    return InferencePeaks(tuple(peaks), held_sum / ticks if ticks else 0.0, slo, starts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,22 +312,35 @@ class JointOptions:
     tick: float = TICK
     inference_gpu_type: str | None = None
     manager: ManagerPolicy = field(default_factory=ManagerPolicy)
+    headrooms: tuple[float, ...] = ()
+    """The manager runs with each of these ``headroom_fraction`` values for each placement
+    (the rest of ``manager`` as given); empty: ``manager``'s own alone."""
+    mix: MixSource = "joint"
+    """FGD's target workload (``MixSource``), for every run alike."""
 
-    def configs(self, reserved: tuple[int, ...]) -> tuple[JointConfig, ...]:
-        """Every run: static and kueue with the first placement, the manager with each."""
+    def configs(
+        self, reserved: tuple[int, ...], inference_share: float = 0.0
+    ) -> tuple[JointConfig, ...]:
+        """Every run: static and kueue, then the manager per placement, per headroom."""
         if not self.placements:
             raise ValueError("at least one placement policy")
         first = self.placements[0]
+        share = inference_share if self.mix == "joint" else 0.0
 
         def run(
-            baseline: Baseline, placement: PlacementPolicy, **static: tuple[int, ...]
+            baseline: Baseline,
+            placement: PlacementPolicy,
+            manager: ManagerPolicy = self.manager,
+            reserved: tuple[int, ...] = (),
         ) -> JointConfig:
-            return JointConfig(
-                baseline, placement, self.tick, self.manager, self.inference_gpu_type, **static
-            )
+            gpu_type = self.inference_gpu_type
+            return JointConfig(baseline, placement, self.tick, manager, gpu_type, reserved, share)
 
+        managers = [replace(self.manager, headroom_fraction=h) for h in self.headrooms] or [
+            self.manager
+        ]
         runs = [run("static", first, reserved=reserved), run("kueue", first)]
-        runs += [run("manager", p) for p in self.placements]
+        runs += [run("manager", p, m) for p in self.placements for m in managers]
         return tuple(runs)
 
 
@@ -317,7 +390,8 @@ def run_all(
     multiplier = target / offered_base if offered_base > 0 and target > 0 else 1.0
     scaled = prepare_tasks(tasks, span, multiplier, options.duration_cap)
     results = []
-    for config in options.configs(peaks.peaks):
+    share = arrival_share(peaks, scaled)
+    for config in options.configs(peaks.peaks, share):
         results.append(run_joint(nodes, scaled, deployments, config, step(config.name)))
         done += horizon
     return JointRun(
@@ -361,7 +435,7 @@ class _Joint:
         self.config, self.deployments = config, tuple(deployments)
         self.pool = Pool.of(nodes)
         self.card_ids = self.pool.card_ids()
-        self.mix = TaskMix.of(tasks)
+        self.mix = joint_mix(tasks, self._replica(0, 0), config.inference_share)
         self.tasks = sorted(tasks, key=lambda t: (t.arrival, t.name))
         self.outcomes = {t.name: TaskOutcome(t, priority_of(t)) for t in self.tasks}
         if len(self.outcomes) != len(self.tasks):
@@ -660,8 +734,11 @@ __all__ = [
     "JointOptions",
     "JointResult",
     "JointRun",
+    "MixSource",
     "TaskOutcome",
+    "arrival_share",
     "inference_peaks",
+    "joint_mix",
     "offered_cards",
     "prepare_tasks",
     "priority_of",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from admission.pool import ManagerPolicy
 from replay.pool.joint import JointResult, JointRun
 from replay.run import json_number
 
@@ -48,21 +49,28 @@ class Goal:
     """None: not measurable in this run (a row it needs is missing)."""
 
 
-def _row(run: JointRun, name: str) -> JointResult | None:
-    return next((r for r in run.results if r.name == name), None)
-
-
 def manager_row(run: JointRun) -> JointResult | None:
     """The manager's run with the first placement policy (the headline row)."""
     return next((r for r in run.results if r.config.baseline == "manager"), None)
 
 
-def goals(run: JointRun) -> list[Goal]:
-    """Issue #19's goals on this run, misses included."""
-    ours, static = (
-        manager_row(run),
-        next((r for r in run.results if r.config.baseline == "static"), None),
-    )
+def manager_rows(run: JointRun, policy: ManagerPolicy | None = None) -> list[JointResult]:
+    """The manager's runs under ``policy`` (None: the first manager run's), in run order."""
+    managers = [r for r in run.results if r.config.baseline == "manager"]
+    if policy is None and managers:
+        policy = managers[0].config.manager
+    return [r for r in managers if r.config.manager == policy]
+
+
+def goals(run: JointRun, policy: ManagerPolicy | None = None) -> list[Goal]:
+    """Issue #19's goals on this run, misses included.
+
+    The manager's rows are those under ``policy`` (None: the first manager run's); a
+    headroom sweep judges each.
+    """
+    rows = manager_rows(run, policy)
+    ours = rows[0] if rows else None
+    static = next((r for r in run.results if r.config.baseline == "static"), None)
     out: list[Goal] = []
     if ours is not None:
         util, slo = ours.metrics["utilization"], ours.metrics["slo_attainment"]
@@ -87,13 +95,14 @@ def goals(run: JointRun) -> list[Goal]:
                 bool(mine <= theirs),
             )
         )
-    binpack, fgd = _row(run, "manager/binpack"), _row(run, "manager/fgd")
+    binpack = next((r for r in rows if r.config.placement == "binpack"), None)
+    fgd = next((r for r in rows if r.config.placement == "fgd"), None)
     if binpack is not None and fgd is not None:
         ours_u, base_u = fgd.metrics["unallocatable_cards"], binpack.metrics["unallocatable_cards"]
         ratio = ours_u / base_u if base_u > 0 else (0.0 if ours_u == 0 else math.inf)
         out.append(
             Goal(
-                "unallocatable GPUs from fragmentation (manager/fgd vs manager/binpack)",
+                f"unallocatable GPUs from fragmentation ({fgd.name} vs {binpack.name})",
                 f"{ours_u:.2f} vs {base_u:.2f} cards ({ratio:.2f}x)",
                 "<= 0.60x",
                 ratio <= FRAGMENTATION_GOAL,
@@ -131,19 +140,26 @@ def table(run: JointRun) -> str:
 
 
 def ratios(run: JointRun) -> str:
-    """Each run against the static partition: utilization, SLO, p95 delay, completed."""
+    """Each run against the static partition: utilization, SLO, p95 delay, completed.
+
+    And its SLO against the same scaler run alone, unconstrained: the pool's cost to
+    inference, in points.
+    """
     static = next((r for r in run.results if r.config.baseline == "static"), None)
     if static is None:
         return ""
     keys = ("utilization", "slo_attainment", "queue_delay_p95_seconds", "completed")
-    head = "| run vs static | " + " | ".join(keys) + " |"
-    rule = "|---|" + "---:|" * len(keys)
+    alone = run.peaks.slo_attainment
+    head = "| run vs static | " + " | ".join(keys) + " | SLO vs scaler alone |"
+    rule = "|---|" + "---:|" * (len(keys) + 1)
     rows = []
     for r in run.results:
         cells = []
         for key in keys:
             base = float(static.metrics[key])
             cells.append(f"{float(r.metrics[key]) / base:.2f}x" if base else "n/a")
+        slo = float(r.metrics["slo_attainment"])
+        cells.append(f"{slo - alone:+.1%}" if math.isfinite(alone) else "n/a")
         rows.append(f"| {r.name} | " + " | ".join(cells) + " |")
     return "\n".join([head, rule, *rows])
 
@@ -240,4 +256,14 @@ def plots(run: JointRun, path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["COLUMNS", "Goal", "goals", "manager_row", "plots", "ratios", "table", "write_report"]
+__all__ = [
+    "COLUMNS",
+    "Goal",
+    "goals",
+    "manager_row",
+    "manager_rows",
+    "plots",
+    "ratios",
+    "table",
+    "write_report",
+]
