@@ -300,26 +300,18 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
         place = f" on the nodes with {_labels(where)}" if where else ""
         return out("Retry", f"does not fit now{place}: {fit.reason}", retry=True)
 
-    # 5. Inference headroom.
-    # Counted over the whole pool: inference may start anywhere in it.
-    headroom = _headroom(params, state.cluster, pool.reserve(fit.placements))
-    if headroom.hold:
-        return out("Retry", headroom.message, retry=True)
-    # With reclaim enabled, the capacity manager's allowance too: one rule for both.
-    planned = state.plans.get(p.check)
-    cards = reclaim.placement_cards(pool, fit.placements) if planned is not None else 0.0
-    granted = state.granted.get(group, 0.0)
-    allowance = within_allowance(planned.plan, granted + cards) if planned else (True, "")
-    if not allowance[0]:
-        return out("Retry", allowance[1], retry=True)
+    # 5. Inference headroom, and with reclaim enabled the allowance.
+    room = _inference_room(p, state, pool, fit)
+    if room.hold:
+        return out("Retry", room.message, retry=True)
 
     # 6. Ready, with the hints.
     hints = merge_hints(w, _wanted(demand, params, fit, data.node_selector, seat), check=p.check)
     state.reserve(params, fit)
-    state.granted[group] = granted + cards
+    state.granted[group] = state.granted.get(group, 0.0) + room.cards
     if seat is not None:
         state.seats.append(seat)
-    parts = [fit.reason, headroom.message, allowance[1]]
+    parts = [fit.reason, room.message]
     if data.dataset:
         parts.append(data.message)
     if seat is not None:
@@ -415,6 +407,26 @@ def reclaim_all(cluster: Cluster, now: float) -> list[Decision]:
 class _Headroom:
     hold: bool
     message: str
+    cards: float = 0.0
+    """The gang's cards' worth, counted against the allowance (0 when none applies)."""
+
+
+def _inference_room(p: Pending, state: _Pass, pool: Inventory, fit: FitResult) -> _Headroom:
+    """Step 5: the headroom, then (reclaim enabled) the capacity manager's allowance.
+
+    The headroom is counted over the whole pool: inference may start anywhere in it. The
+    allowance is the rule reclaim enforces too, so admitting and reclaiming agree; gangs
+    made Ready earlier in the pass count against it (the plan predates them).
+    """
+    headroom = _headroom(p.parameters, state.cluster, pool.reserve(fit.placements))
+    planned = state.plans.get(p.check)
+    if headroom.hold or planned is None:
+        return headroom
+    cards = reclaim.placement_cards(pool, fit.placements)
+    granted = state.granted.get(_group(p.parameters), 0.0)
+    fits, why = within_allowance(planned.plan, granted + cards)
+    message = "; ".join(x for x in (headroom.message, why) if x)
+    return _Headroom(not fits, why if not fits else message, cards)
 
 
 def _headroom(params: Parameters, cluster: Cluster, after: Inventory) -> _Headroom:

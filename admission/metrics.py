@@ -82,6 +82,31 @@ class AdmissionMetrics:
             ["base_model"],
             registry=self.registry,
         )
+        self._capacity_series()
+        self.active = Gauge(
+            "unitscale_admission_check_active",
+            "1 while the AdmissionCheck is Active, 0 while its parameters are bad.",
+            ["check"],
+            registry=self.registry,
+        )
+        self.writes = Counter(
+            "unitscale_admission_writes",
+            "API writes by result: applied, conflict (the object changed first), error.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.passes = Counter(
+            "unitscale_admission_passes", "Reconcile passes run.", registry=self.registry
+        )
+        self.pass_seconds = Histogram(
+            "unitscale_admission_pass_seconds",
+            "Seconds one reconcile pass took (decisions and writes).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+
+    def _capacity_series(self) -> None:
+        """The capacity manager's plan, the reclaims, the adaptive LoRA density."""
         self.training_allowance = Gauge(
             "unitscale_admission_training_allowance_accelerators",
             "Cards training may hold now on the pool (the capacity manager's allowance); "
@@ -115,27 +140,6 @@ class AdmissionMetrics:
             "LoRA tenants a base-model instance takes now (adaptive density; absent for "
             "models the controller does not adapt).",
             ["base_model"],
-            registry=self.registry,
-        )
-        self.active = Gauge(
-            "unitscale_admission_check_active",
-            "1 while the AdmissionCheck is Active, 0 while its parameters are bad.",
-            ["check"],
-            registry=self.registry,
-        )
-        self.writes = Counter(
-            "unitscale_admission_writes",
-            "API writes by result: applied, conflict (the object changed first), error.",
-            ["result"],
-            registry=self.registry,
-        )
-        self.passes = Counter(
-            "unitscale_admission_passes", "Reconcile passes run.", registry=self.registry
-        )
-        self.pass_seconds = Histogram(
-            "unitscale_admission_pass_seconds",
-            "Seconds one reconcile pass took (decisions and writes).",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
 
