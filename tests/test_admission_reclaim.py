@@ -8,9 +8,12 @@ the parameters, and the write a reclaim makes (``workload.reclaim_body``).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import hami, reclaim
@@ -440,3 +443,65 @@ def test_the_crd_defaults_reclaim_as_the_parser_does():
         max_priority=defaults["maxPriority"],
     )
     assert (fields["minRunSeconds"]["minimum"], fields["minRunSeconds"]["maximum"]) == (0, 86400)
+
+
+# --- the metrics ----------------------------------------------------------------------
+
+
+def test_the_plan_gauges_are_absent_while_the_forecast_is_unknown_never_zero():
+    from admission.metrics import AdmissionMetrics
+
+    metrics = AdmissionMetrics()
+    known = plan_pools(cluster([OLD, NEW], PODS, demand=h200(2, 5)), NOW)[CHECK].plan
+    metrics.set_plans({"h200": known})
+    sample = metrics.registry.get_sample_value
+    assert sample("unitscale_admission_training_allowance_accelerators", {"pool": "h200"}) == 3
+    assert sample("unitscale_admission_inference_shortfall_accelerators", {"pool": "h200"}) == 3
+    unknown = plan_pools(cluster([OLD, NEW], PODS, demand=None, demand_error="down"), NOW)
+    metrics.set_plans({"h200": unknown[CHECK].plan})
+    assert sample("unitscale_admission_training_allowance_accelerators", {"pool": "h200"}) is None
+    assert sample("unitscale_admission_inference_shortfall_accelerators", {"pool": "h200"}) is None
+    metrics.reclaimed("h200", 2.5)
+    assert sample("unitscale_admission_reclaims_total", {"pool": "h200"}) == 1
+    assert sample("unitscale_admission_reclaimed_accelerator_hours_total", {"pool": "h200"}) == 2.5
+    metrics.set_lora_density({"llama-3-8b": 3})
+    assert (
+        sample("unitscale_admission_lora_tenants_per_instance", {"base_model": "llama-3-8b"}) == 3
+    )
+
+
+JOB = st.tuples(
+    st.integers(min_value=-3, max_value=3),  # priority
+    st.floats(min_value=0, max_value=4 * HOUR),  # admitted this long ago
+    st.integers(min_value=1, max_value=2),  # whole cards
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    jobs=st.lists(JOB, min_size=0, max_size=4),
+    held=st.integers(min_value=0, max_value=2),
+    more=st.floats(min_value=0, max_value=8),
+)
+def test_a_reclaim_only_ever_takes_preemptible_old_enough_training_of_ours(jobs, held, more):
+    workloads, pods, card = [], [running("serve", "gpu-1", range(8 - held, 8))], 0
+    for i, (rank, ago, cards) in enumerate(jobs):
+        if card + cards > 8 - held:
+            break
+        workloads.append(admitted(f"j{i}", ago=ago, priority=rank))
+        pods.append(pod_of(f"j{i}", range(card, card + cards)))
+        card += cards
+    state = cluster(workloads, pods, demand=h200(held, held + more))
+    decisions = reclaim_all(state, NOW)
+    by_name = {w["metadata"]["name"]: w for w in workloads}
+    assert len({d.workload for d in decisions}) == len(decisions)
+    for d in decisions:
+        w = by_name[d.workload]
+        assert w["spec"]["priority"] <= RECLAIM.reclaim.max_priority
+        (cond,) = [c for c in w["status"]["conditions"] if c["type"] == "Admitted"]
+        started = NOW - datetime.fromisoformat(cond["lastTransitionTime"]).timestamp()
+        assert started >= RECLAIM.reclaim.min_run_seconds - 1  # times are whole seconds
+        assert (d.check, d.state, d.requeue_after_seconds) == (CHECK, "Retry", 0)
+    plan = plan_pools(state, NOW)[CHECK].plan
+    if plan.shortfall == 0:
+        assert decisions == []
