@@ -171,3 +171,29 @@ def test_decide_uses_the_models_density_as_its_tenant_limit():
     assert "joins LoRA instance llama-3-8b-1 of llama-3-8b (2 of 5" in decided({}, adaptive)
     fixed = Parameters(lora=LoraParameters(tenants_per_instance=5))
     assert "joins LoRA instance llama-3-8b-1" in decided({MODEL: 1}, fixed)
+
+
+def test_the_controller_steps_each_models_density_once_per_interval_and_exports_it():
+    from admission.config import AdmissionConfig
+    from admission.controller import Controller, Snapshot
+    from foundation.kube import KubeAccess
+
+    controller = Controller(KubeAccess(), AdmissionConfig())
+    seated = workload("seated", template_annotations={names.LORA_BASE_MODEL: MODEL})
+    seated["spec"]["podSets"][0]["template"]["metadata"]["labels"] = {names.LORA_INSTANCE: INSTANCE}
+    pressed = [tenant_pod("a", int(MIB * 0.95), "1.0")]
+    view = Snapshot({}, {}, {"train/seated": seated}, [node("gpu-1")], pressed, [], [])
+    adaptive = {
+        CHECK: Parameters(
+            lora=LoraParameters(tenants_per_instance=5, adaptive=True, step_time_slo_seconds=3.0)
+        )
+    }
+    sample = controller.metrics.registry.get_sample_value
+    density = "unitscale_admission_lora_tenants_per_instance"
+    assert controller._step_density(view, adaptive, NOW) == {MODEL: 4}
+    assert sample(density, {"base_model": MODEL}) == 4
+    assert controller._step_density(view, adaptive, NOW + 10) == {MODEL: 4}  # within 60 s
+    assert controller._step_density(view, adaptive, NOW + LORA_INTERVAL) == {MODEL: 3}
+    # Not adaptive any more: no density held, none exported.
+    assert controller._step_density(view, {CHECK: Parameters()}, NOW + 200) == {}
+    assert sample(density, {"base_model": MODEL}) is None
