@@ -312,6 +312,10 @@ MIXED = (task("a", gpus=2), task("b", gpus=2), task("c", milli=500))
             (task("cpu", gpus=0, milli=0),), 0.5, ((TaskShape(1, 1000, (), 4000, 16_384), 1.0),),
             id="no GPU task leaves the replica's shape as the whole mix",
         ),
+        pytest.param(
+            (), 0.0, ((TaskShape(1, 1000, (), 4000, 16_384), 1.0),),
+            id="no GPU task and no share counted: still the replica's shape, not an error",
+        ),
     ],
 )  # fmt: skip
 def test_joint_mix(tasks, share, want):
@@ -332,6 +336,14 @@ def test_inference_alone_counts_its_replica_starts_and_its_own_slo():
     assert 0 < alone.slo_attainment <= 1
     assert arrival_share(alone, TASKS["six BE"]) == pytest.approx(7 / 13)
     assert arrival_share(InferencePeaks((0,), 0.0), ()) == 0.0
+
+
+def test_a_warm_started_deployment_holds_its_first_fleet_from_the_first_tick():
+    warm = Inference("llm", steady(3, 480), CONFIG, max_replicas=8, initial_replicas=3)
+    config = JointConfig("manager", manager=YOUNG)
+    result = run_joint(NODES, (), [warm], config)
+    assert result.series["inference_held"][0] == 3
+    assert inference_peaks([warm]).replica_starts >= 3
 
 
 def test_the_static_baseline_carves_out_inferences_peak():

@@ -87,6 +87,9 @@ class Inference:
     max_replicas: int = 64
     defaults: CorePolicy | None = None
     profile: str | None = "llama3-8b-h200"
+    initial_replicas: int = 0
+    """The warm start: replicas the Deployment starts with (``unitscale replay``'s is the
+    instant bound's first interval, ``replay.run.warm_replicas``); 0: cold."""
 
     @property
     def horizon(self) -> float:
@@ -98,7 +101,7 @@ class Inference:
         policy = unitscale_policy(
             self.target_concurrency, self.max_replicas, self.defaults, self.profile, pool=POOL
         )
-        return Simulation(self.trace, policy, self.config)
+        return Simulation(self.trace, policy, self.config, initial_replicas=self.initial_replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,18 +251,20 @@ def joint_mix(tasks: Sequence[Task], replica: Task | None, share: float) -> Task
     the class (its measure is the expected unallocatable GPUs for it), so the share counts
     arrivals: replicas placed against training tasks arriving, not cards held.
 
+    Without a GPU task the replica's shape is the whole mix, whatever ``share``.
+
     Raises:
         ValueError: ``share`` outside [0, 1], or neither a GPU task nor a replica to measure.
     """
     if not 0 <= share <= 1:
         raise ValueError(f"inference share {share!r}: must be within [0, 1]")
     gpu = [t for t in tasks if t.gpus > 0]
-    if replica is None or share == 0:
+    if replica is None or (share == 0 and gpu):
         return TaskMix.of(gpu)
     shape = TaskShape(
         replica.gpus, replica.gpu_milli, replica.gpu_types, replica.cpu_milli, replica.memory_mib
     )
-    if not gpu or share == 1:
+    if not gpu or share == 1:  # no training to weigh it against: the replica is the mix
         return TaskMix(((shape, 1.0),))
     training = TaskMix.of(gpu).classes
     return TaskMix((*((s, w * (1 - share)) for s, w in training), (shape, share)))
