@@ -359,10 +359,11 @@ def plan_pools(cluster: Cluster, now: float) -> dict[str, CheckPlan]:
         )
         need, missing = _need(cluster, wanted.pool)
         policy = ManagerPolicy(reclaim=True, min_run_seconds=float(params.reclaim.min_run_seconds))
+        training = [a.admitted for a in here]
         plan = plan_pool(
-            reclaim.pool_state(pool, wanted.pool),
+            reclaim.pool_state(pool, wanted.pool, training),
             need,
-            [a.admitted for a in here],
+            training,
             now,
             policy,
             missing,

@@ -13,10 +13,18 @@ cores (touched, so not whole and free). A card is ``<node>/<uuid>``.
 gang's pods) hold per ``hami.io/vgpu-devices-allocated``, each use the larger of its
 memory and cores fractions of the card, summed per card and capped at 1. Only cards the
 pool offers count: freeing a card on a cordoned node gives inference nothing.
+
+**What inference holds** (``PoolState.inference_cards``) is what the cards' taken shares
+leave over once admitted training's shares are taken off, card by card: on a pool of
+training and inference, whatever else holds a card is an inference replica, one still
+starting included (the scalers count only serving replicas, so without this a cold start
+would read as a shortfall). A gang made Ready but not yet admitted counts there too, which
+errs toward reclaiming less, never more.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +57,7 @@ __all__ = [
     "admitted_in_pool",
     "card_id",
     "card_share",
+    "others_cards",
     "placement_cards",
     "pool_state",
 ]
@@ -73,8 +82,11 @@ def card_share(state: DeviceState) -> float:
     return min(1.0, share) if share > 0 else 1.0 / max(1, device.split_count)
 
 
-def pool_state(pool: Inventory, name: str = "") -> PoolState:
-    """The cards the pool offers (healthy, not cordoned, handshake fresh) and their shares."""
+def pool_state(pool: Inventory, name: str = "", training: Iterable[Admitted] = ()) -> PoolState:
+    """The cards the pool offers (healthy, not cordoned, handshake fresh) and their shares.
+
+    ``inference_cards`` is what ``training``'s shares leave of them (module docstring).
+    """
     taken: dict[str, float] = {}
     cards = 0
     for node in pool.nodes:
@@ -83,7 +95,19 @@ def pool_state(pool: Inventory, name: str = "") -> PoolState:
             share = card_share(state)
             if share > 0:
                 taken[card_id(node.name, state.device.uuid)] = share
-    return PoolState(cards=cards, taken=taken, pool=name)
+    return PoolState(
+        cards=cards, taken=taken, pool=name, inference_cards=others_cards(taken, training)
+    )
+
+
+def others_cards(taken: Mapping[str, float], training: Iterable[Admitted]) -> float:
+    """Cards' worth of ``taken`` that ``training``'s shares do not account for, card by card."""
+    left = dict(taken)
+    for workload in training:
+        for card, share in workload.shares.items():
+            if card in left:
+                left[card] -= share
+    return math.fsum(max(0.0, share) for share in left.values() if share > 1e-6)
 
 
 def placement_cards(pool: Inventory, placements: Iterable[PodPlacement]) -> float:

@@ -234,6 +234,12 @@ PODS = [pod_of("old", range(4)), pod_of("new", range(4, 6)), running("serve", "g
             [],
             id="with nothing preemptible nothing is reclaimed",
         ),
+        pytest.param(
+            [OLD, NEW],
+            h200(0, 2),
+            [],
+            id="replicas still starting hold their cards: the scalers' zero is no shortfall",
+        ),
     ],
 )
 def test_reclaim_takes_back_from_the_right_training(workloads, demand, reclaimed):
@@ -243,6 +249,14 @@ def test_reclaim_takes_back_from_the_right_training(workloads, demand, reclaimed
         # 0: Kueue 0.17 evicts an admitted Workload only once its requeueAfterSeconds pass.
         assert (d.check, d.state, d.requeue_after_seconds) == (CHECK, "Retry", 0)
         assert d.message.startswith("reclaimed for inference on pool h200: ")
+
+
+def test_what_training_does_not_hold_is_inferences_card_by_card():
+    pool = hami.inventory([node("gpu-1")], PODS, now=NOW)
+    training = [a.admitted for a in reclaim.admitted_in_pool([OLD, NEW], PODS, pool, [CHECK], 0)]
+    assert reclaim.pool_state(pool, "h200", training).inference_cards == pytest.approx(2.0)
+    # Not told the training, everything taken reads as inference's: it errs toward less.
+    assert reclaim.pool_state(pool).inference_cards == pytest.approx(8.0)
 
 
 def test_a_forecast_unavailable_reclaims_nothing_and_the_plan_says_why():
