@@ -358,7 +358,12 @@ def plan_pools(cluster: Cluster, now: float) -> dict[str, CheckPlan]:
             cluster.workloads, cluster.pods, pool, mine, params.reclaim.max_priority
         )
         need, missing = _need(cluster, wanted.pool)
-        policy = ManagerPolicy(reclaim=True, min_run_seconds=float(params.reclaim.min_run_seconds))
+        policy = ManagerPolicy(
+            reclaim=True,
+            min_run_seconds=float(params.reclaim.min_run_seconds),
+            headroom_fraction=params.reclaim.headroom_fraction,
+            headroom_cards=params.reclaim.headroom_cards,
+        )
         training = [a.admitted for a in here]
         plan = plan_pool(
             reclaim.pool_state(pool, wanted.pool, training),

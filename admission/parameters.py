@@ -89,6 +89,10 @@ class ReclaimParameters:
     """A workload admitted less than this long ago is never reclaimed (no thrashing)."""
     max_priority: int = 0
     """Workloads with ``spec.priority`` at most this are preemptible."""
+    headroom_fraction: float = 0.0
+    """The allowance keeps this fraction of inference's forecast free beyond it (bursts)."""
+    headroom_cards: int = 0
+    """And this many whole cards more; neither is ever reclaimed for, only kept free."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,11 @@ def _reclaim(
 ) -> ReclaimParameters:
     where = "spec.reclaim"
     section = _section(spec, "reclaim", where, read.problems)
-    read.only(section, where, ("enabled", "minRunSeconds", "maxPriority"))
+    read.only(
+        section,
+        where,
+        ("enabled", "minRunSeconds", "maxPriority", "headroomFraction", "headroomCards"),
+    )
     enabled = read.boolean(section, "enabled", where, False)
     if enabled and headroom is None:
         read.problems.append(
@@ -220,6 +228,8 @@ def _reclaim(
         enabled=enabled,
         min_run_seconds=read.integer(section, "minRunSeconds", where, 600, 0, 86_400),
         max_priority=read.integer(section, "maxPriority", where, 0, -(2**31), 2**31 - 1),
+        headroom_fraction=read.number(section, "headroomFraction", where, 0.0, 0.0, 10.0),
+        headroom_cards=read.integer(section, "headroomCards", where, 0, 0, 100_000),
     )
 
 

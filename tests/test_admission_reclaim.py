@@ -8,6 +8,7 @@ the parameters, and the write a reclaim makes (``workload.reclaim_body``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -298,6 +299,18 @@ def test_the_plan_publishes_the_allowance_and_the_shortfall():
     assert planned.entries == {"train/old": CHECK, "train/new": CHECK}
 
 
+def test_the_burst_headroom_lowers_the_allowance_and_reclaims_nothing_more():
+    padded = replace(
+        RECLAIM,
+        reclaim=replace(RECLAIM.reclaim, headroom_fraction=0.5, headroom_cards=1),
+    )
+    state = cluster([OLD, NEW], PODS, demand=h200(2, 2), params=padded)
+    (planned,) = plan_pools(state, NOW).values()
+    # 8 cards - ceil(2 x 1.5) - 1 = 4: the headroom only stops admissions.
+    assert planned.plan.allowance == pytest.approx(4.0)
+    assert reclaim_all(state, NOW) == []
+
+
 # --- step 5: admission within the allowance -------------------------------------------
 
 
@@ -399,6 +412,14 @@ HEADROOM_SPEC = {"scaler": "scaler:9090", "pool": "h200"}
             ReclaimParameters(enabled=True, min_run_seconds=0, max_priority=100),
             id="every field is read",
         ),
+        pytest.param(
+            {
+                "inferenceHeadroom": HEADROOM_SPEC,
+                "reclaim": {"enabled": True, "headroomFraction": 0.25, "headroomCards": 2},
+            },
+            ReclaimParameters(enabled=True, headroom_fraction=0.25, headroom_cards=2),
+            id="the burst headroom is read",
+        ),
     ],
 )
 def test_reclaim_parameters_are_read(spec, wanted):
@@ -422,6 +443,16 @@ def test_reclaim_parameters_are_read(spec, wanted):
             {"reclaim": {"enabled": "yes"}},
             "spec.reclaim.enabled='yes': expected true or false",
             id="enabled must be a boolean",
+        ),
+        pytest.param(
+            {"inferenceHeadroom": HEADROOM_SPEC, "reclaim": {"headroomFraction": 11}},
+            "spec.reclaim.headroomFraction=11: must be between 0 and 10",
+            id="a headroom over ten times the forecast is refused",
+        ),
+        pytest.param(
+            {"inferenceHeadroom": HEADROOM_SPEC, "reclaim": {"headroomCards": -1}},
+            "spec.reclaim.headroomCards=-1: must be between 0 and 100000",
+            id="a negative card headroom is refused",
         ),
         pytest.param(
             {"reclaim": {"maxPriorty": 1}},
@@ -450,11 +481,19 @@ def test_the_crd_defaults_reclaim_as_the_parser_does():
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     fields = spec["properties"]["reclaim"]["properties"]
     defaults = {k: v["default"] for k, v in fields.items()}
-    assert defaults == {"enabled": False, "minRunSeconds": 600, "maxPriority": 0}
+    assert defaults == {
+        "enabled": False,
+        "minRunSeconds": 600,
+        "maxPriority": 0,
+        "headroomFraction": 0,
+        "headroomCards": 0,
+    }
     assert ReclaimParameters() == ReclaimParameters(
         enabled=defaults["enabled"],
         min_run_seconds=defaults["minRunSeconds"],
         max_priority=defaults["maxPriority"],
+        headroom_fraction=defaults["headroomFraction"],
+        headroom_cards=defaults["headroomCards"],
     )
     assert (fields["minRunSeconds"]["minimum"], fields["minRunSeconds"]["maximum"]) == (0, 86400)
 

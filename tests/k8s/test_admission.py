@@ -350,7 +350,13 @@ def test_the_api_server_fills_in_the_defaults(control_plane, admission_crd):
         "handshakeTimeoutSeconds": 60,
         "data": {"cachedPercentage": 95, "timeoutSeconds": 1800, "createDataLoad": True},
         "lora": {"tenantsPerInstance": 5, "adaptive": False},
-        "reclaim": {"enabled": False, "minRunSeconds": 600, "maxPriority": 0},
+        "reclaim": {
+            "enabled": False,
+            "minRunSeconds": 600,
+            "maxPriority": 0,
+            "headroomFraction": 0,
+            "headroomCards": 0,
+        },
     }
 
 

@@ -333,6 +333,8 @@ async def test_reclaim_without_the_forecast_turns_the_check_inactive_saying_why(
         pytest.param({"reclaim": {"minRunSeconds": 86401}}, id="a minimum run over a day"),
         pytest.param({"reclaim": {"minRunSeconds": -1}}, id="a negative minimum run"),
         pytest.param({"reclaim": {"enabled": "yes"}}, id="enabled not a boolean"),
+        pytest.param({"reclaim": {"headroomFraction": 11}}, id="a headroom over ten forecasts"),
+        pytest.param({"reclaim": {"headroomCards": -1}}, id="a negative card headroom"),
         pytest.param({"lora": {"stepTimeSloSeconds": 0}}, id="a zero step-time SLO"),
     ],
 )
