@@ -539,6 +539,37 @@ def test_the_command_line_runs_the_joint_replay(tmp_path):
     assert {p.name for p in out.iterdir()} == {"report.md", "results.json", "pool.png"}
 
 
+def _tiny_inputs(tmp_path, *extra: str):
+    """The joint replay's inputs as ``unitscale replay --pool`` reads them."""
+    from unitscale import cli
+
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nnode-0,64000,262144,4,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+        "creation_time,deletion_time,scheduled_time\npod-0,4000,16384,1,500,,BE,Running,0,400,0\n"
+    )
+    trace = tmp_path / "tiny.csv"
+    stamps = [f"2023-11-16 18:17:{s:02d}.0000000,512,16" for s in range(0, 60, 2)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(stamps) + "\n")
+    args = ["replay", "--pool", str(nodes), "--tasks", str(pods), "--pool-fraction", "1"]
+    args += ["--trace", str(trace), "--report", str(tmp_path / "out"), *extra]
+    return cli._joint_inputs(cli._parser().parse_args(args))
+
+
+def test_warm_start_gives_each_deployment_the_replicas_unitscale_replay_starts_with(tmp_path):
+    from replay.oracle import find_instant_bound
+    from replay.run import ReplayOptions, warm_replicas
+
+    (cold,) = _tiny_inputs(tmp_path)[2]
+    (warm,) = _tiny_inputs(tmp_path, "--warm-start")[2]
+    _, schedule = find_instant_bound(warm.trace, warm.config)
+    expected = warm_replicas(schedule, warm.config, ReplayOptions("tiny.csv", 1.0, 1.0, 0))
+    assert cold.initial_replicas == 0
+    assert warm.initial_replicas == expected > 0
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from replay.pool.joint import Inference, JointOptions
     from replay.run import ReplayOptions
     from replay.simulate import SimConfig
+    from replay.trace import Trace
     from scaler.core.model import Policy as CorePolicy
     from scaler.core.tiers import StandbyPolicy
 
@@ -263,6 +264,12 @@ def _joint_arguments(replay: argparse.ArgumentParser) -> None:
         default="joint",
         help="FGD's target workload: training's tasks and inference's replicas by arrivals,"
         " or training's alone (default %(default)s)",
+    )
+    joint.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="start each Deployment with the replicas its first interval needs, as"
+        " unitscale replay does (fits the instant bound per trace first; default cold)",
     )
     joint.add_argument(
         "--max-task-seconds",
@@ -757,8 +764,17 @@ def _joint_inputs(
         except TraceError as err:
             raise ConfigError(str(err)) from err
         name = f"{trace.name}-{len(deployments)}" if len(args.trace or ()) > 1 else trace.name
+        initial = _joint_warm_start(args, source, trace, config) if args.warm_start else 0
         deployments.append(
-            Inference(name, trace, config, args.target_concurrency, args.max_replicas, policy)
+            Inference(
+                name,
+                trace,
+                config,
+                args.target_concurrency,
+                args.max_replicas,
+                policy,
+                initial_replicas=initial,
+            )
         )
     options = JointOptions(
         placements=tuple(args.placement or ("binpack", "spread", "fgd")),
@@ -769,6 +785,18 @@ def _joint_inputs(
         mix=args.fgd_mix,
     )
     return nodes, tasks, deployments, options
+
+
+def _joint_warm_start(
+    args: argparse.Namespace, source: str, trace: Trace, config: SimConfig
+) -> int:
+    """The replicas ``unitscale replay`` starts this trace's policies with."""
+    from replay.oracle import find_instant_bound
+    from replay.run import ReplayOptions, warm_replicas
+
+    _, schedule = find_instant_bound(trace, config)
+    options = ReplayOptions(source, args.rate_multiplier, args.time_compression, args.seed)
+    return warm_replicas(schedule, config, options)
 
 
 def _replay_options_policy(args: argparse.Namespace) -> CorePolicy:
