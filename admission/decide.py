@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from admission import annotations as names
@@ -172,13 +172,17 @@ class _Pass:
     plans: Mapping[str, CheckPlan] = field(default_factory=dict)
     granted: dict[tuple[Any, ...], float] = field(default_factory=dict)
     """Cards' worth made Ready earlier in this pass, per pool: the plan predates them."""
+    unplaced: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    """Cards' worth promised, per pool, to gangs made Ready in earlier passes whose pods
+    are not all placed: the plan counts only the shares placed pods hold."""
 
     def inventory(self, p: Parameters, checks: Mapping[str, Parameters | None]) -> Inventory:
         """The pool of ``p`` less the gangs admitted through its checks not yet placed."""
         group = _group(p)
         if group not in self.inventories:
             mine = frozenset(c for c, q in checks.items() if q is None or _group(q) == group)
-            self.inventories[group] = _pool_inventory(self.cluster, p, mine, self.now)
+            pool, promised = _pool_inventory(self.cluster, p, mine, self.now)
+            self.inventories[group], self.unplaced[group] = pool, promised
         return self.inventories[group]
 
     def reserve(self, p: Parameters, fit: FitResult) -> None:
@@ -422,15 +426,18 @@ def _inference_room(p: Pending, state: _Pass, pool: Inventory, fit: FitResult) -
 
     The headroom is counted over the whole pool: inference may start anywhere in it. The
     allowance is the rule reclaim enforces too, so admitting and reclaiming agree; gangs
-    made Ready earlier in the pass count against it (the plan predates them).
+    made Ready earlier in the pass count against it (the plan predates them), and so do
+    those made Ready before whose pods are not all placed (the plan sees no share yet).
     """
     headroom = _headroom(p.parameters, state.cluster, pool.reserve(fit.placements))
     planned = state.plans.get(p.check)
     if headroom.hold or planned is None:
         return headroom
     cards = reclaim.placement_cards(pool, fit.placements)
-    granted = state.granted.get(_group(p.parameters), 0.0)
-    fits, why = within_allowance(planned.plan, granted + cards)
+    group = _group(p.parameters)
+    before = state.granted.get(group, 0.0) + state.unplaced.get(group, 0.0)
+    plan = replace(planned.plan, training_held=planned.plan.training_held + before)
+    fits, why = within_allowance(plan, cards)
     message = "; ".join(x for x in (headroom.message, why) if x)
     return _Headroom(not fits, why if not fits else message, cards)
 
@@ -488,7 +495,7 @@ def _wanted(
 
 def _pool_inventory(
     cluster: Cluster, params: Parameters, checks: frozenset[str], now: float
-) -> Inventory:
+) -> tuple[Inventory, float]:
     """The pool now, with the gangs we admitted whose pods are not all placed held back.
 
     A gang whose check of ours is Ready, not finished, with fewer GPU pods placed than
@@ -498,6 +505,9 @@ def _pool_inventory(
     found by owner (a Job's pods and Workload share the Job as owner); a gang whose pods
     cannot be matched so (a JobSet's, owned by child Jobs) holds for ``HOLD_SECONDS``
     after its admission at most, by when its pods' own HAMi allocations count instead.
+
+    Also the cards' worth those held gangs take beyond the shares their placed pods
+    hold (what the capacity manager's plan counts of them): the allowance counts it.
     """
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
@@ -512,14 +522,21 @@ def _pool_inventory(
         node_selector=selector,
         ignore_pods=ignore,
     )
+    placed = {
+        a.admitted.key: a.admitted.cards
+        for a in reclaim.admitted_in_pool(holding, cluster.pods, pool, checks, 0)
+    }
+    promised = 0.0
     for w in sorted(holding, key=lambda w: (-priority(w), created_at(w), key(w))):
         where = _granted_selector(w, checks)
         held = fit_gang(
             workload_demand(w), _on_nodes(pool, cluster.nodes, where), params.gpu_scheduler_policy
         )
         if held.fits:
+            whole = reclaim.placement_cards(pool, held.placements)
+            promised += max(0.0, whole - placed.get(key(w), 0.0))
             pool = pool.reserve(held.placements)
-    return pool
+    return pool, promised
 
 
 def _granted_selector(w: RawObject, checks: frozenset[str]) -> dict[str, str]:

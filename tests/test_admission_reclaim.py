@@ -340,6 +340,45 @@ def test_admission_within_the_allowance_is_ready_and_counts_gangs_of_the_same_pa
     assert "would take training to 2 of its 1-GPU allowance" in decisions[1].message
 
 
+def unplaced_pod_of(name: str) -> dict[str, Any]:
+    """A pod of workload ``name``'s Job that HAMi has not placed yet (no allocation)."""
+    pod = pod_of(name, range(0))
+    pod["metadata"]["annotations"] = {}
+    pod["spec"] = {}
+    pod["status"] = {"phase": "Pending"}
+    return pod
+
+
+def test_a_gang_admitted_in_an_earlier_pass_but_not_placed_counts_against_the_allowance():
+    # "placing" (1 GPU) was made Ready and admitted a pass ago; its pod is not placed yet,
+    # so it holds no share. The allowance (8 - 7 needed = 1 card) is its: the next gang
+    # waits, as it would had "placing"'s pod landed (the headroom step lets it through:
+    # 4 held, 3 more needed, 4 whole cards free after both).
+    placing = admitted("placing", ago=30)
+    pending = workload("next", gpus=1)
+    pods = [unplaced_pod_of("placing"), running("serve", "gpu-1", range(6, 8))]
+    state = cluster([placing, pending], pods, demand=h200(4, 7))
+    (decision,) = decide_all([Pending(pending, CHECK, RECLAIM, NOW - 10)], state, NOW)
+    assert decision.state == "Retry", decision.message
+    assert decision.message.startswith("admitting 1 GPU would take training to 2 of its 1-GPU")
+
+
+def test_a_gang_partly_placed_counts_its_whole_demand_once():
+    # "half" asks 2 pods of 1 GPU; one is placed (a share the plan counts), one is not:
+    # training holds 2 of the 8 - 6 = 2-card allowance, so no room for another card.
+    half = admitted("half", ago=30)
+    half["spec"]["podSets"][0]["count"] = 2
+    placed = pod_of("half", range(1))
+    waiting = unplaced_pod_of("half")
+    waiting["metadata"]["name"] = waiting["metadata"]["uid"] = "half-1"
+    pending = workload("next", gpus=1)
+    pods = [placed, waiting, running("serve", "gpu-1", range(6, 8))]
+    state = cluster([half, pending], pods, demand=h200(4, 6))
+    (decision,) = decide_all([Pending(pending, CHECK, RECLAIM, NOW - 10)], state, NOW)
+    assert decision.state == "Retry", decision.message
+    assert decision.message.startswith("admitting 1 GPU would take training to 3 of its 2-GPU")
+
+
 def test_without_reclaim_the_allowance_is_not_checked():
     pods = [pod_of("new", range(4, 6)), running("serve", "gpu-1", range(6, 8))]
     pending = workload("next", gpus=1)
