@@ -418,7 +418,7 @@ class _Headroom:
     hold: bool
     message: str
     cards: float = 0.0
-    """The gang's cards' worth, counted against the allowance (0 when none applies)."""
+    """The gang's cards' worth, counted against its pool's allowance (0 while held)."""
 
 
 def _inference_room(p: Pending, state: _Pass, pool: Inventory, fit: FitResult) -> _Headroom:
@@ -431,9 +431,12 @@ def _inference_room(p: Pending, state: _Pass, pool: Inventory, fit: FitResult) -
     """
     headroom = _headroom(p.parameters, state.cluster, pool.reserve(fit.placements))
     planned = state.plans.get(p.check)
-    if headroom.hold or planned is None:
+    if headroom.hold:
         return headroom
+    # Counted for every check: a reclaiming check on the same pool counts this gang too.
     cards = reclaim.placement_cards(pool, fit.placements)
+    if planned is None:
+        return _Headroom(False, headroom.message, cards)
     group = _group(p.parameters)
     before = state.granted.get(group, 0.0) + state.unplaced.get(group, 0.0)
     plan = replace(planned.plan, training_held=planned.plan.training_held + before)

@@ -379,6 +379,27 @@ def test_a_gang_partly_placed_counts_its_whole_demand_once():
     assert decision.message.startswith("admitting 1 GPU would take training to 3 of its 2-GPU")
 
 
+def test_a_gang_made_ready_through_a_check_without_reclaim_on_the_pool_counts_too():
+    # Two checks of ours on one pool, only one reclaiming: the plan counts the other's
+    # admitted training, so a gang it makes Ready earlier in the pass counts as well.
+    quiet = Parameters(inference_headroom=Headroom("scaler:9090", "h200", "Ignore"))
+    first, second = workload("first", gpus=1, priority=1), workload("second", gpus=1)
+    first["status"]["admissionChecks"][0]["name"] = "quiet"
+    second["status"]["admissionChecks"][0]["name"] = CHECK
+    state = replace(
+        cluster([first, second], [running("serve", "gpu-1", range(6, 8))], demand=h200(4, 7)),
+        our_checks=frozenset({CHECK, "quiet"}),
+        check_parameters={CHECK: RECLAIM, "quiet": quiet},
+    )
+    decisions = decide_all(
+        [Pending(first, "quiet", quiet, NOW - 10), Pending(second, CHECK, RECLAIM, NOW - 10)],
+        state,
+        NOW,
+    )
+    assert [(d.workload, d.state) for d in decisions] == [("first", "Ready"), ("second", "Retry")]
+    assert decisions[1].message.startswith("admitting 1 GPU would take training to 2 of its 1")
+
+
 def test_without_reclaim_the_allowance_is_not_checked():
     pods = [pod_of("new", range(4, 6)), running("serve", "gpu-1", range(6, 8))]
     pending = workload("next", gpus=1)
