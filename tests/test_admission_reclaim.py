@@ -382,7 +382,9 @@ def test_a_gang_partly_placed_counts_its_whole_demand_once():
 def test_a_gang_made_ready_through_a_check_without_reclaim_on_the_pool_counts_too():
     # Two checks of ours on one pool, only one reclaiming: the plan counts the other's
     # admitted training, so a gang it makes Ready earlier in the pass counts as well.
-    quiet = Parameters(inference_headroom=Headroom("scaler:9090", "h200", "Ignore"))
+    quiet = Parameters(
+        inference_headroom=Headroom("scaler:9090", "h200", when_unavailable="Ignore")
+    )
     first, second = workload("first", gpus=1, priority=1), workload("second", gpus=1)
     first["status"]["admissionChecks"][0]["name"] = "quiet"
     second["status"]["admissionChecks"][0]["name"] = CHECK
