@@ -8,9 +8,9 @@ contributes, per pool:
 - **needed**: the most replicas its decision expects: the desired count, or the peak of
   its scale-down window when that is higher (a scale-up held back by its step, bounded
   by ``maxReplicas``), plus the sleepers its standby plan holds (a sleeping pod keeps
-  its accelerator request) x accelerators per replica. The decision already plans one
-  ``forecast-horizon`` ahead (the load trend is part of its need), so the forecast is in
-  both; nothing is extrapolated beyond it.
+  its accelerator request), at most ``maxReplicas`` pods in all, x accelerators per
+  replica. The decision already plans one ``forecast-horizon`` ahead (the load trend is
+  part of its need), so the forecast is in both; nothing is extrapolated beyond it.
 
 A ScaledObject with no decision (no signals yet, stale ones) or no replica count leaves
 its pool's figure unknown (``None``), with the reason, never a smaller sum: a missing
@@ -151,10 +151,12 @@ def _deployment(entry: Declared) -> DeploymentDemand:
 def _needed(made: Decision, entry: Declared) -> int:
     """The desired count, or the window's peak (what a stepped scale-up is heading to).
 
-    Sleepers (``standby``) count too: a sleeping pod keeps its accelerator request.
+    Sleepers (``standby``) count too: a sleeping pod keeps its accelerator request. The
+    Deployment holds at most ``maxReplicas`` pods, sleepers included.
     """
     peak = max(made.state.need_history.values(), default=0)
-    return max(made.desired_replicas, min(peak, entry.max_replicas)) + made.sleeping_replicas
+    running = max(made.desired_replicas, peak)
+    return max(made.desired_replicas, min(running + made.sleeping_replicas, entry.max_replicas))
 
 
 def _total(parts: tuple[DeploymentDemand, ...], field: str) -> float | None:

@@ -99,6 +99,26 @@ def test_the_plan_in_the_decision(made, state, setup, sleeping, active, why):
     assert after.need.samples[-1] == (T0, float(made.desired_replicas))
 
 
+@pytest.mark.parametrize(
+    ("desired", "max_replicas", "sleeping"),
+    [
+        pytest.param(3, 4, 1, id="one pod left below maxReplicas holds one sleeper of two"),
+        pytest.param(4, 4, 0, id="running at maxReplicas holds no sleeper"),
+        pytest.param(2, 10, 2, id="room below maxReplicas holds what the plan says"),
+    ],
+)
+def test_sleepers_are_pods_within_max_replicas(desired, max_replicas, sleeping):
+    # The need said 5-6 replicas for most of the window: the plan wants two sleepers.
+    policy = replace(PROFILED, max_replicas=max_replicas)
+    state = need(*([desired + 2.0] * 90 + [float(desired)] * 10))
+    planned, _ = with_standby(decision(desired, T0), state, SETUP, policy, T0)
+    assert planned.sleeping_replicas == sleeping
+    assert planned.desired_replicas + planned.sleeping_replicas <= max_replicas
+    assert planned.inputs["sleeping"] == sleeping
+    if sleeping < 2:
+        assert f"maxReplicas {max_replicas}" in planned.reason
+
+
 def test_the_need_is_sampled_every_interval_not_every_decision():
     state = StandbyState()
     for second in range(12):
@@ -155,6 +175,15 @@ def test_a_sleeper_counts_in_the_pool_s_needed_accelerators():
     entry = Declared("team-a", "llama", "llama", "h200", 8.0, 10, 60.0, made, T0)
     (demand,) = pool_demand([entry]).values()
     assert (demand.accelerators_held, demand.accelerators_needed) == (16.0, 16.0)
+
+
+def test_a_stepped_scale_up_and_its_sleepers_never_need_more_than_max_replicas():
+    # Stepping from 3 towards the window's peak of 5, one sleeper held: 6 pods at most.
+    state = DecisionState(desired=3, need_history=Recent(((T0 - 10, 5),)))
+    made = Decision(3, True, state, "-> 3", {}, sleeping_replicas=1, current_replicas=3)
+    entry = Declared("team-a", "llama", "llama", "h200", 1.0, 5, 60.0, made, T0)
+    (demand,) = pool_demand([entry]).values()
+    assert demand.accelerators_needed == 5.0
 
 
 @pytest.mark.parametrize(

@@ -94,12 +94,18 @@ def with_standby(
         forecast_peak=forecast if forecast is not None and math.isfinite(forecast) else None,
     )
     plan = plan_standby(inputs, setup.tiers, setup.policy)
+    # Sleepers are pods of the Deployment: KEDA's maxReplicaCount (maxReplicas) caps
+    # running + sleeping, so a sleeper beyond it is never there to wake.
+    sleeping = min(plan.sleeping, max(p.max_replicas - running, 0))
+    reason = plan.reason
+    if sleeping < plan.sleeping:
+        reason += f"; {sleeping} held: maxReplicas {p.max_replicas} counts sleepers as pods"
     numbers = {f"standby_{key}": value for key, value in plan.inputs.items()}
     made = replace(
         decision,
-        active=decision.active or plan.sleeping > 0,
-        reason=f"{decision.reason}; standby: {plan.reason}",
-        inputs={**decision.inputs, **numbers, SLEEPING: float(plan.sleeping)},
-        sleeping_replicas=plan.sleeping,
+        active=decision.active or sleeping > 0,
+        reason=f"{decision.reason}; standby: {reason}",
+        inputs={**decision.inputs, **numbers, SLEEPING: float(sleeping)},
+        sleeping_replicas=sleeping,
     )
     return made, StandbyState(need, next_sample)
