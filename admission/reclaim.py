@@ -143,8 +143,8 @@ def admitted_in_pool(
 
     A workload counts when one of ``checks`` holds it Ready and ``reclaim_guard`` allows a
     write (admitted, not evicted, finished or leaving); it is preemptible when its
-    ``spec.priority`` is at most ``max_priority``. One with no pod placed yet holds no
-    share (it frees nothing, so it is never reclaimed).
+    ``spec.priority`` is at most ``max_priority`` and its admission time is readable.
+    One with no pod placed yet holds no share (it frees nothing, so it is never reclaimed).
     """
     by_owner = pods_by_owner(pods)
     found = []
@@ -156,18 +156,19 @@ def admitted_in_pool(
         shares = _shares(owned_pods(w, by_owner), pool)
         at = _admitted_at(w)
         rank = priority(w)
-        found.append(
-            AdmittedHere(Admitted(key(w), rank, at, rank <= max_priority, shares), ours[0])
-        )
+        # Admitted at a time unreadable: how long it ran is unknown, so minRunSeconds
+        # cannot be shown to have passed; it is never reclaimed (0 would read as decades).
+        preemptible = rank <= max_priority and at is not None
+        found.append(AdmittedHere(Admitted(key(w), rank, at or 0.0, preemptible, shares), ours[0]))
     return found
 
 
-def _admitted_at(w: RawObject) -> float:
-    """The ``Admitted`` condition's transition; 0 when unreadable (long running: eligible)."""
+def _admitted_at(w: RawObject) -> float | None:
+    """The ``Admitted`` condition's transition; None when unreadable."""
     for cond in (w.get("status") or {}).get("conditions") or []:
         if isinstance(cond, dict) and cond.get("type") == "Admitted":
-            return parse_time(cond.get("lastTransitionTime")) or 0.0
-    return 0.0
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
 
 
 def _shares(pods: Iterable[RawObject], pool: Inventory) -> dict[str, float]:

@@ -147,6 +147,13 @@ def pending_only(name: str) -> dict[str, Any]:
     return workload(name, state="Pending")
 
 
+def undated(w: dict[str, Any]) -> dict[str, Any]:
+    """``w`` with its Admitted condition's lastTransitionTime unreadable."""
+    (cond,) = (c for c in w["status"]["conditions"] if c["type"] == "Admitted")
+    cond["lastTransitionTime"] = "yesterday"
+    return w
+
+
 @pytest.mark.parametrize(
     ("w", "found"),
     [
@@ -159,6 +166,11 @@ def pending_only(name: str) -> dict[str, Any]:
             admitted("a", ago=HOUR, priority=5),
             ("train/a", 5, NOW - HOUR, False, {"gpu-1/GPU-gpu-1-0": 1.0}),
             id="a priority above maxPriority is not preemptible",
+        ),
+        pytest.param(
+            undated(admitted("a", ago=HOUR)),
+            ("train/a", 0, 0.0, False, {"gpu-1/GPU-gpu-1-0": 1.0}),
+            id="one admitted at a time unreadable is not preemptible: its run is unknown",
         ),
         pytest.param(evicted(admitted("a", ago=HOUR)), None, id="one Kueue evicts is not ours"),
         pytest.param(pending_only("a"), None, id="one not admitted is not training held"),
