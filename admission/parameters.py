@@ -84,7 +84,7 @@ class ReclaimParameters:
     """Taking cards back from admitted training when inference needs them (``spec.reclaim``)."""
 
     enabled: bool = False
-    """False: the capacity manager's allowance is published, nothing is reclaimed."""
+    """False: no plan for the check (no allowance enforced or exported), nothing reclaimed."""
     min_run_seconds: int = 600
     """A workload admitted less than this long ago is never reclaimed (no thrashing)."""
     max_priority: int = 0
