@@ -270,27 +270,40 @@ class Gateway:
 
         ``wait``: a request the gateway does not know of (another gateway's, a direct
         client's) finishes before the engine sleeps; vLLM's default, ``abort``, would end it.
+        A refusal leaves it routable; a sleep sent but not answered (timed out, cut off)
+        may still be pausing the engine, where a request would wait unscheduled: it is
+        held asleep (woken on demand) until its ``/is_sleeping`` says it is awake.
         """
         assert self._session is not None
         problem: str | None = None
+        sent = True
         try:
             async with (
                 asyncio.timeout(self.settings.wake_timeout),
                 self._session.post(replica.url + "/sleep", params=SLEEP_QUERY) as r,
             ):
                 if r.status != 200:
-                    problem = f"it answered HTTP {r.status}"
+                    problem, sent = f"it answered HTTP {r.status}", False
         except TimeoutError:
             problem = f"no answer within {self.settings.wake_timeout:g}s"
         except aiohttp.ClientError as err:
             problem = f"{type(err).__name__}: {err}"
+            sent = not isinstance(err, aiohttp.ClientConnectorError)
         finally:
             replica.falling_asleep = False
         self.metrics.slept(problem is None)
+        if problem is None or sent:
+            replica.sleeping = True
+            replica.sleep_changes += 1  # a /is_sleeping read from before is stale
         if problem is None:
             log.info("replica %s is asleep (the standby plan's)", replica.url)
-            replica.sleeping = True
-            replica.sleep_changes += 1
+        elif sent:
+            log.warning(
+                "putting replica %s to sleep failed (%s); routed nothing until its"
+                " /is_sleeping says it is awake",
+                replica.url,
+                problem,
+            )
         else:
             log.warning("putting replica %s to sleep failed (%s)", replica.url, problem)
         async with self._ready:  # a buffered request may wake it, or route to it
