@@ -204,6 +204,59 @@ def test_placement(nodes, before, new, policy, expected):
         assert (pool.free_milli() == free).all()  # a miss changes nothing
 
 
+# Two nodes at the same share (0.5 of one GPU), one with one task on it, one with two.
+SAME_SHARE_NODES = (node("one", 1, "T4"), node("two", 1, "G2"))
+SAME_SHARE_LOAD = [
+    task("x", milli=500, types=("T4",)),
+    task("y", milli=250, types=("G2",)),
+    task("z", milli=250, types=("G2",)),
+]
+# One node whose two GPUs are both half free: a/0 holds one task, a/1 two (spread puts
+# y and z on the emptier a/1).
+SAME_SHARE_GPUS = (node("a", 2),)
+SAME_SHARE_GPU_LOAD = [task("x", milli=500), task("y", milli=250), task("z", milli=250)]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "before", "policy", "expected"),
+    [
+        pytest.param(
+            SAME_SHARE_NODES,
+            SAME_SHARE_LOAD,
+            "binpack",
+            ("two", (("two/0", 250),)),
+            id="binpack prefers, at equal shares, the node with more tasks (HAMi's slots)",
+        ),
+        pytest.param(
+            SAME_SHARE_NODES,
+            SAME_SHARE_LOAD,
+            "spread",
+            ("one", (("one/0", 250),)),
+            id="spread prefers, at equal shares, the node with fewer tasks",
+        ),
+        pytest.param(
+            SAME_SHARE_GPUS,
+            SAME_SHARE_GPU_LOAD,
+            "binpack",
+            ("a", (("a/1", 250),)),
+            id="binpack prefers, at equal shares, the GPU with more tasks, not the lower index",
+        ),
+        pytest.param(
+            SAME_SHARE_GPUS,
+            SAME_SHARE_GPU_LOAD,
+            "spread",
+            ("a", (("a/0", 250),)),
+            id="spread prefers, at equal shares, the GPU with fewer tasks",
+        ),
+    ],
+)
+def test_hamis_slot_term_breaks_equal_shares(nodes, before, policy, expected):
+    pool = Pool.of(nodes)
+    for earlier in before:
+        assert pool.place(earlier, "spread", HALF) is not None, earlier
+    assert where(pool, pool.place(task("t", milli=250), policy, HALF)) == expected
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_typed_task_lands_only_on_its_models_under_every_policy(policy):
     pool = Pool.of([node(f"n{i}", 2, model) for i, model in enumerate(["V100M16", "T4"] * 3)])

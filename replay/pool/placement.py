@@ -18,11 +18,15 @@ The policies (``PlacementPolicy``):
 
 - ``binpack``: HAMi's ``hami.io/node-scheduler-policy: binpack`` with
   ``gpu-scheduler-policy: binpack`` (``pkg/scheduler/policy/node_policy.go``,
-  ``gpu_policy.go``): the node with the highest usage first, then within it the GPU
-  with the most used (least free) that fits. HAMi's usage adds slots, cores and memory
-  used over their totals; here cores and memory are both the milli share and slots are
-  not modelled, so usage is the node's GPU milli used over its capacity.
-- ``spread``: the same scores the other way: the least used node, the most free GPU.
+  ``gpu_policy.go``): the node with the highest score first, then within it the GPU
+  with the highest score that fits. HAMi scores a node (and a GPU) as slots used over
+  slots, plus cores used over cores, plus memory used over memory; here cores and
+  memory are both the milli share, and each GPU has HAMi's default
+  ``deviceSplitCount`` of ``HAMI_SLOTS`` slots, one per task on it: score = tasks /
+  (``HAMI_SLOTS`` x GPUs) + 2 x milli used / capacity. The slot term only scores (the
+  split count's limit of tasks per GPU is not enforced, for any policy): at equal
+  shares it packs onto the GPU, or node, with more tasks, as HAMi does.
+- ``spread``: the same scores the other way: the lowest-scored node, then GPU.
 - ``fgd``: Fragmentation Gradient Descent (Weng et al., USENIX ATC '23, §4; their
   simulator's ``NodeGpuShareFragAmount``): the (node, GPUs) whose placement increases the
   node's fragmentation measure least. For a task class m of the target workload
@@ -33,8 +37,8 @@ The policies (``PlacementPolicy``):
   Σ_m p_m F_n(m); the cluster's unallocatable GPUs are Σ_n of it. Memory is checked as
   well as CPU (their simulator checks CPU only): the trace's nodes run out of both.
 
-Ties, for reproducible replays: the lower node index, then (binpack) the least free GPU
-or (spread) the most free, then the lower GPU index. FGD breaks a tie in its gradient by
+Ties, for reproducible replays: the lower node index, then (binpack) the highest-scored
+GPU or (spread) the lowest, then the lower GPU index. FGD breaks a tie in its gradient by
 binpack's order (HAMi's default), which left the least unallocatable of the orders
 tried (node index alone, spread). One placement on the full 1,213-node pool costs about
 0.15 ms (binpack, spread) and 0.5 ms (fgd, p99 1.1 ms; bench/pool_placement.py).
@@ -59,6 +63,10 @@ POLICIES: tuple[PlacementPolicy, ...] = ("binpack", "spread", "fgd")
 MIX_CLASSES = 20
 """Task shapes FGD's target workload keeps, most frequent first (99.9% of the default
 pod list's GPU tasks fall in its top 20 of 24 shapes; 91% of gpuspec33's 84)."""
+
+HAMI_SLOTS = 10
+"""HAMi's default ``deviceSplitCount``: the task slots one GPU offers (its scores' slot
+term; ``charts/hami/values.yaml``)."""
 
 WEIGHT_TOLERANCE = 1e-9
 """How far a mix's popularities may sum from 1 (floating-point sums)."""
@@ -174,6 +182,7 @@ class _Candidates:
     before: IntArray
     after: IntArray
     k: int
+    tasks: IntArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +221,9 @@ class Pool:
         self.cards = int(per_node.sum())
         self._free: IntArray = np.full(self.cards, MILLI, dtype=np.int64)
         self._used: IntArray = np.zeros(len(nodes), dtype=np.int64)
+        # Tasks holding each GPU (a multi-GPU task counts once on each): HAMi's slots.
+        self._gpu_tasks: IntArray = np.zeros(self.cards, dtype=np.int64)
+        self._node_tasks: IntArray = np.zeros(len(nodes), dtype=np.int64)
         self._cpu: IntArray = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
         self._memory: IntArray = np.array([n.memory_mib for n in nodes], dtype=np.int64)
         self._ids = tuple(f"{n.name}/{i}" for n in nodes for i in range(n.gpus))
@@ -302,6 +314,8 @@ class Pool:
     def _apply(self, placement: Placement, sign: int) -> None:
         for gpu, milli in placement.gpus:
             self._free[gpu] += sign * milli
+            self._gpu_tasks[gpu] -= sign
+        self._node_tasks[placement.node] -= sign * len(placement.gpus)
         self._used[placement.node] -= sign * sum(milli for _, milli in placement.gpus)
         self._cpu[placement.node] += sign * placement.cpu_milli
         self._memory[placement.node] += sign * placement.memory_mib
@@ -334,21 +348,28 @@ class Pool:
         if task.gpus == 0:
             nodes = np.flatnonzero(ok)
             none = np.zeros(len(nodes), dtype=np.int64)
-            return _Candidates(nodes, none - 1, none, none, 0)
+            return _Candidates(nodes, none - 1, none, none, 0, none)
         if task.gpus == 1:
             gpus = np.flatnonzero((self._free >= task.gpu_milli) & ok[self._gpu_node])
-            # GPUs of one node with the same free share are interchangeable: the first
-            # (lowest index) stands for them, which is also the tie-break's choice.
-            _, first = np.unique(
-                self._gpu_node[gpus] * (MILLI + 1) + self._free[gpus], return_index=True
-            )
+            # GPUs of one node with the same free share and tasks are interchangeable:
+            # the first (lowest index) stands for them, the tie-break's choice too.
+            tasks = np.minimum(self._gpu_tasks[gpus], MILLI)
+            shape = (self._gpu_node[gpus] * (MILLI + 1) + self._free[gpus]) * (MILLI + 1)
+            _, first = np.unique(shape + tasks, return_index=True)
             gpus = gpus[np.sort(first)]
             before = self._free[gpus]
-            return _Candidates(self._gpu_node[gpus], gpus, before, before - task.gpu_milli, 1)
+            return _Candidates(
+                self._gpu_node[gpus],
+                gpus,
+                before,
+                before - task.gpu_milli,
+                1,
+                self._gpu_tasks[gpus],
+            )
         idle = np.bincount(self._gpu_node[self._free == MILLI], minlength=len(self.nodes))
         nodes = np.flatnonzero(ok & (idle >= task.gpus))
         whole = np.full(len(nodes), MILLI, dtype=np.int64)
-        return _Candidates(nodes, np.full(len(nodes), -1), whole, whole * 0, task.gpus)
+        return _Candidates(nodes, np.full(len(nodes), -1), whole, whole * 0, task.gpus, whole * 0)
 
     def _idle_gpus(self, node: int) -> IntArray:
         start, stop = int(self._offsets[node]), int(self._offsets[node + 1])
@@ -360,10 +381,11 @@ class Pool:
     ) -> int:
         """The index of the best candidate under ``policy`` (ties as the docstring says)."""
         usage = self._usage()[candidates.node]
+        gpu_score = candidates.tasks / HAMI_SLOTS + 2 * (MILLI - candidates.before) / MILLI
         if policy == "spread":
-            keys: list[npt.NDArray[np.generic]] = [-candidates.before, candidates.node, usage]
+            keys: list[npt.NDArray[np.generic]] = [gpu_score, candidates.node, usage]
         else:
-            keys = [candidates.before, candidates.node, -usage]
+            keys = [-gpu_score, candidates.node, -usage]
         if policy == "fgd":
             gradient = self._gradient(candidates, task, mix)
             keys.append(np.round(gradient, GRADIENT_DECIMALS))
@@ -371,9 +393,11 @@ class Pool:
         return int(np.lexsort(keys)[0])
 
     def _usage(self) -> FloatArray:
+        """HAMi's node score: slots used over slots, plus twice the milli share used."""
+        slots = self._node_tasks / HAMI_SLOTS + 2 * self._used / MILLI
         return np.divide(
-            self._used,
-            self._capacity,
+            slots,
+            self._capacity / MILLI,
             out=np.zeros(len(self.nodes), dtype=np.float64),
             where=self._capacity > 0,
         )
