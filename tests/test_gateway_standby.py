@@ -26,6 +26,7 @@ from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler.config import ScalerConfig
 from scaler.server import ScalerServer
+from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_standby import Plan, StandbyClient
 from serving.routing import ReplicaView, choose_standby
@@ -156,8 +157,21 @@ def test_never_sleeps_a_busy_replica_nor_more_than_the_plan_nor_one_the_running_
     assert len(held) - asleep + len(moves.wake) <= max(running, len(held) - asleep)
 
 
-def test_the_view_of_a_replica_never_used_is_idle_forever():
-    assert view("a", idle=math.inf).idle_seconds == math.inf
+@pytest.mark.parametrize(
+    ("idle_since", "outstanding", "idle"),
+    [
+        pytest.param(-math.inf, 0, math.inf, id="a replica never used is idle forever"),
+        pytest.param(90.0, 0, 10.0, id="idle since its last request ended"),
+        pytest.param(90.0, 1, 0.0, id="a request outstanding: not idle at all"),
+        pytest.param(101.0, 0, 0.0, id="a clock step backwards is not negative idleness"),
+    ],
+)
+def test_the_pool_s_view_of_idleness(idle_since, outstanding, idle):
+    pool = ReplicaPool(["http://a"], GatewaySettings())
+    (replica,) = pool.replicas
+    replica.ready, replica.idle_since, replica.outstanding = True, idle_since, outstanding
+    (seen,) = pool.views(now=100.0)
+    assert seen.idle_seconds == idle
 
 
 # --- real servers -------------------------------------------------------------------------
