@@ -410,7 +410,9 @@ class Controller:
         models = density.instance_models(list(view.workloads.values()))
         loads = density.model_loads(view.pods, pool, models, first.lora.step_time_slo_seconds)
         before = self._density
-        self._density = density.step_density(before, loads, first.lora.tenants_per_instance, now)
+        seated = density.model_seated(view.pods, models)
+        ceiling = first.lora.tenants_per_instance
+        self._density = density.step_density(before, loads, ceiling, now, seated)
         for model, now_held in sorted(self._density.items()):
             if model not in before or before[model].tenants != now_held.tenants:
                 log.info(

@@ -19,6 +19,12 @@ labels on running pods whose Workload names it; the most pressed instance counts
 
 An unknown signal only ever holds the density (or lowers it on the other signal);
 never a zero.
+
+Lowering the density seats no tenant fewer: an instance that pressed it down still reads
+the same until a tenant leaves. So a bad reading lowers it again only while the density
+is at least the tenants the model's most crowded instance holds (``seated``: distinct
+Jobs among its running pods); below that, the reading is the crowd seated before, and
+the density holds (else one full instance would walk it down to 1, a step a minute).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ __all__ = [
     "Density",
     "instance_models",
     "model_loads",
+    "model_seated",
     "step_density",
 ]
 
@@ -95,8 +102,13 @@ def step_density(
     loads: Mapping[str, InstanceLoad],
     ceiling: int,
     now: float,
+    seated: Mapping[str, int] | None = None,
 ) -> dict[str, Density]:
-    """Each model's density after this pass (models with no load known are kept)."""
+    """Each model's density after this pass (models with no load known are kept).
+
+    ``seated``: per model, the tenants its most crowded instance holds (``model_seated``);
+    a model absent from it (or ``seated`` None) is lowered on a bad reading as before.
+    """
     out = dict(held)
     for model, load in sorted(loads.items()):
         current = held.get(model, Density(ceiling, -math.inf, "starts at tenantsPerInstance"))
@@ -104,9 +116,38 @@ def step_density(
             out[model] = current
             continue
         tenants, why = tenants_for(current.tenants, load, ceiling)
+        crowd = (seated or {}).get(model)
+        if tenants < current.tenants <= ceiling and crowd is not None and current.tenants < crowd:
+            reading = why.rsplit(":", 1)[0]
+            tenants = current.tenants
+            why = f"{reading}, from the {crowd} tenants seated before: holding at {tenants}"
         changed = tenants != current.tenants
         out[model] = Density(tenants, now if changed else current.changed_at, why)
     return out
+
+
+def model_seated(pods: Iterable[RawObject], models: Mapping[str, str]) -> dict[str, int]:
+    """Per base model, the most tenants one of its instances holds now.
+
+    A tenant is a Job: the distinct first owners of the instance's running pods (a pod
+    without an owner counts as its own tenant).
+    """
+    owners: dict[str, set[str]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        instance = str((meta.get("labels") or {}).get(names.LORA_INSTANCE, ""))
+        if instance not in models:
+            continue
+        refs = [r for r in meta.get("ownerReferences") or () if isinstance(r, dict)]
+        owner = str(refs[0].get("uid")) if refs and refs[0].get("uid") else f"pod:{meta.get('uid')}"
+        owners.setdefault(instance, set()).add(owner)
+    seated: dict[str, int] = {}
+    for instance, jobs in owners.items():
+        model = models[instance]
+        seated[model] = max(seated.get(model, 0), len(jobs))
+    return seated
 
 
 def _memory_fraction(

@@ -31,9 +31,11 @@ MODEL = "llama-3-8b"
 INSTANCE = "llama-3-8b-1"
 
 
-def tenant_pod(name: str, memory: int, step: str | None = None) -> dict[str, Any]:
-    """A pod of instance llama-3-8b-1 on gpu-1 card 0 holding ``memory`` MiB."""
-    pod = running(name, "gpu-1", range(0))
+def tenant_pod(
+    name: str, memory: int, step: str | None = None, owner: str = "serving"
+) -> dict[str, Any]:
+    """A pod of instance llama-3-8b-1 on gpu-1 card 0 holding ``memory`` MiB, of ``owner``."""
+    pod = running(name, "gpu-1", range(0), owner=owner)
     meta = pod["metadata"]
     meta["labels"] = {names.LORA_INSTANCE: INSTANCE}
     meta["annotations"][names.HAMI_DEVICES_ALLOCATED] = f"GPU-gpu-1-0,NVIDIA,{memory},10:;"
@@ -143,6 +145,57 @@ def test_the_density_moves_one_step_at_most_per_interval(held, load, now, tenant
     assert (after.tenants, after.changed_at) == (tenants, changed_at)
 
 
+@pytest.mark.parametrize(
+    ("seated", "tenants"),
+    [
+        pytest.param(
+            5, 4, id="below the crowd seated before the last lowering, pressure holds it there"
+        ),
+        pytest.param(4, 3, id="with the crowd at the density, pressure lowers it again"),
+        pytest.param(
+            1, 3, id="one tenant filling its instance lowers it on, towards one an instance"
+        ),
+    ],
+)
+def test_pressure_from_tenants_seated_before_a_lowering_does_not_lower_it_again(seated, tenants):
+    # Lowering the density seats no tenant fewer: the instance that pressed it down to 4
+    # with 5 tenants still reads the same, which says nothing about 4.
+    held = {MODEL: Density(4, NOW - LORA_INTERVAL)}
+    after = step_density(held, {MODEL: PRESSED}, 5, NOW, seated={MODEL: seated})[MODEL]
+    assert after.tenants == tenants, after.reason
+
+
+def finished(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"]["phase"] = "Succeeded"
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pods", "seated"),
+    [
+        pytest.param(
+            [tenant_pod("a-0", 1, owner="a"), tenant_pod("a-1", 1, owner="a")],
+            1,
+            id="two pods of one Job are one tenant",
+        ),
+        pytest.param(
+            [tenant_pod("a", 1, owner="a"), tenant_pod("b", 1, owner="b")],
+            2,
+            id="pods of two Jobs are two tenants",
+        ),
+        pytest.param(
+            [tenant_pod("a", 1, owner="a"), finished(tenant_pod("b", 1, owner="b"))],
+            1,
+            id="a tenant whose pods finished has left",
+        ),
+    ],
+)
+def test_the_tenants_seated_are_counted_by_job(pods, seated):
+    from admission.density import model_seated
+
+    assert model_seated(pods, {INSTANCE: MODEL}) == {MODEL: seated}
+
+
 def test_decide_uses_the_models_density_as_its_tenant_limit():
     # One tenant already on instance -1; with density 1 the next starts instance -2.
     lora = {names.LORA_BASE_MODEL: MODEL}
@@ -194,6 +247,12 @@ def test_the_controller_steps_each_models_density_once_per_interval_and_exports_
     assert sample(density, {"base_model": MODEL}) == 4
     assert controller._step_density(view, adaptive, NOW + 10) == {MODEL: 4}  # within 60 s
     assert controller._step_density(view, adaptive, NOW + LORA_INTERVAL) == {MODEL: 3}
+    # Five tenants pressing one instance: one step down, then held while they stay.
+    crowd = [tenant_pod(f"t{i}", int(MIB * 0.19), "1.0", owner=f"t{i}") for i in range(5)]
+    crowded = Snapshot({}, {}, {"train/seated": seated}, [node("gpu-1")], crowd, [], [])
+    fresh = Controller(KubeAccess(), AdmissionConfig())
+    assert fresh._step_density(crowded, adaptive, NOW) == {MODEL: 4}
+    assert fresh._step_density(crowded, adaptive, NOW + 2 * LORA_INTERVAL) == {MODEL: 4}
     # Not adaptive any more: no density held, none exported.
     assert controller._step_density(view, {CHECK: Parameters()}, NOW + 200) == {}
     assert sample(density, {"base_model": MODEL}) is None
