@@ -173,6 +173,11 @@ class Simulation:
     The controller sizes the fleet (its warm start) on the first ``advance``, so a limit
     set before it bounds the warm start too. ``result`` ends the run: call it once
     ``finished`` (a request still unfinished then counts as dropped).
+
+    ``run_tail`` keeps ticking once every request is done, to the end of the tail: a
+    pool stepping this replay goes on after the trace, and the fleet must scale down
+    (and free its accelerators) as the scaler has it, not stay frozen at its last size.
+    ``simulate`` stops at the last request, as before.
     """
 
     def __init__(
@@ -182,9 +187,12 @@ class Simulation:
         config: SimConfig,
         progress: Callable[[float], None] | None = None,
         initial_replicas: int = 0,
+        *,
+        run_tail: bool = False,
     ) -> None:
         self.policy = policy
         self._run = _Replay(trace, config)
+        self._run_tail = run_tail
         controller = policy.controller()
         if config.standby is not None:
             controller = StandbyController(
@@ -202,7 +210,7 @@ class Simulation:
 
     @property
     def finished(self) -> bool:
-        """Past the end (trace plus tail), or every request done."""
+        """Past the end (trace plus tail), or every request done (unless ``run_tail``)."""
         return self._done or self._run.now > self._run.end
 
     def advance(self, until: float) -> None:
@@ -215,7 +223,7 @@ class Simulation:
             self._controller.start(run, self._initial_replicas)
         while not self._done and run.now <= run.end and run.now <= until:
             self._tick()
-            if run.finished():
+            if not self._run_tail and run.finished():
                 self._done = True
                 break
             run.now += run.config.dt

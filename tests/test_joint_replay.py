@@ -7,6 +7,7 @@ replay's inference figures and reclaims come from the code serving them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -344,6 +345,16 @@ def test_a_warm_started_deployment_holds_its_first_fleet_from_the_first_tick():
     result = run_joint(NODES, (), [warm], config)
     assert result.series["inference_held"][0] == 3
     assert inference_peaks([warm]).replica_starts >= 3
+
+
+def test_a_fleet_whose_traffic_ended_scales_down_in_the_tail_and_frees_its_cards():
+    # the rising trace ends at 480 s with 7 replicas; the tail runs 600 s more
+    d = Inference("llm", rising(), dataclasses.replace(CONFIG, tail=600.0), max_replicas=8)
+    late = (task("late", arrival=500.0, duration=100.0, gpus=4),)
+    result = run_joint(NODES, late, [d], JointConfig("kueue"))
+    held, t = result.series["inference_held"], result.series["t"]
+    assert held[t.index(480.0)] == 7 and held[-1] == 0  # not frozen at its last size
+    assert result.metrics["completed"] == 1  # the freed cards went to training
 
 
 def test_the_static_baseline_carves_out_inferences_peak():

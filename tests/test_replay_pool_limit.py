@@ -323,3 +323,17 @@ def test_advancing_to_nan_is_refused() -> None:
 def test_the_pool_reads_the_policy_it_passed_in() -> None:
     policy = unitscale_policy(16, 4)
     assert Simulation(SHORT, policy, SHORT_CONFIG).policy is policy
+
+
+def test_run_tail_keeps_the_fleet_ticking_after_the_last_request() -> None:
+    end = SHORT.duration + SHORT_CONFIG.tail
+    stopped = simulate(SHORT, unitscale_policy(16, 4), SHORT_CONFIG)
+    sim = Simulation(SHORT, unitscale_policy(16, 4), SHORT_CONFIG, run_tail=True)
+    sim.advance(math.inf)
+    assert sim.finished and sim.now > end
+    tail = sim.result()
+    # simulate stops at the last request; run_tail samples on to the end of the tail
+    assert stopped.series["t"][-1] < SHORT.duration + 10.0 <= end - 10.0 <= tail.series["t"][-1]
+    # the same requests, served alike: only the fleet's time after them is added
+    assert np.array_equal(tail.ttft, stopped.ttft) and np.array_equal(tail.met, stopped.met)
+    assert tail.metrics["gpu_hours"] >= stopped.metrics["gpu_hours"]

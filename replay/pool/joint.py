@@ -97,11 +97,18 @@ class Inference:
         return self.trace.duration + self.config.tail
 
     def simulation(self) -> Simulation:
-        """A fresh replay under the scaler, its ScaledObject declaring the pool."""
+        """A fresh replay under the scaler, its ScaledObject declaring the pool.
+
+        It runs through the tail (``run_tail``): the pool goes on to the horizon, and a
+        fleet frozen at the last request would hold its cards, and the scaler's demand,
+        until then.
+        """
         policy = unitscale_policy(
             self.target_concurrency, self.max_replicas, self.defaults, self.profile, pool=POOL
         )
-        return Simulation(self.trace, policy, self.config, initial_replicas=self.initial_replicas)
+        return Simulation(
+            self.trace, policy, self.config, initial_replicas=self.initial_replicas, run_tail=True
+        )
 
 
 @dataclass(frozen=True, slots=True)
