@@ -25,6 +25,7 @@ import replay.pool.joint as joint
 import scaler.demand
 from admission.pool import ManagerPolicy
 from foundation.replica_model import LLAMA3_8B_H200
+from replay.policies import Scheduled
 from replay.pool.cluster import Node, Task
 from replay.pool.joint import (
     Inference,
@@ -43,7 +44,7 @@ from replay.pool.joint import (
 from replay.pool.kueue import ClusterQueue, Workload
 from replay.pool.placement import TaskMix, TaskShape
 from replay.pool.report import goals, write_report
-from replay.simulate import SimConfig
+from replay.simulate import SimConfig, Simulation
 from replay.trace import Trace
 
 CONFIG = SimConfig(LLAMA3_8B_H200.for_itl_slo(0.1), dt=0.5, max_replicas=8, tail=30.0)
@@ -355,6 +356,24 @@ def test_a_fleet_whose_traffic_ended_scales_down_in_the_tail_and_frees_its_cards
     held, t = result.series["inference_held"], result.series["t"]
     assert held[t.index(480.0)] == 7 and held[-1] == 0  # not frozen at its last size
     assert result.metrics["completed"] == 1  # the freed cards went to training
+
+
+def test_a_scale_up_during_a_drain_gets_a_card_of_its_own(monkeypatch):
+    # 2 replicas, 1 from 30 s to 40 s: the stopped one drains its long requests (about a
+    # minute) while the scale-up at 40 s needs a third card; six of the pool's are free
+    n = 240
+    long = Trace("long", np.arange(n) / 2.0, np.full(n, 512, np.int64), np.full(n, 6000, np.int64))
+
+    def scheduled(self):
+        policy = Scheduled(lambda t: 1 if 30.0 <= t < 40.0 else 2)
+        return Simulation(self.trace, policy, self.config, run_tail=True)
+
+    monkeypatch.setattr(Inference, "simulation", scheduled)
+    result = run_joint(NODES, (), [Inference("llm", long, CONFIG)], JointConfig("kueue"))
+    pending = result.series["inference_pending"]
+    assert max(pending) == 1  # the scale-up did wait for its placement...
+    assert sum(1 for p in pending if p) == 1  # ...one pool tick, not until the drain ended
+    assert max(result.series["inference_held"]) == 3
 
 
 def test_the_static_baseline_carves_out_inferences_peak():

@@ -575,15 +575,21 @@ class _Joint:
             self._enqueue(outcome, now)
 
     def _place_inference(self) -> None:
-        """Replicas that lost their pod free its card; pending ones get one if any is whole."""
+        """Replicas that lost their pod free its card; pending ones get one if any is whole.
+
+        Each replica holding a card keeps it and each pending one asks for one: a replica
+        draining after a scale-down still holds its card while a later scale-up's pod
+        waits for another (the Deployment's count alone would leave it pending until the
+        drain ends, free cards or not).
+        """
         if self.config.baseline == "static":
             return
         for i, sim in enumerate(self.sims):
             placed = self.replicas[i]
-            keep = min(len(placed), max(sim.replicas_wanted(), sim.accelerators_held()))
-            while len(placed) > keep:
+            cards = sim.accelerators_held() + sim.pending()
+            while len(placed) > cards:
                 self.pool.release(placed.pop())
-            while len(placed) < sim.replicas_wanted():
+            while len(placed) < cards:
                 placement = self.pool.place(
                     self._replica(i, len(placed)), self.config.placement, self.mix
                 )
