@@ -369,11 +369,22 @@ def test_a_scale_up_during_a_drain_gets_a_card_of_its_own(monkeypatch):
         return Simulation(self.trace, policy, self.config, run_tail=True)
 
     monkeypatch.setattr(Inference, "simulation", scheduled)
-    result = run_joint(NODES, (), [Inference("llm", long, CONFIG)], JointConfig("kueue"))
+    warm = Inference("llm", long, CONFIG, initial_replicas=2)
+    result = run_joint(NODES, (), [warm], JointConfig("kueue"))
     pending = result.series["inference_pending"]
     assert max(pending) == 1  # the scale-up did wait for its placement...
     assert sum(1 for p in pending if p) == 1  # ...one pool tick, not until the drain ended
     assert max(result.series["inference_held"]) == 3
+
+
+@pytest.mark.parametrize("baseline", ["kueue", "manager"])
+def test_a_warm_fleet_larger_than_the_pool_waits_pending_for_cards(baseline):
+    warm = Inference("llm", steady(3, 120), CONFIG, max_replicas=8, initial_replicas=3)
+    two = (Node("n0", "A", 2, 64_000, 262_144),)
+    result = run_joint(two, (), [warm], JointConfig(baseline, manager=YOUNG))  # type: ignore[arg-type]
+    held = result.series["inference_held"]
+    assert held[0] == max(held) == 2  # warm on the cards there are, never more
+    assert max(result.series["allocation"]) <= 1.0
 
 
 def test_the_static_baseline_carves_out_inferences_peak():

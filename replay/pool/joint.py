@@ -457,6 +457,7 @@ class _Joint:
         self.running: dict[str, Placement] = {}
         self.next_arrival = 0
         self.reserved = self._carve_out()
+        self._place_warm_fleets()
         self.queue = ClusterQueue(float(self.pool.cards - sum(config.reserved)))
         self.series: dict[str, list[float]] = {k: [] for k in SERIES}
         self.training_card_seconds = 0.0
@@ -477,6 +478,20 @@ class _Joint:
                     )
                 reserved += 1
         return reserved
+
+    def _place_warm_fleets(self) -> None:
+        """Each Deployment's warm fleet takes its cards before the first tick.
+
+        The limit is set before the Simulation's first ``advance`` (its warm start and
+        first tick): set after, a warm start larger than the pool's room would hold cards
+        no placement gave it.
+        """
+        for i, sim in enumerate(self.sims):
+            if self.config.baseline == "static":
+                sim.set_accelerator_limit(self.config.reserved[i])
+                continue
+            self._place_replicas(i, self.deployments[i].initial_replicas)
+            sim.set_accelerator_limit(len(self.replicas[i]))
 
     def _replica(self, deployment: int, index: int) -> Task:
         """One inference replica's pod: a whole card, on the configured model if any."""
@@ -589,13 +604,18 @@ class _Joint:
             cards = sim.accelerators_held() + sim.pending()
             while len(placed) > cards:
                 self.pool.release(placed.pop())
-            while len(placed) < cards:
-                placement = self.pool.place(
-                    self._replica(i, len(placed)), self.config.placement, self.mix
-                )
-                if placement is None:
-                    break
-                placed.append(placement)
+            self._place_replicas(i, cards)
+
+    def _place_replicas(self, deployment: int, cards: int) -> None:
+        """Place deployment's replicas, a whole card each, until ``cards`` or no room."""
+        placed = self.replicas[deployment]
+        while len(placed) < cards:
+            placement = self.pool.place(
+                self._replica(deployment, len(placed)), self.config.placement, self.mix
+            )
+            if placement is None:
+                return
+            placed.append(placement)
 
     def _admit(self, now: float, plan: PoolPlan | None) -> None:
         refused_cards = math.inf
@@ -639,6 +659,14 @@ class _Joint:
         allocated = self.pool.allocated_cards()
         if allocated > cards + 1e-6:
             raise AssertionError(f"t={now:g}: {allocated:g} of {cards} cards allocated")
+        static = self.config.baseline == "static"
+        for i, sim in enumerate(self.sims):
+            own = self.config.reserved[i] if static else len(self.replicas[i])
+            if sim.accelerators_held() > own:
+                raise AssertionError(
+                    f"t={now:g}: {self.deployments[i].name} holds {sim.accelerators_held()}"
+                    f" accelerators on {own} cards"
+                )
         series["t"].append(now)
         series["allocation"].append((training + held) / cards)
         series["allocated_cards"].append(allocated)
