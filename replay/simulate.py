@@ -25,6 +25,7 @@ before.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -346,7 +347,9 @@ class _Replay:
 
     def set_accelerator_limit(self, replicas: int | None) -> None:
         """Bound the accelerators held (None: unlimited); held ones above it keep running."""
-        if replicas is not None and (isinstance(replicas, bool) or replicas < 0):
+        integral = isinstance(replicas, numbers.Integral) and not isinstance(replicas, bool)
+        if replicas is not None and (not integral or replicas < 0):
+            # int() would quietly truncate 2.5 to 2, and NaN fails with no word of the limit
             raise ValueError(f"an accelerator limit is a count >= 0 or None, not {replicas!r}")
         self.limit = None if replicas is None else int(replicas)
         self.limited = self.limited or replicas is not None

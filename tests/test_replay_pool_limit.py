@@ -306,6 +306,8 @@ def test_advancing_to_a_time_already_past_runs_no_tick() -> None:
     [
         pytest.param(-1, id="a negative limit is refused"),
         pytest.param(True, id="a boolean is not a count"),
+        pytest.param(2.5, id="a fraction is not truncated to a count"),
+        pytest.param(math.nan, id="NaN is refused naming the limit"),
     ],
 )
 def test_a_bad_limit_is_refused_with_a_clear_error(limit: int) -> None:
