@@ -634,6 +634,11 @@ def test_warm_start_gives_each_deployment_the_replicas_unitscale_replay_starts_w
             "several only with --pool",
             id="several traces need --pool",
         ),
+        pytest.param(
+            ["--pool", "n.csv", "--tasks", "p.csv", "--training-load", "inf"],
+            "--training-load inf: must be finite and above 0",
+            id="an infinite training load is refused, not an overflow after the first run",
+        ),
     ],
 )
 def test_the_command_line_refuses_bad_joint_flags(tmp_path, extra, message):
@@ -645,3 +650,36 @@ def test_the_command_line_refuses_bad_joint_flags(tmp_path, extra, message):
         check=False,
     )
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        pytest.param(
+            lambda: JointConfig("kueue", tick=0.0), "tick",
+            id="a tick of 0 is refused: the run would never reach its horizon",
+        ),
+        pytest.param(
+            lambda: JointOptions(tick=math.nan), "tick", id="a NaN tick is refused",
+        ),
+        pytest.param(
+            lambda: inference_peaks([DEPLOYMENT], tick=-5.0), "tick",
+            id="the unconstrained run refuses a negative tick",
+        ),
+        pytest.param(
+            lambda: JointOptions(training_load=math.inf), "training_load",
+            id="an infinite training load is refused",
+        ),
+        pytest.param(
+            lambda: JointOptions(training_load=0.0), "training_load",
+            id="no training load is refused (it would silently mean the trace's own)",
+        ),
+        pytest.param(
+            lambda: JointOptions(duration_cap=math.nan), "duration_cap",
+            id="a NaN duration cap is refused",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_joint_knobs_are_refused_by_name(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

@@ -739,8 +739,10 @@ def _joint_inputs(
         raise ConfigError("--pool NODES_CSV and --tasks PODS_CSV go together")
     if not 0 < args.pool_fraction <= 1:
         raise ConfigError(f"--pool-fraction {args.pool_fraction:g}: must be above 0, at most 1")
-    if not args.training_load > 0 or not args.max_task_seconds > 0:
-        raise ConfigError("--training-load and --max-task-seconds must be positive")
+    if not (math.isfinite(args.training_load) and args.training_load > 0):
+        raise ConfigError(f"--training-load {args.training_load:g}: must be finite and above 0")
+    if not args.max_task_seconds > 0:
+        raise ConfigError(f"--max-task-seconds {args.max_task_seconds:g}: must be above 0")
     if any(not (math.isfinite(h) and h >= 0) for h in args.headroom or ()):
         raise ConfigError(f"--headroom {args.headroom}: each must be a finite number >= 0")
     if args.compare_tiers or args.policy != "all":

@@ -127,12 +127,21 @@ class JointConfig:
     """Inference replicas' share of the arrivals in FGD's target workload (``joint_mix``);
     0: the training tasks' mix alone."""
 
+    def __post_init__(self) -> None:
+        _check_tick(self.tick)
+
     @property
     def name(self) -> str:
         base = f"{self.baseline}/{self.placement}"
         if self.baseline != "manager":
             return base
         return base + _headroom_label(self.manager)
+
+
+def _check_tick(tick: float) -> None:
+    """A step of 0 (or NaN, or infinity) would never reach the horizon, or skip it."""
+    if not (math.isfinite(tick) and tick > 0):
+        raise ValueError(f"the pool's tick is a number of seconds > 0, not {tick!r}")
 
 
 def _headroom_label(policy: ManagerPolicy) -> str:
@@ -289,6 +298,7 @@ def inference_peaks(
     progress: Callable[[float], None] | None = None,
 ) -> InferencePeaks:
     """Run every deployment without a limit, sampled each ``tick`` (the static carve-out)."""
+    _check_tick(tick)
     sims = [d.simulation() for d in deployments]
     horizon = max(d.horizon for d in deployments)
     peaks, last = [0] * len(sims), [0] * len(sims)
@@ -329,6 +339,13 @@ class JointOptions:
     (the rest of ``manager`` as given); empty: ``manager``'s own alone."""
     mix: MixSource = "joint"
     """FGD's target workload (``MixSource``), for every run alike."""
+
+    def __post_init__(self) -> None:
+        _check_tick(self.tick)
+        if not (math.isfinite(self.training_load) and self.training_load > 0):
+            raise ValueError(f"JointOptions.training_load {self.training_load!r}: finite, > 0")
+        if not self.duration_cap > 0:  # infinity: durations as recorded
+            raise ValueError(f"JointOptions.duration_cap {self.duration_cap!r}: must be > 0")
 
     def configs(
         self, reserved: tuple[int, ...], inference_share: float = 0.0
