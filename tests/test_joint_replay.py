@@ -611,6 +611,14 @@ def test_warm_start_gives_each_deployment_the_replicas_unitscale_replay_starts_w
     assert warm.initial_replicas == expected > 0
 
 
+def test_the_scaler_plans_with_the_model_the_pool_replay_simulates(tmp_path):
+    (default,) = _tiny_inputs(tmp_path)[2]
+    (qwen,) = _tiny_inputs(tmp_path, "--profile", "qwen2.5-32b-h200")[2]
+    assert default.profile == default.config.profile.name == "llama3-8b-h200"
+    assert qwen.profile == qwen.config.profile.name == "qwen2.5-32b-h200"
+    assert qwen.simulation().policy.metadata["profile"] == "qwen2.5-32b-h200"
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -754,6 +754,9 @@ def _joint_inputs(
         raise ConfigError(str(err)) from err
     config, _ = _replay_config(args)
     policy = _replay_options_policy(args)
+    # as unitscale replay: the scaler plans with the simulated model (--profile) unless
+    # the scaler config names one
+    profile = config.profile.name if policy.profile is None else None
     deployments: list[Inference] = []
     for source in args.trace or ["builtin:business-day"]:
         try:
@@ -775,6 +778,7 @@ def _joint_inputs(
                 args.target_concurrency,
                 args.max_replicas,
                 policy,
+                profile,
                 initial_replicas=initial,
             )
         )
