@@ -43,7 +43,7 @@ from replay.pool.joint import (
 )
 from replay.pool.kueue import ClusterQueue, Workload
 from replay.pool.placement import TaskMix, TaskShape
-from replay.pool.report import goals, write_report
+from replay.pool.report import goals, ratios, write_report
 from replay.simulate import SimConfig, Simulation
 from replay.trace import Trace
 
@@ -546,6 +546,18 @@ def test_run_all_compares_every_baseline_and_judges_every_goal(whole_run, tmp_pa
     assert "manager/fgd" in report and ("MISSED" in report or "met" in report)
     assert json.loads((tmp_path / "results.json").read_text())["runs"]["kueue/binpack"]
     assert (tmp_path / "pool.png").stat().st_size > 10_000
+
+
+def test_a_goal_with_nothing_measured_is_not_measured_rather_than_missed(whole_run):
+    blank = {"slo_attainment", "utilization", "queue_delay_p95_seconds", "unallocatable_cards"}
+
+    def unmeasured(r):
+        metrics = {k: math.nan if k in blank else v for k, v in r.metrics.items()}
+        return dataclasses.replace(r, metrics=metrics)
+
+    run = dataclasses.replace(whole_run, results=tuple(map(unmeasured, whole_run.results)))
+    assert [g.met for g in goals(run)] == [None, None, None, None]
+    assert "nan" not in ratios(run)
 
 
 UNITSCALE = [sys.executable, "-m", "unitscale.cli"]

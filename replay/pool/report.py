@@ -76,11 +76,19 @@ def goals(run: JointRun, policy: ManagerPolicy | None = None) -> list[Goal]:
         util, slo = ours.metrics["utilization"], ours.metrics["slo_attainment"]
         out.append(
             Goal(
-                f"pool utilization ({ours.name})", f"{util:.1%}", ">= 70%", util >= UTILIZATION_GOAL
+                f"pool utilization ({ours.name})",
+                f"{util:.1%}",
+                ">= 70%",
+                _at_least(util, UTILIZATION_GOAL),
             )
         )
         out.append(
-            Goal(f"inference SLO attainment ({ours.name})", f"{slo:.2%}", ">= 99%", slo >= SLO_GOAL)
+            Goal(
+                f"inference SLO attainment ({ours.name})",
+                f"{slo:.2%}",
+                ">= 99%",
+                _at_least(slo, SLO_GOAL),
+            )
         )
     if ours is not None and static is not None:
         mine, theirs = (
@@ -92,7 +100,7 @@ def goals(run: JointRun, policy: ManagerPolicy | None = None) -> list[Goal]:
                 f"training p95 queueing delay ({ours.name} vs {static.name})",
                 f"{mine:,.0f} s vs {theirs:,.0f} s",
                 "<= static's",
-                bool(mine <= theirs),
+                _at_least(theirs, mine),
             )
         )
     binpack = next((r for r in rows if r.config.placement == "binpack"), None)
@@ -105,12 +113,19 @@ def goals(run: JointRun, policy: ManagerPolicy | None = None) -> list[Goal]:
                 f"unallocatable GPUs from fragmentation ({fgd.name} vs {binpack.name})",
                 f"{ours_u:.2f} vs {base_u:.2f} cards ({ratio:.2f}x)",
                 "<= 0.60x",
-                ratio <= FRAGMENTATION_GOAL,
+                _at_least(FRAGMENTATION_GOAL, ratio) if math.isfinite(base_u) else None,
             )
         )
     else:
         out.append(Goal("unallocatable GPUs from fragmentation", "n/a", "<= 0.60x binpack", None))
     return out
+
+
+def _at_least(value: float, bound: float) -> bool | None:
+    """``value >= bound``; None when either is not a number (NaN: nothing was measured)."""
+    if math.isnan(value) or math.isnan(bound):
+        return None
+    return bool(value >= bound)
 
 
 def cell(value: float | int, kind: str) -> str:
@@ -156,10 +171,11 @@ def ratios(run: JointRun) -> str:
     for r in run.results:
         cells = []
         for key in keys:
-            base = float(static.metrics[key])
-            cells.append(f"{float(r.metrics[key]) / base:.2f}x" if base else "n/a")
+            base, value = float(static.metrics[key]), float(r.metrics[key])
+            known = base and math.isfinite(base) and math.isfinite(value)
+            cells.append(f"{value / base:.2f}x" if known else "n/a")
         slo = float(r.metrics["slo_attainment"])
-        cells.append(f"{slo - alone:+.1%}" if math.isfinite(alone) else "n/a")
+        cells.append(f"{slo - alone:+.1%}" if math.isfinite(alone + slo) else "n/a")
         rows.append(f"| {r.name} | " + " | ".join(cells) + " |")
     return "\n".join([head, rule, *rows])
 
