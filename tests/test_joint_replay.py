@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import admission.pool
+import admission.reclaim
 import replay.policies
 import replay.pool.joint as joint
 import scaler.demand
@@ -229,7 +230,14 @@ def test_the_replay_runs_the_served_demand_and_the_capacity_managers_plan(monkey
     assert served["pool_demand"] is scaler.demand.pool_demand
     assert served["plan_pool"] is admission.pool.plan_pool
     assert served["within_allowance"] is admission.pool.within_allowance
-    calls: dict[str, list[object]] = {"declared": [], "demand": [], "plan": [], "allow": []}
+    assert served["others_cards"] is admission.reclaim.others_cards
+    calls: dict[str, list[object]] = {
+        "declared": [],
+        "demand": [],
+        "plan": [],
+        "allow": [],
+        "inventory": [],
+    }
 
     def spy(name, real):
         def wrapped(*args, **kwargs):
@@ -243,10 +251,14 @@ def test_the_replay_runs_the_served_demand_and_the_capacity_managers_plan(monkey
     monkeypatch.setattr(joint, "pool_demand", spy("demand", scaler.demand.pool_demand))
     monkeypatch.setattr(joint, "plan_pool", spy("plan", admission.pool.plan_pool))
     monkeypatch.setattr(joint, "within_allowance", spy("allow", admission.pool.within_allowance))
+    monkeypatch.setattr(joint, "others_cards", spy("inventory", admission.reclaim.others_cards))
     config = JointConfig("manager", manager=YOUNG)
     result = run_joint(NODES, TASKS["six BE"], [DEPLOYMENT], config)
     ticks = len(result.series["t"])
     assert len(calls["declared"]) == len(calls["demand"]) == len(calls["plan"]) == ticks
+    # the inventory's count of inference's cards is the served check's: the replicas placed
+    assert len(calls["inventory"]) == ticks
+    assert max(calls["inventory"]) >= max(result.series["inference_held"]) >= 4  # type: ignore[type-var]
     assert calls["allow"], "the admission check was never asked"
     reclaimed = [r.key for plan in calls["plan"] for r in plan.reclaim]  # type: ignore[attr-defined]
     assert len(reclaimed) == result.metrics["preemptions"] > 0

@@ -45,6 +45,7 @@ from admission.pool import (
     plan_pool,
     within_allowance,
 )
+from admission.reclaim import others_cards
 from replay.policies import Unitscale, unitscale_policy
 from replay.pool.cluster import Node, Task
 from replay.pool.kueue import ClusterQueue, Workload
@@ -577,11 +578,12 @@ class _Joint:
             missing = demand.unknown
             if held is not None and needed is not None:
                 need = InferenceNeed(held=held, needed=needed)
-        # The inventory's view: a replica still starting holds its card (plan_pool takes
-        # the larger of this and the scalers' serving count).
-        placed = float(sum(len(p) for p in self.replicas))
-        state = PoolState(self.pool.cards, self.pool.taken(), inference_cards=placed)
+        # The inventory's view, as the served check derives it (admission.reclaim): the
+        # cards' worth training's shares do not account for, a starting replica's card
+        # included (plan_pool takes the larger of this and the scalers' serving count).
         admitted = [self._admitted(name) for name in self.running]
+        taken = self.pool.taken()
+        state = PoolState(self.pool.cards, taken, inference_cards=others_cards(taken, admitted))
         plan = plan_pool(state, need, admitted, now, self.config.manager, missing)
         if not plan.known:
             self.plans_unknown += 1
