@@ -715,3 +715,14 @@ def test_the_command_line_refuses_bad_joint_flags(tmp_path, extra, message):
 def test_bad_joint_knobs_are_refused_by_name(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_the_benchs_mix_table_survives_binpack_leaving_nothing_unallocatable(whole_run):
+    from bench.joint_pool import mix_table
+
+    rows = [r for r in whole_run.results if r.config.baseline == "manager"]
+    nothing = [
+        dataclasses.replace(r, metrics={**r.metrics, "unallocatable_cards": 0.0}) for r in rows
+    ]
+    table_text = mix_table(nothing, rows)
+    assert "| 0.00 | 0.00 | 0.00x |" in table_text
