@@ -214,7 +214,8 @@ def prepare_tasks(
     (from the ``ARRIVAL_START_QUANTILE`` arrival on; the few before it arrive at 0);
     durations are as recorded, capped at ``cap``. ``multiplier`` X keeps each task and adds
     copies (floor(X) - 1, plus one for a stable hash share frac(X)), each arriving within
-    one mean inter-arrival gap after its original: more load with the trace's mix.
+    one mean inter-arrival gap after its original: more load with the trace's mix. Below
+    1 it keeps only that stable hash share of the tasks (less load, the same mix).
     CPU-only tasks are dropped: they take no card.
     """
     if not span > 0 or not multiplier > 0 or not cap > 0:
