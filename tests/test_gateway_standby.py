@@ -8,8 +8,10 @@ watching the gateway's signals, with KEDA's calls made by the test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -335,8 +337,12 @@ class PlanFrom:
         return self._plan
 
 
-async def test_a_sleep_the_replica_refuses_is_counted_and_it_stays_routable(caplog):
-    caplog.set_level(logging.WARNING, logger="serving.gateway")
+@contextlib.asynccontextmanager
+async def engine_with_sleep(
+    sleep: Callable[[web.Request], Awaitable[web.StreamResponse]], state: dict[str, bool]
+) -> AsyncIterator[str]:
+    """A vLLM stand-in on 127.0.0.1:0: healthy, one model, ``state`` as ``/is_sleeping``,
+    ``sleep`` answering ``POST /sleep``; yields its URL."""
 
     async def health(request):
         return web.Response()
@@ -345,31 +351,39 @@ async def test_a_sleep_the_replica_refuses_is_counted_and_it_stays_routable(capl
         return web.json_response({"object": "list", "data": [{"id": "sim-llama"}]})
 
     async def is_sleeping(request):
-        return web.json_response({"is_sleeping": False})
-
-    async def refuse(request):
-        return web.json_response({"error": "busy"}, status=500)
+        return web.json_response(state)
 
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/is_sleeping", is_sleeping)
-    app.router.add_post("/sleep", refuse)
+    app.router.add_post("/sleep", sleep)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    settings = GatewaySettings(health_interval=0.05, sleep_after_idle=0.0)
-    gateway = GatewayServer([url], settings, "127.0.0.1:0", "127.0.0.1:0")
-    await gateway.start()
     try:
-        replica = gateway.gateway.pool.find(url)
-        await eventually(lambda: replica.routable, "ready")
-        await gateway.gateway._standby_round(PlanFrom(Plan(0, 1, "test")), "unused")
-        metrics = await samples(f"http://127.0.0.1:{gateway.port}/metrics", "unitscale_gateway")
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
-        await gateway.stop()
         await runner.cleanup()
+
+
+async def test_a_sleep_the_replica_refuses_is_counted_and_it_stays_routable(caplog):
+    caplog.set_level(logging.WARNING, logger="serving.gateway")
+
+    async def refuse(request):
+        return web.json_response({"error": "busy"}, status=500)
+
+    async with engine_with_sleep(refuse, {"is_sleeping": False}) as url:
+        settings = GatewaySettings(health_interval=0.05, sleep_after_idle=0.0)
+        gateway = GatewayServer([url], settings, "127.0.0.1:0", "127.0.0.1:0")
+        await gateway.start()
+        try:
+            replica = gateway.gateway.pool.find(url)
+            await eventually(lambda: replica.routable, "ready")
+            await gateway.gateway._standby_round(PlanFrom(Plan(0, 1, "test")), "unused")
+            metrics = await samples(f"http://127.0.0.1:{gateway.port}/metrics", "unitscale_gateway")
+        finally:
+            await gateway.stop()
     assert metrics[("unitscale_gateway_sleeps_total", "failed")] == 1.0
     assert metrics[("unitscale_gateway_sleeps_total", "slept")] == 0.0
     assert replica.routable and not replica.sleeping and not replica.falling_asleep
@@ -385,47 +399,29 @@ async def test_a_sleep_left_unanswered_is_routed_nothing_until_the_replica_says_
     release = asyncio.Event()
     state = {"is_sleeping": False}
 
-    async def health(request):
-        return web.Response()
-
-    async def models(request):
-        return web.json_response({"object": "list", "data": [{"id": "sim-llama"}]})
-
-    async def is_sleeping(request):
-        return web.json_response(state)
-
     async def sleep_until_released(request):
         state["is_sleeping"] = True  # paused from the moment it is asked, as vLLM is
         asked.set()
         await release.wait()
         return web.json_response({})
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/is_sleeping", is_sleeping)
-    app.router.add_post("/sleep", sleep_until_released)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    # One health check at the start, the next only when the test asks for it.
-    settings = GatewaySettings(health_interval=600.0, sleep_after_idle=0.0, wake_timeout=0.2)
-    gateway = GatewayServer([url], settings, "127.0.0.1:0", "127.0.0.1:0")
-    await gateway.start()
-    try:
-        replica = gateway.gateway.pool.find(url)
-        await eventually(lambda: replica.routable, "ready")
-        await gateway.gateway._standby_round(PlanFrom(Plan(0, 1, "test")), "unused")
-        assert asked.is_set()
-        assert not replica.routable and replica.wakeable  # held asleep, woken on demand
-        metrics = await samples(f"http://127.0.0.1:{gateway.port}/metrics", "unitscale_gateway")
-        assert metrics[("unitscale_gateway_sleeps_total", "failed")] == 1.0
+    async with engine_with_sleep(sleep_until_released, state) as url:
+        # One health check at the start, the next only when the test asks for it.
+        settings = GatewaySettings(health_interval=600.0, sleep_after_idle=0.0, wake_timeout=0.2)
+        gateway = GatewayServer([url], settings, "127.0.0.1:0", "127.0.0.1:0")
+        await gateway.start()
+        try:
+            replica = gateway.gateway.pool.find(url)
+            await eventually(lambda: replica.routable, "ready")
+            await gateway.gateway._standby_round(PlanFrom(Plan(0, 1, "test")), "unused")
+            assert asked.is_set()
+            assert not replica.routable and replica.wakeable  # held asleep, woken on demand
+            metrics = await samples(f"http://127.0.0.1:{gateway.port}/metrics", "unitscale_gateway")
+            assert metrics[("unitscale_gateway_sleeps_total", "failed")] == 1.0
 
-        state["is_sleeping"] = False  # the engine says it never slept: routable again
-        gateway.gateway.pool._recheck.set()
-        await eventually(lambda: replica.routable, "routable once it says it is awake")
-    finally:
-        release.set()
-        await gateway.stop()
-        await runner.cleanup()
+            state["is_sleeping"] = False  # the engine says it never slept: routable again
+            gateway.gateway.pool._recheck.set()
+            await eventually(lambda: replica.routable, "routable once it says it is awake")
+        finally:
+            release.set()
+            await gateway.stop()
