@@ -441,4 +441,5 @@ def _renamed(result: Result, name: str) -> Result:
         result.decisions,
         result.met,
         result.slo_ratio,
+        result.miss_cause,
     )

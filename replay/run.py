@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from foundation.replica_model import warm_tiers
+from replay.anatomy import CAUSES, TTFT_CAUSES
 from replay.oracle import (
     REACHED,
     OracleSchedule,
@@ -359,6 +360,7 @@ def write_report(
         rule,
         *rows,
         "",
+        *miss_table(results),
         "![replicas and load](replicas.png)",
         "",
         "![latency CDF](latency_cdf.png)",
@@ -366,6 +368,61 @@ def write_report(
     ]
     (out / "report.md").write_text("\n".join(lines))
     _plots(results, out)
+
+
+MISS_HEADERS = {
+    "dropped": "dropped",
+    "unreachable": "unreachable",
+    "cold_start": "cold start",
+    "queued_for_seat": "queued for a seat",
+    "queued_behind_prompts": "behind other prompts",
+    "decode_interference": "decode interference",
+}
+"""The "Why requests missed" table's column per ``replay.anatomy`` cause."""
+
+
+def miss_table(results: Mapping[str, Result]) -> list[str]:
+    """The report's "Why requests missed" section: per policy, each cause's share.
+
+    A TTFT cause's share carries its median TTFT over target, e.g. ``1.20% (+3.1 s)``.
+    Results without the anatomy's metrics (none of ``simulate``'s) get no row.
+    """
+    shown = {
+        name: r.metrics
+        for name, r in results.items()
+        if all(f"miss_{c}" in r.metrics for c in CAUSES)
+    }
+    if not shown:
+        return []
+    if all(float(m[f"miss_{c}"]) == 0 for m in shown.values() for c in CAUSES):
+        return ["## Why requests missed", "", "No request missed the SLO.", ""]
+    rows = [
+        f"| {name} | " + " | ".join(_miss_cell(m, c) for c in CAUSES) + " |"
+        for name, m in shown.items()
+    ]
+    return [
+        "## Why requests missed",
+        "",
+        "Each miss counted once, by its first failure (docs/replay.md, the miss anatomy);"
+        " shares of all requests, adding up to 1 - slo_attainment; in brackets the median"
+        " TTFT over target.",
+        "",
+        "| policy | " + " | ".join(MISS_HEADERS[c] for c in CAUSES) + " |",
+        "|---|" + "---:|" * len(CAUSES),
+        *rows,
+        "",
+    ]
+
+
+def _miss_cell(metrics: Mapping[str, float | int], cause: str) -> str:
+    share = float(metrics[f"miss_{cause}"])
+    if not math.isfinite(share):
+        return "n/a"
+    text = "0" if share == 0 else "<0.01%" if share < 0.0001 else f"{share:.2%}"
+    excess = float(metrics.get(f"{cause}_excess_p50_seconds", math.nan))
+    if cause in TTFT_CAUSES and math.isfinite(excess):
+        text += f" (+{excess:.2f} s)" if excess < 10 else f" (+{excess:,.0f} s)"
+    return text
 
 
 def _unreached(results: dict[str, Result], slo_target: float) -> list[str]:

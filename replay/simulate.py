@@ -44,6 +44,7 @@ from foundation.replica_model import (
 )
 from foundation.replica_model import cold_start_seconds as cold_start_seconds
 from foundation.signals import EngineSignals
+from replay.anatomy import MET, Targets, anatomy, classify, idle_itl
 from replay.controllers import StandbyController
 from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
 from replay.policies import GatewayView, Policy, View
@@ -134,6 +135,18 @@ def ttft_target(
     return np.maximum(slo_ttft, multiple * np.asarray(prefill_seconds, dtype=np.float64))
 
 
+def slo_targets(requests: Requests, config: SimConfig) -> Targets:
+    """What each of ``requests`` is judged against under ``config`` (``replay.anatomy``)."""
+    prefill = config.profile.prefill_seconds(requests.prompt.astype(np.float64))
+    return Targets(
+        ttft=ttft_target(prefill, config.slo_ttft, config.slo_prefill_multiple),
+        itl=config.slo_itl,
+        idle_prefill=prefill,
+        idle_itl=idle_itl(config.profile, requests.prompt, requests.output),
+        tick=config.dt,
+    )
+
+
 @dataclass(slots=True)
 class Result:
     """One policy's run."""
@@ -149,6 +162,9 @@ class Result:
     slo_ratio: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     """Per request, in the trace's order: the larger of TTFT / its target and mean ITL /
     the ITL SLO (at most 1 meets the SLO; infinite when dropped)."""
+    miss_cause: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per request, in the trace's order: why it missed, as an index into
+    ``replay.anatomy.CAUSES`` (-1, ``anatomy.MET``, when it met the SLO)."""
 
 
 def simulate(
@@ -692,12 +708,12 @@ def _result(
     e2e = (requests.finished - requests.arrival)[served]
     gaps = np.maximum(requests.output - 1, 1)
     itl = requests.decode_time / gaps
-    target = ttft_target(
-        config.profile.prefill_seconds(requests.prompt.astype(np.float64)),
-        config.slo_ttft,
-        config.slo_prefill_multiple,
-    )
-    ok = served & (requests.first_token - requests.arrival <= target) & (itl <= config.slo_itl)
+    targets = slo_targets(requests, config)
+    target = targets.ttft
+    # The SLO (served, TTFT within its target, mean ITL within the SLO) is the anatomy's:
+    # every miss has one cause, so the causes' shares add up to 1 - slo_attainment.
+    cause = classify(requests, targets)
+    ok = cause == MET
     ratio = np.where(
         served,
         np.maximum((requests.first_token - requests.arrival) / target, itl / config.slo_itl),
@@ -726,9 +742,10 @@ def _result(
         "max_replicas": int(max(series["replicas"], default=0)),
         **standby,
         **_after_idle(requests, config.idle_gap),
+        **anatomy(requests, targets, cause).metrics(),
     }
     assert not ((requests.state == WAITING).any()), "a request was neither served nor dropped"
-    return Result(name, metrics, series, ttft, e2e, decisions, ok, ratio)
+    return Result(name, metrics, series, ttft, e2e, decisions, ok, ratio, cause)
 
 
 @dataclass(slots=True)
