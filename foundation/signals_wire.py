@@ -2,7 +2,9 @@
 
 Only values are carried here: a ``None`` (or NaN) is an unset ``optional`` field and
 comes back as ``None``; times become Timestamps and Durations (nanoseconds). Anything
-else would be arithmetic, and that lives in the exporter and the scaler.
+else would be arithmetic, and that lives in the exporter and the scaler. The gateway's
+SLO rates are the one range checked on the way in: a negative or non-finite one refuses
+the message, since the scaler steers by their ratio.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ _QUANTILE_FIELDS = ("p50", "p90", "p95", "p99")
 
 
 class WireError(ValueError):
-    """A message that cannot be attributed to a target and a source."""
+    """A message that cannot be attributed to a target and a source, or a value out of range."""
 
 
 def encode(snapshot: Snapshot) -> pb.Signals:
@@ -72,7 +74,8 @@ def decode(message: pb.Signals) -> Snapshot:
     """The snapshot a message carries.
 
     Raises:
-        WireError: the message names no deployment or carries no payload.
+        WireError: the message names no deployment or carries no payload, or a gateway
+            SLO rate is negative or not finite.
     """
     payload = message.WhichOneof("payload")
     if not message.target.deployment or payload is None:
@@ -140,6 +143,8 @@ def _encode_gateway(signals: GatewaySignals) -> pb.GatewaySignals:
     gateway = pb.GatewaySignals(buffered=signals.buffered, in_flight=signals.in_flight)
     _set(gateway, "arrival_rate", signals.arrival_rate)
     _set(gateway, "upstream_error_rate", signals.upstream_error_rate)
+    _set(gateway, "slo_within_rate", signals.slo_within_rate)
+    _set(gateway, "slo_outside_rate", signals.slo_outside_rate)
     if signals.last_arrival_time is not None:
         gateway.last_arrival_time.CopyFrom(to_timestamp(signals.last_arrival_time))
     return gateway
@@ -157,6 +162,8 @@ def _decode_gateway(gateway: pb.GatewaySignals, at: float) -> GatewaySignals:
             else None
         ),
         upstream_error_rate=_get(gateway, "upstream_error_rate"),
+        slo_within_rate=_get_rate(gateway, "slo_within_rate"),
+        slo_outside_rate=_get_rate(gateway, "slo_outside_rate"),
     )
 
 
@@ -170,3 +177,15 @@ def _get(message: object, name: str) -> float | None:
         value: float = getattr(message, name)
         return value
     return None
+
+
+def _get_rate(message: object, name: str) -> float | None:
+    """A rate that must be finite and not negative when set.
+
+    Raises:
+        WireError: it is set to a negative, infinite or NaN number.
+    """
+    value = _get(message, name)
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise WireError(f"{name} is {value}: a rate is a finite number, 0 or more")
+    return value

@@ -3,33 +3,46 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from fractions import Fraction
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
+
+_NS = 10**9
+
+
+def _nanoseconds(seconds: float) -> int:
+    """The nearest nanosecond to ``seconds``, computed exactly.
+
+    ``seconds * 1e9`` in floats rounds first (to 256 ns at today's epoch seconds), and the
+    float that comes back could differ by one ulp.
+    """
+    return round(Fraction(seconds) * _NS)
 
 
 def to_timestamp(seconds: float) -> Timestamp:
     """A Timestamp of ``seconds`` since the epoch (nanosecond resolution)."""
     stamp = Timestamp()
-    stamp.FromNanoseconds(round(seconds * 1e9))
+    stamp.FromNanoseconds(_nanoseconds(seconds))
     return stamp
 
 
 def from_timestamp(stamp: Timestamp) -> float:
     """Seconds since the epoch of a Timestamp."""
-    return stamp.ToNanoseconds() / 1e9  # one correctly rounded division
+    # int / int is one correctly rounded division; int / 1e9 would round the int first.
+    return stamp.ToNanoseconds() / _NS
 
 
 def to_duration(seconds: float) -> Duration:
     """A Duration of ``seconds`` (nanosecond resolution)."""
     duration = Duration()
-    duration.FromNanoseconds(round(seconds * 1e9))
+    duration.FromNanoseconds(_nanoseconds(seconds))
     return duration
 
 
 def from_duration(duration: Duration) -> float:
     """Seconds in a Duration."""
-    return duration.ToNanoseconds() / 1e9
+    return duration.ToNanoseconds() / _NS
 
 
 def parse_time(text: object) -> float | None:

@@ -18,9 +18,11 @@ from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
 from foundation.errors import quote
 from serving.gateway_settings import GatewaySettings
+from serving.slo import SloTargets
 
 _DEFAULTS = GatewaySettings()
 """Where every default below comes from."""
+_SLO = _DEFAULTS.slo
 
 _SIZE = re.compile(r"([0-9]{1,15})(Ki|Mi|Gi|k|M|G)?")  # ASCII digits only, as Kubernetes
 _SIZE_UNITS = {None: 1, "k": 1000, "M": 1000**2, "G": 1000**3}
@@ -43,6 +45,23 @@ def parse_size(value: object) -> int:
 
 Size = Annotated[int, BeforeValidator(parse_size)]
 """Bytes, written ``16777216`` or ``16Mi``."""
+
+
+class SloConfig(BaseModel):
+    """The ``slo`` block: what a request must meet to count as within."""
+
+    model_config = KEBAB_CASE
+
+    ttft: Seconds = Field(_SLO.ttft_seconds, gt=0, le=3600)
+    """Time to first token, from the gateway's arrival (up to an hour)."""
+    itl: Seconds = Field(_SLO.itl_seconds, gt=0, le=60)
+    """Mean inter-token latency of one request (up to a minute)."""
+    attainment: float = Field(_SLO.attainment, gt=0, le=1)
+    """The share of requests to keep within both, above 0 and at most 1."""
+
+    def targets(self) -> SloTargets:
+        """The targets as the gateway judges by them."""
+        return SloTargets(self.ttft, self.itl, self.attainment)
 
 
 class GatewayConfig(BaseModel):
@@ -87,6 +106,8 @@ class GatewayConfig(BaseModel):
     """How often the standby plan is asked for."""
     sleep_after_idle: Seconds = Field(_DEFAULTS.sleep_after_idle, ge=0)
     """How long a surplus replica must be idle (or awake since a wake) before it sleeps."""
+    slo: SloConfig = Field(default_factory=SloConfig)
+    """The SLO every request is judged against (``unitscale_gateway_slo_requests_total``)."""
 
     @field_validator("replicas")
     @classmethod
@@ -131,6 +152,7 @@ class GatewayConfig(BaseModel):
             standby_scaler=self.standby_scaler,
             standby_interval=self.standby_interval,
             sleep_after_idle=self.sleep_after_idle,
+            slo=self.slo.targets(),
         )
 
 

@@ -33,6 +33,11 @@ choose_standby``): a surplus replica idle for ``sleep-after-idle`` is put to sle
 chosen), and a sleeper is woken early when the running target lacks awake replicas.
 Without a plan to act on (no scaler, no ScaledObject, no decision) nothing is slept.
 
+Every request that counts as an arrival is judged against the SLO when it ends
+(``serving.slo``: its TTFT from its arrival here, its mean inter-token latency, whether it
+failed or was dropped from the buffer) and counted within or outside, in the metrics and
+in the ``slo_within_rate`` and ``slo_outside_rate`` the scaler reads.
+
 Which replicas there are, and which are healthy or draining, is ``serving.gateway_replicas``;
 a reloaded config is acted on at once, so a newly listed ready replica takes traffic within
 milliseconds. The gateway's own metrics are ``serving.gateway_metrics``.
@@ -64,6 +69,7 @@ from serving.routing import (
     known_models,
     may_buffer,
 )
+from serving.slo import CLIENT_CLOSED, ResponseMeter
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +89,7 @@ class Gateway:
         """Buffered requests wait on it for a routable replica."""
         self.stats = TrafficStats()
         self.metrics = GatewayMetrics(settings.namespace, settings.deployment)
+        self.metrics.set_slo_attainment(settings.slo.attainment)
         self.feed = SignalsFeed(lambda now: gateway_signals(self.stats, self.settings, now))
         self._session: aiohttp.ClientSession | None = None
         self._wakes: set[asyncio.Task[None]] = set()
@@ -136,6 +143,7 @@ class Gateway:
         once, so new ones are checked (and take traffic) without waiting for the interval.
         """
         self.settings = settings
+        self.metrics.set_slo_attainment(settings.slo.attainment)
         self.pool.reconfigure(replicas, settings)
 
     async def _signal_loop(self) -> None:
@@ -319,7 +327,35 @@ class Gateway:
         self.stats.arrivals.append(now)
         self.stats.last_arrival = now
         self.metrics.arrived()
-        return await self._forward(request, raw, model)
+        meter = ResponseMeter(time.monotonic())
+        status: int | None = 500  # an unexpected error: aiohttp answers 500
+        try:
+            response = await self._forward(request, raw, model, meter)
+            status = meter.status
+            return response
+        except web.HTTPException as err:  # the gateway's own answer: 429, 502, 503, 504
+            status = err.status
+            raise
+        except asyncio.CancelledError:  # the client left (handler cancellation)
+            status = CLIENT_CLOSED
+            raise
+        finally:
+            self._judge(meter, status)
+
+    def _judge(self, meter: ResponseMeter, status: int | None) -> None:
+        """Judge a request that ended against the SLO; count it within or outside."""
+        verdict = meter.verdict(self.settings.slo, time.monotonic(), status)
+        (self.stats.within if verdict.within else self.stats.outside).append(time.time())
+        self.metrics.judged(verdict)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request judged %s (%s): status %s, ttft %s s, mean itl %s s",
+                "within" if verdict.within else "outside",
+                verdict.reason,
+                status,
+                verdict.ttft_seconds,
+                verdict.itl_seconds,
+            )
 
     async def _read(self, request: web.Request) -> tuple[bytes, str | None]:
         """The request's body and the model it names.
@@ -353,7 +389,7 @@ class Gateway:
         return raw, model
 
     async def _forward(
-        self, request: web.Request, raw: bytes, model: str | None
+        self, request: web.Request, raw: bytes, model: str | None, meter: ResponseMeter
     ) -> web.StreamResponse:
         """Send upstream, trying another replica while a connection fails (nothing sent yet).
 
@@ -398,7 +434,7 @@ class Gateway:
                     self._upstream_error("before-response")
                     raise self._reject(502, "the replica failed before answering", None) from None
                 async with upstream:
-                    return await self._relay(request, upstream)
+                    return await self._relay(request, upstream, meter)
             finally:
                 replica.outstanding -= 1
                 replica.idle_since = time.monotonic()
@@ -407,11 +443,16 @@ class Gateway:
         raise self._reject(503, "no replica accepted the connection", 5)
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse
+        self, request: web.Request, upstream: aiohttp.ClientResponse, meter: ResponseMeter
     ) -> web.StreamResponse:
-        """Pass the response on chunk by chunk, however long, while no gap passes the timeout."""
+        """Pass the response on chunk by chunk, however long, while no gap passes the timeout.
+
+        ``meter`` sees every chunk as it comes, for the SLO's judgment; its ``status`` ends
+        None when the response is cut off, ``CLIENT_CLOSED`` when the client left.
+        """
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
         response = web.StreamResponse(status=upstream.status, headers=headers)
+        meter.begin(upstream.status, upstream.content_type == "text/event-stream")
         await response.prepare(request)
         gap = self.settings.upstream_timeout
         while True:
@@ -420,13 +461,14 @@ class Gateway:
                     chunk = await upstream.content.readany()
             except TimeoutError:
                 log.warning("upstream %s sent nothing for %gs mid-response", upstream.url, gap)
-                return self._broken(request, response, "stalled")
+                return self._broken(request, response, "stalled", meter)
             except aiohttp.ClientError as err:
                 # The replica died mid-response: this client's response ends broken; we go on.
                 log.warning(
                     "upstream %s failed mid-response: %s: %s", upstream.url, type(err).__name__, err
                 )
-                return self._broken(request, response, "mid-response")
+                return self._broken(request, response, "mid-response", meter)
+            meter.feed(chunk, time.monotonic())
             try:
                 if not chunk:
                     await response.write_eof()
@@ -434,12 +476,14 @@ class Gateway:
                 await response.write(chunk)
             except ConnectionResetError:
                 log.debug("the client of %s left mid-response", request.path)
+                meter.status = CLIENT_CLOSED
                 return response
 
     def _broken(
-        self, request: web.Request, response: web.StreamResponse, kind: str
+        self, request: web.Request, response: web.StreamResponse, kind: str, meter: ResponseMeter
     ) -> web.StreamResponse:
         """End a response whose upstream failed: the client sees it cut, not complete."""
+        meter.status = None
         self._upstream_error(kind)
         if request.transport is not None:
             request.transport.close()

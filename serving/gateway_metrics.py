@@ -2,7 +2,7 @@
 
 Every series is labelled with the ``namespace`` and ``deployment`` the gateway started
 with. The counters and histograms, and the buffer and in-flight gauges, exist from the
-start (at 0, for every ``kind``, ``status`` and ``result`` the gateway uses):
+start (at 0, for every ``kind``, ``status``, ``result`` and ``reason`` the gateway uses):
 prometheus_client would create a labelled series only at its first event, and a
 ``rate()`` never shows the event a series first appears with. The replica gauges appear
 with the first health round: before it the gateway does not know them. With a
@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from foundation.reload import ConfigStore
 from foundation.reload_metrics import ConfigReloadCollector
+from serving.slo import REASONS, Verdict
 
 BUFFER_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300)
 """Seconds in the buffer: up to well past the default timeout (120 s)."""
@@ -30,6 +31,8 @@ REJECT_STATUSES = (400, 404, 413, 429, 502, 503, 504)
 WAKE_RESULTS = ("woken", "failed")
 SLEEP_RESULTS = ("slept", "failed")
 """The ``result`` of ``unitscale_gateway_sleeps_total``: the standby plan's sleeps."""
+SLO_SERIES = tuple(("within" if r == "met" else "outside", r) for r in REASONS)
+"""The ``result`` and ``reason`` of ``unitscale_gateway_slo_requests_total`` (``serving.slo``)."""
 
 
 class GatewayMetrics:
@@ -108,6 +111,19 @@ class GatewayMetrics:
             [*labels, "result"],
             registry=r,
         )
+        self._slo = Counter(
+            "unitscale_gateway_slo_requests",
+            "Requests judged against the SLO when they ended: within or outside, and why"
+            " (met; ttft, itl: a target missed; failed: 5xx, 429, cut off).",
+            [*labels, "result", "reason"],
+            registry=r,
+        )
+        self._slo_attainment = Gauge(
+            "unitscale_gateway_slo_attainment_target_ratio",
+            "The share of requests the SLO asks to be within (the slo block's attainment).",
+            labels,
+            registry=r,
+        )
         self._create_series()
 
     def _create_series(self) -> None:
@@ -129,6 +145,8 @@ class GatewayMetrics:
             self._wakes.labels(*self._labels, result)
         for result in SLEEP_RESULTS:
             self._sleeps.labels(*self._labels, result)
+        for result, reason in SLO_SERIES:
+            self._slo.labels(*self._labels, result, reason)
 
     def arrived(self) -> None:
         """A request reached the gateway."""
@@ -177,6 +195,15 @@ class GatewayMetrics:
     def slept(self, ok: bool) -> None:
         """A ``POST /sleep`` for the standby plan succeeded (``ok``) or failed."""
         self._sleeps.labels(*self._labels, "slept" if ok else "failed").inc()
+
+    def judged(self, verdict: Verdict) -> None:
+        """A request ended and was judged against the SLO."""
+        result = "within" if verdict.within else "outside"
+        self._slo.labels(*self._labels, result, verdict.reason).inc()
+
+    def set_slo_attainment(self, share: float) -> None:
+        """The attainment the SLO asks for (at the start and at every reload)."""
+        self._slo_attainment.labels(*self._labels).set(share)
 
     def count_reloads(self, store: ConfigStore[Any]) -> None:
         """Export ``store``'s applied and refused updates from now on."""

@@ -6,7 +6,9 @@ from here, and ``deploy/gateway/configmap.yaml`` documents them; a test keeps al
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from serving.slo import SloTargets
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +34,7 @@ class GatewaySettings:
     connect_retries: int = 2
     signal_interval: float = 1.0
     rate_window: float = 10.0
-    """Seconds over which the arrival and upstream-error rates are measured."""
+    """Seconds over which the arrival, upstream-error and SLO within/outside rates are measured."""
     dns: str | None = None
     """``host:port`` of a headless Service: every A record is a replica (re-resolved each check)."""
     wake_timeout: float = 60.0
@@ -50,3 +52,5 @@ class GatewaySettings:
     """Seconds between two asks for the standby plan (the scaler plans every 5 s)."""
     sleep_after_idle: float = 10.0
     """Seconds without a request (or since it woke) before a surplus replica is slept."""
+    slo: SloTargets = field(default_factory=SloTargets)
+    """The targets every request is judged against (``serving.slo``): the scaler's defaults."""

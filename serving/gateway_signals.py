@@ -32,6 +32,10 @@ class TrafficStats:
     """Arrival times (``time.time``) within the rate window."""
     errors: deque[float] = field(default_factory=deque)
     """Upstream failure times within the rate window."""
+    within: deque[float] = field(default_factory=deque)
+    """When requests judged within the SLO ended (``serving.slo``), within the rate window."""
+    outside: deque[float] = field(default_factory=deque)
+    """When requests judged outside it ended, failed or were dropped, within the window."""
     buffered: int = 0
     buffered_bytes: int = 0
     """The bodies of the buffered requests."""
@@ -40,12 +44,18 @@ class TrafficStats:
 
 
 def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) -> Snapshot:
-    """The gateway's snapshot for the scaler; forgets arrivals and errors past the window."""
+    """The gateway's snapshot for the scaler; forgets what happened before the window.
+
+    Every rate is over the same window, ``rate_window`` (the gateway has no other): the
+    arrival and upstream-error rates count requests as they arrive or fail, the SLO rates
+    (``slo_within_rate``, ``slo_outside_rate``) count them as they end and are judged. A
+    request still waiting or streaming is in neither yet: it shows in ``buffered`` and
+    ``in_flight``.
+    """
     window = settings.rate_window
-    while stats.arrivals and now - stats.arrivals[0] > window:
-        stats.arrivals.popleft()
-    while stats.errors and now - stats.errors[0] > window:
-        stats.errors.popleft()
+    for times in (stats.arrivals, stats.errors, stats.within, stats.outside):
+        while times and now - times[0] > window:
+            times.popleft()
     signals = GatewaySignals(
         time=now,
         arrival_rate=len(stats.arrivals) / window,
@@ -53,6 +63,8 @@ def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) 
         in_flight=stats.in_flight,
         last_arrival_time=stats.last_arrival,
         upstream_error_rate=len(stats.errors) / window,
+        slo_within_rate=len(stats.within) / window,
+        slo_outside_rate=len(stats.outside) / window,
     )
     return Snapshot((settings.namespace, settings.deployment, ""), signals)
 

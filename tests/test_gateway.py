@@ -357,6 +357,7 @@ SETTINGS_IN_THE_CONFIG = [
     pytest.param("standby_scaler", id="asking-no-scaler-for-a-standby-plan-is-the-default"),
     pytest.param("standby_interval", id="the-standby-interval-has-one-default"),
     pytest.param("sleep_after_idle", id="the-sleep-after-idle-has-one-default"),
+    pytest.param("slo", id="the-slo-targets-have-one-default"),
 ]
 
 
@@ -370,8 +371,9 @@ def documented_example():
 @pytest.mark.parametrize("key", SETTINGS_IN_THE_CONFIG)
 def test_a_gateway_default_is_the_settings_one_in_the_config_and_the_documented_example(key):
     default = getattr(GatewaySettings(), key)
-    assert getattr(GatewayConfig(), key) == default
-    assert getattr(documented_example(), key) == default
+    # As the gateway gets them: the slo block is a model of its own, SloTargets once set.
+    assert getattr(GatewayConfig().settings(), key) == default
+    assert getattr(documented_example().settings(), key) == default
 
 
 def test_the_defaults_table_names_every_setting_the_config_sets():

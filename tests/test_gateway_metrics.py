@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.gateway_metrics import (
     REJECT_STATUSES,
+    SLO_SERIES,
     WAKE_RESULTS,
     GatewayMetrics,
 )
@@ -54,6 +55,13 @@ def series(name: str, **extra: str) -> tuple[str, frozenset[tuple[str, str]]]:
         pytest.param(
             [series("unitscale_gateway_wakes_total", result=r) for r in WAKE_RESULTS],
             id="wakes by each result",
+        ),
+        pytest.param(
+            [
+                series("unitscale_gateway_slo_requests_total", result=r, reason=why)
+                for r, why in SLO_SERIES
+            ],
+            id="requests judged within and outside the SLO, for every reason",
         ),
         pytest.param(
             [

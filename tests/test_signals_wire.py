@@ -51,13 +51,31 @@ engines = st.builds(
     st.booleans(),
     st.none() | counts,  # replicas asleep: unknown stays unknown
 )
-gateways = st.builds(GatewaySignals, times, values, counts, counts, st.none() | times, values)
+gateways = st.builds(
+    GatewaySignals,
+    times,
+    values,
+    counts,
+    counts,
+    st.none() | times,
+    values,
+    values,  # SLO within rate: unknown (a gateway that does not judge) stays unknown
+    values,  # and outside
+)
 targets = st.tuples(names, names, st.just("") | names)
 
 
 @given(targets, engines | gateways)
 def test_a_snapshot_comes_back_from_the_wire_as_it_went(target, signals):
     snapshot = Snapshot(target, signals)
+    assert decode(pb.Signals.FromString(encode(snapshot).SerializeToString())) == snapshot
+
+
+def test_a_time_that_float_arithmetic_would_move_by_one_ulp_comes_back_exactly():
+    # 163412391.148869 * 1e9 rounds in floats, and an int over 2**53 divided by 1e9 is
+    # rounded twice: both once moved this time by a ulp (hypothesis found it).
+    gateway = GatewaySignals(163412391148869 / 1e6, None, 0, 0)
+    snapshot = Snapshot(("a", "b", ""), gateway)
     assert decode(pb.Signals.FromString(encode(snapshot).SerializeToString())) == snapshot
 
 
@@ -101,3 +119,37 @@ def test_the_request_mix_travels_in_its_own_fields_and_unknown_stays_unset():
     back = decode(pb.Signals.FromString(message.SerializeToString())).signals
     assert isinstance(back, EngineSignals)
     assert (back.stable.mean_prompt_tokens, back.stable.mean_output_tokens) == (812.5, None)
+
+
+def test_the_slo_rates_travel_in_their_own_fields_and_unknown_stays_unset():
+    gateway = GatewaySignals(0.0, 3.0, 0, 1, slo_within_rate=2.5, slo_outside_rate=0.0)
+    message = encode(Snapshot(("a", "b", ""), gateway))
+    assert message.gateway.HasField("slo_outside_rate")  # a known 0 is sent, not dropped
+    assert (message.gateway.slo_within_rate, message.gateway.slo_outside_rate) == (2.5, 0.0)
+    back = decode(pb.Signals.FromString(message.SerializeToString())).signals
+    assert isinstance(back, GatewaySignals)
+    assert (back.slo_within_rate, back.slo_outside_rate) == (2.5, 0.0)
+    unjudged = encode(Snapshot(("a", "b", ""), GatewaySignals(0.0, 3.0, 0, 1)))
+    assert not unjudged.gateway.HasField("slo_within_rate")
+    assert not unjudged.gateway.HasField("slo_outside_rate")
+    back = decode(unjudged).signals
+    assert isinstance(back, GatewaySignals)
+    assert (back.slo_within_rate, back.slo_outside_rate) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param("slo_within_rate", -1.0, id="a-negative-within-rate-is-refused"),
+        pytest.param("slo_outside_rate", -0.5, id="a-negative-outside-rate-is-refused"),
+        pytest.param("slo_within_rate", math.inf, id="an-infinite-within-rate-is-refused"),
+        pytest.param(
+            "slo_outside_rate", math.nan, id="a-nan-outside-rate-set-on-the-wire-is-refused"
+        ),
+    ],
+)
+def test_slo_rates_out_of_range_refuse_the_message(field, value):
+    gateway = pb.GatewaySignals(**{field: value})
+    message = pb.Signals(target=pb.Target(namespace="a", deployment="b"), gateway=gateway)
+    with pytest.raises(WireError, match=field):
+        decode(pb.Signals.FromString(message.SerializeToString()))

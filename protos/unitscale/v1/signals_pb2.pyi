@@ -109,18 +109,22 @@ class EngineSignals(_message.Message):
     def __init__(self, replicas_up: _Optional[int] = ..., replicas_scraped: _Optional[int] = ..., queue_depth: _Optional[float] = ..., requests_running: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., panic: _Optional[_Union[WindowSignals, _Mapping]] = ..., stable: _Optional[_Union[WindowSignals, _Mapping]] = ..., cost_per_million_tokens: _Optional[float] = ..., cost_per_million_output_tokens: _Optional[float] = ..., price_is_default: _Optional[bool] = ..., replicas_sleeping: _Optional[int] = ...) -> None: ...
 
 class GatewaySignals(_message.Message):
-    __slots__ = ("arrival_rate", "buffered", "in_flight", "last_arrival_time", "upstream_error_rate")
+    __slots__ = ("arrival_rate", "buffered", "in_flight", "last_arrival_time", "upstream_error_rate", "slo_within_rate", "slo_outside_rate")
     ARRIVAL_RATE_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     LAST_ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
+    SLO_WITHIN_RATE_FIELD_NUMBER: _ClassVar[int]
+    SLO_OUTSIDE_RATE_FIELD_NUMBER: _ClassVar[int]
     arrival_rate: float
     buffered: int
     in_flight: int
     last_arrival_time: _timestamp_pb2.Timestamp
     upstream_error_rate: float
-    def __init__(self, arrival_rate: _Optional[float] = ..., buffered: _Optional[int] = ..., in_flight: _Optional[int] = ..., last_arrival_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., upstream_error_rate: _Optional[float] = ...) -> None: ...
+    slo_within_rate: float
+    slo_outside_rate: float
+    def __init__(self, arrival_rate: _Optional[float] = ..., buffered: _Optional[int] = ..., in_flight: _Optional[int] = ..., last_arrival_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., upstream_error_rate: _Optional[float] = ..., slo_within_rate: _Optional[float] = ..., slo_outside_rate: _Optional[float] = ...) -> None: ...
 
 class Signals(_message.Message):
     __slots__ = ("target", "source", "observed_time", "partial", "engine", "gateway")

@@ -1,0 +1,229 @@
+"""Whether one request met the SLO, judged from what the gateway saw of it.
+
+Pure: times are arguments (``time.monotonic`` seconds in the gateway), nothing is read or
+logged. ``ResponseMeter`` reads a response body as it passes through the proxy (when it
+began, when its first token came, how many tokens it carried); ``judge`` turns that, the
+status and the end into a ``Verdict``.
+
+The rule, for targets ``ttft`` and ``itl``:
+
+- **failed** (outside): no complete response (cut or stalled mid-body), a 5xx (the
+  gateway's own 502, 503 and 504 among them) or a 429 (the buffer was full);
+- **ttft** (outside): the first token came more than ``ttft`` after the arrival. A streamed
+  response's first token is its first server-sent event that carries one; any other
+  response's is its first body byte, which a non-streamed answer sends after its last
+  token: it is judged on its whole latency. With no token at all, the end counts;
+- **itl** (outside): the mean inter-token latency, ``(end - first token) / (tokens - 1)``,
+  is above ``itl``. Tokens are the body's ``usage.completion_tokens`` when it has one (a
+  JSON answer, or the last event that carries usage), else the events that carry tokens.
+  One token (or an unknown count) is judged on TTFT alone;
+- **met** (within): otherwise; a bound is met when equal.
+
+A request whose client left (``CLIENT_CLOSED``) is judged on what it had seen: late if its
+first token had not come within ``ttft``, slow if its tokens so far (to the last) came
+slower than ``itl``; a user stopping a stream on time is no miss.
+
+Worked example, targets 2 s and 100 ms: a stream whose first token comes 0.4 s after
+arrival and whose 101st and last at 10.9 s has a mean ITL of (10.9 - 0.4) / 100 = 105 ms:
+outside, ``itl``. The same stream ending at 10.4 s (100 ms) is within.
+
+A 4xx other than 429 (a prompt too long for the model, say) is judged on its timing as any
+answer: the replica answered, and more replicas would not have answered it otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+REASONS = ("met", "ttft", "itl", "failed")
+"""A verdict's ``reason``: ``met`` is within, the others outside."""
+CLIENT_CLOSED = 499
+"""The status (nginx's) of a request whose client left: judged on what it had seen."""
+SSE_LINE_LIMIT = 1024**2
+"""Bytes a server-sent event line may reach; a longer one is skipped, not held."""
+JSON_BODY_LIMIT = 4 * 1024**2
+"""Bytes of a non-streamed body kept to read its usage; past it, the count is unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class SloTargets:
+    """The SLO the gateway judges every request against: the scaler's defaults."""
+
+    ttft_seconds: float = 2.0
+    """Time to first token, from the gateway's arrival (``slo_ttft_seconds``)."""
+    itl_seconds: float = 0.1
+    """Mean inter-token latency of one request (``slo_itl_seconds``)."""
+    attainment: float = 0.99
+    """The share of requests that should be within both (``slo_attainment``): reported
+    for dashboards and alerts; the judging does not use it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One request's judgment."""
+
+    within: bool
+    reason: str
+    """One of ``REASONS``."""
+    ttft_seconds: float | None
+    """Arrival to first token (or to the end, without one); None when it failed."""
+    itl_seconds: float | None
+    """Mean inter-token latency; None when not measured (failed, or under two tokens)."""
+
+
+def is_failure(status: int | None) -> bool:
+    """No complete response (None), a 5xx or a 429: outside, whatever the timing."""
+    return status is None or status >= 500 or status == 429
+
+
+def judge(
+    targets: SloTargets,
+    arrival: float,
+    first_token: float | None,
+    end: float,
+    output_tokens: int | None,
+    status: int | None,
+) -> Verdict:
+    """Within or outside the SLO, and why (the rule is the module's docstring).
+
+    Args:
+        targets: the TTFT and ITL targets.
+        arrival: when the request reached the gateway.
+        first_token: when its first token (or first body byte) passed; None if none did.
+        end: when its response ended, failed, or its client left.
+        output_tokens: tokens it generated; None when unknown.
+        status: the HTTP status its client got; None when the response was cut off.
+    """
+    if is_failure(status):
+        return Verdict(False, "failed", None, None)
+    ttft = (end if first_token is None else first_token) - arrival
+    itl = None
+    if first_token is not None and output_tokens is not None and output_tokens > 1:
+        itl = (end - first_token) / (output_tokens - 1)
+    if ttft > targets.ttft_seconds:
+        return Verdict(False, "ttft", ttft, itl)
+    if itl is not None and itl > targets.itl_seconds:
+        return Verdict(False, "itl", ttft, itl)
+    return Verdict(True, "met", ttft, itl)
+
+
+class ResponseMeter:
+    """What one response body says about its tokens, read chunk by chunk as it passes.
+
+    The shell sets ``status`` (the client's, None once cut off) and feeds every chunk with
+    the time it came; ``verdict`` judges the request at its end.
+    """
+
+    def __init__(self, arrival: float) -> None:
+        self.arrival = arrival
+        self.status: int | None = None
+        """The status the client got; None while no response began, or once cut off."""
+        self.first_byte: float | None = None
+        self.first_token: float | None = None
+        """A stream's first event carrying a token (the first byte of any other body)."""
+        self.last_token: float | None = None
+        """A stream's latest event carrying a token."""
+        self.token_events = 0
+        self.usage_tokens: int | None = None
+        """``usage.completion_tokens``, the latest seen."""
+        self._streamed = False
+        self._pending = b""
+        """A stream's bytes after its last full line."""
+        self._body: bytearray | None = bytearray()
+        """Any other body so far; None past ``JSON_BODY_LIMIT``."""
+
+    def begin(self, status: int, streamed: bool) -> None:
+        """The response's headers: its status, and whether it is server-sent events."""
+        self.status, self._streamed = status, streamed
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """A chunk of the body, as it passed at ``now``."""
+        if not chunk:
+            return
+        if self.first_byte is None:
+            self.first_byte = now
+            if not self._streamed:
+                self.first_token = now
+        if self._streamed:
+            self._feed_events(chunk, now)
+        elif self._body is not None:
+            self._body += chunk
+            if len(self._body) > JSON_BODY_LIMIT:
+                self._body = None
+
+    def _feed_events(self, chunk: bytes, now: float) -> None:
+        *lines, rest = (self._pending + chunk).split(b"\n")
+        self._pending = rest if len(rest) <= SSE_LINE_LIMIT else b""
+        for line in lines:
+            event = _event(line)
+            if event is None:
+                continue
+            tokens = _usage_tokens(event)
+            if tokens is not None:
+                self.usage_tokens = tokens
+            if _carries_tokens(event):
+                self.token_events += 1
+                self.last_token = now
+                if self.first_token is None:
+                    self.first_token = now
+
+    def output_tokens(self) -> int | None:
+        """Tokens generated: the usage's count, else the events carrying tokens."""
+        if not self._streamed and self._body:
+            try:
+                body = json.loads(self._body)
+            except (ValueError, RecursionError):
+                body = None
+            self._body = None  # read once
+            if isinstance(body, dict):
+                self.usage_tokens = _usage_tokens(body)
+        if self.usage_tokens is not None:
+            return self.usage_tokens
+        return self.token_events if self._streamed else None
+
+    def verdict(self, targets: SloTargets, end: float, status: int | None) -> Verdict:
+        """The request's judgment, ended at ``end`` with the client's ``status``.
+
+        A stream whose client left (``CLIENT_CLOSED``) after some tokens is judged on those,
+        to the last: the wait after it was the client's, not an inter-token gap.
+        """
+        first = self.first_token if self.first_token is not None else self.first_byte
+        if status == CLIENT_CLOSED and self.last_token is not None:
+            end = self.last_token
+        return judge(targets, self.arrival, first, end, self.output_tokens(), status)
+
+
+def _event(line: bytes) -> dict[str, object] | None:
+    """A ``data:`` line's JSON object; None for anything else (``[DONE]``, comments)."""
+    if not line.startswith(b"data:"):
+        return None
+    try:
+        event = json.loads(line[5:])
+    except (ValueError, RecursionError):
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _usage_tokens(body: dict[str, object]) -> int | None:
+    usage = body.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+        return tokens
+    return None
+
+
+def _carries_tokens(event: dict[str, object]) -> bool:
+    """A choice with text (completions) or a delta with more than its role (chat)."""
+    choices = event.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role"):
+            return True
+    return False

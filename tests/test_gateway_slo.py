@@ -1,0 +1,312 @@
+"""The gateway judges every request against the SLO and tells the scaler how many met it.
+
+The judging is a pure function (``serving.slo.judge``) and a pure body reader
+(``ResponseMeter``), each with its table; then real servers on 127.0.0.1: the gateway in
+front of the simulated replica (fast: within) and of small aiohttp replicas that answer
+late or fail (outside), with the counts read from its ``/metrics`` and its signals.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from foundation.errors import ConfigError
+from foundation.net import free_port
+from protos.unitscale.v1 import signals_pb2 as sig
+from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
+from scaler.core.model import Policy
+from serving.config import GatewayConfig, parse_config
+from serving.gateway_metrics import SLO_SERIES
+from serving.slo import CLIENT_CLOSED, REASONS, ResponseMeter, SloTargets, judge
+from tests.conftest import eventually
+from tests.test_gateway import completion, start_gateway, start_sim, wait_ready
+from tests.test_gateway_faults import Fake, fakes, stream_on_demand
+
+TARGETS = SloTargets(ttft_seconds=2.0, itl_seconds=0.1)
+
+
+@pytest.mark.parametrize(
+    ("arrival", "first_token", "end", "tokens", "status", "within", "reason"),
+    [
+        pytest.param(0, 0.5, 5.5, 51, 200, True, "met", id="a-stream-on-time-with-steady-tokens"),
+        pytest.param(0, 2.5, 3.0, 6, 200, False, "ttft", id="a-first-token-past-the-target"),
+        pytest.param(0, 2.0, 2.0, 1, 200, True, "met", id="a-first-token-exactly-at-the-target"),
+        pytest.param(
+            10, 10.4, 20.9, 101, 200, False, "itl", id="a-mean-itl-of-105ms-misses-100ms"
+        ),
+        pytest.param(10, 10.4, 20.4, 101, 200, True, "met", id="a-mean-itl-of-exactly-100ms"),
+        pytest.param(
+            0, 2.5, 30.0, 101, 200, False, "ttft", id="late-and-slow-is-reported-as-late"
+        ),
+        pytest.param(0, 0.5, 60.0, 1, 200, True, "met", id="one-token-is-judged-on-ttft-alone"),
+        pytest.param(
+            0, 0.5, 60.0, None, 200, True, "met", id="an-unknown-count-is-judged-on-ttft-alone"
+        ),
+        pytest.param(
+            100, 104.0, 104.01, 200, 200, False, "ttft",
+            id="a-non-streamed-answer-is-judged-on-its-whole-latency",
+        ),
+        pytest.param(0, 0.1, 0.2, 8, 500, False, "failed", id="an-upstream-500-however-fast"),
+        pytest.param(0, None, 0.5, None, 502, False, "failed", id="a-502-before-the-headers"),
+        pytest.param(0, None, 120, None, 503, False, "failed", id="a-503-after-the-buffer-wait"),
+        pytest.param(0, None, 0.01, None, 429, False, "failed", id="a-429-from-a-full-buffer"),
+        pytest.param(0, 0.2, 1.0, 5, None, False, "failed", id="a-response-cut-mid-stream"),
+        pytest.param(
+            0, None, 0.3, None, 400, True, "met", id="a-prompt-refused-at-once-is-judged-on-timing"
+        ),
+        pytest.param(
+            0, None, 2.5, 0, 200, False, "ttft", id="an-answer-without-tokens-is-judged-on-its-end"
+        ),
+        pytest.param(
+            0, None, 3.0, None, 499, False, "ttft", id="a-client-leaving-after-the-target-missed-it"
+        ),
+        pytest.param(
+            0, None, 0.5, None, 499, True, "met", id="a-client-leaving-before-the-target-is-no-miss"
+        ),
+        pytest.param(
+            0, 0.5, 0.6, 2, 499, True, "met", id="a-client-stopping-a-stream-on-time-is-no-miss"
+        ),
+    ],
+)  # fmt: skip
+def test_judge(arrival, first_token, end, tokens, status, within, reason):
+    verdict = judge(TARGETS, arrival, first_token, end, tokens, status)
+    assert (verdict.within, verdict.reason) == (within, reason)
+    assert verdict.reason in REASONS
+
+
+def sse(*events: object) -> bytes:
+    return b"".join(
+        b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n"
+        for e in events
+    )
+
+
+TEXT = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
+ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+CONTENT = {"choices": [{"index": 0, "delta": {"content": "a"}}]}
+FINISH = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+USAGE = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 12}}
+WHOLE = {"choices": [{"text": "abc"}], "usage": {"completion_tokens": 3}}
+
+
+@pytest.mark.parametrize(
+    ("streamed", "chunks", "first_token", "tokens"),
+    [
+        pytest.param(
+            True, [(sse(TEXT), 1.0), (sse(TEXT, TEXT), 2.0), (sse(b"[DONE]"), 3.0)], 1.0, 3,
+            id="a-completions-stream-counts-its-token-events",
+        ),
+        pytest.param(
+            True, [(sse(ROLE), 1.0), (sse(CONTENT), 2.0), (sse(FINISH, b"[DONE]"), 3.0)], 2.0, 1,
+            id="a-chat-stream-s-role-and-finish-events-carry-no-token",
+        ),
+        pytest.param(
+            True, [(sse(TEXT), 1.0), (sse(TEXT, USAGE, b"[DONE]"), 2.0)], 1.0, 12,
+            id="a-stream-s-usage-counts-over-its-events",
+        ),
+        pytest.param(
+            True, [(b'data: {"choices": [{"te', 1.0), (b'xt": "a"}]}\n\n', 2.0)], 2.0, 1,
+            id="an-event-split-across-chunks-counts-when-whole",
+        ),
+        pytest.param(
+            True, [(b": keep-alive\n\n", 1.0), (sse(b"not json", TEXT), 2.0)], 2.0, 1,
+            id="comments-and-lines-that-are-not-json-are-skipped",
+        ),
+        pytest.param(
+            True, [(sse(FINISH, b"[DONE]"), 1.0)], None, 0,
+            id="a-stream-with-no-token-has-no-first-token",
+        ),
+        pytest.param(
+            False, [(json.dumps(WHOLE).encode()[:10], 4.0), (json.dumps(WHOLE).encode()[10:], 5.0)],
+            4.0, 3, id="a-json-answer-s-first-byte-and-usage",
+        ),
+        pytest.param(
+            False, [(b"Internal Server Error", 1.0)], 1.0, None,
+            id="a-body-that-is-not-json-has-no-count",
+        ),
+    ],
+)  # fmt: skip
+def test_response_meter(streamed, chunks, first_token, tokens):
+    meter = ResponseMeter(0.0)
+    meter.begin(200, streamed)
+    for chunk, at in chunks:
+        meter.feed(chunk, at)
+    assert (meter.first_token, meter.output_tokens()) == (first_token, tokens)
+
+
+@pytest.mark.parametrize(
+    ("status", "within", "reason"),
+    [
+        pytest.param(200, False, "itl", id="a-stream-ended-long-after-its-last-token-is-slow"),
+        pytest.param(
+            CLIENT_CLOSED, True, "met",
+            id="a-client-leaving-long-after-the-last-token-is-judged-to-that-token",
+        ),
+    ],
+)  # fmt: skip
+def test_a_stream_the_client_left_is_judged_on_its_tokens_so_far(status, within, reason):
+    meter = ResponseMeter(0.0)
+    meter.begin(200, True)
+    meter.feed(sse(TEXT), 0.5)
+    meter.feed(sse(TEXT), 0.55)
+    verdict = meter.verdict(TARGETS, 30.0, status)
+    assert (verdict.within, verdict.reason) == (within, reason)
+
+
+def test_the_gateway_s_slo_defaults_are_the_scaler_s():
+    policy, targets = Policy(), SloTargets()
+    assert targets.ttft_seconds == policy.slo_ttft_seconds
+    assert targets.itl_seconds == policy.slo_itl_seconds
+    assert targets.attainment == policy.slo_attainment
+    assert GatewayConfig().settings().slo == targets
+
+
+def test_an_slo_block_sets_the_targets():
+    config = parse_config("slo: {ttft: 500ms, itl: 50ms, attainment: 0.95}", "gateway.yaml")
+    assert config.settings().slo == SloTargets(0.5, 0.05, 0.95)
+    partial = parse_config("slo: {ttft: 1s}", "gateway.yaml")
+    assert partial.settings().slo == SloTargets(1.0, 0.1, 0.99)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        pytest.param("slo: {ttft: 0s}", ["key 'slo.ttft'", "greater than 0"], id="a-zero-ttft"),
+        pytest.param("slo: {itl: -1}", ["key 'slo.itl'", "non-negative"], id="a-negative-itl"),
+        pytest.param("slo: {ttft: 2h}", ["key 'slo.ttft'", "3600"], id="a-ttft-over-an-hour"),
+        pytest.param(
+            "slo: {attainment: 1.5}", ["key 'slo.attainment'", "less than or equal to 1"],
+            id="an-attainment-above-1",
+        ),
+        pytest.param(
+            "slo: {attainment: 0}", ["key 'slo.attainment'", "greater than 0"],
+            id="an-attainment-of-0",
+        ),
+        pytest.param(
+            "slo: {attainment: .nan}", ["key 'slo.attainment'", "finite"], id="a-nan-attainment"
+        ),
+        pytest.param("slo: {p95: 1s}", ["unknown key 'slo.p95'"], id="an-unknown-slo-key"),
+        pytest.param("slo: 2s", ["key 'slo'"], id="an-slo-that-is-not-a-block"),
+    ],
+)  # fmt: skip
+def test_bad_slo_blocks_are_refused_naming_the_key(text, fragments):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "gateway.yaml")
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+# --- real servers ----------------------------------------------------------------------
+
+
+def slo_counts(gateway) -> dict[tuple[str, str], float]:
+    """``unitscale_gateway_slo_requests_total`` by (result, reason), from /metrics."""
+    text = gateway.gateway.metrics.render().decode()
+    return {
+        (s.labels["result"], s.labels["reason"]): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "unitscale_gateway_slo_requests"
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+def counted(gateway, **expected: float):
+    """Whether the counts are ``expected`` (reason=count) and every other series 0."""
+    counts = slo_counts(gateway)
+    assert set(counts) == set(SLO_SERIES)
+    return counts == {key: expected.get(key[1], 0.0) for key in SLO_SERIES}
+
+
+async def post(gateway, body) -> int:
+    async with (
+        aiohttp.ClientSession() as client,
+        client.post(f"http://127.0.0.1:{gateway.port}/v1/completions", json=body) as r,
+    ):
+        await r.read()
+        return r.status
+
+
+async def test_requests_a_fast_replica_answers_are_within_and_the_signals_carry_the_rates():
+    sim = await start_sim()
+    gateway = await start_gateway([sim.url], rate_window=60.0)
+    try:
+        await wait_ready(gateway, 1)
+        assert await post(gateway, completion(max_tokens=16)) == 200
+        streamed = completion(stream=True, max_tokens=16, stream_options={"include_usage": True})
+        assert await post(gateway, streamed) == 200
+        assert await post(gateway, completion(stream=True, max_tokens=4)) == 200
+        await eventually(lambda: counted(gateway, met=3), "three requests counted within")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
+            answer = await sig_grpc.SignalsServiceStub(channel).GetSignals(sig.GetSignalsRequest())
+        published = answer.signals[0].gateway
+        assert published.HasField("slo_outside_rate")  # a known 0, not unknown
+        assert (published.slo_within_rate, published.slo_outside_rate) == (3 / 60, 0.0)
+        assert published.arrival_rate == 3 / 60  # the same window
+        target = "unitscale_gateway_slo_attainment_target_ratio"
+        assert f'{target}{{deployment="llama",namespace="team-a"}} 0.99' in (
+            gateway.gateway.metrics.render().decode()
+        )
+    finally:
+        await gateway.stop()
+        await sim.stop()
+
+
+async def test_a_first_token_after_the_ttft_target_is_outside():
+    (fake,) = await fakes(stream_on_demand)
+    gateway = await start_gateway([fake.url], rate_window=60.0, slo=SloTargets(ttft_seconds=0.2))
+    try:
+        await wait_ready(gateway, 1)
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion(stream=True)
+            ) as r,
+        ):
+            await eventually(lambda: fake.received == 1, "the replica has the request")
+            held = time.monotonic()  # after the gateway's arrival: its TTFT is longer still
+            await eventually(lambda: time.monotonic() - held > 0.3, "past the TTFT target")
+            fake.chunks.put_nowait(sse(TEXT, TEXT, b"[DONE]"))
+            fake.chunks.put_nowait(None)
+            assert r.status == 200
+            await r.read()
+        await eventually(lambda: counted(gateway, ttft=1), "the late request counted outside")
+        signals = gateway.gateway.feed.snapshot(time.time()).signals
+        assert (signals.slo_within_rate, signals.slo_outside_rate) == (0.0, 1 / 60)
+    finally:
+        await gateway.stop()
+        await fake.stop()
+
+
+async def answer_500(request: web.Request, fake: Fake) -> web.StreamResponse:
+    return web.json_response({"object": "error", "message": "boom", "code": 500}, status=500)
+
+
+async def test_an_upstream_500_is_outside_however_fast():
+    (fake,) = await fakes(answer_500)
+    gateway = await start_gateway([fake.url], rate_window=60.0)
+    try:
+        await wait_ready(gateway, 1)
+        assert await post(gateway, completion()) == 500
+        await eventually(lambda: counted(gateway, failed=1), "the 500 counted outside")
+        signals = gateway.gateway.feed.snapshot(time.time()).signals
+        assert (signals.slo_within_rate, signals.slo_outside_rate) == (0.0, 1 / 60)
+    finally:
+        await gateway.stop()
+        await fake.stop()
+
+
+async def test_a_request_dropped_from_a_full_buffer_is_outside():
+    gateway = await start_gateway([f"http://127.0.0.1:{free_port()}"], buffer_size=0)
+    try:
+        assert await post(gateway, completion()) == 429
+        await eventually(lambda: counted(gateway, failed=1), "the drop counted outside")
+    finally:
+        await gateway.stop()
