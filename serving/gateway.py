@@ -34,7 +34,8 @@ chosen), and a sleeper is woken early when the running target lacks awake replic
 Without a plan to act on (no scaler, no ScaledObject, no decision) nothing is slept.
 
 Every request that counts as an arrival is judged against the SLO when it ends
-(``serving.slo``: its TTFT from its arrival here, its mean inter-token latency, whether it
+(``serving.slo``: a stream's TTFT from its arrival here and its mean inter-token latency,
+a non-streamed answer's whole latency against the budget both give its tokens, whether it
 failed or was dropped from the buffer) and counted within or outside, in the metrics and
 in the ``slo_within_rate`` and ``slo_outside_rate`` the scaler reads.
 

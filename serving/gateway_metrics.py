@@ -114,7 +114,8 @@ class GatewayMetrics:
         self._slo = Counter(
             "unitscale_gateway_slo_requests",
             "Requests judged against the SLO when they ended: within or outside, and why"
-            " (met; ttft, itl: a target missed; failed: 5xx, 429, cut off).",
+            " (met; ttft, itl: a stream's target missed; latency: a non-streamed answer over"
+            " ttft + (tokens - 1) * itl; failed: 5xx, 429, cut off).",
             [*labels, "result", "reason"],
             registry=r,
         )

@@ -9,14 +9,19 @@ The rule, for targets ``ttft`` and ``itl``:
 
 - **failed** (outside): no complete response (cut or stalled mid-body), a 5xx (the
   gateway's own 502, 503 and 504 among them) or a 429 (the buffer was full);
-- **ttft** (outside): the first token came more than ``ttft`` after the arrival. A streamed
-  response's first token is its first server-sent event that carries one; any other
-  response's is its first body byte, which a non-streamed answer sends after its last
-  token: it is judged on its whole latency. With no token at all, the end counts;
-- **itl** (outside): the mean inter-token latency, ``(end - first token) / (tokens - 1)``,
-  is above ``itl``. Tokens are the body's ``usage.completion_tokens`` when it has one (a
-  JSON answer, or the last event that carries usage), else the events that carry tokens.
-  One token (or an unknown count) is judged on TTFT alone;
+- **ttft** (outside): a stream's first token came more than ``ttft`` after the arrival. Its
+  first token is its first server-sent event that carries one; with no token at all, the
+  end counts. A request that got no response at all is judged so too: it waited;
+- **itl** (outside): a stream's mean inter-token latency, ``(end - first token) / (tokens -
+  1)``, is above ``itl``. Tokens are the body's ``usage.completion_tokens`` when it has one
+  (the last event that carries usage), else the events that carry tokens. One token (or
+  an unknown count) is judged on TTFT alone;
+- **latency** (outside): a non-streamed response (not server-sent events) took longer,
+  ``end - arrival``, than the budget the two targets give its ``n`` tokens together,
+  ``ttft + (n - 1) * itl``: the latest end of a stream that met both. Its first byte
+  comes after its last token, so it has no TTFT of its own to judge. ``n`` is its JSON's
+  ``usage.completion_tokens``; with no count (an error body, a client that left before
+  the answer) or under two tokens the budget is ``ttft``;
 - **met** (within): otherwise; a bound is met when equal.
 
 A request whose client left (``CLIENT_CLOSED``) is judged on what it had seen: late if its
@@ -25,7 +30,11 @@ slower than ``itl``; a user stopping a stream on time is no miss.
 
 Worked example, targets 2 s and 100 ms: a stream whose first token comes 0.4 s after
 arrival and whose 101st and last at 10.9 s has a mean ITL of (10.9 - 0.4) / 100 = 105 ms:
-outside, ``itl``. The same stream ending at 10.4 s (100 ms) is within.
+outside, ``itl``. The same stream ending at 10.4 s (100 ms) is within. Non-streamed, the
+same 101 tokens have a budget of 2 + 100 * 0.1 = 12 s: an answer whose last byte comes
+10.9 s after arrival is within (its first byte came at 10.9 s too, far past ``ttft``),
+one at 12.5 s is outside, ``latency``. The budget is shared: a slow prefill is made up
+for by fast decoding, which a client that waits for the whole answer cannot tell apart.
 
 A 4xx other than 429 (a prompt too long for the model, say) is judged on its timing as any
 answer: the replica answered, and more replicas would not have answered it otherwise.
@@ -36,7 +45,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-REASONS = ("met", "ttft", "itl", "failed")
+REASONS = ("met", "ttft", "itl", "latency", "failed")
 """A verdict's ``reason``: ``met`` is within, the others outside."""
 CLIENT_CLOSED = 499
 """The status (nginx's) of a request whose client left: judged on what it had seen."""
@@ -67,14 +76,28 @@ class Verdict:
     reason: str
     """One of ``REASONS``."""
     ttft_seconds: float | None
-    """Arrival to first token (or to the end, without one); None when it failed."""
+    """Arrival to first token (to the end without one, or for a non-streamed response);
+    None when it failed."""
     itl_seconds: float | None
-    """Mean inter-token latency; None when not measured (failed, or under two tokens)."""
+    """Mean inter-token latency; None when not measured (failed, non-streamed, or under
+    two tokens)."""
 
 
 def is_failure(status: int | None) -> bool:
     """No complete response (None), a 5xx or a 429: outside, whatever the timing."""
     return status is None or status >= 500 or status == 429
+
+
+def latency_budget(targets: SloTargets, output_tokens: int | None) -> float:
+    """The longest a non-streamed answer of ``output_tokens`` may take: within both targets.
+
+    A stream whose first token came at ``ttft`` and whose next ``n - 1`` each came ``itl``
+    apart ends at ``ttft + (n - 1) * itl``: 2 + 199 * 0.1 = 21.9 s for 200 tokens at
+    2 s and 100 ms. With no count, or under two tokens, the budget is ``ttft``.
+    """
+    if output_tokens is None or output_tokens < 2:
+        return targets.ttft_seconds
+    return targets.ttft_seconds + (output_tokens - 1) * targets.itl_seconds
 
 
 def judge(
@@ -84,19 +107,28 @@ def judge(
     end: float,
     output_tokens: int | None,
     status: int | None,
+    streamed: bool,
 ) -> Verdict:
     """Within or outside the SLO, and why (the rule is the module's docstring).
 
     Args:
         targets: the TTFT and ITL targets.
         arrival: when the request reached the gateway.
-        first_token: when its first token (or first body byte) passed; None if none did.
+        first_token: when a stream's first token (or first byte) passed; None if none
+            did. Not read for a non-streamed response.
         end: when its response ended, failed, or its client left.
         output_tokens: tokens it generated; None when unknown.
         status: the HTTP status its client got; None when the response was cut off.
+        streamed: False for a non-streamed response (not server-sent events), judged on
+            its whole latency; True for a stream, or a request that got no response.
     """
     if is_failure(status):
         return Verdict(False, "failed", None, None)
+    if not streamed:
+        latency = end - arrival
+        if latency > latency_budget(targets, output_tokens):
+            return Verdict(False, "latency", latency, None)
+        return Verdict(True, "met", latency, None)
     ttft = (end if first_token is None else first_token) - arrival
     itl = None
     if first_token is not None and output_tokens is not None and output_tokens > 1:
@@ -127,7 +159,8 @@ class ResponseMeter:
         self.token_events = 0
         self.usage_tokens: int | None = None
         """``usage.completion_tokens``, the latest seen."""
-        self._streamed = False
+        self._streamed: bool | None = None
+        """Whether the response is server-sent events; None until its headers came."""
         self._pending = b""
         """A stream's bytes after its last full line."""
         self._body: bytearray | None = bytearray()
@@ -186,12 +219,15 @@ class ResponseMeter:
         """The request's judgment, ended at ``end`` with the client's ``status``.
 
         A stream whose client left (``CLIENT_CLOSED``) after some tokens is judged on those,
-        to the last: the wait after it was the client's, not an inter-token gap.
+        to the last: the wait after it was the client's, not an inter-token gap. A request
+        whose response never began is judged as a stream: on its wait for a first token.
         """
         first = self.first_token if self.first_token is not None else self.first_byte
         if status == CLIENT_CLOSED and self.last_token is not None:
             end = self.last_token
-        return judge(targets, self.arrival, first, end, self.output_tokens(), status)
+        streamed = self._streamed is not False
+        tokens = self.output_tokens()
+        return judge(targets, self.arrival, first, end, tokens, status, streamed)
 
 
 def _event(line: bytes) -> dict[str, object] | None:

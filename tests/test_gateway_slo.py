@@ -8,6 +8,7 @@ late or fail (outside), with the counts read from its ``/metrics`` and its signa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -24,7 +25,14 @@ from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from scaler.core.model import Policy
 from serving.config import GatewayConfig, parse_config
 from serving.gateway_metrics import SLO_SERIES
-from serving.slo import CLIENT_CLOSED, REASONS, ResponseMeter, SloTargets, judge
+from serving.slo import (
+    CLIENT_CLOSED,
+    REASONS,
+    ResponseMeter,
+    SloTargets,
+    judge,
+    latency_budget,
+)
 from tests.conftest import eventually
 from tests.test_gateway import completion, start_gateway, start_sim, wait_ready
 from tests.test_gateway_faults import Fake, fakes, stream_on_demand
@@ -32,53 +40,104 @@ from tests.test_gateway_faults import Fake, fakes, stream_on_demand
 TARGETS = SloTargets(ttft_seconds=2.0, itl_seconds=0.1)
 
 
+S, J = True, False
+"""A stream (server-sent events), and a non-streamed (JSON) response."""
+
+
 @pytest.mark.parametrize(
-    ("arrival", "first_token", "end", "tokens", "status", "within", "reason"),
+    ("streamed", "arrival", "first_token", "end", "tokens", "status", "within", "reason"),
     [
-        pytest.param(0, 0.5, 5.5, 51, 200, True, "met", id="a-stream-on-time-with-steady-tokens"),
-        pytest.param(0, 2.5, 3.0, 6, 200, False, "ttft", id="a-first-token-past-the-target"),
-        pytest.param(0, 2.0, 2.0, 1, 200, True, "met", id="a-first-token-exactly-at-the-target"),
         pytest.param(
-            10, 10.4, 20.9, 101, 200, False, "itl", id="a-mean-itl-of-105ms-misses-100ms"
+            S, 0, 0.5, 5.5, 51, 200, True, "met", id="a-stream-on-time-with-steady-tokens"
         ),
-        pytest.param(10, 10.4, 20.4, 101, 200, True, "met", id="a-mean-itl-of-exactly-100ms"),
+        pytest.param(S, 0, 2.5, 3.0, 6, 200, False, "ttft", id="a-first-token-past-the-target"),
+        pytest.param(S, 0, 2.0, 2.0, 1, 200, True, "met", id="a-first-token-exactly-at-the-target"),
         pytest.param(
-            0, 2.5, 30.0, 101, 200, False, "ttft", id="late-and-slow-is-reported-as-late"
+            S, 10, 10.4, 20.9, 101, 200, False, "itl", id="a-mean-itl-of-105ms-misses-100ms"
         ),
-        pytest.param(0, 0.5, 60.0, 1, 200, True, "met", id="one-token-is-judged-on-ttft-alone"),
+        pytest.param(S, 10, 10.4, 20.4, 101, 200, True, "met", id="a-mean-itl-of-exactly-100ms"),
         pytest.param(
-            0, 0.5, 60.0, None, 200, True, "met", id="an-unknown-count-is-judged-on-ttft-alone"
+            S, 0, 2.5, 30.0, 101, 200, False, "ttft", id="late-and-slow-is-reported-as-late"
         ),
+        pytest.param(S, 0, 0.5, 60.0, 1, 200, True, "met", id="one-token-is-judged-on-ttft-alone"),
         pytest.param(
-            100, 104.0, 104.01, 200, 200, False, "ttft",
-            id="a-non-streamed-answer-is-judged-on-its-whole-latency",
-        ),
-        pytest.param(0, 0.1, 0.2, 8, 500, False, "failed", id="an-upstream-500-however-fast"),
-        pytest.param(0, None, 0.5, None, 502, False, "failed", id="a-502-before-the-headers"),
-        pytest.param(0, None, 120, None, 503, False, "failed", id="a-503-after-the-buffer-wait"),
-        pytest.param(0, None, 0.01, None, 429, False, "failed", id="a-429-from-a-full-buffer"),
-        pytest.param(0, 0.2, 1.0, 5, None, False, "failed", id="a-response-cut-mid-stream"),
-        pytest.param(
-            0, None, 0.3, None, 400, True, "met", id="a-prompt-refused-at-once-is-judged-on-timing"
+            S, 0, 0.5, 60.0, None, 200, True, "met", id="an-unknown-count-is-judged-on-ttft-alone"
         ),
         pytest.param(
-            0, None, 2.5, 0, 200, False, "ttft", id="an-answer-without-tokens-is-judged-on-its-end"
+            J, 10, 20.9, 20.9, 101, 200, True, "met",
+            id="a-long-non-streamed-answer-within-its-budget-is-within-though-its-first-byte-is-late",
         ),
         pytest.param(
-            0, None, 3.0, None, 499, False, "ttft", id="a-client-leaving-after-the-target-missed-it"
+            J, 0, 3.0, 3.0, 11, 200, True, "met",
+            id="a-non-streamed-answer-exactly-at-its-budget-of-ttft-plus-itl-per-further-token",
         ),
         pytest.param(
-            0, None, 0.5, None, 499, True, "met", id="a-client-leaving-before-the-target-is-no-miss"
+            J, 10, 22.5, 22.5, 101, 200, False, "latency",
+            id="a-non-streamed-answer-past-its-budget-is-outside-on-latency",
         ),
         pytest.param(
-            0, 0.5, 0.6, 2, 499, True, "met", id="a-client-stopping-a-stream-on-time-is-no-miss"
+            J, 0, 1.0, 2.5, 2, 200, False, "latency",
+            id="a-non-streamed-answer-is-judged-to-its-end-not-its-first-byte",
+        ),
+        pytest.param(
+            J, 0, 2.5, 2.5, None, 200, False, "latency",
+            id="a-non-streamed-answer-of-unknown-count-is-judged-against-ttft",
+        ),
+        pytest.param(
+            J, 0, 1.9, 1.9, 1, 200, True, "met",
+            id="a-non-streamed-answer-of-one-token-is-judged-against-ttft",
+        ),
+        pytest.param(
+            J, 0, 2.5, 2.5, 0, 200, False, "latency",
+            id="a-non-streamed-answer-without-tokens-is-judged-against-ttft",
+        ),
+        pytest.param(S, 0, 0.1, 0.2, 8, 500, False, "failed", id="an-upstream-500-however-fast"),
+        pytest.param(
+            J, 0, 0.1, 0.2, None, 500, False, "failed", id="a-non-streamed-500-however-fast"
+        ),
+        pytest.param(S, 0, None, 0.5, None, 502, False, "failed", id="a-502-before-the-headers"),
+        pytest.param(S, 0, None, 120, None, 503, False, "failed", id="a-503-after-the-buffer-wait"),
+        pytest.param(S, 0, None, 0.01, None, 429, False, "failed", id="a-429-from-a-full-buffer"),
+        pytest.param(S, 0, 0.2, 1.0, 5, None, False, "failed", id="a-response-cut-mid-stream"),
+        pytest.param(
+            J, 0, 0.3, 0.3, None, 400, True, "met",
+            id="a-prompt-refused-at-once-is-judged-on-timing",
+        ),
+        pytest.param(
+            S, 0, None, 2.5, 0, 200, False, "ttft",
+            id="a-stream-without-tokens-is-judged-on-its-end",
+        ),
+        pytest.param(
+            S, 0, None, 3.0, None, 499, False, "ttft",
+            id="a-client-leaving-unanswered-after-the-target-missed-it",
+        ),
+        pytest.param(
+            S, 0, None, 0.5, None, 499, True, "met",
+            id="a-client-leaving-unanswered-before-the-target-is-no-miss",
+        ),
+        pytest.param(
+            S, 0, 0.5, 0.6, 2, 499, True, "met", id="a-client-stopping-a-stream-on-time-is-no-miss"
         ),
     ],
 )  # fmt: skip
-def test_judge(arrival, first_token, end, tokens, status, within, reason):
-    verdict = judge(TARGETS, arrival, first_token, end, tokens, status)
+def test_judge(streamed, arrival, first_token, end, tokens, status, within, reason):
+    verdict = judge(TARGETS, arrival, first_token, end, tokens, status, streamed)
     assert (verdict.within, verdict.reason) == (within, reason)
     assert verdict.reason in REASONS
+
+
+@pytest.mark.parametrize(
+    ("tokens", "budget"),
+    [
+        pytest.param(None, 2.0, id="an-unknown-count-has-the-ttft"),
+        pytest.param(0, 2.0, id="no-token-has-the-ttft"),
+        pytest.param(1, 2.0, id="one-token-has-the-ttft"),
+        pytest.param(2, 2.1, id="a-second-token-adds-one-itl"),
+        pytest.param(200, 2 + 199 * 0.1, id="200-tokens-have-the-end-of-a-stream-that-met-both"),
+    ],
+)
+def test_latency_budget(tokens, budget):
+    assert latency_budget(TARGETS, tokens) == pytest.approx(budget)
 
 
 def sse(*events: object) -> bytes:
@@ -94,6 +153,7 @@ CONTENT = {"choices": [{"index": 0, "delta": {"content": "a"}}]}
 FINISH = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
 USAGE = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 12}}
 WHOLE = {"choices": [{"text": "abc"}], "usage": {"completion_tokens": 3}}
+LONG = {"choices": [{"text": "a" * 200}], "usage": {"completion_tokens": 200}}
 
 
 @pytest.mark.parametrize(
@@ -158,6 +218,40 @@ def test_a_stream_the_client_left_is_judged_on_its_tokens_so_far(status, within,
     meter.feed(sse(TEXT), 0.55)
     verdict = meter.verdict(TARGETS, 30.0, status)
     assert (verdict.within, verdict.reason) == (within, reason)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "end", "status", "within", "reason"),
+    [
+        pytest.param(
+            [(json.dumps(WHOLE).encode(), 2.5)], 2.5, 200, False, "latency",
+            id="a-json-answer-of-3-tokens-past-2-2s-misses-its-budget",
+        ),
+        pytest.param(
+            [(json.dumps(LONG).encode(), 20.0)], 20.0, 200, True, "met",
+            id="a-json-answer-of-200-tokens-at-20s-is-within-its-budget",
+        ),
+        pytest.param(
+            [], 3.0, CLIENT_CLOSED, False, "latency",
+            id="a-client-leaving-a-json-answer-unfinished-past-the-ttft-missed-it",
+        ),
+    ],
+)  # fmt: skip
+def test_a_non_streamed_response_is_judged_on_its_whole_latency(
+    chunks, end, status, within, reason
+):
+    meter = ResponseMeter(0.0)
+    meter.begin(200, False)
+    for chunk, at in chunks:
+        meter.feed(chunk, at)
+    verdict = meter.verdict(TARGETS, end, status)
+    assert (verdict.within, verdict.reason) == (within, reason)
+    assert (verdict.ttft_seconds, verdict.itl_seconds) == (end, None)
+
+
+def test_a_request_whose_response_never_began_is_judged_on_its_wait_for_a_first_token():
+    verdict = ResponseMeter(0.0).verdict(TARGETS, 3.0, CLIENT_CLOSED)
+    assert (verdict.within, verdict.reason, verdict.ttft_seconds) == (False, "ttft", 3.0)
 
 
 def test_the_gateway_s_slo_defaults_are_the_scaler_s():
@@ -280,6 +374,32 @@ async def test_a_first_token_after_the_ttft_target_is_outside():
         await eventually(lambda: counted(gateway, ttft=1), "the late request counted outside")
         signals = gateway.gateway.feed.snapshot(time.time()).signals
         assert (signals.slo_within_rate, signals.slo_outside_rate) == (0.0, 1 / 60)
+    finally:
+        await gateway.stop()
+        await fake.stop()
+
+
+async def answer_json_late(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """A non-streamed answer of ``max_tokens`` tokens, 0.3 s after the request."""
+    tokens = (await request.json())["max_tokens"]
+    await asyncio.sleep(0.3)
+    choice = {"index": 0, "text": "a" * tokens, "finish_reason": "length"}
+    return web.json_response({"choices": [choice], "usage": {"completion_tokens": tokens}})
+
+
+async def test_a_non_streamed_answer_is_judged_on_its_whole_latency_against_its_budget():
+    """Both answers' first byte comes 0.3 s after arrival, past a TTFT target of 0.2 s.
+
+    100 tokens have a budget of 0.2 + 99 * 0.1 = 10.1 s: within. One token has 0.2 s:
+    outside, on its latency.
+    """
+    (fake,) = await fakes(answer_json_late)
+    gateway = await start_gateway([fake.url], rate_window=60.0, slo=SloTargets(ttft_seconds=0.2))
+    try:
+        await wait_ready(gateway, 1)
+        assert await post(gateway, completion(max_tokens=100)) == 200
+        assert await post(gateway, completion(max_tokens=1)) == 200
+        await eventually(lambda: counted(gateway, met=1, latency=1), "one within, one late")
     finally:
         await gateway.stop()
         await fake.stop()
