@@ -35,6 +35,29 @@ def one_copy(expr: str) -> str:
     return f"max without (instance, pod) ({expr})"
 
 
+SLO_REQUESTS = "unitscale_gateway_slo_requests_total"
+"""The gateway's judgment of every request: ``result`` within or outside, and ``reason``."""
+SLO_TARGET = "unitscale_gateway_slo_attainment_target_ratio"
+"""The gateway's attainment target (its ``slo`` block), on every gateway replica."""
+
+
+def attainment(selector: str, window: str, by: str = "") -> str:
+    """Requests within over requests judged, over ``window``, summed over gateway replicas.
+
+    Each gateway replica counts the requests it judged: a sum counts each once. No request
+    judged is 0/0, which PromQL keeps as NaN: a gap, not 0% or 100%.
+    """
+    grouping = f" by ({by})" if by else ""
+    within = f'sum{grouping} (rate({SLO_REQUESTS}{{{selector}, result="within"}}[{window}]))'
+    judged = f"sum{grouping} (rate({SLO_REQUESTS}{{{selector}}}[{window}]))"
+    return f"{within} / {judged}"
+
+
+def missed(selector: str, by: str) -> str:
+    """Requests per second judged outside the SLO over 5 minutes, by ``by`` (with reason)."""
+    return f'sum by ({by}) (rate({SLO_REQUESTS}{{{selector}, result="outside"}}[5m]))'
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """One PromQL expression and its legend."""

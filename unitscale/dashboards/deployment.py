@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from unitscale.dashboards.build import (
+    SLO_TARGET,
     Board,
     Panel,
     Query,
     Row,
+    attainment,
     label_variable,
+    missed,
     one_copy,
     slo_variables,
     the_datasource,
@@ -212,10 +215,33 @@ def _quantiles(metric: str, slo: str) -> tuple[Query, ...]:
     return (*stable, panic, Query(f"vector(${slo})", "SLO"))
 
 
+def _slo_panels() -> tuple[Panel, ...]:
+    """The share of requests the gateway judged within the SLO, and why the others missed."""
+    return (
+        Panel(
+            "SLO attainment",
+            "What share of requests met the SLO (TTFT and mean ITL), against the target?",
+            "percentunit",
+            (
+                Query(attainment(D, "5m"), "within (5m)"),
+                Query(attainment(D, "1h"), "within (1h)"),
+                Query(f"max({SLO_TARGET}{{{D}}})", "target"),
+            ),
+        ),
+        Panel(
+            "Why requests missed",
+            "Why were requests outside the SLO: late, slow tokens, too slow an answer, failed?",
+            "reqps",
+            (Query(missed(D, "reason"), "{{reason}}"),),
+        ),
+    )
+
+
 def _latency_row() -> Row:
     return Row(
         "Latency",
         (
+            *_slo_panels(),
             Panel(
                 "Time to first token",
                 "Do users wait too long for the first token (the TTFT SLO)?",

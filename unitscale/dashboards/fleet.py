@@ -9,11 +9,14 @@ is the gauge's hours (accelerator-hours for ``unitscale_accelerators``, US$ for
 from __future__ import annotations
 
 from unitscale.dashboards.build import (
+    SLO_TARGET,
     Board,
     Panel,
     Query,
     Row,
+    attainment,
     label_variable,
+    missed,
     one_copy,
     slo_variables,
     the_datasource,
@@ -175,6 +178,23 @@ def _slo_row() -> Row:
     return Row(
         "SLO attainment",
         (
+            Panel(
+                "SLO attainment",
+                "What share of the fleet's requests met the SLO, and which deployments fall short?",
+                "percentunit",
+                (
+                    Query(attainment(N, "5m"), "fleet (5m)"),
+                    Query(attainment(N, "1h"), "fleet (1h)"),
+                    Query(attainment(N, "1h", BY), "{{deployment}} (1h)"),
+                    Query(f"max({SLO_TARGET}{{{N}}})", "target"),
+                ),
+            ),
+            Panel(
+                "Why requests missed",
+                "Which deployments' requests miss the SLO, and why?",
+                "reqps",
+                (Query(missed(N, f"{BY}, reason"), "{{deployment}} {{reason}}"),),
+            ),
             Panel(
                 "TTFT SLO attainment",
                 "For what share of the time was p95 time to first token within its SLO?",
