@@ -36,6 +36,17 @@ BURN_TIERS = (
     (1.0, "3d", "6h", "warning", "1h"),  # 10% in three days: a ticket
 )
 SLO_BY = "namespace, model_name"  # vLLM labels its series by model_name
+# The same form over the gateway's judgment of every request (attainment: within the TTFT
+# and mean-ITL targets of its slo block). A fast burn pages; a slower one is a ticket: the
+# scaler's attainment loop raises its headroom by itself, a person looks within the day.
+ATTAINMENT_BURN_TIERS = (
+    # (burn rate, long window, short window, severity, for)
+    (14.4, "1h", "5m", "critical", "2m"),  # 2% of the budget in an hour: page
+    (6.0, "6h", "30m", "warning", "15m"),  # 5% in six hours: a ticket
+)
+ATTAINMENT_BY = "namespace, deployment"  # the gateway labels its series by deployment
+ATTAINMENT_BUDGET = "unitscale:gateway_slo_error_budget:ratio"
+"""The recorded error budget, 1 - the gateway's attainment target (its ``slo`` block)."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +258,68 @@ def slo_rules(s: Settings) -> dict[str, Any]:
     return {"name": "unitscale-slo", "rules": rules}
 
 
+# The alert's target, read back from the gateway's gauge when the alert is rendered.
+_TARGET = (
+    '{{ with printf "max(unitscale_gateway_slo_attainment_target_ratio'
+    '{namespace=%q, deployment=%q})" $labels.namespace $labels.deployment | query }}'
+    "{{ . | first | value | humanizePercentage }}{{ end }}"
+)
+
+
+def attainment_ratio_name(window: str) -> str:
+    """The recorded share of requests the gateway judged outside the SLO, over ``window``."""
+    return f"unitscale:gateway_slo_errors:ratio_rate{window}"
+
+
+def _attainment_error_ratio(window: str) -> str:
+    counter = "unitscale_gateway_slo_requests_total"
+    return (
+        f'sum by ({ATTAINMENT_BY}) (rate({counter}{{result="outside"}}[{window}]))\n/\n'
+        f"sum by ({ATTAINMENT_BY}) (rate({counter}[{window}]))"
+    )
+
+
+def attainment_rules(s: Settings) -> dict[str, Any]:
+    """Multi-window, multi-burn-rate alerts on the requests the gateway judged outside.
+
+    The target is the gateway's own (``unitscale_gateway_slo_attainment_target_ratio``,
+    its ``slo`` block's ``attainment``), so the block that judges the requests and steers
+    the scaler also sets the budget: no setting here. Every gateway replica exports it;
+    the highest (the strictest, while a reload rolls out) is the target.
+    """
+    windows = sorted({w for t in ATTAINMENT_BURN_TIERS for w in t[1:3]}, key=_seconds)
+    rules: list[dict[str, Any]] = [
+        {
+            "record": ATTAINMENT_BUDGET,
+            "expr": f"1 - max by ({ATTAINMENT_BY}) (unitscale_gateway_slo_attainment_target_ratio)",
+        },
+        *(
+            {"record": attainment_ratio_name(w), "expr": _attainment_error_ratio(w)}
+            for w in windows
+        ),
+    ]
+    for rate, long, short, severity, duration in ATTAINMENT_BURN_TIERS:
+        factor = _number(rate)
+        rules.append(
+            _alert(
+                s,
+                "UnitscaleAttainmentBudgetBurn",
+                f"{attainment_ratio_name(long)} > {factor} * {ATTAINMENT_BUDGET}\n"
+                f"and\n{attainment_ratio_name(short)} > {factor} * {ATTAINMENT_BUDGET}",
+                duration,
+                {"severity": severity, "component": "slo", "burn_window": f"{long}/{short}"},
+                "{{ $labels.namespace }}/{{ $labels.deployment }} spends its SLO error budget"
+                f" {factor}x too fast ({long}/{short})",
+                "{{ $value | humanizePercentage }} of the requests of the last"
+                f" {long} (and too many of the last {short}) were outside the SLO (a late"
+                " first token, slow tokens, too slow an answer, or failed); the target is"
+                f" {_TARGET} within. The scaler's reason says whether its attainment"
+                " headroom is rising.",
+            )
+        )
+    return {"name": "unitscale-attainment", "rules": rules}
+
+
 def cost_rules(s: Settings) -> dict[str, Any]:
     """Cost per 1M tokens over the budget."""
     budget = _number(s.cost_budget)
@@ -321,6 +394,7 @@ def groups(settings: Settings) -> list[dict[str, Any]]:
         signal_rules(settings),
         scaler_rules(settings),
         slo_rules(settings),
+        attainment_rules(settings),
         cost_rules(settings),
         prewarm_rules(settings),
     ]
