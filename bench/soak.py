@@ -742,10 +742,10 @@ class Timing:
 
     @classmethod
     def of(cls, seconds: float, faults: int, plan: Plan) -> Timing:
-        # Warm: the scaler's answer settled, the start's forecast peak out of its
-        # scale-down window and delay (a drop after that would be the faults').
+        # Warm: the scaler's answer settled, the start's peak out of its scale-down
+        # window and delay (a drop after that would be the faults').
         p = plan.policy
-        settled = plan.wall(p.forecast_lookback + p.scale_down_window + p.scale_down_delay)
+        settled = plan.wall(p.scale_down_window + p.scale_down_delay)
         warmup, tail = min(max(20.0, 2 * settled), 0.3 * seconds), min(10.0, 0.06 * seconds)
         slot = (seconds - warmup - tail) / faults
         hold = min(5.0, slot / 3)

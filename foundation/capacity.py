@@ -8,6 +8,9 @@ carrying the decoding sequences plus up to ``max_num_batched_tokens`` of waiting
 tokens and reading the weights once (``Profile.mixed_step_seconds``). The replay's
 physics is the evidence: ``tests/test_capacity.py`` bisects the rate at which simulated
 replicas start to breach, and this is within 10% of it on every row of its table.
+The p95s are the default ``tail`` (0.05: the share of requests each limit may leave
+over its target); another tail sizes a replica for another quantile with the same
+formulas (the Poisson count's, the queues' exponential tails, the pick-up's).
 
 **The engine at rate λ** (prompt P, output O; a decoding sequence holds P + O/2 tokens
 on average). Per second the replica spends ``u_p = λ·P·g(c)`` prefilling (``g(c) =
@@ -64,12 +67,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from foundation.replica_model import Profile
 
-Z95 = 1.645
-"""The standard normal's 95th percentile."""
 P95_TAIL = 0.05
+"""The share of requests a p95 target leaves outside: the default ``tail``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,8 @@ class _Mix:
     prompt: float
     output: float
     admission_interval: float
+    tail: float = P95_TAIL
+    """The share of requests each limit may leave over its target (0.05: the p95s)."""
 
     @property
     def context(self) -> float:
@@ -215,15 +220,15 @@ def _state(mix: _Mix, rate: float) -> _State | None:
     )
 
     # TTFT p95: pick-up + own prefill + behind other prompts + for a seat.
-    pick_up = max(0.95 * step, 0.45 * mix.admission_interval)
+    pick_up = max((1.0 - mix.tail) * step, 0.45 * mix.admission_interval)
     # Queued prompts run as full chunks, the budget left beside the decodes.
     full = max(budget - batch, 1.0)
     service = mix.prompt * (decode_step + _ms(p, p1 * full + p2 * full * full)) / full
-    prefill_wait = _kingman_md1_p95(rate, service)
+    prefill_wait = _kingman_md1_quantile(rate, service, mix.tail)
     lifetime = own + mix.gaps * step
     running = rate * lifetime
     seats = mix.seats
-    seat_wait = _mdc_wait_p95(rate, lifetime, seats)
+    seat_wait = _mdc_wait_quantile(rate, lifetime, seats, mix.tail)
     ttft_p95 = pick_up + own + prefill_wait + seat_wait
     return _State(
         rate=rate,
@@ -275,7 +280,7 @@ def _busy_window_step(
     decode_step, arrivals = weights + per_seq * batch, 0.0
     for attempt in range(200):
         mean = rate * (max(window, tick) + prefill_time)
-        arrivals = _poisson_p95(mean)
+        arrivals = _poisson_quantile(mean, mix.tail)
         decode_step = weights + per_seq * max(batch + 0.5 * (arrivals - mean), 1.0)
         stall = min(prefill * arrivals, mix.gaps * chunk_cost)
         new_window = mix.gaps * decode_step + stall
@@ -293,34 +298,35 @@ def _busy_window_step(
     return decode_step * tick / (tick - stall)
 
 
-def _poisson_p95(mean: float) -> float:
-    """The 95th percentile of a Poisson count (an integer; Cornish-Fisher when large)."""
+def _poisson_quantile(mean: float, tail: float) -> float:
+    """The ``1 - tail`` quantile of a Poisson count (an integer; Cornish-Fisher when large)."""
     if mean <= 0:
         return 0.0
     if mean > 500:
-        return math.ceil(mean + Z95 * math.sqrt(mean) + (Z95 * Z95 - 1.0) / 6.0)
+        z = NormalDist().inv_cdf(1.0 - tail)
+        return math.ceil(mean + z * math.sqrt(mean) + (z * z - 1.0) / 6.0)
     term = math.exp(-mean)
     total, count = term, 0
-    while total < 1.0 - P95_TAIL:
+    while total < 1.0 - tail:
         count += 1
         term *= mean / count
         total += term
     return float(count)
 
 
-def _kingman_md1_p95(rate: float, service: float) -> float:
-    """p95 wait of an M/D/1 queue: ``P(W > t) ≈ ρ·exp(-t/θ)``, ``θ = S / (2(1-ρ))``."""
+def _kingman_md1_quantile(rate: float, service: float, tail: float) -> float:
+    """M/D/1 wait exceeded by ``tail``: ``P(W > t) ≈ ρ·exp(-t/θ)``, ``θ = S / (2(1-ρ))``."""
     rho = rate * service
     if rho >= 1.0:
         return math.inf
-    if rho <= P95_TAIL:
+    if rho <= tail:
         return 0.0
     theta = service / (2.0 * (1.0 - rho))
-    return theta * math.log(rho / P95_TAIL)
+    return theta * math.log(rho / tail)
 
 
-def _mdc_wait_p95(rate: float, service: float, servers: int) -> float:
-    """p95 wait for one of ``servers`` seats, each held ``service`` seconds.
+def _mdc_wait_quantile(rate: float, service: float, servers: int, tail: float) -> float:
+    """Wait for one of ``servers`` seats, each held ``service`` seconds, exceeded by ``tail``.
 
     Erlang C gives the chance to wait and the M/M/c wait's exponential tail (rate
     ``c/S - λ``); deterministic service halves the wait (the M/D/c approximation).
@@ -335,10 +341,10 @@ def _mdc_wait_p95(rate: float, service: float, servers: int) -> float:
         erlang_b = offered * erlang_b / (k + offered * erlang_b)
     utilisation = offered / servers
     wait_chance = erlang_b / (1.0 - utilisation * (1.0 - erlang_b))
-    if wait_chance <= P95_TAIL:
+    if wait_chance <= tail:
         return 0.0
     drain = servers / service - rate
-    return 0.5 * math.log(wait_chance / P95_TAIL) / drain
+    return 0.5 * math.log(wait_chance / tail) / drain
 
 
 def _fits(state: _State | None, slo_ttft: float, slo_itl: float) -> bool:
@@ -379,6 +385,7 @@ def replica_capacity(
     slo_itl_seconds: float,
     *,
     admission_interval_seconds: float = 0.0,
+    tail: float = P95_TAIL,
 ) -> Capacity:
     """The request rate (and token rates) one replica sustains within its SLOs.
 
@@ -391,6 +398,9 @@ def replica_capacity(
         admission_interval_seconds: how often the engine admits new requests: 0 for
             vLLM, which schedules every step; the replay's fleet admits once per tick
             (``SimConfig.dt``, 0.2 s), which coalesces more prompts into one chunk.
+        tail: the share of requests each limit may leave over its SLO: 0.05 keeps the
+            p95s within them; the scaler asks for ``1 - attainment`` (0.01 at 99%), so
+            a replica is sized for the quantile its SLO is judged at.
 
     Returns:
         The highest rate at which every limit holds, found by bisection over the
@@ -402,13 +412,19 @@ def replica_capacity(
             f"a request has at least one prompt and one output token, not "
             f"{mean_prompt_tokens} and {mean_output_tokens}"
         )
+    if not 0.0 < tail < 0.5:
+        raise ValueError(f"the tail is a share of requests in (0, 0.5), not {tail}")
     if min(slo_ttft_seconds, slo_itl_seconds) <= 0 or admission_interval_seconds < 0:
         raise ValueError(
             f"SLOs must be positive and the admission interval not negative: TTFT "
             f"{slo_ttft_seconds}, ITL {slo_itl_seconds}, interval {admission_interval_seconds}"
         )
     mix = _Mix(
-        profile, float(mean_prompt_tokens), float(mean_output_tokens), admission_interval_seconds
+        profile,
+        float(mean_prompt_tokens),
+        float(mean_output_tokens),
+        admission_interval_seconds,
+        tail,
     )
     chunk_tokens = profile.max_num_batched_tokens
     lowest = 1e-9

@@ -103,6 +103,12 @@ class GatewaySignals:
     in_flight: int
     last_arrival_time: float | None = None
     upstream_error_rate: float | None = None
+    slo_within_rate: float | None = None
+    """Requests per second, over the gateway's window, whose TTFT and mean inter-token
+    latency met the SLO (``slo`` block); None when the gateway does not judge them."""
+    slo_outside_rate: float | None = None
+    """Requests per second, over the same window, that missed either target, failed or
+    were dropped: with ``slo_within_rate``, the attainment the scaler steers by."""
 
 
 @dataclass(frozen=True, slots=True)

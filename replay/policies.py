@@ -52,6 +52,10 @@ class GatewayView:
     arrival_rate: float
     buffered: int
     in_flight: int
+    slo_within_rate: float | None = None
+    """Requests per second judged within the SLO over the gateway's stable window."""
+    slo_outside_rate: float | None = None
+    """Requests per second judged outside it (late, or dropped) over the same window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +376,8 @@ class Unitscale:
             arrival_rate=view.gateway.arrival_rate,
             buffered=view.gateway.buffered,
             in_flight=view.gateway.in_flight,
+            slo_within_rate=view.gateway.slo_within_rate,
+            slo_outside_rate=view.gateway.slo_outside_rate,
         )
         return Snapshot(KEY, gateway)
 

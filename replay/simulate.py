@@ -328,6 +328,10 @@ class _Replay:
         self.cold_starts = 0
         self.next_arrival = 0
         self.too_big = float(profile.kv_capacity_tokens)
+        # The gateway judges each request against the SLO as it ends (served or dropped),
+        # as serving.gateway does: the within/outside rates the scaler steers by.
+        self.targets = slo_targets(self.requests, config).ttft
+        self.judged = _Judged(config.stable_window)
         self.end = trace.duration + config.tail
         self.next_scrape = self.next_series = 0.0
         self.arrivals_in_series = 0
@@ -510,13 +514,16 @@ class _Replay:
             self.arrivals_in_series += 1
             if requests.prompt[i] + requests.output[i] > self.too_big:
                 requests.state[i] = DROPPED
+                self.judged.add(self.now, 0, 1)
             elif buffer or not self._route(i):
                 if len(buffer) >= config.gateway_buffer:
                     requests.state[i] = DROPPED
+                    self.judged.add(self.now, 0, 1)
                 else:
                     buffer.append(i)
         while buffer and requests.arrival[buffer[0]] + config.gateway_timeout < self.now:
             requests.state[buffer.popleft()] = DROPPED
+            self.judged.add(self.now, 0, 1)
         while buffer and self._route(buffer[0]):
             buffer.popleft()
         while self.arrivals_seen and self.now - self.arrivals_seen[0] > config.panic_window:
@@ -535,6 +542,9 @@ class _Replay:
         slot, fleet, dt = self.slot, self.fleet, self.config.dt
         tick = fleet.advance(self.now, dt)
         _record(self.requests, tick.first_tokens, tick.finished, self.counters, self.hist)
+        if len(tick.finished):
+            met = int(self._within(tick.finished).sum())
+            self.judged.add(self.now, met, len(tick.finished) - met)
         holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING) | (slot == LOADING)
         self.replica_seconds += dt * int(np.count_nonzero(holding))
         self.busy_seconds += float(tick.busy[holding].sum())
@@ -552,11 +562,22 @@ class _Replay:
             slot[np.flatnonzero(drained)[: max(0, self.standby.target - held)]] = SLEEPING
         for s in np.flatnonzero(drained):
             self.histories.pop(int(s), None)
+        within, outside = self.judged.rates(self.now)
         return GatewayView(
             len(self.arrivals_seen) / self.config.panic_window,
             len(self.buffer),
             int(fleet.outstanding.sum()),
+            within,
+            outside,
         )
+
+    def _within(self, finished: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which of these finished requests met their TTFT target and the ITL SLO."""
+        r = self.requests
+        ttft = r.first_token[finished] - r.arrival[finished]
+        itl = r.decode_time[finished] / np.maximum(r.output[finished] - 1, 1)
+        ok: npt.NDArray[np.bool_] = (ttft <= self.targets[finished]) & (itl <= self.config.slo_itl)
+        return ok
 
     def scrape(self) -> None:
         """The exporter scrapes every replica with endpoints and derives the signals."""
@@ -746,6 +767,30 @@ def _result(
     }
     assert not ((requests.state == WAITING).any()), "a request was neither served nor dropped"
     return Result(name, metrics, series, ttft, e2e, decisions, ok, ratio, cause)
+
+
+@dataclass(slots=True)
+class _Judged:
+    """Requests the gateway judged within and outside the SLO over the last ``window`` s."""
+
+    window: float
+    ticks: deque[tuple[float, int, int]] = field(default_factory=deque)
+    within: int = 0
+    outside: int = 0
+
+    def add(self, now: float, within: int, outside: int) -> None:
+        self.ticks.append((now, within, outside))
+        self.within += within
+        self.outside += outside
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """Within and outside per second over the window ending at ``now``."""
+        ticks = self.ticks
+        while ticks and now - ticks[0][0] >= self.window:
+            _, within, outside = ticks.popleft()
+            self.within -= within
+            self.outside -= outside
+        return self.within / self.window, self.outside / self.window
 
 
 @dataclass(slots=True)

@@ -136,6 +136,21 @@ class PrometheusSourceConfig(BaseModel):
 _CORE = Policy()
 
 
+_PANIC_REMOVED = (
+    "no panic mode: demand rises with the short window at once, and the attainment loop"
+    " holds the SLO; bench/ablation.py"
+)
+REMOVED_POLICY_KEYS = {
+    "panic-threshold": _PANIC_REMOVED,
+    "panic-hold": _PANIC_REMOVED,
+    "forecast-lookback": (
+        "no linear trend forecast: it cost more than it bought on every bench trace;"
+        " bench/ablation.py"
+    ),
+}
+"""Policy keys of mechanisms that measurements removed, and why."""
+
+
 class PolicyConfig(BaseModel):
     """Defaults for every ScaledObject's decision policy (trigger metadata may override).
 
@@ -157,10 +172,14 @@ class PolicyConfig(BaseModel):
     """Time-to-first-token p95 target."""
     slo_itl: Seconds = Field(_CORE.slo_itl_seconds, gt=0)
     """Inter-token latency p95 target."""
-    panic_threshold: float = Field(_CORE.panic_threshold, ge=1)
-    """Panic when short-window load needs this many times the ready replicas."""
-    panic_hold: Seconds = Field(_CORE.panic_hold_seconds, ge=0)
-    """Stay in panic (no scale-down) this long after the last breach."""
+    slo_attainment: float = Field(_CORE.slo_attainment, gt=0, lt=1)
+    """The share of requests to keep within both targets (the gateway judges them)."""
+    headroom_step: float = Field(_CORE.headroom_step, ge=0)
+    """Headroom added per allowance of misses while attainment is below target."""
+    headroom_max: float = Field(_CORE.headroom_max, ge=0, le=10)
+    """The attainment loop's headroom bound, a share of the need (0: the loop is off)."""
+    headroom_half_life: Seconds = Field(_CORE.headroom_half_life_seconds, gt=0)
+    """While attainment has margin the headroom halves this often."""
     scale_down_delay: Seconds = Field(_CORE.scale_down_delay_seconds, ge=0)
     """Desired must stay below current this long before replicas are removed."""
     scale_down_window: Seconds = Field(_CORE.scale_down_window_seconds, ge=0)
@@ -169,7 +188,6 @@ class PolicyConfig(BaseModel):
     max_scale_down_rate: float = Field(_CORE.max_scale_down_rate, gt=1)
     forecast_horizon: Seconds = Field(_CORE.forecast_horizon_seconds, ge=0)
     """About one cold start: scale-up starts this far ahead of the load."""
-    forecast_lookback: Seconds = Field(_CORE.forecast_lookback_seconds, gt=0)
     idle_grace: Seconds = Field(_CORE.idle_grace_seconds, ge=0)
     """No request at all for this long before scaling to zero."""
     cost_budget_per_million_tokens: float | None = Field(_CORE.cost_budget_per_million_tokens, gt=0)
@@ -201,6 +219,19 @@ class PolicyConfig(BaseModel):
     profile_speedup: float = Field(_CORE.profile_speedup, gt=0)
     """With a profile: replicas step this many times faster than it says (1: real ones)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_keys(cls, data: Any) -> Any:
+        """A key of a removed mechanism says so, instead of pydantic's "extra input"."""
+        if isinstance(data, dict):
+            removed = sorted(k for k in data if k in REMOVED_POLICY_KEYS)
+            if removed:
+                raise ValueError(
+                    f"{', '.join(removed)}: removed ({REMOVED_POLICY_KEYS[removed[0]]});"
+                    " delete the key"
+                )
+        return data
+
     def policy(
         self, min_replicas: int = _CORE.min_replicas, max_replicas: int = _CORE.max_replicas
     ) -> Policy:
@@ -214,14 +245,15 @@ class PolicyConfig(BaseModel):
             target_utilization=self.target_utilization,
             slo_ttft_seconds=self.slo_ttft,
             slo_itl_seconds=self.slo_itl,
-            panic_threshold=self.panic_threshold,
-            panic_hold_seconds=self.panic_hold,
+            slo_attainment=self.slo_attainment,
+            headroom_step=self.headroom_step,
+            headroom_max=self.headroom_max,
+            headroom_half_life_seconds=self.headroom_half_life,
             scale_down_delay_seconds=self.scale_down_delay,
             scale_down_window_seconds=self.scale_down_window,
             max_scale_up_rate=self.max_scale_up_rate,
             max_scale_down_rate=self.max_scale_down_rate,
             forecast_horizon_seconds=self.forecast_horizon,
-            forecast_lookback_seconds=self.forecast_lookback,
             idle_grace_seconds=self.idle_grace,
             cost_budget_per_million_tokens=self.cost_budget_per_million_tokens,
             cost_guard_utilization=self.cost_guard_utilization,

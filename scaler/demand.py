@@ -9,8 +9,8 @@ contributes, per pool:
   its scale-down window when that is higher (a scale-up held back by its step, bounded
   by ``maxReplicas``), plus the sleepers its standby plan holds (a sleeping pod keeps
   its accelerator request), at most ``maxReplicas`` pods in all, x accelerators per
-  replica. The decision already plans one ``forecast-horizon`` ahead (the load trend is
-  part of its need), so the forecast is in both; nothing is extrapolated beyond it.
+  replica. The decision already plans for the short window's demand when it runs
+  ahead of the stable one, so a rise is in both; nothing is extrapolated beyond it.
 
 A ScaledObject with no decision (no signals yet, stale ones) or no replica count leaves
 its pool's figure unknown (``None``), with the reason, never a smaller sum: a missing

@@ -280,13 +280,6 @@ class ScaledObjectRegistry:
                 decision.desired_replicas,
                 decision.reason,
             )
-        if previous is not None and previous.panic != decision.panic:
-            log.info(
-                "ScaledObject %s/%s: panic %s (%s)",
-                *scaled.key,
-                "started" if decision.panic else "ended",
-                decision.reason,
-            )
         if decision.active and not scaled.active:
             for listener in list(scaled.activation_listeners):
                 listener()

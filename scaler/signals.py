@@ -148,4 +148,6 @@ def _gateway_values(gateway: GatewaySignals) -> dict[str, Any]:
         "gateway_arrival_rate": gateway.arrival_rate,
         "gateway_buffered": gateway.buffered,
         "gateway_in_flight": gateway.in_flight,
+        "slo_within_rate": gateway.slo_within_rate,
+        "slo_outside_rate": gateway.slo_outside_rate,
     }

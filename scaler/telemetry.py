@@ -27,12 +27,22 @@ _GAUGES = {
     "desired": ("unitscale_scaler_desired_replicas", "Replicas decide() wants."),
     "metric": ("unitscale_scaler_metric_value", "The value GetMetrics returns (HPA target 1)."),
     "active": ("unitscale_scaler_active", "1 when the target should have replicas."),
-    "panic": ("unitscale_scaler_panic_mode", "1 while in panic (no scale-down)."),
     "load": ("unitscale_scaler_load_replicas", "Load in replicas' worth of work."),
     "load_panic": ("unitscale_scaler_load_panic_replicas", "Short-window load."),
-    "forecast": ("unitscale_scaler_forecast_replicas", "Load forecast one cold start ahead."),
     "need": ("unitscale_scaler_need_replicas", "Replicas needed before steps and bounds."),
     "capacity_scale": ("unitscale_scaler_capacity_scale", "Learned capacity over the priors."),
+    "headroom": (
+        "unitscale_scaler_headroom_ratio",
+        "The attainment loop's headroom: the share of the need added (0 while attainment holds).",
+    ),
+    "attainment": (
+        "unitscale_scaler_slo_attainment_ratio",
+        "The share of requests within the SLO over the gateway's window (absent unjudged).",
+    ),
+    "attainment_long": (
+        "unitscale_scaler_slo_attainment_long_ratio",
+        "The same over the attainment loop's long window (30 min).",
+    ),
     "sleeping": (
         "unitscale_scaler_sleeping_replicas",
         "With standby: replicas the warm-tier plan holds asleep beside the desired ones.",
@@ -75,7 +85,6 @@ class DecisionCollector(Collector):
                 "desired": float(decision.desired_replicas),
                 "metric": metric_value(decision),
                 "active": float(decision.active),
-                "panic": float(decision.panic),
                 **decision.inputs,
             }
             for key, family in families.items():

@@ -443,8 +443,6 @@ def _scaler_config(sources: list[int]) -> dict[str, Any]:
             for port in sources
         ],
         "max-signal-age": "5s",
-        # A forecast needs half its lookback of history: seconds here, not a minute.
-        "policy": {"forecast-lookback": "4s", "forecast-horizon": "2s"},
     }
 
 

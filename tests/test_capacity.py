@@ -351,3 +351,27 @@ def test_a_bigger_chunk_budget_is_what_the_profile_carries():
     """The capacity reads the chunk budget from the profile it is given."""
     small = dataclasses.replace(LLAMA3_8B_H200, max_num_batched_tokens=2304)
     assert replica_capacity(small, 12000, 300, 2.0, 0.1).chunk_tokens == 2304
+
+
+@pytest.mark.parametrize(
+    ("prompt", "output"),
+    [
+        pytest.param(1155.0, 211.0, id="a conversation mix"),
+        pytest.param(2048.0, 28.0, id="a code mix"),
+        pytest.param(12_000.0, 300.0, id="long prompts"),
+    ],
+)
+def test_a_smaller_tail_never_sustains_a_higher_rate(prompt: float, output: float) -> None:
+    profile = LLAMA3_8B_H200.for_itl_slo(0.1)
+    rates = [
+        replica_capacity(profile, prompt, output, 2.0, 0.1, tail=tail).requests_per_second
+        for tail in (0.2, 0.05, 0.01, 0.001)
+    ]
+    assert rates == sorted(rates, reverse=True)
+    assert rates[1] == replica_capacity(profile, prompt, output, 2.0, 0.1).requests_per_second
+
+
+@pytest.mark.parametrize("tail", [0.0, 0.5, -0.1, math.nan])
+def test_a_tail_that_is_no_share_of_requests_is_refused(tail: float) -> None:
+    with pytest.raises(ValueError, match="tail"):
+        replica_capacity(LLAMA3_8B_H200, 1000.0, 100.0, 2.0, 0.1, tail=tail)

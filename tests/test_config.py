@@ -278,3 +278,22 @@ def test_a_validator_that_raises_something_else_is_still_a_config_error_naming_t
     assert validate(Fragile, {"touchy-key": "a"}, "x.yaml").touchy_key == 1
     with pytest.raises(ConfigError, match=r"x\.yaml: key 'touchy-key'='b': invalid \(KeyError"):
         validate(Fragile, {"plain": 2, "touchy-key": "b"}, "x.yaml")
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [
+        pytest.param("panic-threshold", "no panic mode", id="panic-threshold says panic is gone"),
+        pytest.param("panic-hold", "no panic mode", id="panic-hold says so too"),
+        pytest.param(
+            "forecast-lookback", "no linear trend", id="forecast-lookback names the trend"
+        ),
+    ],
+)
+def test_a_removed_policy_key_is_refused_with_why(key: str, why: str) -> None:
+    from pydantic import ValidationError
+
+    from scaler.config import PolicyConfig
+
+    with pytest.raises(ValidationError, match=f"{key}: removed \\({why}"):
+        PolicyConfig.model_validate({key: 1, "slo-ttft": "2s"})

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from foundation.errors import NoDataError
 from scaler.core import DecisionState, Observation, Policy, decide
-from scaler.core.window import Recent
 
 NOW = 1_800_000_000.0
 POLICY = Policy()  # 16 in flight per replica, planned 70% full, 30k prefill / 6k decode tok/s
@@ -31,7 +30,6 @@ CASES = [
         POLICY,
         state(),
         4,
-        False,
         id="forty-in-flight-at-sixteen-per-replica-planned-seventy-percent-full-needs-four",
     ),
     pytest.param(
@@ -41,7 +39,6 @@ CASES = [
         POLICY,
         state(),
         3,
-        False,
         id="token-throughput-sets-the-capacity-need-one-and-a-half-replicas-at-seventy-percent",
     ),
     pytest.param(
@@ -49,7 +46,6 @@ CASES = [
         POLICY,
         state(desired=1, last_activity=NOW - 200),
         0,
-        False,
         id="idle-past-the-grace-period-scales-to-zero",
     ),
     pytest.param(
@@ -57,7 +53,6 @@ CASES = [
         POLICY,
         state(desired=1, last_activity=NOW - 60),
         1,
-        False,
         id="idle-within-the-grace-period-keeps-one-replica",
     ),
     pytest.param(
@@ -65,7 +60,6 @@ CASES = [
         POLICY,
         state(desired=0, last_activity=NOW - 900),
         1,
-        False,
         id="the-first-arrival-at-zero-activates-one-replica",
     ),
     pytest.param(
@@ -81,23 +75,13 @@ CASES = [
         POLICY,
         state(desired=2, last_activity=NOW),
         4,
-        True,
-        id="a-burst-five-times-the-stable-load-panics-and-doubles-in-one-step",
-    ),
-    pytest.param(
-        obs(queue_depth=0, requests_running=4, replicas_known=6),
-        POLICY,
-        state(desired=6, panic_until=NOW + 30, last_activity=NOW),
-        6,
-        True,
-        id="no-scale-down-while-panicking",
+        id="a-burst-five-times-the-stable-load-plans-the-short-window-and-doubles-in-one-step",
     ),
     pytest.param(
         obs(queue_depth=0, requests_running=20, replicas_known=8),
         POLICY,
         state(desired=8, low_since=NOW - 61, last_activity=NOW),
         4,
-        False,
         id="after-sustained-headroom-scale-down-by-at-most-half",
     ),
     pytest.param(
@@ -105,7 +89,6 @@ CASES = [
         POLICY,
         state(desired=8, last_activity=NOW),
         8,
-        False,
         id="headroom-that-just-appeared-holds-the-replicas",
     ),
     pytest.param(
@@ -121,8 +104,24 @@ CASES = [
         POLICY,
         state(desired=4, last_activity=NOW),
         8,
-        False,
-        id="a-ttft-p95-twice-the-slo-with-a-queue-doubles-the-replicas",
+        id="without-a-gateway-a-ttft-p95-twice-the-slo-with-a-queue-doubles-the-replicas",
+    ),
+    pytest.param(
+        obs(
+            queue_depth=8,
+            requests_running=8,
+            replicas_known=4,
+            ttft_p95_seconds=4.0,
+            inter_token_p95_seconds=0.05,
+            prompt_token_rate=90_000,
+            generation_token_rate=0,
+            slo_within_rate=10.0,
+            slo_outside_rate=0.0,
+        ),
+        POLICY,
+        state(desired=4, last_activity=NOW),
+        5,
+        id="with-the-gateways-judgement-the-engine-p95-does-not-stand-in",
     ),
     pytest.param(
         obs(
@@ -137,20 +136,14 @@ CASES = [
         POLICY,
         state(desired=4, last_activity=NOW),
         5,
-        False,
         id="a-ttft-breach-without-a-queue-is-not-a-capacity-problem",
     ),
     pytest.param(
         obs(queue_depth=0, requests_running=8, prompt_token_rate=120_000, generation_token_rate=0),
         POLICY,
-        state(
-            desired=6,
-            last_activity=NOW,
-            load_history=Recent(((NOW - 90, 1.0), (NOW - 60, 2.0), (NOW - 30, 3.0))),
-        ),
-        9,
-        False,
-        id="a-rising-trend-is-met-one-cold-start-ahead",
+        state(desired=6, last_activity=NOW),
+        6,
+        id="four-replicas-of-load-at-seventy-percent-keep-six-no-trend-is-extrapolated",
     ),
     pytest.param(
         obs(
@@ -163,7 +156,6 @@ CASES = [
         replace(POLICY, cost_budget_per_million_tokens=1.0),
         state(),
         5,
-        False,
         id="over-the-cost-budget-with-slo-margin-plans-fuller-replicas",
     ),
     pytest.param(
@@ -177,7 +169,6 @@ CASES = [
         replace(POLICY, cost_budget_per_million_tokens=1.0),
         state(),
         6,
-        False,
         id="the-cost-guard-yields-when-the-slo-margin-is-thin",
     ),
     pytest.param(
@@ -185,7 +176,6 @@ CASES = [
         replace(POLICY, max_replicas=10),
         state(),
         10,
-        False,
         id="held-at-max-replicas",
     ),
     pytest.param(
@@ -193,7 +183,6 @@ CASES = [
         replace(POLICY, min_replicas=2),
         state(),
         2,
-        False,
         id="held-at-min-replicas-which-keeps-it-active",
     ),
     pytest.param(
@@ -201,18 +190,16 @@ CASES = [
         POLICY,
         state(desired=5, last_activity=NOW),
         5,
-        False,
         id="unknown-engine-load-never-lowers-the-count",
     ),
 ]
 
 
-@pytest.mark.parametrize(("observation", "policy", "previous", "replicas", "panic"), CASES)
-def test_decide(observation, policy, previous, replicas, panic):
+@pytest.mark.parametrize(("observation", "policy", "previous", "replicas"), CASES)
+def test_decide(observation, policy, previous, replicas):
     decision = decide(observation, policy, previous)
     assert decision.desired_replicas == replicas, decision.reason
     assert decision.active is (replicas > 0)
-    assert decision.panic is panic
     assert decision.state.decisions == previous.decisions + 1
     assert f"-> {replicas}" in decision.reason or "scale to zero" in decision.reason
 
@@ -264,7 +251,6 @@ previous_states = st.builds(
     desired=st.one_of(st.none(), st.integers(0, 200)),
     last_activity=st.floats(NOW - 1_000, NOW),
     low_since=st.one_of(st.none(), st.floats(NOW - 1_000, NOW)),
-    panic_until=st.floats(NOW - 1_000, NOW + 100),
 )
 
 

@@ -174,6 +174,9 @@ def rising(steps: int) -> Decision:
             requests_running=16.0 * rate,
             prompt_token_rate=0.5 * rate * policy.prefill_tokens_per_second,
             generation_token_rate=0.5 * rate * policy.decode_tokens_per_second,
+            # The short window runs ahead of the stable one on a rising load.
+            prompt_token_rate_panic=0.75 * rate * policy.prefill_tokens_per_second,
+            generation_token_rate_panic=0.75 * rate * policy.decode_tokens_per_second,
             replicas_known=state.desired or 1,
             replicas_up=state.desired or 1,
         )
@@ -183,14 +186,14 @@ def rising(steps: int) -> Decision:
     return made
 
 
-def test_a_rising_load_needs_what_its_forecast_asks_for_not_only_what_is_running():
-    made = rising(9)  # 2 min of history: the trend is fitted
-    forecast = made.inputs["forecast"]
-    assert "forecast" in made.reason and forecast > made.inputs["load"]
+def test_a_rising_load_needs_what_its_short_window_asks_for_not_only_what_is_running():
+    made = rising(9)
+    short = made.inputs["load_panic"]
+    assert short == made.inputs["load"] == pytest.approx(1.5 * 9)
     demand = pool_demand([so("llama", made)])["h200"]
     held, needed = demand.accelerators_held, demand.accelerators_needed
     assert held is not None and needed is not None
-    assert needed >= math.ceil(forecast - 1e-9) > held
+    assert needed >= math.ceil(short - 1e-9) > held
 
 
 def test_demand_is_a_plain_value():

@@ -198,7 +198,14 @@ def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -
     assert exporter["timeout"] < exporter["interval"]
     assert exporter["deployments"][0]["accelerator"]["price-per-hour"] == pytest.approx(35.0)
     assert exporter["deployments"][0]["targets"] == ["http://127.0.0.1:2/metrics"]
-    assert gateway_config(PLAN, [])["buffer-timeout"] == pytest.approx(12.0)
+    gateway = gateway_config(PLAN, [])
+    assert gateway["buffer-timeout"] == pytest.approx(12.0)
+    # The gateway judges requests by the scaler's SLO on the compressed clock.
+    assert gateway["slo"] == {
+        "ttft": pytest.approx(0.2),
+        "itl": pytest.approx(0.01),
+        "attainment": 0.99,
+    }
     metadata = trigger_metadata(PLAN, "127.0.0.1:3")
     assert metadata["sloTtft"] == "0.2s" and metadata["sloItl"] == "0.01s"
     assert metadata["scalerAddress"] == "127.0.0.1:3" and metadata["targetConcurrency"] == "16"
@@ -216,7 +223,9 @@ def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -
         pytest.param("backlog-drain", 2.0, id="so is the backlog's drain time"),
         pytest.param("demand-window", 6.0, id="and the window demand is averaged over"),
         pytest.param("forecast-horizon", 6.0, id="the headroom's horizon, as before"),
-        pytest.param("profile-utilization", 0.9, id="a share is not a clock"),
+        pytest.param("profile-utilization", 1.0, id="a share is not a clock"),
+        pytest.param("slo-attainment", 0.99, id="nor is the attainment target"),
+        pytest.param("headroom-half-life", 180.0, id="the headroom's half-life is a clock"),
     ],
 )  # fmt: skip
 def test_the_default_demo_plans_with_the_profile_on_the_compressed_scale(
@@ -324,10 +333,9 @@ def test_the_decision_in_the_compressed_world_is_the_production_decision(
             compressed_policy,
             fast_state,
         )
-        assert (fast.desired_replicas, fast.active, fast.panic) == (
+        assert (fast.desired_replicas, fast.active) == (
             slow.desired_replicas,
             slow.active,
-            slow.panic,
         ), f"at {now - 1000:g} s: {fast.reason} / {slow.reason}"
         slow_state, fast_state = slow.state, fast.state
 

@@ -60,8 +60,8 @@ def steady(rate: float, seconds: float, start: float = 0.0) -> Trace:
     return Trace("steady", arrival, np.full(n, 2048, np.int64), np.full(n, 128, np.int64))
 
 
-def rising(high: float = 30.0) -> Trace:
-    """1 request/s for 4 minutes, then ``high`` for 4 more (about 7 replicas' worth at 30)."""
+def rising(high: float = 26.0) -> Trace:
+    """1 request/s for 4 minutes, then ``high`` for 4 more (the scaler peaks at 7 at 26)."""
     low, burst = steady(1, 240), steady(high, 240, start=240.0)
     return Trace(
         "rising",

@@ -47,17 +47,23 @@ def trace() -> Trace:
     return chat_trace()
 
 
-def test_the_fit_recovers_the_slo_of_a_fleet_slower_than_its_profile(trace):
+def test_the_fit_keeps_the_slo_of_a_fleet_slower_than_its_profile(trace):
     without, fitted = replay(trace, 1.9, fit=False), replay(trace, 1.9, fit=True)
     late = trace.arrival >= SECONDS / 3  # after the fit's first two stable windows
-    assert without.met[late].mean() < 0.95  # measured 0.873
-    assert fitted.met[late].mean() >= 0.99  # measured 0.995
-    assert fitted.metrics["gpu_hours"] > without.metrics["gpu_hours"]
-    reasons = [reason for _, _, reason in fitted.decisions]
-    assert any("profile steps x1.9" in r for r in reasons), reasons
+    assert without.met[late].mean() < 0.95  # measured 0.904
+    assert fitted.met[late].mean() >= 0.99  # measured 1.0
+    # Planned on the profile alone the fleet fell to 2 replicas, where 1.9 x 1.9 are
+    # needed; the fit held it while it measured the replicas, then kept what they need.
+    assert min(without.series["replicas"]) == 2
+    assert min(fitted.series["replicas"]) >= 4
 
 
-def test_a_fleet_that_runs_its_profile_is_planned_as_without_the_fit(trace):
+def test_a_fleet_that_runs_its_profile_is_planned_as_without_the_fit_once_it_is_checked(trace):
     without, fitted = replay(trace, 1.0, fit=False), replay(trace, 1.0, fit=True)
-    assert fitted.decisions == without.decisions
-    assert fitted.metrics["gpu_hours"] == without.metrics["gpu_hours"]
+    assert [n for _, n, _ in fitted.decisions] == [n for _, n, _ in without.decisions]
+    for (t_fit, _, reason), (t_without, _, _) in zip(
+        fitted.decisions[1:], without.decisions[1:], strict=True
+    ):
+        # The one difference: a scale-down waits for the fit's evidence (120 s measured).
+        assert t_without <= t_fit <= t_without + 240, reason
+    assert fitted.metrics["slo_attainment"] == without.metrics["slo_attainment"] == 1.0

@@ -1,41 +1,58 @@
-"""Turn an observation into a replica count: SLO-, burst- and cost-aware, to zero and back.
+"""Turn an observation into a replica count: one pipeline of named stages, steered by the SLO.
 
-Load is measured in *replicas' worth of work*: prompt tokens over a replica's prefill
-capacity plus output tokens over its decode capacity (priors per model profile, scaled
-by what is learned online), or requests in flight over the per-replica concurrency
-target, whichever is larger. Then, in order:
+Load is measured in *replicas' worth of work*: demand (arrivals x the work per request)
+over what one replica carries within the SLOs. Each stage is a small pure function:
 
-1. **Activity.** Any arrival, buffered or in-flight request means active; after
-   ``idle_grace_seconds`` of none at all, 0 replicas and inactive, unless the seasonal
-   forecast expects traffic back within one horizon (``scaler.core.predictive``).
-2. **Stable need** = load over the stable window / ``target_utilization``; with the
-   **forecast** (linear trend over the lookback, ``forecast_horizon_seconds`` ahead,
-   about one cold start) when it is higher.
-3. **SLO feedback.** TTFT or inter-token p95 over target scales the need up by the
-   breach ratio.
-4. **Panic.** Short-window load needing ``panic_threshold`` x the ready replicas, or a
-   panic-window TTFT over the SLO, starts panic: the short-window need wins and nothing
-   scales down for ``panic_hold_seconds``.
-5. **Cost guard.** Over the unit-cost budget while the SLO holds with margin: plan for
-   ``cost_guard_utilization`` instead (fewer, fuller replicas).
-6. **Steps.** Up at most ``max_scale_up_rate`` x (at least +1), down at most /
-   ``max_scale_down_rate``, and down only after ``scale_down_delay_seconds`` below.
-7. **Bounds.** ``min_replicas`` .. ``max_replicas``; at least 1 while active.
+1. **Activity** (``_activity``). Any arrival, buffered or in-flight request means active;
+   after ``idle_grace_seconds`` of none at all, 0 replicas and inactive, unless the
+   seasonal forecast expects traffic back within one horizon (``scaler.core.predictive``).
+2. **Capacity** (``_capacity``): what one replica carries for the observed mix. With a
+   profile, the request rate at which it keeps the SLOs (``scaler.core.capacity``, its
+   step times fitted online, ``scaler.core.fit``); without, the priors' token rates,
+   scaled by what saturated replicas were seen to deliver (``_learn_capacity``).
+3. **Demand** (``_demand``): the gateway's arrivals over that capacity, the larger of
+   the ``demand_window_seconds`` mean and the short window, so a burst asks for its
+   replicas at once and a fall waits for the stable window; served token throughput
+   without a gateway; requests in flight over ``target_concurrency`` when no rate is
+   known.
+4. **Plan** (``_plan``): demand (plus a risk-sized standing headroom when
+   ``risk_quantile`` > 0) over the utilization planned for (``profile_utilization``
+   with a profile, else ``target_utilization``, fuller under the cost guard); a backlog
+   the ready replicas would not drain in time asks for more. Without the gateway's
+   judgement, an engine p95 over the SLO with a queue stands in for it.
+5. **Headroom** (``scaler.core.attainment``): the need times ``1 + headroom``, the
+   headroom steered by the share of requests the gateway saw within the SLO.
+6. **Hold**: no lower than the most needed within ``scale_down_window_seconds``; an
+   unknown load or an unanswered scrape never lowers the count.
+7. **Steps** (``_step``): up at most ``max_scale_up_rate`` x (at least +1), down at most
+   / ``max_scale_down_rate`` and only after ``scale_down_delay_seconds`` below.
+8. **Bounds** (``_bounded``): ``min_replicas`` .. ``max_replicas``; at least 1 while
+   recently active.
 
 Missing signals never lower the count: a part of the load that is unknown keeps the
-previous decision as the floor.
+previous decision as the floor. What each stage buys, trace by trace, is
+``bench/ablation.py``'s table; a linear trend forecast and a panic mode were removed
+when it showed they cost more than they bought.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from foundation.errors import NoDataError
 from foundation.replica_model import Profile
-from scaler.core import predictive, risk
-from scaler.core.capacity import Mix, Rates, launched, observed_mix, profile_for, replica_rates
-from scaler.core.fit import StepFit, corrected, fit_step
+from scaler.core import attainment, predictive, risk
+from scaler.core.capacity import (
+    Mix,
+    Rates,
+    launched,
+    observed_mix,
+    profile_for,
+    profile_of,
+    replica_rates,
+)
+from scaler.core.fit import MIN_EVIDENCE_SECONDS, StepFit, corrected, fit_step
 from scaler.core.model import Decision, DecisionState, Observation, Policy
 from scaler.core.window import Recent
 
@@ -51,18 +68,38 @@ class _Activity:
 
 
 @dataclass(frozen=True, slots=True)
-class _Need:
-    """Replicas' worth of work, and the replicas it asks for, before steps and bounds."""
+class _Capacity:
+    """What one replica carries, and the state its estimate carries on."""
+
+    rates: Rates
+    step_fit: StepFit
+    step_scale: float
+    """With a profile: its fitted step scale planned with; NaN without one."""
+    scale: float
+    """Without a profile: the learned capacity over the priors; 1.0 with one."""
+    verifying: bool = False
+    """The profile fit is measuring the replicas but has too little evidence yet to say
+    whether the profile holds: a scale-down on it waits (``_held``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    """Replicas' worth of demand in both windows, and the samples behind it."""
 
     load: float | None
-    load_panic: float | None
-    forecast: float | None
+    """The larger of the stable window's and the short window's; None when unknown."""
+    short: float | None
     history: Recent[float]
+    """Demand samples (arrivals x work per request) over ``risk_lookback_seconds``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """The replicas the demand asks for before headroom, hold, steps and bounds."""
+
+    demand: _Demand
     utilization: float
     need: float
-    panic_until: float
-    panicking: bool
-    demand_history: Recent[float] = field(default_factory=Recent)
 
 
 def decide(observation: Observation, policy: Policy, previous: DecisionState) -> Decision:
@@ -76,7 +113,6 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     activity = _activity(o, previous)
     # A sleeping replica is a pod, not capacity: it serves nothing until woken.
     ready = max((o.replicas_known or o.replicas_up or 0) - (o.replicas_sleeping or 0), 0)
-    current = previous.desired if previous.desired is not None else ready
 
     # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
     idle = not activity.busy and activity.concurrency is not None
@@ -89,69 +125,198 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     # the short ones get through first: holding the last one known instead kept a
     # stale mix through every backlog of Azure conversation x25 (SLO 92.5%, 98.1% with
     # this; the business day 89.3% against 87.6%), and at the first there is none.
-    shown = observed_mix(o)
-    mix = shown or (Mix(*previous.mix) if previous.mix else None)
-    profile, step_fit, step_scale = profile_for(p), previous.step_fit, math.nan
-    if profile is not None:
-        # The profile is the capacity, its step times fitted to the replicas' own.
-        scale = 1.0
-        step_fit, step_scale = _fit_profile(o, p, profile, step_fit, notes)
-        rates = replica_rates(p, mix, step_scale)
-        need = _demand_need(o, p, previous, activity, rates, ready, current, notes)
-    else:
-        scale = _learn_capacity(o, p, previous.capacity_scale, ready, previous.desired == ready)
-        need = _need(o, p, previous, activity, scale, ready, current, notes)
+    mix = observed_mix(o) or (Mix(*previous.mix) if previous.mix else None)
+    capacity = _capacity(o, p, previous, mix, ready, notes)
+    demand = _demand(o, p, previous, activity, capacity.rates, ready)
+    need = _plan(o, p, demand, capacity.rates, ready, notes)
 
-    # Within the idle grace period one replica stays, whatever the load says.
+    # 5. Headroom, steered by attainment.
+    move = attainment.steer(
+        previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p)
+    )
+    if move.reason is not None:
+        notes.append(move.reason)
+    elif move.headroom.value >= 0.05:
+        notes.append(f"headroom {move.headroom.value:.0%}")
     recently_active = activity.busy or now - activity.last_activity < p.idle_grace_seconds
-    floor = 1 if recently_active else 0
-    wanted = max(math.ceil(need.need - 1e-9), floor)
+    floor = 1 if recently_active else 0  # within the idle grace one replica stays
+    wanted = max(math.ceil(need.need * (1.0 + move.headroom.value) - 1e-9), floor)
 
-    # Scale down no lower than the most needed within the window: bursts recur, and a
-    # replica removed now costs a cold start when the next one comes.
-    needs = previous.need_history.within(now, p.scale_down_window_seconds, closed=False)
-    needs = needs.add(now, wanted)
+    # 6. Hold.
+    wanted, needs = _held(o, p, previous, need, capacity, wanted, notes)
+    # 7-8. Steps and bounds.
+    current = previous.desired if previous.desired is not None else ready
+    wanted, low_since = _step(p, previous, wanted, current, floor, now, notes)
+    desired = _bounded(p, wanted, recently_active, notes)
+    seen = predictive.demand_seen(activity.busy, activity.concurrency is not None, need.need)
+    state = replace(
+        previous,
+        decisions=previous.decisions + 1,
+        desired=desired,
+        low_since=low_since,
+        last_activity=activity.last_activity,
+        capacity_scale=capacity.scale,
+        need_history=needs,
+        demand_history=demand.history,
+        mix=(mix.prompt_tokens, mix.output_tokens) if mix else previous.mix,
+        step_fit=capacity.step_fit,
+        season=predictive.learn(previous.season, now, seen, p),
+        headroom=move.headroom,
+    )
+    inputs = {**_inputs(need, capacity, activity), **_steered(move)}
+    return Decision(
+        desired, desired > 0, state, _reason(need, desired, notes), inputs, o.replicas_known
+    )
+
+
+def _capacity(
+    o: Observation,
+    p: Policy,
+    previous: DecisionState,
+    mix: Mix | None,
+    ready: int,
+    notes: list[str],
+) -> _Capacity:
+    """2. One replica's capacity: the fitted profile's, or the priors' as learned."""
+    profile = profile_for(p)
+    if profile is not None:
+        step_fit, step_scale = _fit_profile(o, p, profile, previous.step_fit, notes)
+        measured = step_fit.evidence > previous.step_fit.evidence
+        verifying = p.profile_fit and measured and step_fit.evidence < MIN_EVIDENCE_SECONDS
+        rates = replica_rates(p, mix, step_scale)
+        return _Capacity(rates, step_fit, step_scale, 1.0, verifying)
+    stable_fleet = previous.desired == ready
+    scale = _learn_capacity(o, p, previous.capacity_scale, ready, stable_fleet)
+    if abs(scale - 1.0) > 0.05:
+        notes.append(f"learned capacity x{scale:.2f}")
+    priors = replica_rates(p, mix)
+    rps = priors.requests_per_second
+    rates = Rates(
+        priors.prefill_tokens_per_second * scale,
+        priors.decode_tokens_per_second * scale,
+        None if rps is None else rps * scale,
+        priors.source,
+    )
+    return _Capacity(rates, previous.step_fit, math.nan, scale)
+
+
+def _demand(
+    o: Observation,
+    p: Policy,
+    previous: DecisionState,
+    activity: _Activity,
+    rates: Rates,
+    ready: int,
+) -> _Demand:
+    """3. Demand in replicas: the gateway's arrivals, else served throughput, else in flight.
+
+    Arrivals, not served throughput: that reads a draining backlog, or replicas coming
+    up, as load. With a gateway but no mix yet (no request has finished on the ready
+    replicas since they came up), demand is unknown and the count holds: what they serve
+    then is the backlog that waited for them, at full batch (the demo's first replica
+    read 2.9 replicas' worth and bought 4).
+    """
+    now = o.now
+    demands = previous.demand_history.within(now, p.risk_lookback_seconds)
+    if o.gateway_arrival_rate is not None and rates.requests_per_second:
+        short = o.gateway_arrival_rate / rates.requests_per_second
+        demands = demands.add(now, short)
+        stable = demands.within(now, p.demand_window_seconds)
+        mean = sum(stable.values()) / len(stable)
+        return _Demand(max(mean, short), short, demands)
+    if o.gateway_arrival_rate is not None and ready > 0:
+        return _Demand(None, None, demands)
+    served = _served(o, rates, panic=False)
+    if served is not None:
+        quick = _served(o, rates, panic=True)
+        return _Demand(served if quick is None else max(served, quick), quick, demands)
+    if activity.concurrency is not None:
+        return _Demand(activity.concurrency / p.target_concurrency, None, demands)
+    return _Demand(None, None, demands)
+
+
+def _plan(
+    o: Observation, p: Policy, demand: _Demand, rates: Rates, ready: int, notes: list[str]
+) -> _Need:
+    """4. The replicas the demand needs: standing headroom, utilization, backlog, stand-in."""
+    load = demand.load
+    utilization = _utilization(o, p, notes)
+    standing = 0.0
+    if p.risk_quantile > 0 and demand.history.age(o.now) >= p.forecast_horizon_seconds:
+        standing = risk.headroom(demand.history, p.forecast_horizon_seconds, p.risk_quantile)
+        if standing >= 0.05:
+            notes.append(f"risk headroom {standing:.1f}")
+    need = ((load or 0.0) + standing) / utilization
+    extra = _backlog_extra(o, p, rates, ready, load)
+    if extra > 0 and load is not None:
+        need = max(need, (load + extra) / utilization)
+        notes.append(f"backlog needs +{extra:.1f}")
+    # Without the gateway's judgement the engines' p95s stand in for attainment. Only a
+    # breach with queued requests says capacity is short; one without (a slow cold
+    # start, long prompts) is not cured by more replicas.
+    if o.slo_within_rate is None and load is not None and ready > 0:
+        breach = max(
+            (o.ttft_p95_seconds or 0.0) / p.slo_ttft_seconds,
+            (o.inter_token_p95_seconds or 0.0) / p.slo_itl_seconds,
+        )
+        if breach > 1.0 and (o.queue_depth or 0.0) > 0.5 * ready:
+            need = max(need, load / utilization * min(breach, p.max_scale_up_rate))
+            notes.append(f"engine p95 over the SLO x{breach:.2f} with a queue (no gateway)")
+    return _Need(demand, utilization, need)
+
+
+def _held(
+    o: Observation,
+    p: Policy,
+    previous: DecisionState,
+    need: _Need,
+    capacity: _Capacity,
+    wanted: int,
+    notes: list[str],
+) -> tuple[int, Recent[int]]:
+    """6. No lower than the window's peak, nor on unknown load; with the window's needs.
+
+    Bursts recur, and a replica removed now costs a cold start when the next one comes.
+    Unknown load (missing families) never lowers the count, nor does a replica that did
+    not answer the last scrape: its share of the load is unknown, not zero, nor a
+    capacity the profile fit is still checking against the replicas (a fleet 1.9x slower
+    than its profile, scaled down on the profile before the fit knew, missed 10% of its
+    requests for two minutes: ``tests/test_replay_fit.py``).
+    """
+    needs = previous.need_history.within(o.now, p.scale_down_window_seconds, closed=False)
+    needs = needs.add(o.now, wanted)
     peak = max(needs.values())
     if peak > wanted:
         notes.append(f"window peak {peak}")
         wanted = peak
-
-    # Unknown load (missing families) never lowers the count, nor does a replica that
-    # did not answer the last scrape: its share of the load is unknown, not zero.
-    if need.load is None and previous.desired is not None:
+    if need.demand.load is None and previous.desired is not None:
         wanted = max(wanted, previous.desired)
         notes.append("load unknown: holding")
     elif _replicas_missing(o) and previous.desired is not None and wanted < previous.desired:
         wanted = previous.desired
         notes.append("a replica did not answer its scrape: holding")
+    elif capacity.verifying and previous.desired is not None and wanted < previous.desired:
+        wanted = previous.desired
+        evidence = capacity.step_fit.evidence
+        notes.append(f"profile fit at {evidence:.0f}s of {MIN_EVIDENCE_SECONDS:.0f}s: holding")
+    return wanted, needs
 
-    wanted, low_since = _step(p, previous, wanted, current, floor, need.panicking, now, notes)
-    desired = _bounded(p, wanted, recently_active, notes)
-    if abs(scale - 1.0) > 0.05:
-        notes.append(f"learned capacity x{scale:.2f}")
-    seen = predictive.demand_seen(activity.busy, activity.concurrency is not None, need.need)
-    season = predictive.learn(previous.season, now, seen, p)
-    state = DecisionState(
-        previous.decisions + 1,
-        desired,
-        need.panic_until,
-        low_since,
-        activity.last_activity,
-        scale,
-        need.history,
-        needs,
-        need.demand_history,
-        (mix.prompt_tokens, mix.output_tokens) if mix else previous.mix,
-        step_fit,
-    )
-    return Decision(
-        desired,
-        desired > 0,
-        replace(state, season=season),
-        _reason(need, desired, notes),
-        {**_inputs(need, scale, activity), "step_scale": step_scale},
-        need.panicking,
-        o.replicas_known,
+
+def _steered(move: attainment.Move) -> dict[str, float]:
+    """The attainment loop's numbers for logs and metrics (NaN where unknown)."""
+    return {
+        "headroom": move.headroom.value,
+        "attainment": math.nan if move.attainment is None else move.attainment,
+        "attainment_long": math.nan if move.long_run is None else move.long_run,
+    }
+
+
+def _steering(p: Policy) -> attainment.Steering:
+    return attainment.Steering(
+        p.slo_attainment,
+        p.headroom_step,
+        p.headroom_max,
+        p.headroom_half_life_seconds,
     )
 
 
@@ -195,161 +360,17 @@ def _fit_profile(
 def _scale_to_zero(
     previous: DecisionState, last_activity: float, now: float, current: int | None
 ) -> Decision:
-    state = DecisionState(
-        previous.decisions + 1,
-        0,
-        previous.panic_until,
-        None,
-        last_activity,
-        previous.capacity_scale,
-        Recent(),
-        demand_history=previous.demand_history,
-        mix=previous.mix,
-        step_fit=previous.step_fit,
+    state = replace(
+        previous,
+        decisions=previous.decisions + 1,
+        desired=0,
+        low_since=None,
+        last_activity=last_activity,
+        need_history=Recent(),
     )
     since = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
     reason = f"idle for {since}: scale to zero"
     return Decision(0, False, state, reason, {"concurrency": 0.0}, current_replicas=current)
-
-
-def _need(
-    o: Observation,
-    p: Policy,
-    previous: DecisionState,
-    activity: _Activity,
-    scale: float,
-    ready: int,
-    current: int,
-    notes: list[str],
-) -> _Need:
-    """Steps 2-5: stable need with the forecast and the short window, SLO, panic, cost."""
-    now = o.now
-    load = _load(o.prompt_token_rate, o.generation_token_rate, activity.concurrency, p, scale)
-    load_panic = _load(
-        o.prompt_token_rate_panic, o.generation_token_rate_panic, activity.concurrency, p, scale
-    )
-    history, forecast = _forecast_load(previous.load_history, load, p, now)
-    utilization = _utilization(o, p, notes)
-
-    # 2. Stable need, with the forecast.
-    planned = max(v for v in (load, forecast, 0.0) if v is not None)
-    need = planned / utilization
-    if forecast is not None and load is not None and forecast > load * 1.05:
-        notes.append(f"forecast {forecast:.1f} > load {load:.1f}")
-    # Plan for the short window too: a burst must be absorbed within the TTFT SLO, long
-    # before a cold start could help; the scale-down window then keeps that headroom
-    # for as long as such bursts recur.
-    if load_panic is not None and load_panic > planned:
-        need = max(need, load_panic / utilization)
-        notes.append(f"short-window load {load_panic:.1f}")
-
-    # 3. SLO feedback.
-    # Only a breach with queued requests at the engines says capacity is short; one
-    # without (a slow cold start, long prompts) is not cured by more replicas.
-    breach = max(
-        (o.ttft_p95_seconds or 0.0) / p.slo_ttft_seconds,
-        (o.inter_token_p95_seconds or 0.0) / p.slo_itl_seconds,
-    )
-    saturated = (o.queue_depth or 0.0) > 0.5 * max(ready, 1)
-    if breach > 1.0 and ready > 0 and saturated and load is not None:
-        need = max(need, load / utilization * min(breach, p.max_scale_up_rate))
-        notes.append(f"SLO breached x{breach:.2f} with a queue")
-
-    # 4. Panic.
-    panic_need = (load_panic or 0.0) / p.target_utilization
-    ttft_panic = (o.ttft_p95_panic_seconds or 0.0) > p.slo_ttft_seconds
-    starts_panic = (ready > 0 and panic_need >= p.panic_threshold * ready) or (
-        ttft_panic and saturated
-    )
-    panic_until = now + p.panic_hold_seconds if starts_panic else previous.panic_until
-    panicking = now < panic_until
-    if panicking:
-        need = max(need, panic_need, float(current))
-        notes.append("panic" if starts_panic else "panic hold")
-    return _Need(load, load_panic, forecast, history, utilization, need, panic_until, panicking)
-
-
-def _demand_need(
-    o: Observation,
-    p: Policy,
-    previous: DecisionState,
-    activity: _Activity,
-    rates: Rates,
-    ready: int,
-    current: int,
-    notes: list[str],
-) -> _Need:
-    """Steps 2-5 with a profile: demand, risk-sized headroom, backlog drain, panic.
-
-    Load is *demand*: the gateway's arrival rate over the requests per second one
-    replica sustains within the SLOs (served throughput when there is no gateway).
-    Served throughput would read a draining backlog, or replicas coming up, as load.
-    """
-    now = o.now
-    demand_now = None
-    if o.gateway_arrival_rate is not None and rates.requests_per_second:
-        demand_now = o.gateway_arrival_rate / rates.requests_per_second
-    demands = previous.demand_history.within(now, p.risk_lookback_seconds)
-    if demand_now is not None:
-        demands = demands.add(now, demand_now)
-    load = _demand_load(o, p, rates, activity, demands, demand_now, ready)
-    history, forecast = _forecast_load(previous.load_history, load, p, now)
-    utilization = _utilization(o, replace(p, target_utilization=p.profile_utilization), notes)
-    planned = max(v for v in (load, forecast, 0.0) if v is not None)
-    if forecast is not None and load is not None and forecast > load * 1.05:
-        notes.append(f"forecast {forecast:.1f} > load {load:.1f}")
-    headroom = 0.0
-    if demands.age(now) >= p.forecast_horizon_seconds:
-        headroom = risk.headroom(demands, p.forecast_horizon_seconds, p.risk_quantile)
-        if headroom >= 0.05:
-            notes.append(f"headroom {headroom:.1f}")
-    need = (planned + headroom) / utilization
-    extra = _backlog_extra(o, p, rates, ready, load)
-    if extra > 0 and load is not None:
-        need = max(need, (load + extra) / utilization)
-        notes.append(f"backlog needs +{extra:.1f}")
-    load_panic = demand_now
-    if load_panic is None and o.gateway_arrival_rate is None:
-        load_panic = _served(o, rates, panic=True)
-    panic_need = (load_panic or 0.0) / utilization
-    starts_panic = ready > 0 and panic_need >= p.panic_threshold * ready
-    panic_until = now + p.panic_hold_seconds if starts_panic else previous.panic_until
-    panicking = now < panic_until
-    if panicking:
-        need = max(need, panic_need, float(current))
-        notes.append("panic" if starts_panic else "panic hold")
-    return _Need(
-        load, load_panic, forecast, history, utilization, need, panic_until, panicking, demands
-    )
-
-
-def _demand_load(
-    o: Observation,
-    p: Policy,
-    rates: Rates,
-    activity: _Activity,
-    demands: Recent[float],
-    demand_now: float | None,
-    ready: int,
-) -> float | None:
-    """Demand over the stable window; served load, then concurrency, without a gateway.
-
-    With a gateway but no mix yet (no request has finished on the ready replicas since
-    they came up), demand is unknown, and the count holds: what they serve then is the
-    backlog that waited for them, at full batch (the demo's first replica read 2.9
-    replicas' worth and bought 4).
-    """
-    if demand_now is not None:
-        stable = demands.within(o.now, p.demand_window_seconds)
-        return sum(stable.values()) / len(stable)
-    if o.gateway_arrival_rate is not None and ready > 0:
-        return None
-    served = _served(o, rates, panic=False)
-    if served is not None:
-        return served
-    if activity.concurrency is not None:
-        return activity.concurrency / p.target_concurrency
-    return None
 
 
 def _served(o: Observation, rates: Rates, *, panic: bool) -> float | None:
@@ -386,22 +407,13 @@ def _backlog_extra(
     return max(left / max(p.backlog_drain_seconds, 1.0) - spare, 0.0)
 
 
-def _forecast_load(
-    previous: Recent[float], load: float | None, p: Policy, now: float
-) -> tuple[Recent[float], float | None]:
-    """The load history over the lookback, and the trend one horizon ahead."""
-    history = previous.within(now, p.forecast_lookback_seconds)
-    if load is not None:
-        history = history.add(now, load)
-    if load is None or not history or history.age(now) < p.forecast_lookback_seconds / 2:
-        return history, None
-    trend = _forecast(history.samples, now + p.forecast_horizon_seconds)
-    # a short, noisy history must not multiply the load: at most double it
-    return history, None if trend is None else min(trend, 2 * load + 1)
-
-
 def _utilization(o: Observation, p: Policy, notes: list[str]) -> float:
-    """5. The share of a replica to plan for: fuller when over the cost budget."""
+    """The share of a replica to plan for: fuller when over the cost budget.
+
+    A profile's capacity already stops at the SLOs (``profile_utilization``, 1 by
+    default); the priors are raw throughput (``target_utilization``).
+    """
+    planned = p.profile_utilization if profile_of(p) is not None else p.target_utilization
     cost_guard = (
         p.cost_budget_per_million_tokens is not None
         and o.cost_per_million_tokens is not None
@@ -409,8 +421,8 @@ def _utilization(o: Observation, p: Policy, notes: list[str]) -> float:
         and _slo_margin(o, p) >= 0.3
     )
     if not cost_guard:
-        return p.target_utilization
-    utilization = max(p.target_utilization, p.cost_guard_utilization)
+        return planned
+    utilization = max(planned, p.cost_guard_utilization)
     notes.append(
         f"cost ${o.cost_per_million_tokens:.3f}/1M over budget: plan {utilization:.0%} full"
     )
@@ -423,11 +435,10 @@ def _step(
     wanted: int,
     current: int,
     floor: int,
-    panicking: bool,
     now: float,
     notes: list[str],
 ) -> tuple[int, float | None]:
-    """6. Bounded steps and the scale-down delay; returns replicas and ``low_since``."""
+    """7. Bounded steps and the scale-down delay; returns replicas and ``low_since``."""
     low_since = previous.low_since
     first = previous.desired is None
     if first and wanted < current:
@@ -440,7 +451,7 @@ def _step(
         return min(wanted, max(current + 1, math.ceil(current * p.max_scale_up_rate))), None
     if wanted < current:
         low_since = now if low_since is None else low_since
-        if panicking or now - low_since < p.scale_down_delay_seconds:
+        if now - low_since < p.scale_down_delay_seconds:
             notes.append(f"holding {current} (below for {now - low_since:.0f}s)")
             return current, low_since
         return max(wanted, math.floor(current / p.max_scale_down_rate), floor), low_since
@@ -448,7 +459,7 @@ def _step(
 
 
 def _bounded(p: Policy, wanted: int, recently_active: bool, notes: list[str]) -> int:
-    """7. ``min_replicas`` .. ``max_replicas``; at least 1 while recently active."""
+    """8. ``min_replicas`` .. ``max_replicas``; at least 1 while recently active."""
     desired = min(max(wanted, p.min_replicas), p.max_replicas)
     if recently_active and desired == 0:
         desired = min(1, p.max_replicas)
@@ -458,48 +469,26 @@ def _bounded(p: Policy, wanted: int, recently_active: bool, notes: list[str]) ->
 
 
 def _reason(need: _Need, desired: int, notes: list[str]) -> str:
-    reason = f"load {need.load:.2f} replicas" if need.load is not None else "load unknown"
+    load = need.demand.load
+    reason = f"load {load:.2f} replicas" if load is not None else "load unknown"
     reason += f", need {need.need:.2f} at {need.utilization:.0%} -> {desired}"
     return reason + (" (" + "; ".join(notes) + ")" if notes else "")
 
 
-def _inputs(need: _Need, scale: float, activity: _Activity) -> dict[str, float]:
+def _inputs(need: _Need, capacity: _Capacity, activity: _Activity) -> dict[str, float]:
     """The numbers the reason refers to (NaN where unknown), for logs and metrics."""
 
     def known(value: float | None) -> float:
         return value if value is not None else math.nan
 
     return {
-        "load": known(need.load),
-        "load_panic": known(need.load_panic),
-        "forecast": known(need.forecast),
-        "capacity_scale": scale,
+        "load": known(need.demand.load),
+        "load_panic": known(need.demand.short),
+        "capacity_scale": capacity.scale,
+        "step_scale": capacity.step_scale,
         "need": need.need,
         "concurrency": known(activity.concurrency),
     }
-
-
-def _load(
-    prompt_rate: float | None,
-    generation_rate: float | None,
-    concurrency: float | None,
-    p: Policy,
-    scale: float,
-) -> float | None:
-    """Replicas' worth of work: token throughput over capacity.
-
-    In-flight requests over the per-replica target stand in when token rates are not
-    known yet (at zero, right after a restart). A queue that forms while replicas start
-    is backlog, not steady load: counting it as load would buy a replica per queued
-    request, so once token rates are known it only drives panic (see ``decide``).
-    """
-    if prompt_rate is not None and generation_rate is not None:
-        return (
-            prompt_rate / p.prefill_tokens_per_second + generation_rate / p.decode_tokens_per_second
-        ) / scale
-    if concurrency is not None:
-        return concurrency / p.target_concurrency
-    return None
 
 
 def _learn_capacity(
@@ -538,20 +527,6 @@ def _slo_margin(o: Observation, p: Policy) -> float:
     return 1.0 - max(
         o.ttft_p95_seconds / p.slo_ttft_seconds, o.inter_token_p95_seconds / p.slo_itl_seconds
     )
-
-
-def _forecast(history: tuple[tuple[float, float], ...], at: float) -> float | None:
-    """Least-squares line through the load history, evaluated at ``at`` (never below 0)."""
-    if len(history) < 4:
-        return None
-    n = len(history)
-    mean_t = sum(t for t, _ in history) / n
-    mean_v = sum(v for _, v in history) / n
-    var = sum((t - mean_t) ** 2 for t, _ in history)
-    if var <= 0:
-        return None
-    slope = sum((t - mean_t) * (v - mean_v) for t, v in history) / var
-    return max(0.0, mean_v + slope * (at - mean_t))
 
 
 def _replicas_missing(o: Observation) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from foundation.replica_model import Profile
+from scaler.core.attainment import Headroom
 from scaler.core.fit import StepFit
 from scaler.core.seasonal import SeasonalState
 from scaler.core.window import Recent
@@ -51,6 +52,10 @@ class Observation:
     gateway_arrival_rate: float | None = None
     gateway_buffered: int | None = None
     gateway_in_flight: int | None = None
+    slo_within_rate: float | None = None
+    """Requests per second the gateway saw meet the SLO (TTFT and mean ITL)."""
+    slo_outside_rate: float | None = None
+    """Requests per second the gateway saw miss it (late, failed or dropped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +74,15 @@ class Policy:
     """Share of a replica's capacity to plan for; the rest absorbs bursts."""
     slo_ttft_seconds: float = 2.0
     slo_itl_seconds: float = 0.1
-    panic_threshold: float = 2.0
-    """Panic when short-window load needs this many times the ready replicas."""
-    panic_hold_seconds: float = 60.0
-    """Stay in panic (no scale-down) this long after the last breach."""
+    slo_attainment: float = 0.99
+    """The share of requests to keep within both targets: the SLO the planner holds."""
+    headroom_step: float = 0.05
+    """Attainment below the target adds this to the headroom for each allowance of misses
+    the gateway's window shows (at most 10), once a window (``scaler.core.attainment``)."""
+    headroom_max: float = 1.0
+    """The headroom's bound (a share of the need); 0 turns the attainment loop off."""
+    headroom_half_life_seconds: float = 1800.0
+    """While attainment has margin the headroom halves this often."""
     scale_down_delay_seconds: float = 60.0
     """Desired must stay below current this long before replicas are removed."""
     scale_down_window_seconds: float = 300.0
@@ -81,7 +91,6 @@ class Policy:
     max_scale_down_rate: float = 2.0
     forecast_horizon_seconds: float = 60.0
     """About one cold start: scale-up starts this far ahead of the load."""
-    forecast_lookback_seconds: float = 120.0
     idle_grace_seconds: float = 120.0
     """No request at all for this long before scaling to zero."""
     seasonal_floor: bool = True
@@ -106,12 +115,14 @@ class Policy:
     """The SRE's own replica profiles (the scaler config's ``profiles``), which ``profile``
     may name beside the built-in ones: plain values, so a reload that changes one is a new
     policy, and the capacity cache (keyed by the profile's value) follows it."""
-    profile_utilization: float = 0.9
+    profile_utilization: float = 1.0
     """With a profile: the share of a replica's SLO capacity to plan for."""
     risk_lookback_seconds: float = 1800.0
     """With a profile: how far back the headroom looks for rises of demand."""
-    risk_quantile: float = 0.95
-    """With a profile: headroom is this quantile of the rises within one horizon."""
+    risk_quantile: float = 0.0
+    """With a profile: a standing headroom of this quantile of the demand's rises within
+    one horizon (``scaler.core.risk``); 0, the default, holds none: the attainment loop's
+    headroom held the SLO for less on the bench's traces (``bench/ablation.py``)."""
     backlog_drain_seconds: float = 20.0
     """With a profile: a backlog the ready replicas' spare capacity would not drain
     within this long asks for the replicas that would."""
@@ -134,13 +145,10 @@ class DecisionState:
 
     decisions: int = 0
     desired: int | None = None
-    panic_until: float = float("-inf")
     low_since: float | None = None
     last_activity: float = float("-inf")
     capacity_scale: float = 1.0
     """Learned: observed capacity over the priors (1.0 = the priors hold)."""
-    load_history: Recent[float] = field(default_factory=Recent)
-    """Load in replicas over the forecast lookback."""
     need_history: Recent[int] = field(default_factory=Recent)
     """Replicas needed over the scale-down window: scale down to their maximum."""
     demand_history: Recent[float] = field(default_factory=Recent)
@@ -152,6 +160,8 @@ class DecisionState:
     """With a profile: the fit of its step times to the replicas' (``scaler.core.fit``)."""
     season: SeasonalState = field(default_factory=SeasonalState)
     """Learned: demand per slot of the day and day kind (``scaler.core.seasonal``), bounded."""
+    headroom: Headroom = field(default_factory=Headroom)
+    """Steered by attainment (``scaler.core.attainment``): the share added to the need."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +174,6 @@ class Decision:
     reason: str
     inputs: dict[str, float] = field(default_factory=dict)
     """The numbers the reason refers to, for logs and metrics."""
-    panic: bool = False
     current_replicas: int | None = None
     """Replicas the exporter saw (the HPA's count), for ``hpa.metric_for``."""
     sleeping_replicas: int = 0

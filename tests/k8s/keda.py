@@ -202,9 +202,7 @@ IMMEDIATE_POLICY = {
     "target-utilization": 1,
     "scale-down-delay": "0s",
     "scale-down-window": "0s",
-    "panic-hold": "0s",
     "forecast-horizon": "0s",
-    "forecast-lookback": "1ms",  # no trend line through the test's steps
     "idle-grace": "0s",
     "max-scale-up-rate": 1000,
     "max-scale-down-rate": 1000,

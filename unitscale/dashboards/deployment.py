@@ -328,23 +328,23 @@ def _decision_row() -> Row:
         (
             Panel(
                 "Why that many replicas",
-                "What load, forecast and need led to the desired count?",
+                "What load and need led to the desired count?",
                 "short",
                 (
                     Query(f"max(unitscale_scaler_load_replicas{{{S}}})", "load"),
-                    Query(f"max(unitscale_scaler_load_panic_replicas{{{S}}})", "load (panic)"),
-                    Query(f"max(unitscale_scaler_forecast_replicas{{{S}}})", "forecast"),
+                    Query(
+                        f"max(unitscale_scaler_load_panic_replicas{{{S}}})", "load (short window)"
+                    ),
                     Query(f"max(unitscale_scaler_need_replicas{{{S}}})", "need"),
                     Query(f"max(unitscale_scaler_desired_replicas{{{S}}})", "desired"),
                 ),
             ),
             Panel(
                 "Scaler state",
-                "Is the target active, in panic, and does the scaler have fresh signals?",
+                "Is the target active, and does the scaler have fresh signals?",
                 "bool",
                 (
                     Query(f"max(unitscale_scaler_active{{{S}}})", "active"),
-                    Query(f"max(unitscale_scaler_panic_mode{{{S}}})", "panic"),
                     Query(f"min(unitscale_scaler_signals_available{{{S}}})", "signals"),
                     Query(f"max(unitscale_signal_partial{{{D}}})", "signals partial"),
                 ),

@@ -194,6 +194,12 @@ def gateway_config(plan: Plan, replicas: list[str]) -> dict[str, Any]:
         "rate-window": plan.rate_window / c,
         # Failures are rare here and checks cost CPU: no faster than 4 per second.
         "health-interval": max(plan.health_interval / c, 0.25),
+        # Judged as the scaler plans: its SLO, on the compressed clock.
+        "slo": {
+            "ttft": plan.slo_ttft / c,
+            "itl": plan.slo_itl / c,
+            "attainment": plan.policy.slo_attainment,
+        },
     }
 
 

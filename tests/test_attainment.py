@@ -1,0 +1,163 @@
+"""The attainment loop: headroom rises on misses in both windows, falls slowly on margin."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scaler.core.attainment import Headroom, Steering, steer
+from scaler.core.decide import decide
+from scaler.core.model import DecisionState, Observation, Policy
+from scaler.core.window import Recent
+
+S = Steering()  # target 0.99, step 0.05, max 1.0, half-life 1800 s, window 60 s
+
+
+def history(
+    now: float, within: float, outside: float, seconds: float = 600.0
+) -> Recent[tuple[float, float]]:
+    """Readings every 15 s over ``seconds`` before ``now``."""
+    n = int(seconds // 15)
+    return Recent(tuple((now - 15.0 * (n - i), (within, outside)) for i in range(n)))
+
+
+T = 10_000.0
+BAD_LONG = history(T, 95.0, 5.0)  # a long window at 95%
+GOOD_LONG = history(T, 100.0, 0.0)  # a long window at 100%
+
+
+@pytest.mark.parametrize(
+    ("previous", "within", "outside", "expected"),
+    [
+        pytest.param(Headroom(0.3), None, 1.0, 0.3, id="no gateway judgement holds the headroom"),
+        pytest.param(Headroom(0.3), 0.1, 0.1, 0.3, id="too few requests judged hold it"),
+        pytest.param(
+            Headroom(0.2, T - 15, judged=BAD_LONG),
+            60.0,
+            3.0,
+            0.2 + 0.05 * (3 / 63) / 0.01,
+            id="both windows below target raise it a step per allowance missed",
+        ),
+        pytest.param(
+            Headroom(0.2, T - 15, judged=GOOD_LONG),
+            90.0,
+            10.0,
+            0.2,
+            id="a bad minute inside a long window above target holds it",
+        ),
+        pytest.param(
+            Headroom(0.2, T - 15, raised=T - 30, judged=BAD_LONG),
+            90.0,
+            10.0,
+            0.2,
+            id="a second rise waits one gateway window for the replicas the first bought",
+        ),
+        pytest.param(
+            Headroom(0.9, T - 15, judged=BAD_LONG),
+            50.0,
+            50.0,
+            1.0,
+            id="a rise stops at headroom_max",
+        ),
+        pytest.param(
+            Headroom(0.0, T - 15, judged=BAD_LONG),
+            1.0,
+            99.0,
+            0.5,
+            id="a window of misses counts ten allowances at most",
+        ),
+        pytest.param(
+            Headroom(0.4, T - 1800, judged=GOOD_LONG),
+            100.0,
+            0.0,
+            0.2,
+            id="margin in both windows halves it each half-life",
+        ),
+        pytest.param(
+            Headroom(0.006, T - 1800, judged=GOOD_LONG),
+            100.0,
+            0.0,
+            0.0,
+            id="a headroom below half a percent falls to zero",
+        ),
+        pytest.param(
+            Headroom(0.4, T - 1800, judged=history(T, 99.2, 0.8)),
+            99.2,
+            0.8,
+            0.4,
+            id="a long window within target but without margin holds it",
+        ),
+    ],
+)
+def test_steer(previous: Headroom, within: float | None, outside: float, expected: float) -> None:
+    move = steer(previous, within, outside, T, S)
+    assert move.headroom.value == pytest.approx(expected)
+    assert (move.reason is not None) == (move.headroom.value > previous.value)
+
+
+def test_the_docstrings_worked_numbers() -> None:
+    rose = steer(Headroom(0.2, T - 15, judged=history(T, 98.5, 1.5)), 60.0, 3.0, T, S)
+    assert rose.headroom.value == pytest.approx(0.2 + 0.05 * (3 / 63) / 0.01)
+    assert rose.headroom.value == pytest.approx(0.44, abs=0.005)
+    later = T + 900
+    calm = replace(
+        rose.headroom, judged=history(later, 99.6, 0.4, 1500).add(later - 1, (99.6, 0.4))
+    )
+    fell = steer(calm, 100.0, 0.0, later, S)
+    assert fell.headroom.value == pytest.approx(rose.headroom.value * 0.5**0.5)
+
+
+@given(
+    value=st.floats(0.0, 1.0),
+    within=st.floats(0.0, 1e4),
+    outside=st.floats(0.0, 1e4),
+    elapsed=st.floats(0.0, 1e5),
+)
+def test_the_headroom_stays_within_its_bounds(
+    value: float, within: float, outside: float, elapsed: float
+) -> None:
+    move = steer(Headroom(value, T - elapsed, judged=BAD_LONG), within, outside, T, S)
+    assert 0.0 <= move.headroom.value <= S.headroom_max
+    assert not math.isnan(move.headroom.value)
+
+
+def _observation(now: float, within: float | None, outside: float | None) -> Observation:
+    return Observation(
+        now=now,
+        signal_time=now,
+        queue_depth=0.0,
+        requests_running=40.0,
+        request_rate=20.0,
+        prompt_token_rate=20_000.0,
+        generation_token_rate=4_000.0,
+        mean_prompt_tokens=1_000.0,
+        mean_output_tokens=200.0,
+        replicas_up=4,
+        replicas_known=4,
+        gateway_arrival_rate=20.0,
+        gateway_buffered=0,
+        gateway_in_flight=40,
+        slo_within_rate=within,
+        slo_outside_rate=outside,
+    )
+
+
+def test_decide_plans_more_replicas_while_the_gateway_sees_the_slo_missed() -> None:
+    policy = Policy(profile="llama3-8b-h200")
+    counts, headroom = {}, {}
+    for label, within, outside in (
+        ("met", 20.0, 0.0),
+        ("missed", 18.0, 2.0),
+        ("unknown", None, None),
+    ):
+        state = DecisionState()
+        for i in range(8):
+            decision = decide(_observation(1_000.0 + 15 * i, within, outside), policy, state)
+            state = decision.state
+        counts[label], headroom[label] = decision.desired_replicas, state.headroom.value
+    assert counts["missed"] > counts["met"] == counts["unknown"]
+    assert headroom["missed"] > 0.0 == headroom["met"] == headroom["unknown"]
