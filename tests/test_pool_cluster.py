@@ -10,11 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay.pool.cluster import NODE_COLUMNS, TASK_COLUMNS, Node, Task, read_nodes, read_tasks
+from tests.shared_data import shared
 
-ALIBABA = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-2023"
-NODES = ALIBABA / "openb_node_list_gpu_node.csv"
-DEFAULT = ALIBABA / "openb_pod_list_default.csv"
-GPUSPEC = ALIBABA / "openb_pod_list_gpuspec33.csv"
+ALIBABA = ("traces", "alibaba-gpu-2023")
+NODES_CSV = "openb_node_list_gpu_node.csv"
+DEFAULT_CSV = "openb_pod_list_default.csv"
+GPUSPEC_CSV = "openb_pod_list_gpuspec33.csv"
+
+
+def alibaba(name: str) -> Path:
+    """One of the Alibaba trace's files in ``../shared`` (skips without it)."""
+    return shared(*ALIBABA, name)
+
 
 GOOD_TASK = {
     "name": "pod-a",
@@ -45,7 +52,7 @@ def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, str]]) 
 
 
 def test_the_real_node_list_is_1213_nodes_with_6212_gpus_of_seven_models():
-    nodes = read_nodes(NODES)
+    nodes = read_nodes(alibaba(NODES_CSV))
     assert len(nodes) == 1213
     assert sum(node.gpus for node in nodes) == 6212
     assert Counter(node.model for node in nodes) == {
@@ -60,9 +67,9 @@ def test_the_real_node_list_is_1213_nodes_with_6212_gpus_of_seven_models():
     assert nodes[0] == Node("openb-node-0000", "P100", 2, 64000, 262144)
 
 
-@pytest.mark.parametrize("path", [DEFAULT, GPUSPEC], ids=["default", "gpuspec33"])
-def test_the_real_pod_lists_are_8152_tasks_sorted_from_zero(path):
-    tasks = read_tasks(path)
+@pytest.mark.parametrize("name", [DEFAULT_CSV, GPUSPEC_CSV], ids=["default", "gpuspec33"])
+def test_the_real_pod_lists_are_8152_tasks_sorted_from_zero(name):
+    tasks = read_tasks(alibaba(name))
     assert len(tasks) == 8152
     assert tasks[0].arrival == 0
     assert [(t.arrival, t.name) for t in tasks] == sorted((t.arrival, t.name) for t in tasks)
@@ -77,8 +84,8 @@ def test_the_real_pod_lists_are_8152_tasks_sorted_from_zero(path):
 
 
 def test_the_gpuspec33_list_carries_type_constraints_and_the_default_none():
-    assert all(t.gpu_types == () for t in read_tasks(DEFAULT))
-    constrained = [t for t in read_tasks(GPUSPEC) if t.gpu_types]
+    assert all(t.gpu_types == () for t in read_tasks(alibaba(DEFAULT_CSV)))
+    constrained = [t for t in read_tasks(alibaba(GPUSPEC_CSV)) if t.gpu_types]
     assert len(constrained) == 8152 - 5764
     models = {m for t in constrained for m in t.gpu_types}
     assert models <= {"G2", "T4", "P100", "G3", "V100M16", "V100M32", "A10"}
@@ -87,8 +94,8 @@ def test_the_gpuspec33_list_carries_type_constraints_and_the_default_none():
 
 @pytest.mark.parametrize("fraction", [0.01, 0.1, 0.5])
 def test_a_node_fraction_keeps_each_model_and_size_with_its_share(fraction):
-    full = Counter((n.model, n.gpus) for n in read_nodes(NODES))
-    kept = Counter((n.model, n.gpus) for n in read_nodes(NODES, fraction))
+    full = Counter((n.model, n.gpus) for n in read_nodes(alibaba(NODES_CSV)))
+    kept = Counter((n.model, n.gpus) for n in read_nodes(alibaba(NODES_CSV), fraction))
     assert set(kept) == set(full)  # every group keeps at least one node
     for group, size in full.items():
         assert kept[group] == max(1, int(fraction * size + 0.5)), group
@@ -98,19 +105,19 @@ def test_a_node_fraction_keeps_each_model_and_size_with_its_share(fraction):
 @given(st.floats(0.01, 1.0), st.floats(0.01, 1.0))
 def test_a_larger_fraction_keeps_a_superset_of_the_same_rows(a, b):
     small, large = sorted((a, b))
-    assert set(read_nodes(NODES, small)) <= set(read_nodes(NODES, large))
-    assert read_nodes(NODES, small) == read_nodes(NODES, small)
-    names_small = {t.name for t in read_tasks(DEFAULT, small)}
-    assert names_small <= {t.name for t in read_tasks(DEFAULT, large)}
+    assert set(read_nodes(alibaba(NODES_CSV), small)) <= set(read_nodes(alibaba(NODES_CSV), large))
+    assert read_nodes(alibaba(NODES_CSV), small) == read_nodes(alibaba(NODES_CSV), small)
+    names_small = {t.name for t in read_tasks(alibaba(DEFAULT_CSV), small)}
+    assert names_small <= {t.name for t in read_tasks(alibaba(DEFAULT_CSV), large)}
 
 
 def test_a_task_fraction_is_stable_rebased_and_about_its_share():
-    tasks = read_tasks(DEFAULT, 0.25)
-    assert tasks == read_tasks(DEFAULT, 0.25)
+    tasks = read_tasks(alibaba(DEFAULT_CSV), 0.25)
+    assert tasks == read_tasks(alibaba(DEFAULT_CSV), 0.25)
     assert 0.22 * 8152 < len(tasks) < 0.28 * 8152
     assert tasks[0].arrival == 0
     # The same names in both pod lists, so both keep the same tasks.
-    assert [t.name for t in tasks] == [t.name for t in read_tasks(GPUSPEC, 0.25)]
+    assert [t.name for t in tasks] == [t.name for t in read_tasks(alibaba(GPUSPEC_CSV), 0.25)]
 
 
 @pytest.mark.parametrize(
@@ -211,9 +218,9 @@ def test_a_file_missing_a_column_says_which(tmp_path):
 @pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5, float("nan")])
 def test_a_fraction_outside_zero_to_one_is_refused(fraction):
     with pytest.raises(ValueError, match="not within"):
-        read_nodes(NODES, fraction)
+        read_nodes(alibaba(NODES_CSV), fraction)
     with pytest.raises(ValueError, match="not within"):
-        read_tasks(DEFAULT, fraction)
+        read_tasks(alibaba(DEFAULT_CSV), fraction)
 
 
 def test_a_file_without_rows_is_refused(tmp_path):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,8 +16,7 @@ from replay.pool.placement import (
     TaskMix,
     TaskShape,
 )
-
-ALIBABA = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-2023"
+from tests.shared_data import shared
 
 HALF = TaskMix(((TaskShape(1, 500, ()), 1.0),))
 """A target workload of 0.5-GPU tasks only."""
@@ -511,8 +508,8 @@ def test_fgds_choice_never_leaves_more_unallocatable_than_the_others(nodes_spec,
 
 
 def test_the_typed_trace_lands_every_task_on_an_allowed_model_with_room():
-    nodes = read_nodes(ALIBABA / "openb_node_list_gpu_node.csv", 0.2)
-    tasks = read_tasks(ALIBABA / "openb_pod_list_gpuspec33.csv", 0.2)
+    nodes = read_nodes(shared("traces", "alibaba-gpu-2023", "openb_node_list_gpu_node.csv"), 0.2)
+    tasks = read_tasks(shared("traces", "alibaba-gpu-2023", "openb_pod_list_gpuspec33.csv"), 0.2)
     mix = TaskMix.of(tasks)
     pool = Pool.of(nodes)
     before = pool.unallocatable_cards(mix)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,10 +12,7 @@ from replay.policies import StaticPeak
 from replay.run import POLICIES, ReplayOptions, run_policies, write_report
 from replay.simulate import SimConfig, cold_start_seconds, simulate
 from replay.trace import Trace, read_trace
-
-MOONCAKE = (
-    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
-)
+from tests.shared_data import shared
 
 CONFIG = SimConfig(LLAMA3_8B_H200, max_replicas=8, tail=300.0)
 OPTIONS = ReplayOptions("test", 1.0, 1.0, 0, target_concurrency=16.0)
@@ -122,10 +118,8 @@ def test_a_bound_that_reaches_the_target_says_so_in_results_json(tmp_path):
 def test_on_mooncake_no_static_fleet_is_cheaper_than_the_clairvoyant_at_its_slo():
     # The audit's case: the old fit (one multiplier, no cold start) cost 3.97 GPU-h at
     # 99.02% while 13 static replicas met 99.07% for 3.70 GPU-h.
-    if not MOONCAKE.exists():
-        pytest.skip("shared/traces is not beside this checkout")
     config = SimConfig(LLAMA3_8B_H200, max_replicas=16)
-    trace = read_trace(MOONCAKE)
+    trace = read_trace(shared("traces", "mooncake_synthetic_trace.jsonl"))
     results = run_policies(trace, ["oracle", "static-peak"], config, OPTIONS)
     bound = results["oracle"].metrics
     assert bound["reached_slo_target"] is True

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,18 +15,14 @@ from foundation.replica_model import (
     QWEN25_32B_H200,
     chunk_budget_for_itl,
 )
+from tests.shared_data import shared
 
-CALIBRATION = (
-    Path(__file__).resolve().parents[2] / "shared" / "calibration" / "h200-step-times.json"
-)
 MODELS = {"llama3-8b-h200": "llama3-8b", "qwen2.5-32b-h200": "qwen2.5-32b"}
 
 
 @pytest.fixture(scope="module")
 def calibration():
-    if not CALIBRATION.exists():
-        pytest.skip("shared/calibration is not beside this checkout")
-    return json.loads(CALIBRATION.read_text())["models"]
+    return json.loads(shared("calibration", "h200-step-times.json").read_text())["models"]
 
 
 @pytest.mark.parametrize("profile", list(PROFILES.values()), ids=list(PROFILES))
