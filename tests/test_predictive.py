@@ -12,7 +12,7 @@ import pytest
 from foundation.errors import ConfigError, MetadataError
 from scaler.config import parse_config
 from scaler.core import Decision, DecisionState, Observation, Policy, decide
-from scaler.core.predictive import PREWARM_FORECAST, demand_seen
+from scaler.core.predictive import demand_seen
 from scaler.metadata import parse_metadata
 from scaler.prewarm import plan
 
@@ -142,9 +142,9 @@ def test_at_zero_before_the_return(
     assert decision.active is (desired > 0)
     assert reason in decision.reason, decision.reason
     assert ("forecast" in decision.reason) is (prewarm or desired > 0)
-    assert (PREWARM_FORECAST in decision.inputs) is prewarm
+    assert (decision.prewarm_forecast is not None) is prewarm
     if prewarm:
-        assert decision.inputs[PREWARM_FORECAST] == pytest.approx(20 / 16 / 0.7)
+        assert decision.prewarm_forecast == pytest.approx(20 / 16 / 0.7)
 
 
 def test_the_first_request_meets_a_running_replica(two_days: DecisionState) -> None:
@@ -169,7 +169,7 @@ def test_a_wrong_forecast_counts_against_it_and_its_own_replica_is_no_traffic() 
     decision = decide(seen(thursday + 9 * HOUR - 50, 0), FLOOR, state)
     # busy on 2 of 3 days is below the 0.75 confidence: the held replica taught nothing
     assert decision.desired_replicas == 0
-    assert PREWARM_FORECAST not in decision.inputs
+    assert decision.prewarm_forecast is None
 
 
 def test_the_forecast_is_carried_bounded(two_days: DecisionState) -> None:
@@ -187,14 +187,10 @@ def test_a_missing_load_teaches_nothing() -> None:
     assert demand_seen(True, True, 0.0) == 1.0
 
 
-def test_the_prewarm_reads_the_input_the_forecast_sets() -> None:
-    assert PREWARM_FORECAST == plan.PREWARM_FORECAST
-
-
 def test_no_forecast_on_the_first_day() -> None:
     state, _ = decided(1, office, FLOOR)
     decision = decide(seen(MONDAY + DAY + 9 * HOUR - 50, 0), FLOOR, state)
-    assert decision.desired_replicas == 0 and PREWARM_FORECAST not in decision.inputs
+    assert decision.desired_replicas == 0 and decision.prewarm_forecast is None
     assert math.isfinite(decision.state.season.open_peak)
 
 
@@ -273,7 +269,7 @@ def test_the_forecast_prewarms_the_fluid_cache_before_the_first_request(
     for t in range(int(WEDNESDAY), int(WEDNESDAY + 9 * HOUR - 240), int(STEP)):
         decision = decide(seen(float(t), 0), NO_FLOOR, state)
         state = decision.state
-        forecast = (decision.inputs.get(plan.PREWARM_FORECAST) or 0.0) > 0
+        forecast = (decision.prewarm_forecast or 0.0) > 0
         made = plan.plan(
             KEY,
             SPEC,

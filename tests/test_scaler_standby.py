@@ -17,7 +17,6 @@ from foundation.errors import MetadataError
 from foundation.replica_model import LLAMA3_8B_H200
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.core import Decision, DecisionState, Observation, Policy, decide
-from scaler.core.predictive import PREWARM_FORECAST
 from scaler.core.standby import (
     STANDBY_INTERVAL,
     StandbyState,
@@ -37,9 +36,9 @@ SETUP = standby_setup(PROFILED, StandbyPolicy(), cache=False)
 STANDBY = {"profile": LLAMA3_8B_H200.name, "standby": "true", "idleGrace": "60s"}
 
 
-def decision(desired: int, last_activity: float, **inputs: float) -> Decision:
+def decision(desired: int, last_activity: float, forecast: float | None = None) -> Decision:
     state = DecisionState(desired=desired, last_activity=last_activity)
-    return Decision(desired, desired > 0, state, f"-> {desired}", dict(inputs))
+    return Decision(desired, desired > 0, state, f"-> {desired}", prewarm_forecast=forecast)
 
 
 def need(*levels: float) -> StandbyState:
@@ -83,7 +82,7 @@ def need(*levels: float) -> StandbyState:
             id="standbyMaxSleeping 0 holds none",
         ),
         pytest.param(
-            decision(0, T0 - 3601, **{PREWARM_FORECAST: 2.0}), StandbyState(), SETUP, 2, True,
+            decision(0, T0 - 3601, forecast=2.0), StandbyState(), SETUP, 2, True,
             "replica 2 was needed",
             id="a confident seasonal return of two holds two sleepers past the release",
         ),

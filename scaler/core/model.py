@@ -179,3 +179,7 @@ class Decision:
     sleeping_replicas: int = 0
     """Replicas to hold asleep beside ``desired_replicas`` (the standby plan,
     ``scaler.core.standby``): KEDA is asked for both, the gateway puts these to sleep."""
+    prewarm_forecast: float | None = None
+    """At zero: the replicas a confident seasonal forecast expects within
+    ``seasonal_prewarm_lead_seconds`` (``scaler.core.predictive``), on which the Fluid
+    prewarm warms the cache and the standby plan holds sleepers; None without one."""

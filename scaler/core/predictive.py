@@ -6,7 +6,7 @@ signal is never an idle slot). Only the decision at zero asks it, for a confiden
 *return* of traffic (a slot busy on most days after one that is not):
 
 - **prewarm** from ``seasonal_prewarm_lead_seconds`` before the expected return: the
-  decision's inputs carry ``prewarm_forecast`` (the replicas expected), on which the
+  decision carries ``prewarm_forecast`` (the replicas expected), on which the
   Fluid prewarm (``scaler.prewarm.plan``) warms the cache while still at zero;
 - **first replica** (``seasonal_floor``) from ``forecast_horizon_seconds`` (about one cold
   start) before it: the decision holds the replicas the forecast expects (at least 1),
@@ -20,13 +20,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Final
 
 from scaler.core.model import Decision, Policy
 from scaler.core.seasonal import SeasonalPolicy, SeasonalState, expected_return, observe
-
-PREWARM_FORECAST: Final = "prewarm_forecast"
-"""The decision input the Fluid prewarm reads (``scaler.prewarm.plan.PREWARM_FORECAST``)."""
 
 
 def seasonal_policy(p: Policy) -> SeasonalPolicy:
@@ -69,10 +65,8 @@ def at_zero(decision: Decision, p: Policy, season: SeasonalState, now: float) ->
     if not forecast.confident or forecast.expected_at is None or not forecast.peak:
         return decision
     until = forecast.expected_at - now
-    inputs = dict(decision.inputs)
     prewarm = 0 < p.seasonal_prewarm_lead_seconds and until <= p.seasonal_prewarm_lead_seconds
-    if prewarm:
-        inputs[PREWARM_FORECAST] = forecast.peak
+    expected = forecast.peak if prewarm else None
     if p.seasonal_floor and until <= floor_lead:
         wanted = min(max(1, math.ceil(forecast.peak - 1e-9), p.min_replicas), p.max_replicas)
         return Decision(
@@ -80,10 +74,11 @@ def at_zero(decision: Decision, p: Policy, season: SeasonalState, now: float) ->
             True,
             replace(decision.state, desired=wanted),
             f"forecast: {forecast.reason}: {wanted} started ahead of it",
-            inputs,
+            decision.inputs,
             current_replicas=decision.current_replicas,
+            prewarm_forecast=expected,
         )
     if not prewarm:
         return decision
     reason = f"{decision.reason} (forecast: {forecast.reason}: prewarm)"
-    return replace(decision, reason=reason, inputs=inputs)
+    return replace(decision, reason=reason, prewarm_forecast=expected)

@@ -4,7 +4,7 @@ A ScaledObject with ``standby: true`` has every decision passed through ``with_s
 the replay's ``plan_standby`` (``scaler.core.tiers``) over the same inputs the replay's
 ``StandbyController`` gives it: the desired replicas sampled every ``STANDBY_INTERVAL``
 over ``STANDBY_WINDOW`` (the fleet's need), the decision's last activity, the policy's
-TTFT SLO, and a confident seasonal return (``prewarm_forecast``) as the forecast. The
+TTFT SLO, and a confident seasonal return (``Decision.prewarm_forecast``) as the forecast. The
 decision then carries the plan's sleepers (``Decision.sleeping_replicas``), its reason
 the plan's, and it stays active while any is held: KEDA is asked for running + sleeping
 pods, and the gateway puts the sleepers to sleep (``serving.routing.choose_standby``).
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from foundation.replica_model import WarmTiers, warm_tiers
 from scaler.core.capacity import profile_for
 from scaler.core.model import Decision, Policy
-from scaler.core.predictive import PREWARM_FORECAST
 from scaler.core.tiers import StandbyInputs, StandbyPolicy, plan_standby
 from scaler.core.window import Recent
 
@@ -84,7 +83,7 @@ def with_standby(
     if now >= next_sample:
         need = need.within(now, STANDBY_WINDOW).add(now, float(running))
         next_sample = now + STANDBY_INTERVAL
-    forecast = decision.inputs.get(PREWARM_FORECAST)
+    forecast = decision.prewarm_forecast
     inputs = StandbyInputs(
         now=now,
         desired_running=running,

@@ -17,7 +17,7 @@ When the cache is wanted
 Triggers
     A scale-from-zero (inactive to active: the first buffered arrival activates the
     decision), each scale-out step (more replicas desired than before), and at zero a
-    forecast of returning traffic (``PREWARM_FORECAST`` in the decision's inputs) start a
+    forecast of returning traffic (``Decision.prewarm_forecast``) start a
     warm-up clock when the cache is cold; ``timeout_seconds`` later the plan reports
     ``timed-out`` (the load may go on; the replicas start cold) until the cache is warm
     or the next trigger. A warm cache starts no clock.
@@ -75,10 +75,6 @@ PrewarmState = Literal[
 STATES: Final[tuple[PrewarmState, ...]] = get_args(PrewarmState)
 """Every state, for the metric's label set."""
 
-PREWARM_FORECAST: Final = "prewarm_forecast"
-"""A decision input: replicas a confident forecast expects within about one load time,
-while the decision is still at zero (above 0: warm the cache now). Set by the decision
-core's forecast when it has one; absent, only arrivals and scale-outs trigger."""
 
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGER: Final = "unitscale-scaler"
@@ -255,7 +251,7 @@ def plan(
         fluid: what the watches see of Datasets and DataLoads.
         now: unix seconds.
         forecast: at zero, a forecast expects traffic within about one load time
-            (``PREWARM_FORECAST`` in the decision's inputs): a trigger, and the cache
+            (``Decision.prewarm_forecast``): a trigger, and the cache
             is wanted while it lasts.
     """
     track, triggered = _follow(track, active, desired, forecast and not active, now)

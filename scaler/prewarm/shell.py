@@ -34,7 +34,6 @@ from foundation.kube import (
 )
 from scaler.core import Decision
 from scaler.prewarm.plan import (
-    PREWARM_FORECAST,
     Delete,
     FluidView,
     PrewarmPlan,
@@ -143,7 +142,7 @@ class Prewarmer:
             desired=decision.desired_replicas,
             fluid=self._view(),
             now=now,
-            forecast=(decision.inputs.get(PREWARM_FORECAST) or 0.0) > 0,
+            forecast=(decision.prewarm_forecast or 0.0) > 0,
         )
         if entry.plan is None or (entry.plan.state, entry.plan.reason) != (made.state, made.reason):
             log.info("ScaledObject %s/%s: prewarm %s: %s", *scaled.key, made.state, made.reason)
