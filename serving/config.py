@@ -58,10 +58,12 @@ class SloConfig(BaseModel):
     """Mean inter-token latency of one request (up to a minute)."""
     attainment: float = Field(_SLO.attainment, gt=0, le=1)
     """The share of requests to keep within both, above 0 and at most 1."""
+    window: Seconds = Field(_SLO.window_seconds, gt=0, le=3600)
+    """The window the within and outside rates are published over (up to an hour)."""
 
     def targets(self) -> SloTargets:
         """The targets as the gateway judges by them."""
-        return SloTargets(self.ttft, self.itl, self.attainment)
+        return SloTargets(self.ttft, self.itl, self.attainment, self.window)
 
 
 class GatewayConfig(BaseModel):

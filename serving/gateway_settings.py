@@ -34,7 +34,8 @@ class GatewaySettings:
     connect_retries: int = 2
     signal_interval: float = 1.0
     rate_window: float = 10.0
-    """Seconds over which the arrival, upstream-error and SLO within/outside rates are measured."""
+    """Seconds over which the arrival and upstream-error rates are measured (the SLO rates:
+    ``slo.window_seconds``)."""
     dns: str | None = None
     """``host:port`` of a headless Service: every A record is a replica (re-resolved each check)."""
     wake_timeout: float = 60.0

@@ -46,15 +46,20 @@ class TrafficStats:
 def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) -> Snapshot:
     """The gateway's snapshot for the scaler; forgets what happened before the window.
 
-    Every rate is over the same window, ``rate_window`` (the gateway has no other): the
-    arrival and upstream-error rates count requests as they arrive or fail, the SLO rates
-    (``slo_within_rate``, ``slo_outside_rate``) count them as they end and are judged. A
-    request still waiting or streaming is in neither yet: it shows in ``buffered`` and
-    ``in_flight``.
+    The arrival and upstream-error rates count requests as they arrive or fail over
+    ``rate_window``; the SLO rates (``slo_within_rate``, ``slo_outside_rate``) count them
+    as they end and are judged, over the ``slo`` block's window (a minute: the scaler
+    steers by them, and ten seconds hold too few requests to judge). A request still
+    waiting or streaming is in neither yet: it shows in ``buffered`` and ``in_flight``.
     """
-    window = settings.rate_window
-    for times in (stats.arrivals, stats.errors, stats.within, stats.outside):
-        while times and now - times[0] > window:
+    window, judged = settings.rate_window, settings.slo.window_seconds
+    for times, seconds in (
+        (stats.arrivals, window),
+        (stats.errors, window),
+        (stats.within, judged),
+        (stats.outside, judged),
+    ):
+        while times and now - times[0] > seconds:
             times.popleft()
     signals = GatewaySignals(
         time=now,
@@ -63,8 +68,8 @@ def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) 
         in_flight=stats.in_flight,
         last_arrival_time=stats.last_arrival,
         upstream_error_rate=len(stats.errors) / window,
-        slo_within_rate=len(stats.within) / window,
-        slo_outside_rate=len(stats.outside) / window,
+        slo_within_rate=len(stats.within) / judged,
+        slo_outside_rate=len(stats.outside) / judged,
     )
     return Snapshot((settings.namespace, settings.deployment, ""), signals)
 

@@ -66,6 +66,9 @@ class SloTargets:
     attainment: float = 0.99
     """The share of requests that should be within both (``slo_attainment``): reported
     for dashboards and alerts; the judging does not use it."""
+    window_seconds: float = 60.0
+    """The window the within and outside rates the scaler steers by are counted over:
+    the replay's (its stable window), long enough to hold a minute's requests."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -286,6 +286,10 @@ def test_an_slo_block_sets_the_targets():
         pytest.param(
             "slo: {attainment: .nan}", ["key 'slo.attainment'", "finite"], id="a-nan-attainment"
         ),
+        pytest.param(
+            "slo: {window: 0s}", ["key 'slo.window'", "greater than 0"], id="a-zero-window"
+        ),
+        pytest.param("slo: {window: 2h}", ["key 'slo.window'", "3600"], id="a-window-over-an-hour"),
         pytest.param("slo: {p95: 1s}", ["unknown key 'slo.p95'"], id="an-unknown-slo-key"),
         pytest.param("slo: 2s", ["key 'slo'"], id="an-slo-that-is-not-a-block"),
     ],
@@ -330,7 +334,7 @@ async def post(gateway, body) -> int:
 
 async def test_requests_a_fast_replica_answers_are_within_and_the_signals_carry_the_rates():
     sim = await start_sim()
-    gateway = await start_gateway([sim.url], rate_window=60.0)
+    gateway = await start_gateway([sim.url])
     try:
         await wait_ready(gateway, 1)
         assert await post(gateway, completion(max_tokens=16)) == 200
@@ -343,7 +347,8 @@ async def test_requests_a_fast_replica_answers_are_within_and_the_signals_carry_
         published = answer.signals[0].gateway
         assert published.HasField("slo_outside_rate")  # a known 0, not unknown
         assert (published.slo_within_rate, published.slo_outside_rate) == (3 / 60, 0.0)
-        assert published.arrival_rate == 3 / 60  # the same window
+        # The SLO rates are over the slo block's window (60 s), arrivals over rate-window.
+        assert published.arrival_rate == 3 / 10
         target = "unitscale_gateway_slo_attainment_target_ratio"
         assert f'{target}{{deployment="llama",namespace="team-a"}} 0.99' in (
             gateway.gateway.metrics.render().decode()
@@ -355,7 +360,7 @@ async def test_requests_a_fast_replica_answers_are_within_and_the_signals_carry_
 
 async def test_a_first_token_after_the_ttft_target_is_outside():
     (fake,) = await fakes(stream_on_demand)
-    gateway = await start_gateway([fake.url], rate_window=60.0, slo=SloTargets(ttft_seconds=0.2))
+    gateway = await start_gateway([fake.url], slo=SloTargets(ttft_seconds=0.2))
     try:
         await wait_ready(gateway, 1)
         async with (
@@ -394,7 +399,7 @@ async def test_a_non_streamed_answer_is_judged_on_its_whole_latency_against_its_
     outside, on its latency.
     """
     (fake,) = await fakes(answer_json_late)
-    gateway = await start_gateway([fake.url], rate_window=60.0, slo=SloTargets(ttft_seconds=0.2))
+    gateway = await start_gateway([fake.url], slo=SloTargets(ttft_seconds=0.2))
     try:
         await wait_ready(gateway, 1)
         assert await post(gateway, completion(max_tokens=100)) == 200
@@ -411,7 +416,7 @@ async def answer_500(request: web.Request, fake: Fake) -> web.StreamResponse:
 
 async def test_an_upstream_500_is_outside_however_fast():
     (fake,) = await fakes(answer_500)
-    gateway = await start_gateway([fake.url], rate_window=60.0)
+    gateway = await start_gateway([fake.url])
     try:
         await wait_ready(gateway, 1)
         assert await post(gateway, completion()) == 500

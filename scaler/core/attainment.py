@@ -5,11 +5,11 @@ headroom, the one variable the SLO controls. Each decision reads the requests th
 gateway judged over its window (``Observation.slo_within_rate``, ``slo_outside_rate``)
 and keeps those readings over ``lookback_seconds``, the long window:
 
-- **burning** (both windows below the target, with at least ``MIN_JUDGED`` requests in
-  the gateway's): the headroom rises by ``step`` for each allowance of misses the
+- **burning** (both windows below the target, with at least ``MIN_JUDGED_RATE``
+  requests judged per second): the headroom rises by ``step`` for each allowance of misses the
   gateway's window shows (at most 10), at most to ``headroom_max``, and at most once a
-  gateway window, so that the replicas a rise bought (a cold start away) show before the
-  next one. A short window alone does not rise: the SLO is judged over hours, and one
+  ``rise_interval_seconds``, so that the replicas a rise bought (a cold start away) show
+  before the next one. A short window alone does not rise: the SLO is judged over hours, and one
   unlucky minute of a fleet within it is noise.
 - **margin** (the long window's misses at most half the allowance, the gateway's within
   it): it falls back towards 0, halving every ``fall_half_life_seconds``: slowly, since
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field, replace
 
 from scaler.core.window import Recent
 
-MIN_JUDGED = 20
-"""Requests the gateway's window must hold before its attainment moves the headroom."""
+MIN_JUDGED_RATE = 1.0 / 3.0
+"""Requests judged per second (20 a minute) below which the gateway's attainment moves
+nothing: a handful of requests is no evidence either way."""
 MAX_ALLOWANCES = 10.0
 """One window's misses count at most this many allowances: a rise stays a step."""
 
@@ -45,8 +46,8 @@ class Steering:
     step: float = 0.05
     headroom_max: float = 1.0
     fall_half_life_seconds: float = 1800.0
-    window_seconds: float = 60.0
-    """The gateway's window: the rates times this are the requests judged."""
+    rise_interval_seconds: float = 60.0
+    """The least time between two rises: the gateway's window (``slo.window``, 60 s)."""
     lookback_seconds: float = 1800.0
     """The long window the SLO is judged over."""
 
@@ -86,7 +87,7 @@ def steer(
     """The headroom after the gateway's latest judgement."""
     if within_rate is None or outside_rate is None:
         return Move(previous, None, None, None)
-    if (within_rate + outside_rate) * s.window_seconds < MIN_JUDGED:
+    if within_rate + outside_rate < MIN_JUDGED_RATE:
         return Move(previous, None, None, None)
     judged = previous.judged.within(now, s.lookback_seconds).add(now, (within_rate, outside_rate))
     held = replace(previous, since=now, judged=judged)
@@ -96,7 +97,7 @@ def steer(
     allowed = 1.0 - s.target
     allowances = (1.0 - attainment) / allowed
     if attainment < s.target and long_run < s.target:
-        if now - previous.raised < s.window_seconds:
+        if now - previous.raised < s.rise_interval_seconds:
             return Move(held, attainment, long_run, None)
         raised = min(previous.value + s.step * min(allowances, MAX_ALLOWANCES), s.headroom_max)
         why = (
