@@ -29,6 +29,8 @@ ROWS = (
     ("end-to-end p95 (s)", "e2e_p95_seconds", "{:.2f}"),
     ("most replicas", "max_replicas", "{:d}"),
     ("replica starts", "cold_starts", "{:d}"),
+    ("sleeping replica-hours", "sleeping_hours", "{:.3f}"),
+    ("wakes", "wakes", "{:d}"),
 )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -13,21 +15,28 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 import yaml
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from foundation.errors import ConfigError
 from foundation.net import free_port
-from foundation.replica_model import PROFILES
+from foundation.replica_model import HOST_MEMORY_PRICE_PER_GB_HOUR, PROFILES, warm_tiers
 from replay.keda import ScalingSpec, read_scaled_object
+from replay.simulate import Result, simulate
 from scaler.config import PolicyConfig
 from scaler.core.decide import decide
 from scaler.core.model import DecisionState, Observation
-from unitscale.demo.processes import MARKER
+from scaler.core.tiers import StandbyPolicy
+from scaler.metadata import parse_metadata
+from unitscale.demo.fleet import Fleet, Replica, held_seconds, sleeping_seconds
+from unitscale.demo.load import Outcome
+from unitscale.demo.processes import MARKER, Child, Supervisor
+from unitscale.demo.report import LiveRun, live_metrics
 from unitscale.demo.run import (
     Conductor,
     DemoOptions,
@@ -177,8 +186,8 @@ def test_a_scaled_object_the_model_cannot_follow_is_refused(
 # --- the compressed world ------------------------------------------------------------------
 
 QWEN = PROFILES["qwen2.5-32b-h200"]
-PLAN = make_plan(10.0, QWEN, RECOMMENDED, capacity_priors(QWEN), 8, 16.0)
-"""The priors-planned demo (``--scaler-config`` with no profile)."""
+PLAN = make_plan(10.0, QWEN, RECOMMENDED, capacity_priors(QWEN), 8, 16.0, standby=False)
+"""The priors-planned demo (``--scaler-config`` with no profile, so ``--no-standby``)."""
 PROFILE_PLAN = make_plan(10.0, QWEN, RECOMMENDED, default_policy(QWEN), 8, 16.0)
 """The default demo: planned with the profile the replicas simulate."""
 
@@ -269,6 +278,8 @@ def test_the_configs_written_for_the_live_run_are_valid_for_each_process() -> No
     parse_scaler(yaml.safe_dump(scaler_config(PROFILE_PLAN, ["127.0.0.1:1"])))
     parse_exporter(yaml.safe_dump(exporter_config(PLAN, ["http://127.0.0.1:2"])))
     parse_gateway(yaml.safe_dump(gateway_config(PLAN, ["http://127.0.0.1:2"])), "test")
+    standby = gateway_config(PROFILE_PLAN, ["http://127.0.0.1:2"], "127.0.0.1:3")
+    assert parse_gateway(yaml.safe_dump(standby), "test").standby_scaler == "127.0.0.1:3"
 
 
 LOAD_SHAPE = (0.3, 0.5, 1, 1, 1.5, 2, 4, 4, 4, 3, 2, 1, 1, 0.5, 0.2, *[0] * 12, 0.8, 0.8, 1, 1)
@@ -352,6 +363,211 @@ def test_the_prediction_runs_the_plan_uncompressed_under_the_replays_own_target(
     # Its fleet, and the live replicas, run the chunk budget the scaler's capacity assumes.
     assert config.profile == QWEN.for_itl_slo(0.1)
     assert config.profile.max_num_batched_tokens == 512  # 8,192 breaks the 100 ms ITL
+
+
+# --- the warm tier: sleeping replicas (standby) ------------------------------------------
+
+NO_STANDBY_PLAN = make_plan(10.0, QWEN, RECOMMENDED, default_policy(QWEN), 8, 16.0, standby=False)
+"""``--no-standby``: every return from zero is a cold start."""
+
+
+def _scaled_object_file(tmp_path: Path, **metadata: str) -> Path:
+    """The recommended ScaledObject with ``metadata`` added to its trigger's."""
+    doc = yaml.safe_load(RECOMMENDED.read_text())
+    doc["spec"]["triggers"][0]["metadata"].update(metadata)
+    path = tmp_path / "scaledobject.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_the_default_demo_holds_sleepers_and_compresses_every_standby_clock() -> None:
+    assert PROFILE_PLAN.standby == StandbyPolicy(cache=False)  # the scaler's knobs, no Fluid
+    metadata = trigger_metadata(PROFILE_PLAN, "127.0.0.1:3")
+    assert metadata["standby"] == "true"
+    # The scaler's default release (1 h) is no clock of the demo's: written, it is compressed.
+    assert metadata["standbyReleaseAfter"] == "360s"
+    served = parse_metadata(metadata).standby_policy()
+    assert served is not None and served.release_after_seconds == pytest.approx(360.0)
+    gateway = gateway_config(PROFILE_PLAN, [], "127.0.0.1:3")
+    assert gateway["standby-scaler"] == "127.0.0.1:3"  # the scaler KEDA calls
+    assert gateway["standby-interval"] == pytest.approx(0.5)
+    assert gateway["sleep-after-idle"] == pytest.approx(1.0)
+    assert gateway["wake-timeout"] == pytest.approx(6.0)
+    assert gateway["wake-retry-after"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(
+    ("plan", "scaler"),
+    [
+        pytest.param(NO_STANDBY_PLAN, "127.0.0.1:3", id="no-standby-asks-the-scaler-nothing"),
+        pytest.param(PROFILE_PLAN, None, id="standby-with-no-scaler-to-ask-sleeps-nothing"),
+    ],
+)
+def test_a_gateway_without_a_standby_plan_gets_no_standby_settings(
+    plan: Plan, scaler: str | None
+) -> None:
+    gateway = gateway_config(plan, [], scaler)
+    assert not {k for k in gateway if k.startswith(("standby", "sleep", "wake"))}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "standby", "want"),
+    [
+        pytest.param({"standbyMaxSleeping": "2"}, True, StandbyPolicy(cache=False, max_sleeping=2),
+                     id="the-scaled-objects-own-knob-is-kept"),
+        pytest.param({"standby": "true", "standbyMaxSleeping": "2"}, False, None,
+                     id="no-standby-drops-every-standby-key"),
+        pytest.param({"standby": "false"}, True, StandbyPolicy(cache=False),
+                     id="standby-overrides-the-scaled-objects-false"),
+    ],
+)  # fmt: skip
+def test_the_plans_standby_follows_the_flag_and_the_scaled_objects_knobs(
+    tmp_path: Path, metadata: dict[str, str], standby: bool, want: StandbyPolicy | None
+) -> None:
+    path = _scaled_object_file(tmp_path, **metadata)
+    plan = make_plan(10.0, QWEN, path, default_policy(QWEN), 8, 16.0, standby=standby)
+    assert plan.standby == want
+    keys = {k for k in trigger_metadata(plan, "127.0.0.1:3") if k.startswith("standby")}
+    assert bool(keys) == standby
+    parse_metadata(trigger_metadata(plan, "127.0.0.1:3"))  # the scaler takes it
+
+
+def test_standby_without_a_profile_is_refused_naming_no_standby() -> None:
+    with pytest.raises(ConfigError, match=r"standby needs a profile.*--no-standby"):
+        make_plan(10.0, QWEN, RECOMMENDED, capacity_priors(QWEN), 8, 16.0)
+
+
+def test_the_prediction_models_the_sleepers_as_the_replays_warm_tier_not_as_running() -> None:
+    """Through the replay's KEDA, ``standby: "true"`` would ask for every sleeper running."""
+    policy, config = prediction(PROFILE_PLAN)
+    assert not {k for k in policy.metadata if k.startswith("standby")}
+    assert config.standby == PROFILE_PLAN.standby  # uncompressed: 1 h, 4 sleepers, no cache
+    assert config.standby is not None and config.standby.release_after_seconds == 3600.0
+    assert prediction(NO_STANDBY_PLAN)[1].standby is None
+    assert policy.metadata == prediction(NO_STANDBY_PLAN)[0].metadata
+
+
+@pytest.fixture(scope="module")
+def predicted() -> dict[str, Result]:
+    """The prediction with and without standby on the demo's workload, shorter."""
+    trace = generate(WorkloadShape(length=1200.0), 0)  # its idle stretch still reaches zero
+    plans = {"standby": PROFILE_PLAN, "no-standby": NO_STANDBY_PLAN}
+    return {name: simulate(trace, *prediction(plan)) for name, plan in plans.items()}
+
+
+def test_the_predicted_return_from_zero_wakes_a_sleeper_billed_as_host_memory(
+    predicted: dict[str, Result],
+) -> None:
+    sleeping, cold = predicted["standby"].metrics, predicted["no-standby"].metrics
+    assert sleeping["wakes"] >= 1 and cold["wakes"] == 0
+    first = QWEN.wake_seconds(1) + 1.0  # the wake, and a request's prefill and routing
+    assert sleeping["after_idle_ttft_max_seconds"] <= first < cold["after_idle_ttft_max_seconds"]
+    assert sleeping["slo_attainment"] > cold["slo_attainment"]
+    # A sleeper's hour is its weights in host memory, a small share of an accelerator's.
+    per_hour = float(sleeping["standby_cost"]) / float(sleeping["sleeping_hours"])
+    assert per_hour == pytest.approx(QWEN.weights_gb * HOST_MEMORY_PRICE_PER_GB_HOUR)
+    assert per_hour < 0.1 * QWEN.price_per_hour
+    assert sleeping["cost"] == pytest.approx(
+        float(sleeping["gpu_hours"]) * QWEN.price_per_hour + float(sleeping["standby_cost"])
+    )
+
+
+def _replica(port: int, ready_at: float | None = 0.0) -> Replica:
+    """A replica of the fleet's bookkeeping (its process is not needed here)."""
+    return Replica(port, Child("replica", cast(Any, None), Path("replica.log")), 0.0, ready_at)
+
+
+async def test_the_fleet_bills_a_replica_asleep_while_its_is_sleeping_says_so(
+    tmp_path: Path,
+) -> None:
+    """As the kubelet reads a probe: a fake replica's ``/is_sleeping``, a fake clock."""
+    asleep = {"now": False}
+    answers: asyncio.Queue[bool] = asyncio.Queue()
+
+    async def is_sleeping(request: web.Request) -> web.Response:
+        await answers.put(asleep["now"])
+        return web.json_response({"is_sleeping": asleep["now"]})
+
+    app = web.Application()
+    app.router.add_get("/is_sleeping", is_sleeping)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    now = [0.0]
+    files = {name: tmp_path / f"{name}.yaml" for name in ("gateway", "exporter")}
+    fleet = Fleet(Supervisor(tmp_path / "logs"), PROFILE_PLAN, lambda _: [], files["gateway"],
+                  files["exporter"], 0.05, lambda: now[0], 1.0,
+                  standby_scaler="127.0.0.1:3")  # fmt: skip
+    replica = _replica(port)
+    fleet.replicas.append(replica)
+    watch = asyncio.create_task(fleet.watch_sleep(0.01))
+
+    async def say(value: bool, at: float) -> None:
+        """Answer ``value`` from ``at`` on, until a round after the first such answer asks.
+
+        Rounds follow one another: the next one asks only once this one's answers count.
+        """
+        now[0], asleep["now"] = at, value
+        async with asyncio.timeout(10):
+            told = 0
+            while told < 2:
+                told = told + 1 if await answers.get() == value else 0
+
+    try:
+        await say(True, 10.0)
+        assert replica.state == "sleeping"
+        assert (fleet.desired, fleet.awake) == (1, 0)  # still a pod; no accelerator
+        await say(False, 40.0)
+        assert replica.state == "ready"
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await runner.cleanup()
+    assert replica.naps == [(10.0, 40.0)] and (fleet.desired, fleet.awake) == (1, 1)
+    assert held_seconds([replica], 100.0) == pytest.approx(70.0)
+    assert sleeping_seconds([replica], 100.0) == pytest.approx(30.0)
+    assert yaml.safe_load(files["gateway"].read_text())["standby-scaler"] == "127.0.0.1:3"
+
+
+@pytest.mark.parametrize(
+    ("naps", "asleep_since", "stopped_at", "until", "want"),
+    [
+        pytest.param([(10.0, 40.0)], None, None, 100.0, 30.0, id="a-nap-that-ended"),
+        pytest.param([], 60.0, None, 100.0, 40.0, id="asleep-now-counts-until-now"),
+        pytest.param([], 60.0, 80.0, 100.0, 20.0, id="stopped-asleep-counts-until-its-exit"),
+        pytest.param([(10.0, 40.0)], None, None, 20.0, 10.0, id="cut-at-until"),
+        pytest.param([(10.0, 40.0)], 70.0, 90.0, 100.0, 50.0, id="naps-and-a-last-sleep"),
+    ],
+)
+def test_a_replicas_sleep_is_counted_up_to_its_exit_and_until(
+    naps: list[tuple[float, float]],
+    asleep_since: float | None,
+    stopped_at: float | None,
+    until: float,
+    want: float,
+) -> None:
+    replica = _replica(1)
+    replica.naps, replica.asleep_since, replica.stopped_at = naps, asleep_since, stopped_at
+    assert replica.asleep_seconds(until) == pytest.approx(want)
+    held = min(stopped_at or until, until)
+    assert held_seconds([replica], until) == pytest.approx(held - want)
+
+
+def test_live_cost_bills_sleep_as_host_memory_as_the_replay_does() -> None:
+    replica = _replica(1)
+    replica.naps, replica.stopped_at = [(10.0, 40.0)], 100.0
+    outcome = Outcome(0.0, 100, 10, False, sent=0.0, finished=100.0, status=200)
+    live = live_metrics(LiveRun([outcome], [replica], [], []), PROFILE_PLAN)
+    c = PROFILE_PLAN.compression
+    assert live["gpu_hours"] == pytest.approx(70.0 * c / 3600)
+    assert live["sleeping_hours"] == pytest.approx(30.0 * c / 3600) and live["wakes"] == 1
+    tiers = warm_tiers(PROFILE_PLAN.replica_profile, PROFILE_PLAN.cold_start)
+    assert live["standby_cost"] == pytest.approx(30.0 * c / 3600 * tiers.sleeping_per_hour)
+    assert live["cost"] == pytest.approx(
+        70.0 * c / 3600 * QWEN.price_per_hour + float(live["standby_cost"])
+    )
 
 
 def _get(url: str) -> str | None:
@@ -490,6 +706,37 @@ def test_a_short_demo_runs_end_to_end_reports_and_leaves_no_process(tmp_path: Pa
     assert "trace t" in output  # plain log lines when stdout is not a terminal
     for name in ("scaler", "exporter", "gateway", "replica-0"):
         assert (report / "logs" / f"{name}.log").exists()
+    # By default the gateway sleeps and wakes replicas by the standby plan of the demo's scaler.
+    assert 'warm tier: sleeping replicas (`standby: "true"`' in text
+    gateway = yaml.safe_load((report / "config" / "gateway.yaml").read_text())
+    scaler = yaml.safe_load((report / "config" / "scaler.yaml").read_text())
+    assert gateway["standby-scaler"] and gateway["standby-interval"] == pytest.approx(0.25)
+    assert scaler["policy"]["profile"] == "qwen2.5-32b-h200"  # standby prices sleepers by it
+    assert live["sleeping_hours"] >= 0 and predicted["sleeping_hours"] >= 0
+
+
+def _azure_csv(path: Path, seconds: list[int]) -> Path:
+    """An Azure LLM trace: one 500-token prompt, 100 tokens out, at each of ``seconds``."""
+    rows = [f"2023-11-16 18:{t // 60:02d}:{t % 60:02d}.0000000,500,100" for t in seconds]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_return_from_zero_wakes_the_replica_the_standby_plan_put_to_sleep(
+    tmp_path: Path,
+) -> None:
+    """Two minutes of load, five idle (zero running), one more: the sleeper serves it."""
+    trace = _azure_csv(tmp_path / "gap.csv", [*range(120), *range(420, 480)])
+    report = tmp_path / "report"
+    demo = _demo(report, "--trace", str(trace), "--duration", "25", "--time-compression", "20",
+                 "--plain")  # fmt: skip
+    output, _ = demo.communicate(timeout=240)
+    assert demo.returncode == 0, output
+    assert "scaler: 1 sleeping beside 0 running" in output
+    live = json.loads((report / "results.json").read_text())["live"]
+    assert live["wakes"] >= 1 and live["sleeping_hours"] > 0
+    assert live["cold_starts"] == 1  # the return woke the sleeper, started nothing
+    assert live["failed"] == 0
 
 
 def _wait_for(predicate: Callable[[], bool], what: str, limit: float = 60.0) -> None:

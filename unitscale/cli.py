@@ -307,6 +307,13 @@ def _add_demo_command(commands: Commands) -> None:
     )
     _cold_start_argument(demo)
     demo.add_argument(
+        "--no-standby",
+        dest="standby",
+        action="store_false",
+        help="no sleeping replicas: every return from zero waits out a cold start"
+        " (the default holds them as the trigger's standby: true; off with --real-vllm)",
+    )
+    demo.add_argument(
         "--scaled-object",
         type=Path,
         help="ScaledObject YAML (default deploy/scaledobjects/recommended.yaml)",
@@ -831,6 +838,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         max_replicas=args.max_replicas,
         target_concurrency=args.target_concurrency,
         cold_start=args.cold_start,
+        standby=args.standby,
         live_view=False if args.plain else None,
         command="unitscale " + " ".join(sys.argv[1:]),
         **({"scaled_object": args.scaled_object} if args.scaled_object else {}),

@@ -31,12 +31,15 @@ class Sample:
     engine_queue: float | None
     running: float | None
     replicas: int
+    """Starting or ready, awake (the replay's replicas)."""
     ready: int
     ttft_p95: float | None
     itl_p95: float | None
     cost_per_million: float | None
     arrivals: int
     """Requests sent since the previous sample."""
+    sleeping: int = 0
+    """Replicas asleep (the standby plan's), besides ``replicas``."""
 
 
 @dataclass
@@ -48,7 +51,9 @@ class Sampler:
     compression: float
     samples: list[Sample] = field(default_factory=list)
 
-    async def sample(self, wall: float, replicas: int, ready: int, arrivals: int) -> Sample:
+    async def sample(
+        self, wall: float, replicas: int, ready: int, arrivals: int, sleeping: int = 0
+    ) -> Sample:
         c = self.compression
         engine = await _signals(self.exporter, "engine")
         gateway = await _signals(self.gateway, "gateway")
@@ -64,6 +69,7 @@ class Sampler:
             itl_p95=_quantile(engine, "inter_token_seconds", c),
             cost_per_million=_scaled(engine, "cost_per_million_tokens", 1.0),
             arrivals=arrivals,
+            sleeping=sleeping,
         )
         self.samples.append(sample)
         return sample
@@ -96,7 +102,9 @@ def _quantile(engine: Any, name: str, factor: float) -> float | None:
 
 _DECISION = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*ScaledObject \S+:"
-    r" (desired replicas \d+ \(.*\)|panic \w+ \(.*\))$"
+    # a change of the standby plan's sleepers, without its reason (the decision's own)
+    r" (desired replicas \d+ \(.*\)|panic \w+ \(.*\)|\d+ sleeping beside \d+ running)"
+    r"(?: \(.*\))?$"
 )
 
 

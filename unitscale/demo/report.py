@@ -3,7 +3,9 @@
 Everything is in trace time (the wall-clock run times the compression). Live latency
 quantiles are the client's: TTFT from the streamed sample, end-to-end from every
 request. Live cost counts each replica from its process start to its exit, as a pod
-holds its accelerator, up to the last response (where the replay stops too).
+holds its accelerator, up to the last response (where the replay stops too); while it
+sleeps (the standby plan's), it is billed as the replay bills a sleeper: its weights in
+host memory (``foundation.replica_model.warm_tiers``), not an accelerator.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from foundation.replica_model import warm_tiers
 from replay.run import json_number
 from replay.simulate import Result, percentile
 from scaler.core.capacity import profile_of
-from unitscale.demo.fleet import Replica, held_seconds
+from unitscale.demo.fleet import Replica, held_seconds, sleeping_seconds, wakes
 from unitscale.demo.load import Outcome
 from unitscale.demo.observe import Sample
 from unitscale.demo.tiers import tier_results, tier_section
@@ -46,6 +49,8 @@ ROWS = (
     ("e2e_p95_seconds", "end-to-end p95", "s", ".2f"),
     ("max_replicas", "most replicas", "", "d"),
     ("cold_starts", "replica starts", "", "d"),
+    ("sleeping_hours", "sleeping replica-hours", "h", ".3f"),
+    ("wakes", "wakes", "", "d"),
 )
 
 
@@ -70,7 +75,11 @@ def live_metrics(run: LiveRun, plan: Plan) -> dict[str, float | int]:
     end = max((o.finished for o in sent if o.finished is not None), default=0.0)
     replica_seconds = held_seconds(run.replicas, end) * c
     gpu_hours = replica_seconds / 3600.0
-    cost = gpu_hours * plan.profile.price_per_hour
+    sleeping_hours = sleeping_seconds(run.replicas, end) * c / 3600.0
+    standby_cost = (
+        sleeping_hours * warm_tiers(plan.replica_profile, plan.cold_start).sleeping_per_hour
+    )
+    cost = gpu_hours * plan.profile.price_per_hour + standby_cost
     tokens = float(sum(o.prompt + o.output for o in ok))
     streamed = [o for o in ok if o.streamed and o.first_token is not None]
     ttft = np.array([(o.first_token - o.sent) * c for o in streamed])  # type: ignore[operator]
@@ -99,6 +108,9 @@ def live_metrics(run: LiveRun, plan: Plan) -> dict[str, float | int]:
         "e2e_p95_seconds": percentile(e2e, 95),
         "max_replicas": max((s.replicas for s in run.samples), default=0),
         "cold_starts": len(run.replicas),
+        "sleeping_hours": sleeping_hours,
+        "standby_cost": standby_cost,
+        "wakes": wakes(run.replicas),
         "ttft_sample": len(streamed),
         "cold_start_seconds_mean": _mean(
             [(r.ready_at - r.started) * c for r in run.replicas if r.ready_at is not None]
@@ -165,6 +177,7 @@ def _setting(
         f" too), cold start {plan.cold_start:.1f} s",
         f"- SLO: TTFT <= {plan.slo_ttft:g} s and mean inter-token <= {plan.slo_itl:g} s",
         f"- scaler: {_planning(plan)}",
+        f"- warm tier: {_standby(plan)}",
         f"- ScaledObject: {'external-push' if scaled.push else 'external'},"
         f" polling {scaled.spec.polling_interval:g} s, cooldown"
         f" {scaled.spec.cooldown:g} s, max {scaled.spec.max_replicas}"
@@ -183,6 +196,20 @@ def _planning(plan: Plan) -> str:
     return (
         f"the `{profile}` profile (capacity for the observed mix within the SLOs,"
         f" risk-sized headroom); {launch}"
+    )
+
+
+def _standby(plan: Plan) -> str:
+    """What the fleet holds besides its running replicas."""
+    if plan.standby is None:
+        return "none (`--no-standby`): every start from zero is a cold start"
+    tiers = warm_tiers(plan.replica_profile, plan.cold_start)
+    return (
+        f'sleeping replicas (`standby: "true"`, at most {plan.standby.max_sleeping}): the'
+        " gateway puts the standby plan's sleepers to sleep (vLLM sleep level 1) and wakes"
+        f" one in {tiers.sleeping_wake_seconds:.1f} s when a request finds none ready; a"
+        f" sleeper costs US$ {tiers.sleeping_per_hour:.3f} per hour (its weights in host"
+        " memory), live and predicted"
     )
 
 

@@ -48,6 +48,9 @@ CONFIG_POLL = 0.05
 """Seconds between config-file checks: the demo's EndpointSlice updates land this fast."""
 SAMPLE_EVERY = 10.0
 """Trace seconds between samples (the replay's series step)."""
+SLEEP_POLL = 2.0
+"""Trace seconds between two reads of each ready replica's ``/is_sleeping`` (standby): a
+sleep or wake is billed at most this late, against sleeps of minutes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,9 @@ class DemoOptions:
     """Default 8 simulated replicas, or 2 vLLM ones (each ~2 GB of memory and a core)."""
     target_concurrency: float = 16.0
     cold_start: str = "local-disk"
+    standby: bool = True
+    """Sleeping replicas (the trigger's ``standby: "true"``); simulated replicas only: vLLM
+    for CPUs has no sleep mode."""
     scaled_object: Path = ROOT / "deploy" / "scaledobjects" / "recommended.yaml"
     scaler_config: Path | None = None
     live_view: bool | None = None
@@ -213,6 +219,7 @@ def _plan(options: DemoOptions) -> Plan:
         policy,
         options.max_replicas or (2 if options.real_vllm else 8),
         options.target_concurrency,
+        standby=options.standby and not options.real_vllm,
     )
     return dataclasses.replace(
         plan,
@@ -321,7 +328,7 @@ class Conductor:
         plan, c = self.plan, self.plan.compression
         ports = {name: free_port() for name in _PORTS}
         files = self._write_configs(ports)
-        fleet = self._fleet(files)
+        fleet = self._fleet(files, _local(ports["scaler"]))
         await self._start_servers(ports, files)
         ref = keda_pb.ScaledObjectRef(
             name=plan.scaled_object.name,
@@ -358,7 +365,8 @@ class Conductor:
         write_yaml(files["scaler"], scaler_config(self.plan, sources))
         return files
 
-    def _fleet(self, files: dict[str, Path]) -> Fleet:
+    def _fleet(self, files: dict[str, Path], scaler: str) -> Fleet:
+        """The Deployment; with standby its gateway asks ``scaler`` for the standby plan."""
         real = self.options.real_vllm
         return Fleet(
             self.supervisor,
@@ -369,6 +377,7 @@ class Conductor:
             CONFIG_POLL,
             self.clock,
             ready_timeout=vllm_replica.START_TIMEOUT if real else 30.0,
+            standby_scaler=scaler if self.plan.standby is not None else None,
         )
 
     def _sim_replica(self, port: int) -> list[str]:
@@ -453,6 +462,9 @@ class Conductor:
             asyncio.create_task(self._reasons(view, reasons, epoch), name="reasons"),
             asyncio.create_task(self._sample(view, sampler, fleet, load), name="sampler"),
         ]
+        if self.plan.standby is not None:
+            poll = max(self.plan.wall(SLEEP_POLL), CONFIG_POLL)
+            watchers.append(asyncio.create_task(fleet.watch_sleep(poll), name="sleep"))
         player = asyncio.create_task(load.run(), name="load")
         failed = asyncio.create_task(self.supervisor.failure.get(), name="failure")
         stopped = asyncio.create_task(stop.wait(), name="stop")
@@ -499,7 +511,11 @@ class Conductor:
             await asyncio.sleep(max(0.0, next_at - clock()))
             next_at += period
             sample = await sampler.sample(
-                clock(), fleet.desired, fleet.count("ready"), load.sent - sent_before
+                clock(),
+                fleet.awake,
+                fleet.count("ready"),
+                load.sent - sent_before,
+                fleet.count("sleeping"),
             )
             sent_before = load.sent
             view.sample(sample)

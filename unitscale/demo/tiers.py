@@ -2,8 +2,10 @@
 
 The rows are ``unitscale replay --compare-tiers``'s (``replay.run.compare_tiers``), run
 with the demo's own unitscale policy and fleet (``world.prediction``) on the demo's
-trace, from zero replicas as the live run and the prediction start: the ``cold`` row is
-the prediction itself. Simulated only, so it takes seconds.
+trace, from zero replicas as the live run and the prediction start; each row sets its own
+warm tier, so the ``cold`` row is the prediction of ``--no-standby``, and the
+``sleeping`` row the default's plus a Fluid cache (which the demo does not have).
+Simulated only, so it takes seconds.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def tier_section(plan: Plan, results: Mapping[str, Result]) -> list[str]:
         "## What the replay predicts from each warm tier (same trace, from zero)",
         "",
         "`unitscale replay --compare-tiers` for the demo's unitscale and fleet: scale-from-zero"
-        " from cold starts (the prediction above), with the Fluid cache held warm, with"
+        f" from cold starts ({_cold_is(plan)}), with the Fluid cache held warm, with"
         " sleeping replicas (vLLM sleep mode level 1) and the cache, and a fleet never below"
         " one replica.",
         "",
@@ -69,6 +71,13 @@ def tier_section(plan: Plan, results: Mapping[str, Result]) -> list[str]:
         ],
         "",
     ]
+
+
+def _cold_is(plan: Plan) -> str:
+    """What the ``cold`` row is to the prediction above it."""
+    if plan.standby is None:
+        return "the prediction above"
+    return "the demo with `--no-standby`; the prediction above holds sleepers, no cache"
 
 
 def tier_results(results: Mapping[str, Result]) -> dict[str, dict[str, float | int | None]]:

@@ -68,7 +68,8 @@ class View:
             return
         if self._header:
             print(
-                f"{'trace t':>8} {'req/s':>6} {'replicas':>8} {'ready':>5} {'buffer':>6}"
+                f"{'trace t':>8} {'req/s':>6} {'replicas':>8} {'ready':>5} {'asleep':>6}"
+                f" {'buffer':>6}"
                 f" {'queue':>6} {'TTFT p95':>8} {'ITL p95':>8} {'$/1M tok':>8}",
                 flush=True,
             )
@@ -76,6 +77,7 @@ class View:
         s = sample
         print(
             f"{_clock(s.t):>8} {_fmt(s.arrival_rate, '6.2f')} {s.replicas:>8} {s.ready:>5}"
+            f" {s.sleeping:>6}"
             f" {_fmt(s.buffered, '6d') if s.buffered is not None else '     -'}"
             f" {_fmt(s.engine_queue, '6.0f')} {_fmt(s.ttft_p95, '7.2f', 's')}"
             f" {_fmt(s.itl_p95, '7.3f', 's')} {_fmt(s.cost_per_million, '8.3f')}",
@@ -93,7 +95,7 @@ class View:
             rows = (
                 (_fmt(s.arrival_rate, ".2f"), "req/s at the gateway",
                  _fmt(s.ttft_p95, ".2f", " s"), "TTFT p95"),
-                (f"{s.replicas} ({s.ready} ready)", "replicas",
+                (f"{s.replicas} ({s.ready} ready, {s.sleeping} asleep)", "replicas",
                  _fmt(s.itl_p95, ".3f", " s"), "inter-token p95"),
                 (str(s.buffered) if s.buffered is not None else "-", "buffered at the gateway",
                  _fmt(s.cost_per_million, ".3f"), "US$ per 1M tokens"),

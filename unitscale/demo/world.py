@@ -11,7 +11,13 @@ SLOs x ``C``, times ``C``); and an accelerator-hour costs ``C`` times more, so t
 per 1M tokens comes out as in production. The decision code sees a world that only
 differs from production by its unit of time.
 
-The replay's prediction runs the same plan uncompressed (``prediction``).
+With ``standby`` (the default) the trigger says ``standby: "true"``: the scaler's decisions
+carry sleepers beside the running replicas, the gateway asks the scaler for that plan and
+puts surplus idle replicas to sleep (vLLM sleep level 1), waking one when a request finds
+none ready. A sleeper holds its weights in host memory, not an accelerator.
+
+The replay's prediction runs the same plan uncompressed (``prediction``), its sleepers the
+replay's warm tier (``SimConfig.standby``), not running replicas.
 """
 
 from __future__ import annotations
@@ -23,19 +29,23 @@ from typing import Any
 import yaml
 
 from foundation.durations import parse_duration
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, MetadataError
 from foundation.replica_model import Profile
 from replay.keda import ScaledObjectSpec, ScalingSpec, read_scaled_object
 from replay.policies import KEY as REPLAY_KEY
 from replay.policies import Policy, StaticPeak, Unitscale
 from replay.simulate import SimConfig, cold_start_seconds
 from scaler.config import PolicyConfig
+from scaler.core.standby import standby_setup
+from scaler.core.tiers import StandbyPolicy
+from scaler.metadata import parse_metadata
+from serving.gateway_settings import GatewaySettings
 
 NAMESPACE = "demo"
 DEPLOYMENT = "llama-chat"
 
 # Trigger metadata keys that are durations (compressed) and token rates (sped up).
-_DURATION_KEYS = ("sloTtft", "sloItl", "idleGrace", "maxSignalAge")
+_DURATION_KEYS = ("sloTtft", "sloItl", "idleGrace", "maxSignalAge", "standbyReleaseAfter")
 _RATE_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond")
 # PolicyConfig fields likewise: every duration it has (a new one is compressed without
 # being listed here), and the rates, the profile's speed among them.
@@ -45,6 +55,12 @@ POLICY_DURATIONS = tuple(
     if any(getattr(m, "func", None) is parse_duration for m in field.metadata)
 )
 POLICY_RATES = ("prefill_tokens_per_second", "decode_tokens_per_second", "profile_speedup")
+STANDBY_KEYS = ("standby", "standbyMaxSleeping", "standbyReleaseAfter")
+"""The trigger's warm-tier keys (``scaler.metadata``)."""
+STANDBY_RELEASE_AFTER = "1h"
+"""Written into the demo's trigger, so that it is compressed as every clock is (the
+scaler's own default is not): the demo's 30 minutes never reach it."""
+_GATEWAY = GatewaySettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +86,14 @@ class Plan:
     measured_cold_start: float | None = None
     """Replicas whose start is real (vLLM) take what they take: this estimate (trace
     seconds) replaces the tier's for the prediction, and the demo adds no wait."""
+    standby: StandbyPolicy | None = None
+    """The trigger's standby plan (``standby: "true"``): sleepers held beside the running
+    replicas; None: every start is a cold one. No Fluid cache (the demo has none)."""
+    standby_interval: float = _GATEWAY.standby_interval
+    """The gateway's asks for the standby plan (trace seconds), and the next three."""
+    sleep_after_idle: float = _GATEWAY.sleep_after_idle
+    wake_timeout: float = _GATEWAY.wake_timeout
+    wake_retry_after: float = _GATEWAY.wake_retry_after
 
     @property
     def cold_start(self) -> float:
@@ -112,11 +136,16 @@ def make_plan(
     scaler_config_policy: PolicyConfig,
     max_replicas: int,
     target_concurrency: float,
+    standby: bool = True,
 ) -> Plan:
     """The demo's plan: the ScaledObject in ``scaled_object_file`` pointed at the demo.
 
+    With ``standby`` its trigger says ``standby: "true"`` (its own ``standbyMaxSleeping``
+    kept); without, every ``standby*`` key is dropped.
+
     Raises:
-        ConfigError: unreadable or unusable ScaledObject file, bad compression.
+        ConfigError: unreadable or unusable ScaledObject file, bad compression, standby
+            without a profile to price the sleepers with.
     """
     if compression <= 0:
         raise ConfigError(f"--time-compression must be positive, got {compression:g}")
@@ -129,15 +158,35 @@ def make_plan(
         raise ConfigError(f"{scaled_object_file}: expected one ScaledObject, found {len(found)}")
     scaled = read_scaled_object(found[0], str(scaled_object_file))
     metadata = {
-        **scaled.metadata,
+        **{k: v for k, v in scaled.metadata.items() if standby or k not in STANDBY_KEYS},
         "deployment": DEPLOYMENT,
         "namespace": NAMESPACE,
         "maxReplicas": str(max_replicas),
         "targetConcurrency": f"{target_concurrency:g}",
     }
+    if standby:
+        metadata = {"standbyReleaseAfter": STANDBY_RELEASE_AFTER, **metadata, "standby": "true"}
     spec = replace(scaled.spec, max_replicas=max_replicas)
     scaled = replace(scaled, name=DEPLOYMENT, namespace=NAMESPACE, spec=spec, metadata=metadata)
-    return Plan(compression, profile, scaled, scaler_config_policy)
+    knobs = _standby_policy(metadata, scaler_config_policy) if standby else None
+    return Plan(compression, profile, scaled, scaler_config_policy, standby=knobs)
+
+
+def _standby_policy(metadata: dict[str, str], policy: PolicyConfig) -> StandbyPolicy:
+    """The standby plan's knobs as the scaler reads them from ``metadata``, without a cache.
+
+    The demo has no Fluid cache: its starts are all the cold-start tier's.
+
+    Raises:
+        ConfigError: the scaler would refuse the trigger (no profile, a bad knob).
+    """
+    try:
+        trigger = parse_metadata({"scalerAddress": "demo", **metadata})
+        knobs = trigger.standby_policy() or StandbyPolicy()  # standby: "true" is there
+        standby_setup(trigger.policy(policy.policy()), knobs, cache=False)
+    except (MetadataError, ValueError) as err:
+        raise ConfigError(f"{err}; --no-standby runs the demo without sleeping replicas") from err
+    return replace(knobs, cache=False)
 
 
 # --- the live (compressed) world --------------------------------------------------------
@@ -182,10 +231,16 @@ def exporter_config(plan: Plan, replicas: list[str]) -> dict[str, Any]:
     }
 
 
-def gateway_config(plan: Plan, replicas: list[str]) -> dict[str, Any]:
-    """The gateway's config file, compressed."""
+def gateway_config(
+    plan: Plan, replicas: list[str], standby_scaler: str | None = None
+) -> dict[str, Any]:
+    """The gateway's config file, compressed.
+
+    With the plan's standby and ``standby_scaler`` (the scaler's ``host:port``), the
+    gateway asks that scaler for the standby plan and sleeps and wakes replicas by it.
+    """
     c = plan.compression
-    return {
+    config: dict[str, Any] = {
         "namespace": NAMESPACE,
         "deployment": DEPLOYMENT,
         "replicas": replicas,
@@ -201,6 +256,15 @@ def gateway_config(plan: Plan, replicas: list[str]) -> dict[str, Any]:
             "attainment": plan.policy.slo_attainment,
         },
     }
+    if plan.standby is not None and standby_scaler is not None:
+        config |= {
+            "standby-scaler": standby_scaler,
+            "standby-interval": plan.standby_interval / c,
+            "sleep-after-idle": plan.sleep_after_idle / c,
+            "wake-timeout": plan.wake_timeout / c,
+            "wake-retry-after": plan.wake_retry_after / c,
+        }
+    return config
 
 
 def trigger_metadata(plan: Plan, scaler_address: str) -> dict[str, str]:
@@ -240,12 +304,19 @@ def write_yaml(path: Path, data: dict[str, Any]) -> None:
 
 
 def prediction(plan: Plan) -> tuple[Unitscale, SimConfig]:
-    """The replay's unitscale policy and fleet for the same plan, uncompressed."""
+    """The replay's unitscale policy and fleet for the same plan, uncompressed.
+
+    The standby plan is the replay's warm tier (``SimConfig.standby``: the same
+    ``plan_standby``, sleepers off the accelerators, each wake the tier's wake time),
+    not the trigger's ``standby`` key: through the replay's KEDA that key would ask for
+    running + sleeping replicas, every one of them running.
+    """
     scaled = plan.scaled_object
+    dropped = {"namespace", *STANDBY_KEYS}
     policy = Unitscale(
         # The replay names its one target by its own key (namespace of the ScaledObject).
         metadata={
-            **{k: v for k, v in scaled.metadata.items() if k != "namespace"},
+            **{k: v for k, v in scaled.metadata.items() if k not in dropped},
             "scalerAddress": "replay:9090",
             "deployment": REPLAY_KEY[1],
         },
@@ -265,6 +336,7 @@ def prediction(plan: Plan) -> tuple[Unitscale, SimConfig]:
         gateway_buffer=plan.buffer_size,
         gateway_timeout=plan.buffer_timeout,
         max_replicas=scaled.spec.max_replicas,
+        standby=plan.standby,
     )
     return policy, config
 
