@@ -214,6 +214,7 @@ def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -
         "ttft": pytest.approx(0.2),
         "itl": pytest.approx(0.01),
         "attainment": 0.99,
+        "window": pytest.approx(6.0),  # the replay's stable window, as its judged rates
     }
     metadata = trigger_metadata(PLAN, "127.0.0.1:3")
     assert metadata["sloTtft"] == "0.2s" and metadata["sloItl"] == "0.01s"

@@ -254,6 +254,8 @@ def gateway_config(
             "ttft": plan.slo_ttft / c,
             "itl": plan.slo_itl / c,
             "attainment": plan.policy.slo_attainment,
+            # Its within/outside rates over the replay's window (its stable window).
+            "window": plan.stable_window / c,
         },
     }
     if plan.standby is not None and standby_scaler is not None:
