@@ -24,6 +24,17 @@ def state(**values):
     return DecisionState(**values)
 
 
+BREACH = {
+    "queue_depth": 8,
+    "requests_running": 8,
+    "replicas_known": 4,
+    "ttft_p95_seconds": 4.0,
+    "inter_token_p95_seconds": 0.05,
+    "prompt_token_rate": 90_000,
+    "generation_token_rate": 0,
+}
+"""Four replicas with a queue, three replicas' worth of prompts, TTFT p95 twice the SLO."""
+
 CASES = [
     pytest.param(
         obs(queue_depth=8, requests_running=32),
@@ -92,32 +103,14 @@ CASES = [
         id="headroom-that-just-appeared-holds-the-replicas",
     ),
     pytest.param(
-        obs(
-            queue_depth=8,
-            requests_running=8,
-            replicas_known=4,
-            ttft_p95_seconds=4.0,
-            inter_token_p95_seconds=0.05,
-            prompt_token_rate=90_000,
-            generation_token_rate=0,
-        ),
+        obs(**BREACH),
         POLICY,
         state(desired=4, last_activity=NOW),
         8,
         id="without-a-gateway-a-ttft-p95-twice-the-slo-with-a-queue-doubles-the-replicas",
     ),
     pytest.param(
-        obs(
-            queue_depth=8,
-            requests_running=8,
-            replicas_known=4,
-            ttft_p95_seconds=4.0,
-            inter_token_p95_seconds=0.05,
-            prompt_token_rate=90_000,
-            generation_token_rate=0,
-            slo_within_rate=10.0,
-            slo_outside_rate=0.0,
-        ),
+        obs(**BREACH, slo_within_rate=10.0, slo_outside_rate=0.0),
         POLICY,
         state(desired=4, last_activity=NOW),
         5,
