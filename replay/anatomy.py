@@ -129,6 +129,22 @@ def idle_itl(profile: Profile, prompt: Ints, output: Ints) -> Floats:
     return np.where(output > 1, step, 0.0)
 
 
+def met(requests: Requests, targets: Targets, index: Ints | None = None) -> npt.NDArray[np.bool_]:
+    """Whether each request (of ``index``, or every one) met the SLO.
+
+    Met: served, TTFT within its target and mean ITL within the SLO. The replay's gateway
+    judges by it as requests end; ``classify`` is its first case.
+    """
+    at = slice(None) if index is None else index
+    with np.errstate(invalid="ignore"):  # a request never served has NaN times: not met
+        ttft = requests.first_token[at] - requests.arrival[at]
+        itl = requests.decode_time[at] / np.maximum(requests.output[at] - 1, 1)
+        ok: npt.NDArray[np.bool_] = (
+            (requests.state[at] == DONE) & (ttft <= targets.ttft[at]) & (itl <= targets.itl)
+        )
+    return ok
+
+
 def classify(requests: Requests, targets: Targets) -> Ints:
     """Per request, its cause's index in ``CAUSES``, or ``MET``; the module doc's switch."""
     served = requests.state == DONE
@@ -136,16 +152,14 @@ def classify(requests: Requests, targets: Targets) -> Ints:
     # takes it before any of them is read.
     with np.errstate(invalid="ignore"):
         ttft = requests.first_token - requests.arrival
-        itl = requests.decode_time / np.maximum(requests.output - 1, 1)
         ttft_over = ~(ttft <= targets.ttft)
-        itl_over = ~(itl <= targets.itl)
         waited = requests.routed - requests.arrival
         gateway = np.where(waited > targets.tick / 2, waited, 0.0)
         seat = np.maximum(requests.admitted - requests.routed, 0.0)
         unreachable = (targets.idle_prefill > targets.ttft) | (targets.idle_itl > targets.itl)
         cause = np.select(
             [
-                served & ~ttft_over & ~itl_over,
+                met(requests, targets),
                 ~served,
                 unreachable,
                 ttft_over & (ttft - gateway <= targets.ttft),

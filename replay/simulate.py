@@ -44,7 +44,7 @@ from foundation.replica_model import (
 )
 from foundation.replica_model import cold_start_seconds as cold_start_seconds
 from foundation.signals import EngineSignals
-from replay.anatomy import MET, Targets, anatomy, classify, idle_itl
+from replay.anatomy import MET, Targets, anatomy, classify, idle_itl, met
 from replay.controllers import StandbyController
 from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
 from replay.policies import GatewayView, Policy, View
@@ -330,7 +330,7 @@ class _Replay:
         self.too_big = float(profile.kv_capacity_tokens)
         # The gateway judges each request against the SLO as it ends (served or dropped),
         # as serving.gateway does: the within/outside rates the scaler steers by.
-        self.targets = slo_targets(self.requests, config).ttft
+        self.targets = slo_targets(self.requests, config)
         self.judged = _Judged(config.stable_window)
         self.end = trace.duration + config.tail
         self.next_scrape = self.next_series = 0.0
@@ -543,8 +543,8 @@ class _Replay:
         tick = fleet.advance(self.now, dt)
         _record(self.requests, tick.first_tokens, tick.finished, self.counters, self.hist)
         if len(tick.finished):
-            met = int(self._within(tick.finished).sum())
-            self.judged.add(self.now, met, len(tick.finished) - met)
+            judged_in = int(met(self.requests, self.targets, tick.finished).sum())
+            self.judged.add(self.now, judged_in, len(tick.finished) - judged_in)
         holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING) | (slot == LOADING)
         self.replica_seconds += dt * int(np.count_nonzero(holding))
         self.busy_seconds += float(tick.busy[holding].sum())
@@ -570,14 +570,6 @@ class _Replay:
             within,
             outside,
         )
-
-    def _within(self, finished: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        """Which of these finished requests met their TTFT target and the ITL SLO."""
-        r = self.requests
-        ttft = r.first_token[finished] - r.arrival[finished]
-        itl = r.decode_time[finished] / np.maximum(r.output[finished] - 1, 1)
-        ok: npt.NDArray[np.bool_] = (ttft <= self.targets[finished]) & (itl <= self.config.slo_itl)
-        return ok
 
     def scrape(self) -> None:
         """The exporter scrapes every replica with endpoints and derives the signals."""
@@ -630,6 +622,7 @@ class _Replay:
         result = _result(
             name,
             requests,
+            self.targets,
             self.config,
             self.replica_seconds,
             self.busy_seconds,
@@ -716,6 +709,7 @@ def _engine_stats(
 def _result(
     name: str,
     requests: Requests,
+    targets: Targets,
     config: SimConfig,
     replica_seconds: float,
     busy_seconds: float,
@@ -729,7 +723,6 @@ def _result(
     e2e = (requests.finished - requests.arrival)[served]
     gaps = np.maximum(requests.output - 1, 1)
     itl = requests.decode_time / gaps
-    targets = slo_targets(requests, config)
     target = targets.ttft
     # The SLO (served, TTFT within its target, mean ITL within the SLO) is the anatomy's:
     # every miss has one cause, so the causes' shares add up to 1 - slo_attainment.
