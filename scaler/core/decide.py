@@ -189,14 +189,8 @@ def _capacity(
     scale = _learn_capacity(o, p, previous.capacity_scale, ready, stable_fleet)
     if abs(scale - 1.0) > 0.05:
         notes.append(f"learned capacity x{scale:.2f}")
-    priors = replica_rates(p, mix)
-    rps = priors.requests_per_second
-    rates = Rates(
-        priors.prefill_tokens_per_second * scale,
-        priors.decode_tokens_per_second * scale,
-        None if rps is None else rps * scale,
-        priors.source,
-    )
+    # A learned scale is replicas that carry ``scale`` times the priors' work.
+    rates = replica_rates(p, mix).sped_up(scale)
     return _Capacity(rates, previous.step_fit, math.nan, scale)
 
 
