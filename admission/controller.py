@@ -18,6 +18,11 @@ for (DataLoads; AlreadyExists is fine), and write each check state that changed 
 server-side apply (``workload.apply_body``: uid and resourceVersion as preconditions, so
 a Workload changed since our view answers 409 and the next pass judges it again).
 
+One object never stops a pass: a node or pod whose HAMi annotation cannot be read is
+warned of once per version and counted (``unreadable_objects``), and offers no GPUs; a
+workload whose decision, a pool whose plan, or a decision whose write raises fails that
+unit's round alone (one WARNING, ``unit_failures{unit}``), and the next pass tries again.
+
 What we write comes back through the watch later; until it does, the object our write
 returned stands in for the watched one (the higher resourceVersion wins), so the next
 pass neither writes the same state twice nor judges a stale copy.
@@ -183,6 +188,8 @@ class Controller:
         """Adaptive LoRA: tenants per instance by base model, from the first pass."""
         self._usable: Mapping[str, params.Parameters] = {}
         """Our checks with good parameters, as the last pass found them."""
+        self._read_versions: dict[tuple[str, str], str] = {}
+        """The resourceVersion of each node and pod whose annotations were last checked."""
         self.metrics.refresh = self.observe
 
     # --- the view --------------------------------------------------------------------
@@ -332,6 +339,7 @@ class Controller:
         """One pass over the view: checks Active, every actionable Workload, reclaims."""
         now = self._clock()
         view = self.snapshot()
+        self._check_objects(view)
         ours = await self._sync_checks(api, view, now)
         found = [
             (w, check, since)
@@ -367,23 +375,85 @@ class Controller:
         )
         # Planned once: admission (step 5) and reclaim read the same plan.
         plans = plan_pools(cluster, now)
-        tenants = self._step_density(view, ours, now)
+        for name, planned in sorted(plans.items()):
+            self._settled("pool", f"check {name} pool {planned.pool}", planned.failed)
+        tenants = self._density_or_last(view, ours, now)
         cluster = dataclasses.replace(cluster, plans=plans, lora_density=tenants)
         self.metrics.set_plans({p.pool: p.plan for p in plans.values()})
-        decisions = list(self._decide(pending, cluster, now)) if pending else []
+        decisions = []
+        for decision in self._decide(pending, cluster, now) if pending else ():
+            subject = f"workload {decision.namespace}/{decision.workload} check {decision.check}"
+            if not self._settled("workload", subject, decision.failed):
+                decisions.append(decision)
         reclaims = reclaim_all(cluster, now)
         since = {(key(p.workload), p.check): p.pending_since for p in pending}
         taken = _reclaims_by_key(plans)
         gate = asyncio.Semaphore(self.config.write_concurrency)
 
         async def write(decision: Decision, reclaim: tuple[str, Reclaim] | None) -> None:
+            subject = f"write {decision.namespace}/{decision.workload} check {decision.check}"
             async with gate:
-                await self._write(api, decision, view, since, now, reclaim=reclaim)
+                try:
+                    await self._write(api, decision, view, since, now, reclaim=reclaim)
+                except Exception as err:  # one write must never stop the others
+                    self._settled("write", subject, f"{type(err).__name__}: {str(err)[:300]}")
+                    self._unwritten = True
+                else:
+                    self._settled("write", subject, "")
 
         await asyncio.gather(
             *(write(d, None) for d in decisions),
             *(write(d, taken.get(f"{d.namespace}/{d.workload}")) for d in reclaims),
         )
+
+    def _settled(self, unit: str, subject: str, failed: str) -> bool:
+        """Warn of and count a unit's failed round (``failed`` non-empty); whether it failed.
+
+        One WARNING while the same failure lasts (DEBUG after), again once it changes or
+        comes back after a good round; the counter counts every failed round.
+        """
+        topic = f"unit {subject}"
+        if not failed:
+            self._once.clear(topic)
+            return False
+        self._once.warn(topic, "%s: failed this pass, the others went on: %s", subject, failed)
+        self.metrics.unit_failures.labels(unit).inc()
+        return True
+
+    def _check_objects(self, view: Snapshot) -> None:
+        """Warn once of, and count, each node or pod version HAMi's annotation fails to read.
+
+        Only versions not checked before are read, so a pass costs a lookup per object;
+        the inventory leaves such a node (or the node of such a pod) out on its own.
+        """
+        checked: dict[tuple[str, str], str] = {}
+        for kind, objects in (("node", view.nodes), ("pod", view.pods)):
+            for obj in objects:
+                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+                meta = meta if isinstance(meta, Mapping) else {}
+                ident = (kind, f"{meta.get('namespace')}/{meta.get('name')}/{meta.get('uid')}")
+                version = str(meta.get("resourceVersion", ""))
+                checked[ident] = version
+                if self._read_versions.get(ident) == version:
+                    continue
+                found = hami.unreadable(kind, obj)
+                if found is not None:
+                    subject, why = found
+                    log.warning("%s: left out, its GPUs are not offered: %s", subject, why)
+                    self.metrics.unreadable.labels(kind).inc()
+        self._read_versions = checked
+
+    def _density_or_last(
+        self, view: Snapshot, ours: Mapping[str, params.Parameters], now: float
+    ) -> dict[str, int]:
+        """``_step_density``, or the last densities when the step raises (a failed round)."""
+        try:
+            tenants = self._step_density(view, ours, now)
+        except Exception as err:  # the density must not stop admission
+            self._settled("density", "LoRA density", f"{type(err).__name__}: {str(err)[:300]}")
+            return {model: held.tenants for model, held in self._density.items()}
+        self._settled("density", "LoRA density", "")
+        return tenants
 
     def _step_density(
         self, view: Snapshot, ours: Mapping[str, params.Parameters], now: float

@@ -28,6 +28,12 @@ For one workload, in order (the first that does not pass decides):
 Workloads are decided by priority, then age; each Ready reserves its placement, so two
 gangs decided in one pass never count the same GPUs, and each DataLoad or LoRA seat
 taken is seen by the next.
+
+One workload or pool never stops the pass: an exception while deciding one check (or
+planning one pool) fails only that unit's round, as a ``Decision`` with ``failed`` set
+(or a ``CheckPlan`` with ``failed`` set, whose pending checks then fail too, since the
+allowance they are judged by is unknown). Nothing is written for it; the controller warns
+and counts, and the next pass tries again.
 """
 
 from __future__ import annotations
@@ -138,6 +144,9 @@ class CheckPlan:
     entries: Mapping[str, str]
     """Per admitted workload (``namespace/name``), the check of ours holding it Ready: the
     entry a reclaim sets to Retry."""
+    failed: str = ""
+    """Non-empty: planning raised (this says what); the plan is unknown, reclaims nothing,
+    and the check's pending workloads are not decided this pass."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,9 @@ class Decision:
     requeue_after_seconds: int | None = None
     pod_set_updates: tuple[RawObject, ...] = ()
     create: tuple[RawObject, ...] = ()
+    failed: str = ""
+    """Non-empty: deciding raised (this says what): nothing is written, the next pass
+    decides again. ``state`` is then ``Pending`` and ``message`` says so."""
 
 
 @dataclass
@@ -163,6 +175,8 @@ class _Pass:
     inventories: dict[tuple[Any, ...], Inventory] = field(default_factory=dict)
     dataloads: list[RawObject] = field(default_factory=list)
     seats: list[lora.LoraAssignment] = field(default_factory=list)
+    broken: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    """Pools whose inventory raised this pass, and why: read once, failed once."""
     ever: dict[tuple[Any, ...], FitResult] = field(default_factory=dict)
     """``fits_ever`` per pool and gang: the pool's hardware does not change in a pass."""
     misses: dict[tuple[Any, ...], FitResult] = field(default_factory=dict)
@@ -179,15 +193,30 @@ class _Pass:
     def inventory(self, p: Parameters, checks: Mapping[str, Parameters | None]) -> Inventory:
         """The pool of ``p`` less the gangs admitted through its checks not yet placed."""
         group = _group(p)
+        if group in self.broken:
+            raise _PoolError(self.broken[group])
         if group not in self.inventories:
             mine = frozenset(c for c, q in checks.items() if q is None or _group(q) == group)
-            pool, promised = _pool_inventory(self.cluster, p, mine, self.now)
+            try:
+                pool, promised = _pool_inventory(self.cluster, p, mine, self.now)
+            except Exception as err:
+                self.broken[group] = f"the pool's inventory: {_error(err)}"
+                raise _PoolError(self.broken[group]) from err
             self.inventories[group], self.unplaced[group] = pool, promised
         return self.inventories[group]
 
     def reserve(self, p: Parameters, fit: FitResult) -> None:
         group = _group(p)
         self.inventories[group] = self.inventories[group].reserve(fit.placements)
+
+
+class _PoolError(Exception):
+    """The pool of a check could not be read this pass (the message says why)."""
+
+
+def _error(err: BaseException) -> str:
+    """An exception as a failed round's message: its class and a bounded text."""
+    return f"{type(err).__name__}: {str(err)[:300]}"
 
 
 def _group(p: Parameters) -> tuple[Any, ...]:
@@ -211,7 +240,30 @@ def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list
     order = sorted(
         pending, key=lambda p: (-priority(p.workload), created_at(p.workload), key(p.workload))
     )
-    return [_decide(p, state, checks) for p in order]
+    return [_settled(p, state, checks) for p in order]
+
+
+def _settled(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -> Decision:
+    """``_decide``, or a failed decision for this check alone when deciding raises.
+
+    What a failed ``_decide`` took before raising stays taken for the rest of the pass
+    (a DataLoad it meant to create): later workloads err toward waiting, never toward
+    counting the same GPUs twice, since GPUs are reserved only by a Ready.
+    """
+    planned = state.plans.get(p.check)
+    if planned is not None and planned.failed:
+        return _failed(p, f"pool {planned.pool}: {planned.failed}")
+    try:
+        return _decide(p, state, checks)
+    except _PoolError as err:
+        return _failed(p, str(err))
+    except Exception as err:  # one workload must never stop the pass
+        return _failed(p, _error(err))
+
+
+def _failed(p: Pending, error: str) -> Decision:
+    decision = _out(p, "Pending", f"not decided this pass: {error}")
+    return replace(decision, failed=error)
 
 
 def _out(
@@ -347,39 +399,64 @@ def plan_pools(cluster: Cluster, now: float) -> dict[str, CheckPlan]:
         wanted = params.inference_headroom
         if not params.reclaim.enabled or wanted is None:
             continue
-        group = _group(params)
-        if group not in inventories:
-            inventories[group] = inventory(
-                cluster.nodes,
-                cluster.pods,
-                now=now,
-                handshake_timeout=params.handshake_timeout_seconds,
-                node_selector=dict(params.pool_node_selector) or None,
-            )
-        pool = inventories[group]
-        mine = [c for c, q in checks.items() if q is not None and _group(q) == group]
-        here = reclaim.admitted_in_pool(
-            cluster.workloads, cluster.pods, pool, mine, params.reclaim.max_priority
-        )
-        need, missing = _need(cluster, wanted.pool)
-        policy = ManagerPolicy(
-            reclaim=True,
-            min_run_seconds=float(params.reclaim.min_run_seconds),
-            headroom_fraction=params.reclaim.headroom_fraction,
-            headroom_cards=params.reclaim.headroom_cards,
-        )
-        training = [a.admitted for a in here]
-        plan = plan_pool(
-            reclaim.pool_state(pool, wanted.pool, training),
-            need,
-            training,
-            now,
-            policy,
-            missing,
-        )
-        entries = {a.admitted.key: a.check for a in here}
-        plans[name] = CheckPlan(name, wanted.pool, plan, entries)
+        try:
+            plans[name] = _plan_check(cluster, now, name, params, checks, inventories)
+        except Exception as err:  # one pool must never stop the pass
+            plans[name] = _failed_plan(name, wanted.pool, _error(err))
     return plans
+
+
+def _failed_plan(check: str, pool: str, error: str) -> CheckPlan:
+    """An unknown plan for a pool whose planning raised: nothing reclaimed, nothing decided."""
+    reason = f"pool {pool}: the plan could not be made ({error}): no allowance, nothing reclaimed"
+    plan = PoolPlan(False, None, 0.0, 0, 0, (), reason, pool=pool)
+    return CheckPlan(check, pool, plan, {}, failed=error)
+
+
+def _plan_check(
+    cluster: Cluster,
+    now: float,
+    name: str,
+    params: Parameters,
+    checks: Mapping[str, Parameters | None],
+    inventories: dict[tuple[Any, ...], Inventory],
+) -> CheckPlan:
+    """The plan of one reclaiming check's pool (``plan_pools``)."""
+    wanted = params.inference_headroom
+    if wanted is None:  # plan_pools asks only for checks with a headroom
+        raise ValueError(f"check {name} has no inferenceHeadroom to plan by")
+    group = _group(params)
+    if group not in inventories:
+        inventories[group] = inventory(
+            cluster.nodes,
+            cluster.pods,
+            now=now,
+            handshake_timeout=params.handshake_timeout_seconds,
+            node_selector=dict(params.pool_node_selector) or None,
+        )
+    pool = inventories[group]
+    mine = [c for c, q in checks.items() if q is not None and _group(q) == group]
+    here = reclaim.admitted_in_pool(
+        cluster.workloads, cluster.pods, pool, mine, params.reclaim.max_priority
+    )
+    need, missing = _need(cluster, wanted.pool)
+    policy = ManagerPolicy(
+        reclaim=True,
+        min_run_seconds=float(params.reclaim.min_run_seconds),
+        headroom_fraction=params.reclaim.headroom_fraction,
+        headroom_cards=params.reclaim.headroom_cards,
+    )
+    training = [a.admitted for a in here]
+    plan = plan_pool(
+        reclaim.pool_state(pool, wanted.pool, training),
+        need,
+        training,
+        now,
+        policy,
+        missing,
+    )
+    entries = {a.admitted.key: a.check for a in here}
+    return CheckPlan(name, wanted.pool, plan, entries)
 
 
 def _need(cluster: Cluster, pool: str) -> tuple[InferenceNeed | None, str]:

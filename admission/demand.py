@@ -5,7 +5,9 @@ unreachable address, a call past its timeout, ``UNAVAILABLE``, a pool the scaler
 ScaledObject of (``NOT_FOUND``) or a figure the scaler left unknown all come back as an
 error string, and the caller decides (``inferenceHeadroom.whenUnavailable``). A missing
 figure is never read as 0: a 0 would say inference needs nothing and hand its
-accelerators to a training gang.
+accelerators to a training gang. Nor is an impossible one: a figure that is NaN,
+infinite, negative or beyond ``MAX_ACCELERATORS`` leaves its pool unknown, with the
+field named (a negative ``needed`` read as 0 would admit).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 
 MAX_HORIZON_SECONDS = 366 * 86_400.0
 """A horizon beyond a year is a mistake, not a plan (and past what a Duration carries)."""
+MAX_ACCELERATORS = 1_000_000.0
+"""The most accelerators a figure may name: no pool holds a million, and a figure beyond
+(1e300, say) would overflow the plan's arithmetic (``ceil(needed * (1 + headroom))``)."""
 MAX_ERROR_LENGTH = 1024
 """Characters of the scaler's message an error keeps (it is logged and put in statuses)."""
 
@@ -80,13 +85,29 @@ def _result(response: capacity_pb2.GetInferenceDemandResponse, asked: str) -> De
         name = str(message.pool)
         if message.HasField("accelerators_held") and message.HasField("accelerators_needed"):
             held, needed = float(message.accelerators_held), float(message.accelerators_needed)
-            known[name] = PoolDemand(name, held, needed)
+            wrong = _impossible(held=held, needed=needed)
+            if wrong:
+                problems.append(f"pool {quote(name)}: {wrong}: not used")
+            else:
+                known[name] = PoolDemand(name, held, needed)
         else:
             problems.append(f"pool {quote(name)}: {_unknown(message)}")
     if asked and asked not in known:
         problems = problems or [f"pool {quote(asked)}: not in the scaler's answer"]
         return DemandResult(None, "; ".join(problems)[:MAX_ERROR_LENGTH])
     return DemandResult(known, "; ".join(problems)[:MAX_ERROR_LENGTH])
+
+
+def _impossible(**figures: float) -> str:
+    """What is wrong with the figures (``""``: nothing), naming each field."""
+    wrong = [
+        f"accelerators_{field} is {value!r}"
+        for field, value in figures.items()
+        if not (math.isfinite(value) and 0.0 <= value <= MAX_ACCELERATORS)
+    ]
+    if not wrong:
+        return ""
+    return f"{', '.join(wrong)} (must be finite, 0 to {MAX_ACCELERATORS:g})"
 
 
 def _unknown(message: capacity_pb2.PoolDemand) -> str:

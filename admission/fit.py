@@ -42,6 +42,7 @@ from admission.hami import (
     RawObject,
     parse_quantity,
 )
+from foundation.errors import quote
 
 DEFAULT_BUDGET = 5_000
 """Placements the search may try before it answers undecided. A step costs about 0.3 ms
@@ -52,6 +53,12 @@ GPU_POLICIES = {"binpack": False, "spread": True, "topology-aware": False}
 """``hami.io/gpu-scheduler-policy`` values and whether cards are spread."""
 NODE_POLICIES = {"binpack": False, "spread": True}
 """``hami.io/node-scheduler-policy`` values and whether nodes are spread."""
+
+MAX_GANG_PODS = 10_000
+"""Pods one Workload may ask for, all podSets together. The largest training jobs run a
+few thousand pods (4,096 eight-GPU nodes is 4,096 pods); past 10,000 the fit, which
+builds one search level per pod, would cost seconds and hundreds of MB every pass (a gang
+of 10**6 took 4.8 s and 332 MB), so such a Workload is Rejected, naming the limit."""
 
 NAMES_SHOWN = 8
 """Node names a message lists before it counts the rest."""
@@ -208,6 +215,11 @@ def workload_demand(workload: RawObject) -> tuple[PodSetDemand, ...]:
 
     ``name`` defaults to ``main`` and ``count`` to 1, as Kueue defaults them; a count in
     ``status.admission.podSetAssignments`` (partial admission) wins over the spec's.
+
+    Raises:
+        ValueError: a podSet that is not one (not an object, a count that is not a whole
+            number >= 0), or a gang of more than ``MAX_GANG_PODS`` pods; checked before
+            anything is built per pod.
     """
     admission = (workload.get("status") or {}).get("admission") or {}
     assigned = {
@@ -215,12 +227,25 @@ def workload_demand(workload: RawObject) -> tuple[PodSetDemand, ...]:
         for a in admission.get("podSetAssignments") or ()
         if isinstance(a, Mapping) and isinstance(a.get("count"), int)
     }
-    demand = []
-    for pod_set in (workload.get("spec") or {}).get("podSets") or ():
-        name = pod_set.get("name") or "main"
+    pod_sets = (workload.get("spec") or {}).get("podSets") or ()
+    if not isinstance(pod_sets, Sequence) or isinstance(pod_sets, str):
+        raise ValueError("spec.podSets is not a list")
+    counted: list[tuple[str, int, Mapping[str, Any]]] = []
+    for i, pod_set in enumerate(pod_sets):
+        if not isinstance(pod_set, Mapping):
+            raise ValueError(f"spec.podSets[{i}] is not an object")
+        name = str(pod_set.get("name") or "main")
         count = assigned.get(name, pod_set.get("count", 1))
-        demand.append(PodSetDemand(name, int(count), pod_request(pod_set.get("template") or {})))
-    return tuple(demand)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"podSet {name}: count {quote(count)} is not a whole number >= 0")
+        counted.append((name, count, pod_set))
+    pods = sum(count for _, count, _ in counted)
+    if pods > MAX_GANG_PODS:
+        raise ValueError(f"the gang has {pods} pods, more than the {MAX_GANG_PODS} a gang may have")
+    return tuple(
+        PodSetDemand(name, count, pod_request(pod_set.get("template") or {}))
+        for name, count, pod_set in counted
+    )
 
 
 # --- fitting --------------------------------------------------------------------------

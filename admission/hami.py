@@ -7,15 +7,17 @@ node's cards into ``hami.io/node-nvidia-register`` (a JSON array since v2.8.0, a
 two, as this module does. The inventory says, per node, what every card still offers
 (slots, memory, cores) once the pods HAMi placed are taken off, and lists every node or
 annotation it had to leave out with the reason (``Inventory.problems``); one malformed
-node never hides the others.
+node or pod never hides the others. Every value read is bounded (lengths, digits, device
+and share counts: the ``MAX_*`` constants), so no annotation can make a pass slow or big.
 
 What HAMi does and this module follows (its ``pkg/device/devices.go``,
 ``pkg/scheduler/scheduler.go``, ``pkg/device/nvidia/device.go``):
 
 - a pod holds its allocation until its phase is ``Succeeded`` or ``Failed``; its node is
   ``hami.io/vgpu-node`` (the scheduler's choice), else ``spec.nodeName``;
-- a MIG instance (``GPU-…[1-2]``) counts against its physical card; a malformed
-  allocation counts as nothing, as in HAMi (and is listed here);
+- a MIG instance (``GPU-…[1-2]``) counts against its physical card. A malformed
+  allocation counts as nothing in HAMi; here its node offers nothing while it stays
+  unreadable (and it is listed), since what the pod holds there is unknown;
 - ``hami.io/node-handshake`` ``Requesting_<time>`` older than the timeout means the
   device plugin stopped answering: the node offers nothing unless the kubelet still
   allocates ``nvidia.com/gpu`` there (HAMi keeps such a node); an unreadable time is
@@ -37,7 +39,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Final
 
 from admission import annotations as names
 from foundation.errors import UnitscaleError, quote
@@ -51,12 +53,32 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 HANDSHAKE_TIME_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y.%m.%d %H:%M:%S")
 """Go's ``time.DateTime`` (HAMi today) and the dotted layout older releases wrote."""
 
+MAX_ANNOTATION_CHARS: Final = 256 * 1024
+"""Characters of one annotation value read. Kubernetes caps all of an object's
+annotations together at 256 KiB, so a longer value did not come through the API server;
+refusing it keeps a pass from parsing megabytes for every node on every pass."""
+MAX_DEVICES_PER_NODE: Final = 64
+"""Cards one node may register. Real nodes carry 1 to 16 (an HGX board has 8, the
+largest 16); 64 leaves room for denser boxes, while a node of 10**7 cards (each one a
+branch of every fit's search, every pass) is refused as unmeasured."""
+MAX_SPLIT_COUNT: Final = 1024
+"""Containers one card may be shared by (HAMi's ``deviceSplitCount``, default 10; real
+settings stay below 100). More is not a share count HAMi was configured with."""
+INT32_MAX: Final = 2**31 - 1
+"""HAMi's register and allocation fields are Go ``int32`` (``DeviceInfo``,
+``ContainerDevice``): a value beyond it, or a 5,000-digit one, was not written by HAMi."""
+INT64_MAX: Final = 2**63 - 1
+"""``Quantity.AsInt64`` reads nothing beyond int64; neither does ``parse_quantity``."""
+MAX_QUANTITY_CHARS: Final = 64
+"""A Kubernetes quantity longer than this is no quantity (int64 needs 19 digits)."""
+
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-_GO_INT = re.compile(r"[+-]?\d+")
+_GO_INT = re.compile(r"[+-]?\d{1,10}")
+# The exponent has at most 3 digits: 1e999999999 would ask Decimal for a billion digits.
 _QUANTITY = re.compile(
     r"(?P<number>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?:[eE](?P<exponent>[+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?"
+    r"(?:[eE](?P<exponent>[+-]?\d{1,3})|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?"
 )
 _SUFFIX = {
     "m": Decimal("0.001"),
@@ -246,16 +268,17 @@ class Inventory:
 def parse_quantity(value: object) -> int | None:
     """A Kubernetes quantity as an integer, as ``Quantity.AsInt64`` reads it.
 
-    ``None`` when it is not a whole number (``500m``, ``1.5``) or no quantity at all;
-    HAMi then ignores the resource, and so does the fit.
+    ``None`` when it is not a whole number (``500m``, ``1.5``), beyond int64 (as
+    ``AsInt64`` fails there) or no quantity at all; HAMi then ignores the resource, and so
+    does the fit. Never raises, whatever ``value`` is.
     """
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return value if abs(value) <= INT64_MAX else None
     if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if not isinstance(value, str):
+        return int(value) if value.is_integer() and abs(value) <= INT64_MAX else None
+    if not isinstance(value, str) or len(value) > MAX_QUANTITY_CHARS:
         return None
     match = _QUANTITY.fullmatch(value.strip())
     if match is None:
@@ -268,7 +291,9 @@ def parse_quantity(value: object) -> int | None:
         number = number.scaleb(int(match["exponent"]))
     elif match["suffix"] is not None:
         number *= _SUFFIX[match["suffix"]]
-    return int(number) if number == number.to_integral_value() else None
+    if abs(number) > INT64_MAX or number != number.to_integral_value():
+        return None
+    return int(number)
 
 
 def parse_node_register(value: str) -> tuple[Device, ...]:
@@ -279,24 +304,51 @@ def parse_node_register(value: str) -> tuple[Device, ...]:
     else is the older text, ``uuid,count,devmem,devcore,type,numa,health[,index,mode]:``
     per card (7 or 9 fields; 7 means index 0 and mode ``hami-core``).
 
+    Every field is bounded (``INT32_MAX``, ``MAX_SPLIT_COUNT``, at most
+    ``MAX_DEVICES_PER_NODE`` cards): whatever the string, the result is cards HAMi could
+    have registered, or this error.
+
     Raises:
         HamiFormatError: the value is not one HAMi writes; names the device and field.
     """
-    text = value.strip()
+    text = _bounded(value).strip()
     if not text:
         raise HamiFormatError("the register value is empty")
-    if text[0] in "[{":
-        return _register_json(text)
-    return _register_text(text)
+    devices = _register_json(text) if text[0] in "[{" else _register_text(text)
+    for i, device in enumerate(devices):
+        if device.split_count > MAX_SPLIT_COUNT:
+            raise HamiFormatError(
+                f"device {i} ({device.uuid}): field 'count' is {device.split_count}, more "
+                f"than the {MAX_SPLIT_COUNT} containers a card may be shared by"
+            )
+    return devices
+
+
+def _bounded(value: str) -> str:
+    if len(value) > MAX_ANNOTATION_CHARS:
+        raise HamiFormatError(
+            f"{len(value)} characters, more than the {MAX_ANNOTATION_CHARS} an annotation holds"
+        )
+    return value
+
+
+def _too_many(count: int) -> HamiFormatError:
+    return HamiFormatError(
+        f"{count} devices, more than the {MAX_DEVICES_PER_NODE} a node may register"
+    )
 
 
 def _register_json(text: str) -> tuple[Device, ...]:
     try:
         items = json.loads(text)
-    except ValueError as error:
-        raise HamiFormatError(f"not valid JSON: {error}") from None
+    except ValueError as error:  # also an integer of more than 4,300 digits
+        raise HamiFormatError(f"not valid JSON: {str(error)[:200]}") from None
+    except RecursionError:
+        raise HamiFormatError("JSON nested too deeply for a list of devices") from None
     if not isinstance(items, list):
         raise HamiFormatError(f"{quote(text)} is not a JSON array of devices")
+    if len(items) > MAX_DEVICES_PER_NODE:
+        raise _too_many(len(items))
     devices = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
@@ -326,6 +378,8 @@ def _json_int(item: Mapping[str, Any], key: str, where: str, *, negative: bool =
     value = item.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int):
         raise HamiFormatError(f"{where}: field {key!r} is {quote(value)}, not an integer")
+    if abs(value) > INT32_MAX:
+        raise HamiFormatError(f"{where}: field {key!r} is beyond int32")
     if value < 0 and not negative:
         raise HamiFormatError(f"{where}: field {key!r} is {value}, negative")
     return value
@@ -349,6 +403,8 @@ def _register_text(text: str) -> tuple[Device, ...]:
     if ":" not in text:
         raise HamiFormatError(f"{quote(text)} has no ':' device separator")
     segments = [s for s in text.split(":") if s]
+    if len(segments) > MAX_DEVICES_PER_NODE:
+        raise _too_many(len(segments))
     devices = []
     for i, segment in enumerate(segments):
         if "," not in segment:
@@ -376,8 +432,12 @@ def _register_text(text: str) -> tuple[Device, ...]:
 
 def _text_int(text: str, key: str, where: str, *, negative: bool = False) -> int:
     if not _GO_INT.fullmatch(text):
-        raise HamiFormatError(f"{where}: field {key!r} is {quote(text)}, not an integer")
+        # more than 10 digits is nothing HAMi writes (int32), and int() of 5,000 raises
+        what = "beyond int32" if text.lstrip("+-").isdecimal() else "not an integer"
+        raise HamiFormatError(f"{where}: field {key!r} is {quote(text)}, {what}")
     value = int(text)
+    if abs(value) > INT32_MAX:
+        raise HamiFormatError(f"{where}: field {key!r} is {text}, beyond int32")
     if value < 0 and not negative:
         raise HamiFormatError(f"{where}: field {key!r} is {quote(text)}, negative")
     return value
@@ -401,7 +461,7 @@ def parse_devices_allocated(value: str) -> tuple[DeviceUse, ...]:
         HamiFormatError: the value is not one HAMi writes; names the container and field.
     """
     uses = []
-    for c, container in enumerate(value.split(";")):
+    for c, container in enumerate(_bounded(value).split(";")):
         for d, segment in enumerate(s for s in container.split(":") if s):
             where = f"container {c}, device {d}"
             if "," not in segment:
@@ -459,7 +519,11 @@ def inventory(
     registered: dict[str, frozenset[str]] = {}
     pool: list[NodeGpus] = []
     for obj in nodes:
-        read = _read_node(obj, now, handshake_timeout, node_selector, problems)
+        try:
+            read = _read_node(obj, now, handshake_timeout, node_selector, problems)
+        except Exception as error:  # one node must never hide the others
+            problems.append(Problem(_subject("node", obj), f"unreadable: {_describe(error)}"))
+            continue
         if read is None:
             continue
         name, devices, offers = read
@@ -468,12 +532,55 @@ def inventory(
         if offers is not None:
             offered[name] = {d.uuid: DeviceState(d) for d in offers}
     for obj in pods:
-        _take_off(obj, offered, registered, ignore_pods, problems)
+        try:
+            _take_off(obj, offered, registered, ignore_pods, problems)
+        except Exception as error:  # one pod must never hide the others
+            # Where its cards are is unknown too: no node is dropped for it, but it is
+            # listed, and the controller warns of it.
+            problems.append(Problem(_subject("pod", obj), f"unreadable: {_describe(error)}"))
     return Inventory(
         nodes=tuple(NodeGpus(name, tuple(cards.values())) for name, cards in offered.items()),
         pool=tuple(pool),
         problems=tuple(problems),
     )
+
+
+def unreadable(kind: str, obj: RawObject) -> tuple[str, str] | None:
+    """``(subject, why)`` when a node's register or a live pod's allocation cannot be read.
+
+    What ``inventory`` lists among its problems for the same object, found without
+    building an inventory: the controller warns of each object once, by its version.
+    ``kind`` is ``node`` or ``pod``; never raises.
+    """
+    try:
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        if kind == "node":
+            value = annotations.get(names.HAMI_NODE_REGISTER)
+            if value is not None:
+                parse_node_register(str(value))
+        elif (obj.get("status") or {}).get("phase") not in TERMINAL_PHASES:
+            value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
+            if value:
+                parse_devices_allocated(str(value))
+    except HamiFormatError as error:
+        key = names.HAMI_NODE_REGISTER if kind == "node" else names.HAMI_DEVICES_ALLOCATED
+        return _subject(kind, obj), f"{key}: {error}"
+    except Exception as error:  # anything else the object holds: still only this one
+        return _subject(kind, obj), f"unreadable: {_describe(error)}"
+    return None
+
+
+def _subject(kind: str, obj: object) -> str:
+    """``node/NAME`` or ``pod/NAMESPACE/NAME`` of whatever ``obj`` is, never raising."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    parts = [meta.get("namespace")] if kind == "pod" else []
+    parts.append(meta.get("name"))
+    return "/".join([kind, *(p if isinstance(p, str) else "?" for p in parts)])[:300]
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error)[:200]}"
 
 
 def _read_node(
@@ -584,7 +691,12 @@ def _take_off(
     try:
         uses = parse_devices_allocated(str(value))
     except HamiFormatError as error:
-        problems.append(Problem(f"pod/{key}", f"{names.HAMI_DEVICES_ALLOCATED}: {error}"))
+        # What the pod holds is unknown, so what its node has free is too: the node
+        # offers nothing until the annotation reads (HAMi counts it as nothing; a check
+        # that did the same could admit a gang onto cards the pod holds).
+        dropped = offered.pop(node, None) is not None
+        then = f"; node {node} offers nothing while it is unreadable" if dropped else ""
+        problems.append(Problem(f"pod/{key}", f"{names.HAMI_DEVICES_ALLOCATED}: {error}{then}"))
         return
     unknown = sorted({u.uuid for u in uses if u.uuid not in registered[node]})
     if unknown:

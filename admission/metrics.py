@@ -20,7 +20,13 @@ check states), ``pool`` (one per check: its poolNodeSelector's nodes), ``base_mo
   ``unitscale_admission_reclaimed_accelerator_hours_total{pool}``: reclaims written;
 - ``unitscale_admission_lora_tenants_per_instance{base_model}``: the adaptive density;
 - ``unitscale_admission_writes_total{result}``, ``unitscale_admission_passes_total``,
-  ``unitscale_admission_pass_seconds``: the controller's own work.
+  ``unitscale_admission_pass_seconds``: the controller's own work;
+- ``unitscale_admission_unit_failures_total{unit}``: rounds of one unit that raised
+  (``workload``: deciding one check; ``pool``: planning one pool; ``write``: writing one
+  decision; ``density``: the LoRA density step), each with one WARNING; the pass went on;
+- ``unitscale_admission_unreadable_objects_total{kind}``: node or pod versions whose HAMi
+  annotation could not be read (``node``, ``pod``), each with one WARNING naming it; such
+  a node offers no GPUs, nor does the node such a pod runs on.
 """
 
 from __future__ import annotations
@@ -93,6 +99,18 @@ class AdmissionMetrics:
             "unitscale_admission_writes",
             "API writes by result: applied, conflict (the object changed first), error.",
             ["result"],
+            registry=self.registry,
+        )
+        self.unit_failures = Counter(
+            "unitscale_admission_unit_failures",
+            "Rounds of one unit (workload, pool, write, density) that raised; the pass went on.",
+            ["unit"],
+            registry=self.registry,
+        )
+        self.unreadable = Counter(
+            "unitscale_admission_unreadable_objects",
+            "Node or pod versions whose HAMi annotation could not be read (no GPUs offered).",
+            ["kind"],
             registry=self.registry,
         )
         self.passes = Counter(

@@ -502,15 +502,20 @@ def test_a_malformed_node_is_reported_and_never_breaks_the_others():
     assert "device 0 (GPU-z): field 'count' is 'ten'" in reason
 
 
-def test_a_malformed_allocation_is_reported_and_the_pod_holds_nothing_as_in_hami():
-    pods = [pod("bad", "gpu-1", "GPU-x,NVIDIA,lots,0:;"), pod("ok", "gpu-1", take(H200[1], 10, 10))]
-    inv = build([node("gpu-1")], pods)
-    gpu = inv.node("gpu-1")
-    assert gpu is not None
-    assert gpu.device(H200[1]).free_cores == 90  # type: ignore[union-attr]
+def test_a_malformed_allocation_is_reported_and_its_node_offers_nothing_while_it_lasts():
+    """HAMi counts it as nothing; the check cannot tell what the pod holds, so it offers none."""
+    pods = [
+        pod("bad", "gpu-1", "GPU-x,NVIDIA,lots,0:;"),
+        pod("ok", "gpu-2", take(H200[1], 10, 10)),
+    ]
+    inv = build([node("gpu-1"), node("gpu-2")], pods)
+    assert [n.name for n in inv.nodes] == ["gpu-2"]
+    assert inv.node("gpu-2").device(H200[1]).free_cores == 90  # type: ignore[union-attr]
+    assert [n.name for n in inv.pool] == ["gpu-1", "gpu-2"]  # its hardware is still known
     ((subject, reason),) = [(p.subject, p.reason) for p in inv.problems]
     assert subject == "pod/train/bad"
     assert "field 'usedmem' is 'lots'" in reason
+    assert "node gpu-1 offers nothing while it is unreadable" in reason
 
 
 def test_a_pod_holding_a_card_its_node_does_not_register_is_reported():
