@@ -28,6 +28,7 @@ from admission.controller import Controller
 from admission.decide import Decision
 from foundation.kube import KubeAccess
 from tests.k8s.control_plane import ApiError, ControlPlane
+from tests.shared_data import shared
 
 pytestmark = pytest.mark.k8s
 
@@ -810,13 +811,11 @@ async def test_a_gang_that_can_never_fit_the_pool_is_rejected_and_deactivated(
 
 @pytest.fixture(scope="module")
 def fluid_crds(control_plane):
-    crds = Path("/work/shared/crds/fluid")
-    if not crds.is_dir():
-        crds = ROOT.parent / "shared" / "crds" / "fluid"
-    if not crds.is_dir():
-        pytest.skip(f"no Fluid CRDs at {crds}")
     control_plane.apply_crds(
-        [crds / "data.fluid.io_datasets.yaml", crds / "data.fluid.io_dataloads.yaml"]
+        [
+            shared("crds", "fluid", f"data.fluid.io_{kind}.yaml")
+            for kind in ("datasets", "dataloads")
+        ]
     )
 
 

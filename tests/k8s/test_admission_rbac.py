@@ -37,19 +37,15 @@ from tests.k8s.test_rbac_components import (
     service_account_token,
     token_kubeconfig,
 )
+from tests.shared_data import shared
 from tests.test_admission_deploy import used_by_the_controller
 from tests.test_deploy import render
 
 pytestmark = pytest.mark.k8s
 
-ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "unitscale-admission"
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 V1BETA2 = "kueue.x-k8s.io/v1beta2"
-FLUID_CRDS = next(
-    (d for d in (ROOT / "shared/crds/fluid", ROOT.parent / "shared/crds/fluid") if d.is_dir()),
-    ROOT.parent / "shared/crds/fluid",
-)
 
 
 # --- the identity ----------------------------------------------------------------------
@@ -382,10 +378,7 @@ async def test_the_controller_on_its_service_accounts_token_admits_a_job_and_ret
 
 @pytest.fixture(scope="module")
 def fluid_crds(control_plane):
-    files = [FLUID_CRDS / f"data.fluid.io_{kind}.yaml" for kind in ("datasets", "dataloads")]
-    missing = [str(f) for f in files if not f.exists()]
-    if missing:
-        pytest.skip(f"no Fluid CRDs (looked for {', '.join(missing)})")
+    files = [shared("crds", "fluid", f"data.fluid.io_{k}.yaml") for k in ("datasets", "dataloads")]
     return control_plane.apply_crds(files)
 
 

@@ -31,6 +31,7 @@ import yaml
 from tests.k8s import versions
 from tests.k8s.conftest import crd_files
 from tests.k8s.control_plane import ApiError
+from tests.shared_data import SHARED
 from tests.test_deploy import RENDERINGS, render
 
 pytestmark = pytest.mark.k8s
@@ -43,11 +44,9 @@ EXAMPLES = sorted(
         *(DEPLOY / "admission" / f for f in ("check.yaml", "queues.yaml")),
     ]
 )
-ROOT = Path(__file__).resolve().parents[2]
-FLUID_CRDS = next(
-    (d for d in (ROOT / "shared/crds/fluid", ROOT.parent / "shared/crds/fluid") if d.is_dir()),
-    None,
-)
+# Optional here (nothing deploy/ renders is a Fluid kind yet), so not shared(): where
+# shared/ lies is still tests.shared_data's one answer.
+FLUID_CRDS = SHARED / "crds" / "fluid" if (SHARED / "crds" / "fluid").is_dir() else None
 
 
 def _id(origin: str, doc: dict[str, Any]) -> str:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,27 +23,20 @@ from scaler.registry import ScaledObjectRegistry
 from scaler.signals import SignalStore
 from scaler.telemetry import prewarm_families
 from tests.k8s.control_plane import ControlPlane
+from tests.shared_data import shared
 
 pytestmark = pytest.mark.k8s
 
-ROOT = Path(__file__).resolve().parents[2]
 FLUID = "/apis/data.fluid.io/v1alpha1"
 
 
 @pytest.fixture(scope="module")
 def fluid_crds(control_plane):
-    crds = next(
-        (
-            d
-            for d in (Path("/work/shared/crds/fluid"), ROOT.parent / "shared/crds/fluid")
-            if d.is_dir()
-        ),
-        None,
-    )
-    if crds is None:
-        pytest.skip("no Fluid CRDs in ../shared/crds/fluid")
     control_plane.apply_crds(
-        [crds / "data.fluid.io_datasets.yaml", crds / "data.fluid.io_dataloads.yaml"]
+        [
+            shared("crds", "fluid", f"data.fluid.io_{kind}.yaml")
+            for kind in ("datasets", "dataloads")
+        ]
     )
 
 

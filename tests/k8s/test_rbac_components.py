@@ -55,6 +55,7 @@ from tests.conftest import eventually
 from tests.k8s import test_prewarm as prewarm
 from tests.k8s.control_plane import ControlPlane
 from tests.k8s.test_endpoint_slices import endpoint_slice
+from tests.shared_data import shared
 from tests.test_deploy import PREWARM, USED, render
 
 pytestmark = pytest.mark.k8s
@@ -449,20 +450,12 @@ async def test_without_any_one_rule_the_call_needing_it_is_refused(
 
 # --- Fluid prewarm (components/scaler-prewarm) ----------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
-FLUID_CRDS = next(
-    (d for d in (ROOT / "shared/crds/fluid", ROOT.parent / "shared/crds/fluid") if d.is_dir()),
-    ROOT.parent / "shared/crds/fluid",
-)
 FLUID = "/apis/data.fluid.io/v1alpha1"
 
 
 @pytest.fixture(scope="module")
 def fluid(control_plane: ControlPlane) -> list[str]:
-    files = [FLUID_CRDS / f"data.fluid.io_{kind}.yaml" for kind in ("datasets", "dataloads")]
-    missing = [str(f) for f in files if not f.exists()]
-    if missing:
-        pytest.skip(f"no Fluid CRDs (looked for {', '.join(missing)})")
+    files = [shared("crds", "fluid", f"data.fluid.io_{k}.yaml") for k in ("datasets", "dataloads")]
     return control_plane.apply_crds(files)
 
 
