@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.pool.cluster import NODE_COLUMNS, TASK_COLUMNS, Node, Task, read_nodes, read_tasks
+from replay.pool.cluster import (
+    MAX_NODE_GPUS,
+    NODE_COLUMNS,
+    TASK_COLUMNS,
+    Node,
+    Task,
+    read_nodes,
+    read_tasks,
+)
 from tests.shared_data import shared
 
 ALIBABA = ("traces", "alibaba-gpu-2023")
@@ -200,6 +208,16 @@ def test_a_bad_task_row_names_file_line_and_column(tmp_path, row, line, message)
         pytest.param({"gpu": "two"}, "column gpu: 'two' is not an integer", id="a GPU count"),
         pytest.param({"model": ""}, "column model: is empty", id="a node without a model"),
         pytest.param({"cpu_milli": "-1"}, "cpu_milli is negative", id="negative CPU"),
+        pytest.param(
+            {"gpu": "10000000"},
+            f"10000000 GPUs, more than the {MAX_NODE_GPUS} a node may hold",
+            id="a node of ten million GPUs is refused naming the limit",
+        ),
+        pytest.param(
+            {"gpu": str(MAX_NODE_GPUS + 1)},
+            f"more than the {MAX_NODE_GPUS}",
+            id="one GPU beyond the limit is refused",
+        ),
     ],
 )
 def test_a_bad_node_row_names_file_line_and_column(tmp_path, row, message):

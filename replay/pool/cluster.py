@@ -40,6 +40,10 @@ from pathlib import Path
 
 MILLI = 1000
 """``gpu_milli`` of one whole GPU."""
+MAX_NODE_GPUS = 64
+"""GPUs one node may hold. The openb nodes hold 1 to 8 and the largest real boards 16;
+the pool keeps a name and a slot per GPU, so a row of 10**7 GPUs stalled ``--pool``
+instead of failing. Matches ``admission.hami.MAX_DEVICES_PER_NODE``."""
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 TASK_COLUMNS = (
@@ -73,6 +77,11 @@ class Node:
         for field_name in ("gpus", "cpu_milli", "memory_mib"):
             if getattr(self, field_name) < 0:
                 raise ValueError(f"node {self.name!r}: {field_name} is negative")
+        if self.gpus > MAX_NODE_GPUS:
+            raise ValueError(
+                f"node {self.name!r}: {self.gpus} GPUs, more than the {MAX_NODE_GPUS} a node "
+                "may hold"
+            )
 
 
 @dataclass(frozen=True, slots=True)
