@@ -23,7 +23,10 @@ request finds no ready replica for its model (or, with ``wake_at_outstanding``, 
 busy) the gateway wakes one sleeping replica (``POST /wake_up``, one wake per model at a
 time, ``serving.routing.choose_to_wake``) while the request waits in the buffer as at zero
 replicas; a wake that fails, times out (``wake_timeout``) or leaves it asleep is logged,
-counted, and the next wake goes to another replica for ``wake_retry_after``.
+counted, and the next wake goes to another replica while it backs off: ``wake_retry_after``,
+doubled per failed wake in a row up to eight times (``serving.routing.Backoff``). Its answer
+is read at one boundary (``serving.replica_answers``): a garbled or nested one is a failed
+wake like any other, counted and backed off from.
 
 With ``standby-scaler`` the gateway asks the scaler for its standby plan every
 ``standby-interval`` (``serving.gateway_standby``: replicas to run, and to hold asleep
@@ -31,7 +34,9 @@ beside them, for ``standby: true`` ScaledObjects) and holds it (``serving.routin
 choose_standby``): a surplus replica idle for ``sleep-after-idle`` is put to sleep
 (``POST /sleep?level=1&mode=wait``, least recently used first, routed nothing from the moment it is
 chosen), and a sleeper is woken early when the running target lacks awake replicas.
-Without a plan to act on (no scaler, no ScaledObject, no decision) nothing is slept.
+Without a plan to act on (no scaler, no ScaledObject, no decision) nothing is slept. A
+replica that refuses its sleep backs off as a failed wake does and another idle one is
+slept meanwhile, where the plan has one.
 
 Every request that counts as an arrival is judged against the SLO when it ends
 (``serving.slo``: a stream's TTFT from its arrival here and its mean inter-token latency,
@@ -42,6 +47,10 @@ in the ``slo_within_rate`` and ``slo_outside_rate`` the scaler reads.
 Which replicas there are, and which are healthy or draining, is ``serving.gateway_replicas``;
 a reloaded config is acted on at once, so a newly listed ready replica takes traffic within
 milliseconds. The gateway's own metrics are ``serving.gateway_metrics``.
+
+No answer and no exception stops a background loop (health, signals, standby): a failure
+is that replica's or that round's, counted and logged. Should a loop stop anyway, ``/health``
+(the pod's liveness and readiness probe) answers 503 naming it, so the pod is restarted.
 """
 
 from __future__ import annotations
@@ -58,11 +67,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.gateway_metrics import GatewayMetrics
-from serving.gateway_replicas import Replica, ReplicaPool
+from serving.gateway_replicas import Replica, ReplicaPool, read_answer
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import SignalsFeed, TrafficStats, gateway_signals
 from serving.gateway_standby import PlanSource, StandbyClient
+from serving.replica_answers import AnswerError, read_wake
 from serving.routing import (
+    Backoff,
     choose,
     choose_standby,
     choose_to_wake,
@@ -97,6 +108,10 @@ class Gateway:
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
         self.standby_problem: str | None = None
         """Why the last standby round acted on no plan; None when it had one."""
+        self.loops: dict[str, asyncio.Task[None]] = {}
+        """The background loops by name: ``/health`` fails when one has stopped."""
+        self.pool.on_probe_failure = self.metrics.probe_failed
+        self.pool.on_round_failure = lambda: self.metrics.loop_failed("health")
 
     @property
     def replicas(self) -> list[Replica]:
@@ -123,13 +138,13 @@ class Gateway:
             connector=aiohttp.TCPConnector(keepalive_timeout=4),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
-        tasks = [
-            asyncio.create_task(self.pool.check_forever(self._session, self.metrics.set_replicas)),
-            asyncio.create_task(self._signal_loop()),
-            asyncio.create_task(self._standby_loop()),
-        ]
+        self.loops = {
+            "health": asyncio.create_task(self.pool.check_forever(self._session, self._report)),
+            "signals": asyncio.create_task(self._signal_loop()),
+            "standby": asyncio.create_task(self._standby_loop()),
+        }
         yield
-        tasks += self._wakes
+        tasks = [*self.loops.values(), *self._wakes]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -147,9 +162,25 @@ class Gateway:
         self.metrics.set_slo_attainment(settings.slo.attainment)
         self.pool.reconfigure(replicas, settings)
 
+    def _report(self, routable: int, asleep: int) -> None:
+        """After each health round: the replica gauges, those backing off included."""
+        self.metrics.set_replicas(routable, asleep)
+        views = self.pool.views()
+        self.metrics.set_backing_off(
+            sum(v.wake_failed for v in views), sum(v.sleep_failed for v in views)
+        )
+
+    def stopped_loops(self) -> list[str]:
+        """The background loops that have ended (crashed, or cancelled outside shutdown)."""
+        return sorted(name for name, task in self.loops.items() if task.done())
+
     async def _signal_loop(self) -> None:
         while True:
-            self.feed.publish()
+            try:
+                self.feed.publish()
+            except Exception:  # a watcher's bug must not stop the signals for the others
+                self.metrics.loop_failed("signals")
+                log.warning("publishing the gateway's signals failed", exc_info=True)
             await asyncio.sleep(self.settings.signal_interval)
 
     # --- requests -----------------------------------------------------------------------
@@ -203,59 +234,81 @@ class Gateway:
         task.add_done_callback(self._wakes.discard)
 
     async def _wake(self, replica: Replica) -> None:
-        """``POST /wake_up``; awake: routable at once; otherwise logged and passed over."""
-        assert self._session is not None
+        """``POST /wake_up``; awake: routable at once; otherwise logged, backed off from."""
         log.info("waking replica %s for buffered or waiting requests", replica.url)
         started = time.monotonic()
-        problem: str | None = None
+        try:
+            problem = await self._ask_wake(replica)
+        except Exception as err:  # a bug met on one wake must never pass unbacked-off
+            problem = f"{type(err).__name__}: {err}"
+        finally:
+            replica.waking = False
+        now = time.monotonic()
+        if problem is None:
+            log.info("replica %s is awake after %.2fs", replica.url, now - started)
+            replica.sleeping, replica.wake_backoff = False, Backoff()
+            replica.sleep_changes += 1
+            replica.idle_since = now  # not slept again before it served
+            self.metrics.woke(now - started)
+        else:
+            replica.wake_backoff = replica.wake_backoff.failed(now, self.settings.wake_retry_after)
+            log.warning(
+                "waking replica %s failed (%s); not woken again for %gs, the next wake tries"
+                " another",
+                replica.url,
+                problem,
+                replica.wake_backoff.until - now,
+            )
+            self.metrics.wake_failed()
+        async with self._ready:  # buffered requests route to it, or wake another
+            self._ready.notify_all()
+
+    async def _ask_wake(self, replica: Replica) -> str | None:
+        """Its ``POST /wake_up``: None once it says it is awake, else what went wrong."""
+        assert self._session is not None
         try:
             async with (
                 asyncio.timeout(self.settings.wake_timeout),
                 self._session.post(replica.url + "/wake_up") as r,
             ):
-                answer = await r.json(content_type=None) if r.status == 200 else None
-                if not isinstance(answer, dict) or answer.get("status") != "awake":
-                    problem = f"it answered HTTP {r.status}, {answer!r}"
+                if r.status != 200:
+                    return f"it answered HTTP {r.status}"
+                status = read_wake(await read_answer(r, "/wake_up"))
         except TimeoutError:
-            problem = f"no answer within {self.settings.wake_timeout:g}s"
-        except (aiohttp.ClientError, ValueError) as err:
-            problem = f"{type(err).__name__}: {err}"
-        finally:
-            replica.waking = False
-        took = time.monotonic() - started
-        if problem is None:
-            log.info("replica %s is awake after %.2fs", replica.url, took)
-            replica.sleeping, replica.wake_failed_at = False, None
-            replica.sleep_changes += 1
-            replica.idle_since = time.monotonic()  # not slept again before it served
-            self.metrics.woke(took)
-        else:
-            log.warning(
-                "waking replica %s failed (%s); the next wake tries another", replica.url, problem
-            )
-            replica.wake_failed_at = time.monotonic()
-            self.metrics.wake_failed()
-        async with self._ready:  # buffered requests route to it, or wake another
-            self._ready.notify_all()
+            return f"no answer within {self.settings.wake_timeout:g}s"
+        except (aiohttp.ClientError, AnswerError) as err:
+            return f"{type(err).__name__}: {err}"
+        return None if status == "awake" else f"it answered status {status[:40]!r}"
 
     # --- the standby plan -----------------------------------------------------------------
 
-    async def _standby_loop(self) -> None:
+    async def _standby_loop(self, source: PlanSource | None = None) -> None:
+        """Hold the standby plan every interval; ``source``: the scaler's (``StandbyClient``)."""
         client = StandbyClient()
+        failing: str | None = None
         try:
             while True:
                 scaler = self.settings.standby_scaler
                 try:
                     if scaler is not None:
-                        await self._standby_round(client, scaler)
-                except Exception:  # a bug here must never stop the proxy's other work
-                    log.exception("standby round failed; trying again next interval")
+                        await self._standby_round(source or client, scaler)
+                    failing = None
+                except Exception as err:  # a bug here must never stop the proxy's other work
+                    self.metrics.loop_failed("standby")
+                    if type(err).__name__ != failing:  # once per kind, not every round
+                        log.warning("standby round failed; trying again", exc_info=True)
+                    failing = type(err).__name__
                 await asyncio.sleep(self.settings.standby_interval)
         finally:
             await client.close()
 
-    async def _standby_round(self, client: PlanSource, scaler: str) -> None:
-        """Ask for the plan; sleep the surplus idle replicas, wake those the running lack."""
+    async def _standby_round(
+        self, client: PlanSource, scaler: str, now: float | None = None
+    ) -> None:
+        """Ask for the plan; sleep the surplus idle replicas, wake those the running lack.
+
+        ``now`` (``time.monotonic``): when the round decides, for who is backing off.
+        """
         s = self.settings
         plan = await client.plan(scaler, s.namespace, s.deployment, s.standby_interval)
         if isinstance(plan, str):
@@ -264,7 +317,8 @@ class Gateway:
             self.standby_problem = plan
             return
         self.standby_problem = None
-        moves = choose_standby(self.pool.views(), plan.running, plan.sleeping, s.sleep_after_idle)
+        views = self.pool.views(now)
+        moves = choose_standby(views, plan.running, plan.sleeping, s.sleep_after_idle)
         if moves.sleep or moves.wake:
             log.info("standby: %s (scaler: %s)", moves.reason, plan.reason)
         for url in moves.wake:
@@ -272,32 +326,23 @@ class Gateway:
         chosen = [self.pool.find(url) for url in moves.sleep]
         for replica in chosen:
             replica.falling_asleep = True  # before any await: no request is routed there
-        await asyncio.gather(*(self._sleep(replica) for replica in chosen))
+        await asyncio.gather(*(self._sleep(replica, now) for replica in chosen))
 
-    async def _sleep(self, replica: Replica) -> None:
+    async def _sleep(self, replica: Replica, now: float | None = None) -> None:
         """``POST /sleep?level=1&mode=wait``: asleep, or logged and left to the health check.
 
         ``wait``: a request the gateway does not know of (another gateway's, a direct
         client's) finishes before the engine sleeps; vLLM's default, ``abort``, would end it.
         A refusal leaves it routable; a sleep sent but not answered (timed out, cut off)
         may still be pausing the engine, where a request would wait unscheduled: it is
-        held asleep (woken on demand) until its ``/is_sleeping`` says it is awake.
+        held asleep (woken on demand) until its ``/is_sleeping`` says it is awake. Either
+        way it is not slept again while it backs off (``wake_retry_after``, doubled per
+        failure in a row, from ``now``, the round's time): another idle replica is.
         """
-        assert self._session is not None
-        problem: str | None = None
-        sent = True
         try:
-            async with (
-                asyncio.timeout(self.settings.wake_timeout),
-                self._session.post(replica.url + "/sleep", params=SLEEP_QUERY) as r,
-            ):
-                if r.status != 200:
-                    problem, sent = f"it answered HTTP {r.status}", False
-        except TimeoutError:
-            problem = f"no answer within {self.settings.wake_timeout:g}s"
-        except aiohttp.ClientError as err:
-            problem = f"{type(err).__name__}: {err}"
-            sent = not isinstance(err, aiohttp.ClientConnectorError)
+            problem, sent = await self._ask_sleep(replica)
+        except Exception as err:  # a bug met on one replica's sleep: as if sent, unanswered
+            problem, sent = f"{type(err).__name__}: {err}", True
         finally:
             replica.falling_asleep = False
         self.metrics.slept(problem is None)
@@ -305,18 +350,37 @@ class Gateway:
             replica.sleeping = True
             replica.sleep_changes += 1  # a /is_sleeping read from before is stale
         if problem is None:
+            replica.sleep_backoff = Backoff()
             log.info("replica %s is asleep (the standby plan's)", replica.url)
-        elif sent:
+        else:
+            at = time.monotonic() if now is None else now
+            replica.sleep_backoff = replica.sleep_backoff.failed(at, self.settings.wake_retry_after)
             log.warning(
-                "putting replica %s to sleep failed (%s); routed nothing until its"
-                " /is_sleeping says it is awake",
+                "putting replica %s to sleep failed (%s); %snot slept again for %gs",
                 replica.url,
                 problem,
+                "routed nothing until its /is_sleeping says it is awake; " if sent else "",
+                replica.sleep_backoff.until - at,
             )
-        else:
-            log.warning("putting replica %s to sleep failed (%s)", replica.url, problem)
         async with self._ready:  # a buffered request may wake it, or route to it
             self._ready.notify_all()
+
+    async def _ask_sleep(self, replica: Replica) -> tuple[str | None, bool]:
+        """Its ``POST /sleep``: what went wrong (None: asleep), and whether it was sent."""
+        assert self._session is not None
+        try:
+            async with (
+                asyncio.timeout(self.settings.wake_timeout),
+                self._session.post(replica.url + "/sleep", params=SLEEP_QUERY) as r,
+            ):
+                if r.status != 200:
+                    return f"it answered HTTP {r.status}", False
+        except TimeoutError:
+            return f"no answer within {self.settings.wake_timeout:g}s", True
+        except aiohttp.ClientError as err:
+            sent = not isinstance(err, aiohttp.ClientConnectorError)
+            return f"{type(err).__name__}: {err}", sent
+        return None, True
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         raw, model = await self._read(request)
@@ -525,16 +589,20 @@ class Gateway:
         )
 
     async def _health(self, request: web.Request) -> web.Response:
+        """Liveness and readiness: 503 naming the loops that stopped, should one stop."""
+        stopped = self.stopped_loops()
         return web.json_response(
             {
-                "status": "ok",
+                "status": "ok" if not stopped else "a background loop stopped",
+                "stopped": stopped,
                 "replicas": len(self.replicas),
                 "ready": sum(r.routable for r in self.replicas),
                 "sleeping": sum(r.wakeable for r in self.replicas),
                 "draining": sum(r.draining for r in self.replicas),
                 "buffered": self.stats.buffered,
                 "in_flight": self.stats.in_flight,
-            }
+            },
+            status=503 if stopped else 200,
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from foundation.reload import ConfigStore
 from foundation.reload_metrics import ConfigReloadCollector
+from serving.gateway_replicas import PROBE_REASONS
 from serving.slo import REASONS, Verdict
 
 BUFFER_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300)
@@ -31,6 +32,10 @@ REJECT_STATUSES = (400, 404, 413, 429, 502, 503, 504)
 WAKE_RESULTS = ("woken", "failed")
 SLEEP_RESULTS = ("slept", "failed")
 """The ``result`` of ``unitscale_gateway_sleeps_total``: the standby plan's sleeps."""
+LOOPS = ("health", "signals", "standby")
+"""The ``loop`` of ``unitscale_gateway_loop_errors_total``: the gateway's background loops."""
+BACKOFF_ACTIONS = ("wake", "sleep")
+"""The ``action`` of ``unitscale_gateway_replicas_backing_off``."""
 SLO_SERIES = tuple(("within" if r == "met" else "outside", r) for r in REASONS)
 """The ``result`` and ``reason`` of ``unitscale_gateway_slo_requests_total`` (``serving.slo``)."""
 
@@ -119,6 +124,26 @@ class GatewayMetrics:
             [*labels, "result", "reason"],
             registry=r,
         )
+        self._probe_failures = Counter(
+            "unitscale_gateway_replica_probe_failures",
+            "Replica health rounds that failed, by reason: down (connect, timeout, http-status),"
+            " an answer refused (too-large, not-json, too-deep, wrong-shape) or internal (an"
+            " exception met checking it). Only that replica's round fails.",
+            [*labels, "reason"],
+            registry=r,
+        )
+        self._loop_errors = Counter(
+            "unitscale_gateway_loop_errors",
+            "Rounds of a background loop that failed as a whole; the loop goes on.",
+            [*labels, "loop"],
+            registry=r,
+        )
+        self._backing_off = Gauge(
+            "unitscale_gateway_replicas_backing_off",
+            "Replicas not woken (or slept) again yet after failed wakes (or sleeps) in a row.",
+            [*labels, "action"],
+            registry=r,
+        )
         self._slo_attainment = Gauge(
             "unitscale_gateway_slo_attainment_target_ratio",
             "The share of requests the SLO asks to be within (the slo block's attainment).",
@@ -148,6 +173,12 @@ class GatewayMetrics:
             self._sleeps.labels(*self._labels, result)
         for result, reason in SLO_SERIES:
             self._slo.labels(*self._labels, result, reason)
+        for reason in PROBE_REASONS:
+            self._probe_failures.labels(*self._labels, reason)
+        for loop in LOOPS:
+            self._loop_errors.labels(*self._labels, loop)
+        for action in BACKOFF_ACTIONS:
+            self._backing_off.labels(*self._labels, action)
 
     def arrived(self) -> None:
         """A request reached the gateway."""
@@ -196,6 +227,19 @@ class GatewayMetrics:
     def slept(self, ok: bool) -> None:
         """A ``POST /sleep`` for the standby plan succeeded (``ok``) or failed."""
         self._sleeps.labels(*self._labels, "slept" if ok else "failed").inc()
+
+    def probe_failed(self, reason: str) -> None:
+        """A replica's health round failed, for ``reason`` (one of ``PROBE_REASONS``)."""
+        self._probe_failures.labels(*self._labels, reason).inc()
+
+    def loop_failed(self, loop: str) -> None:
+        """A round of the background ``loop`` (one of ``LOOPS``) failed as a whole."""
+        self._loop_errors.labels(*self._labels, loop).inc()
+
+    def set_backing_off(self, wake: int, sleep: int) -> None:
+        """Replicas backing off a failed wake, and a failed sleep."""
+        self._backing_off.labels(*self._labels, "wake").set(wake)
+        self._backing_off.labels(*self._labels, "sleep").set(sleep)
 
     def judged(self, verdict: Verdict) -> None:
         """A request ended and was judged against the SLO."""

@@ -15,6 +15,14 @@ that sleeps gets no request until it is woken (``serving.gateway`` wakes it on d
 since vLLM queues a sleeper's requests unserved. A 404 means it has no sleep mode (vLLM
 without ``VLLM_SERVER_DEV_MODE=1``), asked again only after it was down; an answer that
 cannot be read keeps what was known.
+
+Each replica's round is isolated: whatever one replica answers (a list for its models,
+JSON nested 100,000 deep, a body of gigabytes: ``serving.replica_answers`` reads every
+answer) or whatever is raised while checking it, only that replica's round fails. It is
+counted by reason (``on_probe_failure``), logged once as a WARNING naming the replica
+when the failure starts or changes, and the replica is checked again next round like any
+other; it recovers when it answers well again. A round that fails as a whole (discovery,
+the report) is counted too, and the loop goes on.
 """
 
 from __future__ import annotations
@@ -25,17 +33,59 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
 from foundation.discovery import EndpointSliceWatch
 from foundation.dns import resolve_addresses
 from serving.gateway_settings import GatewaySettings
-from serving.routing import ReplicaView
+from serving.replica_answers import (
+    MAX_ANSWER_BYTES,
+    REASONS,
+    AnswerError,
+    read_is_sleeping,
+    read_models,
+)
+from serving.routing import Backoff, ReplicaView
 
 # The gateway's logger: its replica lines keep the name operators filter them by.
 log = logging.getLogger("serving.gateway")
+
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2)
+DOWN_REASONS = ("connect", "timeout", "http-status")
+"""Why a replica's probe failed when it is down or refusing: logged as "not ready"."""
+PROBE_REASONS = (*DOWN_REASONS, *REASONS, "internal")
+"""The ``reason`` of a failed probe: down, an answer ``serving.replica_answers`` refused,
+or ``internal`` (an exception nobody expected, met checking that replica)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeFailure:
+    """Why one replica's round failed."""
+
+    reason: str
+    """One of ``PROBE_REASONS``."""
+    message: str
+
+
+async def read_answer(response: aiohttp.ClientResponse, what: str) -> bytes:
+    """A replica's answer body, read no further than ``MAX_ANSWER_BYTES``.
+
+    Raises:
+        AnswerError: ``too-large`` as soon as it is known to be longer.
+    """
+    limit = MAX_ANSWER_BYTES
+    if response.content_length is not None and response.content_length > limit:
+        declared = response.content_length
+        raise AnswerError("too-large", f"{what}: Content-Length {declared:,} is over {limit:,}")
+    chunks, size = [], 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerError("too-large", f"{what}: over {limit:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 @dataclass(slots=True)
@@ -55,8 +105,12 @@ class Replica:
     """False once its /is_sleeping answered 404: not asked again until it was down."""
     waking: bool = False
     """A wake of it is under way (``serving.gateway``)."""
-    wake_failed_at: float | None = None
-    """``time.monotonic`` of its last failed wake."""
+    wake_backoff: Backoff = field(default_factory=Backoff)
+    """When it may be woken again after failed wakes (``time.monotonic``)."""
+    sleep_backoff: Backoff = field(default_factory=Backoff)
+    """When it may be put to sleep again after failed sleeps (``time.monotonic``)."""
+    problem: str | None = None
+    """The reason its last round failed (``PROBE_REASONS``); None: it answered well."""
     falling_asleep: bool = False
     """A ``POST /sleep`` of it (the standby plan's) is under way: routed nothing."""
     idle_since: float = -math.inf
@@ -98,6 +152,10 @@ class ReplicaPool:
         """Notified whenever a replica turns ready, and after a round that finds any routable."""
         self.served: set[str] = set()
         """Every model a replica has listed since the gateway started (kept at zero)."""
+        self.on_probe_failure: Callable[[str], None] = lambda reason: None
+        """Hears the reason of every replica's failed round (the gateway counts it)."""
+        self.on_round_failure: Callable[[], None] = lambda: None
+        """Hears every round that failed as a whole (the gateway counts it)."""
 
     def reconfigure(self, replicas: list[str], settings: GatewaySettings) -> None:
         """New static replicas and settings.
@@ -114,7 +172,6 @@ class ReplicaPool:
         """What the router sees of each replica (``now``: ``time.monotonic``)."""
         # A draining or sleeping replica is not ready as far as routing goes, however healthy.
         now = time.monotonic() if now is None else now
-        retry = self.settings.wake_retry_after
         return [
             ReplicaView(
                 r.url,
@@ -123,9 +180,10 @@ class ReplicaPool:
                 r.models,
                 sleeping=r.wakeable,
                 waking=r.waking,
-                wake_failed=r.wake_failed_at is not None and now - r.wake_failed_at < retry,
+                wake_failed=not r.wake_backoff.allows(now),
                 idle_seconds=0.0 if r.outstanding else max(now - r.idle_since, 0.0),
                 sleep_mode=r.sleep_mode,
+                sleep_failed=not r.sleep_backoff.allows(now),
             )
             for r in self.replicas
         ]
@@ -192,41 +250,55 @@ class ReplicaPool:
     ) -> None:
         """Discover and check every replica each interval (or at once on a reload).
 
-        ``report`` hears the replicas routable and those asleep after each round.
+        ``report`` hears the replicas routable and those asleep after each round. Nothing
+        a replica answers and no exception ends the loop: a replica's failure is its own
+        round's (``_check``), and a round failing as a whole is counted and tried again.
         """
+        failing: str | None = None
         while True:
             self._recheck.clear()
-            await self._discover()
-            await asyncio.gather(*(self._check(session, r) for r in self.replicas))
-            routable = sum(r.routable for r in self.replicas)
-            asleep = sum(r.wakeable for r in self.replicas)
-            report(routable, asleep)
-            if routable or asleep:
-                # Buffered requests look again: a replica may have been listed again, or
-                # one found asleep may be woken for them.
-                async with self.ready:
-                    self.ready.notify_all()
+            try:
+                await self.check_round(session, report)
+                failing = None
+            except Exception as err:  # discovery or the report: the next round tries again
+                self.on_round_failure()
+                if type(err).__name__ != failing:  # once per kind, not every second
+                    log.warning("a health round failed; trying again", exc_info=True)
+                failing = type(err).__name__
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.health_interval):
                     await self._recheck.wait()
 
+    async def check_round(
+        self, session: aiohttp.ClientSession, report: Callable[[int, int], None]
+    ) -> None:
+        """One round: discover, check every replica at once, report, wake the buffered."""
+        await self._discover()
+        await asyncio.gather(*(self._check(session, r) for r in self.replicas))
+        routable = sum(r.routable for r in self.replicas)
+        asleep = sum(r.wakeable for r in self.replicas)
+        report(routable, asleep)
+        if routable or asleep:
+            # Buffered requests look again: a replica may have been listed again, or
+            # one found asleep may be woken for them.
+            async with self.ready:
+                self.ready.notify_all()
+
     async def _check(self, session: aiohttp.ClientSession, replica: Replica) -> None:
+        """One replica's round: whatever it answers or raises fails only this round."""
         try:
-            async with session.get(
-                replica.url + "/health", timeout=aiohttp.ClientTimeout(total=2)
-            ) as r:
-                healthy = r.status == 200
-            if healthy and not replica.models:
-                async with session.get(
-                    replica.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=2)
-                ) as r:
-                    data = await r.json()
-                replica.models = frozenset(str(m["id"]) for m in data.get("data", []))
-                self.served |= replica.models
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
-            healthy = False
+            await self._round(session, replica)
+        except Exception as err:  # a bug met on one replica must not stop the others' checks
+            self._note(replica, ProbeFailure("internal", f"{type(err).__name__}: {err}"))
+            if replica.ready:
+                log.info("replica %s is not ready", replica.url)
+            replica.ready, replica.models = False, frozenset()  # asked afresh next round
+
+    async def _round(self, session: aiohttp.ClientSession, replica: Replica) -> None:
+        healthy, failure = await self._probe(session, replica)
         if healthy and replica.sleep_mode and not replica.waking and not replica.falling_asleep:
-            await self._check_sleep(session, replica)
+            failure = await self._check_sleep(session, replica)
+        self._note(replica, failure)
         if healthy != replica.ready:
             log.info("replica %s is %s", replica.url, "ready" if healthy else "not ready")
             replica.ready = healthy
@@ -238,26 +310,69 @@ class ReplicaPool:
                 async with self.ready:
                     self.ready.notify_all()
 
-    async def _check_sleep(self, session: aiohttp.ClientSession, replica: Replica) -> None:
+    async def _probe(
+        self, session: aiohttp.ClientSession, replica: Replica
+    ) -> tuple[bool, ProbeFailure | None]:
+        """Its /health, and its /v1/models until it lists them: healthy, or why not."""
+        try:
+            async with session.get(replica.url + "/health", timeout=PROBE_TIMEOUT) as r:
+                if r.status != 200:
+                    return False, ProbeFailure("http-status", f"/health answered HTTP {r.status}")
+            if not replica.models:
+                async with session.get(replica.url + "/v1/models", timeout=PROBE_TIMEOUT) as r:
+                    if r.status != 200:
+                        message = f"/v1/models answered HTTP {r.status}"
+                        return False, ProbeFailure("http-status", message)
+                    replica.models = read_models(await read_answer(r, "/v1/models"))
+                self.served |= replica.models
+        except AnswerError as err:
+            return False, ProbeFailure(err.reason, str(err))
+        except TimeoutError:
+            return False, ProbeFailure("timeout", "no answer within 2s")
+        except aiohttp.ClientError as err:
+            return False, ProbeFailure("connect", f"{type(err).__name__}: {err}")
+        return True, None
+
+    def _note(self, replica: Replica, failure: ProbeFailure | None) -> None:
+        """Count a failed round; log a WARNING when a replica starts answering badly."""
+        if failure is None:
+            if replica.problem is not None and replica.problem not in DOWN_REASONS:
+                log.info("replica %s answers well again", replica.url)
+            replica.problem = None
+            return
+        self.on_probe_failure(failure.reason)
+        if failure.reason != replica.problem and failure.reason not in DOWN_REASONS:
+            # Down or refusing is "not ready" (INFO); a bad answer or a bug is worth a look.
+            log.warning(
+                "replica %s: its round failed (%s: %s); checked again next round",
+                replica.url,
+                failure.reason,
+                failure.message,
+            )
+        replica.problem = failure.reason
+
+    async def _check_sleep(
+        self, session: aiohttp.ClientSession, replica: Replica
+    ) -> ProbeFailure | None:
         """Its /is_sleeping: asleep, awake, no sleep mode (404), or unreadable (kept)."""
         changes = replica.sleep_changes
         try:
-            async with session.get(
-                replica.url + "/is_sleeping", timeout=aiohttp.ClientTimeout(total=2)
-            ) as r:
+            async with session.get(replica.url + "/is_sleeping", timeout=PROBE_TIMEOUT) as r:
                 if r.status == 404:
                     replica.sleep_mode, sleeping = False, False
+                elif r.status != 200:
+                    return ProbeFailure("http-status", f"/is_sleeping answered HTTP {r.status}")
                 else:
-                    r.raise_for_status()
-                    answer = (await r.json()).get("is_sleeping")
-                    if not isinstance(answer, bool):
-                        raise ValueError(f"is_sleeping is {answer!r}")
-                    sleeping = answer
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as err:
-            log.debug("cannot read %s/is_sleeping (%s); keeping what was known", replica.url, err)
-            return
+                    sleeping = read_is_sleeping(await read_answer(r, "/is_sleeping"))
+        except AnswerError as err:
+            return ProbeFailure(err.reason, str(err))
+        except TimeoutError:
+            return ProbeFailure("timeout", "/is_sleeping: no answer within 2s")
+        except aiohttp.ClientError as err:
+            return ProbeFailure("connect", f"/is_sleeping: {type(err).__name__}: {err}")
         if changes != replica.sleep_changes or replica.falling_asleep or replica.waking:
-            return  # the gateway slept or woke it meanwhile: what it knows is newer
+            return None  # the gateway slept or woke it meanwhile: what it knows is newer
         if sleeping != replica.sleeping:
             log.info("replica %s is %s", replica.url, "asleep" if sleeping else "awake")
             replica.sleeping = sleeping
+        return None

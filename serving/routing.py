@@ -12,12 +12,15 @@
   started): a model outside them is 404; with nothing known yet, every model may wait.
 - A sleeping replica (vLLM sleep mode) is never routed to. When no ready replica serves
   a request's model, or (with ``wake_at_outstanding``) every one already has that many
-  requests outstanding, one sleeping replica serving it is woken: the first listed whose
-  last wake did not fail, and none while another wake for that model is under way.
+  requests outstanding, one sleeping replica serving it is woken: the first listed not
+  backing off a failed wake, and none while another wake for that model is under way.
+- A replica whose wake or sleep failed backs off (``Backoff``): it is not asked again for
+  the base delay, doubled per failure in a row up to ``2 ** BACKOFF_DOUBLINGS`` times it;
+  meanwhile another replica is woken or slept where one can be.
 - The scaler's standby plan (``running`` replicas and ``sleeping`` ones beside them) is
   held by ``choose_standby``: the surplus idle replicas sleep, least recently used first,
-  never one with a request outstanding; a sleeper wakes early only when the running
-  target lacks awake replicas.
+  never one with a request outstanding nor one backing off a failed sleep; a sleeper
+  wakes early only when the running target lacks awake replicas.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class ReplicaView:
     """Since its last request ended, it turned ready or it woke (0 while one is outstanding)."""
     sleep_mode: bool = True
     """False once its /is_sleeping answered 404: it cannot be put to sleep."""
+    sleep_failed: bool = False
+    """Its last sleep failed recently (it backs off): put another to sleep."""
 
     def serves(self, model: str | None) -> bool:
         """Whether it may serve ``model`` (a replica that has not listed its models may)."""
@@ -93,6 +98,38 @@ def choose_to_wake(
     return None
 
 
+BACKOFF_DOUBLINGS = 3
+"""A replica whose wakes (or sleeps) keep failing is next asked after the base delay, then
+twice, four and at most eight times it: 30, 60, 120, 240, 240 s with ``wake-retry-after:
+30s``, where a retry every round would ask a refusing replica every second, forever."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """When a replica may be asked again (to wake, or to sleep) after failing in a row.
+
+    Pure: ``now`` is passed in (``time.monotonic`` in the gateway), never read here.
+    A success is ``Backoff()`` again.
+    """
+
+    failures: int = 0
+    """Failures in a row."""
+    until: float = -math.inf
+    """It is not asked again before this time."""
+
+    def allows(self, now: float) -> bool:
+        """Whether it may be asked at ``now``."""
+        return now >= self.until
+
+    def failed(self, now: float, base: float) -> Backoff:
+        """Failed at ``now``: the next ask waits ``base`` doubled per earlier failure, capped.
+
+        Example: ``base`` 30 s and two failures before this one: 120 s, until ``now + 120``.
+        """
+        delay = base * 2 ** min(self.failures, BACKOFF_DOUBLINGS)
+        return Backoff(self.failures + 1, now + delay)
+
+
 @dataclass(frozen=True, slots=True)
 class StandbyMoves:
     """The replicas to put to sleep and to wake so that the fleet holds the plan."""
@@ -116,7 +153,8 @@ def choose_standby(
     Returns:
         The held replicas are the pods the Deployment keeps (routable, asleep or waking);
         ``min(sleeping, held - running)`` of them should sleep. With fewer asleep, the
-        awake ones with sleep mode, nothing outstanding and idle for ``min_idle`` sleep,
+        awake ones with sleep mode, no failed sleep to back off from, nothing outstanding
+        and idle for ``min_idle`` sleep,
         least recently used first (ties: listed first). With more, only as many wake as
         ``running`` lacks awake: a sleeper beyond the plan is the Deployment's to remove.
     """
@@ -129,7 +167,11 @@ def choose_standby(
         idle = [
             r
             for r in held
-            if r.ready and r.sleep_mode and not r.outstanding and r.idle_seconds >= min_idle
+            if r.ready
+            and r.sleep_mode
+            and not r.sleep_failed
+            and not r.outstanding
+            and r.idle_seconds >= min_idle
         ]
         idle.sort(key=lambda r: -r.idle_seconds)
         chosen = tuple(r.url for r in idle[: want - len(asleep)])

@@ -111,6 +111,14 @@ def urls(*names):
             id="a replica waking counts as awake",
         ),
         pytest.param([], 0, 1, (), (), id="no replica at all: nothing to do"),
+        pytest.param(
+            [view("a", idle=99, sleep_failed=True), view("b", idle=5)], 0, 1, urls("b"), (),
+            id="a replica backing off a refused sleep is passed over for another idle one",
+        ),
+        pytest.param(
+            [view("a", sleep_failed=True), view("b", sleep_failed=True)], 0, 1, (), (),
+            id="every idle replica backing off a refused sleep: none is asked",
+        ),
     ],
 )  # fmt: skip
 def test_choose_standby(replicas, running, sleeping, slept, woken):
@@ -129,6 +137,7 @@ views = st.builds(
     idle=st.floats(0, 100),
     sleep_mode=st.booleans(),
     wake_failed=st.booleans(),
+    sleep_failed=st.booleans(),
 )
 
 
@@ -149,6 +158,7 @@ def test_never_sleeps_a_busy_replica_nor_more_than_the_plan_nor_one_the_running_
     for url in moves.sleep:
         chosen = by_url[url]
         assert chosen.ready and chosen.outstanding == 0 and chosen.sleep_mode
+        assert not chosen.sleep_failed  # a refused sleep is backed off from
         assert chosen.idle_seconds >= min_idle
     if moves.sleep:
         assert asleep + len(moves.sleep) <= sleeping  # never more than the plan holds
