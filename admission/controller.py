@@ -508,6 +508,9 @@ class Controller:
                 problem = str(err)
                 if self.watched["parameters"].absent:
                     problem += f" (the {PARAMETERS} CRD is not installed)"
+            except Exception as err:  # one check's parameters must not stop the others
+                problem = f"its parameters could not be read: {type(err).__name__}: {err}"[:1000]
+                self._settled("check", f"check {name}", problem)
             active[name] = problem is None
             condition = params.active_condition(check, problem, format_time(now))
             if condition is None:

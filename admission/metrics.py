@@ -23,7 +23,8 @@ check states), ``pool`` (one per check: its poolNodeSelector's nodes), ``base_mo
   ``unitscale_admission_pass_seconds``: the controller's own work;
 - ``unitscale_admission_unit_failures_total{unit}``: rounds of one unit that raised
   (``workload``: deciding one check; ``pool``: planning one pool; ``write``: writing one
-  decision; ``density``: the LoRA density step), each with one WARNING; the pass went on;
+  decision; ``density``: the LoRA density step; ``check``: reading one AdmissionCheck's
+  parameters, which then stays inactive), each with one WARNING; the pass went on;
 - ``unitscale_admission_unreadable_objects_total{kind}``: node or pod versions whose HAMi
   annotation could not be read (``node``, ``pod``), each with one WARNING naming it; such
   a node offers no GPUs, nor does the node such a pod runs on.
@@ -103,7 +104,8 @@ class AdmissionMetrics:
         )
         self.unit_failures = Counter(
             "unitscale_admission_unit_failures",
-            "Rounds of one unit (workload, pool, write, density) that raised; the pass went on.",
+            "Rounds of one unit (workload, pool, write, density, check) that raised; the pass "
+            "went on.",
             ["unit"],
             registry=self.registry,
         )

@@ -502,3 +502,47 @@ async def test_a_pass_with_a_hostile_node_pod_and_workload_decides_all_the_other
     controller.written.clear()
     await controller.reconcile(api=NO_API)
     assert "train/bad Ready" in controller.written  # the unit recovers
+
+
+class FailingWrites(Recording):
+    """Writes to the workloads in ``broken`` raise their exception."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken: dict[str, BaseException] = {}
+
+    async def _apply(self, api: Any, resource: Any, name: str, key: str, body: Any) -> bool:
+        if key in self.broken:
+            raise self.broken[key]
+        return await super()._apply(api, resource, name, key, body)
+
+
+@pytest.mark.parametrize("error", ERRORS)
+async def test_a_write_that_raises_fails_alone_and_lands_once_it_stops(error, caplog):
+    controller = FailingWrites()
+    view(controller, [node("gpu-1"), node("gpu-2")], [])
+    controller.broken["train/bad"] = error
+    with caplog.at_level(logging.WARNING, logger="admission.controller"):
+        await controller.reconcile(api=NO_API)
+    assert controller.written == ["train/a Ready", "train/c Ready"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "write train/bad check capacity" in warning and type(error).__name__ in warning
+    assert counted(controller, "unitscale_admission_unit_failures_total", unit="write") == 1
+    controller.broken.clear()
+    controller.written.clear()
+    await controller.reconcile(api=NO_API)
+    assert "train/bad Ready" in controller.written
+
+
+async def test_a_check_whose_parameters_raise_is_inactive_and_the_pass_goes_on(monkeypatch, caplog):
+    def check_parameters(check: Any, objects: Any) -> Parameters:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr("admission.controller.params.check_parameters", check_parameters)
+    controller = Recording()
+    view(controller, [node("gpu-1")], [])
+    with caplog.at_level(logging.WARNING, logger="admission.controller"):
+        await controller.reconcile(api=NO_API)
+    assert controller.written == []  # no usable check: nothing is decided on it
+    assert any("check capacity" in r.getMessage() for r in caplog.records)
+    assert counted(controller, "unitscale_admission_unit_failures_total", unit="check") == 1
