@@ -188,8 +188,8 @@ class Controller:
         """Adaptive LoRA: tenants per instance by base model, from the first pass."""
         self._usable: Mapping[str, params.Parameters] = {}
         """Our checks with good parameters, as the last pass found them."""
-        self._read_versions: dict[tuple[str, str], str] = {}
-        """The resourceVersion of each node and pod whose annotations were last checked."""
+        self._read_versions: dict[tuple[str, str], tuple[str, str]] = {}
+        """Each node's and pod's resourceVersion last checked, and its problem (or "")."""
         self.metrics.refresh = self.observe
 
     # --- the view --------------------------------------------------------------------
@@ -421,25 +421,29 @@ class Controller:
         return True
 
     def _check_objects(self, view: Snapshot) -> None:
-        """Warn once of, and count, each node or pod version HAMi's annotation fails to read.
+        """Warn once of, and count, each node or pod whose HAMi annotation cannot be read.
 
-        Only versions not checked before are read, so a pass costs a lookup per object;
-        the inventory leaves such a node (or the node of such a pod) out on its own.
+        Only versions not seen before are read, so a pass costs a lookup per object; a
+        warning comes when an object's problem appears or changes, not with each new
+        version (HAMi rewrites a node's handshake every few seconds). The inventory
+        leaves such a node (or the node of such a pod) out on its own.
         """
-        checked: dict[tuple[str, str], str] = {}
+        checked: dict[tuple[str, str], tuple[str, str]] = {}
         for kind, objects in (("node", view.nodes), ("pod", view.pods)):
             for obj in objects:
                 meta = obj.get("metadata") if isinstance(obj, Mapping) else None
                 meta = meta if isinstance(meta, Mapping) else {}
                 ident = (kind, f"{meta.get('namespace')}/{meta.get('name')}/{meta.get('uid')}")
                 version = str(meta.get("resourceVersion", ""))
-                checked[ident] = version
-                if self._read_versions.get(ident) == version:
+                before = self._read_versions.get(ident)
+                if before is not None and before[0] == version:
+                    checked[ident] = before
                     continue
                 found = hami.unreadable(kind, obj)
-                if found is not None:
-                    subject, why = found
-                    log.warning("%s: left out, its GPUs are not offered: %s", subject, why)
+                problem = found[1] if found is not None else ""
+                checked[ident] = (version, problem)
+                if found is not None and (before is None or before[1] != problem):
+                    log.warning("%s: left out, its GPUs are not offered: %s", *found)
                     self.metrics.unreadable.labels(kind).inc()
         self._read_versions = checked
 

@@ -488,6 +488,11 @@ async def test_a_pass_with_a_hostile_node_pod_and_workload_decides_all_the_other
         await controller.reconcile(api=NO_API)
         assert controller.written == ["train/a Ready", "train/c Ready"]
         await controller.reconcile(api=NO_API)  # the same failures again: no second WARNING
+        # HAMi rewrites the handshake: a new version with the same bad register, no WARNING
+        again = with_register("bad", DEEP)
+        again["metadata"]["resourceVersion"] = "99"
+        controller._changed("nodes", {**controller.watched["nodes"].objects, "bad": again})
+        await controller.reconcile(api=NO_API)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 3, warnings
     assert any(w.startswith("node/bad: ") for w in warnings)
@@ -497,7 +502,7 @@ async def test_a_pass_with_a_hostile_node_pod_and_workload_decides_all_the_other
     assert counted(controller, unreadable_total, kind="node") == 1
     assert counted(controller, unreadable_total, kind="pod") == 1
     failures = "unitscale_admission_unit_failures_total"
-    assert counted(controller, failures, unit="workload") == 2  # one per failed round
+    assert counted(controller, failures, unit="workload") == 3  # one per failed round
     del poisoned["bad"]
     controller.written.clear()
     await controller.reconcile(api=NO_API)
