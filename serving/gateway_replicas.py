@@ -292,7 +292,9 @@ class ReplicaPool:
             self._note(replica, ProbeFailure("internal", f"{type(err).__name__}: {err}"))
             if replica.ready:
                 log.info("replica %s is not ready", replica.url)
-            replica.ready, replica.models = False, frozenset()  # asked afresh next round
+            # As a replica found down: not routed, and asked everything afresh next round.
+            replica.ready, replica.models = False, frozenset()
+            replica.sleep_mode, replica.sleeping = True, False
 
     async def _round(self, session: aiohttp.ClientSession, replica: Replica) -> None:
         healthy, failure = await self._probe(session, replica)

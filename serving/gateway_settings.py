@@ -45,7 +45,9 @@ class GatewaySettings:
     """Wake a sleeping replica when every ready one has this many requests outstanding;
     None: only when none is ready (requests buffered meanwhile)."""
     wake_retry_after: float = 30.0
-    """Seconds a replica whose wake failed is passed over for the next wake."""
+    """Seconds a replica whose wake failed is passed over for the next wake, and one whose
+    sleep failed for the next sleep: doubled per failure in a row, at most eight times
+    (``serving.routing.Backoff``), so a replica that keeps refusing is asked every 4 minutes."""
     standby_scaler: str | None = None
     """``host:port`` of the scaler's gRPC port: the gateway asks it for the standby plan
     (``GetStandbyPlan``) and puts the plan's sleepers to sleep; None: it sleeps none."""

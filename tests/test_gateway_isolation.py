@@ -234,6 +234,30 @@ async def test_any_exception_checking_one_replica_fails_its_round_and_the_others
         assert (await health(gateway))[0] == 200
 
 
+async def test_a_health_round_failing_as_a_whole_is_counted_and_the_next_one_runs(
+    caplog, monkeypatch
+):
+    caplog.set_level(logging.WARNING, logger="serving.gateway")
+    failing = True
+    discover = ReplicaPool._discover
+
+    async def faulty(self):
+        if failing:
+            raise SurpriseError("discovery met something new")
+        await discover(self)
+
+    async with StandIn().serving() as replica, gateway_for([]) as gateway:
+        g = gateway.gateway
+        errors = g.metrics._loop_errors.labels("a", "llama", "health")
+        monkeypatch.setattr(ReplicaPool, "_discover", faulty)
+        g.reconfigure([replica.url], g.settings)  # a round now, and every 50 ms: all fail
+        await eventually(lambda: errors._value.get() >= 3, "three failed rounds")
+        failing = False
+        await eventually(lambda: g.pool.find(replica.url).routable, "checked once discovery works")
+        assert (await health(gateway))[0] == 200
+    assert len([r for r in caplog.records if "health round failed" in r.getMessage()]) == 1
+
+
 @pytest.mark.parametrize("loop", ["health", "signals", "standby"])
 async def test_health_fails_naming_a_background_loop_that_stopped(loop):
     async with StandIn().serving() as replica, gateway_for([replica.url]) as gateway:
