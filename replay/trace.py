@@ -1,9 +1,21 @@
-"""Request traces: the Azure LLM CSV and Mooncake JSONL formats, scaled for replay."""
+"""Request traces: the Azure LLM CSV and Mooncake JSONL formats, scaled for replay.
+
+The readers are the boundary for trace files: every row is checked (UTF-8, a finite
+timestamp, whole token counts 0 to ``MAX_TOKENS``) and the sizes a file or a flag
+controls are bounded (``replay.limits``) before anything they size is allocated. A row
+outside that is a ``TraceError`` naming the file, the line and the column.
+"""
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import math
+import re
+from array import array
+from collections.abc import Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -11,11 +23,18 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from foundation.errors import UnitscaleError
+from foundation.errors import UnitscaleError, quote
+from replay.limits import (
+    MAX_LINE_BYTES,
+    MAX_RATE_MULTIPLIER,
+    MAX_TOKENS,
+    MAX_TRACE_REQUESTS,
+    MAX_TRACE_SPAN_SECONDS,
+)
 
 
 class TraceError(UnitscaleError):
-    """A trace file cannot be read; the message names the file and line."""
+    """A trace cannot be read or replayed; the message names the file and line, or the flag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,66 +55,199 @@ class Trace:
         return float(self.arrival[-1]) if len(self.arrival) else 0.0
 
 
+class _Rows:
+    """What a reader collected: per row its arrival (s), tokens and line number."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.arrival = array("d")
+        self.prompt = array("q")
+        self.output = array("q")
+        self.line = array("q")
+
+    def add(self, line: int, arrival: float, prompt: int, output: int) -> None:
+        if len(self.line) >= MAX_TRACE_REQUESTS:
+            raise TraceError(
+                f"{self.path}:{line}: more than {MAX_TRACE_REQUESTS:,} requests;"
+                " replay a part of the trace"
+            )
+        self.arrival.append(arrival)
+        self.prompt.append(prompt)
+        self.output.append(output)
+        self.line.append(line)
+
+
 def read_trace(path: Path) -> Trace:
     """Read an Azure CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``) or Mooncake JSONL.
 
+    A token count of 0 replays as 1 (a request has at least one token).
+
     Raises:
-        TraceError: unknown format, bad row (named by line), or no requests.
+        TraceError: unknown format, a bad row (named by line and column), more than
+            ``MAX_TRACE_REQUESTS`` rows, a span over ``MAX_TRACE_SPAN_SECONDS``, or no
+            requests.
     """
-    try:
-        with path.open(encoding="utf-8") as handle:
-            first = handle.readline()
-    except OSError as err:
-        raise TraceError(f"cannot read trace {path}: {err.strerror}") from err
+    with closing(_lines(path)) as lines:
+        first = next(lines, (1, ""))[1]
     if first.lstrip().startswith("{"):
-        arrival, prompt, output = _mooncake(path)
+        rows = _mooncake(path)
     elif "TIMESTAMP" in first and "ContextTokens" in first:
-        arrival, prompt, output = _azure(path)
+        rows = _azure(path)
     else:
         raise TraceError(
             f"{path}: neither an Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens)"
             " nor a Mooncake JSONL (timestamp, input_length, output_length)"
         )
-    if not arrival:
+    if not rows.line:
         raise TraceError(f"{path}: no requests")
-    order = np.argsort(np.array(arrival), kind="stable")
-    times = np.array(arrival, dtype=np.float64)[order]
+    arrival = np.frombuffer(rows.arrival, dtype=np.float64)
+    _check_span(rows, arrival)
+    order = np.argsort(arrival, kind="stable")
+    times = arrival[order]
     return Trace(
         path.stem,
         times - times[0],
-        np.maximum(np.array(prompt, dtype=np.int64)[order], 1),
-        np.maximum(np.array(output, dtype=np.int64)[order], 1),
+        np.maximum(np.frombuffer(rows.prompt, dtype=np.int64)[order], 1),
+        np.maximum(np.frombuffer(rows.output, dtype=np.int64)[order], 1),
     )
 
 
-def _azure(path: Path) -> tuple[list[float], list[int], list[int]]:
-    arrival, prompt, output = [], [], []
-    with path.open(encoding="utf-8", newline="") as handle:
-        for number, row in enumerate(csv.DictReader(handle), start=2):
-            try:
-                # Python 3.11 reads the 7-digit fractions these files use.
-                arrival.append(datetime.fromisoformat(row["TIMESTAMP"].strip()).timestamp())
-                prompt.append(int(row["ContextTokens"]))
-                output.append(int(row["GeneratedTokens"]))
-            except (KeyError, ValueError, TypeError) as err:
-                raise TraceError(f"{path}:{number}: bad row {row!r}: {err}") from err
-    return arrival, prompt, output
+def _check_span(rows: _Rows, arrival: npt.NDArray[np.float64]) -> None:
+    """Refuse a trace whose first and last requests are too far apart, naming both rows."""
+    first, last = int(np.argmin(arrival)), int(np.argmax(arrival))
+    span = float(arrival[last]) - float(arrival[first])
+    if not span <= MAX_TRACE_SPAN_SECONDS:
+        raise TraceError(
+            f"{rows.path}: lines {rows.line[first]} and {rows.line[last]} are {span:,.0f} s"
+            f" ({span / 86_400:,.1f} days) apart; a trace may span at most"
+            f" {MAX_TRACE_SPAN_SECONDS:,} s (31 days)"
+        )
 
 
-def _mooncake(path: Path) -> tuple[list[float], list[int], list[int]]:
-    arrival, prompt, output = [], [], []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+def _lines(path: Path) -> Generator[tuple[int, str]]:
+    """``path``'s lines numbered from 1, each at most ``MAX_LINE_BYTES`` and UTF-8."""
+    try:
+        handle = path.open("rb")
+    except OSError as err:
+        raise TraceError(f"cannot read trace {path}: {err.strerror}") from err
+    except ValueError as err:  # a NUL in the path
+        raise TraceError(f"cannot read trace {quote(str(path))}: {err}") from err
+    with handle:
+        for number in itertools.count(1):
             try:
-                record = json.loads(line)
-                arrival.append(float(record["timestamp"]) / 1000.0)
-                prompt.append(int(record["input_length"]))
-                output.append(int(record["output_length"]))
-            except (KeyError, ValueError, TypeError) as err:
-                raise TraceError(f"{path}:{number}: bad record: {err}") from err
-    return arrival, prompt, output
+                raw = handle.readline(MAX_LINE_BYTES + 1)
+            except OSError as err:
+                raise TraceError(f"cannot read trace {path}: {err.strerror}") from err
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(f"{path}:{number}: a line over {MAX_LINE_BYTES:,} bytes")
+            try:
+                # utf-8-sig: a byte-order mark (as Excel writes) is not part of the header
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise TraceError(
+                    f"{path}:{number}: not UTF-8 (byte {err.start + 1} of the line)"
+                ) from err
+            yield number, text
+
+
+_INTEGER = re.compile(r"\s*([+-]?)([0-9]+)\s*")
+"""A token count as text: an optional sign and digits (no fraction, exponent or ``_``)."""
+
+
+def token_count(value: object, column: str) -> int:
+    """A whole number of tokens, 0 to ``MAX_TOKENS``, from a CSV field or a JSON value.
+
+    Raises:
+        ValueError: naming ``column`` and what it holds.
+    """
+    count: int | None = None
+    if isinstance(value, str) and (match := _INTEGER.fullmatch(value)):
+        sign, digits = match.groups()
+        digits = digits.lstrip("0") or "0"
+        # more digits than MAX_TOKENS has is out of range; int() of thousands is slow
+        count = int(sign + digits) if len(digits) <= len(str(MAX_TOKENS)) else -1
+    elif isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        count = int(value)
+    if count is None:
+        raise ValueError(f"column {column}: {quote(value)} is not a whole number of tokens")
+    if not 0 <= count <= MAX_TOKENS:
+        raise ValueError(f"column {column}: {quote(value)} is not 0 to {MAX_TOKENS:,} tokens")
+    return count
+
+
+def _azure(path: Path) -> _Rows:
+    rows = _Rows(path)
+    number = 0  # the line the csv module read last: a row's last, or the one it refused
+
+    def texts() -> Iterator[str]:
+        nonlocal number
+        for number, text in _lines(path):  # noqa: B007 - the loop sets the reader's line
+            yield text
+
+    try:
+        for row in csv.DictReader(texts()):
+            try:
+                arrival = _azure_time(_field(row, "TIMESTAMP"))
+                prompt = token_count(_field(row, "ContextTokens"), "ContextTokens")
+                output = token_count(_field(row, "GeneratedTokens"), "GeneratedTokens")
+            except ValueError as err:
+                raise TraceError(f"{path}:{number}: {err}") from err
+            rows.add(number, arrival, prompt, output)
+    except csv.Error as err:
+        raise TraceError(f"{path}:{number}: not CSV: {err}") from err
+    return rows
+
+
+def _field(row: dict[str | None, object], column: str) -> object:
+    value = row.get(column)
+    if value is None:
+        raise ValueError(f"column {column}: missing")
+    return value
+
+
+def _azure_time(value: object) -> float:
+    """A wall-clock timestamp (Python 3.11 reads the 7-digit fractions these files use)."""
+    try:
+        return datetime.fromisoformat(str(value).strip()).timestamp()
+    except (ValueError, OverflowError, OSError) as err:
+        raise ValueError(f"column TIMESTAMP: {quote(value)} is not a date and time") from err
+
+
+def _mooncake(path: Path) -> _Rows:
+    rows = _Rows(path)
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as err:
+            raise TraceError(f"{path}:{number}: not a JSON record") from err
+        if not isinstance(record, dict):
+            raise TraceError(f"{path}:{number}: not a JSON object")
+        try:
+            arrival = _mooncake_time(record.get("timestamp"))
+            prompt = token_count(record.get("input_length"), "input_length")
+            output = token_count(record.get("output_length"), "output_length")
+        except ValueError as err:
+            raise TraceError(f"{path}:{number}: {err}") from err
+        rows.add(number, arrival, prompt, output)
+    return rows
+
+
+def _mooncake_time(value: object) -> float:
+    """Milliseconds from the trace's start, as seconds: a finite JSON number."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            seconds = float(value) / 1000.0
+        except OverflowError:
+            seconds = math.inf
+        if math.isfinite(seconds):
+            return seconds
+    raise ValueError(f"column timestamp: {quote(value)} is not a finite number of milliseconds")
 
 
 def scale(trace: Trace, rate_multiplier: float, time_compression: float, seed: int) -> Trace:
@@ -105,13 +257,35 @@ def scale(trace: Trace, rate_multiplier: float, time_compression: float, seed: i
     with probability frac(X); each copy arrives uniformly within one second after its
     original (seeded), so per-second shape and token mix stay the trace's.
     ``time_compression`` Y divides every arrival time by Y (an hour in 1/Y hours).
+
+    Raises:
+        TraceError: X not above 0 and at most ``MAX_RATE_MULTIPLIER``, Y not above 0,
+            no request or more than ``MAX_TRACE_REQUESTS`` after X, or a span over
+            ``MAX_TRACE_SPAN_SECONDS`` after Y; each checked before the copies exist.
     """
-    if rate_multiplier <= 0 or time_compression <= 0:
-        raise ValueError("rate multiplier and time compression must be positive")
+    if not 0 < rate_multiplier <= MAX_RATE_MULTIPLIER:
+        raise TraceError(
+            f"--rate-multiplier {rate_multiplier:g}: must be above 0, at most"
+            f" {MAX_RATE_MULTIPLIER:,g}"
+        )
+    # + 1: a copy arrives up to a second after its original
+    span = (trace.duration + 1.0) / time_compression if time_compression > 0 else math.inf
+    if not span <= MAX_TRACE_SPAN_SECONDS:
+        raise TraceError(
+            f"--time-compression {time_compression:g}: must be above 0, and the"
+            f" {trace.duration:,.0f} s trace would span {span:,.0f} s; a replay spans at"
+            f" most {MAX_TRACE_SPAN_SECONDS:,} s (31 days)"
+        )
     rng = np.random.default_rng(seed)
     whole = int(np.floor(rate_multiplier))
     copies = np.full(len(trace), whole, dtype=np.int64)
     copies += rng.random(len(trace)) < (rate_multiplier - whole)
+    total = int(copies.sum())
+    if not 0 < total <= MAX_TRACE_REQUESTS:
+        raise TraceError(
+            f"--rate-multiplier {rate_multiplier:g}: {total:,} requests from {len(trace):,};"
+            f" a replay needs at least one and holds at most {MAX_TRACE_REQUESTS:,}"
+        )
     index = np.repeat(np.arange(len(trace)), copies)
     first = np.r_[True, index[1:] != index[:-1]]
     jitter = np.where(first, 0.0, rng.random(len(index)))
