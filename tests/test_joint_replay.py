@@ -655,12 +655,12 @@ def test_the_scaler_plans_with_the_model_the_pool_replay_simulates(tmp_path):
         ),
         pytest.param(
             ["--pool", "n.csv", "--tasks", "p.csv", "--pool-fraction", "0"],
-            "--pool-fraction 0: must be above 0",
+            "argument --pool-fraction: '0' is not a number above 0",
             id="an empty fraction is refused",
         ),
         pytest.param(
             ["--pool", "n.csv", "--tasks", "p.csv", "--headroom", "-0.5"],
-            "--headroom [-0.5]: each must be a finite number >= 0",
+            "argument --headroom: '-0.5' is not a number from 0 to 10",
             id="a negative headroom is refused",
         ),
         pytest.param(
@@ -670,7 +670,7 @@ def test_the_scaler_plans_with_the_model_the_pool_replay_simulates(tmp_path):
         ),
         pytest.param(
             ["--pool", "n.csv", "--tasks", "p.csv", "--training-load", "inf"],
-            "--training-load inf: must be finite and above 0",
+            "argument --training-load: 'inf' is not a number above 0",
             id="an infinite training load is refused, not an overflow after the first run",
         ),
     ],

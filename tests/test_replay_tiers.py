@@ -172,12 +172,12 @@ def test_unitscale_replay_compares_the_tiers(tmp_path: Path) -> None:
     [
         pytest.param(
             ["--max-sleeping", "-1"],
-            "--max-sleeping -1: must not be negative",
+            "argument --max-sleeping: '-1' is not a whole number from 0",
             id="a negative sleeper count is refused",
         ),
         pytest.param(
             ["--idle-grace", "-5"],
-            "--idle-grace -5: must be 0 to 86,400 seconds",
+            "argument --idle-grace: '-5' is not a number from 0 to 86,400",
             id="a negative idle grace is refused",
         ),
         pytest.param(

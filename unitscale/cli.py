@@ -6,15 +6,15 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from foundation.errors import ConfigError
-from unitscale import __version__
+from foundation.errors import ConfigError, UnitscaleError
+from unitscale import __version__, flags
+from unitscale.flags import Parser, fail
 
 if TYPE_CHECKING:
     from exporter.config import ExporterConfig
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from scaler.core.model import Policy as CorePolicy
     from scaler.core.tiers import StandbyPolicy
 
-    Commands = argparse._SubParsersAction[argparse.ArgumentParser]
+    Commands = argparse._SubParsersAction[Parser]
     """What ``add_subparsers()`` returns: each ``_add_*_command`` adds one to it."""
 
 log = logging.getLogger("unitscale")
@@ -46,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.run(args))
-    except ConfigError as err:
-        print(f"unitscale {args.command}: {err}", file=sys.stderr)
-        return 2
+    except (UnitscaleError, OSError) as err:
+        # The one error path for what the user gave: a flag, a config or trace file, a
+        # report directory or a port. One line, status 2; the traceback at debug.
+        log.debug("unitscale %s failed", args.command, exc_info=True)
+        return fail(args.command, err)
     except KeyboardInterrupt:
         return 130
 
@@ -57,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="unitscale", description="Autoscaling and admission for LLM inference."
-    )
+    parser = Parser(prog="unitscale", description="Autoscaling and admission for LLM inference.")
     parser.add_argument("--version", action="version", version=f"unitscale {__version__}")
     parser.add_argument(
         "--log-level",
@@ -135,10 +135,15 @@ def _add_sim_replica_command(commands: Commands) -> None:
     _listen_argument(sim, "--listen", "127.0.0.1:8000", "HTTP")
     sim.add_argument("--profile", default="llama3-8b-h200")
     sim.add_argument("--model", default="sim-llama", help="served model name")
-    sim.add_argument("--speedup", type=float, default=1.0, help="run engine steps this much faster")
+    sim.add_argument(
+        "--speedup",
+        type=flags.TIME_COMPRESSION,
+        default=1.0,
+        help="run engine steps this much faster",
+    )
     sim.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=flags.BATCHED_TOKENS,
         help="chunked-prefill budget per step, as vLLM's flag (default: the profile's)",
     )
     sim.set_defaults(run=_run_sim_replica, default_log_level="info")
@@ -175,15 +180,20 @@ def _add_replay_command(commands: Commands) -> None:
         " with --pool repeatable, one inference deployment each (default builtin:business-day)",
     )
     replay.add_argument("--policy", default="all", help="a policy name or 'all'")
-    replay.add_argument("--rate-multiplier", type=float, default=1.0)
-    replay.add_argument("--time-compression", type=float, default=1.0)
+    replay.add_argument("--rate-multiplier", type=flags.RATE_MULTIPLIER, default=1.0)
+    replay.add_argument("--time-compression", type=flags.TIME_COMPRESSION, default=1.0)
     replay.add_argument("--profile", default="llama3-8b-h200")
     replay.add_argument(
-        "--price", type=float, help="US$ per accelerator-hour (default: the profile's)"
+        "--price", type=flags.PRICE, help="US$ per accelerator-hour (default: the profile's)"
     )
-    replay.add_argument("--slo-ttft", type=float, default=2.0, help="seconds (default 2)")
     replay.add_argument(
-        "--slo-itl", type=float, default=0.1, help="mean inter-token seconds (default 0.1)"
+        "--slo-ttft", type=flags.SLO_SECONDS, default=2.0, help="seconds (default 2)"
+    )
+    replay.add_argument(
+        "--slo-itl",
+        type=flags.SLO_SECONDS,
+        default=0.1,
+        help="mean inter-token seconds (default 0.1)",
     )
     _cold_start_argument(replay)
     replay.add_argument(
@@ -195,16 +205,19 @@ def _add_replay_command(commands: Commands) -> None:
         help="unitscale from cold, cache-warm and sleeping replicas, and always on (1)",
     )
     replay.add_argument(
-        "--max-sleeping", type=int, default=4, help="with --compare-tiers (default 4)"
+        "--max-sleeping",
+        type=flags.SLEEPING,
+        default=4,
+        help="with --compare-tiers (default 4)",
     )
     replay.add_argument(
         "--idle-grace",
-        type=float,
+        type=flags.IDLE_GRACE,
         help="with --compare-tiers: seconds without a request before unitscale scales to zero",
     )
-    replay.add_argument("--max-replicas", type=int, default=64)
-    replay.add_argument("--target-concurrency", type=float, default=32.0)
-    replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument("--max-replicas", type=flags.REPLICAS, default=64)
+    replay.add_argument("--target-concurrency", type=flags.CONCURRENCY, default=32.0)
+    replay.add_argument("--seed", type=flags.SEED, default=0)
     replay.add_argument(
         "--scaler-config",
         type=Path,
@@ -229,13 +242,13 @@ def _joint_arguments(replay: argparse.ArgumentParser) -> None:
     )
     joint.add_argument(
         "--pool-fraction",
-        type=float,
+        type=flags.SHARE,
         default=0.03,
         help="share of the nodes and tasks kept, stratified by model (default %(default)s; 1: all)",
     )
     joint.add_argument(
         "--training-load",
-        type=float,
+        type=flags.TRAINING_LOAD,
         default=1.0,
         help="offered training load as a share of the cards inference leaves on average"
         " (default %(default)s)",
@@ -252,7 +265,7 @@ def _joint_arguments(replay: argparse.ArgumentParser) -> None:
     )
     joint.add_argument(
         "--headroom",
-        type=float,
+        type=flags.HEADROOM,
         action="append",
         metavar="FRACTION",
         help="repeatable: the manager runs with each burst headroom, a share of inference's"
@@ -273,7 +286,7 @@ def _joint_arguments(replay: argparse.ArgumentParser) -> None:
     )
     joint.add_argument(
         "--max-task-seconds",
-        type=float,
+        type=flags.TASK_SECONDS,
         default=1800.0,
         help="training durations are capped at this (default %(default)s)",
     )
@@ -285,25 +298,35 @@ def _add_demo_command(commands: Commands) -> None:
         help="local end-to-end demo: gateway, replicas, exporter, scaler, KEDA, a trace",
     )
     demo.add_argument(
-        "--duration", type=float, default=180.0, help="wall seconds of trace (default 180)"
+        "--duration",
+        type=flags.DEMO_SECONDS,
+        default=180.0,
+        help="wall seconds of trace (default 180)",
     )
     demo.add_argument(
         "--time-compression",
-        type=float,
+        type=flags.TIME_COMPRESSION,
         help="trace seconds per wall second, for every clock (default 10; 1 with --real-vllm)",
     )
     demo.add_argument(
         "--trace", type=Path, help="Azure LLM CSV or Mooncake JSONL (default: built-in workload)"
     )
-    demo.add_argument("--rate-multiplier", type=float, default=1.0, help="for --trace")
+    demo.add_argument(
+        "--rate-multiplier", type=flags.RATE_MULTIPLIER, default=1.0, help="for --trace"
+    )
     demo.add_argument(
         "--real-vllm", action="store_true", help="real vLLM for CPUs replicas (tiny model)"
     )
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=flags.SEED, default=0)
     demo.add_argument("--profile", default="qwen2.5-32b-h200", help="simulated replica model")
-    demo.add_argument("--max-replicas", type=int, help="default 8 simulated, 2 with --real-vllm")
     demo.add_argument(
-        "--target-concurrency", type=float, default=16.0, help="the trigger's targetConcurrency"
+        "--max-replicas", type=flags.DEMO_REPLICAS, help="default 8 simulated, 2 with --real-vllm"
+    )
+    demo.add_argument(
+        "--target-concurrency",
+        type=flags.CONCURRENCY,
+        default=16.0,
+        help="the trigger's targetConcurrency",
     )
     _cold_start_argument(demo)
     demo.add_argument(
@@ -604,7 +627,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from replay.run import TIER_COLUMNS, compare_tiers, run_policies, tier_notes, write_report
-    from replay.trace import TraceError, scale
+    from replay.trace import scale
     from replay.workloads import load_trace
 
     if args.pool is not None or args.tasks is not None:
@@ -612,15 +635,9 @@ def _run_replay(args: argparse.Namespace) -> int:
     if not args.trace or len(args.trace) > 1:
         raise ConfigError("--trace: give exactly one (several only with --pool)")
     config, names = _replay_config(args)
-    try:
-        trace = scale(
-            load_trace(args.trace[0], args.seed),
-            args.rate_multiplier,
-            args.time_compression,
-            args.seed,
-        )
-    except TraceError as err:
-        raise ConfigError(str(err)) from err
+    trace = scale(
+        load_trace(args.trace[0], args.seed), args.rate_multiplier, args.time_compression, args.seed
+    )
     options = _replay_options(args)
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("replay", total=trace.duration)
@@ -655,8 +672,6 @@ def _replay_config(args: argparse.Namespace) -> tuple[SimConfig, list[str]]:
     names = list(POLICIES) if args.policy == "all" else [args.policy]
     if any(n not in POLICIES for n in names):
         raise ConfigError(f"--policy {args.policy!r}: one of {', '.join(POLICIES)} or all")
-    if args.rate_multiplier <= 0 or args.time_compression <= 0:
-        raise ConfigError("--rate-multiplier and --time-compression must be positive")
     if args.price is not None:
         profile = dataclasses.replace(profile, price_per_hour=args.price)
     # The fleet runs as the launch profile starts vLLM: with the chunked-prefill budget
@@ -680,10 +695,6 @@ def _standby(args: argparse.Namespace) -> StandbyPolicy:
 
     if args.policy != "all":
         raise ConfigError("--compare-tiers runs the unitscale policy in every row: drop --policy")
-    if args.max_sleeping < 0:
-        raise ConfigError(f"--max-sleeping {args.max_sleeping}: must not be negative")
-    if args.idle_grace is not None and not 0 <= args.idle_grace <= 86_400:
-        raise ConfigError(f"--idle-grace {args.idle_grace:g}: must be 0 to 86,400 seconds")
     return StandbyPolicy(max_sleeping=args.max_sleeping)
 
 
@@ -739,19 +750,11 @@ def _joint_inputs(
     """The pool's nodes, the tasks, the inference deployments and the options, checked."""
     from replay.pool.cluster import read_nodes, read_tasks
     from replay.pool.joint import Inference, JointOptions
-    from replay.trace import TraceError, scale
+    from replay.trace import scale
     from replay.workloads import load_trace
 
     if args.pool is None or args.tasks is None:
         raise ConfigError("--pool NODES_CSV and --tasks PODS_CSV go together")
-    if not 0 < args.pool_fraction <= 1:
-        raise ConfigError(f"--pool-fraction {args.pool_fraction:g}: must be above 0, at most 1")
-    if not (math.isfinite(args.training_load) and args.training_load > 0):
-        raise ConfigError(f"--training-load {args.training_load:g}: must be finite and above 0")
-    if not args.max_task_seconds > 0:
-        raise ConfigError(f"--max-task-seconds {args.max_task_seconds:g}: must be above 0")
-    if any(not (math.isfinite(h) and h >= 0) for h in args.headroom or ()):
-        raise ConfigError(f"--headroom {args.headroom}: each must be a finite number >= 0")
     if args.compare_tiers or args.policy != "all":
         raise ConfigError("--pool runs the unitscale scaler in every deployment: drop --policy")
     try:
@@ -766,15 +769,9 @@ def _joint_inputs(
     profile = config.profile.name if policy.profile is None else None
     deployments: list[Inference] = []
     for source in args.trace or ["builtin:business-day"]:
-        try:
-            trace = scale(
-                load_trace(source, args.seed),
-                args.rate_multiplier,
-                args.time_compression,
-                args.seed,
-            )
-        except TraceError as err:
-            raise ConfigError(str(err)) from err
+        trace = scale(
+            load_trace(source, args.seed), args.rate_multiplier, args.time_compression, args.seed
+        )
         name = f"{trace.name}-{len(deployments)}" if len(args.trace or ()) > 1 else trace.name
         initial = _joint_warm_start(args, source, trace, config) if args.warm_start else 0
         deployments.append(

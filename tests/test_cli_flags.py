@@ -1,0 +1,289 @@
+"""The command line as a boundary: any flag or file ends in a result or one line, status 2.
+
+Issue 27, classes 5 and 7. ``unitscale.flags`` states each numeric flag's domain once,
+as its ``type=``; ``unitscale.cli.main`` is the one error path for what the user gave
+(a ``UnitscaleError`` or an ``OSError``). Tracebacks from ``unitscale replay`` on invalid
+UTF-8, counts above int64, NaN timestamps, ``--rate-multiplier nan``,
+``--max-replicas 0``, ``--target-concurrency -1`` or ``--price nan`` were the finding;
+a two-row trace dated 2000 and 2100 and ``--rate-multiplier 1e9`` asked for 23.5 and
+298 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from foundation.errors import UnitscaleError
+from unitscale import cli
+
+UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
+MEMORY = 3 << 30
+"""Address space a command here may take: a size that escapes its bound fails the test
+instead of asking the machine for 23.5 GiB."""
+
+
+def _bounded_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def unitscale(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*UNITSCALE, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_bounded_memory,
+        check=False,
+    )
+
+
+def write(path: Path, content: bytes) -> str:
+    path.write_bytes(content)
+    return str(path)
+
+
+AZURE = b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
+TWO_ROWS = AZURE + b"2023-11-16 18:17:03.9,100,5\n2023-11-16 18:17:05.4,200,7\n"
+
+
+@pytest.mark.parametrize(
+    ("trace", "flags", "message"),
+    [
+        pytest.param(
+            AZURE + b"2023-11-16 18:17:03.9,1\xff0,5\n",
+            [],
+            "t:2: not UTF-8",
+            id="a trace that is not UTF-8 names its line",
+        ),
+        pytest.param(
+            AZURE + b"2023-11-16 18:17:03.9,99999999999999999999,5\n",
+            [],
+            "t:2: column ContextTokens: '99999999999999999999' is not 0 to 10,000,000 tokens",
+            id="a token count above int64 names its line and column",
+        ),
+        pytest.param(
+            b'{"timestamp": NaN, "input_length": 1, "output_length": 1}\n',
+            [],
+            "t:1: column timestamp: nan is not a finite number of milliseconds",
+            id="a NaN timestamp names its line and column",
+        ),
+        pytest.param(
+            AZURE + b"2023-11-16 18:17:03.9,-5,5\n",
+            [],
+            "t:2: column ContextTokens: '-5' is not 0 to 10,000,000 tokens",
+            id="a negative token count is refused, not replayed as 1",
+        ),
+        pytest.param(
+            b'{"timestamp": 0, "input_length": 1.5, "output_length": 1}\n',
+            [],
+            "t:1: column input_length: 1.5 is not a whole number of tokens",
+            id="a fractional token count is refused",
+        ),
+        pytest.param(
+            b'{"timestamp": 0, "input_length": 8, "output_length": false}\n',
+            [],
+            "t:1: column output_length: False is not a whole number of tokens",
+            id="a boolean token count is refused",
+        ),
+        pytest.param(
+            AZURE + b"2000-01-01 00:00:00,100,5\n2100-01-01 00:00:00,100,5\n",
+            [],
+            "t: lines 2 and 3 are 3,155,7",  # seconds from 2000 to 2100, named with the limit
+            id="a trace dated 2000 and 2100 is refused naming both rows, not 23.5 GiB asked",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--rate-multiplier", "1e9"],
+            "argument --rate-multiplier: '1e9' is not a number above 0, at most 1,000",
+            id="a multiplier of 1e9 is refused naming the limit, not 298 GiB asked",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--rate-multiplier", "1e-9"],
+            "--rate-multiplier 1e-09: 0 requests from 2; a replay needs at least one",
+            id="a multiplier that leaves no request is refused",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--time-compression", "1e-9"],
+            "--time-compression 1e-09: must be above 0, and the 2 s trace would span",
+            id="a compression that stretches two seconds past a month is refused",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--rate-multiplier", "nan"],
+            "argument --rate-multiplier: 'nan' is not a number above 0",
+            id="a NaN multiplier is refused as it is parsed",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--max-replicas", "0"],
+            "argument --max-replicas: '0' is not a whole number from 1 to 10,000",
+            id="a fleet of no replicas is refused",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--target-concurrency", "-1"],
+            "argument --target-concurrency: '-1' is not a number above 0",
+            id="a negative target concurrency is refused",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--price", "nan"],
+            "argument --price: 'nan' is not a number from 0",
+            id="a NaN price is refused, not a ValueError after the replay",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--seed", "-1"],
+            "argument --seed: '-1' is not a whole number from 0",
+            id="a negative seed is refused, not a ValueError inside numpy",
+        ),
+    ],
+)
+def test_replay_refuses_a_bad_file_or_flag_with_one_line_and_status_2(
+    tmp_path: Path, trace: bytes, flags: list[str], message: str
+) -> None:
+    path = write(tmp_path / "t", trace)
+    args = ["replay", "--trace", path, "--policy", "static-peak", *flags]
+    done = unitscale(*args, "--report", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert message in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["demo", "--duration", "nan"], id="the demo refuses a NaN duration"),
+        pytest.param(["demo", "--max-replicas", "0"], id="the demo refuses no replicas"),
+        pytest.param(
+            ["demo", "--max-replicas", "100000"],
+            id="the demo refuses more replica processes than a machine runs",
+        ),
+        pytest.param(["sim-replica", "--speedup", "0"], id="a replica refuses a speedup of 0"),
+        pytest.param(
+            ["sim-replica", "--max-num-batched-tokens", "-3"],
+            id="a replica refuses a negative token budget",
+        ),
+        pytest.param(
+            ["replay", "--report", "x", "--bogus", "a\nb"],
+            id="an unknown flag whose value holds a newline is still one line",
+        ),
+    ],
+)
+def test_other_commands_refuse_a_bad_flag_with_one_line_before_starting(
+    args: list[str],
+) -> None:
+    done = unitscale(*args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("unitscale"), done.stderr
+
+
+def test_a_report_path_that_is_a_file_ends_in_one_line_not_a_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.csv", TWO_ROWS)
+    report = write(tmp_path / "report", b"a file, not a directory")
+    done = unitscale("replay", "--trace", path, "--policy", "static-peak", "--report", report)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("unitscale replay: ") and "report" in done.stderr
+
+
+# --- properties: any text for a numeric flag ------------------------------------------------
+
+REPLAY = ["replay", "--report", "out"]
+DEMO = ["demo"]
+SIM = ["sim-replica"]
+
+# (command, flag, low, high, above): the contract, stated again here on purpose
+DOMAINS = [
+    (REPLAY, "--rate-multiplier", 0, 1_000, True),
+    (REPLAY, "--time-compression", 0, 1e6, True),
+    (REPLAY, "--price", 0, 1e6, False),
+    (REPLAY, "--slo-ttft", 0, 86_400, True),
+    (REPLAY, "--slo-itl", 0, 86_400, True),
+    (REPLAY, "--max-sleeping", 0, 10_000, False),
+    (REPLAY, "--idle-grace", 0, 86_400, False),
+    (REPLAY, "--max-replicas", 1, 10_000, False),
+    (REPLAY, "--target-concurrency", 0, 100_000, True),
+    (REPLAY, "--seed", 0, 2**63 - 1, False),
+    (REPLAY, "--pool-fraction", 0, 1, True),
+    (REPLAY, "--training-load", 0, 1_000, True),
+    (REPLAY, "--headroom", 0, 10, False),
+    (REPLAY, "--max-task-seconds", 0, 31 * 86_400, True),
+    (DEMO, "--duration", 0, 86_400, True),
+    (DEMO, "--time-compression", 0, 1e6, True),
+    (DEMO, "--rate-multiplier", 0, 1_000, True),
+    (DEMO, "--seed", 0, 2**63 - 1, False),
+    (DEMO, "--max-replicas", 1, 64, False),
+    (DEMO, "--target-concurrency", 0, 100_000, True),
+    (SIM, "--speedup", 0, 1e6, True),
+    (SIM, "--max-num-batched-tokens", 1, 10_000_000, False),
+]
+
+NUMBERISH = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.integers().map(str),
+    st.integers(min_value=-(10**40), max_value=10**40).map(lambda n: f" {n:+} "),
+    st.sampled_from(
+        ["", "nan", "-inf", "Infinity", "1e309", "1_000", "0x10", "٣", "½", "1e-400", "-0"]
+    ),
+    st.text(),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(domain=st.sampled_from(DOMAINS), text=NUMBERISH)
+def test_any_text_for_a_numeric_flag_is_in_domain_or_one_line_and_status_2(
+    domain: tuple[list[str], str, float, float, bool], text: str
+) -> None:
+    command, flag, low, high, above = domain
+    parser = cli._parser()
+    errors = _Stderr()
+    try:
+        with errors:
+            args = parser.parse_args([*command, f"{flag}={text}"])
+    except SystemExit as exit_:
+        assert exit_.code == 2
+        assert errors.text.count("\n") == 1 and f"argument {flag}:" in errors.text, errors.text
+        return
+    value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+    value = value[0] if isinstance(value, list) else value  # --headroom is repeatable
+    assert math.isfinite(value) and (low < value if above else low <= value) and value <= high
+    if command is REPLAY:
+        _replay_setup_accepts(args)
+
+
+def _replay_setup_accepts(args: argparse.Namespace) -> None:
+    """A replay flag in domain never fails the run's setup with anything but a one-liner."""
+    try:
+        cli._replay_config(args)
+    except UnitscaleError:
+        pass
+
+
+class _Stderr:
+    """Capture ``sys.stderr`` inside hypothesis (pytest's capsys is per test, not per example)."""
+
+    text = ""
+
+    def __enter__(self) -> None:
+        self._saved, self._buffer = sys.stderr, io.StringIO()
+        sys.stderr = self._buffer
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stderr = self._saved
+        self.text = self._buffer.getvalue()

@@ -1,0 +1,132 @@
+"""The command line's boundary: checked flag types and a parser whose errors are one line.
+
+Each numeric flag's domain is stated once, as its ``type=``: ``real(0, 1_000,
+above=True)`` turns the flag's text into a finite number above 0 and at most 1,000, or
+refuses it with ``argparse.ArgumentTypeError``. ``Parser`` reports that, and every other
+argparse error, as one line naming the flag and exits 2, the status the command's own
+``ConfigError`` path (``unitscale.cli.main``) ends with:
+
+    unitscale replay: argument --rate-multiplier: 'nan' is not a number above 0, at most 1,000
+
+Domains are ``[low, high]``, or ``(low, high]`` with ``above``; NaN and the infinities
+are outside every one, so nothing downstream sees them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from foundation.errors import quote
+from replay.limits import (
+    MAX_RATE_MULTIPLIER,
+    MAX_REPLICAS,
+    MAX_TIME_COMPRESSION,
+    MAX_TOKENS,
+    MAX_TRACE_SPAN_SECONDS,
+)
+
+_WHOLE = re.compile(r"\s*[+-]?[0-9]+\s*")
+"""An integer as text: optional sign and ASCII digits (``int`` also takes ``1_000``)."""
+_WHOLE_DIGITS = 30
+"""Digits parsed at most: more are out of every range here, and ``int()`` of thousands is
+slow."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, without the usage, and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: MESSAGE (see PROG --help)`` on one line and exit with status 2."""
+        line = one_line(f"{self.prog}: {message} (see {self.prog} --help)")
+        self.exit(2, line + "\n")
+
+
+def one_line(text: str) -> str:
+    r"""``text`` with its line breaks escaped (``\n``): one line, whatever it echoes."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def real(low: float, high: float, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse ``type=``: a finite number in ``[low, high]`` (``(low, high]`` if ``above``)."""
+    domain = (
+        f"a number above {_show(low)}, at most {_show(high)}"
+        if above
+        else f"a number from {_show(low)} to {_show(high)}"
+    )
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        inside = low < value if above else low <= value
+        if not (inside and value <= high):  # NaN fails both
+            raise argparse.ArgumentTypeError(f"{quote(text)} is not {domain}")
+        return value
+
+    parse.__name__ = f"real {domain}"
+    return parse
+
+
+def whole(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type=``: an integer in ``[low, high]``."""
+    domain = f"a whole number from {low:,} to {high:,}"
+
+    def parse(text: str) -> int:
+        digits = text.strip().lstrip("+-").lstrip("0")
+        value = int(text) if _WHOLE.fullmatch(text) and len(digits) <= _WHOLE_DIGITS else None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{quote(text)} is not {domain}")
+        return value
+
+    parse.__name__ = f"whole {domain}"
+    return parse
+
+
+def _show(value: float) -> str:
+    """``1000000.0`` as ``1,000,000``, ``0.5`` as ``0.5``."""
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
+def fail(command: str, problem: object) -> int:
+    """Report ``problem`` as ``unitscale COMMAND: PROBLEM`` on one line; the exit status, 2."""
+    sys.stderr.write(one_line(f"unitscale {command}: {problem}") + "\n")
+    return 2
+
+
+# --- the domains the commands share -------------------------------------------------------
+DAY = 86_400.0
+
+RATE_MULTIPLIER = real(0, MAX_RATE_MULTIPLIER, above=True)
+TIME_COMPRESSION = real(0, MAX_TIME_COMPRESSION, above=True)
+"""``--time-compression`` and ``--speedup``: trace (or engine) seconds per wall second."""
+SEED = whole(0, 2**63 - 1)
+"""numpy's generators take a non-negative seed (-1 raised inside numpy)."""
+REPLICAS = whole(1, MAX_REPLICAS)
+"""``--max-replicas`` of a simulated fleet: 0 replayed a fleet that can serve nothing."""
+SLEEPING = whole(0, MAX_REPLICAS)
+DEMO_REPLICAS = whole(1, 64)
+"""The demo's ``--max-replicas``: each replica is a process on this machine."""
+CONCURRENCY = real(0, 100_000, above=True)
+"""``--target-concurrency``: requests per replica (vLLM batches at most a few hundred)."""
+PRICE = real(0, 1_000_000)
+"""``--price``: US$ per accelerator-hour; NaN made every cost NaN and failed late."""
+SLO_SECONDS = real(0, DAY, above=True)
+"""``--slo-ttft`` and ``--slo-itl``: a target of 0 or below can never be met."""
+IDLE_GRACE = real(0, DAY)
+DEMO_SECONDS = real(0, DAY, above=True)
+"""The demo's ``--duration``: wall seconds it plays."""
+SHARE = real(0, 1, above=True)
+"""``--pool-fraction``: a share of the nodes and tasks, above 0."""
+TRAINING_LOAD = real(0, MAX_RATE_MULTIPLIER, above=True)
+TASK_SECONDS = real(0, MAX_TRACE_SPAN_SECONDS, above=True)
+"""``--max-task-seconds``: no cap longer than a trace may span."""
+HEADROOM = real(0, 10)
+"""``--headroom``: a share of inference's forecast kept free; 10 keeps ten times it."""
+BATCHED_TOKENS = whole(1, MAX_TOKENS)
+"""``--max-num-batched-tokens`` (the profile's ``max_num_seqs`` is checked on top)."""
