@@ -70,6 +70,9 @@ class TickResult:
     finished: Ints
     busy: Floats
     """Seconds of the tick each replica slot spent stepping."""
+    generated: Floats
+    """Tokens each replica slot generated this tick, first tokens included (vLLM counts
+    ``vllm:generation_tokens`` per step, not when a request finishes)."""
 
 
 class Fleet:
@@ -104,7 +107,7 @@ class Fleet:
         if len(active) == 0:
             empty = np.empty(0, dtype=np.int64)
             self.last_step[:] = 0.0
-            return TickResult(empty, empty, np.zeros(self.capacity))
+            return TickResult(empty, empty, np.zeros(self.capacity), np.zeros(self.capacity))
         state = r.state[active]
         replica = r.replica[active]
         decoding = state == DECODE
@@ -146,12 +149,16 @@ class Fleet:
 
         # Decode: every decoding sequence gains its replica's decode steps this tick.
         rd = replica[decoding]
+        before = r.generated[active[decoding]]
         finished = self._decode(active[decoding], decode_steps[rd], self.last_step[rd], now, dt)
+        generated = np.bincount(
+            rd, weights=r.generated[active[decoding]] - before, minlength=self.capacity
+        ) + np.bincount(r.replica[first_tokens], minlength=self.capacity)
 
         if len(finished):
             done = np.isin(self.active, finished)
             self.active = self.active[~done]
-        return TickResult(first_tokens, finished, busy)
+        return TickResult(first_tokens, finished, busy, generated.astype(np.float64))
 
     def _admit(self, now: float) -> None:
         """Move queued requests into the batch while seats and KV cache allow."""

@@ -46,7 +46,7 @@ from foundation.replica_model import cold_start_seconds as cold_start_seconds
 from foundation.signals import EngineSignals
 from replay.anatomy import MET, Targets, anatomy, classify, idle_itl, met
 from replay.controllers import StandbyController
-from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
+from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests, TickResult
 from replay.policies import GatewayView, Policy, View
 from replay.trace import Trace
 from scaler.core.seasonal import SeasonalPolicy
@@ -541,7 +541,7 @@ class _Replay:
         """The fleet runs one tick; drained replicas stop; returns the gateway's view."""
         slot, fleet, dt = self.slot, self.fleet, self.config.dt
         tick = fleet.advance(self.now, dt)
-        _record(self.requests, tick.first_tokens, tick.finished, self.counters, self.hist)
+        _record(self.requests, tick, self.counters, self.hist)
         if len(tick.finished):
             judged_in = int(met(self.requests, self.targets, tick.finished).sum())
             self.judged.add(self.now, judged_in, len(tick.finished) - judged_in)
@@ -640,19 +640,25 @@ class _Replay:
 
 def _record(
     requests: Requests,
-    first: npt.NDArray[np.int64],
-    finished: npt.NDArray[np.int64],
+    tick: TickResult,
     counters: npt.NDArray[np.float64],
     hist: dict[str, tuple[tuple[float, ...], npt.NDArray[np.float64], npt.NDArray[np.float64]]],
 ) -> None:
+    """The engines' counters and histograms after ``tick``, counted when vLLM counts them.
+
+    Prompt tokens at the first token and generated tokens per step (a finished-only count
+    read a start's short requests as the whole mix); requests and the per-request
+    histograms when they finish.
+    """
+    first, finished = tick.first_tokens, tick.finished
+    counters[:, 1] += tick.generated
     # The engine measures from when it got the request, not from the gateway's arrival.
     if len(first):
         ttft = requests.first_token[first] - requests.routed[first]
         _observe(hist["ttft"], requests.replica[first], ttft)
+        np.add.at(counters[:, 0], requests.replica[first], requests.prompt[first])
     if len(finished):
         slots = requests.replica[finished]
-        np.add.at(counters[:, 0], slots, requests.prompt[finished])
-        np.add.at(counters[:, 1], slots, requests.output[finished])
         np.add.at(counters[:, 2], slots, 1.0)
         _observe(hist["e2e"], slots, requests.finished[finished] - requests.routed[finished])
         _observe(hist["prompt_length"], slots, requests.prompt[finished].astype(np.float64))

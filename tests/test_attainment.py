@@ -75,7 +75,7 @@ GOOD_LONG = history(T, 100.0, 0.0)  # a long window at 100%
             100.0,
             0.0,
             0.2,
-            id="margin in both windows halves it each half-life",
+            id="margin in the gateway's window halves it each half-life",
         ),
         pytest.param(
             Headroom(0.006, T - 1800, judged=GOOD_LONG),
@@ -89,12 +89,49 @@ GOOD_LONG = history(T, 100.0, 0.0)  # a long window at 100%
             99.2,
             0.8,
             0.4,
-            id="a long window within target but without margin holds it",
+            id="a gateway window within target but without margin holds it",
         ),
     ],
 )
 def test_steer(previous: Headroom, within: float | None, outside: float, expected: float) -> None:
     move = steer(previous, within, outside, T, S)
+    assert move.headroom.value == pytest.approx(expected)
+    assert (move.reason is not None) == (move.headroom.value > previous.value)
+
+
+@pytest.mark.parametrize(
+    ("previous", "within", "outside", "starting", "expected"),
+    [
+        pytest.param(
+            Headroom(0.2, T - 15, judged=BAD_LONG),
+            60.0,
+            3.0,
+            True,
+            0.2,
+            id="misses while the replicas asked for still start are the cold start's: no rise",
+        ),
+        pytest.param(
+            Headroom(0.4, T - 1800, judged=BAD_LONG),
+            100.0,
+            0.0,
+            False,
+            0.2,
+            id="margin in the gateway's window lets it fall though the long window is short",
+        ),
+        pytest.param(
+            Headroom(0.4, T - 1800, judged=BAD_LONG),
+            100.0,
+            0.0,
+            True,
+            0.2,
+            id="a start does not stop it falling on margin",
+        ),
+    ],
+)
+def test_steer_past_and_starting_misses(
+    previous: Headroom, within: float, outside: float, starting: bool, expected: float
+) -> None:
+    move = steer(previous, within, outside, T, S, starting)
     assert move.headroom.value == pytest.approx(expected)
     assert (move.reason is not None) == (move.headroom.value > previous.value)
 

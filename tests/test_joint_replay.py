@@ -61,7 +61,7 @@ def steady(rate: float, seconds: float, start: float = 0.0) -> Trace:
 
 
 def rising(high: float = 26.0) -> Trace:
-    """1 request/s for 4 minutes, then ``high`` for 4 more (the scaler peaks at 7 at 26)."""
+    """1 request/s for 4 minutes, then ``high`` for 4 more (the scaler peaks at 7 at 17)."""
     low, burst = steady(1, 240), steady(high, 240, start=240.0)
     return Trace(
         "rising",
@@ -98,7 +98,7 @@ TASKS = {
         for i in range(24)
     ),
 }
-DEPLOYMENT = Inference("llm", rising(), CONFIG, target_concurrency=32.0, max_replicas=8)
+DEPLOYMENT = Inference("llm", rising(), CONFIG, target_concurrency=32.0, max_replicas=7)
 
 
 @functools.cache
@@ -122,10 +122,10 @@ def run(
             "six BE",
             "manager",
             YOUNG,
+            # The step asks for its replicas at once, so as many wait Pending at that
+            # instant under both; the manager's reclaim ends their wait sooner.
             lambda m, kueue: (
-                m["preemptions"] > 0
-                and m["max_inference_pending"] < kueue["max_inference_pending"]
-                and m["slo_attainment"] > kueue["slo_attainment"]
+                m["preemptions"] > 0 and m["slo_attainment"] > kueue["slo_attainment"] + 0.2
             ),
             id="inference need rising preempts BE training under the manager, and it serves better",
         ),
@@ -364,7 +364,7 @@ def test_a_warm_started_deployment_holds_its_first_fleet_from_the_first_tick():
 
 def test_a_fleet_whose_traffic_ended_scales_down_in_the_tail_and_frees_its_cards():
     # the rising trace ends at 480 s with 7 replicas; the tail runs 600 s more
-    d = Inference("llm", rising(), dataclasses.replace(CONFIG, tail=600.0), max_replicas=8)
+    d = Inference("llm", rising(), dataclasses.replace(CONFIG, tail=600.0), max_replicas=7)
     late = (task("late", arrival=500.0, duration=100.0, gpus=4),)
     result = run_joint(NODES, late, [d], JointConfig("kueue"))
     held, t = result.series["inference_held"], result.series["t"]

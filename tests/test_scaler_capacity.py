@@ -37,8 +37,35 @@ def obs(**values):
                 mean_prompt_tokens=1155.0,
                 mean_output_tokens=211.0,
             ),
+            Mix(3000.0, 211.0),
+            id="prompts-in-flight-make-the-rates-heavier-and-the-heavier-reading-is-planned-for",
+        ),
+        pytest.param(
+            obs(
+                request_rate=10.0,
+                prompt_token_rate=11_550.0,
+                generation_token_rate=4_000.0,
+                mean_prompt_tokens=1155.0,
+                mean_output_tokens=128.0,
+            ),
+            Mix(1155.0, 400.0),
+            id="after-a-start-the-short-requests-finish-first-and-the-tokens-generated-say-more",
+        ),
+        pytest.param(
+            obs(
+                request_rate=10.0,
+                prompt_token_rate=5_000.0,
+                generation_token_rate=1_000.0,
+                mean_prompt_tokens=1155.0,
+                mean_output_tokens=211.0,
+            ),
             Mix(1155.0, 211.0),
-            id="the-engines-per-request-means-win-over-the-rates-biased-by-prefills-in-flight",
+            id="while-the-load-falls-the-finished-requests-are-the-heavier-reading",
+        ),
+        pytest.param(
+            obs(mean_prompt_tokens=1155.0, mean_output_tokens=211.0),
+            Mix(1155.0, 211.0),
+            id="the-per-request-means-alone-give-the-mix",
         ),
         pytest.param(
             obs(request_rate=0.01, prompt_token_rate=500.0, generation_token_rate=50.0),

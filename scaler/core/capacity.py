@@ -112,22 +112,35 @@ def profile_for(p: Policy) -> Profile | None:
 
 
 def observed_mix(o: Observation) -> Mix | None:
-    """The mix over the stable window: per finished request when the engines say so.
+    """The mix over the stable window: the heavier of two readings, token by token.
 
     The engines' per-request histograms (``mean_prompt_tokens``, ``mean_output_tokens``)
-    count finished requests only; token rates over the request rate are the fallback,
-    biased while requests are in progress (prompts count at prefill, requests at the end).
+    count finished requests only, so while load rises they read light (the short
+    requests finish first); token rates over the finished-request rate read heavy then
+    (vLLM counts prompts at prefill and tokens as generated) and light while load falls.
+    Planning for the heavier reading keeps a start from being sized for its short
+    requests (``bench/ablation.py``'s business day: 93.8% with the per-request means
+    alone, 99.6% with the heavier, for 1% more cost).
     """
     prompt, output = o.mean_prompt_tokens, o.mean_output_tokens
-    if prompt is not None and output is not None and prompt >= 1 and output >= 1:
-        return Mix(prompt, output)
+    finished = (
+        Mix(prompt, output)
+        if prompt is not None and output is not None and prompt >= 1 and output >= 1
+        else None
+    )
     if o.request_rate is None or o.request_rate < MIN_REQUEST_RATE:
-        return None
+        return finished
     if o.prompt_token_rate is None or o.generation_token_rate is None:
-        return None
-    return Mix(
+        return finished
+    rated = Mix(
         max(o.prompt_token_rate / o.request_rate, 1.0),
         max(o.generation_token_rate / o.request_rate, 1.0),
+    )
+    if finished is None:
+        return rated
+    return Mix(
+        max(finished.prompt_tokens, rated.prompt_tokens),
+        max(finished.output_tokens, rated.output_tokens),
     )
 
 

@@ -131,8 +131,9 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     need = _plan(o, p, demand, capacity.rates, ready, notes)
 
     # 5. Headroom, steered by attainment.
+    starting = previous.desired is not None and ready < previous.desired
     move = attainment.steer(
-        previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p)
+        previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p), starting
     )
     if move.reason is not None:
         notes.append(move.reason)
