@@ -53,7 +53,6 @@ class Variant:
 VARIANTS = (
     Variant("defaults", {}),
     Variant("attainment loop off", {"headroom_max": 0.0}),
-    Variant("risk headroom on (q 0.95)", {"risk_quantile": 0.95}),
     Variant("capacity at p99, not p95", {}, capacity_tail=0.01),
     Variant("scale-down window off", {"scale_down_window_seconds": 0.0}),
     Variant("scale-down delay off", {"scale_down_delay_seconds": 0.0}),

@@ -140,6 +140,10 @@ _PANIC_REMOVED = (
     "no panic mode: demand rises with the short window at once, and the attainment loop"
     " holds the SLO; bench/ablation.py"
 )
+_RISK_REMOVED = (
+    "no risk-sized standing headroom: +22-80% cost for at most +2 points of attainment"
+    " where the attainment loop holds the SLO; bench/ablation.py"
+)
 REMOVED_POLICY_KEYS = {
     "panic-threshold": _PANIC_REMOVED,
     "panic-hold": _PANIC_REMOVED,
@@ -147,6 +151,8 @@ REMOVED_POLICY_KEYS = {
         "no linear trend forecast: it cost more than it bought on every bench trace;"
         " bench/ablation.py"
     ),
+    "risk-quantile": _RISK_REMOVED,
+    "risk-lookback": _RISK_REMOVED,
 }
 """Policy keys of mechanisms that measurements removed, and why."""
 
@@ -198,10 +204,6 @@ class PolicyConfig(BaseModel):
     the observed mix (``ScalerConfig`` checks that it is known)."""
     profile_utilization: float = Field(_CORE.profile_utilization, gt=0, le=1)
     """With a profile: the share of a replica's SLO capacity to plan for."""
-    risk_lookback: Seconds = Field(_CORE.risk_lookback_seconds, gt=0)
-    """With a profile: how far back the burst headroom looks for rises of demand."""
-    risk_quantile: float = Field(_CORE.risk_quantile, ge=0, le=1)
-    """With a profile: headroom is this quantile of the rises within one horizon."""
     backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0)
     """With a profile: drain a backlog within this long (more replicas if need be)."""
     seasonal_floor: bool = Field(_CORE.seasonal_floor)
@@ -259,8 +261,6 @@ class PolicyConfig(BaseModel):
             cost_guard_utilization=self.cost_guard_utilization,
             profile=self.profile,
             profile_utilization=self.profile_utilization,
-            risk_lookback_seconds=self.risk_lookback,
-            risk_quantile=self.risk_quantile,
             backlog_drain_seconds=self.backlog_drain,
             seasonal_floor=self.seasonal_floor,
             seasonal_prewarm_lead_seconds=self.seasonal_prewarm_lead,

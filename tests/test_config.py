@@ -288,6 +288,10 @@ def test_a_validator_that_raises_something_else_is_still_a_config_error_naming_t
         pytest.param(
             "forecast-lookback", "no linear trend", id="forecast-lookback names the trend"
         ),
+        pytest.param(
+            "risk-quantile", "no risk-sized", id="risk-quantile says the risk headroom is gone"
+        ),
+        pytest.param("risk-lookback", "no risk-sized", id="risk-lookback says so too"),
     ],
 )
 def test_a_removed_policy_key_is_refused_with_why(key: str, why: str) -> None:

@@ -1,4 +1,4 @@
-"""The decision with a replica profile: demand, optional risk-sized headroom, backlog drain.
+"""The decision with a replica profile: demand, backlog drain.
 
 Rows use the Azure conversation mix (1,155 prompt and 211 output tokens a request), at
 which one llama3-8b-h200 replica sustains about 22.3 requests/s within 2 s TTFT p95 and
@@ -131,14 +131,6 @@ def test_decide_with_a_profile(observation, previous, replicas):
     assert decision.desired_replicas == replicas, decision.reason
 
 
-def test_with_risk_on_a_rise_of_four_within_a_cold_start_buys_four_of_headroom():
-    previous = DecisionState(desired=3, demand_history=BURSTY)
-    risky = replace(POLICY, risk_quantile=0.95)
-    decision = decide(served(2, replicas_known=3, gateway_arrival_rate=2 * RPS), risky, previous)
-    assert decision.desired_replicas == 6
-    assert "headroom 4.0" in decision.reason
-
-
 def test_the_mix_is_remembered_when_a_window_has_no_finished_request():
     first = decide(
         served(2, replicas_known=3, gateway_arrival_rate=2 * RPS), POLICY, DecisionState()
@@ -176,14 +168,14 @@ def test_a_draining_backlog_s_mix_is_read_as_the_traffic_s():
     assert at_start.state.mix == (2 * PROMPT, OUTPUT) and "load unknown" not in at_start.reason
 
 
-def test_the_demand_history_is_kept_for_the_risk_lookback_only():
-    old = demand((POLICY.risk_lookback_seconds + 60, 9.0), (30, 2.0))
+def test_the_demand_history_is_kept_for_the_demand_window_only():
+    old = demand((POLICY.demand_window_seconds + 60, 9.0), (30, 2.0))
     decision = decide(
         served(2, replicas_known=3, gateway_arrival_rate=2 * RPS),
         POLICY,
         DecisionState(desired=3, demand_history=old),
     )
-    assert min(t for t, _ in decision.state.demand_history) >= NOW - POLICY.risk_lookback_seconds
+    assert min(t for t, _ in decision.state.demand_history) >= NOW - POLICY.demand_window_seconds
 
 
 profiles = st.builds(

@@ -229,7 +229,6 @@ def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -
     [
         pytest.param("profile", "qwen2.5-32b-h200", id="the scaler plans with the replicas'"),
         pytest.param("profile-speedup", 10.0, id="at the speed the replicas step"),
-        pytest.param("risk-lookback", 180.0, id="the headroom's lookback is a clock"),
         pytest.param("backlog-drain", 2.0, id="so is the backlog's drain time"),
         pytest.param("demand-window", 6.0, id="and the window demand is averaged over"),
         pytest.param("forecast-horizon", 6.0, id="the headroom's horizon, as before"),

@@ -1,18 +1,14 @@
-"""A replica's capacity in the decision's units (scaler.core.capacity) and burst risk
-(scaler.core.risk): worked numbers, and the mix read from what the engines report."""
+"""A replica's capacity in the decision's units (scaler.core.capacity): worked numbers,
+and the mix read from what the engines report."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from foundation.capacity import replica_capacity
 from foundation.replica_model import LLAMA3_8B_H200, QWEN25_32B_H200
 from scaler.core import Observation, Policy
 from scaler.core.capacity import Mix, check_profile, observed_mix, replica_rates
-from scaler.core.risk import headroom, quantile, rises
-from scaler.core.window import Recent
 
 NOW = 1_800_000_000.0
 
@@ -124,43 +120,3 @@ def test_without_a_mix_there_is_no_request_rate():
 def test_an_unknown_profile_names_the_known_ones():
     with pytest.raises(ValueError, match=r"llama3-8b-h200, qwen2\.5-32b-h200"):
         check_profile("gpt-5-on-a-toaster")
-
-
-def history(*levels: float, step: float = 30.0) -> Recent[float]:
-    return Recent(tuple((i * step, v) for i, v in enumerate(levels)))
-
-
-@pytest.mark.parametrize(
-    ("samples", "horizon", "expected"),
-    [
-        pytest.param(
-            history(4, 4, 10, 4), 60.0, [6, 6, 0, 0], id="a-burst-is-a-rise-for-the-two-before-it"
-        ),
-        pytest.param(
-            history(4, 4, 10, 4), 30.0, [0, 6, 0, 0], id="a-shorter-horizon-sees-less-of-it"
-        ),
-        pytest.param(
-            history(1, 2, 3, 4), 90.0, [3, 2, 1, 0], id="a-ramp-rises-by-what-a-horizon-adds"
-        ),
-        pytest.param(history(5, 4, 3), 60.0, [0, 0, 0], id="a-fall-is-no-rise"),
-        pytest.param(history(), 60.0, [], id="no-history-no-rises"),
-    ],
-)
-def test_rises(samples, horizon, expected):
-    assert rises(samples, horizon) == expected
-
-
-def test_headroom_is_a_high_quantile_of_the_rises():
-    # 18 quiet samples and one burst: the burst's rise (8) is in the top 5%.
-    quiet = [2.0] * 18
-    assert headroom(history(*quiet, 10.0, 2.0), 30.0, 0.95) == 8.0
-    assert headroom(history(*quiet, 10.0, 2.0), 30.0, 0.5) == 0.0
-
-
-@given(st.lists(st.floats(0, 100), max_size=50), st.floats(0, 1))
-def test_quantile_is_one_of_the_values_and_grows_with_q(values, q):
-    if not values:
-        assert quantile(values, q) == 0.0
-        return
-    assert quantile(values, q) in values
-    assert quantile(values, q) <= quantile(values, 1.0) == max(values)

@@ -15,8 +15,7 @@ over what one replica carries within the SLOs. Each stage is a small pure functi
    replicas at once and a fall waits for the stable window; served token throughput
    without a gateway; requests in flight over ``target_concurrency`` when no rate is
    known.
-4. **Plan** (``_plan``): demand (plus a risk-sized standing headroom when
-   ``risk_quantile`` > 0) over the utilization planned for (``profile_utilization``
+4. **Plan** (``_plan``): demand over the utilization planned for (``profile_utilization``
    with a profile, else ``target_utilization``, fuller under the cost guard); a backlog
    the ready replicas would not drain in time asks for more. Without the gateway's
    judgement, an engine p95 over the SLO with a queue stands in for it.
@@ -42,7 +41,7 @@ from dataclasses import dataclass, replace
 
 from foundation.errors import NoDataError
 from foundation.replica_model import Profile
-from scaler.core import attainment, predictive, risk
+from scaler.core import attainment, predictive
 from scaler.core.capacity import (
     Mix,
     Rates,
@@ -90,7 +89,7 @@ class _Demand:
     """The larger of the stable window's and the short window's; None when unknown."""
     short: float | None
     history: Recent[float]
-    """Demand samples (arrivals x work per request) over ``risk_lookback_seconds``."""
+    """Demand samples (arrivals x work per request) over ``demand_window_seconds``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,12 +211,11 @@ def _demand(
     read 2.9 replicas' worth and bought 4).
     """
     now = o.now
-    demands = previous.demand_history.within(now, p.risk_lookback_seconds)
+    demands = previous.demand_history.within(now, p.demand_window_seconds)
     if o.gateway_arrival_rate is not None and rates.requests_per_second:
         short = o.gateway_arrival_rate / rates.requests_per_second
         demands = demands.add(now, short)
-        stable = demands.within(now, p.demand_window_seconds)
-        mean = sum(stable.values()) / len(stable)
+        mean = sum(demands.values()) / len(demands)
         return _Demand(max(mean, short), short, demands)
     if o.gateway_arrival_rate is not None and ready > 0:
         return _Demand(None, None, demands)
@@ -233,15 +231,10 @@ def _demand(
 def _plan(
     o: Observation, p: Policy, demand: _Demand, rates: Rates, ready: int, notes: list[str]
 ) -> _Need:
-    """4. The replicas the demand needs: standing headroom, utilization, backlog, stand-in."""
+    """4. The replicas the demand needs: utilization, backlog, stand-in."""
     load = demand.load
     utilization = _utilization(o, p, notes)
-    standing = 0.0
-    if p.risk_quantile > 0 and demand.history.age(o.now) >= p.forecast_horizon_seconds:
-        standing = risk.headroom(demand.history, p.forecast_horizon_seconds, p.risk_quantile)
-        if standing >= 0.05:
-            notes.append(f"risk headroom {standing:.1f}")
-    need = ((load or 0.0) + standing) / utilization
+    need = (load or 0.0) / utilization
     extra = _backlog_extra(o, p, rates, ready, load)
     if extra > 0 and load is not None:
         need = max(need, (load + extra) / utilization)

@@ -110,19 +110,13 @@ class Policy:
     profile: str | None = None
     """A replica model (``foundation.replica_model.PROFILES``): a replica's capacity is
     what it sustains within the SLOs for the observed mix, and the load is planned from
-    demand (arrivals x work per request) with risk-sized headroom. None: the priors."""
+    demand (arrivals x work per request). None: the priors."""
     profiles: tuple[Profile, ...] = ()
     """The SRE's own replica profiles (the scaler config's ``profiles``), which ``profile``
     may name beside the built-in ones: plain values, so a reload that changes one is a new
     policy, and the capacity cache (keyed by the profile's value) follows it."""
     profile_utilization: float = 1.0
     """With a profile: the share of a replica's SLO capacity to plan for."""
-    risk_lookback_seconds: float = 1800.0
-    """With a profile: how far back the headroom looks for rises of demand."""
-    risk_quantile: float = 0.0
-    """With a profile: a standing headroom of this quantile of the demand's rises within
-    one horizon (``scaler.core.risk``); 0, the default, holds none: the attainment loop's
-    headroom held the SLO for less on the bench's traces (``bench/ablation.py``)."""
     backlog_drain_seconds: float = 20.0
     """With a profile: a backlog the ready replicas' spare capacity would not drain
     within this long asks for the replicas that would."""
@@ -152,8 +146,8 @@ class DecisionState:
     need_history: Recent[int] = field(default_factory=Recent)
     """Replicas needed over the scale-down window: scale down to their maximum."""
     demand_history: Recent[float] = field(default_factory=Recent)
-    """With a profile: demand in replicas (arrivals x work per request) over the risk
-    lookback."""
+    """With a profile: demand in replicas (arrivals x work per request) over the demand
+    window."""
     mix: tuple[float, float] | None = None
     """The last known mean prompt and output tokens per request."""
     step_fit: StepFit = field(default_factory=StepFit)

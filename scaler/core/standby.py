@@ -28,7 +28,7 @@ from scaler.core.window import Recent
 STANDBY_INTERVAL = 5.0
 """The need is sampled every 5 s (the exporter's scrape interval)."""
 STANDBY_WINDOW = 1800.0
-"""The need samples the plan sees: 30 min (the scaler's ``risk_lookback_seconds``)."""
+"""The need samples the plan sees: 30 min (the attainment loop's long window)."""
 SLEEPING = "sleeping"
 """The decision input holding the plan's sleepers (the scaler's telemetry shows it)."""
 

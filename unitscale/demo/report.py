@@ -195,7 +195,7 @@ def _planning(plan: Plan) -> str:
         return f"the capacity priors (no profile); {launch}"
     return (
         f"the `{profile}` profile (capacity for the observed mix within the SLOs,"
-        f" risk-sized headroom); {launch}"
+        f" headroom steered by attainment); {launch}"
     )
 
 

@@ -98,7 +98,7 @@ def default_policy(profile: Profile) -> PolicyConfig:
     """The scaler's policy without ``--scaler-config``: planned with ``profile``.
 
     The profile the replicas simulate gives a replica's capacity for the observed mix
-    within the SLOs, and the load is planned from demand with risk-sized headroom
+    within the SLOs, and the load is planned from demand with headroom steered by attainment
     (docs/scaler.md); its ``capacity_priors`` stand in until the mix is known.
     """
     priors = capacity_priors(profile)
