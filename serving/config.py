@@ -101,7 +101,8 @@ class GatewayConfig(BaseModel):
     wake_at_outstanding: int | None = Field(_DEFAULTS.wake_at_outstanding, ge=1)
     """Wake a sleeping replica when every ready one has this many requests outstanding."""
     wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, gt=0)
-    """How long a replica whose wake failed is passed over."""
+    """How long a replica whose wake or sleep failed is passed over, doubled per failure
+    in a row (at most 8x)."""
     standby_scaler: str | None = _DEFAULTS.standby_scaler
     """``host:port`` of the scaler: its standby plan's sleepers are put to sleep."""
     standby_interval: Seconds = Field(_DEFAULTS.standby_interval, gt=0)
