@@ -17,12 +17,14 @@ from foundation.configfile import DNS_NAME, KEBAB_CASE, host_port, load_mapping,
 from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
 from foundation.errors import quote
+from serving.arrivals import MIN_FILE_BYTES, ArrivalSettings
 from serving.gateway_settings import GatewaySettings
 from serving.slo import SloTargets
 
 _DEFAULTS = GatewaySettings()
 """Where every default below comes from."""
 _SLO = _DEFAULTS.slo
+_ARRIVALS = _DEFAULTS.arrivals
 
 _SIZE = re.compile(r"([0-9]{1,15})(Ki|Mi|Gi|k|M|G)?")  # ASCII digits only, as Kubernetes
 _SIZE_UNITS = {None: 1, "k": 1000, "M": 1000**2, "G": 1000**3}
@@ -64,6 +66,25 @@ class SloConfig(BaseModel):
     def targets(self) -> SloTargets:
         """The targets as the gateway judges by them."""
         return SloTargets(self.ttft, self.itl, self.attainment, self.window)
+
+
+class ArrivalsConfig(BaseModel):
+    """The ``arrivals`` block: the gateway's record of its traffic (``serving.arrivals``)."""
+
+    model_config = KEBAB_CASE
+
+    directory: (
+        Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")] | None
+    ) = _ARRIVALS.directory
+    """Where the files go (created if missing); null: nothing is recorded."""
+    max_file_bytes: Size = Field(_ARRIVALS.max_file_bytes, ge=MIN_FILE_BYTES, le=1024**4)
+    """Bytes of one file, header included (at least 1 KiB, at most 1 TiB)."""
+    max_files: int = Field(_ARRIVALS.max_files, ge=1, le=10_000)
+    """Files kept, the one being written included; the oldest is deleted past it."""
+
+    def settings(self) -> ArrivalSettings:
+        """The recorder's settings."""
+        return ArrivalSettings(self.directory, self.max_file_bytes, self.max_files)
 
 
 class GatewayConfig(BaseModel):
@@ -111,6 +132,8 @@ class GatewayConfig(BaseModel):
     """How long a surplus replica must be idle (or awake since a wake) before it sleeps."""
     slo: SloConfig = Field(default_factory=SloConfig)
     """The SLO every request is judged against (``unitscale_gateway_slo_requests_total``)."""
+    arrivals: ArrivalsConfig = Field(default_factory=ArrivalsConfig)
+    """Recording the traffic for ``unitscale replay`` and ``unitscale tune``; off by default."""
 
     @field_validator("replicas")
     @classmethod
@@ -156,6 +179,7 @@ class GatewayConfig(BaseModel):
             standby_interval=self.standby_interval,
             sleep_after_idle=self.sleep_after_idle,
             slo=self.slo.targets(),
+            arrivals=self.arrivals.settings(),
         )
 
 

@@ -42,7 +42,10 @@ Every request that counts as an arrival is judged against the SLO when it ends
 (``serving.slo``: a stream's TTFT from its arrival here and its mean inter-token latency,
 a non-streamed answer's whole latency against the budget both give its tokens, whether it
 failed or was dropped from the buffer) and counted within or outside, in the metrics and
-in the ``slo_within_rate`` and ``slo_outside_rate`` the scaler reads.
+in the ``slo_within_rate`` and ``slo_outside_rate`` the scaler reads. With
+``arrivals.directory`` set it is also recorded then (its arrival time and token counts,
+never its content) in rotated files ``unitscale replay --trace`` reads
+(``serving.arrivals``), written off the event loop.
 
 Which replicas there are, and which are healthy or draining, is ``serving.gateway_replicas``;
 a reloaded config is acted on at once, so a newly listed ready replica takes traffic within
@@ -66,6 +69,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from serving.arrival_recorder import ArrivalRecorder
+from serving.arrivals import estimate_prompt_tokens
 from serving.gateway_metrics import GatewayMetrics
 from serving.gateway_replicas import Replica, ReplicaPool, read_answer
 from serving.gateway_settings import GatewaySettings
@@ -110,6 +115,10 @@ class Gateway:
         """Why the last standby round acted on no plan; None when it had one."""
         self.loops: dict[str, asyncio.Task[None]] = {}
         """The background loops by name: ``/health`` fails when one has stopped."""
+        self.arrivals = ArrivalRecorder(
+            settings.arrivals, self.metrics.registry, (settings.namespace, settings.deployment)
+        )
+        """The record of the traffic (``serving.arrivals``), written off the event loop."""
         self.pool.on_probe_failure = self.metrics.probe_failed
         self.pool.on_round_failure = lambda: self.metrics.loop_failed("health")
 
@@ -142,6 +151,7 @@ class Gateway:
             "health": asyncio.create_task(self.pool.check_forever(self._session, self._report)),
             "signals": asyncio.create_task(self._signal_loop()),
             "standby": asyncio.create_task(self._standby_loop()),
+            "arrivals": asyncio.create_task(self.arrivals.run()),
         }
         yield
         tasks = [*self.loops.values(), *self._wakes]
@@ -160,6 +170,7 @@ class Gateway:
         """
         self.settings = settings
         self.metrics.set_slo_attainment(settings.slo.attainment)
+        self.arrivals.configure(settings.arrivals)
         self.pool.reconfigure(replicas, settings)
 
     def _report(self, routable: int, asleep: int) -> None:
@@ -383,7 +394,7 @@ class Gateway:
         return None, True
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        raw, model = await self._read(request)
+        raw, model, prompt = await self._read(request)
         known = frozenset(self.settings.models) | self.pool.served
         if model and is_unserved(self.pool.views(), model, known):
             # Before it counts as an arrival: the scaler must not scale up for it.
@@ -406,6 +417,8 @@ class Gateway:
             raise
         finally:
             self._judge(meter, status)
+            tokens = meter.output_tokens() or 0
+            self.arrivals.record(now, meter.prompt_tokens or prompt, tokens)
 
     def _judge(self, meter: ResponseMeter, status: int | None) -> None:
         """Judge a request that ended against the SLO; count it within or outside."""
@@ -422,8 +435,8 @@ class Gateway:
                 verdict.itl_seconds,
             )
 
-    async def _read(self, request: web.Request) -> tuple[bytes, str | None]:
-        """The request's body and the model it names.
+    async def _read(self, request: web.Request) -> tuple[bytes, str | None, int]:
+        """The request's body, the model it names and its estimated prompt tokens.
 
         A body over ``max_request_bytes`` is 413 (refused on its Content-Length, before
         it is read, or as soon as it grows past the limit); one that is not a JSON object
@@ -451,7 +464,7 @@ class Gateway:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise self._reject(400, "model must be a string", None)
-        return raw, model
+        return raw, model, estimate_prompt_tokens(body)
 
     async def _forward(
         self, request: web.Request, raw: bytes, model: str | None, meter: ResponseMeter

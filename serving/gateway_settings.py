@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from serving.arrivals import ArrivalSettings
 from serving.slo import SloTargets
 
 
@@ -57,3 +58,5 @@ class GatewaySettings:
     """Seconds without a request (or since it woke) before a surplus replica is slept."""
     slo: SloTargets = field(default_factory=SloTargets)
     """The targets every request is judged against (``serving.slo``): the scaler's defaults."""
+    arrivals: ArrivalSettings = field(default_factory=ArrivalSettings)
+    """Where the arrivals are recorded (``serving.arrivals``); off by default."""

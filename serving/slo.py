@@ -162,6 +162,8 @@ class ResponseMeter:
         self.token_events = 0
         self.usage_tokens: int | None = None
         """``usage.completion_tokens``, the latest seen."""
+        self.prompt_tokens: int | None = None
+        """``usage.prompt_tokens``, the latest seen (for the arrivals record)."""
         self._streamed: bool | None = None
         """Whether the response is server-sent events; None until its headers came."""
         self._pending = b""
@@ -198,6 +200,9 @@ class ResponseMeter:
             tokens = _usage_tokens(event)
             if tokens is not None:
                 self.usage_tokens = tokens
+            prompt = _usage_tokens(event, "prompt_tokens")
+            if prompt is not None:
+                self.prompt_tokens = prompt
             if _carries_tokens(event):
                 self.token_events += 1
                 self.last_token = now
@@ -214,6 +219,7 @@ class ResponseMeter:
             self._body = None  # read once
             if isinstance(body, dict):
                 self.usage_tokens = _usage_tokens(body)
+                self.prompt_tokens = _usage_tokens(body, "prompt_tokens")
         if self.usage_tokens is not None:
             return self.usage_tokens
         return self.token_events if self._streamed else None
@@ -244,9 +250,9 @@ def _event(line: bytes) -> dict[str, object] | None:
     return event if isinstance(event, dict) else None
 
 
-def _usage_tokens(body: dict[str, object]) -> int | None:
+def _usage_tokens(body: dict[str, object], key: str = "completion_tokens") -> int | None:
     usage = body.get("usage")
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    tokens = usage.get(key) if isinstance(usage, dict) else None
     if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
         return tokens
     return None

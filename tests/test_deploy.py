@@ -429,7 +429,7 @@ def test_the_docs_deploy_commands_name_kustomizations_that_exist():
 def config_models() -> list[Any]:
     from exporter.config import AcceleratorConfig, DeploymentConfig, ExporterConfig
     from scaler.config import PolicyConfig, PrometheusSourceConfig, ScalerConfig
-    from serving.config import GatewayConfig, SloConfig
+    from serving.config import ArrivalsConfig, GatewayConfig, SloConfig
 
     return [
         pytest.param("scaler", ScalerConfig, id="the scaler's keys"),
@@ -440,6 +440,7 @@ def config_models() -> list[Any]:
         pytest.param("exporter", AcceleratorConfig, id="the exporter's accelerator keys"),
         pytest.param("gateway", GatewayConfig, id="the gateway's keys"),
         pytest.param("gateway", SloConfig, id="the gateway's slo keys"),
+        pytest.param("gateway", ArrivalsConfig, id="the gateway's arrivals keys"),
     ]
 
 

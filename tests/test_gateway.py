@@ -358,6 +358,7 @@ SETTINGS_IN_THE_CONFIG = [
     pytest.param("standby_interval", id="the-standby-interval-has-one-default"),
     pytest.param("sleep_after_idle", id="the-sleep-after-idle-has-one-default"),
     pytest.param("slo", id="the-slo-targets-have-one-default"),
+    pytest.param("arrivals", id="recording-no-arrivals-is-the-default-everywhere"),
 ]
 
 

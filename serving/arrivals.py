@@ -1,0 +1,157 @@
+"""The gateway's record of its traffic: what a row says and when a file rotates. Pure.
+
+Each request that counts as an arrival becomes one CSV row when it ends: its arrival time
+(UTC, microseconds), its prompt tokens and its output tokens, never its content. The
+files are the Azure LLM trace's shape (``TIMESTAMP,ContextTokens,GeneratedTokens``), so
+``unitscale replay --trace`` reads one as it is. The shell that writes them off the
+event loop is ``serving.arrival_recorder``.
+
+Prompt tokens are the replica's ``usage.prompt_tokens`` when its answer carries one (a
+non-streamed answer always does in vLLM; a stream with ``stream_options:
+{include_usage: true}``); otherwise ``estimate_prompt_tokens`` of the request body. Output
+tokens are what ``serving.slo.ResponseMeter`` counted: the usage's count, else the stream
+events carrying tokens, else 0 (a request that failed or was abandoned before an answer
+records what it had).
+
+Disk is bounded by two numbers: a file holds at most ``max_file_bytes`` (the rows that
+would pass it go to the next file, ``plan_writes``), and at most ``max_files`` files are
+kept (opening one more deletes the oldest, ``to_delete``). A file also ends with its UTC
+day (``is_another_day``): each holds at most a day, which the replay can always read
+(it refuses a trace spanning more than 31 days), and a day's traffic is a few files. Files are named
+``arrivals-<sequence>-<UTC start>.csv`` with an 8-digit sequence, so their names sort in
+the order they were written, across restarts too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+"""The Azure LLM trace's header, which ``replay.trace.read_trace`` recognises."""
+MAX_TOKENS = 10_000_000
+"""A count is clamped to this: ``replay.limits.MAX_TOKENS``, above which the reader refuses
+the row (a test keeps the two equal; ``serving`` cannot import ``replay``)."""
+CHARS_PER_TOKEN = 4
+"""Characters per token of an estimated prompt: English text under Llama 3's and OpenAI's
+tokenizers averages about four."""
+MESSAGE_TOKENS = 4
+"""Tokens a chat template adds per message (role and separators), as OpenAI counts them."""
+MIN_FILE_BYTES = 1024
+"""The smallest ``max_file_bytes``: the header and a few rows of at most ``MAX_ROW_BYTES``."""
+MAX_ROW_BYTES = 64
+"""The longest row: a 32-character time and two counts of at most 8 digits."""
+FILE_NAME = re.compile(r"arrivals-(\d{8})-\d{8}T\d{6}Z\.csv")
+"""A recorded file's name; the first group is its sequence number."""
+MAX_SEQUENCE = 10**8 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalSettings:
+    """Where the gateway records its arrivals, and how much disk they may take."""
+
+    directory: str | None = None
+    """The directory the files go to (created if missing); None: nothing is recorded."""
+    max_file_bytes: int = 64 * 1024**2
+    """Bytes of one file, header included: about 1.3 million requests."""
+    max_files: int = 16
+    """Files kept, the one being written included: 16 x 64 MiB = 1 GiB at most, about
+    three weeks of a million requests a day."""
+
+
+def format_row(arrival: float, prompt_tokens: int, output_tokens: int) -> str:
+    """One request's row: ``2025-01-02 03:04:05.678901+00:00,1020,129``.
+
+    Counts are clamped to 0 to ``MAX_TOKENS``; the time keeps its UTC offset, so the row
+    means the same wherever it is read (a naive time would be read as local).
+    """
+    stamp = datetime.fromtimestamp(arrival, UTC).isoformat(sep=" ", timespec="microseconds")
+    return f"{stamp},{_clamp(prompt_tokens)},{_clamp(output_tokens)}\n"
+
+
+def _clamp(count: int) -> int:
+    return min(max(count, 0), MAX_TOKENS)
+
+
+def plan_writes(rows: list[str], size: int, max_bytes: int) -> list[tuple[bool, str]]:
+    """How ``rows`` go to files: ``(rotate first, text)`` per write, in order.
+
+    ``size`` is the current file's bytes (0: no file is open, so the first write opens
+    one). A new file starts with ``HEADER``, in the text; a file is full when the next row
+    would take it past ``max_bytes``. Example at ``max_bytes`` 100 (header 40, rows 30):
+    a file of 70 bytes and two rows is ``[(False, row1), (True, HEADER + row2)]``.
+    """
+    writes: list[tuple[bool, str]] = []
+    rotate = size == 0
+    text = [HEADER] if rotate else []
+    size = len(HEADER) if rotate else size
+    for row in rows:
+        # full; a file of its header alone takes any row, so every row lands somewhere
+        if size + len(row) > max_bytes and size > len(HEADER):
+            if text:
+                writes.append((rotate, "".join(text)))
+            rotate, text, size = True, [HEADER], len(HEADER)
+        text.append(row)
+        size += len(row)
+    if rows:
+        writes.append((rotate, "".join(text)))
+    return writes
+
+
+def is_another_day(opened: float, now: float) -> bool:
+    """Whether ``now`` falls on another UTC day than ``opened`` (both Unix seconds)."""
+    return int(opened // 86_400) != int(now // 86_400)
+
+
+def file_name(sequence: int, started: float) -> str:
+    """The name of the ``sequence``-th file, opened at ``started`` (Unix seconds)."""
+    stamp = datetime.fromtimestamp(started, UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"arrivals-{sequence % (MAX_SEQUENCE + 1):08d}-{stamp}.csv"
+
+
+def next_sequence(names: list[str]) -> int:
+    """The sequence after the highest among ``names`` (other files ignored); 0 for none."""
+    sequences = [int(m[1]) for name in names if (m := FILE_NAME.fullmatch(name))]
+    return max(sequences, default=-1) + 1
+
+
+def to_delete(names: list[str], max_files: int) -> list[str]:
+    """The recorded files among ``names`` to delete so that ``max_files`` remain: the oldest."""
+    recorded = sorted(name for name in names if FILE_NAME.fullmatch(name))
+    return recorded[: max(len(recorded) - max_files, 0)]
+
+
+def estimate_prompt_tokens(body: dict[str, object]) -> int:
+    """A request's prompt tokens from its body, for when the replica reports none.
+
+    Token ids count one each (``"prompt": [1, 2, 3]`` or a list of such lists); text
+    (``prompt``, a chat message's ``content`` or its ``text`` parts) counts one token per
+    ``CHARS_PER_TOKEN`` characters, and each chat message ``MESSAGE_TOKENS`` more. Only
+    these fixed paths are walked, each list once: no deeper than the body's parse went.
+    """
+    ids, chars = 0, 0
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        chars += len(prompt)
+    elif isinstance(prompt, list) and prompt:
+        if isinstance(prompt[0], int):
+            ids += len(prompt)
+        for item in prompt:
+            if isinstance(item, str):
+                chars += len(item)
+            elif isinstance(item, list):
+                ids += len(item)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            ids += MESSAGE_TOKENS
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    text = part.get("text") if isinstance(part, dict) else None
+                    chars += len(text) if isinstance(text, str) else 0
+    return _clamp(ids + math.ceil(chars / CHARS_PER_TOKEN))
