@@ -9,11 +9,16 @@ label when the target names one), ``$replica_selector`` the same without the mod
 ``scaler.sources.prometheus_source`` runs the queries and hands the answers to
 ``signals_from_answers``, which builds the ``EngineSignals`` the exporter publishes: an
 absent series is a missing signal (None), never zero; no fresh sample at all is no
-signals. Pure: no I/O, no clock.
+signals. An answer is checked where it comes in (``parse_answer``, ``checked_answers``):
+a body that is not JSON of bounded size and depth, or not one sample, is an error naming
+the query; a value that is not finite, negative, or a replica count of 0 beside running
+requests is unmeasured with a reason, never a zero that lowers the replica count.
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import Any
 
+from foundation.errors import quote
 from foundation.signals import EngineSignals, Quantiles, TargetKey, WindowSignals
 
 INSTANT = (
@@ -199,11 +205,33 @@ class AnswerError(ValueError):
     """A query's answer is not one number: the query is wrong for this use."""
 
 
+MAX_ANSWER_BYTES = 1 << 20
+"""An instant query aggregated to one series answers about 200 bytes; a body past 1 MiB
+is not that answer (and is not read further)."""
+
+
+def parse_answer(body: bytes, promql: str) -> float | None:
+    """The one value of an instant query's raw answer (``answer_value`` of its JSON).
+
+    Raises:
+        AnswerError: the body is over ``MAX_ANSWER_BYTES``, not JSON (or nested too deep
+            for the parser: a Prometheus answer is four levels deep), or not one value.
+    """
+    if len(body) > MAX_ANSWER_BYTES:
+        raise AnswerError(f"query {promql!r} answered over {MAX_ANSWER_BYTES} bytes")
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise AnswerError(f"query {promql!r} answered no JSON: {type(err).__name__}") from err
+    return answer_value(parsed, promql)
+
+
 def answer_value(body: Any, promql: str) -> float | None:
     """The one value of an instant query's JSON answer; None when no series answers.
 
-    NaN (``histogram_quantile`` or a mean over a window with no request finished) is
-    None too: not measured. +Inf is kept.
+    NaN (``histogram_quantile`` or a mean over a window with no request finished) and
+    ±Inf (a mean over no request: x / 0) are None too: not measured, and never a number
+    ``decide`` computes with (``ceil(inf)`` raises).
 
     Raises:
         AnswerError: an error answer, another result type, or more than one series
@@ -211,7 +239,7 @@ def answer_value(body: Any, promql: str) -> float | None:
     """
     if not isinstance(body, dict) or body.get("status") != "success":
         problem = body.get("error", body) if isinstance(body, dict) else body
-        raise AnswerError(f"query {promql!r} failed: {problem}")
+        raise AnswerError(f"query {promql!r} failed: {quote(problem, 200)}")
     data = body.get("data")
     kind = data.get("resultType") if isinstance(data, dict) else None
     result = data.get("result") if isinstance(data, dict) else None
@@ -230,15 +258,52 @@ def answer_value(body: Any, promql: str) -> float | None:
             " (sum, avg, max, min)"
         )
     sample = samples[0]
+    # [time, "value"]; Prometheus writes the value as a string ("+Inf", "NaN", "1.5").
+    text = sample[1] if isinstance(sample, list) and len(sample) == 2 else None
     try:
-        value = float(sample[1])
-    except (TypeError, ValueError, IndexError) as err:
-        raise AnswerError(f"query {promql!r} answered a malformed sample {sample!r}") from err
-    return None if math.isnan(value) else value
+        if not isinstance(text, str | int | float) or isinstance(text, bool):
+            raise TypeError(type(text).__name__)
+        value = float(text)
+    except (TypeError, ValueError, OverflowError) as err:  # OverflowError: a 400-digit int
+        raise AnswerError(
+            f"query {promql!r} answered a malformed sample {quote(sample, 200)}"
+        ) from err
+    return value if math.isfinite(value) else None
 
 
 Answers = Mapping[tuple[str, str | None], float | None]
 """Each query's value by (signal, window); a signal not asked for is simply absent."""
+
+
+def checked_answers(answers: Answers) -> tuple[Answers, list[str]]:
+    """The answers with every impossible value unmeasured (None), and why each was.
+
+    Every signal here is a time, count, rate, latency or share: finite and not negative.
+    A replica count of 0 beside requests running or queued, or beside replicas up,
+    contradicts them; read as a fact it would zero the load (``signals_from_answers``'s
+    rule for no replicas) and scale the deployment to zero, so the counts are unmeasured
+    instead and the load stands. Checking twice changes nothing.
+    """
+    clean: dict[tuple[str, str | None], float | None] = dict(answers)
+    problems: list[str] = []  # what, not how much: the same problem reads the same each round
+    for (name, window), value in answers.items():
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            where = f"{name} ({window})" if window else name
+            problems.append(f"{where} is {'negative' if value < 0 else 'not finite'}")
+            clean[(name, window)] = None
+    replicas, up = clean.get(("replicas", None)), clean.get(("replicas-up", None))
+    known = replicas if replicas is not None else up
+    load = {
+        name: value
+        for name in ("running", "queue-depth", "replicas-up")
+        if (value := clean.get((name, None))) is not None and value > 0
+    }
+    if known is not None and round(known) == 0 and load:
+        problems.append(f"replicas is 0 beside {' and '.join(load)} above 0")
+        clean[("replicas", None)] = None
+        if up is not None and round(up) == 0:
+            clean[("replicas-up", None)] = None
+    return clean, problems
 
 
 def signals_from_answers(
@@ -248,8 +313,10 @@ def signals_from_answers(
 
     None when no series answered at all, or ``signal-time`` did not (no sample to date
     the signals by). Zero replicas known is the exporter's rule: no load, rates zero
-    (facts, not guesses). ``partial`` when fewer replicas are up than known.
+    (facts, not guesses), unless the answers contradict it (``checked_answers``, which
+    runs first). ``partial`` when fewer replicas are up than known.
     """
+    answers, _ = checked_answers(answers)
     present = {key: value for key, value in answers.items() if value is not None}
     time = present.get(("signal-time", None))
     if not present or time is None:

@@ -72,6 +72,8 @@ class ScaledObject:
     standby: StandbySetup | None = None
     """With ``standby: true``: what its warm-tier plan is made with."""
     standby_state: StandbyState = field(default_factory=StandbyState)
+    decision_errors: int = 0
+    """Decisions that raised something other than "no data" (counted; KEDA got UNAVAILABLE)."""
 
 
 DecisionHook = Callable[[ScaledObject, Decision, float], Decision]
@@ -252,12 +254,36 @@ class ScaledObjectRegistry:
         except NoDataError as err:
             if scaled.error is None or _kind(scaled.error) != _kind(err):
                 log.info("ScaledObject %s/%s: %s", *scaled.key, err)
-            # Stale signals age with every call (the message says how old), so look again
-            # at the next one; "no signals yet" stays true until a source reports.
-            stale = isinstance(err, StaleSignalError)
-            scaled.decision, scaled.decided_at, scaled.error = None, None, err
-            scaled.valid_until = now if stale else math.inf
+            self._no_decision(scaled, err, now, retry=isinstance(err, StaleSignalError))
             return
+        except Exception as err:  # one ScaledObject's failure is its own, never the pass's
+            scaled.decision_errors += 1
+            failed = NoDataError(f"no decision for {describe_target(scaled.target)}: {err!r}")
+            if scaled.error is None or str(scaled.error) != str(failed):
+                log.warning("ScaledObject %s/%s: %s", *scaled.key, failed, exc_info=err)
+            self._no_decision(scaled, failed, now, retry=True)
+            return
+        self._keep(scaled, decision, standby_state, valid_until, now)
+
+    @staticmethod
+    def _no_decision(scaled: ScaledObject, err: NoDataError, now: float, retry: bool) -> None:
+        """KEDA is answered UNAVAILABLE (its fallback acts) until a decision is made.
+
+        With ``retry`` the next call looks again: stale signals age with every call (the
+        message says how old), a failed decision may not fail twice. "No signals yet"
+        stays true until a source reports.
+        """
+        scaled.decision, scaled.decided_at, scaled.error = None, None, err
+        scaled.valid_until = now if retry else math.inf
+
+    def _keep(
+        self,
+        scaled: ScaledObject,
+        decision: Decision,
+        standby_state: StandbyState,
+        valid_until: float,
+        now: float,
+    ) -> None:
         previous = scaled.decision
         scaled.decision, scaled.error, scaled.state = decision, None, decision.state
         scaled.standby_state = standby_state

@@ -7,9 +7,10 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -132,7 +133,7 @@ class ScalerServer:
         self.configs = ConfigStore(config, parse_config)
         self.configs.add_listener(self._reconfigure)
         self._source = source
-        self.store = SignalStore()
+        self.store = SignalStore(clock)
         self.registry = ScaledObjectRegistry(
             self.store, config.max_signal_age, clock, config.policy_defaults()
         )
@@ -163,6 +164,9 @@ class ScalerServer:
         self._source_tasks: dict[SignalSourceConfig, asyncio.Task[None]] = {}
         self._prometheus: tuple[PrometheusSourceConfig, asyncio.Task[None]] | None = None
         self._started = False
+        self._stopped_loops: dict[str, str] = {}
+        """Loops that ended while they should run (by name): health fails until a restart."""
+        self._health_updates: set[asyncio.Task[None]] = set()
 
     @property
     def config(self) -> ScalerConfig:
@@ -183,7 +187,9 @@ class ScalerServer:
             self._source_tasks.pop(source).cancel()
         for source in config.signal_sources:
             if source not in self._source_tasks:
-                task = asyncio.create_task(watch_signals(source, self.store))
+                task = self._loop(
+                    f"signal watch on {source.address}", watch_signals(source, self.store)
+                )
                 self._source_tasks[source] = task
         self._reconcile_prometheus(config.prometheus_source)
 
@@ -198,7 +204,7 @@ class ScalerServer:
             self._prometheus = None
         if wanted is not None:
             source = prometheus_source(wanted, self.store, self.registry.targets)
-            self._prometheus = (wanted, asyncio.create_task(source))
+            self._prometheus = (wanted, self._loop(f"prometheus-source {wanted.url}", source))
 
     @property
     def watched_sources(self) -> list[str]:
@@ -210,19 +216,20 @@ class ScalerServer:
         self._started = True
         self._reconcile_sources(self.config)
         if self.config.demo_source is not None:
-            self._tasks.append(
-                asyncio.create_task(demo_source(self.config.demo_source, self.store, self._clock))
-            )
+            demo = demo_source(self.config.demo_source, self.store, self._clock)
+            self._tasks.append(self._loop("demo-source", demo))
         if self._source is not None:
-            self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
-        self._tasks.append(asyncio.create_task(self._evict_loop()))
+            self._tasks.append(self._loop("config reload", self._source.follow(self.configs)))
+        self._tasks.append(self._loop("eviction", self._evict_loop()))
         if self.prewarm is not None:
-            self._tasks.append(asyncio.create_task(self.prewarm.run()))
+            self._tasks.append(self._loop("prewarm", self.prewarm.run()))
         await self._grpc.start()
+        if self._stopped_loops:  # one ended before the server reported SERVING
+            await self._grpc.set_serving(False)
         if self._metrics_listen is not None:
             host, _, port = self._metrics_listen.rpartition(":")
             self._metrics_runner = web.AppRunner(
-                metrics_app(self.registry, self.configs, self.prewarm),
+                metrics_app(self.registry, self.configs, self.prewarm, self.store),
                 access_log=None,
             )
             await self._metrics_runner.setup()
@@ -230,6 +237,37 @@ class ScalerServer:
             self.metrics_port = int(self._metrics_runner.addresses[0][1])
         log.info("scaler serving on port %d", self.port)
         return self.port
+
+    def _loop(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run a loop meant to last until ``stop``; if it ends anyway, health fails."""
+        task = asyncio.create_task(work, name=name)
+        task.add_done_callback(self._loop_ended)
+        return task
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return  # stop() or a reconfiguration cancelled it
+        error = task.exception()
+        why = f"{error!r}" if error is not None else "returned"
+        self._stopped_loops[task.get_name()] = why
+        # A scaler whose signals no longer arrive answers from ever older ones, then
+        # UNAVAILABLE for good: let the liveness probe restart it.
+        log.critical(
+            "%s stopped: %s; gRPC health NOT_SERVING until a restart",
+            task.get_name(),
+            why,
+            exc_info=error,
+        )
+        if self._started:
+            update = asyncio.create_task(self._grpc.set_serving(False))
+            self._health_updates.add(update)
+            update.add_done_callback(self._health_updates.discard)
+
+    def problem(self) -> str | None:
+        """Why the scaler is not healthy (a loop that stopped), or None."""
+        if not self._stopped_loops:
+            return None
+        return "; ".join(f"{name} stopped: {why}" for name, why in self._stopped_loops.items())
 
     async def _evict_loop(self) -> None:
         """Forget ScaledObjects KEDA stopped asking about (checked each minute)."""
@@ -248,7 +286,8 @@ class ScalerServer:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            # A loop that died earlier was logged when it did (``_loop_ended``).
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._grpc.stop(self.config.grace_period if grace is None else grace)
         if self._metrics_runner is not None:

@@ -5,6 +5,12 @@ starts and cancels them. A broken watch reconnects with capped exponential backo
 meanwhile the stored signals age and KEDA gets UNAVAILABLE once they pass
 ``max-signal-age``. The Prometheus source fails the same way: a round whose queries
 fail publishes nothing, and the signals age.
+
+Nothing a source answers can end its loop. The unit of work is one target's query round
+(Prometheus) or one message (a watch): any exception in it fails that unit alone, is
+counted in the store's ``errors`` by source and reason, and is logged once per target
+until it changes; the next round or message is tried as usual. Whatever still ends a
+loop ends its task, and the server's health says so (``scaler.server``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable, Iterable
 import aiohttp
 import grpc
 
+from foundation.errors import quote
 from foundation.signals import (
     EngineSignals,
     GatewaySignals,
@@ -31,7 +38,15 @@ from foundation.signals_wire import WireError, decode
 from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
 from scaler.config import DemoSourceConfig, PrometheusSourceConfig, SignalSourceConfig
-from scaler.promql import AnswerError, Query, answer_value, plan, signals_from_answers
+from scaler.promql import (
+    MAX_ANSWER_BYTES,
+    AnswerError,
+    Query,
+    checked_answers,
+    parse_answer,
+    plan,
+    signals_from_answers,
+)
 from scaler.signals import SignalStore
 
 log = logging.getLogger(__name__)
@@ -55,11 +70,14 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
                     if not streaming:
                         streaming, healthy = True, True
                         log.info("watching signals from %s", config.address)
-                    receive(store, response.signals)
+                    receive(store, response.signals, config.address)
                     delay = config.reconnect_min
             problem = "ended"
         except grpc.aio.AioRpcError as err:
             problem = f"failed ({err.code().name}: {err.details()})"
+        except Exception as err:  # anything else the channel raises: reconnect, never end
+            store.count_error("watch", "exception")
+            problem = f"failed ({_described(err)})"
         if healthy or streaming:
             log.warning("signal watch on %s %s; reconnecting", config.address, problem)
         else:
@@ -69,17 +87,41 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
         delay = min(delay * 2, config.reconnect_max)
 
 
-def receive(store: SignalStore, message: pb.Signals) -> bool:
+def receive(store: SignalStore, message: pb.Signals, origin: str = "a signal watch") -> bool:
     """Decode a wire message into ``store``; one that cannot be attributed is refused.
 
-    Returns whether the store kept it.
+    The unit of a watch's work: whatever goes wrong with this message (it cannot be
+    decoded, a rate is out of range, storing it raised) refuses it alone, counted and
+    logged once per ``origin`` until it changes. Returns whether the store kept it.
     """
+    about = (origin, "wire")
     try:
         snapshot = decode(message)
     except WireError as err:
-        log.warning("ignoring signals: %s: %s", err, message)
+        store.count_refused("wire", "undecodable")
+        store.report(about, f"ignoring signals: {err}: {quote(str(message), 200)}")
         return False
-    return store.update(snapshot)
+    except Exception as err:  # a decoder bug must not end the watch
+        store.count_error("watch", "exception")
+        store.report(about, f"ignoring signals: {_described(err)}")
+        return False
+    try:
+        kept = store.update(snapshot)
+    except Exception as err:  # a listener's bug: the next message is tried as usual
+        store.count_error("watch", "exception")
+        store.report(
+            about,
+            f"storing signals for {describe_target(snapshot.target)} failed: {_described(err)}",
+        )
+        return False
+    store.report(about, "")
+    return kept
+
+
+def _described(err: BaseException) -> str:
+    """``Type: message`` of an exception, short whatever it carries."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
 
 
 def demo_concurrency(elapsed: float, period: float, peak: float) -> float:
@@ -154,8 +196,9 @@ async def prometheus_source(
 ) -> None:
     """Query every target ``targets()`` names each ``interval``, forever.
 
-    Logged on changes only, per target: a WARNING when its queries start failing or
-    find no series, INFO when signals come back.
+    Logged on changes only, per target: a WARNING when its queries start failing, find
+    no series or answer impossible values, INFO when signals come back. Each failed
+    round is counted (``store.errors``, source ``prometheus``).
     """
     loop = asyncio.get_running_loop()
     problems: dict[TargetKey, str | None] = {}
@@ -170,23 +213,68 @@ async def prometheus_source(
         limit = asyncio.Semaphore(config.max_concurrent_queries)
         while True:
             started = loop.time()
-            wanted = sorted(set(targets()))
             try:
-                headers: dict[str, str] | str = _headers(config)
-            except PrometheusError as err:
-                headers = str(err)
-            outcomes = await asyncio.gather(
-                *(_query_target(session, limit, config, headers, target) for target in wanted)
-            )
-            for target, outcome in zip(wanted, outcomes, strict=True):
-                problem = outcome if isinstance(outcome, str) else None
-                if isinstance(outcome, EngineSignals):
-                    store.update(Snapshot(target, outcome))
-                _log_change(target, problems.get(target, "new"), problem, config.url)
-                problems[target] = problem
-            for gone in set(problems) - set(wanted):
-                del problems[gone]
+                await _round(session, limit, config, store, targets, problems)
+            except Exception as err:  # targets() or the bookkeeping: try the next round
+                store.count_error("prometheus", "exception")
+                store.report(
+                    ("prometheus-source", "prometheus"), f"round failed: {_described(err)}"
+                )
+            else:
+                store.report(("prometheus-source", "prometheus"), "")
             await asyncio.sleep(max(0.0, config.interval - (loop.time() - started)))
+
+
+async def _round(
+    session: aiohttp.ClientSession,
+    limit: asyncio.Semaphore,
+    config: PrometheusSourceConfig,
+    store: SignalStore,
+    targets: Callable[[], Iterable[TargetKey]],
+    problems: dict[TargetKey, str | None],
+) -> None:
+    """Query every target once; each one's failure is its own (``_target_round``)."""
+    wanted = sorted(set(targets()))
+    try:
+        headers: dict[str, str] | str = _headers(config)
+    except PrometheusError as err:
+        headers = str(err)
+    outcomes = await asyncio.gather(
+        *(_target_round(session, limit, config, store, headers, target) for target in wanted)
+    )
+    for target, problem in zip(wanted, outcomes, strict=True):
+        _log_change(target, problems.get(target, "new"), problem, config.url)
+        problems[target] = problem
+    for gone in set(problems) - set(wanted):
+        del problems[gone]
+
+
+async def _target_round(
+    session: aiohttp.ClientSession,
+    limit: asyncio.Semaphore,
+    config: PrometheusSourceConfig,
+    store: SignalStore,
+    headers: dict[str, str] | str,
+    target: TargetKey,
+) -> str | None:
+    """One target's round, isolated: its problem (None: signals stored, all possible).
+
+    Any exception fails this target's round alone, never the others' or the loop.
+    """
+    try:
+        outcome = await _query_target(session, limit, config, headers, target)
+        if isinstance(outcome, str):
+            store.count_error("prometheus", "no-series" if outcome == NO_SERIES else "query")
+            return outcome
+        signals, impossible = outcome
+        if not store.update(Snapshot(target, signals)):
+            return "signals refused (see the store's warning)"
+    except Exception as err:
+        store.count_error("prometheus", "exception")
+        return f"round failed: {_described(err)}"
+    if impossible:
+        return f"impossible values unmeasured: {'; '.join(impossible)}"
+    return None
 
 
 def _headers(config: PrometheusSourceConfig) -> dict[str, str]:
@@ -214,6 +302,8 @@ def _log_change(target: TargetKey, before: str | None, now: str | None, url: str
     where = describe_target(target)
     if now is None:
         log.info("querying signals for %s from %s", where, url)
+    elif now.startswith("impossible"):
+        log.warning("signals for %s from %s: %s", where, url, now)
     else:
         log.warning("no signals for %s from %s: %s", where, url, now)
 
@@ -224,10 +314,11 @@ async def _query_target(
     config: PrometheusSourceConfig,
     headers: dict[str, str] | str,
     target: TargetKey,
-) -> EngineSignals | str:
-    """The target's signals, or why there are none (a failed query fails the round).
+) -> tuple[EngineSignals, list[str]] | str:
+    """The target's signals and its impossible answers, or why there are none.
 
-    ``headers`` is a string when this round cannot query at all: the reason.
+    A failed query fails the round. ``headers`` is a string when this round cannot
+    query at all: the reason.
     """
     if isinstance(headers, str):
         return headers
@@ -250,10 +341,14 @@ async def _query_target(
             raise result
         values.append(result)
     answers = {(q.signal, q.window): value for q, value in zip(queries, values, strict=True)}
-    signals = signals_from_answers(answers, config.panic_window, config.stable_window)
+    possible, impossible = checked_answers(answers)
+    signals = signals_from_answers(possible, config.panic_window, config.stable_window)
     if signals is None:
-        return "no series match (the replicas are not scraped, or the selector is wrong)"
-    return signals
+        return NO_SERIES
+    return signals, impossible
+
+
+NO_SERIES = "no series match (the replicas are not scraped, or the selector is wrong)"
 
 
 async def _run(
@@ -278,14 +373,27 @@ async def _run(
                 status, kind = response.status, response.content_type
                 # Prometheus answers a bad query 400/422 in JSON; anything else is not it.
                 if status >= 500 or (status >= 400 and kind != "application/json"):
-                    text = " ".join((await response.text(errors="replace"))[:200].split())
+                    head = await _read_at_most(response, 200)
+                    text = " ".join(head[:200].decode(errors="replace").split())
                     raise PrometheusError(f"{endpoint} answered {status}: {text}")
-                body = await response.json(content_type=None)
+                body = await _read_at_most(response, MAX_ANSWER_BYTES)
         except (aiohttp.ClientError, TimeoutError) as err:
             raise PrometheusError(f"{endpoint}: {type(err).__name__}: {err}") from err
-        except ValueError as err:  # not JSON: a proxy's page, not the API
-            raise PrometheusError(f"{endpoint} answered {status} {kind}, not JSON") from err
     try:
-        return answer_value(body, query.promql)
+        return parse_answer(body, query.promql)
     except AnswerError as err:
+        if "no JSON" in str(err):  # a proxy's page, not the API
+            raise PrometheusError(f"{endpoint} answered {status} {kind}, not JSON") from err
         raise PrometheusError(str(err)) from err
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, or its first chunks once past ``limit`` bytes (never read further)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(chunks)

@@ -21,6 +21,7 @@ from foundation.reload import ConfigStore
 from scaler.prewarm.plan import STATES
 from scaler.prewarm.shell import Prewarmer
 from scaler.registry import ScaledObjectRegistry, metric_value
+from scaler.signals import SignalStore
 
 _LABELS = ["namespace", "scaled_object"]
 _GAUGES = {
@@ -62,10 +63,12 @@ class DecisionCollector(Collector):
         registry: ScaledObjectRegistry,
         configs: ConfigStore[Any] | None,
         prewarm: Prewarmer | None = None,
+        store: SignalStore | None = None,
     ) -> None:
         self._registry = registry
         self._configs = configs
         self._prewarm = prewarm
+        self._store = store
 
     def collect(self) -> Iterator[Metric]:
         """One family per decision input and outcome."""
@@ -75,10 +78,16 @@ class DecisionCollector(Collector):
             "1 when the last decision had signals.",
             labels=_LABELS,
         )
+        failed = CounterMetricFamily(
+            "unitscale_scaler_decision_errors",
+            "Decisions that raised (KEDA got UNAVAILABLE); the log names the error.",
+            labels=_LABELS,
+        )
         for scaled in self._registry.objects():
             labels = [scaled.key[0], scaled.key[1]]
             decision = scaled.decision
             available.add_metric(labels, 0.0 if decision is None else 1.0)
+            failed.add_metric(labels, scaled.decision_errors)
             if decision is None:
                 continue
             values = {
@@ -93,6 +102,9 @@ class DecisionCollector(Collector):
                     family.add_metric(labels, value)
         yield from families.values()
         yield available
+        yield failed
+        if self._store is not None:
+            yield from source_families(self._store)
         if self._prewarm is not None:
             yield from prewarm_families(self._prewarm)
         if self._configs is not None:
@@ -102,6 +114,41 @@ class DecisionCollector(Collector):
             reloads.add_metric(["success"], self._configs.reloads)
             reloads.add_metric(["error"], self._configs.errors)
             yield reloads
+
+
+def source_families(store: SignalStore) -> Iterator[Metric]:
+    """What the signal sources could not use (bounded labels: source and reason or field).
+
+    ``source`` is ``prometheus`` or ``watch`` for failed units of work, ``exporter``
+    (engine signals, from the exporter or Prometheus), ``gateway`` or ``wire`` (a message
+    that could not be decoded) for refused snapshots and unmeasured values.
+    """
+    counters = (
+        (
+            "unitscale_scaler_source_errors",
+            "Units of a source's work that failed (a target's query round, a message).",
+            "reason",
+            store.errors,
+        ),
+        (
+            "unitscale_scaler_signals_refused",
+            "Snapshots refused: dated in the future past the clock skew, no finite time,"
+            " undecodable or a rate out of range.",
+            "reason",
+            store.refused,
+        ),
+        (
+            "unitscale_scaler_signals_unmeasured",
+            "Impossible values (negative, not finite) taken as unmeasured, by field.",
+            "field",
+            store.unmeasured,
+        ),
+    )
+    for name, help_text, label, counts in counters:
+        family = CounterMetricFamily(name, help_text, labels=["source", label])
+        for (source, what), count in sorted(counts.items()):
+            family.add_metric([source, what], count)
+        yield family
 
 
 def prewarm_families(prewarm: Prewarmer) -> Iterator[Metric]:
@@ -156,10 +203,11 @@ def metrics_app(
     registry: ScaledObjectRegistry,
     configs: ConfigStore[Any] | None,
     prewarm: Prewarmer | None = None,
+    store: SignalStore | None = None,
 ) -> web.Application:
     """An aiohttp app serving ``/metrics`` from a registry of its own."""
     collectors = CollectorRegistry(auto_describe=False)
-    collectors.register(DecisionCollector(registry, configs, prewarm))
+    collectors.register(DecisionCollector(registry, configs, prewarm, store))
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(
