@@ -9,7 +9,9 @@ the wire. ``None`` is "not measured", never zero.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 
 TargetKey = tuple[str, str, str]
 """(namespace, deployment, model); the model is empty when the target names none."""
@@ -127,3 +129,76 @@ class Snapshot:
     def source(self) -> str:
         """``exporter`` or ``gateway``."""
         return "exporter" if isinstance(self.signals, EngineSignals) else "gateway"
+
+
+Impossible = tuple[tuple[str, float], ...]
+"""(field, value) of each value a source sent that cannot be a measurement."""
+
+
+def checked(
+    signals: EngineSignals | GatewaySignals,
+) -> tuple[EngineSignals | GatewaySignals, Impossible]:
+    """The signals with every impossible value unmeasured (None), and what each was.
+
+    Counts, rates, latencies and shares are finite and not negative. A negative queue or
+    a NaN rate from a source is not a measurement of no load: read as one it would lower
+    the replica count (running -3 summed with a queue of 3 is 0 in flight), so it becomes
+    None, as if the series were absent. A cost may be +Inf (a price, nothing served).
+    Times are not checked here: the store refuses a snapshot whose time is wrong.
+    """
+    found: list[tuple[str, float]] = []
+
+    def keep(name: str, value: float | None, infinite: bool = False) -> float | None:
+        if value is None or (value >= 0 and (math.isfinite(value) or infinite)):
+            return value  # NaN fails value >= 0
+        found.append((name, value))
+        return None
+
+    def count(name: str, value: int | None) -> int | None:
+        return None if keep(name, value) is None else value
+
+    if isinstance(signals, GatewaySignals):
+        time = signals.last_arrival_time
+        result: EngineSignals | GatewaySignals = replace(
+            signals,
+            arrival_rate=keep("arrival_rate", signals.arrival_rate),
+            upstream_error_rate=keep("upstream_error_rate", signals.upstream_error_rate),
+            slo_within_rate=keep("slo_within_rate", signals.slo_within_rate),
+            slo_outside_rate=keep("slo_outside_rate", signals.slo_outside_rate),
+            last_arrival_time=time if time is None or math.isfinite(time) else None,
+        )
+        return result, tuple(found)
+    result = replace(
+        signals,
+        queue_depth=keep("queue_depth", signals.queue_depth),
+        running=keep("running", signals.running),
+        kv_usage=keep("kv_usage", signals.kv_usage),
+        cost_per_million_tokens=keep(
+            "cost_per_million_tokens", signals.cost_per_million_tokens, infinite=True
+        ),
+        cost_per_million_output_tokens=keep(
+            "cost_per_million_output_tokens", signals.cost_per_million_output_tokens, True
+        ),
+        replicas_sleeping=count("replicas_sleeping", signals.replicas_sleeping),
+        panic=_checked_window("panic", signals.panic, keep),
+        stable=_checked_window("stable", signals.stable, keep),
+    )
+    return result, tuple(found)
+
+
+def _checked_window(
+    window: str, values: WindowSignals, keep: Callable[[str, float | None], float | None]
+) -> WindowSignals:
+    changes: dict[str, object] = {}
+    for item in fields(values):
+        value = getattr(values, item.name)
+        if isinstance(value, Quantiles):
+            changes[item.name] = Quantiles(
+                *(
+                    keep(f"{window}.{item.name}.{q.name}", getattr(value, q.name))
+                    for q in fields(value)
+                )
+            )
+        elif item.name != "seconds":
+            changes[item.name] = keep(f"{window}.{item.name}", value)
+    return replace(values, **changes)  # type: ignore[arg-type]

@@ -3,8 +3,11 @@
 Only values are carried here: a ``None`` (or NaN) is an unset ``optional`` field and
 comes back as ``None``; times become Timestamps and Durations (nanoseconds). Anything
 else would be arithmetic, and that lives in the exporter and the scaler. The gateway's
-SLO rates are the one range checked on the way in: a negative or non-finite one refuses
-the message, since the scaler steers by their ratio.
+rates (arrivals, upstream errors, the SLO's within and outside) are range checked on the
+way in: a negative or non-finite one refuses the message, since the scaler reads "no
+arrivals" as a reason to scale to zero and steers by the SLO rates' ratio. The engine's
+values are checked where every source's are, in the scaler's store
+(``foundation.signals.checked``: impossible ones become unmeasured).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def decode(message: pb.Signals) -> Snapshot:
 
     Raises:
         WireError: the message names no deployment or carries no payload, or a gateway
-            SLO rate is negative or not finite.
+            rate is negative or not finite.
     """
     payload = message.WhichOneof("payload")
     if not message.target.deployment or payload is None:
@@ -153,7 +156,7 @@ def _encode_gateway(signals: GatewaySignals) -> pb.GatewaySignals:
 def _decode_gateway(gateway: pb.GatewaySignals, at: float) -> GatewaySignals:
     return GatewaySignals(
         time=at,
-        arrival_rate=_get(gateway, "arrival_rate"),
+        arrival_rate=_get_rate(gateway, "arrival_rate"),
         buffered=gateway.buffered,
         in_flight=gateway.in_flight,
         last_arrival_time=(
@@ -161,7 +164,7 @@ def _decode_gateway(gateway: pb.GatewaySignals, at: float) -> GatewaySignals:
             if gateway.HasField("last_arrival_time")
             else None
         ),
-        upstream_error_rate=_get(gateway, "upstream_error_rate"),
+        upstream_error_rate=_get_rate(gateway, "upstream_error_rate"),
         slo_within_rate=_get_rate(gateway, "slo_within_rate"),
         slo_outside_rate=_get_rate(gateway, "slo_outside_rate"),
     )

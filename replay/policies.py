@@ -340,7 +340,7 @@ class Unitscale:
     _registry: ScaledObjectRegistry = field(init=False)
 
     def __post_init__(self) -> None:
-        self._store = SignalStore()
+        self._store = SignalStore(clock=lambda: self._now)  # the simulated clock
         self._registry = ScaledObjectRegistry(
             self._store, 60.0, clock=lambda: self._now, policy_defaults=self.defaults
         )

@@ -1,13 +1,23 @@
 """The latest signals per target, and the observation the decision core reads from them.
 
-Sources (exporter and gateway watches, the demo source) call ``SignalStore.update``
-with typed snapshots (``foundation.signals``); the registry reads ``SignalStore.get``
-and is told of every update, so that decisions are made once per new signal, not once
-per KEDA call. Pure: no clock (``now`` is passed in), no I/O.
+Sources (exporter and gateway watches, Prometheus, the demo source) call
+``SignalStore.update`` with typed snapshots (``foundation.signals``); the registry reads
+``SignalStore.get`` and is told of every update, so that decisions are made once per new
+signal, not once per KEDA call.
+
+The store is where every source's signals enter the scaler, so it is the one place that
+checks them: a snapshot dated in the future (beyond ``MAX_CLOCK_SKEW``) or at no finite
+time is refused, and impossible values (a negative queue, a NaN rate) are kept as
+unmeasured; both are counted and logged once per target and source until they stop.
+No I/O; the clock is injected (``clock()`` is only compared with snapshot times).
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +29,23 @@ from foundation.signals import (
     GatewaySignals,
     Snapshot,
     TargetKey,
+    checked,
     describe_target,
 )
 from scaler.core.model import Observation
 
-__all__ = ["SignalStore", "TargetKey", "TargetSignals", "observe"]
+__all__ = ["MAX_CLOCK_SKEW", "SignalStore", "TargetKey", "TargetSignals", "observe"]
+
+log = logging.getLogger(__name__)
+
+MAX_CLOCK_SKEW = 30.0
+"""Seconds a source's clock may run ahead of the scaler's.
+
+The store keeps each source's newest snapshot and drops older ones, so one dated a day
+ahead would make every real one look older for a day while it still counted as fresh:
+the target's signals frozen at that round's values. NTP keeps clocks within a second;
+30 s leaves room for a slow one, and bounds how long a bad snapshot can hold.
+"""
 
 
 @dataclass(slots=True)
@@ -36,11 +58,25 @@ class TargetSignals:
 
 
 class SignalStore:
-    """Latest signals per target; notifies listeners after each accepted update."""
+    """Latest signals per target; notifies listeners after each accepted update.
 
-    def __init__(self) -> None:
+    Args:
+        clock: seconds since the epoch now (the scaler's clock; the replay's simulated one).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
         self._targets: dict[TargetKey, TargetSignals] = {}
         self._listeners: list[Callable[[TargetKey], None]] = []
+        self._problems: dict[tuple[object, str], str] = {}
+        self.refused: Counter[tuple[str, str]] = Counter()
+        """Snapshots refused, by (source, reason): ``future``, ``time-not-finite`` here;
+        what a source could not even decode it counts with ``count_refused``."""
+        self.unmeasured: Counter[tuple[str, str]] = Counter()
+        """Impossible values taken as unmeasured, by (source, field)."""
+        self.errors: Counter[tuple[str, str]] = Counter()
+        """A source's units of work that failed (a target's query round, a message), by
+        (source, reason): see ``count_error``."""
 
     def add_listener(self, listener: Callable[[TargetKey], None]) -> None:
         """Call ``listener(key)`` after every accepted update of ``key``."""
@@ -57,13 +93,26 @@ class SignalStore:
     def update(self, snapshot: Snapshot) -> bool:
         """Keep ``snapshot`` if it is newer than what its source sent before.
 
-        Returns whether it was kept: an older one (a reconnect replayed it) is not.
+        Returns whether it was kept: an older one (a reconnect replayed it) is not, nor
+        one dated beyond ``MAX_CLOCK_SKEW`` ahead or at no finite time. Impossible values
+        in a kept one are unmeasured (``foundation.signals.checked``).
         """
-        key = snapshot.target
+        key, source = snapshot.target, snapshot.source
+        signals, impossible = checked(snapshot.signals)
+        refusal = self._refusal(signals.time)
+        if refusal is not None:
+            self.refused[(source, refusal[0])] += 1
+            self.report((key, source), f"{source} snapshot refused: {refusal[1]}")
+            return False
+        for name, _ in impossible:
+            self.unmeasured[(source, name.rpartition(".")[2])] += 1
+        names = ", ".join(name for name, _ in impossible)
+        values = ", ".join(f"{name} {value!r}" for name, value in impossible)
+        problem = names and f"{source} sent impossible values, taken as unmeasured: {names}"
+        self.report((key, source), problem, detail=values and f" (this time {values})")
         entry = self._targets.get(key)
         if entry is None:
             entry = self._targets[key] = TargetSignals()
-        signals = snapshot.signals
         previous = entry.engine if isinstance(signals, EngineSignals) else entry.gateway
         if previous is not None and previous.time > signals.time:
             return False
@@ -74,6 +123,45 @@ class SignalStore:
         entry.version += 1
         for listener in self._listeners:
             listener(key)
+        return True
+
+    def _refusal(self, at: float) -> tuple[str, str] | None:
+        """(reason, message) when a snapshot dated ``at`` must not be stored."""
+        if not math.isfinite(at):
+            return "time-not-finite", f"its time is {at!r}"
+        if at - self._clock() > MAX_CLOCK_SKEW:
+            # No amount in the message: it changes every round, the problem does not.
+            return "future", (
+                f"dated more than {format_duration(MAX_CLOCK_SKEW)} ahead of this clock"
+            )
+        return None
+
+    def count_error(self, source: str, reason: str) -> None:
+        """Count one failed unit of a source's work (the source logs it, once a change)."""
+        self.errors[(source, reason)] += 1
+
+    def count_refused(self, source: str, reason: str) -> None:
+        """Count one message a source refused before it could become a snapshot."""
+        self.refused[(source, reason)] += 1
+
+    def report(self, about: tuple[object, str], problem: str, detail: str = "") -> bool:
+        """Log ``problem`` about ``(target, source)`` once, until it changes or clears.
+
+        ``detail`` (this time's values) is logged with it but is no change by itself.
+        An empty ``problem`` clears it (logged once as usable again). Returns whether
+        anything was logged. A source failing every second is one line, not thousands.
+        """
+        before = self._problems.get(about, "")
+        if problem == before:
+            return False
+        target, source = about
+        where = describe_target(target) if isinstance(target, tuple) else str(target)
+        if problem:
+            self._problems[about] = problem
+            log.warning("signals for %s: %s%s", where, problem, detail)
+        else:
+            del self._problems[about]
+            log.info("signals for %s from %s are usable again", where, source)
         return True
 
 
