@@ -117,7 +117,7 @@ async def test_a_restarted_scaler_answers_as_before_once_it_has_seen_the_signals
 
 async def test_a_source_that_keeps_failing_is_logged_once_until_it_recovers(caplog):
     caplog.set_level(logging.DEBUG, logger="scaler.sources")
-    store = SignalStore()
+    store = SignalStore(FakeClock())
     server, publisher, port = await start_publisher()
     await server.stop(grace=0)  # nothing listens there now
     config = SignalSourceConfig(address=f"127.0.0.1:{port}", reconnect_min=0.01, reconnect_max=0.02)
@@ -153,7 +153,7 @@ async def test_a_source_that_keeps_failing_is_logged_once_until_it_recovers(capl
 
 
 def test_an_undecodable_message_is_refused_with_a_warning(caplog):
-    store = SignalStore()
+    store = SignalStore(FakeClock())
     message = encode(engine(T0, 1, 1, 1.0, False))
     message.ClearField("engine")
     assert not receive(store, message)

@@ -14,7 +14,7 @@ from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
 from scaler.config import DemoSourceConfig, SignalSourceConfig
 from scaler.signals import SignalStore, TargetSignals, observe
 from scaler.sources import demo_concurrency, demo_signals, receive, watch_signals
-from tests.conftest import T0, engine_signals
+from tests.conftest import T0, FakeClock, engine_signals
 
 
 class Publisher(sig_grpc.SignalsServiceServicer):
@@ -59,7 +59,7 @@ async def wait_for(store, predicate, within=5.0):
 
 async def test_watch_feeds_the_store_and_reconnects_after_the_source_restarts():
     server, publisher, port = await start_publisher()
-    store = SignalStore()
+    store = SignalStore(FakeClock())
     config = SignalSourceConfig(address=f"127.0.0.1:{port}", reconnect_min=0.05, reconnect_max=0.2)
     task = asyncio.create_task(watch_signals(config, store))
     try:
@@ -87,14 +87,14 @@ async def test_watch_feeds_the_store_and_reconnects_after_the_source_restarts():
     ],
 )
 def test_store_keeps_the_newest_snapshot_per_source(first, second, kept):
-    store = SignalStore()
+    store = SignalStore(FakeClock())
     assert receive(store, engine_signals(running=1.0, at=first))
     assert receive(store, engine_signals(running=2.0, at=second)) is (kept == 2)
     assert running(store) == kept
 
 
 def test_store_refuses_snapshots_it_cannot_attribute(caplog):
-    store = SignalStore()
+    store = SignalStore(FakeClock())
     assert not receive(store, sig.Signals(source=sig.SOURCE_EXPORTER, engine=sig.EngineSignals()))
     assert not receive(store, sig.Signals(target=sig.Target(namespace="a", deployment="b")))
     assert store.keys() == []

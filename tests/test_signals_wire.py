@@ -146,6 +146,11 @@ def test_the_slo_rates_travel_in_their_own_fields_and_unknown_stays_unset():
         pytest.param(
             "slo_outside_rate", math.nan, id="a-nan-outside-rate-set-on-the-wire-is-refused"
         ),
+        pytest.param("arrival_rate", -1.0, id="a-negative-arrival-rate-is-refused"),
+        pytest.param("arrival_rate", math.inf, id="an-infinite-arrival-rate-is-refused"),
+        pytest.param("arrival_rate", math.nan, id="a-nan-arrival-rate-is-refused"),
+        pytest.param("upstream_error_rate", -0.5, id="a-negative-error-rate-is-refused"),
+        pytest.param("upstream_error_rate", -math.inf, id="a-minus-infinite-error-rate-is-refused"),
     ],
 )
 def test_slo_rates_out_of_range_refuse_the_message(field, value):
@@ -153,3 +158,20 @@ def test_slo_rates_out_of_range_refuse_the_message(field, value):
     message = pb.Signals(target=pb.Target(namespace="a", deployment="b"), gateway=gateway)
     with pytest.raises(WireError, match=field):
         decode(pb.Signals.FromString(message.SerializeToString()))
+
+
+GATEWAY_RATES = ("arrival_rate", "upstream_error_rate", "slo_within_rate", "slo_outside_rate")
+
+
+@given(field=st.sampled_from(GATEWAY_RATES), value=st.floats())
+def test_any_float_in_a_gateway_rate_is_accepted_finite_and_non_negative_or_refused(field, value):
+    gateway = pb.GatewaySignals(**{field: value})
+    message = pb.Signals(target=pb.Target(namespace="a", deployment="b"), gateway=gateway)
+    try:
+        back = decode(pb.Signals.FromString(message.SerializeToString())).signals
+    except WireError as err:
+        assert field in str(err)
+        assert not (math.isfinite(value) and value >= 0)
+        return
+    got = getattr(back, field)
+    assert got == value and math.isfinite(got) and got >= 0
