@@ -251,7 +251,7 @@ async def test_any_exception_in_one_targets_round_fails_that_round_only(error, m
     armed = True
     real = sources._query_target
 
-    async def flaky(session, limit, config, headers, target):  # type: ignore[no-untyped-def]
+    async def flaky(session, limit, config, headers, target):
         if target == BAD and armed:
             raise error
         return await real(session, limit, config, headers, target)
@@ -340,7 +340,7 @@ def test_one_scaled_objects_failing_decision_is_its_own_and_recovers():
     second = registry.resolve("second", "team-a", {**ref().scalerMetadata})
     broken = {first.key}
 
-    def hook(scaled, decision, now):  # type: ignore[no-untyped-def]
+    def hook(scaled, decision, now):
         if scaled.key in broken:
             raise SurpriseError("a hook's bug")
         return decision
@@ -371,7 +371,7 @@ async def test_a_loop_that_stops_anyway_fails_the_scalers_health(monkeypatch, ca
             async with asyncio.timeout(30):
                 while (await watch.read()).status != health_pb2.HealthCheckResponse.NOT_SERVING:
                     pass
-        assert server.problem() is not None and "SurpriseError" in server.problem()
+        assert "SurpriseError" in (server.problem() or "")
     finally:
         await server.stop(grace=0)
     assert [
