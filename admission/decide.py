@@ -506,7 +506,7 @@ def _inference_room(p: Pending, state: _Pass, pool: Inventory, fit: FitResult) -
     made Ready earlier in the pass count against it (the plan predates them), and so do
     those made Ready before whose pods are not all placed (the plan sees no share yet).
     """
-    headroom = _headroom(p.parameters, state.cluster, pool.reserve(fit.placements))
+    headroom = _headroom(p.parameters, state.cluster, pool, fit)
     planned = state.plans.get(p.check)
     if headroom.hold:
         return headroom
@@ -522,8 +522,11 @@ def _inference_room(p: Pending, state: _Pass, pool: Inventory, fit: FitResult) -
     return _Headroom(not fits, why if not fits else message, cards)
 
 
-def _headroom(params: Parameters, cluster: Cluster, after: Inventory) -> _Headroom:
-    """Whether admitting leaves inference the whole GPUs it is forecast to add."""
+def _headroom(params: Parameters, cluster: Cluster, pool: Inventory, fit: FitResult) -> _Headroom:
+    """Whether admitting ``fit`` leaves inference the whole GPUs it is forecast to add.
+
+    The pool after the gang is made only when a forecast is there to compare it with.
+    """
     wanted = params.inference_headroom
     if wanted is None:
         return _Headroom(False, "")
@@ -534,7 +537,7 @@ def _headroom(params: Parameters, cluster: Cluster, after: Inventory) -> _Headro
             return _Headroom(False, f"inference forecast unavailable ({why}): not checked")
         return _Headroom(True, f"waiting for the inference forecast of pool {wanted.pool} ({why})")
     extra = max(0, math.ceil(figures.accelerators_needed - figures.accelerators_held - 1e-9))
-    free = whole_free_gpus(after)
+    free = whole_free_gpus(pool.reserve(fit.placements))
     horizon = f"{wanted.horizon_seconds} s"
     if free < extra:
         return _Headroom(

@@ -27,6 +27,7 @@ the node before the pod's containers, and holds nothing afterwards (HAMi's peak 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,12 +35,16 @@ from typing import Any
 from admission import annotations as names
 from admission.hami import (
     Device,
+    DeviceKey,
     DeviceState,
     DeviceTake,
     Inventory,
     NodeGpus,
+    NodeKey,
     PodPlacement,
     RawObject,
+    node_key,
+    node_usage,
     parse_quantity,
 )
 from foundation.errors import quote
@@ -299,6 +304,12 @@ def fits_ever(
     never run, so only then is ``fits`` False and the caller may Reject. An empty pool or
     a search out of steps gives ``fits=True, undecided=True``: not a reason to reject.
     The placements of a fit are on the pool, for the message: never reserve them.
+
+    A gang of one kind of pod with one GPU container (most training Jobs) is answered
+    from the pool's shapes (``Inventory.pool_shapes``, once per inventory) in
+    O(shapes): for such pods a node's bound is exact, so the gang fits exactly when
+    the bounds add up to its pods; that fit carries no placements. Any other gang, and
+    any miss (whose message says how far it got), is searched.
     """
     items = _items(demand)
     if not items:
@@ -312,6 +323,8 @@ def fits_ever(
         )
     cards = sum(len(n.devices) for n in pool)
     size = f"the pool ({cards} GPU{_s(cards)} on {len(pool)} node{_s(len(pool))})"
+    if _fits_by_bounds(items, inventory):
+        return FitResult(True, f"fits {size} with nothing else running")
     search = _Search(items, pool, False, False, budget)
     found = search.run()
     if found is not None:
@@ -328,6 +341,28 @@ def fits_ever(
             undecided=True,
         )
     return FitResult(False, f"never fits {size} even with nothing else running: {reason}")
+
+
+def _fits_by_bounds(items: Sequence[_Item], inventory: Inventory) -> bool:
+    """Whether a gang of one kind of single-container pod surely fits the idle pool.
+
+    For such pods ``_node_bound`` is exact, not only an upper bound: a node takes ``p``
+    pods of ``g`` distinct cards each exactly when its cards' ``min(units, p)`` add up
+    to ``g * p`` (a flow of ``p`` rows of ``g`` over cards of ``units``), and nodes do
+    not share pods. So the gang fits exactly when the bounds add up to its pods.
+    False means "search it": other gangs, and gangs this count says miss.
+    """
+    pod = items[0].pod
+    if len(pod.containers) != 1 or pod.init_containers:
+        return False
+    if any(item.pod != pod for item in items):
+        return False
+    room = 0
+    for key, count in inventory.pool_shapes:
+        room += count * _key_bound(key, pod)
+        if room >= len(items):
+            return True
+    return False
 
 
 def whole_free_gpus(inventory: Inventory) -> int:
@@ -439,37 +474,7 @@ def _take(state: DeviceState, request: GpuRequest, pod: PodRequest) -> DeviceTak
     return DeviceTake(device.uuid, memory, cores, device.type)
 
 
-def _usage(state: DeviceState) -> float:
-    """How full a card is (HAMi's device score without the request): slots, cores, memory."""
-    d = state.device
-    return (
-        (state.used_slots / d.split_count if d.split_count else 1.0)
-        + (state.used_cores / d.cores if d.cores else 0.0)
-        + (state.used_memory_mib / d.memory_mib if d.memory_mib else 0.0)
-    )
-
-
-_DeviceKey = tuple[str, int, int, int, str, int, int, int]
-_NodeKey = tuple[_DeviceKey, ...]
-
-
-def _device_key(state: DeviceState) -> _DeviceKey:
-    """Everything that decides what a card can still take (not its UUID)."""
-    d = state.device
-    return (
-        d.type,
-        d.memory_mib,
-        d.cores,
-        d.split_count,
-        d.mode,
-        state.used_slots,
-        state.used_memory_mib,
-        state.used_cores,
-    )
-
-
-def _node_key(devices: Iterable[DeviceState]) -> _NodeKey:
-    return tuple(sorted(_device_key(d) for d in devices))
+_NodeKey = NodeKey
 
 
 _Choice = tuple[tuple[DeviceTake, ...], tuple[DeviceState, ...]]
@@ -491,10 +496,10 @@ def _choices(
     if len(eligible) < request.gpus:
         return
     sign = 1.0 if spread else -1.0
-    eligible.sort(key=lambda e: (sign * _usage(devices[e[0]]), devices[e[0]].device.index))
-    groups: dict[_DeviceKey, list[tuple[int, DeviceTake]]] = {}
+    eligible.sort(key=lambda e: (sign * devices[e[0]].usage, devices[e[0]].device.index))
+    groups: dict[DeviceKey, list[tuple[int, DeviceTake]]] = {}
     for entry in eligible:
-        groups.setdefault(_device_key(devices[entry[0]]), []).append(entry)
+        groups.setdefault(devices[entry[0]].key, []).append(entry)
     ordered = list(groups.values())
     for counts in _counts([len(g) for g in ordered], request.gpus):
         chosen = [entry for group, n in zip(ordered, counts, strict=True) for entry in group[:n]]
@@ -584,9 +589,28 @@ def _node_bound(devices: Sequence[DeviceState], pod: PodRequest) -> int:
 _UNBOUNDED = 1 << 30
 """The bound of a pod whose GPUs are all in init containers: it holds nothing after."""
 
+
+@functools.lru_cache(maxsize=4096)
+def _key_bound(key: _NodeKey, pod: PodRequest) -> int:
+    """``_node_bound`` of any node whose cards have these keys (``NodeGpus.key``).
+
+    The bound reads nothing a key leaves out (a card's UUID and index), so it is kept
+    by key: a changed node has a new key, and a pool of alike nodes computes it once
+    for all of them, pass after pass. 4,096 keys x pod kinds is a few MB.
+    """
+    return _node_bound(tuple(_state_of(k) for k in key), pod)
+
+
+def _state_of(key: DeviceKey) -> DeviceState:
+    """A card in the state ``key`` describes (no UUID, index 0)."""
+    type_, memory, cores, split, mode, slots, used_memory, used_cores = key
+    device = Device("", 0, type_, split, memory, cores, 0, True, mode)
+    return DeviceState(device, slots, used_memory, used_cores)
+
+
 _Candidate = tuple[int, tuple[tuple[DeviceTake, ...], ...], tuple[DeviceState, ...], _NodeKey]
-_Entry = tuple[PodPlacement, int, tuple[DeviceState, ...], _NodeKey, tuple[int, ...]]
-"""A placed pod and what its node was before (cards, key, bounds), to undo it."""
+_Entry = tuple[PodPlacement, int, tuple[DeviceState, ...], _NodeKey, float, tuple[int, ...]]
+"""A placed pod and what its node was before (cards, key, usage, bounds), to undo it."""
 _MemoKey = tuple[int, tuple[_NodeKey, ...]]
 
 
@@ -597,6 +621,9 @@ class _Search:
     (nodes as the multiset of their cards' states, so identical nodes and permutations
     of identical pods count once), and a branch is cut as soon as some kind of pod left
     has more pods than every node's upper bound for it together (``_node_bound``).
+
+    A node as given starts with its cached key and usage (``NodeGpus``), its bounds by
+    key (``_key_bound``): setting up a search is a lookup per node, not a computation.
     """
 
     def __init__(
@@ -610,6 +637,8 @@ class _Search:
         self.items = items
         self.names = [n.name for n in nodes]
         self.start = [n.devices for n in nodes]
+        self.start_keys = [n.key for n in nodes]
+        self.start_usage = [n.usage for n in nodes]
         self.spread_cards = spread_cards
         self.spread_nodes = spread_nodes
         self.budget = budget
@@ -631,8 +660,9 @@ class _Search:
         # them for every node is most of a fit's cost on a large pool.
         self.bounded = bounded
         self.state = list(self.start)
-        self.keys = [_node_key(d) for d in self.state]
-        self.bounds = [self._bounds(d) if bounded else () for d in self.state]
+        self.keys = list(self.start_keys)
+        self.usage = list(self.start_usage)
+        self.bounds = [self._bounds(k) if bounded else () for k in self.keys]
         self.totals = [
             sum(b[k] for b in self.bounds) if bounded else 0 for k in range(len(self.kinds))
         ]
@@ -700,25 +730,32 @@ class _Search:
             n,
             self.state[n],
             self.keys[n],
+            self.usage[n],
             self.bounds[n],
         )
-        self._set(n, devices, key, self._bounds(devices) if self.bounded else ())
+        bounds = self._bounds(key) if self.bounded else ()
+        self._set(n, devices, key, node_usage(devices), bounds)
         return entry
 
     def _undo(self, entry: _Entry) -> None:
-        _, n, devices, key, bounds = entry
-        self._set(n, devices, key, bounds)
+        _, n, devices, key, usage, bounds = entry
+        self._set(n, devices, key, usage, bounds)
 
     def _set(
-        self, n: int, devices: tuple[DeviceState, ...], key: _NodeKey, bounds: tuple[int, ...]
+        self,
+        n: int,
+        devices: tuple[DeviceState, ...],
+        key: _NodeKey,
+        usage: float,
+        bounds: tuple[int, ...],
     ) -> None:
         if self.bounded:
             for k, (old, new) in enumerate(zip(self.bounds[n], bounds, strict=True)):
                 self.totals[k] += new - old
-        self.state[n], self.keys[n], self.bounds[n] = devices, key, bounds
+        self.state[n], self.keys[n], self.usage[n], self.bounds[n] = devices, key, usage, bounds
 
-    def _bounds(self, devices: Sequence[DeviceState]) -> tuple[int, ...]:
-        return tuple(_node_bound(devices, pod) for pod in self.kinds)
+    def _bounds(self, key: _NodeKey) -> tuple[int, ...]:
+        return tuple(_key_bound(key, pod) for pod in self.kinds)
 
     def _may_fit(self, level: int) -> bool:
         """Whether every kind of pod left is within what all nodes together could take."""
@@ -735,9 +772,8 @@ class _Search:
         """Where the pod at ``level`` could go, node order by policy, duplicates once."""
         pod = self.items[level].pod
         sign = 1.0 if self.spread_nodes else -1.0
-        order = sorted(
-            range(len(self.names)), key=lambda n: (sign * self._node_usage(n), self.names[n])
-        )
+        usage, names = self.usage, self.names
+        order = sorted(range(len(names)), key=lambda n: (sign * usage[n], names[n]))
         tried: set[_NodeKey] = set()
         for n in order:
             if self.keys[n] in tried:
@@ -745,11 +781,7 @@ class _Search:
             tried.add(self.keys[n])
             seen: set[_NodeKey] = set()
             for takes, devices in _pod_options(pod, self.state[n], self.spread_cards):
-                node_key = _node_key(devices)
-                if node_key not in seen:
-                    seen.add(node_key)
-                    yield n, takes, devices, node_key
-
-    def _node_usage(self, n: int) -> float:
-        devices = self.state[n]
-        return sum(_usage(d) for d in devices) / len(devices) if devices else 0.0
+                after = node_key(devices)
+                if after not in seen:
+                    seen.add(after)
+                    yield n, takes, devices, after

@@ -33,9 +33,11 @@ values).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -163,6 +165,35 @@ class DeviceState:
         """No container holds anything on the card."""
         return self.used_slots == 0 and self.used_memory_mib == 0 and self.used_cores == 0
 
+    @functools.cached_property
+    def key(self) -> DeviceKey:
+        """Everything that decides what the card can still take (not its UUID or index).
+
+        Cached on the state (as ``usage``): a state never changes, ``taking`` makes a new
+        one, and the fit compares every node by these on every search.
+        """
+        d = self.device
+        return (
+            d.type,
+            d.memory_mib,
+            d.cores,
+            d.split_count,
+            d.mode,
+            self.used_slots,
+            self.used_memory_mib,
+            self.used_cores,
+        )
+
+    @functools.cached_property
+    def usage(self) -> float:
+        """How full the card is (HAMi's device score without the request): slots, cores, memory."""
+        d = self.device
+        return (
+            (self.used_slots / d.split_count if d.split_count else 1.0)
+            + (self.used_cores / d.cores if d.cores else 0.0)
+            + (self.used_memory_mib / d.memory_mib if d.memory_mib else 0.0)
+        )
+
     def taking(self, memory_mib: int, cores: int) -> DeviceState:
         """The card after one more container takes ``memory_mib`` and ``cores``."""
         return replace(
@@ -183,6 +214,31 @@ class NodeGpus:
     def device(self, uuid: str) -> DeviceState | None:
         """The card with this UUID, if the node offers it."""
         return next((d for d in self.devices if d.device.uuid == uuid), None)
+
+    @functools.cached_property
+    def key(self) -> NodeKey:
+        """The multiset of its cards' keys: nodes with equal keys take the same pods."""
+        return node_key(self.devices)
+
+    @functools.cached_property
+    def usage(self) -> float:
+        """How full the node is: its cards' mean ``usage`` (0 without cards)."""
+        return node_usage(self.devices)
+
+
+DeviceKey = tuple[str, int, int, int, str, int, int, int]
+"""``DeviceState.key``: type, memory, cores, slots, mode, then slots, MiB and cores used."""
+NodeKey = tuple[DeviceKey, ...]
+
+
+def node_key(devices: Iterable[DeviceState]) -> NodeKey:
+    """``NodeGpus.key`` of a node holding these cards."""
+    return tuple(sorted(d.key for d in devices))
+
+
+def node_usage(devices: Sequence[DeviceState]) -> float:
+    """``NodeGpus.usage`` of a node holding these cards."""
+    return sum(d.usage for d in devices) / len(devices) if devices else 0.0
 
 
 @dataclass(frozen=True)
@@ -239,17 +295,24 @@ class Inventory:
     def reserve(self, placements: Iterable[PodPlacement]) -> Inventory:
         """A new inventory with these placements taken (the caller decides one by one).
 
+        Only the nodes the placements touch are new; the others are the same objects,
+        their cached keys and usage kept (a pass reserves once per Ready gang).
+
         Raises:
             ValueError: a placement names a node or card this inventory does not offer.
         """
-        states = {n.name: {d.device.uuid: d for d in n.devices} for n in self.nodes}
+        position = {n.name: i for i, n in enumerate(self.nodes)}
+        touched: dict[int, dict[str, DeviceState]] = {}
         for placement in placements:
-            cards = states.get(placement.node)
-            if cards is None:
+            i = position.get(placement.node)
+            if i is None:
                 raise ValueError(
                     f"placement of {placement.pod_set}[{placement.index}] names node "
                     f"{placement.node!r}, which the inventory does not offer"
                 )
+            cards = touched.get(i)
+            if cards is None:
+                cards = touched[i] = {d.device.uuid: d for d in self.nodes[i].devices}
             for take in placement.takes():
                 state = cards.get(take.uuid)
                 if state is None:
@@ -258,8 +321,19 @@ class Inventory:
                         f"{take.uuid!r}, which node {placement.node!r} does not offer"
                     )
                 cards[take.uuid] = state.taking(take.memory_mib, take.cores)
-        nodes = tuple(NodeGpus(n.name, tuple(states[n.name].values())) for n in self.nodes)
-        return replace(self, nodes=nodes)
+        nodes = list(self.nodes)
+        for i, cards in touched.items():
+            nodes[i] = NodeGpus(nodes[i].name, tuple(cards.values()))
+        return replace(self, nodes=tuple(nodes))
+
+    @functools.cached_property
+    def pool_shapes(self) -> tuple[tuple[NodeKey, int], ...]:
+        """The pool's nodes grouped by ``NodeGpus.key``: each shape and how many have it.
+
+        What ``fit.fits_ever`` bounds a gang by, once per inventory instead of per node
+        and gang (a 1,250-node pool of one kind of node is one shape).
+        """
+        return tuple(Counter(n.key for n in self.pool).items())
 
 
 # --- parsing --------------------------------------------------------------------------
@@ -489,6 +563,37 @@ def parse_devices_allocated(value: str) -> tuple[DeviceUse, ...]:
 # --- the inventory --------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=2048)
+def _register_once(value: str) -> tuple[Device, ...]:
+    return parse_node_register(value)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _allocation_once(value: str) -> tuple[DeviceUse, ...]:
+    return parse_devices_allocated(value)
+
+
+MEMO_REGISTER_CHARS = 8192
+"""A register this long or shorter (a node of 40 cards) is parsed once per distinct value,
+not on every pass (each pass builds the inventory again from every node); at most 2,048
+values are kept, 16 MiB of text at worst. Longer ones are parsed each time."""
+MEMO_ALLOCATION_CHARS = 2048
+"""The same for a pod's allocation (a few hundred characters for 8 cards): 16,384 values,
+32 MiB of text at worst. The parsed values are immutable, so sharing them is safe."""
+
+
+def _node_register(value: str) -> tuple[Device, ...]:
+    if len(value) > MEMO_REGISTER_CHARS:
+        return parse_node_register(value)
+    return _register_once(value)
+
+
+def _devices_allocated(value: str) -> tuple[DeviceUse, ...]:
+    if len(value) > MEMO_ALLOCATION_CHARS:
+        return parse_devices_allocated(value)
+    return _allocation_once(value)
+
+
 def inventory(
     nodes: Iterable[RawObject],
     pods: Iterable[RawObject],
@@ -610,7 +715,7 @@ def _read_node(
             problems.append(Problem(subject, reason))
         return None
     try:
-        devices = parse_node_register(str(register))
+        devices = _node_register(str(register))
     except HamiFormatError as error:
         problems.append(Problem(subject, f"{names.HAMI_NODE_REGISTER}: {error}"))
         return None
@@ -689,7 +794,7 @@ def _take_off(
     if not isinstance(node, str) or node not in registered:
         return  # a node outside the pool, or one already reported
     try:
-        uses = parse_devices_allocated(str(value))
+        uses = _devices_allocated(str(value))
     except HamiFormatError as error:
         # What the pod holds is unknown, so what its node has free is too: the node
         # offers nothing until the annotation reads (HAMi counts it as nothing; a check

@@ -12,11 +12,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import fluid
 from admission.decide import Cluster, Pending, PoolDemand, decide_all
 from admission.parameters import DataParameters, Headroom, LoraParameters, Parameters
+from tests.admission_reference import straightforward
 
 NOW = 1_767_000_000.0
 H200 = "NVIDIA-NVIDIA H200"
@@ -507,3 +510,79 @@ def test_a_gang_admitted_in_another_pool_holds_nothing_in_this_one():
         NOW,
     )
     assert decision.state == "Ready", decision.message
+
+
+# --- the optimised pass decides as the straightforward one --------------------------------
+
+
+def sharing(name: str, on: str, card: int, mib: int, cores: int) -> dict[str, Any]:
+    """A pod HAMi placed on card ``card`` of ``on`` holding a share of it."""
+    pod = running(name, on, range(0))
+    pod["metadata"]["annotations"][names.HAMI_DEVICES_ALLOCATED] = (
+        f"GPU-{on}-{card},NVIDIA,{mib},{cores}:;"
+    )
+    return pod
+
+
+def asking_a_share(w: dict[str, Any], mib: int) -> dict[str, Any]:
+    limits = w["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    limits[names.GPU_MEMORY] = str(mib)
+    return w
+
+
+@st.composite
+def passes(draw: st.DrawFn) -> tuple[list[Pending], Cluster]:
+    """A pool or two of nodes with whole cards and shares held, and gangs to decide."""
+    pools = {"a": Parameters(pool_node_selector={"pool": "a"})}
+    if draw(st.booleans()):
+        pools["b"] = Parameters(
+            pool_node_selector={"pool": "b"},
+            gpu_scheduler_policy="spread",
+            node_scheduler_policy="spread",
+        )
+    nodes, pods = [], []
+    for i in range(draw(st.integers(1, 6))):
+        name, cards = f"gpu-{i}", draw(st.integers(1, 8))
+        nodes.append(node(name, cards, labels={"pool": draw(st.sampled_from(sorted(pools)))}))
+        held = draw(st.sampled_from([0, 0, 1, cards // 2, cards]))
+        if held:
+            pods.append(running(f"{name}-whole", name, range(held)))
+        for card in draw(st.lists(st.integers(0, cards - 1), max_size=3)):
+            mib = draw(st.sampled_from([10_000, 40_000, 100_000]))
+            pods.append(sharing(f"{name}-share-{len(pods)}", name, card, mib, 0))
+    pending, others = [], []
+    for i in range(draw(st.integers(1, 8))):
+        check = draw(st.sampled_from(sorted(pools)))
+        gpus = draw(st.sampled_from([1, 1, 2, 4, 8]))
+        w = workload(f"w{i}", pods=draw(st.integers(1, 3)), gpus=gpus)
+        w["spec"]["priority"] = draw(st.integers(0, 2))
+        if draw(st.booleans()):
+            w = asking_a_share(w, draw(st.sampled_from([20_000, 70_000])))
+        w["status"]["admissionChecks"][0]["name"] = f"check-{check}"
+        if draw(st.integers(0, 3)) == 0:  # admitted before, its pods not placed yet
+            w["status"]["admissionChecks"][0]["state"] = "Ready"
+            others.append(w)
+        else:
+            pending.append(Pending(w, f"check-{check}", pools[check], NOW - 10))
+    checks = {f"check-{p}": q for p, q in pools.items()}
+    cluster = Cluster(
+        nodes=nodes,
+        pods=pods,
+        workloads=[p.workload for p in pending] + others,
+        datasets=[],
+        dataloads=[],
+        demand=None,
+        our_checks=frozenset(checks),
+        check_parameters=checks,
+    )
+    return pending, cluster
+
+
+@settings(max_examples=150, deadline=None)
+@given(drawn=passes())
+def test_the_optimised_pass_decides_exactly_as_the_straightforward_one(drawn):
+    pending, cluster = drawn
+    decided = decide_all(pending, cluster, NOW)
+    with straightforward():
+        plain = decide_all(pending, cluster, NOW)
+    assert decided == plain

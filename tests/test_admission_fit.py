@@ -34,6 +34,7 @@ from admission.hami import (
     NodeGpus,
     inventory,
 )
+from tests.admission_reference import straightforward
 
 NOW = 1_767_000_000.0
 H200 = "NVIDIA-NVIDIA H200"
@@ -741,3 +742,59 @@ def test_the_search_finds_a_placement_exactly_when_one_exists(inv, demand):
                     memory + take.memory_mib,
                     cores + take.cores,
                 )
+
+
+# --- the shortcuts decide as the plain computation does ---------------------------------
+
+
+def idle(inv: Inventory) -> Inventory:
+    """``inv`` with its pool: every node's cards, none held."""
+    pool = tuple(
+        NodeGpus(n.name, tuple(DeviceState(d.device) for d in n.devices)) for n in inv.nodes
+    )
+    return Inventory(nodes=inv.nodes, pool=pool)
+
+
+single_kind = st.builds(
+    lambda pod, counts: [PodSetDemand(f"s{i}", c, pod) for i, c in enumerate(counts)],
+    pod=st.builds(
+        PodRequest,
+        containers=requests.map(lambda r: (r,)),
+        use_types=st.sampled_from([(), ("H200",)]),
+    ),
+    counts=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(inv=inventories(), demand=st.one_of(single_kind, demands))
+def test_fits_ever_answers_as_its_search_does(inv, demand):
+    """The pool's shapes answer a gang of one kind of pod as searching the pool does."""
+    pool = idle(inv)
+    quick = fits_ever(demand, pool)
+    with straightforward():
+        searched = fits_ever(demand, pool)
+    assert quick.fits is searched.fits, (quick.reason, searched.reason)
+    if not quick.fits or not searched.placements:
+        assert quick == searched
+    if not searched.undecided:
+        assert searched.fits is oracle(demand, Inventory(nodes=pool.pool))
+
+
+@settings(max_examples=200, deadline=None)
+@given(inv=inventories(), first=demands, second=demands)
+def test_a_fit_on_cached_state_equals_the_fit_computed_afresh(inv, first, second):
+    """Reserving keeps untouched nodes and their cached keys: the next fit is unchanged."""
+    taken = fit_gang(first, inv)
+    with straightforward():
+        plain = fit_gang(first, inv)
+    assert taken == plain
+    if taken.fits:
+        after = inv.reserve(taken.placements)
+        with straightforward():
+            assert after == inv.reserve(taken.placements)
+        inv = after
+    for policy, node_policy in (("binpack", "binpack"), ("spread", "spread")):
+        result = fit_gang(second, inv, policy, node_policy=node_policy)
+        with straightforward():
+            assert result == fit_gang(second, inv, policy, node_policy=node_policy)
