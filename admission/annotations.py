@@ -31,6 +31,15 @@ FOR_WORKLOAD: Final = "unitscale.io/workload"
 HOSTNAME: Final = "kubernetes.io/hostname"
 """The node label a nodeSelector pins one node with (LoRA co-location)."""
 
+# --- what ties a pod to its Workload when its owner is not the Workload's -----------------
+KUEUE_WORKLOAD: Final = "kueue.x-k8s.io/workload"
+"""Kueue's annotation on the pods of an admitted Workload: the Workload's name (Kueue
+0.17 sets it on every podSet's template while TopologyAwareScheduling is on, its
+default; ``pkg/controller/jobframework/reconciler.go``)."""
+JOBSET_UID: Final = "jobset.sigs.k8s.io/jobset-uid"
+"""JobSet's label on its child Jobs and their pods: the JobSet's UID, which is the
+Workload's owner (a pod's own owner is the child Job)."""
+
 # --- HAMi (pod annotations read by its scheduler extender) -----------------------------
 HAMI_GPU_POLICY: Final = "hami.io/gpu-scheduler-policy"
 HAMI_NODE_POLICY: Final = "hami.io/node-scheduler-policy"

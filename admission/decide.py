@@ -585,9 +585,11 @@ def _pool_inventory(
     it asks for, holds its whole demand: its placed pods are ignored and the gang is
     fitted as a whole (where its podSetUpdates' nodeSelector puts it), so the GPUs it
     was admitted for are not given away while its pods are being created. Its pods are
-    found by owner (a Job's pods and Workload share the Job as owner); a gang whose pods
-    cannot be matched so (a JobSet's, owned by child Jobs) holds for ``HOLD_SECONDS``
-    after its admission at most, by when its pods' own HAMi allocations count instead.
+    found by what ties them to it (``workload.pods_by_owner``: a Job's pods share the
+    Job as owner; a JobSet's, owned by child Jobs, carry the JobSet's uid; Kueue names
+    the Workload on the pods it starts); a gang none of whose pods can be matched holds
+    for ``HOLD_SECONDS`` after its admission at most, by when its pods' own HAMi
+    allocations count instead.
 
     Also the cards' worth those held gangs take beyond the shares their placed pods
     hold (what the capacity manager's plan counts of them): the allowance counts it.

@@ -23,6 +23,7 @@ import copy
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final, Protocol
 
+from admission import annotations as names
 from foundation.timestamps import format_time, parse_time
 
 RawObject = dict[str, Any]
@@ -89,22 +90,47 @@ def created_at(workload: Mapping[str, Any]) -> float:
 
 
 def pods_by_owner(pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:
-    """Pods by the uid of each of their owners: built once a pass, looked up per gang."""
+    """Pods by what ties them to a Workload: built once a pass, looked up per gang.
+
+    Each pod is filed under the uid of each of its owners (a Job's pods), the uid of the
+    JobSet that made its child Job (``jobset.sigs.k8s.io/jobset-uid``: the pod's owner
+    is the child Job, the Workload's is the JobSet), and the Workload Kueue names on it
+    (``kueue.x-k8s.io/workload``, filed as ``namespace/name``).
+    """
     index: dict[str, list[RawObject]] = {}
     for pod in pods:
-        for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
-            uid = owner.get("uid") if isinstance(owner, dict) else None
-            if uid:
-                index.setdefault(str(uid), []).append(pod)
+        meta = pod.get("metadata") or {}
+        ties = [
+            str(uid)
+            for owner in meta.get("ownerReferences") or ()
+            if isinstance(owner, dict) and (uid := owner.get("uid"))
+        ]
+        labels, annotations = meta.get("labels"), meta.get("annotations")
+        jobset = labels.get(names.JOBSET_UID) if isinstance(labels, Mapping) else None
+        if isinstance(jobset, str):
+            ties.append(jobset)
+        named = annotations.get(names.KUEUE_WORKLOAD) if isinstance(annotations, Mapping) else None
+        if isinstance(named, str) and named:
+            ties.append(f"{_WORKLOAD_KEY}{meta.get('namespace', '')}/{named}")
+        for tie in dict.fromkeys(t for t in ties if t):
+            index.setdefault(tie, []).append(pod)
     return index
 
 
+_WORKLOAD_KEY = "workload:"
+"""Prefix of ``pods_by_owner``'s keys naming a Workload (a uid never starts with it)."""
+
+
 def owned_pods(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[RawObject]:
-    """The pods of the workload's owner (a Job's pods are owned by the Job, as is it)."""
+    """The workload's pods: its owner's (a Job's or a JobSet's), or those naming it."""
     found: dict[int, RawObject] = {}
-    for owner in (w.get("metadata") or {}).get("ownerReferences") or ():
-        uid = owner.get("uid") if isinstance(owner, dict) else None
-        for pod in by_owner.get(str(uid), ()) if uid else ():
+    ties = [
+        str(uid)
+        for owner in (w.get("metadata") or {}).get("ownerReferences") or ()
+        if isinstance(owner, dict) and (uid := owner.get("uid"))
+    ]
+    for tie in (*ties, _WORKLOAD_KEY + key(w)):
+        for pod in by_owner.get(tie, ()):
             found[id(pod)] = pod
     return list(found.values())
 

@@ -455,6 +455,46 @@ def test_a_gang_whose_pods_are_not_matched_holds_only_for_a_while(admitted_ago, 
     assert decision.state == state, decision.message
 
 
+def child_job_pod(name: str, on: str, *, labels=None, annotations=None) -> dict[str, Any]:
+    """A running pod of the JobSet behind workload ``jobset``: its owner is a child Job."""
+    pod = jobset_pod(name, on)
+    pod["metadata"]["namespace"] = "train"
+    pod["metadata"]["labels"] = labels or {}
+    pod["metadata"]["annotations"].update(annotations or {})
+    return pod
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        pytest.param(
+            child_job_pod("js-0", "gpu-1", labels={names.JOBSET_UID: "uid-job-jobset"}),
+            id="a-jobset-gang-is-matched-by-the-jobset-uid-its-pods-carry-and-counted-once",
+        ),
+        pytest.param(
+            child_job_pod("js-0", "gpu-1", annotations={names.KUEUE_WORKLOAD: "jobset"}),
+            id="a-gang-is-matched-by-the-workload-kueue-names-on-its-pods-and-counted-once",
+        ),
+    ],
+)
+def test_a_gang_whose_pods_belong_to_child_jobs_is_counted_once(pod):
+    a_minute_ago = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gang = admitted("jobset", pods=1, since=a_minute_ago)  # owned by JobSet uid-job-jobset
+    [decision] = decide([workload("a")], [node("gpu-1"), node("gpu-2")], others=[gang], pods=[pod])
+    assert decision.state == "Ready", decision.message
+
+
+def test_a_pod_of_the_same_name_in_another_namespace_is_not_the_gangs():
+    a_minute_ago = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gang = admitted("jobset", pods=1, since=a_minute_ago)
+    elsewhere = child_job_pod("js-0", "gpu-1", annotations={names.KUEUE_WORKLOAD: "jobset"})
+    elsewhere["metadata"]["namespace"] = "other"
+    [decision] = decide(
+        [workload("a")], [node("gpu-1"), node("gpu-2")], others=[gang], pods=[elsewhere]
+    )
+    assert decision.state == "Retry", decision.message
+
+
 def test_a_held_gang_is_counted_on_the_nodes_its_hints_gave_it():
     held = admitted("earlier", node_selector={names.HOSTNAME: "gpu-2"})
     [decision] = decide(
