@@ -27,19 +27,28 @@ spreads of 0.99 and 0.86), clipped to 16-8,192 and 8-1,000 tokens. At the defaul
 requests per second about 175,000 requests arrive; the lunch burst needs about 4x the
 plateau's replicas within two minutes.
 
+``builtin:business-days`` (three weekdays) and ``builtin:business-week`` (Monday to
+Sunday) are such days back to back, each varied (``DayToDay``): its volume scaled by a
+log-normal factor (sigma 0.15, about the +-20% day-to-day shifts of ServeGen's production
+traffic), its lunch burst and spikes moved by up to an hour, and a weekend day at 30% of
+the volume with no burst or spike. Day ``d`` is drawn from its own seed, so a run of
+three days shares its first two with a run of two.
+
 ``load_trace`` reads a trace source as ``unitscale replay --trace`` takes it: a file
-(Azure CSV or Mooncake JSONL) or ``builtin:NAME``.
+(Azure CSV or Mooncake JSONL), ``builtin:NAME``, or ServeGen's per-client data
+(``servegen:DIR?scale=X&days=A-B`` or the directory, ``replay.servegen``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from replay.servegen import is_servegen, parse_source, read_servegen
 from replay.trace import Trace, TraceError, read_trace
 
 BUILTIN_PREFIX = "builtin:"
@@ -137,18 +146,62 @@ def business_day(day: BusinessDay, seed: int = 0) -> Trace:
     return Trace("business-day", arrival, prompt, output)
 
 
-def business_days(day: BusinessDay, days: int, seed: int = 0) -> Trace:
+@dataclass(frozen=True, slots=True)
+class DayToDay:
+    """How one business day differs from the next (module docstring)."""
+
+    volume_sigma: float = 0.15
+    """The day's ``base_rate`` is multiplied by exp(N(0, sigma)): about +-15% a day."""
+    shift_hours: float = 1.0
+    """The lunch burst and each spike move by up to this many hours, earlier or later."""
+    weekend_share: float = 0.3
+    """Saturday's and Sunday's volume, as a share of a weekday's; no burst or spike."""
+    first_weekday: int = 0
+    """The weekday of day 0 (0 Monday ... 6 Sunday)."""
+
+    def vary(self, day: BusinessDay, index: int, seed: int) -> BusinessDay:
+        """Day ``index``'s knobs, drawn from (``seed``, ``index``) alone."""
+        rng = np.random.default_rng([seed, index, 7])
+        volume = float(np.exp(rng.normal(0.0, self.volume_sigma)))
+        shifts = rng.uniform(-self.shift_hours, self.shift_hours, 1 + len(day.spike_hours))
+
+        def clip(hour: float) -> float:
+            return float(np.clip(hour, 0.0, 23.99))
+
+        varied = replace(
+            day,
+            base_rate=day.base_rate * volume,
+            lunch_hour=clip(day.lunch_hour + shifts[0]),
+            spike_hours=tuple(
+                clip(h + s) for h, s in zip(day.spike_hours, shifts[1:], strict=True)
+            ),
+        )
+        if (self.first_weekday + index) % 7 >= 5:
+            varied = replace(
+                varied,
+                base_rate=varied.base_rate * self.weekend_share,
+                lunch_multiple=1.0,
+                spike_multiple=1.0,
+            )
+        return varied
+
+
+def business_days(
+    day: BusinessDay, days: int, seed: int = 0, variation: DayToDay | None = None
+) -> Trace:
     """``days`` business days back to back, day ``d`` from seed ``seed + d``.
 
     A multi-day trace for a seasonal forecast: each day starts ``d * day.length`` seconds
-    in, so the same time of day recurs every ``day.length`` seconds.
+    in, so the same time of day recurs every ``day.length`` seconds. With ``variation``
+    each day's knobs are ``variation.vary(day, d, seed)``; without, every day is ``day``.
 
     Raises:
         ValueError: fewer than one day, or a knob out of range.
     """
     if days < 1:
         raise ValueError(f"days must be at least 1: {days}")
-    parts = [business_day(day, seed + d) for d in range(days)]
+    shapes = [day if variation is None else variation.vary(day, d, seed) for d in range(days)]
+    parts = [business_day(shape, seed + d) for d, shape in enumerate(shapes)]
     arrival = np.concatenate([p.arrival + d * day.length for d, p in enumerate(parts)])
     prompt = np.concatenate([p.prompt for p in parts])
     output = np.concatenate([p.output for p in parts])
@@ -157,17 +210,25 @@ def business_days(day: BusinessDay, days: int, seed: int = 0) -> Trace:
 
 BUILTINS: dict[str, Callable[[int], Trace]] = {
     "business-day": lambda seed: business_day(BusinessDay(), seed),
+    "business-days": lambda seed: business_days(BusinessDay(), 3, seed, DayToDay()),
+    "business-week": lambda seed: business_days(BusinessDay(), 7, seed, DayToDay()),
 }
 """The workloads ``builtin:NAME`` generates, each from a seed."""
 
 
 def load_trace(source: str, seed: int = 0) -> Trace:
-    """The trace ``source`` names: ``builtin:NAME`` (generated for ``seed``) or a file path.
+    """The trace ``source`` names, generated or drawn for ``seed`` where it is not a file.
+
+    ``builtin:NAME``, ServeGen's data (``servegen:DIR?scale=X&days=A-B`` or the
+    directory), or an Azure CSV or Mooncake JSONL file.
 
     Raises:
-        TraceError: an unknown built-in (naming the known ones) or a file ``read_trace``
-            cannot read.
+        TraceError: an unknown built-in (naming the known ones), ServeGen data
+            ``replay.servegen`` refuses, or a file ``read_trace`` cannot read.
     """
+    if is_servegen(source):
+        directory, options = parse_source(source)
+        return read_servegen(directory, options, seed)
     if source.startswith(BUILTIN_PREFIX):
         name = source.removeprefix(BUILTIN_PREFIX)
         if name not in BUILTINS:

@@ -176,7 +176,8 @@ def _add_replay_command(commands: Commands) -> None:
     replay.add_argument(
         "--trace",
         action="append",
-        help="Azure LLM CSV, Mooncake JSONL, or builtin:business-day (replay.workloads);"
+        help="Azure LLM CSV, Mooncake JSONL, builtin:business-day|business-days|business-week,"
+        " or servegen:DIR?scale=X&days=A-B (replay.workloads);"
         " with --pool repeatable, one inference deployment each (default builtin:business-day)",
     )
     replay.add_argument("--policy", default="all", help="a policy name or 'all'")

@@ -1,0 +1,396 @@
+"""ServeGen's per-client production traces, drawn into a replay trace for a day range.
+
+The data (alibaba/ServeGen ``data/language/<model>/``; ``../shared/traces/servegen-m-small``)
+is one pair of files per client N: ``chunk-N-trace.csv``, one row per 10-minute window
+``start_s,rate,cv,pattern,shape,scale`` (mean requests/s, the inter-arrival times'
+coefficient of variation, the fitted ``Gamma`` or ``Weibull`` and its parameters; no
+pattern when the client sent nothing), and ``chunk-N-dataset.json``, its prompt and
+output token-length distributions every 6 hours, ``{start_s: {"input_tokens":
+"{tokens: probability, ...}", "output_tokens": "..."}}`` (``"{}"`` when none).
+
+``unitscale replay --trace 'servegen:DIR?scale=0.01&days=0-2'`` (or a bare ``DIR``) draws:
+
+- **how many** requests a client sends in a window: its ``rate`` x ``scale`` x the
+  window's seconds, rounded down or up at random by the fraction (so the expectation is
+  exact). The count is what the trace measured; a free renewal process at a Weibull
+  window's cv (up to 45) would make one window's count vary a hundredfold around it.
+- **when**: the window's ``n`` arrivals are the first ``n`` of ``n + 1`` gaps drawn from
+  the fitted family at the fitted *shape*, scaled to fill the window (for Gamma gaps this
+  is exactly a Gamma renewal process conditioned on its count). The fitted *scale* is not
+  used: its mean gap disagrees with the window's rate (Weibull fits: median 1.2x, up to
+  2,000x), and the rate is what the trace measured. The shape keeps the burstiness at
+  any ``scale`` (thinning would push it toward Poisson).
+- **how long**: prompt and output tokens drawn (independently, as the data gives them)
+  from the client's distribution of the 6-hour block holding the window, else the
+  nearest block that has one. Clients with none at all (5 of 43 here, 57% of the
+  requests) draw from the lengths drawn for the others that day: the traffic-weighted mix.
+
+Days are 86,400 s from the trace's 0; ``days=A-B`` (inclusive; ``A`` alone for one) keeps
+those, with times from the start of day ``A``. Each day is drawn from its own generator
+(``seed``, day), so day 2 is the same whether asked for alone or as part of 0-2: a policy
+tuned on days 0-1 is judged on the very day 2 another run replays. Every count is
+bounded (``replay.limits``) before the arrays it sizes exist: at ``scale`` 1 one day of
+m-small is 101 million requests; 0.01 is about a million.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+import numpy as np
+import numpy.typing as npt
+
+from foundation.errors import quote
+from replay.limits import MAX_RATE_MULTIPLIER, MAX_TOKENS, MAX_TRACE_REQUESTS
+from replay.trace import Trace, TraceError, _lines
+
+PREFIX = "servegen:"
+DAY_SECONDS = 86_400
+WINDOW_SECONDS = 600.0
+"""The last window's length (the data's windows are 10 minutes)."""
+BLOCK_SECONDS = 21_600.0
+"""The span of one block of token-length distributions (the data's are 6 hours)."""
+MAX_DAYS = 31
+"""Days a trace may hold: ``replay.limits.MAX_TRACE_SPAN_SECONDS``."""
+MAX_RATE = 1e6
+"""Requests per second of one client in one window; above it is a bad row."""
+MAX_DATASET_BYTES = 64 * 1024**2
+"""One client's distributions file (the largest here is 3.9 MB)."""
+PATTERNS = ("", "Gamma", "Weibull")
+_CHUNK = re.compile(r"chunk-(\d{1,6})-trace\.csv")
+_PDF = re.compile(r"\{\s*(?:\d+\s*:\s*[^,{}:]+(?:,\s*\d+\s*:\s*[^,{}:]+)*\s*,?\s*)?\}")
+_PAIR = re.compile(r"(\d+)\s*:\s*([^,{}:]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeGenOptions:
+    """What to draw: ``scale`` x the recorded rates, for ``days`` (inclusive; None: all)."""
+
+    scale: float = 0.01
+    days: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Client:
+    """One client's windows (arrays by window) and its token-length blocks."""
+
+    start: npt.NDArray[np.float64]
+    length: npt.NDArray[np.float64]
+    rate: npt.NDArray[np.float64]
+    family: npt.NDArray[np.int64]
+    """Index into ``PATTERNS``; 0 (none) with a rate draws Poisson gaps (shape 1)."""
+    shape: npt.NDArray[np.float64]
+    blocks: dict[int, tuple[str, str]]
+    """Block start -> (input, output) distribution text, the non-empty ones."""
+    dataset: Path
+
+
+def is_servegen(source: str) -> bool:
+    """Whether ``source`` names ServeGen data: ``servegen:...`` or a directory of chunks."""
+    if source.startswith(PREFIX):
+        return True
+    path = Path(source.partition("?")[0])
+    return path.is_dir() and any(path.glob("chunk-*-trace.csv"))
+
+
+def parse_source(source: str) -> tuple[Path, ServeGenOptions]:
+    """``[servegen:]DIR[?scale=X&days=A-B]`` as the directory and the options.
+
+    Raises:
+        TraceError: an unknown option, a scale not above 0 and at most
+            ``MAX_RATE_MULTIPLIER``, or days that are not ``A`` or ``A-B`` with A <= B.
+    """
+    path, _, query = source.removeprefix(PREFIX).partition("?")
+    scale, days = ServeGenOptions().scale, None
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == "scale":
+            try:
+                scale = float(value)
+            except ValueError:
+                scale = math.nan
+            if not 0 < scale <= MAX_RATE_MULTIPLIER:
+                raise TraceError(
+                    f"{source}: scale={quote(value)} must be above 0, at most"
+                    f" {MAX_RATE_MULTIPLIER:,g}"
+                )
+        elif key == "days":
+            match = re.fullmatch(r"(\d{1,4})(?:-(\d{1,4}))?", value)
+            if match is None or int(match[2] or match[1]) < int(match[1]):
+                raise TraceError(f"{source}: days={quote(value)} must be A or A-B with A <= B")
+            days = (int(match[1]), int(match[2] or match[1]))
+        else:
+            raise TraceError(f"{source}: unknown option {quote(key)}; scale=X and days=A-B")
+    return Path(path), ServeGenOptions(scale, days)
+
+
+def read_servegen(directory: Path, options: ServeGenOptions, seed: int = 0) -> Trace:
+    """The requests ``options`` asks of the ServeGen data in ``directory`` (module docstring).
+
+    Raises:
+        TraceError: no chunks, a malformed row or distribution (naming the file, line or
+            block, and column), days past the data, more than ``MAX_TRACE_REQUESTS`` or
+            no request at all.
+    """
+    clients = [_read_client(path) for path in _chunks(directory)]
+    available = max(math.ceil((c.start[-1] + c.length[-1]) / DAY_SECONDS) for c in clients)
+    first, last = options.days if options.days is not None else (0, available - 1)
+    if last >= available or last - first + 1 > MAX_DAYS:
+        raise TraceError(
+            f"{directory}: days {first}-{last}: the data holds days 0-{available - 1};"
+            f" a replay spans at most {MAX_DAYS} days"
+        )
+    _check_count(directory, clients, options.scale, first, last)
+    parts = [_draw_day(clients, options.scale, day, seed) for day in range(first, last + 1)]
+    arrival = np.concatenate([p[0] for p in parts]) - first * DAY_SECONDS
+    if not len(arrival):
+        raise TraceError(
+            f"{directory}: days {first}-{last} at scale {options.scale:g} drew no request"
+        )
+    name = f"servegen-{directory.name}-days-{first}-{last}-x{options.scale:g}"
+    return Trace(
+        name, arrival, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+    )
+
+
+def _chunks(directory: Path) -> list[Path]:
+    try:
+        names = [(int(m[1]), p) for p in directory.iterdir() if (m := _CHUNK.fullmatch(p.name))]
+    except OSError as err:
+        raise TraceError(f"cannot read ServeGen data {directory}: {err.strerror}") from err
+    if not names:
+        raise TraceError(f"{directory}: no chunk-N-trace.csv (ServeGen's per-client files)")
+    return [path for _, path in sorted(names)]
+
+
+def _read_client(path: Path) -> _Client:
+    """A client's windows, each row checked; its distributions' blocks, not yet parsed."""
+    rows: list[tuple[float, float, int, float]] = []
+    for number, fields in _rows(path):
+        try:
+            start = _number(fields[0], "start_s", 0.0, MAX_DAYS * DAY_SECONDS)
+            rate = _number(fields[1], "rate", 0.0, MAX_RATE)
+            if fields[3] not in PATTERNS:
+                raise ValueError(f"column pattern: {quote(fields[3])} is not Gamma or Weibull")
+            family = PATTERNS.index(fields[3])
+            shape = _number(fields[4], "shape", 1e-3, 1e3) if family else 1.0
+            _number(fields[2], "cv", 0.0, math.inf)
+        except ValueError as err:
+            raise TraceError(f"{path}:{number}: {err}") from err
+        if rows and not start > rows[-1][0]:
+            raise TraceError(f"{path}:{number}: column start_s: {start:g} is not after the last")
+        rows.append((start, rate, family, shape))
+    if not rows:
+        raise TraceError(f"{path}: no windows")
+    starts = np.array([r[0] for r in rows])
+    dataset = path.with_name(path.name.replace("-trace.csv", "-dataset.json"))
+    return _Client(
+        starts,
+        np.diff(starts, append=starts[-1] + WINDOW_SECONDS),
+        np.array([r[1] for r in rows]),
+        np.array([r[2] for r in rows], dtype=np.int64),
+        np.array([r[3] for r in rows]),
+        _blocks(dataset),
+        dataset,
+    )
+
+
+def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    lines = _lines(path)
+    try:
+        for number, text in lines:
+            if not text.strip():
+                continue
+            fields = next(csv.reader([text]))
+            if len(fields) != 6:
+                raise TraceError(
+                    f"{path}:{number}: {len(fields)} columns, not 6"
+                    " (start_s,rate,cv,pattern,shape,scale)"
+                )
+            yield number, fields
+    except csv.Error as err:
+        raise TraceError(f"{path}: not CSV: {err}") from err
+    finally:
+        lines.close()
+
+
+def _number(text: str, column: str, low: float, high: float) -> float:
+    """A finite number from ``low`` to ``high`` (an empty field is 0 where 0 is allowed)."""
+    try:
+        value = float(text) if text.strip() else 0.0
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:
+        raise ValueError(f"column {column}: {quote(text)} is not a number from {low:g} to {high:g}")
+    return value
+
+
+def _blocks(path: Path) -> dict[int, tuple[str, str]]:
+    """The non-empty blocks of a distributions file (none if it is missing)."""
+    try:
+        if path.stat().st_size > MAX_DATASET_BYTES:
+            raise TraceError(f"{path}: larger than {MAX_DATASET_BYTES:,} bytes")
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except OSError as err:
+        raise TraceError(f"cannot read {path}: {err.strerror}") from err
+    except (ValueError, RecursionError) as err:
+        raise TraceError(f"{path}: not JSON") from err
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}: not a JSON object of blocks")
+    blocks = {}
+    for key, block in data.items():
+        fields = block if isinstance(block, dict) else {}
+        texts = (fields.get("input_tokens"), fields.get("output_tokens"))
+        if not key.isdigit() or not all(isinstance(t, str) for t in texts):
+            raise TraceError(
+                f"{path}: block {quote(key)}: not a start second with input_tokens and"
+                " output_tokens texts"
+            )
+        if all(t.strip() != "{}" for t in texts):  # type: ignore[union-attr]
+            blocks[int(key)] = (str(texts[0]), str(texts[1]))
+    return blocks
+
+
+def _pdf(text: str, where: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """A ``{tokens: probability, ...}`` text as token counts and their cumulative shares."""
+    if len(text) > MAX_DATASET_BYTES or not _PDF.fullmatch(text.strip()):
+        raise TraceError(f"{where}: not a {{tokens: probability, ...}} dict")
+    pairs = _PAIR.findall(text)
+    tokens = np.array([int(t) if len(t) <= 9 else -1 for t, _ in pairs], dtype=np.int64)
+    try:
+        weights = np.array([float(p) for _, p in pairs])
+    except ValueError:
+        weights = np.array([math.nan])
+    if not (
+        np.all((tokens >= 0) & (tokens <= MAX_TOKENS))
+        and np.all(np.isfinite(weights) & (weights >= 0))
+        and weights.sum() > 0
+    ):
+        raise TraceError(
+            f"{where}: token counts must be 0 to {MAX_TOKENS:,}, probabilities finite,"
+            " not negative and not all 0"
+        )
+    cumulative = np.cumsum(weights)
+    return np.maximum(tokens, 1), cumulative / cumulative[-1]
+
+
+def _check_count(
+    directory: Path, clients: list[_Client], scale: float, first: int, last: int
+) -> None:
+    """Refuse, before drawing, a range whose requests could pass ``MAX_TRACE_REQUESTS``."""
+    low, high = first * DAY_SECONDS, (last + 1) * DAY_SECONDS
+    most = 0.0
+    for c in clients:
+        inside = (c.start >= low) & (c.start < high)
+        most += float(np.ceil(c.rate[inside] * scale * c.length[inside]).sum())
+    if most > MAX_TRACE_REQUESTS:
+        raise TraceError(
+            f"{directory}: days {first}-{last} at scale {scale:g} is up to {most:,.0f}"
+            f" requests; a replay holds at most {MAX_TRACE_REQUESTS:,}: ask for fewer days"
+            " (days=A-B) or a smaller scale"
+        )
+
+
+def _draw_day(
+    clients: list[_Client], scale: float, day: int, seed: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Day ``day``'s requests from every client, sorted: (arrival, prompt, output)."""
+    rng = np.random.default_rng([seed, day])
+    low, high = day * DAY_SECONDS, (day + 1) * DAY_SECONDS
+    times, prompts, outputs, orphans = [], [], [], []
+    for c in clients:
+        inside = (c.start >= low) & (c.start < high)
+        arrival, window = _arrivals(rng, c, np.flatnonzero(inside), scale)
+        prompt, output = _lengths(rng, c, c.start[window])
+        times.append(arrival)
+        prompts.append(prompt)
+        outputs.append(output)
+        orphans.append(np.full(len(arrival), not c.blocks))
+    arrival, prompt, output = (
+        np.concatenate(times),
+        np.concatenate(prompts),
+        np.concatenate(outputs),
+    )
+    orphan = np.concatenate(orphans)
+    if orphan.any():
+        donors = np.flatnonzero(~orphan)
+        if len(donors) == 0:
+            raise TraceError(f"day {day}: no client has a token-length distribution")
+        pick = donors[rng.integers(0, len(donors), int(orphan.sum()))]
+        prompt[orphan], output[orphan] = prompt[pick], output[pick]
+    order = np.argsort(arrival, kind="stable")
+    return arrival[order], prompt[order], output[order]
+
+
+def _arrivals(
+    rng: np.random.Generator, c: _Client, windows: npt.NDArray[np.int64], scale: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """The windows' arrivals (unsorted) and each one's window index (module docstring)."""
+    expected = c.rate[windows] * scale * c.length[windows]
+    whole = np.floor(expected)
+    counts = (whole + (rng.random(len(windows)) < expected - whole)).astype(np.int64)
+    windows, counts = windows[counts > 0], counts[counts > 0]
+    gaps_per = counts + 1
+    shape = np.repeat(c.shape[windows], gaps_per)
+    weibull = np.repeat(c.family[windows] == PATTERNS.index("Weibull"), gaps_per)
+    gaps = np.where(weibull, rng.weibull(shape), rng.standard_gamma(shape))
+    first = np.cumsum(gaps_per) - gaps_per  # each window's first gap
+    total = np.add.reduceat(gaps, first) if len(first) else np.zeros(0)
+    share = gaps / np.repeat(np.where(total > 0, total, 1.0), gaps_per)
+    ends = np.cumsum(share)
+    within = ends - np.repeat(ends[first] - share[first], gaps_per)
+    keep = np.ones(len(gaps), dtype=bool)
+    keep[first + counts] = False  # the last gap closes the window
+    window = np.repeat(windows, gaps_per)[keep]
+    within = np.clip(within[keep], 0.0, 1.0)
+    return c.start[window] + within * c.length[window], window
+
+
+def _lengths(
+    rng: np.random.Generator, c: _Client, starts: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Prompt and output tokens for requests in windows starting at ``starts``."""
+    prompt = np.ones(len(starts), dtype=np.int64)
+    output = np.ones(len(starts), dtype=np.int64)
+    if not c.blocks or not len(starts):
+        return prompt, output
+    keys = np.array(sorted(c.blocks), dtype=np.float64)
+    block = _nearest_block(keys, starts)
+    for b in np.unique(block):
+        mine = block == b
+        key = int(keys[b])
+        for target, text, field in (
+            (prompt, c.blocks[key][0], "input_tokens"),
+            (output, c.blocks[key][1], "output_tokens"),
+        ):
+            tokens, cdf = _pdf(text, f"{c.dataset}: block {key}, {field}")
+            pick = np.searchsorted(cdf, rng.random(int(mine.sum())), side="right")
+            target[mine] = tokens[np.minimum(pick, len(tokens) - 1)]
+    return prompt, output
+
+
+def _nearest_block(
+    keys: npt.NDArray[np.float64], starts: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64]:
+    """Per window start, the index of the block holding it, else of the nearest block.
+
+    Block ``k`` covers ``[k, k + BLOCK_SECONDS)``. A start outside every block (before the
+    first, or in a block the data left empty) takes the block whose span is nearest to
+    it, the earlier on a tie. Example, blocks at 0 and 43,200 (21,600 empty): a window at
+    25,000 is 3,400 s past the first's span and 18,200 s before the second: the first.
+    """
+    before = np.searchsorted(keys, starts, side="right") - 1
+    prev = np.clip(before, 0, len(keys) - 1)
+    nxt = np.clip(before + 1, 0, len(keys) - 1)
+    behind = np.where(before >= 0, np.maximum(starts - keys[prev] - BLOCK_SECONDS, 0.0), np.inf)
+    ahead = np.where(before + 1 < len(keys), keys[nxt] - starts, np.inf)
+    nearest: npt.NDArray[np.int64] = np.where(behind <= ahead, prev, nxt).astype(np.int64)
+    return nearest
