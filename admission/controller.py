@@ -362,6 +362,7 @@ class Controller:
             workloads=list(view.workloads.values()),
             datasets=view.datasets,
             dataloads=view.dataloads,
+            datasets_served=not self.watched["datasets"].absent,
             demand=demand,
             demand_error=demand_error,
             # Gangs admitted through any of our checks hold their GPUs, also those of a

@@ -127,6 +127,9 @@ class Cluster:
     lora_density: Mapping[str, int] = field(default_factory=dict)
     """Tenants per instance by base model, for checks with ``lora.adaptive`` (the
     controller's ``admission.density``); a model absent takes ``tenantsPerInstance``."""
+    datasets_served: bool = True
+    """False: the API server serves no Fluid Datasets (Fluid is not installed), so a
+    Workload naming one is told that, not that its Dataset does not exist."""
     plans: Mapping[str, CheckPlan] | None = None
     """The capacity manager's plan per check with reclaim enabled (``plan_pools``); None:
     ``decide_all`` and ``reclaim_all`` make them (a caller that also exports them passes
@@ -321,6 +324,7 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
         now=state.now,
         timeout_seconds=params.data.timeout_seconds,
         create_dataload=params.data.create_dataload,
+        datasets_served=state.cluster.datasets_served,
     )
     create = (data.create,) if data.create is not None else ()
     state.dataloads.extend(create)

@@ -12,6 +12,8 @@ state                 outcome   meaning
 ====================  ========  ===================================================
 ``not-annotated``     pass      no Dataset named: nothing to wait for
 ``bad-annotation``    reject    the annotation names no Dataset we could find
+``fluid-missing``     wait      Fluid is not installed: the API server serves no
+                                Datasets (its CRD is missing), so none can exist
 ``dataset-missing``   wait      no such Dataset (yet)
 ``not-bound``         wait      the Dataset is not Bound (runtime not ready), or is
                                 being deleted
@@ -67,6 +69,7 @@ RawObject = dict[str, Any]
 DataState = Literal[
     "not-annotated",
     "bad-annotation",
+    "fluid-missing",
     "dataset-missing",
     "not-bound",
     "loading",
@@ -115,6 +118,7 @@ def readiness(
     now: float,
     timeout_seconds: float,
     create_dataload: bool,
+    datasets_served: bool = True,
 ) -> DataReadiness:
     """Where the data of ``workload`` stands (see the module docstring for the states).
 
@@ -129,6 +133,8 @@ def readiness(
         now: unix seconds.
         timeout_seconds: a ``wait`` this long or longer becomes ``timed-out``.
         create_dataload: whether we create a DataLoad when none of the Dataset runs.
+        datasets_served: False when the API server serves no Fluid Datasets (a 404 on
+            the resource, not on one object: Fluid's CRDs are not installed).
 
     Raises:
         ValueError: ``threshold_percent`` is outside 0-100.
@@ -152,9 +158,21 @@ def readiness(
         None,
     )
     ref = f"{namespace}/{name}"
+    if found is None and not datasets_served:
+        verdict = DataReadiness(
+            "fluid-missing",
+            "wait",
+            f"Fluid is not installed: the API server serves no {FLUID_API} datasets, so "
+            f"Dataset {ref} (annotation {names.DATASET}) cannot exist; install Fluid or "
+            f"remove the annotation",
+        )
+        return _timed(replace(verdict, dataset=name), now - waiting_since, timeout_seconds)
     verdict = _assess(workload, found, ref, dataloads, threshold_percent, now, create_dataload)
-    verdict = replace(verdict, dataset=name)
-    waited = now - waiting_since
+    return _timed(replace(verdict, dataset=name), now - waiting_since, timeout_seconds)
+
+
+def _timed(verdict: DataReadiness, waited: float, timeout_seconds: float) -> DataReadiness:
+    """A ``wait`` of ``timeout_seconds`` or longer becomes ``timed-out`` (a Retry)."""
     if verdict.outcome == "wait" and waited >= timeout_seconds:
         message = (
             f"gave up for now after waiting {waited:.0f} s (data.timeoutSeconds "

@@ -12,12 +12,14 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
+from admission import annotations as names
 from admission.app import AdmissionServer
 from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
 from admission.controller import WATCHES, Controller
 from admission.parameters import Parameters
 from foundation.errors import ConfigError
 from foundation.kube import KubeAccess
+from tests import test_admission_decide as decided
 
 UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
 NO_API = cast(client.ApiClient, None)
@@ -340,3 +342,39 @@ def test_the_command_lines_log_level_wins_over_the_files():
         assert root.level == logging.INFO
     finally:
         root.setLevel(level)
+
+
+# --- what a pass tells a Workload ---------------------------------------------------------
+
+
+class Writing(Controller):
+    """A controller whose status writes land in ``written`` (its pass is the real one)."""
+
+    def __init__(self) -> None:
+        super().__init__(KubeAccess(), AdmissionConfig(resync=3600), clock=lambda: decided.NOW)
+        self.written: dict[str, dict] = {}
+
+    async def _apply(self, api, resource, name, key, body):
+        if name == "workloads":
+            self.written[key] = body["status"]["admissionChecks"][0]
+        return True
+
+    async def _event(self, api, event):
+        return None
+
+
+async def test_a_workload_naming_a_dataset_is_told_fluid_is_not_installed():
+    controller = Writing()
+    check = {"metadata": {"name": decided.CHECK}, "spec": {"controllerName": controller.name}}
+    wanting = decided.workload("a", gpus=1, annotations={names.DATASET: "weights"})
+    controller._changed("admissionchecks", {decided.CHECK: check})
+    controller._changed("workloads", {"train/a": wanting})
+    controller._changed("nodes", {"gpu-1": decided.node("gpu-1")})
+    controller._changed("pods", {})
+    # The list of Datasets answers 404: the resource, not one object, is not served.
+    controller._failed("datasets", client.ApiException(status=404, reason="Not Found"))
+    await controller.reconcile(api=NO_API)
+    entry = controller.written["train/a"]
+    assert entry["state"] == "Pending"
+    assert entry["message"].startswith("Fluid is not installed"), entry["message"]
+    assert "does not exist" not in entry["message"]

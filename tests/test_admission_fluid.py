@@ -105,6 +105,7 @@ def check(
     since: float = SINCE,
     now: float = NOW,
     create: bool = True,
+    served: bool = True,
 ):
     return readiness(
         workload() if wl is None else wl,
@@ -115,6 +116,7 @@ def check(
         now=now,
         timeout_seconds=TIMEOUT,
         create_dataload=create,
+        datasets_served=served,
     )
 
 
@@ -144,6 +146,18 @@ CASES = [
         ("dataset-missing", "wait", False),
         "Dataset team-a/corpus does not exist",
         id="a-missing-dataset-waits",
+    ),
+    pytest.param(
+        {"datasets": [], "served": False},
+        ("fluid-missing", "wait", False),
+        "Fluid is not installed: the API server serves no data.fluid.io/v1alpha1 datasets",
+        id="without-fluid-installed-the-message-says-so-not-that-the-dataset-is-missing",
+    ),
+    pytest.param(
+        {"datasets": [], "served": False, "since": NOW - TIMEOUT - 1},
+        ("timed-out", "retry", False),
+        "Fluid is not installed",
+        id="waiting-for-fluid-times-out-as-any-wait",
     ),
     pytest.param(
         {"datasets": [with_changes(bound(), metadata__namespace="team-b")]},
