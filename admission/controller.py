@@ -380,7 +380,7 @@ class Controller:
             self._settled("pool", f"check {name} pool {planned.pool}", planned.failed)
         tenants = self._density_or_last(view, ours, now)
         cluster = dataclasses.replace(cluster, plans=plans, lora_density=tenants)
-        self.metrics.set_plans({p.pool: p.plan for p in plans.values()})
+        self.metrics.set_plans({name: (p.pool, p.plan) for name, p in plans.items()})
         decisions = []
         for decision in self._decide(pending, cluster, now) if pending else ():
             subject = f"workload {decision.namespace}/{decision.workload} check {decision.check}"
@@ -694,7 +694,7 @@ class Controller:
         """
         view, now = self.snapshot(), self._clock()
         pools: dict[str, tuple[int, int]] = {}
-        for check, parameters in self._usable.items():
+        for pool, parameters in pool_labels(self._usable).items():
             seen = hami.inventory(
                 view.nodes,
                 view.pods,
@@ -704,9 +704,36 @@ class Controller:
             )
             total = sum(len(node.devices) for node in seen.pool)
             free = sum(1 for node in seen.nodes for card in node.devices if card.untouched)
-            pools[check] = (total, free)
+            pools[pool] = (total, free)
         self.metrics.set_inventory(pools)
         self.metrics.set_lora_tenants(lora.tenants_per_base_model(view.workloads.values()))
+
+
+def pool_labels(checks: Mapping[str, params.Parameters]) -> dict[str, params.Parameters]:
+    """The pools our checks guard, by the name the metrics give them, each read once.
+
+    A pool's name is its ``inferenceHeadroom.pool`` (the scaler's, as the plan gauges
+    name it), else its poolNodeSelector as ``key=value,...`` (``*``: every node HAMi
+    registered; an ``=`` or ``*`` is never in a scaler's pool name). Checks naming one
+    pool share its series, read with the first one's parameters by check name; one name
+    over two selectors gives each its own, ``name/key=value,...``.
+    """
+    found: dict[str, dict[tuple[tuple[str, str], ...], params.Parameters]] = {}
+    for _, parameters in sorted(checks.items()):
+        selector = tuple(sorted(parameters.pool_node_selector.items()))
+        headroom = parameters.inference_headroom
+        name = headroom.pool if headroom is not None and headroom.pool else ""
+        name = name or _selector_text(selector)
+        found.setdefault(name, {}).setdefault(selector, parameters)
+    labels: dict[str, params.Parameters] = {}
+    for name, pools in found.items():
+        for selector, parameters in pools.items():
+            labels[name if len(pools) == 1 else f"{name}/{_selector_text(selector)}"] = parameters
+    return labels
+
+
+def _selector_text(selector: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector) or "*"
 
 
 def _reclaims_by_key(plans: Mapping[str, CheckPlan]) -> dict[str, tuple[str, Reclaim]]:

@@ -1,22 +1,26 @@
 """The admission controller's own Prometheus metrics and its ``/metrics``, ``/healthz``.
 
 Labels are bounded: ``check`` (our AdmissionChecks, a handful), ``outcome`` (the four
-check states), ``pool`` (one per check: its poolNodeSelector's nodes), ``base_model``
-(LoRA base models in use), ``result`` (of a status write). Never a Workload or pod name.
+check states), ``pool`` (the pools our checks guard: ``inferenceHeadroom.pool``, else the
+poolNodeSelector as ``key=value,...``, ``*`` for every node HAMi registered; never the
+check's name), ``base_model`` (LoRA base models in use), ``result`` (of a status write).
+Never a Workload or pod name.
 
 - ``unitscale_admission_decisions_total{check,outcome}``: check states written
   (``Pending`` counts message updates);
 - ``unitscale_admission_check_latency_seconds{check,outcome}``: from a check becoming
   Pending to our Ready, Retry or Rejected landing;
 - ``unitscale_admission_inventory_gpus{pool,state}``: ``total`` cards HAMi registered in
-  the pool, ``free`` cards no pod holds anything on;
+  the pool, ``free`` cards no pod holds anything on; one series per pool, however many
+  checks guard it;
 - ``unitscale_admission_lora_tenants{base_model}``: admitted LoRA tenants per base model
   (this and the inventory are computed from the view when ``/metrics`` is scraped);
 - ``unitscale_admission_check_active{check}``: 1 while the check is Active;
-- ``unitscale_admission_training_allowance_accelerators{pool}``,
-  ``unitscale_admission_inference_shortfall_accelerators{pool}``: the capacity manager's
-  plan of each reclaiming check's pool (``inferenceHeadroom.pool``), set each pass,
-  absent while the forecast is unknown; ``unitscale_admission_reclaims_total{pool}``,
+- ``unitscale_admission_training_allowance_accelerators{pool,check}``,
+  ``unitscale_admission_inference_shortfall_accelerators{pool,check}``: the capacity
+  manager's plan of each reclaiming check's pool (``inferenceHeadroom.pool``), set each
+  pass, absent while the forecast is unknown; two reclaiming checks on one pool plan by
+  their own policies, so each has its series; ``unitscale_admission_reclaims_total{pool}``,
   ``unitscale_admission_reclaimed_accelerator_hours_total{pool}``: reclaims written;
 - ``unitscale_admission_lora_tenants_per_instance{base_model}``: the adaptive density;
 - ``unitscale_admission_writes_total{result}``, ``unitscale_admission_passes_total``,
@@ -79,7 +83,7 @@ class AdmissionMetrics:
         )
         self.inventory = Gauge(
             "unitscale_admission_inventory_gpus",
-            "GPUs of a check's pool: total registered, free (nothing held on them).",
+            "GPUs of a pool our checks guard: total registered, free (nothing held on them).",
             ["pool", "state"],
             registry=self.registry,
         )
@@ -131,14 +135,14 @@ class AdmissionMetrics:
             "unitscale_admission_training_allowance_accelerators",
             "Cards training may hold now on the pool (the capacity manager's allowance); "
             "absent while the inference forecast is unknown.",
-            ["pool"],
+            ["pool", "check"],
             registry=self.registry,
         )
         self.inference_shortfall = Gauge(
             "unitscale_admission_inference_shortfall_accelerators",
             "Whole cards inference is forecast to need beyond what it holds and what is "
             "free; absent while the forecast is unknown.",
-            ["pool"],
+            ["pool", "check"],
             registry=self.registry,
         )
         self.reclaims = Counter(
@@ -182,15 +186,15 @@ class AdmissionMetrics:
         for model, count in tenants.items():
             self.lora_tenants.labels(model).set(count)
 
-    def set_plans(self, plans: Mapping[str, PoolPlan]) -> None:
-        """``pool -> plan`` now; a plan not known leaves its pool's gauges absent."""
+    def set_plans(self, plans: Mapping[str, tuple[str, PoolPlan]]) -> None:
+        """``check -> (pool, plan)`` now; a plan not known leaves its gauges absent."""
         self.training_allowance.clear()
         self.inference_shortfall.clear()
-        for pool, plan in plans.items():
+        for check, (pool, plan) in plans.items():
             if not plan.known or plan.allowance is None:
                 continue
-            self.training_allowance.labels(pool).set(plan.allowance)
-            self.inference_shortfall.labels(pool).set(plan.shortfall)
+            self.training_allowance.labels(pool, check).set(plan.allowance)
+            self.inference_shortfall.labels(pool, check).set(plan.shortfall)
 
     def reclaimed(self, pool: str, accelerator_hours: float) -> None:
         """One reclaim's Retry landed."""

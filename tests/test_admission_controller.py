@@ -15,8 +15,10 @@ from kubernetes_asyncio import client
 from admission import annotations as names
 from admission.app import AdmissionServer
 from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
-from admission.controller import WATCHES, Controller
-from admission.parameters import Parameters
+from admission.controller import WATCHES, Controller, pool_labels
+from admission.decide import PoolDemand
+from admission.demand import DemandResult
+from admission.parameters import Headroom, Parameters, ReclaimParameters
 from foundation.errors import ConfigError
 from foundation.kube import KubeAccess
 from tests import test_admission_decide as decided
@@ -295,8 +297,9 @@ async def test_metrics_and_health_are_served(tmp_path):
     finally:
         await server.http.stop()
     assert 'unitscale_admission_decisions_total{check="capacity",outcome="Ready"} 1.0' in text
-    assert 'unitscale_admission_inventory_gpus{pool="capacity",state="total"} 4.0' in text
-    assert 'unitscale_admission_inventory_gpus{pool="capacity",state="free"} 3.0' in text
+    # The pool's name, not the check's: this check's pool is every node HAMi registered.
+    assert 'unitscale_admission_inventory_gpus{pool="*",state="total"} 4.0' in text
+    assert 'unitscale_admission_inventory_gpus{pool="*",state="free"} 3.0' in text
     assert 'unitscale_admission_check_latency_seconds_bucket{check="capacity",le="30.0"' in text
     assert status == 200 and health["healthy"] is True and health["synced"] is False
 
@@ -350,8 +353,9 @@ def test_the_command_lines_log_level_wins_over_the_files():
 class Writing(Controller):
     """A controller whose status writes land in ``written`` (its pass is the real one)."""
 
-    def __init__(self) -> None:
-        super().__init__(KubeAccess(), AdmissionConfig(resync=3600), clock=lambda: decided.NOW)
+    def __init__(self, **kw) -> None:
+        config = AdmissionConfig(resync=3600)
+        super().__init__(KubeAccess(), config, clock=lambda: decided.NOW, **kw)
         self.written: dict[str, dict] = {}
 
     async def _apply(self, api, resource, name, key, body):
@@ -378,3 +382,85 @@ async def test_a_workload_naming_a_dataset_is_told_fluid_is_not_installed():
     assert entry["state"] == "Pending"
     assert entry["message"].startswith("Fluid is not installed"), entry["message"]
     assert "does not exist" not in entry["message"]
+
+
+def on(selector: str, pool: str | None = None, **kw) -> Parameters:
+    """A check's parameters: nodes labelled ``gpu=<selector>``, the scaler's ``pool``."""
+    headroom = Headroom("scaler:9090", pool, when_unavailable="Ignore") if pool else None
+    return Parameters(pool_node_selector={"gpu": selector}, inference_headroom=headroom, **kw)
+
+
+@pytest.mark.parametrize(
+    ("checks", "labels"),
+    [
+        pytest.param(
+            {"capacity": Parameters()}, ["*"], id="every-registered-node-is-the-pool-star"
+        ),
+        pytest.param(
+            {"capacity": on("h200", "h200"), "gpu-l4": on("l4")},
+            ["h200", "gpu=l4"],
+            id="a-pool-is-named-by-the-scaler-else-by-its-selector-never-by-the-check",
+        ),
+        pytest.param(
+            {"training": on("h200", "h200"), "lora": on("h200", "h200")},
+            ["h200"],
+            id="two-checks-on-one-pool-share-its-one-series",
+        ),
+        pytest.param(
+            {"a": on("h200-a", "h200"), "b": on("h200-b", "h200")},
+            ["h200/gpu=h200-a", "h200/gpu=h200-b"],
+            id="one-name-over-two-selectors-gives-each-its-own-series",
+        ),
+    ],
+)
+def test_the_inventory_is_labelled_by_the_pool(checks, labels):
+    assert sorted(pool_labels(checks)) == sorted(labels)
+
+
+def test_the_inventory_gauge_names_pools_not_checks():
+    controller = Writing()
+    controller._usable = {"training": on("h200", "h200"), "lora": on("h200", "h200")}
+    h200 = decided.node("gpu-1", 4, labels={"gpu": "h200"})
+    controller._changed("nodes", {"gpu-1": h200})
+    controller._changed("pods", {})
+    controller.observe()
+    samples = [
+        (s.labels["pool"], s.labels["state"], s.value)
+        for m in controller.metrics.registry.collect()
+        for s in m.samples
+        if s.name == "unitscale_admission_inventory_gpus"
+    ]
+    assert sorted(samples) == [("h200", "free", 4.0), ("h200", "total", 4.0)]
+
+
+async def test_two_reclaiming_checks_on_one_pool_each_keep_their_plan_gauges(monkeypatch):
+    """Each plans by its own policy: neither's allowance overwrites the other's."""
+    reclaiming = {
+        "strict": on("h200", "h200", reclaim=ReclaimParameters(enabled=True)),
+        "roomy": on("h200", "h200", reclaim=ReclaimParameters(enabled=True, headroom_cards=2)),
+    }
+    monkeypatch.setattr(
+        "admission.controller.params.check_parameters",
+        lambda check, objects: reclaiming[check["metadata"]["name"]],
+    )
+
+    async def demand(scaler, pool, horizon, **_):
+        return DemandResult({"h200": PoolDemand("h200", 0, 2)})
+
+    controller = Writing(demand=demand)
+    controller._changed(
+        "admissionchecks",
+        {
+            name: {"metadata": {"name": name}, "spec": {"controllerName": controller.name}}
+            for name in reclaiming
+        },
+    )
+    controller._changed("workloads", {})
+    controller._changed("nodes", {"gpu-1": decided.node("gpu-1", 8, labels={"gpu": "h200"})})
+    controller._changed("pods", {})
+    await controller.reconcile(api=NO_API)
+    sample = controller.metrics.registry.get_sample_value
+    allowance = "unitscale_admission_training_allowance_accelerators"
+    strict = sample(allowance, {"pool": "h200", "check": "strict"})
+    roomy = sample(allowance, {"pool": "h200", "check": "roomy"})
+    assert (strict, roomy) == (6.0, 4.0)  # 8 cards - 2 needed, less 2 kept free for roomy

@@ -580,14 +580,15 @@ def test_the_plan_gauges_are_absent_while_the_forecast_is_unknown_never_zero():
 
     metrics = AdmissionMetrics()
     known = plan_pools(cluster([OLD, NEW], PODS, demand=h200(2, 5)), NOW)[CHECK].plan
-    metrics.set_plans({"h200": known})
+    metrics.set_plans({CHECK: ("h200", known)})
     sample = metrics.registry.get_sample_value
-    assert sample("unitscale_admission_training_allowance_accelerators", {"pool": "h200"}) == 3
-    assert sample("unitscale_admission_inference_shortfall_accelerators", {"pool": "h200"}) == 3
+    labels = {"pool": "h200", "check": CHECK}
+    assert sample("unitscale_admission_training_allowance_accelerators", labels) == 3
+    assert sample("unitscale_admission_inference_shortfall_accelerators", labels) == 3
     unknown = plan_pools(cluster([OLD, NEW], PODS, demand=None, demand_error="down"), NOW)
-    metrics.set_plans({"h200": unknown[CHECK].plan})
-    assert sample("unitscale_admission_training_allowance_accelerators", {"pool": "h200"}) is None
-    assert sample("unitscale_admission_inference_shortfall_accelerators", {"pool": "h200"}) is None
+    metrics.set_plans({CHECK: ("h200", unknown[CHECK].plan)})
+    assert sample("unitscale_admission_training_allowance_accelerators", labels) is None
+    assert sample("unitscale_admission_inference_shortfall_accelerators", labels) is None
     metrics.reclaimed("h200", 2.5)
     assert sample("unitscale_admission_reclaims_total", {"pool": "h200"}) == 1
     assert sample("unitscale_admission_reclaimed_accelerator_hours_total", {"pool": "h200"}) == 2.5
