@@ -474,9 +474,6 @@ def _take(state: DeviceState, request: GpuRequest, pod: PodRequest) -> DeviceTak
     return DeviceTake(device.uuid, memory, cores, device.type)
 
 
-_NodeKey = NodeKey
-
-
 _Choice = tuple[tuple[DeviceTake, ...], tuple[DeviceState, ...]]
 """One container's cards and the node's cards after it took them."""
 _PodChoice = tuple[tuple[tuple[DeviceTake, ...], ...], tuple[DeviceState, ...]]
@@ -591,7 +588,7 @@ _UNBOUNDED = 1 << 30
 
 
 @functools.lru_cache(maxsize=4096)
-def _key_bound(key: _NodeKey, pod: PodRequest) -> int:
+def _key_bound(key: NodeKey, pod: PodRequest) -> int:
     """``_node_bound`` of any node whose cards have these keys (``NodeGpus.key``).
 
     The bound reads nothing a key leaves out (a card's UUID and index), so it is kept
@@ -608,10 +605,10 @@ def _state_of(key: DeviceKey) -> DeviceState:
     return DeviceState(device, slots, used_memory, used_cores)
 
 
-_Candidate = tuple[int, tuple[tuple[DeviceTake, ...], ...], tuple[DeviceState, ...], _NodeKey]
-_Entry = tuple[PodPlacement, int, tuple[DeviceState, ...], _NodeKey, float, tuple[int, ...]]
+_Candidate = tuple[int, tuple[tuple[DeviceTake, ...], ...], tuple[DeviceState, ...], NodeKey]
+_Entry = tuple[PodPlacement, int, tuple[DeviceState, ...], NodeKey, float, tuple[int, ...]]
 """A placed pod and what its node was before (cards, key, usage, bounds), to undo it."""
-_MemoKey = tuple[int, tuple[_NodeKey, ...]]
+_MemoKey = tuple[int, tuple[NodeKey, ...]]
 
 
 class _Search:
@@ -745,7 +742,7 @@ class _Search:
         self,
         n: int,
         devices: tuple[DeviceState, ...],
-        key: _NodeKey,
+        key: NodeKey,
         usage: float,
         bounds: tuple[int, ...],
     ) -> None:
@@ -754,7 +751,7 @@ class _Search:
                 self.totals[k] += new - old
         self.state[n], self.keys[n], self.usage[n], self.bounds[n] = devices, key, usage, bounds
 
-    def _bounds(self, key: _NodeKey) -> tuple[int, ...]:
+    def _bounds(self, key: NodeKey) -> tuple[int, ...]:
         return tuple(_key_bound(key, pod) for pod in self.kinds)
 
     def _may_fit(self, level: int) -> bool:
@@ -774,12 +771,12 @@ class _Search:
         sign = 1.0 if self.spread_nodes else -1.0
         usage, names = self.usage, self.names
         order = sorted(range(len(names)), key=lambda n: (sign * usage[n], names[n]))
-        tried: set[_NodeKey] = set()
+        tried: set[NodeKey] = set()
         for n in order:
             if self.keys[n] in tried:
                 continue  # a node in the same state as one tried already
             tried.add(self.keys[n])
-            seen: set[_NodeKey] = set()
+            seen: set[NodeKey] = set()
             for takes, devices in _pod_options(pod, self.state[n], self.spread_cards):
                 after = node_key(devices)
                 if after not in seen:
