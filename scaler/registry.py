@@ -74,6 +74,9 @@ class ScaledObject:
     standby_state: StandbyState = field(default_factory=StandbyState)
     decision_errors: int = 0
     """Decisions that raised something other than "no data" (counted; KEDA got UNAVAILABLE)."""
+    listener_errors: int = 0
+    """Activation listeners that raised when told of a transition (counted; the others
+    were told, the decision kept)."""
 
 
 DecisionHook = Callable[[ScaledObject, Decision, float], Decision]
@@ -307,9 +310,29 @@ class ScaledObjectRegistry:
                 decision.reason,
             )
         if decision.active and not scaled.active:
-            for listener in list(scaled.activation_listeners):
-                listener()
+            self._activated(scaled)
         scaled.active = decision.active
+
+    @staticmethod
+    def _activated(scaled: ScaledObject) -> None:
+        """Tell every activation listener; one that raises is its own failure.
+
+        A listener is an open StreamIsActive (or whatever else subscribed): its bug must
+        not keep the others from hearing of the transition, nor undo the decision just
+        kept (that would also tell the others again on the next one). Transitions are
+        rare, so each failure is one WARNING.
+        """
+        for listener in list(scaled.activation_listeners):
+            try:
+                listener()
+            except Exception as err:
+                scaled.listener_errors += 1
+                log.warning(
+                    "ScaledObject %s/%s: an activation listener failed: %r",
+                    *scaled.key,
+                    err,
+                    exc_info=err,
+                )
 
 
 def _standby(metadata: TriggerMetadata, policy: Policy) -> StandbySetup | None:

@@ -175,14 +175,33 @@ def demo_signals(
 async def demo_source(
     config: DemoSourceConfig, store: SignalStore, clock: Callable[[], float] = time.time
 ) -> None:
-    """Publish demo signals for every configured deployment every ``interval``."""
+    """Publish demo signals for every configured deployment every ``interval``.
+
+    A deployment's round is its unit of work, as a Prometheus target's is: whatever it
+    raises (the clock, a listener of the store) fails that round alone, counted in
+    ``store.errors`` (source ``demo``) and logged once until it changes.
+    """
     start = clock()
     while True:
         now = clock()
         for deployment in config.deployments:
-            for snapshot in demo_signals(config.namespace, deployment, now, now - start, config):
-                store.update(snapshot)
+            _demo_round(config, store, deployment, now, start)
         await asyncio.sleep(config.interval)
+
+
+def _demo_round(
+    config: DemoSourceConfig, store: SignalStore, deployment: str, now: float, start: float
+) -> None:
+    """One demo deployment's snapshots, isolated: an exception fails this round only."""
+    about = ((config.namespace, deployment, ""), "demo")
+    try:
+        for snapshot in demo_signals(config.namespace, deployment, now, now - start, config):
+            store.update(snapshot)
+    except Exception as err:
+        store.count_error("demo", "exception")
+        store.report(about, f"round failed: {_described(err)}")
+        return
+    store.report(about, "")
 
 
 class PrometheusError(Exception):

@@ -83,11 +83,18 @@ class DecisionCollector(Collector):
             "Decisions that raised (KEDA got UNAVAILABLE); the log names the error.",
             labels=_LABELS,
         )
+        listeners = CounterMetricFamily(
+            "unitscale_scaler_activation_listener_errors",
+            "Activation listeners (StreamIsActive) that raised on a transition; the others"
+            " were told.",
+            labels=_LABELS,
+        )
         for scaled in self._registry.objects():
             labels = [scaled.key[0], scaled.key[1]]
             decision = scaled.decision
             available.add_metric(labels, 0.0 if decision is None else 1.0)
             failed.add_metric(labels, scaled.decision_errors)
+            listeners.add_metric(labels, scaled.listener_errors)
             if decision is None:
                 continue
             values = {
@@ -103,6 +110,7 @@ class DecisionCollector(Collector):
         yield from families.values()
         yield available
         yield failed
+        yield listeners
         if self._store is not None:
             yield from source_families(self._store)
         if self._prewarm is not None:
