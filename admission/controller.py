@@ -23,6 +23,13 @@ warned of once per version and counted (``unreadable_objects``), and offers no G
 workload whose decision, a pool whose plan, or a decision whose write raises fails that
 unit's round alone (one WARNING, ``unit_failures{unit}``), and the next pass tries again.
 
+A pass builds the pod index once and keeps each pool's inventory and the fit answers
+given on it for the next (``admission.incremental.Memo``): a pool none of whose nodes,
+pods or held gangs changed is taken back as it was, and a gang that did not fit it is not
+searched again. Every ``incremental.RESYNC_SECONDS`` a pass also decides from scratch;
+its answers stand, and each kind of answer the kept state gave otherwise is counted
+(``resync_differences{kind}``) and warned of once.
+
 What we write comes back through the watch later; until it does, the object our write
 returned stands in for the watched one (the higher resourceVersion wins), so the next
 pass neither writes the same state twice nor judges a stale copy.
@@ -43,7 +50,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from admission import density, hami, lora
+from admission import density, hami, incremental, lora
 from admission import parameters as params
 from admission.config import AdmissionConfig
 from admission.decide import (
@@ -53,6 +60,7 @@ from admission.decide import (
     Pending,
     PoolDemand,
     decide_all,
+    plain_pool,
     plan_pools,
     reclaim_all,
 )
@@ -65,6 +73,7 @@ from admission.workload import (
     check_entries,
     event_for,
     key,
+    pods_by_owner,
     reclaim_body,
 )
 from foundation.errors import ConfigError
@@ -190,6 +199,10 @@ class Controller:
         """Our checks with good parameters, as the last pass found them."""
         self._read_versions: dict[tuple[str, str], tuple[str, str]] = {}
         """Each node's and pod's resourceVersion last checked, and its problem (or "")."""
+        self._memo = incremental.Memo()
+        """Pools and fit answers kept from pass to pass (``admission.incremental``)."""
+        self._resynced: float | None = None
+        """The clock's seconds at the last pass that also decided from scratch."""
         self.metrics.refresh = self.observe
 
     # --- the view --------------------------------------------------------------------
@@ -373,16 +386,16 @@ class Controller:
                 if (check.get("spec") or {}).get("controllerName") == self.name
             ),
             check_parameters=ours,
+            pod_index=pods_by_owner(view.pods),  # once a pass, for every pool
+            lora_density=self._density_or_last(view, ours, now),
         )
-        # Planned once: admission (step 5) and reclaim read the same plan.
-        plans = plan_pools(cluster, now)
+        plans, decided = self._decide_pass(pending, cluster, now)
         for name, planned in sorted(plans.items()):
             self._settled("pool", f"check {name} pool {planned.pool}", planned.failed)
-        tenants = self._density_or_last(view, ours, now)
-        cluster = dataclasses.replace(cluster, plans=plans, lora_density=tenants)
+        cluster = dataclasses.replace(cluster, plans=plans)
         self.metrics.set_plans({name: (p.pool, p.plan) for name, p in plans.items()})
         decisions = []
-        for decision in self._decide(pending, cluster, now) if pending else ():
+        for decision in decided:
             subject = f"workload {decision.namespace}/{decision.workload} check {decision.check}"
             if not self._settled("workload", subject, decision.failed):
                 decisions.append(decision)
@@ -406,6 +419,60 @@ class Controller:
             *(write(d, None) for d in decisions),
             *(write(d, taken.get(f"{d.namespace}/{d.workload}")) for d in reclaims),
         )
+
+    def _decide_pass(
+        self, pending: Sequence[Pending], cluster: Cluster, now: float
+    ) -> tuple[dict[str, CheckPlan], Sequence[Decision]]:
+        """The plans (made once: admission's step 5 and reclaim read the same) and decisions.
+
+        On the pools and fit answers kept from earlier passes; every ``RESYNC_SECONDS``
+        also from scratch, whose answers then stand: each kind of answer the kept state
+        gave otherwise is counted (``resync_differences{kind}``) and warned of once.
+        """
+        memo = self._memo
+        memo.begin()
+        built, reused = memo.built, memo.reused
+        kept = dataclasses.replace(cluster, memo=memo)
+        plans = plan_pools(kept, now)
+        decided = (
+            self._decide(pending, dataclasses.replace(kept, plans=plans), now) if pending else ()
+        )
+        self.metrics.pools.labels("built").inc(memo.built - built)
+        self.metrics.pools.labels("reused").inc(memo.reused - reused)
+        if self._resynced is None:
+            self._resynced = now
+        if 0 <= now - self._resynced < incremental.RESYNC_SECONDS:
+            return plans, decided
+        self._resynced = now
+        fresh = incremental.Memo()
+        scratch = dataclasses.replace(cluster, memo=fresh)
+        fresh_plans = plan_pools(scratch, now)
+        fresh_decided = (
+            self._decide(pending, dataclasses.replace(scratch, plans=fresh_plans), now)
+            if pending
+            else ()
+        )
+        found = incremental.differences(
+            {
+                "decision": (_by_subject(decided), _by_subject(fresh_decided)),
+                "plan": (dict(plans), dict(fresh_plans)),
+                "inventory": (
+                    incremental.pool_states(memo),
+                    incremental.pool_states(fresh),
+                ),
+            }
+        )
+        for kind, count in sorted(found.items()):
+            self.metrics.resync_differences.labels(kind).inc(count)
+            self._once.warn(
+                f"resync {kind}",
+                "resync: the kept state's %s answers differ from a pass from scratch "
+                "(unitscale_admission_resync_differences_total counts them); the pass from "
+                "scratch stands and the kept state starts again",
+                kind,
+            )
+        self._memo = fresh
+        return fresh_plans, fresh_decided
 
     def _settled(self, unit: str, subject: str, failed: str) -> bool:
         """Warn of and count a unit's failed round (``failed`` non-empty); whether it failed.
@@ -475,13 +542,7 @@ class Controller:
             self.metrics.set_lora_density({})
             return {}
         _, first = adaptive[0]
-        pool = hami.inventory(
-            view.nodes,
-            view.pods,
-            now=now,
-            handshake_timeout=first.handshake_timeout_seconds,
-            node_selector=dict(first.pool_node_selector) or None,
-        )
+        pool = plain_pool(self._nodes_and_pods(view), first, now)
         models = density.instance_models(list(view.workloads.values()))
         loads = density.model_loads(view.pods, pool, models, first.lora.step_time_slo_seconds)
         before = self._density
@@ -686,6 +747,10 @@ class Controller:
 
     # --- metrics of the view ---------------------------------------------------------
 
+    def _nodes_and_pods(self, view: Snapshot) -> Cluster:
+        """The view's nodes and pods, to read a pool from (kept from pass to pass)."""
+        return Cluster(view.nodes, view.pods, (), (), (), None, memo=self._memo)
+
     def observe(self) -> None:
         """Set the view's gauges: each pool's GPUs, LoRA tenants.
 
@@ -694,14 +759,9 @@ class Controller:
         """
         view, now = self.snapshot(), self._clock()
         pools: dict[str, tuple[int, int]] = {}
+        cluster = self._nodes_and_pods(view)
         for pool, parameters in pool_labels(self._usable).items():
-            seen = hami.inventory(
-                view.nodes,
-                view.pods,
-                now=now,
-                handshake_timeout=parameters.handshake_timeout_seconds,
-                node_selector=dict(parameters.pool_node_selector) or None,
-            )
+            seen = plain_pool(cluster, parameters, now)
             total = sum(len(node.devices) for node in seen.pool)
             free = sum(1 for node in seen.nodes for card in node.devices if card.untouched)
             pools[pool] = (total, free)
@@ -743,6 +803,10 @@ def _reclaims_by_key(plans: Mapping[str, CheckPlan]) -> dict[str, tuple[str, Rec
         for taken in planned.plan.reclaim:
             found.setdefault(taken.key, (planned.pool, taken))
     return found
+
+
+def _by_subject(decisions: Iterable[Decision]) -> dict[tuple[str, str, str], Decision]:
+    return {(d.namespace, d.workload, d.check): d for d in decisions}
 
 
 def _version(obj: Mapping[str, Any]) -> int:

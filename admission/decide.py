@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from admission import annotations as names
-from admission import fluid, lora, reclaim
+from admission import fluid, incremental, lora, reclaim
 from admission.fit import (
     FitResult,
     PodSetDemand,
@@ -79,6 +79,7 @@ __all__ = [
     "Pending",
     "PoolDemand",
     "decide_all",
+    "indexed",
     "plan_pools",
     "reclaim_all",
 ]
@@ -134,6 +135,23 @@ class Cluster:
     """The capacity manager's plan per check with reclaim enabled (``plan_pools``); None:
     ``decide_all`` and ``reclaim_all`` make them (a caller that also exports them passes
     them in, so they are made once a pass)."""
+    pod_index: Mapping[str, list[RawObject]] | None = None
+    """``workload.pods_by_owner(pods)``; None: each entry point builds it (a caller making
+    one pass of several passes it in, so it is built once a pass)."""
+    memo: incremental.Memo | None = field(default=None, compare=False)
+    """Pools and fit answers kept from earlier passes (``admission.incremental``); None:
+    everything is built afresh."""
+
+
+def indexed(cluster: Cluster) -> Cluster:
+    """The cluster with its pod index built (the same cluster when it has one)."""
+    if cluster.pod_index is not None:
+        return cluster
+    return replace(cluster, pod_index=pods_by_owner(cluster.pods))
+
+
+def _index(cluster: Cluster) -> Mapping[str, list[RawObject]]:
+    return cluster.pod_index if cluster.pod_index is not None else pods_by_owner(cluster.pods)
 
 
 @dataclass(frozen=True)
@@ -176,12 +194,15 @@ class _Pass:
     cluster: Cluster
     now: float
     inventories: dict[tuple[Any, ...], Inventory] = field(default_factory=dict)
+    entries: dict[tuple[Any, ...], incremental.PoolEntry] = field(default_factory=dict)
+    """Each pool as the pass began, with the fit answers given on it (kept across passes
+    when ``cluster.memo`` is set)."""
+    reserved: set[tuple[Any, ...]] = field(default_factory=set)
+    """Pools a Ready of this pass took cards from: no longer the pool the pass began with."""
     dataloads: list[RawObject] = field(default_factory=list)
     seats: list[lora.LoraAssignment] = field(default_factory=list)
     broken: dict[tuple[Any, ...], str] = field(default_factory=dict)
     """Pools whose inventory raised this pass, and why: read once, failed once."""
-    ever: dict[tuple[Any, ...], FitResult] = field(default_factory=dict)
-    """``fits_ever`` per pool and gang: the pool's hardware does not change in a pass."""
     misses: dict[tuple[Any, ...], FitResult] = field(default_factory=dict)
     """Gangs that did not fit now, per pool, nodes and policy: within a pass the
     inventory only shrinks, so the same gang misses again (a backlog of alike
@@ -201,16 +222,41 @@ class _Pass:
         if group not in self.inventories:
             mine = frozenset(c for c, q in checks.items() if q is None or _group(q) == group)
             try:
-                pool, promised = _pool_inventory(self.cluster, p, mine, self.now)
+                entry = _held_pool(self.cluster, p, mine, self.now)
             except Exception as err:
                 self.broken[group] = f"the pool's inventory: {_error(err)}"
                 raise _PoolError(self.broken[group]) from err
-            self.inventories[group], self.unplaced[group] = pool, promised
+            self.entries[group] = entry
+            self.inventories[group], self.unplaced[group] = entry.pool, entry.promised
         return self.inventories[group]
 
     def reserve(self, p: Parameters, fit: FitResult) -> None:
         group = _group(p)
         self.inventories[group] = self.inventories[group].reserve(fit.placements)
+        self.reserved.add(group)
+
+    def fits_ever(self, group: tuple[Any, ...], demand: tuple[PodSetDemand, ...]) -> FitResult:
+        """``fit.fits_ever`` on the pool's hardware, once per pool and gang."""
+        entry = self.entries[group]
+        ever = entry.ever.get(demand)
+        if ever is None:
+            ever = fits_ever(demand, entry.pool)  # reads the hardware alone
+            entry.remember(entry.ever, demand, ever)
+        return ever
+
+    def missed(self, attempt: tuple[Any, ...]) -> FitResult | None:
+        """A miss of this gang earlier: this pass, or on the pool as the pass began.
+
+        Within a pass the pool only shrinks, so a gang that missed it misses again.
+        """
+        return self.misses.get(attempt) or self.entries[attempt[0]].misses.get(attempt)
+
+    def miss(self, attempt: tuple[Any, ...], fit: FitResult) -> None:
+        self.misses[attempt] = fit
+        group = attempt[0]
+        if group not in self.reserved:  # the pool as the pass began: kept with it
+            entry = self.entries[group]
+            entry.remember(entry.misses, attempt, fit)
 
 
 class _PoolError(Exception):
@@ -237,6 +283,7 @@ def _checks(cluster: Cluster, pending: Sequence[Pending] = ()) -> dict[str, Para
 
 def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
     """One decision per pending check, by priority (highest first), then age."""
+    cluster = indexed(cluster)
     checks = _checks(cluster, pending)
     plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
     state = _Pass(cluster, now, dataloads=list(cluster.dataloads), plans=plans)
@@ -308,9 +355,7 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
     # 2. Never fits the pool: no use waiting for its data first.
     pool = state.inventory(params, checks)
     group = _group(params)
-    ever = state.ever.get((group, demand))
-    if ever is None:
-        ever = state.ever[(group, demand)] = fits_ever(demand, pool)
+    ever = state.fits_ever(group, demand)
     if not ever.fits:
         return out("Rejected", ever.reason)
 
@@ -349,14 +394,14 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
     offered = _on_nodes(pool, state.cluster.nodes, where)
     attempt = (group, tuple(sorted(where.items())), params.gpu_scheduler_policy,
                params.node_scheduler_policy, demand)  # fmt: skip
-    fit = state.misses.get(attempt) or fit_gang(
+    fit = state.missed(attempt) or fit_gang(
         demand,
         offered,
         params.gpu_scheduler_policy,
         node_policy=params.node_scheduler_policy or "binpack",
     )
     if not fit.fits:
-        state.misses[attempt] = fit
+        state.miss(attempt, fit)
         place = f" on the nodes with {_labels(where)}" if where else ""
         return out("Retry", f"does not fit now{place}: {fit.reason}", retry=True)
 
@@ -396,6 +441,7 @@ def plan_pools(cluster: Cluster, now: float) -> dict[str, CheckPlan]:
     scaler's forecast for ``inferenceHeadroom.pool`` (unavailable: an unknown plan, which
     reclaims nothing and says why).
     """
+    cluster = indexed(cluster)
     checks = _checks(cluster)
     inventories: dict[tuple[Any, ...], Inventory] = {}
     plans: dict[str, CheckPlan] = {}
@@ -431,17 +477,16 @@ def _plan_check(
         raise ValueError(f"check {name} has no inferenceHeadroom to plan by")
     group = _group(params)
     if group not in inventories:
-        inventories[group] = inventory(
-            cluster.nodes,
-            cluster.pods,
-            now=now,
-            handshake_timeout=params.handshake_timeout_seconds,
-            node_selector=dict(params.pool_node_selector) or None,
-        )
+        inventories[group] = plain_pool(cluster, params, now)
     pool = inventories[group]
     mine = [c for c, q in checks.items() if q is not None and _group(q) == group]
     here = reclaim.admitted_in_pool(
-        cluster.workloads, cluster.pods, pool, mine, params.reclaim.max_priority
+        cluster.workloads,
+        cluster.pods,
+        pool,
+        mine,
+        params.reclaim.max_priority,
+        by_owner=_index(cluster),
     )
     need, missing = _need(cluster, wanted.pool)
     policy = ManagerPolicy(
@@ -463,6 +508,32 @@ def _plan_check(
     return CheckPlan(name, wanted.pool, plan, entries)
 
 
+def plain_pool(cluster: Cluster, params: Parameters, now: float) -> Inventory:
+    """What the pool of ``params`` offers, every pod taken off (kept in ``cluster.memo``)."""
+    selector = dict(params.pool_node_selector) or None
+    timeout = params.handshake_timeout_seconds
+
+    def build() -> tuple[Inventory, float, float]:
+        pool = inventory(
+            cluster.nodes, cluster.pods, now=now, handshake_timeout=timeout, node_selector=selector
+        )
+        return pool, 0.0, math.inf
+
+    if cluster.memo is None:
+        return build()[0]
+    fingerprint = incremental.pool_fingerprint(
+        cluster.nodes,
+        cluster.pods,
+        (),
+        lambda w: (),
+        selector=selector,
+        handshake_timeout=timeout,
+        checks=(),
+        now=now,
+    )
+    return cluster.memo.pool(("plain", _group(params)), fingerprint, now, build).pool
+
+
 def _need(cluster: Cluster, pool: str) -> tuple[InferenceNeed | None, str]:
     """The scaler's figures for ``pool``, or None and why not (never a zero)."""
     figures = None if cluster.demand is None else cluster.demand.get(pool)
@@ -476,7 +547,7 @@ def reclaim_all(cluster: Cluster, now: float) -> list[Decision]:
 
     A workload two plans reclaim (two reclaiming checks on one pool) gets one decision.
     """
-    plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
+    plans = cluster.plans if cluster.plans is not None else plan_pools(indexed(cluster), now)
     decisions: list[Decision] = []
     seen: set[str] = set()
     for _, planned in sorted(plans.items()):
@@ -580,9 +651,33 @@ def _wanted(
     return wanted
 
 
+def _held_pool(
+    cluster: Cluster, params: Parameters, checks: frozenset[str], now: float
+) -> incremental.PoolEntry:
+    """``_pool_inventory``, taken back from ``cluster.memo`` while nothing it read changed."""
+    selector = dict(params.pool_node_selector) or None
+    memo = cluster.memo or incremental.Memo()
+    fingerprint = None
+    if cluster.memo is not None:
+        by_owner = _index(cluster)
+        fingerprint = incremental.pool_fingerprint(
+            cluster.nodes,
+            cluster.pods,
+            cluster.workloads,
+            lambda w: owned_pods(w, by_owner),
+            selector=selector,
+            handshake_timeout=params.handshake_timeout_seconds,
+            checks=checks,
+            now=now,
+        )
+    # The gangs held are refitted by the policy of the check whose workload comes first.
+    held = ("held", _group(params), params.gpu_scheduler_policy, checks)
+    return memo.pool(held, fingerprint, now, lambda: _pool_inventory(cluster, params, checks, now))
+
+
 def _pool_inventory(
     cluster: Cluster, params: Parameters, checks: frozenset[str], now: float
-) -> tuple[Inventory, float]:
+) -> tuple[Inventory, float, float]:
     """The pool now, with the gangs we admitted whose pods are not all placed held back.
 
     A gang whose check of ours is Ready, not finished, with fewer GPU pods placed than
@@ -596,12 +691,14 @@ def _pool_inventory(
     allocations count instead.
 
     Also the cards' worth those held gangs take beyond the shares their placed pods
-    hold (what the capacity manager's plan counts of them): the allowance counts it.
+    hold (what the capacity manager's plan counts of them): the allowance counts it; and
+    until when this holds (a gang none of whose pods are matched lets go at its deadline).
     """
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
-    by_owner = pods_by_owner(cluster.pods)
+    by_owner = _index(cluster)
     holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, by_owner, now)]
+    valid_until = min((_hold_deadline(w, checks, by_owner) for w in holding), default=math.inf)
     ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
     pool = inventory(
         cluster.nodes,
@@ -613,7 +710,7 @@ def _pool_inventory(
     )
     placed = {
         a.admitted.key: a.admitted.cards
-        for a in reclaim.admitted_in_pool(holding, cluster.pods, pool, checks, 0)
+        for a in reclaim.admitted_in_pool(holding, cluster.pods, pool, checks, 0, by_owner=by_owner)
     }
     promised = 0.0
     for w in sorted(holding, key=lambda w: (-priority(w), created_at(w), key(w))):
@@ -625,7 +722,7 @@ def _pool_inventory(
             whole = reclaim.placement_cards(pool, held.placements)
             promised += max(0.0, whole - placed.get(key(w), 0.0))
             pool = pool.reserve(held.placements)
-    return pool, promised
+    return pool, promised, valid_until
 
 
 def _granted_selector(w: RawObject, checks: frozenset[str]) -> dict[str, str]:
@@ -665,6 +762,17 @@ def _holds_unplaced(
         if names.HAMI_DEVICES_ALLOCATED in ((pod.get("metadata") or {}).get("annotations") or {})
     )
     return placed < wanted
+
+
+def _hold_deadline(
+    w: RawObject, checks: frozenset[str], by_owner: Mapping[str, list[RawObject]]
+) -> float:
+    """When a held gang none of whose pods are matched lets go (never, for one matched)."""
+    if owned_pods(w, by_owner):
+        return math.inf
+    entries = check_entries(w)
+    ready = [entries[c] for c in checks if entries.get(c, {}).get("state") == "Ready"]
+    return max((parse_time(e.get("lastTransitionTime")) or 0.0) for e in ready) + HOLD_SECONDS
 
 
 def _pod_keys(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[str]:

@@ -729,7 +729,7 @@ def _read_node(
         return name, devices, None
     allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(names.GPU)
     handshake = annotations.get(names.HAMI_NODE_HANDSHAKE)
-    offers, stale = _handshake(handshake, now, timeout, parse_quantity(allocatable))
+    offers, stale = handshake_offers(handshake, now, timeout, parse_quantity(allocatable))
     if stale is not None:
         problems.append(Problem(subject, stale))
     if not offers:
@@ -738,7 +738,7 @@ def _read_node(
     return name, devices, tuple(d for d in devices if d.healthy and d.uuid not in cordoned)
 
 
-def _handshake(
+def handshake_offers(
     value: object, now: float, timeout: float, allocatable: int | None
 ) -> tuple[bool, str | None]:
     """Whether the node offers its cards by HAMi's handshake, and what to report."""
@@ -763,7 +763,9 @@ def _handshake(
     return True, None
 
 
+@functools.lru_cache(maxsize=4096)
 def _handshake_time(stamp: str) -> float | None:
+    # Cached: a pass reads every node's handshake (``incremental.pool_fingerprint``).
     for fmt in HANDSHAKE_TIME_FORMATS:
         try:
             return datetime.strptime(stamp, fmt).replace(tzinfo=UTC).timestamp()

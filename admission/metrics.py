@@ -29,6 +29,11 @@ Never a Workload or pod name.
   (``workload``: deciding one check; ``pool``: planning one pool; ``write``: writing one
   decision; ``density``: the LoRA density step; ``check``: reading one AdmissionCheck's
   parameters, which then stays inactive), each with one WARNING; the pass went on;
+- ``unitscale_admission_resync_differences_total{kind}``: answers (``decision``, ``plan``,
+  ``inventory``) the state kept from pass to pass gave otherwise than the pass from
+  scratch every ``incremental.RESYNC_SECONDS`` (0 unless there is a bug; one WARNING per
+  kind); ``unitscale_admission_pool_inventories_total{result}``: pools ``built`` or
+  ``reused`` unchanged from an earlier pass;
 - ``unitscale_admission_unreadable_objects_total{kind}``: node or pod versions whose HAMi
   annotation could not be read (``node``, ``pod``), each with one WARNING naming it; such
   a node offers no GPUs, nor does the node such a pod runs on.
@@ -121,6 +126,20 @@ class AdmissionMetrics:
         )
         self.passes = Counter(
             "unitscale_admission_passes", "Reconcile passes run.", registry=self.registry
+        )
+        self.resync_differences = Counter(
+            "unitscale_admission_resync_differences",
+            "Answers (kind: decision, plan, inventory) the state kept from pass to pass gave "
+            "otherwise than the periodic pass from scratch; 0 unless there is a bug.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.pools = Counter(
+            "unitscale_admission_pool_inventories",
+            "Pool inventories a pass read, by result: built, or reused (nothing on the pool "
+            "changed since an earlier pass).",
+            ["result"],
+            registry=self.registry,
         )
         self.pass_seconds = Histogram(
             "unitscale_admission_pass_seconds",

@@ -138,6 +138,8 @@ def admitted_in_pool(
     pool: Inventory,
     checks: Collection[str],
     max_priority: int,
+    *,
+    by_owner: Mapping[str, list[RawObject]] | None = None,
 ) -> list[AdmittedHere]:
     """The workloads admitted through ``checks`` that a reclaim may write to, with shares.
 
@@ -145,8 +147,9 @@ def admitted_in_pool(
     write (admitted, not evicted, finished or leaving); it is preemptible when its
     ``spec.priority`` is at most ``max_priority`` and its admission time is readable.
     One with no pod placed yet holds no share (it frees nothing, so it is never reclaimed).
+    ``by_owner``: the pass's ``workload.pods_by_owner(pods)``, when it has one.
     """
-    by_owner = pods_by_owner(pods)
+    by_owner = pods_by_owner(pods) if by_owner is None else by_owner
     found = []
     for w in workloads:
         entries = check_entries(w)

@@ -1,0 +1,249 @@
+"""What a pass keeps for the next: each pool's inventory and its fit answers (pure).
+
+A pass used to build every pool's inventory from every node and pod, refit every gang
+admitted and not yet placed, and search again for every gang that did not fit. All of
+that depends on a few objects only, so ``Memo`` keeps each pool's result with the
+*fingerprint* of what it read, and the next pass takes it back when the fingerprint is
+equal (and the time it holds for has not passed):
+
+- a node, by what the inventory reads of it: name, HAMi register, cordons,
+  ``unschedulable`` and whether its handshake offers its cards at ``now`` (HAMi rewrites
+  the handshake every few seconds: its new text alone changes nothing);
+- a pod on one of the pool's nodes or tied to a gang held there, by its node, its HAMi
+  allocation, its phase and its ties (owners, JobSet, Kueue's Workload name);
+- a Workload one of the pool's checks holds Ready, by uid and ``resourceVersion`` (one
+  without: nothing is kept for the pool, it is built every pass).
+
+With the inventory kept, so are the fit answers made on it: ``fits_ever`` per gang (the
+pool's hardware), and the gangs that did not fit the pool as the pass began (the pass
+only takes cards away, so they miss for the rest of it). A gang that does not fit is
+thus searched again only once something on its pool changed, a Workload admitted or
+finished, a pod placed or gone, a node changed, or at the resync.
+
+``RESYNC_SECONDS``: the controller's safety net. Every so often it decides from scratch
+too, counts what the kept state decided otherwise, and starts a new ``Memo``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from admission import annotations as names
+from admission import hami
+from admission.fit import FitResult
+from admission.hami import Inventory
+
+RawObject = Mapping[str, Any]
+
+RESYNC_SECONDS = 60.0
+"""Seconds between passes that also decide from scratch and compare (the safety net)."""
+MAX_POOLS = 256
+"""Pools kept at most (one per pool selector, handshake limit, policy and checks)."""
+MAX_ANSWERS = 4096
+"""Fit answers kept per pool at most (gang shapes x node selections)."""
+
+Fingerprint = tuple[Hashable, ...]
+
+
+@dataclass
+class PoolEntry:
+    """One pool's inventory as a pass built it, and the fit answers given on it."""
+
+    fingerprint: Fingerprint
+    built_at: float
+    valid_until: float
+    """The inventory holds until then (a gang held without pods lets go at its deadline)."""
+    pool: Inventory
+    promised: float = 0.0
+    """Cards' worth promised to gangs admitted and not placed (``decide._pool_inventory``)."""
+    ever: dict[Hashable, FitResult] = field(default_factory=dict)
+    """``fits_ever`` by gang: the pool's hardware is in the fingerprint."""
+    misses: dict[Hashable, FitResult] = field(default_factory=dict)
+    """Gangs (with their node selection and policies) that did not fit ``pool``."""
+
+    def remember(self, cache: dict[Hashable, FitResult], key: Hashable, fit: FitResult) -> None:
+        """Keep one fit answer, a bounded number of them."""
+        if len(cache) >= MAX_ANSWERS:
+            cache.clear()
+        cache[key] = fit
+
+
+@dataclass
+class Memo:
+    """Pools kept across passes, by key; the controller holds one, a test a fresh one."""
+
+    pools: dict[Hashable, PoolEntry] = field(default_factory=dict)
+    built: int = 0
+    """Pools built (a fingerprint not seen, or the time passed)."""
+    reused: int = 0
+    """Pools taken back unchanged."""
+    touched: set[Hashable] = field(default_factory=set)
+    """Pools read since ``begin``: the ones this pass's answers rest on."""
+
+    def begin(self) -> None:
+        """A new pass: no pool read yet."""
+        self.touched.clear()
+
+    def pool(
+        self,
+        key: Hashable,
+        fingerprint: Fingerprint | None,
+        now: float,
+        build: Callable[[], tuple[Inventory, float, float]],
+    ) -> PoolEntry:
+        """The pool under ``key``: the one kept if its fingerprint and time hold, else built.
+
+        ``build`` returns ``(inventory, promised, valid_until)``; a fingerprint of None
+        (an input that cannot be told apart from its next version) is built every time.
+        """
+        self.touched.add(key)
+        kept = self.pools.get(key)
+        if (
+            kept is not None
+            and fingerprint is not None
+            and kept.fingerprint == fingerprint
+            and kept.built_at <= now < kept.valid_until
+        ):
+            self.reused += 1
+            return kept
+        pool, promised, valid_until = build()
+        self.built += 1
+        entry = PoolEntry(fingerprint or (), now, valid_until, pool, promised)
+        if fingerprint is None:
+            entry.valid_until = -math.inf  # never taken back
+        if len(self.pools) >= MAX_POOLS:
+            self.pools.clear()
+        self.pools[key] = entry
+        return entry
+
+
+def pool_fingerprint(
+    nodes: Sequence[RawObject],
+    pods: Sequence[RawObject],
+    workloads: Sequence[RawObject],
+    owned: Callable[[Any], Sequence[RawObject]],
+    *,
+    selector: Mapping[str, str] | None,
+    handshake_timeout: float,
+    checks: Collection[str],
+    now: float,
+) -> Fingerprint | None:
+    """What a pool's inventory reads, as a value equal across passes while it is unchanged.
+
+    Args:
+        nodes: every Node.
+        pods: every Pod.
+        workloads: every Workload.
+        owned: a Workload's pods (``workload.owned_pods`` over the pass's index).
+        selector: the pool's node selector (None: every node).
+        handshake_timeout: the pool's handshake limit.
+        checks: the checks whose Ready gangs hold cards here (empty: none are read).
+        now: unix seconds.
+
+    Returns:
+        The fingerprint, or None when a held Workload has no resourceVersion.
+    """
+    in_pool: set[str] = set()
+    node_part: list[Hashable] = []
+    for obj in nodes:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if selector and any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        name = str(meta.get("name"))
+        in_pool.add(name)
+        node_part.append(_node_key(obj, name, now, handshake_timeout))
+    held: list[Hashable] = []
+    tied: dict[int, RawObject] = {}
+    for w in workloads if checks else ():
+        entries = (w.get("status") or {}).get("admissionChecks") or ()
+        if not any(
+            isinstance(e, Mapping) and e.get("name") in checks and e.get("state") == "Ready"
+            for e in entries
+        ):
+            continue
+        meta = w.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        if not version:
+            return None
+        held.append((meta.get("uid"), meta.get("namespace"), meta.get("name"), version))
+        tied.update((id(pod), pod) for pod in owned(w))
+    pod_part = [_pod_key(pod) for pod in pods if id(pod) in tied or _pod_node(pod) in in_pool]
+    return (tuple(node_part), tuple(held), tuple(pod_part))
+
+
+def _node_key(obj: RawObject, name: str, now: float, timeout: float) -> Hashable:
+    """What ``hami.inventory`` reads of a node in the pool, with its handshake read at ``now``."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(names.GPU)
+    offers, _ = hami.handshake_offers(
+        annotations.get(names.HAMI_NODE_HANDSHAKE), now, timeout, hami.parse_quantity(allocatable)
+    )
+    return (
+        name,
+        str(annotations.get(names.HAMI_NODE_REGISTER)),
+        str(annotations.get(names.HAMI_DEVICE_CORDON, "")),
+        (obj.get("spec") or {}).get("unschedulable") is True,
+        offers,
+    )
+
+
+def _pod_node(pod: RawObject) -> str | None:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    node = annotations.get(names.HAMI_VGPU_NODE) or (pod.get("spec") or {}).get("nodeName")
+    return node if isinstance(node, str) else None
+
+
+def _pod_key(pod: RawObject) -> Hashable:
+    """What the inventory and a held gang's count read of a pod."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    owners = tuple(
+        str(o.get("uid")) for o in meta.get("ownerReferences") or () if isinstance(o, Mapping)
+    )
+    return (
+        meta.get("namespace"),
+        meta.get("name"),
+        meta.get("uid"),
+        _pod_node(pod),
+        str(annotations.get(names.HAMI_DEVICES_ALLOCATED, "")),
+        str(annotations.get(names.KUEUE_WORKLOAD, "")),
+        str(labels.get(names.JOBSET_UID, "") if isinstance(labels, Mapping) else ""),
+        (pod.get("status") or {}).get("phase") in hami.TERMINAL_PHASES,
+        owners,
+    )
+
+
+def pool_states(memo: Memo) -> dict[Any, object]:
+    """Each pool read this pass as a value to compare: its nodes, hardware, cards promised."""
+    return {
+        k: (e.pool.nodes, e.pool.pool, e.promised)
+        for k, e in memo.pools.items()
+        if k in memo.touched
+    }
+
+
+def differences(
+    compared: Mapping[str, tuple[Mapping[Any, object], Mapping[Any, object]]],
+) -> dict[str, int]:
+    """Per kind, how many keys the kept state and a from-scratch pass answer differently.
+
+    ``compared`` maps a kind (``decision``, ``plan``, ``inventory``) to the two answers by
+    key; a key only one side has counts for ``decision`` and ``plan`` (the same pending
+    checks and pools are decided both ways), not for ``inventory`` (a kept pool no check
+    reads this pass is not built from scratch).
+    """
+    found: dict[str, int] = {}
+    for kind, (kept, fresh) in compared.items():
+        keys = kept.keys() & fresh.keys() if kind == "inventory" else kept.keys() | fresh.keys()
+        count = sum(1 for k in keys if kept.get(k, _ABSENT) != fresh.get(k, _ABSENT))
+        if count:
+            found[kind] = count
+    return found
+
+
+_ABSENT = object()

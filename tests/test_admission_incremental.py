@@ -1,0 +1,430 @@
+"""Decisions on state kept from pass to pass (admission.incremental) equal those from scratch.
+
+A property over random event sequences (gangs arriving, admitted, placed, finishing;
+shares taken and freed; nodes cordoned or their handshake going stale; Datasets turning
+ready; the inference forecast moving; time passing): after every event a pass on the
+kept ``Memo`` decides and plans exactly what a pass from scratch over the same state
+does. Then the rules that make the kept state worth keeping (a gang that does not fit is
+not searched again until its pool changes) and the controller's resync, which counts any
+difference it finds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from admission import annotations as names
+from admission import decide as decide_module
+from admission import incremental
+from admission.decide import Cluster, Pending, PoolDemand, decide_all, plan_pools
+from admission.parameters import DataParameters, Headroom, Parameters, ReclaimParameters
+from foundation.timestamps import format_time
+from tests import test_admission_decide as decided
+from tests.test_admission_controller import NO_API, Writing
+
+NOW = decided.NOW
+CHECKS = {
+    "check-a": Parameters(
+        pool_node_selector={"pool": "a"}, data=DataParameters(timeout_seconds=120)
+    ),
+    "check-b": Parameters(
+        pool_node_selector={"pool": "b"},
+        gpu_scheduler_policy="spread",
+        node_scheduler_policy="spread",
+    ),
+    # Pool a again, judged by the forecast and the capacity manager's allowance.
+    "check-a-inference": Parameters(
+        pool_node_selector={"pool": "a"},
+        inference_headroom=Headroom("scaler:9090", "a"),
+        reclaim=ReclaimParameters(enabled=True, min_run_seconds=0),
+    ),
+}
+
+
+@dataclass
+class World:
+    """The cluster as the watches would show it; every change a new object version."""
+
+    now: float = NOW
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    demand: dict[str, PoolDemand] | None = None
+    version: int = 1
+
+    def stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A new version of ``obj`` (a copy, as a watch delivers a new object)."""
+        obj = copy.deepcopy(obj)
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        return obj
+
+    def pending(self) -> list[Pending]:
+        return [
+            Pending(w, entry["name"], CHECKS[entry["name"]], NOW - 10)
+            for w in self.workloads.values()
+            for entry in w["status"]["admissionChecks"]
+            if entry["state"] == "Pending"
+        ]
+
+    def cluster(self, memo: incremental.Memo | None) -> Cluster:
+        return Cluster(
+            nodes=list(self.nodes.values()),
+            pods=list(self.pods.values()),
+            workloads=list(self.workloads.values()),
+            datasets=list(self.datasets.values()),
+            dataloads=[],
+            demand=self.demand,
+            our_checks=frozenset(CHECKS),
+            check_parameters=CHECKS,
+            memo=memo,
+        )
+
+    def ready(self) -> list[str]:
+        return sorted(
+            k
+            for k, w in self.workloads.items()
+            if w["status"]["admissionChecks"][0]["state"] == "Ready"
+            and not any(c["type"] == "Finished" for c in w["status"]["conditions"])
+        )
+
+
+def pool_of(check: str) -> str:
+    return "b" if check == "check-b" else "a"
+
+
+def apply_event(world: World, event: tuple[Any, ...]) -> None:
+    """One watch event's worth of change (the kinds the module docstring lists)."""
+    kind, *args = event
+    if kind == "arrive":
+        check, gpus, pods, share, priority, data = args
+        name = f"w{world.version}"
+        w = decided.workload(name, pods=pods, gpus=gpus, priority=priority)
+        if share:
+            w = decided.asking_a_share(w, share)
+        if data:
+            w["metadata"]["annotations"][names.DATASET] = data
+        w["metadata"]["creationTimestamp"] = format_time(world.now)
+        w["status"]["admissionChecks"][0]["name"] = check
+        world.workloads[name] = world.stamp(w)
+    elif kind == "admit" and (pending := [p.workload for p in world.pending()]):
+        w = world.stamp(pending[args[0] % len(pending)])
+        w["status"]["admissionChecks"][0].update(
+            state="Ready", lastTransitionTime=format_time(world.now)
+        )
+        w["status"]["conditions"].append(
+            {"type": "Admitted", "status": "True", "lastTransitionTime": format_time(world.now)}
+        )
+        world.workloads[w["metadata"]["name"]] = w
+    elif kind == "place" and (ready := world.ready()):
+        place(world, world.workloads[ready[args[0] % len(ready)]], args[1])
+    elif kind == "finish" and (ready := world.ready()):
+        w = world.stamp(world.workloads[ready[args[0] % len(ready)]])
+        w["status"]["conditions"].append({"type": "Finished", "status": "True"})
+        world.workloads[w["metadata"]["name"]] = w
+        for name, pod in list(world.pods.items()):
+            if pod["metadata"]["ownerReferences"][0]["uid"] == f"uid-job-{w['metadata']['name']}":
+                del world.pods[name]
+    else:
+        apply_cluster_event(world, kind, args)
+
+
+def apply_cluster_event(world: World, kind: str, args: list[Any]) -> None:
+    nodes = sorted(world.nodes)
+    if kind == "share":
+        on, card, mib = nodes[args[0] % len(nodes)], args[1], args[2]
+        cards = len(_register(world.nodes[on]))
+        pod = decided.sharing(f"share-{world.version}", on, card % cards, mib, 0)
+        world.pods[pod["metadata"]["name"]] = world.stamp(pod)
+    elif kind == "free" and world.pods:
+        del world.pods[sorted(world.pods)[args[0] % len(world.pods)]]
+    elif kind == "cordon":
+        node = world.stamp(world.nodes[nodes[args[0] % len(nodes)]])
+        node["spec"]["unschedulable"] = not node["spec"].get("unschedulable", False)
+        world.nodes[node["metadata"]["name"]] = node
+    elif kind == "handshake":
+        node = world.stamp(world.nodes[nodes[args[0] % len(nodes)]])
+        asked = format_time(world.now).replace("T", " ").rstrip("Z")
+        node["metadata"]["annotations"][names.HAMI_NODE_HANDSHAKE] = f"Requesting_{asked}"
+        world.nodes[node["metadata"]["name"]] = node
+    elif kind == "dataset":
+        world.datasets[args[0]] = world.stamp(decided.dataset(args[0], cached=args[1]))
+    elif kind == "forecast":
+        held, needed = args
+        world.demand = None if held is None else {"a": PoolDemand("a", held, needed)}
+    elif kind == "tick":
+        world.now += args[0]
+
+
+def _register(node: dict[str, Any]) -> list[Any]:
+    return json.loads(node["metadata"]["annotations"][names.HAMI_NODE_REGISTER])
+
+
+def place(world: World, w: dict[str, Any], first_card: int) -> None:
+    """The gang's pods, each on a node of its pool holding whole cards (HAMi placed them)."""
+    name = w["metadata"]["name"]
+    pool = pool_of(w["status"]["admissionChecks"][0]["name"])
+    nodes = sorted(n for n, obj in world.nodes.items() if obj["metadata"]["labels"]["pool"] == pool)
+    pod_set = w["spec"]["podSets"][0]
+    gpus = int(pod_set["template"]["spec"]["containers"][0]["resources"]["limits"][names.GPU])
+    for i in range(pod_set["count"]):
+        on = nodes[(first_card + i) % len(nodes)]
+        cards = len(_register(world.nodes[on]))
+        start = first_card % cards
+        pod = decided.running(f"{name}-{i}", on, range(start, min(cards, start + gpus)))
+        pod["metadata"]["ownerReferences"] = [{"uid": f"uid-job-{name}"}]
+        world.pods[pod["metadata"]["name"]] = world.stamp(pod)
+
+
+EVENTS = st.one_of(
+    st.tuples(
+        st.just("arrive"),
+        st.sampled_from(sorted(CHECKS)),
+        st.sampled_from([1, 1, 2, 4, 8]),
+        st.integers(1, 3),
+        st.sampled_from([None, None, 20_000, 70_000]),
+        st.integers(0, 2),
+        st.sampled_from([None, None, None, "weights"]),
+    ),
+    st.tuples(st.just("admit"), st.integers(0, 20)),
+    st.tuples(st.just("place"), st.integers(0, 20), st.integers(0, 7)),
+    st.tuples(st.just("finish"), st.integers(0, 20)),
+    st.tuples(
+        st.just("share"),
+        st.integers(0, 7),
+        st.integers(0, 7),
+        st.sampled_from([10_000, 40_000, 100_000]),
+    ),
+    st.tuples(st.just("free"), st.integers(0, 20)),
+    st.tuples(st.just("cordon"), st.integers(0, 7)),
+    st.tuples(st.just("handshake"), st.integers(0, 7)),
+    st.tuples(st.just("dataset"), st.just("weights"), st.sampled_from(["40.0%", "100.0%"])),
+    st.tuples(
+        st.just("forecast"),
+        st.sampled_from([None, 0.0, 2.0]),
+        st.sampled_from([0.0, 3.0, 9.0]),
+    ).map(lambda e: e if e[1] is not None else ("forecast", None, None)),
+    st.tuples(st.just("tick"), st.sampled_from([0.0, 1.0, 30.0, 70.0, 200.0, 301.0])),
+)
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> World:
+    """Two pools of a few small nodes, some cards already held."""
+    world = World()
+    for i in range(draw(st.integers(2, 5))):
+        name = f"gpu-{i}"
+        pool = "ab"[i % 2] if i < 2 else draw(st.sampled_from("ab"))
+        node = decided.node(name, draw(st.integers(1, 4)), labels={"pool": pool})
+        node["metadata"]["uid"] = f"uid-{name}"
+        world.nodes[name] = world.stamp(node)
+    return world
+
+
+def both(world: World, memo: incremental.Memo) -> tuple[Any, Any]:
+    """(plans, decisions) on the kept memo, and from scratch."""
+    answers = []
+    for kept in (memo, None):
+        cluster = world.cluster(kept)
+        plans = plan_pools(cluster, world.now)
+        decisions = decide_all(world.pending(), replace(cluster, plans=plans), world.now)
+        answers.append((plans, decisions))
+    return answers[0], answers[1]
+
+
+@settings(max_examples=120, deadline=None)
+@given(world=worlds(), events=st.lists(EVENTS, min_size=1, max_size=25))
+def test_decisions_on_the_kept_state_equal_a_pass_from_scratch(world, events):
+    memo = incremental.Memo()
+    for event in events:
+        apply_event(world, event)
+        kept, fresh = both(world, memo)
+        assert kept == fresh, event
+
+
+@settings(max_examples=60, deadline=None)
+@given(world=worlds(), events=st.lists(EVENTS, min_size=1, max_size=12))
+def test_a_second_pass_over_an_unchanged_state_reuses_every_pool_and_decides_the_same(
+    world, events
+):
+    memo = incremental.Memo()
+    for event in events:
+        apply_event(world, event)
+    first, _ = both(world, memo)
+    built = memo.built
+    second, _ = both(world, memo)
+    assert second == first
+    assert memo.built == built, "nothing changed, yet a pool was built again"
+
+
+# --- what the kept state saves ------------------------------------------------------------
+
+
+@pytest.fixture
+def searches(monkeypatch):
+    """Every fit search a pass runs, by gang name."""
+    calls: list[str] = []
+    real = decide_module.fit_gang
+
+    def counting(demand, *args, **kw):
+        calls.append(demand[0].name if demand else "")
+        return real(demand, *args, **kw)
+
+    monkeypatch.setattr(decide_module, "fit_gang", counting)
+    return calls
+
+
+def small_world() -> World:
+    world = World()
+    for i in range(2):
+        node = decided.node(f"gpu-{i}", 2, labels={"pool": "a"})
+        world.nodes[node["metadata"]["name"]] = world.stamp(node)
+    return world
+
+
+def test_a_gang_that_does_not_fit_is_searched_again_only_when_its_pool_changes(searches):
+    world = small_world()
+    apply_event(world, ("arrive", "check-a", 8, 1, None, 0, None))  # 8 cards, the pool has 4
+    apply_event(world, ("share", 0, 0, 10_000))
+    memo = incremental.Memo()
+    (_, [first]), _ = both(world, memo)
+    assert first.state == "Rejected"  # never fits: no search at all
+    apply_event(world, ("arrive", "check-a", 2, 2, None, 0, None))  # 2 x 2 cards: one card held
+    searches.clear()
+    (_, decisions), _ = both(world, memo)
+    assert sorted(d.state for d in decisions) == ["Rejected", "Retry"]
+    assert searches == ["workers", "workers"]  # kept pass, then the pass from scratch
+    searches.clear()
+    (_, again), _ = both(world, memo)
+    assert again == decisions
+    assert searches == ["workers"], "the pass from scratch searched; the kept one did not"
+    apply_event(world, ("free", 0))  # the share on gpu-0 goes: capacity freed
+    searches.clear()
+    (_, freed), _ = both(world, memo)
+    assert sorted(d.state for d in freed) == ["Ready", "Rejected"]
+    assert searches == ["workers", "workers"]
+
+
+def test_a_miss_after_a_ready_of_the_same_pass_is_not_kept_for_the_next():
+    """Y missed only for the cards X took in that pass; next pass X waits, Y fits."""
+    world = small_world()  # 2 nodes x 2 cards
+    apply_event(world, ("forecast", 0.0, 0.0))
+    apply_event(world, ("arrive", "check-a-inference", 2, 1, None, 2, None))  # X, first
+    apply_event(world, ("arrive", "check-a", 2, 2, None, 0, None))  # Y: both nodes
+    memo = incremental.Memo()
+    (_, decisions), _ = both(world, memo)
+    assert [d.state for d in decisions] == ["Ready", "Retry"]
+    apply_event(world, ("forecast", 0.0, 9.0))  # inference needs every card: X waits
+    (_, kept), (_, fresh) = both(world, memo)
+    assert kept == fresh
+    assert [d.state for d in kept] == ["Retry", "Ready"]
+
+
+def test_a_gang_held_without_pods_lets_go_at_its_deadline_with_no_event():
+    world = small_world()
+    apply_event(world, ("arrive", "check-a", 2, 2, None, 0, None))
+    apply_event(world, ("admit", 0))  # Ready, no pod matched: holds all 4 cards for 5 min
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    memo = incremental.Memo()
+    (_, [waiting]), _ = both(world, memo)
+    assert waiting.state == "Retry"
+    world.now += decide_module.HOLD_SECONDS  # no event: only time passes
+    (_, [now_ready]), (_, [fresh]) = both(world, memo)
+    assert now_ready == fresh
+    assert now_ready.state == "Ready", now_ready.message
+
+
+def test_a_node_whose_handshake_goes_stale_offers_nothing_with_no_event():
+    world = small_world()
+    for name in sorted(world.nodes):
+        apply_event(world, ("handshake", int(name[-1])))  # asked now, answered by nobody
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    memo = incremental.Memo()
+    (_, [before]), _ = both(world, memo)
+    assert before.state == "Ready"
+    world.now += 61  # past the 60 s handshake limit
+    (_, [after]), (_, [fresh]) = both(world, memo)
+    assert after == fresh
+    assert after.state == "Retry", after.message
+
+
+@pytest.mark.parametrize(
+    ("compared", "found"),
+    [
+        pytest.param({}, {}, id="nothing-to-compare-is-no-difference"),
+        pytest.param(
+            {"decision": ({"a": 1, "b": 2}, {"a": 1, "b": 3})},
+            {"decision": 1},
+            id="a-decision-that-differs-counts-once",
+        ),
+        pytest.param(
+            {"plan": ({"a": 1}, {"a": 1, "b": 2})},
+            {"plan": 1},
+            id="a-plan-only-one-side-made-counts",
+        ),
+        pytest.param(
+            {"inventory": ({"a": 1, "old": 5}, {"a": 1, "new": 2})},
+            {},
+            id="a-kept-pool-no-check-read-this-pass-is-not-compared",
+        ),
+    ],
+)
+def test_differences_count_what_the_kept_state_answered_otherwise(compared, found):
+    assert incremental.differences(compared) == found
+
+
+# --- the controller's resync --------------------------------------------------------------
+
+
+class Resyncing(Writing):
+    """A controller whose clock the test moves, and whose decide errs on kept state."""
+
+    def __init__(self) -> None:
+        self.t = NOW
+
+        def wrong_when_kept(pending, cluster, now):
+            answers = decide_all(pending, cluster, now)
+            if cluster.memo is not None and cluster.memo.built + cluster.memo.reused > 1:
+                # A bug stand-in: the kept state's second pass turns every Ready to Retry.
+                return [replace(d, state="Retry") if d.state == "Ready" else d for d in answers]
+            return answers
+
+        super().__init__(decide=wrong_when_kept)
+        self._clock = lambda: self.t
+
+
+async def test_the_resync_counts_each_difference_and_its_answers_stand(caplog):
+    controller = Resyncing()
+    check = {"metadata": {"name": decided.CHECK}, "spec": {"controllerName": controller.name}}
+    controller._changed("admissionchecks", {decided.CHECK: check})
+    controller._changed("workloads", {"train/a": decided.workload("a", gpus=1)})
+    controller._changed("nodes", {"gpu-1": decided.node("gpu-1")})
+    for name in ("pods", "datasets", "dataloads", "parameters"):
+        controller._changed(name, {})
+    differences = "unitscale_admission_resync_differences_total"
+    sample = controller.metrics.registry.get_sample_value
+
+    async def passes(count: int, step: float) -> None:
+        for _ in range(count):
+            await controller.reconcile(api=NO_API)
+            controller.t += step
+
+    with caplog.at_level(logging.WARNING, logger="admission.controller"):
+        await passes(2, 1.0)  # within the resync period: the kept answers stand
+        assert controller.written["train/a"]["state"] == "Retry"
+        assert sample(differences, {"kind": "decision"}) is None
+        controller.t += incremental.RESYNC_SECONDS
+        await passes(3, incremental.RESYNC_SECONDS)
+    assert controller.written["train/a"]["state"] == "Ready"  # the pass from scratch's
+    assert sample(differences, {"kind": "decision"}) == 3.0
+    warned = [r for r in caplog.records if "resync" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
