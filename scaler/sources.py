@@ -283,9 +283,18 @@ async def _target_round(
     try:
         outcome = await _query_target(session, limit, config, headers, target)
         if isinstance(outcome, str):
-            store.count_error("prometheus", "no-series" if outcome == NO_SERIES else "query")
+            store.count_error("prometheus", "query")
             return outcome
-        signals, impossible = outcome
+        signals, impossible, unmeasured = outcome
+        for name in unmeasured:  # as the store counts what it unmeasures itself
+            store.unmeasured[("prometheus", name)] += 1
+        if signals is None:  # no sample to date signals by: nothing stored, they age
+            store.count_error("prometheus", "impossible" if impossible else "no-series")
+            return (
+                f"impossible values, no signals: {'; '.join(impossible)}"
+                if impossible
+                else NO_SERIES
+            )
         if not store.update(Snapshot(target, signals)):
             return "signals refused (see the store's warning)"
     except Exception as err:
@@ -333,11 +342,12 @@ async def _query_target(
     config: PrometheusSourceConfig,
     headers: dict[str, str] | str,
     target: TargetKey,
-) -> tuple[EngineSignals, list[str]] | str:
-    """The target's signals and its impossible answers, or why there are none.
+) -> tuple[EngineSignals | None, list[str], list[str]] | str:
+    """The target's signals, its impossible answers and what they left unmeasured.
 
-    A failed query fails the round. ``headers`` is a string when this round cannot
-    query at all: the reason.
+    Signals are None without a sample to date them: no series answered, or the signal
+    time was impossible. A failed query fails the round. ``headers`` is a string when
+    this round cannot query at all: the reason.
     """
     if isinstance(headers, str):
         return headers
@@ -361,10 +371,12 @@ async def _query_target(
         values.append(result)
     answers = {(q.signal, q.window): value for q, value in zip(queries, values, strict=True)}
     possible, impossible = checked_answers(answers)
+    unmeasured = sorted(
+        {name for (name, window), value in answers.items()
+         if value is not None and possible.get((name, window)) is None}
+    )  # fmt: skip
     signals = signals_from_answers(possible, config.panic_window, config.stable_window)
-    if signals is None:
-        return NO_SERIES
-    return signals, impossible
+    return signals, impossible, unmeasured
 
 
 NO_SERIES = "no series match (the replicas are not scraped, or the selector is wrong)"

@@ -5,22 +5,38 @@
   others are told and the decision stands.
 - The demo source publishes each deployment's snapshots as its own round: one that raises
   fails that deployment's round only, the loop goes on and the deployment recovers.
+
+And class 3 from the Prometheus source: what it unmeasures is counted by signal, and a
+signal time it cannot use is named as impossible, not as "no series match".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 
 import pytest
+from aiohttp import web
 
 from scaler.config import DemoSourceConfig
 from scaler.registry import ScaledObjectRegistry
 from scaler.signals import SignalStore
-from scaler.sources import demo_source, receive
+from scaler.sources import demo_source, prometheus_source, receive
 from tests.conftest import T0, FakeClock, engine_signals, ref
-from tests.test_scaler_hostile_inputs import SurpriseError, until
+from tests.test_scaler_hostile_inputs import (
+    BAD,
+    GOOD,
+    HostilePrometheus,
+    SurpriseError,
+    drain,
+    engine,
+    prometheus_config,
+    sample,
+    until,
+    vector,
+)
 
 ERRORS = [
     pytest.param(KeyError("value"), id="a KeyError"),
@@ -96,3 +112,71 @@ async def test_a_demo_round_that_raises_fails_that_deployment_only_and_recovers(
     assert len(failed) == 1, messages  # once, not once a round
     assert any("usable again" in m for m in messages)
     assert not [r for r in caplog.records if "demo/good" in r.getMessage()]
+
+
+# --- the Prometheus source counts what it unmeasures (issue 27, class 3) ------------------
+
+
+class ImpossibleTime(HostilePrometheus):
+    """The bad target's signal time is ``time_value``; its other answers as told."""
+
+    time_value = "1700000000"
+
+    async def _query(self, request: web.Request) -> web.Response:
+        query = request.query["query"]
+        if "timestamp(" in query and 'pod=~"bad-' in query:
+            return web.json_response(vector(sample(self.time_value)))
+        return await super()._query(request)
+
+
+async def run_source(server: HostilePrometheus, store: SignalStore, rounds: int) -> None:
+    """The source over GOOD and BAD until BAD's answers were served ``rounds`` times."""
+    task = asyncio.create_task(
+        prometheus_source(prometheus_config(server.url), store, lambda: [GOOD, BAD])
+    )
+    try:
+        await until(lambda: server.bad_answers >= rounds, f"{rounds} bad answers")
+        await until(lambda: engine(store, GOOD) is not None, "the good target's signals")
+        assert not task.done()
+    finally:
+        await drain(task)
+        await server.stop()
+
+
+async def test_negative_load_from_prometheus_is_unmeasured_and_counted_by_signal(caplog):
+    caplog.set_level(logging.WARNING, logger="scaler.sources")
+    server = await HostilePrometheus().start()
+    server.bad_body = json.dumps(vector(sample("-5"))).encode()
+    store = SignalStore()
+    await run_source(server, store, 3 * 17)  # three rounds of the 17 queries after the time
+    bad = engine(store, BAD)
+    assert bad is not None and bad.running is None and bad.queue_depth is None
+    assert store.unmeasured[("prometheus", "running")] >= 2
+    assert store.unmeasured[("prometheus", "replicas")] >= 2
+    warnings = [r.getMessage() for r in caplog.records if "team-a/bad" in r.getMessage()]
+    assert len(warnings) == 1 and "running is negative" in warnings[0], warnings
+
+
+@pytest.mark.parametrize(
+    "time_value",
+    [
+        pytest.param("-1", id="a negative signal time leaves no signals, named as impossible"),
+        pytest.param("NaN", id="a signal time of NaN leaves no signals, as no series"),
+    ],
+)
+async def test_an_impossible_signal_time_is_said_so_not_no_series(time_value, caplog):
+    caplog.set_level(logging.WARNING, logger="scaler.sources")
+    server = await ImpossibleTime().start()
+    server.time_value = time_value
+    server.bad_body = json.dumps(vector(sample("3"))).encode()
+    store = SignalStore()
+    await run_source(server, store, 3 * 17)
+    assert engine(store, BAD) is None  # nothing to date it by: it ages, KEDA: UNAVAILABLE
+    warnings = [r.getMessage() for r in caplog.records if "team-a/bad" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    if time_value == "-1":
+        assert store.errors[("prometheus", "impossible")] >= 2
+        assert store.unmeasured[("prometheus", "signal-time")] >= 2
+        assert "signal-time is negative" in warnings[0]
+    else:  # NaN is Prometheus's own "no value" (a quantile over nothing): no sample
+        assert store.errors[("prometheus", "no-series")] >= 2
