@@ -166,8 +166,9 @@ async def test_negative_load_from_prometheus_is_unmeasured_and_counted_by_signal
 )
 async def test_an_impossible_signal_time_is_said_so_not_no_series(time_value, caplog):
     caplog.set_level(logging.WARNING, logger="scaler.sources")
-    server = await ImpossibleTime().start()
+    server = ImpossibleTime()
     server.time_value = time_value
+    await server.start()
     server.bad_body = json.dumps(vector(sample("3"))).encode()
     store = SignalStore()
     await run_source(server, store, 3 * 17)
