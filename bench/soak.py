@@ -14,9 +14,22 @@ hot-reloaded config file. This process is everyone else:
   server's config then a good one back, a hostile target (broken exposition) listed in
   the exporter's config then removed.
 
+Beside them, on their own schedules over the same minutes (issue 27):
+
+- **prometheus**: the scaler's Prometheus source polls a fake Prometheus here, which
+  answers one more deployment's steady signals (a second ScaledObject KEDA polls) and,
+  one after another, hostile answers: JSON nested 100,000 deep, a sample value that is an
+  object, a 400-digit integer, +Inf, negative load, a signal time a day ahead, 0 replicas
+  beside running requests;
+- **admission**: the admission controller's pass (``decide_all``, in this process) every
+  0.5 s over four HAMi nodes, one node's register or one pod's allocation turning hostile
+  (a 5,000-digit integer, JSON nested 100,000 deep) in turn.
+
 Goals: no request lost; no decision on missing data (while a fault hides signals the
 scaler answers UNAVAILABLE or holds; it never lowers its answer nor says inactive while
-traffic flows); RSS flat; every process alive and healthy at the end; logs bounded.
+traffic flows), nor on impossible data (the same for the Prometheus deployment while its
+answers are hostile; no gang admitted on a node whose annotations cannot be read); RSS
+flat; every process and loop alive and healthy at the end; logs bounded.
 Exit 0 whatever the goals say; non-zero only when the bench itself could not run.
 """
 
@@ -33,7 +46,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +58,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.results import append
-from bench.soak_hostile import HostileTarget, hostile_bodies
+from bench.soak_hostile import (
+    ADMISSION_KINDS,
+    PROM_DEPLOYMENT,
+    PROM_KINDS,
+    AdmissionSoak,
+    HostilePrometheus,
+    HostileTarget,
+    hostile_bodies,
+    run_admission,
+)
 from foundation.errors import UnitscaleError
 from foundation.net import free_port
 from foundation.replica_model import PROFILES
@@ -79,6 +101,10 @@ RECONNECT_MAX = 1.0
 """The scaler's longest wait before re-watching a source (``world.scaler_config``'s)."""
 BIG_LOG_MB = 5.0
 RSS_GOAL_PCT = 10.0
+PROM_INTERVAL = 1.0
+"""Seconds between the scaler's Prometheus rounds (within ``max-signal-age``'s 3 s)."""
+PROM_CATCH_UP = PROM_INTERVAL + 1.0
+"""After a hostile answer ends, until the next good round has been stored."""
 
 
 # --- records ------------------------------------------------------------------------------
@@ -266,10 +292,13 @@ _PORT_NAMES = (
 # --- stage: start ---------------------------------------------------------------------------
 
 
-async def start(cluster: Cluster, hostile: HostileTarget) -> keda_pb.ScaledObjectRef:
+async def start(
+    cluster: Cluster, hostile: HostileTarget
+) -> tuple[keda_pb.ScaledObjectRef, keda_pb.ScaledObjectRef]:
     """Every process answering and the scaler deciding; the hostile target serving.
 
-    Returns the ScaledObject KEDA asks about (the demo's trigger, compressed).
+    Returns the ScaledObjects KEDA asks about: the demo's trigger, compressed, and the
+    same trigger for the deployment only the fake Prometheus knows.
     """
     for server, config in cluster.good.items():
         cluster.write(server, config)
@@ -284,8 +313,14 @@ async def start(cluster: Cluster, hostile: HostileTarget) -> keda_pb.ScaledObjec
         namespace=plan.scaled_object.namespace,
         scalerMetadata=trigger_metadata(plan, cluster.addr("scaler")),
     )
+    prom = keda_pb.ScaledObjectRef(
+        name=PROM_DEPLOYMENT,
+        namespace=plan.scaled_object.namespace,
+        scalerMetadata={**ref.scalerMetadata, "deployment": PROM_DEPLOYMENT},
+    )
     await until_decided(cluster.addr("scaler"), ref, 60)
-    return ref
+    await until_decided(cluster.addr("scaler"), prom, 60)
+    return ref, prom
 
 
 async def _fetch(url: str) -> bytes:
@@ -725,6 +760,36 @@ class Run:
     """The scaler's logged decisions, in bench seconds."""
     kills: list[float]
     """When replicas were SIGKILLed, in bench seconds."""
+    side: Side
+    """The Prometheus source and the admission pass under hostile answers."""
+
+
+@dataclass
+class Side:
+    """What runs beside the processes' faults: hostile Prometheus answers, hostile nodes."""
+
+    prometheus: HostilePrometheus
+    keda: Keda | None = None
+    """KEDA's polls of the Prometheus deployment's ScaledObject."""
+    admission: AdmissionSoak = field(default_factory=AdmissionSoak)
+    prom_faults: list[Fault] = field(default_factory=list)
+    admission_alive: bool = False
+    """Whether the admission loop was still passing when the load ended."""
+    admission_end: str = "never started"
+    scaler_counts: dict[str, int] = field(default_factory=dict)
+    """The scaler's own counters of what it refused (``/metrics``), at the end."""
+
+    @property
+    def prom_answers(self) -> list[Answer]:
+        return self.keda.answers if self.keda is not None else []
+
+    @property
+    def prom_hostile(self) -> Counter[str]:
+        return self.prometheus.hostile
+
+    @property
+    def prom_queries(self) -> int:
+        return self.prometheus.queries
 
 
 @dataclass(frozen=True, slots=True)
@@ -760,9 +825,12 @@ async def soak(args: argparse.Namespace, workdir: Path) -> Run:
     plan = _plan(args.compression, args.target_concurrency)
     cluster = Cluster(plan, args.replicas, workdir)
     hostile = HostileTarget()
+    side = Side(HostilePrometheus())
     try:
         print(f"soak: starting {len(cluster.roles)} processes; logs in {workdir}/logs", flush=True)
-        ref = await start(cluster, hostile)
+        await side.prometheus.start()
+        cluster.good["scaler"]["prometheus-source"] = prometheus_source(plan, side.prometheus.url)
+        ref, prom_ref = await start(cluster, hostile)
         clock = cluster.clock = Clock()
         faults = Faults(cluster, hostile, clock, hold=0.0)
         timing = Timing.of(args.seconds, len(faults.schedule()), plan)
@@ -772,26 +840,74 @@ async def soak(args: argparse.Namespace, workdir: Path) -> Run:
         url = f"http://{cluster.addr('gateway')}/v1/completions"
         load = Load(url, args.rate, int(args.rate * args.seconds), args.max_tokens, timeout, clock)
         keda = Keda(cluster.addr("scaler"), ref, clock)
-        warm = await play(cluster, load, keda, faults, timing)
+        side.keda = Keda(cluster.addr("scaler"), prom_ref, clock)
+        warm = await play(cluster, load, keda, faults, timing, side)
         memory, health = await measure(cluster, warm)
+        side.scaler_counts = await scaler_counters(cluster)
         blame(load.outcomes, faults.kills)
         return Run(
             args.seconds, args.rate, args.max_tokens, timing, load.outcomes, keda.answers,
             faults.record, cluster.crashes, memory, health, log_stats(cluster),
-            dict(hostile.scrapes), scaler_reasons(cluster, clock.epoch), faults.kills,
+            dict(hostile.scrapes), scaler_reasons(cluster, clock.epoch), faults.kills, side,
         )  # fmt: skip
     finally:
         await cluster.stop()
         await hostile.stop()
+        await side.prometheus.stop()
+
+
+def prometheus_source(plan: Plan, url: str) -> dict[str, Any]:
+    """The scaler's ``prometheus-source``, asking the fake Prometheus in the demo's windows."""
+    c = plan.compression
+    return {
+        "url": url,
+        "interval": PROM_INTERVAL,
+        "timeout": 0.8 * PROM_INTERVAL,
+        "panic-window": plan.panic_window / c,
+        "stable-window": plan.stable_window / c,
+    }
+
+
+async def scaler_counters(cluster: Cluster) -> dict[str, int]:
+    """What the scaler counted as refused from its sources, by family and labels."""
+    families = (
+        "unitscale_scaler_source_errors_total",
+        "unitscale_scaler_signals_refused_total",
+        "unitscale_scaler_signals_unmeasured_total",
+    )
+    try:
+        text = (await _fetch(cluster.health_url("scaler"))).decode()
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith(families) and float(value) > 0:
+            short = name.removeprefix("unitscale_scaler_").replace("_total", "")
+            out[short] = int(float(value))
+    return out
 
 
 async def play(
-    cluster: Cluster, load: Load, keda: Keda, faults: Faults, timing: Timing
+    cluster: Cluster, load: Load, keda: Keda, faults: Faults, timing: Timing, side: Side
 ) -> dict[str, tuple[int, float | None]]:
-    """Load and KEDA throughout; faults after the warm-up. Returns role -> (pid, RSS) warm."""
+    """Load and KEDA throughout; faults after the warm-up, the Prometheus answers and the
+    admission nodes turning hostile beside them. Returns role -> (pid, RSS) warm."""
     stop = asyncio.Event()
     loading = asyncio.create_task(load.run())
     polling = asyncio.create_task(keda.run(stop))
+    assert side.keda is not None
+    prom_polling = asyncio.create_task(side.keda.run(stop))
+    span = timing.slot * len(faults.schedule())
+    admitting = asyncio.create_task(
+        run_admission(
+            side.admission, load.clock, timing.warmup, span / len(ADMISSION_KINDS), timing.hold,
+            stop,
+        )
+    )  # fmt: skip
+    prom_playing = asyncio.create_task(
+        play_prometheus(side, load.clock, timing.warmup, span / len(PROM_KINDS), timing.hold)
+    )
     try:
         await asyncio.sleep(timing.warmup)
         warm = {r: (c.pid, rss_mb(c.pid)) for r, c in cluster.children.items()}
@@ -802,12 +918,38 @@ async def play(
         )
         await faults.play(timing.warmup, timing.slot)
         await loading
+        await prom_playing
         print(f"[{load.clock():6.1f}s] load done; measuring", flush=True)
     finally:
+        side.admission_alive = not admitting.done()
         stop.set()
         loading.cancel()
+        prom_playing.cancel()
         await polling
+        await prom_polling
+        try:
+            await admitting
+            side.admission_end = "ended when asked"
+        except Exception as err:  # the loop died: the report says how
+            side.admission_end = f"died: {type(err).__name__}: {err}"
     return warm
+
+
+async def play_prometheus(
+    side: Side, clock: Clock, start_at: float, slot: float, hold: float
+) -> None:
+    """Each hostile answer for ``hold`` s, half a slot in: apart from the process faults."""
+    for i, kind in enumerate(PROM_KINDS):
+        await asyncio.sleep(max(0.0, start_at + (i + 0.5) * slot - clock()))
+        fault = Fault("prometheus", kind, clock(), hides=True)
+        side.prom_faults.append(fault)
+        print(f"[{fault.injected:6.1f}s] prometheus answers: {kind}", flush=True)
+        side.prometheus.kind = kind
+        try:
+            await asyncio.sleep(hold)
+        finally:
+            side.prometheus.kind = None
+        fault.recovered = clock()
 
 
 async def measure(
@@ -832,6 +974,8 @@ def _plan(compression: float, target_concurrency: float) -> Plan:
         capacity_priors(profile),
         max_replicas=8,
         target_concurrency=target_concurrency,
+        # The loop without sleepers, as it was measured: the gateway here sleeps nothing.
+        standby=False,
     )
     # A scale-down that reacts within a fault's window (production's 5 min window and
     # 1 min delay would hold any answer for 30 s of wall time and hide a wrong drop).
@@ -939,29 +1083,9 @@ def report(run: Run, record: bool) -> dict[str, Any]:
     killed_details = Counter(o.detail for o in run.outcomes if o.kind == "killed")
     refusals = Counter(o.detail for o in run.outcomes if o.kind == "refused")
     end = run.seconds + 60.0
-    # During a fault: from its injection until the signals can be whole again (a scrape
-    # and a watch reconnect after the recovery). After: until it has settled.
-    during: dict[str, list[tuple[float, float]]] = {}
-    hiding: dict[str, list[tuple[float, float]]] = {}
-    after: list[tuple[float, float]] = []
-    for f in run.faults:
-        recovered = f.recovered if f.recovered is not None else end
-        span = (f.injected, recovered + run.timing.catch_up)
-        during.setdefault(f.kind, []).append(span)
-        if f.hides:
-            hiding.setdefault(f.kind, []).append(span)
-        after.append((span[1], recovered + run.timing.settle))
-    faulty = [span for spans in during.values() for span in spans] + after
-    windows = {**during, "after recovery": after, "calm": _gaps(faulty, run.timing.warmup, end)}
-    verdicts = judge(run.answers, windows, run.timing.warmup)
-    tallies = tally(verdicts, list(windows))
-    # Decisions on missing data: lower or inactive while a fault hid signals.
-    wrong_by_kind = Counter(
-        v.window
-        for v in verdicts
-        if ({"lowered", "inactive"} & set(v.counts))
-        and any(s <= v.answer.at <= e for s, e in hiding.get(v.window, []))
-    )
+    main = judged(run.faults, run.answers, run.timing, run.timing.catch_up, end)
+    verdicts, tallies, hiding, during = main.verdicts, main.tallies, main.hiding, main.during
+    wrong_by_kind = main.wrong_by_kind
     wrong = sum(wrong_by_kind.values())
 
     rows = [
@@ -998,6 +1122,8 @@ def report(run: Run, record: bool) -> dict[str, Any]:
         "all", not sick,
     ))  # fmt: skip
     rows.append(("unexpected exits", f"{len(run.crashes)}", "0", not run.crashes))
+    side_rows, side_numbers = side_report(run, end)
+    rows += side_rows
     misbehaved = [f for f in run.faults if f.seen]
     rows.append(
         ("faults that misbehaved", f"{len(misbehaved)} of {len(run.faults)}", "0", not misbehaved)
@@ -1022,6 +1148,7 @@ def report(run: Run, record: bool) -> dict[str, Any]:
         ]
     )
     notes = _notes(run, lost_details, killed_details, sick, verdicts)
+    notes += "\n\n" + _side_notes(run, end)
     print(table)
     print(notes)
     if record:
@@ -1040,7 +1167,140 @@ def report(run: Run, record: bool) -> dict[str, Any]:
         "unexpected_exits": len(run.crashes),
         "faults_misbehaved": len(misbehaved),
         "largest_log_mb": round(biggest, 3),
+        **side_numbers,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One KEDA stream's answers judged against the faults that touched it."""
+
+    verdicts: list[Verdict]
+    tallies: dict[str, Tally]
+    during: dict[str, list[tuple[float, float]]]
+    hiding: dict[str, list[tuple[float, float]]]
+    """Windows of faults that hid (or spoiled) the signals: a lower answer is wrong there."""
+    wrong_by_kind: Counter[str]
+
+
+def judged(
+    faults: list[Fault],
+    answers: list[Answer],
+    timing: Timing,
+    catch_up: float,
+    end: float,
+    name: Callable[[Fault], str] = lambda f: f.kind,
+) -> Judged:
+    """``answers`` in each fault's window, after recovery, and in the calm between.
+
+    During a fault: from its injection until the signals can be whole again (``catch_up``
+    after the recovery: a scrape and a watch reconnect, or a query round). After: until
+    it has settled. A decision on missing data: lower or inactive while a fault hid
+    signals.
+    """
+    during: dict[str, list[tuple[float, float]]] = {}
+    hiding: dict[str, list[tuple[float, float]]] = {}
+    after: list[tuple[float, float]] = []
+    for f in faults:
+        recovered = f.recovered if f.recovered is not None else end
+        span = (f.injected, recovered + catch_up)
+        during.setdefault(name(f), []).append(span)
+        if f.hides:
+            hiding.setdefault(name(f), []).append(span)
+        after.append((span[1], max(span[1], recovered + timing.settle)))
+    faulty = [span for spans in during.values() for span in spans] + after
+    windows = {**during, "after recovery": after, "calm": _gaps(faulty, timing.warmup, end)}
+    verdicts = judge(answers, windows, timing.warmup)
+    wrong_by_kind = Counter(
+        v.window
+        for v in verdicts
+        if ({"lowered", "inactive"} & set(v.counts))
+        and any(s <= v.answer.at <= e for s, e in hiding.get(v.window, []))
+    )
+    return Judged(verdicts, tally(verdicts, list(windows)), during, hiding, wrong_by_kind)
+
+
+def side_report(run: Run, end: float) -> tuple[list[Row], dict[str, Any]]:
+    """Rows and numbers of the Prometheus source and the admission pass under hostility."""
+    side = run.side
+    prom = judged(
+        side.prom_faults, side.prom_answers, run.timing, PROM_CATCH_UP, end,
+        name=lambda f: f"{f.kind} {f.target}",
+    )  # fmt: skip
+    hostile = [t for name, t in prom.tallies.items() if name in prom.hiding]
+    during = Tally(**{f.name: sum(getattr(t, f.name) for t in hostile) for f in fields(Tally)})
+    prom_wrong = sum(prom.wrong_by_kind.values())
+    last = max((f.recovered or end for f in side.prom_faults), default=run.timing.warmup)
+    numbers = [a for a in side.prom_answers if a.at > last + PROM_CATCH_UP]
+    prom_alive = bool(numbers) and all(isinstance(a.value, float) for a in numbers)
+    served = sum(side.prom_hostile.values())
+    counted = _counts(Counter(side.scaler_counts)) or "none"
+    adm = side.admission
+    adm_wrong = len(adm.wrong)
+    raised = sum(adm.raised.values())
+    seen, named = sum(adm.hostile_seen.values()), sum(adm.hostile_counted.values())
+    rows: list[Row] = [
+        ("Prometheus source: decisions on impossible data", f"{prom_wrong}", "0",
+         prom_wrong == 0),
+        ("Prometheus source: answers while hostile", str(during), "UNAVAILABLE or held",
+         prom_wrong == 0),
+        ("Prometheus source: answers, calm", str(prom.tallies["calm"]), "(context)", None),
+        ("Prometheus source alive at the end", "yes" if prom_alive else
+         f"no ({len(numbers)} answers after the last hostile one, not all numbers)",
+         "numbers again after the last hostile answer", prom_alive),
+        ("hostile Prometheus answers served / counted by the scaler",
+         f"{served} ({_counts(side.prom_hostile)}) / {counted}", "", None),
+        ("admission passes (loop alive at the end)",
+         f"{adm.passes} ({'alive' if side.admission_alive else side.admission_end})",
+         "alive", side.admission_alive),
+        ("admission decisions on missing or impossible data", f"{adm_wrong}", "0",
+         adm_wrong == 0),
+        ("admission passes that raised", f"{raised}", "0", raised == 0),
+        ("hostile annotations named by the controller's check (passes)", f"{named} of {seen}",
+         "all", named == seen),
+    ]  # fmt: skip
+    return rows, {
+        "prometheus_impossible_data_decisions": prom_wrong,
+        "prometheus_source_alive": prom_alive,
+        "prometheus_hostile_answers": served,
+        "admission_passes": adm.passes,
+        "admission_alive": side.admission_alive,
+        "admission_impossible_data_decisions": adm_wrong,
+        "admission_passes_raised": raised,
+    }
+
+
+def _side_notes(run: Run, end: float) -> str:
+    side = run.side
+    adm = side.admission
+    prom = judged(
+        side.prom_faults, side.prom_answers, run.timing, PROM_CATCH_UP, end,
+        name=lambda f: f"{f.kind} {f.target}",
+    )  # fmt: skip
+    out = [
+        f"The Prometheus source: {PROM_DEPLOYMENT}'s ScaledObject (the same trigger) polled"
+        f" like the other; its signals only from the fake Prometheus (every {PROM_INTERVAL:g}"
+        f" s, {side.prom_queries} queries in all), each hostile answer held"
+        f" {run.timing.hold:.1f} s and judged until {PROM_CATCH_UP:g} s after it ended."
+        " Per hostile answer: "
+        + "; ".join(f"{name}: {t}" for name, t in prom.tallies.items() if name in prom.hiding)
+        + ".",
+        f"The admission pass: {adm.passes} passes of 4 one-pod 4-card gangs over 4 nodes of"
+        f" 8 cards, 4 held by a serving pod on each; while hostile, {adm.ready_while_hostile}"
+        f" Ready (at most 3 a pass, never on the hostile node), {adm.failed_decisions}"
+        " decisions failed alone. Hostile passes by kind: " + _counts(adm.hostile_seen) + ".",
+    ]
+    out += [f"Admission decision on missing data: {w}" for w in adm.wrong[:10]]
+    if adm.raised:
+        out.append(f"Admission passes that raised: {_counts(adm.raised)}.")
+    for v in prom.verdicts:
+        if v.window == "calm" or not ({"lowered", "inactive"} & set(v.counts)):
+            continue
+        out.append(
+            f"At {v.answer.at:.1f} s ({v.window}) {PROM_DEPLOYMENT}'s GetMetrics"
+            f" {_g(v.previous)} -> {_g(v.answer.value)}, IsActive {v.answer.active}."
+        )
+    return "\n\n".join(out)
 
 
 def _notes(
@@ -1094,6 +1354,9 @@ def _notes(
         out.append(f"At the end {role}: {what}.")
     out.append("Hostile target scrapes: " + _counts(Counter(run.hostile_scrapes)) + ".")
     return "\n\n".join(out)
+
+
+Row = tuple[str, str, str, bool | None]
 
 
 def _g(value: float | str | None) -> str:

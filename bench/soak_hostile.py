@@ -1,15 +1,34 @@
-"""For bench/soak.py: a hostile scrape target, serving broken expositions made from a real one.
+"""For bench/soak.py: what the soak's hostile neighbours answer.
 
-Each body starts from a real simulated replica's ``/metrics`` (so the engine's names are
-there and the exporter gets past "is this vLLM?") and breaks it one way. Served on
-127.0.0.1 from the bench's own process at ``/<kind>/metrics``.
+- A hostile scrape target, serving broken expositions made from a real one: each body
+  starts from a real simulated replica's ``/metrics`` (so the engine's names are there and
+  the exporter gets past "is this vLLM?") and breaks it one way. Served on 127.0.0.1 from
+  the bench's own process at ``/<kind>/metrics``.
+- A hostile Prometheus, which the scaler's Prometheus source polls: one deployment's
+  steady signals, hostile answers on a schedule (issue 27, classes 1 to 3).
+- The admission controller's pass (``admission.decide.decide_all``, in this process, as
+  the controller calls it) over a pool of HAMi nodes whose register or a pod's allocation
+  turns hostile on a schedule (issue 27, class 4).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
+
+from admission import annotations as names
+from admission.decide import Cluster, Decision, Pending, decide_all
+from admission.hami import unreadable
+from admission.parameters import Parameters
 
 HUGE_BYTES = 8 * 1024**2
 """The huge exposition's size: far above a replica's (~13 kB), small enough for 2 cores."""
@@ -73,3 +92,286 @@ class HostileTarget:
         self.scrapes[kind] += 1
         # The content type a real replica sends: it claims UTF-8 whatever the bytes are.
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+# --- a hostile Prometheus, polled by the scaler's Prometheus source --------------------------
+
+PROM_DEPLOYMENT = "promsoak"
+"""The deployment only the fake Prometheus knows (no hyphen: its pod regex stays plain)."""
+PROM_KINDS = (
+    "deep-json", "value-object", "huge-int", "infinite", "negative", "future", "zero-replicas",
+)  # fmt: skip
+"""Hostile answers, each played for a while: what issue 27 found, and two of its cousins."""
+_EMPTY = {"status": "success", "data": {"resultType": "vector", "result": []}}
+_DEEP = b'{"status": "success", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+# Steady engine signals of two replicas under a steady load: any change of the scaler's
+# answer for this deployment comes from a hostile answer, not from the load.
+_GOOD = {
+    "replicas": "2", "replicas-up": "2", "replicas-sleeping": "0", "queue-depth": "0",
+    "running": "12", "kv-usage": "0.3", "request-rate": "1.5", "prompt-token-rate": "150",
+    "generation-token-rate": "600", "ttft-p95": "0.2", "itl-p95": "0.03",
+    "mean-prompt-tokens": "100", "mean-output-tokens": "400", "running-mean": "12",
+}  # fmt: skip
+_LOAD = ("queue-depth", "running", "request-rate", "prompt-token-rate", "generation-token-rate",
+         "running-mean", "replicas", "replicas-up")  # fmt: skip
+# The default queries' metric names, most specific first: which signal a query asks for.
+_SIGNAL_OF = (
+    ("timestamp(", "signal-time"), ("count(up", "replicas"), ("sum(up", "replicas-up"),
+    ("engine_sleep_state", "replicas-sleeping"), ("num_requests_waiting", "queue-depth"),
+    ("avg_over_time", "running-mean"), ("num_requests_running", "running"),
+    ("cache_usage_perc", "kv-usage"), ("request_success_total", "request-rate"),
+    ("prompt_tokens_total", "prompt-token-rate"),
+    ("generation_tokens_total", "generation-token-rate"),
+    ("time_to_first_token", "ttft-p95"), ("inter_token_latency", "itl-p95"),
+    ("request_prompt_tokens", "mean-prompt-tokens"),
+    ("request_generation_tokens", "mean-output-tokens"),
+)  # fmt: skip
+
+
+def signal_of(promql: str) -> str:
+    """Which default query ``promql`` is (``?`` for none)."""
+    return next((name for needle, name in _SIGNAL_OF if needle in promql), "?")
+
+
+def prometheus_answer(signal: str, kind: str | None, now: float) -> bytes:
+    """The body answering ``signal``'s query for the deployment, good or ``kind``."""
+    value: object = f"{now - 0.2:.3f}" if signal == "signal-time" else _GOOD.get(signal, "1")
+    if kind == "deep-json":
+        return _DEEP
+    if kind == "value-object":
+        value = {}
+    elif kind == "huge-int":
+        value = 10**400  # a JSON integer no float holds
+    elif kind == "infinite":
+        value = "+Inf"
+    elif kind == "negative" and signal in _LOAD:
+        value = "-5"
+    elif kind == "future" and signal == "signal-time":
+        value = f"{now + 86_400:.3f}"
+    elif kind == "zero-replicas" and signal in ("replicas", "replicas-up"):
+        value = "0"
+    sample = {"metric": {}, "value": [now, value]}
+    body = {"status": "success", "data": {"resultType": "vector", "result": [sample]}}
+    return json.dumps(body).encode()
+
+
+class HostilePrometheus:
+    """Prometheus's query API on 127.0.0.1: ``PROM_DEPLOYMENT``'s series, hostile on demand.
+
+    Every other deployment has no series here (its signals come from the exporter).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.kind: str | None = None
+        """The hostile answer now; None: good answers."""
+        self.hostile: Counter[str] = Counter()
+        """Hostile answers served, by kind."""
+        self.queries = 0
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/api/v1/query", self._query)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _query(self, request: web.Request) -> web.Response:
+        promql = request.query.get("query", "")
+        self.queries += 1
+        if f'pod=~"{PROM_DEPLOYMENT}-' not in promql:
+            return web.json_response(_EMPTY)
+        kind = self.kind
+        if kind is not None:
+            self.hostile[kind] += 1
+        body = prometheus_answer(signal_of(promql), kind, self.clock())
+        return web.Response(body=body, content_type="application/json")
+
+
+# --- the admission controller's pass over a pool that turns hostile --------------------------
+
+ADMISSION_KINDS = (
+    "register-5000-digits", "register-deep-json", "allocation-5000-digits",
+    "allocation-deep-json",
+)  # fmt: skip
+"""Hostile annotations, each on one node (its register) or one of its pods (allocation)."""
+ADMISSION_NODES = 4
+CARDS = 8
+HELD = 4
+"""Cards a serving pod holds on each node: every node has room for one 4-card gang."""
+GANG_GPUS = 4
+H200_MIB = 143771
+_HUGE = "9" * 5000
+_DEEP_TEXT = "[" * 100_000 + "]" * 100_000
+
+
+def admission_node(i: int, kind: str | None = None) -> dict[str, Any]:
+    """A HAMi node ``soak-gpu-<i>`` as its device plugin leaves it; its register ``kind``."""
+    cards = [
+        {"id": f"GPU-soak-gpu-{i}-{c}", "index": c, "count": 10, "devmem": H200_MIB,
+         "devcore": 100, "type": "NVIDIA-NVIDIA H200", "mode": "hami-core", "health": True}
+        for c in range(CARDS)
+    ]  # fmt: skip
+    register = json.dumps(cards)
+    if kind == "register-5000-digits":
+        register = register.replace(f'"devmem": {H200_MIB}', f'"devmem": {_HUGE}', 1)
+    elif kind == "register-deep-json":
+        register = _DEEP_TEXT
+    name = f"soak-gpu-{i}"
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {names.HOSTNAME: name},
+            "annotations": {
+                names.HAMI_NODE_REGISTER: register,
+                names.HAMI_NODE_HANDSHAKE: "Reported 2026-01-01 00:00:00",
+            },
+        },
+        "spec": {},
+        "status": {},
+    }
+
+
+def serving_pod(i: int, kind: str | None = None) -> dict[str, Any]:
+    """The serving pod HAMi placed on node ``i`` holding ``HELD`` cards; its allocation ``kind``."""
+    on = f"soak-gpu-{i}"
+    allocated = "".join(f"GPU-{on}-{c},NVIDIA,{H200_MIB},100:" for c in range(HELD)) + ";"
+    if kind == "allocation-5000-digits":
+        allocated = f"GPU-{on}-0,NVIDIA,{_HUGE},100:;"
+    elif kind == "allocation-deep-json":
+        allocated = _DEEP_TEXT
+    return {
+        "metadata": {
+            "name": f"serve-{i}", "namespace": "serve", "uid": f"uid-serve-{i}",
+            "ownerReferences": [{"uid": "uid-serving"}],
+            "annotations": {names.HAMI_VGPU_NODE: on, names.HAMI_DEVICES_ALLOCATED: allocated},
+        },
+        "spec": {"nodeName": on},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
+def gang(i: int) -> dict[str, Any]:
+    """A pending Workload of one pod asking ``GANG_GPUS`` whole cards, quota reserved."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": f"train-{i}", "namespace": "train", "uid": f"uid-wl-{i}",
+            "creationTimestamp": "2026-01-01T00:00:00Z", "ownerReferences": [{"uid": f"uid-{i}"}],
+            "annotations": {},
+        },
+        "spec": {"priority": 0, "podSets": [{
+            "name": "workers", "count": 1,
+            "template": {"metadata": {"annotations": {}}, "spec": {"containers": [
+                {"name": "main", "resources": {"limits": {names.GPU: str(GANG_GPUS)}}},
+            ]}},
+        }]},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True"}],
+            "admissionChecks": [{"name": ADMISSION_CHECK, "state": "Pending",
+                                 "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""}],
+        },
+    }  # fmt: skip
+
+
+ADMISSION_CHECK = "soak-capacity"
+
+
+@dataclass
+class AdmissionSoak:
+    """``decide_all`` over a pool of HAMi nodes, pass after pass, as the controller runs it.
+
+    ``hostile`` is (kind, node) while one object of that node is hostile. Each pass decides
+    one 4-card gang per node; a Ready is a decision on missing data when it counts the
+    hostile node's cards (its message names it) or admits more gangs than the readable
+    nodes hold.
+    """
+
+    hostile: tuple[str, int] | None = None
+    passes: int = 0
+    raised: Counter[str] = field(default_factory=Counter)
+    """Passes that raised, by exception class: the loop survives them, the goal is none."""
+    failed_decisions: int = 0
+    """Decisions failed alone (``Decision.failed``): isolated, nothing written."""
+    wrong: list[str] = field(default_factory=list)
+    """Decisions on missing data, described."""
+    hostile_seen: Counter[str] = field(default_factory=Counter)
+    """Passes run over a hostile object, by kind."""
+    hostile_counted: Counter[str] = field(default_factory=Counter)
+    """Of those, the passes where the controller's check (``unreadable``) named it."""
+    ready_while_hostile: int = 0
+
+    def one_pass(self, now: float) -> None:
+        kind, bad = self.hostile if self.hostile is not None else (None, -1)
+        on_node = kind if kind is not None and kind.startswith("register") else None
+        on_pod = kind if kind is not None and kind.startswith("allocation") else None
+        nodes = [admission_node(i, on_node if i == bad else None) for i in range(ADMISSION_NODES)]
+        pods = [serving_pod(i, on_pod if i == bad else None) for i in range(ADMISSION_NODES)]
+        workloads = [gang(i) for i in range(ADMISSION_NODES)]
+        pending = [Pending(w, ADMISSION_CHECK, Parameters(), now - 10) for w in workloads]
+        self.passes += 1
+        if kind is not None:
+            self.hostile_seen[kind] += 1
+            objects = [("node", nodes[bad]), ("pod", pods[bad])]
+            if any(unreadable(k, o) is not None for k, o in objects):
+                self.hostile_counted[kind] += 1
+        try:
+            decisions = decide_all(pending, Cluster(nodes, pods, workloads, [], [], {}), now)
+        except Exception as err:  # the controller's pass would have died here
+            self.raised[type(err).__name__] += 1
+            return
+        self._judge(decisions, kind, bad)
+
+    def _judge(self, decisions: list[Decision], kind: str | None, bad: int) -> None:
+        ready = [d for d in decisions if d.state == "Ready"]
+        self.failed_decisions += sum(bool(d.failed) for d in decisions)
+        readable = ADMISSION_NODES - (kind is not None)
+        if kind is None:
+            if len(ready) != ADMISSION_NODES:
+                states = Counter(d.state for d in decisions)
+                self.wrong.append(f"a calm pass admitted {len(ready)}: {dict(states)}")
+            return
+        self.ready_while_hostile += len(ready)
+        hostile_name = f"soak-gpu-{bad}"
+        for d in ready:
+            if re.search(rf"\b{hostile_name}\b", d.message):
+                self.wrong.append(f"{kind}: {d.workload} Ready on {hostile_name}: {d.message}")
+        if len(ready) > readable:
+            self.wrong.append(f"{kind}: {len(ready)} Ready where {readable} nodes are readable")
+
+
+async def run_admission(
+    soak: AdmissionSoak,
+    clock: Callable[[], float],
+    start_at: float,
+    slot: float,
+    hold: float,
+    stop: asyncio.Event,
+    every: float = 0.5,
+) -> list[tuple[str, float, float]]:
+    """Passes every ``every`` s until ``stop``; each kind hostile on its own node for ``hold``
+    s at the start of its slot. Returns (kind, from, until) of each hostile span."""
+    spans: list[tuple[str, float, float]] = []
+    schedule = [
+        (kind, i % ADMISSION_NODES, start_at + i * slot) for i, kind in enumerate(ADMISSION_KINDS)
+    ]
+    while not stop.is_set():
+        now = clock()
+        soak.hostile = None
+        for kind, node, at in schedule:
+            if at <= now < at + hold:
+                soak.hostile = (kind, node)
+                if not spans or spans[-1][0] != kind:
+                    spans.append((kind, at, at + hold))
+        soak.one_pass(time.time())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+    return spans
