@@ -58,15 +58,17 @@ class Trace:
 class _Rows:
     """What a reader collected: per row its arrival (s), tokens and line number."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, before: int = 0) -> None:
         self.path = path
+        self.before = before
+        """Requests already read from other files of the same trace (``read_recording``)."""
         self.arrival = array("d")
         self.prompt = array("q")
         self.output = array("q")
         self.line = array("q")
 
     def add(self, line: int, arrival: float, prompt: int, output: int) -> None:
-        if len(self.line) >= MAX_TRACE_REQUESTS:
+        if self.before + len(self.line) >= MAX_TRACE_REQUESTS:
             raise TraceError(
                 f"{self.path}:{line}: more than {MAX_TRACE_REQUESTS:,} requests;"
                 " replay a part of the trace"
@@ -109,6 +111,57 @@ def read_trace(path: Path) -> Trace:
         times - times[0],
         np.maximum(np.frombuffer(rows.prompt, dtype=np.int64)[order], 1),
         np.maximum(np.frombuffer(rows.output, dtype=np.int64)[order], 1),
+    )
+
+
+def read_recording(directory: Path) -> Trace:
+    """Every ``*.csv`` in ``directory`` as one trace: the gateway's rotated arrivals.
+
+    The files are Azure CSVs with wall-clock timestamps (``serving.arrivals``), so their
+    rows merge on one clock whatever order the files were written in; a file holding only
+    its header (just opened) adds nothing. The trace is named after the directory.
+
+    Raises:
+        TraceError: no ``.csv`` file, one that is not an Azure CSV, a bad row (named by
+            file, line and column), more than ``MAX_TRACE_REQUESTS`` rows in all, a span
+            over ``MAX_TRACE_SPAN_SECONDS`` (naming both files), or no requests.
+    """
+    try:
+        files = sorted(p for p in directory.iterdir() if p.suffix == ".csv" and p.is_file())
+    except OSError as err:
+        raise TraceError(f"cannot read trace directory {directory}: {err.strerror}") from err
+    if not files:
+        raise TraceError(f"{directory}: no .csv files (the gateway's arrivals are arrivals-*.csv)")
+    parts: list[_Rows] = []
+    for path in files:
+        with closing(_lines(path)) as lines:
+            header = next(lines, (1, ""))[1]
+        if not ("TIMESTAMP" in header and "ContextTokens" in header):
+            raise TraceError(f"{path}: not an Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
+        parts.append(_azure(path, sum(len(p.line) for p in parts)))
+    kept = [p for p in parts if p.line]
+    if not kept:
+        raise TraceError(f"{directory}: no requests in {len(files)} files")
+    arrival = np.concatenate([np.frombuffer(p.arrival, dtype=np.float64) for p in kept])
+    starts = [float(np.frombuffer(p.arrival, dtype=np.float64).min()) for p in kept]
+    ends = [float(np.frombuffer(p.arrival, dtype=np.float64).max()) for p in kept]
+    first, last = int(np.argmin(starts)), int(np.argmax(ends))
+    span = ends[last] - starts[first]
+    if not span <= MAX_TRACE_SPAN_SECONDS:
+        raise TraceError(
+            f"{kept[first].path} and {kept[last].path} are {span:,.0f} s"
+            f" ({span / 86_400:,.1f} days) apart; a trace may span at most"
+            f" {MAX_TRACE_SPAN_SECONDS:,} s (31 days)"
+        )
+    order = np.argsort(arrival, kind="stable")
+    times = arrival[order]
+    prompt = np.concatenate([np.frombuffer(p.prompt, dtype=np.int64) for p in kept])
+    output = np.concatenate([np.frombuffer(p.output, dtype=np.int64) for p in kept])
+    return Trace(
+        directory.name,
+        times - times[0],
+        np.maximum(prompt[order], 1),
+        np.maximum(output[order], 1),
     )
 
 
@@ -179,8 +232,8 @@ def token_count(value: object, column: str) -> int:
     return count
 
 
-def _azure(path: Path) -> _Rows:
-    rows = _Rows(path)
+def _azure(path: Path, before: int = 0) -> _Rows:
+    rows = _Rows(path, before)
     number = 0  # the line the csv module read last: a row's last, or the one it refused
 
     def texts() -> Iterator[str]:

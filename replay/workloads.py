@@ -35,8 +35,9 @@ the volume with no burst or spike. Day ``d`` is drawn from its own seed, so a ru
 three days shares its first two with a run of two.
 
 ``load_trace`` reads a trace source as ``unitscale replay --trace`` takes it: a file
-(Azure CSV or Mooncake JSONL), ``builtin:NAME``, or ServeGen's per-client data
-(``servegen:DIR?scale=X&days=A-B`` or the directory, ``replay.servegen``).
+(Azure CSV or Mooncake JSONL), a directory of Azure CSVs as one trace (the gateway's
+rotated arrivals, ``replay.trace.read_recording``), ``builtin:NAME``, or ServeGen's
+per-client data (``servegen:DIR?scale=X&days=A-B`` or its directory, ``replay.servegen``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from replay.servegen import is_servegen, parse_source, read_servegen
-from replay.trace import Trace, TraceError, read_trace
+from replay.trace import Trace, TraceError, read_recording, read_trace
 
 BUILTIN_PREFIX = "builtin:"
 """A ``--trace`` starting with this names a generated workload (``BUILTINS``)."""
@@ -220,11 +221,13 @@ def load_trace(source: str, seed: int = 0) -> Trace:
     """The trace ``source`` names, generated or drawn for ``seed`` where it is not a file.
 
     ``builtin:NAME``, ServeGen's data (``servegen:DIR?scale=X&days=A-B`` or the
-    directory), or an Azure CSV or Mooncake JSONL file.
+    directory), an Azure CSV or Mooncake JSONL file, or a directory of Azure CSVs read as
+    one trace (the gateway's recorded arrivals, ``read_recording``).
 
     Raises:
         TraceError: an unknown built-in (naming the known ones), ServeGen data
-            ``replay.servegen`` refuses, or a file ``read_trace`` cannot read.
+            ``replay.servegen`` refuses, or a file ``read_trace`` (a directory
+            ``read_recording``) cannot read.
     """
     if is_servegen(source):
         directory, options = parse_source(source)
@@ -235,7 +238,8 @@ def load_trace(source: str, seed: int = 0) -> Trace:
             known = ", ".join(BUILTIN_PREFIX + n for n in BUILTINS)
             raise TraceError(f"unknown built-in trace {source!r}; one of {known}")
         return BUILTINS[name](seed)
-    return read_trace(Path(source))
+    path = Path(source)
+    return read_recording(path) if path.is_dir() else read_trace(path)
 
 
 def thinned_arrivals(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from foundation.errors import ConfigError, UnitscaleError
-from unitscale import __version__, flags
+from unitscale import __version__, flags, tune
 from unitscale.flags import Parser, fail
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sim_replica_command(commands)
     _add_admission_command(commands)
     _add_replay_command(commands)
+    tune.add_command(commands)
     _add_demo_command(commands)
     return parser
 

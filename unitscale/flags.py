@@ -51,11 +51,18 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def real(low: float, high: float, *, above: bool = False) -> Callable[[str], float]:
-    """An argparse ``type=``: a finite number in ``[low, high]`` (``(low, high]`` if ``above``)."""
+def real(
+    low: float, high: float, *, above: bool = False, below: bool = False
+) -> Callable[[str], float]:
+    """An argparse ``type=``: a finite number in ``[low, high]``.
+
+    ``above`` leaves ``low`` out of the domain, ``below`` leaves ``high`` out.
+    """
+    lower = f"above {_show(low)}" if above else f"from {_show(low)}"
+    upper = f"below {_show(high)}" if below else f"at most {_show(high)}"
     domain = (
-        f"a number above {_show(low)}, at most {_show(high)}"
-        if above
+        f"a number {lower}, {upper}"
+        if above or below
         else f"a number from {_show(low)} to {_show(high)}"
     )
 
@@ -65,7 +72,8 @@ def real(low: float, high: float, *, above: bool = False) -> Callable[[str], flo
         except ValueError:
             value = math.nan
         inside = low < value if above else low <= value
-        if not (inside and value <= high):  # NaN fails both
+        under = value < high if below else value <= high
+        if not (inside and under):  # NaN fails both
             raise argparse.ArgumentTypeError(f"{quote(text)} is not {domain}")
         return value
 
@@ -130,3 +138,11 @@ HEADROOM = real(0, 10)
 """``--headroom``: a share of inference's forecast kept free; 10 keeps ten times it."""
 BATCHED_TOKENS = whole(1, MAX_TOKENS)
 """``--max-num-batched-tokens`` (the profile's ``max_num_seqs`` is checked on top)."""
+ATTAINMENT = real(0, 1, above=True, below=True)
+"""``--slo-attainment``: a share of requests, as the scaler config's ``slo-attainment``."""
+TRIALS = whole(1, 10_000)
+"""``tune --budget``: replays of every trace, one configuration each."""
+BATCH = whole(1, 1_024)
+"""``tune --batch``: trials the sampler proposes before it sees their results."""
+WORKERS = whole(1, 1_024)
+"""``tune --workers``: processes replaying trials at once."""

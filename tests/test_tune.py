@@ -1,0 +1,402 @@
+"""``unitscale tune``: the cheapest knobs meeting the SLO on the given traffic, by replay.
+
+Tiny traces (90-120 s, 1,400-1,800 requests) keep a trial under half a second; the
+command runs in this process (``cli.main``), its worker pool spawned where a test asks
+for two workers.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from foundation.replica_model import PROFILES
+from replay import trace as trace_module
+from replay.oracle import smallest_static
+from replay.simulate import SimConfig
+from replay.trace import Trace, TraceError, read_recording, read_trace
+from replay.workloads import load_trace
+from scaler.config import load_config
+from unitscale import cli
+from unitscale.tune import UNITSCALE_SPACE, Run, Trial, best, space
+
+START = datetime(2024, 1, 1, 9, tzinfo=UTC).timestamp()
+
+
+def requests(seconds: float, rate: float, seed: int, burst: float = 0.0) -> Trace:
+    """Poisson arrivals at ``rate`` per second, ``burst`` times more for 20 s midway."""
+    rng = np.random.default_rng(seed)
+    steady = rng.uniform(0, seconds, rng.poisson(rate * seconds))
+    extra = rng.uniform(seconds / 2, seconds / 2 + 20, rng.poisson(rate * burst * 20))
+    arrival = np.sort(np.concatenate([steady, extra]))
+    n = len(arrival)
+    return Trace("t", arrival, rng.integers(200, 3000, n), rng.integers(20, 300, n))
+
+
+def azure_rows(trace: Trace, order: np.ndarray | None = None) -> list[str]:
+    index = np.arange(len(trace)) if order is None else order
+    return [
+        f"{datetime.fromtimestamp(START + float(trace.arrival[i]), UTC):%Y-%m-%d %H:%M:%S.%f},"
+        f"{trace.prompt[i]},{trace.output[i]}"
+        for i in index
+    ]
+
+
+def write_csv(path: Path, rows: list[str]) -> Path:
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(r + "\n" for r in rows))
+    return path
+
+
+STEADY = requests(90, 15, seed=0)
+"""The default unitscale config meets 99% here: the search has a feasible start."""
+BURSTY = requests(120, 10, seed=0, burst=3)
+"""A 3x burst: two static replicas meet 99%, one does not."""
+
+
+def tune(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """``unitscale tune ARGV``'s exit status and its stderr."""
+    try:
+        code = cli.main(["tune", *argv])
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    return code, capsys.readouterr().err
+
+
+def trials(out: Path) -> list[dict[str, str]]:
+    with (out / "trials.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+# --- the command end to end -----------------------------------------------------------------
+
+
+def test_the_proposal_is_a_scaler_config_the_scaler_loads_and_the_replay_predicts(tmp_path, capsys):
+    steady = write_csv(tmp_path / "steady.csv", azure_rows(STEADY))
+    recorded = tmp_path / "arrivals"
+    recorded.mkdir()
+    other = requests(90, 12, seed=1)
+    shuffled = np.random.default_rng(0).permutation(len(other))  # rows written as requests end
+    write_csv(recorded / "arrivals-00000001-20240101T090000Z.csv", azure_rows(other, shuffled[::2]))
+    write_csv(
+        recorded / "arrivals-00000002-20240101T090100Z.csv", azure_rows(other, shuffled[1::2])
+    )
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        "signal-sources:\n  - address: gw.unitscale.svc:9093\n"
+        "policy:\n  headroom_step: 0.07\n  idle-grace: 3m\n"
+    )
+    out = tmp_path / "out"
+    code, err = tune(
+        capsys,
+        "--trace", str(steady), "--trace", str(recorded), "--scaler-config", str(base),
+        "--budget", "5", "--workers", "1", "--max-replicas", "6", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 0, err
+    rows = trials(out)
+    assert len(rows) == 5
+    config = load_config(out / "scaler-config.yaml")  # the scaler's own loader
+    chosen = min(
+        (r for r in rows if r["feasible"] == "True"),
+        key=lambda r: (float(r["cost_per_million_tokens"]), int(r["trial"])),
+    )
+    policy = config.policy
+    assert policy.headroom_step == float(chosen["headroom-step"])
+    assert policy.scale_down_window == float(chosen["scale-down-window"])
+    assert policy.profile_utilization == float(chosen["profile-utilization"])
+    assert policy.idle_grace == 180.0, "the base config's other keys are kept"
+    assert [s.address for s in config.signal_sources] == ["gw.unitscale.svc:9093"]
+    assert rows[0]["headroom-step"] == "0.07", "the first trial is today's config"
+    assert float(chosen["cost_per_million_tokens"]) <= float(rows[0]["cost_per_million_tokens"])
+
+    # unitscale replay with the proposal predicts what the report says, per trace
+    report = (out / "report.md").read_text()
+    assert "**Proposal (trial" in report and (out / "replicas.png").stat().st_size > 0
+    replayed = tmp_path / "replayed"
+    assert cli.main(
+        [
+            "replay", "--trace", str(recorded), "--policy", "unitscale",
+            "--max-replicas", "6", "--scaler-config", str(out / "scaler-config.yaml"),
+            "--report", str(replayed),
+        ]
+    ) == 0  # fmt: skip
+    metrics = yaml.safe_load((replayed / "results.json").read_text())["unitscale"]
+    row = next(line for line in report.splitlines() if f"`{recorded}` | proposal" in line)
+    assert f"US$ {metrics['cost_per_million_tokens']:.4f}" in row
+    assert f"{metrics['slo_attainment']:.2%}" in row
+
+
+def test_the_same_seed_gives_the_same_proposal_on_one_worker_or_two(tmp_path, capsys):
+    steady = write_csv(tmp_path / "steady.csv", azure_rows(STEADY))
+    outputs = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"workers-{workers}"
+        code, err = tune(
+            capsys, "--trace", str(steady), "--budget", "4", "--batch", "2", "--seed", "7",
+            "--workers", workers, "--max-replicas", "6", "--out", str(out),
+        )  # fmt: skip
+        assert code == 0, err
+        outputs.append(((out / "trials.csv").read_text(), (out / "scaler-config.yaml").read_text()))
+    assert outputs[0] == outputs[1]
+
+
+def test_a_tuned_static_fleet_is_the_smallest_meeting_the_target(tmp_path, capsys):
+    bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
+    out = tmp_path / "out"
+    code, err = tune(
+        capsys, "--trace", str(bursty), "--policy", "static-peak", "--budget", "8",
+        "--workers", "1", "--max-replicas", "6", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 0, err
+    config = SimConfig(PROFILES["llama3-8b-h200"].for_itl_slo(0.1), max_replicas=6)
+    _, smallest = smallest_static(read_trace(bursty), config, 0.99)
+    proposal = yaml.safe_load((out / "knobs.yaml").read_text())
+    assert proposal == {"policy": "static-peak", "knobs": {"replicas": smallest}}
+    assert smallest > 1
+    assert [int(r["replicas"]) for r in trials(out)] == [1, 2, 3, 4, 5, 6], "every size, once"
+    assert not (out / "scaler-config.yaml").exists()
+
+
+def test_a_target_no_trial_reaches_is_reported_and_writes_no_proposal(tmp_path, capsys):
+    bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "scaler-config.yaml").write_text("policy: {}\n")  # last night's
+    code, err = tune(
+        capsys, "--trace", str(bursty), "--budget", "3", "--workers", "1",
+        "--max-replicas", "1", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 1, err
+    report = (out / "report.md").read_text()
+    assert "**No trial reached 99.00% SLO attainment on every trace** in 3 trials" in report
+    closest = max(float(r["slo_attainment"]) for r in trials(out))
+    assert f"reached {closest:.2%}" in report
+    assert all(r["feasible"] == "False" for r in trials(out))
+    assert not (out / "scaler-config.yaml").exists(), "no stale proposal stays"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(
+            ["--budget", "0"],
+            "argument --budget: '0' is not a whole number from 1 to 10,000",
+            id="a budget of no trials is refused",
+        ),
+        pytest.param(
+            ["--slo-attainment", "1"],
+            "argument --slo-attainment: '1' is not a number above 0, below 1",
+            id="an attainment target of 100% is refused as the scaler config refuses it",
+        ),
+        pytest.param(
+            ["--slo-attainment", "nan"],
+            "argument --slo-attainment: 'nan' is not a number above 0, below 1",
+            id="a NaN attainment target is refused",
+        ),
+        pytest.param(
+            ["--workers", "0"],
+            "argument --workers: '0' is not a whole number from 1 to 1,024",
+            id="no workers is refused",
+        ),
+        pytest.param(
+            ["--policy", "oracle"],
+            "argument --policy: invalid choice: 'oracle'",
+            id="a bound, which has no knobs, is not a policy to tune",
+        ),
+        pytest.param(
+            ["--profile", "gpt-5"],
+            "unitscale tune: --profile 'gpt-5': one of",
+            id="an unknown replica model is named",
+        ),
+        pytest.param(
+            ["--cold-start", "instant"],
+            "unitscale tune: --cold-start 'instant': one of",
+            id="an unknown cold start tier is named",
+        ),
+        pytest.param(
+            ["--policy", "kpa", "--scaler-config", "{tmp}/x.yaml"],
+            "unitscale tune: --scaler-config is the unitscale policy's: drop it for kpa",
+            id="a scaler config for a baseline is refused",
+        ),
+        pytest.param(
+            ["--scaler-config", "{tmp}/bad.yaml"],
+            "headroom-max",
+            id="a bad base config names its key",
+        ),
+        pytest.param(
+            ["--trace", "{tmp}/missing.csv"],
+            "unitscale tune: cannot read trace",
+            id="a missing trace is named",
+        ),
+        pytest.param(
+            ["--out", "{tmp}/file"],
+            "unitscale tune:",
+            id="an output path that is a file ends in one line",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
+    trace = write_csv(tmp_path / "t.csv", azure_rows(STEADY))
+    (tmp_path / "bad.yaml").write_text("policy:\n  headroom-max: 11\n")
+    (tmp_path / "file").write_text("")
+    given = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    defaults = {
+        "--trace": str(trace),
+        "--out": str(tmp_path / "out"),
+        "--workers": "1",
+        "--budget": "1",
+    }
+    for flag, value in defaults.items():
+        if flag not in given:
+            given += [flag, value]
+    code, err = tune(capsys, *given)
+    assert code == 2
+    assert err.count("\n") == 1 and message in err, err
+
+
+# --- the search's pieces ------------------------------------------------------------------------
+
+KNOBS = [
+    *UNITSCALE_SPACE,
+    *space("static-peak", 64),
+    *space("kpa", 64),
+    *space("production-stack", 64),
+    *space("aibrix-kv", 64),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    knob=st.sampled_from(KNOBS),
+    value=st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+)
+def test_any_value_snaps_to_a_point_optuna_can_enqueue(knob, value):
+    snapped = knob.snap(value)
+    distribution = knob.distribution()
+    assert distribution._contains(distribution.to_internal_repr(snapped))
+    assert knob.snap(snapped) == snapped, "a point on the grid stays"
+    assert isinstance(snapped, int) == knob.whole
+
+
+def run(cost: float, attainment: float) -> Run:
+    return Run(cost=cost, tokens=1e6, attainment=attainment, cost_per_million_tokens=cost,
+               gpu_hours=0.0, max_replicas=1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("trials", "chosen"),
+    [
+        pytest.param(
+            [Trial(0, {}, (run(5, 0.995),)), Trial(1, {}, (run(1, 0.98),))],
+            0,
+            id="a feasible trial beats any cheaper infeasible one",
+        ),
+        pytest.param(
+            [Trial(0, {}, (run(2, 0.99),)), Trial(1, {}, (run(1, 0.999),))],
+            1,
+            id="of feasible trials the cheapest",
+        ),
+        pytest.param(
+            [Trial(0, {}, (run(1, 1.0),)), Trial(1, {}, (run(1, 1.0),))],
+            0,
+            id="of equally cheap feasible trials the first",
+        ),
+        pytest.param(
+            [Trial(0, {}, (run(1, 0.9),)), Trial(1, {}, (run(9, 0.95),))],
+            1,
+            id="none feasible the closest to the target whatever it costs",
+        ),
+        pytest.param(
+            [Trial(0, {}, (run(1, 1.0), run(1, 0.98))), Trial(1, {}, (run(3, 0.99), run(3, 0.99)))],
+            1,
+            id="every trace must reach the target",
+        ),
+        pytest.param(
+            [Trial(0, {}, (run(1, math.nan),)), Trial(1, {}, (run(9, 0.5),))],
+            1,
+            id="a trace without an attainment reaches nothing",
+        ),
+    ],
+)
+def test_the_proposal_is_the_cheapest_feasible_trial(trials, chosen):
+    assert best(trials, 0.99).number == chosen
+
+
+# --- the recorded arrivals as one trace ---------------------------------------------------------
+
+
+def test_rotated_files_read_as_the_one_file_holding_every_row(tmp_path):
+    rows = azure_rows(BURSTY)
+    whole = read_trace(write_csv(tmp_path / "whole.csv", rows))
+    recorded = tmp_path / "arrivals"
+    recorded.mkdir()
+    # the later file first by name, rows out of order, a file only just opened (a header)
+    write_csv(recorded / "arrivals-00000001-20240101T090000Z.csv", rows[500:][::-1])
+    write_csv(recorded / "arrivals-00000002-20240101T090100Z.csv", rows[:500])
+    write_csv(recorded / "arrivals-00000003-20240101T090200Z.csv", [])
+    (recorded / "notes.txt").write_text("not a trace")
+    merged = load_trace(str(recorded))
+    assert merged.name == "arrivals"
+    for column in ("arrival", "prompt", "output"):
+        assert np.array_equal(getattr(merged, column), getattr(whole, column))
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        pytest.param({}, "no .csv files", id="a directory without csv files is refused"),
+        pytest.param(
+            {"a.csv": ""}, "a.csv: not an Azure CSV", id="a file without the header is named"
+        ),
+        pytest.param(
+            {"a.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n"},
+            "no requests in 1 files",
+            id="files holding only headers hold no trace",
+        ),
+        pytest.param(
+            {
+                "a.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 09:00:00,1,1\n",
+                "b.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 09:00:01,x,1\n",
+            },
+            "b.csv:2: column ContextTokens",
+            id="a bad row is named by file and line",
+        ),
+        pytest.param(
+            {
+                "a.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 09:00:00,1,1\n",
+                "b.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-03-01 09:00:00,1,1\n",
+            },
+            "a.csv and {tmp}/b.csv are 5,184,000 s (60.0 days) apart",
+            id="a span over 31 days across files names both",
+        ),
+        pytest.param(
+            {
+                "a.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                + "2024-01-01 09:00:00,1,1\n" * 2,
+                "b.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                + "2024-01-01 09:00:01,1,1\n" * 2,
+            },
+            "b.csv:3: more than 3 requests",
+            id="the request bound holds over all the files together",
+        ),
+    ],
+)
+def test_a_recording_it_cannot_replay_is_refused_naming_the_file(
+    tmp_path, monkeypatch, files, message
+):
+    monkeypatch.setattr(trace_module, "MAX_TRACE_REQUESTS", 3)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(TraceError) as err:
+        read_recording(tmp_path)
+    assert message.replace("{tmp}", str(tmp_path)) in str(err.value)

@@ -1,0 +1,662 @@
+"""``unitscale tune``: search a policy's knobs by replay for the cheapest one meeting the SLO.
+
+Every trial is one setting of the policy's knobs (``space``) replayed over every
+``--trace`` exactly as ``unitscale replay`` runs it (the same ``SimConfig``, the same warm
+start, ``replay.run.make_policy``). A trial is *feasible* when its SLO attainment reaches
+``--slo-attainment`` on every trace; of those, the proposal costs least per 1M tokens
+(all traces' cost over all their served tokens). None feasible: the trial that came
+closest is reported, and no config is written.
+
+The search is Optuna's TPE (``TPESampler``: ``constraints_func`` keeps infeasible trials
+behind feasible ones, ``constant_liar`` spreads a batch), or, for one whole-number knob
+whose values fit the budget (a static fleet's size), every value in order. The current
+config's knobs (snapped to the grid) are the first trial.
+
+Determinism: trials are asked ``--batch`` at a time, replayed (over ``--workers``
+processes), and told in trial order before the next batch is asked. The sampler (seeded
+with ``--seed``) sees the same history at every ask whatever the workers' speed or
+count, so a seed, budget and batch give the same proposal on any machine.
+``--workers`` only changes the wall time.
+
+Writes ``DIR/scaler-config.yaml`` (``--policy unitscale``: the scaler's config, the
+``--scaler-config`` given with its policy knobs replaced) or ``DIR/knobs.yaml`` (a
+baseline's ``make_policy`` keywords), ``DIR/trials.csv`` and ``DIR/report.md`` with
+``DIR/replicas.png`` (``unitscale.tune_report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from foundation.errors import ConfigError
+from unitscale import flags
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+    from optuna.samplers import BaseSampler
+    from optuna.study import Study
+    from optuna.trial import FrozenTrial
+
+    from replay.policies import Policy
+    from replay.run import ReplayOptions
+    from replay.simulate import Result, SimConfig
+    from replay.trace import Trace
+
+    Commands = argparse._SubParsersAction[flags.Parser]
+
+TUNABLE = ("unitscale", "static-peak", "kpa", "aibrix-kv", "production-stack")
+"""The policies ``--policy`` takes: those with knobs (``replay.run.KNOBS``)."""
+Value = float | int
+Knobs = dict[str, Value]
+
+
+# --- the search space -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One knob's range: a scaler config key (unitscale) or a ``make_policy`` keyword."""
+
+    key: str
+    low: float
+    high: float
+    step: float | None = None
+    """Values are ``low + k * step``; None: any (a float) or every whole number."""
+    log: bool = False
+    whole: bool = False
+    seconds: bool = False
+    """Written to the scaler config as a Go duration (``"90s"``)."""
+
+    def distribution(self) -> BaseDistribution:
+        """The knob as Optuna samples it."""
+        from optuna.distributions import FloatDistribution, IntDistribution
+
+        if self.whole:
+            step = int(self.step or 1)
+            return IntDistribution(int(self.low), int(self.high), log=self.log, step=step)
+        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+    def value(self, sampled: Any) -> Value:
+        """What a trial replays: a whole number, or a float rounded to its step."""
+        if self.whole:
+            return int(sampled)
+        return round(float(sampled), 6)  # 0.15000000000000002 on a 0.05 grid is 0.15
+
+    def snap(self, value: float) -> Value:
+        """``value`` moved onto the range (the grid's nearest point within it)."""
+        inside = min(max(float(value), self.low), self.high)
+        if self.step is not None:
+            inside = self.low + round((inside - self.low) / self.step) * self.step
+        return self.value(round(inside) if self.whole else inside)
+
+    def values(self) -> list[int]:
+        """Every value of a whole-number knob (for the grid)."""
+        return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+
+    def describe(self) -> str:
+        """The range with its unit and grid or scale, for the report: ``0-600 s, step 15``."""
+        unit = " s" if self.seconds else ""
+        scale = ", log" if self.log else f", step {self.step:g}" if self.step else ""
+        return f"{self.low:g}-{self.high:g}{unit}{scale}"
+
+
+UNITSCALE_SPACE = (
+    Knob("headroom-step", 0.0, 0.2, step=0.01),
+    Knob("headroom-max", 0.0, 2.0, step=0.05),
+    Knob("headroom-half-life", 300, 7200, log=True, whole=True, seconds=True),
+    Knob("scale-down-window", 0, 1800, step=30, whole=True, seconds=True),
+    Knob("scale-down-delay", 0, 600, step=15, whole=True, seconds=True),
+    Knob("backlog-drain", 5, 120, log=True, whole=True, seconds=True),
+    Knob("profile-utilization", 0.5, 1.0, step=0.05),
+)
+"""The scaler's policy knobs that trade cost for attainment (docs/scaler.md, "What each
+knob trades"); the SLO, the replica model and the bounds describe the service and stay."""
+
+
+def space(policy: str, max_replicas: int) -> tuple[Knob, ...]:
+    """``policy``'s knobs and their ranges (docs/tune.md explains each range)."""
+    if policy == "unitscale":
+        return UNITSCALE_SPACE
+    if policy == "static-peak":
+        return (Knob("replicas", 1, max_replicas, whole=True),)
+    if policy == "kpa":
+        return (
+            Knob("target", 2.0, 256.0, log=True),
+            Knob("scale_down_delay", 0, 900, step=15, whole=True),
+            Knob("target_utilization", 0.4, 1.0, step=0.05),
+            Knob("min_scale", 0, min(4, max_replicas), whole=True),
+        )
+    if policy == "production-stack":
+        return (Knob("threshold", 0.5, 50.0, log=True),)
+    if policy == "aibrix-kv":
+        return (Knob("target", 0.02, 1.0, log=True),)
+    raise ValueError(f"unknown policy {policy!r}; one of {', '.join(TUNABLE)}")
+
+
+# --- the problem, as every worker holds it ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """What every trial replays: the traces, the fleet and the policy's fixed settings."""
+
+    policy: str
+    traces: tuple[Trace, ...]
+    config: SimConfig
+    options: ReplayOptions
+    """``unitscale replay``'s options; ``slo_target`` is the tune's target."""
+    base: dict[str, object] = field(default_factory=dict)
+    """The ``--scaler-config`` as a mapping (unitscale), empty for the defaults."""
+
+    def scaler_mapping(self, knobs: Knobs | None) -> dict[str, object]:
+        """The scaler config with ``knobs`` and the target in its policy section.
+
+        None: the base as given (the defaults row). Keys the base spells with ``_``
+        (pydantic takes both) are dropped where a knob replaces them.
+        """
+        if knobs is None:
+            return dict(self.base)
+        given = self.base.get("policy")
+        policy = {
+            str(k): v
+            for k, v in (given.items() if isinstance(given, dict) else ())
+            if str(k).replace("_", "-") not in {*knobs, "slo-attainment"}
+        }
+        seconds = {k.key for k in UNITSCALE_SPACE if k.seconds}
+        for key, value in knobs.items():
+            policy[key] = f"{value:g}s" if key in seconds else value
+        policy["slo-attainment"] = self.options.slo_target
+        return {**self.base, "policy": policy}
+
+    def policy_for(self, knobs: Knobs | None) -> Policy:
+        """The policy a trial replays (None: the defaults)."""
+        from foundation.configfile import validate
+        from replay.run import make_policy
+        from scaler.config import ScalerConfig
+
+        if self.policy == "unitscale":
+            config = validate(ScalerConfig, self.scaler_mapping(knobs), "the tuned config")
+            options = replace(self.options, policy=config.policy_defaults())
+            return make_policy("unitscale", self.config, options)
+        return make_policy(self.policy, self.config, self.options, **(knobs or {}))
+
+    def defaults(self) -> Knobs | None:
+        """The knobs' values today: the base config's (unitscale) or the policy's own."""
+        from replay.policies import AibrixKv, Kpa, ProductionStack
+        from scaler.config import ScalerConfig
+
+        if self.policy == "unitscale":
+            from foundation.configfile import validate
+
+            policy = validate(ScalerConfig, self.base, "--scaler-config").policy
+            return {k.key: getattr(policy, k.key.replace("-", "_")) for k in UNITSCALE_SPACE}
+        if self.policy == "static-peak":
+            return None
+        baseline = {"kpa": Kpa(), "production-stack": ProductionStack(), "aibrix-kv": AibrixKv()}
+        policy_object = baseline[self.policy]
+        knobs = space(self.policy, self.config.max_replicas)
+        return {k.key: getattr(policy_object, k.key) for k in knobs}
+
+    def base_attainment(self) -> float:
+        """The ``slo-attainment`` the base config's scaler aims at."""
+        from foundation.configfile import validate
+        from scaler.config import ScalerConfig
+
+        return validate(ScalerConfig, self.base, "--scaler-config").policy.slo_attainment
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What one replay of one trace came to (the report's figures, no per-request arrays)."""
+
+    cost: float
+    tokens: float
+    """Tokens served (prompt and output)."""
+    attainment: float
+    cost_per_million_tokens: float
+    gpu_hours: float
+    max_replicas: int
+    t: tuple[float, ...] = ()
+    replicas: tuple[float, ...] = ()
+
+
+def run_of(result: Result) -> Run:
+    """The figures of ``result`` the tune keeps."""
+    m = result.metrics
+    cost, per_million = float(m["cost"]), float(m["cost_per_million_tokens"])
+    tokens = cost / per_million * 1e6 if 0 < per_million < math.inf else 0.0
+    return Run(
+        cost,
+        tokens,
+        float(m["slo_attainment"]),
+        per_million,
+        float(m["gpu_hours"]),
+        int(m["max_replicas"]),
+        tuple(result.series["t"]),
+        tuple(result.series["replicas"]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A trace's references, found before the trials: the replay's warm start and bounds."""
+
+    warm: int
+    """Replicas every policy starts with (the instant bound's first interval's)."""
+    static_replicas: int
+    static: Run
+    static_reached: bool
+    instant: Run
+
+
+_PROBLEM: Problem | None = None
+"""The problem in this process: the worker's, from ``_install``, or the command's own."""
+
+
+def _install(problem: Problem) -> None:
+    global _PROBLEM  # one problem per worker process, set once
+    _PROBLEM = problem
+
+
+def _problem() -> Problem:
+    if _PROBLEM is None:
+        raise RuntimeError("no tune problem installed in this process")
+    return _PROBLEM
+
+
+def prepare(index: int) -> Prepared:
+    """Trace ``index``'s warm start, smallest static fleet and instant bound (a worker job)."""
+    from replay.oracle import REACHED, find_instant_bound, smallest_static
+    from replay.run import static_hint, warm_replicas
+
+    problem = _problem()
+    trace, config, target = problem.traces[index], problem.config, problem.options.slo_target
+    instant, schedule = find_instant_bound(trace, config, target)
+    warm = warm_replicas(schedule, config, problem.options)
+    static, size = smallest_static(trace, config, target, hint=static_hint(schedule, config))
+    return Prepared(
+        warm=warm,
+        static_replicas=size,
+        static=run_of(static),
+        static_reached=bool(static.metrics[REACHED]),
+        instant=run_of(instant),
+    )
+
+
+def replay(index: int, warm: int, knobs: Knobs | None) -> Run:
+    """One trial's replay of trace ``index`` (a worker job); None: the defaults."""
+    from replay.simulate import simulate
+
+    problem = _problem()
+    policy = problem.policy_for(knobs)
+    result = simulate(problem.traces[index], policy, problem.config, initial_replicas=warm)
+    return run_of(result)
+
+
+# --- the search -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One setting of the knobs and its replay of every trace."""
+
+    number: int
+    knobs: Knobs
+    runs: tuple[Run, ...]
+
+    @property
+    def attainment(self) -> float:
+        """The lowest SLO attainment over the traces (-1 where one has none)."""
+        return min((r.attainment if math.isfinite(r.attainment) else -1.0) for r in self.runs)
+
+    @property
+    def cost_per_million_tokens(self) -> float:
+        """All traces' cost over all the tokens they served, per 1M (inf: none served)."""
+        tokens = sum(r.tokens for r in self.runs)
+        return sum(r.cost for r in self.runs) / tokens * 1e6 if tokens else math.inf
+
+    def feasible(self, target: float) -> bool:
+        """Whether every trace's attainment reached ``target``."""
+        return self.attainment >= target
+
+
+def best(trials: Sequence[Trial], target: float) -> Trial:
+    """The cheapest feasible trial (first of equals); none: the closest to the target.
+
+    Raises:
+        ValueError: no trials.
+    """
+    if not trials:
+        raise ValueError("best: no trials")
+    feasible = [t for t in trials if t.feasible(target)]
+    if feasible:
+        return min(feasible, key=lambda t: (t.cost_per_million_tokens, t.number))
+    return min(trials, key=lambda t: (-t.attainment, t.cost_per_million_tokens, t.number))
+
+
+Mapper = Callable[[Callable[..., Any], list[tuple[Any, ...]]], list[Any]]
+"""Runs a job over argument tuples, results in the arguments' order (``_workers``)."""
+Progress = Callable[[list[Trial]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How the search runs: ``--budget``, ``--batch`` and ``--seed``."""
+
+    budget: int
+    batch: int
+    seed: int
+
+
+def search(
+    problem: Problem,
+    prepared: Sequence[Prepared],
+    settings: Settings,
+    run_jobs: Mapper,
+    progress: Progress | None = None,
+) -> list[Trial]:
+    """``settings.budget`` trials (fewer: a grid smaller than it), in trial order.
+
+    A batch is asked, its settings not yet replayed are replayed (every trace each, by
+    ``run_jobs``), and the batch is told in trial order: the module docstring's
+    determinism. A setting asked again is not replayed again (replays are deterministic).
+    """
+    knobs = space(problem.policy, problem.config.max_replicas)
+    study, budget = _study(problem, knobs, settings)
+    distributions = {k.key: k.distribution() for k in knobs}
+    seen: dict[tuple[Value, ...], tuple[Run, ...]] = {}
+    trials: list[Trial] = []
+    while len(trials) < budget:
+        asked = [study.ask(distributions) for _ in range(min(settings.batch, budget - len(trials)))]
+        sets = [{k.key: k.value(t.params[k.key]) for k in knobs} for t in asked]
+        new = list({tuple(s.values()): s for s in sets if tuple(s.values()) not in seen}.values())
+        runs = run_jobs(replay, [(i, p.warm, s) for s in new for i, p in enumerate(prepared)])
+        for n, s in enumerate(new):
+            seen[tuple(s.values())] = tuple(runs[n * len(prepared) : (n + 1) * len(prepared)])
+        for asked_trial, s in zip(asked, sets, strict=True):
+            trial = Trial(asked_trial.number, s, seen[tuple(s.values())])
+            # read by the sampler's constraints_func when told
+            asked_trial.set_user_attr("attainment", trial.attainment)
+            study.tell(asked_trial, min(trial.cost_per_million_tokens, 1e12))
+            trials.append(trial)
+        if progress is not None:
+            progress(trials)
+    return trials
+
+
+def _study(problem: Problem, knobs: Sequence[Knob], settings: Settings) -> tuple[Study, int]:
+    """The study and its trial count, with its first trials enqueued.
+
+    A grid enqueues every value in order; otherwise today's knobs (snapped to the
+    ranges) are the first trial, so the proposal is never worse than what runs now.
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler, budget = _sampler(knobs, settings, problem.options.slo_target)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    today = problem.defaults()
+    if is_grid(knobs, settings.budget):
+        for value in knobs[0].values():
+            study.enqueue_trial({knobs[0].key: value})
+    elif today is not None and budget > 1:
+        study.enqueue_trial({k.key: k.snap(today[k.key]) for k in knobs})
+    return study, budget
+
+
+def is_grid(knobs: Sequence[Knob], budget: int) -> bool:
+    """Whether the search tries every value: one whole-number knob with at most ``budget``."""
+    return len(knobs) == 1 and knobs[0].whole and len(knobs[0].values()) <= budget
+
+
+def _sampler(knobs: Sequence[Knob], settings: Settings, target: float) -> tuple[BaseSampler, int]:
+    """The sampler and the trials to run: every value of one whole knob that fits, else TPE."""
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.samplers import RandomSampler, TPESampler
+
+    if is_grid(knobs, settings.budget):
+        # every value enqueued in order (``search``): GridSampler stops the study when its
+        # grid is done, which only Study.optimize allows
+        return RandomSampler(seed=settings.seed), len(knobs[0].values())
+
+    def constraints(trial: FrozenTrial) -> list[float]:
+        # <= 0 is feasible: the lowest attainment over the traces at or above the target
+        return [target - float(trial.user_attrs.get("attainment", -1.0))]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # constant_liar, multivariate
+        sampler = TPESampler(
+            seed=settings.seed,
+            multivariate=True,
+            constant_liar=True,
+            constraints_func=constraints,
+        )
+    return sampler, settings.budget
+
+
+@contextmanager
+def _workers(problem: Problem, workers: int) -> Iterator[Mapper]:
+    """A ``Mapper`` over ``workers`` processes (spawned: no fork of a threaded process).
+
+    One worker runs the jobs here, in order.
+    """
+    if workers == 1:
+        _install(problem)
+
+        def here(job: Callable[..., Any], args: list[tuple[Any, ...]]) -> list[Any]:
+            return [job(*a) for a in args]
+
+        yield here
+        return
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, context, _install, (problem,)) as pool:
+
+        def there(job: Callable[..., Any], args: list[tuple[Any, ...]]) -> list[Any]:
+            return list(pool.map(job, *zip(*args, strict=True))) if args else []
+
+        yield there
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def add_command(commands: Commands) -> None:
+    """Register ``unitscale tune`` and its flags (nothing heavy imported: every command parses)."""
+    tune = commands.add_parser(
+        "tune", help="search a policy's knobs by replay for the cheapest meeting the SLO"
+    )
+    tune.add_argument(
+        "--trace",
+        action="append",
+        required=True,
+        help="repeatable: an Azure LLM CSV, a directory of them as one trace (the gateway's"
+        " recorded arrivals), Mooncake JSONL, builtin:NAME or servegen:DIR?scale=X&days=A-B",
+    )
+    tune.add_argument("--policy", choices=TUNABLE, default="unitscale")
+    tune.add_argument("--profile", default="llama3-8b-h200", help="the replayed replica model")
+    tune.add_argument(
+        "--slo-attainment",
+        type=flags.ATTAINMENT,
+        help="share of requests within the SLO on every trace (default: the scaler"
+        " config's slo-attainment, 0.99)",
+    )
+    tune.add_argument("--budget", type=flags.TRIALS, default=50, help="trials (default 50)")
+    tune.add_argument(
+        "--batch",
+        type=flags.BATCH,
+        default=8,
+        help="trials asked before their results are told (default 8); the proposal"
+        " depends on it, never on --workers",
+    )
+    tune.add_argument("--seed", type=flags.SEED, default=0)
+    tune.add_argument("--workers", type=flags.WORKERS, help="processes (default: the CPUs)")
+    tune.add_argument(
+        "--scaler-config",
+        type=Path,
+        help="the scaler's config to start from (--policy unitscale): the proposal keeps"
+        " everything but the tuned policy knobs",
+    )
+    tune.add_argument("--out", type=Path, required=True, help="output directory")
+    fleet = tune.add_argument_group("the replayed fleet (as unitscale replay)")
+    fleet.add_argument("--rate-multiplier", type=flags.RATE_MULTIPLIER, default=1.0)
+    fleet.add_argument("--time-compression", type=flags.TIME_COMPRESSION, default=1.0)
+    fleet.add_argument("--price", type=flags.PRICE, help="US$ per accelerator-hour")
+    fleet.add_argument("--slo-ttft", type=flags.SLO_SECONDS, default=2.0)
+    fleet.add_argument("--slo-itl", type=flags.SLO_SECONDS, default=0.1)
+    fleet.add_argument(
+        "--cold-start", default="local-disk", help="a cold start tier (default %(default)s)"
+    )
+    fleet.add_argument("--max-replicas", type=flags.REPLICAS, default=64)
+    fleet.add_argument("--target-concurrency", type=flags.CONCURRENCY, default=32.0)
+    tune.set_defaults(run=run, default_log_level="warning")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``unitscale tune``: 0 with a proposal, 1 when no trial met the target."""
+    from unitscale.tune_report import Outcome, write_outcome
+
+    started = time.monotonic()
+    problem, sources = _problem_of(args)
+    args.out.mkdir(parents=True, exist_ok=True)  # a bad --out fails before the search
+    settings = Settings(args.budget, args.batch, args.seed)
+    workers = args.workers or _cpus()
+    target = problem.options.slo_target
+    with _workers(problem, workers) as run_jobs, _bar(settings.budget, target) as progress:
+        prepared = run_jobs(prepare, [(i,) for i in range(len(problem.traces))])
+        trials = search(problem, prepared, settings, run_jobs, progress)
+        defaults = _defaults(problem, prepared, trials, run_jobs)
+    outcome = Outcome(
+        problem=problem,
+        sources=tuple(sources),
+        settings=settings,
+        workers=workers,
+        prepared=tuple(prepared),
+        trials=tuple(trials),
+        proposal=best(trials, problem.options.slo_target),
+        defaults=defaults,
+        seconds=time.monotonic() - started,
+        command="unitscale " + " ".join(sys.argv[1:]),
+    )
+    write_outcome(outcome, args.out)
+    print((args.out / "report.md").read_text())  # noqa: T201 - the command's output
+    return 0 if outcome.reached else 1
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (a container's cpuset, not the node's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _defaults(
+    problem: Problem, prepared: Sequence[Prepared], trials: Sequence[Trial], run_jobs: Mapper
+) -> tuple[Run, ...] | None:
+    """The defaults' replays: the first trial's when it was exactly them, else their own."""
+    today = problem.defaults()
+    if today is None:
+        return None
+    knobs = space(problem.policy, problem.config.max_replicas)
+    same_target = problem.policy != "unitscale" or (
+        problem.base_attainment() == problem.options.slo_target
+    )
+    if trials and same_target and trials[0].knobs == {k.key: k.snap(today[k.key]) for k in knobs}:
+        if all(k.snap(today[k.key]) == today[k.key] for k in knobs):
+            return trials[0].runs
+    return tuple(run_jobs(replay, [(i, p.warm, None) for i, p in enumerate(prepared)]))
+
+
+def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
+    """The checked problem: the traces read, the fleet built as ``unitscale replay`` does."""
+    from foundation.configfile import load_mapping
+    from replay.run import ReplayOptions
+    from replay.trace import scale
+    from replay.workloads import load_trace
+    from scaler.config import load_config
+
+    if args.scaler_config is not None and args.policy != "unitscale":
+        raise ConfigError(f"--scaler-config is the unitscale policy's: drop it for {args.policy}")
+    scaler = load_config(args.scaler_config)  # the ConfigError names the key
+    base: dict[str, object] = {}
+    if args.scaler_config is not None:
+        base = load_mapping(args.scaler_config.read_text(encoding="utf-8"), str(args.scaler_config))
+    target = args.slo_attainment or scaler.policy.slo_attainment
+    traces = tuple(
+        scale(load_trace(s, args.seed), args.rate_multiplier, args.time_compression, args.seed)
+        for s in args.trace
+    )
+    options = ReplayOptions(
+        ",".join(args.trace),
+        args.rate_multiplier,
+        args.time_compression,
+        args.seed,
+        args.target_concurrency,
+        slo_target=target,
+        policy=scaler.policy_defaults(),
+    )
+    return Problem(args.policy, traces, _sim_config(args), options, base), list(args.trace)
+
+
+def _sim_config(args: argparse.Namespace) -> SimConfig:
+    """The fleet ``unitscale replay`` simulates for the same flags (``cli._replay_config``)."""
+    from foundation.replica_model import PROFILES
+    from replay.simulate import COLD_START_TIERS, SimConfig
+
+    if args.profile not in PROFILES:
+        raise ConfigError(f"--profile {args.profile!r}: one of {', '.join(PROFILES)}")
+    if args.cold_start not in COLD_START_TIERS:
+        raise ConfigError(f"--cold-start {args.cold_start!r}: one of {', '.join(COLD_START_TIERS)}")
+    profile = PROFILES[args.profile]
+    if args.price is not None:
+        profile = replace(profile, price_per_hour=args.price)
+    return SimConfig(
+        profile.for_itl_slo(args.slo_itl),
+        slo_ttft=args.slo_ttft,
+        slo_itl=args.slo_itl,
+        cold_start_tier=args.cold_start,
+        max_replicas=args.max_replicas,
+    )
+
+
+@contextmanager
+def _bar(budget: int, target: float) -> Iterator[Progress]:
+    """Progress over the trials: a bar on a terminal, else a line per batch (job logs)."""
+    from rich.progress import Progress as Bar
+
+    def text(trials: list[Trial]) -> str:
+        top = best(trials, target)
+        found = (
+            f"best US$ {top.cost_per_million_tokens:.4f} per 1M tokens"
+            if top.feasible(target)
+            else f"none at target yet (best attainment {top.attainment:.2%})"
+        )
+        return f"{len(trials)}/{budget} trials, {found}"
+
+    if sys.stderr.isatty():
+        with Bar(transient=True) as bar:
+            task = bar.add_task("tune: replaying the references", total=budget)
+
+            def advance(trials: list[Trial]) -> None:
+                bar.update(task, completed=len(trials), description=f"tune: {text(trials)}")
+
+            yield advance
+        return
+
+    def line(trials: list[Trial]) -> None:
+        sys.stderr.write(f"unitscale tune: {text(trials)}\n")
+        sys.stderr.flush()
+
+    yield line
