@@ -431,7 +431,7 @@ class Controller:
         """
         memo = self._memo
         memo.begin()
-        built, reused = memo.built, memo.reused
+        built, reused, extended = memo.built, memo.reused, memo.extended
         kept = dataclasses.replace(cluster, memo=memo)
         plans = plan_pools(kept, now)
         decided = (
@@ -439,6 +439,7 @@ class Controller:
         )
         self.metrics.pools.labels("built").inc(memo.built - built)
         self.metrics.pools.labels("reused").inc(memo.reused - reused)
+        self.metrics.pools.labels("extended").inc(memo.extended - extended)
         if self._resynced is None:
             self._resynced = now
         if 0 <= now - self._resynced < incremental.RESYNC_SECONDS:

@@ -287,9 +287,7 @@ def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list
     checks = _checks(cluster, pending)
     plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
     state = _Pass(cluster, now, dataloads=list(cluster.dataloads), plans=plans)
-    order = sorted(
-        pending, key=lambda p: (-priority(p.workload), created_at(p.workload), key(p.workload))
-    )
+    order = sorted(pending, key=lambda p: _order(p.workload))
     return [_settled(p, state, checks) for p in order]
 
 
@@ -513,11 +511,11 @@ def plain_pool(cluster: Cluster, params: Parameters, now: float) -> Inventory:
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
 
-    def build() -> tuple[Inventory, float, float]:
+    def build() -> incremental.Built:
         pool = inventory(
             cluster.nodes, cluster.pods, now=now, handshake_timeout=timeout, node_selector=selector
         )
-        return pool, 0.0, math.inf
+        return incremental.Built(pool, 0.0, math.inf)
 
     if cluster.memo is None:
         return build()[0]
@@ -672,12 +670,87 @@ def _held_pool(
         )
     # The gangs held are refitted by the policy of the check whose workload comes first.
     held = ("held", _group(params), params.gpu_scheduler_policy, checks)
-    return memo.pool(held, fingerprint, now, lambda: _pool_inventory(cluster, params, checks, now))
+    return memo.pool(
+        held,
+        fingerprint,
+        now,
+        lambda: _pool_inventory(cluster, params, checks, now),
+        lambda kept: _held_after(kept, fingerprint, cluster, params, checks, now),
+    )
+
+
+def _held_after(
+    kept: incremental.PoolEntry,
+    fingerprint: incremental.Fingerprint | None,
+    cluster: Cluster,
+    params: Parameters,
+    checks: frozenset[str],
+    now: float,
+) -> incremental.Built | None:
+    """The kept pool with the gangs admitted since held back, when that is what a build gives.
+
+    It is when the nodes and pods read are the same, every Workload held before is there
+    at the same version, and the gangs admitted since have no pod yet and come after every
+    gang held before in ``_pool_inventory``'s order (a stream of new admissions: each is
+    fitted once, not every gang held at every pass). Else None, and the pool is built.
+    """
+    if fingerprint is None:
+        return None
+    before = kept.fingerprint
+    if fingerprint.nodes != before.nodes or fingerprint.pods != before.pods:
+        return None
+    was = set(before.held)
+    added = {h[0] for h in fingerprint.held if h not in was}
+    if len(fingerprint.held) - len(added) != len(was):
+        return None  # one held before is gone or changed
+    by_owner = _index(cluster)
+    joining = [
+        w
+        for w in cluster.workloads
+        if (w.get("metadata") or {}).get("uid") in added
+        and _holds_unplaced(w, checks, by_owner, now)
+    ]
+    if any(owned_pods(w, by_owner) for w in joining):
+        return None  # its pods' allocations count in the nodes: not a pool-only change
+    joining.sort(key=_order)
+    if joining and kept.last is not None and _order(joining[0]) <= kept.last:
+        return None
+    pool, promised = _hold(kept.pool, kept.promised, joining, {}, cluster, params, checks)
+    deadlines = [_hold_deadline(w, checks, by_owner) for w in joining]
+    last = _order(joining[-1]) if joining else kept.last
+    return incremental.Built(pool, promised, min([kept.valid_until, *deadlines]), last)
+
+
+def _order(w: RawObject) -> tuple[int, float, str]:
+    """The order of deciding and of holding back: priority (highest first), then age."""
+    return (-priority(w), created_at(w), key(w))
+
+
+def _hold(
+    pool: Inventory,
+    promised: float,
+    gangs: Sequence[RawObject],
+    placed: Mapping[str, float],
+    cluster: Cluster,
+    params: Parameters,
+    checks: frozenset[str],
+) -> tuple[Inventory, float]:
+    """``pool`` with ``gangs`` (in order) fitted and held back, and the cards promised them."""
+    for w in gangs:
+        where = _granted_selector(w, checks)
+        held = fit_gang(
+            workload_demand(w), _on_nodes(pool, cluster.nodes, where), params.gpu_scheduler_policy
+        )
+        if held.fits:
+            whole = reclaim.placement_cards(pool, held.placements)
+            promised += max(0.0, whole - placed.get(key(w), 0.0))
+            pool = pool.reserve(held.placements)
+    return pool, promised
 
 
 def _pool_inventory(
     cluster: Cluster, params: Parameters, checks: frozenset[str], now: float
-) -> tuple[Inventory, float, float]:
+) -> incremental.Built:
     """The pool now, with the gangs we admitted whose pods are not all placed held back.
 
     A gang whose check of ours is Ready, not finished, with fewer GPU pods placed than
@@ -712,17 +785,10 @@ def _pool_inventory(
         a.admitted.key: a.admitted.cards
         for a in reclaim.admitted_in_pool(holding, cluster.pods, pool, checks, 0, by_owner=by_owner)
     }
-    promised = 0.0
-    for w in sorted(holding, key=lambda w: (-priority(w), created_at(w), key(w))):
-        where = _granted_selector(w, checks)
-        held = fit_gang(
-            workload_demand(w), _on_nodes(pool, cluster.nodes, where), params.gpu_scheduler_policy
-        )
-        if held.fits:
-            whole = reclaim.placement_cards(pool, held.placements)
-            promised += max(0.0, whole - placed.get(key(w), 0.0))
-            pool = pool.reserve(held.placements)
-    return pool, promised, valid_until
+    holding.sort(key=_order)
+    pool, promised = _hold(pool, 0.0, holding, placed, cluster, params, checks)
+    last = _order(holding[-1]) if holding else None
+    return incremental.Built(pool, promised, valid_until, last)
 
 
 def _granted_selector(w: RawObject, checks: frozenset[str]) -> dict[str, str]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from admission import annotations as names
 from admission import hami
@@ -45,7 +45,24 @@ MAX_POOLS = 256
 MAX_ANSWERS = 4096
 """Fit answers kept per pool at most (gang shapes x node selections)."""
 
-Fingerprint = tuple[Hashable, ...]
+
+class Fingerprint(NamedTuple):
+    """What a pool's inventory read (``pool_fingerprint``)."""
+
+    nodes: tuple[Hashable, ...]
+    held: tuple[tuple[Any, ...], ...]
+    """(uid, namespace, name, resourceVersion) of each Workload its checks hold Ready."""
+    pods: tuple[Hashable, ...]
+
+
+class Built(NamedTuple):
+    """A pool as built (``decide._pool_inventory``) or extended by gangs held after it."""
+
+    pool: Inventory
+    promised: float
+    valid_until: float
+    last: Any = None
+    """The order key of the last gang held back (None: none), for ``Memo.pool``'s extend."""
 
 
 @dataclass
@@ -59,6 +76,8 @@ class PoolEntry:
     pool: Inventory
     promised: float = 0.0
     """Cards' worth promised to gangs admitted and not placed (``decide._pool_inventory``)."""
+    last: Any = None
+    """The order key of the last gang held back in ``pool`` (None: none)."""
     ever: dict[Hashable, FitResult] = field(default_factory=dict)
     """``fits_ever`` by gang: the pool's hardware is in the fingerprint."""
     misses: dict[Hashable, FitResult] = field(default_factory=dict)
@@ -80,6 +99,8 @@ class Memo:
     """Pools built (a fingerprint not seen, or the time passed)."""
     reused: int = 0
     """Pools taken back unchanged."""
+    extended: int = 0
+    """Pools taken back with gangs admitted since held back on them (``extend``)."""
     touched: set[Hashable] = field(default_factory=set)
     """Pools read since ``begin``: the ones this pass's answers rest on."""
 
@@ -92,26 +113,38 @@ class Memo:
         key: Hashable,
         fingerprint: Fingerprint | None,
         now: float,
-        build: Callable[[], tuple[Inventory, float, float]],
+        build: Callable[[], Built],
+        extend: Callable[[PoolEntry], Built | None] | None = None,
     ) -> PoolEntry:
         """The pool under ``key``: the one kept if its fingerprint and time hold, else built.
 
-        ``build`` returns ``(inventory, promised, valid_until)``; a fingerprint of None
-        (an input that cannot be told apart from its next version) is built every time.
+        A fingerprint of None (an input that cannot be told apart from its next version)
+        is built every time. ``extend`` may make the new pool from the kept one (gangs
+        admitted since, held back after the others), or say it cannot (None): the fit
+        answers kept stay true of a pool that only lost cards.
         """
         self.touched.add(key)
         kept = self.pools.get(key)
-        if (
-            kept is not None
-            and fingerprint is not None
-            and kept.fingerprint == fingerprint
-            and kept.built_at <= now < kept.valid_until
-        ):
-            self.reused += 1
-            return kept
-        pool, promised, valid_until = build()
+        timely = kept is not None and kept.built_at <= now < kept.valid_until
+        if kept is not None and timely and fingerprint is not None:
+            if kept.fingerprint == fingerprint:
+                self.reused += 1
+                return kept
+            grown = extend(kept) if extend is not None else None
+            if grown is not None:
+                self.extended += 1
+                entry = self._keep(key, fingerprint, now, grown)
+                entry.ever, entry.misses = kept.ever, kept.misses
+                return entry
         self.built += 1
-        entry = PoolEntry(fingerprint or (), now, valid_until, pool, promised)
+        return self._keep(key, fingerprint, now, build())
+
+    def _keep(
+        self, key: Hashable, fingerprint: Fingerprint | None, now: float, built: Built
+    ) -> PoolEntry:
+        entry = PoolEntry(
+            fingerprint or _NOTHING, now, built.valid_until, built.pool, built.promised, built.last
+        )
         if fingerprint is None:
             entry.valid_until = -math.inf  # never taken back
         if len(self.pools) >= MAX_POOLS:
@@ -156,7 +189,7 @@ def pool_fingerprint(
         name = str(meta.get("name"))
         in_pool.add(name)
         node_part.append(_node_key(obj, name, now, handshake_timeout))
-    held: list[Hashable] = []
+    held: list[tuple[Any, ...]] = []
     tied: dict[int, RawObject] = {}
     for w in workloads if checks else ():
         entries = (w.get("status") or {}).get("admissionChecks") or ()
@@ -172,7 +205,7 @@ def pool_fingerprint(
         held.append((meta.get("uid"), meta.get("namespace"), meta.get("name"), version))
         tied.update((id(pod), pod) for pod in owned(w))
     pod_part = [_pod_key(pod) for pod in pods if id(pod) in tied or _pod_node(pod) in in_pool]
-    return (tuple(node_part), tuple(held), tuple(pod_part))
+    return Fingerprint(tuple(node_part), tuple(held), tuple(pod_part))
 
 
 def _node_key(obj: RawObject, name: str, now: float, timeout: float) -> Hashable:
@@ -247,3 +280,4 @@ def differences(
 
 
 _ABSENT = object()
+_NOTHING = Fingerprint((), (), ())

@@ -32,8 +32,8 @@ Never a Workload or pod name.
 - ``unitscale_admission_resync_differences_total{kind}``: answers (``decision``, ``plan``,
   ``inventory``) the state kept from pass to pass gave otherwise than the pass from
   scratch every ``incremental.RESYNC_SECONDS`` (0 unless there is a bug; one WARNING per
-  kind); ``unitscale_admission_pool_inventories_total{result}``: pools ``built`` or
-  ``reused`` unchanged from an earlier pass;
+  kind); ``unitscale_admission_pool_inventories_total{result}``: pools ``built``,
+  ``reused`` unchanged from an earlier pass, or ``extended`` by the gangs admitted since;
 - ``unitscale_admission_unreadable_objects_total{kind}``: node or pod versions whose HAMi
   annotation could not be read (``node``, ``pod``), each with one WARNING naming it; such
   a node offers no GPUs, nor does the node such a pod runs on.
@@ -136,8 +136,8 @@ class AdmissionMetrics:
         )
         self.pools = Counter(
             "unitscale_admission_pool_inventories",
-            "Pool inventories a pass read, by result: built, or reused (nothing on the pool "
-            "changed since an earlier pass).",
+            "Pool inventories a pass read, by result: built, reused (nothing on the pool "
+            "changed since an earlier pass), extended (gangs admitted since held back on it).",
             ["result"],
             registry=self.registry,
         )
