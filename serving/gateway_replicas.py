@@ -52,6 +52,10 @@ from serving.routing import Backoff, ReplicaView
 # The gateway's logger: its replica lines keep the name operators filter them by.
 log = logging.getLogger("serving.gateway")
 
+MAX_SERVED_MODELS = 4096
+"""Models the gateway remembers once their replicas are gone (two replicas' worth of
+``replica_answers.MAX_MODELS``): bounded, whatever replicas list over time."""
+
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2)
 DOWN_REASONS = ("connect", "timeout", "http-status")
 """Why a replica's probe failed when it is down or refusing: logged as "not ready"."""
@@ -151,7 +155,9 @@ class ReplicaPool:
         self.ready = asyncio.Condition()
         """Notified whenever a replica turns ready, and after a round that finds any routable."""
         self.served: set[str] = set()
-        """Every model a replica has listed since the gateway started (kept at zero)."""
+        """Every model a replica has listed since the gateway started (kept at zero), at
+        most ``MAX_SERVED_MODELS``."""
+        self._served_full = False
         self.on_probe_failure: Callable[[str], None] = lambda reason: None
         """Hears the reason of every replica's failed round (the gateway counts it)."""
         self.on_round_failure: Callable[[], None] = lambda: None
@@ -312,6 +318,27 @@ class ReplicaPool:
                 async with self.ready:
                     self.ready.notify_all()
 
+    def _remember(self, replica: Replica) -> None:
+        """Add ``replica``'s models to ``served``, never past ``MAX_SERVED_MODELS``.
+
+        Names are kept while their replicas are gone (a model at zero is buffered, not a
+        404), so a replica that lists new names each time it comes back would grow the set
+        without end; past the bound new names are still routed while a replica lists
+        them, only not remembered at zero.
+        """
+        new = replica.models - self.served
+        room = MAX_SERVED_MODELS - len(self.served)
+        if len(new) > room:
+            if room >= 0 and not self._served_full:
+                log.warning(
+                    "replica %s lists %d models not seen before; remembering %d: at most"
+                    " %d models are kept for routing at zero replicas",
+                    replica.url, len(new), max(room, 0), MAX_SERVED_MODELS,
+                )  # fmt: skip
+            self._served_full = True
+            new = frozenset(sorted(new)[: max(room, 0)])
+        self.served |= new
+
     async def _probe(
         self, session: aiohttp.ClientSession, replica: Replica
     ) -> tuple[bool, ProbeFailure | None]:
@@ -326,7 +353,7 @@ class ReplicaPool:
                         message = f"/v1/models answered HTTP {r.status}"
                         return False, ProbeFailure("http-status", message)
                     replica.models = read_models(await read_answer(r, "/v1/models"))
-                self.served |= replica.models
+                self._remember(replica)
         except AnswerError as err:
             return False, ProbeFailure(err.reason, str(err))
         except TimeoutError:

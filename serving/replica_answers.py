@@ -19,6 +19,12 @@ MAX_ANSWER_BYTES = 1024**2
 """The longest answer read: vLLM lists a model in ~450 bytes, so ~2,000 models or adapters."""
 MAX_DEPTH = 32
 """The deepest JSON nesting read: vLLM's ``/v1/models`` is 4 deep (data, model, permission)."""
+MAX_MODELS = 2048
+"""The most models (base and LoRA adapters) one replica may list: what fits in
+``MAX_ANSWER_BYTES`` at vLLM's ~450 bytes a model. 1 MiB of bare ``{"id": "m1"}`` entries
+would be 80,000 names, each remembered by the gateway."""
+MAX_MODEL_ID_CHARS = 512
+"""The longest model id read: a served name or a path to the weights, far below this."""
 
 REASONS = ("too-large", "not-json", "too-deep", "wrong-shape")
 """The ``reason`` of a ``AnswerError``: the answer is too long, not JSON, too deep, or not
@@ -75,17 +81,28 @@ def read_models(body: bytes) -> frozenset[str]:
 
     Raises:
         AnswerError: not that shape (a list, ``data`` not a list, an entry without a
-            non-empty string ``id``), or not readable JSON.
+            non-empty string ``id``), not readable JSON, more than ``MAX_MODELS`` models or
+            an id longer than ``MAX_MODEL_ID_CHARS``.
     """
     data = _field(decode(body, "/v1/models"), "data", "/v1/models")
     if not isinstance(data, list):
         raise AnswerError("wrong-shape", f"/v1/models: data is {_kind(data)}, not an array")
+    if len(data) > MAX_MODELS:
+        raise AnswerError(
+            "too-large", f"/v1/models: {len(data):,} models, more than {MAX_MODELS:,}"
+        )
     models = set()
     for index, entry in enumerate(data):
         model = _field(entry, "id", f"/v1/models: data[{index}]")
         if not isinstance(model, str) or not model:
             raise AnswerError(
                 "wrong-shape", f"/v1/models: data[{index}].id is {_kind(model)}, not a name"
+            )
+        if len(model) > MAX_MODEL_ID_CHARS:
+            raise AnswerError(
+                "too-large",
+                f"/v1/models: data[{index}].id is {len(model):,} characters,"
+                f" more than {MAX_MODEL_ID_CHARS}",
             )
         models.add(model)
     return frozenset(models)

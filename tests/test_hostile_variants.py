@@ -1,0 +1,112 @@
+"""New variants of issue 27's classes, found by a later hostile pass, each at its boundary.
+
+- Class 5 (sizes from input), the gateway: a replica's ``/v1/models`` listing 60,000
+  names within the 1 MiB bound, and a replica that comes back with new names each time,
+  grew the models the gateway remembers (kept while replicas are gone) without end. One
+  answer is bounded to ``MAX_MODELS`` ids of at most ``MAX_MODEL_ID_CHARS``; what is
+  remembered to ``MAX_SERVED_MODELS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from serving.gateway_replicas import MAX_SERVED_MODELS
+from serving.replica_answers import (
+    MAX_ANSWER_BYTES,
+    MAX_MODEL_ID_CHARS,
+    MAX_MODELS,
+    AnswerError,
+    read_models,
+)
+from tests.conftest import eventually
+from tests.test_gateway_isolation import gateway_for, warnings_naming
+
+
+def models(names: list[str]) -> bytes:
+    body = {"object": "list", "data": [{"id": n} for n in names]}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        pytest.param(models([f"m{i}" for i in range(60_000)]), "60,000 models",
+                     id="60,000 short names within the byte bound are refused"),
+        pytest.param(models([f"m{i}" for i in range(MAX_MODELS + 1)]), f"{MAX_MODELS + 1:,}",
+                     id="one model past the bound is refused naming the count"),
+        pytest.param(models(["x" * (MAX_MODEL_ID_CHARS + 1)]), r"data\[0\]\.id is 513",
+                     id="an id longer than any model name is refused naming it"),
+    ],
+)  # fmt: skip
+def test_a_models_answer_past_the_bounds_is_too_large(body, words):
+    assert len(body) <= MAX_ANSWER_BYTES
+    with pytest.raises(AnswerError, match=words) as caught:
+        read_models(body)
+    assert caught.value.reason == "too-large"
+
+
+def test_a_models_answer_at_the_bounds_is_read():
+    names = [f"adapter-{i}" for i in range(MAX_MODELS - 1)] + ["x" * MAX_MODEL_ID_CHARS]
+    assert len(read_models(models(names))) == MAX_MODELS
+
+
+class Churning:
+    """A replica that fails every other health check and lists new names each time back."""
+
+    def __init__(self, per_answer: int) -> None:
+        self.per_answer = per_answer
+        self.answers = 0
+        self.healthy = False
+        self.url = ""
+
+    async def _health(self, request: web.Request) -> web.Response:
+        self.healthy = not self.healthy
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _awake(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": False})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        start = self.answers * self.per_answer
+        self.answers += 1
+        body = models([f"churn-{i}" for i in range(start, start + self.per_answer)])
+        return web.Response(body=body, content_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[Churning]:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/is_sleeping", self._awake)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            yield self
+        finally:
+            await runner.cleanup()
+
+
+async def test_a_replica_listing_new_names_each_time_back_cannot_grow_what_is_remembered(
+    caplog,
+):
+    caplog.set_level(logging.WARNING, logger="serving.gateway")
+    answers = MAX_SERVED_MODELS // MAX_MODELS + 3  # past the bound, then more
+    async with (
+        Churning(MAX_MODELS).serving() as replica,
+        gateway_for([replica.url]) as gateway,
+    ):
+        pool = gateway.gateway.pool
+        await eventually(lambda: replica.answers >= answers, f"{answers} model listings")
+        assert len(pool.served) == MAX_SERVED_MODELS
+        assert "churn-0" in pool.served  # the first remembered stay
+    (warning,) = warnings_naming(caplog, replica.url)
+    assert f"at most {MAX_SERVED_MODELS}" in warning
