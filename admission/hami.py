@@ -66,6 +66,10 @@ branch of every fit's search, every pass) is refused as unmeasured."""
 MAX_SPLIT_COUNT: Final = 1024
 """Containers one card may be shared by (HAMi's ``deviceSplitCount``, default 10; real
 settings stay below 100). More is not a share count HAMi was configured with."""
+MAX_ALLOCATION_ENTRIES: Final = 1024
+"""Containers (``;``) or cards (``:``) one pod's allocation may list. A pod has a handful
+of containers, each holding a few of its node's cards; 256 KiB of ``;`` is 262,144 empty
+containers, which took half a second to parse on every pass (past the memo's size)."""
 INT32_MAX: Final = 2**31 - 1
 """HAMi's register and allocation fields are Go ``int32`` (``DeviceInfo``,
 ``ContainerDevice``): a value beyond it, or a 5,000-digit one, was not written by HAMi."""
@@ -534,8 +538,14 @@ def parse_devices_allocated(value: str) -> tuple[DeviceUse, ...]:
     Raises:
         HamiFormatError: the value is not one HAMi writes; names the container and field.
     """
+    for separator, what in ((";", "containers"), (":", "cards")):
+        count = _bounded(value).count(separator)  # before splitting anything
+        if count > MAX_ALLOCATION_ENTRIES:
+            raise HamiFormatError(
+                f"{count} {what}, more than the {MAX_ALLOCATION_ENTRIES} a pod's allocation lists"
+            )
     uses = []
-    for c, container in enumerate(_bounded(value).split(";")):
+    for c, container in enumerate(value.split(";")):
         for d, segment in enumerate(s for s in container.split(":") if s):
             where = f"container {c}, device {d}"
             if "," not in segment:

@@ -5,6 +5,11 @@
   grew the models the gateway remembers (kept while replicas are gone) without end. One
   answer is bounded to ``MAX_MODELS`` ids of at most ``MAX_MODEL_ID_CHARS``; what is
   remembered to ``MAX_SERVED_MODELS``.
+- Class 4/5, admission: a pod's ``hami.io/vgpu-devices-allocated`` of 256 KiB of ``;``
+  (262,144 empty containers; within the annotation's bound, past the parse memo's) took
+  half a second to parse, every pass, per such pod. Containers and cards are counted
+  before anything is split: more than ``MAX_ALLOCATION_ENTRIES`` is refused, and the pod's
+  node is unmeasured as for any unreadable allocation.
 """
 
 from __future__ import annotations
@@ -17,6 +22,14 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from admission import annotations as names
+from admission.hami import (
+    MAX_ALLOCATION_ENTRIES,
+    MAX_ANNOTATION_CHARS,
+    HamiFormatError,
+    inventory,
+    parse_devices_allocated,
+)
 from serving.gateway_replicas import MAX_SERVED_MODELS
 from serving.replica_answers import (
     MAX_ANSWER_BYTES,
@@ -26,6 +39,7 @@ from serving.replica_answers import (
     read_models,
 )
 from tests.conftest import eventually
+from tests.test_admission_decide import NOW, node, running
 from tests.test_gateway_isolation import gateway_for, warnings_naming
 
 
@@ -110,3 +124,29 @@ async def test_a_replica_listing_new_names_each_time_back_cannot_grow_what_is_re
         assert "churn-0" in pool.served  # the first remembered stay
     (warning,) = warnings_naming(caplog, replica.url)
     assert f"at most {MAX_SERVED_MODELS}" in warning
+
+
+@pytest.mark.parametrize(
+    ("allocated", "words"),
+    [
+        pytest.param(";" * MAX_ANNOTATION_CHARS, f"{MAX_ANNOTATION_CHARS} containers",
+                     id="an annotation of empty containers is refused before it is split"),
+        pytest.param(":" * (MAX_ANNOTATION_CHARS - 1) + ";", f"{MAX_ANNOTATION_CHARS - 1} cards",
+                     id="an annotation of empty cards is refused before it is split"),
+        pytest.param("GPU-a,NVIDIA,1,1:" * (MAX_ALLOCATION_ENTRIES + 1) + ";",
+                     f"{MAX_ALLOCATION_ENTRIES + 1} cards",
+                     id="more cards than a pod holds, each well formed, are refused"),
+    ],
+)  # fmt: skip
+def test_an_allocation_listing_more_entries_than_a_pod_has_is_refused(allocated, words):
+    with pytest.raises(HamiFormatError, match=words):
+        parse_devices_allocated(allocated)
+    bad = running("bad", "gpu-1", range(1))
+    bad["metadata"]["annotations"][names.HAMI_DEVICES_ALLOCATED] = allocated
+    inv = inventory([node("gpu-1"), node("gpu-2")], [bad], now=NOW)
+    assert [n.name for n in inv.nodes] == ["gpu-2"]  # its node unmeasured, never free
+
+
+def test_an_allocation_at_the_bound_is_read():
+    containers = ";" * (MAX_ALLOCATION_ENTRIES - 1) + "GPU-a,NVIDIA,1,1:;"
+    assert len(parse_devices_allocated(containers)) == 1
