@@ -161,12 +161,16 @@ def _verdict(outcome: Outcome) -> str:
     )
     if outcome.defaults is not None:
         today = Trial(-1, {}, outcome.defaults)
-        text += f"; today's config: {_compared(trial, today, outcome.target)}"
+        if today.runs == trial.runs:  # trial 0, today's knobs, won
+            text += f"; today's config, as no other setting in {len(outcome.trials)} trials"
+            text += " met the target for less"
+        else:
+            text += f"; today's config: {_compared(trial, today, outcome.target)}"
     name = "scaler-config.yaml" if outcome.problem.policy == "unitscale" else "knobs.yaml"
     text += f". Written to `{name}`."
     static = Trial(-1, {}, tuple(p.static for p in outcome.prepared))
     if outcome.problem.policy != "static-peak" and static.feasible(outcome.target):
-        text += f" The smallest static fleets: {_compared(trial, static, outcome.target)}."
+        text += f" The smallest static fleet: {_compared(trial, static, outcome.target)}."
         if static.cost_per_million_tokens < trial.cost_per_million_tokens:
             text += " A fixed fleet meets the target for less on this traffic."
     return text
