@@ -11,8 +11,13 @@ equal (and the time it holds for has not passed):
   the handshake every few seconds: its new text alone changes nothing);
 - a pod on one of the pool's nodes or tied to a gang held there, by its node, its HAMi
   allocation, its phase and its ties (owners, JobSet, Kueue's Workload name);
-- a Workload one of the pool's checks holds Ready, by uid and ``resourceVersion`` (one
-  without: nothing is kept for the pool, it is built every pass).
+- a Workload one of the pool's checks holds Ready, by what holding its gang back reads:
+  its spec by ``metadata.generation`` (which moves with every spec change and only then;
+  without one, by ``resourceVersion``), its owners, our entries' state, time and
+  nodeSelector, whether it finished or was evicted, Kueue's pod counts, and for a gang
+  with pods whether a reclaim may write to it. Kueue marking it Admitted, or any other
+  status write, changes nothing else (one without uid or either version: nothing is kept
+  for the pool, it is built every pass).
 
 With the inventory kept, so are the fit answers made on it: ``fits_ever`` per gang (the
 pool's hardware), and the gangs that did not fit the pool as the pass began (the pass
@@ -35,6 +40,7 @@ from admission import annotations as names
 from admission import hami
 from admission.fit import FitResult
 from admission.hami import Inventory
+from admission.workload import condition_status, reclaim_guard
 
 RawObject = Mapping[str, Any]
 
@@ -51,7 +57,7 @@ class Fingerprint(NamedTuple):
 
     nodes: tuple[Hashable, ...]
     held: tuple[tuple[Any, ...], ...]
-    """(uid, namespace, name, resourceVersion) of each Workload its checks hold Ready."""
+    """What is read of each Workload its checks hold Ready, its uid first."""
     pods: tuple[Hashable, ...]
 
 
@@ -177,7 +183,8 @@ def pool_fingerprint(
         now: unix seconds.
 
     Returns:
-        The fingerprint, or None when a held Workload has no resourceVersion.
+        The fingerprint, or None when a held Workload has no uid, or no generation and
+        no resourceVersion.
     """
     in_pool: set[str] = set()
     node_part: list[Hashable] = []
@@ -198,14 +205,60 @@ def pool_fingerprint(
             for e in entries
         ):
             continue
-        meta = w.get("metadata") or {}
-        version = meta.get("resourceVersion")
-        if not version:
+        gang = owned(w)
+        read = _held_key(w, checks, bool(gang))
+        if read is None:
             return None
-        held.append((meta.get("uid"), meta.get("namespace"), meta.get("name"), version))
-        tied.update((id(pod), pod) for pod in owned(w))
+        held.append(read)
+        tied.update((id(pod), pod) for pod in gang)
     pod_part = [_pod_key(pod) for pod in pods if id(pod) in tied or _pod_node(pod) in in_pool]
     return Fingerprint(tuple(node_part), tuple(held), tuple(pod_part))
+
+
+def _held_key(w: RawObject, checks: Collection[str], has_pods: bool) -> tuple[Any, ...] | None:
+    """What holding a Ready gang back reads of its Workload (``decide._pool_inventory``)."""
+    meta = w.get("metadata") or {}
+    version = meta.get("generation") or ("rv", meta.get("resourceVersion"))
+    if not meta.get("uid") or not (meta.get("generation") or meta.get("resourceVersion")):
+        return None
+    status = w.get("status") or {}
+    ours = tuple(
+        (
+            e.get("name"),
+            e.get("state"),
+            e.get("lastTransitionTime"),
+            repr(
+                [
+                    u.get("nodeSelector")
+                    for u in e.get("podSetUpdates") or ()
+                    if isinstance(u, Mapping)
+                ]
+            ),
+        )
+        for e in status.get("admissionChecks") or ()
+        if isinstance(e, Mapping) and e.get("name") in checks
+    )
+    counts = tuple(
+        (a.get("name"), a.get("count"))
+        for a in (status.get("admission") or {}).get("podSetAssignments") or ()
+        if isinstance(a, Mapping)
+    )
+    owners = tuple(
+        str(o.get("uid")) for o in meta.get("ownerReferences") or () if isinstance(o, Mapping)
+    )
+    return (
+        meta.get("uid"),
+        meta.get("namespace"),
+        meta.get("name"),
+        version,
+        owners,
+        ours,
+        condition_status(w, "Finished"),
+        condition_status(w, "Evicted"),
+        counts,
+        # The cards of a gang's placed pods count against it only where a reclaim could.
+        reclaim_guard(w) if has_pods else None,
+    )
 
 
 def _node_key(obj: RawObject, name: str, now: float, timeout: float) -> Hashable:

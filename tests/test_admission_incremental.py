@@ -115,21 +115,42 @@ def apply_event(world: World, event: tuple[Any, ...]) -> None:
             w["metadata"]["annotations"][names.DATASET] = data
         w["metadata"]["creationTimestamp"] = format_time(world.now)
         w["status"]["admissionChecks"][0]["name"] = check
+        w["metadata"]["generation"] = 1  # status writes leave it; no event here changes spec
         world.workloads[name] = world.stamp(w)
     elif kind == "admit" and (pending := [p.workload for p in world.pending()]):
         w = world.stamp(pending[args[0] % len(pending)])
         w["status"]["admissionChecks"][0].update(
             state="Ready", lastTransitionTime=format_time(world.now)
         )
-        w["status"]["conditions"].append(
-            {"type": "Admitted", "status": "True", "lastTransitionTime": format_time(world.now)}
-        )
+        if args[0] % 2:  # Kueue's Admitted in the same write, or later ("kueue")
+            w["status"]["conditions"].append(
+                {"type": "Admitted", "status": "True", "lastTransitionTime": format_time(world.now)}
+            )
         world.workloads[w["metadata"]["name"]] = w
     elif kind == "place" and (ready := world.ready()):
         place(world, world.workloads[ready[args[0] % len(ready)]], args[1])
     elif kind == "place-one" and (pending := [p.workload for p in world.pending()]):
         # HAMi placed one pod before Kueue's admission reached the view.
         place(world, pending[args[0] % len(pending)], args[1], pods=1)
+    elif kind == "kueue" and world.workloads:
+        # Kueue's own status writes: Admitted once every check is Ready, then others
+        # (PodsReady, requeue state) that change nothing we read.
+        w = world.stamp(world.workloads[sorted(world.workloads)[args[0] % len(world.workloads)]])
+        ready = w["status"]["admissionChecks"][0]["state"] == "Ready"
+        admitted = {
+            "type": "Admitted",
+            "status": "True",
+            "lastTransitionTime": format_time(world.now),
+        }
+        if (
+            args[1]
+            and ready
+            and admitted["type"] not in [c["type"] for c in w["status"]["conditions"]]
+        ):
+            w["status"]["conditions"].append(admitted)
+        else:
+            w["status"]["conditions"].append({"type": "PodsReady", "status": "False"})
+        world.workloads[w["metadata"]["name"]] = w
     elif kind == "finish" and (ready := world.ready()):
         w = world.stamp(world.workloads[ready[args[0] % len(ready)]])
         w["status"]["conditions"].append({"type": "Finished", "status": "True"})
@@ -205,6 +226,7 @@ GANGS = st.one_of(  # gangs come and go more often than the rest changes
     st.tuples(st.just("place"), st.integers(0, 20), st.integers(0, 7)),
     st.tuples(st.just("place-one"), st.integers(0, 20), st.integers(0, 7)),
     st.tuples(st.just("finish"), st.integers(0, 20)),
+    st.tuples(st.just("kueue"), st.integers(0, 20), st.booleans()),
 )
 EVENTS = st.one_of(
     GANGS,
@@ -394,6 +416,19 @@ def one_node(cards: int) -> World:
             ],
             "Ready",
             id="a-held-gang-that-finishes-frees-its-cards",
+        ),
+        pytest.param(
+            4,
+            [
+                ("forecast", 0.0, 0.0),  # the allowance: all 4 cards
+                ("arrive", "check-a", 1, 2, None, 0, None),
+                ("place-one", 0, 0),
+                ("admit", 0),  # Ready, not yet Admitted: its placed card is promised too
+                ("arrive", "check-a-inference", 2, 1, None, 0, None),
+                ("kueue", 0, True),  # Admitted: that card now counts as placed, once
+            ],
+            "Ready",
+            id="a-held-gang-admitted-by-kueue-counts-its-placed-cards-once-in-the-allowance",
         ),
         pytest.param(
             2,
