@@ -441,6 +441,9 @@ def _sampler(knobs: Sequence[Knob], settings: Settings, target: float) -> tuple[
             multivariate=True,
             constant_liar=True,
             constraints_func=constraints,
+            # random trials before TPE models the results: Optuna's 10 at a budget of 50
+            # or more, fewer below, so a small budget still searches around the best
+            n_startup_trials=min(10, max(4, settings.budget // 5)),
         )
     return sampler, settings.budget
 

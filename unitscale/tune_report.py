@@ -227,13 +227,12 @@ def _plot(outcome: Outcome, path: Path) -> None:
     fig, axes = plt.subplots(count, 1, figsize=(10, 3 * count), squeeze=False)
     for i, ax in enumerate(axes[:, 0]):
         ready = outcome.prepared[i]
-        lines = [("proposal", outcome.proposal.runs[i])]
-        if outcome.defaults is not None:
-            lines.append(("today", outcome.defaults[i]))
-        lines += [("static", ready.static), ("instant bound", ready.instant)]
-        for label, run in lines:
+        lines = [] if outcome.defaults is None else [("today", outcome.defaults[i], "-")]
+        lines += [("static", ready.static, "-"), ("instant bound", ready.instant, "-")]
+        lines.append(("proposal", outcome.proposal.runs[i], "--"))  # dashed: today's shows under
+        for label, run, style in lines:
             hours = [t / 3600 for t in run.t]
-            ax.step(hours, run.replicas, where="post", label=label, lw=1)
+            ax.step(hours, run.replicas, where="post", label=label, lw=1.2, linestyle=style)
         ax.set_title(outcome.sources[i], fontsize=9)
         ax.set_ylabel("replicas")
         ax.legend(fontsize=8, ncol=4)
