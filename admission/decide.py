@@ -687,38 +687,61 @@ def _held_after(
     checks: frozenset[str],
     now: float,
 ) -> incremental.Built | None:
-    """The kept pool with the gangs admitted since held back, when that is what a build gives.
+    """The kept pool with the gangs admitted since held back, as a build would give it.
 
-    It is when the nodes and pods read are the same, every Workload held before is there
-    at the same version, and the gangs admitted since have no pod yet and come after every
-    gang held before in ``_pool_inventory``'s order (a stream of new admissions: each is
-    fitted once, not every gang held at every pass). Else None, and the pool is built.
+    When the nodes and pods read are the same, and the gangs admitted since (or gone
+    since) have no pod: the pool after the last gang held before the first change in
+    ``_pool_inventory``'s order is taken back, and only the gangs from there on are
+    fitted again (a stream of admissions fits a few gangs a pass, not every gang held).
+    Else None, and the pool is built.
     """
-    if fingerprint is None:
+    if fingerprint is None or kept.base is None:
         return None
     before = kept.fingerprint
     if fingerprint.nodes != before.nodes or fingerprint.pods != before.pods:
         return None
-    was = set(before.held)
-    added = {h[0] for h in fingerprint.held if h not in was}
-    if len(fingerprint.held) - len(added) != len(was):
-        return None  # one held before is gone or changed
+    was, held_now = set(before.held), set(fingerprint.held)
+    gone = {h[0] for h in was - held_now}
+    added = {h[0] for h in held_now - was}
+    if any(h.uid in gone and h.has_pods for h in kept.held):
+        return None  # its pods' allocations count in the nodes again
     by_owner = _index(cluster)
-    joining = [
-        w
+    staying = {h.uid for h in kept.held if h.uid not in gone}
+    found = {
+        str(uid): w
         for w in cluster.workloads
-        if (w.get("metadata") or {}).get("uid") in added
-        and _holds_unplaced(w, checks, by_owner, now)
-    ]
-    if any(owned_pods(w, by_owner) for w in joining):
-        return None  # its pods' allocations count in the nodes: not a pool-only change
-    joining.sort(key=_order)
-    if joining and kept.last is not None and _order(joining[0]) <= kept.last:
-        return None
-    pool, promised = _hold(kept.pool, kept.promised, joining, {}, cluster, params, checks)
-    deadlines = [_hold_deadline(w, checks, by_owner) for w in joining]
-    last = _order(joining[-1]) if joining else kept.last
-    return incremental.Built(pool, promised, min([kept.valid_until, *deadlines]), last)
+        if (uid := (w.get("metadata") or {}).get("uid")) in added or uid in staying
+    }
+    joining = [found[u] for u in sorted(added) if u in found]
+    joining = [w for w in joining if _holds_unplaced(w, checks, by_owner, now)]
+    if staying - found.keys() or any(owned_pods(w, by_owner) for w in joining):
+        return None  # a joining gang's pods count in the nodes: not a pool-only change
+    first = min(
+        [i for i, h in enumerate(kept.held) if h.uid in gone]
+        + [_position(kept.held, _order(w)) for w in joining],
+        default=len(kept.held),
+    )
+    keep = kept.held[:first]
+    again = [found[h.uid] for h in kept.held[first:] if h.uid not in gone]
+    placed = {key(found[h.uid]): h.placed for h in kept.held[first:] if h.uid not in gone}
+    pool, promised = (keep[-1].pool, keep[-1].promised) if keep else (kept.base, 0.0)
+    gangs = sorted([*again, *joining], key=_order)
+    built = _built(
+        kept.base, (*keep, *_hold(pool, promised, gangs, placed, cluster, params, checks))
+    )
+    # Gangs held after all the others, none gone: the pool lost cards and got none back.
+    return built._replace(shrunk=first == len(kept.held))
+
+
+def _position(held: Sequence[incremental.Held], order: tuple[int, float, str]) -> int:
+    """Where a gang of this order goes among those held (after every one before it)."""
+    return next((i for i, h in enumerate(held) if h.order > order), len(held))
+
+
+def _built(base: Inventory, held: Sequence[incremental.Held]) -> incremental.Built:
+    pool, promised = (held[-1].pool, held[-1].promised) if held else (base, 0.0)
+    valid_until = min((h.deadline for h in held), default=math.inf)
+    return incremental.Built(pool, promised, valid_until, base, tuple(held))
 
 
 def _order(w: RawObject) -> tuple[int, float, str]:
@@ -734,8 +757,10 @@ def _hold(
     cluster: Cluster,
     params: Parameters,
     checks: frozenset[str],
-) -> tuple[Inventory, float]:
-    """``pool`` with ``gangs`` (in order) fitted and held back, and the cards promised them."""
+) -> list[incremental.Held]:
+    """``gangs`` (in order) fitted and held back on ``pool``, each with the pool after it."""
+    by_owner = _index(cluster)
+    steps = []
     for w in gangs:
         where = _granted_selector(w, checks)
         held = fit_gang(
@@ -745,7 +770,19 @@ def _hold(
             whole = reclaim.placement_cards(pool, held.placements)
             promised += max(0.0, whole - placed.get(key(w), 0.0))
             pool = pool.reserve(held.placements)
-    return pool, promised
+        meta = w.get("metadata") or {}
+        steps.append(
+            incremental.Held(
+                _order(w),
+                str(meta.get("uid")),
+                placed.get(key(w), 0.0),
+                bool(owned_pods(w, by_owner)),
+                _hold_deadline(w, checks, by_owner),
+                pool,
+                promised,
+            )
+        )
+    return steps
 
 
 def _pool_inventory(
@@ -771,7 +808,6 @@ def _pool_inventory(
     timeout = params.handshake_timeout_seconds
     by_owner = _index(cluster)
     holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, by_owner, now)]
-    valid_until = min((_hold_deadline(w, checks, by_owner) for w in holding), default=math.inf)
     ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
     pool = inventory(
         cluster.nodes,
@@ -786,9 +822,7 @@ def _pool_inventory(
         for a in reclaim.admitted_in_pool(holding, cluster.pods, pool, checks, 0, by_owner=by_owner)
     }
     holding.sort(key=_order)
-    pool, promised = _hold(pool, 0.0, holding, placed, cluster, params, checks)
-    last = _order(holding[-1]) if holding else None
-    return incremental.Built(pool, promised, valid_until, last)
+    return _built(pool, _hold(pool, 0.0, holding, placed, cluster, params, checks))
 
 
 def _granted_selector(w: RawObject, checks: frozenset[str]) -> dict[str, str]:

@@ -61,14 +61,34 @@ class Fingerprint(NamedTuple):
     pods: tuple[Hashable, ...]
 
 
+class Held(NamedTuple):
+    """One gang held back on a pool, and the pool after it (``decide._hold``)."""
+
+    order: Any
+    """Its place in the order of holding back."""
+    uid: str
+    placed: float
+    """Cards' worth its placed pods hold (counted against what it is promised)."""
+    has_pods: bool
+    deadline: float
+    """When it lets go with no event (a gang none of whose pods are matched)."""
+    pool: Inventory
+    """The pool once it (and every gang before it) is held back."""
+    promised: float
+
+
 class Built(NamedTuple):
-    """A pool as built (``decide._pool_inventory``) or extended by gangs held after it."""
+    """A pool as built (``decide._pool_inventory``) or from a kept one (``Memo.pool``)."""
 
     pool: Inventory
     promised: float
     valid_until: float
-    last: Any = None
-    """The order key of the last gang held back (None: none), for ``Memo.pool``'s extend."""
+    base: Inventory | None = None
+    """The pool before any gang is held back (None: not kept)."""
+    held: tuple[Held, ...] = ()
+    """The gangs held back, in order, each with the pool after it."""
+    shrunk: bool = False
+    """Made from a kept pool by only taking cards away: its misses still miss."""
 
 
 @dataclass
@@ -82,8 +102,10 @@ class PoolEntry:
     pool: Inventory
     promised: float = 0.0
     """Cards' worth promised to gangs admitted and not placed (``decide._pool_inventory``)."""
-    last: Any = None
-    """The order key of the last gang held back in ``pool`` (None: none)."""
+    base: Inventory | None = None
+    """The pool before any gang is held back (None: not kept)."""
+    held: tuple[Held, ...] = ()
+    """The gangs held back in ``pool``, in order, each with the pool after it."""
     ever: dict[Hashable, FitResult] = field(default_factory=dict)
     """``fits_ever`` by gang: the pool's hardware is in the fingerprint."""
     misses: dict[Hashable, FitResult] = field(default_factory=dict)
@@ -126,8 +148,8 @@ class Memo:
 
         A fingerprint of None (an input that cannot be told apart from its next version)
         is built every time. ``extend`` may make the new pool from the kept one (gangs
-        admitted since, held back after the others), or say it cannot (None): the fit
-        answers kept stay true of a pool that only lost cards.
+        admitted or gone since), or say it cannot (None); the gangs that missed the kept
+        pool are kept only when the new one took cards away and gave none back.
         """
         self.touched.add(key)
         kept = self.pools.get(key)
@@ -140,7 +162,9 @@ class Memo:
             if grown is not None:
                 self.extended += 1
                 entry = self._keep(key, fingerprint, now, grown)
-                entry.ever, entry.misses = kept.ever, kept.misses
+                entry.ever = kept.ever  # the same hardware
+                if grown.shrunk:
+                    entry.misses = kept.misses
                 return entry
         self.built += 1
         return self._keep(key, fingerprint, now, build())
@@ -149,7 +173,13 @@ class Memo:
         self, key: Hashable, fingerprint: Fingerprint | None, now: float, built: Built
     ) -> PoolEntry:
         entry = PoolEntry(
-            fingerprint or _NOTHING, now, built.valid_until, built.pool, built.promised, built.last
+            fingerprint or _NOTHING,
+            now,
+            built.valid_until,
+            built.pool,
+            built.promised,
+            built.base,
+            built.held,
         )
         if fingerprint is None:
             entry.valid_until = -math.inf  # never taken back

@@ -155,7 +155,7 @@ def apply_event(world: World, event: tuple[Any, ...]) -> None:
         w = world.stamp(world.workloads[ready[args[0] % len(ready)]])
         w["status"]["conditions"].append({"type": "Finished", "status": "True"})
         world.workloads[w["metadata"]["name"]] = w
-        for name, pod in list(world.pods.items()):
+        for name, pod in list(world.pods.items()) if len(args) < 2 or not args[1] else ():
             if pod["metadata"]["ownerReferences"][0]["uid"] == f"uid-job-{w['metadata']['name']}":
                 del world.pods[name]
     else:
@@ -225,7 +225,7 @@ GANGS = st.one_of(  # gangs come and go more often than the rest changes
     st.tuples(st.just("admit"), st.integers(0, 20)),
     st.tuples(st.just("place"), st.integers(0, 20), st.integers(0, 7)),
     st.tuples(st.just("place-one"), st.integers(0, 20), st.integers(0, 7)),
-    st.tuples(st.just("finish"), st.integers(0, 20)),
+    st.tuples(st.just("finish"), st.integers(0, 20), st.booleans()),  # pods gone with it, or later
     st.tuples(st.just("kueue"), st.integers(0, 20), st.booleans()),
 )
 EVENTS = st.one_of(
@@ -429,6 +429,18 @@ def one_node(cards: int) -> World:
             ],
             "Ready",
             id="a-held-gang-admitted-by-kueue-counts-its-placed-cards-once-in-the-allowance",
+        ),
+        pytest.param(
+            2,
+            [
+                ("arrive", "check-a", 1, 2, None, 0, None),
+                ("place-one", 0, 0),
+                ("admit", 0),  # held: its pod on card 0 is part of it
+                ("arrive", "check-a", 2, 1, None, 0, None),
+                ("finish", 0, True),  # finished, its pod still running: it holds card 0
+            ],
+            "Retry",
+            id="a-held-gang-that-finishes-with-a-pod-left-leaves-that-pod-counted",
         ),
         pytest.param(
             2,
