@@ -201,6 +201,8 @@ class Controller:
         """Each node's and pod's resourceVersion last checked, and its problem (or "")."""
         self._memo = incremental.Memo()
         """Pools and fit answers kept from pass to pass (``admission.incremental``)."""
+        self._actionable_seen: dict[str, tuple[str, frozenset[str], list[tuple[str, float]]]] = {}
+        """Each Workload's version last read, our checks then, and its pending checks."""
         self._resynced: float | None = None
         """The clock's seconds at the last pass that also decided from scratch."""
         self.metrics.refresh = self.observe
@@ -356,9 +358,12 @@ class Controller:
         ours = await self._sync_checks(api, view, now)
         found = [
             (w, check, since)
-            for w in view.workloads.values()
-            for check, since in actionable(w, ours)
+            for object_key, w in view.workloads.items()
+            for check, since in self._actionable(object_key, w, frozenset(ours))
         ]
+        if len(self._actionable_seen) > 2 * len(view.workloads) + 64:  # deleted ones go
+            seen = self._actionable_seen
+            self._actionable_seen = {k: seen[k] for k in view.workloads if k in seen}
         self._usable = ours
         reclaiming = [q for q in ours.values() if q.reclaim.enabled and q.inference_headroom]
         if not found and not reclaiming:
@@ -474,6 +479,19 @@ class Controller:
             )
         self._memo = fresh
         return fresh_plans, fresh_decided
+
+    def _actionable(
+        self, object_key: str, w: RawObject, ours: frozenset[str]
+    ) -> list[tuple[str, float]]:
+        """``workload.actionable``, read once per Workload version and set of our checks."""
+        version = str((w.get("metadata") or {}).get("resourceVersion") or "")
+        known = self._actionable_seen.get(object_key)
+        if version and known is not None and known[0] == version and known[1] == ours:
+            return known[2]
+        found = actionable(w, ours)
+        if version:
+            self._actionable_seen[object_key] = (version, ours, found)
+        return found
 
     def _settled(self, unit: str, subject: str, failed: str) -> bool:
         """Warn of and count a unit's failed round (``failed`` non-empty); whether it failed.

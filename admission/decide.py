@@ -528,6 +528,7 @@ def plain_pool(cluster: Cluster, params: Parameters, now: float) -> Inventory:
         handshake_timeout=timeout,
         checks=(),
         now=now,
+        keys=cluster.memo.keys,
     )
     return cluster.memo.pool(("plain", _group(params)), fingerprint, now, build).pool
 
@@ -667,6 +668,7 @@ def _held_pool(
             handshake_timeout=params.handshake_timeout_seconds,
             checks=checks,
             now=now,
+            keys=memo.keys,
         )
     # The gangs held are refitted by the policy of the check whose workload comes first.
     held = ("held", _group(params), params.gpu_scheduler_policy, checks)

@@ -31,6 +31,7 @@ too, counts what the kept state decided otherwise, and starts a new ``Memo``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,13 @@ MAX_POOLS = 256
 """Pools kept at most (one per pool selector, handshake limit, policy and checks)."""
 MAX_ANSWERS = 4096
 """Fit answers kept per pool at most (gang shapes x node selections)."""
+
+
+Keys = dict[tuple[int, float, float], tuple[RawObject, Hashable]]
+"""Objects' keys by ``id`` (a node's also by handshake limit and time), each with its
+object: kept alive, so an id is never another object's while its entry lasts."""
+MAX_KEYS = 262_144
+"""Keys kept at most between two ``Memo.begin``."""
 
 
 class Fingerprint(NamedTuple):
@@ -131,10 +139,14 @@ class Memo:
     """Pools taken back with gangs admitted since held back on them (``extend``)."""
     touched: set[Hashable] = field(default_factory=set)
     """Pools read since ``begin``: the ones this pass's answers rest on."""
+    keys: Keys = field(default_factory=dict)
+    """Each node's and pod's key this pass, by the object's id (and the handshake limit):
+    the pools of one pass read the same objects, each read once."""
 
     def begin(self) -> None:
-        """A new pass: no pool read yet."""
+        """A new pass: no pool read yet, no object's key known."""
         self.touched.clear()
+        self.keys.clear()
 
     def pool(
         self,
@@ -199,6 +211,7 @@ def pool_fingerprint(
     handshake_timeout: float,
     checks: Collection[str],
     now: float,
+    keys: Keys | None = None,
 ) -> Fingerprint | None:
     """What a pool's inventory reads, as a value equal across passes while it is unchanged.
 
@@ -211,6 +224,8 @@ def pool_fingerprint(
         handshake_timeout: the pool's handshake limit.
         checks: the checks whose Ready gangs hold cards here (empty: none are read).
         now: unix seconds.
+        keys: the pass's keys of objects read before (``Memo.keys``), filled in; the
+            objects must stay alive and unchanged while it is kept (one pass).
 
     Returns:
         The fingerprint, or None when a held Workload has no uid, or no generation and
@@ -225,7 +240,13 @@ def pool_fingerprint(
             continue
         name = str(meta.get("name"))
         in_pool.add(name)
-        node_part.append(_node_key(obj, name, now, handshake_timeout))
+        node_part.append(
+            _known(
+                keys,
+                (obj, handshake_timeout, now),
+                functools.partial(_node_key, obj, name, now, handshake_timeout),
+            )
+        )
     held: list[tuple[Any, ...]] = []
     tied: dict[int, RawObject] = {}
     for w in workloads if checks else ():
@@ -241,7 +262,11 @@ def pool_fingerprint(
             return None
         held.append(read)
         tied.update((id(pod), pod) for pod in gang)
-    pod_part = [_pod_key(pod) for pod in pods if id(pod) in tied or _pod_node(pod) in in_pool]
+    pod_part = [
+        _known(keys, (pod, -1.0, -1.0), functools.partial(_pod_key, pod))
+        for pod in pods
+        if id(pod) in tied or _pod_node(pod) in in_pool
+    ]
     return Fingerprint(tuple(node_part), tuple(held), tuple(pod_part))
 
 
@@ -311,6 +336,22 @@ def _pod_node(pod: RawObject) -> str | None:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     node = annotations.get(names.HAMI_VGPU_NODE) or (pod.get("spec") or {}).get("nodeName")
     return node if isinstance(node, str) else None
+
+
+def _known(
+    keys: Keys | None, what: tuple[RawObject, float, float], read: Callable[[], Hashable]
+) -> Hashable:
+    """``read()``, or the key already read of this very object (at this limit and time)."""
+    if keys is None:
+        return read()
+    obj, limit, now = what
+    known = keys.get((id(obj), limit, now))
+    if known is not None and known[0] is obj:
+        return known[1]
+    if len(keys) >= MAX_KEYS:
+        keys.clear()
+    keys[(id(obj), limit, now)] = (obj, value := read())
+    return value
 
 
 def _pod_key(pod: RawObject) -> Hashable:

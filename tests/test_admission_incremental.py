@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import decide as decide_module
-from admission import incremental
+from admission import fit, incremental, workload
 from admission.decide import Cluster, Pending, PoolDemand, decide_all, plan_pools
 from admission.parameters import DataParameters, Headroom, Parameters, ReclaimParameters
 from foundation.timestamps import format_time
@@ -306,13 +306,13 @@ def test_a_second_pass_over_an_unchanged_state_reuses_every_pool_and_decides_the
 def searches(monkeypatch):
     """Every fit search a pass runs, by gang name."""
     calls: list[str] = []
-    real = decide_module.fit_gang
+    real = fit.fit_gang
 
     def counting(demand, *args, **kw):
         calls.append(demand[0].name if demand else "")
         return real(demand, *args, **kw)
 
-    monkeypatch.setattr(decide_module, "fit_gang", counting)
+    monkeypatch.setattr("admission.decide.fit_gang", counting)
     return calls
 
 
@@ -566,3 +566,32 @@ async def test_the_resync_counts_each_difference_and_its_answers_stand(caplog):
     assert sample(differences, {"kind": "decision"}) == 3.0
     warned = [r for r in caplog.records if "resync" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in warned]
+
+
+async def test_a_workloads_pending_checks_are_read_once_per_version(monkeypatch):
+    read: list[str] = []
+    real = workload.actionable
+
+    def counting(w, ours):
+        read.append(w["metadata"]["resourceVersion"])
+        return real(w, ours)
+
+    monkeypatch.setattr("admission.controller.actionable", counting)
+    controller = Writing()
+    check = {"metadata": {"name": decided.CHECK}, "spec": {"controllerName": controller.name}}
+    waiting = decided.workload("a", gpus=1)
+    waiting["metadata"]["resourceVersion"] = "1"
+    controller._changed("admissionchecks", {decided.CHECK: check})
+    controller._changed("workloads", {"train/a": waiting})
+    controller._changed("nodes", {"gpu-1": decided.node("gpu-1")})
+    for name in ("pods", "datasets", "dataloads", "parameters"):
+        controller._changed(name, {})
+    await controller.reconcile(api=NO_API)
+    await controller.reconcile(api=NO_API)
+    assert read == ["1"]
+    newer = copy.deepcopy(waiting)
+    newer["metadata"]["resourceVersion"] = "2"
+    controller._changed("workloads", {"train/a": newer})
+    await controller.reconcile(api=NO_API)
+    assert read == ["1", "2"]
+    assert controller.written["train/a"]["state"] == "Ready"
