@@ -6,7 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from typing import cast
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -356,7 +356,7 @@ class Writing(Controller):
     def __init__(self, **kw) -> None:
         config = AdmissionConfig(resync=3600)
         super().__init__(KubeAccess(), config, clock=lambda: decided.NOW, **kw)
-        self.written: dict[str, dict] = {}
+        self.written: dict[str, dict[str, Any]] = {}
 
     async def _apply(self, api, resource, name, key, body):
         if name == "workloads":
