@@ -85,6 +85,26 @@ class GatewayMetrics:
             buckets=BUFFER_BUCKETS,
             registry=r,
         )
+        self._slo = Counter(
+            "unitscale_gateway_slo_requests",
+            "Requests judged against the SLO when they ended: within or outside, and why"
+            " (met; ttft, itl: a stream's target missed; latency: a non-streamed answer over"
+            " ttft + (tokens - 1) * itl; failed: 5xx, 429, cut off).",
+            [*labels, "result", "reason"],
+            registry=r,
+        )
+        self._define_replica_metrics(labels)
+        self._slo_attainment = Gauge(
+            "unitscale_gateway_slo_attainment_target_ratio",
+            "The share of requests the SLO asks to be within (the slo block's attainment).",
+            labels,
+            registry=r,
+        )
+        self._create_series()
+
+    def _define_replica_metrics(self, labels: list[str]) -> None:
+        """The replicas' side: ready and sleeping, wakes and sleeps, failed probes, loops."""
+        r = self.registry
         self._ready = Gauge(
             "unitscale_gateway_replicas_ready",
             "Replicas answering /health, draining and sleeping ones excepted.",
@@ -116,14 +136,6 @@ class GatewayMetrics:
             [*labels, "result"],
             registry=r,
         )
-        self._slo = Counter(
-            "unitscale_gateway_slo_requests",
-            "Requests judged against the SLO when they ended: within or outside, and why"
-            " (met; ttft, itl: a stream's target missed; latency: a non-streamed answer over"
-            " ttft + (tokens - 1) * itl; failed: 5xx, 429, cut off).",
-            [*labels, "result", "reason"],
-            registry=r,
-        )
         self._probe_failures = Counter(
             "unitscale_gateway_replica_probe_failures",
             "Replica health rounds that failed, by reason: down (connect, timeout, http-status),"
@@ -144,13 +156,6 @@ class GatewayMetrics:
             [*labels, "action"],
             registry=r,
         )
-        self._slo_attainment = Gauge(
-            "unitscale_gateway_slo_attainment_target_ratio",
-            "The share of requests the SLO asks to be within (the slo block's attainment).",
-            labels,
-            registry=r,
-        )
-        self._create_series()
 
     def _create_series(self) -> None:
         """Every series whose labels are known now, so its first event shows in ``rate()``."""
