@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from foundation.replica_model import warm_tiers
+from foundation.replica_model import PROFILES, warm_tiers
 from replay.anatomy import CAUSES, TTFT_CAUSES
 from replay.oracle import (
     REACHED,
@@ -29,7 +29,7 @@ from replay.policies import (
     Unitscale,
     unitscale_policy,
 )
-from replay.simulate import Result, SimConfig, cold_start_of, simulate
+from replay.simulate import COLD_START_TIERS, Result, SimConfig, cold_start_of, simulate
 from replay.trace import Trace
 from scaler.core.model import Policy as CorePolicy
 from scaler.core.tiers import StandbyPolicy
@@ -78,6 +78,43 @@ TIER_COLUMNS = (
     "wakes",
     "dropped",
 )
+
+
+def fleet_config(
+    profile: str,
+    *,
+    slo_ttft: float,
+    slo_itl: float,
+    cold_start: str,
+    max_replicas: int,
+    price: float | None = None,
+    prewarm: bool = False,
+) -> SimConfig:
+    """The fleet ``unitscale replay`` (and ``tune``) simulates, from checked flag values.
+
+    The replicas run as the launch profile starts vLLM: with the chunked-prefill budget
+    whose steps keep the ITL SLO (``serving.vllm_profile.for_itl_slo``), which the
+    scaler's capacity assumes too; vLLM's 8,192-token default breaks a 100 ms ITL at a
+    full batch.
+
+    Raises:
+        ValueError: an unknown profile or cold-start tier, naming the known ones.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"--profile {profile!r}: one of {', '.join(PROFILES)}")
+    if cold_start not in COLD_START_TIERS:
+        raise ValueError(f"--cold-start {cold_start!r}: one of {', '.join(COLD_START_TIERS)}")
+    model = PROFILES[profile]
+    if price is not None:
+        model = replace(model, price_per_hour=price)
+    return SimConfig(
+        model.for_itl_slo(slo_itl),
+        slo_ttft=slo_ttft,
+        slo_itl=slo_itl,
+        cold_start_tier=cold_start,
+        prewarm=prewarm,
+        max_replicas=max_replicas,
+    )
 
 
 @dataclass(frozen=True, slots=True)

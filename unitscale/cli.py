@@ -663,31 +663,23 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 def _replay_config(args: argparse.Namespace) -> tuple[SimConfig, list[str]]:
     """The simulated fleet and the policies to replay, from checked flags."""
-    import dataclasses
+    from replay.run import POLICIES, fleet_config
 
-    from replay.run import POLICIES
-    from replay.simulate import COLD_START_TIERS, SimConfig
-
-    profile = _profile(args.profile)
-    if args.cold_start not in COLD_START_TIERS:
-        raise ConfigError(f"--cold-start {args.cold_start!r}: one of {', '.join(COLD_START_TIERS)}")
     names = list(POLICIES) if args.policy == "all" else [args.policy]
+    try:
+        config = fleet_config(
+            args.profile,
+            slo_ttft=args.slo_ttft,
+            slo_itl=args.slo_itl,
+            cold_start=args.cold_start,
+            max_replicas=args.max_replicas,
+            price=args.price,
+            prewarm=args.prewarm,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if any(n not in POLICIES for n in names):
         raise ConfigError(f"--policy {args.policy!r}: one of {', '.join(POLICIES)} or all")
-    if args.price is not None:
-        profile = dataclasses.replace(profile, price_per_hour=args.price)
-    # The fleet runs as the launch profile starts vLLM: with the chunked-prefill budget
-    # whose steps keep the ITL SLO (serving.vllm_profile.for_itl_slo), which the scaler's
-    # capacity assumes too. vLLM's 8,192-token default breaks a 100 ms ITL at a full batch.
-    profile = profile.for_itl_slo(args.slo_itl)
-    config = SimConfig(
-        profile,
-        slo_ttft=args.slo_ttft,
-        slo_itl=args.slo_itl,
-        cold_start_tier=args.cold_start,
-        prewarm=args.prewarm,
-        max_replicas=args.max_replicas,
-    )
     return config, names
 
 

@@ -614,24 +614,20 @@ def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
 
 
 def _sim_config(args: argparse.Namespace) -> SimConfig:
-    """The fleet ``unitscale replay`` simulates for the same flags (``cli._replay_config``)."""
-    from foundation.replica_model import PROFILES
-    from replay.simulate import COLD_START_TIERS, SimConfig
+    """The fleet ``unitscale replay`` simulates for the same flags (``replay.run.fleet_config``)."""
+    from replay.run import fleet_config
 
-    if args.profile not in PROFILES:
-        raise ConfigError(f"--profile {args.profile!r}: one of {', '.join(PROFILES)}")
-    if args.cold_start not in COLD_START_TIERS:
-        raise ConfigError(f"--cold-start {args.cold_start!r}: one of {', '.join(COLD_START_TIERS)}")
-    profile = PROFILES[args.profile]
-    if args.price is not None:
-        profile = replace(profile, price_per_hour=args.price)
-    return SimConfig(
-        profile.for_itl_slo(args.slo_itl),
-        slo_ttft=args.slo_ttft,
-        slo_itl=args.slo_itl,
-        cold_start_tier=args.cold_start,
-        max_replicas=args.max_replicas,
-    )
+    try:
+        return fleet_config(
+            args.profile,
+            slo_ttft=args.slo_ttft,
+            slo_itl=args.slo_itl,
+            cold_start=args.cold_start,
+            max_replicas=args.max_replicas,
+            price=args.price,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 @contextmanager
