@@ -663,21 +663,10 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 def _replay_config(args: argparse.Namespace) -> tuple[SimConfig, list[str]]:
     """The simulated fleet and the policies to replay, from checked flags."""
-    from replay.run import POLICIES, fleet_config
+    from replay.run import POLICIES
 
     names = list(POLICIES) if args.policy == "all" else [args.policy]
-    try:
-        config = fleet_config(
-            args.profile,
-            slo_ttft=args.slo_ttft,
-            slo_itl=args.slo_itl,
-            cold_start=args.cold_start,
-            max_replicas=args.max_replicas,
-            price=args.price,
-            prewarm=args.prewarm,
-        )
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    config = flags.fleet_of(args)
     if any(n not in POLICIES for n in names):
         raise ConfigError(f"--policy {args.policy!r}: one of {', '.join(POLICIES)} or all")
     return config, names

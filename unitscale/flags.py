@@ -19,9 +19,9 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from foundation.errors import quote
+from foundation.errors import ConfigError, quote
 from replay.limits import (
     MAX_RATE_MULTIPLIER,
     MAX_REPLICAS,
@@ -29,6 +29,9 @@ from replay.limits import (
     MAX_TOKENS,
     MAX_TRACE_SPAN_SECONDS,
 )
+
+if TYPE_CHECKING:
+    from replay.simulate import SimConfig
 
 _WHOLE = re.compile(r"\s*[+-]?[0-9]+\s*")
 """An integer as text: optional sign and ASCII digits (``int`` also takes ``1_000``)."""
@@ -146,3 +149,28 @@ BATCH = whole(1, 1_024)
 """``tune --batch``: trials the sampler proposes before it sees their results."""
 WORKERS = whole(1, 1_024)
 """``tune --workers``: processes replaying trials at once."""
+
+
+def fleet_of(args: argparse.Namespace) -> SimConfig:
+    """The fleet the replay's flags describe, for ``unitscale replay`` and ``tune`` alike.
+
+    ``--profile``, ``--slo-*``, ``--cold-start``, ``--max-replicas``, ``--price`` and
+    ``--prewarm`` where the command has it, through ``replay.run.fleet_config``.
+
+    Raises:
+        ConfigError: an unknown profile or cold-start tier, naming the known ones.
+    """
+    from replay.run import fleet_config
+
+    try:
+        return fleet_config(
+            args.profile,
+            slo_ttft=args.slo_ttft,
+            slo_itl=args.slo_itl,
+            cold_start=args.cold_start,
+            max_replicas=args.max_replicas,
+            price=args.price,
+            prewarm=getattr(args, "prewarm", False),
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

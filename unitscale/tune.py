@@ -610,24 +610,7 @@ def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
         slo_target=target,
         policy=scaler.policy_defaults(),
     )
-    return Problem(args.policy, traces, _sim_config(args), options, base), list(args.trace)
-
-
-def _sim_config(args: argparse.Namespace) -> SimConfig:
-    """The fleet ``unitscale replay`` simulates for the same flags (``replay.run.fleet_config``)."""
-    from replay.run import fleet_config
-
-    try:
-        return fleet_config(
-            args.profile,
-            slo_ttft=args.slo_ttft,
-            slo_itl=args.slo_itl,
-            cold_start=args.cold_start,
-            max_replicas=args.max_replicas,
-            price=args.price,
-        )
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    return Problem(args.policy, traces, flags.fleet_of(args), options, base), list(args.trace)
 
 
 @contextmanager
