@@ -57,7 +57,6 @@ VARIANTS = (
     Variant("attainment loop off", {"headroom_max": 0.0}),
     Variant("capacity at p99, not p95", {}, capacity_tail=0.01),
     Variant("scale-down window off", {"scale_down_window_seconds": 0.0}),
-    Variant("scale-down delay off", {"scale_down_delay_seconds": 0.0}),
     Variant("backlog drain off", {"backlog_drain_seconds": 1e9}),
     Variant("profile fit off", {"profile_fit": False}),
     Variant("planning 90% of capacity", {"profile_utilization": 0.9}),

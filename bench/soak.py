@@ -808,9 +808,9 @@ class Timing:
     @classmethod
     def of(cls, seconds: float, faults: int, plan: Plan) -> Timing:
         # Warm: the scaler's answer settled, the start's peak out of its scale-down
-        # window and delay (a drop after that would be the faults').
+        # window (a drop after that would be the faults').
         p = plan.policy
-        settled = plan.wall(p.scale_down_window + p.scale_down_delay)
+        settled = plan.wall(p.scale_down_window)
         warmup, tail = min(max(20.0, 2 * settled), 0.3 * seconds), min(10.0, 0.06 * seconds)
         slot = (seconds - warmup - tail) / faults
         hold = min(5.0, slot / 3)
@@ -977,9 +977,9 @@ def _plan(compression: float, target_concurrency: float) -> Plan:
         # The loop without sleepers, as it was measured: the gateway here sleeps nothing.
         standby=False,
     )
-    # A scale-down that reacts within a fault's window (production's 5 min window and
-    # 1 min delay would hold any answer for 30 s of wall time and hide a wrong drop).
-    policy = plan.policy.model_copy(update={"scale_down_window": 60.0, "scale_down_delay": 30.0})
+    # A scale-down that reacts within a fault's window (production's 5 min window would
+    # hold any answer for 30 s of wall time and hide a wrong drop).
+    policy = plan.policy.model_copy(update={"scale_down_window": 90.0})
     # A short buffer timeout: a request waiting through a fault is answered within the run.
     return replace(plan, policy=policy, buffer_timeout=60.0)
 

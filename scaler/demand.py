@@ -6,9 +6,9 @@ contributes, per pool:
 - **held**: the replicas its decision saw (the exporter's count) x accelerators per
   replica;
 - **needed**: the most replicas its decision expects: the desired count, or the peak of
-  its scale-down window when that is higher (a scale-up held back by its step, bounded
-  by ``maxReplicas``), plus the sleepers its standby plan holds (a sleeping pod keeps
-  its accelerator request), at most ``maxReplicas`` pods in all, x accelerators per
+  its scale-down window when that is higher (bounded by ``maxReplicas``), plus the
+  sleepers its standby plan holds (a sleeping pod keeps its accelerator request), at
+  most ``maxReplicas`` pods in all, x accelerators per
   replica. The decision already plans for the short window's demand when it runs
   ahead of the stable one, so a rise is in both; nothing is extrapolated beyond it.
 

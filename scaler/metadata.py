@@ -188,7 +188,6 @@ class TriggerMetadata(BaseModel):
     slo_ttft: Seconds | None = Field(None, alias="sloTtft", gt=0)
     slo_itl: Seconds | None = Field(None, alias="sloItl", gt=0)
     idle_grace: Seconds | None = Field(None, alias="idleGrace", ge=0)
-    cost_budget: Decimal | None = Field(None, alias="costBudgetPerMillionTokens", gt=0)
     prefill_tokens_per_second: Decimal | None = Field(None, alias="prefillTokensPerSecond", gt=0)
     decode_tokens_per_second: Decimal | None = Field(None, alias="decodeTokensPerSecond", gt=0)
     profile: Profile | None = None
@@ -200,8 +199,6 @@ class TriggerMetadata(BaseModel):
         None, alias="acceleratorsPerReplica", gt=0, le=1024
     )
     """Accelerators one replica holds (a fraction for a shared one); given with ``pool``."""
-    seasonal_floor: Boolean | None = Field(None, alias="seasonalFloor")
-    """At zero, start the replicas a confident seasonal forecast expects, one horizon ahead."""
     seasonal_prewarm_lead: Seconds | None = Field(None, alias="seasonalPrewarmLead", ge=0)
     """Prewarm the Fluid cache this long before a confident return (0: never)."""
     seasonal_utc_offset_hours: Decimal | None = Field(
@@ -332,12 +329,10 @@ class TriggerMetadata(BaseModel):
             "slo_ttft_seconds": self.slo_ttft,
             "slo_itl_seconds": self.slo_itl,
             "idle_grace_seconds": self.idle_grace,
-            "cost_budget_per_million_tokens": self.cost_budget,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "decode_tokens_per_second": self.decode_tokens_per_second,
             "profile": self.profile,
             "profile_utilization": self.profile_utilization,
-            "seasonal_floor": self.seasonal_floor,
             "seasonal_prewarm_lead_seconds": self.seasonal_prewarm_lead,
             "seasonal_utc_offset_hours": self.seasonal_utc_offset_hours,
         }

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from foundation.errors import NoDataError
 from scaler.core import DecisionState, Observation, Policy, decide
+from scaler.core.window import Recent
 
 NOW = 1_800_000_000.0
 POLICY = Policy()  # 16 in flight per replica, planned 70% full, 30k prefill / 6k decode tok/s
@@ -85,29 +86,29 @@ CASES = [
         ),
         POLICY,
         state(desired=2, last_activity=NOW),
-        4,
-        id="a-burst-five-times-the-stable-load-plans-the-short-window-and-doubles-in-one-step",
-    ),
-    pytest.param(
-        obs(queue_depth=0, requests_running=20, replicas_known=8),
-        POLICY,
-        state(desired=8, low_since=NOW - 61, last_activity=NOW),
-        4,
-        id="after-sustained-headroom-scale-down-by-at-most-half",
+        8,
+        id="a-burst-five-times-the-stable-load-plans-the-short-window-at-once-the-hpa-paces-it",
     ),
     pytest.param(
         obs(queue_depth=0, requests_running=20, replicas_known=8),
         POLICY,
         state(desired=8, last_activity=NOW),
+        2,
+        id="with-no-higher-need-in-the-window-scale-down-to-the-need",
+    ),
+    pytest.param(
+        obs(queue_depth=0, requests_running=20, replicas_known=8),
+        POLICY,
+        state(desired=8, last_activity=NOW, need_history=Recent(((NOW - 100, 8),))),
         8,
-        id="headroom-that-just-appeared-holds-the-replicas",
+        id="a-higher-need-within-the-scale-down-window-holds-the-replicas",
     ),
     pytest.param(
         obs(**BREACH),
         POLICY,
         state(desired=4, last_activity=NOW),
-        8,
-        id="without-a-gateway-a-ttft-p95-twice-the-slo-with-a-queue-doubles-the-replicas",
+        9,
+        id="without-a-gateway-a-ttft-p95-twice-the-slo-with-a-queue-doubles-the-need",
     ),
     pytest.param(
         obs(**BREACH, slo_within_rate=10.0, slo_outside_rate=0.0),
@@ -137,32 +138,6 @@ CASES = [
         state(desired=6, last_activity=NOW),
         6,
         id="four-replicas-of-load-at-seventy-percent-keep-six-no-trend-is-extrapolated",
-    ),
-    pytest.param(
-        obs(
-            queue_depth=0,
-            requests_running=64,
-            cost_per_million_tokens=5.0,
-            ttft_p95_seconds=0.5,
-            inter_token_p95_seconds=0.02,
-        ),
-        replace(POLICY, cost_budget_per_million_tokens=1.0),
-        state(),
-        5,
-        id="over-the-cost-budget-with-slo-margin-plans-fuller-replicas",
-    ),
-    pytest.param(
-        obs(
-            queue_depth=0,
-            requests_running=64,
-            cost_per_million_tokens=5.0,
-            ttft_p95_seconds=1.9,
-            inter_token_p95_seconds=0.02,
-        ),
-        replace(POLICY, cost_budget_per_million_tokens=1.0),
-        state(),
-        6,
-        id="the-cost-guard-yields-when-the-slo-margin-is-thin",
     ),
     pytest.param(
         obs(queue_depth=500, requests_running=500),
@@ -243,7 +218,6 @@ previous_states = st.builds(
     DecisionState,
     desired=st.one_of(st.none(), st.integers(0, 200)),
     last_activity=st.floats(NOW - 1_000, NOW),
-    low_since=st.one_of(st.none(), st.floats(NOW - 1_000, NOW)),
 )
 
 

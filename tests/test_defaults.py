@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scaler.config import PolicyConfig, parse_config
+from scaler.config import REMOVED_POLICY_KEYS, PolicyConfig, parse_config
 from scaler.core.model import Policy
 from scaler.metadata import TriggerMetadata
 
@@ -23,6 +23,9 @@ CORE = Policy()
 PER_TRIGGER = {"min_replicas", "max_replicas"}
 # Knobs the scaler config sets outside its ``policy`` section (its top-level ``profiles``).
 OUTSIDE_POLICY = {"profiles"}
+# Mechanisms always on where served: the core keeps their switch for the benches that
+# measure them, and the config refuses the key with the reason.
+ALWAYS_ON = {"profile_fit", "seasonal_floor"}
 
 
 def core_name(field: str) -> str:
@@ -125,9 +128,10 @@ def test_every_policy_default_is_the_cores(source, field):
     ],
 )
 def test_every_policy_key_is_listed(listed, what):
+    assert {config_key(name) for name in ALWAYS_ON} <= set(REMOVED_POLICY_KEYS)
     # ``Policy.profiles`` comes from the top-level ``profiles`` (``policy_defaults``).
     assert OUTSIDE_POLICY <= {f.name for f in dataclasses.fields(Policy)}
-    core = {f.name for f in dataclasses.fields(Policy)} - PER_TRIGGER - OUTSIDE_POLICY
+    core = {f.name for f in dataclasses.fields(Policy)} - PER_TRIGGER - OUTSIDE_POLICY - ALWAYS_ON
     expected = {config_key(name.removesuffix("_seconds")) for name in core}
     assert listed() == expected, what
 

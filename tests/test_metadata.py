@@ -201,7 +201,6 @@ def test_key_lists_match_the_documented_keys():
         "sloTtft",
         "sloItl",
         "idleGrace",
-        "costBudgetPerMillionTokens",
         "prefillTokensPerSecond",
         "decodeTokensPerSecond",
         "pool",
@@ -214,7 +213,6 @@ def test_key_lists_match_the_documented_keys():
         "prewarmTimeout",
         "keepWarmAfterZero",
         "prewarmCachedPercentage",
-        "seasonalFloor",
         "seasonalPrewarmLead",
         "seasonalUtcOffsetHours",
         "standby",
@@ -272,8 +270,8 @@ def test_every_key_is_documented_in_the_scaler_docs():
             id="a-number-beyond-floats-is-refused",
         ),
         pytest.param(
-            {"costBudgetPerMillionTokens": "nan"}, ["'costBudgetPerMillionTokens'='nan'"],
-            id="nan-is-not-a-budget",
+            {"profileUtilization": "nan"}, ["'profileUtilization'='nan'"],
+            id="nan-is-not-a-utilization",
         ),
         pytest.param(
             {"maxSignalAge": "\u0663s"}, ["'maxSignalAge'", "duration"],

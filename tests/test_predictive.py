@@ -200,7 +200,6 @@ BASE = {"scalerAddress": "s:1", "deployment": "llama"}
 @pytest.mark.parametrize(
     ("keys", "field", "value"),
     [
-        pytest.param({"seasonalFloor": "true"}, "seasonal_floor", True, id="seasonalFloor true"),
         pytest.param(
             {"seasonalPrewarmLead": "10m"},
             "seasonal_prewarm_lead_seconds",
@@ -213,7 +212,7 @@ BASE = {"scalerAddress": "s:1", "deployment": "llama"}
             -5.0,
             id="seasonalUtcOffsetHours may be west of UTC",
         ),
-        pytest.param({}, "seasonal_floor", Policy().seasonal_floor, id="absent: the default"),
+        pytest.param({}, "seasonal_prewarm_lead_seconds", 300.0, id="absent: the default"),
     ],
 )
 def test_the_trigger_keys(keys: dict[str, str], field: str, value: object) -> None:
@@ -230,9 +229,9 @@ def test_the_trigger_keys(keys: dict[str, str], field: str, value: object) -> No
             id="an offset beyond UTC+14 is refused naming the key",
         ),
         pytest.param(
-            {"seasonalFloor": "yes"},
-            "key 'seasonalFloor'='yes': expected true or false",
-            id="seasonalFloor takes what Go's ParseBool takes",
+            {"seasonalFloor": "false"},
+            "unknown key 'seasonalFloor'",
+            id="seasonalFloor is no key: the floor is always on",
         ),
         pytest.param(
             {"seasonalPrewarmLead": "-1m"},
@@ -248,11 +247,12 @@ def test_bad_trigger_keys_are_refused(keys: dict[str, str], message: str) -> Non
 
 def test_the_config_keys() -> None:
     config = parse_config(
-        "policy: {seasonal-floor: true, seasonal-prewarm-lead: 2m,"
-        " seasonal-utc-offset-hours: 5.5, seasonal-day: 1h}"
+        "policy: {seasonal-prewarm-lead: 2m, seasonal-utc-offset-hours: 5.5, seasonal-day: 1h}"
     )
     policy = config.policy.policy()
     assert (policy.seasonal_floor, policy.seasonal_prewarm_lead_seconds) == (True, 120.0)
+    with pytest.raises(ConfigError, match="seasonal-floor: removed"):
+        parse_config("policy: {seasonal-floor: false}")
     assert (policy.seasonal_utc_offset_hours, policy.seasonal_day_seconds) == (5.5, 3600.0)
     with pytest.raises(ConfigError, match="seasonal-utc-offset-hours"):
         parse_config("policy: {seasonal-utc-offset-hours: -15}")

@@ -2,9 +2,9 @@
 
 The replay's fleet runs 1.9 times slower than the llama3-8b-h200 profile the
 scaler plans with (another engine build, a throttled accelerator): planned on the
-profile as it is, the fleet is too small and misses the SLO; with the fit
-(``policy.profile-fit``, the default) the scaler learns the slowdown from the exporter's
-signals and buys what the load needs.
+profile as it is, the fleet is too small and misses the SLO; with the fit (always on;
+the core's ``profile_fit`` switch turns it off here) the scaler learns the slowdown from
+the exporter's signals and buys what the load needs.
 """
 
 from __future__ import annotations

@@ -16,22 +16,23 @@ over what one replica carries within the SLOs. Each stage is a small pure functi
    without a gateway; requests in flight over ``target_concurrency`` when no rate is
    known.
 4. **Plan** (``_plan``): demand over the utilization planned for (``profile_utilization``
-   with a profile, else ``target_utilization``, fuller under the cost guard); a backlog
+   with a profile, else ``target_utilization``); a backlog
    the ready replicas would not drain in time asks for more. Without the gateway's
    judgement, an engine p95 over the SLO with a queue stands in for it.
 5. **Headroom** (``scaler.core.attainment``): the need times ``1 + headroom``, the
    headroom steered by the share of requests the gateway saw within the SLO.
 6. **Hold**: no lower than the most needed within ``scale_down_window_seconds``; an
    unknown load or an unanswered scrape never lowers the count.
-7. **Steps** (``_step``): up at most ``max_scale_up_rate`` x (at least +1), down at most
-   / ``max_scale_down_rate`` and only after ``scale_down_delay_seconds`` below.
+7. **First look** (``_first_look``): a scaler with no history never scales down; the
+   pace of each step is the HPA's (the ScaledObject's ``behavior``), not the scaler's.
 8. **Bounds** (``_bounded``): ``min_replicas`` .. ``max_replicas``; at least 1 while
    recently active.
 
 Missing signals never lower the count: a part of the load that is unknown keeps the
 previous decision as the floor. What each stage buys, trace by trace, is
-``bench/ablation.py``'s table; a linear trend forecast and a panic mode were removed
-when it showed they cost more than they bought.
+``bench/ablation.py``'s table; a linear trend forecast, a panic mode, a scale-down delay,
+the scaler's own step limits and a cost guard were removed when it showed they cost more
+than they bought, or nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ from scaler.core.capacity import (
 from scaler.core.fit import MIN_EVIDENCE_SECONDS, StepFit, corrected, fit_step
 from scaler.core.model import Decision, DecisionState, Observation, Policy
 from scaler.core.window import Recent
+
+BREACH_MAX = 2.0
+"""Without a gateway, an engine p95 over the SLO asks for at most this many times the
+load's replicas: the stand-in is coarse."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,16 +149,14 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
 
     # 6. Hold.
     wanted, needs = _held(o, p, previous, need, capacity, wanted, notes)
-    # 7-8. Steps and bounds.
-    current = previous.desired if previous.desired is not None else ready
-    wanted, low_since = _step(p, previous, wanted, current, floor, now, notes)
+    # 7-8. First look and bounds.
+    wanted = _first_look(previous, wanted, ready, notes)
     desired = _bounded(p, wanted, recently_active, notes)
     seen = predictive.demand_seen(activity.busy, activity.concurrency is not None, need.need)
     state = replace(
         previous,
         decisions=previous.decisions + 1,
         desired=desired,
-        low_since=low_since,
         last_activity=activity.last_activity,
         capacity_scale=capacity.scale,
         need_history=needs,
@@ -233,7 +236,7 @@ def _plan(
 ) -> _Need:
     """4. The replicas the demand needs: utilization, backlog, stand-in."""
     load = demand.load
-    utilization = _utilization(o, p, notes)
+    utilization = p.profile_utilization if profile_of(p) is not None else p.target_utilization
     need = (load or 0.0) / utilization
     extra = _backlog_extra(o, p, rates, ready, load)
     if extra > 0 and load is not None:
@@ -248,7 +251,7 @@ def _plan(
             (o.inter_token_p95_seconds or 0.0) / p.slo_itl_seconds,
         )
         if breach > 1.0 and (o.queue_depth or 0.0) > 0.5 * ready:
-            need = max(need, load / utilization * min(breach, p.max_scale_up_rate))
+            need = max(need, load / utilization * min(breach, BREACH_MAX))
             notes.append(f"engine p95 over the SLO x{breach:.2f} with a queue (no gateway)")
     return _Need(demand, utilization, need)
 
@@ -352,7 +355,6 @@ def _scale_to_zero(
         previous,
         decisions=previous.decisions + 1,
         desired=0,
-        low_since=None,
         last_activity=last_activity,
         need_history=Recent(),
     )
@@ -395,55 +397,12 @@ def _backlog_extra(
     return max(left / max(p.backlog_drain_seconds, 1.0) - spare, 0.0)
 
 
-def _utilization(o: Observation, p: Policy, notes: list[str]) -> float:
-    """The share of a replica to plan for: fuller when over the cost budget.
-
-    A profile's capacity already stops at the SLOs (``profile_utilization``, 1 by
-    default); the priors are raw throughput (``target_utilization``).
-    """
-    planned = p.profile_utilization if profile_of(p) is not None else p.target_utilization
-    cost_guard = (
-        p.cost_budget_per_million_tokens is not None
-        and o.cost_per_million_tokens is not None
-        and o.cost_per_million_tokens > p.cost_budget_per_million_tokens
-        and _slo_margin(o, p) >= 0.3
-    )
-    if not cost_guard:
-        return planned
-    utilization = max(planned, p.cost_guard_utilization)
-    notes.append(
-        f"cost ${o.cost_per_million_tokens:.3f}/1M over budget: plan {utilization:.0%} full"
-    )
-    return utilization
-
-
-def _step(
-    p: Policy,
-    previous: DecisionState,
-    wanted: int,
-    current: int,
-    floor: int,
-    now: float,
-    notes: list[str],
-) -> tuple[int, float | None]:
-    """7. Bounded steps and the scale-down delay; returns replicas and ``low_since``."""
-    low_since = previous.low_since
-    first = previous.desired is None
-    if first and wanted < current:
-        # A restarted scaler has no history: it never scales down on its first look.
+def _first_look(previous: DecisionState, wanted: int, ready: int, notes: list[str]) -> int:
+    """7. A restarted scaler has no history: it never scales down on its first look."""
+    if previous.desired is None and wanted < ready:
         notes.append("first decision: not scaling down")
-        return current, now
-    if first:
-        return wanted, low_since  # nor does it hold back a scale-up the load asks for
-    if current > 0 and wanted > current:
-        return min(wanted, max(current + 1, math.ceil(current * p.max_scale_up_rate))), None
-    if wanted < current:
-        low_since = now if low_since is None else low_since
-        if now - low_since < p.scale_down_delay_seconds:
-            notes.append(f"holding {current} (below for {now - low_since:.0f}s)")
-            return current, low_since
-        return max(wanted, math.floor(current / p.max_scale_down_rate), floor), low_since
-    return wanted, None
+        return ready
+    return wanted
 
 
 def _bounded(p: Policy, wanted: int, recently_active: bool, notes: list[str]) -> int:

@@ -83,19 +83,16 @@ class Policy:
     """The headroom's bound (a share of the need); 0 turns the attainment loop off."""
     headroom_half_life_seconds: float = 1800.0
     """While attainment has margin the headroom halves this often."""
-    scale_down_delay_seconds: float = 60.0
-    """Desired must stay below current this long before replicas are removed."""
     scale_down_window_seconds: float = 300.0
     """Scale down only to the most replicas needed within this window (bursts recur)."""
-    max_scale_up_rate: float = 2.0
-    max_scale_down_rate: float = 2.0
     forecast_horizon_seconds: float = 60.0
     """About one cold start: scale-up starts this far ahead of the load."""
     idle_grace_seconds: float = 120.0
     """No request at all for this long before scaling to zero."""
     seasonal_floor: bool = True
     """At zero, start the replicas a confident seasonal forecast (``scaler.core.predictive``)
-    expects one ``forecast_horizon_seconds`` before the traffic's expected return."""
+    expects one ``forecast_horizon_seconds`` before the traffic's expected return. Not a
+    config key: always on where served; off only in bench/predictive_prewarm.py's rows."""
     seasonal_prewarm_lead_seconds: float = 300.0
     """At zero, ask for a Fluid prewarm this far ahead of a confident return (about one
     cache load); 0: never."""
@@ -104,9 +101,6 @@ class Policy:
     DST)."""
     seasonal_day_seconds: float = 86_400.0
     """The forecast's day (shorter in a replay of compressed days)."""
-    cost_budget_per_million_tokens: float | None = None
-    """While the SLO holds, plan fuller replicas when the unit cost exceeds this."""
-    cost_guard_utilization: float = 0.85
     profile: str | None = None
     """A replica model (``foundation.replica_model.PROFILES``): a replica's capacity is
     what it sustains within the SLOs for the observed mix, and the load is planned from
@@ -122,7 +116,8 @@ class Policy:
     within this long asks for the replicas that would."""
     profile_fit: bool = True
     """With a profile: correct its step times from the replicas' observed throughput
-    and latency (``scaler.core.fit``: bounded 0.5-2x, the reason says so)."""
+    and latency (``scaler.core.fit``: bounded 0.5-2x, the reason says so). Not a config
+    key: always on where served; off only in the ablation and the fit's own tests."""
     demand_window_seconds: float = 60.0
     """With a profile: demand is averaged over this long, as the exporter's stable window
     averages rates."""
@@ -139,7 +134,6 @@ class DecisionState:
 
     decisions: int = 0
     desired: int | None = None
-    low_since: float | None = None
     last_activity: float = float("-inf")
     capacity_scale: float = 1.0
     """Learned: observed capacity over the priors (1.0 = the priors hold)."""

@@ -18,6 +18,7 @@ CI never passes by skipping.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import secrets
@@ -142,3 +143,12 @@ def keda(
         yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture(autouse=True)
+def _garbage_collected_after_each_test() -> Iterator[None]:
+    """Collect garbage after each test, so that an unclosed socket or transport is
+    reported (as an error, ``filterwarnings = error``) on the test that left it, not on
+    whichever later test happens to trigger the collection."""
+    yield
+    gc.collect()

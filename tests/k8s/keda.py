@@ -200,12 +200,9 @@ IMMEDIATE_POLICY = {
     # The HPA and KEDA are under test: the scaler's own smoothing is switched off so
     # that its decision is ceil(in flight / 16) at every signal.
     "target-utilization": 1,
-    "scale-down-delay": "0s",
     "scale-down-window": "0s",
     "forecast-horizon": "0s",
     "idle-grace": "0s",
-    "max-scale-up-rate": 1000,
-    "max-scale-down-rate": 1000,
 }
 
 
