@@ -10,13 +10,17 @@ without waiting for a poll. A body over ``max_request_bytes`` is 413, one that i
 JSON object 400, a model certainly served by nobody 404: none of them is buffered or
 counted as an arrival.
 
-Connection failures are retried on another replica; a request already sent upstream is
-never retried (it may have run): a replica that fails before its response headers is a
-502, one silent past ``upstream_timeout`` a 504. A replica that fails mid-stream, or goes
-silent past ``upstream_timeout`` between two chunks, ends that client's response; the
-gateway carries on. Every one of these upstream failures is counted (by kind) in the
-metrics and in the ``upstream_error_rate`` the scaler reads; every error the gateway
-answers itself is ``{"object": "error", "message": ..., "code": status}``.
+Connection failures are retried on another replica, and so is a request whose replica
+dropped the connection before answering a byte (killed, or a pooled connection it had
+just closed): a completion has no effect but its answer, so the client gets one from the
+next replica instead of a 502 (at most ``connect_retries`` more tries, so a request that
+kills replicas is not sent to all of them). A replica that answers broken HTTP is a 502,
+one silent past ``upstream_timeout`` a 504: those are not retried. A replica that fails
+mid-stream, or goes silent past ``upstream_timeout`` between two chunks, ends that
+client's response; the gateway carries on. Every one of these upstream failures is
+counted (by kind) in the metrics and in the ``upstream_error_rate`` the scaler reads;
+every error the gateway answers itself is ``{"object": "error", "message": ...,
+"code": status}``.
 
 A replica asleep (vLLM sleep mode, from its ``/is_sleeping``) is routed nothing. When a
 request finds no ready replica for its model (or, with ``wake_at_outstanding``, every one
@@ -469,14 +473,15 @@ class Gateway:
     async def _forward(
         self, request: web.Request, raw: bytes, model: str | None, meter: ResponseMeter
     ) -> web.StreamResponse:
-        """Send upstream, trying another replica while a connection fails (nothing sent yet).
+        """Send upstream, trying another replica while a connection fails or drops unanswered.
 
-        Once sent, a request is never sent again (it may have run): a replica failing
-        before its response headers is a 502, one silent past ``upstream_timeout`` a 504.
+        A replica that answers broken HTTP before its headers is a 502, one silent past
+        ``upstream_timeout`` a 504; neither is retried.
         """
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         timeout = self.settings.upstream_timeout
+        dropped = False
         for attempt in range(self.settings.connect_retries + 1):
             replica = await self._wait_for_replica(model, len(raw))
             replica.outstanding += 1
@@ -494,6 +499,21 @@ class Gateway:
                     )
                     self.pool.mark_down(replica)
                     self._upstream_error("connect")
+                    continue
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+                    # The connection dropped with no byte of an answer: the replica died
+                    # (or closed a pooled connection as it was reused). It is health-checked
+                    # again before it gets more; the request goes to another one.
+                    log.warning(
+                        "%s dropped the connection before answering (%s: %s); attempt %d",
+                        replica.url,
+                        type(err).__name__,
+                        err,
+                        attempt + 1,
+                    )
+                    self.pool.mark_down(replica)
+                    self._upstream_error("before-response")
+                    dropped = True
                     continue
                 except TimeoutError:
                     log.warning("%s sent no response within %gs", replica.url, timeout)
@@ -518,6 +538,8 @@ class Gateway:
                 replica.idle_since = time.monotonic()
                 self.pool.drop_if_drained(replica)
                 self._set_in_flight(-1)
+        if dropped:
+            raise self._reject(502, "the replica failed before answering", None)
         raise self._reject(503, "no replica accepted the connection", 5)
 
     async def _relay(

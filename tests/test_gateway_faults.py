@@ -148,21 +148,71 @@ def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
-# --- a replica failing before its response headers: 502, counted, never retried ---------
+# --- a replica dropping the connection unanswered: the next one answers; broken HTTP: 502 ---
 
 
-@pytest.mark.parametrize(
-    "behaviour",
-    [
-        pytest.param(close_before_headers, id="its-connection-drops-after-the-request-was-sent"),
-        pytest.param(garbage_before_headers, id="it-answers-something-that-is-not-http"),
-    ],
-)
-async def test_a_replica_failing_before_its_headers_is_a_counted_502_never_retried(
-    behaviour, caplog
-):
+class DropFirst:
+    """Replicas sharing one fault: the first completion any of them gets is dropped
+    unanswered (its connection aborted), every later one is answered."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+    async def __call__(self, request: web.Request, fake: Fake) -> web.StreamResponse:
+        if self.dropped == 0:
+            self.dropped += 1
+            return await close_before_headers(request, fake)
+        return web.json_response({"object": "text_completion", "choices": [{"text": "ok"}]})
+
+
+async def test_a_request_whose_replica_drops_it_unanswered_is_answered_by_the_next(caplog):
     caplog.set_level(logging.DEBUG)
-    replicas = await fakes(behaviour, behaviour)
+    fault = DropFirst()
+    replicas = await fakes(fault, fault)
+    gateway = await start_gateway([f.url for f in replicas])
+    try:
+        await wait_ready(gateway, 2)
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions",
+                json=completion(),
+                headers={"Authorization": "Bearer SECRET-MARKER-DROP"},
+            ) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["choices"][0]["text"] == "ok"
+        # One replica each: the one that dropped it is not tried again at once.
+        assert [f.received for f in replicas] == [1, 1]
+        assert upstream_errors(gateway) == {"before-response": 1.0}
+        assert tracebacks(caplog) == []
+        assert "SECRET-MARKER" not in caplog.text  # the error's repr carries the headers
+    finally:
+        await gateway.stop()
+        for f in replicas:
+            await f.stop()
+
+
+async def test_replicas_that_all_drop_it_end_in_a_counted_502_after_the_retries(caplog):
+    replicas = await fakes(close_before_headers, close_before_headers)
+    gateway = await start_gateway([f.url for f in replicas], connect_retries=1)
+    try:
+        await wait_ready(gateway, 2)
+        async with aiohttp.ClientSession() as client:
+            async with client.post(
+                f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
+            ) as r:
+                await assert_api_error(r, 502, "failed before answering")
+        assert sum(f.received for f in replicas) == 2  # connect_retries=1: two tries in all
+        assert upstream_errors(gateway) == {"before-response": 2.0}
+        assert error_rate(gateway) > 0
+    finally:
+        await gateway.stop()
+        for f in replicas:
+            await f.stop()
+
+
+async def test_a_replica_answering_broken_http_is_a_counted_502_never_retried(caplog):
+    caplog.set_level(logging.DEBUG)
+    replicas = await fakes(garbage_before_headers, garbage_before_headers)
     gateway = await start_gateway([f.url for f in replicas])
     try:
         await wait_ready(gateway, 2)
@@ -173,52 +223,58 @@ async def test_a_replica_failing_before_its_headers_is_a_counted_502_never_retri
                 headers={"Authorization": "Bearer SECRET-MARKER-502"},
             ) as r:
                 await assert_api_error(r, 502, "failed before answering")
-        # Sent once: it may have run, so no other replica is tried.
+        # It answered, if badly: it ran, so no other replica is tried.
         assert sum(f.received for f in replicas) == 1
         assert upstream_errors(gateway) == {"before-response": 1.0}
         assert error_rate(gateway) > 0
         assert tracebacks(caplog) == []
-        assert "SECRET-MARKER" not in caplog.text  # the error's repr carries the headers
+        assert "SECRET-MARKER" not in caplog.text
     finally:
         await gateway.stop()
         for f in replicas:
             await f.stop()
 
 
-async def test_a_sim_replica_sigkilled_before_its_headers_is_a_counted_502():
-    port = free_port()
-    replica = await asyncio.create_subprocess_exec(
+async def sim_process(port: int) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "unitscale.cli", "--log-level", "warning",
         "sim-replica", "--listen", f"127.0.0.1:{port}",  # real H200 pace: 2,000 tokens ~13 s
     )  # fmt: skip
-    gateway = await start_gateway([f"http://127.0.0.1:{port}"])
+
+
+async def test_a_sim_replica_sigkilled_mid_request_leaves_it_to_the_other_replica():
+    ports = [free_port(), free_port()]
+    processes = [await sim_process(port) for port in ports]
+    gateway = await start_gateway([f"http://127.0.0.1:{port}" for port in ports])
     try:
-        await wait_ready(gateway, 1)
+        await wait_ready(gateway, 2)
         async with aiohttp.ClientSession() as client:
             pending = asyncio.create_task(
                 client.post(
                     f"http://127.0.0.1:{gateway.port}/v1/completions",
-                    json=completion(max_tokens=2000),  # not streamed: headers come at the end
+                    json=completion(max_tokens=200),  # not streamed: headers come at the end
                 )
             )
             await eventually(lambda: gateway.gateway.stats.in_flight == 1, "sent upstream")
             running = 'vllm:num_requests_running{engine="0",model_name="sim-llama"} 1.0'
+            victim = None
             async with asyncio.timeout(30):
-                while True:
-                    async with client.get(f"http://127.0.0.1:{port}/metrics") as m:
-                        if running in await m.text():
-                            break
+                while victim is None:
+                    for process, port in zip(processes, ports, strict=True):
+                        async with client.get(f"http://127.0.0.1:{port}/metrics") as m:
+                            if running in await m.text():
+                                victim = process
                     await asyncio.sleep(0.02)
-            replica.kill()
-            await replica.wait()
-            async with await asyncio.wait_for(pending, 10) as r:
-                await assert_api_error(r, 502, "failed before answering")
+            victim.kill()
+            await victim.wait()
+            async with await asyncio.wait_for(pending, 60) as r:
+                assert r.status == 200, await r.text()
         assert upstream_errors(gateway) == {"before-response": 1.0}
-        assert error_rate(gateway) > 0
     finally:
-        if replica.returncode is None:
-            replica.kill()
-            await replica.wait()
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
         await gateway.stop()
 
 
