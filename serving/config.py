@@ -117,6 +117,8 @@ class GatewayConfig(BaseModel):
     health_interval: Seconds = Field(_DEFAULTS.health_interval, gt=0)
     rate_window: Seconds = Field(_DEFAULTS.rate_window, gt=0)
     connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10)
+    """More tries, each on another replica, after one that refused the connection or
+    dropped the request before any byte of an answer."""
     wake_timeout: Seconds = Field(_DEFAULTS.wake_timeout, gt=0)
     """How long a sleeping replica's ``POST /wake_up`` may take; then another is woken."""
     wake_at_outstanding: int | None = Field(_DEFAULTS.wake_at_outstanding, ge=1)

@@ -252,7 +252,7 @@ async def test_a_sim_replica_sigkilled_mid_request_leaves_it_to_the_other_replic
             pending = asyncio.create_task(
                 client.post(
                     f"http://127.0.0.1:{gateway.port}/v1/completions",
-                    json=completion(max_tokens=200),  # not streamed: headers come at the end
+                    json=completion(max_tokens=2000),  # not streamed: headers come at the end
                 )
             )
             await eventually(lambda: gateway.gateway.stats.in_flight == 1, "sent upstream")
