@@ -14,6 +14,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
@@ -151,6 +152,19 @@ def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 # --- a replica dropping the connection unanswered: the next one answers; broken HTTP: 502 ---
 
 
+@asynccontextmanager
+async def posted(gateway, secret: str) -> AsyncIterator[aiohttp.ClientResponse]:
+    """One completion through ``gateway``, its Authorization header carrying ``secret``
+    (which no log line may show)."""
+    async with aiohttp.ClientSession() as client:
+        async with client.post(
+            f"http://127.0.0.1:{gateway.port}/v1/completions",
+            json=completion(),
+            headers={"Authorization": f"Bearer {secret}"},
+        ) as response:
+            yield response
+
+
 class DropFirst:
     """Replicas sharing one fault: the first completion any of them gets is dropped
     unanswered (its connection aborted), every later one is answered."""
@@ -172,14 +186,9 @@ async def test_a_request_whose_replica_drops_it_unanswered_is_answered_by_the_ne
     gateway = await start_gateway([f.url for f in replicas])
     try:
         await wait_ready(gateway, 2)
-        async with aiohttp.ClientSession() as client:
-            async with client.post(
-                f"http://127.0.0.1:{gateway.port}/v1/completions",
-                json=completion(),
-                headers={"Authorization": "Bearer SECRET-MARKER-DROP"},
-            ) as r:
-                assert r.status == 200, await r.text()
-                assert (await r.json())["choices"][0]["text"] == "ok"
+        async with posted(gateway, "SECRET-MARKER-DROP") as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["choices"][0]["text"] == "ok"
         # One replica each: the one that dropped it is not tried again at once.
         assert [f.received for f in replicas] == [1, 1]
         assert upstream_errors(gateway) == {"before-response": 1.0}
@@ -196,11 +205,8 @@ async def test_replicas_that_all_drop_it_end_in_a_counted_502_after_the_retries(
     gateway = await start_gateway([f.url for f in replicas], connect_retries=1)
     try:
         await wait_ready(gateway, 2)
-        async with aiohttp.ClientSession() as client:
-            async with client.post(
-                f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()
-            ) as r:
-                await assert_api_error(r, 502, "failed before answering")
+        async with posted(gateway, "SECRET-MARKER-ALL") as r:
+            await assert_api_error(r, 502, "failed before answering")
         assert sum(f.received for f in replicas) == 2  # connect_retries=1: two tries in all
         assert upstream_errors(gateway) == {"before-response": 2.0}
         assert error_rate(gateway) > 0
@@ -216,13 +222,8 @@ async def test_a_replica_answering_broken_http_is_a_counted_502_never_retried(ca
     gateway = await start_gateway([f.url for f in replicas])
     try:
         await wait_ready(gateway, 2)
-        async with aiohttp.ClientSession() as client:
-            async with client.post(
-                f"http://127.0.0.1:{gateway.port}/v1/completions",
-                json=completion(),
-                headers={"Authorization": "Bearer SECRET-MARKER-502"},
-            ) as r:
-                await assert_api_error(r, 502, "failed before answering")
+        async with posted(gateway, "SECRET-MARKER-502") as r:
+            await assert_api_error(r, 502, "failed before answering")
         # It answered, if badly: it ran, so no other replica is tried.
         assert sum(f.received for f in replicas) == 1
         assert upstream_errors(gateway) == {"before-response": 1.0}
