@@ -23,7 +23,7 @@ from admission import annotations as names
 from admission import controller
 from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
 from admission.parameters import parse_parameters
-from unitscale.cli import _parser
+from unitscale.cli import build_parser
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "admission"
 
@@ -87,7 +87,7 @@ def test_the_deployment_runs_the_command_with_the_mounted_config():
     spec = objects("controller.yaml")["Deployment"]["spec"]["template"]["spec"]
     args = container()["args"]
     assert args == ["admission", "--config", "/etc/unitscale/admission.yaml"]
-    assert _parser().parse_args(args).config == Path("/etc/unitscale/admission.yaml")
+    assert build_parser().parse_args(args).config == Path("/etc/unitscale/admission.yaml")
     (mount,) = [m for m in container()["volumeMounts"] if m["mountPath"] == "/etc/unitscale"]
     (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     # A directory mount (no subPath): the file is the ConfigMap's key, updated in place.

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from foundation.errors import UnitscaleError
 from unitscale import cli
+from unitscale.commands import replay as replay_command
 
 UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
 MEMORY = 3 << 30
@@ -251,7 +252,7 @@ def test_any_text_for_a_numeric_flag_is_in_domain_or_one_line_and_status_2(
     domain: tuple[list[str], str, float, float, bool], text: str
 ) -> None:
     command, flag, low, high, above = domain
-    parser = cli._parser()
+    parser = cli.build_parser()
     errors = _Stderr()
     try:
         with errors:
@@ -270,7 +271,7 @@ def test_any_text_for_a_numeric_flag_is_in_domain_or_one_line_and_status_2(
 def _replay_setup_accepts(args: argparse.Namespace) -> None:
     """A replay flag in domain never fails the run's setup with anything but a one-liner."""
     try:
-        cli._replay_config(args)
+        replay_command.fleet_and_policies(args)
     except UnitscaleError:
         pass
 

@@ -26,7 +26,7 @@ import yaml
 
 from scaler.metadata import parse_metadata
 from tests.k8s import versions
-from unitscale.cli import _parser
+from unitscale.cli import build_parser
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 SCALED_OBJECTS = DEPLOY / "scaledobjects"
@@ -185,7 +185,7 @@ def test_the_container_runs_unprivileged_with_requests_and_probes(directory, nam
 
 def listen_ports(args: list[str]) -> set[int]:
     """The ports a subcommand's arguments make it listen on (flags and their defaults)."""
-    parsed = vars(_parser().parse_args(args))
+    parsed = vars(build_parser().parse_args(args))
     return {
         int(value.rpartition(":")[2])
         for key, value in parsed.items()
@@ -205,7 +205,7 @@ def test_the_command_parses_and_reads_a_configmap_that_is_there(directory, name)
     container = container_of(deployment)
     namespace = deployment["metadata"]["namespace"]
     args = expanded(container["args"], namespace)
-    parsed = _parser().parse_args(args)
+    parsed = build_parser().parse_args(args)
     assert parsed.command == name.removeprefix("unitscale-")
     env = {e["name"]: e for e in container.get("env", [])}
     if any("$(POD_NAMESPACE)" in a for a in container["args"]):
@@ -307,7 +307,7 @@ def test_mtls_mounts_the_certificate_the_scalers_names_are_issued_for():
     scaler = named(docs, "Deployment", "unitscale-scaler")
     pod = scaler["spec"]["template"]["spec"]
     args = container_of(scaler)["args"]
-    parsed = _parser().parse_args(expanded(args, "unitscale"))
+    parsed = build_parser().parse_args(expanded(args, "unitscale"))
     (mount,) = [m for m in container_of(scaler)["volumeMounts"] if m["name"] == "tls"]
     for path in (parsed.tls_cert, parsed.tls_key, parsed.tls_client_ca):
         assert str(path).startswith(mount["mountPath"] + "/")

@@ -609,6 +609,7 @@ def test_the_command_line_runs_the_joint_replay(tmp_path):
 def _tiny_inputs(tmp_path, *extra: str):
     """The joint replay's inputs as ``unitscale replay --pool`` reads them."""
     from unitscale import cli
+    from unitscale.commands import replay, replay_pool
 
     nodes = tmp_path / "nodes.csv"
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nnode-0,64000,262144,4,T4\n")
@@ -622,7 +623,8 @@ def _tiny_inputs(tmp_path, *extra: str):
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(stamps) + "\n")
     args = ["replay", "--pool", str(nodes), "--tasks", str(pods), "--pool-fraction", "1"]
     args += ["--trace", str(trace), "--report", str(tmp_path / "out"), *extra]
-    return cli._joint_inputs(cli._parser().parse_args(args))
+    parsed = cli.build_parser().parse_args(args)
+    return replay_pool.inputs(parsed, replay.scaler_policy(parsed))
 
 
 def test_warm_start_gives_each_deployment_the_replicas_unitscale_replay_starts_with(tmp_path):

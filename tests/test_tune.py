@@ -419,7 +419,7 @@ def test_the_nightly_cronjob_runs_a_tune_the_command_line_accepts():
     command = script.split("unitscale tune $traces", 1)[1].split("||", 1)[0].replace("\\\n", " ")
     command = "$traces " + command
     command = command.replace("$traces", "--trace /tmp/days/20250304").replace('"$out"', "/o")
-    args = cli._parser().parse_args(["tune", *shlex.split(command)])
+    args = cli.build_parser().parse_args(["tune", *shlex.split(command)])
     assert args.workers == int(container["resources"]["requests"]["cpu"]), "a worker a core"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert args.scaler_config.parent.as_posix() in mounts

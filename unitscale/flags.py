@@ -49,6 +49,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, line + "\n")
 
 
+if TYPE_CHECKING:
+    Commands = argparse._SubParsersAction[Parser]
+    """What ``add_subparsers()`` returns: each subcommand's ``add_command`` adds one to it."""
+
+
 def one_line(text: str) -> str:
     r"""``text`` with its line breaks escaped (``\n``): one line, whatever it echoes."""
     return text.replace("\r", "\\r").replace("\n", "\\n")

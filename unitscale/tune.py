@@ -52,8 +52,7 @@ if TYPE_CHECKING:
     from replay.run import ReplayOptions
     from replay.simulate import Result, SimConfig
     from replay.trace import Trace
-
-    Commands = argparse._SubParsersAction[flags.Parser]
+    from unitscale.flags import Commands
 
 TUNABLE = ("unitscale", "static-peak", "kpa", "aibrix-kv", "production-stack")
 """The policies ``--policy`` takes: those with knobs (``replay.run.KNOBS``)."""

@@ -1,0 +1,148 @@
+"""What several subcommands share: listen and config flags, serving until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from foundation.errors import ConfigError
+
+if TYPE_CHECKING:
+    from foundation.reload import ConfigSource
+    from foundation.replica_model import Profile
+
+log = logging.getLogger("unitscale")
+T = TypeVar("T")
+
+
+# --- flags ---------------------------------------------------------------------------------
+
+
+def listen_argument(command: argparse.ArgumentParser, flag: str, default: str, what: str) -> None:
+    """A ``HOST:PORT`` to serve ``what`` on."""
+    command.add_argument(flag, default=default, help=f"{what} (default %(default)s)")
+
+
+def config_arguments(command: argparse.ArgumentParser, config_help: str) -> None:
+    """Where a server's hot-reloaded config comes from: ``config_source`` reads them."""
+    from pathlib import Path
+
+    command.add_argument("--config", type=Path, help=config_help)
+    command.add_argument(
+        "--config-configmap",
+        metavar="NAMESPACE/NAME[:KEY]",
+        help="read and watch the config from this ConfigMap through the API "
+        "(key default config.yaml) instead of --config",
+    )
+    command.add_argument(
+        "--config-poll",
+        default="1s",
+        metavar="DURATION",
+        help="how often --config is checked for changes (Go duration, default %(default)s)",
+    )
+    kubeconfig_argument(command)
+
+
+def kubeconfig_argument(command: argparse.ArgumentParser) -> None:
+    """``--kubeconfig``: how a server reaches the API."""
+    from pathlib import Path
+
+    command.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig for API access (default: in-cluster service account when in a "
+        "pod, else $KUBECONFIG or ~/.kube/config)",
+    )
+
+
+def dns_argument(command: argparse.ArgumentParser) -> None:
+    """``--dns``: replicas found as the A records of a headless Service."""
+    command.add_argument("--dns", help="host:port of a headless Service: every A record a replica")
+
+
+def cold_start_argument(command: argparse.ArgumentParser) -> None:
+    """``--cold-start``: the tier a simulated replica starts from."""
+    command.add_argument(
+        "--cold-start", default="local-disk", help="cached | local-disk | remote | new-node"
+    )
+
+
+def config_source(args: argparse.Namespace) -> ConfigSource:
+    """The config source ``config_arguments``' flags name, ``--config-poll`` checked."""
+    from foundation.durations import parse_duration
+    from foundation.kube import KubeAccess
+    from foundation.reload import ConfigSource
+
+    try:
+        poll = parse_duration(args.config_poll)
+    except ValueError as err:
+        raise ConfigError(f"--config-poll {args.config_poll!r}: {err}") from err
+    if poll <= 0:
+        raise ConfigError(f"--config-poll {args.config_poll!r}: must be positive")
+    return ConfigSource(
+        args.config, args.config_configmap, KubeAccess(args.kubeconfig), poll_interval=poll
+    )
+
+
+def profile(name: str) -> Profile:
+    """The replica model called ``name`` (``--profile``)."""
+    from foundation.replica_model import PROFILES
+
+    if name not in PROFILES:
+        raise ConfigError(f"--profile {name!r}: one of {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+# --- serving -------------------------------------------------------------------------------
+
+
+class Server(Protocol):
+    """What a server subcommand runs: every role's server has this shape."""
+
+    async def start(self) -> object: ...
+
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Server)
+
+
+def _shutting_down(server: object) -> str:
+    return "shutting down"
+
+
+def serve_until_signal(
+    build: Callable[[], Awaitable[S]], farewell: Callable[[S], str] = _shutting_down
+) -> int:
+    """Build and start a server, serve until SIGTERM or SIGINT, log ``farewell``, stop.
+
+    ``build`` runs on the event loop, where servers bind; a ConfigError it raises (a bad
+    config at startup) ends the command with status 2. Returns the exit status, 0.
+    """
+
+    async def serve() -> None:
+        server = await build()
+        await server.start()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        await stopping.wait()
+        log.info("%s", farewell(server))
+        await server.stop()
+
+    run_async(serve())
+    return 0
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop where it is installed (about 15% more gRPC calls/s)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        return asyncio.run(main)
+    return uvloop.run(main)
