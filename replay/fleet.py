@@ -156,8 +156,7 @@ class Fleet:
         ) + np.bincount(r.replica[first_tokens], minlength=self.capacity)
 
         if len(finished):
-            done = np.isin(self.active, finished)
-            self.active = self.active[~done]
+            self.active = self.active[r.state[self.active] != DONE]
         return TickResult(first_tokens, finished, busy, generated.astype(np.float64))
 
     def _admit(self, now: float) -> None:
@@ -172,10 +171,9 @@ class Fleet:
         order = queued[np.lexsort((r.arrival[queued], r.replica[queued]))]
         replica = r.replica[order]
         need = (r.prompt[order] + r.output[order]).astype(np.float64)
-        starts = np.r_[0, np.flatnonzero(replica[1:] != replica[:-1]) + 1]
-        seg = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+        seg = _segment_starts(replica)
         cum_need = np.cumsum(need)
-        cum_need -= np.r_[0.0, cum_need][seg]
+        cum_need -= np.concatenate(((0.0,), cum_need))[seg]
         rank = np.arange(len(order)) - seg
         free_kv = self.kv_capacity - self.kv_reserved[replica]
         seats = p.max_num_seqs - self.running[replica]
@@ -183,7 +181,7 @@ class Fleet:
         # FCFS: nothing behind a request that does not fit (no overtaking in the queue).
         if (~admit).any():
             blockers = np.cumsum(~admit)
-            blockers -= np.r_[0, blockers][seg]
+            blockers -= np.concatenate(((0,), blockers))[seg]
             admit &= blockers == 0
         chosen = order[admit]
         if len(chosen) == 0:
@@ -214,10 +212,9 @@ class Fleet:
         idx = indices[order]
         rem = remaining[order]
         replica = r.replica[idx]
-        starts = np.r_[0, np.flatnonzero(replica[1:] != replica[:-1]) + 1]
-        seg = np.repeat(starts, np.diff(np.r_[starts, len(idx)]))
+        seg = _segment_starts(replica)
         cum = np.cumsum(rem)
-        cum -= np.r_[0.0, cum][seg]
+        cum -= np.concatenate(((0.0,), cum))[seg]
         got = budget[replica]
         complete = cum <= got + 1e-6
         before = cum - rem
@@ -283,3 +280,15 @@ class Fleet:
     def kv_usage(self) -> Floats:
         """KV cache reserved per replica slot, 0..1."""
         return self.kv_reserved / self.kv_capacity
+
+
+def _segment_starts(keys: Ints) -> Ints:
+    """For sorted ``keys``, the index where each element's run of equal keys starts.
+
+    ``[3, 3, 5, 7, 7, 7]`` gives ``[0, 0, 2, 3, 3, 3]``: a running total minus its value
+    at the run's start is a total per key (per replica, in the fleet).
+    """
+    new = np.empty(len(keys), dtype=bool)
+    new[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=new[1:])
+    return np.maximum.accumulate(np.where(new, np.arange(len(keys)), 0))

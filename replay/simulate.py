@@ -24,6 +24,7 @@ before.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections import deque
@@ -503,6 +504,7 @@ class _Replay:
     def admit_arrivals(self) -> None:
         """The gateway: route arrivals, buffer them while no replica is ready, time out."""
         trace, requests, buffer, config = self.trace, self.requests, self.buffer, self.config
+        ready = np.flatnonzero(self.slot == READY)  # no replica changes state in here
         # Arrivals up to half a tick ahead join this tick: no bias on average.
         while (
             self.next_arrival < len(trace)
@@ -515,7 +517,7 @@ class _Replay:
             if requests.prompt[i] + requests.output[i] > self.too_big:
                 requests.state[i] = DROPPED
                 self.judged.add(self.now, 0, 1)
-            elif buffer or not self._route(i):
+            elif buffer or not self._route(i, ready):
                 if len(buffer) >= config.gateway_buffer:
                     requests.state[i] = DROPPED
                     self.judged.add(self.now, 0, 1)
@@ -524,13 +526,13 @@ class _Replay:
         while buffer and requests.arrival[buffer[0]] + config.gateway_timeout < self.now:
             requests.state[buffer.popleft()] = DROPPED
             self.judged.add(self.now, 0, 1)
-        while buffer and self._route(buffer[0]):
+        while buffer and self._route(buffer[0], ready):
             buffer.popleft()
         while self.arrivals_seen and self.now - self.arrivals_seen[0] > config.panic_window:
             self.arrivals_seen.popleft()
 
-    def _route(self, index: int) -> bool:
-        ready = np.flatnonzero(self.slot == READY)
+    def _route(self, index: int, ready: npt.NDArray[np.int64]) -> bool:
+        """Send request ``index`` to the ``ready`` replica with the fewest outstanding."""
         if len(ready) == 0:
             return False
         target = ready[np.argmin(self.fleet.outstanding[ready])]
@@ -673,9 +675,15 @@ def _observe(
     values: npt.NDArray[np.float64],
 ) -> None:
     bounds, counts, sums = entry
-    index = np.searchsorted(np.array(bounds), values, side="left")
+    index = np.searchsorted(_bounds_array(bounds), values, side="left")
     np.add.at(counts, (slots, index), 1.0)
     np.add.at(sums, slots, values)
+
+
+@functools.cache
+def _bounds_array(bounds: tuple[float, ...]) -> npt.NDArray[np.float64]:
+    """A histogram's bucket bounds as an array, made once per set of bounds."""
+    return np.array(bounds)
 
 
 def _engine_stats(
