@@ -344,7 +344,7 @@ def best(trials: Sequence[Trial], target: float) -> Trial:
 
 
 Mapper = Callable[[Callable[..., Any], list[tuple[Any, ...]]], list[Any]]
-"""Runs a job over argument tuples, results in the arguments' order (``_workers``)."""
+"""Runs a job over argument tuples, results in the arguments' order (``worker_pool``)."""
 Progress = Callable[[list[Trial]], None]
 
 
@@ -447,7 +447,7 @@ def _sampler(knobs: Sequence[Knob], settings: Settings, target: float) -> tuple[
 
 
 @contextmanager
-def _workers(problem: Problem, workers: int) -> Iterator[Mapper]:
+def worker_pool(problem: Problem, workers: int) -> Iterator[Mapper]:
     """A ``Mapper`` over ``workers`` processes (spawned: no fork of a threaded process).
 
     One worker runs the jobs here, in order.
@@ -535,7 +535,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(args.budget, args.batch, args.seed)
     workers = args.workers or _cpus()
     target = problem.options.slo_target
-    with _workers(problem, workers) as run_jobs, _bar(settings.budget, target) as progress:
+    with worker_pool(problem, workers) as run_jobs, _bar(settings.budget, target) as progress:
         prepared = run_jobs(prepare, [(i,) for i in range(len(problem.traces))])
         trials = search(problem, prepared, settings, run_jobs, progress)
         defaults = _defaults(problem, prepared, trials, run_jobs)
