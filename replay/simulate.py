@@ -55,6 +55,11 @@ from scaler.core.tiers import StandbyPolicy
 from serving import vllm_buckets
 
 OFF, STARTING, READY, DRAINING, SLEEPING, LOADING, PENDING = range(7)
+_COUNTED = np.isin(np.arange(7), (STARTING, READY, PENDING))
+"""By slot state: the Deployment counts it (``running``); ``_COUNTED[slot]`` is one
+gather where three comparisons were, on every tick."""
+_HOLDING = np.isin(np.arange(7), (STARTING, READY, DRAINING, LOADING))
+"""By slot state: it holds an accelerator (``held``)."""
 
 # vLLM's bucket bounds, so that the exporter's own quantile math runs on what a real
 # engine would expose (+Inf closes each histogram).
@@ -349,8 +354,7 @@ class _Replay:
 
     def running(self) -> int:
         """Replicas starting, ready or pending: the Deployment's replica count."""
-        slot = self.slot
-        return int(np.count_nonzero((slot == STARTING) | (slot == READY) | (slot == PENDING)))
+        return int(np.count_nonzero(_COUNTED[self.slot]))
 
     def ready(self) -> int:
         """Replicas ready to serve."""
@@ -358,9 +362,7 @@ class _Replay:
 
     def held(self) -> int:
         """Replicas holding an accelerator: starting, ready, draining, loading."""
-        slot = self.slot
-        holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING) | (slot == LOADING)
-        return int(np.count_nonzero(holding))
+        return int(np.count_nonzero(_HOLDING[self.slot]))
 
     def pending(self) -> int:
         """Replicas the Deployment wants that wait for an accelerator."""
@@ -547,22 +549,22 @@ class _Replay:
         if len(tick.finished):
             judged_in = int(met(self.requests, self.targets, tick.finished).sum())
             self.judged.add(self.now, judged_in, len(tick.finished) - judged_in)
-        holding = (slot == STARTING) | (slot == READY) | (slot == DRAINING) | (slot == LOADING)
+        holding = _HOLDING[slot]
         self.replica_seconds += dt * int(np.count_nonzero(holding))
         self.busy_seconds += float(tick.busy[holding].sum())
         if self.limited:
             pending = self.pending()
             self.pending_seconds += dt * pending
             self.max_pending = max(self.max_pending, pending)
-        drained = (slot == DRAINING) & (fleet.outstanding == 0)
+        drained = np.flatnonzero((slot == DRAINING) & (fleet.outstanding == 0))
         slot[drained] = OFF
         if self.config.standby is not None:
             # Drained replicas sleep (vLLM's POST /sleep) while the plan wants more sleepers.
             sleepers = int(np.count_nonzero(slot == SLEEPING))
             self.standby.accrue(sleepers, dt)
             held = sleepers + int(np.count_nonzero(slot == LOADING))
-            slot[np.flatnonzero(drained)[: max(0, self.standby.target - held)]] = SLEEPING
-        for s in np.flatnonzero(drained):
+            slot[drained[: max(0, self.standby.target - held)]] = SLEEPING
+        for s in drained:
             self.histories.pop(int(s), None)
         within, outside = self.judged.rates(self.now)
         return GatewayView(
