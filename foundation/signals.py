@@ -18,6 +18,13 @@ TargetKey = tuple[str, str, str]
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
+MAX_REPLICAS = 10_000
+"""The most replicas any count from a source may say (a trigger's ``maxReplicas`` bound).
+
+A count above it is no deployment's: ``count(up)`` answering 5e9 is a broken query or a
+hostile answer, and read as a fact it pins the deployment at ``maxReplicas`` and
+overflows the capacity RPC's uint32 fields, so it is unmeasured instead."""
+
 
 def describe_target(key: TargetKey) -> str:
     """``namespace/deployment`` or ``namespace/deployment (model m)`` for messages."""
@@ -143,7 +150,8 @@ def checked(
     Counts, rates, latencies and shares are finite and not negative. A negative queue or
     a NaN rate from a source is not a measurement of no load: read as one it would lower
     the replica count (running -3 summed with a queue of 3 is 0 in flight), so it becomes
-    None, as if the series were absent. A cost may be +Inf (a price, nothing served).
+    None, as if the series were absent. So does a sleeper count above ``MAX_REPLICAS`` or
+    above the replicas answering. A cost may be +Inf (a price, nothing served).
     Times are not checked here: the store refuses a snapshot whose time is wrong.
     """
     found: list[tuple[str, float]] = []
@@ -155,6 +163,9 @@ def checked(
         return None
 
     def count(name: str, value: int | None) -> int | None:
+        if value is not None and value > MAX_REPLICAS:
+            found.append((name, value))
+            return None
         return None if keep(name, value) is None else value
 
     if isinstance(signals, GatewaySignals):
@@ -168,6 +179,10 @@ def checked(
             last_arrival_time=time if time is None or math.isfinite(time) else None,
         )
         return result, tuple(found)
+    sleeping = count("replicas_sleeping", signals.replicas_sleeping)
+    if sleeping is not None and _impossible_sleepers(sleeping, signals):
+        found.append(("replicas_sleeping", sleeping))
+        sleeping = None
     result = replace(
         signals,
         queue_depth=keep("queue_depth", signals.queue_depth),
@@ -179,11 +194,24 @@ def checked(
         cost_per_million_output_tokens=keep(
             "cost_per_million_output_tokens", signals.cost_per_million_output_tokens, True
         ),
-        replicas_sleeping=count("replicas_sleeping", signals.replicas_sleeping),
+        replicas_sleeping=sleeping,
         panic=_checked_window("panic", signals.panic, keep),
         stable=_checked_window("stable", signals.stable, keep),
     )
     return result, tuple(found)
+
+
+def _impossible_sleepers(sleeping: int, signals: EngineSignals) -> bool:
+    """More asleep than answering, or all asleep while requests run: not a count.
+
+    Sleepers are among the replicas answering, and a sleeping engine runs nothing. Read
+    as a fact, either takes the load's replicas away (``decide``'s ready = known -
+    sleeping) and scales a busy deployment down.
+    """
+    running = signals.running or 0.0
+    return sleeping > signals.replicas_up or (
+        sleeping > 0 and sleeping == signals.replicas_up and running > 0
+    )
 
 
 def _checked_window(

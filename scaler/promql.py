@@ -27,7 +27,13 @@ from string import Template
 from typing import Any
 
 from foundation.errors import quote
-from foundation.signals import EngineSignals, Quantiles, TargetKey, WindowSignals
+from foundation.signals import (
+    MAX_REPLICAS,
+    EngineSignals,
+    Quantiles,
+    TargetKey,
+    WindowSignals,
+)
 
 INSTANT = (
     "signal-time",
@@ -56,6 +62,9 @@ PANIC = ("prompt-token-rate", "generation-token-rate", "ttft-p95")
 """The windowed signals the decision also reads over the panic window."""
 
 SIGNALS = INSTANT + WINDOWED
+
+REPLICA_COUNTS = ("replicas", "replicas-up", "replicas-sleeping")
+"""Signals that count replicas: at most ``MAX_REPLICAS`` each."""
 
 
 def _quantile(q: float, histogram: str) -> str:
@@ -279,8 +288,10 @@ def checked_answers(answers: Answers) -> tuple[Answers, list[str]]:
     """The answers with every impossible value unmeasured (None), and why each was.
 
     Every signal here is a time, count, rate, latency or share: finite and not negative.
-    A replica count of 0 beside requests running or queued, or beside replicas up,
-    contradicts them; read as a fact it would zero the load (``signals_from_answers``'s
+    A replica count above ``MAX_REPLICAS`` is none (``count(up)`` of 5e9 pins the
+    deployment at its maximum and overflows the capacity RPC), and so are sleepers above
+    the replicas up. A replica count of 0 beside requests running or queued, or beside
+    replicas up, contradicts them; read as a fact it would zero the load (``signals_from_answers``'s
     rule for no replicas) and scale the deployment to zero, so the counts are unmeasured
     instead and the load stands. Checking twice changes nothing.
     """
@@ -291,6 +302,10 @@ def checked_answers(answers: Answers) -> tuple[Answers, list[str]]:
             where = f"{name} ({window})" if window else name
             problems.append(f"{where} is {'negative' if value < 0 else 'not finite'}")
             clean[(name, window)] = None
+        elif value is not None and name in REPLICA_COUNTS and value > MAX_REPLICAS:
+            problems.append(f"{name} is above {MAX_REPLICAS:,}, no deployment's count")
+            clean[(name, window)] = None
+    _check_sleepers(clean, problems)
     replicas, up = clean.get(("replicas", None)), clean.get(("replicas-up", None))
     known = replicas if replicas is not None else up
     load = {
@@ -304,6 +319,29 @@ def checked_answers(answers: Answers) -> tuple[Answers, list[str]]:
         if up is not None and round(up) == 0:
             clean[("replicas-up", None)] = None
     return clean, problems
+
+
+def _check_sleepers(clean: dict[tuple[str, str | None], float | None], problems: list[str]) -> None:
+    """Sleepers beyond the replicas up (or known), or all asleep while requests run.
+
+    A sleeper is a replica answering that runs nothing; more of them than replicas, or
+    every replica asleep beside running requests, is no count (read as one it takes the
+    load's replicas away), so the sleepers are unmeasured.
+    """
+    sleeping = clean.get(("replicas-sleeping", None))
+    if sleeping is None:
+        return
+    up = clean.get(("replicas-up", None))
+    known = up if up is not None else clean.get(("replicas", None))
+    running = clean.get(("running", None)) or 0.0
+    if known is None:
+        problem = "replicas-sleeping is known without a replica count to hold them"
+    elif round(sleeping) > round(known) or (0 < round(sleeping) == round(known) and running > 0):
+        problem = "replicas-sleeping is above the replicas awake to run requests"
+    else:
+        return
+    problems.append(problem)
+    clean[("replicas-sleeping", None)] = None
 
 
 def signals_from_answers(

@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from foundation.errors import MetadataError, NoDataError, StaleSignalError
+from foundation.errors import MetadataError, NoDataError, StaleSignalError, UnitscaleError
 from foundation.signals import TargetKey, describe_target
 from scaler.core import Decision, DecisionState, Policy, decide
 from scaler.core.hpa import metric_for
@@ -34,6 +35,18 @@ TARGET_VALUE = 1.0
 
 ObjectKey = tuple[str, str]
 """(namespace, name) of a ScaledObject."""
+
+MAX_SCALED_OBJECTS = 10_000
+"""ScaledObjects one scaler keeps (the scale it is built and benched for).
+
+Each is kept for ``scaled-object-ttl`` after KEDA last asks about it and becomes a target
+every Prometheus round queries; without a bound, anyone who can reach the port grows the
+scaler by about 22 KB per distinct name until the kernel kills it. KEDA's own are known
+before the bound is reached, and stay; only new ones past it are refused."""
+
+
+class RegistryFullError(UnitscaleError):
+    """The registry holds ``MAX_SCALED_OBJECTS`` already: a new ScaledObject is refused."""
 
 
 def metric_value(decision: Decision) -> float:
@@ -92,8 +105,14 @@ class ScaledObjectRegistry:
         default_max_signal_age: float,
         clock: Callable[[], float] = time.time,
         policy_defaults: Policy | None = None,
+        max_objects: int = MAX_SCALED_OBJECTS,
     ) -> None:
         self._store = store
+        self._max_objects = max_objects
+        self._full_logged = False
+        self.errors: Counter[str] = Counter()
+        """Units of work refused or failed, by reason: ``full`` (a new ScaledObject past
+        ``max_objects``), ``pool-demand`` (a pool's inference demand not encodable)."""
         self._policy_defaults = policy_defaults or Policy()
         self._default_max_age = default_max_signal_age
         self._clock = clock
@@ -163,6 +182,7 @@ class ScaledObjectRegistry:
 
         Raises:
             MetadataError: the metadata is invalid; an earlier valid entry is kept.
+            RegistryFullError: a new ScaledObject past ``max_objects``.
         """
         if not name or not namespace:
             raise MetadataError("ScaledObjectRef needs both name and namespace")
@@ -172,6 +192,8 @@ class ScaledObjectRegistry:
         if existing is not None and existing.raw_metadata == metadata_map:
             existing.last_seen = self._clock()
             return existing
+        if existing is None:
+            self._check_room()
         own_profiles = [own.name for own in self._policy_defaults.profiles]
         metadata = parse_metadata(
             metadata_map, name=name, namespace=namespace, profiles=own_profiles
@@ -199,6 +221,28 @@ class ScaledObjectRegistry:
         self._by_target.setdefault(target, set()).add(scaled)
         self._refresh(scaled, self._clock())
         return scaled
+
+    def _check_room(self) -> None:
+        """Refuse a new ScaledObject past ``max_objects``: counted, logged once a filling.
+
+        Raises:
+            RegistryFullError: the registry is full.
+        """
+        if len(self._objects) < self._max_objects:
+            self._full_logged = False
+            return
+        self.errors["full"] += 1
+        if not self._full_logged:
+            self._full_logged = True
+            log.error(
+                "refusing new ScaledObjects: %d kept already, the most one scaler keeps"
+                " (each is forgotten after scaled-object-ttl without a KEDA call)",
+                len(self._objects),
+            )
+        raise RegistryFullError(
+            f"this scaler keeps {self._max_objects:,} ScaledObjects already, the most it"
+            " keeps; run another scaler for more"
+        )
 
     def current(self, scaled: ScaledObject) -> Decision:
         """The decision to answer KEDA with now.

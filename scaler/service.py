@@ -11,6 +11,7 @@ NoDataError            UNAVAILABLE         lets KEDA's fallback act; never a fak
 unknown pool           NOT_FOUND           no ScaledObject declares it (not "needs 0")
 no standby workload    NOT_FOUND           GetStandbyPlan: none scales it with standby
 negative horizon       INVALID_ARGUMENT    GetInferenceDemand's horizon
+RegistryFullError      RESOURCE_EXHAUSTED  a new ScaledObject past the registry's bound
 =====================  ==================  ========================================
 
 The answers come from ``scaler.registry`` (grpc-free, shared with the replay) and, for
@@ -39,6 +40,7 @@ from scaler.metadata import describe_object
 from scaler.registry import (
     METRIC_NAME,
     TARGET_VALUE,
+    RegistryFullError,
     ScaledObject,
     ScaledObjectRegistry,
     metric_value,
@@ -145,6 +147,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             where = describe_object(ref.namespace, ref.name)  # a huge name is cut
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ScaledObject {where}: {err}")
             raise  # unreachable: abort raises
+        except RegistryFullError as err:
+            where = describe_object(ref.namespace, ref.name)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"ScaledObject {where}: {err}")
+            raise  # unreachable: abort raises
 
     async def _decision(
         self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
@@ -164,6 +170,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
 
     def __init__(self, registry: ScaledObjectRegistry) -> None:
         self._registry = registry
+        self._pool_problems: dict[str, str] = {}
 
     async def GetInferenceDemand(  # noqa: N802 - name fixed by the proto
         self, request: capacity_pb2.GetInferenceDemandRequest, context: grpc.aio.ServicerContext
@@ -196,8 +203,28 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
                 f" (pools: {listed or 'none'})",
             )
         return capacity_pb2.GetInferenceDemandResponse(
-            pools=[_pool_message(p) for p in pools.values()]
+            pools=[self._pool_message(p) for p in pools.values()]
         )
+
+    def _pool_message(self, demand: InferenceDemand) -> capacity_pb2.PoolDemand:
+        """The pool's message; one whose figures do not encode is unknown alone.
+
+        The figures rest on sources' counts; whatever slips past their bounds must make
+        this pool unknown (counted, logged once a change), never fail the call for every
+        pool the admission controller asks about.
+        """
+        try:
+            message = _pool_message(demand)
+        except Exception as err:
+            self._registry.errors["pool-demand"] += 1
+            problem = f"its figures do not encode: {type(err).__name__}"
+            if self._pool_problems.get(demand.pool) != problem:
+                log.warning("inference demand of pool %s: %s (%s)", demand.pool, problem, err)
+            self._pool_problems[demand.pool] = problem
+            return capacity_pb2.PoolDemand(pool=demand.pool, unknown_reason=problem)
+        if self._pool_problems.pop(demand.pool, None) is not None:
+            log.info("inference demand of pool %s encodes again", demand.pool)
+        return message
 
     async def GetStandbyPlan(  # noqa: N802 - name fixed by the proto
         self, request: capacity_pb2.GetStandbyPlanRequest, context: grpc.aio.ServicerContext

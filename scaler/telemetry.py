@@ -111,6 +111,14 @@ class DecisionCollector(Collector):
         yield available
         yield failed
         yield listeners
+        registry_errors = CounterMetricFamily(
+            "unitscale_scaler_registry_errors",
+            "New ScaledObjects refused (full) and pools whose demand did not encode.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._registry.errors.items()):
+            registry_errors.add_metric([reason], count)
+        yield registry_errors
         if self._store is not None:
             yield from source_families(self._store)
         if self._prewarm is not None:

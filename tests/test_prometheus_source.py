@@ -648,6 +648,10 @@ class FakePrometheus:
             return web.json_response(
                 {"status": "success", "data": {"resultType": "vector", "result": [later]}}
             )
+        if "engine_sleep_state" in request.query["query"]:  # none asleep beside 12 running
+            return web.json_response(
+                {"status": "success", "data": {"resultType": "vector", "result": []}}
+            )
         return web.json_response(golden("sum"))
 
 

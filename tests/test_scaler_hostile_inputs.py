@@ -164,6 +164,8 @@ class HostilePrometheus:
         query = request.query["query"]
         if "timestamp(" in query:  # every target's signals are dated, in the past
             return web.json_response(vector(sample(str(SAMPLE_TIME))))
+        if "engine_sleep_state" in query:  # none asleep: all asleep beside running is none
+            return web.json_response(vector(sample("0")))
         if 'pod=~"bad-' in query and self.bad_body is not None:
             self.bad_answers += 1
             return web.Response(body=self.bad_body, content_type="application/json")

@@ -148,7 +148,7 @@ async def test_negative_load_from_prometheus_is_unmeasured_and_counted_by_signal
     server = await HostilePrometheus().start()
     server.bad_body = json.dumps(vector(sample("-5"))).encode()
     store = SignalStore()
-    await run_source(server, store, 3 * 17)  # three rounds of the 17 queries after the time
+    await run_source(server, store, 3 * 16)  # three rounds of the 16 after the time and sleepers
     bad = engine(store, BAD)
     assert bad is not None and bad.running is None and bad.queue_depth is None
     assert store.unmeasured[("prometheus", "running")] >= 2
@@ -171,7 +171,7 @@ async def test_an_impossible_signal_time_is_said_so_not_no_series(time_value, ca
     await server.start()
     server.bad_body = json.dumps(vector(sample("3"))).encode()
     store = SignalStore()
-    await run_source(server, store, 3 * 17)
+    await run_source(server, store, 3 * 16)
     assert engine(store, BAD) is None  # nothing to date it by: it ages, KEDA: UNAVAILABLE
     warnings = [r.getMessage() for r in caplog.records if "team-a/bad" in r.getMessage()]
     assert len(warnings) == 1, warnings
