@@ -61,8 +61,9 @@ def load_mapping(text: str, origin: str) -> dict[str, object]:
     """The YAML text as a mapping (empty text is an empty mapping).
 
     Raises:
-        ConfigError: not YAML, YAML nested deeper than the parser goes, or YAML that
-            is not a mapping.
+        ConfigError: not YAML, YAML nested deeper than the parser goes, a scalar PyYAML
+            cannot build (an integer of more than 4,300 digits, a date that does not
+            exist), or YAML that is not a mapping.
     """
     try:
         loaded = yaml.safe_load(text)
@@ -70,6 +71,10 @@ def load_mapping(text: str, origin: str) -> dict[str, object]:
         raise ConfigError(f"{origin}: not valid YAML: {_clip(str(err))}") from err
     except RecursionError as err:
         raise ConfigError(f"{origin}: not a usable config: YAML nested too deeply") from err
+    except (ValueError, OverflowError) as err:
+        # PyYAML's constructors call int() and datetime() on what its patterns matched:
+        # an integer of more than 4,300 digits, or a date such as 2025-02-30, raises here.
+        raise ConfigError(f"{origin}: not a usable config: {_clip(str(err))}") from err
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

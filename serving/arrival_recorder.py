@@ -8,6 +8,11 @@ a directory that cannot be made) drops that batch, counts it in
 ``unitscale_gateway_arrivals_write_errors_total`` and is logged once, until a write
 succeeds again; the next batch tries a fresh file. Nothing here raises into a request.
 
+Whatever else sits in the directory, rotation goes on: only regular files are deleted, and
+a file that cannot be deleted (a directory of a recorded file's name, a file the gateway
+may not remove) is counted in ``unitscale_gateway_arrivals_delete_errors_total`` and
+logged once per file, while the rows keep going to the new file.
+
 Rows are written in the order requests end, each file's rows a batch at a time and
 flushed after each, so a crash loses at most the last second; the reader sorts by
 arrival.
@@ -20,6 +25,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
@@ -43,6 +49,9 @@ FLUSH_SECONDS = 1.0
 MAX_PENDING = 200_000
 """Rows waiting for the writer: 40 s at 5,000 requests a second, about 20 MB."""
 
+MAX_LOGGED = 100
+"""Undeletable files whose names are remembered, so that each is logged once."""
+
 Row = tuple[float, int, int]
 
 
@@ -55,6 +64,10 @@ class _Files:
         self.size = 0
         self.opened = 0.0
         """When the file was opened (Unix seconds)."""
+        self.on_delete_error: Callable[[], None] = lambda: None
+        """Hears every old file that could not be deleted (counted by the recorder)."""
+        self._undeletable: set[str] = set()
+        """Old files that could not be deleted, each logged once (at most ``MAX_LOGGED``)."""
 
     def write(self, settings: ArrivalSettings, rows: list[Row], now: float) -> None:
         assert settings.directory is not None
@@ -81,13 +94,36 @@ class _Files:
 
     def _open_next(self, directory: Path, max_files: int, now: float) -> None:
         self.close()
-        names = os.listdir(directory)
-        path = directory / file_name(next_sequence(names), now)
+        with os.scandir(directory) as scan:
+            entries = [(entry.name, _is_file(entry)) for entry in scan]
+        # Every name counts for the sequence (so the new one is free); only regular files
+        # count for the bound and may be deleted.
+        path = directory / file_name(next_sequence([name for name, _ in entries]), now)
         self.handle = path.open("xb")
         self.size, self.opened = 0, now
-        for old in to_delete([*names, path.name], max_files):
-            with contextlib.suppress(FileNotFoundError):
-                (directory / old).unlink()
+        files = [name for name, regular in entries if regular]
+        for old in to_delete([*files, path.name], max_files, keep=path.name):
+            self._delete(directory / old)
+
+    def _delete(self, path: Path) -> None:
+        """Delete an old file; a failure is counted and logged once, never the batch's."""
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            self.on_delete_error()
+            if path.name not in self._undeletable and len(self._undeletable) < MAX_LOGGED:
+                self._undeletable.add(path.name)
+                log.warning(
+                    "cannot delete the old arrivals file %s (%s: %s); recording goes on,"
+                    " counted in unitscale_gateway_arrivals_delete_errors_total",
+                    path,
+                    type(err).__name__,
+                    err,
+                )
+            return
+        self._undeletable.discard(path.name)
 
     def close(self) -> None:
         handle, self.handle, self.size = self.handle, None, 0
@@ -98,6 +134,13 @@ class _Files:
     def reset(self) -> None:
         self.close()
         self.directory = None
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 class ArrivalRecorder:
@@ -130,6 +173,16 @@ class ArrivalRecorder:
             names,
             registry=registry,
         ).labels(*labels)
+        self._files.on_delete_error = (
+            Counter(
+                "unitscale_gateway_arrivals_delete_errors",
+                "Old arrivals files that could not be deleted (recording goes on).",
+                names,
+                registry=registry,
+            )
+            .labels(*labels)
+            .inc
+        )
 
     def configure(self, settings: ArrivalSettings) -> None:
         """A reloaded config: the next write goes where it says (None: stop recording)."""

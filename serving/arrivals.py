@@ -18,8 +18,11 @@ would pass it go to the next file, ``plan_writes``), and at most ``max_files`` f
 kept (opening one more deletes the oldest, ``to_delete``). A file also ends with its UTC
 day (``is_another_day``): each holds at most a day, which the replay can always read
 (it refuses a trace spanning more than 31 days), and a day's traffic is a few files. Files are named
-``arrivals-<sequence>-<UTC start>.csv`` with an 8-digit sequence, so their names sort in
-the order they were written, across restarts too.
+``arrivals-<sequence>-<UTC start>.csv`` with an 8-digit sequence that orders them, across
+restarts too. The sequence is a ring (after 99999999 comes 00000000): the oldest file is
+the one after the largest gap between the sequences present (``ring_order``), so a
+directory that already holds 99999999 goes on with 00000000 and deletes 99999999 in its
+turn, never the file just opened.
 """
 
 from __future__ import annotations
@@ -111,16 +114,44 @@ def file_name(sequence: int, started: float) -> str:
     return f"arrivals-{sequence % (MAX_SEQUENCE + 1):08d}-{stamp}.csv"
 
 
+def ring_order(sequences: set[int]) -> list[int]:
+    """``sequences`` oldest first, on the ring of ``MAX_SEQUENCE + 1``.
+
+    The newest is the one before the largest gap. Example: {99999998, 99999999, 0} is in
+    that order (the largest gap runs from 0 up to 99999998).
+    """
+    ordered = sorted(sequences)
+    if len(ordered) < 2:
+        return ordered
+    size = MAX_SEQUENCE + 1
+    gaps = [(ordered[(i + 1) % len(ordered)] - s) % size for i, s in enumerate(ordered)]
+    oldest = (gaps.index(max(gaps)) + 1) % len(ordered)
+    return ordered[oldest:] + ordered[:oldest]
+
+
+def _sequences(names: list[str]) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {}
+    for name in names:
+        if m := FILE_NAME.fullmatch(name):
+            found.setdefault(int(m[1]), []).append(name)
+    return found
+
+
 def next_sequence(names: list[str]) -> int:
-    """The sequence after the highest among ``names`` (other files ignored); 0 for none."""
-    sequences = [int(m[1]) for name in names if (m := FILE_NAME.fullmatch(name))]
-    return max(sequences, default=-1) + 1
+    """The sequence after the newest among ``names`` (others ignored), wrapping; 0 for none."""
+    order = ring_order(set(_sequences(names)))
+    return (order[-1] + 1) % (MAX_SEQUENCE + 1) if order else 0
 
 
-def to_delete(names: list[str], max_files: int) -> list[str]:
-    """The recorded files among ``names`` to delete so that ``max_files`` remain: the oldest."""
-    recorded = sorted(name for name in names if FILE_NAME.fullmatch(name))
-    return recorded[: max(len(recorded) - max_files, 0)]
+def to_delete(names: list[str], max_files: int, keep: str | None = None) -> list[str]:
+    """The recorded files among ``names`` to delete so that ``max_files`` remain: the oldest.
+
+    ``keep`` (the file just opened) is never among them, wherever it falls in the order.
+    """
+    found = _sequences(names)
+    recorded = [name for seq in ring_order(set(found)) for name in sorted(found[seq])]
+    doomed = recorded[: max(len(recorded) - max_files, 0)]
+    return [name for name in doomed if name != keep]
 
 
 def estimate_prompt_tokens(body: dict[str, object]) -> int:

@@ -21,6 +21,11 @@ from serving.arrivals import MIN_FILE_BYTES, ArrivalSettings
 from serving.gateway_settings import GatewaySettings
 from serving.slo import SloTargets
 
+MIN_INTERVAL = 0.1
+"""The shortest interval or window a key takes (seconds): a 1 ns ``health-interval`` is
+thousands of probes a second per replica, a 1 ns ``rate-window`` a billion requests a
+second from one arrival. ``unitscale demo`` compresses time (100 ms windows at 100x)."""
+
 _DEFAULTS = GatewaySettings()
 """Where every default below comes from."""
 _SLO = _DEFAULTS.slo
@@ -60,7 +65,7 @@ class SloConfig(BaseModel):
     """Mean inter-token latency of one request (up to a minute)."""
     attainment: float = Field(_SLO.attainment, gt=0, le=1)
     """The share of requests to keep within both, above 0 and at most 1."""
-    window: Seconds = Field(_SLO.window_seconds, gt=0, le=3600)
+    window: Seconds = Field(_SLO.window_seconds, ge=MIN_INTERVAL, le=3600)
     """The window the within and outside rates are published over (up to an hour)."""
 
     def targets(self) -> SloTargets:
@@ -103,19 +108,24 @@ class GatewayConfig(BaseModel):
     """A Service whose ready endpoints are replicas (``path`` is ignored)."""
     models: tuple[Annotated[str, Field(min_length=1)], ...] = _DEFAULTS.models
     """Models (and LoRA adapters) served: known at zero replicas, where others get 404."""
-    buffer_size: int = Field(_DEFAULTS.buffer_size, ge=0)
+    buffer_size: int = Field(_DEFAULTS.buffer_size, ge=0, le=10**6)
     """Requests that may wait for a replica; one more is answered 429."""
-    buffer_bytes: Size = Field(_DEFAULTS.buffer_bytes, ge=0)
+    buffer_bytes: Size = Field(_DEFAULTS.buffer_bytes, ge=0, le=1024**4)
     """Bytes of bodies that may wait for a replica; a request that would pass it gets 429."""
     buffer_timeout: Seconds = Field(_DEFAULTS.buffer_timeout, gt=0)
     """How long a request may wait; then 503. Above a local-disk cold start (~40 s)."""
-    max_request_bytes: Size = Field(_DEFAULTS.max_request_bytes, gt=0)
+    max_request_bytes: Size = Field(_DEFAULTS.max_request_bytes, gt=0, le=1024**4)
     """The largest request body; a larger one gets 413."""
+    body_timeout: Seconds = Field(_DEFAULTS.body_timeout, ge=MIN_INTERVAL)
+    """How long a client may take to send its whole body; then 408."""
     upstream_timeout: Seconds = Field(_DEFAULTS.upstream_timeout, gt=0)
     """How long a replica may stay silent: to its response headers (then 504) or between
     two chunks of its body (then that response ends broken)."""
-    health_interval: Seconds = Field(_DEFAULTS.health_interval, gt=0)
-    rate_window: Seconds = Field(_DEFAULTS.rate_window, gt=0)
+    health_interval: Seconds = Field(_DEFAULTS.health_interval, ge=MIN_INTERVAL)
+    """How often each replica is checked (at least 100ms: each check is three requests)."""
+    rate_window: Seconds = Field(_DEFAULTS.rate_window, ge=MIN_INTERVAL)
+    """The window of the arrival and error rates (at least 100ms: one arrival in a 1 ns
+    window would read as a billion a second)."""
     connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10)
     """More tries, each on another replica, after one that refused the connection or
     dropped the request before any byte of an answer."""
@@ -123,12 +133,12 @@ class GatewayConfig(BaseModel):
     """How long a sleeping replica's ``POST /wake_up`` may take; then another is woken."""
     wake_at_outstanding: int | None = Field(_DEFAULTS.wake_at_outstanding, ge=1)
     """Wake a sleeping replica when every ready one has this many requests outstanding."""
-    wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, gt=0)
+    wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, ge=MIN_INTERVAL)
     """How long a replica whose wake or sleep failed is passed over, doubled per failure
     in a row (at most 8x)."""
     standby_scaler: str | None = _DEFAULTS.standby_scaler
     """``host:port`` of the scaler: its standby plan's sleepers are put to sleep."""
-    standby_interval: Seconds = Field(_DEFAULTS.standby_interval, gt=0)
+    standby_interval: Seconds = Field(_DEFAULTS.standby_interval, ge=MIN_INTERVAL)
     """How often the standby plan is asked for."""
     sleep_after_idle: Seconds = Field(_DEFAULTS.sleep_after_idle, ge=0)
     """How long a surplus replica must be idle (or awake since a wake) before it sleeps."""
@@ -168,6 +178,7 @@ class GatewayConfig(BaseModel):
             buffer_bytes=self.buffer_bytes,
             buffer_timeout=self.buffer_timeout,
             max_request_bytes=self.max_request_bytes,
+            body_timeout=self.body_timeout,
             upstream_timeout=self.upstream_timeout,
             models=self.models,
             health_interval=self.health_interval,

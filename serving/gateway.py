@@ -66,8 +66,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -79,7 +80,7 @@ from serving.gateway_metrics import GatewayMetrics
 from serving.gateway_replicas import Replica, ReplicaPool, read_answer
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import SignalsFeed, TrafficStats, gateway_signals
-from serving.gateway_standby import PlanSource, StandbyClient
+from serving.gateway_standby import IGNORED_REASONS, NoPlan, PlanSource, StandbyClient
 from serving.replica_answers import AnswerError, read_wake
 from serving.routing import (
     Backoff,
@@ -90,7 +91,7 @@ from serving.routing import (
     known_models,
     may_buffer,
 )
-from serving.slo import CLIENT_CLOSED, ResponseMeter
+from serving.slo import CLIENT_CLOSED, ResponseMeter, output_token_limit
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,26 @@ PROXIED = ("/v1/completions", "/v1/chat/completions")
 SLEEP_QUERY = {"level": "1", "mode": "wait"}
 """The standby plan's sleep: level 1 (weights to host memory), in-flight requests finish."""
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
+_FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""What aiohttp refuses to write in a header (a ValueError at ``prepare``): CR, LF, CTLs."""
+
+
+def relayable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A replica's response headers as the gateway may relay them.
+
+    Hop-by-hop headers go; so does a header whose name or value holds a control
+    character (the client would get a broken answer, the gateway a ValueError). The
+    gateway's client session decodes a compressed body, so what is relayed is the decoded
+    body: ``Content-Encoding`` (and the encoded ``Content-Length``) no longer describe it.
+    """
+    dropped = HOP_HEADERS | {"content-encoding"}
+    return {
+        name: value
+        for name, value in headers.items()
+        if name.lower() not in dropped
+        and _FORBIDDEN_HEADER_CHARS.search(name) is None
+        and _FORBIDDEN_HEADER_CHARS.search(value) is None
+    }
 
 
 class Gateway:
@@ -111,12 +132,19 @@ class Gateway:
         self.stats = TrafficStats()
         self.metrics = GatewayMetrics(settings.namespace, settings.deployment)
         self.metrics.set_slo_attainment(settings.slo.attainment)
-        self.feed = SignalsFeed(lambda now: gateway_signals(self.stats, self.settings, now))
+        self.feed = SignalsFeed(
+            lambda now: gateway_signals(self.stats, self.settings, now, time.monotonic())
+        )
+        self.feed.on_refused = self.metrics.watcher_refused
         self._session: aiohttp.ClientSession | None = None
         self._wakes: set[asyncio.Task[None]] = set()
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
         self.standby_problem: str | None = None
         """Why the last standby round acted on no plan; None when it had one."""
+        self._standby_kind: str | None = None
+        """The kind of ``standby_problem``: a WARNING is logged when it changes, not per round."""
+        self._failed_bookkeeping: set[str] = set()
+        """Exception types met judging or recording a request, each logged once."""
         self.loops: dict[str, asyncio.Task[None]] = {}
         """The background loops by name: ``/health`` fails when one has stopped."""
         self.arrivals = ArrivalRecorder(
@@ -125,6 +153,7 @@ class Gateway:
         """The record of the traffic (``serving.arrivals``), written off the event loop."""
         self.pool.on_probe_failure = self.metrics.probe_failed
         self.pool.on_round_failure = lambda: self.metrics.loop_failed("health")
+        self.pool.on_wake_relapse = self.metrics.wake_relapsed
 
     @property
     def replicas(self) -> list[Replica]:
@@ -261,7 +290,9 @@ class Gateway:
         now = time.monotonic()
         if problem is None:
             log.info("replica %s is awake after %.2fs", replica.url, now - started)
-            replica.sleeping, replica.wake_backoff = False, Backoff()
+            # Its backoff is reset once its /is_sleeping confirms it (gateway_replicas): a
+            # replica that says "awake" and stays asleep is woken less and less often.
+            replica.sleeping, replica.wake_unconfirmed = False, True
             replica.sleep_changes += 1
             replica.idle_since = now  # not slept again before it served
             self.metrics.woke(now - started)
@@ -326,12 +357,19 @@ class Gateway:
         """
         s = self.settings
         plan = await client.plan(scaler, s.namespace, s.deployment, s.standby_interval)
-        if isinstance(plan, str):
-            if plan != self.standby_problem:
-                log.warning("standby: sleeping none (%s)", plan)
-            self.standby_problem = plan
+        if isinstance(plan, NoPlan):
+            # Once per kind of problem: its text changes every round (a signal's age).
+            if plan.kind != self._standby_kind:
+                log.warning("standby: sleeping none (%s)", plan.message)
+            else:
+                log.debug("standby: sleeping none (%s)", plan.message)
+            if plan.kind in IGNORED_REASONS:
+                self.metrics.standby_plan_ignored(plan.kind)
+            self.standby_problem, self._standby_kind = plan.message, plan.kind
             return
-        self.standby_problem = None
+        if self._standby_kind is not None:
+            log.info("standby: acting on the scaler's plan again")
+        self.standby_problem, self._standby_kind = None, None
         views = self.pool.views(now)
         moves = choose_standby(views, plan.running, plan.sleeping, s.sleep_after_idle)
         if moves.sleep or moves.wake:
@@ -398,16 +436,17 @@ class Gateway:
         return None, True
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        raw, model, prompt = await self._read(request)
+        raw, model, prompt, max_tokens = await self._read(request)
         known = frozenset(self.settings.models) | self.pool.served
         if model and is_unserved(self.pool.views(), model, known):
             # Before it counts as an arrival: the scaler must not scale up for it.
             raise self._reject(404, f"no replica serves model {model!r}", None)
         now = time.time()
-        self.stats.arrivals.append(now)
+        # The rate windows keep the monotonic clock: a wall-clock step moves no rate.
+        self.stats.arrivals.add(time.monotonic(), self.settings.rate_window)
         self.stats.last_arrival = now
         self.metrics.arrived()
-        meter = ResponseMeter(time.monotonic())
+        meter = ResponseMeter(time.monotonic(), max_tokens)
         status: int | None = 500  # an unexpected error: aiohttp answers 500
         try:
             response = await self._forward(request, raw, model, meter)
@@ -420,14 +459,36 @@ class Gateway:
             status = CLIENT_CLOSED
             raise
         finally:
+            self._end(meter, status, now, prompt)
+
+    def _end(self, meter: ResponseMeter, status: int | None, arrival: float, prompt: int) -> None:
+        """Judge and record a request that ended; neither can stop the other, nor raise."""
+        try:
             self._judge(meter, status)
+        except Exception as err:  # a bug must not cost the request its record
+            self._bookkeeping_failed("judging", err)
+        try:
             tokens = meter.output_tokens() or 0
-            self.arrivals.record(now, meter.prompt_tokens or prompt, tokens)
+            self.arrivals.record(arrival, meter.prompt_tokens or prompt, tokens)
+        except Exception as err:
+            self._bookkeeping_failed("recording", err)
+        if meter.usage_unmeasured:
+            self.metrics.usage_unmeasured()
+
+    def _bookkeeping_failed(self, what: str, err: Exception) -> None:
+        """Logged once per exception type (with its traceback), counted every time."""
+        self.metrics.loop_failed("requests")
+        name = type(err).__name__
+        if name not in self._failed_bookkeeping and len(self._failed_bookkeeping) < 64:
+            self._failed_bookkeeping.add(name)
+            log.warning("%s a request that ended failed (%s)", what, name, exc_info=True)
 
     def _judge(self, meter: ResponseMeter, status: int | None) -> None:
         """Judge a request that ended against the SLO; count it within or outside."""
-        verdict = meter.verdict(self.settings.slo, time.monotonic(), status)
-        (self.stats.within if verdict.within else self.stats.outside).append(time.time())
+        end = time.monotonic()
+        verdict = meter.verdict(self.settings.slo, end, status)
+        window = self.settings.slo.window_seconds
+        (self.stats.within if verdict.within else self.stats.outside).add(end, window)
         self.metrics.judged(verdict)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -439,24 +500,16 @@ class Gateway:
                 verdict.itl_seconds,
             )
 
-    async def _read(self, request: web.Request) -> tuple[bytes, str | None, int]:
-        """The request's body, the model it names and its estimated prompt tokens.
+    async def _read(self, request: web.Request) -> tuple[bytes, str | None, int, int | None]:
+        """The request's body, its model, estimated prompt tokens and output token bound.
+
+        The bound is the most output tokens it may get (``output_token_limit``).
 
         A body over ``max_request_bytes`` is 413 (refused on its Content-Length, before
         it is read, or as soon as it grows past the limit); one that is not a JSON object
         is the client's 400, whatever is wrong with it.
         """
-        limit = self.settings.max_request_bytes
-        too_large = f"request body is larger than {limit} bytes"
-        if request.content_length is not None and request.content_length > limit:
-            raise self._reject(413, too_large, None)
-        chunks, size = [], 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise self._reject(413, too_large, None)
-            chunks.append(chunk)
-        raw = b"".join(chunks)
+        raw = await self._read_body(request)
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
@@ -468,7 +521,52 @@ class Gateway:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise self._reject(400, "model must be a string", None)
-        return raw, model, estimate_prompt_tokens(body)
+        return raw, model, estimate_prompt_tokens(body), output_token_limit(body)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The body, read within ``body_timeout`` (408) and the bytes budget (429).
+
+        Bodies being read are held in memory before any bound of the buffer applies: a
+        client that sends all but the last byte of each and waits would hold them for
+        good. So together they may hold at most ``buffer_bytes`` (a declared
+        Content-Length is charged before a byte is read, a chunked body as it comes),
+        and each must arrive whole within ``body_timeout``.
+        """
+        s = self.settings
+        limit = s.max_request_bytes
+        too_large = f"request body is larger than {limit} bytes"
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            raise self._reject(413, too_large, None)
+        charged, chunks, size = 0, [], 0
+        try:
+            async with asyncio.timeout(s.body_timeout):
+                charged = self._charge_body(declared or 0)
+                async for chunk in request.content.iter_any():
+                    size += len(chunk)
+                    if size > limit:
+                        raise self._reject(413, too_large, None)
+                    if size > charged:
+                        charged += self._charge_body(size - charged)
+                    chunks.append(chunk)
+        except TimeoutError:
+            message = f"the request body did not arrive within {s.body_timeout:g}s"
+            raise self._reject(408, message, None) from None
+        finally:
+            self.stats.reading_bytes -= charged
+        return b"".join(chunks)
+
+    def _charge_body(self, size: int) -> int:
+        """Charge ``size`` more bytes of bodies being read; 429 past ``buffer_bytes``."""
+        stats, budget = self.stats, self.settings.buffer_bytes
+        if size and stats.reading_bytes + size > budget:
+            message = (
+                f"the gateway is reading too many request bodies: {stats.reading_bytes} of"
+                f" its {budget} bytes are taken and this request needs {size} more"
+            )
+            raise self._reject(429, message, 1)
+        stats.reading_bytes += size
+        return size
 
     async def _forward(
         self, request: web.Request, raw: bytes, model: str | None, meter: ResponseMeter
@@ -550,10 +648,7 @@ class Gateway:
         ``meter`` sees every chunk as it comes, for the SLO's judgment; its ``status`` ends
         None when the response is cut off, ``CLIENT_CLOSED`` when the client left.
         """
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
-        response = web.StreamResponse(status=upstream.status, headers=headers)
-        meter.begin(upstream.status, upstream.content_type == "text/event-stream")
-        await response.prepare(request)
+        response = await self._begin(request, upstream, meter)
         gap = self.settings.upstream_timeout
         while True:
             try:
@@ -570,14 +665,49 @@ class Gateway:
                 return self._broken(request, response, "mid-response", meter)
             meter.feed(chunk, time.monotonic())
             try:
-                if not chunk:
-                    await response.write_eof()
-                    return response
-                await response.write(chunk)
+                # A client that stops reading (its socket open) would block this write,
+                # its replica slot and its place in_flight for good: it gets as long as a
+                # replica may stay silent, then it is cut and counted.
+                async with asyncio.timeout(gap):
+                    if not chunk:
+                        await response.write_eof()
+                        return response
+                    await response.write(chunk)
             except ConnectionResetError:
                 log.debug("the client of %s left mid-response", request.path)
                 meter.status = CLIENT_CLOSED
                 return response
+            except TimeoutError:
+                log.debug("the client of %s read nothing for %gs: cut", request.path, gap)
+                self.metrics.client_error("stalled")
+                meter.status = CLIENT_CLOSED
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+
+    async def _begin(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, meter: ResponseMeter
+    ) -> web.StreamResponse:
+        """Send the client the replica's status and the headers it may relay.
+
+        A status or header the gateway cannot write (``relayable_headers`` drops those it
+        knows of) is the replica's 502 (``bad-headers``), before a byte is sent.
+        """
+        headers = relayable_headers(upstream.headers)
+        meter.begin(upstream.status, upstream.content_type == "text/event-stream")
+        try:
+            response = web.StreamResponse(status=upstream.status, headers=headers)
+            await response.prepare(request)
+        except (ValueError, TypeError) as err:
+            if request.writer is not None and request.writer.output_size:
+                raise  # bytes went out: no 502 can follow them
+            log.warning(
+                "%s answered headers that cannot be relayed: %s", upstream.url, str(err)[:200]
+            )
+            self._upstream_error("bad-headers")
+            meter.status = 502
+            raise self._reject(502, "the replica's answer could not be relayed", None) from None
+        return response
 
     def _broken(
         self, request: web.Request, response: web.StreamResponse, kind: str, meter: ResponseMeter
@@ -599,7 +729,7 @@ class Gateway:
         self.metrics.set_in_flight(self.stats.in_flight)
 
     def _upstream_error(self, kind: str) -> None:
-        self.stats.errors.append(time.time())
+        self.stats.errors.add(time.monotonic(), self.settings.rate_window)
         self.metrics.upstream_error(kind)
 
     def _reject(self, status: int, message: str, retry_after: float | None) -> web.HTTPException:
@@ -654,6 +784,7 @@ class _RequestTooLarge(web.HTTPClientError):
 
 _HTTP: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest,
+    408: web.HTTPRequestTimeout,
     404: web.HTTPNotFound,
     413: _RequestTooLarge,
     429: web.HTTPTooManyRequests,

@@ -19,21 +19,33 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from foundation.reload import ConfigStore
 from foundation.reload_metrics import ConfigReloadCollector
 from serving.gateway_replicas import PROBE_REASONS
+from serving.gateway_standby import IGNORED_REASONS
 from serving.slo import REASONS, Verdict
 
 BUFFER_BUCKETS = (0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300)
 """Seconds in the buffer: up to well past the default timeout (120 s)."""
 WAKE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 """Seconds a replica's ``POST /wake_up`` took: level 1 in seconds, level 2 up to a minute."""
-UPSTREAM_ERROR_KINDS = ("connect", "before-response", "timeout", "mid-response", "stalled")
+UPSTREAM_ERROR_KINDS = (
+    "connect",
+    "before-response",
+    "timeout",
+    "mid-response",
+    "stalled",
+    "bad-headers",
+)
 """The ``kind`` of ``unitscale_gateway_upstream_errors_total`` (``upstream_error``)."""
-REJECT_STATUSES = (400, 404, 413, 429, 502, 503, 504)
+CLIENT_ERROR_KINDS = ("stalled", "malformed-http")
+"""The ``kind`` of ``unitscale_gateway_client_errors_total`` (``client_error``)."""
+REJECT_STATUSES = (400, 404, 408, 413, 429, 502, 503, 504)
 """The ``status`` of ``unitscale_gateway_rejected_total``: what ``serving.gateway`` answers."""
-WAKE_RESULTS = ("woken", "failed")
+WAKE_RESULTS = ("woken", "failed", "relapsed")
+"""``relapsed``: a wake it answered ``awake``, whose next ``/is_sleeping`` said asleep."""
 SLEEP_RESULTS = ("slept", "failed")
 """The ``result`` of ``unitscale_gateway_sleeps_total``: the standby plan's sleeps."""
-LOOPS = ("health", "signals", "standby")
-"""The ``loop`` of ``unitscale_gateway_loop_errors_total``: the gateway's background loops."""
+LOOPS = ("health", "signals", "standby", "requests")
+"""The ``loop`` of ``unitscale_gateway_loop_errors_total``: the gateway's background loops,
+and ``requests``: judging and recording a request as it ends."""
 BACKOFF_ACTIONS = ("wake", "sleep")
 """The ``action`` of ``unitscale_gateway_replicas_backing_off``."""
 SLO_SERIES = tuple(("within" if r == "met" else "outside", r) for r in REASONS)
@@ -63,6 +75,25 @@ class GatewayMetrics:
         self._in_flight = Gauge(
             "unitscale_gateway_in_flight",
             "Requests sent upstream and not finished.",
+            labels,
+            registry=r,
+        )
+        self._client_errors = Counter(
+            "unitscale_gateway_client_errors",
+            "Clients cut or refused for what they did: stopped reading (stalled), sent"
+            " malformed HTTP (malformed-http).",
+            [*labels, "kind"],
+            registry=r,
+        )
+        self._watchers_refused = Counter(
+            "unitscale_gateway_signal_watchers_refused",
+            "WatchSignals streams refused: as many as the gateway serves were open.",
+            labels,
+            registry=r,
+        )
+        self._usage_unmeasured = Counter(
+            "unitscale_gateway_usage_unmeasured",
+            "Answers whose usage token count was out of bounds: judged as if it had none.",
             labels,
             registry=r,
         )
@@ -119,7 +150,8 @@ class GatewayMetrics:
         )
         self._wakes = Counter(
             "unitscale_gateway_wakes",
-            "Wakes of sleeping replicas the gateway asked for, by result (woken, failed).",
+            "Wakes of sleeping replicas the gateway asked for, by result (woken, failed,"
+            " relapsed: it said awake, then its /is_sleeping said asleep).",
             [*labels, "result"],
             registry=r,
         )
@@ -134,6 +166,13 @@ class GatewayMetrics:
             "unitscale_gateway_sleeps",
             "Surplus idle replicas put to sleep for the scaler's standby plan, by result.",
             [*labels, "result"],
+            registry=r,
+        )
+        self._plans_ignored = Counter(
+            "unitscale_gateway_standby_plans_ignored",
+            "Standby plans not acted on, by reason: undated, stale (decided too long ago) or"
+            " future (stamped past the clock skew bound).",
+            [*labels, "reason"],
             registry=r,
         )
         self._probe_failures = Counter(
@@ -170,6 +209,12 @@ class GatewayMetrics:
             metric.labels(*self._labels)
         for kind in UPSTREAM_ERROR_KINDS:
             self._errors.labels(*self._labels, kind)
+        for kind in CLIENT_ERROR_KINDS:
+            self._client_errors.labels(*self._labels, kind)
+        for reason in IGNORED_REASONS:
+            self._plans_ignored.labels(*self._labels, reason)
+        self._watchers_refused.labels(*self._labels)
+        self._usage_unmeasured.labels(*self._labels)
         for status in REJECT_STATUSES:
             self._rejected.labels(*self._labels, str(status))
         for result in WAKE_RESULTS:
@@ -206,6 +251,30 @@ class GatewayMetrics:
         (silent past the upstream timeout while the body streamed).
         """
         self._errors.labels(*self._labels, kind).inc()
+
+    def client_error(self, kind: str) -> None:
+        """A client cut or refused, by ``kind``.
+
+        ``stalled``: it stopped reading a response past the upstream timeout;
+        ``malformed-http``: aiohttp answered its bytes 400.
+        """
+        self._client_errors.labels(*self._labels, kind).inc()
+
+    def watcher_refused(self) -> None:
+        """A ``WatchSignals`` stream refused past ``gateway_signals.MAX_WATCHERS``."""
+        self._watchers_refused.labels(*self._labels).inc()
+
+    def usage_unmeasured(self) -> None:
+        """A replica's usage count was out of bounds (``serving.slo``): no count."""
+        self._usage_unmeasured.labels(*self._labels).inc()
+
+    def wake_relapsed(self) -> None:
+        """A replica answered its wake ``awake`` and its next ``/is_sleeping`` said asleep."""
+        self._wakes.labels(*self._labels, "relapsed").inc()
+
+    def standby_plan_ignored(self, reason: str) -> None:
+        """A standby plan was not acted on: undated, stale or from the future."""
+        self._plans_ignored.labels(*self._labels, reason).inc()
 
     def rejected(self, status: int) -> None:
         """The gateway answered a request itself, with ``status``."""

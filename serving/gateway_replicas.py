@@ -23,6 +23,15 @@ counted by reason (``on_probe_failure``), logged once as a WARNING naming the re
 when the failure starts or changes, and the replica is checked again next round like any
 other; it recovers when it answers well again. A round that fails as a whole (discovery,
 the report) is counted too, and the loop goes on.
+
+Nothing slow holds the others: each replica is checked in its own task (a round waits at
+most ``health_interval`` for them, and a replica still being checked is skipped, not
+waited for), and the DNS lookup runs beside the checks under ``DNS_TIMEOUT`` (a lookup
+that hangs keeps the last answer, as one that fails does).
+
+A wake the replica answered ``awake`` holds only once its ``/is_sleeping`` agrees: one
+that still says asleep on the first read after the wake relapsed (``on_wake_relapse``),
+and its next wake backs off as after a failed one.
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ MAX_SERVED_MODELS = 4096
 ``replica_answers.MAX_MODELS``): bounded, whatever replicas list over time."""
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2)
+DNS_TIMEOUT = 2.0
+"""Seconds a DNS lookup of the replicas may take; past it the last answer is kept."""
 DOWN_REASONS = ("connect", "timeout", "http-status")
 """Why a replica's probe failed when it is down or refusing: logged as "not ready"."""
 PROBE_REASONS = (*DOWN_REASONS, *REASONS, "internal")
@@ -121,6 +132,8 @@ class Replica:
     """``time.monotonic`` of its last request's end, its turning ready or its wake."""
     sleep_changes: int = 0
     """Sleeps and wakes the gateway made of it: a /is_sleeping read across one is stale."""
+    wake_unconfirmed: bool = False
+    """It answered a wake ``awake`` and no /is_sleeping read has confirmed it since."""
 
     @property
     def routable(self) -> bool:
@@ -162,6 +175,11 @@ class ReplicaPool:
         """Hears the reason of every replica's failed round (the gateway counts it)."""
         self.on_round_failure: Callable[[], None] = lambda: None
         """Hears every round that failed as a whole (the gateway counts it)."""
+        self.on_wake_relapse: Callable[[], None] = lambda: None
+        """Hears every wake that did not hold (the gateway counts it)."""
+        self._checks: dict[str, asyncio.Task[None]] = {}
+        """Each replica's check under way, by URL: one at a time per replica."""
+        self._dns_failing = False
 
     def reconfigure(self, replicas: list[str], settings: GatewaySettings) -> None:
         """New static replicas and settings.
@@ -216,12 +234,18 @@ class ReplicaPool:
 
         A failed DNS lookup keeps the replicas it named before.
         """
-        if self.settings.dns is not None:
+        dns = self.settings.dns
+        if dns is not None:
             try:
-                addresses, port = await resolve_addresses(self.settings.dns)
+                async with asyncio.timeout(DNS_TIMEOUT):
+                    addresses, port = await resolve_addresses(dns)
                 self._dns_named = {f"http://{address}:{port}" for address in addresses}
-            except OSError as err:
-                log.warning("cannot resolve %s (%s); keeping its replicas", self.settings.dns, err)
+                self._dns_failing = False
+            except (OSError, TimeoutError) as err:
+                problem = str(err) or f"no answer within {DNS_TIMEOUT:g}s"
+                if not self._dns_failing:  # once until it resolves again
+                    log.warning("cannot resolve %s (%s); keeping its replicas", dns, problem)
+                self._dns_failing = True
         self.apply_named(self._named())
 
     def apply_named(self, named: set[str]) -> None:
@@ -261,26 +285,41 @@ class ReplicaPool:
         round's (``_check``), and a round failing as a whole is counted and tried again.
         """
         failing: str | None = None
-        while True:
-            self._recheck.clear()
-            try:
-                await self.check_round(session, report)
-                failing = None
-            except Exception as err:  # discovery or the report: the next round tries again
-                self.on_round_failure()
-                if type(err).__name__ != failing:  # once per kind, not every second
-                    log.warning("a health round failed; trying again", exc_info=True)
-                failing = type(err).__name__
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.health_interval):
-                    await self._recheck.wait()
+        try:
+            while True:
+                self._recheck.clear()
+                try:
+                    await self.check_round(session, report)
+                    failing = None
+                except Exception as err:  # discovery or the report: the next round tries again
+                    self.on_round_failure()
+                    if type(err).__name__ != failing:  # once per kind, not every second
+                        log.warning("a health round failed; trying again", exc_info=True)
+                    failing = type(err).__name__
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.health_interval):
+                        await self._recheck.wait()
+        finally:
+            checks = list(self._checks.values())
+            for task in checks:
+                task.cancel()
+            await asyncio.gather(*checks, return_exceptions=True)
 
     async def check_round(
         self, session: aiohttp.ClientSession, report: Callable[[int, int], None]
     ) -> None:
-        """One round: discover, check every replica at once, report, wake the buffered."""
+        """One round: check every replica at once, discover beside them, report, wake.
+
+        Checks start before the DNS lookup (a lookup that hangs delays no static replica);
+        replicas it names anew are checked as soon as it answers. The round waits at most
+        ``health_interval`` for its checks: a replica slower than that is left to finish
+        in its task and is skipped by the next round until it has.
+        """
+        self._start_checks(session)
         await self._discover()
-        await asyncio.gather(*(self._check(session, r) for r in self.replicas))
+        started = self._start_checks(session)
+        if started:
+            await asyncio.wait(started, timeout=self.settings.health_interval)
         routable = sum(r.routable for r in self.replicas)
         asleep = sum(r.wakeable for r in self.replicas)
         report(routable, asleep)
@@ -289,6 +328,18 @@ class ReplicaPool:
             # one found asleep may be woken for them.
             async with self.ready:
                 self.ready.notify_all()
+
+    def _start_checks(self, session: aiohttp.ClientSession) -> list[asyncio.Task[None]]:
+        """A check task for each replica not being checked; every check under way."""
+        for replica in self.replicas:
+            task = self._checks.get(replica.url)
+            if task is None or task.done():
+                self._checks[replica.url] = asyncio.create_task(self._check(session, replica))
+        named = {r.url for r in self.replicas}
+        for url in [url for url, task in self._checks.items() if task.done()]:
+            if url not in named:
+                del self._checks[url]  # bounded by the replicas named
+        return [self._checks[r.url] for r in self.replicas]
 
     async def _check(self, session: aiohttp.ClientSession, replica: Replica) -> None:
         """One replica's round: whatever it answers or raises fails only this round."""
@@ -380,6 +431,21 @@ class ReplicaPool:
             )
         replica.problem = failure.reason
 
+    def _confirm_wake(self, replica: Replica, sleeping: bool) -> None:
+        """The first /is_sleeping read after a wake: it held (backoff reset) or relapsed."""
+        replica.wake_unconfirmed = False
+        if not sleeping:
+            replica.wake_backoff = Backoff()
+            return
+        now = time.monotonic()
+        replica.wake_backoff = replica.wake_backoff.failed(now, self.settings.wake_retry_after)
+        self.on_wake_relapse()
+        log.warning(
+            "replica %s answered its wake awake but says it is asleep; not woken again for %gs",
+            replica.url,
+            replica.wake_backoff.until - now,
+        )
+
     async def _check_sleep(
         self, session: aiohttp.ClientSession, replica: Replica
     ) -> ProbeFailure | None:
@@ -401,6 +467,8 @@ class ReplicaPool:
             return ProbeFailure("connect", f"/is_sleeping: {type(err).__name__}: {err}")
         if changes != replica.sleep_changes or replica.falling_asleep or replica.waking:
             return None  # the gateway slept or woke it meanwhile: what it knows is newer
+        if replica.wake_unconfirmed:
+            self._confirm_wake(replica, sleeping)
         if sleeping != replica.sleeping:
             log.info("replica %s is %s", replica.url, "asleep" if sleeping else "awake")
             replica.sleeping = sleeping

@@ -25,6 +25,9 @@ class GatewaySettings:
     """Seconds a request may wait for a replica: above a cold start from local disk (~40 s)."""
     max_request_bytes: int = 16 * 1024**2
     """The largest request body: a 128k-token prompt as token ids is ~1 MB; images need more."""
+    body_timeout: float = 60.0
+    """Seconds a client may take to send its whole request body (then 408): 16 MiB at
+    300 KiB/s. A body being read is held in memory before the buffer bounds it."""
     upstream_timeout: float = 300.0
     """Seconds a replica may stay silent once sent a request: before its response headers
     (which a non-streaming answer sends after its last token) and between two chunks of a

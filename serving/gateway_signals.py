@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -23,28 +24,89 @@ from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
 from serving.gateway_settings import GatewaySettings
 
+log = logging.getLogger(__name__)
+
+WINDOW_BUCKETS = 1000
+"""Buckets a window keeps its events in: a count is off by at most a thousandth of the
+window (10 ms of the default 10 s), and memory does not grow with the request rate."""
+MAX_BUCKETS = 4 * WINDOW_BUCKETS
+"""A hard cap on a window's buckets, should a reload widen a window kept at a finer grain."""
+MAX_WATCHERS = 32
+"""``WatchSignals`` streams served at once: the scaler's replicas and a few tools. One more
+is refused (``RESOURCE_EXHAUSTED``, counted): each costs a message per publish, and every
+buffered request publishes."""
+
+
+class EventWindow:
+    """Events counted over a trailing window, on a monotonic clock, in bounded memory.
+
+    Times are ``time.monotonic`` seconds: a step of the wall clock (NTP, a VM resumed)
+    neither inflates nor empties a rate. Events close in time share a bucket (at most
+    ``seconds / WINDOW_BUCKETS`` apart), so a window holds at most ``MAX_BUCKETS``
+    whatever the rate: 5,000 requests a second over an hour is 1,000 buckets, not 18
+    million times.
+    """
+
+    __slots__ = ("_buckets", "_total")
+
+    def __init__(self) -> None:
+        self._buckets: deque[list[float]] = deque(maxlen=MAX_BUCKETS)
+        """``[start, count]`` per bucket, oldest first."""
+        self._total = 0
+
+    def add(self, now: float, seconds: float) -> None:
+        """One event at ``now``, for a window of ``seconds``."""
+        last = self._buckets[-1] if self._buckets else None
+        if last is not None and 0 <= now - last[0] < seconds / WINDOW_BUCKETS:
+            last[1] += 1
+        else:
+            if len(self._buckets) == MAX_BUCKETS:
+                self._total -= int(self._buckets[0][1])
+            self._buckets.append([now, 1])
+        self._total += 1
+
+    def count(self, now: float, seconds: float) -> int:
+        """Events in the ``seconds`` up to ``now``.
+
+        Forgets older ones (and any later than ``now``, which a monotonic clock never gives).
+        """
+        buckets = self._buckets
+        while buckets and not 0 <= now - buckets[0][0] <= seconds:
+            self._total -= int(buckets.popleft()[1])
+        return self._total
+
+    def __len__(self) -> int:
+        return self._total
+
 
 @dataclass(slots=True)
 class TrafficStats:
     """The proxy's traffic, as the signals (and ``/health``) report it."""
 
-    arrivals: deque[float] = field(default_factory=deque)
-    """Arrival times (``time.time``) within the rate window."""
-    errors: deque[float] = field(default_factory=deque)
-    """Upstream failure times within the rate window."""
-    within: deque[float] = field(default_factory=deque)
-    """When requests judged within the SLO ended (``serving.slo``), within the rate window."""
-    outside: deque[float] = field(default_factory=deque)
-    """When requests judged outside it ended, failed or were dropped, within the window."""
+    arrivals: EventWindow = field(default_factory=EventWindow)
+    """Arrivals (``time.monotonic``) within the rate window."""
+    errors: EventWindow = field(default_factory=EventWindow)
+    """Upstream failures within the rate window."""
+    within: EventWindow = field(default_factory=EventWindow)
+    """Requests judged within the SLO as they ended (``serving.slo``), within its window."""
+    outside: EventWindow = field(default_factory=EventWindow)
+    """Requests judged outside it as they ended, failed or were dropped, within its window."""
     buffered: int = 0
     buffered_bytes: int = 0
     """The bodies of the buffered requests."""
+    reading_bytes: int = 0
+    """Bytes charged to the bodies being read (``serving.gateway``): at most ``buffer_bytes``."""
     in_flight: int = 0
     last_arrival: float | None = None
 
 
-def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) -> Snapshot:
-    """The gateway's snapshot for the scaler; forgets what happened before the window.
+def gateway_signals(
+    stats: TrafficStats, settings: GatewaySettings, now: float, elapsed: float
+) -> Snapshot:
+    """The gateway's snapshot at ``now`` (``time.time``, its stamp) for the scaler.
+
+    Rates are counted up to ``elapsed`` (``time.monotonic``, the clock the windows keep),
+    forgetting what happened before each window.
 
     The arrival and upstream-error rates count requests as they arrive or fail over
     ``rate_window``; the SLO rates (``slo_within_rate``, ``slo_outside_rate``) count them
@@ -53,23 +115,15 @@ def gateway_signals(stats: TrafficStats, settings: GatewaySettings, now: float) 
     waiting or streaming is in neither yet: it shows in ``buffered`` and ``in_flight``.
     """
     window, judged = settings.rate_window, settings.slo.window_seconds
-    for times, seconds in (
-        (stats.arrivals, window),
-        (stats.errors, window),
-        (stats.within, judged),
-        (stats.outside, judged),
-    ):
-        while times and now - times[0] > seconds:
-            times.popleft()
     signals = GatewaySignals(
         time=now,
-        arrival_rate=len(stats.arrivals) / window,
+        arrival_rate=stats.arrivals.count(elapsed, window) / window,
         buffered=stats.buffered,
         in_flight=stats.in_flight,
         last_arrival_time=stats.last_arrival,
-        upstream_error_rate=len(stats.errors) / window,
-        slo_within_rate=len(stats.within) / judged,
-        slo_outside_rate=len(stats.outside) / judged,
+        upstream_error_rate=stats.errors.count(elapsed, window) / window,
+        slo_within_rate=stats.within.count(elapsed, judged) / judged,
+        slo_outside_rate=stats.outside.count(elapsed, judged) / judged,
     )
     return Snapshot((settings.namespace, settings.deployment, ""), signals)
 
@@ -81,8 +135,14 @@ class SignalsFeed:
         self.snapshot = snapshot
         """The signals at a time (``time.time`` seconds)."""
         self._listeners: list[asyncio.Queue[pb.Signals]] = []
+        self.on_refused: Callable[[], None] = lambda: None
+        """Hears every watcher refused past ``MAX_WATCHERS`` (the gateway counts it)."""
 
-    def subscribe(self) -> asyncio.Queue[pb.Signals]:
+    def subscribe(self) -> asyncio.Queue[pb.Signals] | None:
+        """A new watcher's queue; None past ``MAX_WATCHERS`` (refused, counted)."""
+        if len(self._listeners) >= MAX_WATCHERS:
+            self.on_refused()
+            return None
         queue: asyncio.Queue[pb.Signals] = asyncio.Queue(maxsize=64)
         self._listeners.append(queue)
         return queue
@@ -115,6 +175,13 @@ class GatewaySignalsService(pb_grpc.SignalsServiceServicer):
         self, request: pb.WatchSignalsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchSignalsResponse]:
         queue = self._feed.subscribe()
+        if queue is None:
+            log.debug("a WatchSignals stream was refused: %d are served", MAX_WATCHERS)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {MAX_WATCHERS} WatchSignals streams are served at once",
+            )
+            return
         try:
             yield pb.WatchSignalsResponse(signals=encode(self._feed.snapshot(time.time())))
             while True:

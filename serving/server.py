@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from foundation.discovery import EndpointSliceWatch
 from foundation.grpc_server import GrpcServer, service_name
@@ -23,6 +24,42 @@ from serving.gateway_signals import GatewaySignalsService
 from serving.sim_http import SimReplica
 
 log = logging.getLogger(__name__)
+
+MAX_GRPC_CALLS = 64
+"""gRPC calls the gateway serves at once (signal watches, GetSignals, health): the
+scaler's replicas and a few tools. One more is refused with ``RESOURCE_EXHAUSTED``."""
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp's ERROR, with a traceback, for every malformed request: one DEBUG line instead.
+
+    Anyone who can reach the port can send a header without a colon or a URL over 8 KiB;
+    aiohttp answers 400 and logs its parse error at ERROR, a traceback per request. Those
+    are counted (``on_malformed``) and logged at DEBUG in a bounded line; every other
+    record (a handler's unexpected exception) passes unchanged.
+    """
+
+    def __init__(self, on_malformed: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_malformed = on_malformed
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        if not isinstance(err, HttpProcessingError):
+            return True
+        self._on_malformed()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("a malformed request was answered 400: %s", str(err)[:200])
+        return False
+
+
+def http_logger(on_malformed: Callable[[], None]) -> logging.Logger:
+    """The logger the gateway's HTTP server logs through: aiohttp's, filtered."""
+    logger = logging.getLogger("serving.gateway.http")
+    for old in [f for f in logger.filters if isinstance(f, MalformedRequests)]:
+        logger.removeFilter(old)
+    logger.addFilter(MalformedRequests(on_malformed))
+    return logger
 
 
 class GatewayServer:
@@ -58,6 +95,7 @@ class GatewayServer:
                 )
             ],
             grpc_listen,
+            max_concurrent_rpcs=MAX_GRPC_CALLS,
         )
         self.grpc_port = self._grpc.port
         self._runner: web.AppRunner | None = None
@@ -66,7 +104,12 @@ class GatewayServer:
     async def start(self) -> tuple[int, int]:
         """Serve; returns (HTTP port, gRPC port)."""
         # A client that gives up while buffered frees its place (and its upstream request).
-        self._runner = web.AppRunner(self.gateway.app(), access_log=None, handler_cancellation=True)
+        self._runner = web.AppRunner(
+            self.gateway.app(),
+            access_log=None,
+            handler_cancellation=True,
+            logger=http_logger(lambda: self.gateway.metrics.client_error("malformed-http")),
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, *self._listen).start()
         self.port = int(self._runner.addresses[0][1])

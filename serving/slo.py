@@ -38,12 +38,21 @@ for by fast decoding, which a client that waits for the whole answer cannot tell
 
 A 4xx other than 429 (a prompt too long for the model, say) is judged on its timing as any
 answer: the replica answered, and more replicas would not have answered it otherwise.
+
+A replica's ``usage`` is outside input: a count is a whole number from 0 to
+``MAX_TOKENS`` (the trace reader's bound), and a completion count at most what the
+request allowed (``output_token_limit``). Anything else is no count at all
+(``ResponseMeter.usage_unmeasured``): a stream is judged on the events it carried, a
+non-streamed answer on ``ttft`` alone. A replica that claims a trillion tokens can turn no
+late answer into a met one.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+from serving.arrivals import MAX_TOKENS
 
 REASONS = ("met", "ttft", "itl", "latency", "failed")
 """A verdict's ``reason``: ``met`` is within, the others outside."""
@@ -143,15 +152,34 @@ def judge(
     return Verdict(True, "met", ttft, itl)
 
 
+def output_token_limit(body: dict[str, object]) -> int | None:
+    """The most completion tokens a request may get; None when it sets no usable bound.
+
+    ``max_tokens`` (or ``max_completion_tokens``) times its choices ``n``: vLLM's usage
+    counts the tokens of every choice.
+    """
+    limit = _count(body.get("max_tokens"))
+    if limit is None:
+        limit = _count(body.get("max_completion_tokens"))
+    choices = _count(body.get("n", 1))
+    if limit is None or choices is None:
+        return None
+    return limit * max(choices, 1)
+
+
 class ResponseMeter:
     """What one response body says about its tokens, read chunk by chunk as it passes.
 
     The shell sets ``status`` (the client's, None once cut off) and feeds every chunk with
-    the time it came; ``verdict`` judges the request at its end.
+    the time it came; ``verdict`` judges the request at its end. ``max_tokens``: the most
+    completion tokens the request allowed (``output_token_limit``), None for no bound.
     """
 
-    def __init__(self, arrival: float) -> None:
+    def __init__(self, arrival: float, max_tokens: int | None = None) -> None:
         self.arrival = arrival
+        self.max_tokens = max_tokens
+        self.usage_unmeasured = False
+        """A usage count came that is no count (out of bounds): ignored, for the shell to count."""
         self.status: int | None = None
         """The status the client got; None while no response began, or once cut off."""
         self.first_byte: float | None = None
@@ -197,12 +225,7 @@ class ResponseMeter:
             event = _event(line)
             if event is None:
                 continue
-            tokens = _usage_tokens(event)
-            if tokens is not None:
-                self.usage_tokens = tokens
-            prompt = _usage_tokens(event, "prompt_tokens")
-            if prompt is not None:
-                self.prompt_tokens = prompt
+            self._read_usage(event)
             if _carries_tokens(event):
                 self.token_events += 1
                 self.last_token = now
@@ -218,11 +241,28 @@ class ResponseMeter:
                 body = None
             self._body = None  # read once
             if isinstance(body, dict):
-                self.usage_tokens = _usage_tokens(body)
-                self.prompt_tokens = _usage_tokens(body, "prompt_tokens")
+                self._read_usage(body)
         if self.usage_tokens is not None:
             return self.usage_tokens
         return self.token_events if self._streamed else None
+
+    def _read_usage(self, body: dict[str, object]) -> None:
+        """A body's (or event's) ``usage``, at the boundary: counts in bounds, or none."""
+        usage = body.get("usage")
+        if not isinstance(usage, dict):
+            return
+        for key in ("completion_tokens", "prompt_tokens"):
+            if key not in usage:
+                continue
+            tokens = _count(usage[key])
+            limit = self.max_tokens if key == "completion_tokens" else None
+            if tokens is None or (limit is not None and tokens > limit):
+                self.usage_unmeasured = True
+                continue
+            if key == "completion_tokens":
+                self.usage_tokens = tokens
+            else:
+                self.prompt_tokens = tokens
 
     def verdict(self, targets: SloTargets, end: float, status: int | None) -> Verdict:
         """The request's judgment, ended at ``end`` with the client's ``status``.
@@ -250,11 +290,10 @@ def _event(line: bytes) -> dict[str, object] | None:
     return event if isinstance(event, dict) else None
 
 
-def _usage_tokens(body: dict[str, object], key: str = "completion_tokens") -> int | None:
-    usage = body.get("usage")
-    tokens = usage.get(key) if isinstance(usage, dict) else None
-    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
-        return tokens
+def _count(value: object) -> int | None:
+    """A token count from outside: a whole number from 0 to ``MAX_TOKENS``; else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
     return None
 
 

@@ -348,6 +348,7 @@ SETTINGS_IN_THE_CONFIG = [
     pytest.param("connect_retries", id="the-connect-retries-have-one-default"),
     pytest.param("dns", id="no-dns-name-is-the-default-everywhere"),
     pytest.param("upstream_timeout", id="the-upstream-timeout-has-one-default"),
+    pytest.param("body_timeout", id="the-body-timeout-has-one-default"),
     pytest.param("max_request_bytes", id="the-request-size-limit-has-one-default"),
     pytest.param("buffer_bytes", id="the-buffer-bytes-have-one-default"),
     pytest.param("models", id="no-configured-model-is-the-default-everywhere"),
@@ -392,7 +393,7 @@ async def test_a_reloaded_config_file_swaps_the_replicas(tmp_path):
 
     first, second = await start_sim(), await start_sim()
     volume = KubeletVolume(tmp_path / "config")
-    volume.write({"gateway.yaml": f"replicas: [{first.url}]\nhealth-interval: 50ms\n"})
+    volume.write({"gateway.yaml": f"replicas: [{first.url}]\nhealth-interval: 100ms\n"})
     source = ConfigSource(volume.path("gateway.yaml"), poll_interval=0.05)
     config = parse_config(await source.read(), source.origin)
     gateway = GatewayServer(
@@ -402,7 +403,7 @@ async def test_a_reloaded_config_file_swaps_the_replicas(tmp_path):
     await gateway.start()
     try:
         await wait_ready(gateway, 1)
-        volume.write({"gateway.yaml": f"replicas: [{second.url}]\nhealth-interval: 50ms\n"})
+        volume.write({"gateway.yaml": f"replicas: [{second.url}]\nhealth-interval: 100ms\n"})
         g = gateway.gateway
         async with asyncio.timeout(10), g._ready:
             await g._ready.wait_for(lambda: [r.url for r in g.replicas if r.ready] == [second.url])

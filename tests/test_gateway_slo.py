@@ -287,7 +287,9 @@ def test_an_slo_block_sets_the_targets():
             "slo: {attainment: .nan}", ["key 'slo.attainment'", "finite"], id="a-nan-attainment"
         ),
         pytest.param(
-            "slo: {window: 0s}", ["key 'slo.window'", "greater than 0"], id="a-zero-window"
+            "slo: {window: 0s}",
+            ["key 'slo.window'", "greater than or equal to 0.1"],
+            id="a-zero-window",
         ),
         pytest.param("slo: {window: 2h}", ["key 'slo.window'", "3600"], id="a-window-over-an-hour"),
         pytest.param("slo: {p95: 1s}", ["unknown key 'slo.p95'"], id="an-unknown-slo-key"),
