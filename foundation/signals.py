@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
+from foundation.errors import quote
+
 TargetKey = tuple[str, str, str]
 """(namespace, deployment, model); the model is empty when the target names none."""
 
@@ -27,9 +29,17 @@ overflows the capacity RPC's uint32 fields, so it is unmeasured instead."""
 
 
 def describe_target(key: TargetKey) -> str:
-    """``namespace/deployment`` or ``namespace/deployment (model m)`` for messages."""
-    namespace, deployment, model = key
+    """``namespace/deployment`` or ``namespace/deployment (model m)`` for messages.
+
+    A part longer than a Kubernetes name, or not printable (a newline would forge a
+    log line), is quoted and cut (``foundation.errors.quote``).
+    """
+    namespace, deployment, model = (_name(part) for part in key)
     return f"{namespace}/{deployment}" + (f" (model {model})" if model else "")
+
+
+def _name(part: str) -> str:
+    return part if len(part) <= 253 and part.isprintable() else quote(part)
 
 
 @dataclass(frozen=True, slots=True)

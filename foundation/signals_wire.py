@@ -51,6 +51,19 @@ _LATENCY_FIELDS = (
 _QUANTILE_FIELDS = ("p50", "p90", "p95", "p99")
 
 
+MAX_NAMESPACE_LENGTH = 63
+"""A namespace: an RFC 1123 label."""
+MAX_DEPLOYMENT_LENGTH = 253
+"""A Deployment's name: an RFC 1123 subdomain."""
+MAX_MODEL_LENGTH = 512
+"""A served model's name (``org/model-revision``; Hugging Face ids are under 100)."""
+_NAME_LIMITS = (
+    ("namespace", MAX_NAMESPACE_LENGTH),
+    ("deployment", MAX_DEPLOYMENT_LENGTH),
+    ("model", MAX_MODEL_LENGTH),
+)
+
+
 class WireError(ValueError):
     """A message that cannot be attributed to a target and a source, or a value out of range."""
 
@@ -77,13 +90,18 @@ def decode(message: pb.Signals) -> Snapshot:
     """The snapshot a message carries.
 
     Raises:
-        WireError: the message names no deployment or carries no payload, or a gateway
-            rate is negative or not finite.
+        WireError: the message names no deployment or carries no payload, a target
+            name is longer than Kubernetes allows (``_NAME_LIMITS``), or a gateway rate
+            is negative or not finite.
     """
     payload = message.WhichOneof("payload")
     if not message.target.deployment or payload is None:
         raise WireError("signals without a target deployment or a payload")
     target = message.target
+    for name, limit in _NAME_LIMITS:
+        # Each target is kept and logged by name: a megabyte name is no Kubernetes one.
+        if len(getattr(target, name)) > limit:
+            raise WireError(f"target {name} is over {limit} characters")
     key = (target.namespace, target.deployment, target.model)
     at = from_timestamp(message.observed_time)
     if payload == "engine":

@@ -16,6 +16,7 @@ import grpc
 from aiohttp import web
 
 from foundation.errors import ConfigError
+from foundation.files import MAX_PEM_BYTES, read_bytes
 from foundation.grpc_server import KEEPALIVE_FOR_LONG_LIVED_CLIENTS, GrpcServer, service_name
 from foundation.kube import KubeAccess
 from foundation.reload import ConfigSource, ConfigStore
@@ -25,7 +26,7 @@ from scaler.config import PrometheusSourceConfig, ScalerConfig, SignalSourceConf
 from scaler.prewarm.shell import Prewarmer
 from scaler.registry import ScaledObjectRegistry
 from scaler.service import CapacityService, ExternalScalerService
-from scaler.signals import SignalStore
+from scaler.signals import TARGET_TTL, SignalStore
 from scaler.sources import demo_source, prometheus_source, watch_signals
 from scaler.telemetry import metrics_app
 
@@ -59,11 +60,9 @@ class TlsFiles:
                 (naming both files), or the client CA holds no certificate. gRPC itself
                 would only fail to bind, naming neither.
         """
-        try:
-            cert, key = self.cert.read_bytes(), self.key.read_bytes()
-            client_ca = self.client_ca.read_bytes() if self.client_ca else None
-        except OSError as err:
-            raise ConfigError(f"cannot read TLS file {err.filename}: {err.strerror}") from err
+        # Regular files of at most MAX_PEM_BYTES: --tls-cert /dev/zero read until memory ran out.
+        cert, key = _pem(self.cert), _pem(self.key)
+        client_ca = _pem(self.client_ca) if self.client_ca else None
         self.check()
         return grpc.ssl_server_credentials(
             [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
@@ -96,6 +95,10 @@ class TlsFiles:
                     f"TLS client CA {self.client_ca} holds no usable PEM certificate:"
                     f" {_reason(err)}"
                 ) from err
+
+
+def _pem(path: Path) -> bytes:
+    return read_bytes(path, MAX_PEM_BYTES, "TLS file")
 
 
 def _no_password() -> bytes:
@@ -270,10 +273,14 @@ class ScalerServer:
         return "; ".join(f"{name} stopped: {why}" for name, why in self._stopped_loops.items())
 
     async def _evict_loop(self) -> None:
-        """Forget ScaledObjects KEDA stopped asking about (checked each minute)."""
+        """Forget what nothing asks about any more (checked each minute).
+
+        ScaledObjects KEDA stopped asking about; targets none scales and no source reports.
+        """
         while True:
             await asyncio.sleep(60.0)
             self.registry.evict_idle(self.config.scaled_object_ttl)
+            self.store.evict_idle(TARGET_TTL, keep=set(self.registry.targets()))
 
     async def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, let open RPCs finish for ``grace`` seconds, then stop."""

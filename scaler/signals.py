@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,15 @@ from foundation.signals import (
 )
 from scaler.core.model import Observation
 
-__all__ = ["MAX_CLOCK_SKEW", "SignalStore", "TargetKey", "TargetSignals", "observe"]
+__all__ = [
+    "MAX_CLOCK_SKEW",
+    "MAX_TARGETS",
+    "TARGET_TTL",
+    "SignalStore",
+    "TargetKey",
+    "TargetSignals",
+    "observe",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,20 @@ the target's signals frozen at that round's values. NTP keeps clocks within a se
 """
 
 
+MAX_TARGETS = 20_000
+"""Targets the store keeps (two per ScaledObject at the registry's bound, with room).
+
+A watched source can name any number of targets; each is kept with its problems. Past
+the bound a new target's snapshots are refused (counted ``full``, logged once a filling)
+until ``evict_idle`` frees room: targets kept stay, so a flood of new names cannot
+push out the ones in use."""
+
+TARGET_TTL = 600.0
+"""Seconds a target no ScaledObject scales is kept after its last snapshot: long past any
+signal's use (``max-signal-age`` is 30 s by default), short enough that names a source
+sent once do not pile up."""
+
+
 @dataclass(slots=True)
 class TargetSignals:
     """The newest snapshot from each source for one target."""
@@ -55,6 +77,8 @@ class TargetSignals:
     version: int = 0
     engine: EngineSignals | None = None
     gateway: GatewaySignals | None = None
+    updated_at: float = 0.0
+    """When a snapshot was last kept (the store's clock)."""
 
 
 class SignalStore:
@@ -64,13 +88,18 @@ class SignalStore:
         clock: seconds since the epoch now (the scaler's clock; the replay's simulated one).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, max_targets: int = MAX_TARGETS
+    ) -> None:
         self._clock = clock
+        self._max_targets = max_targets
+        self._full_logged = False
         self._targets: dict[TargetKey, TargetSignals] = {}
         self._listeners: list[Callable[[TargetKey], None]] = []
         self._problems: dict[tuple[object, str], str] = {}
         self.refused: Counter[tuple[str, str]] = Counter()
-        """Snapshots refused, by (source, reason): ``future``, ``time-not-finite`` here;
+        """Snapshots refused, by (source, reason): ``future``, ``time-not-finite``,
+        ``full`` (a new target past ``max_targets``) here;
         what a source could not even decode it counts with ``count_refused``."""
         self.unmeasured: Counter[tuple[str, str]] = Counter()
         """Impossible values taken as unmeasured, by (source, field)."""
@@ -112,6 +141,8 @@ class SignalStore:
         self.report((key, source), problem, detail=values and f" (this time {values})")
         entry = self._targets.get(key)
         if entry is None:
+            if not self._has_room(source):
+                return False
             entry = self._targets[key] = TargetSignals()
         previous = entry.engine if isinstance(signals, EngineSignals) else entry.gateway
         if previous is not None and previous.time > signals.time:
@@ -121,9 +152,48 @@ class SignalStore:
         else:
             entry.gateway = signals
         entry.version += 1
+        entry.updated_at = self._clock()
         for listener in self._listeners:
             listener(key)
         return True
+
+    def _has_room(self, source: str) -> bool:
+        """Whether a new target fits; past ``max_targets`` it is refused, counted."""
+        if len(self._targets) < self._max_targets:
+            self._full_logged = False
+            return True
+        self.refused[(source, "full")] += 1
+        if not self._full_logged:
+            self._full_logged = True
+            log.error(
+                "refusing signals for new targets: %d kept already, the most kept"
+                " (a target no ScaledObject scales is forgotten %s after its last snapshot)",
+                len(self._targets),
+                format_duration(TARGET_TTL),
+            )
+        return False
+
+    def evict_idle(self, ttl: float, keep: Collection[TargetKey] = ()) -> int:
+        """Forget targets without a snapshot for ``ttl`` seconds, except those in ``keep``.
+
+        Returns how many were forgotten; their logged problems go with them.
+        """
+        cutoff = self._clock() - ttl
+        gone = [
+            key
+            for key, entry in self._targets.items()
+            if entry.updated_at < cutoff and key not in keep
+        ]
+        for key in gone:
+            del self._targets[key]
+        if gone:
+            forgotten = set(gone)
+            for about in [a for a in self._problems if a[0] in forgotten]:
+                del self._problems[about]
+            log.info(
+                "forgot the signals of %d targets (none for %s)", len(gone), format_duration(ttl)
+            )
+        return len(gone)
 
     def _refusal(self, at: float) -> tuple[str, str] | None:
         """(reason, message) when a snapshot dated ``at`` must not be stored."""

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import replace
 
@@ -17,18 +19,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foundation.signals import MAX_REPLICAS, EngineSignals, Snapshot, checked
-from foundation.signals_wire import decode
+from foundation.signals import MAX_REPLICAS, EngineSignals, Snapshot, checked, describe_target
+from foundation.signals_wire import WireError, decode
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
-from scaler.config import ScalerConfig
+from scaler.config import ScalerConfig, SignalSourceConfig
 from scaler.promql import checked_answers, signals_from_answers
 from scaler.registry import RegistryFullError, ScaledObjectRegistry
 from scaler.server import ScalerServer
-from scaler.signals import SignalStore
-from scaler.sources import receive
+from scaler.signals import TARGET_TTL, SignalStore, TargetSignals
+from scaler.sources import receive, watch_signals
 from tests.conftest import T0, FakeClock, engine_signals, ref
 from tests.test_scaler_hostile_inputs import answers
+from tests.test_signal_sources import start_publisher, wait_for
 
 # --- replica counts: bounded where they enter ------------------------------------------
 
@@ -203,3 +206,99 @@ async def test_the_server_answers_resource_exhausted_past_the_bound(scaler, stub
         await stub.GetMetricSpec(ref("second"))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "team-a/second" in caught.value.details()
+
+
+# --- the signal store: names bounded, targets capped and forgotten ----------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "length", "refused"),
+    [
+        pytest.param("namespace", 64, True, id="a namespace past 63 characters is refused"),
+        pytest.param("deployment", 254, True, id="a deployment past 253 characters is refused"),
+        pytest.param("model", 513, True, id="a model past 512 characters is refused"),
+        pytest.param("model", 1_000_000, True, id="a megabyte model name is refused"),
+        pytest.param("namespace", 63, False, id="a namespace of 63 characters is read"),
+        pytest.param("deployment", 253, False, id="a deployment of 253 characters is read"),
+        pytest.param("model", 512, False, id="a model of 512 characters is read"),
+    ],
+)
+def test_a_target_name_past_kubernetes_limits_is_a_wire_error(field, length, refused):
+    message = engine_signals(running=1.0)
+    setattr(message.target, field, "a" * length)
+    if refused:
+        with pytest.raises(WireError, match=f"target {field} is over"):
+            decode(message)
+    else:
+        index = ("namespace", "deployment", "model").index(field)
+        assert decode(message).target[index] == "a" * length
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    namespace=st.text(max_size=300), deployment=st.text(max_size=300), model=st.text(max_size=600)
+)
+def test_any_target_is_described_in_one_short_printable_line(namespace, deployment, model):
+    described = describe_target((namespace, deployment, model))
+    assert len(described) < 3 * 300
+    assert described.isprintable()
+
+
+def test_a_message_with_huge_names_is_refused_and_logged_short(caplog):
+    caplog.set_level(logging.INFO)
+    store = SignalStore(FakeClock(T0))
+    message = engine_signals(running=-1.0, model="m" * 1_000_000)
+    assert not receive(store, message)
+    message.target.model = "m\nFORGED " * 50  # printable-looking but carries newlines
+    assert receive(store, message)
+    assert caplog.records and max(len(r.getMessage()) for r in caplog.records) < 1_000
+    assert all("\n" not in r.getMessage() for r in caplog.records)
+
+
+def test_new_targets_past_the_bound_are_refused_and_the_known_ones_still_update(caplog):
+    caplog.set_level(logging.ERROR, logger="scaler.signals")
+    clock = FakeClock(T0)
+    store = SignalStore(clock, max_targets=3)
+    for n in range(6):
+        receive(store, engine_signals(f"d{n}", running=1.0))
+    assert sorted(k[1] for k in store.keys()) == ["d0", "d1", "d2"]
+    assert store.refused[("exporter", "full")] == 3
+    assert len(caplog.records) == 1  # once a filling
+    clock.now += 5
+    assert receive(store, engine_signals("d0", running=2.0, at=clock.now))  # known: updates
+
+
+def test_targets_no_one_scales_are_forgotten_after_the_ttl_and_bound_ones_stay():
+    clock = FakeClock(T0)
+    store = SignalStore(clock, max_targets=3)
+    for n in range(3):
+        receive(store, engine_signals(f"d{n}", running=-1.0))  # with a problem logged each
+    clock.now += TARGET_TTL / 2
+    receive(store, engine_signals("d1", running=1.0, at=clock.now))  # d1 still reported
+    clock.now += TARGET_TTL / 2 + 1
+    assert store.evict_idle(TARGET_TTL, keep={("team-a", "d2", "")}) == 1  # d0 alone
+    assert sorted(k[1] for k in store.keys()) == ["d1", "d2"]
+    assert receive(store, engine_signals("d9", running=1.0, at=clock.now))  # room again
+
+
+async def test_a_watched_source_of_endless_new_targets_keeps_the_store_bounded():
+    server, publisher, port = await start_publisher()
+    store = SignalStore(FakeClock(T0), max_targets=50)
+    task = asyncio.create_task(
+        watch_signals(SignalSourceConfig(address=f"127.0.0.1:{port}"), store)
+    )
+    try:
+        for n in range(500):
+            await publisher.queue.put(engine_signals(f"d{n}", running=1.0, model="m" * 512))
+        # In order on one stream: once d0's second snapshot is kept, all 500 were seen.
+        await publisher.queue.put(engine_signals("d0", running=2.0, at=T0 + 1, model="m" * 512))
+        await wait_for(
+            store, lambda: (store.get(("team-a", "d0", "m" * 512)) or TargetSignals()).version == 2
+        )
+        assert len(store.keys()) == 50 and not task.done()
+        assert store.refused[("exporter", "full")] == 450
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop(None)
