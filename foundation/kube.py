@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import aiohttp
 from kubernetes_asyncio import client, config
 
 from foundation.errors import ConfigError
@@ -129,6 +128,25 @@ class Selection:
             return f"{meta['namespace']}/{meta['name']}"
         return str(meta["name"])
 
+    def checked_key(self, obj: object) -> str | None:
+        """The object's key, or None when it is no object with a name to key it by.
+
+        What the API server sends is checked here: a list item or event object that is
+        not a mapping, has no ``metadata`` mapping, or whose name (or namespace) is not
+        a non-empty string is skipped alone, never the watch.
+        """
+        if not isinstance(obj, dict):
+            return None
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            return None
+        name, namespace = meta.get("name"), meta.get("namespace")
+        if not isinstance(name, str) or not name:
+            return None
+        if namespace is not None and not isinstance(namespace, str):
+            return None
+        return self.key(obj)
+
     def __str__(self) -> str:
         narrowed = ",".join(s for s in (self.label_selector, self.field_selector) if s)
         where = f" in {self.namespace}" if self.namespace is not None else ""
@@ -148,16 +166,24 @@ async def watch_objects(
     reconnect_min: float = 0.5,
     reconnect_max: float = 30.0,
     on_error: Callable[[Exception], None] | None = None,
+    on_skip: Callable[[str], None] | None = None,
 ) -> None:
     """List and watch ``selection`` forever, calling ``on_change`` with every new set.
 
     ``on_change`` runs after each list and after each watch event, with a dict of
     object key to raw object; it must not block. ``on_error`` (optional, must not block)
     hears each failed list or watch before the backoff: an ``ApiException`` with status
-    404 means the server does not serve the resource.
+    404 means the server does not serve the resource. ``on_skip`` (optional) hears the
+    reason for each list item or watch event skipped as malformed (``_Skips``).
+
+    Nothing the server answers ends the loop: a list that is not one (no mapping, no
+    ``resourceVersion``), nesting past the JSON parser's depth, or any other exception
+    is a failed attempt, heard by ``on_error``, logged once a change and retried after
+    the backoff; a malformed item or event is skipped alone.
     """
     delay = reconnect_min
     last_problem = ""
+    skips = _Skips(selection, on_skip)
     while True:
         try:
             api = await access.client()
@@ -167,14 +193,14 @@ async def watch_objects(
             try:
                 async with api:
                     while True:
-                        objects, version = await _list(api, selection)
+                        objects, version = await _list(api, selection, skips)
                         on_change(dict(objects))
                         delay, last_problem = reconnect_min, ""
-                        await _watch(api, selection, objects, version, on_change, resync)
+                        await _watch(api, selection, objects, version, on_change, resync, skips)
             except GoneError:
                 log.info("watch on %s expired (410 GoneError); listing again", selection)
                 continue
-            except (aiohttp.ClientError, client.ApiException, TimeoutError, ValueError) as err:
+            except Exception as err:  # any answer, any bug: this attempt failed, not the loop
                 if on_error is not None:
                     on_error(err)
                 problem = f"{type(err).__name__}: {_brief(err)}"
@@ -186,6 +212,31 @@ async def watch_objects(
                 last_problem = problem
         await asyncio.sleep(delay)
         delay = min(delay * 2, reconnect_max)
+
+
+class _Skips:
+    """Malformed list items and watch events of one watch: heard, logged once a reason."""
+
+    def __init__(self, selection: Selection, hear: Callable[[str], None] | None) -> None:
+        self._selection = selection
+        self._hear = hear
+        self._logged: set[str] = set()
+
+    def skip(self, reason: str) -> None:
+        if self._hear is not None:
+            self._hear(reason)
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("watch on %s: skipped %s", self._selection, reason)
+
+
+def _event(line: bytes) -> RawObject | None:
+    """One watch line as a JSON mapping, or None (not JSON, nested too deep, no mapping)."""
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def _brief(err: Exception) -> str:
@@ -225,11 +276,30 @@ async def _get(
     return response
 
 
-async def _list(api: client.ApiClient, selection: Selection) -> tuple[dict[str, RawObject], str]:
+async def _list(
+    api: client.ApiClient, selection: Selection, skips: _Skips
+) -> tuple[dict[str, RawObject], str]:
+    """The listed objects by key and the list's resourceVersion.
+
+    Raises:
+        ValueError: the body is not a list answer (JSON mapping, ``items`` a list or
+            absent, a ``resourceVersion`` string): the attempt failed.
+    """
     response = await _get(api, selection, 30)
     body = json.loads(await response.read())
-    items = {selection.key(item): item for item in body.get("items") or []}
-    return items, str(body["metadata"]["resourceVersion"])
+    meta = body.get("metadata") if isinstance(body, dict) else None
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    listed = body.get("items") if isinstance(body, dict) else None
+    if not isinstance(version, str) or not version or not isinstance(listed, list | None):
+        raise ValueError("the list answer has no resourceVersion or items that are not a list")
+    items: dict[str, RawObject] = {}
+    for item in listed or []:
+        key = selection.checked_key(item)
+        if key is None:
+            skips.skip("a listed item without a name")
+        else:
+            items[key] = item
+    return items, version
 
 
 async def _watch(
@@ -239,8 +309,13 @@ async def _watch(
     version: str,
     on_change: Callable[[dict[str, RawObject]], None],
     resync: float,
+    skips: _Skips,
 ) -> None:
-    """Apply watch events to ``objects`` until the server ends the watch after ``resync``."""
+    """Apply watch events to ``objects`` until the server ends the watch after ``resync``.
+
+    An event that is not JSON, not a mapping, or whose object has no name is skipped
+    alone; an ERROR event ends the watch (a 410 relists at once).
+    """
     response = await _get(
         api,
         selection,
@@ -255,15 +330,22 @@ async def _watch(
         async for line in response.content:
             if not line.strip():
                 continue
-            event = json.loads(line)
+            event = _event(line)
+            if event is None:
+                skips.skip("a watch event that is not a JSON mapping")
+                continue
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
-                if obj.get("code") == 410:
+                if isinstance(obj, dict) and obj.get("code") == 410:
                     raise GoneError
-                raise ValueError(f"watch error: {obj.get('message', obj)}")
+                message = obj.get("message", obj) if isinstance(obj, dict) else obj
+                raise ValueError(f"watch error: {str(message)[:300]}")
             if kind == "BOOKMARK":
                 continue
-            name = selection.key(obj)
+            name = selection.checked_key(obj)
+            if name is None or kind not in ("ADDED", "MODIFIED", "DELETED"):
+                skips.skip(f"a {str(kind)[:20]!r} event without a named object")
+                continue
             if kind == "DELETED":
                 objects.pop(name, None)
             else:
