@@ -212,7 +212,15 @@ def prewarm_families(prewarm: Prewarmer) -> Iterator[Metric]:
         counters["timeouts"].add_metric(labels, status.plan.track.timeouts)
         counters["created"].add_metric(labels, status.created)
         counters["write_errors"].add_metric(labels, status.write_errors)
-    yield from (state, cached, warm, *counters.values())
+    errors = CounterMetricFamily(
+        "unitscale_scaler_prewarm_errors",
+        "Prewarm units that failed: plan, write, access, unreadable (a Fluid object of the"
+        " wrong shape), watch (a watch task ended and was started again).",
+        labels=["reason"],
+    )
+    for reason, count in sorted(prewarm.errors.items()):
+        errors.add_metric([reason], count)
+    yield from (state, cached, warm, *counters.values(), errors)
 
 
 def metrics_app(

@@ -678,7 +678,7 @@ def test_a_failing_prewarm_never_costs_the_decision(monkeypatch, caplog):
     decision = registry.current(scaled)
     assert (decision.active, decision.desired_replicas) == (True, 1)
     assert "prewarm" not in decision.reason
-    assert "prewarm planning failed" in caplog.text
+    assert "prewarm plan for serving/llama failed" in caplog.text
 
 
 async def test_a_failing_watch_is_still_named_after_the_other_watch_lists_again(monkeypatch):

@@ -80,7 +80,8 @@ MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGER: Final = "unitscale-scaler"
 CLOCK_SLACK_SECONDS: Final = 120.0
 """How far the API server's clock (a DataLoad's ``creationTimestamp``) may run behind the
-scaler's before a load created after the watches started is taken for an older one."""
+scaler's before a load created after the watches started is taken for an older one; and
+how far ahead a DataLoad's finish time may be before it is no time at all."""
 FOR_SCALED_OBJECT: Final = "unitscale.io/scaled-object"
 """Annotation on a DataLoad we made: ``namespace/name`` of the ScaledObject it warms for."""
 
@@ -406,7 +407,15 @@ def _finished(
             return replace(base, reason=f"{failed}: loading again", delete=again)
         return replace(base, state="failed", reason=f"{failed}; retried at the next scale-up")
     done = finished_at(own)
-    if done is None or now - done < STATUS_LAG_SECONDS:
+    if done is not None and done - now > CLOCK_SLACK_SECONDS:
+        # A finish dated ahead of any skew is no time: waiting for it would hold an
+        # evicted cache cold until that date. Judge the figures as they stand.
+        base = replace(
+            base,
+            reason=f"{base.reason}; DataLoad {ref}'s finish time is dated ahead of this clock"
+            f" (more than {CLOCK_SLACK_SECONDS:.0f} s): not waited for",
+        )
+    elif done is None or now - done < STATUS_LAG_SECONDS:
         return replace(
             base, reason=f"{base.reason}; DataLoad {ref} completed: waiting for Fluid's figures"
         )

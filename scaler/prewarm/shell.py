@@ -8,6 +8,12 @@ of ours under a UID precondition) and re-plans each ``tick`` and on every watch 
 a DataLoad's progress and a timeout show without waiting for new signals. The watches
 (every namespace's Datasets and DataLoads) start with the first ScaledObject that names
 a Dataset, so a scaler without prewarm needs no Fluid RBAC.
+
+Nothing from outside stops it: a watched object whose fields have the wrong shape is
+unreadable (left out of the view, counted, one WARNING); one ScaledObject's plan or write
+that raises anything fails that ScaledObject alone (counted, logged once a change, its
+write backed off); no Kubernetes access is retried at a doubling backoff, logged once a
+change; a watch task that ends anyway is started again.
 """
 
 from __future__ import annotations
@@ -16,12 +22,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kubernetes_asyncio import client
 
-from foundation.errors import ConfigError
 from foundation.kube import (
     DATALOADS,
     DATASETS,
@@ -47,7 +53,38 @@ log = logging.getLogger(__name__)
 
 RETRY_MIN = 1.0
 RETRY_MAX = 60.0
-"""A refused write is retried after 1 s, doubling to at most a minute."""
+"""A refused write, or no Kubernetes access, is retried after 1 s, doubling to a minute."""
+
+_MAPPINGS = (
+    ("spec",),
+    ("status",),
+    ("spec", "dataset"),
+    ("status", "cacheStates"),
+    ("status", "waitingFor"),
+)
+"""Fields of a Dataset or DataLoad the plan reads as mappings (absent or null is fine)."""
+
+
+def unreadable(obj: RawObject) -> str | None:
+    """Why a watched Fluid object cannot be read by the plan, or None when it can.
+
+    The plan (``foundation.fluid``) reads ``spec``, ``status`` and their parts as
+    mappings and ``status.conditions`` as a list of them; a DataLoad whose ``spec`` is a
+    string would raise in every plan, for every ScaledObject.
+    """
+    for path in _MAPPINGS:
+        value: object = obj
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, dict):
+            return f"{'.'.join(path)} is not a mapping"
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if conditions is not None and not (
+        isinstance(conditions, list) and all(isinstance(c, dict) for c in conditions)
+    ):
+        return "status.conditions is not a list of mappings"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +133,16 @@ class Prewarmer:
         self._listed_at: float | None = None
         """When both watches had first listed (what finished before, no plan here saw)."""
         self._wake = asyncio.Event()
-        self._watches: list[asyncio.Task[None]] = []
+        self._watches: dict[str, asyncio.Task[None]] = {}
+        self._failures: dict[tuple[object, ...], str] = {}
+        """What failed last, by (what, ScaledObject or object): logged once a change."""
+        self._access_retry_at = 0.0
+        self._access_delay = RETRY_MIN
+        self.errors: Counter[str] = Counter()
+        """Units that failed, by reason: ``plan`` (a ScaledObject's plan raised),
+        ``write`` (a DataLoad write failed), ``access`` (no Kubernetes client),
+        ``unreadable`` (a watched object of the wrong shape), ``watch`` (a watch task
+        ended and was started again)."""
         registry.add_decision_hook(self.on_decision)
 
     @property
@@ -114,17 +160,42 @@ class Prewarmer:
 
     def on_decision(self, scaled: ScaledObject, decision: Decision, now: float) -> Decision:
         """Plan on a new decision; its reason gets the prewarm's note. Never blocks."""
-        try:
-            made = self._plan(scaled, decision, now)
-        except Exception:  # a bug here must never cost the scale decision
-            log.exception("ScaledObject %s/%s: prewarm planning failed", *scaled.key)
-            return decision
+        made = self._guarded_plan(scaled, decision, now)
         if made is None:
             return decision
         self._wake.set()
         return (
             replace(decision, reason=f"{decision.reason}; {made.note}") if made.note else decision
         )
+
+    def _guarded_plan(
+        self, scaled: ScaledObject, decision: Decision, now: float
+    ) -> PrewarmPlan | None:
+        """``_plan``, where anything it raises fails this ScaledObject's plan alone.
+
+        A bug or an object the shape check missed must never cost the scale decision,
+        nor the other ScaledObjects' plans: counted, logged once a change.
+        """
+        try:
+            made = self._plan(scaled, decision, now)
+        except Exception as err:
+            self._failed(("plan", *scaled.key), "plan", err)
+            return None
+        self._recovered(("plan", *scaled.key))
+        return made
+
+    def _failed(self, about: tuple[object, ...], reason: str, err: BaseException) -> None:
+        """Count one failed unit; a WARNING (with the traceback) when its problem changes."""
+        self.errors[reason] += 1
+        problem = _brief(err)
+        if self._failures.get(about) != problem:
+            self._failures[about] = problem
+            what = "/".join(str(part) for part in about[1:])
+            log.warning("prewarm %s for %s failed: %s", reason, what, problem, exc_info=err)
+
+    def _recovered(self, about: tuple[object, ...]) -> None:
+        if self._failures.pop(about, None) is not None:
+            log.info("prewarm %s for %s works again", about[0], "/".join(map(str, about[1:])))
 
     def _plan(self, scaled: ScaledObject, decision: Decision, now: float) -> PrewarmPlan | None:
         spec = scaled.metadata.prewarm(scaled.key[0])
@@ -165,7 +236,7 @@ class Prewarmer:
         try:
             while True:
                 self._replan()
-                if self._entries and not self._watches:
+                if self._entries:
                     self._start_watches()
                 if any(self._pending(e) for e in self._entries.values()):
                     if api is None:
@@ -179,23 +250,38 @@ class Prewarmer:
                         await self._wake.wait()
                 self._wake.clear()
         finally:
-            for task in self._watches:
+            for task in self._watches.values():
                 task.cancel()
-            for task in self._watches:
-                with contextlib.suppress(asyncio.CancelledError):
+            for task in self._watches.values():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             self._watches.clear()
             if api is not None:
                 await api.close()
 
     async def _client(self) -> client.ApiClient | None:
+        """A client, or None while there is no access: retried at a doubling backoff.
+
+        A kubeconfig that does not load fails the same way each time; each attempt is
+        counted, the problem logged once a change.
+        """
+        now = self._clock()
+        if now < self._access_retry_at:
+            return None
         try:
             api = await self._access.client()
-        except ConfigError as err:
-            self._problems["access"] = f"no Kubernetes access: {err}"
-            log.error("prewarm: %s", self._problems["access"])
+        except Exception as err:  # ConfigError, or whatever a client build raises
+            self.errors["access"] += 1
+            problem = f"no Kubernetes access: {err}"
+            if self._problems.get("access") != problem:
+                log.error("prewarm: %s; retrying at a backoff up to %.0f s", problem, RETRY_MAX)
+            self._problems["access"] = problem
+            self._access_retry_at = now + self._access_delay
+            self._access_delay = min(self._access_delay * 2, RETRY_MAX)
             return None
-        self._problems.pop("access", None)
+        if self._problems.pop("access", None) is not None:
+            log.info("prewarm: Kubernetes access works again")
+        self._access_delay = RETRY_MIN
         return api
 
     def _replan(self) -> None:
@@ -205,7 +291,7 @@ class Prewarmer:
         for scaled in self._registry.objects():
             known.add(scaled.key)
             if scaled.decision is not None:
-                self._plan(scaled, scaled.decision, now)
+                self._guarded_plan(scaled, scaled.decision, now)
             elif (spec := scaled.metadata.prewarm(scaled.key[0])) is not None:
                 # No decision yet (no signals): watch Fluid already, for the first one.
                 self._entries.setdefault(scaled.key, _Entry(spec, Track()))
@@ -227,8 +313,9 @@ class Prewarmer:
                     await self._create(api, key, entry, entry.plan.create)
                 elif entry.plan.delete is not None:
                     await self._delete(api, key, entry.plan.delete)
-            except (client.ApiException, OSError, TimeoutError) as err:
+            except Exception as err:  # an answer that is no object too: this write only
                 entry.write_errors += 1
+                self.errors["write"] += 1
                 entry.retry_at = now + entry.retry_delay
                 entry.retry_delay = min(entry.retry_delay * 2, RETRY_MAX)
                 log.warning(
@@ -242,7 +329,7 @@ class Prewarmer:
             # Re-plan on what was just written, so one plan's write is done once.
             scaled = self._registry.get(*key)
             if scaled is not None and scaled.decision is not None:
-                self._plan(scaled, scaled.decision, self._clock())
+                self._guarded_plan(scaled, scaled.decision, self._clock())
 
     async def _create(
         self, api: client.ApiClient, key: ObjectKey, entry: _Entry, body: RawObject
@@ -264,8 +351,10 @@ class Prewarmer:
                 meta["namespace"],
                 meta["name"],
             )
-        # Seen at once, until the watch brings the object itself.
-        self._sets.setdefault("dataloads", {})[f"{meta['namespace']}/{meta['name']}"] = made
+        # Seen at once, until the watch brings the object itself (ours, when the answer
+        # is no readable DataLoad: the watch corrects it).
+        seen = made if isinstance(made, dict) and unreadable(made) is None else body
+        self._sets.setdefault("dataloads", {})[f"{meta['namespace']}/{meta['name']}"] = seen
 
     async def _delete(self, api: client.ApiClient, key: ObjectKey, target: Delete) -> None:
         try:
@@ -282,22 +371,47 @@ class Prewarmer:
         self._sets.setdefault("dataloads", {}).pop(f"{target.namespace}/{target.name}", None)
 
     def _start_watches(self) -> None:
+        """Start each watch not running; one that ended anyway is started again."""
         for kind, resource in (("datasets", DATASETS), ("dataloads", DATALOADS)):
-            self._watches.append(
-                asyncio.create_task(
-                    watch_objects(
-                        self._access,
-                        Selection(resource),
-                        self._on_change(kind),
-                        resync=self._resync,
-                        on_error=self._on_error(kind),
-                    )
+            running = self._watches.get(kind)
+            if running is not None and not running.done():
+                continue
+            if running is not None:
+                error = None if running.cancelled() else running.exception()
+                why = "returned" if error is None else repr(error)
+                self.errors["watch"] += 1
+                log.error("prewarm: the watch on %s ended (%s); starting it again", kind, why)
+            self._watches[kind] = asyncio.create_task(
+                watch_objects(
+                    self._access,
+                    Selection(resource),
+                    self._on_change(kind),
+                    resync=self._resync,
+                    on_error=self._on_error(kind),
                 )
             )
 
+    def _readable(self, kind: str, objects: dict[str, RawObject]) -> dict[str, RawObject]:
+        """The objects the plan can read; each unreadable one counted and logged once."""
+        kept: dict[str, RawObject] = {}
+        for name, obj in objects.items():
+            problem = unreadable(obj)
+            about: tuple[object, ...] = ("unreadable", kind, name)
+            if problem is None:
+                kept[name] = obj
+                self._failures.pop(about, None)
+            elif self._failures.get(about) != problem:
+                self.errors["unreadable"] += 1
+                self._failures[about] = problem
+                log.warning("prewarm: %s %s is unreadable (%s); left out", kind, name, problem)
+        gone = [a for a in self._failures if a[:2] == ("unreadable", kind) and a[2] not in objects]
+        for stale in gone:
+            del self._failures[stale]
+        return kept
+
     def _on_change(self, kind: str) -> Callable[[dict[str, RawObject]], None]:
         def changed(objects: dict[str, RawObject]) -> None:
-            self._sets[kind] = objects
+            self._sets[kind] = self._readable(kind, objects)
             if self._listed_at is None and self._view().listed:
                 self._listed_at = self._clock()
             # Only this watch's problem is over: the other's may still fail.

@@ -1,0 +1,260 @@
+"""The prewarm under hostile Fluid objects, failing plans and writes, and no API access.
+
+Issue 27's second hostile pass (S-H4, M6, M8): a watched object of the wrong shape is
+unreadable alone (left out, counted, one WARNING); one ScaledObject's plan or write that
+raises fails that ScaledObject alone and recovers; no Kubernetes access backs off; a
+DataLoad's finish time from the future is not trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from foundation.kube import KubeAccess
+from foundation.signals import GatewaySignals, Snapshot
+from scaler.prewarm import shell
+from scaler.prewarm.plan import CLOCK_SLACK_SECONDS, Track, plan
+from scaler.registry import ScaledObjectRegistry
+from scaler.signals import SignalStore
+from tests.conftest import T0, FakeClock
+from tests.test_prewarm_plan import KEY, NOW, SPEC, dataset, load, view
+
+BASE = {"scalerAddress": "x:1", "targetUtilization": "1"}
+
+
+def fluid_dataset(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "serving", "uid": f"u-{name}"},
+        "status": {"phase": "Bound", "cacheStates": {"cachedPercentage": "0.0%"}},
+    }
+
+
+class Harness:
+    """Two prewarm ScaledObjects (a, b) on a registry whose clock the test moves."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.clock = FakeClock(T0)
+        self.store = SignalStore(self.clock)
+        self.registry = ScaledObjectRegistry(self.store, 60.0, self.clock)
+        self.prewarm = shell.Prewarmer(
+            self.registry, KubeAccess(Path("/nonexistent/kubeconfig")), self.clock
+        )
+        self.scaled = {
+            name: self.registry.resolve(
+                f"llama-{name}",
+                "serving",
+                {**BASE, "deployment": f"llama-{name}", "fluidDataset": f"weights-{name}"},
+            )
+            for name in ("a", "b")
+        }
+
+    def feed(self, datasets: dict[str, Any], dataloads: dict[str, Any]) -> None:
+        """What the two watches would hand over."""
+        self.prewarm._on_change("datasets")(datasets)
+        self.prewarm._on_change("dataloads")(dataloads)
+
+    def reason(self, name: str) -> str:
+        self.clock.now += 1
+        target = ("serving", f"llama-{name}", "")
+        self.store.update(Snapshot(target, GatewaySignals(self.clock.now, None, 1, 0)))
+        return self.registry.current(self.scaled[name]).reason
+
+
+def bad_status(shape: Any) -> dict[str, Any]:
+    ds = fluid_dataset("weights-b")
+    ds["status"] = shape
+    return ds
+
+
+def bad_cache(shape: Any) -> dict[str, Any]:
+    ds = fluid_dataset("weights-b")
+    ds["status"]["cacheStates"] = shape
+    return ds
+
+
+def load_of(dataset_name: str, **fields: Any) -> dict[str, Any]:
+    body = {
+        "metadata": {"name": "x", "namespace": "serving"},
+        "spec": {"dataset": {"name": dataset_name}},
+    }
+    body.update(fields)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("datasets", "dataloads"),
+    [
+        pytest.param({"serving/weights-b": bad_status(["Bound"])}, {},
+                     id="a Dataset whose status is a list is unreadable alone"),
+        pytest.param({"serving/weights-b": bad_cache([{"cachedPercentage": "0%"}])}, {},
+                     id="a Dataset whose cacheStates is a list is unreadable alone"),
+        pytest.param({}, {"other/x": load_of("weights-b") | {"spec": "weights"}},
+                     id="a DataLoad in another namespace whose spec is a string is unreadable"),
+        pytest.param({}, {"serving/x": load_of("weights-b", status={"conditions": ["Complete"]})},
+                     id="a DataLoad whose conditions are strings is unreadable alone"),
+        pytest.param({}, {"serving/x": load_of("weights-b") | {"spec": {"dataset": "weights-b"}}},
+                     id="a DataLoad whose spec.dataset is a string is unreadable alone"),
+        pytest.param({}, {"serving/x": load_of("weights-b", status={"waitingFor": [1]})},
+                     id="a DataLoad whose waitingFor is a list is unreadable alone"),
+    ],
+)  # fmt: skip
+def test_a_fluid_object_of_the_wrong_shape_is_unreadable_alone(
+    datasets, dataloads, monkeypatch, caplog
+):
+    caplog.set_level(logging.WARNING, logger="scaler.prewarm.shell")
+    harness = Harness(monkeypatch)
+    good = {"serving/weights-a": fluid_dataset("weights-a")}
+    for _ in range(3):  # every resync hands the same set again
+        harness.feed({**good, **datasets}, dataloads)
+        harness.prewarm._replan()  # raised AttributeError before, and ended the loop
+    assert "prewarm" in harness.reason("a") and "creating DataLoad" in harness.reason("a")
+    harness.reason("b")  # planned on what can be read: nothing raises
+    assert harness.prewarm.errors["unreadable"] == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "unreadable" in warnings[0], warnings
+
+
+class SurpriseError(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(AttributeError("'list' object has no attribute 'get'"),
+                     id="an AttributeError in one plan fails that ScaledObject only"),
+        pytest.param(RecursionError(), id="a RecursionError in one plan fails that one only"),
+        pytest.param(SurpriseError("any"), id="any exception in one plan fails that one only"),
+    ],
+)  # fmt: skip
+def test_one_scaled_objects_failing_plan_is_its_own_and_recovers(error, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="scaler.prewarm.shell")
+    harness = Harness(monkeypatch)
+    harness.feed({f"serving/weights-{n}": fluid_dataset(f"weights-{n}") for n in "ab"}, {})
+    failing = [True]
+
+    def plan_failing_for_b(key: Any, *args: Any, **kwargs: Any) -> Any:
+        if key[1] == "llama-b" and failing[0]:
+            raise error
+        return plan(key, *args, **kwargs)
+
+    monkeypatch.setattr(shell, "plan", plan_failing_for_b)
+    for _ in range(3):
+        harness.prewarm._replan()
+        assert "creating DataLoad" in harness.reason("a")
+        assert "prewarm" not in harness.reason("b")  # its decision stands, without a note
+    assert harness.prewarm.errors["plan"] >= 3
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "llama-b" in warnings[0].getMessage()  # once, not per call
+    failing[0] = False
+    assert "creating DataLoad" in harness.reason("b")
+    assert "works again" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(json.JSONDecodeError("Expecting value", "<html>", 0),
+                     id="a create answered with HTML fails that write only"),
+        pytest.param(TypeError("list indices must be integers"),
+                     id="a create that raises anything fails that write only"),
+        pytest.param(["not", "a", "dataload"], id="a create answered with a JSON list is ours"),
+    ],
+)  # fmt: skip
+async def test_a_write_answer_that_is_no_dataload_fails_that_write_alone(answer, monkeypatch):
+    harness = Harness(monkeypatch)
+    harness.feed({f"serving/weights-{n}": fluid_dataset(f"weights-{n}") for n in "ab"}, {})
+    created: list[str] = []
+
+    async def create(api: Any, resource: Any, body: dict[str, Any]) -> Any:
+        created.append(body["metadata"]["name"])
+        if len(created) == 1:  # the first write, whichever ScaledObject's
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return body
+
+    monkeypatch.setattr(shell, "create", create)
+    harness.reason("a"), harness.reason("b")
+    await harness.prewarm._write_all(api=None)  # type: ignore[arg-type]
+    harness.prewarm._replan()  # the stored answer, if any, is readable
+    assert len(created) == 2  # the other ScaledObject's write went on
+    failed = sum(s.write_errors for s in harness.prewarm.statuses())
+    assert failed == (1 if isinstance(answer, Exception) else 0)
+
+
+async def test_no_kubernetes_access_is_retried_at_a_doubling_backoff_and_logged_once(
+    monkeypatch, caplog
+):
+    caplog.set_level(logging.ERROR, logger="scaler.prewarm.shell")
+    harness = Harness(monkeypatch)
+    attempts = []
+    for step in (0, 0.5, 1, 1.5, 2.5, 3, 5, 7, 7.5):  # seconds since the first try
+        harness.clock.now = T0 + step
+        before = harness.prewarm.errors["access"]
+        assert await harness.prewarm._client() is None
+        if harness.prewarm.errors["access"] > before:
+            attempts.append(step)
+    assert attempts == [0, 1, 3, 7]  # after 1 s, then 2, then 4
+    assert len(caplog.records) == 1  # the same problem, once
+
+
+async def test_a_watch_task_that_ends_is_started_again_and_counted(monkeypatch):
+    started: list[str] = []
+    stay, restarted = asyncio.Event(), asyncio.Event()
+
+    async def watch(access: object, selection: Any, on_change: Callable[..., None], **kw: Any):
+        started.append(selection.resource.plural)
+        if len(started) == 4:
+            restarted.set()
+        if started.count(selection.resource.plural) > 1:
+            await stay.wait()
+        # the first watch on each resource ends at once, as a dead task would
+
+    monkeypatch.setattr(shell, "watch_objects", watch)
+    harness = Harness(monkeypatch)
+    harness.prewarm._start_watches()
+    await asyncio.gather(*harness.prewarm._watches.values())
+    harness.prewarm._start_watches()
+    async with asyncio.timeout(10):
+        await restarted.wait()
+    assert sorted(started) == ["dataloads", "dataloads", "datasets", "datasets"]
+    assert harness.prewarm.errors["watch"] == 2
+    stay.set()
+    for task in harness.prewarm._watches.values():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# --- M8: a DataLoad's finish time from the future is not trusted -------------------------
+
+
+@pytest.mark.parametrize(
+    ("ahead", "reloads"),
+    [
+        pytest.param(86_400 * 365 * 70, True,
+                     id="a finish dated 70 years ahead is no time: the evicted cache reloads"),
+        pytest.param(CLOCK_SLACK_SECONDS + 60, True,
+                     id="a finish dated past the clock slack ahead is unreadable"),
+        pytest.param(-3600, True, id="a finish an hour ago reloads the evicted cache"),
+        pytest.param(-10, False, id="a finish ten seconds ago still waits for Fluid's figures"),
+    ],
+)  # fmt: skip
+def test_a_finish_time_from_the_future_never_holds_the_reload(ahead, reloads):
+    from foundation.fluid import meta
+
+    own = load("dataload-complete.yaml", finished=NOW + ahead)
+    track = Track(active=True, desired=2, warm_after=meta(own, "uid"))  # warm after it: evicted
+    made = plan(KEY, SPEC, track, active=True, desired=3, fluid=view(dataset("10.0%"), own),
+                now=NOW)  # fmt: skip
+    assert (made.delete is not None) == reloads, made.reason
+    if ahead > CLOCK_SLACK_SECONDS:
+        assert "ahead of this clock" in made.reason
