@@ -32,6 +32,8 @@ C = TypeVar("C")
 
 DEFAULT_KEY = "config.yaml"
 """The ConfigMap key holding the YAML, as in ``deploy/*/configmap.yaml``."""
+MAX_CONFIG_TEXT = 1 << 20
+"""Characters of config a reload parses: a ConfigMap holds at most 1 MiB in all."""
 
 
 class ConfigStore(Generic[C]):
@@ -64,15 +66,39 @@ class ConfigStore(Generic[C]):
         line, counted, and the last good config stays. A listener that raises is logged
         the same way; the new config is in force and the other listeners still run.
         """
+        return self._apply(self._parsed(text, origin), origin)
+
+    async def update_off_loop(self, text: str, origin: str) -> bool:
+        """``update``, with the parse in a worker thread: what a reload loop calls.
+
+        Parsing a config is PyYAML's pure-Python loader and pydantic, and reads the
+        side files it names (``profiles-file``): a megabyte ConfigMap took 9 s of CPU,
+        which on the event loop is 9 s without a gRPC answer or a health check. Text
+        over ``MAX_CONFIG_TEXT`` is refused before any parse; the swap, the count and
+        the listeners stay on the loop, as with ``update``.
+        """
+        if len(text) > MAX_CONFIG_TEXT:
+            return self._apply(
+                f"{origin}: over {MAX_CONFIG_TEXT:,} characters, the most read", origin
+            )
+        return self._apply(await asyncio.to_thread(self._parsed, text, origin), origin)
+
+    def _parsed(self, text: str, origin: str) -> tuple[C] | str:
+        """``(config,)``, or why the text is refused. No side effect: runs in a thread."""
         try:
-            new = self._parse(text, origin)
+            return (self._parse(text, origin),)
         except ConfigError as err:
-            self.reject(str(err))
-            return False
+            return str(err)
         except Exception as err:  # defence in depth: a reload must never stop the watch
             log.debug("config parse of %s raised", origin, exc_info=True)
-            self.reject(f"{origin}: cannot parse ({_describe_exception(err)})")
+            return f"{origin}: cannot parse ({_describe_exception(err)})"
+
+    def _apply(self, parsed: tuple[C] | str, origin: str) -> bool:
+        """Swap a parsed config in, if it differs, and tell the listeners; or refuse."""
+        if isinstance(parsed, str):
+            self.reject(parsed)
             return False
+        (new,) = parsed
         self.last_error = ""
         if new == self.current:
             return False
@@ -159,7 +185,7 @@ async def poll_file(
         except ValueError as err:  # not UTF-8
             store.reject(f"cannot read config file {path}: {err}")
             continue
-        store.update(text, str(path))
+        await store.update_off_loop(text, str(path))
 
 
 def parse_configmap_ref(ref: str) -> tuple[str, str, str]:
@@ -216,19 +242,42 @@ async def read_configmap(access: KubeAccess, namespace: str, name: str, key: str
 async def watch_configmap(
     store: ConfigStore[C], access: KubeAccess, namespace: str, name: str, key: str
 ) -> None:
-    """Feed every change of the ConfigMap's ``key`` into ``store``, forever."""
+    """Feed every change of the ConfigMap's ``key`` into ``store``, forever.
+
+    The watch's callback must not block, so it only keeps the newest text; a task of
+    its own parses it off the loop (``update_off_loop``). The same good text again
+    (every resync hands the ConfigMap over) is not parsed again.
+    """
     origin = f"configmap {namespace}/{name}:{key}"
+    newest: list[str | ConfigError] = []
+    arrived = asyncio.Event()
 
     def changed(objects: dict[str, RawObject]) -> None:
         try:
-            text = configmap_text(objects, name, key)
+            newest[:] = [configmap_text(objects, name, key)]
         except ConfigError as err:
-            store.reject(f"{origin}: {err}")
-            return
-        store.update(text, origin)
+            newest[:] = [err]
+        arrived.set()
+
+    async def apply() -> None:
+        applied: str | None = None
+        while True:
+            await arrived.wait()
+            arrived.clear()
+            (update,) = newest
+            if isinstance(update, ConfigError):
+                store.reject(f"{origin}: {update}")
+                applied = None
+            elif update != applied:
+                await store.update_off_loop(update, origin)
+                # A refused text is parsed again at the next event: a side file it
+                # names may have been fixed since.
+                applied = update if not store.last_error else None
 
     selection = Selection("configmaps", namespace, field_selector=f"metadata.name={name}")
-    await watch_objects(access, selection, changed)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(apply())
+        tasks.create_task(watch_objects(access, selection, changed))
 
 
 class ConfigSource:
