@@ -26,6 +26,12 @@ from foundation.replica_model import PROFILES
 from foundation.replica_model import Profile as ReplicaProfile
 from scaler.core.capacity import PRIORS, check_profile
 from scaler.core.model import Policy
+from scaler.metadata import (
+    MAX_SEASONAL_SECONDS,
+    MAX_TOKENS_PER_SECOND,
+    MIN_RATE,
+    MIN_TOKENS_PER_SECOND,
+)
 from scaler.promql import (
     DEFAULT_QUERIES,
     DEFAULT_SELECTOR,
@@ -134,6 +140,10 @@ class PrometheusSourceConfig(BaseModel):
 
 # The one source of the policy defaults: the decision core's own.
 _CORE = Policy()
+MIN_SEASONAL_DAY = 60.0
+"""The shortest forecast day (a replay's compressed day); a slot is a 96th of it."""
+MAX_SIGNAL_SOURCES = 256
+"""Exporters and gateways one scaler watches: each is a gRPC channel and a task."""
 
 
 _PANIC_REMOVED = (
@@ -187,13 +197,17 @@ class PolicyConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    target_concurrency: float = Field(_CORE.target_concurrency, gt=0)
+    target_concurrency: float = Field(_CORE.target_concurrency, ge=MIN_RATE, le=100_000)
     """Requests in flight (running plus queued) one replica should hold."""
-    prefill_tokens_per_second: float = Field(_CORE.prefill_tokens_per_second, gt=0)
+    prefill_tokens_per_second: float = Field(
+        _CORE.prefill_tokens_per_second, ge=MIN_TOKENS_PER_SECOND, le=MAX_TOKENS_PER_SECOND
+    )
     """Prior capacity: prompt tokens a replica prefills per second (8B on H200 ~36k)."""
-    decode_tokens_per_second: float = Field(_CORE.decode_tokens_per_second, gt=0)
+    decode_tokens_per_second: float = Field(
+        _CORE.decode_tokens_per_second, ge=MIN_TOKENS_PER_SECOND, le=MAX_TOKENS_PER_SECOND
+    )
     """Prior capacity: output tokens a replica decodes per second within the ITL SLO."""
-    target_utilization: float = Field(_CORE.target_utilization, gt=0, le=1)
+    target_utilization: float = Field(_CORE.target_utilization, ge=MIN_RATE, le=1)
     """Share of a replica's capacity to plan for; the rest absorbs bursts."""
     slo_ttft: Seconds = Field(_CORE.slo_ttft_seconds, gt=0)
     """Time-to-first-token p95 target."""
@@ -211,21 +225,25 @@ class PolicyConfig(BaseModel):
     """Scale down only to the most replicas needed within this window."""
     forecast_horizon: Seconds = Field(_CORE.forecast_horizon_seconds, ge=0)
     """About one cold start: scale-up starts this far ahead of the load."""
-    idle_grace: Seconds = Field(_CORE.idle_grace_seconds, ge=0)
+    idle_grace: Seconds = Field(_CORE.idle_grace_seconds, ge=0, le=MAX_SEASONAL_SECONDS)
     """No request at all for this long before scaling to zero."""
     profile: str | None = Field(_CORE.profile, min_length=1)
     """A replica model (``llama3-8b-h200``, or one of ``profiles``): capacity from it and
     the observed mix (``ScalerConfig`` checks that it is known)."""
-    profile_utilization: float = Field(_CORE.profile_utilization, gt=0, le=1)
+    profile_utilization: float = Field(_CORE.profile_utilization, ge=MIN_RATE, le=1)
     """With a profile: the share of a replica's SLO capacity to plan for."""
     backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0)
     """With a profile: drain a backlog within this long (more replicas if need be)."""
-    seasonal_prewarm_lead: Seconds = Field(_CORE.seasonal_prewarm_lead_seconds, ge=0)
+    seasonal_prewarm_lead: Seconds = Field(
+        _CORE.seasonal_prewarm_lead_seconds, ge=0, le=MAX_SEASONAL_SECONDS
+    )
     """At zero, prewarm the Fluid cache this long before a confident return (0: never)."""
     seasonal_utc_offset_hours: float = Field(_CORE.seasonal_utc_offset_hours, ge=-14, le=14)
     """The forecast's local time is UTC plus this many hours (fixed: no DST)."""
-    seasonal_day: Seconds = Field(_CORE.seasonal_day_seconds, gt=0)
-    """The forecast's day (shorter only in a replay of compressed days)."""
+    seasonal_day: Seconds = Field(
+        _CORE.seasonal_day_seconds, ge=MIN_SEASONAL_DAY, le=MAX_SEASONAL_SECONDS
+    )
+    """The forecast's day (shorter only in a replay of compressed days); 1 min to 7 days."""
     demand_window: Seconds = Field(_CORE.demand_window_seconds, gt=0)
     """With a profile: demand is averaged over this long (the exporter's stable window)."""
     profile_speedup: float = Field(_CORE.profile_speedup, gt=0)
@@ -383,7 +401,9 @@ class ScalerConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    signal_sources: list[SignalSourceConfig] = Field(default_factory=list)
+    signal_sources: list[SignalSourceConfig] = Field(
+        default_factory=list, max_length=MAX_SIGNAL_SOURCES
+    )
     """Exporters and gateways to watch. Empty is allowed only with ``demo-source``."""
     max_signal_age: Seconds = Field(30.0, gt=0)
     """Signals older than this make KEDA RPCs answer UNAVAILABLE (KEDA's fallback

@@ -109,6 +109,18 @@ def _pool(value: object) -> object:
     return value
 
 
+MAX_SEASONAL_SECONDS = 7 * 86_400.0
+"""The longest ``idleGrace`` and ``seasonalPrewarmLead``: a week. Each at-zero decision
+walks the forecast's slots over lead plus grace; Go's largest duration (292 years) made
+it 10^7 slots, seconds of CPU on the event loop per signal."""
+MIN_RATE = 0.01
+"""The smallest ``targetConcurrency`` or utilization taken: below it a replica's
+planned load is nothing, and the need divides into infinity (``1e-320``)."""
+MIN_TOKENS_PER_SECOND = 1.0
+MAX_TOKENS_PER_SECOND = 1e7
+"""A replica's prefill or decode rate: 1 token/s (a CPU toy) to 10^7 (no accelerator
+does 10^6); outside it a busy deployment reads as no load, or as never enough."""
+
 MAX_SLEEPING = 100
 """Sleepers one ScaledObject may hold (``standbyMaxSleeping``)."""
 
@@ -180,26 +192,34 @@ class TriggerMetadata(BaseModel):
     """Fewest replicas to ask for (0 allows scale to zero)."""
     max_replicas: Integer = Field(100, alias="maxReplicas", ge=1, le=10_000)
     """Most replicas to ask for."""
-    target_concurrency: Decimal | None = Field(None, alias="targetConcurrency", gt=0, le=100_000)
+    target_concurrency: Decimal | None = Field(
+        None, alias="targetConcurrency", ge=MIN_RATE, le=100_000
+    )
     """Requests in flight (running plus queued) one replica should hold."""
     max_signal_age: Seconds | None = Field(None, alias="maxSignalAge", gt=0)
     """Signals older than this give UNAVAILABLE; defaults to the scaler config's."""
-    target_utilization: Decimal | None = Field(None, alias="targetUtilization", gt=0, le=1)
+    target_utilization: Decimal | None = Field(None, alias="targetUtilization", ge=MIN_RATE, le=1)
     slo_ttft: Seconds | None = Field(None, alias="sloTtft", gt=0)
     slo_itl: Seconds | None = Field(None, alias="sloItl", gt=0)
-    idle_grace: Seconds | None = Field(None, alias="idleGrace", ge=0)
-    prefill_tokens_per_second: Decimal | None = Field(None, alias="prefillTokensPerSecond", gt=0)
-    decode_tokens_per_second: Decimal | None = Field(None, alias="decodeTokensPerSecond", gt=0)
+    idle_grace: Seconds | None = Field(None, alias="idleGrace", ge=0, le=MAX_SEASONAL_SECONDS)
+    prefill_tokens_per_second: Decimal | None = Field(
+        None, alias="prefillTokensPerSecond", ge=MIN_TOKENS_PER_SECOND, le=MAX_TOKENS_PER_SECOND
+    )
+    decode_tokens_per_second: Decimal | None = Field(
+        None, alias="decodeTokensPerSecond", ge=MIN_TOKENS_PER_SECOND, le=MAX_TOKENS_PER_SECOND
+    )
     profile: Profile | None = None
     """A replica model (built in, or the scaler config's ``profiles``) the capacity comes from."""
-    profile_utilization: Decimal | None = Field(None, alias="profileUtilization", gt=0, le=1)
+    profile_utilization: Decimal | None = Field(None, alias="profileUtilization", ge=MIN_RATE, le=1)
     pool: Pool | None = None
     """The accelerator pool the replicas run on; what the inference-demand RPC sums by."""
     accelerators_per_replica: Decimal | None = Field(
         None, alias="acceleratorsPerReplica", gt=0, le=1024
     )
     """Accelerators one replica holds (a fraction for a shared one); given with ``pool``."""
-    seasonal_prewarm_lead: Seconds | None = Field(None, alias="seasonalPrewarmLead", ge=0)
+    seasonal_prewarm_lead: Seconds | None = Field(
+        None, alias="seasonalPrewarmLead", ge=0, le=MAX_SEASONAL_SECONDS
+    )
     """Prewarm the Fluid cache this long before a confident return (0: never)."""
     seasonal_utc_offset_hours: Decimal | None = Field(
         None, alias="seasonalUtcOffsetHours", ge=-14, le=14

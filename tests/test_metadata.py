@@ -112,7 +112,7 @@ def test_valid_metadata_parses(extra, expected):
         ),
         pytest.param(
             BASE | {"targetConcurrency": "0"},
-            ["'targetConcurrency'='0'", "greater than 0"],
+            ["'targetConcurrency'='0'", "greater than or equal to 0.01"],
             id="zero-target-concurrency-is-refused",
         ),
         pytest.param(

@@ -19,11 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from foundation.errors import ConfigError, MetadataError
 from foundation.signals import MAX_REPLICAS, EngineSignals, Snapshot, checked, describe_target
 from foundation.signals_wire import WireError, decode
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
-from scaler.config import ScalerConfig, SignalSourceConfig
+from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
+from scaler.core import seasonal
+from scaler.core.seasonal import SeasonalPolicy, SeasonalState
+from scaler.metadata import parse_metadata
 from scaler.promql import checked_answers, signals_from_answers
 from scaler.registry import RegistryFullError, ScaledObjectRegistry
 from scaler.server import ScalerServer
@@ -302,3 +306,99 @@ async def test_a_watched_source_of_endless_new_targets_keeps_the_store_bounded()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await server.stop(None)
+
+
+# --- S-H7, M2: durations and rates within a plausible domain ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "refused"),
+    [
+        pytest.param("idleGrace", "2562047h", True, id="an idle grace of 292 years is refused"),
+        pytest.param("seasonalPrewarmLead", "2562047h", True,
+                     id="a prewarm lead of 292 years is refused"),
+        pytest.param("idleGrace", "168h", False, id="an idle grace of a week is taken"),
+        pytest.param("seasonalPrewarmLead", "168h", False, id="a lead of a week is taken"),
+        pytest.param("targetUtilization", "1e-320", True,
+                     id="a denormal target utilization is refused, never an overflow later"),
+        pytest.param("targetUtilization", "0.01", False, id="a utilization of 1% is taken"),
+        pytest.param("profileUtilization", "1e-9", True,
+                     id="a profile utilization of 1e-9 is refused"),
+        pytest.param("targetConcurrency", "0.001", True, id="a concurrency of 0.001 is refused"),
+        pytest.param("decodeTokensPerSecond", "1e-320", True,
+                     id="a denormal decode rate is refused, never load unknown for good"),
+        pytest.param("decodeTokensPerSecond", "1e300", True,
+                     id="a decode rate of 1e300 is refused, never one replica under load"),
+        pytest.param("prefillTokensPerSecond", "1e300", True,
+                     id="a prefill rate of 1e300 is refused"),
+        pytest.param("prefillTokensPerSecond", "1e7", False, id="a prefill rate of 1e7 is taken"),
+        pytest.param("decodeTokensPerSecond", "1", False, id="a decode rate of 1 is taken"),
+    ],
+)  # fmt: skip
+def test_metadata_outside_a_plausible_domain_is_refused_naming_the_key(key, value, refused):
+    metadata = {**ref().scalerMetadata, key: value}
+    if refused:
+        with pytest.raises(MetadataError, match=key):
+            parse_metadata(metadata, name="llama", namespace="team-a")
+    else:
+        parse_metadata(metadata, name="llama", namespace="team-a")
+
+
+@pytest.mark.parametrize(
+    ("policy", "key"),
+    [
+        pytest.param("seasonal-day: 1ns", "seasonal-day", id="a forecast day of 1ns is refused"),
+        pytest.param("seasonal-day: 3.6s", "seasonal-day",
+                     id="a forecast day of 3.6 s is refused (345 million slots a decision)"),
+        pytest.param("seasonal-prewarm-lead: 1000h", "seasonal-prewarm-lead",
+                     id="a config lead of 1000 h is refused"),
+        pytest.param("idle-grace: 2562047h", "idle-grace",
+                     id="a config idle grace of 292 years is refused"),
+        pytest.param("target-utilization: 1e-320", "target-utilization",
+                     id="a config utilization of 1e-320 is refused"),
+        pytest.param("decode-tokens-per-second: 1e300", "decode-tokens-per-second",
+                     id="a config decode rate of 1e300 is refused"),
+        pytest.param("target-concurrency: 1e-9", "target-concurrency",
+                     id="a config concurrency of 1e-9 is refused"),
+    ],
+)  # fmt: skip
+def test_a_policy_outside_a_plausible_domain_is_a_config_error_naming_the_key(policy, key):
+    with pytest.raises(ConfigError, match=key):
+        parse_config(f"policy: {{{policy}}}\n")
+
+
+def test_at_most_256_signal_sources_are_taken():
+    def sources(n: int) -> str:
+        return "signal-sources:\n" + "".join(f"- address: e{i}:9090\n" for i in range(n))
+
+    assert len(parse_config(sources(256)).signal_sources) == 256
+    with pytest.raises(ConfigError, match="signal-sources"):
+        parse_config(sources(257))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lead=st.floats(0, 1e12), grace=st.floats(0, 1e12), weekly=st.booleans(),
+    day=st.sampled_from([60.0, 3600.0, 86_400.0]),
+)  # fmt: skip
+def test_the_forecast_walks_at_most_a_period_of_slots_whatever_lead_and_grace(
+    lead, grace, weekly, day
+):
+    policy = SeasonalPolicy(weekly=weekly, day_seconds=day)
+    state = SeasonalState()
+    for step in range(0, int(8 * day), int(day / 48)):  # eight days, twice a slot or so
+        state = seasonal.observe(
+            state, T0 + step, 1.0 if step % int(day) < day / 2 else 0.0, policy
+        )
+    walked: list[int] = []
+    real = seasonal._stats_index
+
+    def counted(slot: int, policy: SeasonalPolicy) -> int:
+        walked.append(slot)
+        return real(slot, policy)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(seasonal, "_stats_index", counted)
+        seasonal.expected_return(state, T0 + 8 * day, lead, grace, policy)
+    period = (7 if weekly else 1) * policy.slots_per_day
+    assert len(walked) <= 2 * (period + 2)

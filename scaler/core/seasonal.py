@@ -307,7 +307,11 @@ def expected_return(
     width = _width(policy)
     # one slot more: an early return may be expected before a later slot starts
     first = _local_slot(now - grace_seconds, policy)
-    last = _local_slot(now + lead_seconds + width, policy)
+    # The stats repeat every period of slots (a week's when weekly, else a day's): past
+    # one period a longer window holds no return the first period has not, and the walk
+    # stays a period's slots (672 by default) whatever lead and grace say.
+    period = (7 if policy.weekly else 1) * policy.slots_per_day
+    last = min(_local_slot(now + lead_seconds + width, policy), first + period + 1)
     known = 0
     for slot in range(first, last + 1):
         stats = state.slots[_stats_index(slot, policy)]
