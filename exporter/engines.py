@@ -275,6 +275,9 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
             counters[concept] = value
         for name in options:
             for sample in by_name.get(name.removesuffix("_total") + "_created", ()):
+                if not math.isfinite(sample.value):  # NaN != NaN: a restart at every step
+                    rejected["created"] = "not-finite"
+                    continue
                 created = sample.value if created is None else max(created, sample.value)
 
     histograms: dict[str, Histogram] = {}

@@ -2,9 +2,10 @@
 
 Everything here is pure: scrapes and ``now`` come in, numbers come out. Counters and
 histogram buckets become *increases inside the window* (Prometheus ``increase``
-semantics: a restart, seen as a changed ``_created`` or a counter going down, counts
-the new value as the increase), never lifetime totals. A signal that cannot be
-computed (one scrape in the window, a family the engine does not expose) is None.
+semantics: a restart, seen as a counter going down, or a changed ``_created`` with no
+counter rising, counts the new value as the increase), never lifetime totals. A signal
+that cannot be computed (one scrape in the window, a family the engine does not expose)
+is None.
 
 The request mix (mean prompt and output tokens per request) is the increase of the
 per-request token histograms' ``_sum`` over that of their ``_count``: requests finished
@@ -104,10 +105,14 @@ class ReplicaHistory:
         matrix = np.vstack(self.vectors[first:])
         steps = np.diff(matrix, axis=0)
         created = self.created[first:]
-        restarted = np.array(
+        renewed = np.array(
             [created[i + 1] != created[i] for i in range(len(created) - 1)], dtype=bool
         )
-        restarted |= np.any(steps < 0, axis=1)
+        # A restart sets the counters back to 0: some counter falls, or none rises under
+        # a new _created. A _created that changes while every counter rises is noise
+        # (one that moves each scrape made every step a restart, each counting its
+        # lifetime total: 2e8 requests/s for 1/s), and the plain increase stands.
+        restarted = np.any(steps < 0, axis=1) | (renewed & ~np.any(steps > 0, axis=1))
         if restarted.any():
             steps[restarted] = matrix[1:][restarted]  # the counts since the restart
         assert self.layout is not None

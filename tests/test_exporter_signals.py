@@ -291,3 +291,54 @@ def test_replicas_asleep_travel_on_the_wire_and_unknown_stays_unknown():
 
 def _fields(signals):
     return {name: getattr(signals, name) for name in signals.__dataclass_fields__}
+
+
+# --- issue 27, hostile pass M4: _created never turns totals into rates -------------------
+
+
+def exposition(total: float, tokens: float, created: str) -> bytes:
+    return (
+        "vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n"
+        f"vllm:request_success_total {total}\nvllm:request_success_created {created}\n"
+        f"vllm:generation_tokens_total {tokens}\nvllm:generation_tokens_created {created}\n"
+        f"vllm:prompt_tokens_total {tokens}\nvllm:prompt_tokens_created {created}\n"
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("created", "rejected"),
+    [
+        pytest.param(lambda i: "1700000000", {}, id="a constant _created gives the true rates"),
+        pytest.param(lambda i: "NaN", {"created": "not-finite"},
+                     id="a NaN _created is rejected and the true rates stand"),
+        pytest.param(lambda i: "+Inf", {"created": "not-finite"},
+                     id="an infinite _created is rejected and the true rates stand"),
+        pytest.param(lambda i: str(1700000000 + i), {},
+                     id="a _created changing every scrape while counters rise is no restart"),
+    ],
+)  # fmt: skip
+def test_a_hostile_created_never_turns_lifetime_totals_into_rates(created, rejected):
+    from exporter.engines import read_exposition
+    from exporter.parse import DEFAULT_LIMITS
+
+    history = ReplicaHistory(120.0)
+    for i in range(13):  # 5 s scrapes: +1 request/s, +100 tokens/s on totals of 1e9, 1e11
+        body = exposition(1e9 + 5 * i, 1e11 + 500 * i, created(i))
+        stats = read_exposition(body, "vllm", DEFAULT_LIMITS)
+        history.add(1000.0 + 5 * i, stats)
+    window = history.window(1060.0, 60.0)
+    assert window is not None
+    assert window.rate("requests") == pytest.approx(1.0)
+    assert window.rate("generation_tokens") == pytest.approx(100.0)
+    assert stats.rejected == rejected
+
+
+def test_a_new_created_with_counters_from_zero_is_still_a_restart():
+    from exporter.engines import read_exposition
+    from exporter.parse import DEFAULT_LIMITS
+
+    history = ReplicaHistory(120.0)
+    for at, total, created in ((0.0, 0.0, "1"), (10.0, 0.0, "1"), (20.0, 0.0, "2")):
+        history.add(at, read_exposition(exposition(total, total, created), "vllm", DEFAULT_LIMITS))
+    window = history.window(20.0, 30.0)
+    assert window is not None and window.rate("requests") == 0.0
