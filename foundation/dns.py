@@ -1,9 +1,25 @@
-"""Every replica behind a headless Service's name: one DNS resolver for all who need it."""
+"""Every replica behind a headless Service's name: one DNS resolver for all who need it.
+
+Lookups run in a small executor of their own, one at a time per name. glibc's resolver
+blocks a thread for as long as the DNS server does not answer (30 s and more), and a
+caller's timeout cancels its await, not that thread: in the event loop's default
+executor, which aiohttp's resolver shares, a few hung names starved every scrape of a
+healthy hostname. Here a hung name holds one thread, and callers asking for it while
+its lookup runs wait on that same lookup.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import socket
+from typing import Any
+
+MAX_LOOKUPS = 8
+"""Lookups of distinct names running at once; more wait their turn."""
+
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(MAX_LOOKUPS, thread_name_prefix="dns")
+_IN_FLIGHT: dict[tuple[str, int], concurrent.futures.Future[Any]] = {}
 
 
 async def resolve_addresses(host_port: str) -> tuple[list[str], int]:
@@ -16,6 +32,21 @@ async def resolve_addresses(host_port: str) -> tuple[list[str], int]:
         ValueError: ``host_port`` has no numeric port.
     """
     host, _, port = host_port.rpartition(":")
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos}), int(port)
+    key = (host, int(port))
+    lookup = _IN_FLIGHT.get(key)
+    if lookup is None:
+        lookup = _EXECUTOR.submit(_getaddrinfo, *key)
+        _IN_FLIGHT[key] = lookup
+        lookup.add_done_callback(lambda done: _forget(key, done))
+    # Shielded: a caller's timeout leaves the lookup running for the others.
+    infos = await asyncio.shield(asyncio.wrap_future(lookup))
+    return sorted({str(info[4][0]) for info in infos}), key[1]
+
+
+def _getaddrinfo(host: str, port: int) -> list[Any]:
+    return socket.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
+
+
+def _forget(key: tuple[str, int], done: concurrent.futures.Future[Any]) -> None:
+    if _IN_FLIGHT.get(key) is done:
+        del _IN_FLIGHT[key]
