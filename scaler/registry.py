@@ -18,7 +18,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from foundation.errors import MetadataError, NoDataError, StaleSignalError, UnitscaleError
+from foundation.errors import (
+    MetadataError,
+    NoDataError,
+    StaleSignalError,
+    UnitscaleError,
+    quote,
+)
 from foundation.signals import TargetKey, describe_target
 from scaler.core import Decision, DecisionState, Policy, decide
 from scaler.core.hpa import metric_for
@@ -43,6 +49,13 @@ Each is kept for ``scaled-object-ttl`` after KEDA last asks about it and becomes
 every Prometheus round queries; without a bound, anyone who can reach the port grows the
 scaler by about 22 KB per distinct name until the kernel kills it. KEDA's own are known
 before the bound is reached, and stay; only new ones past it are refused."""
+
+
+SECOND_TRIGGER_WINDOW = 600.0
+"""Seconds within which a return to the metadata a ScaledObject just had counts towards
+"two triggers" (KEDA asks about both in every evaluation, seconds apart; an edit and its
+revert are minutes apart and return once), and how long after the current trigger was
+last asked about the other is still refused."""
 
 
 class RegistryFullError(UnitscaleError):
@@ -90,6 +103,14 @@ class ScaledObject:
     listener_errors: int = 0
     """Activation listeners that raised when told of a transition (counted; the others
     were told, the decision kept)."""
+    replaced: dict[str, str] | None = None
+    """The metadata the current one replaced, and when (``changed_at``): a quick return
+    to it, twice, is a second trigger, not an edit (``_second_trigger``)."""
+    changed_at: float = 0.0
+    returns: int = 0
+    rival: dict[str, str] | None = None
+    """A second unitscale trigger's metadata on this ScaledObject: refused while the
+    first is asked about."""
 
 
 DecisionHook = Callable[[ScaledObject, Decision, float], Decision]
@@ -194,6 +215,15 @@ class ScaledObjectRegistry:
             return existing
         if existing is None:
             self._check_room()
+        elif self._second_trigger(existing, metadata_map):
+            raise MetadataError(
+                "a second unitscale trigger with other metadata (deployment"
+                f" {quote(metadata_map.get('deployment'))}, beside"
+                f" {quote(existing.raw_metadata.get('deployment'))}): one unitscale trigger"
+                " per ScaledObject, as both would share its decisions; this one is refused"
+                f" while the other is asked about (and for {SECOND_TRIGGER_WINDOW:.0f} s"
+                " after)"
+            )
         own_profiles = [own.name for own in self._policy_defaults.profiles]
         metadata = parse_metadata(
             metadata_map, name=name, namespace=namespace, profiles=own_profiles
@@ -221,6 +251,36 @@ class ScaledObjectRegistry:
         self._by_target.setdefault(target, set()).add(scaled)
         self._refresh(scaled, self._clock())
         return scaled
+
+    def _second_trigger(self, scaled: ScaledObject, raw: dict[str, str]) -> bool:
+        """Whether ``raw`` is a second trigger's metadata, not an edit of the first.
+
+        KEDA sends a ScaledObject's every trigger with the same name, so two unitscale
+        triggers alternate: each call replaced the other's metadata and both shared one
+        decision state (the idle one answered the busy one's peak). A quick return to
+        the metadata just replaced, the second time running, is taken for that; from
+        then on the other is refused while the current one is asked about. Otherwise
+        the change is an edit, remembered for the next.
+        """
+        now = self._clock()
+        if scaled.rival is not None and raw == scaled.rival:
+            if now - scaled.last_seen <= SECOND_TRIGGER_WINDOW:
+                return True
+            scaled.rival = None  # the current one is gone: this is the trigger now
+        quick = now - scaled.changed_at <= SECOND_TRIGGER_WINDOW
+        scaled.returns = scaled.returns + 1 if raw == scaled.replaced and quick else 0
+        if scaled.returns >= 2:
+            scaled.rival, scaled.returns = raw, 0
+            log.warning(
+                "ScaledObject %s/%s has two unitscale triggers (deployments %s and %s):"
+                " the second is refused",
+                *scaled.key,
+                quote(scaled.raw_metadata.get("deployment")),
+                quote(raw.get("deployment")),
+            )
+            return True
+        scaled.replaced, scaled.changed_at = scaled.raw_metadata, now
+        return False
 
     def _check_room(self) -> None:
         """Refuse a new ScaledObject past ``max_objects``: counted, logged once a filling.

@@ -29,7 +29,7 @@ from scaler.core import seasonal
 from scaler.core.seasonal import SeasonalPolicy, SeasonalState
 from scaler.metadata import parse_metadata
 from scaler.promql import checked_answers, signals_from_answers
-from scaler.registry import RegistryFullError, ScaledObjectRegistry
+from scaler.registry import SECOND_TRIGGER_WINDOW, RegistryFullError, ScaledObjectRegistry
 from scaler.server import ScalerServer
 from scaler.signals import TARGET_TTL, SignalStore, TargetSignals
 from scaler.sources import receive, watch_signals
@@ -402,3 +402,52 @@ def test_the_forecast_walks_at_most_a_period_of_slots_whatever_lead_and_grace(
         seasonal.expected_return(state, T0 + 8 * day, lead, grace, policy)
     period = (7 if weekly else 1) * policy.slots_per_day
     assert len(walked) <= 2 * (period + 2)
+
+
+# --- M11: two unitscale triggers on one ScaledObject ------------------------------------
+
+BIG = {**ref("so").scalerMetadata, "deployment": "big"}
+SMALL = {**ref("so").scalerMetadata, "deployment": "small"}
+
+
+def test_a_second_trigger_is_refused_and_the_first_keeps_its_own_decisions(caplog):
+    caplog.set_level(logging.INFO, logger="scaler.registry")
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 30.0, clock)
+    answers: dict[str, list[int | str]] = {"big": [], "small": []}
+    for _ in range(40):  # KEDA asks about both triggers every evaluation
+        receive(store, engine_signals("big", running=160.0, queue=0.0, at=clock.now))
+        receive(store, engine_signals("small", running=0.0, queue=0.0, at=clock.now))
+        for metadata in (BIG, SMALL):
+            try:
+                scaled = registry.resolve("so", "team-a", metadata)
+                answers[metadata["deployment"]].append(registry.current(scaled).desired_replicas)
+            except MetadataError as err:
+                answers[metadata["deployment"]].append(str(err))
+        clock.now += 5
+    assert answers["big"][-5:] == [10] * 5
+    refused = answers["small"][-1]
+    assert isinstance(refused, str) and "second unitscale trigger" in refused
+    assert "'small'" in refused and "'big'" in refused
+    changed = [r for r in caplog.records if "metadata changed" in r.getMessage()]
+    assert len(changed) <= 2  # the first two calls, then never again (it was 79)
+
+
+def test_an_edit_and_its_revert_are_edits_not_a_second_trigger():
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    for metadata in (BIG, SMALL, BIG):  # an edit, then its revert a minute later
+        assert registry.resolve("so", "team-a", metadata).target[1] == metadata["deployment"]
+        clock.now += 60
+
+
+def test_the_refused_trigger_is_taken_once_the_other_is_no_longer_asked_about():
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    for metadata in (BIG, SMALL, BIG):
+        registry.resolve("so", "team-a", metadata)
+    with pytest.raises(MetadataError):
+        registry.resolve("so", "team-a", SMALL)
+    clock.now += SECOND_TRIGGER_WINDOW + 1  # the big trigger was removed: no more calls
+    assert registry.resolve("so", "team-a", SMALL).target[1] == "small"
