@@ -38,13 +38,21 @@ async def resolve_addresses(host_port: str) -> tuple[list[str], int]:
         lookup = _EXECUTOR.submit(_getaddrinfo, *key)
         _IN_FLIGHT[key] = lookup
         lookup.add_done_callback(lambda done: _forget(key, done))
-    # Shielded: a caller's timeout leaves the lookup running for the others.
-    infos = await asyncio.shield(asyncio.wrap_future(lookup))
+    # Shielded: a caller's timeout leaves the lookup running for the others; its
+    # outcome is marked seen, as no one may be left to await it.
+    waited = asyncio.wrap_future(lookup)
+    waited.add_done_callback(_seen)
+    infos = await asyncio.shield(waited)
     return sorted({str(info[4][0]) for info in infos}), key[1]
 
 
 def _getaddrinfo(host: str, port: int) -> list[Any]:
     return socket.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
+
+
+def _seen(waited: asyncio.Future[Any]) -> None:
+    if not waited.cancelled():
+        waited.exception()
 
 
 def _forget(key: tuple[str, int], done: concurrent.futures.Future[Any]) -> None:
