@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import ssl
 import time
 from collections.abc import Callable, Iterable
@@ -25,7 +26,8 @@ from collections.abc import Callable, Iterable
 import aiohttp
 import grpc
 
-from foundation.errors import quote
+from foundation.errors import ConfigError, quote
+from foundation.files import KiB, read_text
 from foundation.signals import (
     EngineSignals,
     GatewaySignals,
@@ -255,7 +257,7 @@ async def _round(
     """Query every target once; each one's failure is its own (``_target_round``)."""
     wanted = sorted(set(targets()))
     try:
-        headers: dict[str, str] | str = _headers(config)
+        headers: dict[str, str] | str = await _headers(config)
     except PrometheusError as err:
         headers = str(err)
     outcomes = await asyncio.gather(
@@ -305,8 +307,16 @@ async def _target_round(
     return None
 
 
-def _headers(config: PrometheusSourceConfig) -> dict[str, str]:
+MAX_TOKEN_BYTES = 64 * KiB
+"""A bearer token file: a service account's token is about 1 KiB."""
+
+
+async def _headers(config: PrometheusSourceConfig) -> dict[str, str]:
     """The headers of this round's queries, the bearer token read afresh.
+
+    The token file is read in a worker thread, only when it is a regular file of at
+    most ``MAX_TOKEN_BYTES``: ``/dev/zero`` or a FIFO named there would otherwise
+    exhaust memory or block the event loop (every RPC) once a round.
 
     Raises:
         PrometheusError: the token file cannot be read (never its content in the message).
@@ -314,18 +324,27 @@ def _headers(config: PrometheusSourceConfig) -> dict[str, str]:
     headers = dict(config.headers)
     if config.bearer_token_file is not None:
         try:
-            token = config.bearer_token_file.read_text(encoding="utf-8").strip()
-        except (OSError, ValueError) as err:
-            reason = getattr(err, "strerror", None) or type(err).__name__
-            raise PrometheusError(
-                f"cannot read bearer-token-file {config.bearer_token_file}: {reason}"
-            ) from err
-        headers["Authorization"] = f"Bearer {token}"
+            text = await asyncio.to_thread(
+                read_text, config.bearer_token_file, MAX_TOKEN_BYTES, "bearer-token-file"
+            )
+        except ConfigError as err:
+            raise PrometheusError(str(err)) from err
+        headers["Authorization"] = f"Bearer {text.strip()}"
     return headers
 
 
+# What an upstream writes into an error (a request id, a position, a time) changes every
+# answer: the part after these is detail, logged, but no change of problem by itself.
+_UPSTREAM_TEXT = re.compile(r"(answered \d+|\bfailed|Error): .*", re.DOTALL)
+
+
+def _problem_class(problem: str | None) -> str | None:
+    """The problem less the upstream's own text: what "logged once a change" compares."""
+    return None if problem is None else _UPSTREAM_TEXT.sub(r"\1", problem)
+
+
 def _log_change(target: TargetKey, before: str | None, now: str | None, url: str) -> None:
-    if now == before:
+    if _problem_class(now) == _problem_class(before):
         return
     where = describe_target(target)
     if now is None:
