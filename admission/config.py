@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field, field_validator
 
 from foundation.configfile import KEBAB_CASE, load_mapping, validate
 from foundation.durations import Seconds
-from foundation.errors import ConfigError, quote
+from foundation.errors import quote
+from foundation.files import MAX_CONFIG_BYTES, read_text
 
 DEFAULT_CONTROLLER_NAME = "unitscale.io/capacity"
 # A Kueue controllerName (1-253 characters) that is also a field manager (at most 128
@@ -108,10 +109,5 @@ def load_config(path: Path | None, overrides: dict[str, object] | None = None) -
     """
     if path is None:
         return parse_config("", "flags", overrides)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
-    except ValueError as err:  # not UTF-8
-        raise ConfigError(f"cannot read config file {path}: {err}") from err
+    text = read_text(path, MAX_CONFIG_BYTES, "config file")
     return parse_config(text, str(path), overrides)

@@ -19,6 +19,7 @@ from foundation.configfile import DNS_NAME, KEBAB_CASE, host_port, load_mapping,
 from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
 from foundation.errors import ConfigError, quote
+from foundation.files import MAX_CONFIG_BYTES, read_text
 
 DEFAULT_PRICE_PER_HOUR = 3.50
 """US$ per accelerator-hour when none is configured: mid-range of 2026 neocloud H100/H200
@@ -194,10 +195,5 @@ def load_config(
     """
     if path is None:
         return parse_config("", "flags", overrides, extra_deployments)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
-    except ValueError as err:  # not UTF-8
-        raise ConfigError(f"cannot read config file {path}: {err}") from err
+    text = read_text(path, MAX_CONFIG_BYTES, "config file")
     return parse_config(text, str(path), overrides, extra_deployments)

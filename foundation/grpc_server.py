@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, quote
 
 KEEPALIVE_FOR_LONG_LIVED_CLIENTS = (
     # KEDA (and our own signal watches) hold one connection open for hours; let it idle
@@ -62,12 +62,15 @@ class GrpcServer:
         reflection.enable_server_reflection(
             (*self._names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        if credentials is not None:
-            self.port: int = self.server.add_secure_port(listen, credentials)
-        else:
-            self.port = self.server.add_insecure_port(listen)
+        try:
+            if credentials is not None:
+                self.port: int = self.server.add_secure_port(listen, credentials)
+            else:
+                self.port = self.server.add_insecure_port(listen)
+        except RuntimeError as err:  # grpcio >= 1.60 raises where it returned 0
+            raise ConfigError(f"{flag} {quote(listen)}: cannot bind that address") from err
         if self.port == 0:
-            raise ConfigError(f"{flag} {listen}: cannot bind that address")
+            raise ConfigError(f"{flag} {quote(listen)}: cannot bind that address")
 
     async def start(self) -> int:
         """Serve, and report every service ``SERVING``; returns the bound port."""

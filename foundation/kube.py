@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from kubernetes_asyncio import client, config
 
 from foundation.errors import ConfigError
+from foundation.files import MAX_CONFIG_BYTES, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +59,54 @@ class KubeAccess:
                     client_configuration=configuration
                 )
             else:
+                files = self._kubeconfig_file()
+                self._check_files(files)
                 await config.load_kube_config(
-                    config_file=self._kubeconfig_file(),
+                    config_file=files,
                     client_configuration=configuration,
                     persist_config=False,
                 )
-        except (config.ConfigException, OSError) as err:
-            where = self.kubeconfig or "in-cluster/KUBECONFIG/~/.kube/config"
-            raise ConfigError(f"--kubeconfig {where}: {err}") from err
+        except ConfigError:
+            raise
+        except (
+            config.ConfigException,
+            OSError,
+            yaml.YAMLError,
+            ValueError,
+            TypeError,
+            AttributeError,
+            LookupError,
+        ) as err:
+            # The client's parse of a file of the wrong shape: yaml's errors (not UTF-8,
+            # a NUL), a UnicodeDecodeError, a list where a mapping goes; each came out as
+            # a traceback of 60 lines
+            raise ConfigError(f"--kubeconfig {self._where}: {_clip(str(err))}") from err
+        except RecursionError as err:
+            raise ConfigError(f"--kubeconfig {self._where}: YAML nested too deeply") from err
         return client.ApiClient(configuration)
+
+    @property
+    def _where(self) -> str:
+        return str(self.kubeconfig or "in-cluster/KUBECONFIG/~/.kube/config")
 
     def _kubeconfig_file(self) -> str:
         path = self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         return os.path.expanduser(path)
+
+    @staticmethod
+    def _check_files(files: str) -> None:
+        """Each kubeconfig the client would read: a regular file, at most 1 MiB.
+
+        ``/dev/zero`` as ``--kubeconfig`` was read until memory ran out; a missing one
+        stays the client's to report (KUBECONFIG lists may name files not there).
+        """
+        for name in files.split(os.pathsep):
+            if name and os.path.lexists(name):
+                read_bytes(Path(name), MAX_CONFIG_BYTES, "kubeconfig")
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)

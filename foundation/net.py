@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, quote
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -14,8 +14,11 @@ def split_listen(listen: str) -> tuple[str, int]:
         ConfigError: not HOST:PORT.
     """
     host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"expected HOST:PORT, got {listen!r}")
+    # ASCII digits, 0-65535: isdigit() took '٠', and int() of any length
+    if not host or not (port.isascii() and port.isdigit() and len(port) <= 5):
+        raise ConfigError(f"expected HOST:PORT, got {quote(listen)}")
+    if int(port) > 65535:
+        raise ConfigError(f"expected HOST:PORT with a port 0-65535, got {quote(listen)}")
     return host.strip("[]"), int(port)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from foundation.errors import ConfigError
+from foundation.files import MAX_CONFIG_BYTES, read_text
 from foundation.kube import KubeAccess, RawObject, Selection, watch_objects
 
 log = logging.getLogger(__name__)
@@ -178,12 +179,9 @@ async def poll_file(
             continue
         seen = now
         try:
-            text = await asyncio.to_thread(path.read_text, encoding="utf-8")
-        except OSError as err:
-            store.reject(f"cannot read config file {path}: {err.strerror}")
-            continue
-        except ValueError as err:  # not UTF-8
-            store.reject(f"cannot read config file {path}: {err}")
+            text = await asyncio.to_thread(read_text, path, MAX_CONFIG_BYTES, "config file")
+        except ConfigError as err:
+            store.reject(str(err))
             continue
         await store.update_off_loop(text, str(path))
 
@@ -323,16 +321,18 @@ class ConfigSource:
             return ""
         # Taken before reading: a change racing the read is seen again, never missed.
         self._read_fingerprint = file_fingerprint(self.file)
-        try:
-            return await asyncio.to_thread(self.file.read_text, encoding="utf-8")
-        except OSError as err:
-            raise ConfigError(f"cannot read config file {self.file}: {err.strerror}") from err
-        except ValueError as err:  # not UTF-8
-            raise ConfigError(f"cannot read config file {self.file}: {err}") from err
+        return await asyncio.to_thread(read_text, self.file, MAX_CONFIG_BYTES, "config file")
 
     async def follow(self, store: ConfigStore[C]) -> None:
-        """Feed updates into ``store`` forever (returns at once without a source)."""
+        """Feed updates into ``store`` forever; without a source, wait until cancelled.
+
+        Never returns: a server runs this as a loop that must last, and one that ended
+        would read as a dead reload loop (a scaler without ``--config`` reported gRPC
+        ``NOT_SERVING`` from its first second).
+        """
         if self.configmap is not None:
             await watch_configmap(store, self.kube, *self.configmap)
         elif self.file is not None:
             await poll_file(store, self.file, self.poll_interval, self._read_fingerprint)
+        else:
+            await asyncio.Event().wait()  # nothing to follow; cancelled by stop()

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, kind, quote
 from scaler.core.hpa import within_tolerance
 
 
@@ -197,69 +197,131 @@ def read_scaled_object(doc: Mapping[str, Any], origin: str = "ScaledObject") -> 
         ConfigError: not a ScaledObject with one external(-push) trigger, or a setting
             the model does not follow (named in the message).
     """
+    doc = _mapping(doc, "the document", origin)
     if doc.get("kind") != "ScaledObject":
-        raise ConfigError(f"{origin}: kind is {doc.get('kind')!r}, expected ScaledObject")
-    meta = doc.get("metadata") or {}
-    spec = doc.get("spec") or {}
-    triggers = [t for t in spec.get("triggers") or [] if t.get("type") in EXTERNAL_TRIGGERS]
-    if len(triggers) != 1 or len(spec.get("triggers") or []) != 1:
+        raise ConfigError(f"{origin}: kind is {quote(doc.get('kind'))}, expected ScaledObject")
+    meta = _mapping(doc.get("metadata"), "metadata", origin)
+    spec = _mapping(doc.get("spec"), "spec", origin)
+    all_triggers = [
+        _mapping(t, f"spec.triggers.{i}", origin)
+        for i, t in enumerate(_sequence(spec.get("triggers"), "spec.triggers", origin))
+    ]
+    triggers = [t for t in all_triggers if t.get("type") in EXTERNAL_TRIGGERS]
+    if len(triggers) != 1 or len(all_triggers) != 1:
         raise ConfigError(
             f"{origin}: expected exactly one trigger, of type external or external-push"
         )
     trigger = triggers[0]
-    behavior = ((spec.get("advanced") or {}).get("horizontalPodAutoscalerConfig") or {}).get(
-        "behavior"
-    ) or {}
-    up = _policies(behavior.get("scaleUp") or {}, f"{origin}: behavior.scaleUp")
-    down = _policies(behavior.get("scaleDown") or {}, f"{origin}: behavior.scaleDown")
-    if (behavior.get("scaleUp") or {}).get("stabilizationWindowSeconds", 0) not in (0, None):
+    hpa = "spec.advanced.horizontalPodAutoscalerConfig"
+    advanced = _mapping(spec.get("advanced"), "spec.advanced", origin)
+    behavior = _mapping(
+        _mapping(advanced.get("horizontalPodAutoscalerConfig"), hpa, origin).get("behavior"),
+        f"{hpa}.behavior",
+        origin,
+    )
+    scale_up = _mapping(behavior.get("scaleUp"), "behavior.scaleUp", origin)
+    scale_down = _mapping(behavior.get("scaleDown"), "behavior.scaleDown", origin)
+    up = _policies(scale_up, f"{origin}: behavior.scaleUp")
+    down = _policies(scale_down, f"{origin}: behavior.scaleDown")
+    if scale_up.get("stabilizationWindowSeconds", 0) not in (0, None):
         raise ConfigError(f"{origin}: scaleUp.stabilizationWindowSeconds must be 0 here")
     if "Pods" in down:
         raise ConfigError(f"{origin}: scaleDown Pods policies are not modelled; use Percent")
     defaults = ScalingSpec()
     try:
         scaling = ScalingSpec(
-            min_replicas=int(spec.get("minReplicaCount", defaults.min_replicas)),
-            max_replicas=int(spec.get("maxReplicaCount", defaults.max_replicas)),
-            polling_interval=float(spec.get("pollingInterval", defaults.polling_interval)),
-            cooldown=float(spec.get("cooldownPeriod", defaults.cooldown)),
-            scale_down_stabilization=float(
-                (behavior.get("scaleDown") or {}).get(
-                    "stabilizationWindowSeconds", defaults.scale_down_stabilization
-                )
+            min_replicas=int(_number(spec, "minReplicaCount", defaults.min_replicas)),
+            max_replicas=int(_number(spec, "maxReplicaCount", defaults.max_replicas)),
+            polling_interval=_number(spec, "pollingInterval", defaults.polling_interval),
+            cooldown=_number(spec, "cooldownPeriod", defaults.cooldown),
+            scale_down_stabilization=_number(
+                scale_down, "stabilizationWindowSeconds", defaults.scale_down_stabilization
             ),
             scale_up_pods=int(up.get("Pods", defaults.scale_up_pods)),
             scale_up_percent=float(up.get("Percent", defaults.scale_up_percent)),
             scale_down_percent=float(down.get("Percent", defaults.scale_down_percent)),
             **_fallback(spec.get("fallback"), f"{origin}: fallback"),
         )
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, ArithmeticError) as err:
         raise ConfigError(f"{origin}: {err}") from err
-    metadata = {str(k): str(v) for k, v in (trigger.get("metadata") or {}).items()}
+    metadata = _mapping(trigger.get("metadata"), "the trigger's metadata", origin)
     return ScaledObjectSpec(
-        str(meta.get("name", "")),
-        str(meta.get("namespace", "default")),
+        _text(meta.get("name", ""), "metadata.name", origin),
+        _text(meta.get("namespace", "default"), "metadata.namespace", origin),
         scaling,
-        metadata,
+        {str(k): _text(v, f"metadata.{k}", origin) for k, v in metadata.items()},
         trigger.get("type") == "external-push",
     )
+
+
+MAX_SETTING = 1_000_000.0
+"""The largest count, second or percent a ScaledObject setting may hold here (KEDA's
+own bounds are int32; nothing real comes near a million)."""
+
+
+def _mapping(value: object, key: str, origin: str) -> Mapping[str, Any]:
+    """``value`` when it is a mapping (missing or null: empty).
+
+    Raises:
+        ConfigError: anything else, naming ``key`` (``metadata: []`` was an
+            AttributeError in ``.get``).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{origin}: {key}: expected a mapping, got {kind(value)}")
+    return value
+
+
+def _sequence(value: object, key: str, origin: str) -> list[Any]:
+    """``value`` when it is a list (missing or null: empty); else a ConfigError."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{origin}: {key}: expected a list, got {kind(value)}")
+    return value
+
+
+def _text(value: object, key: str, origin: str) -> str:
+    """A scalar setting as the text KEDA would send; a list or mapping is refused."""
+    if isinstance(value, Mapping | list):
+        raise ConfigError(f"{origin}: {key}: expected a value, got {kind(value)}")
+    return str(value)
+
+
+def _number(fields: Mapping[str, Any], key: str, default: float) -> float:
+    """``fields[key]`` as a number from 0 to ``MAX_SETTING`` (``default`` when absent).
+
+    Raises:
+        ValueError: anything else (a boolean, NaN, ``.inf``, 10**5000), naming ``key``.
+    """
+    value = fields.get(key, default)
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not 0 <= number <= MAX_SETTING:
+        raise ValueError(f"{key} {quote(value)} is not a number from 0 to {MAX_SETTING:,.0f}")
+    return number
 
 
 EXTERNAL_TRIGGERS = ("external", "external-push")
 
 
-def _fallback(fallback: Mapping[str, Any] | None, origin: str) -> dict[str, Any]:
+def _fallback(fallback: object, origin: str) -> dict[str, Any]:
     """``ScalingSpec`` fields for a ScaledObject's ``fallback`` (none: no fields)."""
+    fallback = _mapping(fallback, "fallback", origin)
     if not fallback:
         return {}
     behavior = fallback.get("behavior", "static")
     if behavior not in FALLBACK_BEHAVIORS:
-        raise ConfigError(f"{origin}.behavior {behavior!r}: one of {', '.join(FALLBACK_BEHAVIORS)}")
+        shown = quote(behavior)
+        raise ConfigError(f"{origin}.behavior {shown}: one of {', '.join(FALLBACK_BEHAVIORS)}")
     if "replicas" not in fallback or "failureThreshold" not in fallback:
         raise ConfigError(f"{origin}: needs replicas and failureThreshold (as KEDA's CRD)")
     return {
-        "fallback_replicas": int(fallback["replicas"]),
-        "failure_threshold": int(fallback["failureThreshold"]),
+        "fallback_replicas": int(_number(fallback, "replicas", 0)),
+        "failure_threshold": int(_number(fallback, "failureThreshold", 0)),
         "fallback_behavior": behavior,
     }
 
@@ -269,10 +331,14 @@ def _policies(rules: Mapping[str, Any], origin: str) -> dict[str, float]:
     if rules.get("selectPolicy", "Max") != "Max":
         raise ConfigError(f"{origin}.selectPolicy: only Max is modelled")
     found: dict[str, float] = {}
-    for policy in rules.get("policies") or []:
+    for i, item in enumerate(_sequence(rules.get("policies"), "policies", origin)):
+        policy = _mapping(item, f"policies.{i}", origin)
         if policy.get("periodSeconds") != 15:
             raise ConfigError(f"{origin}: policies need periodSeconds 15 (one HPA sync)")
         if policy.get("type") not in ("Pods", "Percent"):
-            raise ConfigError(f"{origin}: unknown policy type {policy.get('type')!r}")
-        found[policy["type"]] = float(policy["value"])
+            raise ConfigError(f"{origin}: unknown policy type {quote(policy.get('type'))}")
+        try:
+            found[policy["type"]] = _number(policy, "value", math.nan)
+        except ValueError as err:
+            raise ConfigError(f"{origin}: policies.{i}: {err}") from err
     return found

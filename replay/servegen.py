@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from foundation.errors import quote
+from foundation.files import read_bytes
 from replay.limits import MAX_RATE_MULTIPLIER, MAX_TOKENS, MAX_TRACE_REQUESTS
 from replay.trace import Trace, TraceError, _lines
 
@@ -121,7 +122,7 @@ def parse_source(source: str) -> tuple[Path, ServeGenOptions]:
                     f" {MAX_RATE_MULTIPLIER:,g}"
                 )
         elif key == "days":
-            match = re.fullmatch(r"(\d{1,4})(?:-(\d{1,4}))?", value)
+            match = re.fullmatch(r"([0-9]{1,4})(?:-([0-9]{1,4}))?", value)
             if match is None or int(match[2] or match[1]) < int(match[1]):
                 raise TraceError(f"{source}: days={quote(value)} must be A or A-B with A <= B")
             days = (int(match[1]), int(match[2] or match[1]))
@@ -141,10 +142,14 @@ def read_servegen(directory: Path, options: ServeGenOptions, seed: int = 0) -> T
     clients = [_read_client(path) for path in _chunks(directory)]
     available = max(math.ceil((c.start[-1] + c.length[-1]) / DAY_SECONDS) for c in clients)
     first, last = options.days if options.days is not None else (0, available - 1)
-    if last >= available or last - first + 1 > MAX_DAYS:
+    if last >= available:
+        raise TraceError(f"{directory}: days {first}-{last}: the data holds days 0-{available - 1}")
+    if last - first + 1 > MAX_DAYS:
+        # Two problems apart: "days 0-31: the data holds days 0-31" read as a contradiction.
+        pick = "; choose some with ?days=A-B" if options.days is None else ""
         raise TraceError(
-            f"{directory}: days {first}-{last}: the data holds days 0-{available - 1};"
-            f" a replay spans at most {MAX_DAYS} days"
+            f"{directory}: days {first}-{last} are {last - first + 1} days; a replay spans"
+            f" at most {MAX_DAYS}{pick}"
         )
     _check_count(directory, clients, options.scale, first, last)
     parts = [_draw_day(clients, options.scale, day, seed) for day in range(first, last + 1)]
@@ -231,16 +236,18 @@ def _number(text: str, column: str, low: float, high: float) -> float:
     return value
 
 
+_KEY_DIGITS = 9
+"""Digits of a block's start second: 31 days are 7."""
+
+
 def _blocks(path: Path) -> dict[int, tuple[str, str]]:
     """The non-empty blocks of a distributions file (none if it is missing)."""
-    try:
-        if path.stat().st_size > MAX_DATASET_BYTES:
-            raise TraceError(f"{path}: larger than {MAX_DATASET_BYTES:,} bytes")
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    if not path.exists():
         return {}
-    except OSError as err:
-        raise TraceError(f"cannot read {path}: {err.strerror}") from err
+    # A regular file, read to the bound: stat() says 0 for /dev/zero, and a FIFO blocks.
+    raw = read_bytes(path, MAX_DATASET_BYTES, "ServeGen dataset", TraceError)
+    try:
+        data = json.loads(raw)
     except (ValueError, RecursionError) as err:
         raise TraceError(f"{path}: not JSON") from err
     if not isinstance(data, dict):
@@ -249,7 +256,10 @@ def _blocks(path: Path) -> dict[int, tuple[str, str]]:
     for key, block in data.items():
         fields = block if isinstance(block, dict) else {}
         texts = (fields.get("input_tokens"), fields.get("output_tokens"))
-        if not key.isdigit() or not all(isinstance(t, str) for t in texts):
+        # ASCII digits, 9 at most: isdigit() is true for '²' and for 5,000 digits, on
+        # which int() raised.
+        start = key.isascii() and key.isdigit() and len(key) <= _KEY_DIGITS
+        if not start or not all(isinstance(t, str) for t in texts):
             raise TraceError(
                 f"{path}: block {quote(key)}: not a start second with input_tokens and"
                 " output_tokens texts"

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from foundation.errors import UnitscaleError, quote
+from foundation.files import open_regular
 from replay.limits import (
     MAX_LINE_BYTES,
     MAX_RATE_MULTIPLIER,
@@ -177,20 +178,15 @@ def _check_span(rows: _Rows, arrival: npt.NDArray[np.float64]) -> None:
         )
 
 
-def _lines(path: Path) -> Generator[tuple[int, str]]:
+def _lines(path: Path, what: str = "trace") -> Generator[tuple[int, str]]:
     """``path``'s lines numbered from 1, each at most ``MAX_LINE_BYTES`` and UTF-8."""
-    try:
-        handle = path.open("rb")
-    except OSError as err:
-        raise TraceError(f"cannot read trace {path}: {err.strerror}") from err
-    except ValueError as err:  # a NUL in the path
-        raise TraceError(f"cannot read trace {quote(str(path))}: {err}") from err
-    with handle:
+    # A regular file only: a FIFO blocked in open() forever, /dev/zero ran to the line cap.
+    with open_regular(path, what, TraceError) as handle:
         for number in itertools.count(1):
             try:
                 raw = handle.readline(MAX_LINE_BYTES + 1)
             except OSError as err:
-                raise TraceError(f"cannot read trace {path}: {err.strerror}") from err
+                raise TraceError(f"cannot read {what} {path}: {err.strerror}") from err
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES:

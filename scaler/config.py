@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_valid
 from foundation.configfile import KEBAB_CASE, load_mapping, validate
 from foundation.durations import Seconds
 from foundation.errors import ConfigError
+from foundation.files import MAX_CONFIG_BYTES, read_text
 from foundation.replica_model import PROFILES
 from foundation.replica_model import Profile as ReplicaProfile
 from scaler.core.capacity import PRIORS, check_profile
@@ -387,9 +388,9 @@ class ProfileFile(BaseModel):
 
 def _read_profile_file(path: Path) -> dict[str, ProfileConfig]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read profiles-file {path}: {err}") from err
+        text = read_text(path, MAX_CONFIG_BYTES, "profiles-file")
+    except ConfigError as err:
+        raise ValueError(str(err)) from err
     try:
         return validate(ProfileFile, load_mapping(text, str(path)), str(path)).profiles
     except ConfigError as err:
@@ -464,12 +465,7 @@ def load_config(path: Path | None) -> ScalerConfig:
     """
     if path is None:
         return ScalerConfig()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
-    except ValueError as err:  # not UTF-8
-        raise ConfigError(f"cannot read config file {path}: {err}") from err
+    text = read_text(path, MAX_CONFIG_BYTES, "config file")
     return parse_config(text, origin=str(path))
 
 

@@ -15,10 +15,12 @@ are outside every one, so nothing downstream sees them.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from foundation.errors import ConfigError, quote
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 
 _WHOLE = re.compile(r"\s*[+-]?[0-9]+\s*")
 """An integer as text: optional sign and ASCII digits (``int`` also takes ``1_000``)."""
+_REAL = re.compile(r"\s*[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*")
+"""A number as text: ASCII digits, an optional fraction and exponent."""
 _WHOLE_DIGITS = 30
 """Digits parsed at most: more are out of every range here, and ``int()`` of thousands is
 slow."""
@@ -75,10 +79,8 @@ def real(
     )
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
+        # ASCII decimal only: float() also takes '1_0', '١' and 'infinity'
+        value = float(text) if _REAL.fullmatch(text) else math.nan
         inside = low < value if above else low <= value
         under = value < high if below else value <= high
         if not (inside and under):  # NaN fails both
@@ -104,6 +106,64 @@ def whole(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+_LISTEN = re.compile(
+    r"(?P<host>\[(?P<v6>[0-9A-Fa-f:.]{2,45})\]|[A-Za-z0-9._-]{1,253}):(?P<port>[0-9]{1,5})"
+)
+"""``HOST:PORT``: a name or IPv4 address, or an IPv6 address in brackets; ASCII digits."""
+
+
+def host_port(text: str) -> str:
+    """An argparse ``type=`` for every ``--listen``, ``--grpc-listen``, ``--metrics-listen``.
+
+    ``HOST:PORT`` with a port 0-65535 (0: the kernel picks one) in ASCII digits, the
+    host a name, an IPv4 address or a bracketed IPv6 one. gRPC took ``:99999`` as port
+    34463 (modulo 65536) and raised a 45-line RuntimeError on ``[::1:0``.
+    """
+    match = _LISTEN.fullmatch(text)
+    valid = match is not None and int(match["port"]) <= 65535
+    if valid and match is not None and match["v6"] is not None:
+        try:
+            ipaddress.IPv6Address(match["v6"])
+        except ValueError:
+            valid = False
+    if not valid:
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)} is not HOST:PORT (a port 0-65535; IPv6 as [::1]:PORT)"
+        )
+    return text
+
+
+host_port.__name__ = "HOST:PORT"
+
+
+def path(text: str) -> Path:
+    """An argparse ``type=`` for a file or directory flag: any path but an empty one.
+
+    ``Path("")`` is the current directory: ``--report ''`` wrote the report there and
+    ``--trace ''`` replayed every CSV in it.
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path (it would be the current directory)")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{quote(text)} holds a NUL character")
+    return Path(text)
+
+
+path.__name__ = "path"
+
+
+def trace_source(text: str) -> str:
+    """An argparse ``type=`` for ``--trace``: a file, a directory or a ``scheme:`` source.
+
+    Refuses what ``path`` refuses (``replay.workloads`` reads the rest).
+    """
+    path(text)
+    return text
+
+
+trace_source.__name__ = "trace"
+
+
 def _show(value: float) -> str:
     """``1000000.0`` as ``1,000,000``, ``0.5`` as ``0.5``."""
     return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
@@ -120,7 +180,12 @@ DAY = 86_400.0
 
 RATE_MULTIPLIER = real(0, MAX_RATE_MULTIPLIER, above=True)
 TIME_COMPRESSION = real(0, MAX_TIME_COMPRESSION, above=True)
-"""``--time-compression`` and ``--speedup``: trace (or engine) seconds per wall second."""
+"""``--time-compression``: trace seconds per wall second."""
+SPEEDUP = real(0.001, MAX_TIME_COMPRESSION)
+"""``sim-replica --speedup``: engine seconds per wall second; 5e-324 started a replica
+that would never answer."""
+BUFFER_SIZE = whole(0, 10**6)
+"""``gateway --buffer-size``: requests held at zero replicas (the config's bound)."""
 SEED = whole(0, 2**63 - 1)
 """numpy's generators take a non-negative seed (-1 raised inside numpy)."""
 REPLICAS = whole(1, MAX_REPLICAS)
@@ -132,8 +197,9 @@ CONCURRENCY = real(0, 100_000, above=True)
 """``--target-concurrency``: requests per replica (vLLM batches at most a few hundred)."""
 PRICE = real(0, 1_000_000)
 """``--price``: US$ per accelerator-hour; NaN made every cost NaN and failed late."""
-SLO_SECONDS = real(0, DAY, above=True)
-"""``--slo-ttft`` and ``--slo-itl``: a target of 0 or below can never be met."""
+SLO_SECONDS = real(0.001, DAY)
+"""``--slo-ttft`` and ``--slo-itl``: from a millisecond (a target of 0 can never be met,
+and 5e-324 overflowed the replay's division by it) to a day."""
 IDLE_GRACE = real(0, DAY)
 DEMO_SECONDS = real(0, DAY, above=True)
 """The demo's ``--duration``: wall seconds it plays."""

@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from foundation.errors import ConfigError
@@ -482,6 +481,7 @@ def add_command(commands: Commands) -> None:
     tune.add_argument(
         "--trace",
         action="append",
+        type=flags.trace_source,
         required=True,
         help="repeatable: an Azure LLM CSV, a directory of them as one trace (the gateway's"
         " recorded arrivals), Mooncake JSONL, builtin:NAME or servegen:DIR?scale=X&days=A-B",
@@ -506,11 +506,11 @@ def add_command(commands: Commands) -> None:
     tune.add_argument("--workers", type=flags.WORKERS, help="processes (default: the CPUs)")
     tune.add_argument(
         "--scaler-config",
-        type=Path,
+        type=flags.path,
         help="the scaler's config to start from (--policy unitscale): the proposal keeps"
         " everything but the tuned policy knobs",
     )
-    tune.add_argument("--out", type=Path, required=True, help="output directory")
+    tune.add_argument("--out", type=flags.path, required=True, help="output directory")
     fleet = tune.add_argument_group("the replayed fleet (as unitscale replay)")
     fleet.add_argument("--rate-multiplier", type=flags.RATE_MULTIPLIER, default=1.0)
     fleet.add_argument("--time-compression", type=flags.TIME_COMPRESSION, default=1.0)
@@ -583,6 +583,7 @@ def _defaults(
 def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
     """The checked problem: the traces read, the fleet built as ``unitscale replay`` does."""
     from foundation.configfile import load_mapping
+    from foundation.files import MAX_CONFIG_BYTES, read_text
     from replay.run import ReplayOptions
     from replay.trace import scale
     from replay.workloads import load_trace
@@ -593,7 +594,8 @@ def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
     scaler = load_config(args.scaler_config)  # the ConfigError names the key
     base: dict[str, object] = {}
     if args.scaler_config is not None:
-        base = load_mapping(args.scaler_config.read_text(encoding="utf-8"), str(args.scaler_config))
+        text = read_text(args.scaler_config, MAX_CONFIG_BYTES, "config file")
+        base = load_mapping(text, str(args.scaler_config))
     target = args.slo_attainment or scaler.policy.slo_attainment
     traces = tuple(
         scale(load_trace(s, args.seed), args.rate_multiplier, args.time_compression, args.seed)

@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from foundation.errors import quote
 
 MILLI = 1000
 """``gpu_milli`` of one whole GPU."""
@@ -44,6 +47,16 @@ MAX_NODE_GPUS = 64
 """GPUs one node may hold. The openb nodes hold 1 to 8 and the largest real boards 16;
 the pool keeps a name and a slot per GPU, so a row of 10**7 GPUs stalled ``--pool``
 instead of failing. Matches ``admission.hami.MAX_DEVICES_PER_NODE``."""
+
+MAX_CPU_MILLI = 10**7
+"""``cpu_milli`` of a node or task: 10,000 cores (the openb nodes hold 96 to 128)."""
+MAX_MEMORY_MIB = 10**9
+"""``memory_mib``: about 1 PiB (the openb nodes hold 0.4 to 2 TiB)."""
+MAX_ROWS = 1_000_000
+"""Rows of a node or pod list: the openb files hold 1,213 and 8,152."""
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_COUNT = 10**9
+"""Where a node's GPU count stops being parsed; ``Node`` names its own limit below it."""
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 TASK_COLUMNS = (
@@ -146,14 +159,11 @@ def read_nodes(path: Path, fraction: float = 1.0) -> tuple[Node, ...]:
     nodes: list[Node] = []
     for line, row in _rows(path, NODE_COLUMNS):
         at = _Cell(path, line, row)
+        name, model = at.text("sn"), at.text("model")
+        gpus, cpu = at.integer("gpu", _COUNT), at.integer("cpu_milli", MAX_CPU_MILLI)
+        memory = at.integer("memory_mib", MAX_MEMORY_MIB)
         try:
-            node = Node(
-                at.text("sn"),
-                at.text("model"),
-                at.integer("gpu"),
-                at.integer("cpu_milli"),
-                at.integer("memory_mib"),
-            )
+            node = Node(name, model, gpus, cpu, memory)
         except ValueError as err:
             raise at.error(str(err)) from err
         nodes.append(node)
@@ -185,7 +195,7 @@ def read_tasks(path: Path, fraction: float = 1.0) -> tuple[Task, ...]:
 
 
 def _task(at: _Cell) -> Task:
-    gpus, gpu_milli = at.integer("num_gpu"), at.integer("gpu_milli")
+    gpus, gpu_milli = at.integer("num_gpu", MAX_NODE_GPUS), at.integer("gpu_milli", MAX_CPU_MILLI)
     created, deleted = at.seconds("creation_time"), at.seconds("deletion_time")
     scheduled = at.seconds("scheduled_time") if at.text("scheduled_time", empty=True) else None
     started = created if scheduled is None else scheduled
@@ -198,8 +208,8 @@ def _task(at: _Cell) -> Task:
             gpu_milli=gpu_milli,
             gpu_types=_gpu_types(at.text("gpu_spec", empty=True)),
             qos=at.text("qos"),
-            cpu_milli=at.integer("cpu_milli"),
-            memory_mib=at.integer("memory_mib"),
+            cpu_milli=at.integer("cpu_milli", MAX_CPU_MILLI),
+            memory_mib=at.integer("memory_mib", MAX_MEMORY_MIB),
             phase=at.text("pod_phase", empty=True),
         )
     except ValueError as err:
@@ -226,13 +236,34 @@ def _gpu_types(spec: str) -> tuple[str, ...]:
 
 
 def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """The rows as dicts with their line numbers; the header must name every column."""
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
+    """The rows as dicts with their line numbers; the header must name every column.
+
+    Raises:
+        ValueError: a missing column, more than ``MAX_ROWS`` rows, or a line the csv
+            module refuses (a field over its 128 KiB limit; ``csv.Error`` is no
+            ValueError and came out as a traceback), naming the file and line.
+        UnitscaleError: not a regular file (``/dev/zero``), a line over
+            ``MAX_LINE_BYTES`` or not UTF-8 (``replay.trace``'s line reader).
+    """
+    reader = csv.DictReader(_text_lines(path))
+    try:
         missing = [c for c in columns if c not in (reader.fieldnames or ())]
         if missing:
             raise ValueError(f"{path}:1: missing column(s) {', '.join(missing)}")
-        yield from enumerate(reader, start=2)
+        for number, row in enumerate(reader, start=2):
+            if number > MAX_ROWS + 1:
+                raise ValueError(f"{path}:{reader.line_num}: more than {MAX_ROWS:,} rows")
+            yield number, row
+    except csv.Error as err:  # raised before the module counts the line it is on
+        raise ValueError(f"{path}:{reader.line_num + 1}: {err}") from err
+
+
+def _text_lines(path: Path) -> Iterator[str]:
+    """``path``'s lines as text, through the trace reader's bounds (a byte-order mark off)."""
+    from replay.trace import _lines
+
+    for _, line in _lines(path, "CSV"):
+        yield line
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,12 +284,19 @@ class _Cell:
             raise self.error("is empty", column)
         return value
 
-    def integer(self, column: str) -> int:
+    def integer(self, column: str, high: int) -> int:
+        """An integer of ASCII digits at most ``high`` (a negative one is the row's to refuse).
+
+        ``int()`` took ``'٢'`` and 4,000 digits, which overflowed later as a float.
+        """
         value = self.text(column)
-        try:
-            return int(value)
-        except ValueError:
-            raise self.error(f"{value!r} is not an integer", column) from None
+        if not _INTEGER.fullmatch(value):
+            raise self.error(f"{quote(value)} is not an integer", column)
+        digits = value.lstrip("+-").lstrip("0")
+        number = int(value) if len(digits) <= len(str(high)) else high + 1
+        if number > high:
+            raise self.error(f"{quote(value)} is above {high:,}", column)
+        return number
 
     def seconds(self, column: str) -> float:
         value = self.text(column)

@@ -77,6 +77,14 @@ REPLICA_MEMORY_MIB = 32768
 """What one inference replica's pod requests besides its card."""
 
 
+class PoolError(ValueError):
+    """The nodes, tasks and traces together ask what the pool cannot run.
+
+    A partition larger than the pool, an unknown QoS, a task name twice: the command's
+    input, not a fault here, so ``unitscale replay --pool`` reports it as one line.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class Inference:
     """One inference deployment: a trace replayed under the unitscale scaler."""
@@ -197,7 +205,7 @@ def priority_of(task: Task) -> int:
         return QOS_PRIORITY[task.qos]
     except KeyError:
         known = ", ".join(QOS_PRIORITY)
-        raise ValueError(f"task {task.name}: QoS {task.qos!r} is not one of {known}") from None
+        raise PoolError(f"task {task.name}: QoS {task.qos!r} is not one of {known}") from None
 
 
 def _unit(name: str, salt: int) -> float:
@@ -470,7 +478,7 @@ class _Joint:
         self.tasks = sorted(tasks, key=lambda t: (t.arrival, t.name))
         self.outcomes = {t.name: TaskOutcome(t, priority_of(t)) for t in self.tasks}
         if len(self.outcomes) != len(self.tasks):
-            raise ValueError("task names must be unique")
+            raise PoolError("task names must be unique")
         self.sims = [d.simulation() for d in deployments]
         self.replicas: list[list[Placement]] = [[] for _ in deployments]
         self.running: dict[str, Placement] = {}
@@ -491,7 +499,7 @@ class _Joint:
             for k in range(cards):
                 placement = self.pool.place(self._replica(i, k), "binpack", self.mix)
                 if placement is None:
-                    raise ValueError(
+                    raise PoolError(
                         f"the static partition needs {sum(self.config.reserved)} whole cards"
                         f" for inference; the pool has room for {reserved}"
                     )

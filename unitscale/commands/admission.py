@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from unitscale import flags
 from unitscale.commands.common import kubeconfig_argument, serve_until_signal
 
 if TYPE_CHECKING:
@@ -24,9 +24,13 @@ def add_command(commands: Commands) -> None:
         help="spec.controllerName of the AdmissionChecks served, also the field manager "
         "(default: the config's, else unitscale.io/capacity)",
     )
-    admission.add_argument("--config", type=Path, help="admission config YAML (read at start)")
     admission.add_argument(
-        "--metrics-listen", help="HOST:PORT of /metrics and /healthz (default 0.0.0.0:9094)"
+        "--config", type=flags.path, help="admission config YAML (read at start)"
+    )
+    admission.add_argument(
+        "--metrics-listen",
+        type=flags.host_port,
+        help="HOST:PORT of /metrics and /healthz (default 0.0.0.0:9094)",
     )
     admission.set_defaults(run=run, default_log_level="info")
 

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from foundation.errors import ConfigError
+from unitscale import flags
 
 if TYPE_CHECKING:
     from foundation.reload import ConfigSource
@@ -24,14 +25,14 @@ T = TypeVar("T")
 
 def listen_argument(command: argparse.ArgumentParser, flag: str, default: str, what: str) -> None:
     """A ``HOST:PORT`` to serve ``what`` on."""
-    command.add_argument(flag, default=default, help=f"{what} (default %(default)s)")
+    command.add_argument(
+        flag, type=flags.host_port, default=default, help=f"{what} (default %(default)s)"
+    )
 
 
 def config_arguments(command: argparse.ArgumentParser, config_help: str) -> None:
     """Where a server's hot-reloaded config comes from: ``config_source`` reads them."""
-    from pathlib import Path
-
-    command.add_argument("--config", type=Path, help=config_help)
+    command.add_argument("--config", type=flags.path, help=config_help)
     command.add_argument(
         "--config-configmap",
         metavar="NAMESPACE/NAME[:KEY]",
@@ -49,11 +50,9 @@ def config_arguments(command: argparse.ArgumentParser, config_help: str) -> None
 
 def kubeconfig_argument(command: argparse.ArgumentParser) -> None:
     """``--kubeconfig``: how a server reaches the API."""
-    from pathlib import Path
-
     command.add_argument(
         "--kubeconfig",
-        type=Path,
+        type=flags.path,
         help="kubeconfig for API access (default: in-cluster service account when in a "
         "pod, else $KUBECONFIG or ~/.kube/config)",
     )

@@ -32,7 +32,9 @@ def add_command(commands: Commands) -> None:
         help="trace seconds per wall second, for every clock (default 10; 1 with --real-vllm)",
     )
     demo.add_argument(
-        "--trace", type=Path, help="Azure LLM CSV or Mooncake JSONL (default: built-in workload)"
+        "--trace",
+        type=flags.path,
+        help="Azure LLM CSV or Mooncake JSONL (default: built-in workload)",
     )
     demo.add_argument(
         "--rate-multiplier", type=flags.RATE_MULTIPLIER, default=1.0, help="for --trace"
@@ -61,14 +63,14 @@ def add_command(commands: Commands) -> None:
     )
     demo.add_argument(
         "--scaled-object",
-        type=Path,
+        type=flags.path,
         help="ScaledObject YAML (default deploy/scaledobjects/recommended.yaml)",
     )
-    demo.add_argument("--scaler-config", type=Path, help="the scaler's ConfigMap YAML to try")
+    demo.add_argument("--scaler-config", type=flags.path, help="the scaler's ConfigMap YAML to try")
     demo.add_argument("--plain", action="store_true", help="log lines instead of the live panel")
     demo.add_argument(
         "--report",
-        type=Path,
+        type=flags.path,
         default=Path("demo-report"),
         help="output directory (default %(default)s)",
     )

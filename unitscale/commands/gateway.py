@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from unitscale import flags
 from unitscale.commands.common import (
     config_arguments,
     config_source,
@@ -27,7 +28,7 @@ def add_command(commands: Commands) -> None:
     gateway.add_argument("--replica", action="append", default=[], metavar="URL", help="repeatable")
     config_arguments(gateway, "gateway config YAML (hot-reloaded)")
     gateway.add_argument("--buffer-timeout", help="Go duration (default 2m)")
-    gateway.add_argument("--buffer-size", type=int, help="requests (default 1000)")
+    gateway.add_argument("--buffer-size", type=flags.BUFFER_SIZE, help="requests (default 1000)")
     gateway.add_argument("--rate-window", help="Go duration (default 10s)")
     dns_argument(gateway)
     # No defaults here: a flag given overrides the file, one not given leaves it be.

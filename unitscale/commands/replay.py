@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from foundation.errors import ConfigError
@@ -30,6 +29,7 @@ def add_command(commands: Commands) -> None:
     replay.add_argument(
         "--trace",
         action="append",
+        type=flags.trace_source,
         help="Azure LLM CSV, Mooncake JSONL, builtin:business-day|business-days|business-week,"
         " or servegen:DIR?scale=X&days=A-B (replay.workloads);"
         " with --pool repeatable, one inference deployment each (default builtin:business-day)",
@@ -60,10 +60,10 @@ def add_command(commands: Commands) -> None:
     replay.add_argument("--seed", type=flags.SEED, default=0)
     replay.add_argument(
         "--scaler-config",
-        type=Path,
+        type=flags.path,
         help="the scaler's ConfigMap YAML to try: its policy section drives the unitscale policy",
     )
-    replay.add_argument("--report", type=Path, required=True, help="output directory")
+    replay.add_argument("--report", type=flags.path, required=True, help="output directory")
     replay_pool.add_arguments(replay)
     replay.set_defaults(run=run, default_log_level="warning")
 

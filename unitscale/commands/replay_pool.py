@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from foundation.errors import ConfigError
@@ -23,12 +22,12 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
     joint = replay.add_argument_group("joint replay (one pool, training and inference)")
     joint.add_argument(
         "--pool",
-        type=Path,
+        type=flags.path,
         metavar="NODES_CSV",
         help="Alibaba openb node list: run the joint replay",
     )
     joint.add_argument(
-        "--tasks", type=Path, metavar="PODS_CSV", help="openb pod list (with --pool)"
+        "--tasks", type=flags.path, metavar="PODS_CSV", help="openb pod list (with --pool)"
     )
     joint.add_argument(
         "--pool-fraction",
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace, policy: CorePolicy) -> int:
     """
     from rich.progress import Progress
 
-    from replay.pool.joint import run_all
+    from replay.pool.joint import PoolError, run_all
     from replay.pool.report import write_report
 
     nodes, tasks, deployments, options = inputs(args, policy)
@@ -101,7 +100,10 @@ def run(args: argparse.Namespace, policy: CorePolicy) -> int:
         def progress(name: str, done: float) -> None:
             bar.update(task, completed=done, description=name)
 
-        result = run_all(nodes, tasks, deployments, options, progress)
+        try:
+            result = run_all(nodes, tasks, deployments, options, progress)
+        except PoolError as err:  # what the files and flags ask together, found as it runs
+            raise ConfigError(str(err)) from err
     profile = deployments[0].config.profile
     notes = (
         f"- inference: {', '.join(d.name for d in deployments)} under the unitscale scaler;"

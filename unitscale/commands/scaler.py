@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from foundation.errors import ConfigError
+from unitscale import flags
 from unitscale.commands.common import (
     config_arguments,
     config_source,
@@ -30,11 +30,11 @@ def add_command(commands: Commands) -> None:
     listen_argument(
         scaler, "--metrics-listen", "0.0.0.0:9092", "Prometheus /metrics of every decision"
     )
-    scaler.add_argument("--tls-cert", type=Path, help="PEM server certificate (turns on TLS)")
-    scaler.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    scaler.add_argument("--tls-cert", type=flags.path, help="PEM server certificate (turns on TLS)")
+    scaler.add_argument("--tls-key", type=flags.path, help="PEM private key for --tls-cert")
     scaler.add_argument(
         "--tls-client-ca",
-        type=Path,
+        type=flags.path,
         help="PEM CA bundle; clients must present a certificate it signed (mutual TLS)",
     )
     scaler.set_defaults(run=run, default_log_level="info")
@@ -56,9 +56,7 @@ def run(args: argparse.Namespace) -> int:
     async def build() -> ScalerServer:
         # A bad config at startup raises ConfigError here: exit status 2.
         config = parse_config(await source.read(), source.origin)
-        if not config.signal_sources and config.demo_source is None:
-            log.warning("no signal-sources configured: every KEDA call will get UNAVAILABLE")
-        return ScalerServer(
+        server = ScalerServer(
             config,
             args.listen,
             tls,
@@ -67,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
             # Used only once a ScaledObject names a Fluid Dataset (prewarm).
             kube=KubeAccess(args.kubeconfig),
         )
+        # Warned once the TLS files and the address are good: a refusal stays one line.
+        if not config.signal_sources and config.demo_source is None:
+            log.warning("no signal-sources configured: every KEDA call will get UNAVAILABLE")
+        return server
 
     def farewell(server: ScalerServer) -> str:
         # The grace period in force now: the config may have been reloaded since the start.

@@ -23,7 +23,7 @@ def add_command(commands: Commands) -> None:
     sim.add_argument("--model", default="sim-llama", help="served model name")
     sim.add_argument(
         "--speedup",
-        type=flags.TIME_COMPRESSION,
+        type=flags.SPEEDUP,
         default=1.0,
         help="run engine steps this much faster",
     )

@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from foundation.durations import parse_duration
-from foundation.errors import ConfigError, MetadataError
+from foundation.errors import ConfigError, MetadataError, quote
+from foundation.files import MAX_CONFIG_BYTES, read_text
 from foundation.replica_model import Profile
 from replay.keda import ScaledObjectSpec, ScalingSpec, read_scaled_object
 from replay.policies import KEY as REPLAY_KEY
@@ -149,10 +150,13 @@ def make_plan(
     """
     if compression <= 0:
         raise ConfigError(f"--time-compression must be positive, got {compression:g}")
+    text = read_text(scaled_object_file, MAX_CONFIG_BYTES, "ScaledObject")
     try:
-        documents = list(yaml.safe_load_all(scaled_object_file.read_text(encoding="utf-8")))
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"cannot read ScaledObject {scaled_object_file}: {err}") from err
+        documents = list(yaml.safe_load_all(text))
+    except (yaml.YAMLError, ValueError) as err:
+        raise ConfigError(f"{scaled_object_file}: not valid YAML: {quote(str(err), 200)}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{scaled_object_file}: YAML nested too deeply") from err
     found = [d for d in documents if isinstance(d, dict) and d.get("kind") == "ScaledObject"]
     if len(found) != 1:
         raise ConfigError(f"{scaled_object_file}: expected one ScaledObject, found {len(found)}")
