@@ -28,7 +28,7 @@ def add_command(commands: Commands) -> None:
     )
     demo.add_argument(
         "--time-compression",
-        type=flags.TIME_COMPRESSION,
+        type=flags.DEMO_COMPRESSION,
         help="trace seconds per wall second, for every clock (default 10; 1 with --real-vllm)",
     )
     demo.add_argument(
