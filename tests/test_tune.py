@@ -168,6 +168,25 @@ def test_a_tuned_static_fleet_is_the_smallest_meeting_the_target(tmp_path, capsy
     assert not (out / "scaler-config.yaml").exists()
 
 
+def test_a_static_fleet_with_more_sizes_than_the_budget_is_bisected_to_the_smallest(
+    tmp_path, capsys
+):
+    bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
+    out = tmp_path / "out"
+    code, err = tune(
+        capsys, "--trace", str(bursty), "--policy", "static-peak", "--budget", "4",
+        "--workers", "1", "--max-replicas", "16", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 0, err
+    config = SimConfig(PROFILES["llama3-8b-h200"].for_itl_slo(0.1), max_replicas=16)
+    _, smallest = smallest_static(read_trace(bursty), config, 0.99)
+    proposal = yaml.safe_load((out / "knobs.yaml").read_text())
+    assert proposal == {"policy": "static-peak", "knobs": {"replicas": smallest}}
+    sizes = [int(r["replicas"]) for r in trials(out)]
+    assert sizes == [smallest, smallest - 1], "the references' size, then its neighbour"
+
+
 def test_a_target_no_trial_reaches_is_reported_and_writes_no_proposal(tmp_path, capsys):
     bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
     out = tmp_path / "out"

@@ -75,6 +75,9 @@ class Knob:
     whole: bool = False
     seconds: bool = False
     """Written to the scaler config as a Go duration (``"90s"``)."""
+    rising: bool = False
+    """Attainment and cost both rise with it (a static fleet's size): the smallest value
+    meeting the target is the cheapest, found by bisection (``_bisect``)."""
 
     def distribution(self) -> BaseDistribution:
         """The knob as Optuna samples it."""
@@ -126,7 +129,7 @@ def space(policy: str, max_replicas: int) -> tuple[Knob, ...]:
     if policy == "unitscale":
         return UNITSCALE_SPACE
     if policy == "static-peak":
-        return (Knob("replicas", 1, max_replicas, whole=True),)
+        return (Knob("replicas", 1, max_replicas, whole=True, rising=True),)
     if policy == "kpa":
         return (
             Knob("target", 2.0, 256.0, log=True),
@@ -370,6 +373,8 @@ def search(
     determinism. A setting asked again is not replayed again (replays are deterministic).
     """
     knobs = space(problem.policy, problem.config.max_replicas)
+    if len(knobs) == 1 and knobs[0].rising and not is_grid(knobs, settings.budget):
+        return _bisect(problem, prepared, knobs[0], settings.budget, run_jobs, progress)
     study, budget = _study(problem, knobs, settings)
     distributions = {k.key: k.distribution() for k in knobs}
     seen: dict[tuple[Value, ...], tuple[Run, ...]] = {}
@@ -389,6 +394,45 @@ def search(
             trials.append(trial)
         if progress is not None:
             progress(trials)
+    return trials
+
+
+def _bisect(
+    problem: Problem,
+    prepared: Sequence[Prepared],
+    knob: Knob,
+    budget: int,
+    run_jobs: Mapper,
+    progress: Progress | None,
+) -> list[Trial]:
+    """The smallest value of a ``rising`` knob meeting the target, in at most ``budget``.
+
+    The first guess is the largest of the traces' smallest static fleets (``prepare``
+    found them), then its neighbour, then halving: two trials where the guess is right
+    (a static fleet over 1-64 replicas: at most 8), against a sampler's dozens. Trials
+    are replayed one value at a time, the traces in parallel; deterministic.
+    """
+    target = problem.options.slo_target
+    low, high = int(knob.low), int(knob.high)
+    guess = max((p.static_replicas for p in prepared), default=high)
+    trials: list[Trial] = []
+
+    def meets(value: int) -> bool:
+        knobs: Knobs = {knob.key: value}
+        runs = run_jobs(replay, [(i, p.warm, knobs) for i, p in enumerate(prepared)])
+        trials.append(Trial(len(trials), knobs, tuple(runs)))
+        if progress is not None:
+            progress(trials)
+        return trials[-1].feasible(target)
+
+    value = min(max(guess, low), high)
+    while low <= high and len(trials) < budget:
+        if meets(value):
+            high = value - 1  # the answer is at most value
+            value = value - 1 if len(trials) == 1 else (low + high) // 2
+        else:
+            low = value + 1
+            value = value + 1 if len(trials) == 1 else (low + high) // 2
     return trials
 
 
