@@ -225,7 +225,7 @@ DOMAINS = [
     (REPLAY, "--headroom", 0, 10, False),
     (REPLAY, "--max-task-seconds", 0, 31 * 86_400, True),
     (DEMO, "--duration", 0, 86_400, True),
-    (DEMO, "--time-compression", 0, 100, True),
+    (DEMO, "--time-compression", 0, 50, True),
     (DEMO, "--rate-multiplier", 0, 1_000, True),
     (DEMO, "--seed", 0, 2**63 - 1, False),
     (DEMO, "--max-replicas", 1, 64, False),

@@ -33,6 +33,7 @@ from scaler.core.decide import decide
 from scaler.core.model import DecisionState, Observation
 from scaler.core.tiers import StandbyPolicy
 from scaler.metadata import parse_metadata
+from unitscale import flags
 from unitscale.demo.fleet import Fleet, Replica, held_seconds, sleeping_seconds
 from unitscale.demo.load import Outcome
 from unitscale.demo.processes import MARKER, Child, Supervisor
@@ -269,17 +270,30 @@ def test_replicas_c_times_faster_carry_c_times_the_load_within_slos_c_times_tigh
     )
 
 
-def test_the_configs_written_for_the_live_run_are_valid_for_each_process() -> None:
+@pytest.mark.parametrize(
+    "compression",
+    [
+        pytest.param(10.0, id="at the default compression"),
+        pytest.param(1.0, id="in real time"),
+        pytest.param(50.0, id="at the most the demo's flag takes"),
+    ],
+)
+def test_the_configs_written_for_the_live_run_are_valid_for_each_process(
+    compression: float,
+) -> None:
     from exporter.config import parse_config as parse_exporter
     from scaler.config import parse_config as parse_scaler
     from serving.config import parse_config as parse_gateway
 
-    parse_scaler(yaml.safe_dump(scaler_config(PLAN, ["127.0.0.1:1"])))
-    parse_scaler(yaml.safe_dump(scaler_config(PROFILE_PLAN, ["127.0.0.1:1"])))
-    parse_exporter(yaml.safe_dump(exporter_config(PLAN, ["http://127.0.0.1:2"])))
-    parse_gateway(yaml.safe_dump(gateway_config(PLAN, ["http://127.0.0.1:2"])), "test")
-    standby = gateway_config(PROFILE_PLAN, ["http://127.0.0.1:2"], "127.0.0.1:3")
+    plan = dataclasses.replace(PLAN, compression=compression)
+    profile_plan = dataclasses.replace(PROFILE_PLAN, compression=compression)
+    parse_scaler(yaml.safe_dump(scaler_config(plan, ["127.0.0.1:1"])))
+    parse_scaler(yaml.safe_dump(scaler_config(profile_plan, ["127.0.0.1:1"])))
+    parse_exporter(yaml.safe_dump(exporter_config(plan, ["http://127.0.0.1:2"])))
+    parse_gateway(yaml.safe_dump(gateway_config(plan, ["http://127.0.0.1:2"])), "test")
+    standby = gateway_config(profile_plan, ["http://127.0.0.1:2"], "127.0.0.1:3")
     assert parse_gateway(yaml.safe_dump(standby), "test").standby_scaler == "127.0.0.1:3"
+    assert flags.DEMO_COMPRESSION("50") == 50.0
 
 
 LOAD_SHAPE = (0.3, 0.5, 1, 1, 1.5, 2, 4, 4, 4, 3, 2, 1, 1, 0.5, 0.2, *[0] * 12, 0.8, 0.8, 1, 1)

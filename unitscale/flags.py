@@ -191,8 +191,8 @@ SEED = whole(0, 2**63 - 1)
 REPLICAS = whole(1, MAX_REPLICAS)
 """``--max-replicas`` of a simulated fleet: 0 replayed a fleet that can serve nothing."""
 SLEEPING = whole(0, MAX_REPLICAS)
-DEMO_COMPRESSION = real(0, 100, above=True)
-"""The demo's ``--time-compression``: its gateway's 10 s rate window, compressed, stays at
+DEMO_COMPRESSION = real(0, 50, above=True)
+"""The demo's ``--time-compression``: its gateway's 5 s standby interval, compressed, stays at
 or above the 100 ms the gateway config takes."""
 DEMO_REPLICAS = whole(1, 64)
 """The demo's ``--max-replicas``: each replica is a process on this machine."""
