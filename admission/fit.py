@@ -28,8 +28,9 @@ the node before the pod's containers, and holds nothing afterwards (HAMi's peak 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from admission import annotations as names
@@ -54,6 +55,14 @@ DEFAULT_BUDGET = 5_000
 on a pool of 100 eight-GPU nodes, so the worst case stays near 1.5 s; the capacity bound
 settles most misses within a few steps."""
 
+VISITS_PER_STEP = 4
+"""Partial placements of one pod's containers on one node (states its containers reach,
+each counted once) a search may visit per step of its budget, beyond two per container
+of the gang (what the greedy pass visits placing pods that fit at once). Pods of many
+containers of different sizes reach as many states as ways to share the cards out (one
+pod of 64 such containers on one node: minutes), so the visits are bounded too: 20,000
+take about 0.4 s."""
+
 GPU_POLICIES = {"binpack": False, "spread": True, "topology-aware": False}
 """``hami.io/gpu-scheduler-policy`` values and whether cards are spread."""
 NODE_POLICIES = {"binpack": False, "spread": True}
@@ -64,6 +73,19 @@ MAX_GANG_PODS = 10_000
 few thousand pods (4,096 eight-GPU nodes is 4,096 pods); past 10,000 the fit, which
 builds one search level per pod, would cost seconds and hundreds of MB every pass (a gang
 of 10**6 took 4.8 s and 332 MB), so such a Workload is Rejected, naming the limit."""
+
+MAX_GPU_CONTAINERS = 16
+"""GPU containers (and, apart, GPU init containers) one pod template may have. A pod runs
+a few containers, the largest boards have 16 cards, and each container is a level of
+every pod's placement on every node tried: 10,000 pods of 10,000 containers took 100 s
+for one decision. Past it the Workload is Rejected, naming the limit."""
+MAX_GPU_TYPES = 16
+"""Entries ``nvidia.com/use-gputype`` or ``nouse-gputype`` may list. HAMi's own lists
+name a few card models; 40,000 entries (268 KB) were tried per card per pod: 23 s for
+one decision. Past it the Workload is Rejected, naming the annotation."""
+MAX_GPU_TYPE_CHARS = 64
+"""Characters one entry of those lists may have (HAMi's card types, such as
+``NVIDIA-NVIDIA H200``, are under 40)."""
 
 NAMES_SHOWN = 8
 """Node names a message lists before it counts the rest."""
@@ -102,6 +124,19 @@ class PodRequest:
     """``nvidia.com/use-gputype``: a card's type must contain one of these."""
     nouse_types: tuple[str, ...] = ()
     """``nvidia.com/nouse-gputype``: a card's type must contain none of these."""
+    _accepted: dict[str, bool] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    """``accepts`` by card type: decided once per type, not once per card tried."""
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+
+    def __hash__(self) -> int:
+        # A search hashes its pods' kinds at every level: hash the fields once.
+        found = self._hash
+        if found is None:
+            found = hash((self.containers, self.init_containers, self.use_types, self.nouse_types))
+            object.__setattr__(self, "_hash", found)
+        return found
 
     @property
     def gpus(self) -> int:
@@ -115,10 +150,19 @@ class PodRequest:
 
     def accepts(self, device: Device) -> bool:
         """Whether the pod's type constraints allow this card."""
-        card = device.type.upper()
-        if self.use_types and not any(t.upper() in card for t in self.use_types):
-            return False
-        return not any(t.upper() in card for t in self.nouse_types)
+        known = self._accepted.get(device.type)
+        if known is None:
+            card = device.type.upper()
+            known = not (
+                self.use_types and not any(t.upper() in card for t in self.use_types)
+            ) and not any(t.upper() in card for t in self.nouse_types)
+            if len(self._accepted) < _TYPES_REMEMBERED:
+                self._accepted[device.type] = known
+        return known
+
+
+_TYPES_REMEMBERED = 256
+"""Card types one ``PodRequest`` remembers its answer for (a cluster has a few)."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +202,14 @@ class FitResult:
 
 
 def container_request(container: Mapping[str, Any]) -> GpuRequest | None:
-    """One container's GPU request as HAMi sees it, or None when it asks for no GPU."""
+    """One container's GPU request as HAMi sees it, or None when it asks for no GPU.
+
+    Raises:
+        ValueError: a memory percentage that is not a whole number 1-100, or cores that
+            are not a whole number >= 0 (above 100 they are capped, as HAMi caps them),
+            naming the resource: such a request reserves nothing real (-100 % of a
+            card's memory let two full-card gangs onto one card).
+    """
     resources = container.get("resources") or {}
     limits: Mapping[str, Any] = resources.get("limits") or {}
     requests: Mapping[str, Any] = resources.get("requests") or {}
@@ -166,8 +217,21 @@ def container_request(container: Mapping[str, Any]) -> GpuRequest | None:
     def present(key: str) -> bool:
         return key in limits or key in requests
 
+    def raw(key: str) -> object:
+        return limits[key] if key in limits else requests.get(key)
+
     def value(key: str) -> int | None:
-        return parse_quantity(limits[key] if key in limits else requests.get(key))
+        return parse_quantity(raw(key))
+
+    def share(key: str, low: int, high: int | None) -> int | None:
+        """A percentage resource as a whole number ``low``-``high``, None when absent."""
+        if not present(key):
+            return None
+        found = value(key)
+        if found is None or found < low or (high is not None and found > high):
+            allowed = f"{low} to {high}" if high is not None else f">= {low}"
+            raise ValueError(f"{key} {quote(raw(key))} is not a whole number {allowed}")
+        return found
 
     shares = (names.GPU_CORES, names.GPU_MEMORY, names.GPU_MEMORY_PERCENT)
     # The webhook adds nvidia.com/gpu=1 (defaultGPUNum) to limits naming only a share.
@@ -175,8 +239,8 @@ def container_request(container: Mapping[str, Any]) -> GpuRequest | None:
     if gpus is None or gpus <= 0:
         return None
     memory = max(value(names.GPU_MEMORY) or 0, 0)
-    percent = value(names.GPU_MEMORY_PERCENT)
-    cores = value(names.GPU_CORES)
+    percent = share(names.GPU_MEMORY_PERCENT, 1, 100)
+    cores = share(names.GPU_CORES, 0, None)
     if not present(names.GPU_CORES):
         # The webhook makes a count without a memory size (or with 100 %) exclusive.
         if present(names.GPU_MEMORY_PERCENT):
@@ -185,7 +249,7 @@ def container_request(container: Mapping[str, Any]) -> GpuRequest | None:
             exclusive = not present(names.GPU_MEMORY)
         if exclusive:
             cores = 100
-    cores = min(max(cores or 0, 0), 100)  # HAMi caps cores at 100
+    cores = min(cores or 0, 100)  # HAMi caps cores at 100 (score.go: "can't exceed 100")
     name = str(container.get("name", ""))
     if memory > 0:
         return GpuRequest(name, gpus, memory_mib=memory, cores=cores)
@@ -193,26 +257,56 @@ def container_request(container: Mapping[str, Any]) -> GpuRequest | None:
 
 
 def pod_request(template: RawObject) -> PodRequest:
-    """What each pod of a PodTemplateSpec asks for (its containers and type constraints)."""
+    """What each pod of a PodTemplateSpec asks for (its containers and type constraints).
+
+    Raises:
+        ValueError: more than ``MAX_GPU_CONTAINERS`` GPU containers (or init containers),
+            a type list past ``MAX_GPU_TYPES`` entries or ``MAX_GPU_TYPE_CHARS`` a
+            entry, or a share out of range (``container_request``); names the field.
+    """
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     spec = template.get("spec") or {}
     return PodRequest(
-        containers=_requests(spec.get("containers")),
-        init_containers=_requests(spec.get("initContainers")),
-        use_types=_types(annotations.get(names.HAMI_USE_GPUTYPE)),
-        nouse_types=_types(annotations.get(names.HAMI_NOUSE_GPUTYPE)),
+        containers=_requests(spec.get("containers"), "containers"),
+        init_containers=_requests(spec.get("initContainers"), "initContainers"),
+        use_types=_types(annotations.get(names.HAMI_USE_GPUTYPE), names.HAMI_USE_GPUTYPE),
+        nouse_types=_types(annotations.get(names.HAMI_NOUSE_GPUTYPE), names.HAMI_NOUSE_GPUTYPE),
     )
 
 
-def _requests(containers: Iterable[Mapping[str, Any]] | None) -> tuple[GpuRequest, ...]:
-    found = (container_request(c) for c in containers or ())
-    return tuple(r for r in found if r is not None)
+def _requests(
+    containers: Iterable[Mapping[str, Any]] | None, field_name: str
+) -> tuple[GpuRequest, ...]:
+    found: list[GpuRequest] = []
+    for container in containers or ():
+        try:
+            request = container_request(container)
+        except ValueError as err:
+            raise ValueError(f"{field_name} {quote(container.get('name', ''))}: {err}") from err
+        if request is None:
+            continue
+        if len(found) == MAX_GPU_CONTAINERS:
+            raise ValueError(
+                f"{field_name}: more than the {MAX_GPU_CONTAINERS} GPU containers a pod may have"
+            )
+        found.append(request)
+    return tuple(found)
 
 
-def _types(value: object) -> tuple[str, ...]:
+def _types(value: object, key: str) -> tuple[str, ...]:
     if not isinstance(value, str):
         return ()
-    return tuple(t.strip() for t in value.split(",") if t.strip())
+    types = tuple(t.strip() for t in value.split(",") if t.strip())
+    if len(types) > MAX_GPU_TYPES:
+        raise ValueError(
+            f"annotation {key} lists {len(types)} types, more than the {MAX_GPU_TYPES} allowed"
+        )
+    long = next((t for t in types if len(t) > MAX_GPU_TYPE_CHARS), None)
+    if long is not None:
+        raise ValueError(
+            f"annotation {key}: type {quote(long)} is longer than {MAX_GPU_TYPE_CHARS} characters"
+        )
+    return types
 
 
 def workload_demand(workload: RawObject) -> tuple[PodSetDemand, ...]:
@@ -223,8 +317,9 @@ def workload_demand(workload: RawObject) -> tuple[PodSetDemand, ...]:
 
     Raises:
         ValueError: a podSet that is not one (not an object, a count that is not a whole
-            number >= 0), or a gang of more than ``MAX_GANG_PODS`` pods; checked before
-            anything is built per pod.
+            number >= 0), or a gang of more than ``MAX_GANG_PODS`` pods, checked before
+            anything is built per pod; a template ``pod_request`` refuses (too many GPU
+            containers or types, a share out of range), naming the podSet.
     """
     admission = (workload.get("status") or {}).get("admission") or {}
     assigned = {
@@ -247,10 +342,14 @@ def workload_demand(workload: RawObject) -> tuple[PodSetDemand, ...]:
     pods = sum(count for _, count, _ in counted)
     if pods > MAX_GANG_PODS:
         raise ValueError(f"the gang has {pods} pods, more than the {MAX_GANG_PODS} a gang may have")
-    return tuple(
-        PodSetDemand(name, count, pod_request(pod_set.get("template") or {}))
-        for name, count, pod_set in counted
-    )
+    demand = []
+    for name, count, pod_set in counted:
+        try:
+            pod = pod_request(pod_set.get("template") or {})
+        except ValueError as err:
+            raise ValueError(f"podSet {name}: {err}") from err
+        demand.append(PodSetDemand(name, count, pod))
+    return tuple(demand)
 
 
 # --- fitting --------------------------------------------------------------------------
@@ -385,8 +484,10 @@ class _Item:
 
 def _items(demand: Sequence[PodSetDemand]) -> list[_Item]:
     """The gang's GPU pods, largest first (first-fit decreasing); a podSet stays together."""
-    items = [_Item(d.name, i, d.pod) for d in demand if d.pod.asks_gpus for i in range(d.count)]
-    return sorted(items, key=lambda item: _size(item.pod))
+    # Sized once per podSet, not per pod: a stable sort of the podSets, then their pods,
+    # is the order sorting the pods would give.
+    ordered = sorted((d for d in demand if d.pod.asks_gpus), key=lambda d: _size(d.pod))
+    return [_Item(d.name, i, d.pod) for d in ordered for i in range(d.count)]
 
 
 def _size(pod: PodRequest) -> tuple[int, int, int, int]:
@@ -518,14 +619,33 @@ def _counts(sizes: Sequence[int], k: int, start: int = 0) -> Iterator[tuple[int,
             yield (n, *rest)
 
 
+class _Visits:
+    """What is left of a search's budget of partial container placements."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def take(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise _OutOfStepsError
+
+
 def _pod_options(
-    pod: PodRequest, devices: tuple[DeviceState, ...], spread: bool
+    pod: PodRequest,
+    devices: tuple[DeviceState, ...],
+    spread: bool,
+    visits: _Visits | None = None,
 ) -> Iterator[_PodChoice]:
-    """Every way the pod's containers could sit on one node (init containers checked first)."""
+    """Every way the pod's containers could sit on one node (init containers checked first).
+
+    Each node state the containers reach is yielded once, in depth-first policy order.
+    """
     for init in pod.init_containers:
         if next(_choices(init, pod, devices, spread), None) is None:
             return
-    yield from _containers(pod, pod.containers, devices, (), spread)
+    memo = (set[tuple[int, NodeKey]](), visits or _Visits(_UNBOUNDED))
+    yield from _containers(pod, pod.containers, devices, (), spread, memo)
 
 
 def _containers(
@@ -534,12 +654,24 @@ def _containers(
     devices: tuple[DeviceState, ...],
     done: tuple[tuple[DeviceTake, ...], ...],
     spread: bool,
+    memo: tuple[set[tuple[int, NodeKey]], _Visits],
 ) -> Iterator[_PodChoice]:
+    # The cards' states (not which cards) and the containers left decide every state
+    # reachable from here, and a depth-first walk has given them all the first time it
+    # came by: without this, proving that 64 one-share containers miss a node's last
+    # 16 slots tried every order of them (minutes for a gang of 150 such pods). Containers
+    # of different sizes still make many states: each one visited counts in the budget.
+    visited, visits = memo
+    state = (len(remaining), node_key(devices))
+    if state in visited:
+        return
+    visits.take()
+    visited.add(state)
     if not remaining:
         yield done, devices
         return
     for takes, after in _choices(remaining[0], pod, devices, spread):
-        yield from _containers(pod, remaining[1:], after, (*done, takes), spread)
+        yield from _containers(pod, remaining[1:], after, (*done, takes), spread, memo)
 
 
 class _OutOfStepsError(Exception):
@@ -563,23 +695,26 @@ def _units(state: DeviceState, request: GpuRequest, pod: PodRequest) -> int:
 
 
 def _node_bound(devices: Sequence[DeviceState], pod: PodRequest) -> int:
-    """At most how many such pods the node could still take (each container on its own).
+    """At most how many such pods the node could still take (each kind of container apart).
 
-    ``p`` pods need ``gpus`` distinct cards each, so a card gives at most ``p`` of its
-    units: ``p`` is possible only while the cards' ``min(units, p)`` add up to
-    ``gpus * p``, and that holds from 0 up to a largest ``p``.
+    ``q`` containers of one kind need ``gpus`` distinct cards each, so a card gives at
+    most ``q`` of its units: ``q`` is possible only while the cards' ``min(units, q)``
+    add up to ``gpus * q``, and that holds from 0 up to a largest ``q``. A pod holds
+    ``m`` containers of the kind, so ``p`` pods need ``q = m * p``: a pod of 64
+    one-share containers is bounded by 80 slots // 64 = 1 a node, not by 80.
     """
     bound = _UNBOUNDED
-    for request in pod.containers:
+    kinds = Counter(replace(c, container="") for c in pod.containers)  # the name takes nothing
+    for request, many in kinds.items():
         units = [u for d in devices if (u := _units(d, request, pod))]
-        low, high = 0, min(bound, sum(units) // request.gpus)
+        low, high = 0, min(bound * many, sum(units) // request.gpus)
         while low < high:
             mid = (low + high + 1) // 2
             if sum(min(u, mid) for u in units) >= request.gpus * mid:
                 low = mid
             else:
                 high = mid - 1
-        bound = low
+        bound = low // many
     return bound
 
 
@@ -640,6 +775,8 @@ class _Search:
         self.spread_nodes = spread_nodes
         self.budget = budget
         self.steps = 0
+        greedy = sum(2 * (len(item.pod.containers) + 1) for item in items)
+        self.visits = _Visits(budget * VISITS_PER_STEP + greedy)
         self.out_of_steps = False
         self.best: list[PodPlacement] = []
         self.refuted: set[_MemoKey] = set()
@@ -777,7 +914,8 @@ class _Search:
                 continue  # a node in the same state as one tried already
             tried.add(self.keys[n])
             seen: set[NodeKey] = set()
-            for takes, devices in _pod_options(pod, self.state[n], self.spread_cards):
+            options = _pod_options(pod, self.state[n], self.spread_cards, self.visits)
+            for takes, devices in options:
                 after = node_key(devices)
                 if after not in seen:
                     seen.add(after)

@@ -26,12 +26,20 @@ from kubernetes_asyncio import client
 
 from admission import annotations as names
 from admission import decide as decide_module
-from admission import fluid
+from admission import fit, fluid
 from admission.config import AdmissionConfig
 from admission.controller import Controller
 from admission.decide import Cluster, Pending, PoolDemand, decide_all, plan_pools
 from admission.demand import MAX_ACCELERATORS, _result
-from admission.fit import MAX_GANG_PODS, workload_demand
+from admission.fit import (
+    MAX_GANG_PODS,
+    MAX_GPU_CONTAINERS,
+    MAX_GPU_TYPE_CHARS,
+    MAX_GPU_TYPES,
+    fit_gang,
+    fits_ever,
+    workload_demand,
+)
 from admission.hami import (
     INT32_MAX,
     INT64_MAX,
@@ -551,3 +559,182 @@ async def test_a_check_whose_parameters_raise_is_inactive_and_the_pass_goes_on(m
     assert controller.written == []  # no usable check: nothing is decided on it
     assert any("check capacity" in r.getMessage() for r in caplog.records)
     assert counted(controller, "unitscale_admission_unit_failures_total", unit="check") == 1
+
+
+# --- a pod template's size and shares (class 5, class 3) --------------------------------
+
+
+def with_containers(
+    w: dict[str, Any], limits: Mapping[str, str], n: int, field: str = "containers"
+) -> dict[str, Any]:
+    spec = w["spec"]["podSets"][0]["template"]["spec"]
+    spec[field] = [{"name": f"c{i}", "resources": {"limits": dict(limits)}} for i in range(n)]
+    return w
+
+
+ONE_GPU = {names.GPU: "1"}
+ONE_SHARE = {names.GPU: "1", names.GPU_MEMORY_PERCENT: "10", names.GPU_CORES: "1"}
+
+
+def decide_one(w: dict[str, Any], nodes: list[dict[str, Any]]) -> Any:
+    (decision,) = decide_all(
+        [Pending(w, CHECK, Parameters(), NOW - 10)],
+        Cluster(nodes, [], [w], [], [], demand={}),
+        NOW,
+    )
+    return decision
+
+
+@pytest.mark.parametrize(
+    ("field", "n"),
+    [
+        pytest.param("containers", MAX_GPU_CONTAINERS + 1, id="one gpu container past the limit"),
+        pytest.param("containers", 10_000, id="ten thousand gpu containers are refused at once"),
+        pytest.param("initContainers", MAX_GPU_CONTAINERS + 1, id="init containers count apart"),
+    ],
+)
+def test_a_template_past_the_gpu_container_limit_is_rejected_naming_it(field, n):
+    w = with_containers(workload("wide", pods=MAX_GANG_PODS), ONE_GPU, n, field)
+    with pytest.raises(ValueError, match=f"{field}: more than the {MAX_GPU_CONTAINERS}"):
+        workload_demand(w)
+    decision = decide_one(w, [node("gpu-1")])
+    assert decision.state == "Rejected"
+    assert f"more than the {MAX_GPU_CONTAINERS} GPU containers" in decision.message
+
+
+def test_a_template_at_the_gpu_container_limit_is_read():
+    w = with_containers(workload("wide"), ONE_GPU, MAX_GPU_CONTAINERS)
+    with_containers(w, ONE_GPU, MAX_GPU_CONTAINERS, "initContainers")
+    (demand,) = workload_demand(w)
+    assert len(demand.pod.containers) == len(demand.pod.init_containers) == MAX_GPU_CONTAINERS
+
+
+def test_pods_of_many_alike_containers_are_bounded_by_the_slots_they_need_together():
+    """16 one-share containers need 16 of a node's 80 slots: five pods, not eighty, a node."""
+    w = with_containers(workload("wide", pods=11), ONE_SHARE, MAX_GPU_CONTAINERS)
+    (demand,) = workload_demand(w)
+    devices = inventory([node("gpu-1")], [], now=NOW).nodes[0].devices
+    assert fit._node_bound(devices, demand.pod) == 5
+    # 11 pods on two nodes: never fits, known from the bounds (this search took minutes)
+    ever = fits_ever([demand], inventory([node("gpu-1"), node("gpu-2")], [], now=NOW))
+    assert not ever.fits and not ever.undecided
+    assert "10 of 11 pods fit" in ever.reason
+
+
+def test_pods_of_many_unlike_containers_end_undecided_within_the_budget():
+    """Containers of 16 sizes share a node's cards in many ways: visits are bounded too."""
+    w = workload("unlike", pods=9)
+    spec = w["spec"]["podSets"][0]["template"]["spec"]
+    spec["containers"] = [
+        {
+            "name": f"c{i}",
+            "resources": {"limits": {names.GPU: str(1 + i % 4), names.GPU_MEMORY: str(1000 + i)}},
+        }
+        for i in range(MAX_GPU_CONTAINERS)
+    ]
+    demand = workload_demand(w)
+    result = fit_gang(demand, inventory([node("gpu-1")], [], now=NOW), budget=50)
+    assert not result.fits and result.undecided
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        pytest.param(
+            ",".join(f"T{i}" for i in range(40_000)) + ",H200",
+            f"lists 40001 types, more than the {MAX_GPU_TYPES}",
+            id="forty thousand types are refused naming the annotation",
+        ),
+        pytest.param(
+            "H" * (MAX_GPU_TYPE_CHARS + 1),
+            f"longer than {MAX_GPU_TYPE_CHARS} characters",
+            id="a type longer than any card model is refused",
+        ),
+    ],
+)
+@pytest.mark.parametrize("key", [names.HAMI_USE_GPUTYPE, names.HAMI_NOUSE_GPUTYPE])
+def test_a_gpu_type_list_past_the_caps_is_rejected_naming_the_annotation(key, value, words):
+    w = workload("typed", pods=1000, gpus=1, template_annotations={key: value})
+    decision = decide_one(w, [node(f"gpu-{i}") for i in range(100)])
+    assert decision.state == "Rejected"
+    assert key in decision.message and words in decision.message
+    assert len(decision.message) < 300
+
+
+def test_a_gpu_type_list_at_the_caps_is_read_and_decided_once_per_card_type():
+    types = ",".join(f"T{i:0{MAX_GPU_TYPE_CHARS - 1}d}" for i in range(MAX_GPU_TYPES - 1))
+    w = workload("typed", gpus=1, template_annotations={names.HAMI_USE_GPUTYPE: f"{types},H200"})
+    (demand,) = workload_demand(w)
+    assert len(demand.pod.use_types) == MAX_GPU_TYPES
+    assert decide_one(w, [node("gpu-1")]).state == "Ready"
+    assert demand.pod._accepted == {}
+    card = inventory([node("gpu-1")], [], now=NOW).nodes[0].devices[0].device
+    assert demand.pod.accepts(card) and demand.pod._accepted == {card.type: True}
+
+
+@pytest.mark.parametrize(
+    ("limits", "words"),
+    [
+        pytest.param(
+            {names.GPU_MEMORY_PERCENT: "-100"},
+            "nvidia.com/gpumem-percentage '-100' is not a whole number 1 to 100",
+            id="a negative memory percentage reserves nothing and is refused",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY_PERCENT: "1000"},
+            "gpumem-percentage '1000' is not a whole number 1 to 100",
+            id="a percentage above a hundred is refused",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY_PERCENT: "0"},
+            "gpumem-percentage '0' is not",
+            id="no memory at all is refused",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY_PERCENT: "50m"},
+            "gpumem-percentage '50m' is not",
+            id="a fraction of a percent is refused",
+        ),
+        pytest.param(
+            {names.GPU_CORES: "-5"},
+            "nvidia.com/gpucores '-5' is not a whole number >= 0",
+            id="negative cores are refused",
+        ),
+        pytest.param(
+            {names.GPU_CORES: "lots"},
+            "gpucores 'lots' is not",
+            id="cores that are no number are refused",
+        ),
+    ],
+)
+def test_a_share_out_of_range_rejects_the_workload_naming_the_resource(limits, words):
+    w = with_containers(workload("odd"), {names.GPU: "1", **limits}, 1)
+    decision = decide_one(w, [node("gpu-1", cards=1)])
+    assert decision.state == "Rejected"
+    assert words in decision.message and "podSet workers: containers 'c0'" in decision.message
+
+
+def test_a_negative_percentage_never_lets_two_full_card_gangs_onto_one_card():
+    def gang(name: str, percent: str) -> dict[str, Any]:
+        limits = {names.GPU: "1", names.GPU_MEMORY_PERCENT: percent, names.GPU_CORES: "0"}
+        return with_containers(workload(name), limits, 1)
+
+    pending = [gang("a-neg", "-100"), gang("b-full", "100"), gang("c-full", "100")]
+    decisions = decide_all(
+        [Pending(w, CHECK, Parameters(), NOW - 10) for w in pending],
+        Cluster([node("gpu-1", cards=1)], [], pending, [], [], demand={}),
+        NOW,
+    )
+    assert [d.state for d in decisions] == ["Rejected", "Ready", "Retry"]
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_any_whole_percentage_is_read_within_bounds_or_refused(percent):
+    limits = {names.GPU: "1", names.GPU_MEMORY_PERCENT: str(percent)}
+    try:
+        request = fit.container_request({"name": "c", "resources": {"limits": limits}})
+    except ValueError as err:
+        assert not 1 <= percent <= 100
+        assert names.GPU_MEMORY_PERCENT in str(err)
+    else:
+        assert request is not None and request.memory_percent == percent
