@@ -338,6 +338,23 @@ def _out(
     )
 
 
+MAX_CLOCK_SKEW = 30.0
+"""Seconds a check's ``lastTransitionTime`` may lie ahead of our clock (as the scaler's
+``MAX_CLOCK_SKEW``)."""
+
+
+def waiting_since(p: Pending, now: float) -> float:
+    """When the check became Pending, for the data timeout.
+
+    A time more than ``MAX_CLOCK_SKEW`` ahead of ``now`` is unreadable: the Workload's
+    creation instead (the API server sets it), never after ``now``. A date a day ahead
+    kept a data wait from ever timing out, with the quota reserved.
+    """
+    if p.pending_since <= now + MAX_CLOCK_SKEW:
+        return p.pending_since
+    return min(created_at(p.workload), now)
+
+
 def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -> Decision:
     w, params = p.workload, p.parameters
 
@@ -349,6 +366,9 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
         demand = workload_demand(w)
     except (ValueError, TypeError) as err:
         return out("Rejected", f"cannot read the workload's GPU requests: {err}")
+    model_problem = lora.base_model_problem(w)
+    if model_problem:
+        return out("Rejected", model_problem)
 
     # 2. Never fits the pool: no use waiting for its data first.
     pool = state.inventory(params, checks)
@@ -363,7 +383,7 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
         state.cluster.datasets,
         state.dataloads,
         threshold_percent=params.data.cached_percentage,
-        waiting_since=p.pending_since,
+        waiting_since=waiting_since(p, state.now),
         now=state.now,
         timeout_seconds=params.data.timeout_seconds,
         create_dataload=params.data.create_dataload,
@@ -486,7 +506,7 @@ def _plan_check(
         params.reclaim.max_priority,
         by_owner=_index(cluster),
     )
-    need, missing = _need(cluster, wanted.pool)
+    need, missing = _need(cluster, wanted.pool, pool)
     policy = ManagerPolicy(
         reclaim=True,
         min_run_seconds=float(params.reclaim.min_run_seconds),
@@ -533,12 +553,30 @@ def plain_pool(cluster: Cluster, params: Parameters, now: float) -> Inventory:
     return cluster.memo.pool(("plain", _group(params)), fingerprint, now, build).pool
 
 
-def _need(cluster: Cluster, pool: str) -> tuple[InferenceNeed | None, str]:
+def _need(cluster: Cluster, pool: str, inv: Inventory) -> tuple[InferenceNeed | None, str]:
     """The scaler's figures for ``pool``, or None and why not (never a zero)."""
+    figures, why = _figures(cluster, pool, inv)
+    if figures is None:
+        return None, why
+    return InferenceNeed(figures.accelerators_held, figures.accelerators_needed), ""
+
+
+def _figures(cluster: Cluster, pool: str, inv: Inventory) -> tuple[PoolDemand | None, str]:
+    """The scaler's figures for ``pool`` where possible, else None and why not.
+
+    Inference cannot hold more cards than HAMi registers in the pool (``Inventory.pool``,
+    every node, held or not): held 1e6 on 16 cards read as "needs 0 more" and admitted.
+    """
     figures = None if cluster.demand is None else cluster.demand.get(pool)
     if figures is None:
         return None, cluster.demand_error or f"the scaler knows no pool {pool!r}"
-    return InferenceNeed(figures.accelerators_held, figures.accelerators_needed), ""
+    cards = sum(len(n.devices) for n in inv.pool)
+    if figures.accelerators_held > cards + 1e-9:
+        return None, (
+            f"accelerators_held {figures.accelerators_held:g} is more than the {cards} GPU"
+            f"{'s' if cards != 1 else ''} HAMi registers in pool {pool}: not used"
+        )
+    return figures, ""
 
 
 def reclaim_all(cluster: Cluster, now: float) -> list[Decision]:
@@ -604,9 +642,8 @@ def _headroom(params: Parameters, cluster: Cluster, pool: Inventory, fit: FitRes
     wanted = params.inference_headroom
     if wanted is None:
         return _Headroom(False, "")
-    figures = None if cluster.demand is None else cluster.demand.get(wanted.pool)
+    figures, why = _figures(cluster, wanted.pool, pool)
     if figures is None:
-        why = cluster.demand_error or f"the scaler knows no pool {wanted.pool!r}"
         if wanted.when_unavailable == "Ignore":
             return _Headroom(False, f"inference forecast unavailable ({why}): not checked")
         return _Headroom(True, f"waiting for the inference forecast of pool {wanted.pool} ({why})")

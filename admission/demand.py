@@ -13,6 +13,7 @@ field named (a negative ``needed`` read as 0 would admit).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -81,8 +82,17 @@ def _describe(err: grpc.RpcError) -> str:
 def _result(response: capacity_pb2.GetInferenceDemandResponse, asked: str) -> DemandResult:
     known: dict[str, PoolDemand] = {}
     problems: list[str] = []
+    named = Counter(str(message.pool) for message in response.pools)
+    # Which entry of a pool named twice is right is unknown: none is used (the last won).
+    problems.extend(
+        f"pool {quote(name)}: named {times} times in the answer: not used"
+        for name, times in named.items()
+        if times > 1
+    )
     for message in response.pools:
         name = str(message.pool)
+        if named[name] > 1:
+            continue
         if message.HasField("accelerators_held") and message.HasField("accelerators_needed"):
             held, needed = float(message.accelerators_held), float(message.accelerators_needed)
             wrong = _impossible(held=held, needed=needed)

@@ -30,6 +30,7 @@ the density holds (else one full instance would walk it down to 1, a step a minu
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -171,12 +172,19 @@ def _memory_fraction(
     return max(fractions) if fractions else None
 
 
+MAX_STEP_SECONDS: Final = 86_400.0
+"""A step time beyond a day is no trainer's recent step: unknown, never a reading."""
+_STEP = re.compile(r"[0-9]{1,6}(\.[0-9]{1,9})?", re.ASCII)
+"""Step seconds as a trainer writes them: ASCII decimal, no exponent, sign or ``_``
+(``float()`` reads ``1e308``, ``1_0`` and Arabic-Indic digits)."""
+
+
 def _step_seconds(value: object) -> float | None:
-    try:
-        seconds = float(str(value)) if value is not None else None
-    except ValueError:
+    """The annotation as seconds 0 to ``MAX_STEP_SECONDS``; anything else unknown (None)."""
+    if not isinstance(value, str) or not _STEP.fullmatch(value.strip()):
         return None
-    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
+    seconds = float(value)
+    return seconds if seconds <= MAX_STEP_SECONDS else None
 
 
 def instance_models(workloads: Sequence[RawObject]) -> dict[str, str]:

@@ -80,11 +80,12 @@ MAX_QUANTITY_CHARS: Final = 64
 
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-_GO_INT = re.compile(r"[+-]?\d{1,10}")
+# [0-9], never \d: \d matches any Unicode digit ("١٠" is 10 to Python, not to Go's strconv)
+_GO_INT = re.compile(r"[+-]?[0-9]{1,10}")
 # The exponent has at most 3 digits: 1e999999999 would ask Decimal for a billion digits.
 _QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?:[eE](?P<exponent>[+-]?\d{1,3})|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?"
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:[eE](?P<exponent>[+-]?[0-9]{1,3})|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?"
 )
 _SUFFIX = {
     "m": Decimal("0.001"),
@@ -511,7 +512,11 @@ def _register_text(text: str) -> tuple[Device, ...]:
 def _text_int(text: str, key: str, where: str, *, negative: bool = False) -> int:
     if not _GO_INT.fullmatch(text):
         # more than 10 digits is nothing HAMi writes (int32), and int() of 5,000 raises
-        what = "beyond int32" if text.lstrip("+-").isdecimal() else "not an integer"
+        what = (
+            "beyond int32"
+            if text.lstrip("+-").isascii() and text.lstrip("+-").isdecimal()
+            else "not an integer"
+        )
         raise HamiFormatError(f"{where}: field {key!r} is {quote(text)}, {what}")
     value = int(text)
     if abs(value) > INT32_MAX:

@@ -35,12 +35,24 @@ from typing import Any, Final
 from admission import annotations as names
 from admission.hints import Hints, workload_annotation
 from admission.workload import condition_status, key
+from foundation.errors import quote
 
 DEFAULT_TENANTS_PER_INSTANCE: Final = 5
 MAX_TENANTS_PER_INSTANCE: Final = 8
 _SLUG_LENGTH: Final = 50
 """Leaves room in a 63-character label value for ``-<n>``."""
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
+MAX_MODEL_CHARS: Final = 253
+"""Characters a base model's name may have (a DNS subdomain's length; Hugging Face ids
+such as ``meta-llama/Llama-3.1-8B`` are far shorter). It becomes a metric label."""
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*", re.ASCII)
+"""A model id's characters: letters, digits and ``. _ / : @ + -`` (no spaces, no
+control characters, nothing a label or a log line would have to escape)."""
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", re.ASCII)
+"""A Kubernetes label value (63 characters at most), as the instance label must be."""
+_MAX_INSTANCE_DIGITS: Final = 9
+"""Digits of an instance's number: a billion instances of one model is not real, and
+``int()`` of 5,000 digits raises."""
 
 MEMORY_LOWER_AT: Final = 0.90
 """Memory used at or above this fraction of the instance's cards: one tenant fewer (the
@@ -67,9 +79,33 @@ def validate_tenants_per_instance(value: object) -> int:
 
 
 def base_model(workload: Mapping[str, Any]) -> str | None:
-    """The base model a Workload fine-tunes; ``None``: not a LoRA tenant (or blank)."""
+    """The base model a Workload fine-tunes; ``None``: not a LoRA tenant.
+
+    Blank, or a name ``base_model_problem`` refuses, is no tenant.
+    """
     value = workload_annotation(workload, names.LORA_BASE_MODEL)
-    return value.strip() if value and value.strip() else None
+    model = value.strip() if value else ""
+    return model if model and not _model_problem(model) else None
+
+
+def base_model_problem(workload: Mapping[str, Any]) -> str:
+    """Why the Workload's base-model annotation is no model name (``""``: it is, or none).
+
+    The name becomes a metric label and an instance's slug: at most ``MAX_MODEL_CHARS``
+    ASCII letters, digits and ``. _ / : @ + -``.
+    """
+    value = workload_annotation(workload, names.LORA_BASE_MODEL)
+    model = value.strip() if value else ""
+    why = _model_problem(model) if model else ""
+    return f"annotation {names.LORA_BASE_MODEL} {quote(model)}: {why}" if why else ""
+
+
+def _model_problem(model: str) -> str:
+    if len(model) > MAX_MODEL_CHARS:
+        return f"{len(model)} characters, more than the {MAX_MODEL_CHARS} a model name may have"
+    if not _MODEL.fullmatch(model):
+        return "not a model name (ASCII letters, digits and . _ / : @ + - only)"
+    return ""
 
 
 def instance_slug(model: str) -> str:
@@ -233,18 +269,25 @@ def _ready_instance(workload: Mapping[str, Any]) -> str | None:
         if entry.get("state") != "Ready":
             continue
         for update in entry.get("podSetUpdates") or []:
-            value = (update.get("labels") or {}).get(names.LORA_INSTANCE)
+            value = _instance((update.get("labels") or {}).get(names.LORA_INSTANCE))
             if value:
-                return str(value)
+                return value
+    return None
+
+
+def _instance(value: object) -> str | None:
+    """An instance label as a label value; anything else is no instance."""
+    if isinstance(value, str) and value and _LABEL_VALUE.fullmatch(value):
+        return value
     return None
 
 
 def _template_instance(workload: Mapping[str, Any]) -> str | None:
     for pod_set in (workload.get("spec") or {}).get("podSets") or []:
         metadata = (pod_set.get("template") or {}).get("metadata") or {}
-        value = (metadata.get("labels") or {}).get(names.LORA_INSTANCE)
+        value = _instance((metadata.get("labels") or {}).get(names.LORA_INSTANCE))
         if value:
-            return str(value)
+            return value
     return None
 
 
@@ -263,7 +306,10 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 def _number(instance: str, slug: str) -> int:
     tail = instance.removeprefix(f"{slug}-")
-    return int(tail) if tail.isdigit() else 1 << 30
+    # isdigit() alone is true for "²" and for 5,000 digits, and int() raises on both
+    if tail.isascii() and tail.isdigit() and len(tail) <= _MAX_INSTANCE_DIGITS:
+        return int(tail)
+    return 1 << 30
 
 
 @dataclass(frozen=True, slots=True)

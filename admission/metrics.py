@@ -14,7 +14,8 @@ Never a Workload or pod name.
   the pool, ``free`` cards no pod holds anything on; one series per pool, however many
   checks guard it;
 - ``unitscale_admission_lora_tenants{base_model}``: admitted LoRA tenants per base model
-  (this and the inventory are computed from the view when ``/metrics`` is scraped);
+  (this and the inventory are computed from the view when ``/metrics`` is scraped); at
+  most ``MAX_MODEL_SERIES`` models by name, the rest summed as ``other``;
 - ``unitscale_admission_check_active{check}``: 1 while the check is Active;
 - ``unitscale_admission_training_allowance_accelerators{pool,check}``,
   ``unitscale_admission_inference_shortfall_accelerators{pool,check}``: the capacity
@@ -22,7 +23,8 @@ Never a Workload or pod name.
   pass, absent while the forecast is unknown; two reclaiming checks on one pool plan by
   their own policies, so each has its series; ``unitscale_admission_reclaims_total{pool}``,
   ``unitscale_admission_reclaimed_accelerator_hours_total{pool}``: reclaims written;
-- ``unitscale_admission_lora_tenants_per_instance{base_model}``: the adaptive density;
+- ``unitscale_admission_lora_tenants_per_instance{base_model}``: the adaptive density
+  (the same bound; ``other`` is the lowest of the rest);
 - ``unitscale_admission_writes_total{result}``, ``unitscale_admission_passes_total``,
   ``unitscale_admission_pass_seconds``: the controller's own work;
 - ``unitscale_admission_unit_failures_total{unit}``: rounds of one unit that raised
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -200,9 +202,9 @@ class AdmissionMetrics:
             self.inventory.labels(pool, "free").set(free)
 
     def set_lora_tenants(self, tenants: Mapping[str, int]) -> None:
-        """``base model -> admitted tenants`` now."""
+        """``base model -> admitted tenants`` now (past ``MAX_MODEL_SERIES``: ``other``)."""
         self.lora_tenants.clear()
-        for model, count in tenants.items():
+        for model, count in _bounded_models(tenants, sum).items():
             self.lora_tenants.labels(model).set(count)
 
     def set_plans(self, plans: Mapping[str, tuple[str, PoolPlan]]) -> None:
@@ -221,9 +223,12 @@ class AdmissionMetrics:
         self.reclaimed_hours.labels(pool).inc(max(0.0, accelerator_hours))
 
     def set_lora_density(self, density: Mapping[str, int]) -> None:
-        """``base model -> tenants per instance`` of the adaptive models now."""
+        """``base model -> tenants per instance`` of the adaptive models now.
+
+        Past ``MAX_MODEL_SERIES`` models: ``other``, the lowest of the rest.
+        """
         self.lora_density.clear()
-        for model, tenants in density.items():
+        for model, tenants in _bounded_models(density, min).items():
             self.lora_density.labels(model).set(tenants)
 
     def set_active(self, checks: Mapping[str, bool]) -> None:
@@ -292,3 +297,21 @@ class MetricsServer:
     async def _serve_health(self, request: web.Request) -> web.Response:
         healthy, details = self._health()
         return web.json_response({"healthy": healthy, **details}, status=200 if healthy else 503)
+
+
+MAX_MODEL_SERIES = 32
+"""Base models the LoRA gauges name; the rest (in name order) fold into ``other``, so
+tenants naming a new model each cannot grow ``/metrics`` without bound."""
+OTHER_MODELS = "other"
+
+
+def _bounded_models(
+    values: Mapping[str, int], fold: Callable[[Iterable[int]], int]
+) -> dict[str, int]:
+    """The first ``MAX_MODEL_SERIES`` models by name, the rest folded into ``other``."""
+    names = sorted(values)
+    kept = {model: values[model] for model in names[:MAX_MODEL_SERIES]}
+    rest = [values[model] for model in names[MAX_MODEL_SERIES:]]
+    if rest:
+        kept[OTHER_MODELS] = fold(rest)
+    return kept

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from foundation.errors import quote
 from foundation.timestamps import parse_time
 
 FLUID_API: Final = "data.fluid.io/v1alpha1"
@@ -48,23 +49,38 @@ class CachedPercentage:
         return f"{self.value:.1f}%" if self.value is not None else self.reason
 
 
+_PERCENTAGE = re.compile(r"[0-9]{1,4}(\.[0-9]{1,9})?", re.ASCII)
+"""A percentage as Fluid writes it (``"78.0%"``, Go's ``%.1f``): ASCII digits only
+(``float()`` also reads ``1_00``, ``1e308`` and Arabic-Indic digits)."""
+MAX_PERCENTAGE: Final = 1000.0
+"""Fluid reports a little over 100 % when the cached blocks exceed the UFS size (120.5 %
+is kept); more than a thousand percent is no cache Fluid measured."""
+
+
 def read_cached_percentage(value: object) -> CachedPercentage:
-    """Parse ``status.cacheStates.cachedPercentage`` as Fluid writes it (``"78.0%"``)."""
+    """Parse ``status.cacheStates.cachedPercentage`` as Fluid writes it (``"78.0%"``).
+
+    Only ASCII decimals from 0 to ``MAX_PERCENTAGE`` are a figure; anything else has
+    none, with why.
+    """
     if value is None:
         return CachedPercentage(None, "no cachedPercentage reported")
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return CachedPercentage(None, f"cachedPercentage {value!r} is not a percentage")
+        return CachedPercentage(None, f"cachedPercentage {quote(value)} is not a percentage")
     text = str(value).strip().removesuffix("%").strip()
     if not text:
         return CachedPercentage(None, "cachedPercentage is empty (Fluid has no total size yet)")
     try:
         number = float(text)
     except ValueError:
-        return CachedPercentage(None, f"cachedPercentage {value!r} is not a percentage")
+        return CachedPercentage(None, f"cachedPercentage {quote(value)} is not a percentage")
     if not math.isfinite(number):
-        return CachedPercentage(None, f"cachedPercentage {value!r} is not a finite number")
+        return CachedPercentage(None, f"cachedPercentage {quote(value)} is not a finite number")
     if number < 0:
-        return CachedPercentage(None, f"cachedPercentage {value!r} is negative")
+        return CachedPercentage(None, f"cachedPercentage {quote(value)} is negative")
+    plain = _PERCENTAGE.fullmatch(text) if isinstance(value, str) else True
+    if not plain or number > MAX_PERCENTAGE:
+        return CachedPercentage(None, f"cachedPercentage {quote(value)} is not a percentage")
     return CachedPercentage(number)
 
 
