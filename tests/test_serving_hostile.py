@@ -29,6 +29,7 @@ import serving.gateway_replicas as gateway_replicas
 import serving.gateway_signals as gateway_signals_module
 from foundation.configfile import load_mapping
 from foundation.errors import ConfigError
+from foundation.signals import GatewaySignals
 from foundation.timestamps import to_timestamp
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from protos.unitscale.v1 import signals_pb2 as sig
@@ -303,6 +304,7 @@ def test_the_rate_windows_keep_the_monotonic_clock(wall_step):
     for tick in range(6000):  # ten arrivals a second for ten minutes, monotonic seconds
         stats.arrivals.add(tick / 10, settings.rate_window)
     snapshot = gateway_signals(stats, settings, T0 + wall_step, 600.0)
+    assert isinstance(snapshot.signals, GatewaySignals)
     assert snapshot.signals.arrival_rate == pytest.approx(10.0, rel=0.02)
     assert len(stats.arrivals._buckets) <= 2 * 1000
 

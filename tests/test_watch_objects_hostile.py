@@ -105,7 +105,9 @@ class Watched:
 
 
 @contextlib.asynccontextmanager
-async def watching(api: FakeApi, tmp_path: Path) -> AsyncIterator[tuple[Watched, asyncio.Task]]:
+async def watching(
+    api: FakeApi, tmp_path: Path
+) -> AsyncIterator[tuple[Watched, asyncio.Task[None]]]:
     access = await api.start(tmp_path)
     watched = Watched()
     task = asyncio.create_task(
