@@ -347,12 +347,14 @@ def waiting_since(p: Pending, now: float) -> float:
     """When the check became Pending, for the data timeout.
 
     A time more than ``MAX_CLOCK_SKEW`` ahead of ``now`` is unreadable: the Workload's
-    creation instead (the API server sets it), never after ``now``. A date a day ahead
-    kept a data wait from ever timing out, with the quota reserved.
+    creation instead (the API server sets it); a creation ahead too gives 0, so the wait
+    times out now rather than never. A date a day ahead kept a data wait from ever
+    timing out, with the quota reserved.
     """
     if p.pending_since <= now + MAX_CLOCK_SKEW:
         return p.pending_since
-    return min(created_at(p.workload), now)
+    created = created_at(p.workload)
+    return created if created <= now + MAX_CLOCK_SKEW else 0.0
 
 
 def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -> Decision:

@@ -21,6 +21,7 @@ from admission.demand import DemandResult
 from admission.parameters import Headroom, Parameters, ReclaimParameters
 from foundation.errors import ConfigError
 from foundation.kube import KubeAccess
+from foundation.timestamps import format_time
 from tests import test_admission_decide as decided
 
 UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
@@ -371,6 +372,10 @@ async def test_a_workload_naming_a_dataset_is_told_fluid_is_not_installed():
     controller = Writing()
     check = {"metadata": {"name": decided.CHECK}, "spec": {"controllerName": controller.name}}
     wanting = decided.workload("a", gpus=1, annotations={names.DATASET: "weights"})
+    # Pending a minute ago (the fixture's times lie ahead of the clock, which counts as 0)
+    a_minute_ago = format_time(decided.NOW - 60)
+    wanting["metadata"]["creationTimestamp"] = a_minute_ago
+    wanting["status"]["admissionChecks"][0]["lastTransitionTime"] = a_minute_ago
     controller._changed("admissionchecks", {decided.CHECK: check})
     controller._changed("workloads", {"train/a": wanting})
     controller._changed("nodes", {"gpu-1": decided.node("gpu-1")})

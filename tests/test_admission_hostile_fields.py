@@ -83,6 +83,11 @@ def test_a_transition_time_ahead_of_the_clock_counts_from_the_creation(since, ex
     assert waiting_since(Pending(w, CHECK, Parameters(), since), NOW) == expected
 
 
+def test_a_creation_ahead_of_the_clock_too_times_the_wait_out_now_not_never():
+    w = workload("a", created="2026-11-30T10:00:00Z")  # eleven months after NOW
+    assert waiting_since(Pending(w, CHECK, Parameters(), NOW + 86_400), NOW) == 0.0
+
+
 def test_a_data_wait_dated_a_day_ahead_still_times_out():
     data = Parameters(data=DataParameters(timeout_seconds=1800))
     w = workload("a", created="2025-12-29T08:20:00Z", annotations={names.DATASET: "gone"})
