@@ -152,7 +152,7 @@ class FakeReplicaServer:
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         replica = self.replicas[int(request.match_info["index"])]
         if replica.mode == "slow":
-            await asyncio.sleep(2)  # well past the tests' 300 ms scrape timeout
+            await asyncio.sleep(2)  # well past the tests' scrape timeouts (300 ms, 1 s)
         if replica.mode == "http-500":
             return web.Response(status=500, text="engine dead")
         if replica.mode == "garbage":

@@ -39,7 +39,7 @@ async def session():
 def config_for(targets, **extra):
     return ExporterConfig.model_validate(
         {
-            "timeout": "300ms",
+            "timeout": "1s",  # a healthy loopback scrape within it under a loaded suite
             "panic-window": "10s",
             "stable-window": "60s",
             "deployments": [
