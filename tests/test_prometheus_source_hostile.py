@@ -21,30 +21,17 @@ from scaler.config import PrometheusSourceConfig
 from scaler.signals import SignalStore
 from scaler.sources import prometheus_source
 from tests.test_prometheus_source import TARGET, drain, source_config, until
+from tests.test_scaler_hostile_inputs import HostilePrometheus
 
 # --- the bearer token ------------------------------------------------------------------
 
 
-class TokenPrometheus:
-    """Answers every query with 12; counts the rounds that reached it."""
+class TokenPrometheus(HostilePrometheus):
+    """Answers every query with no series; counts the rounds that reached it."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.queries = 0
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-
-    async def start(self) -> TokenPrometheus:
-        app = web.Application()
-        app.router.add_get("/api/v1/query", self._query)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
-        return self
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
 
     async def _query(self, request: web.Request) -> web.Response:
         self.queries += 1

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import grpc
 import pytest
@@ -147,7 +147,7 @@ class HostilePrometheus:
         self.runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self) -> HostilePrometheus:
+    async def start(self) -> Self:
         app = web.Application()
         app.router.add_get("/api/v1/query", self._query)
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)

@@ -150,40 +150,34 @@ def test_the_same_seed_gives_the_same_proposal_on_one_worker_or_two(tmp_path, ca
     assert outputs[0] == outputs[1]
 
 
-def test_a_tuned_static_fleet_is_the_smallest_meeting_the_target(tmp_path, capsys):
+def tuned_static(tmp_path, capsys, budget: int, max_replicas: int) -> tuple[int, list[int], Path]:
+    """``unitscale tune --policy static-peak`` on the bursty trace: the smallest static
+    fleet meeting 99% (``smallest_static``), the sizes tried in order, and ``--out``."""
     bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
     out = tmp_path / "out"
     code, err = tune(
-        capsys, "--trace", str(bursty), "--policy", "static-peak", "--budget", "8",
-        "--workers", "1", "--max-replicas", "4", "--out", str(out),
+        capsys, "--trace", str(bursty), "--policy", "static-peak", "--budget", str(budget),
+        "--workers", "1", "--max-replicas", str(max_replicas), "--out", str(out),
     )  # fmt: skip
-
     assert code == 0, err
-    config = SimConfig(PROFILES["llama3-8b-h200"].for_itl_slo(0.1), max_replicas=4)
+    config = SimConfig(PROFILES["llama3-8b-h200"].for_itl_slo(0.1), max_replicas=max_replicas)
     _, smallest = smallest_static(read_trace(bursty), config, 0.99)
     proposal = yaml.safe_load((out / "knobs.yaml").read_text())
     assert proposal == {"policy": "static-peak", "knobs": {"replicas": smallest}}
+    return smallest, [int(r["replicas"]) for r in trials(out)], out
+
+
+def test_a_tuned_static_fleet_is_the_smallest_meeting_the_target(tmp_path, capsys):
+    smallest, sizes, out = tuned_static(tmp_path, capsys, budget=8, max_replicas=4)
     assert smallest > 1
-    assert [int(r["replicas"]) for r in trials(out)] == [1, 2, 3, 4], "every size, once"
+    assert sizes == [1, 2, 3, 4], "every size, once"
     assert not (out / "scaler-config.yaml").exists()
 
 
 def test_a_static_fleet_with_more_sizes_than_the_budget_is_bisected_to_the_smallest(
     tmp_path, capsys
 ):
-    bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
-    out = tmp_path / "out"
-    code, err = tune(
-        capsys, "--trace", str(bursty), "--policy", "static-peak", "--budget", "4",
-        "--workers", "1", "--max-replicas", "16", "--out", str(out),
-    )  # fmt: skip
-
-    assert code == 0, err
-    config = SimConfig(PROFILES["llama3-8b-h200"].for_itl_slo(0.1), max_replicas=16)
-    _, smallest = smallest_static(read_trace(bursty), config, 0.99)
-    proposal = yaml.safe_load((out / "knobs.yaml").read_text())
-    assert proposal == {"policy": "static-peak", "knobs": {"replicas": smallest}}
-    sizes = [int(r["replicas"]) for r in trials(out)]
+    smallest, sizes, _ = tuned_static(tmp_path, capsys, budget=4, max_replicas=16)
     assert sizes == [smallest, smallest - 1], "the references' size, then its neighbour"
 
 
