@@ -137,6 +137,9 @@ class Gateway:
         )
         self.feed.on_refused = self.metrics.watcher_refused
         self._session: aiohttp.ClientSession | None = None
+        """The proxied requests' session."""
+        self._control: aiohttp.ClientSession | None = None
+        """Health checks', wakes' and sleeps' session (``_background``)."""
         self._wakes: set[asyncio.Task[None]] = set()
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
         self.standby_problem: str | None = None
@@ -174,14 +177,24 @@ class Gateway:
         return app
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
+        # Idle connections go before uvicorn's (vLLM's server) 5 s keep-alive closes
+        # them: a POST on a connection the replica is closing fails after sending.
+        # The proxy's pool is unbounded (limit=0): aiohttp's default of 100 connections
+        # made request 101 wait for a pooled one and end a 504 blamed on a replica that
+        # never saw it (one vLLM takes 256 at once). The requests it carries are bounded
+        # where they enter (the buffer, the connections the server accepts).
         self._session = aiohttp.ClientSession(
-            # Idle connections go before uvicorn's (vLLM's server) 5 s keep-alive closes
-            # them: a POST on a connection the replica is closing fails after sending.
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+        )
+        # Health checks, wakes and sleeps have a session of their own: however many
+        # requests are proxied, a check never waits behind them for a connection.
+        self._control = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(keepalive_timeout=4),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         self.loops = {
-            "health": asyncio.create_task(self.pool.check_forever(self._session, self._report)),
+            "health": asyncio.create_task(self.pool.check_forever(self._control, self._report)),
             "signals": asyncio.create_task(self._signal_loop()),
             "standby": asyncio.create_task(self._standby_loop()),
             "arrivals": asyncio.create_task(self.arrivals.run()),
@@ -194,6 +207,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._session.close()
+        await self._control.close()
 
     def reconfigure(self, replicas: list[str], settings: GatewaySettings) -> None:
         """A reloaded config: new static replicas and settings (buffered requests stay).
@@ -311,11 +325,11 @@ class Gateway:
 
     async def _ask_wake(self, replica: Replica) -> str | None:
         """Its ``POST /wake_up``: None once it says it is awake, else what went wrong."""
-        assert self._session is not None
+        assert self._control is not None
         try:
             async with (
                 asyncio.timeout(self.settings.wake_timeout),
-                self._session.post(replica.url + "/wake_up") as r,
+                self._control.post(replica.url + "/wake_up") as r,
             ):
                 if r.status != 200:
                     return f"it answered HTTP {r.status}"
@@ -420,11 +434,11 @@ class Gateway:
 
     async def _ask_sleep(self, replica: Replica) -> tuple[str | None, bool]:
         """Its ``POST /sleep``: what went wrong (None: asleep), and whether it was sent."""
-        assert self._session is not None
+        assert self._control is not None
         try:
             async with (
                 asyncio.timeout(self.settings.wake_timeout),
-                self._session.post(replica.url + "/sleep", params=SLEEP_QUERY) as r,
+                self._control.post(replica.url + "/sleep", params=SLEEP_QUERY) as r,
             ):
                 if r.status != 200:
                     return f"it answered HTTP {r.status}", False
