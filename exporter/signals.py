@@ -206,7 +206,8 @@ def derive(
 
     ``replicas`` counts every known replica, up or not: each holds accelerators and
     costs money. With no replica at all, load and rates are 0 (facts, not guesses);
-    with replicas but none answering, they are None. Replicas asleep are counted among
+    with replicas but none answering, they are None; a gauge or rate some answering
+    replica lacks is None too, never the others' sum. Replicas asleep are counted among
     those answering when every one of them exposes its sleep state, else unknown (None).
     """
     up = len(latest)
@@ -263,10 +264,16 @@ def _cost(dollars_per_hour: float, tokens_per_second: float | None) -> float | N
 
 
 def _gauge_sum(latest: Sequence[EngineStats], name: str, none_known: bool) -> float | None:
+    """The deployment's gauge: None unless every replica answering has it.
+
+    A sum over some replicas is not the deployment's: an idle replica's 0 beside a busy
+    one whose gauge was rejected (NaN) read as "nothing in flight" and scaled to zero.
+    """
     if none_known:
         return 0.0
-    values = [s.gauges[name] for s in latest if name in s.gauges]
-    return float(sum(values)) if values else None
+    if not latest or any(name not in s.gauges for s in latest):
+        return None
+    return float(sum(s.gauges[name] for s in latest))
 
 
 def _window(

@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from foundation.errors import NoDataError
@@ -247,3 +247,152 @@ def test_missing_engine_signals_never_scale_down_or_to_zero(policy, desired, arr
     decision = decide(obs(gateway_arrival_rate=arrivals), policy, previous)
     assert decision.desired_replicas >= min(desired, policy.max_replicas)
     assert not math.isnan(decision.inputs["need"])
+
+
+QUIET = {
+    "queue_depth": 0.0,
+    "requests_running": 0.0,
+    "replicas_known": 4,
+    "replicas_up": 4,
+    "request_rate": 0.0,
+    "prompt_token_rate": 0.0,
+    "generation_token_rate": 0.0,
+    "gateway_buffered": 0,
+    "gateway_in_flight": 0,
+    "gateway_arrival_rate": 0.0,
+}
+"""Four replicas, every part of the load measured, and nothing happening."""
+LONG_QUIET = state(desired=4, last_activity=NOW - 10_000)
+
+
+@pytest.mark.parametrize(
+    ("changes", "zero"),
+    [
+        pytest.param({}, True, id="every part measured and quiet past the grace scales to zero"),
+        pytest.param(
+            {"requests_running": None},
+            False,
+            id="running unmeasured beside a queue of 0 is not nothing in flight",
+        ),
+        pytest.param(
+            {"queue_depth": None},
+            False,
+            id="a queue unmeasured beside 0 running is not nothing in flight",
+        ),
+        pytest.param(
+            {"requests_running": None, "gateway_buffered": None, "gateway_in_flight": None},
+            False,
+            id="the prometheus path without its running family is not idle",
+        ),
+        pytest.param(
+            {"generation_token_rate": 800.0},
+            False,
+            id="800 tokens a second with no request finished in the window is activity",
+        ),
+        pytest.param(
+            {"prompt_token_rate_panic": 50.0},
+            False,
+            id="prompt tokens in the short window are activity",
+        ),
+        pytest.param(
+            {"requests_running_mean": 3.0},
+            False,
+            id="requests running on average over the window are activity",
+        ),
+        pytest.param(
+            {"replicas_up": 3},
+            False,
+            id="a replica that did not answer its scrape hides its load: no scale to zero",
+        ),
+        pytest.param(
+            {"gateway_arrival_rate": None},
+            False,
+            id="a gateway that does not know its arrivals is not quiet",
+        ),
+        pytest.param(
+            {"gateway_in_flight": None},
+            False,
+            id="a gateway in-flight count unmeasured is not quiet",
+        ),
+    ],
+)
+def test_quiet_is_idle_only_when_every_part_of_the_load_is_measured(changes, zero):
+    observation = obs(**{**QUIET, **changes})
+    decision = decide(observation, POLICY, LONG_QUIET)
+    assert (decision.desired_replicas == 0) is zero, decision.reason
+    later = decide(replace(observation, now=NOW + 10_000), POLICY, decision.state)
+    assert (later.desired_replicas == 0) is zero, later.reason  # nor after the grace
+
+
+@pytest.mark.parametrize(
+    ("replicas_known", "first", "within_grace", "after_grace"),
+    [
+        pytest.param(
+            4, 4, 4, 0, id="a restarted scaler holds four quiet replicas for the grace, then zero"
+        ),
+        pytest.param(
+            None,
+            1,
+            1,
+            0,
+            id="a restarted scaler that sees no replica count keeps one for the grace",
+        ),
+        pytest.param(0, 0, 0, 0, id="a deployment at zero already stays at zero after a restart"),
+    ],
+)
+def test_the_first_decision_after_a_restart_never_goes_to_zero(
+    replicas_known, first, within_grace, after_grace
+):
+    quiet = {**QUIET, "replicas_known": replicas_known, "replicas_up": replicas_known}
+    decision = decide(obs(**quiet), POLICY, DecisionState())
+    assert decision.desired_replicas == first, decision.reason
+    grace = POLICY.idle_grace_seconds
+    for at, expected in ((NOW + grace / 2, within_grace), (NOW + grace + 1, after_grace)):
+        decision = decide(replace(obs(**quiet), now=at), POLICY, decision.state)
+        assert decision.desired_replicas == expected, decision.reason
+
+
+LOAD_PARTS = ("queue_depth", "requests_running", "gateway_in_flight", "gateway_arrival_rate")
+"""Parts of the load each source present reports (the gateway's buffered count stays, so
+the gateway is there with a part unknown, not absent)."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    policies,
+    st.integers(1, 100),
+    st.floats(NOW - 100_000, NOW),
+    st.sets(st.sampled_from(LOAD_PARTS), max_size=4),
+    st.integers(0, 3),
+)
+def test_no_quiet_with_an_unmeasured_part_or_a_missing_replica_reaches_zero(
+    policy, desired, last_activity, unmeasured, missing_replicas
+):
+    """Any part of the load unknown, or replicas missing, and the count never reaches 0."""
+    assume(unmeasured or missing_replicas)  # all measured: zero is allowed (the table above)
+    changes: dict[str, object] = dict.fromkeys(unmeasured)
+    changes["replicas_up"] = 4 - missing_replicas
+    previous = DecisionState(desired=desired, last_activity=last_activity)
+    decision = decide(obs(**{**QUIET, **changes}), policy, previous)
+    assert decision.desired_replicas >= min(1, policy.max_replicas), decision.reason
+
+
+@pytest.mark.parametrize(
+    ("previous", "expected"),
+    [
+        pytest.param(
+            state(desired=1, last_activity=NOW),
+            2,
+            id="32 running with the queue unknown raise 1 to 2",
+        ),
+        pytest.param(
+            state(desired=8, last_activity=NOW),
+            8,
+            id="32 running with the queue unknown never lower 8: the queue may hold more",
+        ),
+    ],
+)
+def test_a_known_part_of_what_is_in_flight_only_raises_the_count(previous, expected):
+    observation = obs(requests_running=32.0, replicas_known=8, replicas_up=8)
+    decision = decide(observation, replace(POLICY, target_utilization=1.0), previous)
+    assert decision.desired_replicas == expected, decision.reason

@@ -52,7 +52,19 @@ def test_a_fleet_that_runs_its_profile_gets_no_note_and_scale_one():
 def test_the_fit_survives_scale_to_zero():
     fitted = decide_over(PROFILED, 1.5, 5).state
     idle = window(1.5, T0 + 3600, gateway_arrival_rate=0.0, requests_running=0.0, queue_depth=0)
-    idle = dataclasses.replace(idle, generation_token_rate=0.0, request_rate=0.0)
+    # Idle is every rate at 0: a token served, in either window, is activity.
+    quiet = dict.fromkeys(
+        (
+            "generation_token_rate",
+            "generation_token_rate_panic",
+            "prompt_token_rate",
+            "prompt_token_rate_panic",
+            "requests_running_mean",
+            "request_rate",
+        ),
+        0.0,
+    )
+    idle = dataclasses.replace(idle, **quiet)
     later = dataclasses.replace(fitted, last_activity=T0)
     decision = decide(idle, PROFILED, later)
     assert decision.desired_replicas == 0

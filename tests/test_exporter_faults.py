@@ -13,19 +13,25 @@ import threading
 import aiohttp
 import grpc
 import pytest
+from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import grpc_service
 from exporter import runtime as runtime_module
 from exporter import scrape as scrape_module
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig
 from exporter.engines import read_exposition
 from exporter.runtime import Exporter
+from foundation.signals import Snapshot
 from protos.unitscale.v1 import signals_pb2 as sig
 from protos.unitscale.v1 import signals_pb2_grpc as sig_grpc
+from scaler.core import DecisionState, Policy, decide
+from scaler.signals import SignalStore, observe
 from tests.conftest import FakeClock, eventually
 from tests.fake_engines import LONG_LINE, FakeReplicaServer
+from tests.test_watch_objects_hostile import FakeApi, listing
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -126,11 +132,49 @@ async def test_a_hostile_replica_fails_alone(replicas, session, mode, reason, mi
     else:
         assert status.up and sum(status.errors.values()) == 0
         assert sum(status.rejected.values()) == len(missing)
+        # Unmeasured on one answering replica is unmeasured for the deployment: never
+        # 3 - 5, never 3 + max(7, 40), and never the good one's 3 alone (read as all of
+        # it, an idle replica's 0 beside a busy one's NaN scaled to zero).
         if "running" in missing:
-            assert signals.running == 3.0  # never 3 - 5, never 3 + max(7, 40)
+            assert signals.running is None
         if "waiting" in missing:
-            assert signals.queue_depth == 1.0
+            assert signals.queue_depth is None
     assert signals.partial == (reason is not None or bool(missing))
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("http-500", id="a busy replica that fails its scrape hides its load"),
+        pytest.param(
+            "negative-gauges", id="a busy replica whose gauges are rejected hides its load"
+        ),
+    ],
+)
+async def test_a_replica_hiding_its_load_never_scales_the_deployment_to_zero(
+    replicas, session, mode
+):
+    """An idle replica's 0 beside a busy one that says nothing usable is no idle deployment."""
+    replicas.replicas[0].set_load(running=0, waiting=0, kv=0.0)
+    replicas.replicas[1].set_load(running=7, waiting=4, kv=0.5)
+    replicas.replicas[1].mode = mode
+    clock = FakeClock(1000.0)
+    exporter = Exporter(config_for(("llama", [replicas.url(0), replicas.url(1)])), clock)
+    await exporter.cycle(session)
+    clock.now += 5.0
+    await exporter.cycle(session)  # rates over flat counters: 0 requests finished
+    signals = exporter.deployments[0].signals
+    assert signals is not None
+
+    store = SignalStore(clock)
+    store.update(Snapshot(exporter.deployments[0].key, signals))
+    observation, _ = observe(
+        exporter.deployments[0].key, store.get(exporter.deployments[0].key), clock(), 30.0
+    )
+    long_quiet = DecisionState(desired=2, last_activity=clock() - 10_000)
+    decision = decide(observation, Policy(), long_quiet)
+    assert decision.desired_replicas >= 1, decision.reason
+    assert "scale to zero" not in decision.reason
 
 
 async def test_a_reader_that_crashes_on_one_target_is_that_targets_internal_error(
@@ -430,3 +474,146 @@ async def test_a_deployment_whose_discovery_crashes_keeps_its_replicas_and_the_o
     llama, qwen = exporter.deployments
     assert "ValueError('a bug in discovery')" in llama.discovery_problem
     assert qwen.status[replicas.url(1)].up and exporter.cycles == 1
+
+
+async def test_dns_that_never_answered_publishes_no_signals_until_it_does(
+    replicas, session, monkeypatch
+):
+    """Before any lookup answered, "0 replicas, no load" is no fact: nothing is published."""
+    answers: list[str] = []
+
+    async def resolving(host_port):
+        if not answers:
+            raise TimeoutError
+        return answers
+
+    monkeypatch.setattr(runtime_module, "resolve_replicas", resolving)
+    replicas.replicas[0].set_load(running=12, waiting=3, kv=0.4)
+    config = ExporterConfig.model_validate(
+        {"timeout": "300ms", "deployments": [{"deployment": "llama", "dns": "llama.svc:8000"}]}
+    )
+    exporter = Exporter(config, FakeClock())
+    published = []
+    exporter.add_listener(lambda state: published.append(state.signals))
+    for _ in range(2):
+        await exporter.cycle(session)
+    assert exporter.deployments[0].signals is None and published == [None, None]
+
+    answers.append(replicas.url(0))
+    await exporter.cycle(session)
+    signals = exporter.deployments[0].signals
+    assert signals is not None and (signals.replicas, signals.running) == (1, 12.0)
+    answers.clear()  # failing after it answered: the last list stays, and is published
+    await exporter.cycle(session)
+    assert exporter.deployments[0].signals is not None
+
+
+class ForbiddenApi(FakeApi):
+    """Answers every EndpointSlice list 403, as without the RBAC to list them."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.listed += 1
+        status = {"kind": "Status", "code": 403, "reason": "Forbidden"}
+        return web.json_response(status, status=403)
+
+
+def slices_listing(port: int, *extra: dict) -> bytes:
+    good = {
+        "metadata": {"name": "s1", "namespace": "team-a"},
+        "addressType": "IPv4",
+        "ports": [{"name": "metrics", "port": port}],
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+    }
+    return listing(good, *extra)
+
+
+BAD_SLICE = {
+    "metadata": {"name": "s2", "namespace": "team-a"},
+    "addressType": "IPv4",
+    "ports": [{"name": "metrics", "port": 1}],
+    "endpoints": [{"addresses": ["127.0.0.2"], "conditions": "ready"}],
+}
+
+
+@pytest.mark.parametrize(
+    ("api_kind", "replicas_published"),
+    [
+        pytest.param("forbidden", None, id="slices never listed (403) publish no signals"),
+        pytest.param("bad-slice", 1, id="one malformed slice is skipped and the good one counts"),
+        pytest.param("good", 1, id="a listed slice publishes its replica"),
+    ],
+)
+async def test_endpoint_slices_never_listed_publish_no_signals(
+    tmp_path, api_kind, replicas_published
+):
+    replica = await FakeReplicaServer(1).start()
+    replica.replicas[0].set_load(running=12, waiting=3, kv=0.4)
+    if api_kind == "forbidden":
+        api: FakeApi = ForbiddenApi([])
+    else:
+        api = FakeApi(
+            [slices_listing(replica.port, *([BAD_SLICE] if api_kind == "bad-slice" else []))]
+        )
+    access = await api.start(tmp_path)
+    config = ExporterConfig.model_validate(
+        {
+            "interval": "100ms",
+            "timeout": "80ms",
+            "deployments": [
+                {
+                    "namespace": "team-a",
+                    "deployment": "llama",
+                    "endpoint-slices": {
+                        "service": "llama",
+                        "port": "metrics",
+                        "path": "/r0/metrics",
+                    },
+                }
+            ],
+        }
+    )
+    exporter = Exporter(config, FakeClock(), kube=access)
+    task = asyncio.create_task(exporter.run())
+    try:
+        await eventually(lambda: api.listed >= 1 and exporter.cycles >= 3, "listed and cycled")
+        if replicas_published is not None:
+            await eventually(lambda: exporter.deployments[0].signals is not None, "published")
+        signals = exporter.deployments[0].signals
+        assert (signals and signals.replicas) == replicas_published
+        if signals is not None:
+            assert signals.running == 12.0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.stop()
+        await replica.stop()
+
+
+async def test_signal_watchers_past_the_cap_are_refused_and_counted():
+    """32 idle WatchSignals streams are served; the 33rd is RESOURCE_EXHAUSTED, counted."""
+    server = ExporterServer(config_for(("llama", [])))
+    http_port, grpc_port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = sig_grpc.SignalsServiceStub(channel)
+            streams = [
+                stub.WatchSignals(sig.WatchSignalsRequest())
+                for _ in range(grpc_service.MAX_WATCHERS)
+            ]
+            await eventually(lambda: server.signals.watchers == len(streams), "all watching")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.WatchSignals(sig.WatchSignalsRequest()).read()
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert server.signals.refused == 1
+            streams.pop().cancel()  # one closes: room for one more
+            await eventually(lambda: server.signals.watchers == len(streams), "one gone")
+            streams.append(stub.WatchSignals(sig.WatchSignalsRequest()))
+            await eventually(lambda: server.signals.watchers == len(streams), "one more")
+            for stream in streams:
+                stream.cancel()
+        async with aiohttp.ClientSession() as client:
+            async with client.get(f"http://127.0.0.1:{http_port}/metrics") as response:
+                text = await response.text()
+        assert "unitscale_exporter_signal_watchers_refused_total 1.0" in text
+    finally:
+        await server.stop(grace=0)

@@ -29,17 +29,20 @@ async def test_metric_spec_names_one_metric_with_both_target_fields(stub):
 
 
 @pytest.mark.parametrize(
-    ("queue", "running", "expected"),
+    ("queue", "running", "replicas", "expected"),
     [
-        pytest.param(8.0, 32.0, 3, id="forty-in-flight-asks-for-three-replicas"),
-        pytest.param(0.0, 0.0, 0, id="idle-asks-for-zero-with-both-fields-zero"),
-        pytest.param(0.0, 17.0, 2, id="just-over-one-replica-asks-for-two"),
+        pytest.param(8.0, 32.0, 1, 3, id="forty-in-flight-asks-for-three-replicas"),
+        pytest.param(0.0, 0.0, 0, 0, id="idle-asks-for-zero-with-both-fields-zero"),
+        pytest.param(0.0, 0.0, 1, 1, id="idle-on-a-restarted-scalers-first-look-keeps-its-replica"),
+        pytest.param(0.0, 17.0, 1, 2, id="just-over-one-replica-asks-for-two"),
     ],
 )
 async def test_get_metrics_returns_desired_replicas_in_int_and_float(
-    scaler, stub, queue, running, expected
+    scaler, stub, queue, running, replicas, expected
 ):
-    receive(scaler.store, engine_signals(queue=queue, running=running))
+    message = engine_signals(queue=queue, running=running)
+    message.engine.replicas_up = message.engine.replicas_scraped = replicas
+    receive(scaler.store, message)
     response = await stub.GetMetrics(metrics_request(ref()))
     assert [(v.metricName, v.metricValue, v.metricValueFloat) for v in response.metricValues] == [
         (METRIC, expected, float(expected))
@@ -198,7 +201,10 @@ async def test_stream_metric_spec_sends_the_spec_at_once_and_stays_open(stub):
 async def test_many_scaled_objects_are_served_concurrently_and_independently(scaler, stub):
     count = 400
     for i in range(count):
-        receive(scaler.store, engine_signals(f"model-{i}", queue=0.0, running=float(i)))
+        message = engine_signals(f"model-{i}", queue=0.0, running=float(i))
+        if i == 0:  # idle and at zero: a restarted scaler keeps a replica it sees running
+            message.engine.replicas_up = message.engine.replicas_scraped = 0
+        receive(scaler.store, message)
 
     async def ask(i):
         so = ref(f"model-{i}", targetConcurrency="10")

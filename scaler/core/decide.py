@@ -3,9 +3,12 @@
 Load is measured in *replicas' worth of work*: demand (arrivals x the work per request)
 over what one replica carries within the SLOs. Each stage is a small pure function:
 
-1. **Activity** (``_activity``). Any arrival, buffered or in-flight request means active;
-   after ``idle_grace_seconds`` of none at all, 0 replicas and inactive, unless the
-   seasonal forecast expects traffic back within one horizon (``scaler.core.predictive``).
+1. **Activity** (``_activity``). Any arrival, buffered or in-flight request, finished
+   request or token served means active; after ``idle_grace_seconds`` of none at all,
+   every part of it measured, 0 replicas and inactive, unless the seasonal forecast
+   expects traffic back within one horizon (``scaler.core.predictive``). Quiet that is
+   not all measured (a gauge unknown, a replica not answering) and a restarted scaler's
+   first look count as activity: neither starts the idle grace.
 2. **Capacity** (``_capacity``): what one replica carries for the observed mix. With a
    profile, the request rate at which it keeps the SLOs (``scaler.core.capacity``, its
    step times fitted online, ``scaler.core.fit``); without, the priors' token rates,
@@ -66,9 +69,15 @@ class _Activity:
     """Whether anything is happening, and since when."""
 
     concurrency: float | None
-    """Requests in flight (engines or gateway, the larger), None when neither is known."""
+    """Requests in flight (engines or gateway, the larger), None when neither is known
+    whole: a queue known beside running unknown is no count of what is in flight."""
     busy: bool
     last_activity: float
+    at_least: float | None = None
+    """The known parts of what is in flight: a lower bound where ``concurrency`` is None."""
+    measured: bool = True
+    """Every part of the load is measured (each source's in-flight counts, the gateway's
+    arrivals, every replica answering): only then may a quiet observation be idle."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +104,9 @@ class _Demand:
     short: float | None
     history: Recent[float]
     """Demand samples (arrivals x work per request) over ``demand_window_seconds``."""
+    lower_bound: bool = False
+    """``load`` counts only the known parts of what is in flight: it may raise the
+    count, never lower it (``_held``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +131,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     ready = max((o.replicas_known or o.replicas_up or 0) - (o.replicas_sleeping or 0), 0)
 
     # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
-    idle = not activity.busy and activity.concurrency is not None
+    idle = not activity.busy and activity.measured
     if idle and p.min_replicas == 0 and now - activity.last_activity >= p.idle_grace_seconds:
         zero = _scale_to_zero(previous, activity.last_activity, now, o.replicas_known)
         return predictive.at_zero(zero, p, previous.season, now)
@@ -228,6 +240,8 @@ def _demand(
         return _Demand(served if quick is None else max(served, quick), quick, demands)
     if activity.concurrency is not None:
         return _Demand(activity.concurrency / p.target_concurrency, None, demands)
+    if activity.at_least is not None:  # running known, queue not: at least that much
+        return _Demand(activity.at_least / p.target_concurrency, None, demands, True)
     return _Demand(None, None, demands)
 
 
@@ -283,6 +297,9 @@ def _held(
     if need.demand.load is None and previous.desired is not None:
         wanted = max(wanted, previous.desired)
         notes.append("load unknown: holding")
+    elif need.demand.lower_bound and previous.desired is not None and wanted < previous.desired:
+        wanted = previous.desired
+        notes.append("load partly unknown: holding")
     elif _replicas_missing(o) and previous.desired is not None and wanted < previous.desired:
         wanted = previous.desired
         notes.append("a replica did not answer its scrape: holding")
@@ -312,20 +329,58 @@ def _steering(p: Policy) -> attainment.Steering:
 
 
 def _activity(o: Observation, previous: DecisionState) -> _Activity:
-    """In-flight requests and whether any request arrives, runs or waits.
+    """In-flight requests, whether any request arrives, runs, waits or is served, and since when.
+
+    Quiet counts as activity (``last_activity`` is now) when some part of the load is
+    unmeasured, and on a restarted scaler's first look, unless the deployment is at zero
+    already: an unknown gauge beside a known 0 (running NaN, queue 0) is not "nothing in
+    flight", and a scaler without history does not know how long it has been quiet.
 
     Raises:
         NoDataError: no load signal at all.
     """
-    concurrency = _larger(
+    engine = _whole(o.queue_depth, o.requests_running)
+    gateway = _whole(o.gateway_buffered, o.gateway_in_flight)
+    concurrency = _larger(engine, gateway)
+    seen = _larger(
         _sum_known(o.queue_depth, o.requests_running),
         _sum_known(o.gateway_buffered, o.gateway_in_flight),
     )
-    if concurrency is None and o.gateway_arrival_rate is None and o.prompt_token_rate is None:
+    if seen is None and o.gateway_arrival_rate is None and o.prompt_token_rate is None:
         raise NoDataError("neither engine nor gateway load is known")
-    arrivals = o.gateway_arrival_rate or 0.0
-    busy = (concurrency or 0.0) > 0 or arrivals > 0 or (o.request_rate or 0.0) > 0
-    return _Activity(concurrency, busy, o.now if busy else previous.last_activity)
+    # Served tokens and running means are activity too: long generations finish no
+    # request within the window while 800 tokens/s flow.
+    flowing = (
+        o.gateway_arrival_rate,
+        o.request_rate,
+        o.prompt_token_rate,
+        o.generation_token_rate,
+        o.prompt_token_rate_panic,
+        o.generation_token_rate_panic,
+        o.requests_running_mean,
+    )
+    busy = (seen or 0.0) > 0 or any(v is not None and v > 0 for v in flowing)
+    measured = _all_measured(o, engine, gateway)
+    at_zero = previous.desired == 0 or o.replicas_known == 0
+    unsure = not measured or previous.desired is None
+    last = o.now if busy or (unsure and not at_zero) else previous.last_activity
+    return _Activity(concurrency, busy, last, seen, measured)
+
+
+def _all_measured(o: Observation, engine: float | None, gateway: float | None) -> bool:
+    """Whether quiet may be read as idle: every part of the load is measured.
+
+    Some in-flight count is known whole, each source present reports its whole load,
+    and every replica known answered its scrape.
+    """
+    engine_present = o.replicas_known is not None or (
+        o.queue_depth is not None or o.requests_running is not None
+    )
+    gateway_present = o.gateway_buffered is not None or o.gateway_in_flight is not None
+    engine_ok = not engine_present or engine is not None
+    gateway_ok = not gateway_present or (gateway is not None and o.gateway_arrival_rate is not None)
+    known = engine is not None or gateway is not None
+    return known and engine_ok and gateway_ok and not _replicas_missing(o)
 
 
 def _fit_profile(
@@ -480,6 +535,11 @@ def _replicas_missing(o: Observation) -> bool:
     """Some replica the exporter knows of did not answer its last scrape."""
     known, up = o.replicas_known, o.replicas_up
     return known is not None and up is not None and up < known
+
+
+def _whole(*values: float | None) -> float | None:
+    """The sum, or None unless every part is known (an unknown part is not a 0)."""
+    return None if any(v is None for v in values) else float(sum(v or 0.0 for v in values))
 
 
 def _sum_known(*values: float | None) -> float | None:
