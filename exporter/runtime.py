@@ -79,6 +79,13 @@ class DeploymentState:
     """Why its signals could not be derived or published last cycle ("" when they were)."""
     discovery_problem: str = ""
     """Why discovering its replicas failed last cycle ("" when it worked): a change is logged."""
+    resolved_dns: str | None = None
+    """The ``dns`` name that last resolved: its replica list has answered once."""
+    discovered: bool = False
+    """Every discovery it is configured with (EndpointSlices, DNS) has answered at least
+    once. Until then no signals are published: an empty list is "not listed yet" (a 403,
+    an API server away, a lookup timing out), and "0 replicas, no load" read as facts
+    scaled the deployment to zero."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -329,16 +336,21 @@ class Exporter:
     async def _discover(self, state: DeploymentState) -> None:
         targets = list(state.config.targets)
         slices = state.config.endpoint_slices
+        listed = True
         if slices is not None:
             watch = self.slice_watches.get((state.config.namespace, slices))
+            listed = watch is not None and watch.targets is not None
             if watch is not None and watch.targets is not None:
                 targets = sorted({*targets, *watch.targets})
+        state.discovered = listed and state.config.dns in (None, "", state.resolved_dns)
         if state.config.dns:
             try:
                 # Bounded like a scrape: a resolver that hangs must not hold up the cycle.
                 async with asyncio.timeout(self.config.timeout):
                     found = await resolve_replicas(state.config.dns)
                 state.targets = sorted({*targets, *found})
+                state.resolved_dns = state.config.dns
+                state.discovered = listed
                 if state.discovery_problem:
                     log.info("%s resolves again", state.config.dns)
                     state.discovery_problem = ""
@@ -408,6 +420,9 @@ class Exporter:
             state.engine = result.stats.engine
             if result.stats.model:
                 state.served_model = result.stats.model
+        if not state.discovered:
+            state.signals = None  # "0 replicas" before any list answered is no fact
+            return
         state.signals = derive(
             now,
             len(state.targets),

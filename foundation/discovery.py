@@ -46,18 +46,38 @@ class EndpointSliceWatch:
 
     Attributes:
         targets: replica URLs; ``None`` until the first list succeeded (then the last
-            known list stays while the API server is unreachable).
+            known list stays while the API server is unreachable). A malformed slice or
+            endpoint is skipped alone (``skipped`` counts them, logged once a change).
     """
 
     def __init__(self, namespace: str, config: EndpointSlicesConfig) -> None:
         self.namespace = namespace
         self.config = config
         self.targets: list[str] | None = None
+        self.skipped = 0
+        """Malformed slices or endpoints skipped, summed over every change seen."""
+        self._last_skipped = ""
 
     def _changed(self, slices: dict[str, RawObject]) -> None:
+        skipped: list[str] = []
         targets = slice_targets(
-            slices.values(), self.config.port, scheme=self.config.scheme, path=self.config.path
+            slices.values(),
+            self.config.port,
+            scheme=self.config.scheme,
+            path=self.config.path,
+            skipped=skipped,
         )
+        self.skipped += len(skipped)
+        problem = "; ".join(skipped[:3])[:500]
+        if problem != self._last_skipped and problem:  # once per change, bounded
+            log.warning(
+                "service %s/%s: %d malformed slices or endpoints skipped: %s",
+                self.namespace,
+                self.config.service,
+                len(skipped),
+                problem,
+            )
+        self._last_skipped = problem
         if targets != self.targets:
             log.info(
                 "service %s/%s: %d ready replicas",

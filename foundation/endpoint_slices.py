@@ -1,17 +1,27 @@
 """EndpointSlices to replica ``/metrics`` URLs (pure: raw API objects in, URLs out).
 
 The API's JSON form is the input (``addressType``, ``endpoints[].conditions.ready``,
-``ports[].name``), so this module needs no Kubernetes client.
+``ports[].name``), so this module needs no Kubernetes client. A slice or an endpoint of
+the wrong shape (``conditions: "ready"``, a port that is no number, an address that is no
+IP or DNS name) is skipped alone and named in ``skipped``: one bad object must not fail
+the list and hide every good replica with it.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 """The label the EndpointSlice controller puts on every slice of a Service."""
+
+_FQDN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+class MalformedError(ValueError):
+    """A slice or endpoint is not of the API's shape (the message says which field)."""
 
 
 def is_ready(endpoint: Mapping[str, Any]) -> bool:
@@ -19,9 +29,19 @@ def is_ready(endpoint: Mapping[str, Any]) -> bool:
 
     The API says a missing ``ready`` is to be read as ready (old producers do not set
     it); ``terminating`` endpoints carry ``ready: false``.
+
+    Raises:
+        MalformedError: ``conditions`` is not an object, or ``ready`` not a boolean.
     """
-    ready = (endpoint.get("conditions") or {}).get("ready")
-    return ready is None or bool(ready)
+    conditions = endpoint.get("conditions")
+    if conditions is None:
+        return True
+    if not isinstance(conditions, Mapping):
+        raise MalformedError("conditions is not an object")
+    ready = conditions.get("ready")
+    if ready is not None and not isinstance(ready, bool):
+        raise MalformedError("conditions.ready is not a boolean")
+    return ready is None or ready
 
 
 def slice_port(eps: Mapping[str, Any], port: int | str) -> int | None:
@@ -30,20 +50,39 @@ def slice_port(eps: Mapping[str, Any], port: int | str) -> int | None:
     A number is used as is (the scrape port need not be a Service port); a name is
     looked up among the slice's ports, each slice separately (slices of one Service
     may map a name to different container ports). ``None``: the name is not there.
+
+    Raises:
+        MalformedError: ``ports`` is not a list of objects, or the named port's number
+            is not an integer in 1-65535.
     """
     if isinstance(port, int):
         return port
-    for entry in eps.get("ports") or []:
-        if entry.get("name") == port and entry.get("port") is not None:
-            return int(entry["port"])
+    for entry in _list(eps, "ports"):
+        if entry.get("name") != port or entry.get("port") is None:
+            continue
+        number = entry["port"]
+        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= 65535:
+            raise MalformedError(f"port {str(port)[:63]!r} is not a number in 1-65535")
+        return number
     return None
 
 
 def host_for(address: str, address_type: str) -> str:
-    """An address as the host part of a URL (IPv6 in brackets)."""
-    if address_type == "IPv6" or (address_type != "FQDN" and ":" in address):
-        return f"[{ipaddress.IPv6Address(address).compressed}]"
-    return address
+    """An address as the host part of a URL (IPv6 in brackets).
+
+    Raises:
+        MalformedError: not an address of its type (text that would rewrite the URL).
+    """
+    try:
+        if address_type == "IPv6" or (address_type != "FQDN" and ":" in address):
+            return f"[{ipaddress.IPv6Address(address).compressed}]"
+        if address_type == "FQDN":
+            if _FQDN.fullmatch(address) is None:
+                raise MalformedError("an FQDN address is not a DNS name")
+            return address
+        return str(ipaddress.IPv4Address(address))
+    except ipaddress.AddressValueError as err:
+        raise MalformedError(f"an address is not {address_type}") from err
 
 
 def slice_targets(
@@ -52,21 +91,72 @@ def slice_targets(
     *,
     scheme: str = "http",
     path: str = "/metrics",
+    skipped: list[str] | None = None,
 ) -> list[str]:
     """Sorted, de-duplicated ``/metrics`` URLs of every ready endpoint of ``slices``.
 
     Only a slice's first address counts (the API: all addresses of one endpoint are
-    fungible). Slices without the named port contribute nothing.
+    fungible). Slices without the named port contribute nothing. A malformed slice or
+    endpoint contributes nothing either; why is appended to ``skipped`` (when given).
     """
     urls: set[str] = set()
+    problems: list[str] = [] if skipped is None else skipped
     for eps in slices:
-        number = slice_port(eps, port)
-        if number is None:
-            continue
-        address_type = str(eps.get("addressType", "IPv4"))
-        for endpoint in eps.get("endpoints") or []:
-            addresses = endpoint.get("addresses") or []
-            if not addresses or not is_ready(endpoint):
+        try:
+            if not isinstance(eps, Mapping):
+                raise MalformedError("a slice is not an object")
+            number = slice_port(eps, port)
+            if number is None:
                 continue
-            urls.add(f"{scheme}://{host_for(str(addresses[0]), address_type)}:{number}{path}")
+            address_type = str(eps.get("addressType", "IPv4"))
+            endpoints = _or_empty(eps.get("endpoints"))
+            if not isinstance(endpoints, list):
+                raise MalformedError("endpoints is not a list")
+        except MalformedError as err:
+            problems.append(f"slice {_name(eps)}: {err}")
+            continue
+        for endpoint in endpoints:
+            try:
+                url = _endpoint_url(endpoint, address_type, number, scheme, path)
+            except MalformedError as err:
+                problems.append(f"slice {_name(eps)}: an endpoint skipped: {err}")
+                continue
+            if url is not None:
+                urls.add(url)
     return sorted(urls)
+
+
+def _endpoint_url(
+    endpoint: object, address_type: str, number: int, scheme: str, path: str
+) -> str | None:
+    if not isinstance(endpoint, Mapping):
+        raise MalformedError("an endpoint is not an object")
+    addresses = _or_empty(endpoint.get("addresses"))
+    if not isinstance(addresses, list):
+        raise MalformedError("addresses is not a list")
+    if not addresses or not is_ready(endpoint):
+        return None
+    first = addresses[0]
+    if not isinstance(first, str) or len(first) > 253:
+        raise MalformedError("an address is not a string of at most 253 characters")
+    return f"{scheme}://{host_for(first, address_type)}:{number}{path}"
+
+
+def _list(eps: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """``eps[key]`` as a list of objects (null is empty)."""
+    value = _or_empty(eps.get(key))
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise MalformedError(f"{key} is not a list of objects")
+    return value
+
+
+def _or_empty(value: object) -> object:
+    """The API sends null for an empty list; anything else is kept for the shape check."""
+    return [] if value is None else value
+
+
+def _name(eps: object) -> str:
+    """A slice's name for a message, cut and quoted."""
+    meta = eps.get("metadata") if isinstance(eps, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return repr(str(name)[:63]) if name is not None else "(unnamed)"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from foundation.discovery import EndpointSlicesConfig
 from foundation.endpoint_slices import slice_targets
@@ -133,3 +135,90 @@ def test_bad_endpoint_slices_config_names_the_key(entry, fragment):
 
 def test_a_numeric_port_string_is_a_number():
     assert EndpointSlicesConfig.model_validate({"service": "a", "port": "8000"}).port == 8000
+
+
+GOOD = eps(ep("10.0.0.1"))
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        pytest.param(
+            eps({"addresses": ["10.0.0.2"], "conditions": "ready"}),
+            "conditions is not an object",
+            id="conditions as a string skips that endpoint alone",
+        ),
+        pytest.param(
+            eps({"addresses": ["10.0.0.2"], "conditions": {"ready": "yes"}}),
+            "conditions.ready is not a boolean",
+            id="a ready that is no boolean skips that endpoint alone",
+        ),
+        pytest.param(
+            {"addressType": "IPv4", "ports": "metrics", "endpoints": [ep("10.0.0.2")]},
+            "ports is not a list of objects",
+            id="ports as a string skips that slice alone",
+        ),
+        pytest.param(
+            {"addressType": "IPv4", "ports": [{"name": "metrics", "port": "x"}], "endpoints": []},
+            "is not a number in 1-65535",
+            id="a named port that is no number skips that slice alone",
+        ),
+        pytest.param(
+            {"addressType": "IPv4", "ports": [{"name": "metrics", "port": 8000}], "endpoints": {}},
+            "endpoints is not a list",
+            id="endpoints as an object skips that slice alone",
+        ),
+        pytest.param(
+            eps("10.0.0.2"), "an endpoint is not an object", id="an endpoint that is a string"
+        ),
+        pytest.param(
+            eps(ep("10.0.0.2/evil?")),
+            "an address is not IPv4",
+            id="an address that would rewrite the url is skipped",
+        ),
+        pytest.param(
+            eps(ep("Not_A_Host"), address_type="FQDN"),
+            "not a DNS name",
+            id="an fqdn that is no dns name is skipped",
+        ),
+        pytest.param(["a", "list"], "a slice is not an object", id="a slice that is a list"),
+    ],
+)
+def test_a_malformed_slice_or_endpoint_is_skipped_alone_and_named(bad, why):
+    skipped: list[str] = []
+    urls = slice_targets([bad, GOOD], "metrics", skipped=skipped)
+    assert urls == ["http://10.0.0.1:8000/metrics"]  # the good slice still counts
+    assert len(skipped) == 1 and why in skipped[0]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+slice_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "addressType": st.sampled_from(["IPv4", "IPv6", "FQDN"]) | json_values,
+        "ports": json_values,
+        "endpoints": st.lists(
+            st.fixed_dictionaries(
+                {}, optional={"addresses": json_values, "conditions": json_values}
+            )
+            | json_values,
+            max_size=4,
+        )
+        | json_values,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(slice_like | json_values, max_size=4), st.sampled_from(["metrics", 8000]))
+def test_any_json_slices_give_urls_never_an_exception(slices, port):
+    """Whatever shape an API server (or a hostile object) sends, the good slice counts."""
+    urls = slice_targets([*slices, GOOD], port, skipped=[])
+    assert "http://10.0.0.1:8000/metrics" in urls
+    assert all(url.startswith("http://") and url.endswith("/metrics") for url in urls)
