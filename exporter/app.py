@@ -19,7 +19,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from exporter.collector import registry_for
+from exporter.collector import WatchersCollector, registry_for
 from exporter.config import ExporterConfig, parse_config
 from exporter.grpc_service import SignalsService
 from exporter.runtime import Exporter
@@ -33,6 +33,10 @@ from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = service_name(signals_pb2.DESCRIPTOR, "SignalsService")
+MAX_GRPC_CALLS = 64
+"""gRPC calls the exporter serves at once (signal watches, GetSignals, health): the
+scaler's replicas and a few tools. One more is refused with ``RESOURCE_EXHAUSTED``,
+never queued without bound."""
 HEALTH_CHECK_PERIOD = 1.0
 """Most seconds between health checks that keep the gRPC health status current."""
 
@@ -64,10 +68,12 @@ class ExporterServer:
         self.registry = registry_for(self.exporter)
         self.registry.register(ConfigReloadCollector(self.configs))
         self.signals = SignalsService(self.exporter)
+        self.registry.register(WatchersCollector(self.signals))
         self._listen = split_listen(listen)
         self._grpc = GrpcServer(
             [(SERVICE_NAME, signals_pb2_grpc.add_SignalsServiceServicer_to_server, self.signals)],
             grpc_listen,
+            max_concurrent_rpcs=MAX_GRPC_CALLS,
         )
         self.grpc_port = self._grpc.port
         self.http_port = 0

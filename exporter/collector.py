@@ -10,6 +10,7 @@ left out, never written as 0.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -229,6 +230,36 @@ def _window_samples(
     for concept, family in latencies.items():
         for q in QUANTILES:
             _maybe(family, [*labels, f"{q:g}"], window.latency(concept).at(q))
+
+
+class Watched(Protocol):
+    """What ``WatchersCollector`` reads: the signals service's stream counts."""
+
+    @property
+    def watchers(self) -> int: ...
+
+    @property
+    def refused(self) -> int: ...
+
+
+class WatchersCollector(Collector):
+    """The ``WatchSignals`` streams served now and those refused past the cap."""
+
+    def __init__(self, service: Watched) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        """Two families, read fresh on every scrape."""
+        yield GaugeMetricFamily(
+            "unitscale_exporter_signal_watchers",
+            "WatchSignals streams served now.",
+            value=self._service.watchers,
+        )
+        yield CounterMetricFamily(
+            "unitscale_exporter_signal_watchers_refused",
+            "WatchSignals streams refused past the cap (RESOURCE_EXHAUSTED).",
+            value=self._service.refused,
+        )
 
 
 def registry_for(exporter: Exporter) -> CollectorRegistry:
