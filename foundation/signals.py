@@ -211,6 +211,25 @@ def checked(
     return result, tuple(found)
 
 
+def impossible_counts(signals: EngineSignals | GatewaySignals) -> str | None:
+    """Why an engine snapshot's replica counts cannot be a deployment's, or None.
+
+    The counts frame every sum in the snapshot (the load is summed over those replicas),
+    so one that is impossible (over ``MAX_REPLICAS``, negative, or more replicas up than
+    known) is no measurement of anything in it: the snapshot is refused, never read. Read
+    as facts, 4294967295 replicas pinned a restarted scaler at ``maxReplicas`` and fed the
+    capacity figures; 50 up of 2 known passed silently.
+    """
+    if not isinstance(signals, EngineSignals):
+        return None
+    for name, value in (("replicas", signals.replicas), ("replicas_up", signals.replicas_up)):
+        if not 0 <= value <= MAX_REPLICAS:
+            return f"{name} is outside 0-{MAX_REPLICAS}"  # no amount: one log line a change
+    if signals.replicas_up > signals.replicas:
+        return "replicas_up is above the replicas known"
+    return None
+
+
 def _impossible_sleepers(sleeping: int, signals: EngineSignals) -> bool:
     """More asleep than answering, or all asleep while requests run: not a count.
 

@@ -31,6 +31,7 @@ from foundation.signals import (
     TargetKey,
     checked,
     describe_target,
+    impossible_counts,
 )
 from scaler.core.model import Observation
 
@@ -99,7 +100,8 @@ class SignalStore:
         self._problems: dict[tuple[object, str], str] = {}
         self.refused: Counter[tuple[str, str]] = Counter()
         """Snapshots refused, by (source, reason): ``future``, ``time-not-finite``,
-        ``full`` (a new target past ``max_targets``) here;
+        ``replicas`` (counts no deployment has: ``impossible_counts``), ``full`` (a new
+        target past ``max_targets``) here;
         what a source could not even decode it counts with ``count_refused``."""
         self.unmeasured: Counter[tuple[str, str]] = Counter()
         """Impossible values taken as unmeasured, by (source, field)."""
@@ -123,12 +125,13 @@ class SignalStore:
         """Keep ``snapshot`` if it is newer than what its source sent before.
 
         Returns whether it was kept: an older one (a reconnect replayed it) is not, nor
-        one dated beyond ``MAX_CLOCK_SKEW`` ahead or at no finite time. Impossible values
+        one dated beyond ``MAX_CLOCK_SKEW`` ahead or at no finite time, nor one whose
+        replica counts are impossible. Impossible values
         in a kept one are unmeasured (``foundation.signals.checked``).
         """
         key, source = snapshot.target, snapshot.source
         signals, impossible = checked(snapshot.signals)
-        refusal = self._refusal(signals.time)
+        refusal = self._refusal(signals)
         if refusal is not None:
             self.refused[(source, refusal[0])] += 1
             self.report((key, source), f"{source} snapshot refused: {refusal[1]}")
@@ -195,8 +198,12 @@ class SignalStore:
             )
         return len(gone)
 
-    def _refusal(self, at: float) -> tuple[str, str] | None:
-        """(reason, message) when a snapshot dated ``at`` must not be stored."""
+    def _refusal(self, signals: EngineSignals | GatewaySignals) -> tuple[str, str] | None:
+        """(reason, message) when a snapshot must not be stored: its time or its counts."""
+        at = signals.time
+        counts = impossible_counts(signals)
+        if counts is not None:
+            return "replicas", f"its replica counts are impossible ({counts})"
         if not math.isfinite(at):
             return "time-not-finite", f"its time is {at!r}"
         if at - self._clock() > MAX_CLOCK_SKEW:

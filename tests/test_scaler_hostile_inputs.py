@@ -449,6 +449,35 @@ def test_a_wire_time_far_in_the_future_is_refused():
 # --- class 3: impossible values are unmeasured, never no load ---------------------------
 
 
+@pytest.mark.parametrize(
+    ("scraped", "up", "kept"),
+    [
+        pytest.param(4, 4, True, id="four replicas all up are kept"),
+        pytest.param(4, 2, True, id="two of four up are kept (partial)"),
+        pytest.param(
+            4_294_967_295, 4_294_967_295, False, id="uint32 max replicas are no deployment's"
+        ),
+        pytest.param(10_001, 10_001, False, id="one past max replicas is refused"),
+        pytest.param(0, 4_294_967_295, False, id="uint32 max up beside 0 known is refused"),
+        pytest.param(2, 50, False, id="more replicas up than known is refused"),
+    ],
+)
+def test_a_snapshot_whose_replica_counts_are_impossible_is_refused(scraped, up, kept):
+    """The counts frame every sum in the snapshot: impossible ones make none of it a fact."""
+    store = SignalStore(FakeClock(T0))
+    registry = ScaledObjectRegistry(store, 30.0, FakeClock(T0))
+    scaled = registry.resolve("llama", "team-a", {**ref().scalerMetadata})
+    message = engine_signals(running=8.0, queue=0.0)
+    message.engine.replicas_scraped, message.engine.replicas_up = scraped, up
+    assert receive(store, message) is kept
+    if kept:
+        assert registry.current(scaled).current_replicas == scraped
+    else:
+        assert store.refused[("exporter", "replicas")] == 1
+        with pytest.raises(NoDataError):  # KEDA: UNAVAILABLE, never maxReplicas nor a count
+            registry.current(scaled)
+
+
 def answers(**values: float | None) -> dict[tuple[str, str | None], float | None]:
     result: dict[tuple[str, str | None], float | None] = dict.fromkeys(
         [(n, None) for n in INSTANT]
