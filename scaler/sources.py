@@ -57,34 +57,41 @@ log = logging.getLogger(__name__)
 async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
     """Keep a ``WatchSignals`` stream open to one source, forever.
 
-    Logged on changes only: "watching" once the first snapshot arrives, one WARNING when
-    the watch breaks, DEBUG for every further failed attempt until it works again (a
-    source down for an hour is one line, not one per backoff).
+    The backoff doubles from ``reconnect-min`` to ``reconnect-max`` and starts again
+    only after a stream held ``reconnect-max``: a source that sends one message and
+    ends the stream (a crash loop, a proxy cutting streams) was retried every 0.5 s,
+    with a WARNING each time. Every reconnect is counted (``store.errors``, source
+    ``watch``, reason ``reconnect``). Logged on changes only: one WARNING per change of
+    why the watch broke, DEBUG for the same again, INFO once it holds again.
     """
     delay = config.reconnect_min
-    healthy = True  # until a failure says otherwise: the first failure is worth a warning
+    last = ""  # why the last attempt broke ("" while none has, or after one that held)
     while True:
-        streaming = False
+        began, streaming = time.monotonic(), False
         try:
             async with grpc.aio.insecure_channel(config.address) as channel:
                 stub = pb_grpc.SignalsServiceStub(channel)
                 async for response in stub.WatchSignals(pb.WatchSignalsRequest()):
                     if not streaming:
-                        streaming, healthy = True, True
-                        log.info("watching signals from %s", config.address)
+                        streaming = True
+                        level = logging.INFO if not last else logging.DEBUG
+                        log.log(level, "watching signals from %s", config.address)
                     receive(store, response.signals, config.address)
-                    delay = config.reconnect_min
-            problem = "ended"
+            problem, kind = "ended", "ended"
         except grpc.aio.AioRpcError as err:
-            problem = f"failed ({err.code().name}: {err.details()})"
+            problem = f"failed ({err.code().name}: {quote(err.details() or '', 200)})"
+            kind = err.code().name
         except Exception as err:  # anything else the channel raises: reconnect, never end
             store.count_error("watch", "exception")
-            problem = f"failed ({_described(err)})"
-        if healthy or streaming:
+            problem, kind = f"failed ({_described(err)})", type(err).__name__
+        store.count_error("watch", "reconnect")
+        if streaming and time.monotonic() - began >= config.reconnect_max:
+            delay, last = config.reconnect_min, ""  # it held: a fresh start
+        if kind != last:
             log.warning("signal watch on %s %s; reconnecting", config.address, problem)
         else:
             log.debug("signal watch on %s %s; retrying in %.2fs", config.address, problem, delay)
-        healthy = False
+        last = kind
         await asyncio.sleep(delay)
         delay = min(delay * 2, config.reconnect_max)
 

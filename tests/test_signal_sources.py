@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import grpc
 import pytest
@@ -147,3 +148,71 @@ def test_observe_takes_the_request_mix_from_the_stable_window(engine, mix):
     gateway = GatewaySignals(T0, arrival_rate=1.0, buffered=0, in_flight=0)
     observation, _ = observe(("team-a", "llama", ""), TargetSignals(1, engine, gateway), T0, 60.0)
     assert (observation.mean_prompt_tokens, observation.mean_output_tokens) == mix
+
+
+class OneThenClose(sig_grpc.SignalsServiceServicer):
+    """A flapping source: every stream sends one snapshot, then ends (or fails)."""
+
+    def __init__(self, abort: bool) -> None:
+        self.abort = abort
+        self.calls = 0
+
+    async def WatchSignals(self, request, context):
+        self.calls += 1
+        yield sig.WatchSignalsResponse(signals=engine_signals(running=1.0, at=T0 + self.calls))
+        if self.abort:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"going away #{self.calls}")
+
+
+class RecordedSleeps:
+    """``asyncio`` for ``scaler.sources`` with every sleep recorded and made at once."""
+
+    def __init__(self, wanted: int) -> None:
+        self.delays: list[float] = []
+        self.wanted = wanted
+        self.enough = asyncio.Event()
+
+    async def sleep(self, delay: float) -> None:
+        self.delays.append(delay)
+        if len(self.delays) >= self.wanted:
+            self.enough.set()
+        await asyncio.sleep(0)
+
+    def __getattr__(self, name: str):
+        return getattr(asyncio, name)
+
+
+@pytest.mark.parametrize(
+    "abort",
+    [
+        pytest.param(False, id="a source ending each stream after one message backs off"),
+        pytest.param(True, id="a source failing each stream after one message backs off"),
+    ],
+)
+async def test_a_source_that_sends_one_message_per_stream_backs_off_and_warns_once(
+    abort, monkeypatch, caplog
+):
+    server = grpc.aio.server()
+    source = OneThenClose(abort)
+    sig_grpc.add_SignalsServiceServicer_to_server(source, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    sleeps = RecordedSleeps(6)
+    monkeypatch.setattr("scaler.sources.asyncio", sleeps)
+    store = SignalStore(FakeClock(T0 + 100))
+    config = SignalSourceConfig(address=f"127.0.0.1:{port}", reconnect_min=0.5, reconnect_max=4.0)
+    caplog.set_level(logging.DEBUG, logger="scaler.sources")
+    task = asyncio.create_task(watch_signals(config, store))
+    try:
+        async with asyncio.timeout(30):  # a cap against hangs, not a timing check
+            await sleeps.enough.wait()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop(grace=0)
+    # Each message no longer resets the backoff: it doubles to the cap.
+    assert sleeps.delays[:6] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]  # one per change of why
+    assert store.errors[("watch", "reconnect")] >= 6
