@@ -32,6 +32,8 @@ from scaler.metadata import (
     MAX_TOKENS_PER_SECOND,
     MIN_RATE,
     MIN_TOKENS_PER_SECOND,
+    SLO_ITL_RANGE,
+    SLO_TTFT_RANGE,
 )
 from scaler.promql import (
     DEFAULT_QUERIES,
@@ -210,10 +212,10 @@ class PolicyConfig(BaseModel):
     """Prior capacity: output tokens a replica decodes per second within the ITL SLO."""
     target_utilization: float = Field(_CORE.target_utilization, ge=MIN_RATE, le=1)
     """Share of a replica's capacity to plan for; the rest absorbs bursts."""
-    slo_ttft: Seconds = Field(_CORE.slo_ttft_seconds, gt=0)
-    """Time-to-first-token p95 target."""
-    slo_itl: Seconds = Field(_CORE.slo_itl_seconds, gt=0)
-    """Inter-token latency p95 target."""
+    slo_ttft: Seconds = Field(_CORE.slo_ttft_seconds, ge=SLO_TTFT_RANGE[0], le=SLO_TTFT_RANGE[1])
+    """Time-to-first-token p95 target: 10 ms to 10 min."""
+    slo_itl: Seconds = Field(_CORE.slo_itl_seconds, ge=SLO_ITL_RANGE[0], le=SLO_ITL_RANGE[1])
+    """Inter-token latency p95 target: 1 ms to 10 s."""
     slo_attainment: float = Field(_CORE.slo_attainment, gt=0, lt=1)
     """The share of requests to keep within both targets (the gateway judges them)."""
     headroom_step: float = Field(_CORE.headroom_step, ge=0)

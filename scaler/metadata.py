@@ -116,6 +116,12 @@ it 10^7 slots, seconds of CPU on the event loop per signal."""
 MIN_RATE = 0.01
 """The smallest ``targetConcurrency`` or utilization taken: below it a replica's
 planned load is nothing, and the need divides into infinity (``1e-320``)."""
+SLO_TTFT_RANGE = (0.01, 600.0)
+"""``sloTtft`` in seconds: 10 ms to 10 min. SLO_ITL_RANGE: ``sloItl``, 1 ms to 10 s.
+
+Outside them the profile's model extrapolates into nonsense: 1 ns, or 10000 h, asked
+a quiet deployment for ``maxReplicas`` (a looser SLO for more replicas), unreported."""
+SLO_ITL_RANGE = (0.001, 10.0)
 MIN_TOKENS_PER_SECOND = 1.0
 MAX_TOKENS_PER_SECOND = 1e7
 """A replica's prefill or decode rate: 1 token/s (a CPU toy) to 10^7 (no accelerator
@@ -199,8 +205,10 @@ class TriggerMetadata(BaseModel):
     max_signal_age: Seconds | None = Field(None, alias="maxSignalAge", gt=0)
     """Signals older than this give UNAVAILABLE; defaults to the scaler config's."""
     target_utilization: Decimal | None = Field(None, alias="targetUtilization", ge=MIN_RATE, le=1)
-    slo_ttft: Seconds | None = Field(None, alias="sloTtft", gt=0)
-    slo_itl: Seconds | None = Field(None, alias="sloItl", gt=0)
+    slo_ttft: Seconds | None = Field(
+        None, alias="sloTtft", ge=SLO_TTFT_RANGE[0], le=SLO_TTFT_RANGE[1]
+    )
+    slo_itl: Seconds | None = Field(None, alias="sloItl", ge=SLO_ITL_RANGE[0], le=SLO_ITL_RANGE[1])
     idle_grace: Seconds | None = Field(None, alias="idleGrace", ge=0, le=MAX_SEASONAL_SECONDS)
     prefill_tokens_per_second: Decimal | None = Field(
         None, alias="prefillTokensPerSecond", ge=MIN_TOKENS_PER_SECOND, le=MAX_TOKENS_PER_SECOND

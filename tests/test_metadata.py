@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from foundation.errors import MetadataError, quote
-from scaler.metadata import ALLOWED_KEYS, REQUIRED_KEYS, parse_metadata
+from scaler.metadata import (
+    ALLOWED_KEYS,
+    REQUIRED_KEYS,
+    SLO_ITL_RANGE,
+    SLO_TTFT_RANGE,
+    parse_metadata,
+)
 
 BASE = {"scalerAddress": "unitscale-scaler.keda:9090", "deployment": "llama"}
 
@@ -169,6 +177,26 @@ def test_valid_metadata_parses(extra, expected):
             BASE | {"pool": "h200", "acceleratorsPerReplica": "one"},
             ["'acceleratorsPerReplica'='one'", "decimal number"],
             id="accelerators-per-replica-in-words-is-refused",
+        ),
+        pytest.param(
+            BASE | {"sloItl": "1ns"},
+            ["'sloItl'='1ns'", "greater than or equal to 0.001"],
+            id="an-itl-slo-of-one-nanosecond-is-refused-not-maxreplicas",
+        ),
+        pytest.param(
+            BASE | {"sloItl": "10000h"},
+            ["'sloItl'='10000h'", "less than or equal to 10"],
+            id="an-itl-slo-of-ten-thousand-hours-is-refused-not-maxreplicas",
+        ),
+        pytest.param(
+            BASE | {"sloTtft": "1ns"},
+            ["'sloTtft'='1ns'", "greater than or equal to 0.01"],
+            id="a-ttft-slo-of-one-nanosecond-is-refused",
+        ),
+        pytest.param(
+            BASE | {"sloTtft": "2562047h"},
+            ["'sloTtft'='2562047h'", "less than or equal to 600"],
+            id="a-ttft-slo-of-go-s-largest-duration-is-refused",
         ),
         pytest.param(
             {"deployment": "x", "bogus": "1", "minReplicas": "x"},
@@ -449,3 +477,24 @@ async def test_a_megabyte_metric_name_is_not_found_with_a_short_message(stub):
         await stub.GetMetrics(request, timeout=10)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert len((caught.value.details() or "").encode()) < 2048
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([("sloItl", SLO_ITL_RANGE), ("sloTtft", SLO_TTFT_RANGE)]),
+    st.integers(1, 10**15),
+)
+def test_an_slo_is_taken_within_its_range_or_refused_naming_the_key(key_range, micros):
+    """Any duration: inside the key's range it is the policy's SLO, else refused by name."""
+    key, (low, high) = key_range
+    seconds = micros / 1e6
+    try:
+        metadata = parse_metadata(BASE | {key: f"{micros}us"})
+    except MetadataError as err:
+        assert not low <= seconds <= high
+        assert f"'{key}'" in str(err)
+    else:
+        assert low <= seconds <= high
+        policy = metadata.policy()
+        got = policy.slo_itl_seconds if key == "sloItl" else policy.slo_ttft_seconds
+        assert got == pytest.approx(seconds)
