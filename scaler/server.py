@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 import time
 from collections.abc import Callable, Coroutine
@@ -15,7 +16,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, quote
 from foundation.files import MAX_PEM_BYTES, read_bytes
 from foundation.grpc_server import KEEPALIVE_FOR_LONG_LIVED_CLIENTS, GrpcServer, service_name
 from foundation.kube import KubeAccess
@@ -215,7 +216,13 @@ class ScalerServer:
         return sorted(source.address for source in self._source_tasks)
 
     async def start(self) -> int:
-        """Start serving, the signal sources and the config reload; returns the port."""
+        """Start serving, the signal sources and the config reload; returns the port.
+
+        Raises:
+            ConfigError: ``--metrics-listen`` cannot be bound (bound first, so that
+                nothing else has started: one line, exit 2, no traceback).
+        """
+        await self._serve_metrics()
         self._started = True
         self._reconcile_sources(self.config)
         if self.config.demo_source is not None:
@@ -229,17 +236,27 @@ class ScalerServer:
         await self._grpc.start()
         if self._stopped_loops:  # one ended before the server reported SERVING
             await self._grpc.set_serving(False)
-        if self._metrics_listen is not None:
-            host, _, port = self._metrics_listen.rpartition(":")
-            self._metrics_runner = web.AppRunner(
-                metrics_app(self.registry, self.configs, self.prewarm, self.store),
-                access_log=None,
-            )
-            await self._metrics_runner.setup()
-            await web.TCPSite(self._metrics_runner, host.strip("[]"), int(port)).start()
-            self.metrics_port = int(self._metrics_runner.addresses[0][1])
         log.info("scaler serving on port %d", self.port)
         return self.port
+
+    async def _serve_metrics(self) -> None:
+        """Serve ``/metrics`` on ``--metrics-listen``, if given, before anything starts."""
+        if self._metrics_listen is None:
+            return
+        host, _, port = self._metrics_listen.rpartition(":")
+        runner = web.AppRunner(
+            metrics_app(self.registry, self.configs, self.prewarm, self.store),
+            access_log=None,
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+        except OSError as err:
+            await runner.cleanup()
+            why = os.strerror(err.errno) if err.errno else "cannot bind that address"
+            raise ConfigError(f"--metrics-listen {quote(self._metrics_listen)}: {why}") from err
+        self._metrics_runner = runner
+        self.metrics_port = int(runner.addresses[0][1])
 
     def _loop(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a loop meant to last until ``stop``; if it ends anyway, health fails."""

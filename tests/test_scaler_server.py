@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import grpc
 import pytest
@@ -13,6 +14,7 @@ from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler.sources import receive
 from tests.conftest import T0, engine_signals, gateway_signals, ref
+from tests.test_cli_flags import unitscale
 
 METRIC = "unitscale-desired-replicas"
 
@@ -292,3 +294,18 @@ async def test_scaled_objects_keda_stopped_asking_about_are_forgotten(scaler, cl
     clock.now = T0 + 3700
     assert scaler.registry.evict_idle(3600.0) == [("team-a", "gone")]
     assert [s.key for s in scaler.registry.objects()] == [("team-a", "kept")]
+
+
+def test_a_metrics_listen_port_in_use_is_one_line_naming_the_flag_and_status_2():
+    """Bound before the gRPC server starts: no 'Event loop is closed' traceback after it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = unitscale(
+            "scaler", "--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{port}"
+        )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "Event loop is closed" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"unitscale scaler: --metrics-listen '127.0.0.1:{port}': Address already in use"
