@@ -60,6 +60,7 @@ from replay.sweep import (
 from replay.trace import Trace, scale
 from replay.workloads import load_trace
 from scaler.core.tiers import StandbyPolicy
+from serving.routing import WakePressure
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 RUNS = (
@@ -72,10 +73,17 @@ SLO_ITL = 0.1
 # The fleet as `unitscale replay` runs it: vLLM launched with the chunked-prefill budget
 # whose steps keep the ITL SLO, which the scaler's profile capacity assumes too.
 CONFIG = SimConfig(LLAMA3_8B_H200.for_itl_slo(SLO_ITL), slo_itl=SLO_ITL, max_replicas=64)
-UNITSCALE_CONFIG = replace(CONFIG, standby=StandbyPolicy())
+GATEWAY_WAKE_AT_OUTSTANDING = 8
+"""The gateway's ``wake-at-outstanding`` docs/gateway.md recommends with a standby plan."""
+UNITSCALE_CONFIG = replace(
+    CONFIG,
+    standby=StandbyPolicy(max_sleeping=16, burst_sleepers=2.0),
+    wake_pressure=WakePressure(GATEWAY_WAKE_AT_OUTSTANDING),
+)
 """unitscale as docs/scaler.md recommends: sleeping replicas as its warm tier (the standby
 plan), each priced at its host memory as on HAMi-shared cards (on whole cards a sleeper
-costs its card: docs/scaler.md, "The accelerator caveat")."""
+costs its card: docs/scaler.md, "The accelerator caveat"), and a gateway that wakes them
+under pressure (docs/gateway.md, ``wake-at-outstanding``)."""
 ONLINE = ("production-stack", "kpa", "aibrix-kv", "unitscale")
 """The policies swept once the warm start is known; static-peak waits for its size."""
 

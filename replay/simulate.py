@@ -53,13 +53,21 @@ from replay.trace import Trace
 from scaler.core.seasonal import SeasonalPolicy
 from scaler.core.tiers import StandbyPolicy
 from serving import vllm_buckets
+from serving.routing import WakePressure, sleepers_to_wake
 
-OFF, STARTING, READY, DRAINING, SLEEPING, LOADING, PENDING = range(7)
-_COUNTED = np.isin(np.arange(7), (STARTING, READY, PENDING))
+OFF, STARTING, READY, DRAINING, SLEEPING, LOADING, PENDING, WAKING, WOKEN = range(9)
+"""WAKING and WOKEN: a sleeper the gateway woke (at zero, or under ``wake_pressure``); it
+serves beside the Deployment's running count until the scaler counts it or it falls idle
+and sleeps again."""
+_COUNTED = np.isin(np.arange(9), (STARTING, READY, PENDING))
 """By slot state: the Deployment counts it (``running``); ``_COUNTED[slot]`` is one
 gather where three comparisons were, on every tick."""
-_HOLDING = np.isin(np.arange(7), (STARTING, READY, DRAINING, LOADING))
+_HOLDING = np.isin(np.arange(9), (STARTING, READY, DRAINING, LOADING, WAKING, WOKEN))
 """By slot state: it holds an accelerator (``held``)."""
+_SERVING = np.isin(np.arange(9), (READY, WOKEN))
+"""By slot state: the gateway routes to it."""
+_STANDBY = np.isin(np.arange(9), (SLEEPING, LOADING, WAKING, WOKEN))
+"""By slot state: it is one of the standby plan's sleepers (asleep, loading or woken)."""
 
 # vLLM's bucket bounds, so that the exporter's own quantile math runs on what a real
 # engine would expose (+Inf closes each histogram).
@@ -110,6 +118,11 @@ class SimConfig:
     """What a sleeper's weights in host memory, and the cache's copy, cost."""
     cache_fill_gbps: float = 0.5
     """A DataLoad fills the cache from the model store at this rate (the remote tier's)."""
+    wake_pressure: WakePressure | None = None
+    """The gateway's ``wake-at-outstanding`` (``serving.routing.WakePressure``): it wakes
+    sleepers when every ready replica holds the threshold (None: only at zero)."""
+    sleep_after_idle: float = 10.0
+    """The gateway's ``sleep-after-idle``: a replica it woke sleeps again once idle this long."""
     idle_gap: float = 120.0
     """A request arriving this long after the one before is a *first request after idle*
     (``after_idle_*`` metrics), whatever the policy did in the gap."""
@@ -305,6 +318,12 @@ class _Replay:
         self.slot = np.full(slots, OFF, dtype=np.int64)
         self.ready_at = np.zeros(slots)
         self.created = np.zeros(slots)
+        self.used_at = np.zeros(slots)
+        """A woken replica's last tick with a request outstanding (or its wake)."""
+        self.baseline: float | None = None
+        """The gateway's mean outstanding per ready replica (``WakePressure.baseline``)."""
+        self.surplus_above = math.inf
+        """The gateway's pressure threshold: the woken surplus is routed to above it."""
         self.cold = cold_start_of(config)
         self.tiers = warm_tiers(
             profile, self.cold, memory_price_per_gb_hour=config.memory_price_per_gb_hour
@@ -357,8 +376,8 @@ class _Replay:
         return int(np.count_nonzero(_COUNTED[self.slot]))
 
     def ready(self) -> int:
-        """Replicas ready to serve."""
-        return int(np.count_nonzero(self.slot == READY))
+        """Replicas ready to serve (those the gateway woke among them)."""
+        return int(np.count_nonzero(_SERVING[self.slot]))
 
     def held(self) -> int:
         """Replicas holding an accelerator: starting, ready, draining, loading."""
@@ -425,6 +444,12 @@ class _Replay:
             self.created[free] = now
             self._pend(count - len(free))
             return
+        # the gateway's woken replicas join the count as they are (they hold an accelerator)
+        woken = np.flatnonzero(slot == WOKEN)[:count]
+        slot[woken] = READY
+        waking = np.flatnonzero(slot == WAKING)[: count - len(woken)]
+        slot[waking] = STARTING
+        count -= len(woken) + len(waking)
         sleepers = np.flatnonzero(slot == SLEEPING)[: min(count, room)]
         slot[sleepers] = STARTING
         self.ready_at[sleepers] = now + self.tiers.sleeping_wake_seconds
@@ -481,15 +506,26 @@ class _Replay:
         """
         standby, slot = self.standby, self.slot
         standby.target = sleeping
-        held = np.r_[np.flatnonzero(slot == LOADING), np.flatnonzero(slot == SLEEPING)]
+        held = np.r_[
+            np.flatnonzero(slot == LOADING),
+            np.flatnonzero(slot == SLEEPING),
+            np.flatnonzero(slot == WAKING),
+            np.flatnonzero(slot == WOKEN),
+        ]
         # the sleepers pending replicas will wake once the pool allows are not surplus
         keep = sleeping + self.pending()
         if len(held) > keep:
             slot[held[: len(held) - keep]] = OFF
-        elif load and len(held) < sleeping:
-            free = np.flatnonzero(slot == OFF)[: min(sleeping - len(held), self._room())]
-            self._cold_or_cached(free, LOADING)
-            standby.loads += len(free)
+        elif len(held) + (draining := int(np.count_nonzero(slot == DRAINING))) < sleeping:
+            # KEDA is asked for running + sleeping: the sleepers that draining replicas
+            # will not be start, then sleep
+            short = sleeping - len(held) - draining
+            free = np.flatnonzero(slot == OFF)[: min(short, self._room())]
+            if self.now <= 0:
+                slot[free] = SLEEPING  # the warm start's, sized by earlier traffic as its fleet
+            else:
+                self._cold_or_cached(free, LOADING)
+                standby.loads += len(free)
         profile = self.config.profile
         standby.hold_cache(cache_warm, self.now, profile.weights_gb, self.config.cache_fill_gbps)
         standby.reason = reason
@@ -500,13 +536,16 @@ class _Replay:
         """Replicas whose cold start is over become ready; pending ones start if they may."""
         self.slot[(self.slot == STARTING) & (self.ready_at <= self.now)] = READY
         self.slot[(self.slot == LOADING) & (self.ready_at <= self.now)] = SLEEPING
+        woke = np.flatnonzero((self.slot == WAKING) & (self.ready_at <= self.now))
+        self.slot[woke] = WOKEN
+        self.used_at[woke] = self.now
         if self.limited:
             self._start_pending()
 
     def admit_arrivals(self) -> None:
         """The gateway: route arrivals, buffer them while no replica is ready, time out."""
         trace, requests, buffer, config = self.trace, self.requests, self.buffer, self.config
-        ready = np.flatnonzero(self.slot == READY)  # no replica changes state in here
+        ready = np.flatnonzero(_SERVING[self.slot])  # no replica changes state in here
         # Arrivals up to half a tick ahead join this tick: no bias on average.
         while (
             self.next_arrival < len(trace)
@@ -532,12 +571,58 @@ class _Replay:
             buffer.popleft()
         while self.arrivals_seen and self.now - self.arrivals_seen[0] > config.panic_window:
             self.arrivals_seen.popleft()
+        self._gateway_wake(ready)
+
+    def _gateway_wake(self, ready: npt.NDArray[np.int64]) -> None:
+        """The gateway wakes sleepers for requests waiting at zero, or under pressure.
+
+        ``serving.routing.sleepers_to_wake`` over the ready replicas' outstanding, with the
+        threshold of ``config.wake_pressure`` over its baseline.
+        """
+        slot, config = self.slot, self.config
+        if config.standby is None:
+            return
+        pressure, outstanding = config.wake_pressure, self.fleet.outstanding[ready]
+        threshold: float | None = None
+        if pressure is not None:
+            if len(ready):
+                per_replica = float(outstanding.sum()) / len(ready)
+                self.baseline = pressure.baseline(self.baseline, per_replica, config.dt)
+            threshold = pressure.threshold(self.baseline)
+            self.surplus_above = threshold
+        wake = sleepers_to_wake(
+            len(ready),
+            int(outstanding.min()) if len(ready) else 0,
+            int(outstanding.sum()),
+            int(np.count_nonzero(slot == WAKING)),
+            len(self.buffer),
+            threshold,
+        )
+        sleepers = np.flatnonzero(slot == SLEEPING)[: min(wake, self._room())]
+        slot[sleepers] = WAKING
+        self.ready_at[sleepers] = self.now + self.tiers.sleeping_wake_seconds
+        self.standby.wakes += len(sleepers)
+        self.standby.gateway_wakes += len(sleepers)
 
     def _route(self, index: int, ready: npt.NDArray[np.int64]) -> bool:
-        """Send request ``index`` to the ``ready`` replica with the fewest outstanding."""
+        """Send request ``index`` to a ``ready`` replica as ``serving.routing.choose`` does.
+
+        The fewest outstanding among the Deployment's running replicas; among all, the
+        woken surplus too, once each running one holds ``surplus_above`` (vectorised here:
+        the replay routes every request of a trace).
+        """
         if len(ready) == 0:
             return False
-        target = ready[np.argmin(self.fleet.outstanding[ready])]
+        outstanding = self.fleet.outstanding[ready]
+        counted = self.slot[ready] == READY
+        if counted.all() or not counted.any():
+            target = ready[np.argmin(outstanding)]
+        else:
+            best = int(np.argmin(np.where(counted, outstanding, np.inf)))
+            if outstanding[best] >= self.surplus_above:
+                spare = int(np.argmin(np.where(counted, np.inf, outstanding)))
+                best = spare if outstanding[spare] < outstanding[best] else best
+            target = ready[best]
         self.fleet.assign(index, int(target), self.now)
         return True
 
@@ -559,10 +644,11 @@ class _Replay:
         drained = np.flatnonzero((slot == DRAINING) & (fleet.outstanding == 0))
         slot[drained] = OFF
         if self.config.standby is not None:
+            self._sleep_idle_woken()
             # Drained replicas sleep (vLLM's POST /sleep) while the plan wants more sleepers.
             sleepers = int(np.count_nonzero(slot == SLEEPING))
             self.standby.accrue(sleepers, dt)
-            held = sleepers + int(np.count_nonzero(slot == LOADING))
+            held = int(np.count_nonzero(_STANDBY[slot]))
             slot[drained[: max(0, self.standby.target - held)]] = SLEEPING
         for s in drained:
             self.histories.pop(int(s), None)
@@ -575,11 +661,21 @@ class _Replay:
             outside,
         )
 
+    def _sleep_idle_woken(self) -> None:
+        """Replicas the gateway woke sleep again once idle for ``sleep_after_idle``."""
+        woken = np.flatnonzero(self.slot == WOKEN)
+        if len(woken) == 0:
+            return
+        busy = woken[self.fleet.outstanding[woken] > 0]
+        self.used_at[busy] = self.now
+        idle = woken[self.now - self.used_at[woken] >= self.config.sleep_after_idle]
+        self.slot[idle] = SLEEPING
+
     def scrape(self) -> None:
         """The exporter scrapes every replica with endpoints and derives the signals."""
         config = self.config
         self.next_scrape += config.scrape_interval
-        serving = np.flatnonzero((self.slot == READY) | (self.slot == DRAINING))
+        serving = np.flatnonzero(_SERVING[self.slot] | (self.slot == DRAINING))
         latest = []
         queues = self.fleet.scheduler_queues()
         for s in serving:
@@ -812,6 +908,8 @@ class _Standby:
     sleeping_seconds: float = 0.0
     cache_seconds: float = 0.0
     wakes: int = 0
+    gateway_wakes: int = 0
+    """Of ``wakes``, those the gateway asked for (a request waiting, or pressure)."""
     cache_starts: int = 0
     loads: int = 0
     """Replicas started to sleep ahead of a forecast return."""
@@ -847,6 +945,7 @@ class _Standby:
             "cache_hours": cache_hours,
             "standby_cost": cost,
             "wakes": self.wakes,
+            "gateway_wakes": self.gateway_wakes,
             "cache_starts": self.cache_starts,
             "standby_loads": self.loads,
         }

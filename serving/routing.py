@@ -14,6 +14,13 @@
   a request's model, or (with ``wake_at_outstanding``) every one already has that many
   requests outstanding, one sleeping replica serving it is woken: the first listed not
   backing off a failed wake, and none while another wake for that model is under way.
+- Under pressure (``WakePressure``: every ready replica holds at least the threshold, the
+  larger of a floor and a multiple of the last minute's mean), ``sleepers_to_wake`` says
+  how many sleepers to wake at once so that the load fits under the threshold: a burst
+  finds capacity in a wake (seconds), not behind the scaler's next decision and a cold
+  start. ``choose`` with a threshold sends requests to the Deployment's running replicas
+  first and to the woken surplus only above it, so the surplus falls idle and sleeps
+  again once the scaler has caught up.
 - A replica whose wake or sleep failed backs off (``Backoff``): it is not asked again for
   the base delay, doubled per failure in a row up to ``2 ** BACKOFF_DOUBLINGS`` times it;
   meanwhile another replica is woken or slept where one can be.
@@ -51,23 +58,100 @@ class ReplicaView:
     """False once its /is_sleeping answered 404: it cannot be put to sleep."""
     sleep_failed: bool = False
     """Its last sleep failed recently (it backs off): put another to sleep."""
+    surplus: bool = False
+    """Woken by the gateway beyond the replicas the scaler runs: routed to above the
+    pressure threshold only, so that it falls idle and sleeps again."""
 
     def serves(self, model: str | None) -> bool:
         """Whether it may serve ``model`` (a replica that has not listed its models may)."""
         return not model or not self.models or model in self.models
 
 
-def choose(replicas: Sequence[ReplicaView], model: str | None) -> str | None:
-    """The URL to send a request for ``model`` to, or None when no ready replica serves it."""
+def choose(
+    replicas: Sequence[ReplicaView], model: str | None, surplus_above: float = math.inf
+) -> str | None:
+    """The URL to send a request for ``model`` to, or None when no ready replica serves it.
+
+    The ready replica with the fewest outstanding; a ``surplus`` one only when every other
+    holds at least ``surplus_above`` (or none other is ready).
+    """
     best: ReplicaView | None = None
+    spare: ReplicaView | None = None
     for replica in replicas:
         if not replica.ready:
             continue
         if model and replica.models and model not in replica.models:
             continue
-        if best is None or replica.outstanding < best.outstanding:
+        if replica.surplus:
+            if spare is None or replica.outstanding < spare.outstanding:
+                spare = replica
+        elif best is None or replica.outstanding < best.outstanding:
             best = replica
+    if spare is not None and (
+        best is None or (best.outstanding >= surplus_above and spare.outstanding < best.outstanding)
+    ):
+        best = spare
     return best.url if best is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class WakePressure:
+    """When the gateway wakes sleepers ahead of the scaler: its ``wake-at-outstanding``.
+
+    The threshold is the larger of ``floor`` requests outstanding per ready replica and
+    ``ratio`` times their mean over the last ``window_seconds`` (``baseline``): a burst is
+    load well above what the fleet has been carrying, so a fleet the scaler sized for a
+    steady high load does not wake its sleepers for ordinary fluctuation.
+    """
+
+    floor: int
+    ratio: float = 2.0
+    window_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.floor < 1 or not 1.0 <= self.ratio < math.inf or not self.window_seconds > 0:
+            raise ValueError(f"a wake pressure needs floor >= 1, ratio >= 1, window > 0: {self}")
+
+    def baseline(self, previous: float | None, per_replica: float, elapsed: float) -> float:
+        """The mean outstanding per ready replica, ``elapsed`` seconds after ``previous``.
+
+        An exponential mean over ``window_seconds``. Example: previous 4, now 8 per replica,
+        6 s later, 60 s window: 4 + (8 - 4) * 0.1 = 4.4.
+        """
+        if previous is None:
+            return per_replica
+        return previous + (per_replica - previous) * min(1.0, elapsed / self.window_seconds)
+
+    def threshold(self, baseline: float | None) -> float:
+        """Requests outstanding on every ready replica that count as pressure."""
+        return max(float(self.floor), self.ratio * (baseline or 0.0))
+
+
+def sleepers_to_wake(
+    ready: int, least: int, total: int, waking: int, buffered: int, threshold: float | None
+) -> int:
+    """How many more sleepers to wake now (the caller bounds it by those asleep).
+
+    Args:
+        ready: replicas ready for the model (the woken surplus among them).
+        least: the fewest requests outstanding on one of them.
+        total: the requests outstanding on all of them.
+        waking: wakes already under way.
+        buffered: requests waiting with no ready replica.
+        threshold: ``WakePressure.threshold``; None wakes only at zero, one at a time.
+
+    Returns:
+        At zero with requests waiting: one (as many as the buffer fills to the threshold).
+        Under pressure (``least >= threshold``): enough that ``total`` fits ``threshold``
+        per replica, at least one. Wakes under way count as replicas already there.
+        Example: 4 ready holding 40 outstanding, threshold 8: ceil(40 / 8) - 4 = 1.
+    """
+    if ready == 0:
+        wanted = 1 if threshold is None else math.ceil(buffered / threshold)
+        return max(0, min(wanted, buffered) - waking) if buffered else 0
+    if threshold is None or least < threshold:
+        return 0
+    return max(0, max(1, math.ceil(total / threshold) - ready) - waking)
 
 
 def choose_to_wake(

@@ -13,7 +13,10 @@ sources, are ``foundation.replica_model.WarmTiers``):
   time; a sleeper costs its host memory all of the time). At zero replicas the first
   replica of a return counts as needed (``p_1 = 1``) until ``release_after_seconds`` of
   idle, which is what that knob promises; a forecast of ``n`` replicas counts the first
-  ``n`` as needed.
+  ``n`` as needed. Besides, at least ``burst_sleepers`` per running replica sleep (one
+  running counted at zero), up to ``max_sleeping``: a burst the window never saw finds
+  replicas a wake away, which the gateway wakes under pressure before the scaler's next
+  decision (``serving.routing.sleepers_to_wake``).
 - **cache-warm**: one copy of the weights in the node's Fluid cache makes every start
   that is not a wake a cache-warm one; held while traffic was seen within
   ``release_after_seconds`` (no DataLoad churn across short idles).
@@ -43,12 +46,19 @@ class StandbyPolicy:
     """Whether a Fluid cache of the weights may be held warm."""
     max_sleeping: int = 4
     """At most this many sleepers (each holds its weights in host memory)."""
+    burst_sleepers: float = 0.0
+    """At least this many sleepers per running replica (up to ``max_sleeping``); 2 holds
+    a burst to three times the load a wake away. Each costs its host memory, and a
+    start whenever a scale-up takes it (``bench/ablation.py``: without it the Azure code
+    trace's unforeseen bursts miss the SLO)."""
     release_after_seconds: float = 3600.0
     """Idle this long (no request at all) and nothing is held any more."""
 
     def __post_init__(self) -> None:
         if self.max_sleeping < 0:
             raise ValueError(f"max_sleeping must not be negative: {self.max_sleeping}")
+        if not 0 <= self.burst_sleepers < math.inf:
+            raise ValueError(f"burst_sleepers must be finite and >= 0: {self.burst_sleepers}")
         if not self.release_after_seconds >= 0:
             raise ValueError(
                 f"release_after_seconds must not be negative: {self.release_after_seconds}"
@@ -154,6 +164,12 @@ def _sleepers(
         if share <= 0 or share < break_even:
             break
         count, last_share = k, share
+    burst = min(policy.max_sleeping, math.ceil(policy.burst_sleepers * max(running, 1) - 1e-9))
+    if burst > count:
+        return burst, (
+            f"wake {tiers.sleeping_wake_seconds:.1f}s; {policy.burst_sleepers:g} per running"
+            f" replica for a burst"
+        )
     if count == 0:
         return 0, f"no replica above {running} was needed {break_even:.1%} of the window"
     return count, (
