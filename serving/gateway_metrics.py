@@ -35,7 +35,7 @@ UPSTREAM_ERROR_KINDS = (
     "bad-headers",
 )
 """The ``kind`` of ``unitscale_gateway_upstream_errors_total`` (``upstream_error``)."""
-CLIENT_ERROR_KINDS = ("stalled", "malformed-http")
+CLIENT_ERROR_KINDS = ("stalled", "malformed-http", "slow-head", "too-many-connections")
 """The ``kind`` of ``unitscale_gateway_client_errors_total`` (``client_error``)."""
 REJECT_STATUSES = (400, 404, 408, 413, 429, 502, 503, 504)
 """The ``status`` of ``unitscale_gateway_rejected_total``: what ``serving.gateway`` answers."""
@@ -256,7 +256,9 @@ class GatewayMetrics:
         """A client cut or refused, by ``kind``.
 
         ``stalled``: it stopped reading a response past the upstream timeout;
-        ``malformed-http``: aiohttp answered its bytes 400.
+        ``malformed-http``: aiohttp answered its bytes 400, or its body could not be
+        decoded; ``slow-head``: its connection sent no whole request head in time
+        (``serving.server.ConnectionGuard``); ``too-many-connections``: refused, 503.
         """
         self._client_errors.labels(*self._labels, kind).inc()
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -24,10 +25,28 @@ from serving.gateway_signals import GatewaySignalsService
 from serving.sim_http import SimReplica
 
 log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MAX_GRPC_CALLS = 64
 """gRPC calls the gateway serves at once (signal watches, GetSignals, health): the
 scaler's replicas and a few tools. One more is refused with ``RESOURCE_EXHAUSTED``."""
+
+MAX_HEADERS = 64
+"""Header lines a request head may have (aiohttp's default: 128). An OpenAI client sends
+about 15; a service mesh and tracing add about 15 more."""
+MAX_FIELD_SIZE = 4096
+"""Bytes of one header line (aiohttp's default: 8190): a bearer token or a client
+certificate's hash fits. With ``MAX_HEADERS``, a head holds at most 256 KiB unfinished."""
+HEAD_TIMEOUT = 10.0
+"""Seconds a new connection has to send its first request head whole; past it the
+connection is closed, counted (``slow-head``). aiohttp has no deadline on a head: 1 MB of
+unfinished headers trickled a byte every 5 s held ~2 MiB of gateway memory for good."""
+KEEPALIVE_TIMEOUT = 75.0
+"""Seconds an idle keep-alive connection is kept (aiohttp's default)."""
+MAX_CONNECTIONS = 4096
+"""Client connections open at once; one more is answered 503 and closed, counted
+(``too-many-connections``). With ``HEAD_TIMEOUT`` and the head's bounds, connections that
+never finish a head hold at most ~2 GiB, and only for seconds."""
 
 
 class MalformedRequests(logging.Filter):
@@ -62,6 +81,90 @@ def http_logger(on_malformed: Callable[[], None]) -> logging.Logger:
     return logger
 
 
+class ConnectionGuard:
+    """Bounds on the connections the gateway's HTTP server holds, before any handler runs.
+
+    A connection is refused (a 503, closed) past ``max_connections``; one that has not sent
+    its first request head whole within ``head_timeout`` is closed. Each is counted through
+    ``on_refused`` with its kind. aiohttp bounds a head's size (``MAX_HEADERS``,
+    ``MAX_FIELD_SIZE``) but not the time the first one takes; a kept-alive connection's
+    next head it closes at ``keepalive_timeout`` from the last answer, sent whole or not.
+    """
+
+    def __init__(
+        self,
+        on_refused: Callable[[str], None],
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        head_timeout: float = HEAD_TIMEOUT,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+    ) -> None:
+        self._on_refused = on_refused
+        self.max_connections = max_connections
+        self.head_timeout = head_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self._deadlines: dict[asyncio.BaseProtocol, asyncio.TimerHandle] = {}
+        """Connections waiting for a request head, and when they are closed."""
+
+    def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
+        """What the listening socket makes per connection: aiohttp's handler, or a refusal."""
+
+        def connection() -> asyncio.BaseProtocol:
+            if len(server.connections) >= self.max_connections:
+                self._on_refused("too-many-connections")
+                return _Refused()
+            handler = server()
+            self._arm(handler, self.head_timeout)
+            return handler
+
+        return connection
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A request whose head arrived: its connection's head deadline is off."""
+        deadline = self._deadlines.pop(request.protocol, None)
+        if deadline is not None:
+            deadline.cancel()
+        return await handler(request)
+
+    def _arm(self, protocol: asyncio.BaseProtocol, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadlines[protocol] = loop.call_later(seconds, self._expire, protocol)
+
+    def _expire(self, protocol: asyncio.BaseProtocol) -> None:
+        self._deadlines.pop(protocol, None)
+        transport = getattr(protocol, "transport", None)
+        if transport is None or transport.is_closing():
+            return  # closed meanwhile
+        self._on_refused("slow-head")
+        transport.abort()
+
+    def close(self) -> None:
+        """Cancel every deadline (the server stops)."""
+        for deadline in self._deadlines.values():
+            deadline.cancel()
+        self._deadlines.clear()
+
+
+_TOO_MANY_CONNECTIONS = json.dumps(
+    {"object": "error", "message": "the gateway has too many connections", "code": 503}
+).encode()
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past ``MAX_CONNECTIONS``: a 503 in the gateway's error shape, closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        body = _TOO_MANY_CONNECTIONS
+        transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        transport.close()
+
+
 class GatewayServer:
     """The gateway's HTTP proxy and its signals gRPC service."""
 
@@ -76,8 +179,10 @@ class GatewayServer:
         source: ConfigSource | None = None,
         parse: Callable[[str, str], GatewayConfig] | None = None,
         kube: KubeAccess | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         self.gateway = Gateway(replicas, settings)
+        self.guard = guard or ConnectionGuard(self.gateway.metrics.client_error)
         self._config, self._source, self._kube = config, source, kube
         self.configs: ConfigStore[GatewayConfig] | None = None
         if config is not None and source is not None and parse is not None:
@@ -99,20 +204,30 @@ class GatewayServer:
         )
         self.grpc_port = self._grpc.port
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self.port = 0
 
     async def start(self) -> tuple[int, int]:
         """Serve; returns (HTTP port, gRPC port)."""
+        app = self.gateway.app()
+        app.middlewares.append(self.guard.middleware)
         # A client that gives up while buffered frees its place (and its upstream request).
         self._runner = web.AppRunner(
-            self.gateway.app(),
+            app,
             access_log=None,
             handler_cancellation=True,
             logger=http_logger(lambda: self.gateway.metrics.client_error("malformed-http")),
+            max_headers=MAX_HEADERS,
+            max_field_size=MAX_FIELD_SIZE,
+            keepalive_timeout=self.guard.keepalive_timeout,
         )
         await self._runner.setup()
-        await web.TCPSite(self._runner, *self._listen).start()
-        self.port = int(self._runner.addresses[0][1])
+        assert self._runner.server is not None
+        # Listened on here, not by a TCPSite: each connection goes through the guard.
+        self._listener = await asyncio.get_running_loop().create_server(
+            self.guard.protocol_factory(self._runner.server), *self._listen
+        )
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         await self._grpc.start()
         if self._config is not None and self._config.endpoint_slices is not None:
             watch = EndpointSliceWatch(self._config.namespace, self._config.endpoint_slices)
@@ -130,6 +245,9 @@ class GatewayServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._grpc.stop(1.0)
+        if self._listener is not None:
+            self._listener.close()  # no new connection; those open are closed below
+        self.guard.close()
         if self._runner is not None:
             await self._runner.cleanup()
 

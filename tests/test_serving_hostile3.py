@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
+from serving.gateway_settings import GatewaySettings
+from serving.server import ConnectionGuard, GatewayServer
 from tests.conftest import eventually
 from tests.test_gateway_isolation import gateway_for
 
@@ -100,3 +105,102 @@ async def test_past_100_streams_every_request_reaches_its_replica_and_checks_go_
             assert g.replicas[0].routable
             replica.release.set()
             assert await asyncio.gather(*tasks) == [200] * streams
+
+
+# --- T-2: request heads that never end, and connections past the cap -------------------
+
+
+@contextlib.asynccontextmanager
+async def guarded_gateway(**guard: Any) -> AsyncIterator[GatewayServer]:
+    """A gateway with no replica whose connection guard has the bounds given."""
+    settings = GatewaySettings(namespace="a", deployment="llama")
+    server = GatewayServer([], settings, "127.0.0.1:0", "127.0.0.1:0")
+    server.guard = ConnectionGuard(server.gateway.metrics.client_error, **guard)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def connections(gateway: GatewayServer) -> int:
+    """Connections the gateway's HTTP server holds."""
+    assert gateway._runner is not None and gateway._runner.server is not None
+    return len(gateway._runner.server.connections)
+
+
+async def closed(reader: asyncio.StreamReader) -> bytes:
+    """Everything the gateway sends until it closes the connection."""
+    return await asyncio.wait_for(reader.read(), 30)
+
+
+async def test_a_head_that_never_ends_is_closed_at_the_head_deadline_and_counted():
+    async with guarded_gateway(head_timeout=0.2) as gateway:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 4000)
+        await writer.drain()
+
+        async def trickle() -> None:  # one more byte now and then keeps no deadline off
+            with contextlib.suppress(ConnectionError):
+                while True:
+                    writer.write(b"a")
+                    await writer.drain()
+                    await asyncio.sleep(0.02)
+
+        trickling = asyncio.create_task(trickle())
+        try:
+            assert await closed(reader) == b""  # before: open for good
+        finally:
+            trickling.cancel()
+            writer.close()
+        assert counter(gateway, "_client_errors", "slow-head") == 1
+
+
+async def test_a_kept_alive_connection_gets_a_deadline_for_its_next_head_too():
+    # aiohttp's keep-alive closes it (a head under way or not); the guard's deadline is
+    # for the first head, which aiohttp bounds by nothing.
+    async with guarded_gateway(head_timeout=100, keepalive_timeout=0.2) as gateway:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: a")  # and no more
+        await writer.drain()
+        data = await closed(reader)
+        writer.close()
+        assert b"HTTP/1.1" not in data.split(b"\r\n\r\n", 1)[-1]  # no second answer
+
+
+async def test_a_connection_past_the_cap_is_answered_503_and_counted():
+    async with guarded_gateway(max_connections=3) as gateway:
+        held = [await asyncio.open_connection("127.0.0.1", gateway.port) for _ in range(3)]
+        for _, writer in held:  # each a request head under way: each is a connection
+            writer.write(b"GET /health HTTP/1.1\r\n")
+            await writer.drain()
+        await eventually(lambda: connections(gateway) == 3, "held")
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        answer = await closed(reader)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503 ")
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["code"] == 503
+        assert counter(gateway, "_client_errors", "too-many-connections") == 1
+        for _, writer in held:
+            writer.close()
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        pytest.param([b"X-A%d: b" % i for i in range(60)], 200, id="sixty-short-headers-pass"),
+        pytest.param([b"X-A%d: b" % i for i in range(100)], 400, id="a-hundred-headers-are-a-400"),
+        pytest.param([b"X-A: " + b"b" * 4000], 200, id="a-4000-byte-header-passes"),
+        pytest.param([b"X-A: " + b"b" * 8000], 400, id="an-8000-byte-header-is-a-400"),
+    ],
+)
+async def test_a_request_head_is_bounded_in_headers_and_bytes(headers, status):
+    async with guarded_gateway() as gateway:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        head = b"\r\n".join([b"GET /health HTTP/1.1", b"Host: x", *headers, b"", b""])
+        writer.write(head)
+        line = await asyncio.wait_for(reader.readline(), 30)
+        writer.close()
+        assert int(line.split()[1]) == status
