@@ -7,6 +7,7 @@ accelerator-hour too, and signals computed with the default price say so
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -20,6 +21,7 @@ from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
 from foundation.errors import ConfigError, quote
 from foundation.files import MAX_CONFIG_BYTES, read_text
+from foundation.signals import MAX_DEPLOYMENT_LENGTH, MAX_MODEL_LENGTH, MAX_NAMESPACE_LENGTH
 
 DEFAULT_PRICE_PER_HOUR = 3.50
 """US$ per accelerator-hour when none is configured: mid-range of 2026 neocloud H100/H200
@@ -80,9 +82,13 @@ class DeploymentConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    namespace: Annotated[str, Field(pattern=DNS_NAME)] = "default"
-    deployment: Annotated[str, Field(pattern=DNS_NAME)] = "default"
-    model: str = ""
+    # The wire's bounds (``foundation.signals_wire``): a longer name is refused there, in
+    # every message, so it is refused here, once, at start.
+    namespace: Annotated[str, Field(pattern=DNS_NAME, max_length=MAX_NAMESPACE_LENGTH)] = "default"
+    deployment: Annotated[str, Field(pattern=DNS_NAME, max_length=MAX_DEPLOYMENT_LENGTH)] = (
+        "default"
+    )
+    model: Annotated[str, Field(max_length=MAX_MODEL_LENGTH)] = ""
     """The served model, for the ``model`` label; empty takes it from the engine."""
     engine: Literal["auto", "vllm", "sglang"] = "auto"
     targets: list[str] = Field(default_factory=list)
@@ -143,21 +149,54 @@ class ExporterConfig(BaseModel):
         return self
 
 
+MAX_TARGET_LENGTH = 2048
+"""The longest ``--target`` or ``targets`` entry: a URL, not a document (it is logged)."""
+
+
 def metrics_url(target: str) -> str:
     """``host:port`` or ``http://host:port`` -> ``http://host:port/metrics``.
 
+    The host is an IP literal or a name a resolver can take (at most 253 characters, 63
+    per label, IDNA-encodable): one that no resolver can take would fail every scrape as
+    an "internal" error, for good, behind a flag that was accepted.
+
     Raises:
-        ValueError: not an http(s) URL with a host.
+        ValueError: not an http(s) URL with such a host and a port in 0-65535.
     """
+    if len(target) > MAX_TARGET_LENGTH:
+        raise ValueError(f"a target of at most {MAX_TARGET_LENGTH} characters, got {quote(target)}")
     url = target if "://" in target else f"http://{target}"
     try:
         parts = urlsplit(url)
         hostname = parts.hostname
-    except ValueError:  # an unbalanced IPv6 bracket
+        parts.port  # noqa: B018 - raises for a port outside 0-65535
+    except ValueError:  # an unbalanced IPv6 bracket, a port out of range
         hostname = None
     if hostname is None or parts.scheme not in ("http", "https"):
         raise ValueError(f"expected http://host:port[/path], got {quote(target)}")
+    problem = _host_problem(hostname)
+    if problem is not None:
+        raise ValueError(f"{problem}, in {quote(target)}")
     return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
+
+
+def _host_problem(hostname: str) -> str | None:
+    """Why no resolver can take ``hostname``, or None (an IP literal or a DNS name)."""
+    try:
+        ipaddress.ip_address(hostname)
+        return None
+    except ValueError:
+        pass
+    name = hostname.removesuffix(".")
+    if not name or len(name) > 253:
+        return "a host name of 1-253 characters"
+    if any(not 1 <= len(label) <= 63 for label in name.split(".")):
+        return "a host name whose labels are 1-63 characters"
+    try:
+        name.encode("idna")
+    except UnicodeError:
+        return "a host name IDNA can encode"
+    return None
 
 
 def parse_config(

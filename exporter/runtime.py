@@ -33,6 +33,7 @@ from exporter.engines import REJECTIONS
 from exporter.scrape import REASONS, ScrapeResult, resolve_replicas, scrape
 from exporter.signals import ReplicaHistory, derive, history_horizon
 from foundation.discovery import EndpointSlicesConfig, EndpointSliceWatch
+from foundation.errors import quote
 from foundation.kube import KubeAccess
 from foundation.signals import EngineSignals
 
@@ -100,6 +101,11 @@ class DeploymentState:
     def model_label(self) -> str:
         """The ``model`` label: configured, else what the engine reports."""
         return self.config.model or self.served_model
+
+
+def shown(target: str) -> str:
+    """A target as a log line shows it: whole when short and printable, else cut, quoted."""
+    return target if len(target) <= 200 and target.isprintable() else quote(target, 200)
 
 
 SliceKey = tuple[str, EndpointSlicesConfig | None]
@@ -389,7 +395,7 @@ class Exporter:
                 if status.last_reason != result.error:  # once per change of reason
                     log.warning(
                         "scrape %s failed (%s): %s",
-                        result.target,
+                        shown(result.target),
                         result.error,
                         result.detail,
                         exc_info=result.exception,
@@ -399,7 +405,7 @@ class Exporter:
                 status.errors[result.error] += 1
                 continue
             if status.last_reason:
-                log.info("scrape %s works again", result.target)
+                log.info("scrape %s works again", shown(result.target))
             status.up, status.last_error, status.last_reason = True, "", ""
             rejected = result.stats.rejected
             for why in rejected.values():
@@ -408,7 +414,7 @@ class Exporter:
                 if rejected:
                     log.warning(
                         "scrape %s: no measurement of %s",
-                        result.target,
+                        shown(result.target),
                         ", ".join(f"{concept} ({why})" for concept, why in rejected.items()),
                     )
                 status.last_rejected = dict(rejected)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+from urllib.parse import urlsplit
 
 import aiohttp
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.app import ExporterServer
 from exporter.collector import registry_for
-from exporter.config import ExporterConfig, load_config
+from exporter.config import ExporterConfig, load_config, metrics_url
 from exporter.parse import Limits
 from exporter.runtime import Exporter
 from foundation.errors import ConfigError
@@ -269,12 +273,66 @@ async def test_metrics_and_signals_are_served_over_http_and_grpc(replicas):
             "'max-series'=0: Input should be greater than or equal to 1",
             id="a-series-cap-of-zero",
         ),
+        pytest.param(
+            {"deployments": [{"targets": ["b" * 64 + ".example:80"]}]},
+            "labels are 1-63 characters",
+            id="a-host-label-of-64-characters-no-resolver-takes-is-refused",
+        ),
+        pytest.param(
+            {"deployments": [{"targets": ["a." * 130 + "example:80"]}]},
+            "a host name of 1-253 characters",
+            id="a-host-name-over-253-characters-is-refused",
+        ),
+        pytest.param(
+            {"deployments": [{"targets": ["http://" + "x" * 70_000 + ":80"]}]},
+            "a target of at most 2048 characters",
+            id="a-target-of-70000-characters-is-refused-in-a-short-message",
+        ),
+        pytest.param(
+            {"deployments": [{"targets": ["host:99999"]}]},
+            "expected http://host:port",
+            id="a-port-over-65535-is-refused",
+        ),
+        pytest.param(
+            {"deployments": [{"deployment": "d" * 254}]},
+            "at most 253 characters",
+            id="a-deployment-name-the-wire-refuses-is-refused-at-start",
+        ),
+        pytest.param(
+            {"deployments": [{"namespace": "n" * 64}]},
+            "at most 63 characters",
+            id="a-namespace-over-63-characters-is-refused",
+        ),
+        pytest.param(
+            {"deployments": [{"model": "m" * 513}]},
+            "at most 512 characters",
+            id="a-model-name-over-512-characters-is-refused",
+        ),
     ],
 )
 def test_bad_exporter_config_names_the_key(overrides, fragment):
     with pytest.raises(ConfigError) as caught:
         load_config(None, overrides)
     assert fragment in str(caught.value)
+    assert len(str(caught.value)) < 1000  # never the whole hostile value
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300), st.integers(0, 70_000))
+def test_any_target_host_is_one_a_resolver_takes_or_refused(host, port):
+    """Taken: an IP literal or an IDNA-encodable name of 253/63 at most; else a ValueError."""
+    try:
+        url = metrics_url(f"http://{host}:{port}")
+    except ValueError:
+        return
+    parts = urlsplit(url)
+    hostname = parts.hostname
+    assert hostname is not None and (parts.port or 0) <= 65535  # .port raises past it
+    try:
+        ipaddress.ip_address(hostname)
+    except ValueError:
+        hostname.removesuffix(".").encode("idna")  # raises nothing
+        assert len(hostname.removesuffix(".")) <= 253
 
 
 @pytest.mark.parametrize(
