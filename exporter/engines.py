@@ -31,7 +31,8 @@ or 0, ``weights_offloaded`` 1 at level 1, ``discard_all`` 1 at level 2) is optio
 0.11) or unreadable, never "awake". A replica sleeps when any of its engines reports
 ``awake`` 0 (vLLM sleeps and wakes every engine at once); its level is the deepest. A
 flag other than 0 or 1 is rejected (``not-a-flag``) and, like any rejected value, makes
-``sleep`` missing.
+``sleep`` missing. A ``model_name`` over ``MAX_MODEL_LENGTH`` characters or not printable
+is rejected (``not-a-name``) and ``model`` missing: the model is unknown, the load read.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from exporter.parse import (
     excerpt,
     parse_samples,
 )
-from foundation.signals import LATENCIES
+from foundation.signals import LATENCIES, MAX_MODEL_LENGTH
 
 COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions")
 HISTOGRAMS = LATENCIES
@@ -180,7 +181,7 @@ class EngineStats:
     """0, 1 or 2 while asleep (0: scheduling paused only); None while awake or unknown."""
 
 
-REJECTIONS = ("negative", "not-finite", "duplicate", "not-a-flag")
+REJECTIONS = ("negative", "not-finite", "duplicate", "not-a-flag", "not-a-name")
 """Why a concept's values were rejected (bounded: a Prometheus label)."""
 
 
@@ -254,14 +255,11 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
     for sample in samples:
         by_name.setdefault(sample.name, []).append(sample)
 
-    model = None
-    for sample in samples:
-        if contract.model_label in sample.labels:
-            model = sample.labels[contract.model_label]
-            break
-
     missing: list[str] = []
     rejected: dict[str, str] = {}
+    model = _model(samples, contract.model_label, rejected)
+    if "model" in rejected:
+        missing.append("model")
     gauges = _gauges(by_name, contract, missing, rejected)
     counters: dict[str, float] = {}
     created: float | None = None
@@ -306,6 +304,23 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
         sleeping,
         level,
     )
+
+
+def _model(samples: list[Sample], label: str, rejected: dict[str, str]) -> str | None:
+    """The served model's name, or None: absent, or no name (``not-a-name``, rejected).
+
+    The name becomes the ``model`` label of every family the exporter serves: a
+    megabyte one made each Prometheus scrape of the exporter ten times the replica's
+    body. At most ``MAX_MODEL_LENGTH`` printable characters, the wire's bound.
+    """
+    for sample in samples:
+        if label in sample.labels:
+            model = sample.labels[label]
+            if len(model) <= MAX_MODEL_LENGTH and model.isprintable():
+                return model
+            rejected["model"] = "not-a-name"
+            return None
+    return None
 
 
 def _gauges(

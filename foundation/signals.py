@@ -28,6 +28,14 @@ hostile answer, and read as a fact it pins the deployment at ``maxReplicas`` and
 overflows the capacity RPC's uint32 fields, so it is unmeasured instead."""
 
 
+MAX_NAMESPACE_LENGTH = 63
+"""A namespace: an RFC 1123 label."""
+MAX_DEPLOYMENT_LENGTH = 253
+"""A Deployment's name: an RFC 1123 subdomain."""
+MAX_MODEL_LENGTH = 512
+"""A served model's name (``org/model-revision``; Hugging Face ids are under 100)."""
+
+
 def describe_target(key: TargetKey) -> str:
     """``namespace/deployment`` or ``namespace/deployment (model m)`` for messages.
 

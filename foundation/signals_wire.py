@@ -15,6 +15,9 @@ from __future__ import annotations
 import math
 
 from foundation.signals import (
+    MAX_DEPLOYMENT_LENGTH,
+    MAX_MODEL_LENGTH,
+    MAX_NAMESPACE_LENGTH,
     EngineSignals,
     GatewaySignals,
     Quantiles,
@@ -51,12 +54,6 @@ _LATENCY_FIELDS = (
 _QUANTILE_FIELDS = ("p50", "p90", "p95", "p99")
 
 
-MAX_NAMESPACE_LENGTH = 63
-"""A namespace: an RFC 1123 label."""
-MAX_DEPLOYMENT_LENGTH = 253
-"""A Deployment's name: an RFC 1123 subdomain."""
-MAX_MODEL_LENGTH = 512
-"""A served model's name (``org/model-revision``; Hugging Face ids are under 100)."""
 _NAME_LIMITS = (
     ("namespace", MAX_NAMESPACE_LENGTH),
     ("deployment", MAX_DEPLOYMENT_LENGTH),

@@ -444,3 +444,23 @@ def test_the_sleep_state_of_engines(text, sleeping, level, rejected):
     assert (stats.sleeping, stats.sleep_level) == (sleeping, level)
     assert stats.rejected.get("sleep") == rejected
     assert ("sleep" in stats.missing) is (rejected is not None)  # the signal is partial
+
+
+@pytest.mark.parametrize(
+    ("model", "kept"),
+    [
+        pytest.param("meta-llama/Llama-3-8B", True, id="a hugging face id is the model"),
+        pytest.param("m" * 512, True, id="a name of 512 characters is the model"),
+        pytest.param("m" * 513, False, id="a name over 512 characters is no model"),
+        pytest.param("m" * 1_000_000, False, id="a megabyte name is no model, never a label"),
+        pytest.param("llama\nfake_metric 1", False, id="a name with a newline is no model"),
+    ],
+)
+def test_a_model_name_is_the_model_label_only_within_the_wires_bound(model, kept):
+    escaped = model.replace("\\", "\\\\").replace("\n", "\\n")
+    body = f'vllm:num_requests_running{{model_name="{escaped}"}} 3\n'
+    stats = read_exposition(body)
+    assert stats.gauges["running"] == 3.0  # the load is read either way
+    assert stats.model == (model if kept else None)
+    assert stats.rejected == ({} if kept else {"model": "not-a-name"})
+    assert ("model" in stats.missing) is not kept
