@@ -16,6 +16,12 @@ logged once per file, while the rows keep going to the new file.
 Rows are written in the order requests end, each file's rows a batch at a time and
 flushed after each, so a crash loses at most the last second; the reader sorts by
 arrival.
+
+A write that never returns (a hard-mounted network volume whose server is gone) holds
+only the writer thread: past ``WRITE_TIMEOUT`` it counts as a failed write (logged once),
+its rows are counted when it ends, and while it hangs every new batch is dropped and
+counted instead of queued behind it. Shutdown waits for the writer at most
+``WRITE_TIMEOUT``; the thread is a daemon, so a hung write never holds the process.
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -48,6 +55,9 @@ FLUSH_SECONDS = 1.0
 """How often the rows so far are written: a crash loses at most this much."""
 MAX_PENDING = 200_000
 """Rows waiting for the writer: 40 s at 5,000 requests a second, about 20 MB."""
+
+WRITE_TIMEOUT = 10 * FLUSH_SECONDS
+"""Seconds a write may take before it counts as failed: a local disk takes milliseconds."""
 
 MAX_LOGGED = 100
 """Undeletable files whose names are remembered, so that each is logged once."""
@@ -143,16 +153,69 @@ def _is_file(entry: os.DirEntry[str]) -> bool:
         return False
 
 
+class _Writer:
+    """One daemon thread that runs the file work in order, each job's end an asyncio future.
+
+    Not a ``ThreadPoolExecutor``: its threads are joined at the interpreter's exit, so a
+    write that never returns would hold the process for good.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, work: Callable[..., None], *args: object) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="arrivals", daemon=True)
+            self._thread.start()
+        self._jobs.put((loop, future, work, args))
+        return future
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, future, work, args = job
+            error: BaseException | None = None
+            try:
+                work(*args)
+            except BaseException as err:  # handed to the awaiting side, never lost here
+                error = err
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_settle, future, error)
+
+    def shutdown(self) -> None:
+        """The thread ends after the jobs queued (at once, unless one hangs)."""
+        self._jobs.put(None)
+        self._thread = None
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
 class ArrivalRecorder:
     """Collects rows on the event loop; ``run`` writes them off it (module docstring)."""
 
     def __init__(
-        self, settings: ArrivalSettings, registry: CollectorRegistry, labels: tuple[str, str]
+        self,
+        settings: ArrivalSettings,
+        registry: CollectorRegistry,
+        labels: tuple[str, str],
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         self.settings = settings
+        self.write_timeout = write_timeout
         self._pending: list[Row] = []
         self._files = _Files()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="arrivals")
+        self._writer = _Writer()
+        self._busy: asyncio.Future[None] | None = None
+        """A write that passed ``write_timeout`` and has not ended yet."""
         self._failing = False
         names = ["namespace", "deployment"]
         self._recorded = Counter(
@@ -209,45 +272,77 @@ class ArrivalRecorder:
         finally:
             await asyncio.shield(self._close())
 
+    @property
+    def stuck(self) -> bool:
+        """Whether a write has hung past ``write_timeout`` and not ended yet."""
+        return self._busy is not None and not self._busy.done()
+
     async def flush(self) -> None:
         """Write the rows recorded so far on the writer thread.
 
-        A failure is counted, logged once until a write succeeds, and drops the batch.
+        A failure is counted, logged once until a write succeeds, and drops the batch;
+        while a write hangs, each batch is dropped at once (module docstring).
         """
         rows, self._pending = self._pending, []
         settings = self.settings
-        loop = asyncio.get_running_loop()
+        if self.stuck:
+            self._dropped.inc(len(rows))
+            return
         if settings.directory is None:
-            await loop.run_in_executor(self._executor, self._files.reset)
+            await self._within(self._writer.submit(self._files.reset), 0)
             return
         if not rows:
             return
         try:
-            await loop.run_in_executor(
-                self._executor, self._files.write, settings, rows, time.time()
+            written = await self._within(
+                self._writer.submit(self._files.write, settings, rows, time.time()), len(rows)
             )
         except Exception as err:
             self._errors.inc()
             self._dropped.inc(len(rows))
-            if not self._failing:
-                log.warning(
-                    "recording arrivals in %s failed (%s: %s); rows are dropped until a write"
-                    " succeeds, counted in unitscale_gateway_arrivals_dropped_total",
-                    settings.directory,
-                    type(err).__name__,
-                    err,
-                )
-            self._failing = True
+            self._failed(settings.directory, f"{type(err).__name__}: {err}")
+            return
+        if not written:
+            self._errors.inc()
+            self._failed(settings.directory, f"no write ended within {self.write_timeout:g}s")
             return
         self._recorded.inc(len(rows))
         if self._failing:
             log.info("recording arrivals in %s again", settings.directory)
         self._failing = False
 
+    async def _within(self, job: asyncio.Future[None], rows: int) -> bool:
+        """Whether ``job`` ended within ``write_timeout``; if not, its rows count when it does."""
+        try:
+            await asyncio.wait_for(asyncio.shield(job), self.write_timeout)
+        except TimeoutError:
+            self._busy = job
+            job.add_done_callback(lambda done: self._ended_late(done, rows))
+            return False
+        return True
+
+    def _ended_late(self, job: asyncio.Future[None], rows: int) -> None:
+        if job.cancelled() or job.exception() is not None:
+            self._dropped.inc(rows)
+        else:
+            self._recorded.inc(rows)
+
+    def _failed(self, directory: str, problem: str) -> None:
+        if not self._failing:
+            log.warning(
+                "recording arrivals in %s failed (%s); rows are dropped until a write"
+                " succeeds, counted in unitscale_gateway_arrivals_dropped_total",
+                directory,
+                problem,
+            )
+        self._failing = True
+
     async def _close(self) -> None:
         with contextlib.suppress(Exception):
             await self.flush()
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(Exception):
-            await loop.run_in_executor(self._executor, self._files.reset)
-        self._executor.shutdown(wait=False)
+        # Queued even behind a hung write: the file is closed should it ever end.
+        reset = self._writer.submit(self._files.reset)
+        if not self.stuck:
+            with contextlib.suppress(Exception):
+                await self._within(reset, 0)
+        self._writer.shutdown()

@@ -780,6 +780,8 @@ class Gateway:
                 "draining": sum(r.draining for r in self.replicas),
                 "buffered": self.stats.buffered,
                 "in_flight": self.stats.in_flight,
+                # A write that hangs holds the record, not the requests: named, not a 503.
+                "arrivals_writer": "stuck" if self.arrivals.stuck else "ok",
             },
             status=503 if stopped else 200,
         )

@@ -12,13 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from serving.arrival_recorder import ArrivalRecorder, Row, _Files
+from serving.arrivals import ArrivalSettings
 from serving.gateway_settings import GatewaySettings
 from serving.server import ConnectionGuard, GatewayServer
 from tests.conftest import eventually
@@ -204,3 +208,49 @@ async def test_a_request_head_is_bounded_in_headers_and_bytes(headers, status):
         line = await asyncio.wait_for(reader.readline(), 30)
         writer.close()
         assert int(line.split()[1]) == status
+
+
+# --- T-3: a disk write that never returns ----------------------------------------------
+
+
+class HungFiles(_Files):
+    """The file writer, whose writes block until ``release`` (a dead network volume)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def write(self, settings: ArrivalSettings, rows: list[Row], now: float) -> None:
+        self.release.wait()
+        super().write(settings, rows, now)
+
+
+def recorder_counts(recorder: ArrivalRecorder) -> tuple[float, float, float]:
+    """(recorded, dropped, write errors)."""
+    return tuple(c._value.get() for c in (recorder._recorded, recorder._dropped, recorder._errors))
+
+
+async def test_a_write_that_hangs_is_a_counted_failure_and_holds_neither_the_rows_nor_shutdown(
+    tmp_path, caplog
+):
+    recorder = ArrivalRecorder(
+        ArrivalSettings(str(tmp_path)), CollectorRegistry(), LABELS, write_timeout=0.05
+    )
+    files = recorder._files = HungFiles()
+    try:
+        for _batch in range(3):
+            for _ in range(10):
+                recorder.record(1.0, 5, 5)
+            # Before: the first flush waited for the write for good.
+            await asyncio.wait_for(recorder.flush(), 30)
+            assert recorder._pending == []  # nothing piles up in memory
+        assert recorder.stuck
+        # The hung batch is counted when it ends; the next two were dropped at once.
+        assert recorder_counts(recorder) == (0, 20, 1)
+        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "no write ended within 0.05s" in warnings[0].getMessage()
+        await asyncio.wait_for(recorder._close(), 30)  # before: waited behind the write
+    finally:
+        files.release.set()
+    await eventually(lambda: recorder_counts(recorder)[0] == 10, "the late write is counted")
+    assert [p.name for p in tmp_path.iterdir()] != []
