@@ -65,9 +65,16 @@ MAX_RATE = 1e6
 MAX_DATASET_BYTES = 64 * 1024**2
 """One client's distributions file (the largest here is 3.9 MB)."""
 PATTERNS = ("", "Gamma", "Weibull")
-_CHUNK = re.compile(r"chunk-(\d{1,6})-trace\.csv")
-_PDF = re.compile(r"\{\s*(?:\d+\s*:\s*[^,{}:]+(?:,\s*\d+\s*:\s*[^,{}:]+)*\s*,?\s*)?\}")
-_PAIR = re.compile(r"(\d+)\s*:\s*([^,{}:]+)")
+MAX_PDF_CHARS = 16 * 1024**2
+"""One distribution's text (the largest here is 405 KB)."""
+MAX_PDF_PAIRS = 1_000_000
+"""Token counts in one distribution (the most here is 13,759)."""
+# ASCII digits only: ``\d`` and float() also take '١٠' and '1_0' (hostile pass 3, L5).
+_CHUNK = re.compile(r"chunk-([0-9]{1,6})-trace\.csv")
+_TOKENS = re.compile(r"[0-9]{1,9}")
+# One way to match each text (no nested or adjacent repeats that share characters), so
+# a miss costs one pass: the old whole-dict pattern backtracked ~n^3 on trailing spaces.
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,10 +234,8 @@ def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
 
 def _number(text: str, column: str, low: float, high: float) -> float:
     """A finite number from ``low`` to ``high`` (an empty field is 0 where 0 is allowed)."""
-    try:
-        value = float(text) if text.strip() else 0.0
-    except ValueError:
-        value = math.nan
+    field = text.strip()
+    value = float(field) if _DECIMAL.fullmatch(field) else 0.0 if not field else math.nan
     if not low <= value <= high:
         raise ValueError(f"column {column}: {quote(text)} is not a number from {low:g} to {high:g}")
     return value
@@ -271,16 +276,14 @@ def _blocks(path: Path) -> dict[int, tuple[str, str]]:
 
 def _pdf(text: str, where: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """A ``{tokens: probability, ...}`` text as token counts and their cumulative shares."""
-    if len(text) > MAX_DATASET_BYTES or not _PDF.fullmatch(text.strip()):
+    pairs = _pairs(text)
+    if pairs is None:
         raise TraceError(f"{where}: not a {{tokens: probability, ...}} dict")
-    pairs = _PAIR.findall(text)
-    tokens = np.array([int(t) if len(t) <= 9 else -1 for t, _ in pairs], dtype=np.int64)
-    try:
-        weights = np.array([float(p) for _, p in pairs])
-    except ValueError:
-        weights = np.array([math.nan])
+    tokens = np.array([int(t) if _TOKENS.fullmatch(t) else -1 for t, _ in pairs], dtype=np.int64)
+    weights = np.array([float(p) if _DECIMAL.fullmatch(p) else math.nan for _, p in pairs])
     if not (
-        np.all((tokens >= 0) & (tokens <= MAX_TOKENS))
+        len(pairs)
+        and np.all((tokens >= 0) & (tokens <= MAX_TOKENS))
         and np.all(np.isfinite(weights) & (weights >= 0))
         and weights.sum() > 0
     ):
@@ -290,6 +293,31 @@ def _pdf(text: str, where: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.f
         )
     cumulative = np.cumsum(weights)
     return np.maximum(tokens, 1), cumulative / cumulative[-1]
+
+
+def _pairs(text: str) -> list[tuple[str, str]] | None:
+    """The stripped ``tokens``/``probability`` texts of a dict's text; None if not one.
+
+    Split, never matched whole: linear in the text, bounded before any list is built.
+    """
+    body = text.strip()
+    if len(body) > MAX_PDF_CHARS or body[:1] != "{" or body[-1:] != "}":
+        return None
+    body = body[1:-1]
+    if body.count(",") >= MAX_PDF_PAIRS or any(c in body for c in "{}"):
+        return None
+    items = body.split(",")
+    if len(items) > 1 and not items[-1].strip():
+        items.pop()  # one trailing comma, as Python writes none but a person might
+    pairs = []
+    for item in items:
+        key, colon, value = item.partition(":")
+        if not colon and not item.strip() and len(items) == 1:
+            return []  # "{}"
+        if not colon or ":" in value or not key.strip() or not value.strip():
+            return None
+        pairs.append((key.strip(), value.strip()))
+    return pairs
 
 
 def _check_count(

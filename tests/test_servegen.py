@@ -336,3 +336,91 @@ def test_the_multi_day_builtins(name, days):
     trace = load_trace(f"builtin:{name}", seed=0)
     assert trace.name == f"business-days-{days}"
     assert trace.arrival[-1] < days * BusinessDay().length
+
+
+# --- hostile texts (issue 27, hostile pass 3: H1, L5) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "pairs"),
+    [
+        pytest.param("{100: 0.5, 300: 0.5}", [(100, 0.5), (300, 0.5)], id="the data's own form"),
+        pytest.param("{ 7 : 1e-05 , }", [(7, 1e-05)], id="spaces and one trailing comma"),
+        pytest.param("{0: .5}", [(1, 0.5)], id="a count of 0 is drawn as 1 token"),
+    ],
+)
+def test_a_distribution_text_is_read_as_its_pairs(text, pairs):
+    tokens, cdf = servegen._pdf(text, "here")
+    weights = np.diff(cdf, prepend=0.0) * sum(p for _, p in pairs)
+    assert tokens.tolist() == [t for t, _ in pairs]
+    assert np.allclose(weights, [p for _, p in pairs])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("{1: 1" + " " * 6000 + "x", id="no closing brace after many spaces"),
+        pytest.param("{1: 1" + " " * 3000 + "}x", id="text after the closing brace"),
+        pytest.param("{1: 1, 2: {3: 1}}", id="a nested dict"),
+        pytest.param("{1: 1,, 2: 1}", id="an empty pair"),
+        pytest.param("{1: 1: 2}", id="two colons in a pair"),
+        pytest.param("{: 1}", id="a pair with no token count"),
+        pytest.param("{" + "1: 1," * 1_000_001 + "}", id="more pairs than the bound"),
+    ],
+)
+@pytest.mark.timeout(30)  # a hang guard: the old whole-dict pattern took minutes on the first
+def test_a_text_that_is_not_a_dict_is_refused_in_one_pass(text):
+    with pytest.raises(TraceError, match=r"here: not a \{tokens: probability"):
+        servegen._pdf(text, "here")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("{١٢: 1}", id="a token count in Arabic-Indic digits"),
+        pytest.param("{1_0: 1}", id="a token count with an underscore"),
+        pytest.param("{12: ١}", id="a probability in Arabic-Indic digits"),
+        pytest.param("{12: 1_0}", id="a probability with an underscore"),
+        pytest.param("{12: nan}", id="a nan probability"),
+        pytest.param("{12: -1}", id="a negative probability"),
+    ],
+)
+def test_a_distribution_reads_ascii_digits_only(text):
+    with pytest.raises(TraceError, match="token counts must be 0 to"):
+        servegen._pdf(text, "here")
+
+
+@pytest.mark.timeout(30)  # a hang guard, not a measurement: 2,000 spaces took 27 s before
+@settings(deadline=None, max_examples=60)
+@given(st.text(alphabet="{}:, 0123456789.x\t", max_size=60), st.integers(0, 2000))
+def test_any_text_is_read_or_refused_in_time_linear_in_its_length(text, spaces):
+    """Each text is read or refused; never backtracked (a 3 KB text once took 98 s)."""
+    try:
+        servegen._pdf(text + " " * spaces + text, "here")
+    except TraceError:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("field", "accepted"),
+    [
+        pytest.param("12.5", True, id="a plain decimal is read"),
+        pytest.param("1e3", True, id="an exponent is read"),
+        pytest.param("١٠", False, id="Arabic-Indic digits are refused"),
+        pytest.param("1_0", False, id="an underscore between digits is refused"),
+        pytest.param("inf", False, id="infinity is refused"),
+    ],
+)
+def test_a_window_s_number_reads_ascii_digits_only(field, accepted):
+    if accepted:
+        assert servegen._number(field, "rate", 0.0, 1e6) == float(field)
+    else:
+        with pytest.raises(ValueError, match="column rate"):
+            servegen._number(field, "rate", 0.0, 1e6)
+
+
+def test_a_chunk_named_in_other_digits_is_not_a_chunk(tmp_path):
+    write_client(tmp_path, 0, days_of(1, 1.0))
+    (tmp_path / "chunk-0-trace.csv").rename(tmp_path / "chunk-١-trace.csv")
+    with pytest.raises(TraceError, match=r"no chunk-N-trace\.csv"):
+        read_servegen(tmp_path, ServeGenOptions(0.01, (0, 0)))
