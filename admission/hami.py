@@ -77,6 +77,13 @@ INT64_MAX: Final = 2**63 - 1
 """``Quantity.AsInt64`` reads nothing beyond int64; neither does ``parse_quantity``."""
 MAX_QUANTITY_CHARS: Final = 64
 """A Kubernetes quantity longer than this is no quantity (int64 needs 19 digits)."""
+MAX_DEVICE_TEXT_CHARS: Final = 128
+"""Characters of a card's ``type`` or ``mode``. NVIDIA's names stay under 50 with HAMi's
+``NVIDIA-`` prefix; both are part of every node's key, which the fit's bound cache keeps
+4,096 of: 200 KB types there held ~800 MiB against the controller's 1 GiB."""
+MAX_HANDSHAKE_CHARS: Final = 64
+"""Characters of a handshake HAMi writes (``Requesting_2006.01.02 15:04:05``: 30). A
+longer one is unreadable without being parsed, so it never reaches the parse's cache."""
 
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
@@ -441,13 +448,13 @@ def _register_json(text: str) -> tuple[Device, ...]:
             Device(
                 uuid=uuid,
                 index=_json_int(item, "index", where),
-                type=_json_str(item, "type", where),
+                type=_device_text(_json_str(item, "type", where), "type", where),
                 split_count=_json_int(item, "count", where),
                 memory_mib=_json_int(item, "devmem", where),
                 cores=_json_int(item, "devcore", where),
                 numa=_json_int(item, "numa", where, negative=True),
                 healthy=_json_bool(item, "health", where),
-                mode=_json_str(item, "mode", where),
+                mode=_device_text(_json_str(item, "mode", where), "mode", where),
             )
         )
     return tuple(devices)
@@ -468,6 +475,14 @@ def _json_str(item: Mapping[str, Any], key: str, where: str) -> str:
     value = item.get(key, "")
     if not isinstance(value, str):
         raise HamiFormatError(f"{where}: field {key!r} is {quote(value)}, not a string")
+    return value
+
+
+def _device_text(value: str, key: str, where: str) -> str:
+    if len(value) > MAX_DEVICE_TEXT_CHARS:
+        raise HamiFormatError(
+            f"{where}: field {key!r} is {len(value)} characters, more than {MAX_DEVICE_TEXT_CHARS}"
+        )
     return value
 
 
@@ -497,13 +512,13 @@ def _register_text(text: str) -> tuple[Device, ...]:
             Device(
                 uuid=fields[0],
                 index=_text_int(fields[7], "index", where) if long_form else 0,
-                type=fields[4],
+                type=_device_text(fields[4], "type", where),
                 split_count=_text_int(fields[1], "count", where),
                 memory_mib=_text_int(fields[2], "devmem", where),
                 cores=_text_int(fields[3], "devcore", where),
                 numa=_text_int(fields[5], "numa", where, negative=True),
                 healthy=_text_bool(fields[6], "health", where),
-                mode=fields[8] if long_form else "hami-core",
+                mode=_device_text(fields[8], "mode", where) if long_form else "hami-core",
             )
         )
     return tuple(devices)
@@ -762,7 +777,7 @@ def handshake_offers(
         return True, None
     if "Requesting" in value:
         stamp = value.partition("_")[2]
-        asked = _handshake_time(stamp)
+        asked = _handshake_time(stamp) if len(value) <= MAX_HANDSHAKE_CHARS else None
         if asked is None:
             unreadable = f"{key} {quote(value)} has an unreadable time {quote(stamp)}"
             return True, f"{unreadable}; taken as healthy, as HAMi does"

@@ -22,6 +22,7 @@ from admission.hami import (
     HamiFormatError,
     Inventory,
     PodPlacement,
+    _handshake_time,
     inventory,
     parse_devices_allocated,
     parse_node_register,
@@ -209,6 +210,26 @@ def test_json_fields_left_out_by_omitempty_read_as_go_zero_values():
             "GPU-a,10,1024,100,NVIDIA-X,0,yes:",
             "device 0 (GPU-a): field 'health' is 'yes', not a boolean",
             id="text-health-that-go-parsebool-refuses",
+        ),
+        pytest.param(
+            json.dumps([{"id": "GPU-a", "type": "NVIDIA-" + "H" * 200_000}]),
+            "device 0 (GPU-a): field 'type' is 200007 characters, more than 128",
+            id="a json card type of 200 KB is refused: every node key holding it is cached",
+        ),
+        pytest.param(
+            json.dumps([{"id": "GPU-a", "mode": "m" * 129}]),
+            "device 0 (GPU-a): field 'mode' is 129 characters",
+            id="a json card mode over 128 characters is refused",
+        ),
+        pytest.param(
+            f"GPU-a,10,1024,100,{'H' * 200_000},0,true:",
+            "device 0 (GPU-a): field 'type' is 200000 characters",
+            id="a text card type of 200 KB is refused",
+        ),
+        pytest.param(
+            f"GPU-a,10,1024,100,NVIDIA-X,0,true,0,{'m' * 129}:",
+            "device 0 (GPU-a): field 'mode' is 129 characters",
+            id="a text card mode over 128 characters is refused",
         ),
     ],
 )
@@ -439,6 +460,22 @@ def test_the_handshake_decides_whether_a_node_offers_its_gpus(
         assert any(problem in r for r in reasons), reasons
     # the hardware stays in the pool either way: a node coming back is no reason to Reject
     assert [n.name for n in inv.pool] == ["gpu-1"]
+
+
+@pytest.mark.parametrize(
+    "handshake",
+    [
+        pytest.param("Requesting_" + stamp(5) + "x" * 250_000, id="a 250 KiB handshake"),
+        pytest.param("Requesting_" + stamp(5) + " " * 35, id="one character over 64"),
+    ],
+)
+def test_a_handshake_longer_than_hami_writes_is_unreadable_and_never_cached(handshake):
+    """4,096 distinct 250 KiB handshakes in the parse's cache held ~1 GiB (issue 27, H2)."""
+    _handshake_time.cache_clear()
+    inv = build([node("gpu-1", handshake=handshake)])
+    assert _handshake_time.cache_info().currsize == 0
+    assert inv.node("gpu-1") is not None  # taken as healthy, as HAMi does
+    assert any("unreadable time" in p.reason for p in inv.problems), inv.problems
 
 
 def test_a_node_without_a_handshake_annotation_is_offered():
