@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ RETRY_MAX = 30.0
 """Seconds before a pass whose writes failed runs again (doubling)."""
 CREATABLE: Mapping[tuple[str, str], Resource] = {("data.fluid.io/v1alpha1", "DataLoad"): DATALOADS}
 """What a decision may ask us to create, by (apiVersion, kind)."""
+_REVISION = re.compile(r"[0-9]{1,19}")
 
 
 Decide = Callable[[Sequence[Pending], Cluster, float], Sequence[Decision]]
@@ -830,5 +832,8 @@ def _by_subject(decisions: Iterable[Decision]) -> dict[tuple[str, str, str], Dec
 
 def _version(obj: Mapping[str, Any]) -> int:
     """An object's resourceVersion as a number (etcd's revision), -1 when not one."""
-    text = (obj.get("metadata") or {}).get("resourceVersion", "")
-    return int(text) if isinstance(text, str) and text.isdigit() else -1
+    meta = obj.get("metadata")
+    text = meta.get("resourceVersion", "") if isinstance(meta, Mapping) else ""
+    # ASCII digits, at most int64's 19 (etcd's revision): isdigit() is true for '²' and
+    # for 5,000 digits, on which int() raised and failed every pass (issue 27, H5).
+    return int(text) if _REVISION.fullmatch(text if isinstance(text, str) else "") else -1

@@ -10,12 +10,14 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kubernetes_asyncio import client
 
 from admission import annotations as names
 from admission.app import AdmissionServer
 from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
-from admission.controller import WATCHES, Controller, pool_labels
+from admission.controller import WATCHES, Controller, _version, pool_labels
 from admission.decide import PoolDemand
 from admission.demand import DemandResult
 from admission.parameters import Headroom, Parameters, ReclaimParameters
@@ -203,6 +205,33 @@ def test_our_fresher_write_stands_in_until_the_watch_catches_up():
     controller._changed("workloads", {"team/w": workload(9)})
     assert controller.snapshot().workloads["team/w"]["metadata"]["resourceVersion"] == "9"
     assert controller._fresh == {}
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        pytest.param("²", id="a superscript digit, which isdigit() takes and int() refuses"),
+        pytest.param("9" * 5000, id="5,000 digits, past int()'s limit"),
+        pytest.param("١٢", id="Arabic-Indic digits"),
+        pytest.param(12, id="a number, not a string"),
+    ],
+)
+@pytest.mark.parametrize("whose", ["ours", "watched"])
+def test_a_resource_version_that_is_no_revision_never_fails_the_view(version, whose):
+    """It reads as -1 (older than any revision); every pass failed on it (issue 27, H5)."""
+    controller = Counting()
+    ours, watched = workload(7), workload(5)
+    (ours if whose == "ours" else watched)["metadata"]["resourceVersion"] = version
+    controller._changed("workloads", {"team/w": watched})
+    controller._fresh[("workloads", "team/w")] = ours
+    expected = watched if whose == "ours" else ours
+    assert controller.snapshot().workloads["team/w"] is expected
+
+
+@given(st.one_of(st.text(max_size=40), st.integers(), st.none(), st.lists(st.integers())))
+def test_any_resource_version_reads_as_a_revision_or_minus_one(version):
+    number = _version({"metadata": {"resourceVersion": version}})
+    assert number == -1 or 0 <= number < 10**19
 
 
 def test_a_deleted_object_is_not_brought_back_by_our_write():
