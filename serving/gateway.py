@@ -72,6 +72,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.arrival_recorder import ArrivalRecorder
@@ -99,6 +100,8 @@ PROXIED = ("/v1/completions", "/v1/chat/completions")
 SLEEP_QUERY = {"level": "1", "mode": "wait"}
 """The standby plan's sleep: level 1 (weights to host memory), in-flight requests finish."""
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
+DECODED_HOP_HEADERS = HOP_HEADERS | {"content-encoding"}
+"""What is not relayed of a body aiohttp decoded: hop-by-hop headers and its encoding."""
 _FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 """What aiohttp refuses to write in a header (a ValueError at ``prepare``): CR, LF, CTLs."""
 
@@ -111,11 +114,10 @@ def relayable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     gateway's client session decodes a compressed body, so what is relayed is the decoded
     body: ``Content-Encoding`` (and the encoded ``Content-Length``) no longer describe it.
     """
-    dropped = HOP_HEADERS | {"content-encoding"}
     return {
         name: value
         for name, value in headers.items()
-        if name.lower() not in dropped
+        if name.lower() not in DECODED_HOP_HEADERS
         and _FORBIDDEN_HEADER_CHARS.search(name) is None
         and _FORBIDDEN_HEADER_CHARS.search(value) is None
     }
@@ -542,9 +544,10 @@ class Gateway:
 
         Bodies being read are held in memory before any bound of the buffer applies: a
         client that sends all but the last byte of each and waits would hold them for
-        good. So together they may hold at most ``buffer_bytes`` (a declared
-        Content-Length is charged before a byte is read, a chunked body as it comes),
-        and each must arrive whole within ``body_timeout``.
+        good. So together they may hold at most ``buffer_bytes``, charged as the bytes
+        arrive (a declared Content-Length charged up front let 16 sockets that sent no
+        byte refuse everyone else), and each must arrive whole within ``body_timeout``.
+        A body its ``Content-Encoding`` cannot decode is the client's 400.
         """
         s = self.settings
         limit = s.max_request_bytes
@@ -555,17 +558,24 @@ class Gateway:
         charged, chunks, size = 0, [], 0
         try:
             async with asyncio.timeout(s.body_timeout):
-                charged = self._charge_body(declared or 0)
                 async for chunk in request.content.iter_any():
                     size += len(chunk)
                     if size > limit:
                         raise self._reject(413, too_large, None)
-                    if size > charged:
-                        charged += self._charge_body(size - charged)
+                    charged += self._charge_body(len(chunk))
                     chunks.append(chunk)
         except TimeoutError:
             message = f"the request body did not arrive within {s.body_timeout:g}s"
             raise self._reject(408, message, None) from None
+        except (web.RequestPayloadError, HttpProcessingError):
+            # Labelled gzip (or deflate) and not: aiohttp's decoder fails mid-read. The
+            # rest is not read (aiohttp would, after the answer, and log the error again
+            # as unhandled) and the connection closes: its next bytes mean nothing.
+            self.metrics.client_error("malformed-http")
+            request.content.feed_eof()
+            refused = self._reject(400, "request body could not be decoded", None)
+            refused.force_close()
+            raise refused from None
         finally:
             self.stats.reading_bytes -= charged
         return b"".join(chunks)
@@ -591,7 +601,8 @@ class Gateway:
         ``upstream_timeout`` a 504; neither is retried.
         """
         assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        # The body sent is the decoded one: its Content-Encoding no longer describes it.
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in DECODED_HOP_HEADERS}
         timeout = self.settings.upstream_timeout
         dropped = False
         for attempt in range(self.settings.connect_retries + 1):

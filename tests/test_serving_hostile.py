@@ -139,7 +139,7 @@ async def test_a_client_that_stops_reading_is_cut_counted_and_frees_its_replica(
             2,
             429,
             "reading too many request bodies",
-            id="bodies-being-read-past-buffer-bytes-are-429-before-a-byte-is-kept",
+            id="bodies-being-read-past-buffer-bytes-are-429-before-the-byte-past-is-kept",
         ),
     ],
 )
@@ -148,12 +148,12 @@ async def test_a_body_that_never_finishes_is_bounded_in_time_and_bytes(
 ):
     async with gateway_for([], **settings) as gateway:
         held = []
-        for _ in range(stalled - 1):  # these send 300 of their 600 bytes and wait
+        for _ in range(stalled - 1):  # these send 600 of their 700 bytes and wait
             _, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-            writer.write(post_head(600) + b"{" * 300)
+            writer.write(post_head(700) + b"{" * 600)
             held.append(writer)
         await eventually(lambda: gateway.gateway.stats.reading_bytes == 600 * (stalled - 1))
-        got, body = await raw_exchange(gateway.port, post_head(600), b"{" * 300)
+        got, body = await raw_exchange(gateway.port, post_head(700), b"{" * 600)
         for writer in held:
             writer.close()
         assert got == status

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import threading
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -254,3 +256,133 @@ async def test_a_write_that_hangs_is_a_counted_failure_and_holds_neither_the_row
         files.release.set()
     await eventually(lambda: recorder_counts(recorder)[0] == 10, "the late write is counted")
     assert [p.name for p in tmp_path.iterdir()] != []
+
+
+# --- T-4, T-5, T-6: request bodies: declared, mislabelled, compressed ------------------
+
+
+class Echo:
+    """A replica that keeps the headers and body of each completion it gets."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[dict[str, str], bytes]] = []
+        self.url = ""
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        self.seen.append((dict(request.headers), await request.read()))
+        return web.json_response({"choices": [{"text": "hi"}], "usage": {"completion_tokens": 1}})
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[Echo]:
+        async def health(request: web.Request) -> web.Response:
+            return web.Response()
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": "sim-llama"}]})
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", self._completions)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            yield self
+        finally:
+            await runner.cleanup()
+
+
+BODY = json.dumps({"model": "sim-llama", "prompt": "hello"}).encode()
+
+
+async def post_raw(gateway: GatewayServer, body: bytes, **headers: str) -> tuple[int, bytes]:
+    url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as client,
+        client.post(url, data=body, headers={"Content-Type": "application/json", **headers}) as r,
+    ):
+        return r.status, await r.read()
+
+
+async def test_declared_lengths_take_no_budget_before_their_bytes_arrive():
+    async with (
+        Echo().serving() as replica,
+        gateway_for([replica.url], buffer_bytes=1000, max_request_bytes=1000) as gateway,
+    ):
+        await eventually(lambda: gateway.gateway.replicas[0].routable, "ready")
+        held = []
+        for _ in range(3):  # each declares the whole budget and sends nothing
+            _, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+            )
+            await writer.drain()
+            held.append(writer)
+        try:
+            status, _ = await post_raw(gateway, BODY)  # before: 429, the budget "taken"
+            assert status == 200
+            assert gateway.gateway.stats.reading_bytes == 0
+        finally:
+            for writer in held:
+                writer.close()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "message", "malformed"),
+    [
+        pytest.param(
+            "gzip",
+            b"not gzip at all",
+            "request body could not be decoded",
+            1,
+            id="a-body-labelled-gzip-that-is-not-is-a-counted-400",
+        ),
+        pytest.param(
+            "deflate",
+            b"\x00\x01garbage",
+            "request body could not be decoded",
+            1,
+            id="a-body-labelled-deflate-that-is-not-is-a-counted-400",
+        ),
+        pytest.param(
+            "gzip",
+            gzip.compress(BODY)[:20],
+            "request body is not valid JSON",
+            0,
+            id="a-gzip-body-cut-short-decodes-to-a-part-that-is-not-json-a-400",
+        ),
+    ],
+)
+async def test_a_body_its_encoding_cannot_decode_is_the_clients_400_with_no_traceback(
+    encoding, body, message, malformed, caplog
+):
+    async with gateway_for([]) as gateway:
+        status, answer = await post_raw(gateway, body, **{"Content-Encoding": encoding})
+        assert status == 400  # before: 500 and two ERROR tracebacks
+        assert json.loads(answer)["message"] == message
+        assert counter(gateway, "_client_errors", "malformed-http") == malformed
+        assert counter(gateway, "_rejected", "400") == 1
+        assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress"),
+    [
+        pytest.param("gzip", gzip.compress, id="a-gzip-body-is-forwarded-decoded-and-unlabelled"),
+        pytest.param(
+            "deflate", zlib.compress, id="a-deflate-body-is-forwarded-decoded-and-unlabelled"
+        ),
+    ],
+)
+async def test_a_compressed_request_is_forwarded_as_the_plain_body_it_decoded_to(
+    encoding, compress
+):
+    async with Echo().serving() as replica, gateway_for([replica.url]) as gateway:
+        await eventually(lambda: gateway.gateway.replicas[0].routable, "ready")
+        status, _ = await post_raw(gateway, compress(BODY), **{"Content-Encoding": encoding})
+        assert status == 200
+        ((headers, body),) = replica.seen
+        assert body == BODY
+        assert "content-encoding" not in {k.lower() for k in headers}  # before: "gzip"
