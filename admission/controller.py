@@ -18,8 +18,9 @@ for (DataLoads; AlreadyExists is fine), and write each check state that changed 
 server-side apply (``workload.apply_body``: uid and resourceVersion as preconditions, so
 a Workload changed since our view answers 409 and the next pass judges it again).
 
-One object never stops a pass: a node or pod whose HAMi annotation cannot be read is
-warned of once per version and counted (``unreadable_objects``), and offers no GPUs; a
+One object never stops a pass: an object of the wrong JSON shape (``admission.shape``)
+is left out of the view, and a node or pod whose HAMi annotation cannot be read offers
+no GPUs, each warned of once and counted (``unreadable_objects``); a
 workload whose decision, a pool whose plan, or a decision whose write raises fails that
 unit's round alone (one WARNING, ``unit_failures{unit}``), and the next pass tries again.
 
@@ -51,7 +52,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from admission import density, hami, incremental, lora
+from admission import density, hami, incremental, lora, shape
 from admission import parameters as params
 from admission.config import AdmissionConfig
 from admission.decide import (
@@ -115,6 +116,14 @@ RETRY_MAX = 30.0
 """Seconds before a pass whose writes failed runs again (doubling)."""
 CREATABLE: Mapping[tuple[str, str], Resource] = {("data.fluid.io/v1alpha1", "DataLoad"): DATALOADS}
 """What a decision may ask us to create, by (apiVersion, kind)."""
+_SHAPED: Mapping[str, str] = {
+    "nodes": "node",
+    "pods": "pod",
+    "workloads": "workload",
+    "datasets": "dataset",
+    "dataloads": "dataload",
+}
+"""The watched sets whose objects pass ``admission.shape``, by the kind it checks."""
 _REVISION = re.compile(r"[0-9]{1,19}")
 
 
@@ -145,6 +154,8 @@ class Snapshot:
     pods: list[RawObject]
     datasets: list[RawObject]
     dataloads: list[RawObject]
+    malformed: tuple[tuple[str, str, str], ...] = ()
+    """``(kind, subject, why)`` of each object left out for its shape (``admission.shape``)."""
 
 
 class _Once:
@@ -240,14 +251,26 @@ class Controller:
     def snapshot(self) -> Snapshot:
         """The view now, our own fresher writes standing in for the watched copies."""
         sets = {name: self._merged(name) for name in WATCHES}
+        # The shape boundary, once a pass: what no helper could read is left out here.
+        malformed: list[tuple[str, str, str]] = []
+        shaped: dict[str, dict[str, RawObject]] = {}
+        for name, kind in _SHAPED.items():
+            shaped[name] = {}
+            for object_key, obj in sets[name].items():
+                why = shape.malformed(kind, obj)
+                if why is None:
+                    shaped[name][object_key] = obj
+                else:
+                    malformed.append((kind, shape.subject(kind, obj), why))
         return Snapshot(
             checks=sets["admissionchecks"],
             parameters=sets["parameters"],
-            workloads=sets["workloads"],
-            nodes=list(sets["nodes"].values()),
-            pods=list(sets["pods"].values()),
-            datasets=list(sets["datasets"].values()),
-            dataloads=list(sets["dataloads"].values()),
+            workloads=shaped["workloads"],
+            nodes=list(shaped["nodes"].values()),
+            pods=list(shaped["pods"].values()),
+            datasets=list(shaped["datasets"].values()),
+            dataloads=list(shaped["dataloads"].values()),
+            malformed=tuple(malformed),
         )
 
     def _merged(self, name: str) -> dict[str, RawObject]:
@@ -518,6 +541,12 @@ class Controller:
         leaves such a node (or the node of such a pod) out on its own.
         """
         checked: dict[tuple[str, str], tuple[str, str]] = {}
+        for kind, subject, why in view.malformed:  # left out whole: warned of as it changes
+            before = self._read_versions.get((kind, subject))
+            checked[kind, subject] = ("", why)
+            if before is None or before[1] != why:
+                log.warning("%s: left out, of the wrong shape: %s", subject, why)
+                self.metrics.unreadable.labels(kind).inc()
         for kind, objects in (("node", view.nodes), ("pod", view.pods)):
             for obj in objects:
                 meta = obj.get("metadata") if isinstance(obj, Mapping) else None

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from admission import annotations as names
-from admission import fluid, incremental, lora, reclaim
+from admission import fluid, incremental, lora, reclaim, shape
 from admission.fit import (
     FitResult,
     PodSetDemand,
@@ -141,6 +141,28 @@ class Cluster:
     memo: incremental.Memo | None = field(default=None, compare=False)
     """Pools and fit answers kept from earlier passes (``admission.incremental``); None:
     everything is built afresh."""
+    malformed: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """``(subject, why)`` of each object left out for its JSON shape (``admission.shape``)."""
+
+    def __post_init__(self) -> None:
+        # The shape boundary: an object of the wrong shape is left out here, once, so no
+        # helper meets it (one used to fail the pass, or every check of its pool).
+        dropped = list(self.malformed)
+        for kind, name in _SHAPED:
+            kept, bad = shape.well_formed(kind, getattr(self, name))
+            if bad:
+                object.__setattr__(self, name, kept)
+                dropped.extend(bad)
+        object.__setattr__(self, "malformed", tuple(dropped))
+
+
+_SHAPED = (
+    ("node", "nodes"),
+    ("pod", "pods"),
+    ("workload", "workloads"),
+    ("dataset", "datasets"),
+    ("dataload", "dataloads"),
+)
 
 
 def indexed(cluster: Cluster) -> Cluster:
@@ -283,12 +305,15 @@ def _checks(cluster: Cluster, pending: Sequence[Pending] = ()) -> dict[str, Para
 
 def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
     """One decision per pending check, by priority (highest first), then age."""
+    shaped = [(p, shape.malformed("workload", p.workload)) for p in pending]
+    pending = [p for p, why in shaped if why is None]
     cluster = indexed(cluster)
     checks = _checks(cluster, pending)
     plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
     state = _Pass(cluster, now, dataloads=list(cluster.dataloads), plans=plans)
     order = sorted(pending, key=lambda p: _order(p.workload))
-    return [_settled(p, state, checks) for p in order]
+    unshaped = [_failed(p, f"the Workload: {why}") for p, why in shaped if why is not None]
+    return [*unshaped, *(_settled(p, state, checks) for p in order)]
 
 
 def _settled(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -> Decision:
@@ -324,7 +349,8 @@ def _out(
     create: tuple[RawObject, ...] = (),
 ) -> Decision:
     """The decision for ``p``: Retry waits the check's ``retryAfterSeconds``."""
-    meta = p.workload.get("metadata") or {}
+    meta = p.workload.get("metadata") if isinstance(p.workload, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
     requeue = p.parameters.retry_after_seconds if retry else None
     return Decision(
         str(meta.get("namespace", "")),
@@ -754,7 +780,7 @@ def _held_after(
         if (uid := (w.get("metadata") or {}).get("uid")) in added or uid in staying
     }
     joining = [found[u] for u in sorted(added) if u in found]
-    joining = [w for w in joining if _holds_unplaced(w, checks, by_owner, now)]
+    joining = [w for w in joining if _holds_readably(w, checks, by_owner, now)]
     if staying - found.keys() or any(owned_pods(w, by_owner) for w in joining):
         return None  # a joining gang's pods count in the nodes: not a pool-only change
     first = min(
@@ -848,7 +874,7 @@ def _pool_inventory(
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
     by_owner = _index(cluster)
-    holding = [w for w in cluster.workloads if _holds_unplaced(w, checks, by_owner, now)]
+    holding = [w for w in cluster.workloads if _holds_readably(w, checks, by_owner, now)]
     ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
     pool = inventory(
         cluster.nodes,
@@ -878,6 +904,28 @@ def _granted_selector(w: RawObject, checks: frozenset[str]) -> dict[str, str]:
 
 HOLD_SECONDS = 300.0
 """How long after admission a gang whose pods cannot be matched to it keeps its GPUs."""
+
+
+def _holds_readably(
+    w: RawObject, checks: frozenset[str], by_owner: Mapping[str, list[RawObject]], now: float
+) -> bool:
+    """``_holds_unplaced``, for a gang whose every field ``_hold`` reads can be read.
+
+    Past the shape boundary (``admission.shape``) a field deeper in a gang can still be
+    of the wrong type (a container's ``resources`` a string): that gang holds nothing,
+    and every other gang and workload of the pool is decided (it used to fail them all).
+    """
+    try:
+        if not _holds_unplaced(w, checks, by_owner, now):
+            return False
+        workload_demand(w)
+        _granted_selector(w, checks)
+        _order(w)
+        _hold_deadline(w, checks, by_owner)
+        _pod_keys(w, by_owner)
+    except Exception:  # what this gang holds is unknown; never the pool's every check
+        return False
+    return True
 
 
 def _holds_unplaced(

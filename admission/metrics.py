@@ -38,7 +38,9 @@ Never a Workload or pod name.
   ``reused`` unchanged from an earlier pass, or ``extended`` by the gangs admitted since;
 - ``unitscale_admission_unreadable_objects_total{kind}``: node or pod versions whose HAMi
   annotation could not be read (``node``, ``pod``), each with one WARNING naming it; such
-  a node offers no GPUs, nor does the node such a pod runs on.
+  a node offers no GPUs, nor does the node such a pod runs on. Also objects left out of
+  the view for their JSON shape (``admission.shape``; also ``workload``, ``dataset``,
+  ``dataload``), counted as their problem appears or changes.
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ class AdmissionMetrics:
         )
         self.unreadable = Counter(
             "unitscale_admission_unreadable_objects",
-            "Node or pod versions whose HAMi annotation could not be read (no GPUs offered).",
+            "Node or pod versions whose HAMi annotation could not be read (no GPUs offered), "
+            "and objects of the wrong JSON shape (left out).",
             ["kind"],
             registry=self.registry,
         )
