@@ -7,6 +7,7 @@ Read once at startup (``--config FILE``): a bad file exits with status 2 naming 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
@@ -21,6 +22,12 @@ from foundation.files import MAX_CONFIG_BYTES, read_text
 DEFAULT_CONTROLLER_NAME = "unitscale.io/capacity"
 # A Kueue controllerName (1-253 characters) that is also a field manager (at most 128
 # printable characters): a DNS-subdomain-ish prefix and a path, as Kueue's own names.
+# As ``unitscale.flags`` checks ``--metrics-listen`` (the layers keep it out of reach
+# here): an ASCII name or IPv4 address, or a bracketed IPv6 one. A non-ASCII or NUL host
+# passed the port-only check and raised a 33-line TypeError at bind (issue 27, M1).
+_LISTEN = re.compile(
+    r"(?:\[(?P<v6>[0-9A-Fa-f:.]{2,45})\]|[A-Za-z0-9._-]{1,253}):(?P<port>[0-9]{1,5})"
+)
 _CONTROLLER_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[-A-Za-z0-9_.]+)+")
 
 
@@ -67,10 +74,19 @@ class AdmissionConfig(BaseModel):
     @field_validator("metrics_listen")
     @classmethod
     def _listen(cls, listen: str) -> str:
-        host, _, port = listen.rpartition(":")
+        match = _LISTEN.fullmatch(listen)
         # Port 0 is allowed: the kernel picks one (tests, a second local instance).
-        if not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"expected HOST:PORT (port 0-65535), got {quote(listen)}")
+        valid = match is not None and int(match["port"]) <= 65535
+        if valid and match is not None and match["v6"] is not None:
+            try:
+                ipaddress.IPv6Address(match["v6"])
+            except ValueError:
+                valid = False
+        if not valid:
+            raise ValueError(
+                f"expected HOST:PORT (port 0-65535, an ASCII host, IPv6 as [::1]:PORT),"
+                f" got {quote(listen)}"
+            )
         return listen
 
 

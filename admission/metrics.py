@@ -273,11 +273,13 @@ class MetricsServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(self._listen)
-        except OSError as err:
+        except (OSError, TypeError, ValueError, UnicodeError) as err:
+            # TypeError/UnicodeError: a host the resolver cannot encode (NUL, non-IDNA).
             sock.close()
             await self._runner.cleanup()
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             raise ConfigError(
-                f"metrics-listen {self._listen[0]}:{self._listen[1]}: {err.strerror}"
+                f"metrics-listen {self._listen[0][:300]}:{self._listen[1]}: {why[:200]}"
             ) from err
         await web.SockSite(self._runner, sock).start()
         self.port = int(sock.getsockname()[1])

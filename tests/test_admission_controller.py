@@ -20,6 +20,7 @@ from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_con
 from admission.controller import WATCHES, Controller, _version, pool_labels
 from admission.decide import PoolDemand
 from admission.demand import DemandResult
+from admission.metrics import AdmissionMetrics, MetricsServer
 from admission.parameters import Headroom, Parameters, ReclaimParameters
 from foundation.errors import ConfigError
 from foundation.kube import KubeAccess
@@ -68,6 +69,12 @@ def test_a_flag_overrides_the_file():
         pytest.param("controller-name: capacity\n", "controller-name", id="a-name-without-a-path"),
         pytest.param(f"controller-name: a.b/{'x' * 130}\n", "controller-name", id="too-long"),
         pytest.param("metrics-listen: 9094\n", "metrics-listen", id="a-port-without-host"),
+        pytest.param(
+            f'metrics-listen: "{"a" * 64}é:0"\n', "metrics-listen", id="a non-ASCII host (M1)"
+        ),
+        pytest.param('metrics-listen: "a\\0b:0"\n', "metrics-listen", id="a host holding NUL"),
+        pytest.param('metrics-listen: "[::1:0"\n', "metrics-listen", id="an unclosed IPv6 host"),
+        pytest.param('metrics-listen: "[x::1]:0"\n', "metrics-listen", id="an IPv6 host not hex"),
         pytest.param("resync: 1s\n", "resync", id="a-resync-too-short"),
         pytest.param("resync: soon\n", "resync", id="not-a-duration"),
         pytest.param("write-concurrency: 0\n", "write-concurrency", id="no-writes-at-all"),
@@ -78,6 +85,32 @@ def test_a_flag_overrides_the_file():
 def test_a_bad_file_names_the_key(text, key):
     with pytest.raises(ConfigError, match=f"'{key}'"):
         parse_config(text, "admission.yaml")
+
+
+@pytest.mark.parametrize(
+    "listen",
+    [
+        pytest.param("[::1]:0", id="a bracketed IPv6 address"),
+        pytest.param("localhost:0", id="a host name"),
+    ],
+)
+def test_a_metrics_listen_of_an_ascii_host_or_ipv6_address_is_read(listen):
+    assert parse_config(f'metrics-listen: "{listen}"\n').metrics_listen == listen
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        pytest.param("é..x", id="a non-ASCII host with an empty label: TypeError at bind"),
+        pytest.param("a\0b", id="a host holding NUL: TypeError at bind"),
+    ],
+)
+async def test_a_metrics_host_the_resolver_cannot_encode_is_a_config_error(host):
+    """One line naming metrics-listen, not a TypeError (issue 27, M1; the config refuses
+    these first, the server stands behind it)."""
+    server = MetricsServer(AdmissionMetrics(), f"{host}:0", lambda: (True, {}))
+    with pytest.raises(ConfigError, match="metrics-listen"):
+        await server.start()
 
 
 @pytest.mark.parametrize(
