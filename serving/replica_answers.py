@@ -80,13 +80,17 @@ def read_models(body: bytes) -> frozenset[str]:
     """The ids in a ``/v1/models`` answer: ``{"data": [{"id": str, ...}, ...]}``.
 
     Raises:
-        AnswerError: not that shape (a list, ``data`` not a list, an entry without a
-            non-empty string ``id``), not readable JSON, more than ``MAX_MODELS`` models or
-            an id longer than ``MAX_MODEL_ID_CHARS``.
+        AnswerError: not that shape (a list, ``data`` not a list or empty, an entry
+            without a non-empty string ``id``), not readable JSON, more than
+            ``MAX_MODELS`` models or an id longer than ``MAX_MODEL_ID_CHARS``.
     """
     data = _field(decode(body, "/v1/models"), "data", "/v1/models")
     if not isinstance(data, list):
         raise AnswerError("wrong-shape", f"/v1/models: data is {_kind(data)}, not an array")
+    if not data:
+        # vLLM lists its served model from its first answer: "none" is no replica to route
+        # to (routing reads no models as "any model", and asked for any, it would 404).
+        raise AnswerError("wrong-shape", "/v1/models: data is empty, a replica serving no model")
     if len(data) > MAX_MODELS:
         raise AnswerError(
             "too-large", f"/v1/models: {len(data):,} models, more than {MAX_MODELS:,}"

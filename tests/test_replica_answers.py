@@ -50,7 +50,6 @@ def reason_of(reader, body: bytes) -> str | None:
             {"m", "m-lora"},
             id="vllm's answer lists the base model and its adapters",
         ),
-        pytest.param(b'{"data": []}', set(), id="an empty list is no model yet"),
     ],
 )
 def test_read_models(body, models):
@@ -75,6 +74,10 @@ def test_read_models(body, models):
         pytest.param(
             read_models, b'{"data": [{"id": "m"}, {"id": 3}]}', "wrong-shape", "data[1].id",
             id="a model whose id is not a string names its index",
+        ),
+        pytest.param(
+            read_models, b'{"data": []}', "wrong-shape", "data is empty",
+            id="a replica that lists no model is the wrong shape, not one serving any",
         ),
         pytest.param(
             read_models, b'{"data": [{"id": ""}]}', "wrong-shape", "data[0].id",

@@ -28,7 +28,7 @@ from serving.arrivals import ArrivalSettings
 from serving.gateway_settings import GatewaySettings
 from serving.server import ConnectionGuard, GatewayServer
 from tests.conftest import eventually
-from tests.test_gateway_isolation import gateway_for
+from tests.test_gateway_isolation import StandIn, gateway_for, probe_failures
 
 LABELS = ("a", "llama")
 
@@ -386,3 +386,24 @@ async def test_a_compressed_request_is_forwarded_as_the_plain_body_it_decoded_to
         ((headers, body),) = replica.seen
         assert body == BODY
         assert "content-encoding" not in {k.lower() for k in headers}  # before: "gzip"
+
+
+# --- T-7: a replica that lists no model ------------------------------------------------
+
+
+async def test_a_replica_listing_no_model_is_routed_nothing_and_unknown_models_stay_404():
+    async with (
+        StandIn().serving() as good,
+        StandIn(**{"/v1/models": b'{"data": []}'}).serving() as empty,
+        gateway_for([good.url, empty.url]) as gateway,
+    ):
+        g = gateway.gateway
+        await eventually(lambda: g.pool.find(good.url).routable, "ready")
+        await eventually(lambda: probe_failures(gateway, "wrong-shape") >= 1, "counted")
+        assert not g.pool.find(empty.url).routable
+        statuses = await asyncio.gather(*(post_raw(gateway, BODY) for _ in range(20)))
+        assert [s for s, _ in statuses] == [200] * 20  # before: half were its 404s
+        assert "/v1/completions" not in empty.calls
+        unknown = json.dumps({"model": "no-such-model", "prompt": "x"}).encode()
+        assert (await post_raw(gateway, unknown))[0] == 404  # before: forwarded to it
+        assert "/v1/completions" not in empty.calls
