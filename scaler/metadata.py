@@ -173,7 +173,7 @@ _PREWARM_KEYS = (
 )
 
 
-_STANDBY_KEYS = ("standbyMaxSleeping", "standbyReleaseAfter")
+_STANDBY_KEYS = ("standbyMaxSleeping", "standbyBurstSleepers", "standbyReleaseAfter")
 
 
 class TriggerMetadata(BaseModel):
@@ -254,6 +254,10 @@ class TriggerMetadata(BaseModel):
         None, alias="standbyMaxSleeping", ge=0, le=MAX_SLEEPING
     )
     """At most this many sleepers (each holds its weights in host memory); default 4."""
+    standby_burst_sleepers: Decimal | None = Field(
+        None, alias="standbyBurstSleepers", ge=0, le=MAX_SLEEPING
+    )
+    """At least this many sleepers per running replica, for a burst; default 0."""
     standby_release_after: Seconds | None = Field(None, alias="standbyReleaseAfter", ge=0)
     """Idle this long and no sleeper is held any more; default 1h."""
 
@@ -329,6 +333,9 @@ class TriggerMetadata(BaseModel):
             max_sleeping=defaults.max_sleeping
             if self.standby_max_sleeping is None
             else self.standby_max_sleeping,
+            burst_sleepers=defaults.burst_sleepers
+            if self.standby_burst_sleepers is None
+            else self.standby_burst_sleepers,
             release_after_seconds=defaults.release_after_seconds
             if self.standby_release_after is None
             else self.standby_release_after,

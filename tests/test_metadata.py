@@ -245,6 +245,7 @@ def test_key_lists_match_the_documented_keys():
         "seasonalUtcOffsetHours",
         "standby",
         "standbyMaxSleeping",
+        "standbyBurstSleepers",
         "standbyReleaseAfter",
     }
 

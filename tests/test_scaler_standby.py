@@ -200,6 +200,18 @@ def test_a_stepped_scale_up_and_its_sleepers_never_need_more_than_max_replicas()
             {"standby": "true", "standbyMaxSleeping": "-1"}, "standbyMaxSleeping",
             id="a negative sleeper count is refused",
         ),
+        pytest.param(
+            {"standby": "true", "standbyBurstSleepers": "nan"}, "standbyBurstSleepers",
+            id="a burst share that is no number is refused",
+        ),
+        pytest.param(
+            {"standby": "true", "standbyBurstSleepers": "1000"}, "standbyBurstSleepers",
+            id="a burst share above the sleeper bound is refused",
+        ),
+        pytest.param(
+            {"standbyBurstSleepers": "2"}, "standbyBurstSleepers needs standby: true",
+            id="burst sleepers without standby are refused",
+        ),
     ],
 )  # fmt: skip
 def test_bad_standby_keys_are_refused(extra, problem):
@@ -216,10 +228,13 @@ def test_standby_is_off_by_default_and_its_knobs_parse():
             "deployment": "llama",
             "standby": "true",
             "standbyMaxSleeping": "2",
+            "standbyBurstSleepers": "1.5",
             "standbyReleaseAfter": "15m",
         }
     )
-    assert on.standby_policy() == StandbyPolicy(max_sleeping=2, release_after_seconds=900.0)
+    assert on.standby_policy() == StandbyPolicy(
+        max_sleeping=2, burst_sleepers=1.5, release_after_seconds=900.0
+    )
 
 
 # --- the real scaler ----------------------------------------------------------------------
