@@ -37,6 +37,10 @@ def test_a_bad_config_at_startup_exits_non_zero_naming_the_key(tmp_path):
         pytest.param("scaler", "soon", id="the scaler refuses a poll interval that is no duration"),
         pytest.param("exporter", "0s", id="the exporter refuses a zero poll interval"),
         pytest.param("gateway", "-1s", id="the gateway refuses a negative poll interval"),
+        pytest.param(
+            "gateway", "1ns", id="the gateway refuses a 1ns poll interval (5,000 checks a second)"
+        ),
+        pytest.param("scaler", "9ms", id="the scaler refuses a poll interval under 10ms"),
     ],
 )
 def test_a_bad_config_poll_interval_exits_2_naming_the_flag(tmp_path, command, poll):
