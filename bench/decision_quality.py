@@ -31,21 +31,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# The fleet as `unitscale replay` and bench/replay_quality.py run it; unitscale with burst
+# sleepers and the gateway's wakes, as there.
+from bench.replay_quality import CONFIG, UNITSCALE_CONFIG
 from bench.results import append
-from foundation.replica_model import LLAMA3_8B_H200
 from replay.oracle import find_clairvoyant, find_instant_bound, smallest_static
 from replay.run import ReplayOptions, static_hint, warm_replicas
-from replay.simulate import Result, SimConfig
+from replay.simulate import Result
 from replay.trace import Trace
 from replay.workloads import BusinessDay, DayToDay, business_day
-from scaler.core.tiers import StandbyPolicy
 from unitscale import tune
 
 POLICIES = ("unitscale", "static-peak", "kpa", "aibrix-kv", "production-stack")
-SLO_ITL = 0.1
-# The fleet as `unitscale replay` and bench/replay_quality.py run it.
-CONFIG = SimConfig(LLAMA3_8B_H200.for_itl_slo(SLO_ITL), slo_itl=SLO_ITL, max_replicas=64)
-UNITSCALE_CONFIG = replace(CONFIG, standby=StandbyPolicy())
 
 
 @dataclass(frozen=True, slots=True)
