@@ -4,7 +4,8 @@ The traces and fleet are ``bench/replay_quality.py``'s (the shared traces and th
 builtin business day), and one trace held out (``HELD_OUT``: no default was chosen on
 it); llama3-8b-h200 at the 100 ms ITL SLO's chunk budget, each policy
 warm-started with the instant bound's first interval; unitscale with sleeping replicas as
-its warm tier, as recommended). Each row is the unitscale policy at its defaults with one
+its warm tier, two per running replica for bursts, and the gateway waking them under
+pressure, as recommended). Each row is the unitscale policy at its defaults with one
 change; its cost per 1M tokens is shown beside its SLO
 attainment and against the smallest static fleet reaching 99% on that trace (found here
 too), so a mechanism keeps its place only where a row shows that it pays.
@@ -28,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.replay_quality import CONFIG, RUNS, Run, prepare, size_static, trace_of
+from bench.replay_quality import RUNS, UNITSCALE_CONFIG, Run, prepare, size_static, trace_of
 from bench.results import append
 from foundation.capacity import P95_TAIL
 from replay.anatomy import CAUSES
@@ -37,6 +38,7 @@ from replay.simulate import simulate
 from scaler.core import capacity
 from scaler.core.model import Policy as CorePolicy
 from scaler.core.tiers import StandbyPolicy
+from serving.routing import WakePressure
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +50,10 @@ class Variant:
     """Policy fields (the scaler config's policy section) set for this row."""
     capacity_tail: float | None = None
     """``scaler.core.capacity.CAPACITY_TAIL`` for this row (None: the default)."""
-    standby: bool = True
-    """Sleepers held by the standby plan (``SimConfig.standby``), as recommended."""
+    standby: StandbyPolicy | None = UNITSCALE_CONFIG.standby
+    """The standby plan's sleepers (``SimConfig.standby``), as recommended."""
+    wake_pressure: WakePressure | None = UNITSCALE_CONFIG.wake_pressure
+    """The gateway's wakes under pressure (``SimConfig.wake_pressure``), as recommended."""
 
 
 HELD_OUT = (("builtin:business-days", 1.0),)
@@ -58,7 +62,13 @@ timing and size (``replay.workloads.business_days``, seed 0)."""
 
 VARIANTS = (
     Variant("defaults", {}),
-    Variant("sleepers off", {}, standby=False),
+    Variant("sleepers off", {}, standby=None, wake_pressure=None),
+    Variant(
+        "burst sleepers off",
+        {},
+        standby=replace(UNITSCALE_CONFIG.standby or StandbyPolicy(), burst_sleepers=0.0),
+    ),
+    Variant("gateway pressure wakes off", {}, wake_pressure=None),
     Variant("attainment loop off", {"headroom_max": 0.0}),
     Variant("capacity at p99, not p95", {}, capacity_tail=0.01),
     Variant("scale-down window off", {"scale_down_window_seconds": 0.0}),
@@ -72,7 +82,7 @@ def run_variant(run: Run, variant: Variant, warm: int) -> dict[str, float]:
     """One row's replay (in a worker)."""
     # Set on every job: a worker runs many, and the module's value would carry over.
     capacity.CAPACITY_TAIL = P95_TAIL if variant.capacity_tail is None else variant.capacity_tail
-    config = replace(CONFIG, standby=StandbyPolicy() if variant.standby else None)
+    config = replace(UNITSCALE_CONFIG, standby=variant.standby, wake_pressure=variant.wake_pressure)
     options = replace(run.options, policy=replace(CorePolicy(), **variant.knobs))
     policy = make_policy("unitscale", config, options)
     started = time.perf_counter()
