@@ -58,6 +58,7 @@ from admission.hints import Hints, combine, merge_hints
 from admission.parameters import Parameters
 from admission.pool import InferenceNeed, ManagerPolicy, PoolPlan, plan_pool, within_allowance
 from admission.workload import (
+    MAX_CLOCK_SKEW,
     check_entries,
     condition_status,
     created_at,
@@ -364,11 +365,6 @@ def _out(
     )
 
 
-MAX_CLOCK_SKEW = 30.0
-"""Seconds a check's ``lastTransitionTime`` may lie ahead of our clock (as the scaler's
-``MAX_CLOCK_SKEW``)."""
-
-
 def waiting_since(p: Pending, now: float) -> float:
     """When the check became Pending, for the data timeout.
 
@@ -533,6 +529,7 @@ def _plan_check(
         mine,
         params.reclaim.max_priority,
         by_owner=_index(cluster),
+        now=now,
     )
     need, missing = _need(cluster, wanted.pool, pool)
     policy = ManagerPolicy(
@@ -794,7 +791,7 @@ def _held_after(
     pool, promised = (keep[-1].pool, keep[-1].promised) if keep else (kept.base, 0.0)
     gangs = sorted([*again, *joining], key=_order)
     built = _built(
-        kept.base, (*keep, *_hold(pool, promised, gangs, placed, cluster, params, checks))
+        kept.base, (*keep, *_hold(pool, promised, gangs, placed, cluster, params, checks, now))
     )
     # Gangs held after all the others, none gone: the pool lost cards and got none back.
     return built._replace(shrunk=first == len(kept.held))
@@ -824,6 +821,7 @@ def _hold(
     cluster: Cluster,
     params: Parameters,
     checks: frozenset[str],
+    now: float,
 ) -> list[incremental.Held]:
     """``gangs`` (in order) fitted and held back on ``pool``, each with the pool after it."""
     by_owner = _index(cluster)
@@ -844,7 +842,7 @@ def _hold(
                 str(meta.get("uid")),
                 placed.get(key(w), 0.0),
                 bool(owned_pods(w, by_owner)),
-                _hold_deadline(w, checks, by_owner),
+                _hold_deadline(w, checks, by_owner, now),
                 pool,
                 promised,
             )
@@ -886,10 +884,12 @@ def _pool_inventory(
     )
     placed = {
         a.admitted.key: a.admitted.cards
-        for a in reclaim.admitted_in_pool(holding, cluster.pods, pool, checks, 0, by_owner=by_owner)
+        for a in reclaim.admitted_in_pool(
+            holding, cluster.pods, pool, checks, 0, by_owner=by_owner, now=now
+        )
     }
     holding.sort(key=_order)
-    return _built(pool, _hold(pool, 0.0, holding, placed, cluster, params, checks))
+    return _built(pool, _hold(pool, 0.0, holding, placed, cluster, params, checks, now))
 
 
 def _granted_selector(w: RawObject, checks: frozenset[str]) -> dict[str, str]:
@@ -921,7 +921,7 @@ def _holds_readably(
         workload_demand(w)
         _granted_selector(w, checks)
         _order(w)
-        _hold_deadline(w, checks, by_owner)
+        _hold_deadline(w, checks, by_owner, now)
         _pod_keys(w, by_owner)
     except Exception:  # what this gang holds is unknown; never the pool's every check
         return False
@@ -943,8 +943,7 @@ def _holds_unplaced(
         return False
     owned = owned_pods(w, by_owner)
     if not owned:
-        since = max((parse_time(e.get("lastTransitionTime")) or 0.0) for e in ready)
-        return now - since < HOLD_SECONDS
+        return now - _ready_since(w, ready, now) < HOLD_SECONDS
     placed = sum(
         1
         for pod in owned
@@ -954,14 +953,27 @@ def _holds_unplaced(
 
 
 def _hold_deadline(
-    w: RawObject, checks: frozenset[str], by_owner: Mapping[str, list[RawObject]]
+    w: RawObject, checks: frozenset[str], by_owner: Mapping[str, list[RawObject]], now: float
 ) -> float:
     """When a held gang none of whose pods are matched lets go (never, for one matched)."""
     if owned_pods(w, by_owner):
         return math.inf
     entries = check_entries(w)
     ready = [entries[c] for c in checks if entries.get(c, {}).get("state") == "Ready"]
-    return max((parse_time(e.get("lastTransitionTime")) or 0.0) for e in ready) + HOLD_SECONDS
+    return _ready_since(w, ready, now) + HOLD_SECONDS
+
+
+def _ready_since(w: RawObject, ready: Sequence[Mapping[str, Any]], now: float) -> float:
+    """When our Ready entries were set: the latest of their ``lastTransitionTime``.
+
+    A time more than ``MAX_CLOCK_SKEW`` ahead of ``now`` is unreadable, as in
+    ``waiting_since``: the Workload's creation stands in (ahead too: 0, so the hold ends
+    now). A Ready dated a day ahead, or 9999, held a gang without pods until then.
+    """
+    created = created_at(w)
+    stand_in = created if created <= now + MAX_CLOCK_SKEW else 0.0
+    times = [parse_time(e.get("lastTransitionTime")) or 0.0 for e in ready]
+    return max((t if t <= now + MAX_CLOCK_SKEW else stand_in) for t in times)
 
 
 def _pod_keys(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[str]:

@@ -181,9 +181,11 @@ _STEP = re.compile(r"[0-9]{1,6}(\.[0-9]{1,9})?", re.ASCII)
 
 def _step_seconds(value: object) -> float | None:
     """The annotation as seconds 0 to ``MAX_STEP_SECONDS``; anything else unknown (None)."""
-    if not isinstance(value, str) or not _STEP.fullmatch(value.strip()):
+    text = value.strip() if isinstance(value, str) else ""
+    if not _STEP.fullmatch(text):
         return None
-    seconds = float(value)
+    # float() of the stripped text: str.strip() takes '\x1f' as space, float() does not.
+    seconds = float(text)
     return seconds if seconds <= MAX_STEP_SECONDS else None
 
 

@@ -46,6 +46,7 @@ from typing import Any, Final, Literal
 
 from admission import annotations as names
 from admission.hints import workload_annotation
+from admission.workload import MAX_CLOCK_SKEW
 from foundation.fluid import (
     DNS_SUBDOMAIN,
     FINISHED_PHASES,
@@ -288,7 +289,10 @@ def _finished(load: Mapping[str, Any], base: DataReadiness, held: str, now: floa
             f"delete it to load again (kubectl describe dataload -n {ref.replace('/', ' ')})",
         )
     done = finished_at(load)
-    if done is None or now - done < STATUS_LAG_SECONDS:
+    # A finish more than MAX_CLOCK_SKEW ahead is long past, as the prewarm takes it: a
+    # day ahead held the check Pending, quota reserved, until the data timeout.
+    ahead = done is not None and done > now + MAX_CLOCK_SKEW
+    if done is None or (not ahead and now - done < STATUS_LAG_SECONDS):
         return replace(
             base,
             message=f"{held}; DataLoad {ref} completed: waiting for Fluid's cache "
@@ -302,11 +306,12 @@ def _finished(load: Mapping[str, Any], base: DataReadiness, held: str, now: floa
             # every pass (the controller writes only what changed).
             message=f"{held}; DataLoad {ref} completed at {format_time(done)}",
         )
+    when = f"at {format_time(done)}, ahead of our clock" if ahead else f"{now - done:.0f} s ago"
     return replace(
         base,
         state="below-threshold",
         outcome="retry",
-        message=f"{held}, though DataLoad {ref} completed {now - done:.0f} s ago: the cache "
+        message=f"{held}, though DataLoad {ref} completed {when}: the cache "
         "was evicted since, or is smaller than the data; delete the DataLoad to load again, "
         "enlarge the runtime's cache, or lower data.cachedPercentage",
     )

@@ -40,6 +40,7 @@ from admission.hami import (
 )
 from admission.pool import Admitted, PoolState
 from admission.workload import (
+    MAX_CLOCK_SKEW,
     READY,
     check_entries,
     key,
@@ -140,6 +141,7 @@ def admitted_in_pool(
     max_priority: int,
     *,
     by_owner: Mapping[str, list[RawObject]] | None = None,
+    now: float | None = None,
 ) -> list[AdmittedHere]:
     """The workloads admitted through ``checks`` that a reclaim may write to, with shares.
 
@@ -147,7 +149,9 @@ def admitted_in_pool(
     write (admitted, not evicted, finished or leaving); it is preemptible when its
     ``spec.priority`` is at most ``max_priority`` and its admission time is readable.
     One with no pod placed yet holds no share (it frees nothing, so it is never reclaimed).
-    ``by_owner``: the pass's ``workload.pods_by_owner(pods)``, when it has one.
+    ``by_owner``: the pass's ``workload.pods_by_owner(pods)``, when it has one. ``now``:
+    an admission time more than ``MAX_CLOCK_SKEW`` ahead of it reads as the Workload's
+    creation (None: times are not held against a clock).
     """
     by_owner = pods_by_owner(pods) if by_owner is None else by_owner
     found = []
@@ -157,7 +161,7 @@ def admitted_in_pool(
         if not ours or reclaim_guard(w) is not None:
             continue
         shares = _shares(owned_pods(w, by_owner), pool)
-        at = _admitted_at(w)
+        at = _admitted_at(w, now)
         rank = priority(w)
         # Admitted at a time unreadable: how long it ran is unknown, so minRunSeconds
         # cannot be shown to have passed; it is never reclaimed (0 would read as decades).
@@ -166,11 +170,21 @@ def admitted_in_pool(
     return found
 
 
-def _admitted_at(w: RawObject) -> float | None:
-    """The ``Admitted`` condition's transition; None when unreadable."""
+def _admitted_at(w: RawObject, now: float | None) -> float | None:
+    """The ``Admitted`` condition's transition; None when unreadable.
+
+    A time more than ``MAX_CLOCK_SKEW`` ahead of ``now`` is unreadable: the Workload's
+    creation stands in (it was admitted after it; the API server sets it), and a creation
+    ahead too is None. Dated a day ahead, a workload was never old enough to reclaim, and
+    an older one was taken instead.
+    """
     for cond in (w.get("status") or {}).get("conditions") or []:
         if isinstance(cond, dict) and cond.get("type") == "Admitted":
-            return parse_time(cond.get("lastTransitionTime"))
+            at = parse_time(cond.get("lastTransitionTime"))
+            if at is None or now is None or at <= now + MAX_CLOCK_SKEW:
+                return at
+            created = parse_time((w.get("metadata") or {}).get("creationTimestamp"))
+            return created if created is not None and created <= now + MAX_CLOCK_SKEW else None
     return None
 
 

@@ -32,6 +32,10 @@ API_VERSION: Final = "kueue.x-k8s.io/v1beta2"
 MESSAGE_LIMIT: Final = 32768
 """Kueue's maximum ``message`` length of a check state."""
 PENDING: Final = "Pending"
+MAX_CLOCK_SKEW: Final = 30.0
+"""Seconds a time another party wrote (a check's or condition's ``lastTransitionTime``, a
+DataLoad's finish) may lie ahead of our clock, as the scaler's ``MAX_CLOCK_SKEW``; one
+further ahead is unreadable."""
 
 _GUARDS: Final = (
     # (condition type, status that forbids a write, reason)

@@ -325,8 +325,7 @@ def test_higher_priority_is_decided_first_whatever_the_order_given():
 
 
 def test_an_admitted_gang_whose_pods_are_not_placed_yet_keeps_its_gpus():
-    admitted = workload("earlier", pods=2, state="Ready")
-    [decision] = decide([workload("a")], TWO_NODES, others=[admitted])
+    [decision] = decide([workload("a")], TWO_NODES, others=[admitted("earlier", pods=2)])
     assert decision.state == "Retry"
 
 
@@ -386,10 +385,11 @@ def admitted(
     pods: int = 1,
     *,
     check: str = CHECK,
-    since: str = "2026-11-30T10:00:00Z",
+    since: str = "2025-12-29T09:19:00Z",
     node_selector: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A workload one of our checks made Ready (its pods may not exist yet)."""
+    """A workload one of our checks made Ready a minute before NOW (its pods may not exist
+    yet). A Ready dated ahead of the clock no longer holds (issue 27, pass 3, M3)."""
     w = workload(name, pods=pods, state="Ready")
     entry = w["status"]["admissionChecks"][0]
     entry.update(name=check, lastTransitionTime=since)

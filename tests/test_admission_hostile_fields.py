@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import density, hami
-from admission.decide import Cluster, Pending, PoolDemand, decide_all, waiting_since
+from admission.decide import Cluster, Pending, PoolDemand, decide_all, reclaim_all, waiting_since
 from admission.demand import _result
 from admission.density import MAX_STEP_SECONDS, model_loads
+from admission.fluid import dataload_name
 from admission.hami import HamiFormatError, parse_devices_allocated, parse_node_register
 from admission.lora import (
     MAX_MODEL_CHARS,
@@ -30,10 +31,14 @@ from admission.lora import (
 from admission.metrics import MAX_MODEL_SERIES, AdmissionMetrics
 from admission.parameters import DataParameters, Headroom, Parameters
 from foundation.fluid import read_cached_percentage
+from foundation.timestamps import format_time
 from protos.unitscale.v1 import capacity_pb2
-from tests.test_admission_decide import CHECK, MIB, NOW, node, workload
+from tests.test_admission_decide import CHECK, MIB, NOW, dataset, node, running, workload
+from tests.test_admission_decide import decide as decided
 from tests.test_admission_density import INSTANCE, MODEL, tenant_pod
 from tests.test_admission_lora import LLAMA, SLUG, tenant
+from tests.test_admission_reclaim import admitted, h200, pod_of
+from tests.test_admission_reclaim import cluster as reclaim_cluster
 
 # --- M1: a LoRA instance label's number ---------------------------------------------
 
@@ -289,3 +294,92 @@ def test_the_lora_gauges_name_at_most_the_bound_of_models_and_fold_the_rest():
 def _samples(metrics: AdmissionMetrics, name: str) -> list[Any]:
     full = f"unitscale_admission_{name}"
     return [s for family in metrics.registry.collect() for s in family.samples if s.name == full]
+
+
+# --- hostile pass 3, M3-M5: other times ahead of the clock --------------------------
+
+AN_HOUR_AGO = "2025-12-29T08:20:00Z"  # NOW - 3600
+A_DAY_AHEAD = format_time(NOW + 86_400)
+
+
+@pytest.mark.parametrize(
+    ("ready_at", "created", "new_gang"),
+    [
+        pytest.param(format_time(NOW - 60), AN_HOUR_AGO, "Retry", id="a minute ago it holds"),
+        pytest.param(format_time(NOW - 600), AN_HOUR_AGO, "Ready", id="ten minutes ago it let go"),
+        pytest.param(A_DAY_AHEAD, AN_HOUR_AGO, "Ready", id="a day ahead counts from creation"),
+        pytest.param("9999-12-31T23:59:59Z", AN_HOUR_AGO, "Ready", id="9999 counts from creation"),
+        pytest.param(A_DAY_AHEAD, "9999-12-31T23:59:59Z", "Ready", id="both ahead: it lets go now"),
+        pytest.param(
+            format_time(NOW - 60), "9999-12-31T23:59:59Z", "Retry", id="a creation ahead alone"
+        ),
+    ],
+)
+def test_a_ready_gang_without_pods_holds_its_cards_300_s_from_a_readable_time(
+    ready_at, created, new_gang
+):
+    """A Ready entry dated a day ahead held 8 cards until then (issue 27, pass 3, M3)."""
+    ghost = workload("ghost", gpus=8, state="Ready", created=created)
+    ghost["status"]["admissionChecks"][0]["lastTransitionTime"] = ready_at
+    (decision,) = decided([workload("new", gpus=8)], [node("gpu-1")], others=[ghost])
+    assert decision.state == new_gang
+
+
+@pytest.mark.parametrize(
+    ("admitted_at", "created", "reclaimed"),
+    [
+        pytest.param(format_time(NOW - 3600), AN_HOUR_AGO, "new", id="the newest is taken"),
+        pytest.param(A_DAY_AHEAD, AN_HOUR_AGO, "new", id="a day ahead reads as its creation"),
+        pytest.param(
+            "2035-12-29T09:20:00Z", AN_HOUR_AGO, "new", id="ten years ahead reads as its creation"
+        ),
+        pytest.param(
+            A_DAY_AHEAD, "9999-12-31T23:59:59Z", "old", id="creation ahead too: not preemptible"
+        ),
+    ],
+)
+def test_an_admission_ahead_of_the_clock_never_shields_its_workload(
+    admitted_at, created, reclaimed
+):
+    """A newer workload dated ahead was never old enough; an older one went (M4)."""
+    new = admitted("new", ago=3600)
+    new["metadata"]["creationTimestamp"] = created
+    new["status"]["conditions"][-1]["lastTransitionTime"] = admitted_at
+    pods = [
+        pod_of("old", range(4)),
+        pod_of("new", range(4, 6)),
+        running("serve", "gpu-1", range(6, 8)),
+    ]
+    old = admitted("old", ago=7200)
+    taken = reclaim_all(reclaim_cluster([old, new], pods, demand=h200(2, 4)), NOW)
+    assert [d.workload for d in taken] == [reclaimed]
+
+
+@pytest.mark.parametrize(
+    ("completed", "state"),
+    [
+        pytest.param(format_time(NOW - 600), "Retry", id="ten minutes ago: the cache was evicted"),
+        pytest.param(format_time(NOW - 10), "Pending", id="ten seconds ago: figures catch up"),
+        pytest.param(A_DAY_AHEAD, "Retry", id="a day ahead is long past, as the prewarm takes it"),
+        pytest.param("9999-12-31T23:59:59Z", "Retry", id="9999 is long past"),
+    ],
+)
+def test_our_dataload_finished_ahead_of_the_clock_never_waits_for_the_data_timeout(
+    completed, state
+):
+    """Completed a day ahead held the check Pending until data.timeoutSeconds (M5)."""
+    w = workload("a", annotations={names.DATASET: "ds"})
+    load = {
+        "apiVersion": "data.fluid.io/v1alpha1",
+        "kind": "DataLoad",
+        "metadata": {"name": dataload_name(w), "namespace": "train"},
+        "spec": {"dataset": {"name": "ds", "namespace": "train"}},
+        "status": {
+            "phase": "Complete",
+            "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": completed}],
+        },
+    }
+    (decision,) = decided(
+        [w], [node("gpu-1")], datasets=[dataset("ds", cached="50%")], dataloads=[load]
+    )
+    assert decision.state == state
