@@ -12,6 +12,7 @@ import re
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+from yarl import URL
 
 from foundation.configfile import DNS_NAME, KEBAB_CASE, host_port, load_mapping, validate
 from foundation.discovery import EndpointSlicesConfig
@@ -25,6 +26,16 @@ MIN_INTERVAL = 0.1
 """The shortest interval or window a key takes (seconds): a 1 ns ``health-interval`` is
 thousands of probes a second per replica, a 1 ns ``rate-window`` a billion requests a
 second from one arrival. ``unitscale demo`` compresses time (100 ms windows at 100x)."""
+MIN_SLO_SECONDS = 0.001
+"""The shortest SLO target (as the ``--slo-*`` flags): 1 ns would judge every request
+outside, and push the fleet to its maximum."""
+MIN_TIMEOUT = 1.0
+"""The shortest ``upstream-timeout`` and ``wake-timeout``: below a second, every answer
+would be a 504 blamed on its replica, every wake a failure."""
+MAX_REPLICAS = 1024
+"""Static replica URLs: each is checked every ``health-interval`` in a task of its own."""
+MAX_MODEL_ID_CHARS = 512
+"""The longest model name listed (as a replica's answer is read: ``serving.replica_answers``)."""
 
 _DEFAULTS = GatewaySettings()
 """Where every default below comes from."""
@@ -50,6 +61,35 @@ def parse_size(value: object) -> int:
     return int(match[1]) * _SIZE_UNITS[match[2]]
 
 
+def replica_url(url: str) -> str:
+    """A replica's base URL, ``http[s]://host[:port]`` with no trailing slash.
+
+    Raises:
+        ValueError: anything else: no host, a port outside 1-65535, a path, a query, a
+            fragment or user info (which every log line would print), a control
+            character or a space.
+    """
+    expected = f"expected http://host:port, got {quote(url)}"
+    if _URL_NOISE.search(url):
+        raise ValueError(f"{expected}: a space or a control character")
+    try:
+        parsed = URL(url)
+    except ValueError as err:
+        raise ValueError(f"{expected}: {err}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(expected)
+    if parsed.explicit_port == 0:
+        raise ValueError(f"{expected}: port 0")
+    if parsed.path not in ("", "/") or parsed.query_string or parsed.fragment:
+        raise ValueError(f"{expected}: a path, query or fragment would prefix every request")
+    if parsed.user is not None or parsed.password is not None:
+        raise ValueError(f"{expected}: user info would be logged with the replica")
+    return url.rstrip("/")
+
+
+_URL_NOISE = re.compile(r"[\x00-\x20\x7f]")
+
+
 Size = Annotated[int, BeforeValidator(parse_size)]
 """Bytes, written ``16777216`` or ``16Mi``."""
 
@@ -59,10 +99,10 @@ class SloConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    ttft: Seconds = Field(_SLO.ttft_seconds, gt=0, le=3600)
-    """Time to first token, from the gateway's arrival (up to an hour)."""
-    itl: Seconds = Field(_SLO.itl_seconds, gt=0, le=60)
-    """Mean inter-token latency of one request (up to a minute)."""
+    ttft: Seconds = Field(_SLO.ttft_seconds, ge=MIN_SLO_SECONDS, le=3600)
+    """Time to first token, from the gateway's arrival (1 ms to an hour)."""
+    itl: Seconds = Field(_SLO.itl_seconds, ge=MIN_SLO_SECONDS, le=60)
+    """Mean inter-token latency of one request (1 ms to a minute)."""
     attainment: float = Field(_SLO.attainment, gt=0, le=1)
     """The share of requests to keep within both, above 0 and at most 1."""
     window: Seconds = Field(_SLO.window_seconds, ge=MIN_INTERVAL, le=3600)
@@ -79,7 +119,8 @@ class ArrivalsConfig(BaseModel):
     model_config = KEBAB_CASE
 
     directory: (
-        Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")] | None
+        # Not blank: "   " would be a directory named by spaces, made in the working dir.
+        Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*[^\x00\s][^\x00]*$")] | None
     ) = _ARRIVALS.directory
     """Where the files go (created if missing); null: nothing is recorded."""
     max_file_bytes: Size = Field(_ARRIVALS.max_file_bytes, ge=MIN_FILE_BYTES, le=1024**4)
@@ -100,27 +141,31 @@ class GatewayConfig(BaseModel):
     namespace: Annotated[str, Field(pattern=DNS_NAME)] = _DEFAULTS.namespace
     deployment: Annotated[str, Field(pattern=DNS_NAME)] = _DEFAULTS.deployment
     """The target the scaler knows the replicas by (its ScaledObjects' ``deployment``)."""
-    replicas: list[str] = Field(default_factory=list)
-    """Replica base URLs (``http://host:port``)."""
+    replicas: list[str] = Field(default_factory=list, max_length=MAX_REPLICAS)
+    """Replica base URLs (``http://host:port``), at most ``MAX_REPLICAS``; duplicates once."""
     dns: str | None = _DEFAULTS.dns
     """``host:port`` of a headless Service: every A record is a replica."""
     endpoint_slices: EndpointSlicesConfig | None = None
     """A Service whose ready endpoints are replicas (``path`` is ignored)."""
-    models: tuple[Annotated[str, Field(min_length=1)], ...] = _DEFAULTS.models
+    models: tuple[Annotated[str, Field(max_length=MAX_MODEL_ID_CHARS, pattern=r"\S")], ...] = Field(
+        _DEFAULTS.models, max_length=4096
+    )
     """Models (and LoRA adapters) served: known at zero replicas, where others get 404."""
     buffer_size: int = Field(_DEFAULTS.buffer_size, ge=0, le=10**6)
     """Requests that may wait for a replica; one more is answered 429."""
     buffer_bytes: Size = Field(_DEFAULTS.buffer_bytes, ge=0, le=1024**4)
     """Bytes of bodies that may wait for a replica; a request that would pass it gets 429."""
-    buffer_timeout: Seconds = Field(_DEFAULTS.buffer_timeout, gt=0)
-    """How long a request may wait; then 503. Above a local-disk cold start (~40 s)."""
+    buffer_timeout: Seconds = Field(_DEFAULTS.buffer_timeout, ge=MIN_INTERVAL)
+    """How long a request may wait; then 503. Above a local-disk cold start (~40 s); at
+    least 100ms (1 ns answered every request at zero replicas 503 at once)."""
     max_request_bytes: Size = Field(_DEFAULTS.max_request_bytes, gt=0, le=1024**4)
     """The largest request body; a larger one gets 413."""
     body_timeout: Seconds = Field(_DEFAULTS.body_timeout, ge=MIN_INTERVAL)
     """How long a client may take to send its whole body; then 408."""
-    upstream_timeout: Seconds = Field(_DEFAULTS.upstream_timeout, gt=0)
-    """How long a replica may stay silent: to its response headers (then 504) or between
-    two chunks of its body (then that response ends broken)."""
+    upstream_timeout: Seconds = Field(_DEFAULTS.upstream_timeout, ge=MIN_TIMEOUT)
+    """How long a replica may stay silent: to its response headers (then 504), between
+    two chunks of its body, or a stream between its tokens (then that response ends
+    broken). At least a second."""
     health_interval: Seconds = Field(_DEFAULTS.health_interval, ge=MIN_INTERVAL)
     """How often each replica is checked (at least 100ms: each check is three requests)."""
     rate_window: Seconds = Field(_DEFAULTS.rate_window, ge=MIN_INTERVAL)
@@ -129,8 +174,9 @@ class GatewayConfig(BaseModel):
     connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10)
     """More tries, each on another replica, after one that refused the connection or
     dropped the request before any byte of an answer."""
-    wake_timeout: Seconds = Field(_DEFAULTS.wake_timeout, gt=0)
-    """How long a sleeping replica's ``POST /wake_up`` may take; then another is woken."""
+    wake_timeout: Seconds = Field(_DEFAULTS.wake_timeout, ge=MIN_TIMEOUT)
+    """How long a sleeping replica's ``POST /wake_up`` may take; then another is woken.
+    At least a second."""
     wake_at_outstanding: int | None = Field(_DEFAULTS.wake_at_outstanding, ge=1)
     """Wake a sleeping replica when every ready one has this many requests outstanding."""
     wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, ge=MIN_INTERVAL)
@@ -150,10 +196,7 @@ class GatewayConfig(BaseModel):
     @field_validator("replicas")
     @classmethod
     def _urls(cls, replicas: list[str]) -> list[str]:
-        for url in replicas:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"expected http://host:port, got {quote(url)}")
-        return [url.rstrip("/") for url in replicas]
+        return list(dict.fromkeys(replica_url(url) for url in replicas))
 
     @field_validator("dns", "standby_scaler")
     @classmethod

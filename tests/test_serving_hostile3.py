@@ -21,10 +21,15 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from yarl import URL
 
+from foundation.errors import ConfigError
 from serving.arrival_recorder import ArrivalRecorder, Row, _Files
 from serving.arrivals import ArrivalSettings
+from serving.config import parse_config
 from serving.gateway_settings import GatewaySettings
 from serving.server import ConnectionGuard, GatewayServer
 from tests.conftest import eventually
@@ -407,3 +412,78 @@ async def test_a_replica_listing_no_model_is_routed_nothing_and_unknown_models_s
         unknown = json.dumps({"model": "no-such-model", "prompt": "x"}).encode()
         assert (await post_raw(gateway, unknown))[0] == 404  # before: forwarded to it
         assert "/v1/completions" not in empty.calls
+
+
+# --- T-9, T-10, T-14 and the config's strings: what the gateway config refuses ---------
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        pytest.param("upstream-timeout: 1ns", "key 'upstream-timeout'", id="T-9 upstream 1ns"),
+        pytest.param("upstream-timeout: 999ms", "key 'upstream-timeout'", id="T-9 upstream <1s"),
+        pytest.param("wake-timeout: 1ns", "key 'wake-timeout'", id="T-9 a wake of 1ns"),
+        pytest.param("buffer-timeout: 1ns", "key 'buffer-timeout'", id="T-9 a 1ns buffer wait"),
+        pytest.param("slo: {ttft: 1ns}", "key 'slo.ttft'", id="T-14 a 1ns ttft target"),
+        pytest.param("slo: {itl: 999us}", "key 'slo.itl'", id="T-14 an itl under 1ms"),
+        pytest.param("replicas: ['http://a:99999']", "out of range", id="T-10 a port past 65535"),
+        pytest.param("replicas: ['http://a:0']", "port 0", id="T-10 port 0"),
+        pytest.param("replicas: ['http://[::1']", "Invalid IPv6", id="T-10 an unclosed ipv6"),
+        pytest.param(
+            'replicas: ["http://a\\r\\nX: y"]', "control character", id="T-10 a CRLF in a URL"
+        ),
+        pytest.param("replicas: ['http://a b:1']", "a space", id="T-10 a space in the host"),
+        pytest.param("replicas: ['https://']", "expected http://", id="T-10 no host"),
+        pytest.param("replicas: ['http://h:1/v1']", "a path", id="T-10 a path"),
+        pytest.param("replicas: ['http://h:1?x=1']", "query", id="T-10 a query"),
+        pytest.param("replicas: ['http://h:1#y']", "fragment", id="T-10 a fragment"),
+        pytest.param("replicas: ['http://u:p@h:1']", "user info", id="T-10 user info"),
+        pytest.param("models: ['   ']", "key 'models.0'", id="a blank model name"),
+        pytest.param(f"models: [{'m' * 513}]", "key 'models.0'", id="a model name over 512"),
+        pytest.param("arrivals: {directory: '   '}", "arrivals.directory", id="a blank directory"),
+    ],
+)
+def test_the_gateway_config_refuses_what_would_fail_quietly_naming_the_key(text, fragment):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "gateway.yaml")
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "parsed"),
+    [
+        pytest.param(
+            ["http://a:1", "http://a:1/", "https://b"],
+            ["http://a:1", "https://b"],
+            id="a URL listed twice (with and without its slash) is one replica",
+        ),
+        pytest.param(["http://[::1]:8000/"], ["http://[::1]:8000"], id="an ipv6 replica"),
+    ],
+)
+def test_replica_urls_are_kept_once_without_their_slash(replicas, parsed):
+    assert parse_config(json.dumps({"replicas": replicas}), "gateway.yaml").replicas == parsed
+
+
+@pytest.mark.parametrize(
+    "key", ["upstream-timeout", "wake-timeout", "buffer-timeout", "slo.ttft", "slo.itl"]
+)
+@given(seconds=st.floats(min_value=0, max_value=1e-3, exclude_max=True))
+def test_no_timeout_or_slo_target_under_its_floor_is_taken(key, seconds):
+    path = key.split(".")
+    data: dict[str, object] = {path[-1]: seconds}
+    if len(path) == 2:
+        data = {path[0]: data}
+    with pytest.raises(ConfigError):
+        parse_config(json.dumps(data), "gateway.yaml")
+
+
+@given(url=st.text(max_size=40).map(lambda tail: "http://" + tail))
+def test_a_replica_url_taken_is_a_bare_http_base(url):
+    try:
+        [parsed] = parse_config(json.dumps({"replicas": [url]}), "gateway.yaml").replicas
+    except ConfigError:
+        return
+    target = URL(parsed)
+    assert target.host and not target.query_string and not target.fragment
+    assert target.path in ("", "/") and target.user is None
+    assert not any(c.isspace() or ord(c) < 32 for c in parsed)
