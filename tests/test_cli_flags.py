@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foundation.errors import UnitscaleError
-from unitscale import cli
+from unitscale import cli, flags
 from unitscale.commands import replay as replay_command
 
 UNITSCALE = [sys.executable, "-m", "unitscale.cli"]
@@ -193,6 +193,49 @@ def test_other_commands_refuse_a_bad_flag_with_one_line_before_starting(
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("unitscale"), done.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["replay", "--policy", "static-peak"], id="replay refuses it"),
+        pytest.param(["tune", "--budget", "1", "--batch", "1"], id="tune refuses it"),
+        pytest.param(
+            ["replay", "--pool", "nodes.csv", "--tasks", "tasks.csv"], id="a pool replay refuses it"
+        ),
+    ],
+)
+@pytest.mark.parametrize("prefix", ["", "servegen:"], ids=["a file", "a servegen source"])
+def test_a_trace_whose_name_is_not_utf8_is_one_line_before_any_run(
+    tmp_path: Path, command: list[str], prefix: str
+) -> None:
+    """Its name goes into the report: a UnicodeEncodeError came after the whole run and left
+    the report half-written (issue 27, hostile pass 3, M2). Linux names are bytes."""
+    trace = tmp_path / "sur\udcff.csv"  # b"sur\xff.csv" on disk
+    write(trace, TWO_ROWS)
+    out = tmp_path / "out"
+    report = "--out" if command[0] == "tune" else "--report"
+    done = unitscale(*command, "--trace", prefix + str(trace), report, str(out))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "argument --trace:" in done.stderr and "is not UTF-8" in done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        pytest.param("traces/día-1.csv", True, id="a UTF-8 name with an accent is read"),
+        pytest.param("servegen:data?scale=0.1", True, id="a servegen source is read"),
+        pytest.param("sur\udcff.csv", False, id="a name holding an undecodable byte is refused"),
+    ],
+)
+def test_trace_source_takes_utf8_names_only(text: str, accepted: bool) -> None:
+    if accepted:
+        assert flags.trace_source(text) == text
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="is not UTF-8"):
+            flags.trace_source(text)
 
 
 def test_a_report_path_that_is_a_file_ends_in_one_line_not_a_traceback(tmp_path: Path) -> None:

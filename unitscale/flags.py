@@ -155,9 +155,17 @@ path.__name__ = "path"
 def trace_source(text: str) -> str:
     """An argparse ``type=`` for ``--trace``: a file, a directory or a ``scheme:`` source.
 
-    Refuses what ``path`` refuses (``replay.workloads`` reads the rest).
+    Refuses what ``path`` refuses, and a name that is not UTF-8: the trace's name is
+    written into its report, which raised ``UnicodeEncodeError`` after the whole run and
+    left the report half-written (``replay.workloads`` reads the rest).
     """
     path(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)} is not UTF-8 (the trace's name goes into its report); rename it"
+        ) from None
     return text
 
 
