@@ -194,8 +194,9 @@ class ResponseMeter:
         """``usage.prompt_tokens``, the latest seen (for the arrivals record)."""
         self._streamed: bool | None = None
         """Whether the response is server-sent events; None until its headers came."""
-        self._pending = b""
-        """A stream's bytes after its last full line."""
+        self._pending = bytearray()
+        """A stream's bytes after its last full line (grown in place: a 1 MiB line sent
+        256 bytes at a time was copied whole per chunk, quadratic on the event loop)."""
         self._body: bytearray | None = bytearray()
         """Any other body so far; None past ``JSON_BODY_LIMIT``."""
 
@@ -218,9 +219,19 @@ class ResponseMeter:
             if len(self._body) > JSON_BODY_LIMIT:
                 self._body = None
 
+    @property
+    def streamed(self) -> bool:
+        """Whether the response is server-sent events (False until its headers came)."""
+        return bool(self._streamed)
+
     def _feed_events(self, chunk: bytes, now: float) -> None:
-        *lines, rest = (self._pending + chunk).split(b"\n")
-        self._pending = rest if len(rest) <= SSE_LINE_LIMIT else b""
+        self._pending += chunk
+        if b"\n" not in chunk:  # the line goes on: nothing to split, nothing copied
+            if len(self._pending) > SSE_LINE_LIMIT:
+                self._pending.clear()
+            return
+        *lines, rest = self._pending.split(b"\n")
+        self._pending = rest if len(rest) <= SSE_LINE_LIMIT else bytearray()
         for line in lines:
             event = _event(line)
             if event is None:
@@ -279,7 +290,7 @@ class ResponseMeter:
         return judge(targets, self.arrival, first, end, tokens, status, streamed)
 
 
-def _event(line: bytes) -> dict[str, object] | None:
+def _event(line: bytes | bytearray) -> dict[str, object] | None:
     """A ``data:`` line's JSON object; None for anything else (``[DONE]``, comments)."""
     if not line.startswith(b"data:"):
         return None

@@ -272,7 +272,7 @@ def test_an_slo_block_sets_the_targets():
 @pytest.mark.parametrize(
     ("text", "fragments"),
     [
-        pytest.param("slo: {ttft: 0s}", ["key 'slo.ttft'", "greater than 0"], id="a-zero-ttft"),
+        pytest.param("slo: {ttft: 0s}", ["key 'slo.ttft'", "equal to 0.001"], id="a-zero-ttft"),
         pytest.param("slo: {itl: -1}", ["key 'slo.itl'", "non-negative"], id="a-negative-itl"),
         pytest.param("slo: {ttft: 2h}", ["key 'slo.ttft'", "3600"], id="a-ttft-over-an-hour"),
         pytest.param(

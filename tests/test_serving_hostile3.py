@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import itertools
 import json
 import threading
 import zlib
@@ -32,6 +33,7 @@ from serving.arrivals import ArrivalSettings
 from serving.config import parse_config
 from serving.gateway_settings import GatewaySettings
 from serving.server import ConnectionGuard, GatewayServer
+from serving.slo import SSE_LINE_LIMIT, ResponseMeter
 from tests.conftest import eventually
 from tests.test_gateway_isolation import StandIn, gateway_for, probe_failures
 
@@ -487,3 +489,46 @@ def test_a_replica_url_taken_is_a_bare_http_base(url):
     assert target.host and not target.query_string and not target.fragment
     assert target.path in ("", "/") and target.user is None
     assert not any(c.isspace() or ord(c) < 32 for c in parsed)
+
+
+# --- T-12: SSE lines sent a few bytes at a time ----------------------------------------
+
+STREAM = (
+    b"".join(b'data: {"choices": [{"text": "%s"}]}\n\n' % (b"x" * n) for n in (1, 300, 5000, 2))
+    + b'data: {"usage": {"completion_tokens": 4, "prompt_tokens": 7}}\n\ndata: [DONE]\n\n'
+)
+
+
+@given(cuts=st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=40))
+def test_a_stream_reads_the_same_however_it_is_cut_into_chunks(cuts):
+    whole, pieces = ResponseMeter(0.0, 10), ResponseMeter(0.0, 10)
+    for meter in (whole, pieces):
+        meter.begin(200, True)
+    whole.feed(STREAM, 1.0)
+    bounds = [0, *sorted(cuts), len(STREAM)]
+    for start, end in itertools.pairwise(bounds):
+        pieces.feed(STREAM[start:end], 1.0)
+    assert (pieces.token_events, pieces.output_tokens(), pieces.prompt_tokens) == (4, 4, 7)
+    assert (whole.token_events, whole.output_tokens()) == (4, 4)
+
+
+def test_a_long_line_in_small_chunks_is_grown_in_place_not_copied_per_chunk():
+    meter = ResponseMeter(0.0, 10)
+    meter.begin(200, True)
+    meter.feed(b'data: {"choices": [{"text": "', 1.0)
+    pending = meter._pending
+    for _ in range(4000):  # ~1 MB in 256-byte writes: before, each copied the line whole
+        meter.feed(b"x" * 256, 1.0)
+    assert meter._pending is pending and len(pending) > 1_000_000
+    meter.feed(b'"}]}\n\n', 1.0)
+    assert meter.token_events == 1
+
+
+def test_a_line_past_the_limit_is_skipped_and_the_next_one_read():
+    meter = ResponseMeter(0.0, 10)
+    meter.begin(200, True)
+    for _ in range(SSE_LINE_LIMIT // 4096 + 2):
+        meter.feed(b"y" * 4096, 1.0)
+    assert len(meter._pending) <= SSE_LINE_LIMIT
+    meter.feed(b'\ndata: {"choices": [{"text": "a"}]}\n\n', 2.0)
+    assert meter.token_events == 1 and meter.first_token == 2.0
