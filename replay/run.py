@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from foundation.errors import quote
 from foundation.replica_model import PROFILES, warm_tiers
 from replay.anatomy import CAUSES, TTFT_CAUSES
 from replay.oracle import (
@@ -101,9 +102,9 @@ def fleet_config(
         ValueError: an unknown profile or cold-start tier, naming the known ones.
     """
     if profile not in PROFILES:
-        raise ValueError(f"--profile {profile!r}: one of {', '.join(PROFILES)}")
+        raise ValueError(f"--profile {quote(profile)}: one of {', '.join(PROFILES)}")
     if cold_start not in COLD_START_TIERS:
-        raise ValueError(f"--cold-start {cold_start!r}: one of {', '.join(COLD_START_TIERS)}")
+        raise ValueError(f"--cold-start {quote(cold_start)}: one of {', '.join(COLD_START_TIERS)}")
     model = PROFILES[profile]
     if price is not None:
         model = replace(model, price_per_hour=price)
@@ -155,7 +156,7 @@ def run_policies(
     knobs = knobs or {}
     for name in names:
         if name not in ALL_POLICIES:
-            raise ValueError(f"unknown policy {name!r}; one of {', '.join(ALL_POLICIES)}")
+            raise ValueError(f"unknown policy {quote(name)}; one of {', '.join(ALL_POLICIES)}")
     target = options.slo_target
     instant, schedule = find_instant_bound(trace, config, target)
     warm = warm_replicas(schedule, config, options)
@@ -276,10 +277,12 @@ def make_policy(name: str, config: SimConfig, options: ReplayOptions, **knobs: A
     if name in BOUNDS:
         raise ValueError(f"{name} is a bound found by search: run_policies([{name!r}], ...)")
     if name not in KNOBS:
-        raise ValueError(f"unknown policy {name!r}; one of {', '.join(ALL_POLICIES)}")
+        raise ValueError(f"unknown policy {quote(name)}; one of {', '.join(ALL_POLICIES)}")
     unknown = sorted(set(knobs) - set(KNOBS[name]))
     if unknown:
-        raise ValueError(f"{name} has no knob {unknown[0]!r}; its knobs: {', '.join(KNOBS[name])}")
+        raise ValueError(
+            f"{name} has no knob {quote(unknown[0])}; its knobs: {', '.join(KNOBS[name])}"
+        )
     top = config.max_replicas
     if name == "static-peak":
         if "replicas" not in knobs:

@@ -238,6 +238,46 @@ def test_trace_source_takes_utf8_names_only(text: str, accepted: bool) -> None:
             flags.trace_source(text)
 
 
+HUGE = "p" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        pytest.param(["replay", "--policy", HUGE], "--policy", id="an unknown policy"),
+        pytest.param(["replay", "--profile", HUGE], "--profile", id="an unknown profile"),
+        pytest.param(["replay", "--cold-start", HUGE], "--cold-start", id="an unknown cold start"),
+        pytest.param(["tune", "--policy", HUGE], "--policy", id="a choice argparse refuses"),
+        pytest.param([HUGE], "COMMAND", id="an unknown command"),
+        pytest.param(["replay", "--trace", HUGE + ".csv"], "File name too long", id="errno 36"),
+        pytest.param(["scaler", "--config-poll", HUGE], "--config-poll", id="a config poll"),
+    ],
+)
+def test_an_error_line_echoing_a_100_kb_value_stays_short(
+    tmp_path: Path, args: list[str], names: str
+) -> None:
+    """Each printed the whole value (issue 27, hostile pass 3, L2)."""
+    trace = write(tmp_path / "t.csv", TWO_ROWS)
+    extra = ["--report", str(tmp_path / "out")] if args[0] == "replay" else []
+    if args[0] == "replay" and "--trace" not in args:
+        extra += ["--trace", trace]
+    done = unitscale(*args, *extra)
+    assert done.returncode == 2, done.stderr[:300]
+    assert done.stderr.count("\n") == 1 and len(done.stderr) <= flags.MAX_LINE_CHARS + 1
+    assert names in done.stderr
+
+
+@given(st.text(max_size=5000))
+def test_one_line_is_one_bounded_line_and_short_text_is_kept(text: str) -> None:
+    line = flags.one_line(text)
+    assert "\n" not in line and "\r" not in line
+    assert len(line) <= flags.MAX_LINE_CHARS
+    escaped = text.replace("\r", "\\r").replace("\n", "\\n")
+    assert (
+        line == escaped if len(escaped) <= flags.MAX_LINE_CHARS else line.endswith(escaped[-400:])
+    )
+
+
 def test_a_report_path_that_is_a_file_ends_in_one_line_not_a_traceback(tmp_path: Path) -> None:
     path = write(tmp_path / "t.csv", TWO_ROWS)
     report = write(tmp_path / "report", b"a file, not a directory")

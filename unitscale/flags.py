@@ -58,9 +58,22 @@ if TYPE_CHECKING:
     """What ``add_subparsers()`` returns: each subcommand's ``add_command`` adds one to it."""
 
 
+MAX_LINE_CHARS = 2000
+"""Characters of one error line. A message quoting a 100 KB flag value (argparse's
+choices, ``[Errno 36] File name too long``) printed all of it."""
+
+
 def one_line(text: str) -> str:
-    r"""``text`` with its line breaks escaped (``\n``): one line, whatever it echoes."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    r"""``text`` with its line breaks escaped (``\n``): one line, whatever it echoes.
+
+    At most ``MAX_LINE_CHARS``: the middle of a longer one is left out, so the flag it
+    names (the head) and what it expects (the tail) both stay.
+    """
+    line = text.replace("\r", "\\r").replace("\n", "\\n")
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    head, tail = line[: MAX_LINE_CHARS * 3 // 5], line[-MAX_LINE_CHARS // 5 :]
+    return f"{head}… ({len(line) - len(head) - len(tail):,} characters left out) …{tail}"
 
 
 def real(

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, quote
 from unitscale import flags
 from unitscale.commands import replay_pool
 from unitscale.commands.common import cold_start_argument
@@ -132,7 +132,7 @@ def fleet_and_policies(args: argparse.Namespace) -> tuple[SimConfig, list[str]]:
     names = list(POLICIES) if args.policy == "all" else [args.policy]
     config = flags.fleet_of(args)
     if any(n not in POLICIES for n in names):
-        raise ConfigError(f"--policy {args.policy!r}: one of {', '.join(POLICIES)} or all")
+        raise ConfigError(f"--policy {quote(args.policy)}: one of {', '.join(POLICIES)} or all")
     return config, names
 
 
