@@ -33,6 +33,10 @@ from replay.limits import (
     MAX_TRACE_SPAN_SECONDS,
 )
 
+MAX_RECORDING_FILES = 10_000
+"""``.csv`` files of a recording directory: the gateway's ``arrivals.max-files`` bound.
+Reading one costs about 0.5 ms; 20,000 header-only files took 10 s and had no bound."""
+
 
 class TraceError(UnitscaleError):
     """A trace cannot be read or replayed; the message names the file and line, or the flag."""
@@ -127,10 +131,19 @@ def read_recording(directory: Path) -> Trace:
             file, line and column), more than ``MAX_TRACE_REQUESTS`` rows in all, a span
             over ``MAX_TRACE_SPAN_SECONDS`` (naming both files), or no requests.
     """
+    files: list[Path] = []
     try:
-        files = sorted(p for p in directory.iterdir() if p.suffix == ".csv" and p.is_file())
+        for entry in directory.iterdir():
+            if entry.suffix == ".csv" and entry.is_file():
+                files.append(entry)
+            if len(files) > MAX_RECORDING_FILES:  # before any is opened: ~0.5 ms each
+                raise TraceError(
+                    f"{directory}: more than {MAX_RECORDING_FILES:,} .csv files; the gateway"
+                    f" keeps at most {MAX_RECORDING_FILES:,} (arrivals max-files)"
+                )
     except OSError as err:
         raise TraceError(f"cannot read trace directory {directory}: {err.strerror}") from err
+    files.sort()
     if not files:
         raise TraceError(f"{directory}: no .csv files (the gateway's arrivals are arrivals-*.csv)")
     parts: list[_Rows] = []

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replay import trace as trace_module
 from replay.limits import (
     MAX_LINE_BYTES,
     MAX_RATE_MULTIPLIER,
@@ -26,7 +27,7 @@ from replay.limits import (
     MAX_TRACE_REQUESTS,
     MAX_TRACE_SPAN_SECONDS,
 )
-from replay.trace import Trace, TraceError, read_trace, scale
+from replay.trace import Trace, TraceError, read_recording, read_trace, scale
 
 AZURE_HEADER = b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
 GOOD_AZURE_ROW = b"2023-11-16 18:17:03.9799600,100,5\n"
@@ -374,3 +375,29 @@ def _read_in_domain_or_refused(path: Path) -> None:
     assert trace.duration <= MAX_TRACE_SPAN_SECONDS
     for counts in (trace.prompt, trace.output):
         assert counts.dtype == np.int64 and np.all((counts >= 1) & (counts <= MAX_TOKENS))
+
+
+HEADER = b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "refused"),
+    [
+        pytest.param(3, False, id="as many files as the gateway keeps are read"),
+        pytest.param(4, True, id="one file more is refused before any is opened"),
+    ],
+)
+def test_a_recording_directory_holds_at_most_the_files_the_gateway_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int, refused: bool
+) -> None:
+    """20,000 header-only files took 10 s with no bound (issue 27, hostile pass 3, L3)."""
+    monkeypatch.setattr(trace_module, "MAX_RECORDING_FILES", 3)
+    for i in range(files):
+        (tmp_path / f"arrivals-{i:08d}.csv").write_bytes(
+            HEADER + f"2025-01-02 03:04:0{i}.000000+00:00,10,5\n".encode()
+        )
+    if refused:
+        with pytest.raises(TraceError, match=r"more than 3 \.csv files; the gateway keeps"):
+            read_recording(tmp_path)
+    else:
+        assert len(read_recording(tmp_path)) == files
