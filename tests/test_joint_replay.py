@@ -639,6 +639,25 @@ def test_warm_start_gives_each_deployment_the_replicas_unitscale_replay_starts_w
     assert warm.initial_replicas == expected > 0
 
 
+def test_repeated_placements_and_headrooms_are_one_run_each(tmp_path):
+    """200 --headroom took 44 s on two nodes (issue 27, hostile pass 3, L4)."""
+    extra = ["--placement", "fgd", "--placement", "binpack", "--placement", "fgd"]
+    extra += ["--headroom", "0.25", "--headroom", "0", "--headroom", "0.25"] * 100
+    options = _tiny_inputs(tmp_path, *extra)[3]
+    assert options.placements == ("fgd", "binpack")
+    assert options.headrooms == (0.25, 0.0)
+
+
+def test_more_distinct_headrooms_than_the_bound_are_refused(tmp_path):
+    from foundation.errors import ConfigError
+    from unitscale.commands.replay_pool import MAX_HEADROOMS
+
+    extra = [a for i in range(MAX_HEADROOMS + 1) for a in ("--headroom", str(i / 100))]
+    with pytest.raises(ConfigError, match=f"--headroom: 9 values; at most {MAX_HEADROOMS}"):
+        _tiny_inputs(tmp_path, *extra)
+    assert len(_tiny_inputs(tmp_path, *extra[2:])[3].headrooms) == MAX_HEADROOMS
+
+
 def test_the_scaler_plans_with_the_model_the_pool_replay_simulates(tmp_path):
     (default,) = _tiny_inputs(tmp_path)[2]
     (qwen,) = _tiny_inputs(tmp_path, "--profile", "qwen2.5-32b-h200")[2]

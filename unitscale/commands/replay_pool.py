@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from scaler.core.model import Policy as CorePolicy
 
 
+MAX_HEADROOMS = 8
+"""Distinct ``--headroom`` values one joint replay compares."""
+
+
 def add_arguments(replay: argparse.ArgumentParser) -> None:
     """The joint replay's flags, a group of ``unitscale replay``'s."""
     joint = replay.add_argument_group("joint replay (one pool, training and inference)")
@@ -132,6 +136,11 @@ def inputs(
 
     if args.pool is None or args.tasks is None:
         raise ConfigError("--pool NODES_CSV and --tasks PODS_CSV go together")
+    # Each value is a manager run per placement: repeats are one run, and the count is
+    # bounded (200 --headroom took 44 s on two nodes and overflowed the plot's legend).
+    headrooms = tuple(dict.fromkeys(args.headroom or ()))
+    if len(headrooms) > MAX_HEADROOMS:
+        raise ConfigError(f"--headroom: {len(headrooms)} values; at most {MAX_HEADROOMS}")
     if args.compare_tiers or args.policy != "all":
         raise ConfigError("--pool runs the unitscale scaler in every deployment: drop --policy")
     try:
@@ -163,11 +172,11 @@ def inputs(
             )
         )
     options = JointOptions(
-        placements=tuple(args.placement or ("binpack", "spread", "fgd")),
+        placements=tuple(dict.fromkeys(args.placement or ("binpack", "spread", "fgd"))),
         training_load=args.training_load,
         duration_cap=args.max_task_seconds,
         inference_gpu_type=args.inference_gpu_type,
-        headrooms=tuple(args.headroom or ()),
+        headrooms=headrooms,
         mix=args.fgd_mix,
     )
     return nodes, tasks, deployments, options
