@@ -605,7 +605,7 @@ class Gateway:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DECODED_HOP_HEADERS}
         timeout = self.settings.upstream_timeout
         dropped = False
-        for attempt in range(self.settings.connect_retries + 1):
+        for _attempt in range(self.settings.connect_retries + 1):
             replica = await self._wait_for_replica(model, len(raw))
             replica.outstanding += 1
             self._set_in_flight(+1)
@@ -617,45 +617,46 @@ class Gateway:
                         )
                 except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as err:
                     # Nothing was sent: safe to try another replica.
-                    log.warning(
-                        "cannot connect to %s (%s); attempt %d", replica.url, err, attempt + 1
+                    self._upstream_failed(
+                        replica, "connect", "cannot connect to %s (%s)", replica.url, err
                     )
                     self.pool.mark_down(replica)
-                    self._upstream_error("connect")
                     continue
                 except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
                     # The connection dropped with no byte of an answer: the replica died
                     # (or closed a pooled connection as it was reused). It is health-checked
                     # again before it gets more; the request goes to another one.
-                    log.warning(
-                        "%s dropped the connection before answering (%s: %s); attempt %d",
+                    self._upstream_failed(
+                        replica,
+                        "before-response",
+                        "%s dropped the connection before answering (%s: %s)",
                         replica.url,
                         type(err).__name__,
                         err,
-                        attempt + 1,
                     )
                     self.pool.mark_down(replica)
-                    self._upstream_error("before-response")
                     dropped = True
                     continue
                 except TimeoutError:
-                    log.warning("%s sent no response within %gs", replica.url, timeout)
-                    self._upstream_error("timeout")
+                    self._upstream_failed(
+                        replica, "timeout", "%s sent no response within %gs", replica.url, timeout
+                    )
                     raise self._reject(
                         504, f"the replica sent no response within {timeout:g}s", None
                     ) from None
                 except aiohttp.ClientError as err:
                     # str, never repr: an error's repr carries the request's headers.
-                    log.warning(
+                    self._upstream_failed(
+                        replica,
+                        "before-response",
                         "%s failed before its response: %s: %s",
                         replica.url,
                         type(err).__name__,
                         err,
                     )
-                    self._upstream_error("before-response")
                     raise self._reject(502, "the replica failed before answering", None) from None
                 async with upstream:
-                    return await self._relay(request, upstream, meter)
+                    return await self._relay(request, upstream, meter, replica)
             finally:
                 replica.outstanding -= 1
                 replica.idle_since = time.monotonic()
@@ -666,28 +667,48 @@ class Gateway:
         raise self._reject(503, "no replica accepted the connection", 5)
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, meter: ResponseMeter
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        meter: ResponseMeter,
+        replica: Replica,
     ) -> web.StreamResponse:
         """Pass the response on chunk by chunk, however long, while no gap passes the timeout.
 
-        ``meter`` sees every chunk as it comes, for the SLO's judgment; its ``status`` ends
-        None when the response is cut off, ``CLIENT_CLOSED`` when the client left.
+        A gap in a stream is one without a token: a replica that sends keep-alive comments
+        and never a token (an engine wedged behind a live HTTP server) held its request in
+        flight for good. ``meter`` sees every chunk as it comes, for the SLO's judgment;
+        its ``status`` ends None when the response is cut off, ``CLIENT_CLOSED`` when the
+        client left.
         """
-        response = await self._begin(request, upstream, meter)
+        response = await self._begin(request, upstream, meter, replica)
         gap = self.settings.upstream_timeout
+        since = time.monotonic()  # the headers: a stream's first token comes within a gap
         while True:
             try:
-                async with asyncio.timeout(gap):
+                async with asyncio.timeout(self._silence_left(meter, since, gap)):
                     chunk = await upstream.content.readany()
             except TimeoutError:
-                log.warning("upstream %s sent nothing for %gs mid-response", upstream.url, gap)
-                return self._broken(request, response, "stalled", meter)
+                self._upstream_failed(
+                    replica,
+                    "stalled",
+                    "%s sent %s for %gs mid-response",
+                    replica.url,
+                    "no token" if meter.streamed else "nothing",
+                    gap,
+                )
+                return self._broken(request, response, meter)
             except aiohttp.ClientError as err:
                 # The replica died mid-response: this client's response ends broken; we go on.
-                log.warning(
-                    "upstream %s failed mid-response: %s: %s", upstream.url, type(err).__name__, err
+                self._upstream_failed(
+                    replica,
+                    "mid-response",
+                    "%s failed mid-response: %s: %s",
+                    replica.url,
+                    type(err).__name__,
+                    err,
                 )
-                return self._broken(request, response, "mid-response", meter)
+                return self._broken(request, response, meter)
             meter.feed(chunk, time.monotonic())
             try:
                 # A client that stops reading (its socket open) would block this write,
@@ -696,6 +717,7 @@ class Gateway:
                 async with asyncio.timeout(gap):
                     if not chunk:
                         await response.write_eof()
+                        self._answered_well(replica)
                         return response
                     await response.write(chunk)
             except ConnectionResetError:
@@ -710,8 +732,20 @@ class Gateway:
                     request.transport.abort()
                 return response
 
+    @staticmethod
+    def _silence_left(meter: ResponseMeter, since: float, gap: float) -> float:
+        """How long the next read may wait: ``gap``, or a stream's time to a token."""
+        if not meter.streamed:
+            return gap
+        last = meter.last_token if meter.last_token is not None else since
+        return max(0.0, min(gap, last + gap - time.monotonic()))
+
     async def _begin(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, meter: ResponseMeter
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        meter: ResponseMeter,
+        replica: Replica,
     ) -> web.StreamResponse:
         """Send the client the replica's status and the headers it may relay.
 
@@ -726,20 +760,22 @@ class Gateway:
         except (ValueError, TypeError) as err:
             if request.writer is not None and request.writer.output_size:
                 raise  # bytes went out: no 502 can follow them
-            log.warning(
-                "%s answered headers that cannot be relayed: %s", upstream.url, str(err)[:200]
+            self._upstream_failed(
+                replica,
+                "bad-headers",
+                "%s answered headers that cannot be relayed: %s",
+                replica.url,
+                str(err)[:200],
             )
-            self._upstream_error("bad-headers")
             meter.status = 502
             raise self._reject(502, "the replica's answer could not be relayed", None) from None
         return response
 
     def _broken(
-        self, request: web.Request, response: web.StreamResponse, kind: str, meter: ResponseMeter
+        self, request: web.Request, response: web.StreamResponse, meter: ResponseMeter
     ) -> web.StreamResponse:
         """End a response whose upstream failed: the client sees it cut, not complete."""
         meter.status = None
-        self._upstream_error(kind)
         if request.transport is not None:
             request.transport.close()
         return response
@@ -753,9 +789,25 @@ class Gateway:
         self.stats.in_flight += change
         self.metrics.set_in_flight(self.stats.in_flight)
 
-    def _upstream_error(self, kind: str) -> None:
+    def _upstream_failed(self, replica: Replica, kind: str, message: str, *args: object) -> None:
+        """Count an upstream failure; log it at WARNING once per replica and kind.
+
+        Until the replica answers a request whole again the same kind is logged at DEBUG:
+        one that drops every request would log a line per request, the counters (and the
+        ``upstream_error_rate``) carry the rate.
+        """
         self.stats.errors.add(time.monotonic(), self.settings.rate_window)
         self.metrics.upstream_error(kind)
+        if kind in replica.failing:
+            log.debug(message, *args)
+            return
+        replica.failing.add(kind)
+        log.warning(message + "; logged once until it answers a request whole", *args)
+
+    def _answered_well(self, replica: Replica) -> None:
+        if replica.failing:
+            log.info("replica %s answered a request whole again", replica.url)
+            replica.failing.clear()
 
     def _reject(self, status: int, message: str, retry_after: float | None) -> web.HTTPException:
         """An error the gateway answers itself, counted, with ``Retry-After`` when it helps."""

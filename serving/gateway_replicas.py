@@ -134,6 +134,9 @@ class Replica:
     """Sleeps and wakes the gateway made of it: a /is_sleeping read across one is stale."""
     wake_unconfirmed: bool = False
     """It answered a wake ``awake`` and no /is_sleeping read has confirmed it since."""
+    failing: set[str] = field(default_factory=set)
+    """Kinds of upstream failure logged at WARNING since it last answered a request whole:
+    each once, then at DEBUG (``serving.gateway``; the counters carry the rate)."""
 
     @property
     def routable(self) -> bool:

@@ -327,7 +327,7 @@ async def test_a_stream_that_goes_silent_past_the_upstream_timeout_ends_broken_a
         await replica.stop()
 
 
-async def test_a_stream_longer_than_the_upstream_timeout_passes_while_chunks_keep_coming():
+async def test_a_stream_longer_than_the_upstream_timeout_passes_while_tokens_keep_coming():
     (replica,) = await fakes(stream_on_demand)
     timeout = 1.0  # each gap is one round trip: milliseconds, however busy the machine
     gateway = await start_gateway([replica.url], upstream_timeout=timeout)
@@ -339,10 +339,11 @@ async def test_a_stream_longer_than_the_upstream_timeout_passes_while_chunks_kee
             ) as r:
                 assert r.status == 200
                 started, sent = time.monotonic(), 0
-                # Chunk after chunk, each as soon as the last arrived, for twice the timeout.
+                # Token after token, each as soon as the last arrived, for twice the timeout.
                 while time.monotonic() - started < 2 * timeout and sent < 100_000:
-                    replica.chunks.put_nowait(f"data: {sent}\n\n".encode())
-                    assert await r.content.readline() == f"data: {sent}\n".encode()
+                    event = f'data: {{"choices": [{{"text": "{sent}"}}]}}\n'.encode()
+                    replica.chunks.put_nowait(event + b"\n")
+                    assert await r.content.readline() == event
                     assert await r.content.readline() == b"\n"
                     sent += 1
                 replica.chunks.put_nowait(None)

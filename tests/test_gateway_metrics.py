@@ -120,8 +120,8 @@ def literal_arguments(method: str, position: int) -> set[object]:
             literal_arguments("_reject", 0), set(REJECT_STATUSES), id="every status it answers"
         ),
         pytest.param(
-            # _broken(request, response, kind) passes its kind on to _upstream_error.
-            literal_arguments("_upstream_error", 0) | literal_arguments("_broken", 2),
+            # _upstream_failed(replica, kind, message, ...) counts every kind.
+            literal_arguments("_upstream_failed", 1),
             set(ERROR_KINDS),
             id="every upstream error it counts",
         ),

@@ -90,11 +90,11 @@ def post_head(length: int) -> bytes:
 
 
 async def stream_forever(request: web.Request, fake: Fake) -> web.StreamResponse:
-    """The replica streams as fast as anyone reads."""
+    """The replica streams tokens as fast as anyone reads."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     while True:
-        await response.write(b"data: " + b"x" * 65_536 + b"\n\n")
+        await response.write(b'data: {"choices": [{"text": "' + b"x" * 65_536 + b'"}]}\n\n')
 
 
 async def test_a_client_that_stops_reading_is_cut_counted_and_frees_its_replica():

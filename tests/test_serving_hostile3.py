@@ -14,6 +14,7 @@ import contextlib
 import gzip
 import itertools
 import json
+import logging
 import threading
 import zlib
 from collections.abc import AsyncIterator
@@ -35,6 +36,13 @@ from serving.gateway_settings import GatewaySettings
 from serving.server import ConnectionGuard, GatewayServer
 from serving.slo import SSE_LINE_LIMIT, ResponseMeter
 from tests.conftest import eventually
+from tests.test_gateway_faults import (
+    Behaviour,
+    Fake,
+    close_before_headers,
+    forever,
+    upstream_errors,
+)
 from tests.test_gateway_isolation import StandIn, gateway_for, probe_failures
 
 LABELS = ("a", "llama")
@@ -532,3 +540,85 @@ def test_a_line_past_the_limit_is_skipped_and_the_next_one_read():
     assert len(meter._pending) <= SSE_LINE_LIMIT
     meter.feed(b'\ndata: {"choices": [{"text": "a"}]}\n\n', 2.0)
     assert meter.token_events == 1 and meter.first_token == 2.0
+
+
+# --- T-11: a replica that drops every request ------------------------------------------
+
+
+async def test_a_replica_dropping_every_request_is_logged_once_and_counted_each_time(caplog):
+    caplog.set_level(logging.DEBUG, logger="serving.gateway")
+    bad = await Fake(close_before_headers).start()
+    try:
+        async with StandIn().serving() as good, gateway_for([bad.url, good.url]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "ready")
+
+            async def until_dropped_thrice() -> bool:
+                assert (await post_raw(gateway, BODY))[0] == 200  # retried on the good one
+                return bad.received >= 3
+
+            for _ in range(200):
+                if await until_dropped_thrice():
+                    break
+            assert bad.received >= 3
+            drops = [r for r in caplog.records if "dropped the connection" in r.getMessage()]
+            # Before: a WARNING per request routed there.
+            assert [r.levelname for r in drops].count("WARNING") == 1
+            assert len(drops) == bad.received
+            assert upstream_errors(gateway)["before-response"] == bad.received
+    finally:
+        await bad.stop()
+
+
+# --- T-13: an answer that never ends ---------------------------------------------------
+
+
+def pings(tokens_every: int | None) -> Behaviour:
+    """A stream of keep-alive comments, a token every ``tokens_every`` of them (or none)."""
+
+    async def behaviour(request: web.Request, fake: Fake) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for sent in range(1, 41):
+            if tokens_every and sent % tokens_every == 0:
+                await response.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+            else:
+                await response.write(b": ping\n\n")
+            await asyncio.sleep(0.02)  # the replica's pace, not a synchronisation
+        if tokens_every is None:
+            await forever()
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    return behaviour
+
+
+@pytest.mark.parametrize(
+    ("tokens_every", "whole", "stalled"),
+    [
+        pytest.param(None, False, 1, id="pings-and-never-a-token-are-cut-as-stalled"),
+        pytest.param(4, True, 0, id="pings-between-tokens-within-the-timeout-are-relayed-whole"),
+    ],
+)
+async def test_a_stream_must_carry_a_token_within_the_upstream_timeout(
+    tokens_every, whole, stalled
+):
+    fake = await Fake(pings(tokens_every)).start()
+    try:
+        async with gateway_for([fake.url], upstream_timeout=0.3) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: g.replicas[0].routable, "ready")
+            url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+            body = {"model": "sim-llama", "prompt": "x", "stream": True, "max_tokens": 5}
+            async with aiohttp.ClientSession() as client:
+                try:
+                    async with client.post(url, json=body) as r:
+                        text = await r.read()
+                    ended = text.endswith(b"data: [DONE]\n\n")
+                except aiohttp.ClientPayloadError:
+                    ended = False
+            assert ended is whole  # before: held open (and in flight) for good
+            await eventually(lambda: g.stats.in_flight == 0, "no longer in flight")
+            assert upstream_errors(gateway).get("stalled", 0) == stalled
+    finally:
+        await fake.stop()
