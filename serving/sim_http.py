@@ -38,6 +38,7 @@ from serving.sim_validation import (
     RequestError,
     chat_prompt_length,
     check_model,
+    check_options,
     json_object,
     max_tokens_of,
     prompt_length,
@@ -139,6 +140,7 @@ class SimReplica:
     ) -> web.StreamResponse:
         """Check the request's size, run it on the engine, answer whole or streamed."""
         max_tokens = max_tokens_of(body)
+        check_options(body)
         if not self.engine.fits(prompt_tokens, max_tokens):
             raise too_long(prompt_tokens, max_tokens, self.engine.profile.kv_capacity_tokens)
         answer = _Answer(
@@ -301,4 +303,9 @@ async def _json_body(request: web.Request) -> dict[str, object]:
     except (ValueError, RecursionError):
         # Whatever is wrong: malformed, not UTF-8, too many digits, nested too deep.
         raise RequestError("request body is not valid JSON") from None
+    except web.RequestPayloadError:
+        # Labelled gzip or deflate and not: a 400, not a 500 and two tracebacks (aiohttp
+        # would read the rest after the answer, and log the error again).
+        request.content.feed_eof()
+        raise RequestError("request body could not be decoded") from None
     return json_object(body)

@@ -63,8 +63,8 @@ def check_model(body: dict[str, object], served: str) -> None:
     Raises:
         RequestError: 404, as vLLM answers an unknown model.
     """
-    model = body.get("model", served)
-    if model != served:
+    model = body.get("model")
+    if model is not None and model != served:  # null: vLLM serves its default model
         raise RequestError(
             f"The model `{model}` does not exist. Valid aliases: {served}.",
             status=404,
@@ -144,8 +144,52 @@ def chat_prompt_length(messages: object) -> int:
     """
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise RequestError("messages must be a list of objects", param="messages")
-    text = " ".join(str(m.get("content", "")) for m in messages)
+    for i, message in enumerate(messages):
+        _check_message(i, message)
+    text = " ".join(str(m.get("content") or "") for m in messages)
     return count_tokens(text) + 4 * len(messages)
+
+
+def _check_message(i: int, message: dict[str, object]) -> None:
+    """A chat message as vLLM's schema takes it.
+
+    A string ``role``; ``content`` a string, null, or a list of content parts (objects).
+    """
+    role = message.get("role")
+    if not isinstance(role, str):
+        kind, text = ("missing", "Field required") if role is None else ("string_type", "")
+        raise _invalid(
+            f"body.messages.{i}.role", kind, text or "Input should be a valid string", role
+        )
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list) or not all(isinstance(part, dict) for part in content):
+        raise _invalid(
+            f"body.messages.{i}.content",
+            "string_type",
+            "Input should be a valid string or a list of content parts",
+            content,
+        )
+
+
+def check_options(body: dict[str, object]) -> None:
+    """``stream_options`` an object (or null); ``n`` 1: the simulated replica's one choice.
+
+    Raises:
+        RequestError: vLLM's 400 for ``stream_options``; the simulated replica's for ``n``.
+    """
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _invalid(
+            "body.stream_options", "model_type", "Input should be a valid dictionary", options
+        )
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise RequestError(
+            f"n is {str(n)[:20]}: the simulated replica serves one choice per request",
+            param="n",
+        )
 
 
 def max_tokens_of(body: dict[str, object]) -> int:

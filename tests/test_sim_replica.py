@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import signal
@@ -635,3 +636,101 @@ def test_the_wake_time_of_llama_3_8b(level, seconds):
 def test_an_unknown_sleep_level_has_no_wake_time():
     with pytest.raises(ValueError, match="0, 1 and 2"):
         LLAMA3_8B_H200.wake_seconds(3)
+
+
+# --- what vLLM's schema refuses (issue 27, hostile pass 3, the sim's LOWs) ---------------
+
+
+def chat(messages, **extra):
+    return {"model": "sim-llama", "messages": messages, "max_tokens": 2, **extra}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        pytest.param(
+            "chat/completions",
+            chat([{"role": "user", "content": {"a": 1}}]),
+            400,
+            "body.messages.0.content",
+            id="a chat content that is an object is refused",
+        ),
+        pytest.param(
+            "chat/completions",
+            chat([{"role": "user", "content": [None, 1]}]),
+            400,
+            "body.messages.0.content",
+            id="a chat content list holding null and a number is refused",
+        ),
+        pytest.param(
+            "chat/completions",
+            chat([{"role": 5, "content": "hi"}]),
+            400,
+            "body.messages.0.role",
+            id="a role that is a number is refused",
+        ),
+        pytest.param(
+            "chat/completions",
+            chat([{"content": "hi"}]),
+            400,
+            "body.messages.0.role",
+            id="a message with no role is refused",
+        ),
+        pytest.param(
+            "chat/completions",
+            chat([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]),
+            200,
+            None,
+            id="content parts are served",
+        ),
+        pytest.param(
+            "completions",
+            completion("x", stream=True, stream_options=[1]),
+            400,
+            "body.stream_options",
+            id="stream options that are a list are refused",
+        ),
+        pytest.param(
+            "completions", completion("x", n=1_000_000), 400, "n", id="a million choices refused"
+        ),
+        pytest.param(
+            "completions",
+            completion("x", model=None),
+            200,
+            None,
+            id="a null model is the default model as vllm serves it",
+        ),
+    ],
+)
+async def test_the_sim_refuses_what_vllms_schema_refuses(path, body, status, param):
+    sim = await start_sim()
+    try:
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"{sim.url}/v1/{path}", json=body) as r,
+        ):
+            assert r.status == status
+            answer = await r.read()
+        if status == 400:
+            assert json.loads(answer)["error"]["param"] == param
+    finally:
+        await sim.stop()
+
+
+async def test_a_body_labelled_gzip_that_is_not_gets_a_400_and_no_traceback(caplog):
+    sim = await start_sim()
+    try:
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(
+                f"{sim.url}/v1/completions",
+                data=json.dumps(completion("x")).encode(),
+                headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            ) as r,
+        ):
+            assert r.status == 400  # before: 500, and two tracebacks
+            error = (await r.json())["error"]
+        assert error["message"] == "request body could not be decoded"
+        assert [r for r in caplog.records if r.exc_info] == []
+    finally:
+        await sim.stop()
