@@ -138,8 +138,9 @@ class GatewayConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    namespace: Annotated[str, Field(pattern=DNS_NAME)] = _DEFAULTS.namespace
-    deployment: Annotated[str, Field(pattern=DNS_NAME)] = _DEFAULTS.deployment
+    # Kubernetes' bounds: each is a label of every metric and the scaler's signals key.
+    namespace: Annotated[str, Field(pattern=DNS_NAME, max_length=63)] = _DEFAULTS.namespace
+    deployment: Annotated[str, Field(pattern=DNS_NAME, max_length=253)] = _DEFAULTS.deployment
     """The target the scaler knows the replicas by (its ScaledObjects' ``deployment``)."""
     replicas: list[str] = Field(default_factory=list, max_length=MAX_REPLICAS)
     """Replica base URLs (``http://host:port``), at most ``MAX_REPLICAS``; duplicates once."""

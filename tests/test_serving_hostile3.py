@@ -451,6 +451,8 @@ async def test_a_replica_listing_no_model_is_routed_nothing_and_unknown_models_s
         pytest.param("models: ['   ']", "key 'models.0'", id="a blank model name"),
         pytest.param(f"models: [{'m' * 513}]", "key 'models.0'", id="a model name over 512"),
         pytest.param("arrivals: {directory: '   '}", "arrivals.directory", id="a blank directory"),
+        pytest.param(f"namespace: {'a' * 64}", "key 'namespace'", id="a namespace over 63"),
+        pytest.param(f"deployment: {'a' * 254}", "key 'deployment'", id="a deployment over 253"),
     ],
 )
 def test_the_gateway_config_refuses_what_would_fail_quietly_naming_the_key(text, fragment):
