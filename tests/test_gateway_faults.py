@@ -327,7 +327,7 @@ async def test_a_stream_that_goes_silent_past_the_upstream_timeout_ends_broken_a
         await replica.stop()
 
 
-async def test_a_stream_longer_than_the_upstream_timeout_passes_while_tokens_keep_coming():
+async def test_a_stream_longer_than_the_upstream_timeout_passes_while_chunks_keep_coming():
     (replica,) = await fakes(stream_on_demand)
     timeout = 1.0  # each gap is one round trip: milliseconds, however busy the machine
     gateway = await start_gateway([replica.url], upstream_timeout=timeout)
