@@ -315,7 +315,11 @@ async def test_what_the_gateway_records_reads_back_as_a_trace(tmp_path):
         for n in (3, 17, 40):
             answer = await post(gateway, completion(max_tokens=n, prompt="word " * n))
             expected.append((answer["usage"]["prompt_tokens"], n))
-        chat = {"model": "sim-llama", "max_tokens": 5, "messages": [{"content": "hi there"}]}
+        chat = {
+            "model": "sim-llama",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi there"}],
+        }
         answer = await post(gateway, chat, "/v1/chat/completions")
         expected.append((answer["usage"]["prompt_tokens"], 5))
         # a stream without usage: its token ids are its prompt, its events its output
