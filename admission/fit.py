@@ -27,6 +27,7 @@ the node before the pod's containers, and holds nothing afterwards (HAMi's peak 
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -743,7 +744,8 @@ def _state_of(key: DeviceKey) -> DeviceState:
 _Candidate = tuple[int, tuple[tuple[DeviceTake, ...], ...], tuple[DeviceState, ...], NodeKey]
 _Entry = tuple[PodPlacement, int, tuple[DeviceState, ...], NodeKey, float, tuple[int, ...]]
 """A placed pod and what its node was before (cards, key, usage, bounds), to undo it."""
-_MemoKey = tuple[int, tuple[NodeKey, ...]]
+_MemoKey = tuple[int, frozenset[tuple[int, int]]]
+"""A level and the multiset of the nodes' keys, as (interned key's id, count) pairs."""
 
 
 class _Search:
@@ -769,7 +771,11 @@ class _Search:
         self.items = items
         self.names = [n.name for n in nodes]
         self.start = [n.devices for n in nodes]
-        self.start_keys = [n.key for n in nodes]
+        # Keys are interned: equal keys are one object, compared and counted by id. A
+        # node key is a tuple of tuples, hashed again on every lookup; on 2,000 nodes the
+        # candidates' dedupe and the memo's sorted keys were most of a step (issue 27, L6).
+        self._interned: dict[NodeKey, NodeKey] = {}
+        self.start_keys = [self._intern(n.key) for n in nodes]
         self.start_usage = [n.usage for n in nodes]
         self.spread_cards = spread_cards
         self.spread_nodes = spread_nodes
@@ -789,6 +795,14 @@ class _Search:
             self.left[i][kind[items[i].pod]] += 1
         self._reset(bounded=False)
 
+    def _intern(self, key: NodeKey) -> NodeKey:
+        return self._interned.setdefault(key, key)
+
+    def _rank(self, n: int) -> tuple[float, str, int]:
+        """Where node ``n`` goes in the candidates' order (binpack: fullest first)."""
+        sign = 1.0 if self.spread_nodes else -1.0
+        return (sign * self.usage[n], self.names[n], n)
+
     def _reset(self, *, bounded: bool) -> None:
         # The greedy pass needs no bounds (they only prune the search), and computing
         # them for every node is most of a fit's cost on a large pool.
@@ -796,6 +810,9 @@ class _Search:
         self.state = list(self.start)
         self.keys = list(self.start_keys)
         self.usage = list(self.start_usage)
+        # Kept in order as nodes change, not sorted again for every pod.
+        self.order = sorted(range(len(self.names)), key=self._rank)
+        self.counts = Counter(id(k) for k in self.keys)
         self.bounds = [self._bounds(k) if bounded else () for k in self.keys]
         self.totals = [
             sum(b[k] for b in self.bounds) if bounded else 0 for k in range(len(self.kinds))
@@ -816,12 +833,14 @@ class _Search:
     def _greedy(self) -> list[PodPlacement] | None:
         """The first candidate at every level: what HAMi's scheduler would likely do."""
         path: list[_Entry] = []
-        for level in range(len(self.items)):
-            candidate = next(self._candidates(level), None)
-            if candidate is None:
-                return None
-            path.append(self._apply(level, candidate))
-            self._record(path)
+        try:
+            for level in range(len(self.items)):
+                candidate = next(self._candidates(level), None)
+                if candidate is None:
+                    return None
+                path.append(self._apply(level, candidate))
+        finally:
+            self._record(path)  # once: the greedy path only grows (a copy a pod was O(P^2))
         return [entry[0] for entry in path]
 
     def _search(self) -> list[PodPlacement] | None:
@@ -886,7 +905,19 @@ class _Search:
         if self.bounded:
             for k, (old, new) in enumerate(zip(self.bounds[n], bounds, strict=True)):
                 self.totals[k] += new - old
+        self._track(n, key, usage)
         self.state[n], self.keys[n], self.usage[n], self.bounds[n] = devices, key, usage, bounds
+
+    def _track(self, n: int, key: NodeKey, usage: float) -> None:
+        """Keep the keys' counts and the candidates' order as node ``n`` changes."""
+        self.counts[id(key)] += 1
+        self.counts[id(self.keys[n])] -= 1
+        if not self.counts[id(self.keys[n])]:
+            del self.counts[id(self.keys[n])]  # the memo key reads only the keys held
+        if usage != self.usage[n]:
+            self.order.pop(bisect.bisect_left(self.order, self._rank(n), key=self._rank))
+            self.usage[n] = usage
+            bisect.insort(self.order, n, key=self._rank)
 
     def _bounds(self, key: NodeKey) -> tuple[int, ...]:
         return tuple(_key_bound(key, pod) for pod in self.kinds)
@@ -900,23 +931,21 @@ class _Search:
             self.best = [entry[0] for entry in path]
 
     def _memo_key(self, level: int) -> _MemoKey:
-        return level, tuple(sorted(self.keys))
+        return level, frozenset(self.counts.items())
 
     def _candidates(self, level: int) -> Iterator[_Candidate]:
         """Where the pod at ``level`` could go, node order by policy, duplicates once."""
         pod = self.items[level].pod
-        sign = 1.0 if self.spread_nodes else -1.0
-        usage, names = self.usage, self.names
-        order = sorted(range(len(names)), key=lambda n: (sign * usage[n], names[n]))
-        tried: set[NodeKey] = set()
-        for n in order:
-            if self.keys[n] in tried:
+        tried: set[int] = set()
+        for n in list(self.order):  # a copy: deeper levels move nodes while this waits
+            key = self.keys[n]
+            if id(key) in tried:
                 continue  # a node in the same state as one tried already
-            tried.add(self.keys[n])
-            seen: set[NodeKey] = set()
+            tried.add(id(key))
+            seen: set[int] = set()
             options = _pod_options(pod, self.state[n], self.spread_cards, self.visits)
             for takes, devices in options:
-                after = node_key(devices)
-                if after not in seen:
-                    seen.add(after)
+                after = self._intern(node_key(devices))
+                if id(after) not in seen:
+                    seen.add(id(after))
                     yield n, takes, devices, after

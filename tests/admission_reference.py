@@ -7,8 +7,9 @@ computation it stands for, for as long as the context lasts:
   their ``usage``) are computed again at every read;
 - a node's bound is computed from its cards at every read, not looked up by key
   (``fit._key_bound``);
-- the search sets up each node's key and usage from its cards, and orders the nodes by
-  usage computed from their cards at every level (not from the lists it keeps);
+- the search sets up each node's key and usage from its cards, orders the nodes by
+  usage computed from their cards at every level (not from the order it keeps), and
+  remembers a refuted state by its sorted keys (not by counts of interned keys);
 - ``fits_ever`` always searches (no answer from the pool's shapes);
 - ``Inventory.reserve`` rebuilds every node, as it did before it kept the untouched ones.
 
@@ -114,6 +115,11 @@ def candidates(self: fit._Search, level: int) -> Iterator[fit._Candidate]:
                 yield n, takes, devices, after
 
 
+def memo_key(self: fit._Search, level: int) -> tuple[int, tuple[hami.NodeKey, ...]]:
+    """``_Search._memo_key`` as the level and the nodes' keys, sorted."""
+    return level, tuple(sorted(self.keys))
+
+
 @contextlib.contextmanager
 def straightforward() -> Iterator[None]:
     """Every shortcut replaced by its plain computation (see the module docstring)."""
@@ -128,4 +134,6 @@ def straightforward() -> Iterator[None]:
         patch.setattr(Inventory, "reserve", reserve)
         patch.setattr(fit._Search, "_reset", reset)
         patch.setattr(fit._Search, "_candidates", candidates)
+        patch.setattr(fit._Search, "_track", lambda self, n, key, usage: None)
+        patch.setattr(fit._Search, "_memo_key", memo_key)
         yield

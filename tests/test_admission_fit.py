@@ -17,6 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from admission import annotations as names
+from admission import fit
 from admission.fit import (
     GpuRequest,
     PodRequest,
@@ -798,3 +799,42 @@ def test_a_fit_on_cached_state_equals_the_fit_computed_afresh(inv, first, second
         result = fit_gang(second, inv, policy, node_policy=node_policy)
         with straightforward():
             assert result == fit_gang(second, inv, policy, node_policy=node_policy)
+
+
+# --- scale (issue 27, hostile pass 3, L6) ----------------------------------------------
+
+
+class _CountingNames(list):  # type: ignore[type-arg]
+    """The search's node names, counting each read: the candidates' order reads them."""
+
+    reads = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        _CountingNames.reads += 1
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods"),
+    [
+        pytest.param(100, 200, id="200 pods on 100 nodes"),
+        pytest.param(300, 100, id="100 pods on 300 nodes"),
+    ],
+)
+def test_the_nodes_are_ordered_once_and_kept_in_order_not_sorted_again_for_each_pod(
+    monkeypatch, nodes, pods
+):
+    """Sorting every node for every pod made one pass over 2,000 nodes and 50 gangs of
+    2,000 pods last minutes; a placement now moves its one node in the order."""
+    start = fit._Search.__init__
+
+    def counting(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        self.names = _CountingNames(self.names)
+
+    monkeypatch.setattr(fit._Search, "__init__", counting)
+    _CountingNames.reads = 0
+    pool = build([node(f"gpu-{i:03d}") for i in range(nodes)])
+    result = fit_gang([gang(pods, container(gpu="1", mem="70000"))], pool)
+    assert result.fits
+    assert _CountingNames.reads < nodes * pods // 4  # each pod sorting them read N each
