@@ -23,14 +23,18 @@ every error the gateway answers itself is ``{"object": "error", "message": ...,
 "code": status}``.
 
 A replica asleep (vLLM sleep mode, from its ``/is_sleeping``) is routed nothing. When a
-request finds no ready replica for its model (or, with ``wake_at_outstanding``, every one
-busy) the gateway wakes one sleeping replica (``POST /wake_up``, one wake per model at a
-time, ``serving.routing.choose_to_wake``) while the request waits in the buffer as at zero
-replicas; a wake that fails, times out (``wake_timeout``) or leaves it asleep is logged,
-counted, and the next wake goes to another replica while it backs off: ``wake_retry_after``,
-doubled per failed wake in a row up to eight times (``serving.routing.Backoff``). Its answer
-is read at one boundary (``serving.replica_answers``): a garbled or nested one is a failed
-wake like any other, counted and backed off from.
+request finds no ready replica for its model the gateway wakes one sleeping replica
+(``POST /wake_up``, one wake per model at a time, ``serving.routing.choose_wakes``) while
+the request waits in the buffer as at zero replicas. With ``wake_at_outstanding``, when
+every ready one holds the pressure threshold (that floor, or twice the last minute's mean
+per replica: ``serving.routing.WakePressure``) it wakes as many as bring the load under it
+at once; those are surplus, routed to only above the threshold, so they fall idle and
+sleep again once the scaler has caught up. A wake that fails, times out
+(``wake_timeout``) or leaves it asleep is logged, counted, and the next wake goes to
+another replica while it backs off: ``wake_retry_after``, doubled per failed wake in a row
+up to eight times (``serving.routing.Backoff``). Its answer is read at one boundary
+(``serving.replica_answers``): a garbled or nested one is a failed wake like any other,
+counted and backed off from.
 
 With ``standby-scaler`` the gateway asks the scaler for its standby plan every
 ``standby-interval`` (``serving.gateway_standby``: replicas to run, and to hold asleep
@@ -66,6 +70,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -85,9 +90,10 @@ from serving.gateway_standby import IGNORED_REASONS, NoPlan, PlanSource, Standby
 from serving.replica_answers import AnswerError, read_wake
 from serving.routing import (
     Backoff,
+    WakePressure,
     choose,
     choose_standby,
-    choose_to_wake,
+    choose_wakes,
     is_unserved,
     known_models,
     may_buffer,
@@ -144,6 +150,14 @@ class Gateway:
         """Health checks', wakes' and sleeps' session (``_background``)."""
         self._wakes: set[asyncio.Task[None]] = set()
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
+        at = settings.wake_at_outstanding
+        self._pressure = None if at is None else WakePressure(at)
+        """``wake_at_outstanding`` as ``serving.routing.WakePressure`` (None: wake at zero only)."""
+        self._baseline: float | None = None
+        """The mean outstanding per ready replica (``WakePressure.baseline``)."""
+        self._baseline_at = time.monotonic()
+        self._surplus_above = math.inf
+        """The last pressure threshold: the surplus is routed to only above it."""
         self.standby_problem: str | None = None
         """Why the last standby round acted on no plan; None when it had one."""
         self._standby_kind: str | None = None
@@ -248,7 +262,7 @@ class Gateway:
     async def _wait_for_replica(self, model: str | None, size: int) -> Replica:
         """A ready replica for ``model``, waiting in the buffer (``size`` bytes) if none."""
         self._wake_if_needed(model)
-        url = choose(self.pool.views(), model)
+        url = choose(self.pool.views(), model, self._surplus_above)
         if url is not None:
             return self.pool.find(url)
         s, stats = self.settings, self.stats
@@ -269,7 +283,7 @@ class Gateway:
         try:
             async with asyncio.timeout(self.settings.buffer_timeout):
                 async with self._ready:
-                    while (url := choose(self.pool.views(), model)) is None:
+                    while (url := choose(self.pool.views(), model, self._surplus_above)) is None:
                         self._wake_if_needed(model)  # again: the last wake may have failed
                         await self._ready.wait()
         except TimeoutError:
@@ -282,10 +296,34 @@ class Gateway:
         return self.pool.find(url)
 
     def _wake_if_needed(self, model: str | None) -> None:
-        """Start waking a sleeping replica if ``model`` needs one (``choose_to_wake``)."""
-        url = choose_to_wake(self.pool.views(), model, self.settings.wake_at_outstanding)
-        if url is not None:
-            self._start_wake(self.pool.find(url))
+        """Start waking the sleepers ``model`` needs (``serving.routing.choose_wakes``).
+
+        At zero, one (one per threshold of waiting requests with ``wake_at_outstanding``);
+        with every ready replica at the pressure threshold, as many as bring the load under
+        it, each marked surplus (routed to only above the threshold) until it sleeps again
+        or the standby plan's running count takes it.
+        """
+        views = self.pool.views()
+        ready = [v.outstanding for v in views if v.ready and v.serves(model)]
+        threshold = self._pressure_threshold(ready)
+        for url in choose_wakes(views, model, threshold, max(1, self.stats.buffered)):
+            replica = self.pool.find(url)
+            replica.surplus = bool(ready)
+            self._start_wake(replica)
+
+    def _pressure_threshold(self, ready: list[int]) -> float | None:
+        """``WakePressure.threshold`` over its baseline, updated with ``ready``'s mean."""
+        if self._pressure is None:
+            return None
+        now = time.monotonic()
+        if ready:
+            elapsed = now - self._baseline_at
+            per_replica = sum(ready) / len(ready)
+            self._baseline = self._pressure.baseline(self._baseline, per_replica, elapsed)
+            self._baseline_at = now
+        threshold = self._pressure.threshold(self._baseline)
+        self._surplus_above = threshold
+        return threshold
 
     def _start_wake(self, replica: Replica) -> None:
         replica.waking = True  # before any await: one wake per replica, per model
@@ -387,6 +425,9 @@ class Gateway:
             log.info("standby: acting on the scaler's plan again")
         self.standby_problem, self._standby_kind = None, None
         views = self.pool.views(now)
+        if sum(v.ready for v in views) <= plan.running:
+            for replica in self.pool.replicas:  # the scaler's count takes the woken ones
+                replica.surplus = False
         moves = choose_standby(views, plan.running, plan.sleeping, s.sleep_after_idle)
         if moves.sleep or moves.wake:
             log.info("standby: %s (scaler: %s)", moves.reason, plan.reason)
@@ -416,7 +457,7 @@ class Gateway:
             replica.falling_asleep = False
         self.metrics.slept(problem is None)
         if problem is None or sent:
-            replica.sleeping = True
+            replica.sleeping, replica.surplus = True, False
             replica.sleep_changes += 1  # a /is_sleeping read from before is stale
         if problem is None:
             replica.sleep_backoff = Backoff()

@@ -137,6 +137,9 @@ class Replica:
     failing: set[str] = field(default_factory=set)
     """Kinds of upstream failure logged at WARNING since it last answered a request whole:
     each once, then at DEBUG (``serving.gateway``; the counters carry the rate)."""
+    surplus: bool = False
+    """Woken under pressure beyond the scaler's running count: routed to only above the
+    pressure threshold, until it sleeps again or the plan's running count takes it."""
 
     @property
     def routable(self) -> bool:
@@ -211,6 +214,7 @@ class ReplicaPool:
                 idle_seconds=0.0 if r.outstanding else max(now - r.idle_since, 0.0),
                 sleep_mode=r.sleep_mode,
                 sleep_failed=not r.sleep_backoff.allows(now),
+                surplus=r.surplus,
             )
             for r in self.replicas
         ]

@@ -11,9 +11,9 @@
   decide (those configured plus every one a replica has listed since the gateway
   started): a model outside them is 404; with nothing known yet, every model may wait.
 - A sleeping replica (vLLM sleep mode) is never routed to. When no ready replica serves
-  a request's model, or (with ``wake_at_outstanding``) every one already has that many
-  requests outstanding, one sleeping replica serving it is woken: the first listed not
-  backing off a failed wake, and none while another wake for that model is under way.
+  a request's model, one sleeping replica serving it is woken (``choose_wakes``): the
+  first listed not backing off a failed wake, and none while another wake for that
+  model is under way.
 - Under pressure (``WakePressure``: every ready replica holds at least the threshold, the
   larger of a floor and a multiple of the last minute's mean), ``sleepers_to_wake`` says
   how many sleepers to wake at once so that the load fits under the threshold: a burst
@@ -154,32 +154,38 @@ def sleepers_to_wake(
     return max(0, max(1, math.ceil(total / threshold) - ready) - waking)
 
 
-def choose_to_wake(
-    replicas: Sequence[ReplicaView], model: str | None, wake_at_outstanding: int | None = None
-) -> str | None:
-    """The sleeping replica to wake for a request for ``model``, or None.
+def choose_wakes(
+    replicas: Sequence[ReplicaView],
+    model: str | None,
+    threshold: float | None = None,
+    buffered: int = 1,
+) -> tuple[str, ...]:
+    """The sleeping replicas to wake now for requests for ``model``.
 
     Args:
         replicas: what the router sees.
         model: the model asked for.
-        wake_at_outstanding: wake one more when every ready replica serving ``model`` has
-            at least this many requests outstanding; None: only when none is ready.
+        threshold: the pressure threshold (``WakePressure.threshold``); None wakes only
+            when no ready replica serves ``model``.
+        buffered: requests waiting for a replica (this one among them).
 
     Returns:
-        The first listed replica that sleeps, serves ``model`` and did not just fail a
-        wake; None when a ready replica can take the request, when a wake for ``model``
-        is already under way (it will take them), or when none sleeps.
+        As many as ``sleepers_to_wake`` says, of those that sleep, serve ``model`` and did
+        not just fail a wake, first listed first; none while a ready replica can take the
+        requests or wakes under way will.
     """
     serving = [r for r in replicas if r.serves(model)]
-    if any(r.waking for r in serving):
-        return None
     ready = [r.outstanding for r in serving if r.ready]
-    if ready and (wake_at_outstanding is None or min(ready) < wake_at_outstanding):
-        return None
-    for replica in serving:
-        if replica.sleeping and not replica.wake_failed:
-            return replica.url
-    return None
+    count = sleepers_to_wake(
+        len(ready),
+        min(ready, default=0),
+        sum(ready),
+        sum(r.waking for r in serving),
+        buffered,
+        threshold,
+    )
+    sleepers = [r.url for r in serving if r.sleeping and not r.wake_failed and not r.waking]
+    return tuple(sleepers[:count])
 
 
 BACKOFF_DOUBLINGS = 3

