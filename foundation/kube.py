@@ -95,14 +95,39 @@ class KubeAccess:
 
     @staticmethod
     def _check_files(files: str) -> None:
-        """Each kubeconfig the client would read: a regular file, at most 1 MiB.
+        """Each kubeconfig the client would read, and each user's ``tokenFile`` in it.
 
-        ``/dev/zero`` as ``--kubeconfig`` was read until memory ran out; a missing one
-        stays the client's to report (KUBECONFIG lists may name files not there).
+        A kubeconfig: a regular file, at most 1 MiB; a token file: at most 64 KiB.
+        ``/dev/zero`` as ``--kubeconfig``, or as a ``tokenFile``, was read until memory ran
+        out; a missing one, or a kubeconfig of the wrong shape, stays the client's to
+        report (KUBECONFIG lists may name files not there).
         """
         for name in files.split(os.pathsep):
             if name and os.path.lexists(name):
-                read_bytes(Path(name), MAX_CONFIG_BYTES, "kubeconfig")
+                data = read_bytes(Path(name), MAX_CONFIG_BYTES, "kubeconfig")
+                for token in _token_files(data, Path(name).parent):
+                    if os.path.lexists(token):
+                        read_bytes(token, MAX_TOKEN_BYTES, "kubeconfig tokenFile")
+
+
+MAX_TOKEN_BYTES = 64 * 1024
+"""A bearer token file: a service account's JWT is about 1 KiB."""
+
+
+def _token_files(kubeconfig: bytes, base: Path) -> list[Path]:
+    """The ``tokenFile`` of each user a kubeconfig lists (relative to its directory)."""
+    try:
+        parsed = yaml.safe_load(kubeconfig)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return []  # the client's own parse reports it
+    users = parsed.get("users") if isinstance(parsed, dict) else None
+    found: list[Path] = []
+    for entry in users if isinstance(users, list) else []:
+        user = entry.get("user") if isinstance(entry, dict) else None
+        token = user.get("tokenFile") if isinstance(user, dict) else None
+        if isinstance(token, str) and token:
+            found.append(base / os.path.expanduser(token))
+    return found
 
 
 def _clip(text: str, limit: int = 200) -> str:

@@ -364,6 +364,41 @@ async def test_a_kubeconfig_that_cannot_be_read_is_a_config_error(tmp_path, cont
     assert message in str(error.value)
 
 
+def _kubeconfig_with_token(token_file: str) -> bytes:
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        f"users: [{{name: u, user: {{tokenFile: '{token_file}'}}}}]\n"
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        pytest.param("/dev/zero", "cannot read kubeconfig tokenFile /dev/zero",
+                     id="a token file of /dev/zero is refused, not read until memory runs out"),
+        pytest.param("big-token", "over 65,536 bytes",
+                     id="a token file over 64 KiB is refused, relative to the kubeconfig"),
+    ],
+)  # fmt: skip
+async def test_a_token_file_is_read_within_its_bound(tmp_path, token, message):
+    (tmp_path / "big-token").write_bytes(b"t" * (100 << 10))
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(_kubeconfig_with_token(token))
+    with pytest.raises(ConfigError) as error:
+        await KubeAccess(path).client()
+    assert message in str(error.value)
+
+
+async def test_a_token_file_within_its_bound_is_taken(tmp_path):
+    (tmp_path / "token").write_text("abc")
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(_kubeconfig_with_token("token"))
+    api = await KubeAccess(path).client()
+    await api.close()
+
+
 # --- M13: listen addresses ----------------------------------------------------------------
 
 
