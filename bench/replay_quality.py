@@ -60,6 +60,7 @@ from replay.sweep import (
 from replay.trace import Trace, scale
 from replay.workloads import load_trace
 from scaler.core.tiers import StandbyPolicy
+from serving.gateway_settings import RECOMMENDED_WAKE_AT_OUTSTANDING
 from serving.routing import WakePressure
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -73,8 +74,7 @@ SLO_ITL = 0.1
 # The fleet as `unitscale replay` runs it: vLLM launched with the chunked-prefill budget
 # whose steps keep the ITL SLO, which the scaler's profile capacity assumes too.
 CONFIG = SimConfig(LLAMA3_8B_H200.for_itl_slo(SLO_ITL), slo_itl=SLO_ITL, max_replicas=64)
-GATEWAY_WAKE_AT_OUTSTANDING = 8
-"""The gateway's ``wake-at-outstanding`` docs/gateway.md recommends with a standby plan."""
+GATEWAY_WAKE_AT_OUTSTANDING = RECOMMENDED_WAKE_AT_OUTSTANDING
 UNITSCALE_CONFIG = replace(
     CONFIG,
     standby=StandbyPolicy(max_sleeping=16, burst_sleepers=2.0),

@@ -173,7 +173,7 @@ _PREWARM_KEYS = (
 )
 
 
-_STANDBY_KEYS = ("standbyMaxSleeping", "standbyBurstSleepers", "standbyReleaseAfter")
+STANDBY_KEYS = ("standbyMaxSleeping", "standbyBurstSleepers", "standbyReleaseAfter")
 
 
 class TriggerMetadata(BaseModel):
@@ -275,7 +275,7 @@ class TriggerMetadata(BaseModel):
     @model_validator(mode="after")
     def _standby_knobs_need_standby(self) -> TriggerMetadata:
         if not self.standby:
-            given = [k for k in _STANDBY_KEYS if getattr(self, _FIELD_OF[k]) is not None]
+            given = [k for k in STANDBY_KEYS if getattr(self, _FIELD_OF[k]) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} needs standby: true")
         return self

@@ -46,8 +46,10 @@ class GatewaySettings:
     """Seconds a sleeping replica's ``POST /wake_up`` may take before another is tried: above
     a level-2 wake of a 32B model from local disk (~56 s; level 1 takes ~4 s)."""
     wake_at_outstanding: int | None = None
-    """Wake a sleeping replica when every ready one has this many requests outstanding;
-    None: only when none is ready (requests buffered meanwhile)."""
+    """Wake sleepers when every ready replica holds this many requests outstanding (or
+    twice the last minute's mean, whichever is larger: ``serving.routing.WakePressure``);
+    None: only when none is ready (requests buffered meanwhile). With a standby plan,
+    ``RECOMMENDED_WAKE_AT_OUTSTANDING``."""
     wake_retry_after: float = 30.0
     """Seconds a replica whose wake failed is passed over for the next wake, and one whose
     sleep failed for the next sleep: doubled per failure in a row, at most eight times
@@ -63,3 +65,8 @@ class GatewaySettings:
     """The targets every request is judged against (``serving.slo``): the scaler's defaults."""
     arrivals: ArrivalSettings = field(default_factory=ArrivalSettings)
     """Where the arrivals are recorded (``serving.arrivals``); off by default."""
+
+
+RECOMMENDED_WAKE_AT_OUTSTANDING = 8
+"""``wake-at-outstanding`` beside a standby plan with burst sleepers (docs/gateway.md):
+``bench/replay_quality.py`` holds 99% on every trace with it."""

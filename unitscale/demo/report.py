@@ -205,10 +205,12 @@ def _standby(plan: Plan) -> str:
         return "none (`--no-standby`): every start from zero is a cold start"
     tiers = warm_tiers(plan.replica_profile, plan.cold_start)
     return (
-        f'sleeping replicas (`standby: "true"`, at most {plan.standby.max_sleeping}): the'
-        " gateway puts the standby plan's sleepers to sleep (vLLM sleep level 1) and wakes"
-        f" one in {tiers.sleeping_wake_seconds:.1f} s when a request finds none ready; a"
-        f" sleeper costs US$ {tiers.sleeping_per_hour:.3f} per hour (its weights in host"
+        f'sleeping replicas (`standby: "true"`, {plan.standby.burst_sleepers:g} per running'
+        f" replica for bursts, at most {plan.standby.max_sleeping}): the gateway puts the"
+        " standby plan's sleepers to sleep (vLLM sleep level 1) and wakes them in"
+        f" {tiers.sleeping_wake_seconds:.1f} s when a request finds none ready or every"
+        f" ready replica holds {plan.wake_at_outstanding} requests (`wake-at-outstanding`);"
+        f" a sleeper costs US$ {tiers.sleeping_per_hour:.3f} per hour (its weights in host"
         " memory), live and predicted"
     )
 

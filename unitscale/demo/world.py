@@ -39,8 +39,10 @@ from replay.simulate import SimConfig, cold_start_seconds
 from scaler.config import PolicyConfig
 from scaler.core.standby import standby_setup
 from scaler.core.tiers import StandbyPolicy
+from scaler.metadata import STANDBY_KEYS as TRIGGER_STANDBY_KEYS
 from scaler.metadata import parse_metadata
-from serving.gateway_settings import GatewaySettings
+from serving.gateway_settings import RECOMMENDED_WAKE_AT_OUTSTANDING, GatewaySettings
+from serving.routing import WakePressure
 
 NAMESPACE = "demo"
 DEPLOYMENT = "llama-chat"
@@ -56,8 +58,10 @@ POLICY_DURATIONS = tuple(
     if any(getattr(m, "func", None) is parse_duration for m in field.metadata)
 )
 POLICY_RATES = ("prefill_tokens_per_second", "decode_tokens_per_second", "profile_speedup")
-STANDBY_KEYS = ("standby", "standbyMaxSleeping", "standbyReleaseAfter")
+STANDBY_KEYS = ("standby", *TRIGGER_STANDBY_KEYS)
 """The trigger's warm-tier keys (``scaler.metadata``)."""
+STANDBY_RECOMMENDED = {"standbyBurstSleepers": "2", "standbyMaxSleeping": "16"}
+"""The standby knobs docs/scaler.md recommends on shared cards (the file's own win)."""
 STANDBY_RELEASE_AFTER = "1h"
 """Written into the demo's trigger, so that it is compressed as every clock is (the
 scaler's own default is not): the demo's 30 minutes never reach it."""
@@ -90,6 +94,8 @@ class Plan:
     standby: StandbyPolicy | None = None
     """The trigger's standby plan (``standby: "true"``): sleepers held beside the running
     replicas; None: every start is a cold one. No Fluid cache (the demo has none)."""
+    wake_at_outstanding: int = RECOMMENDED_WAKE_AT_OUTSTANDING
+    """The gateway's ``wake-at-outstanding`` beside the standby plan (docs/gateway.md)."""
     standby_interval: float = _GATEWAY.standby_interval
     """The gateway's asks for the standby plan (trace seconds), and the next three."""
     sleep_after_idle: float = _GATEWAY.sleep_after_idle
@@ -169,7 +175,12 @@ def make_plan(
         "targetConcurrency": f"{target_concurrency:g}",
     }
     if standby:
-        metadata = {"standbyReleaseAfter": STANDBY_RELEASE_AFTER, **metadata, "standby": "true"}
+        metadata = {
+            "standbyReleaseAfter": STANDBY_RELEASE_AFTER,
+            **STANDBY_RECOMMENDED,
+            **metadata,
+            "standby": "true",
+        }
     spec = replace(scaled.spec, max_replicas=max_replicas)
     scaled = replace(scaled, name=DEPLOYMENT, namespace=NAMESPACE, spec=spec, metadata=metadata)
     knobs = _standby_policy(metadata, scaler_config_policy) if standby else None
@@ -269,6 +280,7 @@ def gateway_config(
             "sleep-after-idle": plan.sleep_after_idle / c,
             "wake-timeout": plan.wake_timeout / c,
             "wake-retry-after": plan.wake_retry_after / c,
+            "wake-at-outstanding": plan.wake_at_outstanding,
         }
     return config
 
@@ -343,6 +355,8 @@ def prediction(plan: Plan) -> tuple[Unitscale, SimConfig]:
         gateway_timeout=plan.buffer_timeout,
         max_replicas=scaled.spec.max_replicas,
         standby=plan.standby,
+        # the gateway's setting, whatever holds sleepers (without any it wakes none)
+        wake_pressure=WakePressure(plan.wake_at_outstanding),
     )
     return policy, config
 
