@@ -64,6 +64,14 @@ MAX_RATE = 1e6
 """Requests per second of one client in one window; above it is a bad row."""
 MAX_DATASET_BYTES = 64 * 1024**2
 """One client's distributions file (the largest here is 3.9 MB)."""
+MAX_DATASETS_BYTES = 1024**3
+"""Every client's distributions files together (here 30 MB): kept as text until drawn,
+so 100 files of 60 MB ended in MemoryError (hostile pass 4, H3)."""
+MAX_CHUNKS = 10_000
+"""Clients of a directory (here 43): as ``replay.trace.MAX_RECORDING_FILES``."""
+MAX_WINDOWS = 1_000_000
+"""Windows of every client together (here 86,688; 31 days of 10-minute windows for 43
+clients is 192,000): a float ``start_s`` step let one file hold millions (pass 4, L2)."""
 PATTERNS = ("", "Gamma", "Weibull")
 MAX_PDF_CHARS = 16 * 1024**2
 """One distribution's text (the largest here is 405 KB)."""
@@ -97,6 +105,8 @@ class _Client:
     shape: npt.NDArray[np.float64]
     blocks: dict[int, tuple[str, str]]
     """Block start -> (input, output) distribution text, the non-empty ones."""
+    data_bytes: int
+    """The size of its distributions file (0 when it has none)."""
     dataset: Path
 
 
@@ -146,7 +156,7 @@ def read_servegen(directory: Path, options: ServeGenOptions, seed: int = 0) -> T
             block, and column), days past the data, more than ``MAX_TRACE_REQUESTS`` or
             no request at all.
     """
-    clients = [_read_client(path) for path in _chunks(directory)]
+    clients = _read_clients(directory)
     available = max(math.ceil((c.start[-1] + c.length[-1]) / DAY_SECONDS) for c in clients)
     first, last = options.days if options.days is not None else (0, available - 1)
     if last >= available:
@@ -171,6 +181,21 @@ def read_servegen(directory: Path, options: ServeGenOptions, seed: int = 0) -> T
     )
 
 
+def _read_clients(directory: Path) -> list[_Client]:
+    """Every client, within ``MAX_WINDOWS`` and ``MAX_DATASETS_BYTES`` in all.
+
+    Each file has its own bound too; these bound their number, which a directory does not.
+    """
+    clients: list[_Client] = []
+    windows = data = 0
+    for path in _chunks(directory):
+        client = _read_client(path, MAX_WINDOWS - windows, MAX_DATASETS_BYTES - data)
+        windows += len(client.start)
+        data += client.data_bytes
+        clients.append(client)
+    return clients
+
+
 def _chunks(directory: Path) -> list[Path]:
     try:
         names = [(int(m[1]), p) for p in directory.iterdir() if (m := _CHUNK.fullmatch(p.name))]
@@ -178,13 +203,26 @@ def _chunks(directory: Path) -> list[Path]:
         raise TraceError(f"cannot read ServeGen data {directory}: {err.strerror}") from err
     if not names:
         raise TraceError(f"{directory}: no chunk-N-trace.csv (ServeGen's per-client files)")
+    if len(names) > MAX_CHUNKS:  # before any is read
+        raise TraceError(
+            f"{directory}: {len(names):,} chunk-N-trace.csv files; a replay reads at most"
+            f" {MAX_CHUNKS:,} clients"
+        )
     return [path for _, path in sorted(names)]
 
 
-def _read_client(path: Path) -> _Client:
-    """A client's windows, each row checked; its distributions' blocks, not yet parsed."""
+def _read_client(path: Path, windows_left: int, bytes_left: int) -> _Client:
+    """A client's windows, each row checked; its distributions' blocks, not yet parsed.
+
+    ``windows_left`` and ``bytes_left``: what the directory's bounds leave for this client.
+    """
     rows: list[tuple[float, float, int, float]] = []
     for number, fields in _rows(path):
+        if len(rows) >= windows_left:
+            raise TraceError(
+                f"{path}:{number}: the directory's clients hold more than {MAX_WINDOWS:,}"
+                " windows in all, the most a replay reads"
+            )
         try:
             start = _number(fields[0], "start_s", 0.0, MAX_DAYS * DAY_SECONDS)
             rate = _number(fields[1], "rate", 0.0, MAX_RATE)
@@ -208,7 +246,7 @@ def _read_client(path: Path) -> _Client:
         np.array([r[1] for r in rows]),
         np.array([r[2] for r in rows], dtype=np.int64),
         np.array([r[3] for r in rows]),
-        _blocks(dataset),
+        *_blocks(dataset, bytes_left),
         dataset,
     )
 
@@ -245,12 +283,20 @@ _KEY_DIGITS = 9
 """Digits of a block's start second: 31 days are 7."""
 
 
-def _blocks(path: Path) -> dict[int, tuple[str, str]]:
-    """The non-empty blocks of a distributions file (none if it is missing)."""
+def _blocks(path: Path, bytes_left: int) -> tuple[dict[int, tuple[str, str]], int]:
+    """The non-empty blocks of a distributions file (none if it is missing), and its size.
+
+    Refused, before it is parsed, when it holds more than ``bytes_left``.
+    """
     if not path.exists():
-        return {}
+        return {}, 0
     # A regular file, read to the bound: stat() says 0 for /dev/zero, and a FIFO blocks.
     raw = read_bytes(path, MAX_DATASET_BYTES, "ServeGen dataset", TraceError)
+    if len(raw) > bytes_left:
+        raise TraceError(
+            f"{path}: the directory's chunk-N-dataset.json files are over"
+            f" {MAX_DATASETS_BYTES / 1024**3:g} GiB in all, the most a replay reads"
+        )
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as err:
@@ -271,7 +317,7 @@ def _blocks(path: Path) -> dict[int, tuple[str, str]]:
             )
         if all(t.strip() != "{}" for t in texts):  # type: ignore[union-attr]
             blocks[int(key)] = (str(texts[0]), str(texts[1]))
-    return blocks
+    return blocks, len(raw)
 
 
 def _pdf(text: str, where: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:

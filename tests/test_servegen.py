@@ -424,3 +424,38 @@ def test_a_chunk_named_in_other_digits_is_not_a_chunk(tmp_path):
     (tmp_path / "chunk-0-trace.csv").rename(tmp_path / "chunk-١-trace.csv")
     with pytest.raises(TraceError, match=r"no chunk-N-trace\.csv"):
         read_servegen(tmp_path, ServeGenOptions(0.01, (0, 0)))
+
+
+@pytest.mark.parametrize(
+    ("bound", "value", "fragment"),
+    [
+        pytest.param(
+            "MAX_CHUNKS", 2, r"3 chunk-N-trace\.csv files; a replay reads at most 2 clients",
+            id="more clients than the bound are refused before any is read",
+        ),
+        pytest.param(
+            "MAX_WINDOWS", 250, r"chunk-1-trace\.csv:107: .* more than 250 windows in all",
+            id="more windows in all than the bound are refused at the row that passes it",
+        ),
+        pytest.param(
+            "MAX_DATASETS_BYTES", 150,
+            r"chunk-1-dataset\.json: .*dataset\.json files are over [0-9.e-]+ GiB in all",
+            id="distributions files over the bound in all are refused before the one past it"
+            " is parsed",
+        ),
+    ],
+)  # fmt: skip
+def test_a_directory_is_bounded_in_clients_windows_and_distribution_bytes(
+    tmp_path, monkeypatch, bound, value, fragment
+):
+    # Hostile pass 4, H3 and L2: each file was bounded, their number was not; 100
+    # chunks of 60 MB ended in MemoryError.
+    for n in range(3):  # 3 clients of 144 windows and a ~60-byte distributions file each
+        write_client(tmp_path, n, days_of(1, 1.0), LENGTHS)
+    read_servegen(tmp_path, ServeGenOptions(0.01, (0, 0)))  # within the real bounds
+    monkeypatch.setattr(servegen, bound, value)
+    parsed, loads = [], json.loads
+    monkeypatch.setattr(servegen.json, "loads", lambda raw: parsed.append(raw) or loads(raw))
+    with pytest.raises(TraceError, match=fragment):
+        read_servegen(tmp_path, ServeGenOptions(0.01, (0, 0)))
+    assert len(parsed) <= 1, "the file past the bound was parsed"
