@@ -966,14 +966,20 @@ def _hold_deadline(
 def _ready_since(w: RawObject, ready: Sequence[Mapping[str, Any]], now: float) -> float:
     """When our Ready entries were set: the latest of their ``lastTransitionTime``.
 
-    A time more than ``MAX_CLOCK_SKEW`` ahead of ``now`` is unreadable, as in
-    ``waiting_since``: the Workload's creation stands in (ahead too: 0, so the hold ends
-    now). A Ready dated a day ahead, or 9999, held a gang without pods until then.
+    Never before the Workload's creation (the API server sets it; nothing was Ready
+    before it): a time before it, missing, unreadable or more than ``MAX_CLOCK_SKEW``
+    ahead of ``now`` counts from the creation, as in ``waiting_since``. A creation ahead
+    too gives 0, so the hold ends now. A Ready dated 9999 held a gang without pods until
+    then; one dated 1970, or missing, ended the hold at once and a second gang was
+    admitted onto the same cards (hostile pass 4, H1).
     """
     created = created_at(w)
-    stand_in = created if created <= now + MAX_CLOCK_SKEW else 0.0
-    times = [parse_time(e.get("lastTransitionTime")) or 0.0 for e in ready]
-    return max((t if t <= now + MAX_CLOCK_SKEW else stand_in) for t in times)
+    since = created if created <= now + MAX_CLOCK_SKEW else 0.0
+    for entry in ready:
+        t = parse_time(entry.get("lastTransitionTime"))
+        if t is not None and t <= now + MAX_CLOCK_SKEW:
+            since = max(since, t)
+    return since
 
 
 def _pod_keys(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[str]:

@@ -150,8 +150,8 @@ def admitted_in_pool(
     ``spec.priority`` is at most ``max_priority`` and its admission time is readable.
     One with no pod placed yet holds no share (it frees nothing, so it is never reclaimed).
     ``by_owner``: the pass's ``workload.pods_by_owner(pods)``, when it has one. ``now``:
-    an admission time more than ``MAX_CLOCK_SKEW`` ahead of it reads as the Workload's
-    creation (None: times are not held against a clock).
+    an admission time more than ``MAX_CLOCK_SKEW`` ahead of it, or before the Workload's
+    creation, reads as the creation (None: times are not held against a clock).
     """
     by_owner = pods_by_owner(pods) if by_owner is None else by_owner
     found = []
@@ -173,18 +173,23 @@ def admitted_in_pool(
 def _admitted_at(w: RawObject, now: float | None) -> float | None:
     """The ``Admitted`` condition's transition; None when unreadable.
 
-    A time more than ``MAX_CLOCK_SKEW`` ahead of ``now`` is unreadable: the Workload's
-    creation stands in (it was admitted after it; the API server sets it), and a creation
-    ahead too is None. Dated a day ahead, a workload was never old enough to reclaim, and
-    an older one was taken instead.
+    A time more than ``MAX_CLOCK_SKEW`` ahead of ``now``, or more than that before the
+    Workload's creation (it was admitted after it; the API server sets it), reads as the
+    creation; a creation ahead too is None. Dated a day ahead, a workload was never old
+    enough to reclaim, and an older one was taken instead; dated 1970 it read as the
+    oldest, and an older one was taken too (hostile pass 4, M2).
     """
     for cond in (w.get("status") or {}).get("conditions") or []:
         if isinstance(cond, dict) and cond.get("type") == "Admitted":
             at = parse_time(cond.get("lastTransitionTime"))
-            if at is None or now is None or at <= now + MAX_CLOCK_SKEW:
+            if at is None or now is None:
                 return at
             created = parse_time((w.get("metadata") or {}).get("creationTimestamp"))
-            return created if created is not None and created <= now + MAX_CLOCK_SKEW else None
+            if created is not None and created > now + MAX_CLOCK_SKEW:
+                created = None  # ahead: unreadable, and no bound for the admission either
+            ahead = at > now + MAX_CLOCK_SKEW
+            behind = created is not None and at < created - MAX_CLOCK_SKEW
+            return created if ahead or behind else at
     return None
 
 

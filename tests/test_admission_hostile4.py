@@ -1,0 +1,116 @@
+"""Admission under the fourth hostile pass (issue 27): times behind, shared answers, names.
+
+Each field is read at one boundary that checks its domain; what fails the check is
+unknown or stands in for the earliest time the API server vouches for (a Workload's
+creation), never a fact that admits onto cards another gang holds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from admission.decide import reclaim_all
+from foundation.timestamps import format_time
+from tests.test_admission_decide import NOW, node, running, workload
+from tests.test_admission_decide import decide as decided
+from tests.test_admission_reclaim import admitted, h200, pod_of
+from tests.test_admission_reclaim import cluster as reclaim_cluster
+
+# --- H1: a Ready entry's time behind the Workload's creation, missing or unreadable ----
+
+CREATED_90_S_AGO = format_time(NOW - 90)
+
+
+def _new_gang_beside_a_ghost(ready_at: str | None) -> str:
+    """The verdict on a new 8-card gang beside ``ghost``, Ready with no pod, 90 s old."""
+    ghost = workload("ghost", gpus=8, state="Ready", created=CREATED_90_S_AGO)
+    entry = ghost["status"]["admissionChecks"][0]
+    entry.pop("lastTransitionTime", None)
+    if ready_at is not None:
+        entry["lastTransitionTime"] = ready_at
+    (decision,) = decided([workload("new", gpus=8)], [node("gpu-1")], others=[ghost])
+    return decision.state
+
+
+@pytest.mark.parametrize(
+    "ready_at",
+    [
+        pytest.param(format_time(NOW - 60), id="a Ready a minute ago holds the gang's cards"),
+        pytest.param(
+            format_time(NOW - 600), id="a Ready before the creation counts from the creation"
+        ),
+        pytest.param("1970-01-01T00:00:00Z", id="a Ready dated 1970 counts from the creation"),
+        pytest.param("0001-01-01T00:00:00Z", id="a Ready dated year 1 counts from the creation"),
+        pytest.param("x", id="an unreadable Ready time counts from the creation"),
+        pytest.param(None, id="a missing Ready time counts from the creation"),
+    ],
+)
+def test_a_ready_gang_without_pods_holds_its_cards_at_least_300_s_from_its_creation(ready_at):
+    """A Ready dated 1970 or missing ended the hold at once: a second gang was admitted
+    onto the same 8 cards (issue 27, pass 4, H1)."""
+    assert _new_gang_beside_a_ghost(ready_at) == "Retry"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.one_of(
+        st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31)).map(
+            lambda d: d.replace(microsecond=0).isoformat() + "Z"
+        ),
+        st.text(max_size=30),
+    )
+)
+def test_any_ready_time_holds_a_gang_created_within_the_hold(ready_at):
+    assert _new_gang_beside_a_ghost(ready_at) == "Retry"
+
+
+# --- M2: an Admitted time behind the Workload's creation ------------------------------
+
+HOUR = 3600.0
+
+
+def _reclaimed(admitted_at: str) -> list[tuple[str, str]]:
+    """Who a 2-card shortfall reclaims: ``old`` (admitted 2 h ago, 4 cards) or ``new``
+    (created 90 min ago, admitted at ``admitted_at``, 2 cards)."""
+    old = admitted("old", ago=2 * HOUR)
+    new = admitted("new", ago=HOUR)
+    old["metadata"]["creationTimestamp"] = format_time(NOW - 3 * HOUR)
+    new["metadata"]["creationTimestamp"] = format_time(NOW - 1.5 * HOUR)
+    new["status"]["conditions"][-1]["lastTransitionTime"] = admitted_at
+    pods = [pod_of("old", range(4)), pod_of("new", range(4, 6)), running("s", "gpu-1", range(6, 8))]
+    taken = reclaim_all(reclaim_cluster([old, new], pods, demand=h200(2, 4)), NOW)
+    return [(d.workload, d.message) for d in taken]
+
+
+@pytest.mark.parametrize(
+    ("admitted_at", "ago"),
+    [
+        pytest.param(format_time(NOW - HOUR), "60 min", id="the newest admitted is taken first"),
+        pytest.param(
+            "1970-01-01T00:00:00Z", "90 min", id="an admission dated 1970 reads as the creation"
+        ),
+        pytest.param(
+            "0001-01-01T00:00:00Z", "90 min", id="an admission dated year 1 reads as the creation"
+        ),
+        pytest.param(
+            format_time(NOW - 2.5 * HOUR), "90 min",
+            id="an admission an hour before the creation reads as the creation",
+        ),
+    ],
+)  # fmt: skip
+def test_an_admission_before_the_creation_never_shields_its_workload(admitted_at, ago):
+    """Dated 1970, ``new`` read as the oldest: ``old`` was taken instead, and decades of
+    card-hours went on the counter (issue 27, pass 4, M2)."""
+    [(name, message)] = _reclaimed(admitted_at)
+    assert name == "new" and f"admitted {ago} ago" in message, message
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(2025, 12, 29, 7, 40)))
+def test_any_admission_before_the_creation_reads_as_the_creation(when):
+    [(name, message)] = _reclaimed(when.replace(microsecond=0).isoformat() + "Z")
+    assert name == "new" and "admitted 90 min ago" in message, message
