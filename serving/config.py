@@ -3,7 +3,9 @@
 Replicas are the union of ``replicas`` (URLs), ``dns`` (every A record of a headless
 Service) and ``endpoint-slices`` (the ready endpoints of a Service, watched through the
 API). Keys are kebab-case, durations Go-style, sizes in bytes or with a Kubernetes suffix
-(``16Mi``); hot-reloaded like the scaler's.
+(``16Mi``); hot-reloaded like the scaler's. Integer and ratio keys take numbers only
+(``strict``): ``buffer-size: false`` (meant as "no limit") was taken as 0 and answered
+every request at zero 429; ``true`` or ``"5"`` is refused, naming the key.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from foundation.durations import Seconds
 from foundation.errors import quote
 from serving.arrivals import MIN_FILE_BYTES, ArrivalSettings
 from serving.gateway_settings import GatewaySettings
+from serving.routing import MAX_WAKE_FLOOR
 from serving.slo import SloTargets
 
 MIN_INTERVAL = 0.1
@@ -103,7 +106,7 @@ class SloConfig(BaseModel):
     """Time to first token, from the gateway's arrival (1 ms to an hour)."""
     itl: Seconds = Field(_SLO.itl_seconds, ge=MIN_SLO_SECONDS, le=60)
     """Mean inter-token latency of one request (1 ms to a minute)."""
-    attainment: float = Field(_SLO.attainment, gt=0, le=1)
+    attainment: float = Field(_SLO.attainment, gt=0, le=1, strict=True)
     """The share of requests to keep within both, above 0 and at most 1."""
     window: Seconds = Field(_SLO.window_seconds, ge=MIN_INTERVAL, le=3600)
     """The window the within and outside rates are published over (up to an hour)."""
@@ -125,7 +128,7 @@ class ArrivalsConfig(BaseModel):
     """Where the files go (created if missing); null: nothing is recorded."""
     max_file_bytes: Size = Field(_ARRIVALS.max_file_bytes, ge=MIN_FILE_BYTES, le=1024**4)
     """Bytes of one file, header included (at least 1 KiB, at most 1 TiB)."""
-    max_files: int = Field(_ARRIVALS.max_files, ge=1, le=10_000)
+    max_files: int = Field(_ARRIVALS.max_files, ge=1, le=10_000, strict=True)
     """Files kept, the one being written included; the oldest is deleted past it."""
 
     def settings(self) -> ArrivalSettings:
@@ -152,7 +155,7 @@ class GatewayConfig(BaseModel):
         _DEFAULTS.models, max_length=4096
     )
     """Models (and LoRA adapters) served: known at zero replicas, where others get 404."""
-    buffer_size: int = Field(_DEFAULTS.buffer_size, ge=0, le=10**6)
+    buffer_size: int = Field(_DEFAULTS.buffer_size, ge=0, le=10**6, strict=True)
     """Requests that may wait for a replica; one more is answered 429."""
     buffer_bytes: Size = Field(_DEFAULTS.buffer_bytes, ge=0, le=1024**4)
     """Bytes of bodies that may wait for a replica; a request that would pass it gets 429."""
@@ -172,14 +175,17 @@ class GatewayConfig(BaseModel):
     rate_window: Seconds = Field(_DEFAULTS.rate_window, ge=MIN_INTERVAL)
     """The window of the arrival and error rates (at least 100ms: one arrival in a 1 ns
     window would read as a billion a second)."""
-    connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10)
+    connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10, strict=True)
     """More tries, each on another replica, after one that refused the connection or
     dropped the request before any byte of an answer."""
     wake_timeout: Seconds = Field(_DEFAULTS.wake_timeout, ge=MIN_TIMEOUT)
     """How long a sleeping replica's ``POST /wake_up`` may take; then another is woken.
     At least a second."""
-    wake_at_outstanding: int | None = Field(_DEFAULTS.wake_at_outstanding, ge=1)
-    """Wake a sleeping replica when every ready one has this many requests outstanding."""
+    wake_at_outstanding: int | None = Field(
+        _DEFAULTS.wake_at_outstanding, ge=1, le=MAX_WAKE_FLOOR, strict=True
+    )
+    """Wake a sleeping replica when every ready one has this many requests outstanding
+    (at most ``MAX_WAKE_FLOOR``: past it, the threshold's float overflowed)."""
     wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, ge=MIN_INTERVAL)
     """How long a replica whose wake or sleep failed is passed over, doubled per failure
     in a row (at most 8x)."""

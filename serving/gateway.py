@@ -17,7 +17,10 @@ next replica instead of a 502 (at most ``connect_retries`` more tries, so a requ
 kills replicas is not sent to all of them). A replica that answers broken HTTP is a 502,
 one silent past ``upstream_timeout`` a 504: those are not retried. A replica that fails
 mid-stream, or goes silent past ``upstream_timeout`` between two chunks, ends that
-client's response; the gateway carries on. Every one of these upstream failures is
+client's response; the gateway carries on, as does a stream far past its request's token
+bound or a non-streamed body not whole within ``upstream_timeout`` of its headers
+(``overrun``). A replica answering server errors in a row is ejected: routed to only when
+no other serves the model (``EJECT_AFTER_5XX``). Every one of these upstream failures is
 counted (by kind) in the metrics and in the ``upstream_error_rate`` the scaler reads;
 every error the gateway answers itself is ``{"object": "error", "message": ...,
 "code": status}``.
@@ -68,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -90,6 +94,7 @@ from serving.gateway_standby import IGNORED_REASONS, NoPlan, PlanSource, Standby
 from serving.replica_answers import AnswerError, read_wake
 from serving.routing import (
     Backoff,
+    ReplicaView,
     WakePressure,
     choose,
     choose_standby,
@@ -103,6 +108,12 @@ from serving.slo import CLIENT_CLOSED, ResponseMeter, output_token_limit
 log = logging.getLogger(__name__)
 
 PROXIED = ("/v1/completions", "/v1/chat/completions")
+EJECT_AFTER_5XX = 3
+"""Server errors in a row that eject a replica from routing (``_answered``)."""
+EJECT_SECONDS = 10.0
+"""How long a first ejection lasts; doubled per ejection in a row (``Backoff``), at most 8x."""
+OVERRUN_EVENTS = 16
+"""Token events a stream may carry past twice its request's token bound before it is cut."""
 SLEEP_QUERY = {"level": "1", "mode": "wait"}
 """The standby plan's sleep: level 1 (weights to host memory), in-flight requests finish."""
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
@@ -150,14 +161,19 @@ class Gateway:
         """Health checks', wakes' and sleeps' session (``_background``)."""
         self._wakes: set[asyncio.Task[None]] = set()
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
-        at = settings.wake_at_outstanding
-        self._pressure = None if at is None else WakePressure(at)
+        self._pressure: WakePressure | None = None
         """``wake_at_outstanding`` as ``serving.routing.WakePressure`` (None: wake at zero only)."""
         self._baseline: float | None = None
         """The mean outstanding per ready replica (``WakePressure.baseline``)."""
         self._baseline_at = time.monotonic()
         self._surplus_above = math.inf
         """The last pressure threshold: the surplus is routed to only above it."""
+        self._set_pressure(settings.wake_at_outstanding)
+        self._waiting: dict[int, tuple[str | None, asyncio.Future[Replica]]] = {}
+        """Buffered requests, first come first: their model and the replica they get
+        (``_dispatch``)."""
+        self._failed_wakes: set[str] = set()
+        """Exception types met deciding wakes, each logged once."""
         self.standby_problem: str | None = None
         """Why the last standby round acted on no plan; None when it had one."""
         self._standby_kind: str | None = None
@@ -173,6 +189,8 @@ class Gateway:
         self.pool.on_probe_failure = self.metrics.probe_failed
         self.pool.on_round_failure = lambda: self.metrics.loop_failed("health")
         self.pool.on_wake_relapse = self.metrics.wake_relapsed
+        self.pool.on_sleep_relapse = self.metrics.sleep_relapsed
+        self.pool.on_routable = self._dispatch
 
     @property
     def replicas(self) -> list[Replica]:
@@ -235,6 +253,22 @@ class Gateway:
         self.metrics.set_slo_attainment(settings.slo.attainment)
         self.arrivals.configure(settings.arrivals)
         self.pool.reconfigure(replicas, settings)
+        self._set_pressure(settings.wake_at_outstanding)
+
+    def _set_pressure(self, at: int | None) -> None:
+        """Wake under pressure at ``at`` outstanding (None: at zero only), started afresh.
+
+        A reload that changes it is acted on at once: one that turned pressure wakes off
+        kept waking sleepers. Turned off, the surplus marks go, as nothing routes by them.
+        """
+        if self._pressure is not None and self._pressure.floor == at:
+            return
+        self._pressure = None if at is None else WakePressure(at)
+        self._baseline, self._baseline_at = None, time.monotonic()
+        self._surplus_above = math.inf
+        if at is None:
+            for replica in self.pool.replicas:
+                replica.surplus = False
 
     def _report(self, routable: int, asleep: int) -> None:
         """After each health round: the replica gauges, those backing off included."""
@@ -261,8 +295,9 @@ class Gateway:
 
     async def _wait_for_replica(self, model: str | None, size: int) -> Replica:
         """A ready replica for ``model``, waiting in the buffer (``size`` bytes) if none."""
-        self._wake_if_needed(model)
-        url = choose(self.pool.views(), model, self._surplus_above)
+        views = self.pool.views()
+        self._wake_if_needed(model, views)
+        url = choose(views, model, self._surplus_above)
         if url is not None:
             return self.pool.find(url)
         s, stats = self.settings, self.stats
@@ -280,36 +315,74 @@ class Gateway:
         self._set_buffered(+1, size)
         self.feed.publish()  # the scaler hears at once: StreamIsActive can push true
         started = time.monotonic()
+        chosen: asyncio.Future[Replica] = asyncio.get_running_loop().create_future()
+        key = id(chosen)
+        self._waiting[key] = (model, chosen)
         try:
             async with asyncio.timeout(self.settings.buffer_timeout):
-                async with self._ready:
-                    while (url := choose(self.pool.views(), model, self._surplus_above)) is None:
-                        self._wake_if_needed(model)  # again: the last wake may have failed
-                        await self._ready.wait()
+                return await chosen
         except TimeoutError:
             raise self._reject(
                 503, f"no replica became ready within {self.settings.buffer_timeout:g}s", 10
             ) from None
         finally:
+            self._waiting.pop(key, None)
             self._set_buffered(-1, -size)
             self.metrics.waited(time.monotonic() - started)
-        return self.pool.find(url)
 
-    def _wake_if_needed(self, model: str | None) -> None:
+    def _dispatch(self) -> None:
+        """Hand buffered requests the replicas that can take them, first come first.
+
+        Called whenever a replica may have turned routable (a health round, a wake's or a
+        sleep's end). The views are built once per call and the wakes decided once per
+        model, not per buffered request: 1,000 buffered requests each rebuilding 1,024
+        replicas' views took seconds of event loop per notify. A model no replica takes
+        now is skipped for the rest of the call (what it is handed only adds load).
+        """
+        if not self._waiting:
+            return
+        views = self.pool.views()
+        where = {v.url: i for i, v in enumerate(views)}
+        blocked: set[str | None] = set()
+        for key, (model, chosen) in list(self._waiting.items()):
+            if chosen.done():  # timed out or cancelled: its finally removes it
+                continue
+            if model in blocked:
+                continue
+            url = choose(views, model, self._surplus_above)
+            if url is None:
+                blocked.add(model)
+                continue
+            i = where[url]  # counted at once, so the next one sees its load
+            views[i] = dataclasses.replace(views[i], outstanding=views[i].outstanding + 1)
+            del self._waiting[key]
+            chosen.set_result(self.pool.find(url))
+        for model in blocked:  # again: the last wake may have failed
+            self._wake_if_needed(model, views)
+
+    def _wake_if_needed(self, model: str | None, views: list[ReplicaView] | None = None) -> None:
         """Start waking the sleepers ``model`` needs (``serving.routing.choose_wakes``).
 
         At zero, one (one per threshold of waiting requests with ``wake_at_outstanding``);
         with every ready replica at the pressure threshold, as many as bring the load under
         it, each marked surplus (routed to only above the threshold) until it sleeps again
-        or the standby plan's running count takes it.
+        or the standby plan's running count takes it. Whatever goes wrong deciding is
+        counted and logged once per kind: it never fails the request it runs for.
         """
-        views = self.pool.views()
-        ready = [v.outstanding for v in views if v.ready and v.serves(model)]
-        threshold = self._pressure_threshold(ready)
-        for url in choose_wakes(views, model, threshold, max(1, self.stats.buffered)):
-            replica = self.pool.find(url)
-            replica.surplus = bool(ready)
-            self._start_wake(replica)
+        try:
+            views = self.pool.views() if views is None else views
+            ready = [v.outstanding for v in views if v.ready and v.serves(model)]
+            threshold = self._pressure_threshold(ready)
+            for url in choose_wakes(views, model, threshold, max(1, self.stats.buffered)):
+                replica = self.pool.find(url)
+                replica.surplus = bool(ready)
+                self._start_wake(replica)
+        except Exception as err:
+            self.metrics.loop_failed("wakes")
+            name = type(err).__name__
+            if name not in self._failed_wakes and len(self._failed_wakes) < 64:
+                self._failed_wakes.add(name)
+                log.warning("deciding wakes failed (%s); requests go on", name, exc_info=True)
 
     def _pressure_threshold(self, ready: list[int]) -> float | None:
         """``WakePressure.threshold`` over its baseline, updated with ``ready``'s mean."""
@@ -360,7 +433,8 @@ class Gateway:
                 replica.wake_backoff.until - now,
             )
             self.metrics.wake_failed()
-        async with self._ready:  # buffered requests route to it, or wake another
+        self._dispatch()  # buffered requests route to it, or wake another
+        async with self._ready:
             self._ready.notify_all()
 
     async def _ask_wake(self, replica: Replica) -> str | None:
@@ -392,6 +466,8 @@ class Gateway:
                 try:
                     if scaler is not None:
                         await self._standby_round(source or client, scaler)
+                    else:
+                        self._release_surplus()
                     failing = None
                 except Exception as err:  # a bug here must never stop the proxy's other work
                     self.metrics.loop_failed("standby")
@@ -420,6 +496,7 @@ class Gateway:
             if plan.kind in IGNORED_REASONS:
                 self.metrics.standby_plan_ignored(plan.kind)
             self.standby_problem, self._standby_kind = plan.message, plan.kind
+            self._release_surplus(now)
             return
         if self._standby_kind is not None:
             log.info("standby: acting on the scaler's plan again")
@@ -437,6 +514,23 @@ class Gateway:
         for replica in chosen:
             replica.falling_asleep = True  # before any await: no request is routed there
         await asyncio.gather(*(self._sleep(replica, now) for replica in chosen))
+
+    def _release_surplus(self, now: float | None = None) -> None:
+        """With no plan to sleep it, a surplus replica idle ``sleep_after_idle`` runs.
+
+        The mark exists so that the plan sleeps it once idle; with no plan (no
+        ``standby-scaler``, or none to act on) nothing ever would, and below the
+        threshold it was routed nothing for good while the others took every request.
+        """
+        now = time.monotonic() if now is None else now
+        for replica in self.pool.replicas:
+            idle = (
+                not replica.outstanding
+                and now - replica.idle_since >= self.settings.sleep_after_idle
+            )
+            if replica.surplus and idle:
+                log.info("replica %s is no longer surplus: no standby plan sleeps it", replica.url)
+                replica.surplus = False
 
     async def _sleep(self, replica: Replica, now: float | None = None) -> None:
         """``POST /sleep?level=1&mode=wait``: asleep, or logged and left to the health check.
@@ -460,7 +554,9 @@ class Gateway:
             replica.sleeping, replica.surplus = True, False
             replica.sleep_changes += 1  # a /is_sleeping read from before is stale
         if problem is None:
-            replica.sleep_backoff = Backoff()
+            # Its backoff is reset once its /is_sleeping confirms it (gateway_replicas): a
+            # replica that answers 200 and stays awake is slept less and less often.
+            replica.sleep_unconfirmed = True
             log.info("replica %s is asleep (the standby plan's)", replica.url)
         else:
             at = time.monotonic() if now is None else now
@@ -472,7 +568,8 @@ class Gateway:
                 "routed nothing until its /is_sleeping says it is awake; " if sent else "",
                 replica.sleep_backoff.until - at,
             )
-        async with self._ready:  # a buffered request may wake it, or route to it
+        self._dispatch()  # a buffered request may wake it, or route to it
+        async with self._ready:
             self._ready.notify_all()
 
     async def _ask_sleep(self, replica: Replica) -> tuple[str | None, bool]:
@@ -718,26 +815,34 @@ class Gateway:
 
         A gap in a stream is one without a token: a replica that sends keep-alive comments
         and never a token (an engine wedged behind a live HTTP server) held its request in
-        flight for good. ``meter`` sees every chunk as it comes, for the SLO's judgment;
+        flight for good. A stream far past its request's token bound, or a non-streamed
+        body not whole within the timeout of its headers, is cut too (``overrun``).
+        ``meter`` sees every chunk as it comes, for the SLO's judgment;
         its ``status`` ends None when the response is cut off, ``CLIENT_CLOSED`` when the
         client left.
         """
         response = await self._begin(request, upstream, meter, replica)
         gap = self.settings.upstream_timeout
         since = time.monotonic()  # the headers: a stream's first token comes within a gap
+        last_byte = since
         while True:
             try:
                 async with asyncio.timeout(self._silence_left(meter, since, gap)):
                     chunk = await upstream.content.readany()
             except TimeoutError:
-                self._upstream_failed(
-                    replica,
-                    "stalled",
-                    "%s sent %s for %gs mid-response",
-                    replica.url,
-                    "no token" if meter.streamed else "nothing",
-                    gap,
-                )
+                if not meter.streamed and time.monotonic() - last_byte < gap:
+                    self._upstream_failed(
+                        replica, "overrun", "%s sent a body for over %gs", replica.url, gap
+                    )
+                else:
+                    self._upstream_failed(
+                        replica,
+                        "stalled",
+                        "%s sent %s for %gs mid-response",
+                        replica.url,
+                        "no token" if meter.streamed else "nothing",
+                        gap,
+                    )
                 return self._broken(request, response, meter)
             except aiohttp.ClientError as err:
                 # The replica died mid-response: this client's response ends broken; we go on.
@@ -750,7 +855,18 @@ class Gateway:
                     err,
                 )
                 return self._broken(request, response, meter)
-            meter.feed(chunk, time.monotonic())
+            last_byte = time.monotonic()
+            meter.feed(chunk, last_byte)
+            if overrun(meter):
+                self._upstream_failed(
+                    replica,
+                    "overrun",
+                    "%s streamed %d token events for a request allowing %s tokens",
+                    replica.url,
+                    meter.token_events,
+                    meter.max_tokens,
+                )
+                return self._broken(request, response, meter)
             try:
                 # A client that stops reading (its socket open) would block this write,
                 # its replica slot and its place in_flight for good: it gets as long as a
@@ -758,7 +874,7 @@ class Gateway:
                 async with asyncio.timeout(gap):
                     if not chunk:
                         await response.write_eof()
-                        self._answered_well(replica)
+                        self._answered(replica, upstream.status)
                         return response
                     await response.write(chunk)
             except ConnectionResetError:
@@ -775,10 +891,15 @@ class Gateway:
 
     @staticmethod
     def _silence_left(meter: ResponseMeter, since: float, gap: float) -> float:
-        """How long the next read may wait: ``gap``, or a stream's time to a token."""
-        if not meter.streamed:
-            return gap
-        last = meter.last_token if meter.last_token is not None else since
+        """How long the next read may wait: a stream's to its token, a body's to its end.
+
+        A stream's next token comes within ``gap`` of the last; a non-streamed body
+        ends within ``gap`` of its headers.
+
+        A non-streamed answer is sent once its last token is generated, so its whole body
+        gets ``gap``: one that sent a space a second held its request in flight for good.
+        """
+        last = since if not meter.streamed or meter.last_token is None else meter.last_token
         return max(0.0, min(gap, last + gap - time.monotonic()))
 
     async def _begin(
@@ -845,10 +966,37 @@ class Gateway:
         replica.failing.add(kind)
         log.warning(message + "; logged once until it answers a request whole", *args)
 
-    def _answered_well(self, replica: Replica) -> None:
-        if replica.failing:
-            log.info("replica %s answered a request whole again", replica.url)
-            replica.failing.clear()
+    def _answered(self, replica: Replica, status: int) -> None:
+        """A response relayed whole: a server error counts against its replica.
+
+        ``EJECT_AFTER_5XX`` in a row eject it (routed to only when no other serves the
+        model) for ``EJECT_SECONDS``, doubled per ejection in a row: a sick engine behind a
+        live HTTP server answers 500 at once, so least-outstanding routing sent it ~99% of
+        the traffic. Any other answer ends its run of errors and its ejections.
+        """
+        if status < 500:
+            replica.server_errors, replica.eject_backoff = 0, Backoff()
+            if replica.failing:
+                log.info("replica %s answered a request whole again", replica.url)
+                replica.failing.clear()
+            return
+        replica.server_errors += 1
+        ejected = replica.server_errors >= EJECT_AFTER_5XX
+        now = time.monotonic()
+        if ejected:
+            replica.server_errors = 0
+            replica.eject_backoff = replica.eject_backoff.failed(now, EJECT_SECONDS)
+        self._upstream_failed(
+            replica,
+            "status-5xx",
+            "%s answered HTTP %d%s",
+            replica.url,
+            status,
+            f"; routed to only when no other replica serves the model for"
+            f" {replica.eject_backoff.until - now:g}s"
+            if ejected
+            else "",
+        )
 
     def _reject(self, status: int, message: str, retry_after: float | None) -> web.HTTPException:
         """An error the gateway answers itself, counted, with ``Retry-After`` when it helps."""
@@ -912,6 +1060,17 @@ _HTTP: dict[int, type[web.HTTPException]] = {
     503: web.HTTPServiceUnavailable,
     504: web.HTTPGatewayTimeout,
 }
+
+
+def overrun(meter: ResponseMeter) -> bool:
+    """Whether a stream carries far more token events than its request allows.
+
+    Each event carries at least one token, so a stream past twice the bound (and
+    ``OVERRUN_EVENTS``) is a replica that keeps generating: one that sent a token a second
+    to a request for five held its slot and its place in flight for good.
+    """
+    bound = meter.max_tokens
+    return bound is not None and meter.token_events > 2 * bound + OVERRUN_EVENTS
 
 
 def rejection(status: int, message: str, retry_after: float | None) -> web.HTTPException:

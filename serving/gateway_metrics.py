@@ -33,6 +33,8 @@ UPSTREAM_ERROR_KINDS = (
     "mid-response",
     "stalled",
     "bad-headers",
+    "status-5xx",
+    "overrun",
 )
 """The ``kind`` of ``unitscale_gateway_upstream_errors_total`` (``upstream_error``)."""
 CLIENT_ERROR_KINDS = ("stalled", "malformed-http", "slow-head", "too-many-connections")
@@ -41,11 +43,13 @@ REJECT_STATUSES = (400, 404, 408, 413, 429, 502, 503, 504)
 """The ``status`` of ``unitscale_gateway_rejected_total``: what ``serving.gateway`` answers."""
 WAKE_RESULTS = ("woken", "failed", "relapsed")
 """``relapsed``: a wake it answered ``awake``, whose next ``/is_sleeping`` said asleep."""
-SLEEP_RESULTS = ("slept", "failed")
-"""The ``result`` of ``unitscale_gateway_sleeps_total``: the standby plan's sleeps."""
-LOOPS = ("health", "signals", "standby", "requests")
+SLEEP_RESULTS = ("slept", "failed", "relapsed")
+"""The ``result`` of ``unitscale_gateway_sleeps_total``: the standby plan's sleeps;
+``relapsed``: one answered 200 whose next ``/is_sleeping`` said awake."""
+LOOPS = ("health", "signals", "standby", "requests", "wakes")
 """The ``loop`` of ``unitscale_gateway_loop_errors_total``: the gateway's background loops,
-and ``requests``: judging and recording a request as it ends."""
+``requests``: judging and recording a request as it ends, and ``wakes``: deciding which
+sleepers a request wakes."""
 BACKOFF_ACTIONS = ("wake", "sleep")
 """The ``action`` of ``unitscale_gateway_replicas_backing_off``."""
 SLO_SERIES = tuple(("within" if r == "met" else "outside", r) for r in REASONS)
@@ -248,7 +252,9 @@ class GatewayMetrics:
         ``connect`` (nothing sent; tried elsewhere), ``before-response`` (failed after the
         request was sent: 502), ``timeout`` (no response headers within the upstream
         timeout: 504), ``mid-response`` (failed while the body streamed), ``stalled``
-        (silent past the upstream timeout while the body streamed).
+        (silent past the upstream timeout while the body streamed), ``bad-headers``,
+        ``status-5xx`` (the replica answered a server error) and ``overrun`` (a stream
+        cut past its request's token bound, or a body past its deadline).
         """
         self._errors.labels(*self._labels, kind).inc()
 
@@ -273,6 +279,10 @@ class GatewayMetrics:
     def wake_relapsed(self) -> None:
         """A replica answered its wake ``awake`` and its next ``/is_sleeping`` said asleep."""
         self._wakes.labels(*self._labels, "relapsed").inc()
+
+    def sleep_relapsed(self) -> None:
+        """A replica answered its sleep 200 and its next ``/is_sleeping`` said awake."""
+        self._sleeps.labels(*self._labels, "relapsed").inc()
 
     def standby_plan_ignored(self, reason: str) -> None:
         """A standby plan was not acted on: undated, stale or from the future."""

@@ -3,9 +3,10 @@
 Replicas are the union of the static URLs (flags, config), the A records of a DNS name
 (``foundation.dns``; the last answer is kept while a lookup fails) and the ready endpoints
 of a Service's EndpointSlices (``foundation.discovery``). Each is checked on ``/health``
-(and, once healthy, asked its ``/v1/models``) every ``health_interval``, or at once when a
-reload asks. The models replicas have listed are remembered, so that at zero replicas the
-gateway still knows which models exist.
+(and, once healthy, asked its ``/v1/models``, again every ``MODELS_EVERY_ROUNDS``: adapters
+come and go at runtime) every ``health_interval``, or at once when a reload asks. The
+models replicas have listed are remembered, so that at zero replicas the gateway still
+knows which models exist.
 
 A replica no longer named but with requests still in flight is draining: it gets no new
 request, whatever its health, and is dropped when its last one ends.
@@ -30,8 +31,10 @@ waited for), and the DNS lookup runs beside the checks under ``DNS_TIMEOUT`` (a 
 that hangs keeps the last answer, as one that fails does).
 
 A wake the replica answered ``awake`` holds only once its ``/is_sleeping`` agrees: one
-that still says asleep on the first read after the wake relapsed (``on_wake_relapse``),
-and its next wake backs off as after a failed one.
+that still says asleep on the first read after the wake, or falls asleep again within
+``wake_retry_after`` of it, relapsed (``on_wake_relapse``), and its next wake backs off as
+after a failed one. A sleep answered 200 holds only once ``/is_sleeping`` says asleep:
+one still awake relapsed (``on_sleep_relapse``) and is slept again only after a backoff.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ MAX_SERVED_MODELS = 4096
 ``replica_answers.MAX_MODELS``): bounded, whatever replicas list over time."""
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2)
+MODELS_EVERY_ROUNDS = 30
+"""A healthy replica's /v1/models is asked again every this many rounds (30 s at the
+default interval): vLLM loads and unloads LoRA adapters at runtime."""
 DNS_TIMEOUT = 2.0
 """Seconds a DNS lookup of the replicas may take; past it the last answer is kept."""
 DOWN_REASONS = ("connect", "timeout", "http-status")
@@ -73,6 +79,10 @@ DOWN_REASONS = ("connect", "timeout", "http-status")
 PROBE_REASONS = (*DOWN_REASONS, *REASONS, "internal")
 """The ``reason`` of a failed probe: down, an answer ``serving.replica_answers`` refused,
 or ``internal`` (an exception nobody expected, met checking that replica)."""
+
+
+class _ModelsRefusedError(Exception):
+    """A replica's /v1/models answered a status other than 200."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +150,18 @@ class Replica:
     surplus: bool = False
     """Woken under pressure beyond the scaler's running count: routed to only above the
     pressure threshold, until it sleeps again or the plan's running count takes it."""
+    server_errors: int = 0
+    """Server errors (5xx) it answered in a row (``serving.gateway`` ejects it at a few)."""
+    eject_backoff: Backoff = field(default_factory=Backoff)
+    """Until when it is ejected: routed to only when no other replica serves the model."""
+    wake_probation: float = -math.inf
+    """``time.monotonic`` until which a confirmed wake is on probation: asleep again
+    before it, the wake relapsed; past it (awake), its wake backoff is reset."""
+    sleep_unconfirmed: bool = False
+    """It answered a sleep 200 and no /is_sleeping read has confirmed it since."""
+    models_rounds: int = 0
+    """Healthy rounds since its /v1/models was last read (asked again every
+    ``MODELS_EVERY_ROUNDS``)."""
 
     @property
     def routable(self) -> bool:
@@ -183,6 +205,11 @@ class ReplicaPool:
         """Hears every round that failed as a whole (the gateway counts it)."""
         self.on_wake_relapse: Callable[[], None] = lambda: None
         """Hears every wake that did not hold (the gateway counts it)."""
+        self.on_sleep_relapse: Callable[[], None] = lambda: None
+        """Hears every sleep answered 200 that did not hold (the gateway counts it)."""
+        self.on_routable: Callable[[], None] = lambda: None
+        """Called when a replica may have turned routable: buffered requests are handed
+        one (``serving.gateway``'s dispatch)."""
         self._checks: dict[str, asyncio.Task[None]] = {}
         """Each replica's check under way, by URL: one at a time per replica."""
         self._dns_failing = False
@@ -215,6 +242,7 @@ class ReplicaPool:
                 sleep_mode=r.sleep_mode,
                 sleep_failed=not r.sleep_backoff.allows(now),
                 surplus=r.surplus,
+                ejected=not r.eject_backoff.allows(now),
             )
             for r in self.replicas
         ]
@@ -333,6 +361,7 @@ class ReplicaPool:
         if routable or asleep:
             # Buffered requests look again: a replica may have been listed again, or
             # one found asleep may be woken for them.
+            self.on_routable()
             async with self.ready:
                 self.ready.notify_all()
 
@@ -363,7 +392,7 @@ class ReplicaPool:
     async def _round(self, session: aiohttp.ClientSession, replica: Replica) -> None:
         healthy, failure = await self._probe(session, replica)
         if healthy and replica.sleep_mode and not replica.waking and not replica.falling_asleep:
-            failure = await self._check_sleep(session, replica)
+            failure = await self._check_sleep(session, replica) or failure
         self._note(replica, failure)
         if healthy != replica.ready:
             log.info("replica %s is %s", replica.url, "ready" if healthy else "not ready")
@@ -373,6 +402,7 @@ class ReplicaPool:
                 replica.sleep_mode, replica.sleeping = True, False  # ask again once it is back
             if healthy:
                 replica.idle_since = time.monotonic()
+                self.on_routable()
                 async with self.ready:
                     self.ready.notify_all()
 
@@ -400,18 +430,24 @@ class ReplicaPool:
     async def _probe(
         self, session: aiohttp.ClientSession, replica: Replica
     ) -> tuple[bool, ProbeFailure | None]:
-        """Its /health, and its /v1/models until it lists them: healthy, or why not."""
+        """Its /health, and its /v1/models (until listed, then every ``MODELS_EVERY_ROUNDS``).
+
+        Healthy, or why not; a failed re-list is healthy with the list kept, and its failure.
+        """
         try:
             async with session.get(replica.url + "/health", timeout=PROBE_TIMEOUT) as r:
                 if r.status != 200:
                     return False, ProbeFailure("http-status", f"/health answered HTTP {r.status}")
             if not replica.models:
-                async with session.get(replica.url + "/v1/models", timeout=PROBE_TIMEOUT) as r:
-                    if r.status != 200:
-                        message = f"/v1/models answered HTTP {r.status}"
-                        return False, ProbeFailure("http-status", message)
-                    replica.models = read_models(await read_answer(r, "/v1/models"))
+                replica.models = await self._list_models(session, replica)
+                replica.models_rounds = 0
                 self._remember(replica)
+            elif replica.models_rounds >= MODELS_EVERY_ROUNDS:
+                return True, await self._relist(session, replica)
+            else:
+                replica.models_rounds += 1
+        except _ModelsRefusedError as err:
+            return False, ProbeFailure("http-status", str(err))
         except AnswerError as err:
             return False, ProbeFailure(err.reason, str(err))
         except TimeoutError:
@@ -419,6 +455,44 @@ class ReplicaPool:
         except aiohttp.ClientError as err:
             return False, ProbeFailure("connect", f"{type(err).__name__}: {err}")
         return True, None
+
+    async def _list_models(
+        self, session: aiohttp.ClientSession, replica: Replica
+    ) -> frozenset[str]:
+        """Its /v1/models, read at ``read_models``'s boundary.
+
+        Raises:
+            _ModelsRefusedError: a status other than 200. AnswerError, TimeoutError,
+            aiohttp.ClientError: as the replica's other answers.
+        """
+        async with session.get(replica.url + "/v1/models", timeout=PROBE_TIMEOUT) as r:
+            if r.status != 200:
+                raise _ModelsRefusedError(f"/v1/models answered HTTP {r.status}")
+            return read_models(await read_answer(r, "/v1/models"))
+
+    async def _relist(
+        self, session: aiohttp.ClientSession, replica: Replica
+    ) -> ProbeFailure | None:
+        """Its /v1/models again: adapters may have been loaded or unloaded since.
+
+        A bad answer keeps the list it had, and is counted as that round's failure.
+        """
+        replica.models_rounds = 0
+        try:
+            models = await self._list_models(session, replica)
+        except _ModelsRefusedError as err:
+            return ProbeFailure("http-status", str(err))
+        except AnswerError as err:
+            return ProbeFailure(err.reason, str(err))
+        except TimeoutError:
+            return ProbeFailure("timeout", "/v1/models: no answer within 2s")
+        except aiohttp.ClientError as err:
+            return ProbeFailure("connect", f"/v1/models: {type(err).__name__}: {err}")
+        if models != replica.models:
+            log.info("replica %s now lists %d models", replica.url, len(models))
+            replica.models = models
+            self._remember(replica)
+        return None
 
     def _note(self, replica: Replica, failure: ProbeFailure | None) -> None:
         """Count a failed round; log a WARNING when a replica starts answering badly."""
@@ -438,19 +512,57 @@ class ReplicaPool:
             )
         replica.problem = failure.reason
 
-    def _confirm_wake(self, replica: Replica, sleeping: bool) -> None:
-        """The first /is_sleeping read after a wake: it held (backoff reset) or relapsed."""
-        replica.wake_unconfirmed = False
-        if not sleeping:
-            replica.wake_backoff = Backoff()
+    def _judge_wake(self, replica: Replica, sleeping: bool, now: float) -> None:
+        """A /is_sleeping read after a wake: it holds, or it relapsed.
+
+        The first read must say awake; then the wake is on probation for
+        ``wake_retry_after``: asleep again within it (the gateway did not sleep it, or the
+        read would be stale) is a relapse too. Only a wake that held through its
+        probation resets the backoff: a replica that said awake twice and then fell
+        asleep was woken every other round, forever.
+        """
+        if replica.wake_unconfirmed:
+            replica.wake_unconfirmed = False
+            if sleeping:
+                self._wake_relapsed(replica, now, "answered its wake awake but says it is asleep")
+            else:
+                replica.wake_probation = now + self.settings.wake_retry_after
             return
-        now = time.monotonic()
+        if replica.wake_probation == -math.inf:
+            return
+        if sleeping and not replica.sleeping and now < replica.wake_probation:
+            self._wake_relapsed(replica, now, "fell asleep again soon after its wake")
+        elif not sleeping and now >= replica.wake_probation:
+            replica.wake_backoff, replica.wake_probation = Backoff(), -math.inf
+
+    def _wake_relapsed(self, replica: Replica, now: float, what: str) -> None:
+        replica.wake_probation = -math.inf
         replica.wake_backoff = replica.wake_backoff.failed(now, self.settings.wake_retry_after)
         self.on_wake_relapse()
         log.warning(
-            "replica %s answered its wake awake but says it is asleep; not woken again for %gs",
+            "replica %s %s; not woken again for %gs",
             replica.url,
+            what,
             replica.wake_backoff.until - now,
+        )
+
+    def _judge_sleep(self, replica: Replica, sleeping: bool, now: float) -> None:
+        """The first /is_sleeping read after a sleep answered 200: it holds or relapsed.
+
+        One that stays awake is counted and backed off from (``wake_retry_after``,
+        doubled per relapse in a row): it was slept every standby round, with no backoff.
+        """
+        replica.sleep_unconfirmed = False
+        if sleeping:
+            replica.sleep_backoff = Backoff()
+            return
+        retry = self.settings.wake_retry_after
+        replica.sleep_backoff = replica.sleep_backoff.failed(now, retry)
+        self.on_sleep_relapse()
+        log.warning(
+            "replica %s answered its sleep but says it is awake; not slept again for %gs",
+            replica.url,
+            replica.sleep_backoff.until - now,
         )
 
     async def _check_sleep(
@@ -474,8 +586,10 @@ class ReplicaPool:
             return ProbeFailure("connect", f"/is_sleeping: {type(err).__name__}: {err}")
         if changes != replica.sleep_changes or replica.falling_asleep or replica.waking:
             return None  # the gateway slept or woke it meanwhile: what it knows is newer
-        if replica.wake_unconfirmed:
-            self._confirm_wake(replica, sleeping)
+        now = time.monotonic()
+        self._judge_wake(replica, sleeping, now)
+        if replica.sleep_unconfirmed:
+            self._judge_sleep(replica, sleeping, now)
         if sleeping != replica.sleeping:
             log.info("replica %s is %s", replica.url, "asleep" if sleeping else "awake")
             replica.sleeping = sleeping

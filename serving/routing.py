@@ -7,9 +7,12 @@
   ``capacity`` requests and its body fits in the buffer's bytes; a full buffer answers
   429, a wait past the timeout 503.
 - A request for a model certainly served by nobody is answered 404 at once. With ready
-  replicas that have listed their models, they decide. With none ready, the known models
-  decide (those configured plus every one a replica has listed since the gateway
-  started): a model outside them is 404; with nothing known yet, every model may wait.
+  (or sleeping, or waking) replicas that have listed their models, they decide. With
+  none, the known models decide (those configured plus every one a replica has listed
+  since the gateway started): a model outside them is 404; with nothing known yet,
+  every model may wait.
+- A replica that answered server errors in a row is ejected: routed to only when no
+  other ready replica serves the model.
 - A sleeping replica (vLLM sleep mode) is never routed to. When no ready replica serves
   a request's model, one sleeping replica serving it is woken (``choose_wakes``): the
   first listed not backing off a failed wake, and none while another wake for that
@@ -61,6 +64,10 @@ class ReplicaView:
     surplus: bool = False
     """Woken by the gateway beyond the replicas the scaler runs: routed to above the
     pressure threshold only, so that it falls idle and sleeps again."""
+    ejected: bool = False
+    """It answered server errors (5xx) in a row recently: routed to only when no other
+    ready replica serves the model (a sick engine behind a live HTTP server fails fast,
+    so least-outstanding routing would send it nearly everything)."""
 
     def serves(self, model: str | None) -> bool:
         """Whether it may serve ``model`` (a replica that has not listed its models may)."""
@@ -73,15 +80,15 @@ def choose(
     """The URL to send a request for ``model`` to, or None when no ready replica serves it.
 
     The ready replica with the fewest outstanding; a ``surplus`` one only when every other
-    holds at least ``surplus_above`` (or none other is ready).
+    holds at least ``surplus_above`` (or none other is ready); an ``ejected`` one only
+    when no other ready replica serves the model.
     """
+    candidates = [r for r in replicas if r.ready and r.serves(model)]
+    if any(not r.ejected for r in candidates):
+        candidates = [r for r in candidates if not r.ejected]
     best: ReplicaView | None = None
     spare: ReplicaView | None = None
-    for replica in replicas:
-        if not replica.ready:
-            continue
-        if model and replica.models and model not in replica.models:
-            continue
+    for replica in candidates:
         if replica.surplus:
             if spare is None or replica.outstanding < spare.outstanding:
                 spare = replica
@@ -92,6 +99,13 @@ def choose(
     ):
         best = spare
     return best.url if best is not None else None
+
+
+MAX_WAKE_FLOOR = 10_000
+"""The largest ``wake-at-outstanding``: requests outstanding on one replica (vLLM takes
+256 at once; a floor past this would never be reached)."""
+MAX_WAKE_RATIO = 1000.0
+"""The largest multiple of the mean load that counts as pressure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +123,17 @@ class WakePressure:
     window_seconds: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.floor < 1 or not 1.0 <= self.ratio < math.inf or not self.window_seconds > 0:
-            raise ValueError(f"a wake pressure needs floor >= 1, ratio >= 1, window > 0: {self}")
+        # The floor's bound keeps float(floor) finite: a 400-digit floor raised
+        # OverflowError on every request.
+        if (
+            not 1 <= self.floor <= MAX_WAKE_FLOOR
+            or not 1.0 <= self.ratio <= MAX_WAKE_RATIO
+            or not 0 < self.window_seconds < math.inf
+        ):
+            raise ValueError(
+                f"a wake pressure needs 1 <= floor <= {MAX_WAKE_FLOOR}, 1 <= ratio <="
+                f" {MAX_WAKE_RATIO:g}, 0 < window < inf: {self}"
+            )
 
     def baseline(self, previous: float | None, per_replica: float, elapsed: float) -> float:
         """The mean outstanding per ready replica, ``elapsed`` seconds after ``previous``.
@@ -299,11 +322,12 @@ def is_unserved(
         known: the models configured or listed by a replica since the gateway started.
 
     Returns:
-        With some replica ready: True when every ready one has listed its models and
-        none lists ``model``. With none ready: True when ``known`` is not empty and
-        does not hold ``model``.
+        With some replica ready, asleep or waking: True when every one of them has
+        listed its models and none lists ``model`` (a model only a sleeper serves waits
+        and wakes it, as at zero). With none: True when ``known`` is not empty and does
+        not hold ``model``.
     """
-    ready = [r for r in replicas if r.ready]
+    ready = [r for r in replicas if r.ready or r.sleeping or r.waking]
     if ready:
         return all(r.models and model not in r.models for r in ready)
     return bool(known) and model not in known
