@@ -87,6 +87,10 @@ one decision. Past it the Workload is Rejected, naming the annotation."""
 MAX_GPU_TYPE_CHARS = 64
 """Characters one entry of those lists may have (HAMi's card types, such as
 ``NVIDIA-NVIDIA H200``, are under 40)."""
+MAX_CONTAINER_NAME_CHARS = 63
+"""A GPU container's name: a DNS label, as the API server holds a Job's. A Workload's
+``podSets[].template`` is not validated so, and 250 KB names were kept by the fit's
+cache after their Workloads were gone (hostile pass 4, H4)."""
 
 NAMES_SHOWN = 8
 """Node names a message lists before it counts the rest."""
@@ -96,7 +100,8 @@ NAMES_SHOWN = 8
 class GpuRequest:
     """What one container asks of HAMi, webhook defaults applied."""
 
-    container: str
+    container: str = field(compare=False, hash=False)
+    """Its name, for messages: no part of what it asks, so not of the fit's cache key."""
     gpus: int
     """Distinct cards the container needs."""
     memory_mib: int | None = None
@@ -209,7 +214,8 @@ def container_request(container: Mapping[str, Any]) -> GpuRequest | None:
         ValueError: a memory percentage that is not a whole number 1-100, or cores that
             are not a whole number >= 0 (above 100 they are capped, as HAMi caps them),
             naming the resource: such a request reserves nothing real (-100 % of a
-            card's memory let two full-card gangs onto one card).
+            card's memory let two full-card gangs onto one card). A GPU container's name
+            past ``MAX_CONTAINER_NAME_CHARS``.
     """
     resources = container.get("resources") or {}
     limits: Mapping[str, Any] = resources.get("limits") or {}
@@ -251,7 +257,9 @@ def container_request(container: Mapping[str, Any]) -> GpuRequest | None:
         if exclusive:
             cores = 100
     cores = min(cores or 0, 100)  # HAMi caps cores at 100 (score.go: "can't exceed 100")
-    name = str(container.get("name", ""))
+    name = container.get("name", "")
+    if not isinstance(name, str) or len(name) > MAX_CONTAINER_NAME_CHARS:
+        raise ValueError(f"name: not a text of at most {MAX_CONTAINER_NAME_CHARS} characters")
     if memory > 0:
         return GpuRequest(name, gpus, memory_mib=memory, cores=cores)
     return GpuRequest(name, gpus, memory_percent=100 if percent is None else percent, cores=cores)

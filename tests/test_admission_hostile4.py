@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from admission import fit
 from admission.decide import reclaim_all
 from foundation.timestamps import format_time
 from tests.test_admission_decide import NOW, node, running, workload
@@ -114,3 +115,41 @@ def test_an_admission_before_the_creation_never_shields_its_workload(admitted_at
 def test_any_admission_before_the_creation_reads_as_the_creation(when):
     [(name, message)] = _reclaimed(when.replace(microsecond=0).isoformat() + "Z")
     assert name == "new" and "admitted 90 min ago" in message, message
+
+
+# --- H4: a GPU container's name in the fit's cache key -------------------------------
+
+
+def _with_container_name(name: object, gpus: int = 1) -> dict:
+    w = workload(f"w-{hash(str(name)) & 0xFFFF}", gpus=gpus)
+    w["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["name"] = name
+    return w
+
+
+@pytest.mark.parametrize(
+    ("name", "state"),
+    [
+        pytest.param("trainer", "Ready", id="a container name of a DNS label is read"),
+        pytest.param("x" * 63, "Ready", id="a name of 63 characters is read"),
+        pytest.param(
+            "x" * 64, "Rejected", id="a name past 63 characters rejects the workload naming it"
+        ),
+        pytest.param("x" * 250_000, "Rejected", id="a 250 KB name rejects the workload"),
+        pytest.param(5, "Rejected", id="a name that is no text rejects the workload"),
+    ],
+)
+def test_a_gpu_container_s_name_is_a_dns_label_or_the_workload_is_rejected(name, state):
+    (decision,) = decided([_with_container_name(name)], [node("gpu-1")])
+    assert decision.state == state, decision.message
+    if state == "Rejected":
+        assert "containers" in decision.message and "name" in decision.message
+        assert len(decision.message) < 1000
+
+
+def test_container_names_are_no_part_of_the_fit_s_cache_key():
+    """1,000 Workloads with 250 KB names were kept by the cache after they were gone:
+    282 MiB, 1 GiB at its 4,096 entries (issue 27, pass 4, H4)."""
+    fit._key_bound.cache_clear()
+    for i in range(5):
+        decided([_with_container_name(f"trainer-{i}")], [node("gpu-1")])
+    assert fit._key_bound.cache_info().currsize == 1
