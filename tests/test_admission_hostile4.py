@@ -8,6 +8,7 @@ creation), never a fact that admits onto cards another gang holds.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -120,7 +121,7 @@ def test_any_admission_before_the_creation_reads_as_the_creation(when):
 # --- H4: a GPU container's name in the fit's cache key -------------------------------
 
 
-def _with_container_name(name: object, gpus: int = 1) -> dict:
+def _with_container_name(name: object, gpus: int = 1) -> dict[str, Any]:
     w = workload(f"w-{hash(str(name)) & 0xFFFF}", gpus=gpus)
     w["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["name"] = name
     return w
