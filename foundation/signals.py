@@ -28,6 +28,39 @@ hostile answer, and read as a fact it pins the deployment at ``maxReplicas`` and
 overflows the capacity RPC's uint32 fields, so it is unmeasured instead."""
 
 
+MAX_REQUESTS = MAX_REPLICAS * 1_000
+"""The most requests a count may say (queued, running, buffered, in flight): a thousand
+per replica at ``MAX_REPLICAS``. A backlog of 4294967295 (a uint32's -1) or a queue of
+1e300 is no deployment's; read as a fact it pins ``maxReplicas``, so it is unmeasured."""
+MAX_REQUEST_RATE = 1e6
+"""Requests per second any rate may say (arrivals, finished, errors, judged)."""
+MAX_TOKEN_RATE = 1e7 * MAX_REPLICAS
+"""Tokens per second a deployment may say: 10^7 per replica (``scaler.metadata``'s
+``MAX_TOKENS_PER_SECOND``) at ``MAX_REPLICAS``."""
+MAX_MEAN_TOKENS = 1e7
+"""Tokens per request a mean may say: past any model's context window."""
+
+_BOUNDS = {
+    "queue_depth": MAX_REQUESTS,
+    "running": MAX_REQUESTS,
+    "queue_depth_mean": MAX_REQUESTS,
+    "running_mean": MAX_REQUESTS,
+    "buffered": MAX_REQUESTS,
+    "in_flight": MAX_REQUESTS,
+    "arrival_rate": MAX_REQUEST_RATE,
+    "request_rate": MAX_REQUEST_RATE,
+    "preemption_rate": MAX_REQUEST_RATE,
+    "upstream_error_rate": MAX_REQUEST_RATE,
+    "slo_within_rate": MAX_REQUEST_RATE,
+    "slo_outside_rate": MAX_REQUEST_RATE,
+    "prompt_token_rate": MAX_TOKEN_RATE,
+    "generation_token_rate": MAX_TOKEN_RATE,
+    "mean_prompt_tokens": MAX_MEAN_TOKENS,
+    "mean_output_tokens": MAX_MEAN_TOKENS,
+}
+"""The plausible domain's upper end of each load field (by its name without the window)."""
+
+
 MAX_NAMESPACE_LENGTH = 63
 """A namespace: an RFC 1123 label."""
 MAX_DEPLOYMENT_LENGTH = 253
@@ -126,8 +159,11 @@ class GatewaySignals:
 
     time: float
     arrival_rate: float | None
-    buffered: int
-    in_flight: int
+    buffered: int | None
+    """Requests the gateway holds for want of a replica; None only when a source's
+    count was impossible (``checked``): the gateway always counts it."""
+    in_flight: int | None
+    """Requests forwarded and not yet ended; None as ``buffered``."""
     last_arrival_time: float | None = None
     upstream_error_rate: float | None = None
     slo_within_rate: float | None = None
@@ -168,15 +204,21 @@ def checked(
     Counts, rates, latencies and shares are finite and not negative. A negative queue or
     a NaN rate from a source is not a measurement of no load: read as one it would lower
     the replica count (running -3 summed with a queue of 3 is 0 in flight), so it becomes
-    None, as if the series were absent. So does a sleeper count above ``MAX_REPLICAS`` or
-    above the replicas answering. A cost may be +Inf (a price, nothing served).
+    None, as if the series were absent. So does a load figure past its plausible domain
+    (``_BOUNDS``: a backlog of 4294967295, a queue of 1e300, a 10^12-token mean), which
+    pinned ``maxReplicas`` silently; a sleeper count above ``MAX_REPLICAS`` or above the
+    replicas answering; and a finished-request rate above the window's generation token
+    rate (each request ends with at least one token generated in the window, so more
+    requests than tokens is no mix: read as one, 0.012 tokens a request scaled a loaded
+    deployment down). A cost may be +Inf (a price, nothing served).
     Times are not checked here: the store refuses a snapshot whose time is wrong.
     """
     found: list[tuple[str, float]] = []
 
     def keep(name: str, value: float | None, infinite: bool = False) -> float | None:
-        if value is None or (value >= 0 and (math.isfinite(value) or infinite)):
-            return value  # NaN fails value >= 0
+        bound = _BOUNDS.get(name.rpartition(".")[2], math.inf)
+        if value is None or (0 <= value <= bound and (math.isfinite(value) or infinite)):
+            return value  # NaN fails 0 <= value
         found.append((name, value))
         return None
 
@@ -187,16 +229,7 @@ def checked(
         return None if keep(name, value) is None else value
 
     if isinstance(signals, GatewaySignals):
-        time = signals.last_arrival_time
-        result: EngineSignals | GatewaySignals = replace(
-            signals,
-            arrival_rate=keep("arrival_rate", signals.arrival_rate),
-            upstream_error_rate=keep("upstream_error_rate", signals.upstream_error_rate),
-            slo_within_rate=keep("slo_within_rate", signals.slo_within_rate),
-            slo_outside_rate=keep("slo_outside_rate", signals.slo_outside_rate),
-            last_arrival_time=time if time is None or math.isfinite(time) else None,
-        )
-        return result, tuple(found)
+        return _checked_gateway(signals, keep), tuple(found)
     sleeping = count("replicas_sleeping", signals.replicas_sleeping)
     if sleeping is not None and _impossible_sleepers(sleeping, signals):
         found.append(("replicas_sleeping", sleeping))
@@ -213,10 +246,27 @@ def checked(
             "cost_per_million_output_tokens", signals.cost_per_million_output_tokens, True
         ),
         replicas_sleeping=sleeping,
-        panic=_checked_window("panic", signals.panic, keep),
-        stable=_checked_window("stable", signals.stable, keep),
+        panic=_checked_window("panic", signals.panic, keep, found),
+        stable=_checked_window("stable", signals.stable, keep, found),
     )
     return result, tuple(found)
+
+
+def _checked_gateway(
+    signals: GatewaySignals, keep: Callable[[str, float | None], float | None]
+) -> GatewaySignals:
+    time = signals.last_arrival_time
+    buffered, in_flight = keep("buffered", signals.buffered), keep("in_flight", signals.in_flight)
+    return replace(
+        signals,
+        arrival_rate=keep("arrival_rate", signals.arrival_rate),
+        buffered=None if buffered is None else signals.buffered,
+        in_flight=None if in_flight is None else signals.in_flight,
+        upstream_error_rate=keep("upstream_error_rate", signals.upstream_error_rate),
+        slo_within_rate=keep("slo_within_rate", signals.slo_within_rate),
+        slo_outside_rate=keep("slo_outside_rate", signals.slo_outside_rate),
+        last_arrival_time=time if time is None or math.isfinite(time) else None,
+    )
 
 
 def impossible_counts(signals: EngineSignals | GatewaySignals) -> str | None:
@@ -252,7 +302,10 @@ def _impossible_sleepers(sleeping: int, signals: EngineSignals) -> bool:
 
 
 def _checked_window(
-    window: str, values: WindowSignals, keep: Callable[[str, float | None], float | None]
+    window: str,
+    values: WindowSignals,
+    keep: Callable[[str, float | None], float | None],
+    found: list[tuple[str, float]],
 ) -> WindowSignals:
     changes: dict[str, object] = {}
     for item in fields(values):
@@ -266,4 +319,9 @@ def _checked_window(
             )
         elif item.name != "seconds":
             changes[item.name] = keep(f"{window}.{item.name}", value)
+    requests, generated = changes["request_rate"], changes["generation_token_rate"]
+    if isinstance(requests, float | int) and isinstance(generated, float | int):
+        if requests > generated:  # under one output token a request: no request rate
+            found.append((f"{window}.request_rate", requests))
+            changes["request_rate"] = None
     return replace(values, **changes)  # type: ignore[arg-type]

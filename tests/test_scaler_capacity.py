@@ -75,8 +75,29 @@ def obs(**values):
         ),
         pytest.param(
             obs(request_rate=1.0, prompt_token_rate=0.0, generation_token_rate=0.0),
-            Mix(1.0, 1.0),
-            id="a-request-has-at-least-one-token-each-way",
+            None,
+            id="under-a-token-a-request-is-no-mix-not-the-lightest-one",
+        ),
+        pytest.param(
+            obs(request_rate=1e6, prompt_token_rate=80_000.0, generation_token_rate=12_000.0),
+            None,
+            id="a-request-rate-above-the-token-rates-is-no-mix-not-a-one-token-mix",
+        ),
+        pytest.param(
+            obs(request_rate=20.0, prompt_token_rate=80_000.0, generation_token_rate=12.0),
+            None,
+            id="under-one-output-token-a-request-is-no-mix",
+        ),
+        pytest.param(
+            obs(
+                request_rate=1e6,
+                prompt_token_rate=80_000.0,
+                generation_token_rate=12_000.0,
+                mean_prompt_tokens=2000.0,
+                mean_output_tokens=300.0,
+            ),
+            Mix(2000.0, 300.0),
+            id="an-impossible-rated-mix-leaves-the-per-request-means-alone",
         ),
     ],
 )

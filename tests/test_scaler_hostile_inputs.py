@@ -29,7 +29,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from foundation.errors import NoDataError
-from foundation.signals import EngineSignals, GatewaySignals, Snapshot, TargetKey, WindowSignals
+from foundation.signals import (
+    MAX_REQUESTS,
+    EngineSignals,
+    GatewaySignals,
+    Snapshot,
+    TargetKey,
+    WindowSignals,
+)
 from foundation.signals_wire import encode
 from protos.externalscaler import externalscaler_pb2 as keda
 from scaler import sources
@@ -571,7 +578,8 @@ def test_any_float_in_an_engine_field_is_kept_finite_and_non_negative_or_unmeasu
     assert stored is not None
     got = {"queue_depth": stored.queue_depth, "requests_running": stored.running,
            "kv_cache_usage": stored.kv_usage}[field]  # fmt: skip
-    if math.isfinite(value) and value >= 0:
+    bound = MAX_REQUESTS if field != "kv_cache_usage" else math.inf
+    if math.isfinite(value) and 0 <= value <= bound:
         assert got == value
     else:
         assert got is None

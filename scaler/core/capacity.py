@@ -132,10 +132,12 @@ def observed_mix(o: Observation) -> Mix | None:
         return finished
     if o.prompt_token_rate is None or o.generation_token_rate is None:
         return finished
-    rated = Mix(
-        max(o.prompt_token_rate / o.request_rate, 1.0),
-        max(o.generation_token_rate / o.request_rate, 1.0),
-    )
+    rated = Mix(o.prompt_token_rate / o.request_rate, o.generation_token_rate / o.request_rate)
+    if rated.prompt_tokens < 1 or rated.output_tokens < 1:
+        # Under a token a request is no mix (a request rate too high, or prompts all
+        # prefilled before the window): clamped up to 1, it was the lightest mix there
+        # is and scaled a loaded deployment down. Unread, the last mix holds.
+        return finished
     if finished is None:
         return rated
     return Mix(

@@ -1,0 +1,244 @@
+"""The fourth hostile pass, the scaler's side (issue 27): finite values no deployment has.
+
+An impossible or missing value is never a zero and never lowers a replica count: it is
+unmeasured (the count holds) and counted.
+
+- S4-H1: an engine request rate above its generation token rate (under one output token a
+  request), or far above the gateway's arrivals, was read as a one-token mix and scaled a
+  loaded deployment down to ``minReplicas``.
+- S4-M2: a backlog of 4294967295, a queue or arrival rate of 1e300, a 10^12-token mean
+  prompt were taken as facts and pinned ``maxReplicas`` silently.
+- S4-M3: a source naming ``max_targets`` junk targets every round kept a target a
+  ScaledObject is bound to out of the store for good.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from foundation.signals import (
+    MAX_MEAN_TOKENS,
+    MAX_REQUEST_RATE,
+    MAX_REQUESTS,
+    MAX_TOKEN_RATE,
+    EngineSignals,
+    GatewaySignals,
+    Snapshot,
+    WindowSignals,
+    checked,
+)
+from scaler.registry import ScaledObjectRegistry
+from scaler.signals import COMPLETIONS_PER_ARRIVAL, MIN_EXCESS_RATE, SignalStore
+from scaler.sources import receive
+from tests.conftest import T0, FakeClock, engine_signals, gateway_signals
+
+KEY = ("team-a", "llama", "")
+
+
+def loaded(request_rate: float, at: float, means: bool = False):
+    """10 replicas serving 40 requests/s of 2000 prompt and 300 output tokens each."""
+    message = engine_signals(running=80.0, queue=2.0, at=at)
+    message.engine.replicas_scraped = message.engine.replicas_up = 10
+    for window in (message.engine.stable, message.engine.panic):
+        window.prompt_token_rate = 40 * 2000.0
+        window.generation_token_rate = 40 * 300.0
+        window.request_rate = request_rate
+        window.requests_running_mean = 80.0
+        if means:
+            window.mean_prompt_tokens, window.mean_output_tokens = 2000.0, 300.0
+    return message
+
+
+@pytest.mark.parametrize(
+    ("request_rate", "profile"),
+    [
+        pytest.param(1e6, True, id="a million finished a second beside 12,000 tokens holds"),
+        pytest.param(1e6, False, id="the same on the priors holds"),
+        pytest.param(400.0, True, id="ten times the gateway's arrivals holds"),
+        pytest.param(400.0, False, id="ten times the arrivals on the priors holds"),
+    ],
+)
+def test_a_request_rate_no_mix_has_never_lowers_a_loaded_deployment(request_rate, profile):
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 30.0, clock)
+    metadata = {"scalerAddress": "x:1", "deployment": "llama", "maxReplicas": "100"}
+    if profile:
+        metadata["profile"] = "llama3-8b-h200"
+    scaled = registry.resolve("llama", "team-a", metadata)
+    at = T0
+    for step in range(45):  # 30 s of truth, then 7 minutes past any scale-down window
+        receive(store, loaded(40.0 if step < 3 else request_rate, at))
+        receive(store, gateway_signals(at=at, arrival_rate=40.0, in_flight=82))
+        clock.now = at
+        decision = registry.current(scaled)
+        if step == 2:
+            before = decision.desired_replicas
+        elif step > 2:
+            assert decision.desired_replicas >= before, decision.reason
+        at += 10
+    assert store.unmeasured[("exporter", "request_rate")] > 0
+
+
+def window(**values: float) -> WindowSignals:
+    return WindowSignals(seconds=60.0, **values)
+
+
+def engine(stable: WindowSignals, **values: object) -> EngineSignals:
+    fields: dict[str, object] = {
+        "time": T0, "replicas": 4, "replicas_up": 4, "queue_depth": 0.0, "running": 8.0,
+        "kv_usage": 0.1, "panic": window(), "stable": stable,
+        "cost_per_million_tokens": None, "cost_per_million_output_tokens": None,
+        "price_is_default": True, "partial": False,
+    }  # fmt: skip
+    return EngineSignals(**{**fields, **values})  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    requests=st.floats(0, MAX_REQUEST_RATE),
+    generated=st.floats(0, MAX_TOKEN_RATE),
+)
+def test_a_request_rate_is_kept_only_at_or_under_the_tokens_generated(requests, generated):
+    signals, impossible = checked(
+        engine(window(request_rate=requests, generation_token_rate=generated))
+    )
+    assert isinstance(signals, EngineSignals)
+    if requests <= generated:
+        assert signals.stable.request_rate == requests and not impossible
+    else:  # each request ends with a token generated in the window: more is no rate
+        assert signals.stable.request_rate is None
+        assert impossible == (("stable.request_rate", requests),)
+    assert signals.stable.generation_token_rate == generated
+
+
+@pytest.mark.parametrize(
+    ("request_rate", "gateway", "kept"),
+    [
+        pytest.param(
+            400.0, {"arrival_rate": 40.0}, False, id="ten times the arrivals is unmeasured"
+        ),
+        pytest.param(
+            400.0,
+            {"arrival_rate": 0.0, "slo_within_rate": 390.0, "slo_outside_rate": 10.0},
+            True,
+            id="a draining backlog the gateway judged as it ended is kept",
+        ),
+        pytest.param(
+            COMPLETIONS_PER_ARRIVAL * 40.0 + MIN_EXCESS_RATE,
+            {"arrival_rate": 40.0},
+            True,
+            id="up to the bound is kept",
+        ),
+        pytest.param(
+            0.9, {"arrival_rate": 0.0}, True, id="a trickle after the last arrival is kept"
+        ),
+        pytest.param(
+            400.0, {"arrival_rate": None}, True, id="no arrivals measured compares nothing"
+        ),
+        pytest.param(
+            400.0,
+            {"arrival_rate": 40.0, "time": T0 - 3600},
+            True,
+            id="an hour-old gateway snapshot compares nothing",
+        ),
+    ],
+)
+def test_an_engine_request_rate_far_above_the_gateway_is_unmeasured(request_rate, gateway, kept):
+    store = SignalStore(FakeClock(T0))
+    gateway_fields = {"time": T0, "arrival_rate": None, "buffered": 0, "in_flight": 0, **gateway}
+    store.update(Snapshot(KEY, GatewaySignals(**gateway_fields)))  # type: ignore[arg-type]
+    stable = window(request_rate=request_rate, generation_token_rate=1e6)
+    assert store.update(Snapshot(KEY, engine(stable, time=T0 + 1)))
+    entry = store.get(KEY)
+    assert entry is not None and entry.engine is not None
+    assert (entry.engine.stable.request_rate == request_rate) is kept
+    assert store.unmeasured[("exporter", "request_rate")] == (0 if kept else 1)
+
+
+BOUNDED = [
+    pytest.param("gateway", "buffered", MAX_REQUESTS, id="a gateway backlog past the bound"),
+    pytest.param("gateway", "in_flight", MAX_REQUESTS, id="gateway in-flight past the bound"),
+    pytest.param("gateway", "arrival_rate", MAX_REQUEST_RATE, id="arrivals past 10^6 a second"),
+    pytest.param("engine", "queue_depth", MAX_REQUESTS, id="an engine queue past the bound"),
+    pytest.param("engine", "running", MAX_REQUESTS, id="requests running past the bound"),
+    pytest.param(
+        "stable", "mean_prompt_tokens", MAX_MEAN_TOKENS, id="a mean prompt past any context"
+    ),
+    pytest.param("stable", "mean_output_tokens", MAX_MEAN_TOKENS, id="a mean output past any"),
+    pytest.param(
+        "stable", "prompt_token_rate", MAX_TOKEN_RATE, id="prompt tokens past every replica"
+    ),
+    pytest.param("stable", "request_rate", MAX_REQUEST_RATE, id="finished past 10^6 a second"),
+]
+
+
+def _signals(where: str, name: str, value: float) -> EngineSignals | GatewaySignals:
+    if where == "gateway":
+        fields = {"time": T0, "arrival_rate": 1.0, "buffered": 0, "in_flight": 8, name: value}
+        return GatewaySignals(**fields)  # type: ignore[arg-type]
+    if where == "engine":
+        return engine(window(), **{name: value})
+    return engine(window(generation_token_rate=MAX_TOKEN_RATE, **{name: value}))
+
+
+@pytest.mark.parametrize(("where", "name", "bound"), BOUNDED)
+@settings(max_examples=60, deadline=None)
+@given(over=st.floats(1.0, 1e300) | st.sampled_from([4294967295.0]))
+def test_a_load_figure_past_its_domain_is_unmeasured_not_a_fact(where, name, bound, over):
+    value = bound + over if bound + over > bound else math.nextafter(bound, math.inf)
+    if name in ("buffered", "in_flight"):
+        value = int(value)
+    signals, impossible = checked(_signals(where, name, value))
+    got = getattr(signals.stable if where == "stable" else signals, name)
+    assert got is None
+    assert [field.rpartition(".")[2] for field, _ in impossible] == [name]
+    kept, nothing = checked(
+        _signals(where, name, int(bound) if name in ("buffered", "in_flight") else bound)
+    )
+    assert getattr(kept.stable if where == "stable" else kept, name) == bound and not nothing
+
+
+@pytest.mark.parametrize(
+    ("gateway", "engine_values"),
+    [
+        pytest.param({"buffered": 4294967295}, {}, id="a uint32 backlog does not pin the maximum"),
+        pytest.param({"arrival_rate": 1e300}, {}, id="1e300 arrivals do not pin the maximum"),
+        pytest.param({}, {"queue_depth": 1e300}, id="a queue of 1e300 does not pin the maximum"),
+        pytest.param(
+            {},
+            {"stable.mean_prompt_tokens": 1e12, "panic.mean_prompt_tokens": 1e12},
+            id="a 10^12-token mean prompt does not pin the maximum",
+        ),
+    ],
+)
+def test_an_impossible_load_figure_is_counted_and_leaves_the_count_where_it_was(
+    gateway, engine_values
+):
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 30.0, clock)
+    metadata = {"scalerAddress": "x:1", "deployment": "llama", "maxReplicas": "100"}
+    scaled = registry.resolve("llama", "team-a", {**metadata, "profile": "llama3-8b-h200"})
+    message = engine_signals(running=8.0, queue=0.0, at=T0)
+    message.engine.replicas_scraped = message.engine.replicas_up = 4
+    for part in (message.engine.stable, message.engine.panic):
+        part.prompt_token_rate, part.generation_token_rate, part.request_rate = 1000.0, 200.0, 1.0
+        part.mean_prompt_tokens, part.mean_output_tokens = 1000.0, 200.0
+        part.requests_running_mean = 8.0
+    for name, value in engine_values.items():
+        part_name, _, field = name.rpartition(".")
+        setattr(getattr(message.engine, part_name) if part_name else message.engine, field, value)
+    receive(store, message)
+    wire = gateway_signals(at=T0, arrival_rate=1.0, in_flight=8)
+    for name, value in gateway.items():
+        setattr(wire.gateway, name, value)
+    receive(store, wire)
+    decision = registry.current(scaled)
+    assert decision.desired_replicas < 100, decision.reason
+    assert len(decision.reason) < 300
+    assert sum(store.unmeasured.values()) >= 1
