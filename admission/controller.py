@@ -66,7 +66,7 @@ from admission.decide import (
     plan_pools,
     reclaim_all,
 )
-from admission.demand import DemandResult, fetch_demand
+from admission.demand import DemandResult, fetch_demand, merge_demand
 from admission.metrics import AdmissionMetrics
 from admission.pool import Reclaim
 from admission.workload import (
@@ -761,13 +761,9 @@ class Controller:
         }
         if not asked:
             return {}, ""
-        results = await asyncio.gather(*(self._ask(*one) for one in sorted(asked)))
-        known: dict[str, PoolDemand] = {}
-        errors = []
-        for result in results:
-            known.update(result.demand or {})
-            if result.error:
-                errors.append(result.error)
+        ordered = sorted(asked)
+        results = await asyncio.gather(*(self._ask(*one) for one in ordered))
+        known, errors = merge_demand(list(zip(ordered, results, strict=True)))
         if not known and errors:
             return None, "; ".join(errors)
         return known, "; ".join(errors)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -69,7 +69,40 @@ async def fetch_demand(
             response = await stub.GetInferenceDemand(request, timeout=timeout)
     except grpc.RpcError as err:
         return DemandResult(None, f"scaler {quote(address)}: {_describe(err)}")
+    except Exception as err:  # this ask's own failure, never the pass's (an address gRPC
+        # cannot encode raised UnicodeEncodeError and failed every check's pass: pass 4, H5)
+        return DemandResult(None, f"scaler {quote(address)}: {type(err).__name__}")
     return _result(response, pool)
+
+
+def merge_demand(
+    answers: Sequence[tuple[tuple[str, str, int], DemandResult]],
+) -> tuple[dict[str, PoolDemand], list[str]]:
+    """The pools' figures from each ask's ``((scaler, pool, horizon), answer)``, and errors.
+
+    Only the pool asked is taken from an answer: a scaler's answer may list others (another
+    check's scaler listed ours with held 0, needed 0, and the last answer read won). A pool
+    asked of two scalers, or at two horizons, whose answers disagree is unknown (which is
+    right is unknown, as for a pool named twice in one answer) and named in the errors
+    (issue 27, hostile pass 4, M3).
+    """
+    found: dict[str, dict[tuple[str, int], PoolDemand]] = {}
+    errors: list[str] = []
+    for (scaler, pool, horizon), result in answers:
+        if result.error:
+            errors.append(result.error)
+        figures = (result.demand or {}).get(pool)
+        if figures is not None:
+            found.setdefault(pool, {})[scaler, horizon] = figures
+    known: dict[str, PoolDemand] = {}
+    for pool, by_ask in found.items():
+        told = {(f.accelerators_held, f.accelerators_needed) for f in by_ask.values()}
+        if len(told) == 1:
+            known[pool] = next(iter(by_ask.values()))
+            continue
+        asks = ", ".join(f"{quote(scaler)} at {horizon} s" for scaler, horizon in sorted(by_ask))
+        errors.append(f"pool {quote(pool)}: asked of {asks}, whose answers disagree: not used")
+    return known, errors
 
 
 def _describe(err: grpc.RpcError) -> str:

@@ -281,6 +281,10 @@ def _valid_label_key(key: str) -> bool:
 
 
 def _valid_host_port(value: str) -> bool:
+    # Printable ASCII: gRPC encodes the target, and a lone surrogate raised
+    # UnicodeEncodeError inside the pass (hostile pass 4, H5).
+    if not (value.isascii() and value.isprintable()):
+        return False
     match = _HOST_PORT.fullmatch(value)
     return match is not None and 1 <= int(match["port"]) <= 65535
 

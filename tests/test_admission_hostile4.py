@@ -15,8 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from admission import fit
-from admission.decide import reclaim_all
+from admission.decide import PoolDemand, reclaim_all
+from admission.demand import DemandResult, fetch_demand
+from admission.parameters import Headroom, Parameters, parse_parameters
+from foundation.errors import ConfigError
 from foundation.timestamps import format_time
+from tests.test_admission_controller import Writing
 from tests.test_admission_decide import NOW, node, running, workload
 from tests.test_admission_decide import decide as decided
 from tests.test_admission_reclaim import admitted, h200, pod_of
@@ -154,3 +158,104 @@ def test_container_names_are_no_part_of_the_fit_s_cache_key():
     for i in range(5):
         decided([_with_container_name(f"trainer-{i}")], [node("gpu-1")])
     assert fit._key_bound.cache_info().currsize == 1
+
+
+# --- H5: a scaler address gRPC cannot encode ----------------------------------------
+
+
+def _headroom_object(scaler: str) -> dict[str, Any]:
+    return {
+        "kind": "CapacityCheckParameters",
+        "metadata": {"name": "p"},
+        "spec": {"inferenceHeadroom": {"scaler": scaler, "pool": "h200"}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("scaler", "accepted"),
+    [
+        pytest.param("unitscale-scaler.unitscale:9090", True, id="a service name is an address"),
+        pytest.param("[::1]:9090", True, id="a bracketed IPv6 address is an address"),
+        pytest.param("\udcff:9090", False, id="a lone surrogate is refused naming the field"),
+        pytest.param("a\x00b:9090", False, id="a NUL is refused naming the field"),
+        pytest.param("é.example:9090", False, id="a host beyond ASCII is refused naming it"),
+    ],
+)
+def test_a_scaler_address_is_printable_ascii_host_port(scaler, accepted):
+    if accepted:
+        assert parse_parameters(_headroom_object(scaler)).inference_headroom is not None
+    else:
+        with pytest.raises(ConfigError, match=r"spec\.inferenceHeadroom\.scaler="):
+            parse_parameters(_headroom_object(scaler))
+
+
+async def test_an_ask_gRPC_cannot_make_is_that_ask_s_error_never_the_pass_s():
+    """``\\udcff:9090`` raised UnicodeEncodeError from the channel, out of ``_demand``:
+    every reconcile pass failed for every check (issue 27, pass 4, H5)."""
+    result = await fetch_demand("\udcff:9090", "h200", 600.0, timeout=1.0)
+    assert result.demand is None and "UnicodeEncodeError" in result.error
+    controller = Writing()
+    bad = Parameters(inference_headroom=Headroom("\udcff:9090", "h200"))
+    known, error = await controller._demand([bad])
+    assert known is None and "UnicodeEncodeError" in error
+
+
+# --- M3: the answers of several asks ---------------------------------------------------
+
+OURS = Parameters(inference_headroom=Headroom("ours:9090", "h200"))
+
+
+def _asked(answers: dict[tuple[str, int], dict[str, PoolDemand]]) -> Any:
+    async def demand(scaler: str, pool: str, horizon: float, **_: Any) -> DemandResult:
+        return DemandResult(answers[scaler, int(horizon)])
+
+    return demand
+
+
+@pytest.mark.parametrize(
+    ("others", "answers", "h200", "error"),
+    [
+        pytest.param(
+            [], {("ours:9090", 600): {"h200": PoolDemand("h200", 16, 16)}},
+            PoolDemand("h200", 16, 16), "", id="our ask alone is read",
+        ),
+        pytest.param(
+            [Headroom("zz-other:9090", "l4")],
+            {
+                ("ours:9090", 600): {"h200": PoolDemand("h200", 16, 16)},
+                ("zz-other:9090", 600): {
+                    "h200": PoolDemand("h200", 0, 0), "l4": PoolDemand("l4", 1, 1)
+                },
+            },
+            PoolDemand("h200", 16, 16), "",
+            id="another check's scaler listing our pool is not read for it",
+        ),
+        pytest.param(
+            [Headroom("ours:9090", "h200", horizon_seconds=60)],
+            {
+                ("ours:9090", 600): {"h200": PoolDemand("h200", 16, 16)},
+                ("ours:9090", 60): {"h200": PoolDemand("h200", 16, 16)},
+            },
+            PoolDemand("h200", 16, 16), "", id="two asks of one pool that agree are read",
+        ),
+        pytest.param(
+            [Headroom("ours:9090", "h200", horizon_seconds=60)],
+            {
+                ("ours:9090", 600): {"h200": PoolDemand("h200", 16, 16)},
+                ("ours:9090", 60): {"h200": PoolDemand("h200", 16, 0)},
+            },
+            None, "at 60 s, 'ours:9090' at 600 s, whose answers disagree",
+            id="two asks of one pool that disagree leave it unknown, naming both",
+        ),
+    ],
+)  # fmt: skip
+async def test_each_check_reads_only_the_pool_it_asked_never_the_last_answer(
+    others, answers, h200, error
+):
+    """Another check's scaler listed h200 with held 0, needed 0, and our check read that
+    (issue 27, pass 4, M3)."""
+    controller = Writing(demand=_asked(answers))
+    checks = [OURS, *(Parameters(inference_headroom=h) for h in others)]
+    known, errors = await controller._demand(checks)
+    assert (known or {}).get("h200") == h200
+    assert error in errors
