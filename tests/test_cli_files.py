@@ -60,6 +60,10 @@ def _fifo(tmp: Path) -> str:
     return str(tmp / "fifo")
 
 
+def _prometheus_ca(path: str) -> str:
+    return f"prometheus-source:\n  url: https://127.0.0.1:1\n  ca-file: {path}\n"
+
+
 def _file(tmp: Path, name: str, content: str | bytes) -> str:
     return write(tmp / name, content.encode() if isinstance(content, str) else content)
 
@@ -123,6 +127,14 @@ CASES = [
         lambda t: ["scaler", *SERVER, "--config", _fifo(t)],
         "not a regular file (a FIFO)",
         id="H4: scaler --config of a FIFO is refused, not waited on"),
+    pytest.param(
+        lambda t: ["scaler", *SERVER, "--config", _file(t, "ca.yaml", _prometheus_ca(_fifo(t)))],
+        "cannot read ca-file",
+        id="S4-H2: a prometheus-source ca-file that is a FIFO is refused, not waited on"),
+    pytest.param(
+        lambda t: ["scaler", *SERVER, "--config", _file(t, "ca.yaml", _prometheus_ca("/dev/zero"))],
+        "not a regular file (a character device)",
+        id="S4-H2: a prometheus-source ca-file of /dev/zero is refused in one line"),
     pytest.param(
         lambda t: ["scaler", *SERVER, "--tls-cert", "/dev/zero", "--tls-key", "/dev/zero"],
         "cannot read TLS file /dev/zero",
@@ -417,6 +429,12 @@ async def test_a_token_file_within_its_bound_is_taken(tmp_path):
         pytest.param(":9090", False, id="no host"),
         pytest.param("127.0.0.1", False, id="no port"),
         pytest.param("a b:80", False, id="a space in the host"),
+        pytest.param("a" * 63 + ".example:0", True, id="a label of 63 characters"),
+        pytest.param("localhost.:0", True, id="a trailing dot, the root"),
+        pytest.param("a" * 64 + ":0", False, id="a label of 64 characters the bind cannot encode"),
+        pytest.param("..:0", False, id="empty labels the bind cannot encode"),
+        pytest.param("a..b:0", False, id="an empty label between two"),
+        pytest.param(".:0", False, id="the root alone"),
     ],
 )
 def test_a_listen_address_is_host_and_a_port_from_0_to_65535(text, valid):
@@ -439,6 +457,18 @@ def test_any_listen_text_is_a_bindable_form_or_refused(host, port):
     except argparse.ArgumentTypeError:
         return
     assert port.isascii() and port.isdigit() and 0 <= int(port) <= 65535 and value == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="a-1", max_size=70), min_size=1, max_size=5).map(".".join))
+def test_any_listen_host_taken_is_one_the_bind_can_encode(host):
+    """A 100-character label or '..' passed and the aiohttp bind's IDNA codec raised a
+    45-line UnicodeError (issue 27, hostile pass 4, M4)."""
+    try:
+        flags.host_port(f"{host}:0")
+    except argparse.ArgumentTypeError:
+        return
+    host.encode("idna")
 
 
 async def test_an_address_gRPC_cannot_bind_is_a_config_error_naming_the_flag():

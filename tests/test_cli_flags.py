@@ -238,6 +238,49 @@ def test_trace_source_takes_utf8_names_only(text: str, accepted: bool) -> None:
             flags.trace_source(text)
 
 
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        pytest.param(["replay", "--pool", "P", "--tasks", "t.csv"], "--pool",
+                     id="replay refuses a pool file whose name is not UTF-8"),
+        pytest.param(["replay", "--pool", "n.csv", "--tasks", "P"], "--tasks",
+                     id="replay refuses a task file whose name is not UTF-8"),
+        pytest.param(["tune", "--scaler-config", "P", "--out", "o"], "--scaler-config",
+                     id="tune refuses a scaler config whose name is not UTF-8"),
+        pytest.param(["tune", "--out", "P"], "--out",
+                     id="tune refuses an output directory whose name is not UTF-8"),
+    ],
+)  # fmt: skip
+def test_a_path_flag_whose_name_is_not_utf8_is_one_line_before_any_run(
+    tmp_path: Path, command: list[str], flag: str
+) -> None:
+    """Each name goes into a report: a UnicodeEncodeError came after the whole run, the
+    report half-written (issue 27, hostile pass 4, M1)."""
+    trace = write(tmp_path / "t.csv", TWO_ROWS)
+    odd = str(tmp_path / "sur\udcff")  # b"sur\xff" on disk
+    args = [odd if a == "P" else a for a in command]
+    runs = ["--budget", "1", "--batch", "1"] if command[0] == "tune" else ["--report", "r"]
+    done = unitscale(*args, "--trace", trace, *runs)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"argument {flag}:" in done.stderr and "is not UTF-8" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        pytest.param("reports/día-1", True, id="a UTF-8 path with an accent is taken"),
+        pytest.param("sur\udcff.csv", False, id="a path holding an undecodable byte is refused"),
+    ],
+)
+def test_every_path_flag_takes_utf8_names_only(text: str, accepted: bool) -> None:
+    if accepted:
+        assert flags.path(text) == Path(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="is not UTF-8"):
+            flags.path(text)
+
+
 HUGE = "p" * 100_000
 
 

@@ -123,14 +123,17 @@ _LISTEN = re.compile(
     r"(?P<host>\[(?P<v6>[0-9A-Fa-f:.]{2,45})\]|[A-Za-z0-9._-]{1,253}):(?P<port>[0-9]{1,5})"
 )
 """``HOST:PORT``: a name or IPv4 address, or an IPv6 address in brackets; ASCII digits."""
+_LABEL_CHARS = 63
+"""A DNS label's most characters (RFC 1035)."""
 
 
 def host_port(text: str) -> str:
     """An argparse ``type=`` for every ``--listen``, ``--grpc-listen``, ``--metrics-listen``.
 
     ``HOST:PORT`` with a port 0-65535 (0: the kernel picks one) in ASCII digits, the
-    host a name, an IPv4 address or a bracketed IPv6 one. gRPC took ``:99999`` as port
-    34463 (modulo 65536) and raised a 45-line RuntimeError on ``[::1:0``.
+    host a name of dot-separated labels of 1-63 characters, an IPv4 address or a
+    bracketed IPv6 one. gRPC took ``:99999`` as port 34463 (modulo 65536) and raised a
+    45-line RuntimeError on ``[::1:0``.
     """
     match = _LISTEN.fullmatch(text)
     valid = match is not None and int(match["port"]) <= 65535
@@ -139,9 +142,15 @@ def host_port(text: str) -> str:
             ipaddress.IPv6Address(match["v6"])
         except ValueError:
             valid = False
+    elif valid and match is not None:
+        # DNS labels of 1-63 characters (a trailing dot is the root): the bind's IDNA
+        # codec raised a 45-line UnicodeError on a 100-character label or '..' (pass 4, M4).
+        labels = match["host"].removesuffix(".").split(".")
+        valid = all(1 <= len(label) <= _LABEL_CHARS for label in labels)
     if not valid:
         raise argparse.ArgumentTypeError(
-            f"{quote(text)} is not HOST:PORT (a port 0-65535; IPv6 as [::1]:PORT)"
+            f"{quote(text)} is not HOST:PORT (host labels of 1-63 characters, a port"
+            " 0-65535; IPv6 as [::1]:PORT)"
         )
     return text
 
@@ -150,16 +159,30 @@ host_port.__name__ = "HOST:PORT"
 
 
 def path(text: str) -> Path:
-    """An argparse ``type=`` for a file or directory flag: any path but an empty one.
+    """An argparse ``type=`` for a file or directory flag: any UTF-8 path but an empty one.
 
     ``Path("")`` is the current directory: ``--report ''`` wrote the report there and
-    ``--trace ''`` replayed every CSV in it.
+    ``--trace ''`` replayed every CSV in it. A name that is not UTF-8 (Linux names are
+    bytes) goes into reports: ``--pool``, ``--tasks``, ``--scaler-config`` and ``--out``
+    raised ``UnicodeEncodeError`` after the whole run, the report half-written (pass 4, M1).
     """
     if not text:
         raise argparse.ArgumentTypeError("an empty path (it would be the current directory)")
     if "\0" in text:
         raise argparse.ArgumentTypeError(f"{quote(text)} holds a NUL character")
+    if not _utf8(text):
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)} is not UTF-8 (the name goes into the report); rename it"
+        )
     return Path(text)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 path.__name__ = "path"
@@ -168,17 +191,15 @@ path.__name__ = "path"
 def trace_source(text: str) -> str:
     """An argparse ``type=`` for ``--trace``: a file, a directory or a ``scheme:`` source.
 
-    Refuses what ``path`` refuses, and a name that is not UTF-8: the trace's name is
-    written into its report, which raised ``UnicodeEncodeError`` after the whole run and
-    left the report half-written (``replay.workloads`` reads the rest).
+    Refuses what ``path`` refuses (a name that is not UTF-8 among them: the trace's name
+    is written into its report, which raised ``UnicodeEncodeError`` after the whole run
+    and left the report half-written); ``replay.workloads`` reads the rest.
     """
-    path(text)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+    if text and not _utf8(text):
         raise argparse.ArgumentTypeError(
             f"{quote(text)} is not UTF-8 (the trace's name goes into its report); rename it"
-        ) from None
+        )
+    path(text)
     return text
 
 
