@@ -113,7 +113,7 @@ EJECT_AFTER_5XX = 3
 EJECT_SECONDS = 10.0
 """How long a first ejection lasts; doubled per ejection in a row (``Backoff``), at most 8x."""
 OVERRUN_EVENTS = 16
-"""Token events a stream may carry past twice its request's token bound before it is cut."""
+"""Token events a stream may carry past its request's token bound before it is cut."""
 SLEEP_QUERY = {"level": "1", "mode": "wait"}
 """The standby plan's sleep: level 1 (weights to host memory), in-flight requests finish."""
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
@@ -1065,12 +1065,13 @@ _HTTP: dict[int, type[web.HTTPException]] = {
 def overrun(meter: ResponseMeter) -> bool:
     """Whether a stream carries far more token events than its request allows.
 
-    Each event carries at least one token, so a stream past twice the bound (and
-    ``OVERRUN_EVENTS``) is a replica that keeps generating: one that sent a token a second
-    to a request for five held its slot and its place in flight for good.
+    An event carrying tokens carries at least one, so a stream ``OVERRUN_EVENTS`` past the
+    bound (slack for an echoed prompt or an odd event) is a replica that keeps generating:
+    one that sent a token a second to a request for five held its slot and its place in
+    flight for good.
     """
     bound = meter.max_tokens
-    return bound is not None and meter.token_events > 2 * bound + OVERRUN_EVENTS
+    return bound is not None and meter.token_events > bound + OVERRUN_EVENTS
 
 
 def rejection(status: int, message: str, retry_after: float | None) -> web.HTTPException:
