@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from admission import annotations as names
 from admission.hami import TERMINAL_PHASES, HamiFormatError, Inventory, parse_devices_allocated
-from admission.lora import InstanceLoad, base_model, tenants_for
+from admission.lora import InstanceLoad, base_model, model_instance, tenants_for
 
 RawObject = dict[str, Any]
 
@@ -190,19 +190,30 @@ def _step_seconds(value: object) -> float | None:
 
 
 def instance_models(workloads: Sequence[RawObject]) -> dict[str, str]:
-    """Instance id -> base model, from the tenants' Ready entries and pod templates."""
-    found: dict[str, str] = {}
+    """Instance id -> base model, from the tenants' admission entries and pod templates.
+
+    A label counts for a tenant's model only when it names one of that model's instances
+    (``lora.model_instance``); an instance two models claim (a shared slug) is unknown
+    and left out, its load held. The label was read raw and the last claim won: a tenant
+    of model B labelled with model A's instance took A's step readings (pass 4, M5).
+    """
+    claims: dict[str, set[str]] = {}
     for w in workloads:
         model = base_model(w)
         if model is None:
             continue
-        for entry in (w.get("status") or {}).get("admissionChecks") or []:
-            for update in entry.get("podSetUpdates") or []:
-                instance = (update.get("labels") or {}).get(names.LORA_INSTANCE)
-                if instance:
-                    found[str(instance)] = model
-        for pod_set in (w.get("spec") or {}).get("podSets") or []:
-            labels = ((pod_set.get("template") or {}).get("metadata") or {}).get("labels") or {}
-            if labels.get(names.LORA_INSTANCE):
-                found[str(labels[names.LORA_INSTANCE])] = model
-    return found
+        labels = [
+            (update.get("labels") or {}).get(names.LORA_INSTANCE)
+            for entry in (w.get("status") or {}).get("admissionChecks") or []
+            for update in entry.get("podSetUpdates") or []
+        ] + [
+            (((pod_set.get("template") or {}).get("metadata") or {}).get("labels") or {}).get(
+                names.LORA_INSTANCE
+            )
+            for pod_set in (w.get("spec") or {}).get("podSets") or []
+        ]
+        for label in labels:
+            instance = model_instance(model, label)
+            if instance:
+                claims.setdefault(instance, set()).add(model)
+    return {instance: next(iter(m)) for instance, m in claims.items() if len(m) == 1}

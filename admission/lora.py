@@ -275,6 +275,16 @@ def _ready_instance(workload: Mapping[str, Any]) -> str | None:
     return None
 
 
+def model_instance(model: str, value: object) -> str | None:
+    """``value`` as an instance of ``model``: a label value named ``<its slug>-...``.
+
+    Anything else is no instance of it: one tenant's template label naming another
+    model's instance is not that instance (hostile pass 4, M5).
+    """
+    instance = _instance(value)
+    return instance if instance and instance.startswith(f"{instance_slug(model)}-") else None
+
+
 def _instance(value: object) -> str | None:
     """An instance label as a label value; anything else is no instance."""
     if isinstance(value, str) and value and _LABEL_VALUE.fullmatch(value):

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from admission import fit
+from admission import annotations as names
+from admission import density, fit, hami
 from admission.decide import PoolDemand, reclaim_all
 from admission.demand import DemandResult, fetch_demand
 from admission.parameters import Headroom, Parameters, parse_parameters
@@ -259,3 +260,73 @@ async def test_each_check_reads_only_the_pool_it_asked_never_the_last_answer(
     known, errors = await controller._demand(checks)
     assert (known or {}).get("h200") == h200
     assert error in errors
+
+
+# --- M5: one tenant's instance label naming another model's instance -----------------
+
+
+def _tenant(
+    name: str, model: str, *, ready: object = None, template: object = None
+) -> dict[str, Any]:
+    w = workload(
+        name,
+        gpus=1,
+        state="Ready" if ready is not None else "Pending",
+        template_annotations={names.LORA_BASE_MODEL: model},
+    )
+    if ready is not None:
+        w["status"]["admissionChecks"][0]["podSetUpdates"] = [
+            {"name": "workers", "labels": {names.LORA_INSTANCE: ready}}
+        ]
+    if template is not None:
+        w["spec"]["podSets"][0]["template"]["metadata"]["labels"] = {names.LORA_INSTANCE: template}
+    return w
+
+
+A = _tenant("a", "model-a", ready="model-a-1")
+
+
+@pytest.mark.parametrize(
+    ("others", "expected"),
+    [
+        pytest.param([], {"model-a-1": "model-a"}, id="a tenant's instance is its model's"),
+        pytest.param(
+            [_tenant("b", "model-b", template="model-a-1")], {"model-a-1": "model-a"},
+            id="another model's template label naming our instance does not take it",
+        ),
+        pytest.param(
+            [_tenant("b", "model-b", ready="model-a-1")], {"model-a-1": "model-a"},
+            id="another model's entry naming our instance does not take it",
+        ),
+        pytest.param(
+            [_tenant("b", "model/a", template="model-a-1")], {},
+            id="an instance two models claim through a shared slug is unknown",
+        ),
+        pytest.param(
+            [_tenant("b", "model-b", template="model-b-" + "9" * 70)], {"model-a-1": "model-a"},
+            id="a label that is no label value is no instance",
+        ),
+    ],
+)  # fmt: skip
+def test_an_instance_belongs_only_to_the_model_it_is_named_for(others, expected):
+    """A tenant of model B labelled with model A's instance took A's step readings: A's
+    overload went unseen and B's density fell (issue 27, pass 4, M5)."""
+    assert density.instance_models([A, *others]) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=80))
+def test_no_label_of_another_model_s_tenant_moves_our_load(label):
+    models = density.instance_models([A, _tenant("b", "model-b", template=label)])
+    pod = {
+        "metadata": {
+            "name": "a-pod",
+            "namespace": "train",
+            "labels": {names.LORA_INSTANCE: "model-a-1"},
+            "annotations": {density.STEP_SECONDS: "100"},
+        },
+        "spec": {"nodeName": "gpu-1"},
+        "status": {"phase": "Running"},
+    }
+    loads = density.model_loads([pod], hami.inventory([node("gpu-1")], [], now=NOW), models, 10.0)
+    assert models["model-a-1"] == "model-a" and loads["model-a"].step_seconds == 100.0
