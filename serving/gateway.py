@@ -826,34 +826,8 @@ class Gateway:
         since = time.monotonic()  # the headers: a stream's first token comes within a gap
         last_byte = since
         while True:
-            try:
-                async with asyncio.timeout(self._silence_left(meter, since, gap)):
-                    chunk = await upstream.content.readany()
-            except TimeoutError:
-                if not meter.streamed and time.monotonic() - last_byte < gap:
-                    self._upstream_failed(
-                        replica, "overrun", "%s sent a body for over %gs", replica.url, gap
-                    )
-                else:
-                    self._upstream_failed(
-                        replica,
-                        "stalled",
-                        "%s sent %s for %gs mid-response",
-                        replica.url,
-                        "no token" if meter.streamed else "nothing",
-                        gap,
-                    )
-                return self._broken(request, response, meter)
-            except aiohttp.ClientError as err:
-                # The replica died mid-response: this client's response ends broken; we go on.
-                self._upstream_failed(
-                    replica,
-                    "mid-response",
-                    "%s failed mid-response: %s: %s",
-                    replica.url,
-                    type(err).__name__,
-                    err,
-                )
+            chunk = await self._next_chunk(upstream, meter, replica, since, last_byte)
+            if chunk is None:
                 return self._broken(request, response, meter)
             last_byte = time.monotonic()
             meter.feed(chunk, last_byte)
@@ -888,6 +862,48 @@ class Gateway:
                 if request.transport is not None:
                     request.transport.abort()
                 return response
+
+    async def _next_chunk(
+        self,
+        upstream: aiohttp.ClientResponse,
+        meter: ResponseMeter,
+        replica: Replica,
+        since: float,
+        last_byte: float,
+    ) -> bytes | None:
+        """The next chunk of the body (empty at its end); None, counted, when it must be cut.
+
+        ``since``: when the headers came; ``last_byte``: when the last chunk did.
+        """
+        gap = self.settings.upstream_timeout
+        try:
+            async with asyncio.timeout(self._silence_left(meter, since, gap)):
+                return await upstream.content.readany()
+        except TimeoutError:
+            if not meter.streamed and time.monotonic() - last_byte < gap:
+                self._upstream_failed(
+                    replica, "overrun", "%s sent a body for over %gs", replica.url, gap
+                )
+            else:
+                self._upstream_failed(
+                    replica,
+                    "stalled",
+                    "%s sent %s for %gs mid-response",
+                    replica.url,
+                    "no token" if meter.streamed else "nothing",
+                    gap,
+                )
+        except aiohttp.ClientError as err:
+            # The replica died mid-response: this client's response ends broken; we go on.
+            self._upstream_failed(
+                replica,
+                "mid-response",
+                "%s failed mid-response: %s: %s",
+                replica.url,
+                type(err).__name__,
+                err,
+            )
+        return None
 
     @staticmethod
     def _silence_left(meter: ResponseMeter, since: float, gap: float) -> float:
