@@ -18,8 +18,10 @@ Two sources feed a store:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -36,6 +38,9 @@ DEFAULT_KEY = "config.yaml"
 MAX_CONFIG_TEXT = 1 << 20
 """Characters of config a reload parses: a ConfigMap holds at most 1 MiB in all."""
 
+PARSE_DEADLINE = 60.0
+"""Seconds a reload's parse may take off the loop: a megabyte ConfigMap took 9 s of CPU."""
+
 
 class ConfigStore(Generic[C]):
     """The current config and what happened to the updates.
@@ -47,8 +52,14 @@ class ConfigStore(Generic[C]):
         last_error: why the latest refused update was refused; "" after a good one.
     """
 
-    def __init__(self, initial: C, parse: Callable[[str, str], C]) -> None:
+    def __init__(
+        self,
+        initial: C,
+        parse: Callable[[str, str], C],
+        parse_deadline: float = PARSE_DEADLINE,
+    ) -> None:
         self.current = initial
+        self.parse_deadline = parse_deadline
         self.reloads = 0
         self.errors = 0
         self.last_error = ""
@@ -82,7 +93,34 @@ class ConfigStore(Generic[C]):
             return self._apply(
                 f"{origin}: over {MAX_CONFIG_TEXT:,} characters, the most read", origin
             )
-        return self._apply(await asyncio.to_thread(self._parsed, text, origin), origin)
+        return self._apply(await self._parsed_by_deadline(text, origin), origin)
+
+    async def _parsed_by_deadline(self, text: str, origin: str) -> tuple[C] | str:
+        """``_parsed`` in a daemon thread, refused past ``parse_deadline`` seconds.
+
+        A parse that never ends (a side file that blocks its ``open``) held the reload
+        loop for good: every later change was ignored while health said SERVING, and
+        ``asyncio.to_thread``'s worker held up the process's exit. Past the deadline the
+        thread is left to itself (a daemon: it holds up nothing) and the next change is
+        read as usual.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[C] | str] = loop.create_future()
+
+        def settle(result: tuple[C] | str) -> None:
+            if not done.done():
+                done.set_result(result)
+
+        def work() -> None:
+            result = self._parsed(text, origin)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, result)
+
+        threading.Thread(target=work, name=f"config-parse {origin}", daemon=True).start()
+        try:
+            return await asyncio.wait_for(done, self.parse_deadline)
+        except TimeoutError:
+            return f"{origin}: not parsed within {self.parse_deadline:g}s (a file it names blocks?)"
 
     def _parsed(self, text: str, origin: str) -> tuple[C] | str:
         """``(config,)``, or why the text is refused. No side effect: runs in a thread."""

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_valid
 from foundation.configfile import KEBAB_CASE, load_mapping, validate
 from foundation.durations import Seconds
 from foundation.errors import ConfigError
-from foundation.files import MAX_CONFIG_BYTES, read_text
+from foundation.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_text
 from foundation.replica_model import PROFILES
 from foundation.replica_model import Profile as ReplicaProfile
 from scaler.core.capacity import PRIORS, check_profile
@@ -70,6 +70,24 @@ class DemoSourceConfig(BaseModel):
     """Length of one demo load cycle (ramp, burst, idle, return)."""
     peak_concurrency: float = Field(64.0, gt=0)
     """Requests in flight at the top of the burst."""
+
+
+def ca_context(path: Path) -> ssl.SSLContext:
+    """A client TLS context verifying by the PEM bundle ``path``.
+
+    The bundle is read as every file a user names is (``foundation.files``: a regular
+    file, opened without blocking, at most ``MAX_PEM_BYTES``), and OpenSSL gets the text,
+    never the path: a FIFO as ``ca-file`` blocked OpenSSL's ``open`` for good, which
+    hung ``unitscale scaler`` at startup and every config reload after it.
+
+    Raises:
+        ConfigError: the file cannot be read so, or holds no certificate.
+    """
+    text = read_text(path, MAX_PEM_BYTES, "ca-file")
+    try:
+        return ssl.create_default_context(cadata=text)
+    except (ssl.SSLError, ValueError) as err:
+        raise ConfigError(f"cannot load the CA bundle {path}: {err}") from err
 
 
 class PrometheusSourceConfig(BaseModel):
@@ -125,9 +143,9 @@ class PrometheusSourceConfig(BaseModel):
     def _ca(cls, path: Path | None) -> Path | None:
         if path is not None:
             try:
-                ssl.create_default_context(cafile=path)
-            except (OSError, ssl.SSLError) as err:
-                raise ValueError(f"cannot load the CA bundle {path}: {err}") from err
+                ca_context(path)
+            except ConfigError as err:
+                raise ValueError(str(err)) from err
         return path
 
     @model_validator(mode="after")

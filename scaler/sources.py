@@ -39,7 +39,12 @@ from foundation.signals import (
 from foundation.signals_wire import WireError, decode
 from protos.unitscale.v1 import signals_pb2 as pb
 from protos.unitscale.v1 import signals_pb2_grpc as pb_grpc
-from scaler.config import DemoSourceConfig, PrometheusSourceConfig, SignalSourceConfig
+from scaler.config import (
+    DemoSourceConfig,
+    PrometheusSourceConfig,
+    SignalSourceConfig,
+    ca_context,
+)
 from scaler.promql import (
     MAX_ANSWER_BYTES,
     AnswerError,
@@ -231,9 +236,11 @@ async def prometheus_source(
     loop = asyncio.get_running_loop()
     problems: dict[TargetKey, str | None] = {}
     timeout = aiohttp.ClientTimeout(total=config.timeout)
+    tls: ssl.SSLContext | bool = True
     try:  # the config's validation loaded it once; it may have gone since
-        tls = ssl.create_default_context(cafile=config.ca_file) if config.ca_file else True
-    except (OSError, ssl.SSLError) as err:
+        if config.ca_file is not None:
+            tls = ca_context(config.ca_file)
+    except ConfigError as err:
         log.error("prometheus-source stopped: cannot load ca-file %s: %s", config.ca_file, err)
         return
     connector = aiohttp.TCPConnector(ssl=tls)

@@ -7,6 +7,7 @@ any parse; a ConfigMap handed over again at each resync is not parsed again.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from foundation import reload
 from foundation.errors import ConfigError
 from foundation.reload import MAX_CONFIG_TEXT, ConfigStore, watch_configmap
+from scaler.config import parse_config
 from tests.test_prometheus_source import drain
 
 
@@ -106,3 +108,33 @@ async def test_a_configmap_handed_over_again_is_not_parsed_again(monkeypatch):
     assert store.current == "third"
     assert len(parser.threads) == 4  # second, bad, bad, third: the resync is not parsed
     assert store.errors == 3  # bad twice, the missing key once
+
+
+async def test_a_parse_that_never_ends_is_refused_past_the_deadline_and_the_next_applies():
+    release = threading.Event()
+
+    def parse(text: str, origin: str) -> str:
+        if text == "stuck":  # a side file whose open blocks for good (S4-H2)
+            release.wait()
+        return text
+
+    store: ConfigStore[str] = ConfigStore("first", parse, parse_deadline=0.05)
+    try:
+        assert not await store.update_off_loop("stuck", "file")
+        assert store.current == "first" and store.errors == 1
+        assert "not parsed within 0.05s" in store.last_error
+        assert await store.update_off_loop("next", "file")
+        assert store.current == "next" and store.last_error == ""
+    finally:
+        release.set()
+
+
+async def test_a_reload_naming_a_fifo_as_ca_file_is_refused_and_the_next_applies(tmp_path):
+    fifo = tmp_path / "ca.fifo"
+    os.mkfifo(fifo)
+    store = ConfigStore(parse_config("max-signal-age: 30s\n", "live"), parse_config)
+    bad = f"prometheus-source:\n  url: https://127.0.0.1:1\n  ca-file: {fifo}\n"
+    assert not await store.update_off_loop(bad, "live")
+    assert "not a regular file (a FIFO)" in store.last_error
+    assert await store.update_off_loop("max-signal-age: 45s\n", "live")
+    assert store.current.max_signal_age == 45.0

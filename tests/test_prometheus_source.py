@@ -744,7 +744,9 @@ async def test_a_reloaded_prometheus_source_queries_as_the_new_config_says():
                 await stub.IsActive(ref())
         await engine_signals_until(server.store, lambda e: e.running == 12.0)
         assert server.configs.update(text.format(second.url), "reloaded")
-        await engine_signals_until(server.store, lambda e: (e.running or 0) > 1e9)
+        # The second answers times as values: a running count that large is unmeasured
+        # (foundation.signals.MAX_REQUESTS), an unbounded gauge tells it apart.
+        await engine_signals_until(server.store, lambda e: (e.kv_usage or 0) > 1e9)
         asked_before = first.queries
         second.enough, second.asked_enough = second.queries + 3 * len(INSTANT), asyncio.Event()
         async with asyncio.timeout(30):
