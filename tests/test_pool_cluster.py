@@ -15,6 +15,7 @@ from replay.pool.cluster import (
     TASK_COLUMNS,
     Node,
     Task,
+    _Cell,
     read_nodes,
     read_tasks,
 )
@@ -192,6 +193,30 @@ def test_a_row_becomes_a_task(tmp_path, row, duration, types):
             id="a negative time is refused",
         ),
         pytest.param({"name": ""}, 2, "column name: is empty", id="a task without a name"),
+        pytest.param(
+            {"creation_time": "\u0661\u0660\u0660\u0660"},
+            2,
+            "column creation_time: '\u0661\u0660\u0660\u0660' is not a number of seconds",
+            id="a time in Arabic-Indic digits is refused",
+        ),
+        pytest.param(
+            {"deletion_time": "3_600"},
+            2,
+            "column deletion_time: '3_600' is not a number of seconds",
+            id="a time with an underscore between digits is refused",
+        ),
+        pytest.param(
+            {"scheduled_time": "nan"},
+            2,
+            "column scheduled_time: 'nan' is not a number",
+            id="a time of nan is refused",
+        ),
+        pytest.param(
+            {"creation_time": "1e999"},
+            2,
+            "column creation_time: '1e999' is not a time from the trace start",
+            id="a time past a float is refused",
+        ),
     ],
 )
 def test_a_bad_task_row_names_file_line_and_column(tmp_path, row, line, message):
@@ -251,3 +276,16 @@ def test_a_file_without_rows_is_refused(tmp_path):
 def test_a_task_built_in_code_is_checked_as_a_row_is():
     with pytest.raises(ValueError, match="whole GPUs"):
         Task("t", 0.0, 1.0, 4, 250, (), "BE", 1000, 1024)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=20) | st.floats().map(str))
+def test_a_time_is_read_from_ascii_decimal_digits_only(text):
+    """'١٠٠٠' and '3_600' were taken as seconds (issue 27, hostile pass 4, L1)."""
+    cell = _Cell(Path("pods.csv"), 2, {"creation_time": text})
+    try:
+        seconds = cell.seconds("creation_time")
+    except ValueError:
+        return
+    value = text.strip()
+    assert value.isascii() and "_" not in value and seconds == float(value) >= 0
