@@ -21,8 +21,8 @@ from admission.demand import DemandResult, fetch_demand
 from admission.parameters import Headroom, Parameters, parse_parameters
 from foundation.errors import ConfigError
 from foundation.timestamps import format_time
-from tests.test_admission_controller import Writing
-from tests.test_admission_decide import NOW, node, running, workload
+from tests.test_admission_controller import NO_API, Writing
+from tests.test_admission_decide import CHECK, NOW, node, running, workload
 from tests.test_admission_decide import decide as decided
 from tests.test_admission_reclaim import admitted, h200, pod_of
 from tests.test_admission_reclaim import cluster as reclaim_cluster
@@ -330,3 +330,35 @@ def test_no_label_of_another_model_s_tenant_moves_our_load(label):
     }
     loads = density.model_loads([pod], hami.inventory([node("gpu-1")], [], now=NOW), models, 10.0)
     assert models["model-a-1"] == "model-a" and loads["model-a"].step_seconds == 100.0
+
+
+# --- L3: the decision histogram's wait --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pending_at",
+    [
+        pytest.param(format_time(NOW - 60), id="a check Pending a minute ago waited a minute"),
+        pytest.param("0001-01-01T00:00:00Z", id="one Pending since year 1 waited from creation"),
+        pytest.param("1970-01-01T00:00:00Z", id="one Pending since 1970 waited from creation"),
+    ],
+)
+async def test_the_decision_histogram_counts_the_wait_from_the_creation_at_the_earliest(
+    pending_at,
+):
+    """A Pending dated year 1 went into the histogram as 6e10 s (issue 27, pass 4, L3)."""
+    controller = Writing()
+    check = {"metadata": {"name": CHECK}, "spec": {"controllerName": controller.name}}
+    w = workload("a", gpus=1)
+    w["metadata"]["creationTimestamp"] = format_time(NOW - 60)
+    w["status"]["admissionChecks"][0]["lastTransitionTime"] = pending_at
+    controller._changed("admissionchecks", {CHECK: check})
+    controller._changed("workloads", {"train/a": w})
+    controller._changed("nodes", {"gpu-1": node("gpu-1")})
+    controller._changed("pods", {})
+    await controller.reconcile(api=NO_API)
+    assert controller.written["train/a"]["state"] == "Ready"
+    waited = controller.metrics.registry.get_sample_value(
+        "unitscale_admission_check_latency_seconds_sum", {"check": CHECK, "outcome": "Ready"}
+    )
+    assert waited == 60.0
