@@ -819,8 +819,11 @@ class Controller:
 
 
 def _waiting_from(p: Pending, now: float) -> float:
-    """When a check began to wait, for the decision histogram: ``waiting_since``, never
-    before the Workload's creation (a Pending dated year 1 read as 6e10 s: pass 4, L3)."""
+    """When a check began to wait, for the decision histogram.
+
+    ``waiting_since``, never before the Workload's creation (a Pending dated year 1 read
+    as 6e10 s: hostile pass 4, L3).
+    """
     start = waiting_since(p, now)
     created = created_at(p.workload)
     return max(start, created) if created <= now + MAX_CLOCK_SKEW else start
