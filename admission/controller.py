@@ -162,15 +162,24 @@ class Snapshot:
 
 
 class _Once:
-    """Log a recurring problem when it changes, not on every pass."""
+    """Log a recurring problem when it changes, not on every pass.
+
+    At most ``MAX_TOPICS`` are remembered, the least recently warned of forgotten first
+    (it warns again if it recurs): a topic per object whose write failed was kept until
+    it cleared, and objects deleted meanwhile never clear (hostile pass 4, L4).
+    """
+
+    MAX_TOPICS = 10_000
 
     def __init__(self) -> None:
         self._last: dict[str, str] = {}
 
     def warn(self, topic: str, message: str, *args: object) -> None:
         text = message % args if args else message
-        level = logging.WARNING if self._last.get(topic) != text else logging.DEBUG
-        self._last[topic] = text
+        level = logging.WARNING if self._last.pop(topic, None) != text else logging.DEBUG
+        self._last[topic] = text  # last in the order: the most recently warned of
+        if len(self._last) > self.MAX_TOPICS:
+            del self._last[next(iter(self._last))]
         log.log(level, "%s", text)
 
     def clear(self, topic: str) -> None:

@@ -7,6 +7,7 @@ creation), never a fact that admits onto cards another gang holds.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import density, fit, hami
+from admission.controller import _Once
 from admission.decide import PoolDemand, reclaim_all
 from admission.demand import DemandResult, fetch_demand
 from admission.parameters import Headroom, Parameters, parse_parameters
@@ -362,3 +364,20 @@ async def test_the_decision_histogram_counts_the_wait_from_the_creation_at_the_e
         "unitscale_admission_check_latency_seconds_sum", {"check": CHECK, "outcome": "Ready"}
     )
     assert waited == 60.0
+
+
+# --- L4: the topics warned of once ------------------------------------------------------
+
+
+def test_the_topics_warned_of_once_are_bounded_and_a_recurring_one_is_still_once(caplog):
+    """A topic per object whose write failed was kept until it cleared: objects deleted
+    meanwhile stayed forever (issue 27, pass 4, L4)."""
+    once = _Once()
+    for i in range(_Once.MAX_TOPICS + 50):
+        once.warn(f"apply workloads train/w{i}", "failed: %s", i)
+    assert len(once._last) == _Once.MAX_TOPICS
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="admission.controller"):
+        once.warn("apply workloads train/w9999", "failed: %s", 9999)  # kept: once only
+        once.warn("apply workloads train/w0", "failed: %s", 0)  # forgotten: warned again
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG, logging.WARNING]
