@@ -31,7 +31,7 @@ from serving.config import parse_config
 from serving.gateway import EJECT_AFTER_5XX, OVERRUN_EVENTS, Gateway
 from serving.gateway_replicas import MODELS_EVERY_ROUNDS
 from serving.gateway_settings import GatewaySettings
-from serving.gateway_standby import Plan
+from serving.gateway_standby import NoPlan, Plan
 from serving.routing import MAX_WAKE_FLOOR, ReplicaView, WakePressure, choose, is_unserved
 from tests.conftest import eventually
 from tests.test_gateway_faults import Behaviour, Fake, upstream_errors
@@ -484,3 +484,27 @@ async def test_a_surplus_replica_no_plan_will_sleep_runs_once_idle():
             g.replicas[0].surplus = True  # woken under pressure
             # Before: nothing ever cleared it, and below the threshold it got nothing.
             await eventually(lambda: not g.replicas[0].surplus, "no longer surplus", 10)
+
+
+class NoPlanFrom:
+    """A scaler stand-in with no plan to act on."""
+
+    async def plan(
+        self, address: str, namespace: str, deployment: str, rpc_seconds: float
+    ) -> NoPlan:
+        return NoPlan("no-decision", "the scaler has not decided yet")
+
+
+@pytest.mark.parametrize(
+    ("outstanding", "surplus"),
+    [
+        pytest.param(0, False, id="with no plan to act on an idle surplus replica runs"),
+        pytest.param(1, True, id="one with a request outstanding keeps its mark until idle"),
+    ],
+)
+async def test_a_round_without_a_plan_releases_the_idle_surplus(outstanding: int, surplus: bool):
+    g = Gateway(["http://127.0.0.1:9"], GatewaySettings(wake_at_outstanding=2))
+    replica = g.replicas[0]
+    replica.surplus, replica.outstanding, replica.idle_since = True, outstanding, -math.inf
+    await g._standby_round(NoPlanFrom(), "unused")
+    assert replica.surplus is surplus
