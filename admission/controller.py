@@ -80,6 +80,7 @@ from admission.workload import (
     key,
     pods_by_owner,
     reclaim_body,
+    times_before_creation,
 )
 from foundation.errors import ConfigError
 from foundation.kube import (
@@ -545,7 +546,10 @@ class Controller:
         return True
 
     def _check_objects(self, view: Snapshot) -> None:
-        """Warn once of, and count, each node or pod whose HAMi annotation cannot be read.
+        """Warn once of, and count, each object the pass reads with a problem.
+
+        A node or pod whose HAMi annotation cannot be read; a Workload whose Ready or
+        Admitted time is before its creation (read as its creation).
 
         Only versions not seen before are read, so a pass costs a lookup per object; a
         warning comes when an object's problem appears or changes, not with each new
@@ -559,7 +563,8 @@ class Controller:
             if before is None or before[1] != why:
                 log.warning("%s: left out, of the wrong shape: %s", subject, why)
                 self.metrics.unreadable.labels(kind).inc()
-        for kind, objects in (("node", view.nodes), ("pod", view.pods)):
+        kinds = (("node", view.nodes), ("pod", view.pods), ("workload", view.workloads.values()))
+        for kind, objects in kinds:
             for obj in objects:
                 meta = obj.get("metadata") if isinstance(obj, Mapping) else None
                 meta = meta if isinstance(meta, Mapping) else {}
@@ -569,11 +574,11 @@ class Controller:
                 if before is not None and before[0] == version:
                     checked[ident] = before
                     continue
-                found = hami.unreadable(kind, obj)
-                problem = found[1] if found is not None else ""
+                found = _unreadable(kind, obj)
+                problem = found[2] if found is not None else ""
                 checked[ident] = (version, problem)
                 if found is not None and (before is None or before[1] != problem):
-                    log.warning("%s: left out, its GPUs are not offered: %s", *found)
+                    log.warning(*found)
                     self.metrics.unreadable.labels(kind).inc()
         self._read_versions = checked
 
@@ -825,6 +830,19 @@ class Controller:
             pools[pool] = (total, free)
         self.metrics.set_inventory(pools)
         self.metrics.set_lora_tenants(lora.tenants_per_base_model(view.workloads.values()))
+
+
+def _unreadable(kind: str, obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """What a pass warns of for one object: ``(format, subject, problem)``, or None.
+
+    A node's or pod's unreadable HAMi annotation, or a Workload's times before its
+    creation (read as its creation: hostile pass 4, H1 and M2).
+    """
+    if kind == "workload":
+        problem = times_before_creation(obj)
+        return None if problem is None else ("%s: %s", f"workload {key(obj)}", problem)
+    found = hami.unreadable(kind, obj)
+    return None if found is None else ("%s: left out, its GPUs are not offered: %s", *found)
 
 
 def _waiting_from(p: Pending, now: float) -> float:

@@ -38,7 +38,9 @@ Never a Workload or pod name.
   ``reused`` unchanged from an earlier pass, or ``extended`` by the gangs admitted since;
 - ``unitscale_admission_unreadable_objects_total{kind}``: node or pod versions whose HAMi
   annotation could not be read (``node``, ``pod``), each with one WARNING naming it; such
-  a node offers no GPUs, nor does the node such a pod runs on. Also objects left out of
+  a node offers no GPUs, nor does the node such a pod runs on. Also ``workload`` versions
+  dating a Ready entry or ``Admitted`` before their creation (read as the creation).
+  Also objects left out of
   the view for their JSON shape (``admission.shape``; also ``workload``, ``dataset``,
   ``dataload``), counted as their problem appears or changes.
 """

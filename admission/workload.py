@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from admission import annotations as names
+from foundation.errors import quote
 from foundation.timestamps import format_time, parse_time
 
 RawObject = dict[str, Any]
@@ -91,6 +92,32 @@ def priority(workload: Mapping[str, Any]) -> int:
 def created_at(workload: Mapping[str, Any]) -> float:
     """``metadata.creationTimestamp`` in unix seconds, 0 when unreadable."""
     return parse_time((workload.get("metadata") or {}).get("creationTimestamp")) or 0.0
+
+
+def times_before_creation(workload: Mapping[str, Any]) -> str | None:
+    """The Ready entries and ``Admitted`` time dated before the Workload's creation, or None.
+
+    Nothing is Ready or admitted before it exists (the API server sets the creation):
+    such a time, or a Ready entry's that is missing or unreadable, is read as the
+    creation (``decide._ready_since``, ``reclaim._admitted_at``); this names them for the
+    controller's one warning each. None when the creation itself cannot be read.
+    """
+    created = parse_time((workload.get("metadata") or {}).get("creationTimestamp"))
+    if created is None:
+        return None
+    found = []
+    for name, entry in sorted(check_entries(workload).items()):
+        at = parse_time(entry.get("lastTransitionTime"))
+        if entry.get("state") == READY and (at is None or at < created - MAX_CLOCK_SKEW):
+            found.append(f"check {quote(name)} Ready at {quote(entry.get('lastTransitionTime'))}")
+    for cond in (workload.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "Admitted":
+            at = parse_time(cond.get("lastTransitionTime"))
+            if at is not None and at < created - MAX_CLOCK_SKEW:
+                found.append(f"Admitted at {quote(cond.get('lastTransitionTime'))}")
+    if not found:
+        return None
+    return f"{', '.join(found)}: before its creation or unreadable, read as its creation"
 
 
 def pods_by_owner(pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:

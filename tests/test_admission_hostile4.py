@@ -21,6 +21,7 @@ from admission.controller import _Once
 from admission.decide import PoolDemand, reclaim_all
 from admission.demand import DemandResult, fetch_demand
 from admission.parameters import Headroom, Parameters, parse_parameters
+from admission.workload import times_before_creation
 from foundation.errors import ConfigError
 from foundation.timestamps import format_time
 from tests.test_admission_controller import NO_API, Writing
@@ -381,3 +382,50 @@ def test_the_topics_warned_of_once_are_bounded_and_a_recurring_one_is_still_once
         once.warn("apply workloads train/w9999", "failed: %s", 9999)  # kept: once only
         once.warn("apply workloads train/w0", "failed: %s", 0)  # forgotten: warned again
     assert [r.levelno for r in caplog.records] == [logging.DEBUG, logging.WARNING]
+
+
+# --- H1, M2: a time before the creation is warned of once and counted ---------------------
+
+
+@pytest.mark.parametrize(
+    ("ready_at", "admitted_at", "named"),
+    [
+        pytest.param(format_time(NOW - 60), format_time(NOW - 60), None, id="times after it"),
+        pytest.param("1970-01-01T00:00:00Z", None, "Ready at '1970", id="a Ready dated 1970"),
+        pytest.param("x", None, "Ready at 'x'", id="a Ready time unreadable"),
+        pytest.param(
+            format_time(NOW - 60), "0001-01-01T00:00:00Z", "Admitted at '0001",
+            id="an Admitted time of year 1",
+        ),
+    ],
+)  # fmt: skip
+def test_times_before_the_creation_are_named(ready_at, admitted_at, named):
+    w = workload("ghost", gpus=8, state="Ready", created=CREATED_90_S_AGO)
+    w["status"]["admissionChecks"][0]["lastTransitionTime"] = ready_at
+    if admitted_at is not None:
+        w["status"]["conditions"].append(
+            {"type": "Admitted", "status": "True", "lastTransitionTime": admitted_at}
+        )
+    problem = times_before_creation(w)
+    assert (problem is None) if named is None else (named in str(problem))
+
+
+async def test_a_ready_time_before_the_creation_is_warned_of_once_and_counted(caplog):
+    controller = Writing()
+    check = {"metadata": {"name": CHECK}, "spec": {"controllerName": controller.name}}
+    ghost = workload("ghost", gpus=8, state="Ready", created=CREATED_90_S_AGO)
+    ghost["metadata"]["resourceVersion"] = "7"
+    ghost["status"]["admissionChecks"][0]["lastTransitionTime"] = "1970-01-01T00:00:00Z"
+    controller._changed("admissionchecks", {CHECK: check})
+    controller._changed("workloads", {"train/ghost": ghost})
+    controller._changed("nodes", {"gpu-1": node("gpu-1")})
+    controller._changed("pods", {})
+    with caplog.at_level(logging.WARNING, logger="admission.controller"):
+        await controller.reconcile(api=NO_API)
+        await controller.reconcile(api=NO_API)
+    warned = [r.getMessage() for r in caplog.records if "before its creation" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("workload train/ghost:"), warned
+    count = controller.metrics.registry.get_sample_value(
+        "unitscale_admission_unreadable_objects_total", {"kind": "workload"}
+    )
+    assert count == 1.0
