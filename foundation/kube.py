@@ -5,8 +5,10 @@ the list's ``resourceVersion``; every change hands the whole current set (key ->
 JSON object) to a callback. The key is the object's name, or ``namespace/name`` when
 the selection spans every namespace. The watch ends after ``resync`` seconds
 (server-side timeout) and the loop lists again, so a missed event is repaired within one
-resync. A broken connection (an API server restart) or a ``410 GoneError`` relists after
-a capped, doubling backoff; meanwhile the last known set stays in use.
+resync. A broken connection (an API server restart), or a watch that ends or expires
+(``410 GoneError``) before it held ``min(reconnect_max, resync / 2)``, relists after a
+capped, doubling backoff that starts again only after a watch that held; meanwhile the
+last known set stays in use.
 
 Any resource works (``Resource``: the core group, built-in groups, custom resources). One
 the server does not serve (a CRD not installed) answers 404: ``on_error`` hears it and
@@ -234,8 +236,9 @@ async def watch_objects(
 
     ``on_change`` runs after each list and after each watch event, with a dict of
     object key to raw object; it must not block. ``on_error`` (optional, must not block)
-    hears each failed list or watch before the backoff: an ``ApiException`` with status
-    404 means the server does not serve the resource. ``on_skip`` (optional) hears the
+    hears each failed list or watch before the backoff (a watch ended before it held
+    too): an ``ApiException`` with status 404 means the server does not serve the
+    resource. ``on_skip`` (optional) hears the
     reason for each list item or watch event skipped as malformed (``_Skips``).
 
     Nothing the server answers ends the loop: a list that is not one (no mapping, no
@@ -246,7 +249,13 @@ async def watch_objects(
     delay = reconnect_min
     last_problem = ""
     skips = _Skips(selection, on_skip)
+    # A watch that held this long was a watch: the next list is at once, the backoff
+    # starts again. One ended sooner (a proxy closing it, a 410 each time, RBAC that
+    # grants list and not watch) relisted ~600 times a second, or warned every try.
+    hold = min(reconnect_max, resync / 2)
+    loop = asyncio.get_running_loop()
     while True:
+        began: float | None = None  # when the current watch started
         try:
             api = await access.client()
         except ConfigError as err:
@@ -255,25 +264,59 @@ async def watch_objects(
             try:
                 async with api:
                     while True:
+                        began = None
                         objects, version = await _list(api, selection, skips)
                         on_change(dict(objects))
+                        began = loop.time()
+                        how = await _watched(
+                            api, selection, objects, version, on_change, resync, skips
+                        )
+                        if loop.time() - began < hold:
+                            raise _ShortWatchError(how, hold)
+                        log.debug("watch on %s %s; listing again", selection, how)
                         delay, last_problem = reconnect_min, ""
-                        await _watch(api, selection, objects, version, on_change, resync, skips)
-            except GoneError:
-                log.info("watch on %s expired (410 GoneError); listing again", selection)
-                continue
             except Exception as err:  # any answer, any bug: this attempt failed, not the loop
                 if on_error is not None:
                     on_error(err)
+                held = began is not None and loop.time() - began >= hold
+                if held and not isinstance(err, _ShortWatchError):
+                    delay, last_problem = reconnect_min, ""  # it broke after it held
                 problem = f"{type(err).__name__}: {_brief(err)}"
                 # The same failure again (a CRD still absent) is logged once, not every try.
-                level = logging.WARNING if problem != last_problem else logging.DEBUG
+                kind = err.how if isinstance(err, _ShortWatchError) else problem
+                level = logging.WARNING if kind != last_problem else logging.DEBUG
                 log.log(
                     level, "watch on %s failed (%s); retrying in %.1fs", selection, problem, delay
                 )
-                last_problem = problem
+                last_problem = kind
         await asyncio.sleep(delay)
         delay = min(delay * 2, reconnect_max)
+
+
+class _ShortWatchError(Exception):
+    """A watch that ended, or expired (410), before it held: a failed attempt."""
+
+    def __init__(self, how: str, hold: float) -> None:
+        # No duration in the text: the same failure again is one log line, not one a try.
+        super().__init__(f"the watch {how} within {hold:g}s of its start")
+        self.how = how
+
+
+async def _watched(
+    api: client.ApiClient,
+    selection: Selection,
+    objects: dict[str, RawObject],
+    version: str,
+    on_change: Callable[[dict[str, RawObject]], None],
+    resync: float,
+    skips: _Skips,
+) -> str:
+    """How ``_watch`` ended: ``ended`` (the server closed it) or ``expired`` (a 410)."""
+    try:
+        await _watch(api, selection, objects, version, on_change, resync, skips)
+    except GoneError:
+        return "expired (410 GoneError)"
+    return "ended"
 
 
 class _Skips:

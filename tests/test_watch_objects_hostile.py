@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,69 @@ async def test_any_exception_in_a_list_fails_that_attempt_and_the_watch_recovers
         await watched.until(lambda objects: "n/a" in objects)
         assert not task.done()
     assert watched.errors == [error]
+
+
+class RefusingWatch(FakeApi):
+    """Lists fine; answers every watch as ``mode`` says: ``403`` (RBAC granting list and
+    not watch), ``end`` (a proxy closing it at once) or ``410`` (expired each time)."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__([GOOD])
+        self.mode = mode
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            return await super().handle(request)
+        if self.mode == "403":
+            return web.json_response({"kind": "Status", "code": 403}, status=403)
+        gone = b'{"type": "ERROR", "object": {"kind": "Status", "code": 410}}\n'
+        return web.Response(body=gone if self.mode == "410" else b"")
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(
+            "403", id="S4-M1: a watch refused 403 after a good list backs off, warned once"
+        ),
+        pytest.param("end", id="S4-M1: a watch ended at once is a failed attempt, backed off"),
+        pytest.param("410", id="S4-M1: a watch expired at once is a failed attempt, backed off"),
+    ],
+)
+async def test_a_watch_that_never_holds_backs_off_and_warns_once(mode, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="foundation.kube")
+    api = RefusingWatch(mode)
+    access = await api.start(tmp_path)
+    watched = Watched()
+    four = asyncio.Event()
+
+    def failed(err: Exception) -> None:
+        watched.on_error(err)
+        if len(watched.errors) >= 4:
+            four.set()
+
+    task = asyncio.create_task(
+        watch_objects(
+            access,
+            Selection(DATASETS),
+            watched.on_change,
+            reconnect_min=0.1,
+            reconnect_max=0.4,
+            on_error=failed,
+        )
+    )
+    try:
+        async with asyncio.timeout(30):  # a cap against hangs, not a timing check
+            await four.wait()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.stop()
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    delays = [float(m.rpartition("retrying in ")[2].rstrip("s")) for m in retries][:4]
+    assert delays == [0.1, 0.2, 0.4, 0.4]  # doubled, capped, never reset by a good list
+    assert api.listed <= len(watched.errors) + 1  # one list an attempt, not a storm
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    assert watched.sets and watched.sets[-1].keys() == {"n/a"}  # the listed set stands
