@@ -141,6 +141,7 @@ class ScaledObjectRegistry:
         self._by_target: dict[TargetKey, set[ScaledObject]] = {}
         self._decision_hooks: list[DecisionHook] = []
         store.add_listener(self._on_signals)
+        store.set_bound(lambda target: bool(self._by_target.get(target)))
 
     def __len__(self) -> int:
         return len(self._objects)

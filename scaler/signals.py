@@ -65,7 +65,8 @@ MAX_TARGETS = 20_000
 A watched source can name any number of targets; each is kept with its problems. Past
 the bound a new target's snapshots are refused (counted ``full``, logged once a filling)
 until ``evict_idle`` frees room: targets kept stay, so a flood of new names cannot
-push out the ones in use."""
+push out the ones in use; and a new target a ScaledObject scales takes the place of the
+stalest one none scales, so a flood cannot keep it out either."""
 
 TARGET_TTL = 600.0
 """Seconds a target no ScaledObject scales is kept after its last snapshot: long past any
@@ -99,6 +100,7 @@ class SignalStore:
         self._full_logged = False
         self._targets: dict[TargetKey, TargetSignals] = {}
         self._listeners: list[Callable[[TargetKey], None]] = []
+        self._bound: Callable[[TargetKey], bool] = lambda key: False
         self._problems: dict[tuple[object, str], str] = {}
         self.refused: Counter[tuple[str, str]] = Counter()
         """Snapshots refused, by (source, reason): ``future``, ``time-not-finite``,
@@ -107,9 +109,19 @@ class SignalStore:
         what a source could not even decode it counts with ``count_refused``."""
         self.unmeasured: Counter[tuple[str, str]] = Counter()
         """Impossible values taken as unmeasured, by (source, field)."""
+        self.evicted = 0
+        """Targets no ScaledObject scales dropped, while the store was full, for one a
+        ScaledObject scales."""
         self.errors: Counter[tuple[str, str]] = Counter()
         """A source's units of work that failed (a target's query round, a message), by
         (source, reason): see ``count_error``."""
+
+    def set_bound(self, bound: Callable[[TargetKey], bool]) -> None:
+        """Tell the store which targets some ScaledObject scales (the registry knows).
+
+        Such a target is admitted when the store is full, in place of the stalest other.
+        """
+        self._bound = bound
 
     def add_listener(self, listener: Callable[[TargetKey], None]) -> None:
         """Call ``listener(key)`` after every accepted update of ``key``."""
@@ -149,7 +161,7 @@ class SignalStore:
         problem = names and f"{source} sent impossible values, taken as unmeasured: {names}"
         self.report((key, source), problem, detail=values and f" (this time {values})")
         if entry is None:
-            if not self._has_room(source):
+            if not self._has_room(source, key):
                 return False
             entry = self._targets[key] = TargetSignals()
         previous = entry.engine if isinstance(signals, EngineSignals) else entry.gateway
@@ -165,17 +177,31 @@ class SignalStore:
             listener(key)
         return True
 
-    def _has_room(self, source: str) -> bool:
-        """Whether a new target fits; past ``max_targets`` it is refused, counted."""
+    def _has_room(self, source: str, key: TargetKey) -> bool:
+        """Whether a new target fits; past ``max_targets`` it is refused, counted.
+
+        One a ScaledObject scales is let in all the same, in place of the target no
+        ScaledObject scales that was updated longest ago: a source naming 20,000 junk
+        targets every round kept a new deployment's signals out for good (KEDA's
+        fallback), as ``evict_idle`` never frees targets refreshed each round.
+        """
         if len(self._targets) < self._max_targets:
             self._full_logged = False
             return True
+        if self._bound(key):
+            unbound = (k for k in self._targets if not self._bound(k))
+            stalest = min(unbound, key=lambda k: self._targets[k].updated_at, default=None)
+            if stalest is not None:
+                self._forget([stalest])
+                self.evicted += 1
+                return True
         self.refused[(source, "full")] += 1
         if not self._full_logged:
             self._full_logged = True
             log.error(
                 "refusing signals for new targets: %d kept already, the most kept"
-                " (a target no ScaledObject scales is forgotten %s after its last snapshot)",
+                " (a target no ScaledObject scales is forgotten %s after its last snapshot;"
+                " one a ScaledObject scales takes the place of the stalest such)",
                 len(self._targets),
                 format_duration(TARGET_TTL),
             )
@@ -192,16 +218,20 @@ class SignalStore:
             for key, entry in self._targets.items()
             if entry.updated_at < cutoff and key not in keep
         ]
-        for key in gone:
-            del self._targets[key]
+        self._forget(gone)
         if gone:
-            forgotten = set(gone)
-            for about in [a for a in self._problems if a[0] in forgotten]:
-                del self._problems[about]
             log.info(
                 "forgot the signals of %d targets (none for %s)", len(gone), format_duration(ttl)
             )
         return len(gone)
+
+    def _forget(self, keys: Collection[TargetKey]) -> None:
+        """Drop ``keys`` and the problems logged about them."""
+        for key in keys:
+            del self._targets[key]
+        forgotten = set(keys)
+        for about in [a for a in self._problems if a[0] in forgotten]:
+            del self._problems[about]
 
     def _refusal(self, signals: EngineSignals | GatewaySignals) -> tuple[str, str] | None:
         """(reason, message) when a snapshot must not be stored: its time or its counts."""

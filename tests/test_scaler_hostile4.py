@@ -242,3 +242,43 @@ def test_an_impossible_load_figure_is_counted_and_leaves_the_count_where_it_was(
     assert decision.desired_replicas < 100, decision.reason
     assert len(decision.reason) < 300
     assert sum(store.unmeasured.values()) >= 1
+
+
+def _engine_at(deployment: str, at: float) -> Snapshot:
+    return Snapshot(("junk", deployment, ""), engine(window(), time=at))
+
+
+@pytest.mark.parametrize(
+    ("bound", "kept", "evicted"),
+    [
+        pytest.param(True, True, "junk/d0", id="a bound target takes the stalest junk's place"),
+        pytest.param(False, False, None, id="an unbound new target is still refused when full"),
+    ],
+)
+def test_a_full_store_admits_a_target_a_scaled_object_scales(bound, kept, evicted):
+    clock = FakeClock(T0)
+    store = SignalStore(clock, max_targets=3)
+    registry = ScaledObjectRegistry(store, 30.0, clock)
+    for round_ in range(3):  # the flood is refreshed every round: evict_idle frees nothing
+        for i in range(3):
+            clock.now = T0 + round_ * 300 + i
+            assert store.update(_engine_at(f"d{i}", clock.now))
+    if bound:
+        registry.resolve("new", "junk", {"scalerAddress": "x:1", "deployment": "new"})
+    assert store.update(_engine_at("new", clock.now)) is kept
+    keys = {f"{key[0]}/{key[1]}" for key in store.keys()}
+    assert len(keys) == 3 and ("junk/new" in keys) is kept
+    assert (evicted is None) or evicted not in keys
+    assert store.evicted == (1 if kept else 0)
+    assert store.refused[("exporter", "full")] == (0 if kept else 1)
+
+
+def test_a_full_store_of_bound_targets_evicts_none_of_them():
+    clock = FakeClock(T0)
+    store = SignalStore(clock, max_targets=2)
+    registry = ScaledObjectRegistry(store, 30.0, clock)
+    for name in ("d0", "d1", "new"):
+        registry.resolve(name, "junk", {"scalerAddress": "x:1", "deployment": name})
+    assert store.update(_engine_at("d0", T0)) and store.update(_engine_at("d1", T0))
+    assert not store.update(_engine_at("new", T0))
+    assert store.refused[("exporter", "full")] == 1 and store.evicted == 0
