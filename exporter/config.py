@@ -107,7 +107,14 @@ class DeploymentConfig(BaseModel):
     @field_validator("dns")
     @classmethod
     def _host_port(cls, dns: str | None) -> str | None:
-        return None if dns is None else host_port(dns)
+        if dns is None:
+            return None
+        # The same host check as a target's: a 64-character label passed host_port and
+        # failed every discovery cycle, for good, behind a flag that was accepted.
+        problem = _host_problem(host_port(dns).rpartition(":")[0])
+        if problem is not None:
+            raise ValueError(f"{problem}, in {quote(dns)}")
+        return dns
 
 
 class ExporterConfig(BaseModel):

@@ -279,6 +279,16 @@ async def test_metrics_and_signals_are_served_over_http_and_grpc(replicas):
             id="a-host-label-of-64-characters-no-resolver-takes-is-refused",
         ),
         pytest.param(
+            {"deployments": [{"dns": "b" * 64 + ".example:8000"}]},
+            "labels are 1-63 characters",
+            id="S4-L1-a-dns-host-label-of-64-characters-no-resolver-takes-is-refused",
+        ),
+        pytest.param(
+            {"deployments": [{"dns": "a..b:8000"}]},
+            "labels are 1-63 characters",
+            id="S4-L1-a-dns-host-with-an-empty-label-is-refused",
+        ),
+        pytest.param(
             {"deployments": [{"targets": ["a." * 130 + "example:80"]}]},
             "a host name of 1-253 characters",
             id="a-host-name-over-253-characters-is-refused",
