@@ -30,7 +30,7 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from foundation.errors import ConfigError
-from foundation.files import MAX_CONFIG_BYTES, read_bytes
+from foundation.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -97,38 +97,49 @@ class KubeAccess:
 
     @staticmethod
     def _check_files(files: str) -> None:
-        """Each kubeconfig the client would read, and each user's ``tokenFile`` in it.
+        """Each kubeconfig the client would read, and each file one names.
 
-        A kubeconfig: a regular file, at most 1 MiB; a token file: at most 64 KiB.
-        ``/dev/zero`` as ``--kubeconfig``, or as a ``tokenFile``, was read until memory ran
-        out; a missing one, or a kubeconfig of the wrong shape, stays the client's to
-        report (KUBECONFIG lists may name files not there).
+        A kubeconfig: a regular file, at most 1 MiB; a user's ``tokenFile``: at most
+        64 KiB; a cluster's ``certificate-authority``, a user's ``client-certificate`` and
+        ``client-key``: at most ``MAX_PEM_BYTES``. The client opens these by path:
+        ``/dev/zero`` was read until memory ran out, a FIFO waited on for good. A missing
+        one, or a kubeconfig of the wrong shape, stays the client's to report
+        (KUBECONFIG lists may name files not there).
         """
         for name in files.split(os.pathsep):
             if name and os.path.lexists(name):
                 data = read_bytes(Path(name), MAX_CONFIG_BYTES, "kubeconfig")
-                for token in _token_files(data, Path(name).parent):
-                    if os.path.lexists(token):
-                        read_bytes(token, MAX_TOKEN_BYTES, "kubeconfig tokenFile")
+                for path, what, limit in _named_files(data, Path(name).parent):
+                    if os.path.lexists(path):
+                        read_bytes(path, limit, f"kubeconfig {what}")
 
 
 MAX_TOKEN_BYTES = 64 * 1024
 """A bearer token file: a service account's JWT is about 1 KiB."""
 
+_NAMED_FILES = (
+    ("clusters", "cluster", "certificate-authority", MAX_PEM_BYTES),
+    ("users", "user", "tokenFile", MAX_TOKEN_BYTES),
+    ("users", "user", "client-certificate", MAX_PEM_BYTES),
+    ("users", "user", "client-key", MAX_PEM_BYTES),
+)
+"""(list, entry, key, the most bytes read) of every file path a kubeconfig may name."""
 
-def _token_files(kubeconfig: bytes, base: Path) -> list[Path]:
-    """The ``tokenFile`` of each user a kubeconfig lists (relative to its directory)."""
+
+def _named_files(kubeconfig: bytes, base: Path) -> list[tuple[Path, str, int]]:
+    """(path, key, limit) of each file the kubeconfig names (relative to its directory)."""
     try:
         parsed = yaml.safe_load(kubeconfig)
     except (yaml.YAMLError, ValueError, RecursionError):
         return []  # the client's own parse reports it
-    users = parsed.get("users") if isinstance(parsed, dict) else None
-    found: list[Path] = []
-    for entry in users if isinstance(users, list) else []:
-        user = entry.get("user") if isinstance(entry, dict) else None
-        token = user.get("tokenFile") if isinstance(user, dict) else None
-        if isinstance(token, str) and token:
-            found.append(base / os.path.expanduser(token))
+    found: list[tuple[Path, str, int]] = []
+    for listed, inner, key, limit in _NAMED_FILES:
+        entries = parsed.get(listed) if isinstance(parsed, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            body = entry.get(inner) if isinstance(entry, dict) else None
+            path = body.get(key) if isinstance(body, dict) else None
+            if isinstance(path, str) and path:
+                found.append((base / os.path.expanduser(path), key, limit))
     return found
 
 

@@ -411,6 +411,51 @@ async def test_a_token_file_within_its_bound_is_taken(tmp_path):
     await api.close()
 
 
+def _kubeconfig_naming(where: str, key: str, path: str) -> bytes:
+    cluster = "server: 'https://127.0.0.1:1'"
+    user = "token: t"
+    if where == "cluster":
+        cluster += f", {key}: '{path}'"
+    else:
+        user = f"{key}: '{path}'"
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{{cluster}}}}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        f"users: [{{name: u, user: {{{user}}}}}]\n"
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        pytest.param("cluster", "certificate-authority", id="a cluster's certificate-authority"),
+        pytest.param("user", "client-certificate", id="a user's client-certificate"),
+        pytest.param("user", "client-key", id="a user's client-key"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "special",
+    [
+        pytest.param("fifo", id="that is a FIFO is refused, not waited on"),
+        pytest.param("/dev/zero", id="of /dev/zero is refused, not read until memory runs out"),
+        pytest.param("big.pem", id="over 256 KiB is refused"),
+    ],
+)
+async def test_every_file_a_kubeconfig_names_is_read_within_its_bound(
+    tmp_path, where, key, special
+):
+    (tmp_path / "big.pem").write_bytes(b"-" * (300 << 10))
+    named = _fifo(tmp_path) if special == "fifo" else special
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(_kubeconfig_naming(where, key, named))
+    with pytest.raises(ConfigError) as error:
+        async with asyncio.timeout(10):  # a cap against the hang this refuses
+            await KubeAccess(path).client()
+    expected = "over 262,144 bytes" if special == "big.pem" else "not a regular file"
+    assert f"kubeconfig {key}" in str(error.value) and expected in str(error.value)
+
+
 # --- M13: listen addresses ----------------------------------------------------------------
 
 
