@@ -39,6 +39,8 @@ MAX_TOKEN_RATE = 1e7 * MAX_REPLICAS
 ``MAX_TOKENS_PER_SECOND``) at ``MAX_REPLICAS``."""
 MAX_MEAN_TOKENS = 1e7
 """Tokens per request a mean may say: past any model's context window."""
+MAX_LATENCY = 86_400.0
+"""Seconds a latency quantile may say: a day, past the largest bucket any engine has."""
 
 _BOUNDS = {
     "queue_depth": MAX_REQUESTS,
@@ -57,6 +59,7 @@ _BOUNDS = {
     "generation_token_rate": MAX_TOKEN_RATE,
     "mean_prompt_tokens": MAX_MEAN_TOKENS,
     "mean_output_tokens": MAX_MEAN_TOKENS,
+    **dict.fromkeys(("p50", "p90", "p95", "p99"), MAX_LATENCY),
 }
 """The plausible domain's upper end of each load field (by its name without the window)."""
 
@@ -204,12 +207,13 @@ def checked(
     Counts, rates, latencies and shares are finite and not negative. A negative queue or
     a NaN rate from a source is not a measurement of no load: read as one it would lower
     the replica count (running -3 summed with a queue of 3 is 0 in flight), so it becomes
-    None, as if the series were absent. So does a load figure past its plausible domain
-    (``_BOUNDS``: a backlog of 4294967295, a queue of 1e300, a 10^12-token mean), which
-    pinned ``maxReplicas`` silently; a sleeper count above ``MAX_REPLICAS`` or above the
-    replicas answering; and a finished-request rate above the window's generation token
-    rate (each request ends with at least one token generated in the window, so more
-    requests than tokens is no mix: read as one, 0.012 tokens a request scaled a loaded
+    None, as if the series were absent. So does a load figure or latency past its
+    plausible domain (``_BOUNDS``: a backlog of 4294967295, a queue of 1e300, a
+    10^12-token mean), which pinned ``maxReplicas`` silently; a sleeper count above
+    ``MAX_REPLICAS`` or above the replicas answering; and a finished-request rate above
+    the window's generation token rate (each request ends with at least one token
+    generated in the window, so more requests than tokens is no mix: read as one, 0.012
+    tokens a request scaled a loaded
     deployment down). A cost may be +Inf (a price, nothing served).
     Times are not checked here: the store refuses a snapshot whose time is wrong.
     """
