@@ -71,6 +71,7 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
     """
     delay = config.reconnect_min
     last = ""  # why the last attempt broke ("" while none has, or after one that held)
+    announced = False  # "watching" logged at INFO since the last WARNING
     while True:
         began, streaming = time.monotonic(), False
         try:
@@ -79,8 +80,11 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
                 async for response in stub.WatchSignals(pb.WatchSignalsRequest()):
                     if not streaming:
                         streaming = True
-                        level = logging.INFO if not last else logging.DEBUG
+                        # Once after each WARNING: a source that recovers says so, one
+                        # that ends every stream is not announced every reconnect.
+                        level = logging.DEBUG if announced else logging.INFO
                         log.log(level, "watching signals from %s", config.address)
+                        announced = True
                     receive(store, response.signals, config.address)
             problem, kind = "ended", "ended"
         except grpc.aio.AioRpcError as err:
@@ -94,6 +98,7 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
             delay, last = config.reconnect_min, ""  # it held: a fresh start
         if kind != last:
             log.warning("signal watch on %s %s; reconnecting", config.address, problem)
+            announced = False
         else:
             log.debug("signal watch on %s %s; retrying in %.2fs", config.address, problem, delay)
         last = kind
