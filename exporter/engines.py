@@ -277,6 +277,8 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
                     rejected["created"] = "not-finite"
                     continue
                 created = sample.value if created is None else max(created, sample.value)
+    if "created" in rejected:  # what is rejected is missing too: the stats say so whole
+        missing.append("created")
 
     histograms: dict[str, Histogram] = {}
     for concept, options in contract.histograms.items():
