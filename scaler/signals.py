@@ -19,7 +19,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from foundation.durations import format_duration
@@ -27,10 +27,8 @@ from foundation.errors import NoDataError, StaleSignalError
 from foundation.signals import (
     EngineSignals,
     GatewaySignals,
-    Impossible,
     Snapshot,
     TargetKey,
-    WindowSignals,
     checked,
     describe_target,
     impossible_counts,
@@ -146,9 +144,6 @@ class SignalStore:
         key, source = snapshot.target, snapshot.source
         signals, impossible = checked(snapshot.signals)
         entry = self._targets.get(key)
-        if isinstance(signals, EngineSignals) and entry is not None and entry.gateway:
-            signals, beyond = beyond_arrivals(signals, entry.gateway)
-            impossible += beyond
         refusal = self._refusal(signals)
         if refusal is not None:
             self.refused[(source, refusal[0])] += 1
@@ -275,47 +270,6 @@ class SignalStore:
             del self._problems[about]
             log.info("signals for %s from %s are usable again", where, source)
         return True
-
-
-COMPLETIONS_PER_ARRIVAL = 4.0
-"""How many times the gateway's arrivals (or its judged ends) the engines may finish.
-
-Past that and ``MIN_EXCESS_RATE`` more, the engines' request rate is unmeasured: it is
-the divisor of the observed mix (tokens over requests), and ten times the arrivals read
-a 2000/300-token mix as 200/30 and scaled a loaded deployment down. A backlog draining
-finishes more than arrives, but within the engine's window its ends are judged by the
-gateway too, over the same minute."""
-MIN_EXCESS_RATE = 1.0
-"""Requests per second the engines may finish beyond that, so a trickle never trips it."""
-
-
-def beyond_arrivals(
-    engine: EngineSignals, gateway: GatewaySignals
-) -> tuple[EngineSignals, Impossible]:
-    """``engine`` without a request rate far above what ``gateway`` saw arrive or end.
-
-    Only a gateway snapshot within the engine's stable window (or a minute) of it is
-    compared.
-    """
-    if abs(engine.time - gateway.time) > max(engine.stable.seconds, 60.0):
-        return engine, ()
-    seen = [gateway.arrival_rate]
-    if gateway.slo_within_rate is not None and gateway.slo_outside_rate is not None:
-        seen.append(gateway.slo_within_rate + gateway.slo_outside_rate)
-    known = [rate for rate in seen if rate is not None]
-    if not known:
-        return engine, ()
-    most = COMPLETIONS_PER_ARRIVAL * max(known) + MIN_EXCESS_RATE
-    found: list[tuple[str, float]] = []
-
-    def within(name: str, window: WindowSignals) -> WindowSignals:
-        if window.request_rate is None or window.request_rate <= most:
-            return window
-        found.append((f"{name}.request_rate", window.request_rate))
-        return replace(window, request_rate=None)
-
-    panic, stable = within("panic", engine.panic), within("stable", engine.stable)
-    return (replace(engine, panic=panic, stable=stable) if found else engine), tuple(found)
 
 
 def observe(
