@@ -109,13 +109,16 @@ class KubeAccess:
         for name in files.split(os.pathsep):
             if name and os.path.lexists(name):
                 data = read_bytes(Path(name), MAX_CONFIG_BYTES, "kubeconfig")
-                for path, what, limit in _named_files(data, Path(name).parent):
+                for path, what, limit in _named_files(_parsed(data, name), Path(name).parent):
                     if os.path.lexists(path):
                         read_bytes(path, limit, f"kubeconfig {what}")
 
 
 MAX_TOKEN_BYTES = 64 * 1024
 """A bearer token file: a service account's JWT is about 1 KiB."""
+MAX_ENTRIES = 256
+"""Clusters, contexts or users one kubeconfig may list: the client merges them pairwise
+(10,000 users took 28 s, a 1 MiB file of 60,000 never ended)."""
 
 _NAMED_FILES = (
     ("clusters", "cluster", "certificate-authority", MAX_PEM_BYTES),
@@ -126,12 +129,51 @@ _NAMED_FILES = (
 """(list, entry, key, the most bytes read) of every file path a kubeconfig may name."""
 
 
-def _named_files(kubeconfig: bytes, base: Path) -> list[tuple[Path, str, int]]:
-    """(path, key, limit) of each file the kubeconfig names (relative to its directory)."""
+def _parsed(kubeconfig: bytes, name: str) -> object:
+    """The kubeconfig's document, or None where the client's own parse should report it.
+
+    Raises:
+        ConfigError: YAML aliases (no kubeconfig writer uses them; 709 bytes of them
+            expanded to 10^8 entries), or more than ``MAX_ENTRIES`` of a list.
+    """
     try:
         parsed = yaml.safe_load(kubeconfig)
     except (yaml.YAMLError, ValueError, RecursionError):
-        return []  # the client's own parse reports it
+        return None
+    if _shares_a_node(parsed):
+        raise ConfigError(f"--kubeconfig {name}: YAML aliases are not read in a kubeconfig")
+    for listed in ("clusters", "contexts", "users"):
+        entries = parsed.get(listed) if isinstance(parsed, dict) else None
+        if isinstance(entries, list) and len(entries) > MAX_ENTRIES:
+            raise ConfigError(
+                f"--kubeconfig {name}: {len(entries):,} {listed}, more than the {MAX_ENTRIES} read"
+            )
+    return parsed
+
+
+def _shares_a_node(parsed: object) -> bool:
+    """Whether a list or mapping appears twice in ``parsed`` (a YAML alias made it so).
+
+    Each is visited once, so a structure of aliases costs what it holds, not what it
+    expands to.
+    """
+    seen: set[int] = set()
+    stack = [parsed]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict | list):
+            if id(node) in seen:
+                return True
+            seen.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    return False
+
+
+def _named_files(parsed: object, base: Path) -> list[tuple[Path, str, int]]:
+    """(path, key, limit) of each file the kubeconfig names, relative to its directory.
+
+    As the client opens them: joined to the kubeconfig's directory, ``~`` not expanded.
+    """
     found: list[tuple[Path, str, int]] = []
     for listed, inner, key, limit in _NAMED_FILES:
         entries = parsed.get(listed) if isinstance(parsed, dict) else None
@@ -139,7 +181,7 @@ def _named_files(kubeconfig: bytes, base: Path) -> list[tuple[Path, str, int]]:
             body = entry.get(inner) if isinstance(entry, dict) else None
             path = body.get(key) if isinstance(body, dict) else None
             if isinstance(path, str) and path:
-                found.append((base / os.path.expanduser(path), key, limit))
+                found.append((base / path, key, limit))
     return found
 
 

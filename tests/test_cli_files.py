@@ -403,6 +403,35 @@ async def test_a_token_file_is_read_within_its_bound(tmp_path, token, message):
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(
+            b"a: &x [1, 1]\nb: [*x, *x]\n", "YAML aliases",
+            id="aliases are refused before they expand (709 bytes reached 10^8 entries)"),
+        pytest.param(
+            ("users:\n" + "".join(f"- {{name: u{i}, user: {{}}}}\n" for i in range(300))).encode(),
+            "300 users, more than the 256 read",
+            id="300 users are refused, not merged pairwise for minutes"),
+    ],
+)  # fmt: skip
+async def test_a_kubeconfig_the_client_would_blow_up_on_is_refused(tmp_path, content, message):
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as error:
+        await KubeAccess(path).client()
+    assert message in str(error.value)
+
+
+async def test_a_token_file_is_found_where_the_client_opens_it_a_tilde_not_expanded(tmp_path):
+    (tmp_path / "~").mkdir()
+    (tmp_path / "~" / "token").write_bytes(b"t" * (100 << 10))
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(_kubeconfig_with_token("~/token"))
+    with pytest.raises(ConfigError, match="over 65,536 bytes"):
+        await KubeAccess(path).client()
+
+
 async def test_a_token_file_within_its_bound_is_taken(tmp_path):
     (tmp_path / "token").write_text("abc")
     path = tmp_path / "kubeconfig"
