@@ -64,7 +64,7 @@ def test_the_fit_survives_scale_to_zero():
         ),
         0.0,
     )
-    idle = dataclasses.replace(idle, **quiet)
+    idle = dataclasses.replace(idle, **quiet)  # type: ignore[arg-type]
     later = dataclasses.replace(fitted, last_activity=T0)
     decision = decide(idle, PROFILED, later)
     assert decision.desired_replicas == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from typing import Any
 
 import aiohttp
 import grpc
@@ -517,7 +518,7 @@ class ForbiddenApi(FakeApi):
         return web.json_response(status, status=403)
 
 
-def slices_listing(port: int, *extra: dict) -> bytes:
+def slices_listing(port: int, *extra: dict[str, Any]) -> bytes:
     good = {
         "metadata": {"name": "s1", "namespace": "team-a"},
         "addressType": "IPv4",

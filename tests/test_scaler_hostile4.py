@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -87,7 +88,7 @@ def test_a_request_rate_no_mix_has_never_lowers_a_loaded_deployment(request_rate
     assert store.unmeasured[("exporter", "request_rate")] > 0
 
 
-def window(**values: float) -> WindowSignals:
+def window(**values: Any) -> WindowSignals:
     return WindowSignals(seconds=60.0, **values)
 
 

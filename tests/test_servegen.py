@@ -454,8 +454,14 @@ def test_a_directory_is_bounded_in_clients_windows_and_distribution_bytes(
         write_client(tmp_path, n, days_of(1, 1.0), LENGTHS)
     read_servegen(tmp_path, ServeGenOptions(0.01, (0, 0)))  # within the real bounds
     monkeypatch.setattr(servegen, bound, value)
-    parsed, loads = [], json.loads
-    monkeypatch.setattr(servegen.json, "loads", lambda raw: parsed.append(raw) or loads(raw))
+    parsed: list[object] = []
+    loads = json.loads
+
+    def counted(raw: str | bytes, *args: object, **kwargs: object) -> object:
+        parsed.append(raw)
+        return loads(raw, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(json, "loads", counted)
     with pytest.raises(TraceError, match=fragment):
         read_servegen(tmp_path, ServeGenOptions(0.01, (0, 0)))
     assert len(parsed) <= 1, "the file past the bound was parsed"
