@@ -123,7 +123,8 @@ class Scaler:
         self.task: asyncio.Task[None] | None = None
 
     def arrive(self, buffered: int = 1) -> None:
-        signals = GatewaySignals(time.time(), None, buffered, 0)
+        # as a gateway publishes: its arrival rate is measured (0 while none arrives)
+        signals = GatewaySignals(time.time(), 0.0, buffered, 0)
         self.store.update(Snapshot((self.namespace, "llama", ""), signals))
 
     def state(self) -> str:
