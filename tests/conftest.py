@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from aiohttp import web
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from protos.externalscaler import externalscaler_pb2 as keda
@@ -122,3 +124,15 @@ async def eventually(predicate, what: str = "condition", limit: float = 30.0) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: still false after {limit:.0f}s")
         await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def served_app(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on 127.0.0.1, a port the kernel picks: its base URL, stopped after."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

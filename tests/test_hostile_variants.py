@@ -38,7 +38,7 @@ from serving.replica_answers import (
     AnswerError,
     read_models,
 )
-from tests.conftest import eventually
+from tests.conftest import eventually, served_app
 from tests.test_admission_decide import NOW, node, running
 from tests.test_gateway_isolation import gateway_for, warnings_naming
 
@@ -99,14 +99,8 @@ class Churning:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/is_sleeping", self._awake)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        try:
+        async with served_app(app) as self.url:
             yield self
-        finally:
-            await runner.cleanup()
 
 
 async def test_a_replica_listing_new_names_each_time_back_cannot_grow_what_is_remembered(

@@ -35,7 +35,7 @@ from serving.config import parse_config
 from serving.gateway_settings import GatewaySettings
 from serving.server import ConnectionGuard, GatewayServer
 from serving.slo import SSE_LINE_LIMIT, ResponseMeter
-from tests.conftest import eventually
+from tests.conftest import eventually, served_app
 from tests.test_gateway_faults import (
     Behaviour,
     Fake,
@@ -299,14 +299,8 @@ class Echo:
         app.router.add_get("/health", health)
         app.router.add_get("/v1/models", models)
         app.router.add_post("/v1/completions", self._completions)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        try:
+        async with served_app(app) as self.url:
             yield self
-        finally:
-            await runner.cleanup()
 
 
 BODY = json.dumps({"model": "sim-llama", "prompt": "hello"}).encode()
