@@ -14,7 +14,8 @@ from scaler.core.decide import decide
 from scaler.core.model import DecisionState, Observation, Policy
 from scaler.core.window import Recent
 
-S = Steering()  # target 0.99, step 0.05, max 1.0, half-life 1800 s, window 60 s
+# The worked numbers below: target 0.99, step 0.05, max 1.0, half-life 1800 s, window 60 s.
+S = Steering(step=0.05, fall_half_life_seconds=1800.0)
 
 
 def history(

@@ -113,9 +113,9 @@ class Knob:
 
 
 UNITSCALE_SPACE = (
-    Knob("headroom-step", 0.0, 0.2, step=0.01),
+    Knob("headroom-step", 0.0, 0.3, step=0.01),
     Knob("headroom-max", 0.0, 2.0, step=0.05),
-    Knob("headroom-half-life", 300, 7200, log=True, whole=True, seconds=True),
+    Knob("headroom-half-life", 60, 7200, log=True, whole=True, seconds=True),
     Knob("scale-down-window", 0, 1800, step=30, whole=True, seconds=True),
     Knob("backlog-drain", 5, 120, log=True, whole=True, seconds=True),
     Knob("profile-utilization", 0.5, 1.0, step=0.05),

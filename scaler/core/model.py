@@ -76,12 +76,12 @@ class Policy:
     slo_itl_seconds: float = 0.1
     slo_attainment: float = 0.99
     """The share of requests to keep within both targets: the SLO the planner holds."""
-    headroom_step: float = 0.05
+    headroom_step: float = 0.1
     """Attainment below the target adds this to the headroom for each allowance of misses
     the gateway's window shows (at most 10), once a window (``scaler.core.attainment``)."""
     headroom_max: float = 1.0
     """The headroom's bound (a share of the need); 0 turns the attainment loop off."""
-    headroom_half_life_seconds: float = 1800.0
+    headroom_half_life_seconds: float = 300.0
     """While attainment has margin the headroom halves this often."""
     scale_down_window_seconds: float = 300.0
     """Scale down only to the most replicas needed within this window (bursts recur)."""
