@@ -109,7 +109,13 @@ log = logging.getLogger(__name__)
 
 PROXIED = ("/v1/completions", "/v1/chat/completions")
 EJECT_AFTER_5XX = 3
-"""Server errors in a row that eject a replica from routing (``_answered``)."""
+"""Fast failures in a row that eject a replica from routing (``_failed_in_a_row``)."""
+FAST_FAILURES = frozenset(
+    {"before-response", "mid-response", "bad-headers", "status-5xx", "stream-error"}
+)
+"""Upstream failures a replica answers at once, counted in a row toward its ejection: a
+server error, broken HTTP, a body cut off, a stream carrying an error event. Counting
+only 5xx left one that closed every answer after its headers ~98% of the traffic."""
 EJECT_SECONDS = 10.0
 """How long a first ejection lasts; doubled per ejection in a row (``Backoff``), at most 8x."""
 OVERRUN_EVENTS = 16
@@ -371,7 +377,7 @@ class Gateway:
         """
         try:
             views = self.pool.views() if views is None else views
-            ready = [v.outstanding for v in views if v.ready and v.serves(model)]
+            ready = [v.outstanding for v in views if v.ready and not v.ejected and v.serves(model)]
             threshold = self._pressure_threshold(ready)
             for url in choose_wakes(views, model, threshold, max(1, self.stats.buffered)):
                 replica = self.pool.find(url)
@@ -848,7 +854,7 @@ class Gateway:
                 async with asyncio.timeout(gap):
                     if not chunk:
                         await response.write_eof()
-                        self._answered(replica, upstream.status)
+                        self._answered(replica, upstream.status, meter.stream_error)
                         return response
                     await response.write(chunk)
             except ConnectionResetError:
@@ -976,43 +982,49 @@ class Gateway:
         """
         self.stats.errors.add(time.monotonic(), self.settings.rate_window)
         self.metrics.upstream_error(kind)
+        ejected_for = self._failed_in_a_row(replica) if kind in FAST_FAILURES else None
+        if ejected_for is not None:
+            message += "; routed to only when no other replica serves the model for %gs"
+            args = (*args, ejected_for)
         if kind in replica.failing:
             log.debug(message, *args)
             return
         replica.failing.add(kind)
         log.warning(message + "; logged once until it answers a request whole", *args)
 
-    def _answered(self, replica: Replica, status: int) -> None:
-        """A response relayed whole: a server error counts against its replica.
+    def _answered(self, replica: Replica, status: int, stream_error: bool = False) -> None:
+        """A response relayed whole: a failure of its replica's, or the end of its run.
 
-        ``EJECT_AFTER_5XX`` in a row eject it (routed to only when no other serves the
-        model) for ``EJECT_SECONDS``, doubled per ejection in a row: a sick engine behind a
-        live HTTP server answers 500 at once, so least-outstanding routing sent it ~99% of
-        the traffic. Any other answer ends its run of errors and its ejections.
+        A server error, or a stream carrying an error event, counts against it
+        (``_failed_in_a_row``); any other answer ends its run of failures and ejections.
         """
-        if status < 500:
-            replica.server_errors, replica.eject_backoff = 0, Backoff()
-            if replica.failing:
-                log.info("replica %s answered a request whole again", replica.url)
-                replica.failing.clear()
+        if status >= 500:
+            self._upstream_failed(replica, "status-5xx", "%s answered HTTP %d", replica.url, status)
             return
+        if stream_error:
+            message = "%s streamed an error event in an answer of HTTP %d"
+            self._upstream_failed(replica, "stream-error", message, replica.url, status)
+            return
+        replica.server_errors, replica.eject_backoff = 0, Backoff()
+        if replica.failing:
+            log.info("replica %s answered a request whole again", replica.url)
+            replica.failing.clear()
+
+    def _failed_in_a_row(self, replica: Replica) -> float | None:
+        """One more fast failure of ``replica``; the seconds it is ejected for, if it now is.
+
+        ``EJECT_AFTER_5XX`` in a row eject it (passed over while others serve the model)
+        for ``EJECT_SECONDS``, doubled per ejection in a row: a sick engine behind a live
+        HTTP server answers at once, so least-outstanding routing sent it ~99% of the
+        traffic.
+        """
         replica.server_errors += 1
-        ejected = replica.server_errors >= EJECT_AFTER_5XX
+        if replica.server_errors < EJECT_AFTER_5XX:
+            return None
         now = time.monotonic()
-        if ejected:
-            replica.server_errors = 0
-            replica.eject_backoff = replica.eject_backoff.failed(now, EJECT_SECONDS)
-        self._upstream_failed(
-            replica,
-            "status-5xx",
-            "%s answered HTTP %d%s",
-            replica.url,
-            status,
-            f"; routed to only when no other replica serves the model for"
-            f" {replica.eject_backoff.until - now:g}s"
-            if ejected
-            else "",
-        )
+        replica.server_errors = 0
+        replica.eject_backoff = replica.eject_backoff.failed(now, EJECT_SECONDS)
+        return replica.eject_backoff.until - now
 
     def _reject(self, status: int, message: str, retry_after: float | None) -> web.HTTPException:
         """An error the gateway answers itself, counted, with ``Retry-After`` when it helps."""

@@ -34,6 +34,7 @@ UPSTREAM_ERROR_KINDS = (
     "stalled",
     "bad-headers",
     "status-5xx",
+    "stream-error",
     "overrun",
 )
 """The ``kind`` of ``unitscale_gateway_upstream_errors_total`` (``upstream_error``)."""
@@ -253,7 +254,8 @@ class GatewayMetrics:
         request was sent: 502), ``timeout`` (no response headers within the upstream
         timeout: 504), ``mid-response`` (failed while the body streamed), ``stalled``
         (silent past the upstream timeout while the body streamed), ``bad-headers``,
-        ``status-5xx`` (the replica answered a server error) and ``overrun`` (a stream
+        ``status-5xx`` (the replica answered a server error), ``stream-error`` (a stream
+        answered 200 that carried an error event, vLLM's streamed error) and ``overrun`` (a stream
         cut past its request's token bound, or a body past its deadline).
         """
         self._errors.labels(*self._labels, kind).inc()

@@ -127,9 +127,16 @@ def read_is_sleeping(body: bytes) -> bool:
 def read_wake(body: bytes) -> str:
     """The ``status`` of a ``/wake_up`` answer (``"awake"`` once woken).
 
+    An empty body is ``"awake"``: vLLM answered its wakes with an empty 200 before it
+    answered JSON, and the gateway confirms every wake by the next ``/is_sleeping`` (one
+    still asleep is a relapse). Read as "not JSON", every such wake failed and backed off,
+    never reset, though the replica woke: 240 s at zero, past the buffer's timeout.
+
     Raises:
         AnswerError: not ``{"status": str, ...}``, or not readable JSON.
     """
+    if not body.strip():
+        return "awake"
     status = _field(decode(body, "/wake_up"), "status", "/wake_up")
     if not isinstance(status, str):
         raise AnswerError("wrong-shape", f"/wake_up: status is {_kind(status)}")

@@ -11,8 +11,8 @@
   none, the known models decide (those configured plus every one a replica has listed
   since the gateway started): a model outside them is 404; with nothing known yet,
   every model may wait.
-- A replica that answered server errors in a row is ejected: routed to only when no
-  other ready replica serves the model.
+- A replica that failed fast in a row (server errors, broken answers) is ejected: passed
+  over while others serve the model, at most half of them.
 - A sleeping replica (vLLM sleep mode) is never routed to. When no ready replica serves
   a request's model, one sleeping replica serving it is woken (``choose_wakes``): the
   first listed not backing off a failed wake, and none while another wake for that
@@ -65,9 +65,9 @@ class ReplicaView:
     """Woken by the gateway beyond the replicas the scaler runs: routed to above the
     pressure threshold only, so that it falls idle and sleeps again."""
     ejected: bool = False
-    """It answered server errors (5xx) in a row recently: routed to only when no other
-    ready replica serves the model (a sick engine behind a live HTTP server fails fast,
-    so least-outstanding routing would send it nearly everything)."""
+    """It failed fast in a row recently (server errors, broken answers): passed over while
+    others serve the model (a sick engine behind a live HTTP server fails fast, so
+    least-outstanding routing would send it nearly everything), at most half of them."""
 
     def serves(self, model: str | None) -> bool:
         """Whether it may serve ``model`` (a replica that has not listed its models may)."""
@@ -80,12 +80,17 @@ def choose(
     """The URL to send a request for ``model`` to, or None when no ready replica serves it.
 
     The ready replica with the fewest outstanding; a ``surplus`` one only when every other
-    holds at least ``surplus_above`` (or none other is ready); an ``ejected`` one only
-    when no other ready replica serves the model.
+    holds at least ``surplus_above`` (or none other is ready). ``ejected`` ones are passed
+    over, at most half of the ready replicas serving the model (first listed first): a
+    client whose requests make replicas answer 500 ejected three of four healthy ones with
+    nine requests, and every other request went to the fourth. Past half, the failures
+    follow the requests more than the replicas.
     """
     candidates = [r for r in replicas if r.ready and r.serves(model)]
-    if any(not r.ejected for r in candidates):
-        candidates = [r for r in candidates if not r.ejected]
+    ejected = [r.url for r in candidates if r.ejected][: len(candidates) // 2]
+    if ejected:
+        passed_over = set(ejected)
+        candidates = [r for r in candidates if r.url not in passed_over]
     best: ReplicaView | None = None
     spare: ReplicaView | None = None
     for replica in candidates:
@@ -195,10 +200,12 @@ def choose_wakes(
     Returns:
         As many as ``sleepers_to_wake`` says, of those that sleep, serve ``model`` and did
         not just fail a wake, first listed first; none while a ready replica can take the
-        requests or wakes under way will.
+        requests or wakes under way will (an ejected one cannot).
     """
     serving = [r for r in replicas if r.serves(model)]
-    ready = [r.outstanding for r in serving if r.ready]
+    # An ejected replica fails what it is sent: it takes no request a sleeper could, or a
+    # sick one awake kept a healthy sleeper asleep while every request failed.
+    ready = [r.outstanding for r in serving if r.ready and not r.ejected]
     count = sleepers_to_wake(
         len(ready),
         min(ready, default=0),

@@ -188,6 +188,8 @@ class ResponseMeter:
         self.last_token: float | None = None
         """A stream's latest event carrying a token."""
         self.token_events = 0
+        self.stream_error = False
+        """A stream carried an error event (vLLM streams its errors in a 200)."""
         self.usage_tokens: int | None = None
         """``usage.completion_tokens``, the latest seen."""
         self.prompt_tokens: int | None = None
@@ -237,6 +239,8 @@ class ResponseMeter:
             if event is None:
                 continue
             self._read_usage(event)
+            if _is_error(event):
+                self.stream_error = True
             if _carries_tokens(event):
                 self.token_events += 1
                 self.last_token = now
@@ -306,6 +310,11 @@ def _count(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
         return value
     return None
+
+
+def _is_error(event: dict[str, object]) -> bool:
+    """Whether an event is vLLM's streamed error: ``{"error": {...}}`` or ``"object": "error"``."""
+    return isinstance(event.get("error"), dict) or event.get("object") == "error"
 
 
 def _carries_tokens(event: dict[str, object]) -> bool:

@@ -226,16 +226,17 @@ def test_an_ejected_replica_is_the_last_resort(replicas: list[ReplicaView], chos
 
 
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 50)), min_size=1, max_size=8))
-def test_an_ejected_replica_is_never_chosen_beside_a_ready_one(
+def test_an_ejected_replica_is_chosen_beside_a_ready_one_only_past_half(
     replicas: list[tuple[bool, int]],
 ) -> None:
+    # At most half are passed over (pass 5, V-2): a few requests ejected most of a fleet.
     views = [
         ReplicaView(f"r{i}", True, load, frozenset(), ejected=ejected)
         for i, (ejected, load) in enumerate(replicas)
     ]
     url = choose(views, "m")
     picked = next(v for v in views if v.url == url)
-    assert not picked.ejected or all(v.ejected for v in views)
+    assert not picked.ejected or sum(v.ejected for v in views) > len(views) // 2
 
 
 async def fails_at_once(request: web.Request, fake: Fake) -> web.StreamResponse:

@@ -1,0 +1,294 @@
+"""The serving side under hostile input (issue 27's fifth hostile pass, findings V-1..V-9).
+
+Each test injects what one finding found, at the boundary where it enters: replicas that
+fail fast without a 5xx, requests that make healthy replicas answer 500, a sick replica
+awake beside a healthy sleeper, vLLM's empty answer to a wake, durations with no ceiling,
+a sleep that holds for one read, one model's load beside another's, a discovery naming
+thousands of replicas, a stream with no token bound. Real servers on 127.0.0.1 port 0;
+the times that matter are the gateway's own deadlines or passed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
+
+from serving import gateway as gateway_module
+from serving.gateway import EJECT_AFTER_5XX
+from serving.replica_answers import read_wake
+from serving.routing import ReplicaView, choose, choose_wakes
+from tests.conftest import eventually
+from tests.test_gateway_faults import Behaviour, Fake, upstream_errors
+from tests.test_gateway_isolation import StandIn, gateway_for
+
+LABELS = ("a", "llama")
+ASLEEP = b'{"is_sleeping": true}'
+AWAKE = b'{"is_sleeping": false}'
+COMPLETION = {"model": "sim-llama", "prompt": "x"}
+
+
+def counter(gateway: Any, metric: str, *labels: str) -> float:
+    """A counter of the gateway's metrics, by its attribute on ``GatewayMetrics``."""
+    return getattr(gateway.gateway.metrics, metric).labels(*LABELS, *labels)._value.get()
+
+
+async def post(gateway: Any, body: dict[str, Any]) -> tuple[int | str, str]:
+    """A completion through the gateway: its status (or the client error) and its text."""
+    url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+    try:
+        async with aiohttp.ClientSession() as client, client.post(url, json=body) as r:
+            return r.status, await r.text()
+    except aiohttp.ClientError as err:
+        return type(err).__name__, ""
+
+
+@contextlib.asynccontextmanager
+async def fakes(*behaviours: Behaviour) -> AsyncIterator[list[Fake]]:
+    started = [await Fake(b).start() for b in behaviours]
+    try:
+        yield started
+    finally:
+        for fake in started:
+            await fake.stop()
+
+
+# --- V-1: a replica that fails fast without a 5xx is ejected as one that answers 500 ------
+
+
+async def answers(request: web.Request, fake: Fake) -> web.StreamResponse:
+    return web.json_response({"choices": [{"text": "ok"}]})
+
+
+async def closes_after_its_headers(request: web.Request, fake: Fake) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Length": "100"})
+    await response.prepare(request)
+    await response.write(b'{"id"')
+    assert request.transport is not None
+    request.transport.close()
+    return response
+
+
+async def answers_no_http(request: web.Request, fake: Fake) -> web.StreamResponse:
+    assert request.transport is not None
+    request.transport.write(b"NOT HTTP AT ALL\r\n\r\n")
+    request.transport.close()
+    return web.Response()
+
+
+async def streams_an_error(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """vLLM's streamed error: a 200, one error event, [DONE]."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(
+        b'data: {"error": {"message": "EngineCore encountered an issue", "code": 500}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    return response
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "kind"),
+    [
+        pytest.param(
+            closes_after_its_headers,
+            "mid-response",
+            id="one that closes every answer after its headers is ejected after a few",
+        ),
+        pytest.param(
+            answers_no_http,
+            "before-response",
+            id="one that answers bytes that are no HTTP is ejected after a few",
+        ),
+        pytest.param(
+            streams_an_error,
+            "stream-error",
+            id="one that streams an error event in a 200 is counted and ejected after a few",
+        ),
+    ],
+)
+async def test_a_replica_failing_fast_without_a_5xx_is_ejected_after_a_few(
+    behaviour: Behaviour, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)  # however slow the machine
+    # The sick one is listed first: ties of least-outstanding go to it.
+    async with fakes(behaviour, answers) as (sick, well):
+        async with gateway_for([sick.url, well.url]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
+            body = COMPLETION | {"stream": behaviour is streams_an_error}
+            for _ in range(20):
+                await post(gateway, body)
+            # Before: all 20 went to the sick one (~98% of a steady load in the repro).
+            assert (sick.received, well.received) == (EJECT_AFTER_5XX, 20 - EJECT_AFTER_5XX)
+            assert upstream_errors(gateway).get(kind) == EJECT_AFTER_5XX
+
+
+def test_a_stream_answered_whole_is_no_failure() -> None:
+    from serving.slo import ResponseMeter
+
+    meter = ResponseMeter(0.0)
+    meter.begin(200, True)
+    meter.feed(b'data: {"choices": [{"text": "error"}]}\n\ndata: [DONE]\n\n', 1.0)
+    assert not meter.stream_error  # the word in a token is no error event
+    meter.feed(b'data: {"object": "error", "message": "x"}\n\n', 2.0)
+    assert meter.stream_error
+
+
+# --- V-2: at most half the replicas serving a model are passed over -------------------------
+
+
+def views(*flags: tuple[bool, int]) -> list[ReplicaView]:
+    """Ready replicas r0, r1, ...: (ejected, outstanding) each."""
+    return [
+        ReplicaView(f"r{i}", True, load, frozenset(), ejected=ejected)
+        for i, (ejected, load) in enumerate(flags)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "chosen"),
+    [
+        pytest.param(
+            views((True, 0), (True, 0), (True, 0), (False, 9)),
+            "r2",
+            id="three of four ejected: two are passed over, not three (all on one)",
+        ),
+        pytest.param(
+            views((True, 0), (False, 9)),
+            "r1",
+            id="one of two ejected is passed over (the sick one beside a well one)",
+        ),
+        pytest.param(
+            views(
+                (True, 0),
+            ),
+            "r0",
+            id="the only one serves, ejected or not",
+        ),
+    ],
+)
+def test_at_most_half_the_ready_replicas_are_passed_over(
+    replicas: list[ReplicaView], chosen: str
+) -> None:
+    assert choose(replicas, "m") == chosen
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 50)), min_size=1, max_size=12))
+def test_no_more_than_half_are_ever_routed_nothing(flags: list[tuple[bool, int]]) -> None:
+    reached: set[str] = set()
+    for _ in flags:  # those chosen fill up: the next pick is another, while one is left
+        loaded = [
+            ReplicaView(url, True, load + 1000 * (url in reached), frozenset(), ejected=ejected)
+            for url, (ejected, load) in ((f"r{i}", f) for i, f in enumerate(flags))
+        ]
+        url = choose(loaded, "m")
+        assert url is not None
+        reached.add(url)
+    assert len(flags) - len(reached) <= len(flags) // 2
+
+
+async def test_requests_that_make_replicas_fail_eject_at_most_half_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)
+
+    async def poisoned(request: web.Request, fake: Fake) -> web.StreamResponse:
+        if (await request.json()).get("prompt") == "poison":
+            return web.json_response({"message": "Internal Server Error"}, status=500)
+        return web.json_response({"choices": [{"text": "ok"}]})
+
+    async with fakes(*[poisoned] * 4) as replicas:
+        async with gateway_for([r.url for r in replicas]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "all ready")
+            for _ in range(3 * EJECT_AFTER_5XX):
+                assert (await post(gateway, COMPLETION | {"prompt": "poison"}))[0] == 500
+            before = [r.received for r in replicas]
+            got = await asyncio.gather(*(post(gateway, COMPLETION) for _ in range(40)))
+            assert {status for status, _ in got} == {200}
+            served = [r.received - b for r, b in zip(replicas, before, strict=True)]
+            # Before: [0, 0, 0, 40], every request on the one not ejected.
+            assert sum(n > 0 for n in served) >= 2
+
+
+# --- V-3: a sick replica awake does not keep a healthy sleeper asleep ---------------------
+
+
+def test_an_ejected_replica_is_no_reason_to_leave_a_sleeper_asleep() -> None:
+    sick = ReplicaView("sick", True, 0, frozenset({"m"}), ejected=True)
+    sleeper = ReplicaView("sleeper", False, 0, frozenset({"m"}), sleeping=True)
+    assert choose_wakes([sick, sleeper], "m") == ("sleeper",)
+    well = ReplicaView("well", True, 0, frozenset({"m"}))
+    assert choose_wakes([sick, well, sleeper], "m") == ()
+
+
+async def test_a_sick_replica_awake_beside_a_sleeper_wakes_it_and_it_serves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)
+
+    async def fails_at_once(request: web.Request, fake: Fake) -> web.StreamResponse:
+        return web.json_response({"message": "EngineCore encountered an issue"}, status=500)
+
+    sleeper = StandIn(**{"/is_sleeping": ASLEEP})
+    async with fakes(fails_at_once) as (sick,), sleeper.serving():
+        async with gateway_for([sick.url, sleeper.url]) as gateway:
+            g = gateway.gateway
+            await eventually(
+                lambda: g.replicas[0].routable and g.replicas[1].wakeable, "one up, one asleep"
+            )
+            # The last one finds the sick one ejected: it still serves (500), and wakes.
+            tries = EJECT_AFTER_5XX + 1
+            statuses = [(await post(gateway, COMPLETION))[0] for _ in range(tries)]
+            assert statuses == [500] * tries
+            # Before: every request 500 for good, the sleeper never woken.
+            await eventually(lambda: sleeper.calls.get("/wake_up") == 1, "the sleeper woken")
+            await eventually(lambda: g.replicas[1].routable, "the woken one routable")
+            assert (await post(gateway, COMPLETION))[0] == 200
+
+
+# --- V-4: vLLM's empty answer to a wake -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"", id="an empty 200 (vLLM before its JSON answer) reads as awake"),
+        pytest.param(b"\r\n ", id="whitespace alone reads as awake"),
+    ],
+)
+def test_an_empty_wake_answer_is_awake_to_be_confirmed(body: bytes) -> None:
+    assert read_wake(body) == "awake"
+
+
+class WakesSilently(StandIn):
+    """Asleep; its ``/wake_up`` wakes it and answers an empty 200, as vLLM before 0.1x."""
+
+    def __init__(self) -> None:
+        super().__init__(**{"/is_sleeping": ASLEEP, "/wake_up": b""})
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        if request.path == "/wake_up":
+            self.answers["/is_sleeping"] = AWAKE
+        return await super()._answer(request)
+
+
+async def test_a_wake_answered_by_an_empty_200_is_woken_not_backed_off() -> None:
+    async with WakesSilently().serving() as replica:
+        async with gateway_for([replica.url], wake_retry_after=3600.0) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: g.replicas[0].wakeable, "asleep")
+            status, text = await post(gateway, COMPLETION)
+            assert status == 200, text
+            assert counter(gateway, "_wakes", "woken") == 1
+            assert counter(gateway, "_wakes", "failed") == 0  # before: failed, backed off
+            assert g.replicas[0].wake_backoff.allows(time.monotonic())
