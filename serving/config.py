@@ -2,10 +2,11 @@
 
 Replicas are the union of ``replicas`` (URLs), ``dns`` (every A record of a headless
 Service) and ``endpoint-slices`` (the ready endpoints of a Service, watched through the
-API). Keys are kebab-case, durations Go-style, sizes in bytes or with a Kubernetes suffix
-(``16Mi``); hot-reloaded like the scaler's. Integer and ratio keys take numbers only
-(``strict``): ``buffer-size: false`` (meant as "no limit") was taken as 0 and answered
-every request at zero 429; ``true`` or ``"5"`` is refused, naming the key.
+API). Keys are kebab-case, durations Go-style (each between a floor and a ceiling), sizes
+in bytes or with a Kubernetes suffix (``16Mi``); hot-reloaded like the scaler's. Integer
+and ratio keys take numbers only (``strict``): ``buffer-size: false`` (meant as "no
+limit") was taken as 0 and answered every request at zero 429; ``true`` or ``"5"`` is
+refused, naming the key.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ outside, and push the fleet to its maximum."""
 MIN_TIMEOUT = 1.0
 """The shortest ``upstream-timeout`` and ``wake-timeout``: below a second, every answer
 would be a 504 blamed on its replica, every wake a failure."""
+MAX_WAIT = 3600.0
+"""The longest timeout, interval or window a key takes (seconds), as ``slo.window``: a
+``rate-window`` of 1000 h published 10 requests a second to the scaler as 0.00017."""
+MAX_HEALTH_INTERVAL = 60.0
+"""The longest ``health-interval``: a replica marked down by one refused connection is
+routed nothing until its next check."""
+MAX_IDLE = 86400.0
+"""The longest ``sleep-after-idle``: a day."""
 MAX_REPLICAS = 1024
 """Static replica URLs: each is checked every ``health-interval`` in a task of its own."""
 MAX_MODEL_ID_CHARS = 512
@@ -159,26 +168,28 @@ class GatewayConfig(BaseModel):
     """Requests that may wait for a replica; one more is answered 429."""
     buffer_bytes: Size = Field(_DEFAULTS.buffer_bytes, ge=0, le=1024**4)
     """Bytes of bodies that may wait for a replica; a request that would pass it gets 429."""
-    buffer_timeout: Seconds = Field(_DEFAULTS.buffer_timeout, ge=MIN_INTERVAL)
+    buffer_timeout: Seconds = Field(_DEFAULTS.buffer_timeout, ge=MIN_INTERVAL, le=MAX_WAIT)
     """How long a request may wait; then 503. Above a local-disk cold start (~40 s); at
     least 100ms (1 ns answered every request at zero replicas 503 at once)."""
     max_request_bytes: Size = Field(_DEFAULTS.max_request_bytes, gt=0, le=1024**4)
     """The largest request body; a larger one gets 413."""
-    body_timeout: Seconds = Field(_DEFAULTS.body_timeout, ge=MIN_INTERVAL)
+    body_timeout: Seconds = Field(_DEFAULTS.body_timeout, ge=MIN_INTERVAL, le=MAX_WAIT)
     """How long a client may take to send its whole body; then 408."""
-    upstream_timeout: Seconds = Field(_DEFAULTS.upstream_timeout, ge=MIN_TIMEOUT)
+    upstream_timeout: Seconds = Field(_DEFAULTS.upstream_timeout, ge=MIN_TIMEOUT, le=MAX_WAIT)
     """How long a replica may stay silent: to its response headers (then 504), between
     two chunks of its body, or a stream between its tokens (then that response ends
     broken). At least a second."""
-    health_interval: Seconds = Field(_DEFAULTS.health_interval, ge=MIN_INTERVAL)
+    health_interval: Seconds = Field(
+        _DEFAULTS.health_interval, ge=MIN_INTERVAL, le=MAX_HEALTH_INTERVAL
+    )
     """How often each replica is checked (at least 100ms: each check is three requests)."""
-    rate_window: Seconds = Field(_DEFAULTS.rate_window, ge=MIN_INTERVAL)
+    rate_window: Seconds = Field(_DEFAULTS.rate_window, ge=MIN_INTERVAL, le=MAX_WAIT)
     """The window of the arrival and error rates (at least 100ms: one arrival in a 1 ns
     window would read as a billion a second)."""
     connect_retries: int = Field(_DEFAULTS.connect_retries, ge=0, le=10, strict=True)
     """More tries, each on another replica, after one that refused the connection or
     dropped the request before any byte of an answer."""
-    wake_timeout: Seconds = Field(_DEFAULTS.wake_timeout, ge=MIN_TIMEOUT)
+    wake_timeout: Seconds = Field(_DEFAULTS.wake_timeout, ge=MIN_TIMEOUT, le=MAX_WAIT)
     """How long a sleeping replica's ``POST /wake_up`` may take; then another is woken.
     At least a second."""
     wake_at_outstanding: int | None = Field(
@@ -186,14 +197,14 @@ class GatewayConfig(BaseModel):
     )
     """Wake a sleeping replica when every ready one has this many requests outstanding
     (at most ``MAX_WAKE_FLOOR``: past it, the threshold's float overflowed)."""
-    wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, ge=MIN_INTERVAL)
+    wake_retry_after: Seconds = Field(_DEFAULTS.wake_retry_after, ge=MIN_INTERVAL, le=MAX_WAIT)
     """How long a replica whose wake or sleep failed is passed over, doubled per failure
     in a row (at most 8x)."""
     standby_scaler: str | None = _DEFAULTS.standby_scaler
     """``host:port`` of the scaler: its standby plan's sleepers are put to sleep."""
-    standby_interval: Seconds = Field(_DEFAULTS.standby_interval, ge=MIN_INTERVAL)
+    standby_interval: Seconds = Field(_DEFAULTS.standby_interval, ge=MIN_INTERVAL, le=MAX_WAIT)
     """How often the standby plan is asked for."""
-    sleep_after_idle: Seconds = Field(_DEFAULTS.sleep_after_idle, ge=0)
+    sleep_after_idle: Seconds = Field(_DEFAULTS.sleep_after_idle, ge=0, le=MAX_IDLE)
     """How long a surplus replica must be idle (or awake since a wake) before it sleeps."""
     slo: SloConfig = Field(default_factory=SloConfig)
     """The SLO every request is judged against (``unitscale_gateway_slo_requests_total``)."""

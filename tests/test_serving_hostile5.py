@@ -22,8 +22,12 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from foundation.errors import ConfigError
+from foundation.signals import GatewaySignals
 from serving import gateway as gateway_module
+from serving.config import parse_config
 from serving.gateway import EJECT_AFTER_5XX
+from serving.gateway_signals import TrafficStats, gateway_signals
 from serving.replica_answers import read_wake
 from serving.routing import ReplicaView, choose, choose_wakes
 from tests.conftest import eventually
@@ -292,3 +296,44 @@ async def test_a_wake_answered_by_an_empty_200_is_woken_not_backed_off() -> None
             assert counter(gateway, "_wakes", "woken") == 1
             assert counter(gateway, "_wakes", "failed") == 0  # before: failed, backed off
             assert g.replicas[0].wake_backoff.allows(time.monotonic())
+
+
+# --- V-5: durations with a ceiling ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        pytest.param(
+            "rate-window: 1000h",
+            "rate-window",
+            id="a 1000 h rate window (10 req/s published as 0.00017) is refused naming the key",
+        ),
+        pytest.param(
+            "health-interval: 2m",
+            "health-interval",
+            id="a health interval past a minute (a replica marked down stays down) is refused",
+        ),
+        pytest.param("standby-interval: 1000h", "standby-interval", id="standby-interval"),
+        pytest.param("wake-retry-after: 2562047h", "wake-retry-after", id="wake-retry-after"),
+        pytest.param("buffer-timeout: 1000h", "buffer-timeout", id="buffer-timeout"),
+        pytest.param("upstream-timeout: 1000h", "upstream-timeout", id="upstream-timeout"),
+        pytest.param("wake-timeout: 1000h", "wake-timeout", id="wake-timeout"),
+        pytest.param("body-timeout: 1000h", "body-timeout", id="body-timeout"),
+        pytest.param("sleep-after-idle: 25h", "sleep-after-idle", id="sleep-after-idle past a day"),
+    ],
+)
+def test_a_duration_past_its_ceiling_is_refused_naming_the_key(text: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        parse_config(text, "cfg")
+
+
+@given(st.integers(1, 3600))
+def test_a_rate_window_within_its_ceiling_publishes_the_rate_it_saw(seconds: int) -> None:
+    settings = parse_config(f"rate-window: {seconds}s", "cfg").settings()
+    stats = TrafficStats()
+    for i in range(seconds):  # one request a second for the whole window
+        stats.arrivals.add(1000.0 + i, settings.rate_window)
+    signals = gateway_signals(stats, settings, 0.0, 1000.0 + seconds - 1).signals
+    assert isinstance(signals, GatewaySignals)
+    assert signals.arrival_rate == pytest.approx(1.0, rel=0.01)
