@@ -33,8 +33,9 @@ that hangs keeps the last answer, as one that fails does).
 A wake the replica answered ``awake`` holds only once its ``/is_sleeping`` agrees: one
 that still says asleep on the first read after the wake, or falls asleep again within
 ``wake_retry_after`` of it, relapsed (``on_wake_relapse``), and its next wake backs off as
-after a failed one. A sleep answered 200 holds only once ``/is_sleeping`` says asleep:
-one still awake relapsed (``on_sleep_relapse``) and is slept again only after a backoff.
+after a failed one. A sleep answered 200 holds only once ``/is_sleeping`` says asleep and
+it stays asleep for ``wake_retry_after`` (unless the gateway wakes it): one awake before
+relapsed (``on_sleep_relapse``) and is slept again only after a backoff.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ class Replica:
     before it, the wake relapsed; past it (awake), its wake backoff is reset."""
     sleep_unconfirmed: bool = False
     """It answered a sleep 200 and no /is_sleeping read has confirmed it since."""
+    sleep_probation: float = -math.inf
+    """``time.monotonic`` until which a confirmed sleep is on probation: awake again before
+    it (the gateway did not wake it), the sleep relapsed; past it, its backoff is reset."""
     models_rounds: int = 0
     """Healthy rounds since its /v1/models was last read (asked again every
     ``MODELS_EVERY_ROUNDS``)."""
@@ -547,21 +551,38 @@ class ReplicaPool:
         )
 
     def _judge_sleep(self, replica: Replica, sleeping: bool, now: float) -> None:
-        """The first /is_sleeping read after a sleep answered 200: it holds or relapsed.
+        """A /is_sleeping read after a sleep answered 200: it holds, or it relapsed.
 
-        One that stays awake is counted and backed off from (``wake_retry_after``,
-        doubled per relapse in a row): it was slept every standby round, with no backoff.
+        The first read must say asleep; then the sleep is on probation for
+        ``wake_retry_after``: awake again within it, while the gateway holds it asleep (it
+        did not wake it), is a relapse too. Each relapse is counted and backed off from
+        (doubled per relapse in a row); only a sleep that held through its probation, or
+        until the gateway woke it, resets the backoff: one that said asleep once and then
+        awake was slept every standby round, forever.
         """
-        replica.sleep_unconfirmed = False
-        if sleeping:
-            replica.sleep_backoff = Backoff()
+        if replica.sleep_unconfirmed:
+            replica.sleep_unconfirmed = False
+            if sleeping:
+                replica.sleep_probation = now + self.settings.wake_retry_after
+            else:
+                self._sleep_relapsed(replica, now, "answered its sleep but says it is awake")
             return
+        if replica.sleep_probation == -math.inf:
+            return
+        if not sleeping and replica.sleeping and now < replica.sleep_probation:
+            self._sleep_relapsed(replica, now, "woke again soon after its sleep")
+        elif now >= replica.sleep_probation or not replica.sleeping:
+            replica.sleep_backoff, replica.sleep_probation = Backoff(), -math.inf
+
+    def _sleep_relapsed(self, replica: Replica, now: float, what: str) -> None:
+        replica.sleep_probation = -math.inf
         retry = self.settings.wake_retry_after
         replica.sleep_backoff = replica.sleep_backoff.failed(now, retry)
         self.on_sleep_relapse()
         log.warning(
-            "replica %s answered its sleep but says it is awake; not slept again for %gs",
+            "replica %s %s; not slept again for %gs",
             replica.url,
+            what,
             replica.sleep_backoff.until - now,
         )
 
@@ -588,8 +609,7 @@ class ReplicaPool:
             return None  # the gateway slept or woke it meanwhile: what it knows is newer
         now = time.monotonic()
         self._judge_wake(replica, sleeping, now)
-        if replica.sleep_unconfirmed:
-            self._judge_sleep(replica, sleeping, now)
+        self._judge_sleep(replica, sleeping, now)
         if sleeping != replica.sleeping:
             log.info("replica %s is %s", replica.url, "asleep" if sleeping else "awake")
             replica.sleeping = sleeping

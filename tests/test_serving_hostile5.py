@@ -27,12 +27,16 @@ from foundation.signals import GatewaySignals
 from serving import gateway as gateway_module
 from serving.config import parse_config
 from serving.gateway import EJECT_AFTER_5XX
+from serving.gateway_replicas import ReplicaPool
+from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import TrafficStats, gateway_signals
+from serving.gateway_standby import Plan
 from serving.replica_answers import read_wake
-from serving.routing import ReplicaView, choose, choose_wakes
+from serving.routing import Backoff, ReplicaView, choose, choose_wakes
 from tests.conftest import eventually
 from tests.test_gateway_faults import Behaviour, Fake, upstream_errors
 from tests.test_gateway_isolation import StandIn, gateway_for
+from tests.test_gateway_standby import PlanFrom
 
 LABELS = ("a", "llama")
 ASLEEP = b'{"is_sleeping": true}'
@@ -337,3 +341,56 @@ def test_a_rate_window_within_its_ceiling_publishes_the_rate_it_saw(seconds: int
     signals = gateway_signals(stats, settings, 0.0, 1000.0 + seconds - 1).signals
     assert isinstance(signals, GatewaySignals)
     assert signals.arrival_rate == pytest.approx(1.0, rel=0.01)
+
+
+# --- V-6: a sleep that holds for one read, then wakes by itself --------------------------
+
+
+class SleepsOnce(StandIn):
+    """Its sleep answers 200; the first /is_sleeping after it says asleep, later ones awake."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads_since_sleep: int | None = None
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        if request.path == "/sleep":
+            self.reads_since_sleep = 0
+        elif request.path == "/is_sleeping" and self.reads_since_sleep is not None:
+            self.reads_since_sleep += 1
+            self.answers["/is_sleeping"] = ASLEEP if self.reads_since_sleep == 1 else AWAKE
+        return await super()._answer(request)
+
+
+async def test_a_sleep_that_wakes_by_itself_soon_after_is_a_relapse_backed_off() -> None:
+    replica = SleepsOnce()
+    settings = {"sleep_after_idle": 0.0, "wake_retry_after": 3600.0}
+    async with replica.serving(), gateway_for([replica.url], **settings) as gateway:
+        g = gateway.gateway
+        await eventually(lambda: g.replicas[0].routable, "ready")
+        await g._standby_round(PlanFrom(Plan(0, 1, "test")), "unused")
+        assert replica.calls.get("/sleep") == 1
+        # Before: the first read confirmed it and reset the backoff; the second read woke
+        # it unnoticed, and every standby round slept it again (40 in 20 s).
+        await eventually(
+            lambda: counter(gateway, "_sleeps", "relapsed") == 1, "the relapse counted", 10
+        )
+        await eventually(lambda: g.replicas[0].routable, "read awake again")
+        await g._standby_round(PlanFrom(Plan(0, 1, "test")), "unused")
+        assert replica.calls.get("/sleep") == 1  # backing off: not slept again at once
+
+
+def test_a_sleep_held_through_its_probation_or_ended_by_a_wake_resets_the_backoff() -> None:
+    pool = ReplicaPool(["http://r:1"], GatewaySettings(wake_retry_after=30.0))
+    replica = pool.replicas[0]
+    replica.sleep_backoff = Backoff(2, 0.0)
+    replica.sleeping, replica.sleep_unconfirmed = True, True
+    pool._judge_sleep(replica, True, 100.0)  # confirmed: on probation, not reset yet
+    assert replica.sleep_backoff.failures == 2
+    pool._judge_sleep(replica, True, 131.0)  # held through it
+    assert replica.sleep_backoff == Backoff()
+    replica.sleep_backoff, replica.sleep_unconfirmed = Backoff(2, 0.0), True
+    pool._judge_sleep(replica, True, 200.0)
+    replica.sleeping = False  # the gateway woke it for a request
+    pool._judge_sleep(replica, False, 205.0)
+    assert replica.sleep_backoff == Backoff()
