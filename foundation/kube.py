@@ -30,7 +30,7 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from foundation.errors import ConfigError
-from foundation.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_bytes
+from foundation.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, MiB, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -404,9 +404,13 @@ def _brief(err: Exception) -> str:
 
 
 async def _get(
-    api: client.ApiClient, selection: Selection, request_timeout: float, **query: object
+    api: client.ApiClient,
+    selection: Selection,
+    request_timeout: float,
+    path: str = "",
+    **query: object,
 ) -> Any:
-    """GET the selection's collection; the raw (unread) aiohttp response."""
+    """GET the selection's collection (or ``path`` in it); the raw (unread) aiohttp response."""
     params: list[tuple[str, object]] = [
         (name, value)
         for name, value in (
@@ -416,8 +420,9 @@ async def _get(
         )
         if value not in ("", None)
     ]
+    collection = selection.kind.path(selection.namespace)
     response = await api.call_api(
-        selection.kind.path(selection.namespace),
+        f"{collection}/{path}" if path else collection,
         "GET",
         query_params=params,
         header_params={"Accept": "application/json"},
@@ -428,36 +433,91 @@ async def _get(
     if not 200 <= response.status <= 299:
         # Unread responses are not checked by the client: an error must not pass as a list.
         error = client.ApiException(status=response.status, reason=response.reason)
-        error.body = (await response.read())[:2000]
+        error.body = await _read_capped(response, MAX_ERROR_BYTES, cut=True)
         response.release()
         raise error
     return response
 
 
+MAX_ERROR_BYTES = 2000
+"""Bytes of an error answer kept (its Status message); the rest is never read."""
+LIST_PAGE = 100
+"""Objects a list asks for per page (``limit``): a large collection comes in pages."""
+MAX_ANSWER_BYTES = 160 * MiB
+"""Bytes one answer (a list page, a written object) may have: a page of ``LIST_PAGE``
+objects at etcd's 1.5 MiB per object, with room. An answer that never ends was read
+whole, 1 GiB a second, until memory ran out."""
+MAX_LISTED = 500_000
+"""Objects one list may hold over all its pages (Kubernetes is tested to 150,000 pods):
+a server handing out ``continue`` tokens without end is not a collection."""
+
+
+class AnswerTooLargeError(ValueError):
+    """An API answer longer than its cap: the attempt failed, the rest was never read."""
+
+
+async def _read_capped(response: Any, limit: int, *, cut: bool = False) -> bytes:
+    """The body, read no further than ``limit`` bytes and one chunk.
+
+    Past ``limit``: its first ``limit`` bytes with ``cut``, else ``AnswerTooLargeError``.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            if cut:
+                break
+            raise AnswerTooLargeError(f"an answer over {limit:,} bytes (not read further)")
+    return b"".join(chunks)[:limit]
+
+
 async def _list(
     api: client.ApiClient, selection: Selection, skips: _Skips
 ) -> tuple[dict[str, RawObject], str]:
-    """The listed objects by key and the list's resourceVersion.
+    """The listed objects by key and the list's resourceVersion, page by page.
 
     Raises:
-        ValueError: the body is not a list answer (JSON mapping, ``items`` a list or
-            absent, a ``resourceVersion`` string): the attempt failed.
+        ValueError: a page is not a list answer, or is over ``MAX_ANSWER_BYTES``, or the
+            pages hold over ``MAX_LISTED`` objects: the attempt failed.
     """
-    response = await _get(api, selection, 30)
-    body = json.loads(await response.read())
+    items: dict[str, RawObject] = {}
+    token, count = "", 0
+    while True:
+        version, listed, token = await _page(api, selection, token)
+        count += len(listed)
+        if count > MAX_LISTED:
+            raise ValueError(f"the list holds over {MAX_LISTED:,} objects")
+        for item in listed:
+            key = selection.checked_key(item)
+            if key is None:
+                skips.skip("a listed item without a name")
+            else:
+                items[key] = item
+        if not token:
+            return items, version
+
+
+async def _page(
+    api: client.ApiClient, selection: Selection, token: str
+) -> tuple[str, list[Any], str]:
+    """One page of a list: (resourceVersion, items, the next page's token or "").
+
+    Raises:
+        ValueError: not a list answer (JSON mapping, ``items`` a list or absent, a
+            ``resourceVersion`` string), or one over ``MAX_ANSWER_BYTES``.
+    """
+    response = await _get(api, selection, 30, limit=LIST_PAGE, **{"continue": token})
+    async with response:
+        body = json.loads(await _read_capped(response, MAX_ANSWER_BYTES))
     meta = body.get("metadata") if isinstance(body, dict) else None
     version = meta.get("resourceVersion") if isinstance(meta, dict) else None
     listed = body.get("items") if isinstance(body, dict) else None
     if not isinstance(version, str) or not version or not isinstance(listed, list | None):
         raise ValueError("the list answer has no resourceVersion or items that are not a list")
-    items: dict[str, RawObject] = {}
-    for item in listed or []:
-        key = selection.checked_key(item)
-        if key is None:
-            skips.skip("a listed item without a name")
-        else:
-            items[key] = item
-    return items, version
+    following = meta.get("continue") if isinstance(meta, dict) else None
+    return version, listed or [], following if isinstance(following, str) else ""
 
 
 async def _watch(
@@ -533,13 +593,32 @@ async def _send(
         _request_timeout=30,
     )
     async with response:
-        text = await response.read()
-    if not 200 <= response.status <= 299:
+        ok = 200 <= response.status <= 299
+        limit = MAX_ANSWER_BYTES if ok else MAX_ERROR_BYTES
+        text = await _read_capped(response, limit, cut=not ok)
+    if not ok:
         error = client.ApiException(status=response.status, reason=response.reason)
-        error.body = text[:2000]
+        error.body = text
         raise error
     answer: RawObject = json.loads(text)
     return answer
+
+
+async def get_object(
+    api: client.ApiClient, resource: Resource, namespace: str | None, name: str
+) -> RawObject:
+    """One object as the server's JSON, read as a list page is (at most ``MAX_ANSWER_BYTES``).
+
+    Raises:
+        client.ApiException: any answer but 2xx (404: not there).
+        ValueError: the answer is over ``MAX_ANSWER_BYTES``, not JSON, or not a mapping.
+    """
+    response = await _get(api, Selection(resource, namespace), 30, path=name)
+    async with response:
+        body = json.loads(await _read_capped(response, MAX_ANSWER_BYTES))
+    if not isinstance(body, dict):
+        raise ValueError("the answer is not an object")
+    return body
 
 
 async def apply(

@@ -26,9 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
+import aiohttp
+from kubernetes_asyncio.client import ApiException
+
 from foundation.errors import ConfigError
 from foundation.files import MAX_CONFIG_BYTES, read_text
-from foundation.kube import KubeAccess, RawObject, Selection, watch_objects
+from foundation.kube import CONFIGMAPS, KubeAccess, RawObject, Selection, get_object, watch_objects
 
 log = logging.getLogger(__name__)
 C = TypeVar("C")
@@ -241,38 +244,46 @@ def configmap_text(objects: dict[str, RawObject], name: str, key: str) -> str:
     """The YAML under ``key`` of ConfigMap ``name`` in a watched set.
 
     Raises:
-        ConfigError: the ConfigMap or the key is missing.
+        ConfigError: the ConfigMap or the key is missing, or ``data`` is not a mapping
+            of keys to text (a list or a string raised TypeError in the watch's
+            callback; a nested mapping was turned into text by ``str`` and parsed).
     """
     configmap = objects.get(name)
     if configmap is None:
         raise ConfigError(f"ConfigMap {name!r} not found")
     data = configmap.get("data") or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"ConfigMap {name!r} has data that is no mapping of keys")
     if key not in data:
         raise ConfigError(f"ConfigMap {name!r} has no key {key!r} (keys: {sorted(data)})")
-    return str(data[key])
+    text = data[key]
+    if not isinstance(text, str):
+        raise ConfigError(f"ConfigMap {name!r} key {key!r} is no text")
+    return text
 
 
 async def read_configmap(access: KubeAccess, namespace: str, name: str, key: str) -> str:
     """The ConfigMap's YAML once, for startup (where any problem is fatal).
 
-    Raises:
-        ConfigError: unreachable API, missing ConfigMap or key.
-    """
-    from kubernetes_asyncio import client
+    Read as the watch reads (``foundation.kube.get_object``: at most ``MAX_ANSWER_BYTES``,
+    the JSON checked here): the generated client read an endless answer until
+    MemoryError, and a hang-up or a ``data`` list came out as 60-line tracebacks.
 
-    async with await access.client() as api:
-        try:
-            configmap = await client.CoreV1Api(api).read_namespaced_config_map(name, namespace)
-        except client.ApiException as err:
-            raise ConfigError(
-                f"--config-configmap {namespace}/{name}: {err.status} {err.reason}"
-            ) from err
-        except OSError as err:
-            raise ConfigError(f"--config-configmap {namespace}/{name}: {err}") from err
-    data = configmap.data or {}
-    if key not in data:
-        raise ConfigError(f"ConfigMap {namespace}/{name} has no key {key!r}")
-    return str(data[key])
+    Raises:
+        ConfigError: unreachable API, a bad answer, missing ConfigMap or key.
+    """
+    where = f"--config-configmap {namespace}/{name}"
+    try:
+        async with await access.client() as api:
+            configmap = await get_object(api, CONFIGMAPS, namespace, name)
+    except ApiException as err:
+        raise ConfigError(f"{where}: {err.status} {err.reason}") from err
+    except (OSError, aiohttp.ClientError, ValueError) as err:  # TimeoutError is an OSError
+        raise ConfigError(f"{where}: {_describe_exception(err)}") from err
+    try:
+        return configmap_text({name: configmap}, name, key)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from err
 
 
 async def watch_configmap(
