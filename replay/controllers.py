@@ -214,6 +214,8 @@ class StandbyController:
     policy: StandbyPolicy
     slo_ttft: float
     seasonal: SeasonalPolicy | None = None
+    max_pods: int | None = None
+    """KEDA's ``maxReplicaCount``, which counts sleepers as pods (``StandbyInputs.max_pods``)."""
     need: deque[tuple[float, float]] = field(default_factory=deque)
     history: deque[tuple[float, float]] = field(default_factory=deque)
     """The need over the forecast's lookback (with ``seasonal``)."""
@@ -246,6 +248,7 @@ class StandbyController:
             last_activity=self.last_activity,
             slo_ttft_seconds=self.slo_ttft,
             forecast_peak=forecast,
+            max_pods=self.max_pods,
         )
         plan = plan_standby(inputs, self.tiers, self.policy)
         load = forecast is not None and forecast > running

@@ -232,7 +232,12 @@ class Simulation:
         controller = policy.controller()
         if config.standby is not None:
             controller = StandbyController(
-                controller, self._run.tiers, config.standby, config.slo_ttft, config.seasonal
+                controller,
+                self._run.tiers,
+                config.standby,
+                config.slo_ttft,
+                config.seasonal,
+                max_pods=config.max_replicas,
             )
         self._controller = controller
         self._progress = progress

@@ -47,7 +47,7 @@ class GatewaySettings:
     a level-2 wake of a 32B model from local disk (~56 s; level 1 takes ~4 s)."""
     wake_at_outstanding: int | None = None
     """Wake sleepers when every ready replica holds this many requests outstanding (or
-    twice the last minute's mean, whichever is larger: ``serving.routing.WakePressure``);
+    twice the mean over ``slo.window``, whichever is larger: ``serving.routing.WakePressure``);
     None: only when none is ready (requests buffered meanwhile). With a standby plan,
     ``RECOMMENDED_WAKE_AT_OUTSTANDING``."""
     wake_retry_after: float = 30.0

@@ -161,6 +161,33 @@ def test_negative_figures_are_refused() -> None:
             True,
             id="a sleeper that wakes no faster than a cache-warm start is not held",
         ),
+        pytest.param(
+            inputs(desired_running=3, max_pods=8),
+            dataclasses.replace(POLICY, burst_sleepers=2.0, max_sleeping=16),
+            TIERS,
+            3,
+            5,
+            True,
+            id="sleepers are pods: 3 running and 6 burst sleepers fit 8 pods as 3 + 5",
+        ),
+        pytest.param(
+            inputs(desired_running=8, max_pods=8),
+            dataclasses.replace(POLICY, burst_sleepers=2.0, max_sleeping=16),
+            TIERS,
+            8,
+            0,
+            True,
+            id="a fleet running at its maxReplicas holds no sleeper",
+        ),
+        pytest.param(
+            inputs(desired_running=3, max_pods=20),
+            dataclasses.replace(POLICY, burst_sleepers=2.0, max_sleeping=16),
+            TIERS,
+            3,
+            6,
+            True,
+            id="with room for them the burst sleepers are all held",
+        ),
     ],
 )
 def test_plan(
@@ -200,19 +227,28 @@ policies = st.builds(
     idle=st.floats(0, 10_000),
     forecast=st.none() | st.floats(0, 20),
     policy=policies,
+    pods=st.none() | st.integers(1, 30),
 )
 def test_never_fewer_running_than_desired_and_sleepers_bounded(
-    desired: int, need: list[float], idle: float, forecast: float | None, policy: StandbyPolicy
+    desired: int,
+    need: list[float],
+    idle: float,
+    forecast: float | None,
+    policy: StandbyPolicy,
+    pods: int | None,
 ) -> None:
     case = inputs(
         desired_running=desired,
         recent_need=tuple(need),
         last_activity=1000.0 - idle,
         forecast_peak=forecast,
+        max_pods=pods,
     )
     plan = plan_standby(case, TIERS, policy)
     assert plan.running == desired
     assert 0 <= plan.sleeping <= policy.max_sleeping
+    if pods is not None:
+        assert plan.sleeping <= max(pods - desired, 0), "sleepers are pods within maxReplicas"
     idle_for = case.now - case.last_activity  # as the plan computes it, rounding included
     if idle_for >= policy.release_after_seconds and (forecast is None or forecast <= desired):
         assert (plan.sleeping, plan.cache_warm) == (0, False)

@@ -91,14 +91,10 @@ def with_standby(
         last_activity=decision.state.last_activity,
         slo_ttft_seconds=p.slo_ttft_seconds,
         forecast_peak=forecast if forecast is not None and math.isfinite(forecast) else None,
+        max_pods=p.max_replicas,
     )
     plan = plan_standby(inputs, setup.tiers, setup.policy)
-    # Sleepers are pods of the Deployment: KEDA's maxReplicaCount (maxReplicas) caps
-    # running + sleeping, so a sleeper beyond it is never there to wake.
-    sleeping = min(plan.sleeping, max(p.max_replicas - running, 0))
-    reason = plan.reason
-    if sleeping < plan.sleeping:
-        reason += f"; {sleeping} held: maxReplicas {p.max_replicas} counts sleepers as pods"
+    sleeping, reason = plan.sleeping, plan.reason
     numbers = {f"standby_{key}": value for key, value in plan.inputs.items()}
     made = replace(
         decision,

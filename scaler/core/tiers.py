@@ -79,6 +79,9 @@ class StandbyInputs:
     slo_ttft_seconds: float
     forecast_peak: float | None = None
     """Replicas a forecast expects before ``release_after_seconds``; None: no forecast."""
+    max_pods: int | None = None
+    """KEDA's ``maxReplicaCount``: sleepers are pods of the Deployment, so running +
+    sleeping is at most this (a sleeper beyond it is never there to wake); None: no cap."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,9 @@ def plan_standby(inputs: StandbyInputs, tiers: WarmTiers, policy: StandbyPolicy)
         return StandbyPlan(running, 0, False, reason, numbers)
     cache, cache_why = _cache(tiers, policy, inputs.slo_ttft_seconds)
     sleeping, sleep_why = _sleepers(inputs, tiers, policy, running, forecast, cache)
+    if inputs.max_pods is not None and sleeping > max(inputs.max_pods - running, 0):
+        sleeping = max(inputs.max_pods - running, 0)
+        sleep_why += f"; {sleeping} held: maxReplicas {inputs.max_pods} counts sleepers as pods"
     reason = f"running {running}; {sleeping} sleeping ({sleep_why}); {cache_why}"
     return StandbyPlan(running, sleeping, cache, reason, numbers)
 
