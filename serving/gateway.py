@@ -118,6 +118,9 @@ server error, broken HTTP, a body cut off, a stream carrying an error event. Cou
 only 5xx left one that closed every answer after its headers ~98% of the traffic."""
 EJECT_SECONDS = 10.0
 """How long a first ejection lasts; doubled per ejection in a row (``Backoff``), at most 8x."""
+MAX_PRESSURE_MODELS = 4096
+"""Models whose pressure baseline is kept (``_pressure_threshold``): as many as the
+gateway remembers served (``gateway_replicas.MAX_SERVED_MODELS``)."""
 OVERRUN_EVENTS = 16
 """Token events a stream may carry past its request's token bound before it is cut."""
 SLEEP_QUERY = {"level": "1", "mode": "wait"}
@@ -169,15 +172,18 @@ class Gateway:
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
         self._pressure: WakePressure | None = None
         """``wake_at_outstanding`` as ``serving.routing.WakePressure`` (None: wake at zero only)."""
-        self._baseline: float | None = None
-        """The mean outstanding per ready replica (``WakePressure.baseline``)."""
-        self._baseline_at = time.monotonic()
-        self._surplus_above = math.inf
-        """The last pressure threshold: the surplus is routed to only above it."""
-        self._set_pressure(settings.wake_at_outstanding)
+        self._baselines: dict[str | None, tuple[float | None, float]] = {}
+        """Per model: the mean outstanding per ready replica serving it
+        (``WakePressure.baseline``) and when it was taken (``time.monotonic``). Per model:
+        one gateway-wide mean let one model's steady load hide another's burst."""
+        self._surplus_above: dict[str | None, float] = {}
+        """Per model, its last pressure threshold: its surplus is routed to only above it."""
+        self._set_pressure(settings.wake_at_outstanding, settings.slo.window_seconds)
         self._waiting: dict[int, tuple[str | None, asyncio.Future[Replica]]] = {}
         """Buffered requests, first come first: their model and the replica they get
         (``_dispatch``)."""
+        self._waiting_for: dict[str | None, int] = {}
+        """Buffered requests per model: wakes at zero are sized by the model's own."""
         self._failed_wakes: set[str] = set()
         """Exception types met deciding wakes, each logged once."""
         self.standby_problem: str | None = None
@@ -259,19 +265,22 @@ class Gateway:
         self.metrics.set_slo_attainment(settings.slo.attainment)
         self.arrivals.configure(settings.arrivals)
         self.pool.reconfigure(replicas, settings)
-        self._set_pressure(settings.wake_at_outstanding)
+        self._set_pressure(settings.wake_at_outstanding, settings.slo.window_seconds)
 
-    def _set_pressure(self, at: int | None) -> None:
+    def _set_pressure(self, at: int | None, window: float) -> None:
         """Wake under pressure at ``at`` outstanding (None: at zero only), started afresh.
 
-        A reload that changes it is acted on at once: one that turned pressure wakes off
-        kept waking sleepers. Turned off, the surplus marks go, as nothing routes by them.
+        The baseline's window is the SLO's (``slo.window``, a minute): both are "the last
+        minute", and a compressed clock (the demo's) compresses both. A reload that changes
+        either is acted on at once: one that turned pressure wakes off kept waking
+        sleepers. Turned off, the surplus marks go, as nothing routes by them.
         """
-        if self._pressure is not None and self._pressure.floor == at:
+        wanted = None if at is None else WakePressure(at, window_seconds=window)
+        if wanted == self._pressure and wanted is not None:
             return
-        self._pressure = None if at is None else WakePressure(at)
-        self._baseline, self._baseline_at = None, time.monotonic()
-        self._surplus_above = math.inf
+        self._pressure = wanted
+        self._baselines.clear()
+        self._surplus_above.clear()
         if at is None:
             for replica in self.pool.replicas:
                 replica.surplus = False
@@ -302,8 +311,8 @@ class Gateway:
     async def _wait_for_replica(self, model: str | None, size: int) -> Replica:
         """A ready replica for ``model``, waiting in the buffer (``size`` bytes) if none."""
         views = self.pool.views()
-        self._wake_if_needed(model, views)
-        url = choose(views, model, self._surplus_above)
+        self._wake_if_needed(model, views, self._waiting_for.get(model, 0) + 1)
+        url = choose(views, model, self._surplus_above.get(model, math.inf))
         if url is not None:
             return self.pool.find(url)
         s, stats = self.settings, self.stats
@@ -323,7 +332,7 @@ class Gateway:
         started = time.monotonic()
         chosen: asyncio.Future[Replica] = asyncio.get_running_loop().create_future()
         key = id(chosen)
-        self._waiting[key] = (model, chosen)
+        self._queue(key, model, chosen)
         try:
             async with asyncio.timeout(self.settings.buffer_timeout):
                 return await chosen
@@ -332,7 +341,7 @@ class Gateway:
                 503, f"no replica became ready within {self.settings.buffer_timeout:g}s", 10
             ) from None
         finally:
-            self._waiting.pop(key, None)
+            self._unqueue(key)
             self._set_buffered(-1, -size)
             self.metrics.waited(time.monotonic() - started)
 
@@ -355,18 +364,36 @@ class Gateway:
                 continue
             if model in blocked:
                 continue
-            url = choose(views, model, self._surplus_above)
+            url = choose(views, model, self._surplus_above.get(model, math.inf))
             if url is None:
                 blocked.add(model)
                 continue
             i = where[url]  # counted at once, so the next one sees its load
             views[i] = dataclasses.replace(views[i], outstanding=views[i].outstanding + 1)
-            del self._waiting[key]
+            self._unqueue(key)
             chosen.set_result(self.pool.find(url))
         for model in blocked:  # again: the last wake may have failed
-            self._wake_if_needed(model, views)
+            self._wake_if_needed(model, views, self._waiting_for.get(model, 0))
 
-    def _wake_if_needed(self, model: str | None, views: list[ReplicaView] | None = None) -> None:
+    def _queue(self, key: int, model: str | None, chosen: asyncio.Future[Replica]) -> None:
+        self._waiting[key] = (model, chosen)
+        self._waiting_for[model] = self._waiting_for.get(model, 0) + 1
+
+    def _unqueue(self, key: int) -> None:
+        """Take a buffered request out of the queue (once: a second call does nothing)."""
+        entry = self._waiting.pop(key, None)
+        if entry is None:
+            return
+        model = entry[0]
+        left = self._waiting_for[model] - 1
+        if left:
+            self._waiting_for[model] = left
+        else:
+            del self._waiting_for[model]
+
+    def _wake_if_needed(
+        self, model: str | None, views: list[ReplicaView] | None = None, buffered: int = 1
+    ) -> None:
         """Start waking the sleepers ``model`` needs (``serving.routing.choose_wakes``).
 
         At zero, one (one per threshold of waiting requests with ``wake_at_outstanding``);
@@ -378,8 +405,8 @@ class Gateway:
         try:
             views = self.pool.views() if views is None else views
             ready = [v.outstanding for v in views if v.ready and not v.ejected and v.serves(model)]
-            threshold = self._pressure_threshold(ready)
-            for url in choose_wakes(views, model, threshold, max(1, self.stats.buffered)):
+            threshold = self._pressure_threshold(model, ready)
+            for url in choose_wakes(views, model, threshold, max(1, buffered)):
                 replica = self.pool.find(url)
                 replica.surplus = bool(ready)
                 self._start_wake(replica)
@@ -390,18 +417,28 @@ class Gateway:
                 self._failed_wakes.add(name)
                 log.warning("deciding wakes failed (%s); requests go on", name, exc_info=True)
 
-    def _pressure_threshold(self, ready: list[int]) -> float | None:
-        """``WakePressure.threshold`` over its baseline, updated with ``ready``'s mean."""
+    def _pressure_threshold(self, model: str | None, ready: list[int]) -> float | None:
+        """``WakePressure.threshold`` over ``model``'s baseline, updated with ``ready``'s mean.
+
+        Kept per model, for at most ``MAX_PRESSURE_MODELS`` (the least recently updated
+        forgotten first): a model's name comes from its clients.
+        """
         if self._pressure is None:
             return None
         now = time.monotonic()
+        baseline, at = self._baselines.pop(model, (None, now))
         if ready:
-            elapsed = now - self._baseline_at
             per_replica = sum(ready) / len(ready)
-            self._baseline = self._pressure.baseline(self._baseline, per_replica, elapsed)
-            self._baseline_at = now
-        threshold = self._pressure.threshold(self._baseline)
-        self._surplus_above = threshold
+            baseline = self._pressure.baseline(baseline, per_replica, now - at)
+            at = now
+        threshold = self._pressure.threshold(baseline)
+        self._surplus_above.pop(model, None)
+        if baseline is not None:
+            self._baselines[model] = (baseline, at)  # last: the most recently updated
+        self._surplus_above[model] = threshold
+        for kept in (self._baselines, self._surplus_above):
+            while len(kept) > MAX_PRESSURE_MODELS:
+                del kept[next(iter(kept))]
         return threshold
 
     def _start_wake(self, replica: Replica) -> None:

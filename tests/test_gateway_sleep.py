@@ -395,7 +395,7 @@ async def test_pressure_wakes_several_sleepers_at_once_marked_surplus():
         assert len(waking) == 2  # ceil(5 / 2) = 3 replicas fit the load under the floor of 2
         assert all(seen(gateway, sim.url).surplus for sim in waking)
         await eventually(lambda: all(seen(gateway, s.url).routable for s in waking), "woken")
-        surplus_above = router._surplus_above
+        surplus_above = router._surplus_above["sim-llama"]
         views = gateway.gateway.pool.views()
         assert choose(views, "sim-llama", surplus_above) in {s.url for s in waking}
         seen(gateway, busy.url).outstanding = 1  # below the threshold: back to the running one

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,7 +27,7 @@ from foundation.errors import ConfigError
 from foundation.signals import GatewaySignals
 from serving import gateway as gateway_module
 from serving.config import parse_config
-from serving.gateway import EJECT_AFTER_5XX
+from serving.gateway import EJECT_AFTER_5XX, Gateway
 from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import TrafficStats, gateway_signals
@@ -394,3 +395,64 @@ def test_a_sleep_held_through_its_probation_or_ended_by_a_wake_resets_the_backof
     replica.sleeping = False  # the gateway woke it for a request
     pool._judge_sleep(replica, False, 205.0)
     assert replica.sleep_backoff == Backoff()
+
+
+# --- V-7: one model's load does not decide another's pressure wakes ------------------------
+
+
+def test_one_models_steady_load_does_not_hide_anothers_burst(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    g = Gateway([], GatewaySettings(wake_at_outstanding=2))
+    for _ in range(300):  # five minutes: X's replicas hold 20 each, Y's one holds 1
+        clock[0] += 0.5
+        g._pressure_threshold("x", [20, 20])
+        clock[0] += 0.5
+        g._pressure_threshold("y", [1])
+    threshold = g._pressure_threshold("y", [12])
+    assert threshold is not None and threshold <= 12  # before: 21.1, X's mean with Y's
+    assert g._surplus_above["x"] > g._surplus_above["y"]
+
+
+def test_the_models_kept_for_pressure_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gateway_module, "MAX_PRESSURE_MODELS", 8)
+    g = Gateway([], GatewaySettings(wake_at_outstanding=2))
+    for i in range(100):  # a client naming a new model each time
+        g._pressure_threshold(f"m{i}", [1])
+    assert len(g._baselines) == len(g._surplus_above) == 8
+    assert "m99" in g._baselines and "m0" not in g._baselines
+
+
+def sleeper_of(model: str) -> StandIn:
+    models = json.dumps({"data": [{"id": model}]}).encode()
+    return StandIn(**{"/is_sleeping": ASLEEP, "/v1/models": models})
+
+
+async def test_a_wake_at_zero_is_sized_by_its_own_models_buffer() -> None:
+    # Y's only replica sleeps and refuses its wakes: Y's requests wait in the buffer.
+    refusing = sleeper_of("y")
+    refusing.answers["/wake_up"] = 500
+    xs = [sleeper_of("x") for _ in range(4)]
+    async with contextlib.AsyncExitStack() as stack:
+        for replica in (refusing, *xs):
+            await stack.enter_async_context(replica.serving())
+        urls = [refusing.url, *(x.url for x in xs)]
+        gateway = await stack.enter_async_context(
+            gateway_for(urls, wake_at_outstanding=2, wake_retry_after=3600.0)
+        )
+        g = gateway.gateway
+        await eventually(lambda: all(r.wakeable for r in g.replicas), "all asleep")
+        body = {"model": "y", "prompt": "p"}
+        waiting = [asyncio.create_task(post(gateway, body)) for _ in range(8)]
+        try:
+            await eventually(lambda: g.stats.buffered == 8, "Y's requests buffered")
+            status, text = await post(gateway, {"model": "x", "prompt": "p"})
+            assert status == 200, text
+            # Before: ceil(9 / 2) = 5 wakes wanted for one request: all 4 of X's sleepers.
+            assert sum(x.calls.get("/wake_up", 0) for x in xs) == 1
+        finally:
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
