@@ -25,7 +25,7 @@ from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.config import PrometheusSourceConfig, ScalerConfig, SignalSourceConfig, parse_config
 from scaler.prewarm.shell import Prewarmer
-from scaler.registry import ScaledObjectRegistry
+from scaler.registry import PUSH_DECISION_GAP, ScaledObjectRegistry
 from scaler.service import CapacityService, ExternalScalerService
 from scaler.signals import TARGET_TTL, SignalStore
 from scaler.sources import demo_source, prometheus_source, watch_signals
@@ -139,7 +139,11 @@ class ScalerServer:
         self._source = source
         self.store = SignalStore(clock)
         self.registry = ScaledObjectRegistry(
-            self.store, config.max_signal_age, clock, config.policy_defaults()
+            self.store,
+            config.max_signal_age,
+            clock,
+            config.policy_defaults(),
+            push_gap=PUSH_DECISION_GAP,
         )
         self._clock = clock
         # Fluid prewarm for ScaledObjects naming a Dataset (needs the API server).
