@@ -161,6 +161,11 @@ class PrometheusSourceConfig(BaseModel):
 
 # The one source of the policy defaults: the decision core's own.
 _CORE = Policy()
+MAX_WINDOW_SECONDS = 3600.0
+"""The longest ``scale-down-window`` and ``demand-window``: an hour, the HPA's own bound
+on a stabilization window. Every decision keeps a sample for the window and copies them
+all; Go's largest duration (292 years) kept them all for good, 23 ms a decision after 6
+hours and growing, until the event loop could not keep up."""
 MIN_SEASONAL_DAY = 60.0
 """The shortest forecast day (a replay's compressed day); a slot is a 96th of it."""
 MAX_SIGNAL_SOURCES = 256
@@ -242,7 +247,7 @@ class PolicyConfig(BaseModel):
     """The attainment loop's headroom bound, a share of the need (0: the loop is off)."""
     headroom_half_life: Seconds = Field(_CORE.headroom_half_life_seconds, gt=0)
     """While attainment has margin the headroom halves this often."""
-    scale_down_window: Seconds = Field(_CORE.scale_down_window_seconds, ge=0)
+    scale_down_window: Seconds = Field(_CORE.scale_down_window_seconds, ge=0, le=MAX_WINDOW_SECONDS)
     """Scale down only to the most replicas needed within this window."""
     forecast_horizon: Seconds = Field(_CORE.forecast_horizon_seconds, ge=0)
     """About one cold start: scale-up starts this far ahead of the load."""
@@ -265,7 +270,7 @@ class PolicyConfig(BaseModel):
         _CORE.seasonal_day_seconds, ge=MIN_SEASONAL_DAY, le=MAX_SEASONAL_SECONDS
     )
     """The forecast's day (shorter only in a replay of compressed days); 1 min to 7 days."""
-    demand_window: Seconds = Field(_CORE.demand_window_seconds, gt=0)
+    demand_window: Seconds = Field(_CORE.demand_window_seconds, gt=0, le=MAX_WINDOW_SECONDS)
     """With a profile: demand is averaged over this long (the exporter's stable window)."""
     profile_speedup: float = Field(_CORE.profile_speedup, gt=0)
     """With a profile: replicas step this many times faster than it says (1: real ones)."""
