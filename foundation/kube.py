@@ -104,10 +104,17 @@ class KubeAccess:
         ``client-key``: at most ``MAX_PEM_BYTES``. The client opens these by path:
         ``/dev/zero`` was read until memory ran out, a FIFO waited on for good. A missing
         one, or a kubeconfig of the wrong shape, stays the client's to report
-        (KUBECONFIG lists may name files not there).
+        (KUBECONFIG lists may name files not there). A list names at most
+        ``MAX_KUBECONFIG_FILES``.
         """
-        for name in files.split(os.pathsep):
-            if name and os.path.lexists(name):
+        listed = [os.path.expanduser(n) for n in files.split(os.pathsep) if n]  # as the client
+        if len(listed) > MAX_KUBECONFIG_FILES:  # each up to 1 MiB, parsed and merged (~1 s)
+            raise ConfigError(
+                f"--kubeconfig {_clip(files)}: lists {len(listed):,} files; at most"
+                f" {MAX_KUBECONFIG_FILES} are read"
+            )
+        for name in listed:
+            if os.path.lexists(name):
                 data = read_bytes(Path(name), MAX_CONFIG_BYTES, "kubeconfig")
                 for path, what, limit in _named_files(_parsed(data, name), Path(name).parent):
                     if os.path.lexists(path):
@@ -116,6 +123,9 @@ class KubeAccess:
 
 MAX_TOKEN_BYTES = 64 * 1024
 """A bearer token file: a service account's JWT is about 1 KiB."""
+MAX_KUBECONFIG_FILES = 16
+"""Files one ``--kubeconfig``/``$KUBECONFIG`` list may name: each is parsed twice and merged
+(~1 s for 1 MiB), and a 128 KiB flag listed thousands (issue 27, hostile pass 5, M1)."""
 MAX_ENTRIES = 256
 """Clusters, contexts or users one kubeconfig may list: the client merges them pairwise
 (10,000 users took 28 s, a 1 MiB file of 60,000 never ended)."""
@@ -133,15 +143,18 @@ def _parsed(kubeconfig: bytes, name: str) -> object:
     """The kubeconfig's document, or None where the client's own parse should report it.
 
     Raises:
-        ConfigError: YAML aliases (no kubeconfig writer uses them; 709 bytes of them
-            expanded to 10^8 entries), or more than ``MAX_ENTRIES`` of a list.
+        ConfigError: a YAML alias (no kubeconfig writer uses them; 709 bytes of them
+            expanded to 10^8 entries, and one string aliased 137,500 times to 55 GB in the
+            client's merge), or more than ``MAX_ENTRIES`` of a list.
     """
     try:
-        parsed = yaml.safe_load(kubeconfig)
+        parsed = yaml.load(kubeconfig, Loader=_NoAliases)  # a SafeLoader
+    except _AliasFoundError as err:
+        raise ConfigError(
+            f"--kubeconfig {name}: YAML aliases are not read in a kubeconfig"
+        ) from err
     except (yaml.YAMLError, ValueError, RecursionError):
         return None
-    if _shares_a_node(parsed):
-        raise ConfigError(f"--kubeconfig {name}: YAML aliases are not read in a kubeconfig")
     for listed in ("clusters", "contexts", "users"):
         entries = parsed.get(listed) if isinstance(parsed, dict) else None
         if isinstance(entries, list) and len(entries) > MAX_ENTRIES:
@@ -151,22 +164,21 @@ def _parsed(kubeconfig: bytes, name: str) -> object:
     return parsed
 
 
-def _shares_a_node(parsed: object) -> bool:
-    """Whether a list or mapping appears twice in ``parsed`` (a YAML alias made it so).
+class _AliasFoundError(Exception):
+    """A YAML alias met while composing a kubeconfig."""
 
-    Each is visited once, so a structure of aliases costs what it holds, not what it
-    expands to.
+
+class _NoAliases(yaml.SafeLoader):
+    """``yaml.SafeLoader`` refusing every alias as it is met, before anything is built.
+
+    Found where the YAML is composed, whatever the alias names: a list or mapping met twice
+    in the parsed document missed an aliased string (issue 27, hostile pass 5, H1).
     """
-    seen: set[int] = set()
-    stack = [parsed]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict | list):
-            if id(node) in seen:
-                return True
-            seen.add(id(node))
-            stack.extend(node.values() if isinstance(node, dict) else node)
-    return False
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasFoundError
+        return super().compose_node(parent, index)
 
 
 def _named_files(parsed: object, base: Path) -> list[tuple[Path, str, int]]:
