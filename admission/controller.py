@@ -121,6 +121,7 @@ RETRY_MAX = 30.0
 CREATABLE: Mapping[tuple[str, str], Resource] = {("data.fluid.io/v1alpha1", "DataLoad"): DATALOADS}
 """What a decision may ask us to create, by (apiVersion, kind)."""
 _SHAPED: Mapping[str, str] = {
+    "admissionchecks": "admissioncheck",
     "nodes": "node",
     "pods": "pod",
     "workloads": "workload",
@@ -160,6 +161,9 @@ class Snapshot:
     dataloads: list[RawObject]
     malformed: tuple[tuple[str, str, str], ...] = ()
     """``(kind, subject, why)`` of each object left out for its shape (``admission.shape``)."""
+    ours: frozenset[str] = frozenset()
+    """Our AdmissionChecks by name, also one left out for its shape: the gangs admitted
+    through it still hold their GPUs."""
 
 
 class _Once:
@@ -276,7 +280,7 @@ class Controller:
                 else:
                     malformed.append((kind, shape.subject(kind, obj), why))
         return Snapshot(
-            checks=sets["admissionchecks"],
+            checks=shaped["admissionchecks"],
             parameters=sets["parameters"],
             workloads=shaped["workloads"],
             nodes=list(shaped["nodes"].values()),
@@ -284,6 +288,11 @@ class Controller:
             datasets=list(shaped["datasets"].values()),
             dataloads=list(shaped["dataloads"].values()),
             malformed=tuple(malformed),
+            ours=frozenset(
+                name
+                for name, check in sets["admissionchecks"].items()
+                if _controller_of(check) == self.name
+            ),
         )
 
     def _merged(self, name: str) -> dict[str, RawObject]:
@@ -423,11 +432,7 @@ class Controller:
             demand_error=demand_error,
             # Gangs admitted through any of our checks hold their GPUs, also those of a
             # check whose parameters are bad right now.
-            our_checks=frozenset(
-                name
-                for name, check in view.checks.items()
-                if (check.get("spec") or {}).get("controllerName") == self.name
-            ),
+            our_checks=view.ours,
             check_parameters=ours,
             pod_index=pods_by_owner(view.pods),  # once a pass, for every pool
             lora_density=self._density_or_last(view, ours, now),
@@ -632,7 +637,7 @@ class Controller:
         usable: dict[str, params.Parameters] = {}
         active: dict[str, bool] = {}
         for name, check in sorted(view.checks.items()):
-            if (check.get("spec") or {}).get("controllerName") != self.name:
+            if name not in view.ours:
                 continue
             problem = None
             try:
@@ -890,6 +895,12 @@ def _reclaims_by_key(plans: Mapping[str, CheckPlan]) -> dict[str, tuple[str, Rec
         for taken in planned.plan.reclaim:
             found.setdefault(taken.key, (planned.pool, taken))
     return found
+
+
+def _controller_of(check: object) -> object:
+    """An AdmissionCheck's ``spec.controllerName``, None where it cannot be read."""
+    spec = check.get("spec") if isinstance(check, Mapping) else None
+    return spec.get("controllerName") if isinstance(spec, Mapping) else None
 
 
 def _by_subject(decisions: Iterable[Decision]) -> dict[tuple[str, str, str], Decision]:

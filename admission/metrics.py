@@ -42,7 +42,7 @@ Never a Workload or pod name.
   dating a Ready entry or ``Admitted`` before their creation (read as the creation).
   Also objects left out of
   the view for their JSON shape (``admission.shape``; also ``workload``, ``dataset``,
-  ``dataload``), counted as their problem appears or changes.
+  ``dataload``, ``admissioncheck``), counted as their problem appears or changes.
 """
 
 from __future__ import annotations

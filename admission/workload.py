@@ -117,7 +117,14 @@ def times_before_creation(workload: Mapping[str, Any]) -> str | None:
                 found.append(f"Admitted at {quote(cond.get('lastTransitionTime'))}")
     if not found:
         return None
-    return f"{', '.join(found)}: before its creation or unreadable, read as its creation"
+    # The first few, then a count: 20,000 entries made one WARNING of 980 KB (pass 5, M2).
+    shown = ", ".join(found[:NAMED_TIMES])
+    more = f" and {len(found) - NAMED_TIMES:,} more" if len(found) > NAMED_TIMES else ""
+    return f"{shown}{more}: before its creation or unreadable, read as its creation"
+
+
+NAMED_TIMES = 3
+"""Times ``times_before_creation`` names; the rest are counted."""
 
 
 def pods_by_owner(pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:
