@@ -79,11 +79,14 @@ def replica_url(url: str) -> str:
     Raises:
         ValueError: anything else: no host, a port outside 1-65535, a path, a query, a
             fragment or user info (which every log line would print), a control
-            character or a space.
+            character, a space or any character outside ASCII.
     """
     expected = f"expected http://host:port, got {quote(url)}"
-    if _URL_NOISE.search(url):
-        raise ValueError(f"{expected}: a space or a control character")
+    # Printable ASCII only: yarl folds Unicode (NFKC) as it parses, so "http://\xa0" was
+    # taken as a replica on host " ", "http://⑴:1" on host "(1)", both failing their
+    # checks quietly for good. An internationalised host is written as punycode.
+    if _URL_NOISE.search(url) or not url.isascii():
+        raise ValueError(f"{expected}: a space, a control character or a non-ASCII one")
     try:
         parsed = URL(url)
     except ValueError as err:

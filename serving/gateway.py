@@ -308,9 +308,14 @@ class Gateway:
 
     # --- requests -----------------------------------------------------------------------
 
-    async def _wait_for_replica(self, model: str | None, size: int) -> Replica:
-        """A ready replica for ``model``, waiting in the buffer (``size`` bytes) if none."""
-        views = self.pool.views()
+    async def _wait_for_replica(
+        self, model: str | None, size: int, views: list[ReplicaView] | None = None
+    ) -> Replica:
+        """A ready replica for ``model``, waiting in the buffer (``size`` bytes) if none.
+
+        ``views``: the pool's views, if built since the last await.
+        """
+        views = self.pool.views() if views is None else views
         self._wake_if_needed(model, views, self._waiting_for.get(model, 0) + 1)
         url = choose(views, model, self._surplus_above.get(model, math.inf))
         if url is not None:
@@ -635,7 +640,8 @@ class Gateway:
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         raw, model, prompt, max_tokens = await self._read(request)
         known = frozenset(self.settings.models) | self.pool.served
-        if model and is_unserved(self.pool.views(), model, known):
+        views = self.pool.views()  # once a request: each replica's view costs microseconds
+        if model and is_unserved(views, model, known):
             # Before it counts as an arrival: the scaler must not scale up for it.
             raise self._reject(404, f"no replica serves model {model!r}", None)
         now = time.time()
@@ -646,7 +652,7 @@ class Gateway:
         meter = ResponseMeter(time.monotonic(), max_tokens)
         status: int | None = 500  # an unexpected error: aiohttp answers 500
         try:
-            response = await self._forward(request, raw, model, meter)
+            response = await self._forward(request, raw, model, meter, views)
             status = meter.status
             return response
         except web.HTTPException as err:  # the gateway's own answer: 429, 502, 503, 504
@@ -774,12 +780,18 @@ class Gateway:
         return size
 
     async def _forward(
-        self, request: web.Request, raw: bytes, model: str | None, meter: ResponseMeter
+        self,
+        request: web.Request,
+        raw: bytes,
+        model: str | None,
+        meter: ResponseMeter,
+        views: list[ReplicaView] | None = None,
     ) -> web.StreamResponse:
         """Send upstream, trying another replica while a connection fails or drops unanswered.
 
         A replica that answers broken HTTP before its headers is a 502, one silent past
-        ``upstream_timeout`` a 504; neither is retried.
+        ``upstream_timeout`` a 504; neither is retried. ``views``: the replicas as the
+        request found them (nothing awaited since), for its first try.
         """
         assert self._session is not None
         # The body sent is the decoded one: its Content-Encoding no longer describes it.
@@ -787,7 +799,8 @@ class Gateway:
         timeout = self.settings.upstream_timeout
         dropped = False
         for _attempt in range(self.settings.connect_retries + 1):
-            replica = await self._wait_for_replica(model, len(raw))
+            replica = await self._wait_for_replica(model, len(raw), views)
+            views = None  # a retry looks afresh: the last one was marked down
             replica.outstanding += 1
             self._set_in_flight(+1)
             try:

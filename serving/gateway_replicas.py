@@ -52,6 +52,7 @@ import aiohttp
 
 from foundation.discovery import EndpointSliceWatch
 from foundation.dns import resolve_addresses
+from serving.config import MAX_REPLICAS
 from serving.gateway_settings import GatewaySettings
 from serving.replica_answers import (
     MAX_ANSWER_BYTES,
@@ -217,6 +218,8 @@ class ReplicaPool:
         self._checks: dict[str, asyncio.Task[None]] = {}
         """Each replica's check under way, by URL: one at a time per replica."""
         self._dns_failing = False
+        self._named_over = False
+        """More replicas are named than ``MAX_REPLICAS`` (warned of once until it ends)."""
 
     def reconfigure(self, replicas: list[str], settings: GatewaySettings) -> None:
         """New static replicas and settings.
@@ -260,13 +263,32 @@ class ReplicaPool:
         replica.ready = False
 
     def _named(self) -> set[str]:
-        """Replicas = static URLs + DNS A records (last answer) + ready EndpointSlice endpoints."""
+        """Replicas = static URLs + DNS A records (last answer) + ready EndpointSlice endpoints.
+
+        At most ``MAX_REPLICAS``, as the static list: each is checked every interval in a
+        task of its own, and every request's routing reads each (a DNS name answering
+        5,000 addresses cost 50 ms of event loop a request). Past it the static ones are
+        kept, then those tracked already, then the first by name; one WARNING while over.
+        """
         named = set(self._static)
         if self.endpoint_watch is not None and self.endpoint_watch.targets is not None:
             named |= {url.rstrip("/") for url in self.endpoint_watch.targets}
         if self.settings.dns is not None:
             named |= self._dns_named
-        return named
+        if len(named) <= MAX_REPLICAS:
+            self._named_over = False
+            return named
+        tracked = [r.url for r in self.replicas if r.url in named]
+        ordered = [*sorted(self._static), *tracked, *sorted(named)]
+        kept = set(list(dict.fromkeys(ordered))[:MAX_REPLICAS])
+        if not self._named_over:
+            log.warning(
+                "%d replicas are named (DNS, EndpointSlices, config); routing to %d of them,"
+                " at most %d are tracked",
+                len(named), len(kept), MAX_REPLICAS,
+            )  # fmt: skip
+        self._named_over = True
+        return kept
 
     async def _discover(self) -> None:
         """Resolve the DNS name, if any, and apply the replicas named now.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,7 +27,8 @@ from hypothesis import strategies as st
 from foundation.errors import ConfigError
 from foundation.signals import GatewaySignals
 from serving import gateway as gateway_module
-from serving.config import parse_config
+from serving import gateway_replicas
+from serving.config import MAX_REPLICAS, parse_config
 from serving.gateway import EJECT_AFTER_5XX, Gateway
 from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
@@ -456,3 +458,72 @@ async def test_a_wake_at_zero_is_sized_by_its_own_models_buffer() -> None:
             for task in waiting:
                 task.cancel()
             await asyncio.gather(*waiting, return_exceptions=True)
+
+
+# --- V-8: replicas from discovery are bounded; a request reads the pool once ---------------
+
+
+async def test_a_discovery_naming_thousands_tracks_at_most_the_static_bound(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def five_thousand(dns: str) -> tuple[list[str], int]:
+        return [f"10.0.{i // 256}.{i % 256}" for i in range(5000)], 8000
+
+    monkeypatch.setattr(gateway_replicas, "resolve_addresses", five_thousand)
+    caplog.set_level(logging.WARNING)
+    static = "http://static:1"
+    pool = ReplicaPool([static], GatewaySettings(dns="replicas.ns.svc:8000"))
+    await pool._discover()
+    first = [r.url for r in pool.replicas]
+    # Before: 5,001 replicas, each checked every second and read by every request.
+    assert len(first) == MAX_REPLICAS and static in first
+    await pool._discover()
+    assert [r.url for r in pool.replicas] == first  # those tracked stay tracked
+    assert sum("at most 1024 are tracked" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_a_request_reads_every_replicas_view_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with fakes(answers) as (replica,):
+        async with gateway_for([replica.url], health_interval=60.0) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: g.replicas[0].routable, "ready")
+            built = 0
+            views = g.pool.views
+
+            def counted(now: float | None = None) -> list[ReplicaView]:
+                nonlocal built
+                built += 1
+                return views(now)
+
+            monkeypatch.setattr(g.pool, "views", counted)
+            assert (await post(gateway, COMPLETION))[0] == 200
+            assert built == 1  # before: twice, 50 ms a request with 5,000 replicas
+
+
+# --- V-10: replica URLs are printable ASCII ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("http://\xa0", id="a no-break space (yarl read host ' ') is refused"),
+        pytest.param("http://a\u3000b:1", id="an ideographic space inside a host is refused"),
+        pytest.param(
+            "http://\u2474:1", id="a parenthesised digit (yarl read host '(1)') is refused"
+        ),
+        pytest.param("http://a:\uff11", id="a full-width digit as the port is refused"),
+        pytest.param("http://\u200b:1", id="a zero-width space is refused"),
+    ],
+)
+def test_a_replica_url_outside_printable_ascii_is_refused_naming_it(url: str) -> None:
+    with pytest.raises(ConfigError, match="non-ASCII"):
+        parse_config(json.dumps({"replicas": [url]}), "gateway.yaml")
+
+
+@given(st.text(max_size=30).map(lambda tail: "http://" + tail))
+def test_a_replica_url_taken_is_the_ascii_host_it_reads_as(url: str) -> None:
+    try:
+        [taken] = parse_config(json.dumps({"replicas": [url]}), "gateway.yaml").replicas
+    except ConfigError:
+        return
+    assert taken.isascii() and taken.isprintable() and " " not in taken
