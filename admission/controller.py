@@ -56,6 +56,7 @@ from admission import density, hami, incremental, lora, shape
 from admission import parameters as params
 from admission.config import AdmissionConfig
 from admission.decide import (
+    Ask,
     CheckPlan,
     Cluster,
     Decision,
@@ -420,7 +421,7 @@ class Controller:
             Pending(workload=w, check=check, parameters=ours[check], pending_since=since)
             for w, check, since in found
         ]
-        demand, demand_error = await self._demand([*(p.parameters for p in pending), *reclaiming])
+        asked, demand_error = await self._demand([*(p.parameters for p in pending), *reclaiming])
         cluster = Cluster(
             nodes=view.nodes,
             pods=view.pods,
@@ -428,8 +429,9 @@ class Controller:
             datasets=view.datasets,
             dataloads=view.dataloads,
             datasets_served=not self.watched["datasets"].absent,
-            demand=demand,
+            demand=None,  # each check reads its own ask's figures
             demand_error=demand_error,
+            asked=asked if asked is not None else {},
             # Gangs admitted through any of our checks hold their GPUs, also those of a
             # check whose parameters are bad right now.
             our_checks=view.ours,
@@ -774,8 +776,11 @@ class Controller:
 
     async def _demand(
         self, parameters: Iterable[params.Parameters]
-    ) -> tuple[Mapping[str, PoolDemand] | None, str]:
-        """What inference needs of the pools the pending checks guard, cached briefly."""
+    ) -> tuple[Mapping[Ask, PoolDemand] | None, str]:
+        """What inference needs of the pools the pending checks guard, by ask, cached briefly.
+
+        None with the errors when no ask was answered.
+        """
         asked = {
             (h.scaler, h.pool, h.horizon_seconds)
             for p in parameters

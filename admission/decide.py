@@ -55,7 +55,7 @@ from admission.fit import (
 )
 from admission.hami import Inventory, NodeGpus, inventory
 from admission.hints import Hints, combine, merge_hints
-from admission.parameters import Parameters
+from admission.parameters import Headroom, Parameters
 from admission.pool import InferenceNeed, ManagerPolicy, PoolPlan, plan_pool, within_allowance
 from admission.workload import (
     MAX_CLOCK_SKEW,
@@ -72,8 +72,11 @@ from foundation.timestamps import parse_time
 RawObject = dict[str, Any]
 """An API object as the server's JSON."""
 State = Literal["Pending", "Ready", "Retry", "Rejected"]
+Ask = tuple[str, str, int]
+"""What a check asks the scaler: (scaler address, pool, horizon seconds)."""
 
 __all__ = [
+    "Ask",
     "CheckPlan",
     "Cluster",
     "Decision",
@@ -120,6 +123,10 @@ class Cluster:
     demand: Mapping[str, PoolDemand] | None
     """Inference demand per pool; None: the scaler could not be asked."""
     demand_error: str = ""
+    asked: Mapping[Ask, PoolDemand] | None = None
+    """The figures by ask (scaler, pool, horizon), the controller's: when set, each check
+    reads its own ask's, never ``demand``. Another check's ask of the same pool (another
+    scaler, another horizon) made the pool unknown for both (hostile pass 5, M3)."""
     our_checks: frozenset[str] = frozenset()
     """Every AdmissionCheck of ours (gangs any of them admitted hold their GPUs); the
     pending checks' names when empty."""
@@ -531,7 +538,7 @@ def _plan_check(
         by_owner=_index(cluster),
         now=now,
     )
-    need, missing = _need(cluster, wanted.pool, pool)
+    need, missing = _need(cluster, wanted, pool)
     policy = ManagerPolicy(
         reclaim=True,
         min_run_seconds=float(params.reclaim.min_run_seconds),
@@ -578,21 +585,26 @@ def plain_pool(cluster: Cluster, params: Parameters, now: float) -> Inventory:
     return cluster.memo.pool(("plain", _group(params)), fingerprint, now, build).pool
 
 
-def _need(cluster: Cluster, pool: str, inv: Inventory) -> tuple[InferenceNeed | None, str]:
-    """The scaler's figures for ``pool``, or None and why not (never a zero)."""
-    figures, why = _figures(cluster, pool, inv)
+def _need(cluster: Cluster, wanted: Headroom, inv: Inventory) -> tuple[InferenceNeed | None, str]:
+    """The scaler's figures for the check's pool, or None and why not (never a zero)."""
+    figures, why = _figures(cluster, wanted, inv)
     if figures is None:
         return None, why
     return InferenceNeed(figures.accelerators_held, figures.accelerators_needed), ""
 
 
-def _figures(cluster: Cluster, pool: str, inv: Inventory) -> tuple[PoolDemand | None, str]:
-    """The scaler's figures for ``pool`` where possible, else None and why not.
+def _figures(cluster: Cluster, wanted: Headroom, inv: Inventory) -> tuple[PoolDemand | None, str]:
+    """The scaler's figures for the check's pool where possible, else None and why not.
 
+    The check's own ask's where the controller keyed them so (``Cluster.asked``).
     Inference cannot hold more cards than HAMi registers in the pool (``Inventory.pool``,
     every node, held or not): held 1e6 on 16 cards read as "needs 0 more" and admitted.
     """
-    figures = None if cluster.demand is None else cluster.demand.get(pool)
+    pool = wanted.pool
+    if cluster.asked is not None:
+        figures = cluster.asked.get((wanted.scaler, pool, wanted.horizon_seconds))
+    else:
+        figures = None if cluster.demand is None else cluster.demand.get(pool)
     if figures is None:
         return None, cluster.demand_error or f"the scaler knows no pool {pool!r}"
     cards = sum(len(n.devices) for n in inv.pool)
@@ -667,7 +679,7 @@ def _headroom(params: Parameters, cluster: Cluster, pool: Inventory, fit: FitRes
     wanted = params.inference_headroom
     if wanted is None:
         return _Headroom(False, "")
-    figures, why = _figures(cluster, wanted.pool, pool)
+    figures, why = _figures(cluster, wanted, pool)
     if figures is None:
         if wanted.when_unavailable == "Ignore":
             return _Headroom(False, f"inference forecast unavailable ({why}): not checked")

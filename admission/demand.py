@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from admission.decide import PoolDemand
+from admission.decide import Ask, PoolDemand
 from foundation.errors import quote
 from foundation.timestamps import to_duration
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
@@ -76,32 +76,24 @@ async def fetch_demand(
 
 
 def merge_demand(
-    answers: Sequence[tuple[tuple[str, str, int], DemandResult]],
-) -> tuple[dict[str, PoolDemand], list[str]]:
-    """The pools' figures from each ask's ``((scaler, pool, horizon), answer)``, and errors.
+    answers: Sequence[tuple[Ask, DemandResult]],
+) -> tuple[dict[Ask, PoolDemand], list[str]]:
+    """Each ask's figures from its ``((scaler, pool, horizon), answer)``, and the errors.
 
-    Only the pool asked is taken from an answer: a scaler's answer may list others (another
-    check's scaler listed ours with held 0, needed 0, and the last answer read won). A pool
-    asked of two scalers, or at two horizons, whose answers disagree is unknown (which is
-    right is unknown, as for a pool named twice in one answer) and named in the errors
-    (issue 27, hostile pass 4, M3).
+    Only the pool asked is taken from an answer, and it is that ask's alone: each check
+    reads its own ask (``decide.Cluster.asked``). A scaler's answer may list other pools
+    (another check's scaler listed ours with held 0, needed 0, and the last answer read
+    won: pass 4, M3); two asks of one pool at two horizons rightly differ, and another
+    check's ask that disagreed made the pool unknown for both (pass 5, M3).
     """
-    found: dict[str, dict[tuple[str, int], PoolDemand]] = {}
+    known: dict[Ask, PoolDemand] = {}
     errors: list[str] = []
-    for (scaler, pool, horizon), result in answers:
+    for ask, result in answers:
         if result.error:
             errors.append(result.error)
-        figures = (result.demand or {}).get(pool)
+        figures = (result.demand or {}).get(ask[1])
         if figures is not None:
-            found.setdefault(pool, {})[scaler, horizon] = figures
-    known: dict[str, PoolDemand] = {}
-    for pool, by_ask in found.items():
-        told = {(f.accelerators_held, f.accelerators_needed) for f in by_ask.values()}
-        if len(told) == 1:
-            known[pool] = next(iter(by_ask.values()))
-            continue
-        asks = ", ".join(f"{quote(scaler)} at {horizon} s" for scaler, horizon in sorted(by_ask))
-        errors.append(f"pool {quote(pool)}: asked of {asks}, whose answers disagree: not used")
+            known[ask] = figures
     return known, errors
 
 

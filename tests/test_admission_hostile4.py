@@ -248,8 +248,8 @@ def _asked(answers: dict[tuple[str, int], dict[str, PoolDemand]]) -> Any:
                 ("ours:9090", 600): {"h200": PoolDemand("h200", 16, 16)},
                 ("ours:9090", 60): {"h200": PoolDemand("h200", 16, 0)},
             },
-            None, "at 60 s, 'ours:9090' at 600 s, whose answers disagree",
-            id="two asks of one pool that disagree leave it unknown, naming both",
+            PoolDemand("h200", 16, 16), "",
+            id="two asks of one pool that disagree each read their own (pass 5, M3)",
         ),
     ],
 )  # fmt: skip
@@ -261,7 +261,7 @@ async def test_each_check_reads_only_the_pool_it_asked_never_the_last_answer(
     controller = Writing(demand=_asked(answers))
     checks = [OURS, *(Parameters(inference_headroom=h) for h in others)]
     known, errors = await controller._demand(checks)
-    assert (known or {}).get("h200") == h200
+    assert (known or {}).get(("ours:9090", "h200", 600)) == h200
     assert error in errors
 
 

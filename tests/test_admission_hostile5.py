@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from admission.decide import PoolDemand
+from admission.demand import DemandResult
+from admission.parameters import Headroom, Parameters
 from admission.workload import NAMED_TIMES, times_before_creation
 from foundation.timestamps import format_time
 from tests.test_admission_controller import NO_API, Writing
@@ -21,8 +24,8 @@ from tests.test_admission_decide import CHECK, NOW, node, workload
 _STANDARD_WATCHES = ("parameters", "pods", "datasets", "dataloads")
 
 
-def _controller(checks: dict[str, Any], workloads: dict[str, Any]) -> Writing:
-    controller = Writing()
+def _controller(checks: dict[str, Any], workloads: dict[str, Any], **kw: Any) -> Writing:
+    controller = Writing(**kw)
     for name in _STANDARD_WATCHES:
         controller._changed(name, {})
     controller._changed("admissionchecks", checks)
@@ -156,3 +159,65 @@ async def test_the_controller_warns_of_twenty_thousand_early_entries_in_one_shor
         logging.getLogger("admission").removeHandler(handler)
     lines = stream.getvalue().splitlines()
     assert lines and max(map(len, lines)) < 400
+
+
+# --- M3: each check reads its own ask ---------------------------------------------------
+
+
+async def _headroom_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+    ours: Headroom,
+    other: Headroom,
+    answers: dict[tuple[str, int], PoolDemand],
+) -> str:
+    """Our 1-GPU workload's state on an 8-card node, beside another check's ask of h200
+    (made for its own pending 1-GPU workload)."""
+    checks = {
+        CHECK: Parameters(inference_headroom=ours),
+        "other": Parameters(inference_headroom=other),
+    }
+    monkeypatch.setattr(
+        "admission.controller.params.check_parameters",
+        lambda check, objects: checks[check["metadata"]["name"]],
+    )
+
+    async def demand(scaler: str, pool: str, horizon: float, **_: Any) -> DemandResult:
+        return DemandResult({pool: answers[scaler, int(horizon)]})
+
+    theirs = _pending("b", 1)  # the other check asks only while it has one pending
+    theirs["status"]["admissionChecks"][0]["name"] = "other"
+    controller = _controller({}, {"train/a": _pending("a", 1), "train/b": theirs}, demand=demand)
+    controller._changed(
+        "admissionchecks",
+        {n: {"metadata": {"name": n}, "spec": {"controllerName": controller.name}} for n in checks},
+    )
+    await controller.reconcile(api=NO_API)
+    return str(controller.written["train/a"]["state"])
+
+
+@pytest.mark.parametrize(
+    ("ours", "other", "answers", "state"),
+    [
+        pytest.param(
+            Headroom("ours:9090", "h200"), Headroom("ours:9090", "h200", horizon_seconds=60),
+            {("ours:9090", 600): PoolDemand("h200", 0, 0),
+             ("ours:9090", 60): PoolDemand("h200", 0, 8)},
+            "Ready",
+            id="another check asking our pool at another horizon does not hold our gangs",
+        ),
+        pytest.param(
+            Headroom("ours:9090", "h200", when_unavailable="Ignore"), Headroom("zz:9090", "h200"),
+            {("ours:9090", 600): PoolDemand("h200", 0, 8),
+             ("zz:9090", 600): PoolDemand("h200", 0, 0)},
+            "Retry",
+            id="another check's scaler saying our pool needs nothing does not admit onto it",
+        ),
+    ],
+)  # fmt: skip
+async def test_each_check_reads_its_own_ask_of_a_pool_another_check_asks_too(
+    monkeypatch, ours, other, answers, state
+):
+    """Two asks of one pool that disagreed left it unknown for both checks: ``Hold`` kept
+    our gangs waiting while the other check stood, ``Ignore`` admitted past inference's
+    need (issue 27, hostile pass 5, M3)."""
+    assert await _headroom_verdict(monkeypatch, ours, other, answers) == state
