@@ -43,6 +43,10 @@ STALE_CYCLES = 3
 """Health fails when no cycle has completed for this many intervals."""
 BACKOFF_CAP = 60.0
 """Longest wait before restarting a failed loop; the first wait is one interval."""
+MAX_TARGETS = 1000
+"""Replicas one deployment may have scraped each cycle, all at once: an LLM fleet behind
+one Service is tens to hundreds; every target is a connection and a parse per cycle, and
+its history is kept, so what discovery names past this is refused (``_take``)."""
 PARSE_WORKERS = 2
 """Threads that parse bodies: one slow parse never holds up the rest."""
 
@@ -87,6 +91,9 @@ class DeploymentState:
     once. Until then no signals are published: an empty list is "not listed yet" (a 403,
     an API server away, a lookup timing out), and "0 replicas, no load" read as facts
     scaled the deployment to zero."""
+    too_many: int = 0
+    """Replicas the last discovery found when over ``MAX_TARGETS`` (0 when within): no
+    signals meanwhile, and the last list within it is what is scraped."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -354,9 +361,9 @@ class Exporter:
                 # Bounded like a scrape: a resolver that hangs must not hold up the cycle.
                 async with asyncio.timeout(self.config.timeout):
                     found = await resolve_replicas(state.config.dns)
-                state.targets = sorted({*targets, *found})
+                self._take(state, sorted({*targets, *found}))
                 state.resolved_dns = state.config.dns
-                state.discovered = listed
+                state.discovered = listed and not state.too_many
                 if state.discovery_problem:
                     log.info("%s resolves again", state.config.dns)
                     state.discovery_problem = ""
@@ -371,6 +378,33 @@ class Exporter:
                     )
                 state.discovery_problem = problem
                 targets = sorted({*targets, *state.targets})
+        self._take(state, targets)
+        state.discovered = state.discovered and not state.too_many
+
+    @staticmethod
+    def _take(state: DeploymentState, targets: list[str]) -> None:
+        """Scrape ``targets`` from now on, unless there are more than ``MAX_TARGETS``.
+
+        More is no deployment this exporter scrapes: every one of them was scraped at
+        once each cycle (30,000 from a Service's EndpointSlices ran out of file
+        descriptors; 5,000 starved the deployment beside it, whose one replica timed
+        out every cycle). The last list within the bound stays, and no signals are
+        published until discovery is within it again (logged once a change).
+        """
+        if len(targets) > MAX_TARGETS:
+            if not state.too_many:  # once a change: a count that churns is not one
+                log.error(
+                    "%s/%s: discovery found %d replicas, more than the %d scraped; no"
+                    " signals until it finds at most that many",
+                    *state.key[:2],
+                    len(targets),
+                    MAX_TARGETS,
+                )
+            state.too_many = len(targets)
+            return
+        if state.too_many:
+            log.info("%s/%s: %d replicas again", *state.key[:2], len(targets))
+            state.too_many = 0
         state.targets = targets
 
     def _absorb(

@@ -1,0 +1,93 @@
+"""A deployment's discovery naming more replicas than the exporter scrapes is refused alone.
+
+Issue 27, hostile pass 5, S5-H3: the exporter scraped every replica discovery named, all
+at once each cycle; a Service's EndpointSlices naming 30,000 endpoints ran it out of file
+descriptors, and 5,000 starved the deployment beside it (its one healthy replica timed
+out every cycle). Past ``MAX_TARGETS`` the list is not taken: the last one within it is
+scraped, no signals are published for that deployment (never "0 replicas"), and the
+deployments beside it go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from exporter import runtime
+from exporter.config import ExporterConfig
+from exporter.runtime import Exporter
+from tests.conftest import FakeClock
+from tests.fake_engines import FakeReplicaServer
+
+CAP = 5
+"""``MAX_TARGETS`` in these tests: a handful of refused loopback targets, quick."""
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[FakeReplicaServer]:
+    server = await FakeReplicaServer(1).start()
+    yield server
+    await server.stop()
+
+
+def unreachable(count: int) -> list[str]:
+    """Loopback targets nothing listens on (refused at once)."""
+    return [f"http://127.3.0.{i + 1}:9/metrics" for i in range(count)]
+
+
+def config(good: str, flood: list[str]) -> ExporterConfig:
+    return ExporterConfig.model_validate(
+        {
+            "timeout": "1s",
+            "deployments": [
+                {"namespace": "team-a", "deployment": "good", "targets": [good]},
+                {"namespace": "team-b", "deployment": "flood", "targets": flood},
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("count", "taken"),
+    [
+        pytest.param(CAP, True, id="as many replicas as the bound are scraped"),
+        pytest.param(CAP + 1, False, id="one more than the bound is not taken"),
+        pytest.param(100 * CAP, False, id="a hundred times the bound is not taken"),
+    ],
+)
+async def test_a_discovery_past_the_bound_publishes_nothing_and_the_others_go_on(
+    replicas: FakeReplicaServer, monkeypatch: pytest.MonkeyPatch, count: int, taken: bool
+) -> None:
+    monkeypatch.setattr(runtime, "MAX_TARGETS", CAP)
+    exporter = Exporter(config(replicas.url(0), unreachable(count)), FakeClock())
+    async with aiohttp.ClientSession() as session:
+        await exporter.cycle(session)
+    good, flood = exporter.deployments
+    assert good.signals is not None and good.signals.replicas_up == 1
+    if taken:
+        assert flood.signals is not None and flood.signals.replicas == count
+    else:
+        assert flood.signals is None and flood.targets == [] and not flood.histories
+
+
+async def test_the_last_list_within_the_bound_stays_and_signals_come_back_once_within(
+    replicas: FakeReplicaServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(runtime, "MAX_TARGETS", CAP)
+    exporter = Exporter(config(replicas.url(0), unreachable(2)), FakeClock())
+    flood = exporter.deployments[1]
+    async with aiohttp.ClientSession() as session:
+        await exporter.cycle(session)
+        before = list(flood.targets)
+        with caplog.at_level(logging.ERROR, logger="exporter.runtime"):
+            for count in (CAP + 1, CAP + 2, CAP + 3):  # a count that churns is one line
+                flood.config = flood.config.model_copy(update={"targets": unreachable(count)})
+                await exporter.cycle(session)
+                assert flood.targets == before and flood.signals is None
+        assert sum("more than the 5 scraped" in r.getMessage() for r in caplog.records) == 1
+        flood.config = flood.config.model_copy(update={"targets": unreachable(3)})
+        await exporter.cycle(session)
+    assert flood.signals is not None and flood.signals.replicas == 3
