@@ -40,7 +40,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -77,6 +77,10 @@ MAX_PDF_CHARS = 16 * 1024**2
 """One distribution's text (the largest here is 405 KB)."""
 MAX_PDF_PAIRS = 1_000_000
 """Token counts in one distribution (the most here is 13,759)."""
+MAX_PAIRS = 10_000_000
+"""Token counts in every distribution of a directory together (here about a million):
+each used is parsed once (~1 s a million) and kept for the days drawn; 8 clients of one
+8 MB file took 19 s a day, parsed again each day (hostile pass 5, M4)."""
 # ASCII digits only: ``\d`` and float() also take '١٠' and '1_0' (hostile pass 3, L5).
 _CHUNK = re.compile(r"chunk-([0-9]{1,6})-trace\.csv")
 _TOKENS = re.compile(r"[0-9]{1,9}")
@@ -107,7 +111,13 @@ class _Client:
     """Block start -> (input, output) distribution text, the non-empty ones."""
     data_bytes: int
     """The size of its distributions file (0 when it has none)."""
+    pairs: int
+    """Token counts in its distributions, as their texts' commas say (before any parse)."""
     dataset: Path
+    parsed: dict[tuple[int, int], tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = field(
+        default_factory=dict
+    )
+    """(block, 0 input / 1 output) -> ``_pdf``'s arrays, parsed once for every day drawn."""
 
 
 def is_servegen(source: str) -> bool:
@@ -182,16 +192,18 @@ def read_servegen(directory: Path, options: ServeGenOptions, seed: int = 0) -> T
 
 
 def _read_clients(directory: Path) -> list[_Client]:
-    """Every client, within ``MAX_WINDOWS`` and ``MAX_DATASETS_BYTES`` in all.
+    """Every client, within ``MAX_WINDOWS``, ``MAX_DATASETS_BYTES`` and ``MAX_PAIRS`` in all.
 
     Each file has its own bound too; these bound their number, which a directory does not.
     """
     clients: list[_Client] = []
-    windows = data = 0
+    windows = data = pairs = 0
     for path in _chunks(directory):
-        client = _read_client(path, MAX_WINDOWS - windows, MAX_DATASETS_BYTES - data)
+        left = (MAX_WINDOWS - windows, MAX_DATASETS_BYTES - data, MAX_PAIRS - pairs)
+        client = _read_client(path, *left)
         windows += len(client.start)
         data += client.data_bytes
+        pairs += client.pairs
         clients.append(client)
     return clients
 
@@ -211,10 +223,11 @@ def _chunks(directory: Path) -> list[Path]:
     return [path for _, path in sorted(names)]
 
 
-def _read_client(path: Path, windows_left: int, bytes_left: int) -> _Client:
+def _read_client(path: Path, windows_left: int, bytes_left: int, pairs_left: int) -> _Client:
     """A client's windows, each row checked; its distributions' blocks, not yet parsed.
 
-    ``windows_left`` and ``bytes_left``: what the directory's bounds leave for this client.
+    ``windows_left``, ``bytes_left``, ``pairs_left``: what the directory's bounds leave
+    for this client.
     """
     rows: list[tuple[float, float, int, float]] = []
     for number, fields in _rows(path):
@@ -246,7 +259,7 @@ def _read_client(path: Path, windows_left: int, bytes_left: int) -> _Client:
         np.array([r[1] for r in rows]),
         np.array([r[2] for r in rows], dtype=np.int64),
         np.array([r[3] for r in rows]),
-        *_blocks(dataset, bytes_left),
+        *_blocks(dataset, bytes_left, pairs_left),
         dataset,
     )
 
@@ -283,13 +296,17 @@ _KEY_DIGITS = 9
 """Digits of a block's start second: 31 days are 7."""
 
 
-def _blocks(path: Path, bytes_left: int) -> tuple[dict[int, tuple[str, str]], int]:
-    """The non-empty blocks of a distributions file (none if it is missing), and its size.
+def _blocks(
+    path: Path, bytes_left: int, pairs_left: int
+) -> tuple[dict[int, tuple[str, str]], int, int]:
+    """A distributions file's non-empty blocks (none if missing), size and token counts.
 
-    Refused, before it is parsed, when it holds more than ``bytes_left``.
+    Its token counts are its texts' commas + 1, counted before any is parsed. Refused when
+    it holds more than ``bytes_left`` (before it is parsed) or more than ``pairs_left``
+    token counts (before any distribution is).
     """
     if not path.exists():
-        return {}, 0
+        return {}, 0, 0
     # A regular file, read to the bound: stat() says 0 for /dev/zero, and a FIFO blocks.
     raw = read_bytes(path, MAX_DATASET_BYTES, "ServeGen dataset", TraceError)
     if len(raw) > bytes_left:
@@ -317,7 +334,13 @@ def _blocks(path: Path, bytes_left: int) -> tuple[dict[int, tuple[str, str]], in
             )
         if all(t.strip() != "{}" for t in texts):  # type: ignore[union-attr]
             blocks[int(key)] = (str(texts[0]), str(texts[1]))
-    return blocks, len(raw)
+    pairs = sum(text.count(",") + 1 for both in blocks.values() for text in both)
+    if pairs > pairs_left:
+        raise TraceError(
+            f"{path}: the directory's distributions hold more than {MAX_PAIRS:,} token"
+            " counts in all, the most a replay reads"
+        )
+    return blocks, len(raw), pairs
 
 
 def _pdf(text: str, where: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
@@ -451,11 +474,12 @@ def _lengths(
     for b in np.unique(block):
         mine = block == b
         key = int(keys[b])
-        for target, text, field in (
-            (prompt, c.blocks[key][0], "input_tokens"),
-            (output, c.blocks[key][1], "output_tokens"),
+        for side, (target, name) in enumerate(
+            ((prompt, "input_tokens"), (output, "output_tokens"))
         ):
-            tokens, cdf = _pdf(text, f"{c.dataset}: block {key}, {field}")
+            if (key, side) not in c.parsed:  # once, whatever the days drawn
+                c.parsed[key, side] = _pdf(c.blocks[key][side], f"{c.dataset}: block {key}, {name}")
+            tokens, cdf = c.parsed[key, side]
             pick = np.searchsorted(cdf, rng.random(int(mine.sum())), side="right")
             target[mine] = tokens[np.minimum(pick, len(tokens) - 1)]
     return prompt, output
