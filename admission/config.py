@@ -71,6 +71,14 @@ class AdmissionConfig(BaseModel):
     def _controller_name(cls, name: str) -> str:
         return check_controller_name(name)
 
+    @field_validator("write_concurrency", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: object) -> object:
+        # pydantic takes true as 1: a boolean is no count (issue 27, hostile pass 5, M5)
+        if isinstance(value, bool):
+            raise ValueError(f"expected a whole number, got {quote(value)}")
+        return value
+
     @field_validator("metrics_listen")
     @classmethod
     def _listen(cls, listen: str) -> str:

@@ -13,13 +13,16 @@ from typing import Any
 
 import pytest
 
+from admission.config import parse_config
 from admission.decide import PoolDemand
 from admission.demand import DemandResult
 from admission.parameters import Headroom, Parameters
 from admission.workload import NAMED_TIMES, times_before_creation
+from foundation.errors import ConfigError
 from foundation.timestamps import format_time
 from tests.test_admission_controller import NO_API, Writing
 from tests.test_admission_decide import CHECK, NOW, node, workload
+from tests.test_cli_flags import unitscale, write
 
 _STANDARD_WATCHES = ("parameters", "pods", "datasets", "dataloads")
 
@@ -221,3 +224,30 @@ async def test_each_check_reads_its_own_ask_of_a_pool_another_check_asks_too(
     our gangs waiting while the other check stood, ``Ignore`` admitted past inference's
     need (issue 27, hostile pass 5, M3)."""
     assert await _headroom_verdict(monkeypatch, ours, other, answers) == state
+
+
+# --- M5: a boolean where the admission config wants a count ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("write-concurrency: 8\n", 8, id="a count of writes is read"),
+        pytest.param("write-concurrency: true\n", None, id="true is no count of writes"),
+        pytest.param("write-concurrency: false\n", None, id="false is no count of writes"),
+    ],
+)
+def test_the_admission_config_takes_no_boolean_for_a_count(text, expected):
+    """pydantic read ``write-concurrency: true`` as 1 (issue 27, hostile pass 5, M5)."""
+    if expected is None:
+        with pytest.raises(ConfigError, match=r"'write-concurrency'.*expected a whole number"):
+            parse_config(text)
+    else:
+        assert parse_config(text).write_concurrency == expected
+
+
+def test_the_admission_command_with_a_boolean_count_is_one_line(tmp_path):
+    config = write(tmp_path / "admission.yaml", b"write-concurrency: true\n")
+    done = unitscale("admission", "--config", config)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "expected a whole number" in done.stderr
