@@ -139,10 +139,8 @@ def parse_source(source: str) -> tuple[Path, ServeGenOptions]:
     scale, days = ServeGenOptions().scale, None
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key == "scale":
-            try:
-                scale = float(value)
-            except ValueError:
-                scale = math.nan
+            # ASCII only: float() takes '١' as 1 (hostile pass 5, L1)
+            scale = float(value) if _DECIMAL.fullmatch(value.strip()) else math.nan
             if not 0 < scale <= MAX_RATE_MULTIPLIER:
                 raise TraceError(
                     f"{source}: scale={quote(value)} must be above 0, at most"

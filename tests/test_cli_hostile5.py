@@ -132,3 +132,22 @@ def test_a_servegen_directory_is_bounded_in_token_counts_in_all(
 
 def _never_parsed(text: str, where: str) -> Any:
     raise AssertionError(f"{where} parsed")
+
+
+@pytest.mark.parametrize(
+    ("scale", "taken"),
+    [
+        pytest.param("0.5", 0.5, id="a decimal scale is read"),
+        pytest.param("1e-2", 0.01, id="an exponent is read"),
+        pytest.param("١", None, id="an Arabic-Indic digit is no scale"),
+        pytest.param("1_0", None, id="an underscore is no scale"),
+        pytest.param("inf", None, id="infinity is no scale"),
+    ],
+)
+def test_a_servegen_scale_is_ascii_decimal(scale, taken):
+    """``float()`` read ``scale=١`` as 1 (issue 27, hostile pass 5, L1)."""
+    if taken is None:
+        with pytest.raises(TraceError, match="scale="):
+            servegen.parse_source(f"servegen:d?scale={scale}")
+    else:
+        assert servegen.parse_source(f"servegen:d?scale={scale}")[1].scale == taken
