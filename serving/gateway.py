@@ -103,7 +103,7 @@ from serving.routing import (
     known_models,
     may_buffer,
 )
-from serving.slo import CLIENT_CLOSED, ResponseMeter, output_token_limit
+from serving.slo import CLIENT_CLOSED, ResponseMeter, choices, output_token_limit
 
 log = logging.getLogger(__name__)
 
@@ -638,7 +638,7 @@ class Gateway:
         return None, True
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        raw, model, prompt, max_tokens = await self._read(request)
+        raw, model, prompt, max_tokens, n = await self._read(request)
         known = frozenset(self.settings.models) | self.pool.served
         views = self.pool.views()  # once a request: each replica's view costs microseconds
         if model and is_unserved(views, model, known):
@@ -649,7 +649,7 @@ class Gateway:
         self.stats.arrivals.add(time.monotonic(), self.settings.rate_window)
         self.stats.last_arrival = now
         self.metrics.arrived()
-        meter = ResponseMeter(time.monotonic(), max_tokens)
+        meter = ResponseMeter(time.monotonic(), max_tokens, n)
         status: int | None = 500  # an unexpected error: aiohttp answers 500
         try:
             response = await self._forward(request, raw, model, meter, views)
@@ -703,10 +703,13 @@ class Gateway:
                 verdict.itl_seconds,
             )
 
-    async def _read(self, request: web.Request) -> tuple[bytes, str | None, int, int | None]:
-        """The request's body, its model, estimated prompt tokens and output token bound.
+    async def _read(
+        self, request: web.Request
+    ) -> tuple[bytes, str | None, int, int | None, int | None]:
+        """The request's body, its model, estimated prompt tokens, output token bound, ``n``.
 
-        The bound is the most output tokens it may get (``output_token_limit``).
+        The bound is the most output tokens it may get (``output_token_limit``); ``n``
+        its choices (``serving.slo.choices``).
 
         A body over ``max_request_bytes`` is 413 (refused on its Content-Length, before
         it is read, or as soon as it grows past the limit); one that is not a JSON object
@@ -724,7 +727,7 @@ class Gateway:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise self._reject(400, "model must be a string", None)
-        return raw, model, estimate_prompt_tokens(body), output_token_limit(body)
+        return raw, model, estimate_prompt_tokens(body), output_token_limit(body), choices(body)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The body, read within ``body_timeout`` (408) and the bytes budget (429).
@@ -801,6 +804,7 @@ class Gateway:
         for _attempt in range(self.settings.connect_retries + 1):
             replica = await self._wait_for_replica(model, len(raw), views)
             views = None  # a retry looks afresh: the last one was marked down
+            meter.bound_by(replica.max_model_len)
             replica.outstanding += 1
             self._set_in_flight(+1)
             try:
@@ -894,7 +898,7 @@ class Gateway:
                     "%s streamed %d token events for a request allowing %s tokens",
                     replica.url,
                     meter.token_events,
-                    meter.max_tokens,
+                    meter.token_bound,
                 )
                 return self._broken(request, response, meter)
             try:
@@ -1146,9 +1150,10 @@ def overrun(meter: ResponseMeter) -> bool:
     An event carrying tokens carries at least one, so a stream ``OVERRUN_EVENTS`` past the
     bound (slack for an echoed prompt or an odd event) is a replica that keeps generating:
     one that sent a token a second to a request for five held its slot and its place in
-    flight for good.
+    flight for good. A request giving no bound (chat's default) is bounded by its
+    replica's ``max_model_len``, where its ``/v1/models`` lists one.
     """
-    bound = meter.max_tokens
+    bound = meter.token_bound
     return bound is not None and meter.token_events > bound + OVERRUN_EVENTS
 
 

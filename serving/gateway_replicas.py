@@ -58,8 +58,9 @@ from serving.replica_answers import (
     MAX_ANSWER_BYTES,
     REASONS,
     AnswerError,
+    ModelList,
     read_is_sleeping,
-    read_models,
+    read_model_list,
 )
 from serving.routing import Backoff, ReplicaView
 
@@ -124,6 +125,8 @@ class Replica:
     """Its /health answers 200."""
     outstanding: int = 0
     models: frozenset[str] = frozenset()
+    max_model_len: int | None = None
+    """The longest context its models take, as its /v1/models lists it (None: unlisted)."""
     draining: bool = False
     """No longer named but with requests in flight: no new ones, dropped when they end."""
     sleeping: bool = False
@@ -465,7 +468,8 @@ class ReplicaPool:
                 if r.status != 200:
                     return False, ProbeFailure("http-status", f"/health answered HTTP {r.status}")
             if not replica.models:
-                replica.models = await self._list_models(session, replica)
+                listed = await self._list_models(session, replica)
+                replica.models, replica.max_model_len = listed.models, listed.max_model_len
                 replica.models_rounds = 0
                 self._remember(replica)
             elif replica.models_rounds >= MODELS_EVERY_ROUNDS:
@@ -482,10 +486,8 @@ class ReplicaPool:
             return False, ProbeFailure("connect", f"{type(err).__name__}: {err}")
         return True, None
 
-    async def _list_models(
-        self, session: aiohttp.ClientSession, replica: Replica
-    ) -> frozenset[str]:
-        """Its /v1/models, read at ``read_models``'s boundary.
+    async def _list_models(self, session: aiohttp.ClientSession, replica: Replica) -> ModelList:
+        """Its /v1/models, read at ``read_model_list``'s boundary.
 
         Raises:
             _ModelsRefusedError: a status other than 200. AnswerError, TimeoutError,
@@ -494,7 +496,7 @@ class ReplicaPool:
         async with session.get(replica.url + "/v1/models", timeout=PROBE_TIMEOUT) as r:
             if r.status != 200:
                 raise _ModelsRefusedError(f"/v1/models answered HTTP {r.status}")
-            return read_models(await read_answer(r, "/v1/models"))
+            return read_model_list(await read_answer(r, "/v1/models"))
 
     async def _relist(
         self, session: aiohttp.ClientSession, replica: Replica
@@ -505,7 +507,7 @@ class ReplicaPool:
         """
         replica.models_rounds = 0
         try:
-            models = await self._list_models(session, replica)
+            listed = await self._list_models(session, replica)
         except _ModelsRefusedError as err:
             return ProbeFailure("http-status", str(err))
         except AnswerError as err:
@@ -514,9 +516,10 @@ class ReplicaPool:
             return ProbeFailure("timeout", "/v1/models: no answer within 2s")
         except aiohttp.ClientError as err:
             return ProbeFailure("connect", f"/v1/models: {type(err).__name__}: {err}")
-        if models != replica.models:
-            log.info("replica %s now lists %d models", replica.url, len(models))
-            replica.models = models
+        replica.max_model_len = listed.max_model_len
+        if listed.models != replica.models:
+            log.info("replica %s now lists %d models", replica.url, len(listed.models))
+            replica.models = listed.models
             self._remember(replica)
         return None
 

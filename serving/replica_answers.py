@@ -14,6 +14,7 @@ that probes every replica.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 MAX_ANSWER_BYTES = 1024**2
 """The longest answer read: vLLM lists a model in ~450 bytes, so ~2,000 models or adapters."""
@@ -25,6 +26,8 @@ MAX_MODELS = 2048
 would be 80,000 names, each remembered by the gateway."""
 MAX_MODEL_ID_CHARS = 512
 """The longest model id read: a served name or a path to the weights, far below this."""
+MAX_CONTEXT_TOKENS = 10_000_000
+"""The longest ``max_model_len`` taken (the trace reader's token bound); longer is none."""
 
 REASONS = ("too-large", "not-json", "too-deep", "wrong-shape")
 """The ``reason`` of a ``AnswerError``: the answer is too long, not JSON, too deep, or not
@@ -76,7 +79,23 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class ModelList:
+    """What a ``/v1/models`` answer lists."""
+
+    models: frozenset[str]
+    max_model_len: int | None = None
+    """The longest context its models take (vLLM lists ``max_model_len`` per model): no
+    answer runs longer. None when none lists a whole number from 1 to
+    ``MAX_CONTEXT_TOKENS`` (unmeasured, not a refusal)."""
+
+
 def read_models(body: bytes) -> frozenset[str]:
+    """The ids in a ``/v1/models`` answer (``read_model_list``)."""
+    return read_model_list(body).models
+
+
+def read_model_list(body: bytes) -> ModelList:
     """The ids in a ``/v1/models`` answer: ``{"data": [{"id": str, ...}, ...]}``.
 
     Raises:
@@ -95,7 +114,7 @@ def read_models(body: bytes) -> frozenset[str]:
         raise AnswerError(
             "too-large", f"/v1/models: {len(data):,} models, more than {MAX_MODELS:,}"
         )
-    models = set()
+    models, longest = set(), None
     for index, entry in enumerate(data):
         model = _field(entry, "id", f"/v1/models: data[{index}]")
         if not isinstance(model, str) or not model:
@@ -109,7 +128,10 @@ def read_models(body: bytes) -> frozenset[str]:
                 f" more than {MAX_MODEL_ID_CHARS}",
             )
         models.add(model)
-    return frozenset(models)
+        length = _field(entry, "max_model_len", "")
+        if type(length) is int and 1 <= length <= MAX_CONTEXT_TOKENS:
+            longest = max(longest or 0, length)
+    return ModelList(frozenset(models), longest)
 
 
 def read_is_sleeping(body: bytes) -> bool:

@@ -120,7 +120,15 @@ class SimReplica:
         return web.json_response(
             {
                 "object": "list",
-                "data": [{"id": self.model, "object": "model", "owned_by": "unitscale-sim"}],
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "owned_by": "unitscale-sim",
+                        # vLLM lists each model's context; the sim's is its KV capacity.
+                        "max_model_len": self.engine.profile.kv_capacity_tokens,
+                    }
+                ],
             }
         )
 

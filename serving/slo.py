@@ -161,10 +161,16 @@ def output_token_limit(body: dict[str, object]) -> int | None:
     limit = _count(body.get("max_tokens"))
     if limit is None:
         limit = _count(body.get("max_completion_tokens"))
-    choices = _count(body.get("n", 1))
-    if limit is None or choices is None:
+    n = choices(body)
+    if limit is None or n is None:
         return None
-    return limit * max(choices, 1)
+    return limit * n
+
+
+def choices(body: dict[str, object]) -> int | None:
+    """The choices a request asks for (``n``, at least 1); None when ``n`` is no count."""
+    n = _count(body.get("n", 1))
+    return None if n is None else max(n, 1)
 
 
 class ResponseMeter:
@@ -175,9 +181,16 @@ class ResponseMeter:
     completion tokens the request allowed (``output_token_limit``), None for no bound.
     """
 
-    def __init__(self, arrival: float, max_tokens: int | None = None) -> None:
+    def __init__(
+        self, arrival: float, max_tokens: int | None = None, choices: int | None = 1
+    ) -> None:
         self.arrival = arrival
         self.max_tokens = max_tokens
+        self.choices = choices
+        """The choices the request asked for (``n``); None when it gave no count."""
+        self.context_bound: int | None = None
+        """With no ``max_tokens``: its replica's ``max_model_len`` times ``choices`` (no
+        answer of vLLM's is longer), set once the replica is chosen (``bound_by``)."""
         self.usage_unmeasured = False
         """A usage count came that is no count (out of bounds): ignored, for the shell to count."""
         self.status: int | None = None
@@ -201,6 +214,17 @@ class ResponseMeter:
         256 bytes at a time was copied whole per chunk, quadratic on the event loop)."""
         self._body: bytearray | None = bytearray()
         """Any other body so far; None past ``JSON_BODY_LIMIT``."""
+
+    def bound_by(self, max_model_len: int | None) -> None:
+        """Its replica's context: the bound of a request that gave none of its own."""
+        self.context_bound = None
+        if self.max_tokens is None and max_model_len is not None and self.choices is not None:
+            self.context_bound = max_model_len * self.choices
+
+    @property
+    def token_bound(self) -> int | None:
+        """The most tokens the answer may carry: the request's, else its replica's context."""
+        return self.max_tokens if self.max_tokens is not None else self.context_bound
 
     def begin(self, status: int, streamed: bool) -> None:
         """The response's headers: its status, and whether it is server-sent events."""

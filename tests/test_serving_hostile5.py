@@ -34,9 +34,10 @@ from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import TrafficStats, gateway_signals
 from serving.gateway_standby import Plan
-from serving.replica_answers import read_wake
+from serving.replica_answers import read_model_list, read_wake
 from serving.routing import Backoff, ReplicaView, choose, choose_wakes
-from tests.conftest import eventually
+from serving.slo import ResponseMeter
+from tests.conftest import eventually, served_app
 from tests.test_gateway_faults import Behaviour, Fake, upstream_errors
 from tests.test_gateway_isolation import StandIn, gateway_for
 from tests.test_gateway_standby import PlanFrom
@@ -144,8 +145,6 @@ async def test_a_replica_failing_fast_without_a_5xx_is_ejected_after_a_few(
 
 
 def test_a_stream_answered_whole_is_no_failure() -> None:
-    from serving.slo import ResponseMeter
-
     meter = ResponseMeter(0.0)
     meter.begin(200, True)
     meter.feed(b'data: {"choices": [{"text": "error"}]}\n\ndata: [DONE]\n\n', 1.0)
@@ -527,3 +526,91 @@ def test_a_replica_url_taken_is_the_ascii_host_it_reads_as(url: str) -> None:
     except ConfigError:
         return
     assert taken.isascii() and taken.isprintable() and " " not in taken
+
+
+# --- V-9: a stream with no token bound is bounded by its replica's context -----------------
+
+
+@pytest.mark.parametrize(
+    ("cards", "longest"),
+    [
+        pytest.param([{"id": "m", "max_model_len": 4096}], 4096, id="vllm's card lists it"),
+        pytest.param(
+            [{"id": "m", "max_model_len": 4096}, {"id": "lora", "max_model_len": 8192}],
+            8192,
+            id="the longest of the models listed",
+        ),
+        pytest.param([{"id": "m"}], None, id="a card without it leaves it unmeasured"),
+        pytest.param([{"id": "m", "max_model_len": True}], None, id="a boolean is no length"),
+        pytest.param([{"id": "m", "max_model_len": "4096"}], None, id="a string is no length"),
+        pytest.param([{"id": "m", "max_model_len": 0}], None, id="zero is no length"),
+        pytest.param([{"id": "m", "max_model_len": 10**30}], None, id="past 10M is no length"),
+        pytest.param([{"id": "m", "max_model_len": 4096.0}], None, id="a float is no length"),
+    ],
+)
+def test_a_models_context_is_read_or_left_unmeasured(
+    cards: list[dict[str, object]], longest: int | None
+) -> None:
+    listed = read_model_list(json.dumps({"data": cards}).encode())
+    assert listed.max_model_len == longest
+    assert listed.models == {card["id"] for card in cards}  # the list is read either way
+
+
+@given(
+    st.one_of(st.none(), st.integers(-5, 10**8), st.booleans(), st.floats(), st.text(max_size=5))
+)
+def test_any_max_model_len_is_a_bounded_count_or_none(value: object) -> None:
+    body = json.dumps({"data": [{"id": "m", "max_model_len": value}]}).encode()
+    length = read_model_list(body).max_model_len
+    assert length is None or (type(length) is int and 1 <= length <= 10_000_000)
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "n", "context", "bound"),
+    [
+        pytest.param(None, 1, 4096, 4096, id="no max_tokens: the replica's context bounds it"),
+        pytest.param(None, 2, 4096, 8192, id="times its choices"),
+        pytest.param(16, 1, 4096, 16, id="the request's own bound wins"),
+        pytest.param(None, 1, None, None, id="no context listed: no bound"),
+        pytest.param(None, None, 4096, None, id="an n that is no count: no bound"),
+    ],
+)
+def test_a_requests_token_bound(
+    max_tokens: int | None, n: int | None, context: int | None, bound: int | None
+) -> None:
+    meter = ResponseMeter(0.0, max_tokens, n)
+    meter.bound_by(context)
+    assert meter.token_bound == bound
+
+
+async def test_a_stream_with_no_bound_is_cut_past_its_replicas_context() -> None:
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "sim-llama", "max_model_len": 8}]})
+
+    async def tokens_forever(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        while True:
+            await response.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+            await asyncio.sleep(0.001)  # the replica's pace, not the test's synchronisation
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", tokens_forever)
+    async with served_app(app) as url, gateway_for([url]) as gateway:
+        g = gateway.gateway
+        await eventually(lambda: g.replicas[0].routable, "ready")
+        assert g.replicas[0].max_model_len == 8
+        chat = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
+        body = {"model": "sim-llama", "messages": [{"role": "user", "content": "hi"}]}
+        # The cap makes the old gateway fail here instead of holding it for good.
+        async with asyncio.timeout(20), aiohttp.ClientSession() as client:
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                async with client.post(chat, json=body | {"stream": True}) as r:
+                    await r.read()
+        assert upstream_errors(gateway).get("overrun") == 1
+        await eventually(lambda: g.stats.in_flight == 0, "out of flight")
