@@ -448,6 +448,10 @@ class Gateway:
 
     def _start_wake(self, replica: Replica) -> None:
         replica.waking = True  # before any await: one wake per replica, per model
+        if replica.sleep_probation > -math.inf:
+            # Its sleep held until the gateway woke it: awake after this (even after a
+            # wake that failed, yet woke it) is no relapse of the sleep.
+            replica.sleep_backoff, replica.sleep_probation = Backoff(), -math.inf
         task = asyncio.create_task(self._wake(replica))
         self._wakes.add(task)
         task.add_done_callback(self._wakes.discard)

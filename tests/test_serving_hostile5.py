@@ -614,3 +614,21 @@ async def test_a_stream_with_no_bound_is_cut_past_its_replicas_context() -> None
                     await r.read()
         assert upstream_errors(gateway).get("overrun") == 1
         await eventually(lambda: g.stats.in_flight == 0, "out of flight")
+
+
+async def test_a_wake_the_gateway_began_ends_the_sleeps_probation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    g = Gateway(["http://127.0.0.1:9"], GatewaySettings(wake_retry_after=3600.0))
+    replica = g.replicas[0]
+    replica.sleeping, replica.sleep_probation = True, time.monotonic() + 3600.0
+    replica.sleep_backoff = Backoff(1, 0.0)
+
+    async def times_out(replica: object) -> str:
+        return "no answer within 60s"  # a wake that failed, yet woke it
+
+    monkeypatch.setattr(g, "_ask_wake", times_out)
+    g._start_wake(replica)
+    await asyncio.gather(*g._wakes)
+    g.pool._judge_sleep(replica, False, time.monotonic())  # read awake after it
+    assert replica.sleep_backoff == Backoff()  # not a relapse of the sleep
