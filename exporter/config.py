@@ -117,6 +117,16 @@ class DeploymentConfig(BaseModel):
         return dns
 
 
+MAX_STABLE_WINDOW = 3600.0
+"""The longest ``stable-window``: an hour (the scaler's ``demand-window`` follows it, and
+is an hour at most). Each replica keeps every scrape of the window; 2562047h kept them
+for good, each cycle's windows walking them all (3 s of CPU a thousand cycles at 60 s,
+10.7 s by the third thousand, growing)."""
+MAX_WINDOW_SCRAPES = 720
+"""Scrapes a ``stable-window`` may span (an hour at the default 5 s interval): the
+scrapes each replica keeps, whatever the interval."""
+
+
 class ExporterConfig(BaseModel):
     """Everything the exporter reads from its ConfigMap."""
 
@@ -128,8 +138,9 @@ class ExporterConfig(BaseModel):
     """Per-scrape limit; a slower replica counts as down for that cycle."""
     panic_window: Seconds = Field(10.0, gt=0)
     """Short window for burst detection (Knative's panic window is 6 s of 60 s)."""
-    stable_window: Seconds = Field(60.0, gt=0)
-    """Longer window for steady-state rates, quantiles and cost."""
+    stable_window: Seconds = Field(60.0, gt=0, le=MAX_STABLE_WINDOW)
+    """Longer window for steady-state rates, quantiles and cost: at most an hour, and at
+    most ``MAX_WINDOW_SCRAPES`` intervals (each replica keeps its scrapes for it)."""
     max_body_bytes: int = Field(MAX_BYTES, ge=1024)
     """Largest ``/metrics`` body read from one target (4 MiB); a larger one is a
     ``too-large`` failure, never parsed. vLLM sends about 50 kB per engine."""
@@ -150,6 +161,11 @@ class ExporterConfig(BaseModel):
             )
         if self.panic_window > self.stable_window:
             raise ValueError("panic-window must not be longer than stable-window")
+        if self.stable_window > MAX_WINDOW_SCRAPES * self.interval:
+            raise ValueError(
+                f"stable-window ({self.stable_window:g}s) must hold at most"
+                f" {MAX_WINDOW_SCRAPES} intervals ({self.interval:g}s each)"
+            )
         keys = [(d.namespace, d.deployment, d.model) for d in self.deployments]
         if len(set(keys)) != len(keys):
             raise ValueError("two deployments share namespace, deployment and model")

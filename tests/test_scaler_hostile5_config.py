@@ -1,10 +1,13 @@
-"""The windows every decision keeps a sample for are an hour at most.
+"""The windows every decision, and every replica's scrapes, keep samples for are bounded.
 
 Issue 27, hostile pass 5, S5-H4: ``policy.scale-down-window`` and ``policy.demand-window``
 took any duration; each decision keeps a sample for the window and copies them all, so
 Go's largest duration (2562047h) kept every sample for good: 23 ms a decision after six
 hours at the usual rate, growing until the event loop could not keep up. Past an hour
 (the HPA's own bound on a stabilization window) the config is refused naming the key.
+The exporter's ``stable-window`` is the sibling: each replica keeps every scrape of it
+(2562047h: 1,000 scrapes after 1,000 cycles, each cycle's windows walking them all); it
+is an hour at most and at most ``MAX_WINDOW_SCRAPES`` intervals.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.config import MAX_STABLE_WINDOW, MAX_WINDOW_SCRAPES
+from exporter.config import parse_config as parse_exporter_config
 from foundation.errors import ConfigError
 from scaler.config import MAX_WINDOW_SECONDS, parse_config
 
@@ -55,3 +60,44 @@ def test_a_window_is_taken_exactly_when_it_is_an_hour_or_less(seconds: int) -> N
         assert seconds > MAX_WINDOW_SECONDS
     else:
         assert seconds <= MAX_WINDOW_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("window", "interval", "taken"),
+    [
+        pytest.param("60s", "5s", True, id="the exporter's default window is taken"),
+        pytest.param("1h", "5s", True, id="an hour at 5 s, 720 scrapes, is taken"),
+        pytest.param("60s", "100ms", True, id="a minute at 100 ms, 600 scrapes, is taken"),
+        pytest.param("3601s", "10s", False, id="a window past an hour is refused"),
+        pytest.param("2562047h", "5s", False, id="Go's largest duration is refused"),
+        pytest.param("1h", "1s", False, id="an hour at 1 s, 3,600 scrapes, is refused"),
+    ],
+)
+def test_the_exporter_keeps_a_bounded_window_of_scrapes_per_replica(
+    window: str, interval: str, taken: bool
+) -> None:
+    text = f"interval: {interval}\ntimeout: 50ms\nstable-window: {window}\n"
+    if taken:
+        assert parse_exporter_config(text).stable_window <= MAX_STABLE_WINDOW
+    else:
+        with pytest.raises(ConfigError) as caught:
+            parse_exporter_config(text)
+        assert "stable-window" in str(caught.value)
+
+
+@given(
+    window=st.floats(min_value=1.0, max_value=1e7),
+    interval=st.floats(min_value=0.1, max_value=60.0),
+)
+def test_an_exporter_config_taken_keeps_at_most_the_bounded_scrapes(
+    window: float, interval: float
+) -> None:
+    try:
+        config = parse_exporter_config(
+            f"interval: {interval}s\ntimeout: 50ms\nstable-window: {window}s\n"
+            f"panic-window: {min(window, 1.0)}s\n"
+        )
+    except ConfigError:
+        return
+    assert config.stable_window <= MAX_STABLE_WINDOW
+    assert config.stable_window <= MAX_WINDOW_SCRAPES * config.interval
