@@ -11,7 +11,6 @@ HPA computes ``ceil(value / 1)`` replicas (subject to its 10% tolerance).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -141,14 +140,19 @@ class ScaledObjectRegistry:
         policy_defaults: Policy | None = None,
         max_objects: int = MAX_SCALED_OBJECTS,
         push_gap: float = 0.0,
+        later: Callable[[float, Callable[[], None]], bool] | None = None,
     ) -> None:
         """Keep the store's ScaledObjects; decide on its signals.
 
         ``push_gap``: the least seconds between two decisions on pushed signals
         (``PUSH_DECISION_GAP`` where a wire feeds the store; 0, every snapshot decides,
-        for the replay, whose snapshots come once a simulated tick).
+        for the replay, whose snapshots come once a simulated tick). ``later(delay,
+        call)`` runs ``call`` after ``delay`` seconds (the server's event loop) and says
+        whether it will: the trailing decision; without it the next snapshot or KEDA
+        call decides.
         """
         self._push_gap = push_gap
+        self._later = later
         self._store = store
         self._max_objects = max_objects
         self._full_logged = False
@@ -374,17 +378,11 @@ class ScaledObjectRegistry:
     def _decide_later(self, scaled: ScaledObject, delay: float) -> None:
         """One trailing decision for signals that came within the push gap.
 
-        Without a running event loop none is scheduled: the next snapshot or KEDA
-        call decides (``current`` decides on any signals it has not seen).
+        Without ``later`` none is scheduled: the next snapshot or KEDA call decides
+        (``current`` decides on any signals it has not seen).
         """
-        if scaled.push_pending:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        scaled.push_pending = True
-        loop.call_later(delay, self._decide_due, scaled)
+        if not scaled.push_pending and self._later is not None:
+            scaled.push_pending = self._later(delay, lambda: self._decide_due(scaled))
 
     def _decide_due(self, scaled: ScaledObject) -> None:
         scaled.push_pending = False

@@ -106,6 +106,20 @@ def _no_password() -> bytes:
     return b""
 
 
+def _call_later(delay: float, call: Callable[[], None]) -> bool:
+    """``call`` after ``delay`` seconds on the running event loop; whether it will be.
+
+    The registry's trailing decision: signals reach it from the loop's watch tasks; a
+    store updated off any loop (a test, a tool) leaves the next snapshot or call to decide.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    loop.call_later(delay, call)
+    return True
+
+
 def _reason(err: Exception) -> str:
     reason = getattr(err, "reason", None)
     return str(reason) if reason else str(err)
@@ -144,6 +158,7 @@ class ScalerServer:
             clock,
             config.policy_defaults(),
             push_gap=PUSH_DECISION_GAP,
+            later=_call_later,
         )
         self._clock = clock
         # Fluid prewarm for ScaledObjects naming a Dataset (needs the API server).

@@ -15,6 +15,7 @@ import asyncio
 import pytest
 
 from scaler.registry import PUSH_DECISION_GAP, ScaledObject, ScaledObjectRegistry
+from scaler.server import _call_later
 from scaler.signals import SignalStore
 from scaler.sources import receive
 from tests.conftest import T0, FakeClock, engine_signals, gateway_signals
@@ -29,7 +30,7 @@ def idle_at_zero(
     """A ScaledObject at zero replicas, idle, decided inactive."""
     clock = FakeClock(T0)
     store = SignalStore(clock)
-    registry = ScaledObjectRegistry(store, 30.0, clock, push_gap=push_gap)
+    registry = ScaledObjectRegistry(store, 30.0, clock, push_gap=push_gap, later=_call_later)
     scaled = registry.resolve("llama", "team-a", {"scalerAddress": "x:1", "deployment": "llama"})
     engine = engine_signals(at=T0, queue=0.0, running=0.0)
     engine.engine.replicas_scraped = engine.engine.replicas_up = 0
@@ -93,3 +94,10 @@ async def test_a_trailing_decision_of_a_forgotten_scaled_object_decides_nothing(
 
 def test_the_served_gap_is_short_beside_a_cold_start() -> None:
     assert 0 < PUSH_DECISION_GAP <= 1.0
+
+
+def test_without_an_event_loop_no_trailing_decision_is_scheduled_and_a_call_decides() -> None:
+    clock, store, registry, scaled = idle_at_zero(GAP)
+    receive(store, gateway_signals(at=clock.now, buffered=3, arrival_rate=1.0))
+    assert not scaled.push_pending  # nothing to run it: KEDA's next call decides
+    assert registry.current(scaled).active
