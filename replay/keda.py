@@ -232,7 +232,9 @@ def read_scaled_object(doc: Mapping[str, Any], origin: str = "ScaledObject") -> 
         scaling = ScalingSpec(
             min_replicas=int(_number(spec, "minReplicaCount", defaults.min_replicas)),
             max_replicas=int(_number(spec, "maxReplicaCount", defaults.max_replicas)),
-            polling_interval=_number(spec, "pollingInterval", defaults.polling_interval),
+            # At least a second (KEDA's unit): 0 polled the scaler in a loop, 234,000
+            # calls a second in the demo (issue 27, hostile pass 5, M6)
+            polling_interval=_number(spec, "pollingInterval", defaults.polling_interval, 1.0),
             cooldown=_number(spec, "cooldownPeriod", defaults.cooldown),
             scale_down_stabilization=_number(
                 scale_down, "stabilizationWindowSeconds", defaults.scale_down_stabilization
@@ -289,8 +291,8 @@ def _text(value: object, key: str, origin: str) -> str:
     return str(value)
 
 
-def _number(fields: Mapping[str, Any], key: str, default: float) -> float:
-    """``fields[key]`` as a number from 0 to ``MAX_SETTING`` (``default`` when absent).
+def _number(fields: Mapping[str, Any], key: str, default: float, low: float = 0.0) -> float:
+    """``fields[key]`` as a number from ``low`` to ``MAX_SETTING`` (``default`` when absent).
 
     Raises:
         ValueError: anything else (a boolean, NaN, ``.inf``, 10**5000), naming ``key``.
@@ -300,8 +302,8 @@ def _number(fields: Mapping[str, Any], key: str, default: float) -> float:
         number = math.nan if isinstance(value, bool) else float(value)
     except (TypeError, ValueError, OverflowError):
         number = math.nan
-    if not 0 <= number <= MAX_SETTING:
-        raise ValueError(f"{key} {quote(value)} is not a number from 0 to {MAX_SETTING:,.0f}")
+    if not low <= number <= MAX_SETTING:
+        raise ValueError(f"{key} {quote(value)} is not a number from {low:g} to {MAX_SETTING:,.0f}")
     return number
 
 

@@ -3,7 +3,7 @@
 A kubeconfig is read once before the client merges it, and what the merge would blow up
 on is one line naming the flag: an alias of any node (a string too), or a list of more
 files than anyone merges. A ServeGen directory's distributions are bounded in all and
-parsed once, however many days are drawn.
+parsed once, however many days are drawn. A ScaledObject polls at most once a second.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from foundation.errors import ConfigError
 from foundation.kube import MAX_KUBECONFIG_FILES, KubeAccess
 from replay import servegen
+from replay.keda import read_scaled_object
 from replay.servegen import ServeGenOptions, read_servegen
 from replay.trace import TraceError
 
@@ -151,3 +153,29 @@ def test_a_servegen_scale_is_ascii_decimal(scale, taken):
             servegen.parse_source(f"servegen:d?scale={scale}")
     else:
         assert servegen.parse_source(f"servegen:d?scale={scale}")[1].scale == taken
+
+
+def _scaled_object(polling: object) -> dict[str, Any]:
+    text = (Path(__file__).parent.parent / "deploy/scaledobjects/recommended.yaml").read_text()
+    doc: dict[str, Any] = yaml.safe_load(text)
+    doc["spec"]["pollingInterval"] = polling
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("polling", "taken"),
+    [
+        pytest.param(15, 15.0, id="a polling interval of 15 s is read"),
+        pytest.param(1, 1.0, id="a polling interval of a second is read"),
+        pytest.param(0, None, id="a polling interval of 0 is one line"),
+        pytest.param(0.001, None, id="a polling interval under a second is one line"),
+    ],
+)
+def test_a_scaled_objects_polling_interval_is_at_least_a_second(polling, taken):
+    """``demo --scaled-object`` with ``pollingInterval: 0`` ran, and its KEDA polled the
+    scaler in a loop: 117,149 calls in half a second (issue 27, hostile pass 5, M6)."""
+    if taken is None:
+        with pytest.raises(ConfigError, match=r"pollingInterval .* is not a number from 1 to"):
+            read_scaled_object(_scaled_object(polling), "so.yaml")
+    else:
+        assert read_scaled_object(_scaled_object(polling)).spec.polling_interval == taken
