@@ -117,6 +117,14 @@ class DeploymentConfig(BaseModel):
         return dns
 
 
+MAX_DEPLOYMENTS = 256
+"""Deployments one exporter scrapes (the scaler's ``signal-sources`` bound): a 1 MiB
+config of 12,000 was taken, each an EndpointSlice watch of its own on the API server."""
+MAX_BODY_BYTES_LIMIT = 64 << 20
+"""The most ``max-body-bytes`` may say: 64 MiB a target a cycle (vLLM sends ~50 kB);
+10^12 was taken, a terabyte read into memory per target."""
+MAX_SERIES_LIMIT = 1_000_000
+"""The most ``max-series`` may say: a million wanted samples (vLLM has ~120)."""
 MAX_STABLE_WINDOW = 3600.0
 """The longest ``stable-window``: an hour (the scaler's ``demand-window`` follows it, and
 is an hour at most). Each replica keeps every scrape of the window; 2562047h kept them
@@ -141,13 +149,15 @@ class ExporterConfig(BaseModel):
     stable_window: Seconds = Field(60.0, gt=0, le=MAX_STABLE_WINDOW)
     """Longer window for steady-state rates, quantiles and cost: at most an hour, and at
     most ``MAX_WINDOW_SCRAPES`` intervals (each replica keeps its scrapes for it)."""
-    max_body_bytes: int = Field(MAX_BYTES, ge=1024)
+    max_body_bytes: int = Field(MAX_BYTES, ge=1024, le=MAX_BODY_BYTES_LIMIT)
     """Largest ``/metrics`` body read from one target (4 MiB); a larger one is a
     ``too-large`` failure, never parsed. vLLM sends about 50 kB per engine."""
-    max_series: int = Field(MAX_SERIES, ge=1)
+    max_series: int = Field(MAX_SERIES, ge=1, le=MAX_SERIES_LIMIT)
     """Most wanted samples from one target per scrape (10,000); more is a
     ``too-many-series`` failure. One vLLM engine exposes about 120."""
-    deployments: list[DeploymentConfig] = Field(default_factory=list)
+    deployments: list[DeploymentConfig] = Field(default_factory=list, max_length=MAX_DEPLOYMENTS)
+    """At most ``MAX_DEPLOYMENTS``: each is a set of scrapes every cycle, and with
+    ``endpoint-slices`` a watch of its own on the API server."""
 
     def limits(self) -> Limits:
         """What one target may send in one scrape."""

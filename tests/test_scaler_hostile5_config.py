@@ -16,7 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.config import MAX_STABLE_WINDOW, MAX_WINDOW_SCRAPES
+from exporter.config import (
+    MAX_BODY_BYTES_LIMIT,
+    MAX_DEPLOYMENTS,
+    MAX_SERIES_LIMIT,
+    MAX_STABLE_WINDOW,
+    MAX_WINDOW_SCRAPES,
+)
 from exporter.config import parse_config as parse_exporter_config
 from foundation.errors import ConfigError
 from scaler.config import MAX_WINDOW_SECONDS, parse_config
@@ -101,3 +107,36 @@ def test_an_exporter_config_taken_keeps_at_most_the_bounded_scrapes(
         return
     assert config.stable_window <= MAX_STABLE_WINDOW
     assert config.stable_window <= MAX_WINDOW_SCRAPES * config.interval
+
+
+def _deployments(count: int) -> str:
+    return "deployments:\n" + "".join(
+        f"- {{namespace: n, deployment: d{i}, endpoint-slices: {{service: s{i}, port: 8000}}}}\n"
+        for i in range(count)
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        pytest.param(_deployments(MAX_DEPLOYMENTS + 1), "deployments", id="a deployment past 256"),
+        pytest.param("max-body-bytes: 1000000000000\n", "max-body-bytes", id="a terabyte body"),
+        pytest.param("max-series: 1000000000000\n", "max-series", id="10^12 wanted samples"),
+    ],
+)
+def test_an_exporter_size_past_its_bound_is_refused_naming_the_key(text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_exporter_config(text)
+    assert f"'{key}'" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(_deployments(MAX_DEPLOYMENTS), id="256 deployments are taken"),
+        pytest.param(f"max-body-bytes: {MAX_BODY_BYTES_LIMIT}\n", id="a 64 MiB body cap is taken"),
+        pytest.param(f"max-series: {MAX_SERIES_LIMIT}\n", id="a million wanted samples are taken"),
+    ],
+)
+def test_an_exporter_size_at_its_bound_is_taken(text: str) -> None:
+    parse_exporter_config(text)
