@@ -29,6 +29,7 @@ from scaler.core.capacity import PRIORS, check_profile
 from scaler.core.model import Policy
 from scaler.metadata import (
     MAX_SEASONAL_SECONDS,
+    MAX_SIGNAL_AGE_SECONDS,
     MAX_TOKENS_PER_SECOND,
     MIN_RATE,
     MIN_TOKENS_PER_SECOND,
@@ -431,10 +432,10 @@ class ScalerConfig(BaseModel):
         default_factory=list, max_length=MAX_SIGNAL_SOURCES
     )
     """Exporters and gateways to watch. Empty is allowed only with ``demo-source``."""
-    max_signal_age: Seconds = Field(30.0, gt=0)
+    max_signal_age: Seconds = Field(30.0, gt=0, le=MAX_SIGNAL_AGE_SECONDS)
     """Signals older than this make KEDA RPCs answer UNAVAILABLE (KEDA's fallback
     applies) instead of acting on old data. 30 s is two exporter scrapes at the
-    default 15 s Prometheus interval."""
+    default 15 s Prometheus interval; an hour at most (``MAX_SIGNAL_AGE_SECONDS``)."""
     demo_source: DemoSourceConfig | None = None
     prometheus_source: PrometheusSourceConfig | None = None
     """Take engine signals from PromQL instead of (or beside) an exporter; read at start."""

@@ -127,6 +127,11 @@ MAX_TOKENS_PER_SECOND = 1e7
 """A replica's prefill or decode rate: 1 token/s (a CPU toy) to 10^7 (no accelerator
 does 10^6); outside it a busy deployment reads as no load, or as never enough."""
 
+MAX_SIGNAL_AGE_SECONDS = 3600.0
+"""The oldest signals ``maxSignalAge`` (and the config's ``max-signal-age``) may take as
+current: an hour. Past it a source that went away is no measurement: 2562047h decided a
+day later on the day-old snapshot, and KEDA's fallback never acted."""
+
 MAX_SLEEPING = 100
 """Sleepers one ScaledObject may hold (``standbyMaxSleeping``)."""
 
@@ -202,7 +207,9 @@ class TriggerMetadata(BaseModel):
         None, alias="targetConcurrency", ge=MIN_RATE, le=100_000
     )
     """Requests in flight (running plus queued) one replica should hold."""
-    max_signal_age: Seconds | None = Field(None, alias="maxSignalAge", gt=0)
+    max_signal_age: Seconds | None = Field(
+        None, alias="maxSignalAge", gt=0, le=MAX_SIGNAL_AGE_SECONDS
+    )
     """Signals older than this give UNAVAILABLE; defaults to the scaler config's."""
     target_utilization: Decimal | None = Field(None, alias="targetUtilization", ge=MIN_RATE, le=1)
     slo_ttft: Seconds | None = Field(

@@ -7,7 +7,9 @@ hours at the usual rate, growing until the event loop could not keep up. Past an
 (the HPA's own bound on a stabilization window) the config is refused naming the key.
 The exporter's ``stable-window`` is the sibling: each replica keeps every scrape of it
 (2562047h: 1,000 scrapes after 1,000 cycles, each cycle's windows walking them all); it
-is an hour at most and at most ``MAX_WINDOW_SCRAPES`` intervals.
+is an hour at most and at most ``MAX_WINDOW_SCRAPES`` intervals. So is ``maxSignalAge``
+(and the config's ``max-signal-age``), S5-M3: 2562047h decided a day later on a day-old
+snapshot from sources that had gone, and KEDA's fallback never acted.
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ from exporter.config import (
     MAX_WINDOW_SCRAPES,
 )
 from exporter.config import parse_config as parse_exporter_config
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, MetadataError, StaleSignalError
 from scaler.config import MAX_WINDOW_SECONDS, parse_config
+from scaler.metadata import parse_metadata
+from scaler.registry import ScaledObjectRegistry
+from scaler.signals import SignalStore
+from scaler.sources import receive
+from tests.conftest import T0, FakeClock, engine_signals, gateway_signals
 
 KEYS = ("scale-down-window", "demand-window")
 
@@ -140,3 +147,42 @@ def test_an_exporter_size_past_its_bound_is_refused_naming_the_key(text: str, ke
 )
 def test_an_exporter_size_at_its_bound_is_taken(text: str) -> None:
     parse_exporter_config(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "taken"),
+    [
+        pytest.param("30s", True, id="the default signal age is taken"),
+        pytest.param("1h", True, id="an hour-old signal may still count"),
+        pytest.param("3601s", False, id="a second past an hour is refused"),
+        pytest.param("2562047h", False, id="Go's largest duration is refused"),
+    ],
+)
+def test_a_signal_age_past_an_hour_is_refused_in_metadata_and_config(
+    value: str, taken: bool
+) -> None:
+    raw = {"scalerAddress": "x:1", "deployment": "llama", "maxSignalAge": value}
+    if taken:
+        assert (
+            parse_metadata(raw).max_signal_age
+            == parse_config(f"max-signal-age: {value}\n").max_signal_age
+        )
+        return
+    with pytest.raises(MetadataError, match="maxSignalAge"):
+        parse_metadata(raw)
+    with pytest.raises(ConfigError, match="max-signal-age"):
+        parse_config(f"max-signal-age: {value}\n")
+
+
+def test_a_day_old_snapshot_is_stale_at_the_longest_signal_age() -> None:
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 30.0, clock)
+    raw = {"scalerAddress": "x:1", "deployment": "llama", "maxSignalAge": "1h"}
+    scaled = registry.resolve("llama", "team-a", raw)
+    receive(store, engine_signals(at=T0, queue=0.0, running=0.0))
+    receive(store, gateway_signals(at=T0, arrival_rate=0.0))
+    registry.current(scaled)
+    clock.now = T0 + 86_400  # the sources went away a day ago
+    with pytest.raises(StaleSignalError):
+        registry.current(scaled)
