@@ -68,6 +68,10 @@ class KubeAccess:
                     client_configuration=configuration,
                     persist_config=False,
                 )
+            # Built here, not after: its TLS context reads the CA (ssl.SSLError on
+            # certificate-authority-data that is no PEM), and it asserts on a server
+            # that is no string; either ended a watch loop for good.
+            return client.ApiClient(configuration)
         except ConfigError:
             raise
         except (
@@ -78,14 +82,15 @@ class KubeAccess:
             TypeError,
             AttributeError,
             LookupError,
+            AssertionError,
         ) as err:
             # The client's parse of a file of the wrong shape: yaml's errors (not UTF-8,
             # a NUL), a UnicodeDecodeError, a list where a mapping goes; each came out as
             # a traceback of 60 lines
-            raise ConfigError(f"--kubeconfig {self._where}: {_clip(str(err))}") from err
+            why = _clip(str(err)) or type(err).__name__
+            raise ConfigError(f"--kubeconfig {self._where}: {why}") from err
         except RecursionError as err:
             raise ConfigError(f"--kubeconfig {self._where}: YAML nested too deeply") from err
-        return client.ApiClient(configuration)
 
     @property
     def _where(self) -> str:
@@ -323,8 +328,12 @@ async def watch_objects(
         began: float | None = None  # when the current watch started
         try:
             api = await access.client()
-        except ConfigError as err:
-            log.error("cannot watch %s: %s; retrying in %.1fs", selection, err, delay)
+        except Exception as err:  # whatever the client raises: this attempt failed, not the loop
+            if on_error is not None:
+                on_error(err)
+            level = logging.ERROR if str(err) != last_problem else logging.DEBUG
+            log.log(level, "cannot watch %s: %s; retrying in %.1fs", selection, err, delay)
+            last_problem = str(err)
         else:
             try:
                 async with api:

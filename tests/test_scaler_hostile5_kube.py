@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,45 @@ async def test_a_good_configmap_answer_at_startup_is_its_text(tmp_path: Path) ->
 def test_a_watched_configmap_of_the_wrong_shape_is_a_config_error(data: object) -> None:
     with pytest.raises(ConfigError):
         configmap_text({"cfg": {"data": data}}, "cfg", "config.yaml")
+
+
+_UNUSABLE = [
+    pytest.param(
+        '[{name: c, cluster: {server: "https://127.0.0.1:1", certificate-authority-data: "!!!"}}]',
+        id="certificate-authority-data that is no PEM (ssl.SSLError from the client)",
+    ),
+    pytest.param(
+        "[{name: c, cluster: {server: 12345}}]",
+        id="a server that is a number (AssertionError from the client)",
+    ),
+]
+
+
+def _unusable(tmp_path: Path, clusters: str) -> KubeAccess:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        f"apiVersion: v1\nkind: Config\nclusters: {clusters}\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    return KubeAccess(path)
+
+
+@pytest.mark.parametrize("clusters", _UNUSABLE)
+async def test_a_kubeconfig_the_client_cannot_build_on_is_one_config_error(
+    tmp_path: Path, clusters: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"^--kubeconfig "):
+        await _unusable(tmp_path, clusters).client()
+
+
+@pytest.mark.parametrize("clusters", _UNUSABLE)
+async def test_a_watch_whose_kubeconfig_turns_unusable_keeps_trying_and_warns_once(
+    tmp_path: Path, clusters: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    access = _unusable(tmp_path, clusters)
+    with caplog.at_level(logging.DEBUG, logger="foundation.kube"):
+        _, errors = await _watch_until(access, lambda _, errors: len(errors) >= 3)
+    assert all(isinstance(err, ConfigError) for err in errors)
+    errors_logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors_logged) == 1  # the same problem again is not a line a try
