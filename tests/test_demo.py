@@ -235,7 +235,7 @@ def test_every_clock_is_compressed_and_every_rate_sped_up_by_the_same_factor() -
         pytest.param("forecast-horizon", 6.0, id="the headroom's horizon, as before"),
         pytest.param("profile-utilization", 1.0, id="a share is not a clock"),
         pytest.param("slo-attainment", 0.99, id="nor is the attainment target"),
-        pytest.param("headroom-half-life", 180.0, id="the headroom's half-life is a clock"),
+        pytest.param("headroom-half-life", 30.0, id="the headroom's half-life is a clock"),
     ],
 )  # fmt: skip
 def test_the_default_demo_plans_with_the_profile_on_the_compressed_scale(
