@@ -224,6 +224,10 @@ class StandbyController:
     planned_for: int = -1
 
     def start(self, actuator: Actuator, initial_replicas: int) -> None:
+        # A warm start was sized by earlier traffic, which its sleepers were held for; a
+        # fleet starting at zero never served (the scaler: "idle for ever"), so holds none
+        # until its first request, which waits for a start (the demo's live beginning).
+        self.last_activity = 0.0 if initial_replicas > 0 else -math.inf
         self.inner.start(actuator, initial_replicas)
 
     def tick(self, view: View, actuator: Actuator) -> None:
