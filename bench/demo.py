@@ -27,7 +27,7 @@ ROWS = (
     ("TTFT p50 (s)", "ttft_p50_seconds", "{:.2f}"),
     ("TTFT p95 (s)", "ttft_p95_seconds", "{:.2f}"),
     ("end-to-end p95 (s)", "e2e_p95_seconds", "{:.2f}"),
-    ("most replicas", "max_replicas", "{:d}"),
+    ("most replicas awake", "max_awake_replicas", "{:d}"),
     ("replica starts", "cold_starts", "{:d}"),
     ("sleeping replica-hours", "sleeping_hours", "{:.3f}"),
     ("wakes", "wakes", "{:d}"),

@@ -352,7 +352,7 @@ class _Replay:
         self.signals: EngineSignals | None = None
         self.decisions: list[tuple[float, int, str]] = []
         self.series: dict[str, list[float]] = {
-            k: [] for k in ("t", "arrivals", "replicas", "ready", "queue")
+            k: [] for k in ("t", "arrivals", "replicas", "ready", "awake", "queue")
         }
         self.replica_seconds = self.busy_seconds = 0.0
         self.cold_starts = 0
@@ -707,6 +707,7 @@ class _Replay:
         series["arrivals"].append(self.arrivals_in_series / 10.0)
         series["replicas"].append(float(self.running()))
         series["ready"].append(float(self.ready()))
+        series["awake"].append(float(self.held()))
         series["queue"].append(float(len(self.buffer) + self.fleet.queue_depth().sum()))
         self.pending_series.append(float(self.pending()))
         self.arrivals_in_series = 0
@@ -871,6 +872,8 @@ def _result(
         "dropped": int((requests.state == DROPPED).sum()),
         "cold_starts": cold_starts,
         "max_replicas": int(max(series["replicas"], default=0)),
+        # what a live fleet counts awake: the Deployment's, sleepers starting or woken
+        "max_awake_replicas": int(max(series["awake"], default=0)),
         **standby,
         **_after_idle(requests, config.idle_gap),
         **anatomy(requests, targets, cause).metrics(),

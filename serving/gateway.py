@@ -562,6 +562,8 @@ class Gateway:
             log.info("standby: %s (scaler: %s)", moves.reason, plan.reason)
         for url in moves.wake:
             self._start_wake(self.pool.find(url))
+        for url in moves.surplus:
+            self.pool.find(url).surplus = True
         chosen = [self.pool.find(url) for url in moves.sleep]
         for replica in chosen:
             replica.falling_asleep = True  # before any await: no request is routed there

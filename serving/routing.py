@@ -257,6 +257,11 @@ class StandbyMoves:
     sleep: tuple[str, ...]
     wake: tuple[str, ...]
     reason: str
+    surplus: tuple[str, ...] = ()
+    """Awake replicas the plan would have asleep that are not idle yet: routed to only
+    above the pressure threshold (``choose``'s ``surplus_above``), so that they fall idle
+    and the next round sleeps them. Without it the router spread the load over every
+    awake pod and none ever idled: the demo ran 6 awake where the plan held 2 + 4 asleep."""
 
 
 def choose_standby(
@@ -277,6 +282,8 @@ def choose_standby(
         and idle for ``min_idle`` sleep,
         least recently used first (ties: listed first). With more, only as many wake as
         ``running`` lacks awake: a sleeper beyond the plan is the Deployment's to remove.
+        Those that should sleep but are busy or not idle long enough are ``surplus``,
+        least outstanding first.
     """
     held = [r for r in replicas if r.ready or r.sleeping or r.waking]
     asleep = [r for r in held if r.sleeping and not r.waking]
@@ -295,7 +302,16 @@ def choose_standby(
         ]
         idle.sort(key=lambda r: -r.idle_seconds)
         chosen = tuple(r.url for r in idle[: want - len(asleep)])
-        return StandbyMoves(chosen, (), f"{plan}: {len(chosen)} of {want - len(asleep)} idle")
+        others = [
+            r
+            for r in held
+            if r.ready and r.sleep_mode and not r.sleep_failed and r.url not in chosen
+        ]
+        others.sort(key=lambda r: r.outstanding)
+        surplus = tuple(r.url for r in others[: want - len(asleep) - len(chosen)])
+        return StandbyMoves(
+            chosen, (), f"{plan}: {len(chosen)} of {want - len(asleep)} idle", surplus
+        )
     short = min(len(asleep) - want, running - awake)
     if short > 0:
         woken = tuple(r.url for r in asleep if not r.wake_failed)[:short]

@@ -127,6 +127,39 @@ def test_choose_standby(replicas, running, sleeping, slept, woken):
     assert f"plan: {running} running, {sleeping} sleeping" in moves.reason
 
 
+@pytest.mark.parametrize(
+    ("replicas", "running", "sleeping", "slept", "surplus"),
+    [
+        pytest.param(
+            [view("a", busy=3), view("b", busy=1), view("c", busy=2)], 1, 2, (), urls("b", "c"),
+            id="busy replicas the plan would have asleep are surplus, least outstanding first",
+        ),
+        pytest.param(
+            [view("a", busy=3), view("b", idle=50), view("c", busy=2)], 1, 2, urls("b"),
+            urls("c"),
+            id="an idle one sleeps and a busy one is made surplus to fall idle",
+        ),
+        pytest.param(
+            [view("a", busy=3), view("b", busy=1)], 2, 2, (), (),
+            id="nothing above the running target: none is surplus",
+        ),
+        pytest.param(
+            [view("a", busy=3), view("b", busy=1, sleep_mode=False)], 1, 1, (), urls("a"),
+            id="a replica that cannot sleep is never made surplus: the busier one that can is",
+        ),
+        pytest.param(
+            [view("a", busy=3), view("b", busy=1), view("c", sleeping=True)], 1, 1, (), (),
+            id="the plan's sleepers already asleep: none is surplus",
+        ),
+    ],
+)  # fmt: skip
+def test_replicas_the_plan_would_have_asleep_are_surplus_until_idle(
+    replicas, running, sleeping, slept, surplus
+):
+    moves = choose_standby(replicas, running, sleeping, min_idle=1.0)
+    assert (moves.sleep, moves.surplus) == (slept, surplus)
+
+
 views = st.builds(
     view,
     st.sampled_from("abcdefgh"),
@@ -164,6 +197,10 @@ def test_never_sleeps_a_busy_replica_nor_more_than_the_plan_nor_one_the_running_
         assert asleep + len(moves.sleep) <= sleeping  # never more than the plan holds
         assert len(held) - asleep - len(moves.sleep) >= running  # nor one the running need
     assert len(set(moves.sleep)) == len(moves.sleep)
+    assert not set(moves.surplus) & set(moves.sleep)
+    for url in moves.surplus:
+        assert by_url[url].ready and by_url[url].sleep_mode and not by_url[url].sleep_failed
+    assert len(moves.sleep) + len(moves.surplus) <= max(min(sleeping, len(held) - running), 0)
     for url in moves.wake:
         assert by_url[url].sleeping and not by_url[url].waking and not by_url[url].wake_failed
     assert len(held) - asleep + len(moves.wake) <= max(running, len(held) - asleep)

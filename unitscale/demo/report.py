@@ -47,7 +47,7 @@ ROWS = (
     ("ttft_p95_seconds", "TTFT p95", "s", ".2f"),
     ("ttft_p99_seconds", "TTFT p99", "s", ".2f"),
     ("e2e_p95_seconds", "end-to-end p95", "s", ".2f"),
-    ("max_replicas", "most replicas", "", "d"),
+    ("max_awake_replicas", "most replicas awake", "", "d"),
     ("cold_starts", "replica starts", "", "d"),
     ("sleeping_hours", "sleeping replica-hours", "h", ".3f"),
     ("wakes", "wakes", "", "d"),
@@ -106,7 +106,7 @@ def live_metrics(run: LiveRun, plan: Plan) -> dict[str, float | int]:
         "ttft_p95_seconds": percentile(ttft, 95),
         "ttft_p99_seconds": percentile(ttft, 99),
         "e2e_p95_seconds": percentile(e2e, 95),
-        "max_replicas": max((s.replicas for s in run.samples), default=0),
+        "max_awake_replicas": max((s.replicas for s in run.samples), default=0),
         "cold_starts": len(run.replicas),
         "sleeping_hours": sleeping_hours,
         "standby_cost": standby_cost,
@@ -321,7 +321,8 @@ def headline(live: dict[str, float | int], predicted: dict[str, float | int]) ->
         f" {_cell(predicted['cost_per_million_tokens'], '.3f')} predicted ({cost});"
         f" SLO attainment {_cell(live['slo_attainment'], '.1%')} against"
         f" {_cell(predicted['slo_attainment'], '.1%')} predicted ({slo}); at most"
-        f" {live['max_replicas']} replicas live, {predicted['max_replicas']} predicted."
+        f" {live['max_awake_replicas']} replicas awake live,"
+        f" {predicted['max_awake_replicas']} predicted."
     )
 
 
@@ -400,7 +401,7 @@ def _replicas_panel(ax: Axes, run: LiveRun, prediction: Result) -> None:
         color="tab:blue",
         linestyle=":",
     )
-    ax.step(pt, prediction.series["replicas"], where="post", label="predicted", color="tab:orange")
+    ax.step(pt, prediction.series["awake"], where="post", label="predicted", color="tab:orange")
     ax.step(
         pt,
         prediction.series["ready"],
@@ -451,7 +452,7 @@ def _plot_cost(path: Path, plan: Plan, run: LiveRun, prediction: Result) -> None
     price = plan.profile.price_per_hour
     ends = [s.t / c for s in run.samples]
     live_cost = [held_seconds(run.replicas, e) * c / 3600 * price for e in ends]
-    predicted_cost = np.cumsum(np.array(prediction.series["replicas"]) * 10.0) / 3600 * price
+    predicted_cost = np.cumsum(np.array(prediction.series["awake"]) * 10.0) / 3600 * price
     ax.plot(t, live_cost, label="live", color="tab:blue")
     ax.plot(pt, predicted_cost, label="predicted", color="tab:orange")
     ax.set_xlabel("trace time (minutes)")
