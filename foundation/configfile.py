@@ -50,6 +50,23 @@ def host_port(value: str) -> str:
     return value
 
 
+def no_booleans_for_numbers(model: type[BaseModel], data: object) -> object:
+    """``data`` unchanged, for a ``mode="before"`` model validator of ``model``.
+
+    pydantic's lax mode reads ``true`` as 1 for a number: a boolean where a number goes is
+    a mistake (a key swapped for another), never a count or a rate.
+
+    Raises:
+        ValueError: a key of a field that is not a ``bool`` holds a boolean (named).
+    """
+    if isinstance(data, dict):
+        for key, value in data.items():
+            field = model.model_fields.get(str(key).replace("-", "_"))
+            if isinstance(value, bool) and field is not None and field.annotation is not bool:
+                raise ValueError(f"{quote(str(key))}: expected a number, got {value}")
+    return data
+
+
 MAX_PROBLEMS = 10
 """Problems a message lists; the rest are counted."""
 KEY_LIMIT = 100

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
-from foundation.configfile import KEBAB_CASE, load_mapping, validate
+from foundation.configfile import KEBAB_CASE, load_mapping, no_booleans_for_numbers, validate
 from foundation.durations import Seconds
 from foundation.errors import ConfigError
 from foundation.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_text
@@ -280,6 +280,7 @@ class PolicyConfig(BaseModel):
     @classmethod
     def _no_removed_keys(cls, data: Any) -> Any:
         """A key of a removed mechanism says so, instead of pydantic's "extra input"."""
+        no_booleans_for_numbers(cls, data)
         if isinstance(data, dict):
             removed = sorted(k for k in data if k in REMOVED_POLICY_KEYS)
             if removed:

@@ -150,6 +150,11 @@ BIG = 10**400
             id="scaler-an-infinite-number-is-refused",
         ),
         pytest.param(
+            _scaler, "policy: {target-concurrency: true, headroom-max: false}",
+            ["target-concurrency", "expected a number, got True"],
+            id="scaler-a-boolean-is-no-number-in-the-policy",
+        ),
+        pytest.param(
             _scaler, "max-signal-age: 5_0s", ["key 'max-signal-age'='5_0s'"],
             id="scaler-underscores-are-not-a-duration",
         ),
