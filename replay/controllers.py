@@ -216,6 +216,8 @@ class StandbyController:
     seasonal: SeasonalPolicy | None = None
     max_pods: int | None = None
     """KEDA's ``maxReplicaCount``, which counts sleepers as pods (``StandbyInputs.max_pods``)."""
+    served_before: bool = True
+    """``SimConfig.served_before``."""
     need: deque[tuple[float, float]] = field(default_factory=deque)
     history: deque[tuple[float, float]] = field(default_factory=deque)
     """The need over the forecast's lookback (with ``seasonal``)."""
@@ -224,10 +226,9 @@ class StandbyController:
     planned_for: int = -1
 
     def start(self, actuator: Actuator, initial_replicas: int) -> None:
-        # A warm start was sized by earlier traffic, which its sleepers were held for; a
-        # fleet starting at zero never served (the scaler: "idle for ever"), so holds none
-        # until its first request, which waits for a start (the demo's live beginning).
-        self.last_activity = 0.0 if initial_replicas > 0 else -math.inf
+        # A fleet that served before holds its sleepers from t=0; one that never served
+        # (the scaler: "idle for ever") holds none until its first request.
+        self.last_activity = 0.0 if self.served_before else -math.inf
         self.inner.start(actuator, initial_replicas)
 
     def tick(self, view: View, actuator: Actuator) -> None:

@@ -121,6 +121,10 @@ class SimConfig:
     wake_pressure: WakePressure | None = None
     """The gateway's ``wake-at-outstanding`` (``serving.routing.WakePressure``): it wakes
     sleepers when every ready replica holds the threshold (None: only at zero)."""
+    served_before: bool = True
+    """Whether the fleet served traffic before the trace, so that the standby plan holds
+    its sleepers from t=0 (a warm start's history); False: a Deployment that never served
+    holds none until its first request, which waits for a start (the demo's live run)."""
     sleep_after_idle: float = 10.0
     """The gateway's ``sleep-after-idle``: a replica it woke sleeps again once idle this long."""
     idle_gap: float = 120.0
@@ -238,6 +242,7 @@ class Simulation:
                 config.slo_ttft,
                 config.seasonal,
                 max_pods=config.max_replicas,
+                served_before=config.served_before,
             )
         self._controller = controller
         self._progress = progress

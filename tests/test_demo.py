@@ -41,12 +41,13 @@ from unitscale.demo.report import LiveRun, live_metrics
 from unitscale.demo.run import (
     Conductor,
     DemoOptions,
+    _plan,
     capacity_priors,
     default_policy,
     load_trace,
     validate,
 )
-from unitscale.demo.workload import IDLE, WorkloadShape, generate, rate_at
+from unitscale.demo.workload import IDLE, WorkloadShape, generate, lead_in, rate_at
 from unitscale.demo.world import (
     Plan,
     exporter_config,
@@ -100,6 +101,35 @@ def test_workload_has_the_expected_volume_an_idle_stretch_and_bounded_lengths() 
     assert trace.prompt.min() >= 32 and trace.prompt.max() <= 8000
     assert trace.output.min() >= 16 and trace.output.max() <= 1500
     assert 1300 < np.median(trace.prompt) < 1700 and 200 < np.median(trace.output) < 300
+
+
+def test_a_lead_in_is_one_request_of_the_first_ones_size_and_the_trace_later() -> None:
+    trace = generate(SHAPE, 3)
+    led = lead_in(trace, 300.0)
+    assert len(led) == len(trace) + 1
+    assert led.arrival[0] == 0.0 and np.allclose(led.arrival[1:], trace.arrival + 300.0)
+    assert (led.prompt[0], led.output[0]) == (trace.prompt[0], trace.output[0])
+    assert np.array_equal(led.prompt[1:], trace.prompt)
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [
+        pytest.param(0.0, id="no lead-in is no lead-in"),
+        pytest.param(-5.0, id="a negative lead-in is refused"),
+        pytest.param(math.inf, id="an endless lead-in is refused"),
+    ],
+)
+def test_a_lead_in_must_be_a_positive_finite_time(seconds: float) -> None:
+    with pytest.raises(ValueError, match="lead-in"):
+        lead_in(generate(SHAPE, 3), seconds)
+
+
+def test_with_standby_the_lead_in_outlasts_a_start_the_idle_grace_and_the_cooldown() -> None:
+    plan = _plan(DemoOptions(report=Path("unused")))
+    spec = plan.scaled_object.spec
+    assert plan.lead_in > plan.cold_start + plan.policy.idle_grace + spec.cooldown
+    assert _plan(DemoOptions(report=Path("unused"), standby=False)).lead_in == 0.0
 
 
 # --- ScaledObject manifests ----------------------------------------------------------------

@@ -31,7 +31,7 @@ from unitscale.demo.processes import ComponentError, Supervisor, unitscale_comma
 from unitscale.demo.report import LiveRun, headline, write_report
 from unitscale.demo.tiers import compare_plan_tiers
 from unitscale.demo.view import View
-from unitscale.demo.workload import WorkloadShape, generate
+from unitscale.demo.workload import WorkloadShape, generate, lead_in
 from unitscale.demo.world import (
     Plan,
     alternatives,
@@ -181,9 +181,15 @@ async def run_demo(options: DemoOptions) -> int:
     trace = _trace(options, plan)
     out = options.report
     out.mkdir(parents=True, exist_ok=True)
+    lead = (
+        f" after a lead-in of one request {plan.lead_in / 60:.1f} min before (a Deployment"
+        " that served before, its sleepers held)"
+        if plan.lead_in
+        else ""
+    )
     print(
         f"unitscale demo: {len(trace)} requests over"
-        f" {options.duration * plan.compression / 60:.0f} min of trace time, played"
+        f" {options.duration * plan.compression / 60:.0f} min of trace time{lead}, played"
         f" {plan.compression:g}x faster ({options.duration:g} s); report and logs in {out}",
         flush=True,
     )
@@ -235,7 +241,7 @@ def _trace(options: DemoOptions, plan: Plan) -> Trace:
     trace = load_trace(options, options.duration * plan.compression)
     if options.real_vllm:
         trace = clip(trace, **vllm_replica.LIMITS)  # the prediction gets the same tokens
-    return trace
+    return lead_in(trace, plan.lead_in) if plan.lead_in else trace
 
 
 def _predict_and_report(options: DemoOptions, plan: Plan, trace: Trace, live: LiveRun) -> None:
@@ -336,7 +342,7 @@ class Conductor:
             scalerMetadata=trigger_metadata(plan, _local(ports["scaler"])),
         )
         title = f"unitscale demo ({plan.profile.name}, {c:g}x time)"
-        view = View(title, self.options.duration * c, self.options.live_view)
+        view = View(title, self.options.duration * c + plan.lead_in, self.options.live_view)
         async with (
             grpc.aio.insecure_channel(_local(ports["scaler"])) as keda_channel,
             grpc.aio.insecure_channel(_local(ports["exporter-grpc"])) as exporter_channel,
@@ -472,6 +478,7 @@ class Conductor:
         # The trace's length plus time for the last requests (a backlog after a
         # cold start, say); then the run ends whatever is still in flight.
         limit = self.options.duration + max(30.0, self.options.duration / 4)
+        limit += self.plan.wall(self.plan.lead_in)
         with view:
             done, _ = await asyncio.wait(
                 everything, timeout=limit, return_when=asyncio.FIRST_COMPLETED

@@ -82,3 +82,27 @@ def generate(shape: WorkloadShape, seed: int = 0) -> Trace:
     prompt = lognormal_lengths(rng, shape.prompt_median, shape.sigma, shape.prompt_range, n)
     output = lognormal_lengths(rng, shape.output_median, shape.sigma, shape.output_range, n)
     return Trace("unitscale-demo", arrival, prompt, output)
+
+
+def lead_in(trace: Trace, seconds: float) -> Trace:
+    """``trace`` ``seconds`` later, after one request of its first one's size at 0.
+
+    A Deployment that served before: the lead-in request starts the first replica and,
+    with standby, the sleepers the plan holds; by the time the workload begins the
+    replica has idled back to zero and the sleepers are still held (``seconds`` longer
+    than a start, the idle grace and KEDA's cooldown). The workload's activation from zero
+    then wakes a sleeper, as in production, instead of waiting out a first start that
+    no long-running service pays. Example: arrivals (0, 5) with 300 s of lead-in are
+    (0, 300, 305).
+
+    Raises:
+        ValueError: an empty trace, or ``seconds`` not positive and finite.
+    """
+    if not len(trace) or not 0 < seconds < float("inf"):
+        raise ValueError(f"a lead-in needs requests and 0 < seconds < inf, got {seconds!r}")
+    return Trace(
+        trace.name,
+        np.r_[0.0, trace.arrival + seconds],
+        np.r_[trace.prompt[:1], trace.prompt],
+        np.r_[trace.output[:1], trace.output],
+    )

@@ -119,6 +119,18 @@ class Plan:
         """
         return self.profile.for_itl_slo(self.slo_itl)
 
+    @property
+    def lead_in(self) -> float:
+        """Trace seconds before the workload with standby (0 without).
+
+        A start, the idle grace, KEDA's cooldown and a minute: the workload begins at zero
+        running with the sleepers held (``unitscale.demo.workload.lead_in``).
+        """
+        if self.standby is None:
+            return 0.0
+        grace = self.policy.idle_grace
+        return self.cold_start + grace + self.scaled_object.spec.cooldown + 60.0
+
     def wall(self, seconds: float) -> float:
         """Trace seconds -> wall seconds."""
         return seconds / self.compression
@@ -357,6 +369,7 @@ def prediction(plan: Plan) -> tuple[Unitscale, SimConfig]:
         standby=plan.standby,
         # the gateway's setting, whatever holds sleepers (without any it wakes none)
         wake_pressure=WakePressure(plan.wake_at_outstanding),
+        served_before=False,  # the live Deployment starts never having served
     )
     return policy, config
 
