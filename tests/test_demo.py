@@ -128,7 +128,8 @@ def test_a_lead_in_must_be_a_positive_finite_time(seconds: float) -> None:
 def test_with_standby_the_lead_in_outlasts_a_start_the_idle_grace_and_the_cooldown() -> None:
     plan = _plan(DemoOptions(report=Path("unused")))
     spec = plan.scaled_object.spec
-    assert plan.lead_in > plan.cold_start + plan.policy.idle_grace + spec.cooldown
+    waits = plan.policy.idle_grace + spec.cooldown + spec.scale_down_stabilization
+    assert plan.lead_in > plan.cold_start + waits
     assert _plan(DemoOptions(report=Path("unused"), standby=False)).lead_in == 0.0
 
 

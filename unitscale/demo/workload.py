@@ -90,10 +90,10 @@ def lead_in(trace: Trace, seconds: float) -> Trace:
     A Deployment that served before: the lead-in request starts the first replica and,
     with standby, the sleepers the plan holds; by the time the workload begins the
     replica has idled back to zero and the sleepers are still held (``seconds`` longer
-    than a start, the idle grace and KEDA's cooldown). The workload's activation from zero
-    then wakes a sleeper, as in production, instead of waiting out a first start that
-    no long-running service pays. Example: arrivals (0, 5) with 300 s of lead-in are
-    (0, 300, 305).
+    than a start, the idle grace, KEDA's cooldown and the HPA's stabilization). The
+    workload's activation from zero then wakes a sleeper, as in production, instead of
+    waiting out a first start that no long-running service pays. Example: arrivals
+    (0, 5) with 300 s of lead-in are (0, 300, 305).
 
     Raises:
         ValueError: an empty trace, or ``seconds`` not positive and finite.

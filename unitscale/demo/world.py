@@ -123,13 +123,15 @@ class Plan:
     def lead_in(self) -> float:
         """Trace seconds before the workload with standby (0 without).
 
-        A start, the idle grace, KEDA's cooldown and a minute: the workload begins at zero
-        running with the sleepers held (``unitscale.demo.workload.lead_in``).
+        A start, the idle grace, KEDA's cooldown, the HPA's scale-down stabilization and a
+        minute: the workload begins at zero running with the sleepers held
+        (``unitscale.demo.workload.lead_in``).
         """
         if self.standby is None:
             return 0.0
-        grace = self.policy.idle_grace
-        return self.cold_start + grace + self.scaled_object.spec.cooldown + 60.0
+        spec = self.scaled_object.spec
+        waits = self.policy.idle_grace + spec.cooldown + spec.scale_down_stabilization
+        return self.cold_start + waits + 60.0
 
     def wall(self, seconds: float) -> float:
         """Trace seconds -> wall seconds."""
