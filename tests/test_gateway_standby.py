@@ -33,7 +33,7 @@ from serving.gateway_settings import GatewaySettings
 from serving.gateway_standby import Plan, StandbyClient
 from serving.routing import ReplicaView, choose_standby
 from serving.server import GatewayServer, SimReplicaServer
-from tests.conftest import eventually, ref
+from tests.conftest import eventually, ref, served_app
 
 FAST = 50.0
 
@@ -405,13 +405,8 @@ async def engine_with_sleep(
     app.router.add_get("/v1/models", models)
     app.router.add_get("/is_sleeping", is_sleeping)
     app.router.add_post("/sleep", sleep)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with served_app(app) as url:
+        yield url
 
 
 async def test_a_sleep_the_replica_refuses_is_counted_and_it_stays_routable(caplog):
