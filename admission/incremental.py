@@ -228,8 +228,8 @@ def pool_fingerprint(
             objects must stay alive and unchanged while it is kept (one pass).
 
     Returns:
-        The fingerprint, or None when a held Workload has no uid, or no generation and
-        no resourceVersion.
+        The fingerprint, or None when a held Workload has no uid, no generation and
+        no resourceVersion, or a field read that is not a plain value (not hashable).
     """
     in_pool: set[str] = set()
     node_part: list[Hashable] = []
@@ -301,7 +301,7 @@ def _held_key(w: RawObject, checks: Collection[str], has_pods: bool) -> tuple[An
     owners = tuple(
         str(o.get("uid")) for o in meta.get("ownerReferences") or () if isinstance(o, Mapping)
     )
-    return (
+    read = (
         meta.get("uid"),
         meta.get("namespace"),
         meta.get("name"),
@@ -314,6 +314,14 @@ def _held_key(w: RawObject, checks: Collection[str], has_pods: bool) -> tuple[An
         # The cards of a gang's placed pods count against it only where a reclaim could.
         reclaim_guard(w) if has_pods else None,
     )
+    # A value of another JSON type (a generation, count or entry time that is a list)
+    # cannot be told apart from its next version by a set: nothing is kept, as without a
+    # uid. It raised TypeError and failed every check of the pool (hostile pass 6, H2).
+    try:
+        hash(read)
+    except TypeError:
+        return None
+    return read
 
 
 def _node_key(obj: RawObject, name: str, now: float, timeout: float) -> Hashable:

@@ -112,6 +112,7 @@ def _workload(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
     for i, pod_set in enumerate(spec.get("podSets") or () if why is None else ()):
         why = why or _template(pod_set.get("template"), f"spec.podSets[{i}].template")
     why = why or _objects(status.get("conditions"), "status.conditions")
+    why = why or _admission(status.get("admission"))
     why = why or _objects(status.get("admissionChecks"), "status.admissionChecks")
     for i, entry in enumerate(status.get("admissionChecks") or () if why is None else ()):
         where = f"status.admissionChecks[{i}]"
@@ -121,6 +122,19 @@ def _workload(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
         for j, update in enumerate(entry.get("podSetUpdates") or () if why is None else ()):
             selector = update.get("nodeSelector")
             why = why or _strings(selector, f"{where}.podSetUpdates[{j}].nodeSelector")
+    return why
+
+
+def _admission(admission: object) -> str | None:
+    """Kueue's ``status.admission``: an object whose ``podSetAssignments`` are objects.
+
+    Read by a gang's demand and by the kept pool's fingerprint of a held gang, outside
+    the gang's own guard: a string there raised in ``.get`` and failed every check of the
+    pool on every pass (hostile pass 6, H2).
+    """
+    why = _mapping(admission, "status.admission")
+    if why is None and isinstance(admission, Mapping):
+        why = _objects(admission.get("podSetAssignments"), "status.admission.podSetAssignments")
     return why
 
 
