@@ -554,16 +554,19 @@ class Gateway:
             log.info("standby: acting on the scaler's plan again")
         self.standby_problem, self._standby_kind = None, None
         views = self.pool.views(now)
-        if sum(v.ready for v in views) <= plan.running:
-            for replica in self.pool.replicas:  # the scaler's count takes the woken ones
-                replica.surplus = False
         moves = choose_standby(views, plan.running, plan.sleeping, s.sleep_after_idle)
         if moves.sleep or moves.wake:
             log.info("standby: %s (scaler: %s)", moves.reason, plan.reason)
         for url in moves.wake:
             self._start_wake(self.pool.find(url))
-        for url in moves.surplus:
-            self.pool.find(url).surplus = True
+        # The surplus is this plan's, no more: a mark left from an earlier plan (fewer
+        # running) kept three of four replicas routed nothing once the scaler wanted
+        # three running. With the running count covering every ready replica, the
+        # scaler's count takes the woken ones: none is surplus.
+        covered = sum(v.ready for v in views) <= plan.running
+        marked = frozenset() if covered else frozenset(moves.surplus)
+        for replica in self.pool.replicas:
+            replica.surplus = replica.url in marked
         chosen = [self.pool.find(url) for url in moves.sleep]
         for replica in chosen:
             replica.falling_asleep = True  # before any await: no request is routed there
@@ -1156,11 +1159,10 @@ def overrun(meter: ResponseMeter) -> bool:
     An event carrying tokens carries at least one, so a stream ``OVERRUN_EVENTS`` past the
     bound (slack for an echoed prompt or an odd event) is a replica that keeps generating:
     one that sent a token a second to a request for five held its slot and its place in
-    flight for good. A request giving no bound (chat's default) is bounded by its
-    replica's ``max_model_len``, where its ``/v1/models`` lists one.
+    flight for good. The bound is the request's within its replica's ``max_model_len``
+    (``ResponseMeter.token_bound``): every stream has one.
     """
-    bound = meter.token_bound
-    return bound is not None and meter.token_events > bound + OVERRUN_EVENTS
+    return meter.token_events > meter.token_bound + OVERRUN_EVENTS
 
 
 def rejection(status: int, message: str, retry_after: float | None) -> web.HTTPException:

@@ -197,6 +197,8 @@ class ReplicaPool:
         self._static = {r.url for r in self.replicas}
         self._dns_named: set[str] = set()
         """Replicas of the last DNS answer (kept while a lookup fails)."""
+        self._dns_for: str | None = None
+        """The name ``_dns_named`` answers for: a reload naming another is not answered by it."""
         self._recheck = asyncio.Event()
         """Set to run discovery and health checks now instead of at the next interval."""
         self.endpoint_watch: EndpointSliceWatch | None = None
@@ -276,7 +278,9 @@ class ReplicaPool:
         named = set(self._static)
         if self.endpoint_watch is not None and self.endpoint_watch.targets is not None:
             named |= {url.rstrip("/") for url in self.endpoint_watch.targets}
-        if self.settings.dns is not None:
+        if self.settings.dns is not None and self._dns_for == self.settings.dns:
+            # Only the name's own answer: a reload from one Service to another that did
+            # not resolve kept routing to the old one's pods for good, as its replicas.
             named |= self._dns_named
         if len(named) <= MAX_REPLICAS:
             self._named_over = False
@@ -304,11 +308,14 @@ class ReplicaPool:
                 async with asyncio.timeout(DNS_TIMEOUT):
                     addresses, port = await resolve_addresses(dns)
                 self._dns_named = {f"http://{address}:{port}" for address in addresses}
-                self._dns_failing = False
+                self._dns_for, self._dns_failing = dns, False
             except (OSError, TimeoutError) as err:
                 problem = str(err) or f"no answer within {DNS_TIMEOUT:g}s"
                 if not self._dns_failing:  # once until it resolves again
-                    log.warning("cannot resolve %s (%s); keeping its replicas", dns, problem)
+                    kept = (
+                        "keeping its replicas" if self._dns_for == dns else "no replica from it yet"
+                    )
+                    log.warning("cannot resolve %s (%s); %s", dns, problem, kept)
                 self._dns_failing = True
         self.apply_named(self._named())
 

@@ -283,7 +283,8 @@ def choose_standby(
         least recently used first (ties: listed first). With more, only as many wake as
         ``running`` lacks awake: a sleeper beyond the plan is the Deployment's to remove.
         Those that should sleep but are busy or not idle long enough are ``surplus``,
-        least outstanding first.
+        those marked surplus already first, then the least outstanding; every other
+        replica is not (the caller clears an earlier plan's marks).
     """
     held = [r for r in replicas if r.ready or r.sleeping or r.waking]
     asleep = [r for r in held if r.sleeping and not r.waking]
@@ -307,7 +308,9 @@ def choose_standby(
             for r in held
             if r.ready and r.sleep_mode and not r.sleep_failed and r.url not in chosen
         ]
-        others.sort(key=lambda r: r.outstanding)
+        # Those marked already first: the mark stays where it is, not moved round to
+        # round (a replica falling idle under it is the one the next round sleeps).
+        others.sort(key=lambda r: (not r.surplus, r.outstanding))
         surplus = tuple(r.url for r in others[: want - len(asleep) - len(chosen)])
         return StandbyMoves(
             chosen, (), f"{plan}: {len(chosen)} of {want - len(asleep)} idle", surplus

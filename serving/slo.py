@@ -53,6 +53,7 @@ import json
 from dataclasses import dataclass
 
 from serving.arrivals import MAX_TOKENS
+from serving.replica_answers import MAX_CONTEXT_TOKENS
 
 REASONS = ("met", "ttft", "itl", "latency", "failed")
 """A verdict's ``reason``: ``met`` is within, the others outside."""
@@ -168,8 +169,12 @@ def output_token_limit(body: dict[str, object]) -> int | None:
 
 
 def choices(body: dict[str, object]) -> int | None:
-    """The choices a request asks for (``n``, at least 1); None when ``n`` is no count."""
-    n = _count(body.get("n", 1))
+    """The choices a request asks for (``n``, at least 1); None when ``n`` is no count.
+
+    ``"n": null`` is one, as vLLM reads it (its default): read as no count, it left the
+    stream of a chat request without ``max_tokens`` unbounded.
+    """
+    n = _count(body.get("n") if body.get("n") is not None else 1)
     return None if n is None else max(n, 1)
 
 
@@ -188,9 +193,10 @@ class ResponseMeter:
         self.max_tokens = max_tokens
         self.choices = choices
         """The choices the request asked for (``n``); None when it gave no count."""
-        self.context_bound: int | None = None
-        """With no ``max_tokens``: its replica's ``max_model_len`` times ``choices`` (no
-        answer of vLLM's is longer), set once the replica is chosen (``bound_by``)."""
+        self.context_bound = MAX_CONTEXT_TOKENS
+        """Its replica's ``max_model_len`` times ``choices`` (no answer of vLLM's is
+        longer), set once the replica is chosen (``bound_by``); ``MAX_CONTEXT_TOKENS``
+        while either is unknown."""
         self.usage_unmeasured = False
         """A usage count came that is no count (out of bounds): ignored, for the shell to count."""
         self.status: int | None = None
@@ -216,15 +222,27 @@ class ResponseMeter:
         """Any other body so far; None past ``JSON_BODY_LIMIT``."""
 
     def bound_by(self, max_model_len: int | None) -> None:
-        """Its replica's context: the bound of a request that gave none of its own."""
-        self.context_bound = None
-        if self.max_tokens is None and max_model_len is not None and self.choices is not None:
-            self.context_bound = max_model_len * self.choices
+        """Its replica's context (``max_model_len``, None where it lists none).
+
+        Unknown (no length listed, or an ``n`` that is no count), it is
+        ``MAX_CONTEXT_TOKENS``, the longest context a replica's list is taken with: a
+        replica listing none, or a request with ``"n": null``, left its stream without
+        any bound, held in flight for good by a replica that kept generating.
+        """
+        self.context_bound = MAX_CONTEXT_TOKENS
+        if max_model_len is not None and self.choices is not None:
+            self.context_bound = min(max_model_len, MAX_CONTEXT_TOKENS) * self.choices
 
     @property
-    def token_bound(self) -> int | None:
-        """The most tokens the answer may carry: the request's, else its replica's context."""
-        return self.max_tokens if self.max_tokens is not None else self.context_bound
+    def token_bound(self) -> int:
+        """The most tokens the answer may carry: the request's, within its replica's context.
+
+        The smaller of the two: a request's ``max_tokens`` of 10,000,000 (vLLM refuses
+        it past the context) made a replica streaming forever past its context of 8 run.
+        """
+        if self.max_tokens is None:
+            return self.context_bound
+        return min(self.max_tokens, self.context_bound)
 
     def begin(self, status: int, streamed: bool) -> None:
         """The response's headers: its status, and whether it is server-sent events."""

@@ -34,7 +34,7 @@ from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import TrafficStats, gateway_signals
 from serving.gateway_standby import Plan
-from serving.replica_answers import read_model_list, read_wake
+from serving.replica_answers import MAX_CONTEXT_TOKENS, read_model_list, read_wake
 from serving.routing import Backoff, ReplicaView, choose, choose_wakes
 from serving.slo import ResponseMeter
 from tests.conftest import eventually, served_app
@@ -571,12 +571,16 @@ def test_any_max_model_len_is_a_bounded_count_or_none(value: object) -> None:
         pytest.param(None, 1, 4096, 4096, id="no max_tokens: the replica's context bounds it"),
         pytest.param(None, 2, 4096, 8192, id="times its choices"),
         pytest.param(16, 1, 4096, 16, id="the request's own bound wins"),
-        pytest.param(None, 1, None, None, id="no context listed: no bound"),
-        pytest.param(None, None, 4096, None, id="an n that is no count: no bound"),
+        pytest.param(
+            None, 1, None, MAX_CONTEXT_TOKENS, id="no context listed: the longest context taken"
+        ),
+        pytest.param(
+            None, None, 4096, MAX_CONTEXT_TOKENS, id="an n that is no count: the longest context"
+        ),
     ],
 )
 def test_a_requests_token_bound(
-    max_tokens: int | None, n: int | None, context: int | None, bound: int | None
+    max_tokens: int | None, n: int | None, context: int | None, bound: int
 ) -> None:
     meter = ResponseMeter(0.0, max_tokens, n)
     meter.bound_by(context)

@@ -1,0 +1,243 @@
+"""The serving side under hostile input (issue 27's sixth hostile pass, findings W-1..W-5).
+
+Each test injects what one finding found, at the boundary where it enters: standby plans
+that change their running count, streams whose bound came from nowhere (no context
+listed, a request's bound past its context, ``"n": null``), a reload naming a DNS name
+that does not resolve, a gateway (re)started with a window not yet covered. Real servers
+on 127.0.0.1 port 0; the times that matter are passed in, or the gateway's own deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from serving import gateway_replicas, slo
+from serving.gateway import Gateway, overrun
+from serving.gateway_replicas import ReplicaPool
+from serving.gateway_settings import GatewaySettings
+from serving.gateway_standby import Plan
+from serving.replica_answers import MAX_CONTEXT_TOKENS
+from serving.routing import ReplicaView, choose, choose_standby
+from serving.slo import ResponseMeter, choices
+from tests.conftest import eventually, served_app
+from tests.test_gateway_faults import upstream_errors
+from tests.test_gateway_isolation import gateway_for
+from tests.test_gateway_standby import PlanFrom
+
+# --- W-1: the standby plan's surplus is this plan's, no more ----------------------------
+
+
+def busy_gateway(count: int, outstanding: int = 2) -> Gateway:
+    """A gateway over ``count`` ready replicas serving "m", each with requests outstanding."""
+    gateway = Gateway([f"http://127.0.0.1:{9001 + i}" for i in range(count)], GatewaySettings())
+    for replica in gateway.pool.replicas:
+        replica.ready, replica.models, replica.outstanding = True, frozenset({"m"}), outstanding
+    return gateway
+
+
+def routed(gateway: Gateway, requests: int) -> list[int]:
+    """Where ``requests`` go, each counted outstanding as it is routed (from none)."""
+    for replica in gateway.pool.replicas:
+        replica.outstanding = 0
+    for _ in range(requests):
+        url = choose(gateway.pool.views(), "m", gateway._surplus_above.get("m", math.inf))
+        assert url is not None
+        gateway.pool.find(url).outstanding += 1
+    return [r.outstanding for r in gateway.pool.replicas]
+
+
+@pytest.mark.parametrize(
+    ("later", "surplus"),
+    [
+        pytest.param(
+            Plan(3, 1, "load rose"),
+            [True, False, False, False],
+            id="more running wanted: one surplus kept where it was, the others routed again",
+        ),
+        pytest.param(
+            Plan(3, 0, "no sleepers"),
+            [False, False, False, False],
+            id="no sleepers wanted: no replica is surplus",
+        ),
+        pytest.param(
+            Plan(4, 0, "every replica runs"),
+            [False, False, False, False],
+            id="the running count covers every ready replica: none is surplus",
+        ),
+        pytest.param(
+            Plan(1, 3, "the same plan again"),
+            [True, True, True, False],
+            id="the same plan keeps the same marks",
+        ),
+    ],
+)
+async def test_a_later_plan_takes_back_the_surplus_an_earlier_one_marked(
+    later: Plan, surplus: list[bool]
+) -> None:
+    gateway = busy_gateway(4)
+    await gateway._standby_round(PlanFrom(Plan(1, 3, "low load")), "unused")
+    assert [r.surplus for r in gateway.pool.replicas] == [True, True, True, False]
+    await gateway._standby_round(PlanFrom(later), "unused")
+    assert [r.surplus for r in gateway.pool.replicas] == surplus
+
+
+async def test_replicas_an_old_plan_marked_take_requests_once_the_plan_runs_them() -> None:
+    gateway = busy_gateway(4)
+    await gateway._standby_round(PlanFrom(Plan(1, 3, "low load")), "unused")
+    await gateway._standby_round(PlanFrom(Plan(3, 0, "load rose")), "unused")
+    assert routed(gateway, 40) == [10, 10, 10, 10]  # was [0, 0, 0, 40]
+
+
+def test_the_surplus_stays_on_the_replicas_marked_already() -> None:
+    def view(name: str, outstanding: int, surplus: bool) -> ReplicaView:
+        return ReplicaView(name, True, outstanding, frozenset({"m"}), surplus=surplus)
+
+    views = [view("a", 1, False), view("b", 5, True), view("c", 3, False)]
+    moves = choose_standby(views, running=2, sleeping=1, min_idle=60.0)
+    assert moves.surplus == ("b",)  # marked, though the busiest: not moved to "a"
+
+
+# --- W-2: every stream has a bound --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "context", "bound"),
+    [
+        pytest.param(
+            {"max_tokens": 10_000_000},
+            8,
+            8,
+            id="a request's bound past its replica's context: the context bounds it",
+        ),
+        pytest.param({"max_tokens": 4, "n": 2}, 4096, 8, id="a request's bound within it: its own"),
+        pytest.param({"n": None}, 8, 8, id="n null is one choice, as vLLM reads it"),
+        pytest.param({}, None, MAX_CONTEXT_TOKENS, id="no context listed: the longest taken"),
+        pytest.param(
+            {"n": "2"}, 8, MAX_CONTEXT_TOKENS, id="an n that is no count: the longest context"
+        ),
+    ],
+)
+def test_every_stream_has_a_bound(body: dict[str, object], context: int | None, bound: int) -> None:
+    meter = ResponseMeter(0.0, slo.output_token_limit(body), choices(body))
+    meter.bound_by(context)
+    assert meter.token_bound == bound
+
+
+def test_a_meter_not_yet_bound_by_a_replica_has_a_bound() -> None:
+    meter = ResponseMeter(0.0)
+    assert meter.token_bound == MAX_CONTEXT_TOKENS
+    assert not overrun(meter)
+
+
+@contextlib.asynccontextmanager
+async def streaming_forever(card: dict[str, object]) -> AsyncIterator[str]:
+    """A replica listing ``card`` that streams a token every millisecond, forever."""
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [card]})
+
+    async def tokens_forever(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        while True:
+            await response.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+            await asyncio.sleep(0.001)  # the replica's pace, not the test's synchronisation
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", tokens_forever)
+    async with served_app(app) as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    ("card", "extra"),
+    [
+        pytest.param(
+            {"id": "sim-llama"}, {}, id="a replica listing no context: cut past the longest taken"
+        ),
+        pytest.param(
+            {"id": "sim-llama", "max_model_len": 8},
+            {"max_tokens": 10_000_000},
+            id="a request's bound past the context: cut past the context",
+        ),
+        pytest.param(
+            {"id": "sim-llama", "max_model_len": 8},
+            {"n": None},
+            id="n null: cut past the context",
+        ),
+    ],
+)
+async def test_a_stream_of_any_request_is_cut_past_its_bound(
+    card: dict[str, object], extra: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The longest context taken, made small: 10M token events would take hours here.
+    monkeypatch.setattr(slo, "MAX_CONTEXT_TOKENS", 64)
+    async with streaming_forever(card) as url, gateway_for([url]) as gateway:
+        g = gateway.gateway
+        await eventually(lambda: g.replicas[0].routable, "ready")
+        chat = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
+        body = {"model": "sim-llama", "messages": [{"role": "user", "content": "hi"}]}
+        # The bound makes the old gateway fail here instead of holding it for good.
+        async with asyncio.timeout(20), aiohttp.ClientSession() as client:
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                async with client.post(chat, json=body | extra | {"stream": True}) as r:
+                    await r.read()
+        assert upstream_errors(gateway).get("overrun") == 1
+        await eventually(lambda: g.stats.in_flight == 0, "out of flight")
+
+
+# --- W-4: a DNS name's replicas are its own answer's --------------------------------------
+
+
+async def test_a_reload_to_a_name_that_does_not_resolve_keeps_none_of_the_old_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def resolve(host_port: str) -> tuple[list[str], int]:
+        host, _, port = host_port.rpartition(":")
+        if host == "llama.team-a.svc":
+            return ["10.0.0.1", "10.0.0.2"], int(port)
+        raise OSError(f"{host}: Name or service not known")
+
+    monkeypatch.setattr(gateway_replicas, "resolve_addresses", resolve)
+    settings = GatewaySettings(dns="llama.team-a.svc:8000")
+    pool = ReplicaPool([], settings)
+    await pool._discover()
+    assert [r.url for r in pool.replicas] == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+
+    pool.reconfigure([], dataclasses.replace(settings, dns="qwen.team-b.svc:8000"))
+    await pool._discover()
+    assert pool.replicas == []  # the old name's pods were routed to for good
+
+    pool.reconfigure([], settings)  # back to the first name: its last answer is its own
+    await pool._discover()
+    assert len(pool.replicas) == 2
+
+
+async def test_a_name_that_stops_resolving_keeps_its_own_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answers: list[list[str]] = [["10.0.0.1"]]
+
+    async def resolve(host_port: str) -> tuple[list[str], int]:
+        if not answers:
+            raise OSError("no answer")
+        return answers.pop(), 8000
+
+    monkeypatch.setattr(gateway_replicas, "resolve_addresses", resolve)
+    pool = ReplicaPool([], GatewaySettings(dns="llama.team-a.svc:8000"))
+    await pool._discover()
+    await pool._discover()  # fails: the last answer stays, as before
+    assert [r.url for r in pool.replicas] == ["http://10.0.0.1:8000"]
