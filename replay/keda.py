@@ -246,6 +246,13 @@ def read_scaled_object(doc: Mapping[str, Any], origin: str = "ScaledObject") -> 
         )
     except (TypeError, ValueError, ArithmeticError) as err:
         raise ConfigError(f"{origin}: {err}") from err
+    if scaling.min_replicas > scaling.max_replicas:
+        # KEDA's webhook refuses it; KEDA's loop keeps the minimum whatever the maximum
+        # (``keda_poll``), and the demo launched a process per replica (hostile pass 6, H1).
+        raise ConfigError(
+            f"{origin}: minReplicaCount {scaling.min_replicas} is above maxReplicaCount"
+            f" {scaling.max_replicas}"
+        )
     metadata = _mapping(trigger.get("metadata"), "the trigger's metadata", origin)
     return ScaledObjectSpec(
         _text(meta.get("name", ""), "metadata.name", origin),

@@ -35,6 +35,7 @@ from unitscale.demo.workload import WorkloadShape, generate, lead_in
 from unitscale.demo.world import (
     Plan,
     alternatives,
+    check_lead_in,
     keda_spec,
     make_plan,
     prediction,
@@ -227,13 +228,15 @@ def _plan(options: DemoOptions) -> Plan:
         options.target_concurrency,
         standby=options.standby and not options.real_vllm,
     )
-    return dataclasses.replace(
+    plan = dataclasses.replace(
         plan,
         cold_start_tier=options.cold_start,
         measured_cold_start=vllm_replica.START_ESTIMATE * compression
         if options.real_vllm
         else None,
     )
+    check_lead_in(plan)
+    return plan
 
 
 def _trace(options: DemoOptions, plan: Plan) -> Trace:
@@ -278,7 +281,7 @@ def _servers(ports: dict[str, int]) -> dict[str, tuple[str, list[str], str]]:
         "exporter": ("warning", ["--listen", _local(ports["exporter"]),
                                  "--grpc-listen", _local(ports["exporter-grpc"])],
                      f"http://{_local(ports['exporter'])}/healthz"),
-        "gateway": ("warning", ["--listen", _local(ports["gateway"]),
+        "gateway": ("info", ["--listen", _local(ports["gateway"]),
                                 "--grpc-listen", _local(ports["gateway-grpc"])],
                     f"http://{_local(ports['gateway'])}/health"),
     }  # fmt: skip

@@ -40,7 +40,7 @@ from scaler.config import PolicyConfig
 from scaler.core.standby import standby_setup
 from scaler.core.tiers import StandbyPolicy
 from scaler.metadata import STANDBY_KEYS as TRIGGER_STANDBY_KEYS
-from scaler.metadata import parse_metadata
+from scaler.metadata import TriggerMetadata, parse_metadata
 from serving.gateway_settings import RECOMMENDED_WAKE_AT_OUTSTANDING, GatewaySettings
 from serving.routing import WakePressure
 
@@ -195,14 +195,64 @@ def make_plan(
             **metadata,
             "standby": "true",
         }
+    if scaled.spec.min_replicas > max_replicas:
+        # The demo's KEDA keeps minReplicaCount whatever the maximum: 1e6 launched a
+        # sim-replica process for each (hostile pass 6, H1).
+        raise ConfigError(
+            f"{scaled_object_file}: minReplicaCount {scaled.spec.min_replicas} is above"
+            f" --max-replicas {max_replicas}"
+        )
     spec = replace(scaled.spec, max_replicas=max_replicas)
     scaled = replace(scaled, name=DEPLOYMENT, namespace=NAMESPACE, spec=spec, metadata=metadata)
-    knobs = _standby_policy(metadata, scaler_config_policy) if standby else None
+    # The trigger as the scaler reads it, with standby or not: a bad sloTtft without
+    # standby passed here and raised a 55-line traceback once the processes ran (pass 6, M2).
+    trigger = _trigger(metadata, standby)
+    knobs = _standby_policy(trigger, scaler_config_policy) if standby else None
     return Plan(compression, profile, scaled, scaler_config_policy, standby=knobs)
 
 
-def _standby_policy(metadata: dict[str, str], policy: PolicyConfig) -> StandbyPolicy:
-    """The standby plan's knobs as the scaler reads them from ``metadata``, without a cache.
+MAX_LEAD_IN = 3600.0
+"""Trace seconds the demo plays before its workload, at most (recommended.yaml: 395 s; a
+ScaledObject without cooldown or stabilization, KEDA's and the HPA's 300 s each: ~900 s)."""
+
+
+def check_lead_in(plan: Plan) -> None:
+    """Refuse a plan whose lead-in is over ``MAX_LEAD_IN``, naming what makes it up.
+
+    The lead-in waits out a start, the idle grace, KEDA's cooldown and the HPA's
+    stabilization, each from a file: a cooldownPeriod of 1e6 made ``--duration 1`` play
+    for 28 hours of wall time, and the prediction simulate the whole span (pass 6, M1).
+
+    Raises:
+        ConfigError: the lead-in and its parts, and how to shorten it.
+    """
+    if plan.lead_in <= MAX_LEAD_IN:
+        return
+    spec = plan.scaled_object.spec
+    raise ConfigError(
+        f"the lead-in before the workload would be {plan.lead_in:,.0f} s of trace time (a start"
+        f" {plan.cold_start:,.0f} s + idle-grace {plan.policy.idle_grace:,.0f} s +"
+        f" cooldownPeriod {spec.cooldown:,.0f} s + scaleDown stabilizationWindowSeconds"
+        f" {spec.scale_down_stabilization:,.0f} s + 60 s), over the {MAX_LEAD_IN:,.0f} s the"
+        " demo plays; lower them, or --no-standby runs the demo without a lead-in"
+    )
+
+
+def _trigger(metadata: dict[str, str], standby: bool) -> TriggerMetadata:
+    """The trigger's metadata as the scaler parses it.
+
+    Raises:
+        ConfigError: the scaler would refuse it (the key named).
+    """
+    try:
+        return parse_metadata({"scalerAddress": "demo", **metadata})
+    except (MetadataError, ValueError) as err:
+        hint = "; --no-standby runs the demo without sleeping replicas" if standby else ""
+        raise ConfigError(f"{err}{hint}") from err
+
+
+def _standby_policy(trigger: TriggerMetadata, policy: PolicyConfig) -> StandbyPolicy:
+    """The standby plan's knobs as the scaler reads them from ``trigger``, without a cache.
 
     The demo has no Fluid cache: its starts are all the cold-start tier's.
 
@@ -210,7 +260,6 @@ def _standby_policy(metadata: dict[str, str], policy: PolicyConfig) -> StandbyPo
         ConfigError: the scaler would refuse the trigger (no profile, a bad knob).
     """
     try:
-        trigger = parse_metadata({"scalerAddress": "demo", **metadata})
         knobs = trigger.standby_policy() or StandbyPolicy()  # standby: "true" is there
         standby_setup(trigger.policy(policy.policy()), knobs, cache=False)
     except (MetadataError, ValueError) as err:
