@@ -13,7 +13,7 @@ any other, and a message quotes each value with a length cap and lists at most
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -74,16 +74,53 @@ KEY_LIMIT = 100
 _MESSAGE_LIMIT = 300
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A key written twice in one YAML mapping (``UniqueKeyLoader``)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` refusing a key written twice in one mapping.
+
+    PyYAML keeps the last of two, silently: ``policy:`` written twice dropped the first
+    section's every key, and ``{target-concurrency: 8, target-concurrency: 64}`` read as
+    64 (hostile pass 1 L6, pass 6 M3). Keys are compared as written (tag and text) when
+    the mapping is composed, before a merge key (``<<``) adds any: a key that overrides a
+    merged one is still fine.
+    """
+
+    def compose_mapping_node(self, anchor: Any) -> yaml.MappingNode:  # the stubs' type is wrong
+        """The mapping node, once its keys are known to be distinct.
+
+        Raises:
+            DuplicateKeyError: a key met twice, named with both lines.
+        """
+        node = super().compose_mapping_node(anchor)
+        seen: dict[tuple[str, str], yaml.Node] = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE:
+                continue
+            first = seen.setdefault((key.tag, key.value), key)
+            if first is not key:
+                raise DuplicateKeyError(
+                    f"key {quote(key.value, KEY_LIMIT)} is written twice (lines"
+                    f" {first.start_mark.line + 1} and {key.start_mark.line + 1})"
+                )
+        return node
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
 def load_mapping(text: str, origin: str) -> dict[str, object]:
     """The YAML text as a mapping (empty text is an empty mapping).
 
     Raises:
         ConfigError: not YAML, YAML nested deeper than the parser goes, a scalar PyYAML
             cannot build (an integer of more than 4,300 digits, a date that does not
-            exist), or YAML that is not a mapping.
+            exist), a key written twice in one mapping, or YAML that is not a mapping.
     """
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as err:
         raise ConfigError(f"{origin}: not valid YAML: {_clip(str(err))}") from err
     except RecursionError as err:

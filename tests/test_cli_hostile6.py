@@ -1,9 +1,11 @@
-"""The `unitscale` commands under the sixth hostile pass (issue 27): the demo's ScaledObject.
+"""The `unitscale` commands under the sixth hostile pass (issue 27): the demo's ScaledObject,
+and config files with a key written twice.
 
 A ScaledObject's minimum never exceeds its maximum (KEDA's webhook refuses it, and the
 demo's KEDA launched a process per replica of the minimum); the demo's lead-in, made of the
 file's waits, is bounded; and the trigger is read as the scaler reads it, with standby or
-without.
+without. A key written twice in one YAML mapping is refused, naming it and both lines,
+where PyYAML kept the last one silently.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from foundation.configfile import load_mapping
 from foundation.errors import ConfigError
 from replay.keda import read_scaled_object
+from tests.test_cli_flags import TWO_ROWS, unitscale, write
 from unitscale.demo.run import DemoOptions, _plan
 from unitscale.demo.world import MAX_LEAD_IN
 
@@ -140,3 +146,83 @@ def test_the_demos_trigger_is_read_as_the_scaler_reads_it(tmp_path, metadata, st
     )
     with pytest.raises(ConfigError, match=f"invalid scalerMetadata: key '{next(iter(metadata))}'"):
         _plan(options)
+
+
+# --- duplicate YAML keys ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        pytest.param(
+            "policy:\n  target-concurrency: 8\npolicy:\n  target-concurrency: 64\n",
+            "policy",
+            id="a-section-written-twice-is-refused-not-the-last-kept",
+        ),
+        pytest.param(
+            "policy: {target-concurrency: 8, target-concurrency: 64}\n",
+            "target-concurrency",
+            id="a-key-twice-in-flow-style-is-refused",
+        ),
+        pytest.param("a: [{x: 1, x: 2}]\n", "x", id="a-key-twice-deep-in-a-list-is-refused"),
+    ],
+)
+def test_a_key_written_twice_is_refused_naming_it_and_both_lines(text, key):
+    with pytest.raises(ConfigError, match=rf"f.yaml: not valid YAML: key '{key}' is written twice"):
+        load_mapping(text, "f.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "base: &b {a: 1}\nx: {<<: *b, a: 2}\n",
+            {"base": {"a": 1}, "x": {"a": 2}},
+            id="a-key-overriding-a-merged-one-is-read",
+        ),
+        pytest.param("a: 1\nb: {a: 2}\n", {"a": 1, "b": {"a": 2}}, id="one-key-in-two-mappings"),
+        pytest.param('1: a\n"1": b\n', {1: "a", "1": "b"}, id="a-number-and-a-string-differ"),
+    ],
+)
+def test_keys_that_are_distinct_are_read(text, expected):
+    assert load_mapping(text, "f.yaml") == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1),
+        st.integers(),
+        min_size=1,
+    ),
+    st.data(),
+)
+def test_any_mapping_reads_back_and_repeating_any_key_is_refused(mapping, data):
+    text = yaml.safe_dump(mapping)
+    assert load_mapping(text, "f") == mapping
+    key = data.draw(st.sampled_from(sorted(mapping)))
+    again = yaml.safe_dump({key: 0})
+    with pytest.raises(ConfigError, match="is written twice"):
+        load_mapping(text + again, "f")
+
+
+def test_commands_refuse_a_config_key_written_twice(tmp_path):
+    """replay --scaler-config, admission --config and demo --scaled-object: one line, exit 2
+    (the last key won silently: hostile pass 1 L6, pass 6 M3)."""
+    trace = write(tmp_path / "t.csv", TWO_ROWS)
+    config = write(tmp_path / "sc.yaml", b"policy: {target-concurrency: 8}\npolicy: {}\n")
+    done = unitscale(
+        "replay", "--trace", trace, "--policy", "unitscale", "--scaler-config", config,
+        "--report", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith("key 'policy' is written twice (lines 1 and 2)")
+    assert len(done.stderr.strip().splitlines()) == 1
+    admission = write(tmp_path / "a.yaml", b"resync: 30s\nresync: 5m\n")
+    done = unitscale("admission", "--config", admission)
+    assert done.returncode == 2 and "key 'resync' is written twice" in done.stderr, done.stderr
+    doc = RECOMMENDED.read_text().replace("  cooldownPeriod: 60\n", "  cooldownPeriod: 60\n" * 2)
+    twice = tmp_path / "so.yaml"
+    twice.write_text(doc)
+    with pytest.raises(ConfigError, match="key 'cooldownPeriod' is written twice"):
+        _plan(DemoOptions(report=tmp_path / "d", scaled_object=twice))

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from foundation.configfile import UniqueKeyLoader
 from foundation.durations import parse_duration
 from foundation.errors import ConfigError, MetadataError, quote
 from foundation.files import MAX_CONFIG_BYTES, read_text
@@ -172,7 +173,7 @@ def make_plan(
         raise ConfigError(f"--time-compression must be positive, got {compression:g}")
     text = read_text(scaled_object_file, MAX_CONFIG_BYTES, "ScaledObject")
     try:
-        documents = list(yaml.safe_load_all(text))
+        documents = list(yaml.load_all(text, Loader=UniqueKeyLoader))  # a SafeLoader
     except (yaml.YAMLError, ValueError) as err:
         raise ConfigError(f"{scaled_object_file}: not valid YAML: {quote(str(err), 200)}") from err
     except RecursionError as err:
