@@ -763,10 +763,12 @@ class Controller:
             if err.status == 409:
                 return  # created already (by us, an earlier pass)
             self._once.warn(what, "creating %s failed: %s %s", what, err.status, err.reason)
+            self.metrics.writes.labels("error").inc()  # retried with the pass's backoff
             self._unwritten = True
             return
         except (aiohttp.ClientError, TimeoutError) as err:
             self._once.warn(what, "creating %s failed: %s", what, err)
+            self.metrics.writes.labels("error").inc()
             self._unwritten = True
             return
         log.info("created %s", what)

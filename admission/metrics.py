@@ -14,7 +14,8 @@ Never a Workload or pod name.
   the pool, ``free`` cards no pod holds anything on; one series per pool, however many
   checks guard it;
 - ``unitscale_admission_lora_tenants{base_model}``: admitted LoRA tenants per base model
-  (this and the inventory are computed from the view when ``/metrics`` is scraped); at
+  (this and the inventory are computed from the view when ``/metrics`` is scraped, at
+  most once every ``MIN_REFRESH_SECONDS``); at
   most ``MAX_MODEL_SERIES`` models by name, the rest summed as ``other``;
 - ``unitscale_admission_check_active{check}``: 1 while the check is Active;
 - ``unitscale_admission_training_allowance_accelerators{pool,check}``,
@@ -48,7 +49,9 @@ Never a Workload or pod name.
 from __future__ import annotations
 
 import logging
+import math
 import socket
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -243,6 +246,13 @@ class AdmissionMetrics:
             self.active.labels(check).set(1 if is_active else 0)
 
 
+MIN_REFRESH_SECONDS = 1.0
+"""The view's gauges are computed at most this often; scrapes in between serve them as
+they are. Each refresh reads the whole view (0.14 s at 500 nodes, 5,000 pods and 5,000
+Workloads) in the controller's event loop: ten scrapes a second from anyone who can reach
+the port left no time for reconcile passes (hostile pass 6, M4)."""
+
+
 class MetricsServer:
     """``/metrics`` and ``/healthz`` over HTTP; ``start()`` returns the bound port."""
 
@@ -251,10 +261,13 @@ class MetricsServer:
         metrics: AdmissionMetrics,
         listen: str,
         health: Callable[[], tuple[bool, Mapping[str, Any]]],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._metrics = metrics
         self._listen = split_listen(listen)
         self._health = health
+        self._clock = clock
+        self._refreshed = -math.inf
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -293,7 +306,12 @@ class MetricsServer:
             await self._runner.cleanup()
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
-        if self._metrics.refresh is not None:
+        now = self._clock()
+        if (
+            self._metrics.refresh is not None
+            and not 0 <= now - self._refreshed < MIN_REFRESH_SECONDS
+        ):
+            self._refreshed = now
             try:
                 self._metrics.refresh()
             except Exception as err:  # stale gauges beat no /metrics at all
