@@ -157,7 +157,7 @@ class Gateway:
         self.pool = ReplicaPool(replicas, settings)
         self._ready = self.pool.ready
         """Buffered requests wait on it for a routable replica."""
-        self.stats = TrafficStats()
+        self.stats = TrafficStats.starting(time.monotonic())
         self.metrics = GatewayMetrics(settings.namespace, settings.deployment)
         self.metrics.set_slo_attainment(settings.slo.attainment)
         self.feed = SignalsFeed(

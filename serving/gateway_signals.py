@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,9 @@ WINDOW_BUCKETS = 1000
 window (10 ms of the default 10 s), and memory does not grow with the request rate."""
 MAX_BUCKETS = 4 * WINDOW_BUCKETS
 """A hard cap on a window's buckets, should a reload widen a window kept at a finer grain."""
+MIN_RATE_SECONDS = 1.0
+"""The shortest span a rate is taken over (``EventWindow.rate``): a gateway a few
+milliseconds old with one arrival is not a thousand requests a second."""
 MAX_WATCHERS = 32
 """``WatchSignals`` streams served at once: the scaler's replicas and a few tools. One more
 is refused (``RESOURCE_EXHAUSTED``, counted): each costs a message per publish, and every
@@ -47,12 +51,15 @@ class EventWindow:
     million times.
     """
 
-    __slots__ = ("_buckets", "_total")
+    __slots__ = ("_buckets", "_total", "covered_from")
 
-    def __init__(self) -> None:
+    def __init__(self, covered_from: float = -math.inf) -> None:
         self._buckets: deque[list[float]] = deque(maxlen=MAX_BUCKETS)
         """``[start, count]`` per bucket, oldest first."""
         self._total = 0
+        self.covered_from = covered_from
+        """Since when it holds every event: when counting began (the gateway's start), or
+        the start of the last window it forgot events before. ``-inf``: always."""
 
     def add(self, now: float, seconds: float) -> None:
         """One event at ``now``, for a window of ``seconds``."""
@@ -62,6 +69,7 @@ class EventWindow:
         else:
             if len(self._buckets) == MAX_BUCKETS:
                 self._total -= int(self._buckets[0][1])
+                self.covered_from = max(self.covered_from, self._buckets[1][0])
             self._buckets.append([now, 1])
         self._total += 1
 
@@ -73,7 +81,20 @@ class EventWindow:
         buckets = self._buckets
         while buckets and not 0 <= now - buckets[0][0] <= seconds:
             self._total -= int(buckets.popleft()[1])
+            self.covered_from = max(self.covered_from, now - seconds)
         return self._total
+
+    def rate(self, now: float, seconds: float) -> float:
+        """Events a second over the ``seconds`` up to ``now``, or the part of them it covers.
+
+        A window it has not held whole (the gateway started, or a reload widened it, less
+        than ``seconds`` ago) is divided by the span it held, at least
+        ``MIN_RATE_SECONDS``: divided by the whole window, a gateway restarted under 10
+        requests a second published 1 a second after a minute of a 10-minute window, and
+        the scaler read a tenth of the load.
+        """
+        span = min(seconds, max(now - self.covered_from, MIN_RATE_SECONDS))
+        return self.count(now, seconds) / span
 
     def __len__(self) -> int:
         return self._total
@@ -99,6 +120,11 @@ class TrafficStats:
     in_flight: int = 0
     last_arrival: float | None = None
 
+    @classmethod
+    def starting(cls, now: float) -> TrafficStats:
+        """Counts begun at ``now`` (``time.monotonic``): its rate windows cover no time yet."""
+        return cls(arrivals=EventWindow(now), errors=EventWindow(now))
+
 
 def gateway_signals(
     stats: TrafficStats, settings: GatewaySettings, now: float, elapsed: float
@@ -109,19 +135,22 @@ def gateway_signals(
     forgetting what happened before each window.
 
     The arrival and upstream-error rates count requests as they arrive or fail over
-    ``rate_window``; the SLO rates (``slo_within_rate``, ``slo_outside_rate``) count them
-    as they end and are judged, over the ``slo`` block's window (a minute: the scaler
-    steers by them, and ten seconds hold too few requests to judge). A request still
-    waiting or streaming is in neither yet: it shows in ``buffered`` and ``in_flight``.
+    ``rate_window`` (over the part of it the gateway has seen, after a start or a reload
+    that widened it: ``EventWindow.rate``); the SLO rates (``slo_within_rate``,
+    ``slo_outside_rate``) count them as they end and are judged, over the ``slo`` block's
+    window (a minute: the scaler steers by them, and ten seconds hold too few requests to
+    judge; their ratio is what it steers by, so a short start reads as few judged, held).
+    A request still waiting or streaming is in neither yet: it shows in ``buffered`` and
+    ``in_flight``.
     """
     window, judged = settings.rate_window, settings.slo.window_seconds
     signals = GatewaySignals(
         time=now,
-        arrival_rate=stats.arrivals.count(elapsed, window) / window,
+        arrival_rate=stats.arrivals.rate(elapsed, window),
         buffered=stats.buffered,
         in_flight=stats.in_flight,
         last_arrival_time=stats.last_arrival,
-        upstream_error_rate=stats.errors.count(elapsed, window) / window,
+        upstream_error_rate=stats.errors.rate(elapsed, window),
         slo_within_rate=stats.within.count(elapsed, judged) / judged,
         slo_outside_rate=stats.outside.count(elapsed, judged) / judged,
     )

@@ -18,11 +18,15 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
+from foundation.signals import GatewaySignals
 from serving import gateway_replicas, slo
 from serving.gateway import Gateway, overrun
 from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
+from serving.gateway_signals import MIN_RATE_SECONDS, EventWindow, TrafficStats, gateway_signals
 from serving.gateway_standby import Plan
 from serving.replica_answers import MAX_CONTEXT_TOKENS
 from serving.routing import ReplicaView, choose, choose_standby
@@ -241,3 +245,72 @@ async def test_a_name_that_stops_resolving_keeps_its_own_replicas(
     await pool._discover()
     await pool._discover()  # fails: the last answer stays, as before
     assert [r.url for r in pool.replicas] == ["http://10.0.0.1:8000"]
+
+
+# --- W-5: a rate over the part of its window the gateway has seen ------------------------
+
+
+def steady(stats: TrafficStats, start: float, seconds: float, window: float) -> None:
+    """Ten arrivals a second from ``start`` for ``seconds``, a snapshot every second."""
+    for tick in range(int(seconds * 10)):
+        now = start + tick / 10
+        stats.arrivals.add(now, window)
+        if tick % 10 == 0:
+            stats.arrivals.count(now, window)  # the signal loop's snapshot forgets
+
+
+def published(stats: TrafficStats, window: float, elapsed: float) -> float:
+    signals = gateway_signals(stats, GatewaySettings(rate_window=window), 0.0, elapsed).signals
+    assert isinstance(signals, GatewaySignals) and signals.arrival_rate is not None
+    return signals.arrival_rate
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        pytest.param(10.0, id="a gateway a second old publishes the rate it saw, not a tenth"),
+        pytest.param(300.0, id="thirty seconds into a five-minute window: not a tenth of it"),
+        pytest.param(3600.0, id="six minutes into an hour's window: not a tenth of it"),
+    ],
+)
+def test_a_started_gateway_publishes_the_rate_it_saw(window: float) -> None:
+    stats = TrafficStats.starting(1000.0)
+    steady(stats, 1000.0, window / 10, window)
+    assert published(stats, window, 1000.0 + window / 10) == pytest.approx(10.0, rel=0.02)
+
+
+def test_a_reload_that_widens_the_window_publishes_the_rate_it_saw() -> None:
+    stats = TrafficStats.starting(0.0)
+    steady(stats, 0.0, 100.0, 10.0)  # the 10 s window forgot all but its last 10 s
+    assert published(stats, 10.0, 100.0) == pytest.approx(10.0, rel=0.02)
+    assert published(stats, 300.0, 100.0) == pytest.approx(10.0, rel=0.02)  # was 0.33
+
+
+def test_a_first_arrival_in_a_gateways_first_millisecond_is_not_a_thousand_a_second() -> None:
+    stats = TrafficStats.starting(1000.0)
+    stats.arrivals.add(1000.001, 10.0)
+    assert published(stats, 10.0, 1000.001) == 1.0 / MIN_RATE_SECONDS
+
+
+def test_the_gateway_counts_its_rates_from_its_start() -> None:
+    gateway = Gateway(["http://127.0.0.1:9"], GatewaySettings())
+    assert gateway.stats.arrivals.covered_from > -math.inf
+    assert gateway.stats.errors.covered_from > -math.inf
+
+
+@given(
+    st.floats(0, 1e5),
+    st.lists(st.floats(0, 1e4), max_size=100),
+    st.floats(0.1, 3600),
+    st.floats(0, 1e4),
+)
+def test_a_rate_lies_between_its_count_over_the_window_and_over_a_second(
+    start: float, offsets: list[float], window: float, later: float
+) -> None:
+    events = EventWindow(start)
+    for offset in sorted(offsets):
+        events.add(start + offset, window)
+    now = start + max(offsets, default=0.0) + later
+    rate = events.rate(now, window)
+    count = events.count(now, window)
+    assert count / window <= rate <= count / min(window, MIN_RATE_SECONDS)
