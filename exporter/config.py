@@ -130,6 +130,9 @@ MAX_STABLE_WINDOW = 3600.0
 is an hour at most). Each replica keeps every scrape of the window; 2562047h kept them
 for good, each cycle's windows walking them all (3 s of CPU a thousand cycles at 60 s,
 10.7 s by the third thousand, growing)."""
+MAX_INTERVAL = 600.0
+"""The longest ``interval``: 10 minutes. 2562047h was taken: one scrape at start, then
+none for 292 years, the scaler's signals stale all along."""
 MAX_WINDOW_SCRAPES = 720
 """Scrapes a ``stable-window`` may span (an hour at the default 5 s interval): the
 scrapes each replica keeps, whatever the interval."""
@@ -140,8 +143,9 @@ class ExporterConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    interval: Seconds = Field(5.0, gt=0)
-    """Time between scrape cycles. 5 s: a 10 s panic window then holds 2-3 scrapes."""
+    interval: Seconds = Field(5.0, gt=0, le=MAX_INTERVAL)
+    """Time between scrape cycles. 5 s: a 10 s panic window then holds 2-3 scrapes. 10 min
+    at most (``MAX_INTERVAL``)."""
     timeout: Seconds = Field(2.0, gt=0)
     """Per-scrape limit; a slower replica counts as down for that cycle."""
     panic_window: Seconds = Field(10.0, gt=0)

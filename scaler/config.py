@@ -45,6 +45,20 @@ from scaler.promql import (
     check_template,
 )
 
+MAX_WINDOW_SECONDS = 3600.0
+"""The longest ``scale-down-window`` and ``demand-window`` (and a Prometheus source's
+``panic-window`` and ``stable-window``): an hour, the HPA's own bound
+on a stabilization window. Every decision keeps a sample for the window and copies them
+all; Go's largest duration (292 years) kept them all for good, 23 ms a decision after 6
+hours and growing, until the event loop could not keep up."""
+MAX_SOURCE_SECONDS = 600.0
+"""The longest wait a source's loop may be told to make (``reconnect-min``,
+``reconnect-max``, a Prometheus ``interval`` or ``timeout``) and ``grace-period``: 10
+minutes. Go's largest duration (292 years) was taken: a watch broken once waited hours,
+then centuries, to retry; a Prometheus round came once in 292 years."""
+MAX_SCALED_OBJECT_TTL = 7 * 86_400.0
+"""The longest ``scaled-object-ttl``: a week."""
+
 
 class SignalSourceConfig(BaseModel):
     """One process serving ``unitscale.v1.SignalsService`` (exporter or gateway)."""
@@ -53,9 +67,24 @@ class SignalSourceConfig(BaseModel):
 
     address: Annotated[str, Field(min_length=1)]
     """``host:port`` to dial; a headless Service name reaches every pod behind it."""
-    reconnect_min: Seconds = Field(0.5, gt=0)
+    reconnect_min: Seconds = Field(0.5, gt=0, le=MAX_SOURCE_SECONDS)
     """First wait after a broken watch; doubles up to ``reconnect-max``."""
-    reconnect_max: Seconds = Field(30.0, gt=0)
+    reconnect_max: Seconds = Field(30.0, gt=0, le=MAX_SOURCE_SECONDS)
+    """The longest wait between two attempts: 10 min at most (``MAX_SOURCE_SECONDS``);
+    2562047h made a watch broken for an hour wait hours more, then centuries."""
+    idle_timeout: Seconds = Field(60.0, ge=1, le=MAX_SIGNAL_AGE_SECONDS)
+    """A stream with no message for this long is broken and reconnected: sources publish
+    every second (gateway) or scrape (exporter), and a hung source, or a connection
+    whose peer's node died, had held the watch for good while the signals went stale."""
+
+    @model_validator(mode="after")
+    def _backoff_in_order(self) -> SignalSourceConfig:
+        if self.reconnect_min > self.reconnect_max:
+            raise ValueError(
+                f"reconnect-min ({self.reconnect_min:g}s) must not exceed reconnect-max"
+                f" ({self.reconnect_max:g}s)"
+            )
+        return self
 
 
 class DemoSourceConfig(BaseModel):
@@ -102,13 +131,14 @@ class PrometheusSourceConfig(BaseModel):
 
     url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")]
     """Base URL of the Prometheus HTTP API (``/api/v1/query`` is added to it)."""
-    interval: Seconds = Field(5.0, gt=0)
-    """Time between query rounds for each target."""
-    timeout: Seconds = Field(3.0, gt=0)
+    interval: Seconds = Field(5.0, gt=0, le=MAX_SOURCE_SECONDS)
+    """Time between query rounds for each target (10 min at most: past it every signal
+    is stale long before the next round)."""
+    timeout: Seconds = Field(3.0, gt=0, le=MAX_SOURCE_SECONDS)
     """Per-query limit; a round with a failed query publishes nothing."""
-    panic_window: Seconds = Field(60.0, gt=0)
+    panic_window: Seconds = Field(60.0, gt=0, le=MAX_WINDOW_SECONDS)
     """``$window`` of the panic signals: at least four scrape intervals."""
-    stable_window: Seconds = Field(180.0, gt=0)
+    stable_window: Seconds = Field(180.0, gt=0, le=MAX_WINDOW_SECONDS)
     """``$window`` of the stable rates and quantiles."""
     selector: str = Field(DEFAULT_SELECTOR, min_length=1)
     """``$selector``: the label matchers of one target's series."""
@@ -162,11 +192,6 @@ class PrometheusSourceConfig(BaseModel):
 
 # The one source of the policy defaults: the decision core's own.
 _CORE = Policy()
-MAX_WINDOW_SECONDS = 3600.0
-"""The longest ``scale-down-window`` and ``demand-window``: an hour, the HPA's own bound
-on a stabilization window. Every decision keeps a sample for the window and copies them
-all; Go's largest duration (292 years) kept them all for good, 23 ms a decision after 6
-hours and growing, until the event loop could not keep up."""
 MIN_SEASONAL_DAY = 60.0
 """The shortest forecast day (a replay's compressed day); a slot is a 96th of it."""
 MAX_SIGNAL_SOURCES = 256
@@ -441,11 +466,12 @@ class ScalerConfig(BaseModel):
     prometheus_source: PrometheusSourceConfig | None = None
     """Take engine signals from PromQL instead of (or beside) an exporter; read at start."""
     """Publish synthetic signals in-process instead of (or beside) real sources."""
-    grace_period: Seconds = Field(5.0, ge=0)
-    """On SIGTERM, how long open RPCs may finish before the server stops."""
-    scaled_object_ttl: Seconds = Field(3600.0, gt=0)
+    grace_period: Seconds = Field(5.0, ge=0, le=MAX_SOURCE_SECONDS)
+    """On SIGTERM, how long open RPCs may finish before the server stops (10 min at most)."""
+    scaled_object_ttl: Seconds = Field(3600.0, gt=0, le=MAX_SCALED_OBJECT_TTL)
     """Forget a ScaledObject KEDA has not asked about for this long (KEDA never says one
-    was deleted; its polls come every 15-30 s)."""
+    was deleted; its polls come every 15-30 s). A week at most: kept for good, deleted
+    ScaledObjects filled the registry's bound and every new one was refused."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     """Decision defaults for every ScaledObject."""
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)

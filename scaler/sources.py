@@ -65,19 +65,26 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
     The backoff doubles from ``reconnect-min`` to ``reconnect-max`` and starts again
     only after a stream held ``reconnect-max``: a source that sends one message and
     ends the stream (a crash loop, a proxy cutting streams) was retried every 0.5 s,
-    with a WARNING each time. Every reconnect is counted (``store.errors``, source
-    ``watch``, reason ``reconnect``). Logged on changes only: one WARNING per change of
-    why the watch broke, DEBUG for the same again, INFO once it holds again.
+    with a WARNING each time. A stream with no message for ``idle-timeout`` is broken
+    too (counted ``silent``): nothing else ends a watch on a hung source. Every
+    reconnect is counted (``store.errors``, source ``watch``, reason ``reconnect``).
+    Logged on changes only: one WARNING per change of why the watch broke, DEBUG for the
+    same again, INFO once it holds again.
     """
     delay = config.reconnect_min
     last = ""  # why the last attempt broke ("" while none has, or after one that held)
     announced = False  # "watching" logged at INFO since the last WARNING
+    loop = asyncio.get_running_loop()
     while True:
         began, streaming = time.monotonic(), False
         try:
-            async with grpc.aio.insecure_channel(config.address) as channel:
+            async with (
+                grpc.aio.insecure_channel(config.address) as channel,
+                asyncio.timeout(config.idle_timeout) as quiet,
+            ):
                 stub = pb_grpc.SignalsServiceStub(channel)
                 async for response in stub.WatchSignals(pb.WatchSignalsRequest()):
+                    quiet.reschedule(loop.time() + config.idle_timeout)
                     if not streaming:
                         streaming = True
                         # Once after each WARNING: a source that recovers says so, one
@@ -87,6 +94,12 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
                         announced = True
                     receive(store, response.signals, config.address)
             problem, kind = "ended", "ended"
+        except TimeoutError:
+            # Silent past idle-timeout: a hung source or a dead peer's half-open connection
+            # (no FIN ever comes) had held this watch for good while its signals went stale.
+            store.count_error("watch", "silent")
+            problem = f"sent nothing for {config.idle_timeout:g}s (idle-timeout)"
+            kind = "silent"
         except grpc.aio.AioRpcError as err:
             problem = f"failed ({err.code().name}: {quote(err.details() or '', 200)})"
             kind = err.code().name
@@ -95,7 +108,10 @@ async def watch_signals(config: SignalSourceConfig, store: SignalStore) -> None:
             problem, kind = f"failed ({_described(err)})", type(err).__name__
         store.count_error("watch", "reconnect")
         if streaming and time.monotonic() - began >= config.reconnect_max:
-            delay, last = config.reconnect_min, ""  # it held: a fresh start
+            delay = config.reconnect_min  # it held: a fresh start
+            # ... but a source that goes silent on every stream is one WARNING, not one
+            # an idle-timeout.
+            last = last if kind == "silent" else ""
         if kind != last:
             log.warning("signal watch on %s %s; reconnecting", config.address, problem)
             announced = False
