@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Callable
 
@@ -25,6 +24,7 @@ from exporter.grpc_service import SignalsService
 from exporter.runtime import Exporter
 from foundation.errors import ConfigError
 from foundation.grpc_server import GrpcServer, service_name
+from foundation.http_guard import ConnectionGuard, GuardedSite, RefusedCollector, bind
 from foundation.kube import KubeAccess
 from foundation.net import split_listen
 from foundation.reload import ConfigSource, ConfigStore
@@ -77,7 +77,9 @@ class ExporterServer:
         )
         self.grpc_port = self._grpc.port
         self.http_port = 0
-        self._runner: web.AppRunner | None = None
+        self.http_guard = ConnectionGuard("exporter")
+        self.registry.register(RefusedCollector(self.http_guard, "unitscale_exporter_http_refused"))
+        self._site: GuardedSite | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._health_changed = asyncio.Event()
@@ -87,21 +89,16 @@ class ExporterServer:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
         # Bind first so that port 0 works and the chosen port is known.
-        family = socket.AF_INET6 if ":" in self._listen[0] else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(self._listen)
+            sock = bind(*self._listen)
         except OSError as err:
-            sock.close()
             raise ConfigError(
                 f"--listen {self._listen[0]}:{self._listen[1]}: {err.strerror}"
             ) from err
-        await web.SockSite(self._runner, sock).start()
-        self.http_port = int(sock.getsockname()[1])
+        # Through the guard: bounded connections and request heads (S6-H3).
+        self._site = GuardedSite(app, self.http_guard)
+        self.http_port = await self._site.start(sock)
         await self._grpc.start()
         self._loop_task = asyncio.create_task(self.exporter.run())
         self._loop_task.add_done_callback(self._loop_ended)
@@ -125,8 +122,8 @@ class ExporterServer:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.gather(task, return_exceptions=True)
         await self._grpc.stop(grace)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._site is not None:
+            await self._site.stop()
 
     def problem(self) -> str | None:
         """Why the exporter is unhealthy, or None while its loop is alive and cycling."""

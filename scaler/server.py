@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from aiohttp import web
 
 from foundation.errors import ConfigError, quote
 from foundation.files import MAX_PEM_BYTES, read_bytes
 from foundation.grpc_server import KEEPALIVE_FOR_LONG_LIVED_CLIENTS, GrpcServer, service_name
+from foundation.http_guard import ConnectionGuard, GuardedSite, bind
 from foundation.kube import KubeAccess
 from foundation.reload import ConfigSource, ConfigStore
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
@@ -147,7 +147,9 @@ class ScalerServer:
     ) -> None:
         self._metrics_listen = metrics_listen
         self.metrics_port = 0
-        self._metrics_runner: web.AppRunner | None = None
+        self._metrics_site: GuardedSite | None = None
+        self.metrics_guard = ConnectionGuard("scaler.metrics")
+        """Bounds on ``--metrics-listen``'s connections (what it refused, by kind)."""
         self.configs = ConfigStore(config, parse_config)
         self.configs.add_listener(self._reconfigure)
         self._source = source
@@ -263,19 +265,16 @@ class ScalerServer:
         if self._metrics_listen is None:
             return
         host, _, port = self._metrics_listen.rpartition(":")
-        runner = web.AppRunner(
-            metrics_app(self.registry, self.configs, self.prewarm, self.store),
-            access_log=None,
-        )
-        await runner.setup()
         try:
-            await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+            sock = bind(host.strip("[]"), int(port))
         except OSError as err:
-            await runner.cleanup()
             why = os.strerror(err.errno) if err.errno else "cannot bind that address"
             raise ConfigError(f"--metrics-listen {quote(self._metrics_listen)}: {why}") from err
-        self._metrics_runner = runner
-        self.metrics_port = int(runner.addresses[0][1])
+        # Through a guard: bounded connections and request heads (S6-H3).
+        guard = self.metrics_guard
+        app = metrics_app(self.registry, self.configs, self.prewarm, self.store, guard)
+        self._metrics_site = GuardedSite(app, guard)
+        self.metrics_port = await self._metrics_site.start(sock)
 
     def _loop(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a loop meant to last until ``stop``; if it ends anyway, health fails."""
@@ -333,8 +332,8 @@ class ScalerServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._grpc.stop(self.config.grace_period if grace is None else grace)
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
+        if self._metrics_site is not None:
+            await self._metrics_site.stop()
 
     async def wait(self) -> None:
         """Until the server stops."""

@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from foundation.http_guard import ConnectionGuard, RefusedCollector
 from foundation.reload import ConfigStore
 from scaler.prewarm.plan import STATES
 from scaler.prewarm.shell import Prewarmer
@@ -228,10 +229,16 @@ def metrics_app(
     configs: ConfigStore[Any] | None,
     prewarm: Prewarmer | None = None,
     store: SignalStore | None = None,
+    guard: ConnectionGuard | None = None,
 ) -> web.Application:
-    """An aiohttp app serving ``/metrics`` from a registry of its own."""
+    """An aiohttp app serving ``/metrics`` from a registry of its own.
+
+    With ``guard``, what it refused is ``unitscale_scaler_http_refused_total{reason}``.
+    """
     collectors = CollectorRegistry(auto_describe=False)
     collectors.register(DecisionCollector(registry, configs, prewarm, store))
+    if guard is not None:
+        collectors.register(RefusedCollector(guard, "unitscale_scaler_http_refused"))
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(
