@@ -315,11 +315,20 @@ class Gateway:
 
         ``views``: the pool's views, if built since the last await.
         """
-        views = self.pool.views() if views is None else views
-        self._wake_if_needed(model, views, self._waiting_for.get(model, 0) + 1)
+        views = self.pool.routing_views() if views is None else views
+        buffered = self._waiting_for.get(model, 0) + 1
+        if self._pressure is not None:  # first: it sets the threshold the surplus waits for
+            self._wake_if_needed(model, views, buffered)
         url = choose(views, model, self._surplus_above.get(model, math.inf))
-        if url is not None:
-            return self.pool.find(url)
+        replica = None if url is None else self.pool.find(url)
+        ejected = replica is not None and not replica.eject_backoff.allows(time.monotonic())
+        if self._pressure is None and (replica is None or ejected):
+            # Without pressure wakes a sleeper wakes only when no ready replica that is not
+            # ejected serves the model: a walk of every replica a request, skipped when
+            # the one chosen shows there is one.
+            self._wake_if_needed(model, views, buffered)
+        if replica is not None:
+            return replica
         s, stats = self.settings, self.stats
         if not may_buffer(
             stats.buffered, s.buffer_size, stats.buffered_bytes, size, s.buffer_bytes
@@ -361,7 +370,7 @@ class Gateway:
         """
         if not self._waiting:
             return
-        views = self.pool.views()
+        views = self.pool.routing_views()
         where = {v.url: i for i, v in enumerate(views)}
         blocked: set[str | None] = set()
         for key, (model, chosen) in list(self._waiting.items()):
@@ -408,7 +417,7 @@ class Gateway:
         counted and logged once per kind: it never fails the request it runs for.
         """
         try:
-            views = self.pool.views() if views is None else views
+            views = self.pool.routing_views() if views is None else views
             ready = [v.outstanding for v in views if v.ready and not v.ejected and v.serves(model)]
             threshold = self._pressure_threshold(model, ready)
             for url in choose_wakes(views, model, threshold, max(1, buffered)):
@@ -649,7 +658,7 @@ class Gateway:
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         raw, model, prompt, max_tokens, n = await self._read(request)
         known = frozenset(self.settings.models) | self.pool.served
-        views = self.pool.views()  # once a request: each replica's view costs microseconds
+        views = self.pool.routing_views()  # once a request, each kept while unchanged
         if model and is_unserved(views, model, known):
             # Before it counts as an arrival: the scaler must not scale up for it.
             raise self._reject(404, f"no replica serves model {model!r}", None)

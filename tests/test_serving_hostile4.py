@@ -452,14 +452,14 @@ async def test_one_notify_builds_the_views_once_however_many_requests_wait():
     ]  # no replica ready: every one buffers
     await eventually(lambda: g.stats.buffered == 200, "all buffered")
     built = 0
-    views = g.pool.views
+    views = g.pool.routing_views  # a request's read of the views (pass 6, W-3)
 
     def counted(now: float | None = None) -> list[ReplicaView]:
         nonlocal built
         built += 1
         return views(now)
 
-    g.pool.views = counted  # type: ignore[method-assign]
+    g.pool.routing_views = counted  # type: ignore[method-assign]
     for replica in g.replicas:
         replica.ready = True
     g.pool.on_routable()  # what a health round that finds them does

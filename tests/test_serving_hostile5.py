@@ -487,14 +487,14 @@ async def test_a_request_reads_every_replicas_view_once(monkeypatch: pytest.Monk
             g = gateway.gateway
             await eventually(lambda: g.replicas[0].routable, "ready")
             built = 0
-            views = g.pool.views
+            views = g.pool.routing_views  # a request's read of the views (pass 6, W-3)
 
             def counted(now: float | None = None) -> list[ReplicaView]:
                 nonlocal built
                 built += 1
                 return views(now)
 
-            monkeypatch.setattr(g.pool, "views", counted)
+            monkeypatch.setattr(g.pool, "routing_views", counted)
             assert (await post(gateway, COMPLETION))[0] == 200
             assert built == 1  # before: twice, 50 ms a request with 5,000 replicas
 
