@@ -66,6 +66,9 @@ until ``evict_idle`` frees room: targets kept stay, so a flood of new names cann
 push out the ones in use; and a new target a ScaledObject scales takes the place of the
 stalest one none scales, so a flood cannot keep it out either."""
 
+NEW_TARGETS = "new targets"
+"""What a problem with a snapshot refused for a target not stored is remembered under."""
+
 TARGET_TTL = 600.0
 """Seconds a target no ScaledObject scales is kept after its last snapshot: long past any
 signal's use (``max-signal-age`` is 30 s by default), short enough that names a source
@@ -147,18 +150,25 @@ class SignalStore:
         refusal = self._refusal(signals)
         if refusal is not None:
             self.refused[(source, refusal[0])] += 1
-            self.report((key, source), f"{source} snapshot refused: {refusal[1]}")
+            problem = f"{source} snapshot refused: {refusal[1]}"
+            if entry is not None:
+                self.report((key, source), problem)
+            else:
+                # A target never stored is never forgotten: its problem is remembered per
+                # source, not per name (a name each snapshot grew this by 600 B and a
+                # WARNING a name, for good: issue 27, hostile pass 6, S6-H4).
+                self.report((NEW_TARGETS, source), problem, f" ({describe_target(key)})")
             return False
+        if entry is None:
+            if not self._has_room(source, key):
+                return False
+            entry = self._targets[key] = TargetSignals()
         for name, _ in impossible:
             self.unmeasured[(source, name.rpartition(".")[2])] += 1
         names = ", ".join(name for name, _ in impossible)
         values = ", ".join(f"{name} {value!r}" for name, value in impossible)
         problem = names and f"{source} sent impossible values, taken as unmeasured: {names}"
         self.report((key, source), problem, detail=values and f" (this time {values})")
-        if entry is None:
-            if not self._has_room(source, key):
-                return False
-            entry = self._targets[key] = TargetSignals()
         previous = entry.engine if isinstance(signals, EngineSignals) else entry.gateway
         if previous is not None and previous.time > signals.time:
             return False
@@ -207,6 +217,8 @@ class SignalStore:
 
         Returns how many were forgotten; their logged problems go with them.
         """
+        for about in [a for a in self._problems if a[0] == NEW_TARGETS]:
+            del self._problems[about]  # logged again, once, if it goes on
         cutoff = self._clock() - ttl
         gone = [
             key
