@@ -745,7 +745,8 @@ class Gateway:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise self._reject(400, "model must be a string", None)
-        return raw, model, estimate_prompt_tokens(body), output_token_limit(body), choices(body)
+        bound = output_token_limit(body, chat=request.path == "/v1/chat/completions")
+        return raw, model, estimate_prompt_tokens(body), bound, choices(body)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The body, read within ``body_timeout`` (408) and the bytes budget (429).

@@ -147,7 +147,7 @@ class SimReplica:
         self, request: web.Request, body: dict[str, object], prompt_tokens: int, chat: bool
     ) -> web.StreamResponse:
         """Check the request's size, run it on the engine, answer whole or streamed."""
-        max_tokens = max_tokens_of(body)
+        max_tokens = max_tokens_of(body, chat)
         check_options(body)
         if not self.engine.fits(prompt_tokens, max_tokens):
             raise too_long(prompt_tokens, max_tokens, self.engine.profile.kv_capacity_tokens)

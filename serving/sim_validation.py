@@ -192,15 +192,19 @@ def check_options(body: dict[str, object]) -> None:
         )
 
 
-def max_tokens_of(body: dict[str, object]) -> int:
+def max_tokens_of(body: dict[str, object], chat: bool = False) -> int:
     """The request's ``max_tokens``: the tokens it generates, exactly.
+
+    A chat request's ``max_completion_tokens`` comes first, as vLLM reads them
+    (``max_completion_tokens or max_tokens``); its completions have no such field.
 
     Raises:
         RequestError: it is not a positive integer.
     """
-    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") else "max_tokens"
+    max_tokens = body.get(name, DEFAULT_MAX_TOKENS)
     if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise RequestError("max_tokens must be a positive integer", param="max_tokens")
+        raise RequestError(f"{name} must be a positive integer", param=name)
     return max_tokens
 
 

@@ -153,15 +153,20 @@ def judge(
     return Verdict(True, "met", ttft, itl)
 
 
-def output_token_limit(body: dict[str, object]) -> int | None:
+def output_token_limit(body: dict[str, object], chat: bool = True) -> int | None:
     """The most completion tokens a request may get; None when it sets no usable bound.
 
-    ``max_tokens`` (or ``max_completion_tokens``) times its choices ``n``: vLLM's usage
-    counts the tokens of every choice.
+    A chat request's ``max_completion_tokens``, else its ``max_tokens`` (a completion's
+    ``max_tokens`` only), times its choices ``n``: vLLM's usage counts the tokens of every
+    choice. The order is vLLM's (``max_completion_tokens or max_tokens``): read the other
+    way, a chat request giving both, 5 and 100, had its good 100-token stream cut at 21
+    events as the replica's overrun. vLLM's completions take no ``max_completion_tokens``.
     """
-    limit = _count(body.get("max_tokens"))
+    limit = None
+    if chat:
+        limit = _count(body.get("max_completion_tokens")) or None  # 0 falls through, as vLLM
     if limit is None:
-        limit = _count(body.get("max_completion_tokens"))
+        limit = _count(body.get("max_tokens"))
     n = choices(body)
     if limit is None or n is None:
         return None

@@ -21,6 +21,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from foundation.replica_model import LLAMA3_8B_H200
 from foundation.signals import GatewaySignals
 from serving import gateway_replicas, slo
 from serving.config import MAX_REPLICAS
@@ -31,6 +32,7 @@ from serving.gateway_signals import MIN_RATE_SECONDS, EventWindow, TrafficStats,
 from serving.gateway_standby import Plan
 from serving.replica_answers import MAX_CONTEXT_TOKENS
 from serving.routing import Backoff, ReplicaView, choose, choose_standby
+from serving.server import SimReplicaServer
 from serving.slo import ResponseMeter, choices
 from tests.conftest import eventually, served_app
 from tests.test_gateway_faults import upstream_errors
@@ -415,3 +417,110 @@ def test_the_views_kept_are_the_views_built_afresh(
         assert [dataclasses.replace(v, idle_seconds=0.0) for v in kept] == [
             dataclasses.replace(v, idle_seconds=0.0) for v in fresh
         ]
+
+
+# --- W-6: a chat request's max_completion_tokens comes first, as vLLM reads it ------------
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "limit"),
+    [
+        pytest.param(
+            {"max_tokens": 5, "max_completion_tokens": 100},
+            True,
+            100,
+            id="a chat request giving both is bounded by max_completion_tokens, as vLLM",
+        ),
+        pytest.param(
+            {"max_tokens": 5, "max_completion_tokens": 100},
+            False,
+            5,
+            id="a completion is bounded by max_tokens: vLLM's completions take no other",
+        ),
+        pytest.param(
+            {"max_completion_tokens": 5}, False, None, id="a completion with only the chat name"
+        ),
+        pytest.param(
+            {"max_tokens": 5, "max_completion_tokens": 0},
+            True,
+            5,
+            id="a zero max_completion_tokens falls through to max_tokens, as vLLM's 'or'",
+        ),
+        pytest.param(
+            {"max_tokens": 5, "max_completion_tokens": "100"},
+            True,
+            5,
+            id="a max_completion_tokens that is no count falls through",
+        ),
+    ],
+)
+def test_the_bound_vllm_generates_to(
+    body: dict[str, object], chat: bool, limit: int | None
+) -> None:
+    assert slo.output_token_limit(body, chat) == limit
+
+
+async def test_a_chat_stream_to_its_max_completion_tokens_is_relayed_whole() -> None:
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16  # vLLM's
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(tokens):
+            await response.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "sim-llama"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    async with served_app(app) as url, gateway_for([url]) as gateway:
+        await eventually(lambda: gateway.gateway.replicas[0].routable, "ready")
+        body = {
+            "model": "sim-llama",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "max_tokens": 5,
+            "max_completion_tokens": 100,
+        }
+        chat_url = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
+        async with aiohttp.ClientSession() as client, client.post(chat_url, json=body) as r:
+            text = await r.text()  # before: cut after 21 events, ClientPayloadError
+        assert (r.status, text.count('"content"'), "[DONE]" in text) == (200, 100, True)
+        assert upstream_errors(gateway).get("overrun") is None
+
+
+COMPLETION_BOTH = {
+    "model": "sim-llama",
+    "prompt": "hi",
+    "max_tokens": 5,
+    "max_completion_tokens": 12,
+}
+
+
+async def test_the_sim_replica_generates_a_chat_requests_max_completion_tokens() -> None:
+    sim = SimReplicaServer(LLAMA3_8B_H200, "127.0.0.1:0", speedup=1000.0)
+    await sim.start()
+    try:
+        body = {
+            "model": "sim-llama",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+            "max_completion_tokens": 12,
+        }
+        async with aiohttp.ClientSession() as client:
+            async with client.post(sim.url + "/v1/chat/completions", json=body) as r:
+                chat = await r.json()
+            async with client.post(sim.url + "/v1/completions", json=COMPLETION_BOTH) as r:
+                completion = await r.json()
+        assert chat["usage"]["completion_tokens"] == 12
+        assert completion["usage"]["completion_tokens"] == 5  # completions: max_tokens
+    finally:
+        await sim.stop()
