@@ -297,6 +297,11 @@ class Prewarmer:
                 self._entries.setdefault(scaled.key, _Entry(spec, Track()))
         for gone in [key for key in self._entries if key not in known]:
             del self._entries[gone]
+        # The failures of ScaledObjects no longer known go with them.
+        for about in [
+            a for a in self._failures if a[0] in ("plan", "write") and a[1:] not in known
+        ]:
+            del self._failures[about]
 
     def _pending(self, entry: _Entry) -> bool:
         made = entry.plan
@@ -318,13 +323,24 @@ class Prewarmer:
                 self.errors["write"] += 1
                 entry.retry_at = now + entry.retry_delay
                 entry.retry_delay = min(entry.retry_delay * 2, RETRY_MAX)
-                log.warning(
+                # One WARNING a change of why: a write refused for good (RBAC) was one a
+                # retry, a minute apart for as long as it lasted (hostile pass 6, S6-M3).
+                problem = _brief(err)
+                level = (
+                    logging.DEBUG
+                    if self._failures.get(("write", *key)) == problem
+                    else logging.WARNING
+                )
+                self._failures[("write", *key)] = problem
+                log.log(
+                    level,
                     "ScaledObject %s/%s: prewarm write failed (%s); retrying in %.0f s",
                     *key,
-                    _brief(err),
+                    problem,
                     entry.retry_at - now,
                 )
                 continue
+            self._recovered(("write", *key))
             entry.retry_delay = RETRY_MIN
             # Re-plan on what was just written, so one plan's write is done once.
             scaled = self._registry.get(*key)
