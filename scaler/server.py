@@ -268,7 +268,8 @@ class ScalerServer:
         try:
             sock = bind(host.strip("[]"), int(port))
         except OSError as err:
-            why = os.strerror(err.errno) if err.errno else "cannot bind that address"
+            # gaierror (a name that does not resolve) has a strerror; os.strerror(-2) has not
+            why = err.strerror or (os.strerror(err.errno) if err.errno else "cannot bind there")
             raise ConfigError(f"--metrics-listen {quote(self._metrics_listen)}: {why}") from err
         # Through a guard: bounded connections and request heads (S6-H3).
         guard = self.metrics_guard

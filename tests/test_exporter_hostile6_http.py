@@ -20,6 +20,7 @@ import pytest
 
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig
+from foundation.errors import ConfigError
 from foundation.http_guard import MAX_FIELD_SIZE, ConnectionGuard
 from scaler.config import ScalerConfig
 from scaler.server import ScalerServer
@@ -126,3 +127,11 @@ async def test_metrics_are_served_and_count_what_was_refused(served: _Port) -> N
     writer.close()
     assert body.startswith(b"HTTP/1.1 200")
     assert b'_http_refused_total{reason="slow-head"} 1.0' in body
+
+
+async def test_a_metrics_listen_host_that_does_not_resolve_is_named_plainly() -> None:
+    scaler = ScalerServer(ScalerConfig(), "127.0.0.1:0", metrics_listen="nonexistent.invalid:0")
+    with pytest.raises(ConfigError, match=r"--metrics-listen 'nonexistent\.invalid:0'") as caught:
+        await scaler.start()
+    assert "Unknown error" not in str(caught.value)  # gaierror's own words, not errno -2's
+    await scaler.stop(0)
