@@ -77,6 +77,13 @@ class AcceleratorConfig(BaseModel):
         return Accelerator(price, self.fraction(), price_is_default=default)
 
 
+MAX_TARGETS = 1000
+"""Replicas one deployment may have scraped each cycle, all at once: an LLM fleet behind
+one Service is tens to hundreds; every target is a connection and a parse per cycle, and
+its history is kept, so what discovery names past this is refused (``runtime._take``),
+and so is a config listing more."""
+
+
 class DeploymentConfig(BaseModel):
     """One scaled workload and where its replicas' ``/metrics`` are."""
 
@@ -91,8 +98,10 @@ class DeploymentConfig(BaseModel):
     model: Annotated[str, Field(max_length=MAX_MODEL_LENGTH)] = ""
     """The served model, for the ``model`` label; empty takes it from the engine."""
     engine: Literal["auto", "vllm", "sglang"] = "auto"
-    targets: list[str] = Field(default_factory=list)
-    """Replica URLs (``http://host:port``; ``/metrics`` is added when no path is given)."""
+    targets: list[str] = Field(default_factory=list, max_length=MAX_TARGETS)
+    """Replica URLs (``http://host:port``; ``/metrics`` is added when no path is given);
+    at most ``MAX_TARGETS``: more was taken (40,000 in a 1 MiB config), then refused each
+    cycle as a deployment too large to scrape."""
     dns: str | None = None
     """``host:port`` of a headless Service: every A record is a replica."""
     endpoint_slices: EndpointSlicesConfig | None = None

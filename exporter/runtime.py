@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from exporter.config import DeploymentConfig, ExporterConfig
+from exporter.config import MAX_TARGETS, DeploymentConfig, ExporterConfig
 from exporter.engines import REJECTIONS
 from exporter.scrape import REASONS, ScrapeResult, resolve_replicas, scrape
 from exporter.signals import ReplicaHistory, derive, history_horizon
@@ -43,10 +43,6 @@ STALE_CYCLES = 3
 """Health fails when no cycle has completed for this many intervals."""
 BACKOFF_CAP = 60.0
 """Longest wait before restarting a failed loop; the first wait is one interval."""
-MAX_TARGETS = 1000
-"""Replicas one deployment may have scraped each cycle, all at once: an LLM fleet behind
-one Service is tens to hundreds; every target is a connection and a parse per cycle, and
-its history is kept, so what discovery names past this is refused (``_take``)."""
 PARSE_WORKERS = 2
 """Threads that parse bodies: one slow parse never holds up the rest."""
 
