@@ -90,13 +90,13 @@ from foundation.kube import (
     NODES,
     PODS,
     KubeAccess,
-    RawObject,
     Resource,
     Selection,
     apply,
     create,
     watch_objects,
 )
+from foundation.objects import RawObject
 from foundation.timestamps import format_time
 
 log = logging.getLogger(__name__)

@@ -67,9 +67,9 @@ from admission.workload import (
     pods_by_owner,
     priority,
 )
+from foundation.objects import RawObject
 from foundation.timestamps import parse_time
 
-RawObject = dict[str, Any]
 """An API object as the server's JSON."""
 State = Literal["Pending", "Ready", "Retry", "Rejected"]
 Ask = tuple[str, str, int]

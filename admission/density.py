@@ -38,8 +38,7 @@ from typing import Any, Final
 from admission import annotations as names
 from admission.hami import TERMINAL_PHASES, HamiFormatError, Inventory, parse_devices_allocated
 from admission.lora import InstanceLoad, base_model, model_instance, tenants_for
-
-RawObject = dict[str, Any]
+from foundation.objects import RawObject
 
 LORA_INTERVAL: Final = 60.0
 """Seconds between two changes of one model's density."""

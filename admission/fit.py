@@ -44,12 +44,12 @@ from admission.hami import (
     NodeGpus,
     NodeKey,
     PodPlacement,
-    RawObject,
     node_key,
     node_usage,
     parse_quantity,
 )
 from foundation.errors import quote
+from foundation.objects import RawObject
 
 DEFAULT_BUDGET = 5_000
 """Placements the search may try before it answers undecided. A step costs about 0.3 ms

@@ -56,15 +56,16 @@ from foundation.fluid import (
     active_phase,
     bounded_name,
     condition_text,
+    dataload_manifest,
     dataset_cache,
     finished_at,
     loads_of,
     meta,
     phase,
 )
+from foundation.objects import RawObject
 from foundation.timestamps import format_time
 
-RawObject = dict[str, Any]
 """An API object as the API server's JSON."""
 
 DataState = Literal[
@@ -386,31 +387,15 @@ def dataload_for(workload: Mapping[str, Any], dataset: Mapping[str, Any]) -> Raw
             f"Dataset {meta(dataset, 'namespace')}/{meta(dataset, 'name')} is not in the "
             f"Workload's namespace {namespace}"
         )
-    owner = {
-        "apiVersion": WORKLOAD_API,
-        "kind": "Workload",
-        "name": meta(workload, "name"),
-        "uid": uid,
-        "controller": False,
-        "blockOwnerDeletion": False,
-    }
-    return {
-        "apiVersion": FLUID_API,
-        "kind": "DataLoad",
-        "metadata": {
-            "name": dataload_name(workload),
-            "namespace": namespace,
-            "labels": {names.MANAGED_BY: names.MANAGER},
-            "annotations": {names.FOR_WORKLOAD: meta(workload, "name")},
-            "ownerReferences": [owner],
-        },
-        "spec": {
-            "dataset": {"name": meta(dataset, "name"), "namespace": namespace},
-            "loadMetadata": True,
-            "target": [{"path": "/", "replicas": 1}],
-            "policy": "Once",
-        },
-    }
+    return dataload_manifest(
+        name=dataload_name(workload),
+        namespace=namespace,
+        dataset=meta(dataset, "name"),
+        paths=("/",),
+        owner=(WORKLOAD_API, "Workload", meta(workload, "name"), uid),
+        labels={names.MANAGED_BY: names.MANAGER},
+        annotations={names.FOR_WORKLOAD: meta(workload, "name")},
+    )
 
 
 def cache_node_label(namespace: str, dataset: Mapping[str, Any]) -> str:

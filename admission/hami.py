@@ -45,8 +45,8 @@ from typing import Any, Final
 
 from admission import annotations as names
 from foundation.errors import UnitscaleError, quote
+from foundation.objects import RawObject
 
-RawObject = Mapping[str, Any]
 """A Kubernetes object as the API server's JSON (a plain mapping)."""
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -680,7 +680,7 @@ def inventory(
     )
 
 
-def unreadable(kind: str, obj: RawObject) -> tuple[str, str] | None:
+def unreadable(kind: str, obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """``(subject, why)`` when a node's register or a live pod's allocation cannot be read.
 
     What ``inventory`` lists among its problems for the same object, found without

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-RawObject = dict[str, Any]
+from foundation.objects import RawObject
+
 """An API object as the API server's JSON."""
 
 MAX_POD_SET_UPDATES: Final = 18

@@ -42,8 +42,7 @@ from admission import hami
 from admission.fit import FitResult
 from admission.hami import Inventory
 from admission.workload import condition_status, reclaim_guard
-
-RawObject = Mapping[str, Any]
+from foundation.objects import RawObject
 
 RESYNC_SECONDS = 60.0
 """Seconds between passes that also decide from scratch and compare (the safety net)."""

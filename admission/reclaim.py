@@ -49,9 +49,8 @@ from admission.workload import (
     priority,
     reclaim_guard,
 )
+from foundation.objects import RawObject
 from foundation.timestamps import parse_time
-
-RawObject = dict[str, Any]
 
 __all__ = [
     "AdmittedHere",

@@ -25,9 +25,8 @@ from typing import Any, Final, Protocol
 
 from admission import annotations as names
 from foundation.errors import quote
+from foundation.objects import RawObject
 from foundation.timestamps import format_time, parse_time
-
-RawObject = dict[str, Any]
 
 API_VERSION: Final = "kueue.x-k8s.io/v1beta2"
 MESSAGE_LIMIT: Final = 32768

@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field, field_validator
 
 from foundation.configfile import DNS_NAME, KEBAB_CASE
 from foundation.endpoint_slices import SERVICE_NAME_LABEL, slice_targets
-from foundation.kube import KubeAccess, RawObject, Selection, watch_objects
+from foundation.kube import KubeAccess, Selection, watch_objects
+from foundation.objects import RawObject
 
 log = logging.getLogger(__name__)
 

@@ -109,6 +109,54 @@ def bounded_name(prefix: str, key: str, fallback: str) -> str:
     return f"{cut}-{digest}"
 
 
+def dataload_manifest(
+    *,
+    name: str,
+    namespace: str,
+    dataset: str,
+    paths: Sequence[str],
+    owner: tuple[str, str, str, str],
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+) -> dict[str, Any]:
+    """A ``policy: Once`` DataLoad of ``paths`` of ``dataset``, one cached copy each.
+
+    ``dataset`` is in ``namespace``; ``owner`` is (apiVersion, kind, name, uid). The one
+    manifest of both users (the admission check's data and the scaler's prewarm).
+    ``loadMetadata`` syncs the file list first, so files added to the store since the
+    runtime started are loaded too. The owner is not the controller and blocks no
+    deletion: Fluid's finalizer on the DataLoad must not hold up a foreground deletion of
+    its owner (blocking would also need update rights on the owner's finalizers).
+    """
+    api_version, kind, owner_name, uid = owner
+    return {
+        "apiVersion": FLUID_API,
+        "kind": "DataLoad",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(labels),
+            "annotations": dict(annotations),
+            "ownerReferences": [
+                {
+                    "apiVersion": api_version,
+                    "kind": kind,
+                    "name": owner_name,
+                    "uid": uid,
+                    "controller": False,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "spec": {
+            "dataset": {"name": dataset, "namespace": namespace},
+            "loadMetadata": True,
+            "target": [{"path": path, "replicas": 1} for path in paths],
+            "policy": "Once",
+        },
+    }
+
+
 def meta(obj: Mapping[str, Any], key: str) -> str:
     """``metadata.<key>`` as text, "" when absent."""
     return str((obj.get("metadata") or {}).get(key) or "")

@@ -31,10 +31,10 @@ from kubernetes_asyncio import client, config
 
 from foundation.errors import ConfigError
 from foundation.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, MiB, read_bytes
+from foundation.objects import RawObject
 
 log = logging.getLogger(__name__)
 
-RawObject = dict[str, Any]
 """An API object as the server's JSON (camelCase keys), never a generated model."""
 
 

@@ -31,7 +31,8 @@ from kubernetes_asyncio.client import ApiException
 
 from foundation.errors import ConfigError
 from foundation.files import MAX_CONFIG_BYTES, read_text
-from foundation.kube import CONFIGMAPS, KubeAccess, RawObject, Selection, get_object, watch_objects
+from foundation.kube import CONFIGMAPS, KubeAccess, Selection, get_object, watch_objects
+from foundation.objects import RawObject
 
 log = logging.getLogger(__name__)
 C = TypeVar("C")

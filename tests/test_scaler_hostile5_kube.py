@@ -23,7 +23,8 @@ from kubernetes_asyncio import client
 
 from foundation import kube
 from foundation.errors import ConfigError
-from foundation.kube import DATASETS, KubeAccess, RawObject, Selection, watch_objects
+from foundation.kube import DATASETS, KubeAccess, Selection, watch_objects
+from foundation.objects import RawObject
 from foundation.reload import configmap_text, read_configmap
 from tests.conftest import served_app
 

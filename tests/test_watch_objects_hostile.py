@@ -19,7 +19,8 @@ import pytest
 from aiohttp import web
 
 from foundation import kube
-from foundation.kube import DATASETS, KubeAccess, RawObject, Selection, watch_objects
+from foundation.kube import DATASETS, KubeAccess, Selection, watch_objects
+from foundation.objects import RawObject
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 

@@ -50,15 +50,15 @@ from foundation.fluid import (
     active_phase,
     bounded_name,
     condition_text,
+    dataload_manifest,
     dataset_cache,
     finished_at,
     loads_of,
     meta,
     phase,
 )
+from foundation.objects import RawObject
 from foundation.timestamps import parse_time
-
-RawObject = dict[str, Any]
 
 PrewarmState = Literal[
     "unknown",
@@ -203,31 +203,15 @@ def dataload_for(
     uid = meta(dataset, "uid")
     if not uid:
         raise ValueError(f"Dataset {spec.namespace}/{spec.dataset} has no metadata.uid")
-    owner = {
-        "apiVersion": FLUID_API,
-        "kind": "Dataset",
-        "name": spec.dataset,
-        "uid": uid,
-        "controller": False,
-        "blockOwnerDeletion": False,
-    }
-    return {
-        "apiVersion": FLUID_API,
-        "kind": "DataLoad",
-        "metadata": {
-            "name": dataload_name(scaled_object, spec, uid),
-            "namespace": spec.namespace,
-            "labels": {MANAGED_BY: MANAGER},
-            "annotations": {FOR_SCALED_OBJECT: "/".join(scaled_object)},
-            "ownerReferences": [owner],
-        },
-        "spec": {
-            "dataset": {"name": spec.dataset, "namespace": spec.namespace},
-            "loadMetadata": True,
-            "target": [{"path": path, "replicas": 1} for path in spec.paths],
-            "policy": "Once",
-        },
-    }
+    return dataload_manifest(
+        name=dataload_name(scaled_object, spec, uid),
+        namespace=spec.namespace,
+        dataset=spec.dataset,
+        paths=spec.paths,
+        owner=(FLUID_API, "Dataset", spec.dataset, uid),
+        labels={MANAGED_BY: MANAGER},
+        annotations={FOR_SCALED_OBJECT: "/".join(scaled_object)},
+    )
 
 
 def plan(

@@ -32,12 +32,12 @@ from foundation.kube import (
     DATALOADS,
     DATASETS,
     KubeAccess,
-    RawObject,
     Selection,
     create,
     delete,
     watch_objects,
 )
+from foundation.objects import RawObject
 from scaler.core import Decision
 from scaler.prewarm.plan import (
     Delete,
