@@ -6,7 +6,7 @@ out, each with its reason. The controller (``admission/controller.py``) reads, c
 
 For one workload, in order (the first that does not pass decides):
 
-1. **Its demand** (``admission.fit.workload_demand``): a podSet that cannot be read is
+1. **Its demand** (``admission.requests.workload_demand``): a podSet that cannot be read is
    ``Rejected``: retrying would read it the same way.
 2. **Never fits**: a gang that misses the pool's hardware with nothing else running
    (``fit.fits_ever``) is ``Rejected``: retrying, or waiting for its data, cannot help.
@@ -47,16 +47,18 @@ from admission import annotations as names
 from admission import fluid, incremental, lora, reclaim, shape
 from admission.fit import (
     FitResult,
-    PodSetDemand,
     fit_gang,
     fits_ever,
     whole_free_gpus,
-    workload_demand,
 )
 from admission.hami import Inventory, NodeGpus, inventory
 from admission.hints import Hints, combine, merge_hints
 from admission.parameters import Headroom, Parameters
 from admission.pool import InferenceNeed, ManagerPolicy, PoolPlan, plan_pool, within_allowance
+from admission.requests import (
+    PodSetDemand,
+    workload_demand,
+)
 from admission.workload import (
     MAX_CLOCK_SKEW,
     check_entries,

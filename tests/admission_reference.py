@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 
-from admission import fit, hami
+from admission import fit, hami, requests
 from admission.hami import DeviceState, Inventory, NodeGpus, PodPlacement
 
 
@@ -59,7 +59,7 @@ def node_usage(node: NodeGpus) -> float:
     return sum(device_usage(d) for d in devices) / len(devices) if devices else 0.0
 
 
-def key_bound(key: hami.NodeKey, pod: fit.PodRequest) -> int:
+def key_bound(key: hami.NodeKey, pod: requests.PodRequest) -> int:
     return fit._node_bound(tuple(fit._state_of(k) for k in key), pod)
 
 

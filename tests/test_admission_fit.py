@@ -19,14 +19,9 @@ from hypothesis import strategies as st
 from admission import annotations as names
 from admission import fit
 from admission.fit import (
-    GpuRequest,
-    PodRequest,
-    PodSetDemand,
     fit_gang,
     fits_ever,
-    pod_request,
     whole_free_gpus,
-    workload_demand,
 )
 from admission.hami import (
     Device,
@@ -34,6 +29,13 @@ from admission.hami import (
     Inventory,
     NodeGpus,
     inventory,
+)
+from admission.requests import (
+    GpuRequest,
+    PodRequest,
+    PodSetDemand,
+    pod_request,
+    workload_demand,
 )
 from tests.admission_reference import straightforward
 

@@ -26,19 +26,14 @@ from kubernetes_asyncio import client
 
 from admission import annotations as names
 from admission import decide as decide_module
-from admission import fit, fluid
+from admission import fit, fluid, requests
 from admission.config import AdmissionConfig
 from admission.controller import Controller
 from admission.decide import Cluster, Pending, PoolDemand, decide_all, plan_pools
 from admission.demand import MAX_ACCELERATORS, _result
 from admission.fit import (
-    MAX_GANG_PODS,
-    MAX_GPU_CONTAINERS,
-    MAX_GPU_TYPE_CHARS,
-    MAX_GPU_TYPES,
     fit_gang,
     fits_ever,
-    workload_demand,
 )
 from admission.hami import (
     INT32_MAX,
@@ -54,6 +49,13 @@ from admission.hami import (
     unreadable,
 )
 from admission.parameters import Headroom, Parameters, ReclaimParameters
+from admission.requests import (
+    MAX_GANG_PODS,
+    MAX_GPU_CONTAINERS,
+    MAX_GPU_TYPE_CHARS,
+    MAX_GPU_TYPES,
+    workload_demand,
+)
 from foundation.kube import KubeAccess
 from protos.unitscale.v1 import capacity_pb2
 from tests.test_admission_decide import CHECK, MIB, NOW, node, running, workload
@@ -732,7 +734,7 @@ def test_a_negative_percentage_never_lets_two_full_card_gangs_onto_one_card():
 def test_any_whole_percentage_is_read_within_bounds_or_refused(percent):
     limits = {names.GPU: "1", names.GPU_MEMORY_PERCENT: str(percent)}
     try:
-        request = fit.container_request({"name": "c", "resources": {"limits": limits}})
+        request = requests.container_request({"name": "c", "resources": {"limits": limits}})
     except ValueError as err:
         assert not 1 <= percent <= 100
         assert names.GPU_MEMORY_PERCENT in str(err)
