@@ -72,7 +72,6 @@ from admission.workload import (
 from foundation.objects import RawObject
 from foundation.timestamps import parse_time
 
-"""An API object as the server's JSON."""
 State = Literal["Pending", "Ready", "Retry", "Rejected"]
 Ask = tuple[str, str, int]
 """What a check asks the scaler: (scaler address, pool, horizon seconds)."""

@@ -66,8 +66,6 @@ from foundation.fluid import (
 from foundation.objects import RawObject
 from foundation.timestamps import format_time
 
-"""An API object as the API server's JSON."""
-
 DataState = Literal[
     "not-annotated",
     "bad-annotation",

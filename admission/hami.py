@@ -47,8 +47,6 @@ from admission import annotations as names
 from foundation.errors import UnitscaleError, quote
 from foundation.objects import RawObject
 
-"""A Kubernetes object as the API server's JSON (a plain mapping)."""
-
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 """Pod phases in which HAMi no longer counts what the pod was given."""
 

@@ -21,8 +21,6 @@ from typing import Any, Final, Literal
 
 from foundation.objects import RawObject
 
-"""An API object as the API server's JSON."""
-
 MAX_POD_SET_UPDATES: Final = 18
 """Kueue's ``podSetUpdates`` list limit (also the limit on ``spec.podSets``)."""
 

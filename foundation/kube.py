@@ -35,8 +35,6 @@ from foundation.objects import RawObject
 
 log = logging.getLogger(__name__)
 
-"""An API object as the server's JSON (camelCase keys), never a generated model."""
-
 
 @dataclass(frozen=True, slots=True)
 class KubeAccess:
