@@ -54,21 +54,11 @@ from kubernetes_asyncio import client
 
 from admission import density, hami, incremental, lora, shape
 from admission import parameters as params
+from admission.cluster import Ask, CheckPlan, Cluster, Decision, Pending, PoolDemand
 from admission.config import AdmissionConfig
-from admission.decide import (
-    Ask,
-    CheckPlan,
-    Cluster,
-    Decision,
-    Pending,
-    PoolDemand,
-    decide_all,
-    plain_pool,
-    plan_pools,
-    reclaim_all,
-    waiting_since,
-)
+from admission.decide import decide_all, waiting_since
 from admission.demand import DemandResult, fetch_demand, merge_demand
+from admission.manager import plain_pool, plan_pools, reclaim_all
 from admission.metrics import AdmissionMetrics
 from admission.pool import Reclaim
 from admission.workload import (

@@ -41,24 +41,29 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from admission import annotations as names
 from admission import fluid, incremental, lora, reclaim, shape
-from admission.fit import (
-    FitResult,
-    fit_gang,
-    fits_ever,
-    whole_free_gpus,
+from admission.cluster import (
+    CheckPlan,
+    Cluster,
+    Decision,
+    Pending,
+    State,
+    error_text,
+    indexed,
+    our_checks,
+    pod_index_of,
+    pool_group,
 )
+from admission.fit import FitResult, fit_gang, fits_ever, whole_free_gpus
 from admission.hami import Inventory, NodeGpus, inventory
 from admission.hints import Hints, combine, merge_hints
-from admission.parameters import Headroom, Parameters
-from admission.pool import InferenceNeed, ManagerPolicy, PoolPlan, plan_pool, within_allowance
-from admission.requests import (
-    PodSetDemand,
-    workload_demand,
-)
+from admission.manager import plan_pools, scaler_figures
+from admission.parameters import Parameters
+from admission.pool import within_allowance
+from admission.requests import PodSetDemand, workload_demand
 from admission.workload import (
     MAX_CLOCK_SKEW,
     check_entries,
@@ -66,156 +71,10 @@ from admission.workload import (
     created_at,
     key,
     owned_pods,
-    pods_by_owner,
     priority,
 )
 from foundation.objects import RawObject
 from foundation.timestamps import parse_time
-
-State = Literal["Pending", "Ready", "Retry", "Rejected"]
-Ask = tuple[str, str, int]
-"""What a check asks the scaler: (scaler address, pool, horizon seconds)."""
-
-__all__ = [
-    "Ask",
-    "CheckPlan",
-    "Cluster",
-    "Decision",
-    "Pending",
-    "PoolDemand",
-    "decide_all",
-    "indexed",
-    "plan_pools",
-    "reclaim_all",
-]
-
-
-@dataclass(frozen=True)
-class PoolDemand:
-    """One pool's figures, both known."""
-
-    pool: str
-    accelerators_held: float
-    """What inference replicas on the pool hold now."""
-    accelerators_needed: float
-    """The most inference is forecast to need within the horizon."""
-
-
-@dataclass(frozen=True)
-class Pending:
-    """One of our checks a workload holds as Pending, with quota reserved."""
-
-    workload: RawObject
-    check: str
-    parameters: Parameters
-    pending_since: float
-    """Unix seconds the check entry became Pending (its ``lastTransitionTime``)."""
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """Everything the decision reads, as the API server's JSON."""
-
-    nodes: Sequence[RawObject]
-    pods: Sequence[RawObject]
-    workloads: Sequence[RawObject]
-    datasets: Sequence[RawObject]
-    dataloads: Sequence[RawObject]
-    demand: Mapping[str, PoolDemand] | None
-    """Inference demand per pool; None: the scaler could not be asked."""
-    demand_error: str = ""
-    asked: Mapping[Ask, PoolDemand] | None = None
-    """The figures by ask (scaler, pool, horizon), the controller's: when set, each check
-    reads its own ask's, never ``demand``. Another check's ask of the same pool (another
-    scaler, another horizon) made the pool unknown for both (hostile pass 5, M3)."""
-    our_checks: frozenset[str] = frozenset()
-    """Every AdmissionCheck of ours (gangs any of them admitted hold their GPUs); the
-    pending checks' names when empty."""
-    check_parameters: Mapping[str, Parameters] = field(default_factory=dict)
-    """Our checks' parameters, where usable: a gang holds GPUs only in its own check's
-    pool (one of ours with unusable parameters: in every pool, to be safe)."""
-    lora_density: Mapping[str, int] = field(default_factory=dict)
-    """Tenants per instance by base model, for checks with ``lora.adaptive`` (the
-    controller's ``admission.density``); a model absent takes ``tenantsPerInstance``."""
-    datasets_served: bool = True
-    """False: the API server serves no Fluid Datasets (Fluid is not installed), so a
-    Workload naming one is told that, not that its Dataset does not exist."""
-    plans: Mapping[str, CheckPlan] | None = None
-    """The capacity manager's plan per check with reclaim enabled (``plan_pools``); None:
-    ``decide_all`` and ``reclaim_all`` make them (a caller that also exports them passes
-    them in, so they are made once a pass)."""
-    pod_index: Mapping[str, list[RawObject]] | None = None
-    """``workload.pods_by_owner(pods)``; None: each entry point builds it (a caller making
-    one pass of several passes it in, so it is built once a pass)."""
-    memo: incremental.Memo | None = field(default=None, compare=False)
-    """Pools and fit answers kept from earlier passes (``admission.incremental``); None:
-    everything is built afresh."""
-    malformed: tuple[tuple[str, str], ...] = field(default=(), compare=False)
-    """``(subject, why)`` of each object left out for its JSON shape (``admission.shape``)."""
-
-    def __post_init__(self) -> None:
-        # The shape boundary: an object of the wrong shape is left out here, once, so no
-        # helper meets it (one used to fail the pass, or every check of its pool).
-        dropped = list(self.malformed)
-        for kind, name in _SHAPED:
-            kept, bad = shape.well_formed(kind, getattr(self, name))
-            if bad:
-                object.__setattr__(self, name, kept)
-                dropped.extend(bad)
-        object.__setattr__(self, "malformed", tuple(dropped))
-
-
-_SHAPED = (
-    ("node", "nodes"),
-    ("pod", "pods"),
-    ("workload", "workloads"),
-    ("dataset", "datasets"),
-    ("dataload", "dataloads"),
-)
-
-
-def indexed(cluster: Cluster) -> Cluster:
-    """The cluster with its pod index built (the same cluster when it has one)."""
-    if cluster.pod_index is not None:
-        return cluster
-    return replace(cluster, pod_index=pods_by_owner(cluster.pods))
-
-
-def _index(cluster: Cluster) -> Mapping[str, list[RawObject]]:
-    return cluster.pod_index if cluster.pod_index is not None else pods_by_owner(cluster.pods)
-
-
-@dataclass(frozen=True)
-class CheckPlan:
-    """The capacity manager's plan for the pool of one check with reclaim enabled."""
-
-    check: str
-    pool: str
-    """The scaler's pool name (``inferenceHeadroom.pool``)."""
-    plan: PoolPlan
-    entries: Mapping[str, str]
-    """Per admitted workload (``namespace/name``), the check of ours holding it Ready: the
-    entry a reclaim sets to Retry."""
-    failed: str = ""
-    """Non-empty: planning raised (this says what); the plan is unknown, reclaims nothing,
-    and the check's pending workloads are not decided this pass."""
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The new state of one workload's check, and what to create before writing it."""
-
-    namespace: str
-    workload: str
-    check: str
-    state: State
-    message: str
-    requeue_after_seconds: int | None = None
-    pod_set_updates: tuple[RawObject, ...] = ()
-    create: tuple[RawObject, ...] = ()
-    failed: str = ""
-    """Non-empty: deciding raised (this says what): nothing is written, the next pass
-    decides again. ``state`` is then ``Pending`` and ``message`` says so."""
 
 
 @dataclass
@@ -247,22 +106,22 @@ class _Pass:
 
     def inventory(self, p: Parameters, checks: Mapping[str, Parameters | None]) -> Inventory:
         """The pool of ``p`` less the gangs admitted through its checks not yet placed."""
-        group = _group(p)
+        group = pool_group(p)
         if group in self.broken:
             raise _PoolError(self.broken[group])
         if group not in self.inventories:
-            mine = frozenset(c for c, q in checks.items() if q is None or _group(q) == group)
+            mine = frozenset(c for c, q in checks.items() if q is None or pool_group(q) == group)
             try:
                 entry = _held_pool(self.cluster, p, mine, self.now)
             except Exception as err:
-                self.broken[group] = f"the pool's inventory: {_error(err)}"
+                self.broken[group] = f"the pool's inventory: {error_text(err)}"
                 raise _PoolError(self.broken[group]) from err
             self.entries[group] = entry
             self.inventories[group], self.unplaced[group] = entry.pool, entry.promised
         return self.inventories[group]
 
     def reserve(self, p: Parameters, fit: FitResult) -> None:
-        group = _group(p)
+        group = pool_group(p)
         self.inventories[group] = self.inventories[group].reserve(fit.placements)
         self.reserved.add(group)
 
@@ -294,30 +153,12 @@ class _PoolError(Exception):
     """The pool of a check could not be read this pass (the message says why)."""
 
 
-def _error(err: BaseException) -> str:
-    """An exception as a failed round's message: its class and a bounded text."""
-    return f"{type(err).__name__}: {str(err)[:300]}"
-
-
-def _group(p: Parameters) -> tuple[Any, ...]:
-    """Checks with the same pool selector and handshake limit share one inventory."""
-    return (tuple(sorted(p.pool_node_selector.items())), p.handshake_timeout_seconds)
-
-
-def _checks(cluster: Cluster, pending: Sequence[Pending] = ()) -> dict[str, Parameters | None]:
-    """Every check of ours with its parameters (None: unusable now)."""
-    checks: dict[str, Parameters | None] = dict.fromkeys(cluster.our_checks)
-    checks.update(cluster.check_parameters)
-    checks.update((p.check, p.parameters) for p in pending)
-    return checks
-
-
 def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list[Decision]:
     """One decision per pending check, by priority (highest first), then age."""
     shaped = [(p, shape.malformed("workload", p.workload)) for p in pending]
     pending = [p for p, why in shaped if why is None]
     cluster = indexed(cluster)
-    checks = _checks(cluster, pending)
+    checks = our_checks(cluster, pending)
     plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
     state = _Pass(cluster, now, dataloads=list(cluster.dataloads), plans=plans)
     order = sorted(pending, key=lambda p: _order(p.workload))
@@ -340,7 +181,7 @@ def _settled(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) 
     except _PoolError as err:
         return _failed(p, str(err))
     except Exception as err:  # one workload must never stop the pass
-        return _failed(p, _error(err))
+        return _failed(p, error_text(err))
 
 
 def _failed(p: Pending, error: str) -> Decision:
@@ -404,7 +245,7 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
 
     # 2. Never fits the pool: no use waiting for its data first.
     pool = state.inventory(params, checks)
-    group = _group(params)
+    group = pool_group(params)
     ever = state.fits_ever(group, demand)
     if not ever.fits:
         return out("Rejected", ever.reason)
@@ -483,163 +324,6 @@ def _tenant_limit(w: RawObject, params: Parameters, cluster: Cluster) -> int:
     return min(ceiling, cluster.lora_density.get(model, ceiling)) if model else ceiling
 
 
-def plan_pools(cluster: Cluster, now: float) -> dict[str, CheckPlan]:
-    """The capacity manager's plan for each check of ours with reclaim enabled, by check.
-
-    Each plans its whole pool: the cards HAMi's nodes offer and their taken shares, the
-    workloads admitted through any of our checks on the same pool (``reclaim``), and the
-    scaler's forecast for ``inferenceHeadroom.pool`` (unavailable: an unknown plan, which
-    reclaims nothing and says why).
-    """
-    cluster = indexed(cluster)
-    checks = _checks(cluster)
-    inventories: dict[tuple[Any, ...], Inventory] = {}
-    plans: dict[str, CheckPlan] = {}
-    for name, params in sorted(cluster.check_parameters.items()):
-        wanted = params.inference_headroom
-        if not params.reclaim.enabled or wanted is None:
-            continue
-        try:
-            plans[name] = _plan_check(cluster, now, name, params, checks, inventories)
-        except Exception as err:  # one pool must never stop the pass
-            plans[name] = _failed_plan(name, wanted.pool, _error(err))
-    return plans
-
-
-def _failed_plan(check: str, pool: str, error: str) -> CheckPlan:
-    """An unknown plan for a pool whose planning raised: nothing reclaimed, nothing decided."""
-    reason = f"pool {pool}: the plan could not be made ({error}): no allowance, nothing reclaimed"
-    plan = PoolPlan(False, None, 0.0, 0, 0, (), reason, pool=pool)
-    return CheckPlan(check, pool, plan, {}, failed=error)
-
-
-def _plan_check(
-    cluster: Cluster,
-    now: float,
-    name: str,
-    params: Parameters,
-    checks: Mapping[str, Parameters | None],
-    inventories: dict[tuple[Any, ...], Inventory],
-) -> CheckPlan:
-    """The plan of one reclaiming check's pool (``plan_pools``)."""
-    wanted = params.inference_headroom
-    if wanted is None:  # plan_pools asks only for checks with a headroom
-        raise ValueError(f"check {name} has no inferenceHeadroom to plan by")
-    group = _group(params)
-    if group not in inventories:
-        inventories[group] = plain_pool(cluster, params, now)
-    pool = inventories[group]
-    mine = [c for c, q in checks.items() if q is not None and _group(q) == group]
-    here = reclaim.admitted_in_pool(
-        cluster.workloads,
-        cluster.pods,
-        pool,
-        mine,
-        params.reclaim.max_priority,
-        by_owner=_index(cluster),
-        now=now,
-    )
-    need, missing = _need(cluster, wanted, pool)
-    policy = ManagerPolicy(
-        reclaim=True,
-        min_run_seconds=float(params.reclaim.min_run_seconds),
-        headroom_fraction=params.reclaim.headroom_fraction,
-        headroom_cards=params.reclaim.headroom_cards,
-    )
-    training = [a.admitted for a in here]
-    plan = plan_pool(
-        reclaim.pool_state(pool, wanted.pool, training),
-        need,
-        training,
-        now,
-        policy,
-        missing,
-    )
-    entries = {a.admitted.key: a.check for a in here}
-    return CheckPlan(name, wanted.pool, plan, entries)
-
-
-def plain_pool(cluster: Cluster, params: Parameters, now: float) -> Inventory:
-    """What the pool of ``params`` offers, every pod taken off (kept in ``cluster.memo``)."""
-    selector = dict(params.pool_node_selector) or None
-    timeout = params.handshake_timeout_seconds
-
-    def build() -> incremental.Built:
-        pool = inventory(
-            cluster.nodes, cluster.pods, now=now, handshake_timeout=timeout, node_selector=selector
-        )
-        return incremental.Built(pool, 0.0, math.inf)
-
-    if cluster.memo is None:
-        return build()[0]
-    fingerprint = incremental.pool_fingerprint(
-        cluster.nodes,
-        cluster.pods,
-        (),
-        lambda w: (),
-        selector=selector,
-        handshake_timeout=timeout,
-        checks=(),
-        now=now,
-        keys=cluster.memo.keys,
-    )
-    return cluster.memo.pool(("plain", _group(params)), fingerprint, now, build).pool
-
-
-def _need(cluster: Cluster, wanted: Headroom, inv: Inventory) -> tuple[InferenceNeed | None, str]:
-    """The scaler's figures for the check's pool, or None and why not (never a zero)."""
-    figures, why = _figures(cluster, wanted, inv)
-    if figures is None:
-        return None, why
-    return InferenceNeed(figures.accelerators_held, figures.accelerators_needed), ""
-
-
-def _figures(cluster: Cluster, wanted: Headroom, inv: Inventory) -> tuple[PoolDemand | None, str]:
-    """The scaler's figures for the check's pool where possible, else None and why not.
-
-    The check's own ask's where the controller keyed them so (``Cluster.asked``).
-    Inference cannot hold more cards than HAMi registers in the pool (``Inventory.pool``,
-    every node, held or not): held 1e6 on 16 cards read as "needs 0 more" and admitted.
-    """
-    pool = wanted.pool
-    if cluster.asked is not None:
-        figures = cluster.asked.get((wanted.scaler, pool, wanted.horizon_seconds))
-    else:
-        figures = None if cluster.demand is None else cluster.demand.get(pool)
-    if figures is None:
-        return None, cluster.demand_error or f"the scaler knows no pool {pool!r}"
-    cards = sum(len(n.devices) for n in inv.pool)
-    if figures.accelerators_held > cards + 1e-9:
-        return None, (
-            f"accelerators_held {figures.accelerators_held:g} is more than the {cards} GPU"
-            f"{'s' if cards != 1 else ''} HAMi registers in pool {pool}: not used"
-        )
-    return figures, ""
-
-
-def reclaim_all(cluster: Cluster, now: float) -> list[Decision]:
-    """A ``Retry`` for each workload a plan reclaims, on the entry of ours holding it Ready.
-
-    A workload two plans reclaim (two reclaiming checks on one pool) gets one decision.
-    """
-    plans = cluster.plans if cluster.plans is not None else plan_pools(indexed(cluster), now)
-    decisions: list[Decision] = []
-    seen: set[str] = set()
-    for _, planned in sorted(plans.items()):
-        for taken in planned.plan.reclaim:
-            check = planned.entries.get(taken.key)
-            if check is None or taken.key in seen:
-                continue
-            seen.add(taken.key)
-            namespace, _, name = taken.key.partition("/")
-            # requeueAfterSeconds 0: Kueue 0.17 keeps an admitted Workload running, quota
-            # held, until lastTransitionTime + requeueAfterSeconds; 0 evicts it now. It
-            # comes back Pending at once and the check judges it again (Retry, with the
-            # check's retryAfterSeconds, while the allowance has no room).
-            decisions.append(Decision(namespace, name, check, "Retry", taken.message, 0))
-    return decisions
-
-
 @dataclass(frozen=True)
 class _Headroom:
     hold: bool
@@ -664,7 +348,7 @@ def _inference_room(p: Pending, state: _Pass, pool: Inventory, fit: FitResult) -
     cards = reclaim.placement_cards(pool, fit.placements)
     if planned is None:
         return _Headroom(False, headroom.message, cards)
-    group = _group(p.parameters)
+    group = pool_group(p.parameters)
     before = state.granted.get(group, 0.0) + state.unplaced.get(group, 0.0)
     plan = replace(planned.plan, training_held=planned.plan.training_held + before)
     fits, why = within_allowance(plan, cards)
@@ -680,7 +364,7 @@ def _headroom(params: Parameters, cluster: Cluster, pool: Inventory, fit: FitRes
     wanted = params.inference_headroom
     if wanted is None:
         return _Headroom(False, "")
-    figures, why = _figures(cluster, wanted, pool)
+    figures, why = scaler_figures(cluster, wanted, pool)
     if figures is None:
         if wanted.when_unavailable == "Ignore":
             return _Headroom(False, f"inference forecast unavailable ({why}): not checked")
@@ -733,7 +417,7 @@ def _held_pool(
     memo = cluster.memo or incremental.Memo()
     fingerprint = None
     if cluster.memo is not None:
-        by_owner = _index(cluster)
+        by_owner = pod_index_of(cluster)
         fingerprint = incremental.pool_fingerprint(
             cluster.nodes,
             cluster.pods,
@@ -746,7 +430,7 @@ def _held_pool(
             keys=memo.keys,
         )
     # The gangs held are refitted by the policy of the check whose workload comes first.
-    held = ("held", _group(params), params.gpu_scheduler_policy, checks)
+    held = ("held", pool_group(params), params.gpu_scheduler_policy, checks)
     return memo.pool(
         held,
         fingerprint,
@@ -782,7 +466,7 @@ def _held_after(
     added = {h[0] for h in held_now - was}
     if any(h.uid in gone and h.has_pods for h in kept.held):
         return None  # its pods' allocations count in the nodes again
-    by_owner = _index(cluster)
+    by_owner = pod_index_of(cluster)
     staying = {h.uid for h in kept.held if h.uid not in gone}
     found = {
         str(uid): w
@@ -837,7 +521,7 @@ def _hold(
     now: float,
 ) -> list[incremental.Held]:
     """``gangs`` (in order) fitted and held back on ``pool``, each with the pool after it."""
-    by_owner = _index(cluster)
+    by_owner = pod_index_of(cluster)
     steps = []
     for w in gangs:
         where = _granted_selector(w, checks)
@@ -884,7 +568,7 @@ def _pool_inventory(
     """
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
-    by_owner = _index(cluster)
+    by_owner = pod_index_of(cluster)
     holding = [w for w in cluster.workloads if _holds_readably(w, checks, by_owner, now)]
     ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
     pool = inventory(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from admission.decide import Ask, PoolDemand
+from admission.cluster import Ask, PoolDemand
 from foundation.errors import quote
 from foundation.timestamps import to_duration
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc

@@ -25,9 +25,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from admission.cluster import Decision
 from admission.config import AdmissionConfig
 from admission.controller import Controller
-from admission.decide import Decision, decide_all
+from admission.decide import decide_all
 from admission.workload import actionable
 from bench.results import append
 from foundation.kube import KubeAccess

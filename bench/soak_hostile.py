@@ -26,7 +26,8 @@ from typing import Any
 from aiohttp import web
 
 from admission import annotations as names
-from admission.decide import Cluster, Decision, Pending, decide_all
+from admission.cluster import Cluster, Decision, Pending
+from admission.decide import decide_all
 from admission.hami import unreadable
 from admission.parameters import Parameters
 

@@ -16,9 +16,9 @@ from kubernetes_asyncio import client
 
 from admission import annotations as names
 from admission.app import AdmissionServer
+from admission.cluster import PoolDemand
 from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
 from admission.controller import WATCHES, Controller, _version, pool_labels
-from admission.decide import PoolDemand
 from admission.demand import DemandResult
 from admission.metrics import AdmissionMetrics, MetricsServer
 from admission.parameters import Headroom, Parameters, ReclaimParameters

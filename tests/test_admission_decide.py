@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import fluid
-from admission.decide import Cluster, Pending, PoolDemand, decide_all
+from admission.cluster import Cluster, Pending, PoolDemand
+from admission.decide import decide_all
 from admission.parameters import DataParameters, Headroom, LoraParameters, Parameters
 from tests.admission_reference import straightforward
 

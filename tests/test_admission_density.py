@@ -14,7 +14,8 @@ import pytest
 
 from admission import annotations as names
 from admission import hami
-from admission.decide import Cluster, Pending, decide_all
+from admission.cluster import Cluster, Pending
+from admission.decide import decide_all
 from admission.density import (
     LORA_INTERVAL,
     STEP_SECONDS,

@@ -25,11 +25,12 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client
 
 from admission import annotations as names
-from admission import decide as decide_module
 from admission import fit, fluid, requests
+from admission import manager as manager_module
+from admission.cluster import Cluster, Pending, PoolDemand
 from admission.config import AdmissionConfig
 from admission.controller import Controller
-from admission.decide import Cluster, Pending, PoolDemand, decide_all, plan_pools
+from admission.decide import decide_all
 from admission.demand import MAX_ACCELERATORS, _result
 from admission.fit import (
     fit_gang,
@@ -48,6 +49,7 @@ from admission.hami import (
     parse_quantity,
     unreadable,
 )
+from admission.manager import plan_pools
 from admission.parameters import Headroom, Parameters, ReclaimParameters
 from admission.requests import (
     MAX_GANG_PODS,
@@ -418,14 +420,14 @@ def test_a_pool_whose_plan_raises_fails_alone_and_never_admits_on_it(monkeypatch
         reclaim=ReclaimParameters(enabled=True),
         pool_node_selector={"pool": "l4"},
     )
-    real = decide_module.plan_pool  # type: ignore[attr-defined]
+    real = manager_module.plan_pool  # type: ignore[attr-defined]
 
     def plan_pool(state: Any, *args: Any) -> Any:
         if state.pool == "h200":
             raise error
         return real(state, *args)
 
-    monkeypatch.setattr("admission.decide.plan_pool", plan_pool)
+    monkeypatch.setattr("admission.manager.plan_pool", plan_pool)
     nodes = [node("gpu-1"), node("l4-1", labels={"pool": "l4"})]
     a, b = workload("a", gpus=1), workload("b", gpus=1)
     demand = {"h200": PoolDemand("h200", 0, 0), "l4": PoolDemand("l4", 0, 0)}
@@ -442,7 +444,7 @@ def test_a_pool_whose_plan_raises_fails_alone_and_never_admits_on_it(monkeypatch
         ("a", "Pending", True),
         ("b", "Ready", False),
     ]
-    monkeypatch.setattr("admission.decide.plan_pool", real)
+    monkeypatch.setattr("admission.manager.plan_pool", real)
     assert [d.state for d in decide_all([Pending(a, "h", RECLAIMING, NOW - 10)], cluster, NOW)] == [
         "Ready"
     ]

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import density, fit, hami
+from admission.cluster import PoolDemand
 from admission.controller import _Once
-from admission.decide import PoolDemand, reclaim_all
 from admission.demand import DemandResult, fetch_demand
+from admission.manager import reclaim_all
 from admission.parameters import Headroom, Parameters, parse_parameters
 from admission.workload import times_before_creation
 from foundation.errors import ConfigError

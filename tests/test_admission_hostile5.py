@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from admission.cluster import PoolDemand
 from admission.config import parse_config
-from admission.decide import PoolDemand
 from admission.demand import DemandResult
 from admission.parameters import Headroom, Parameters
 from admission.workload import NAMED_TIMES, times_before_creation

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import density, hami
-from admission.decide import Cluster, Pending, PoolDemand, decide_all, reclaim_all, waiting_since
+from admission.cluster import Cluster, Pending, PoolDemand
+from admission.decide import decide_all, waiting_since
 from admission.demand import _result
 from admission.density import MAX_STEP_SECONDS, model_loads
 from admission.fluid import dataload_name
@@ -28,6 +29,7 @@ from admission.lora import (
     base_model_problem,
     instance_slug,
 )
+from admission.manager import reclaim_all
 from admission.metrics import MAX_MODEL_SERIES, AdmissionMetrics
 from admission.parameters import DataParameters, Headroom, Parameters
 from foundation.fluid import read_cached_percentage

@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 from admission import annotations as names
 from admission import decide as decide_module
 from admission import fit, incremental, workload
-from admission.decide import Cluster, Pending, PoolDemand, decide_all, plan_pools
+from admission.cluster import Cluster, Pending, PoolDemand
+from admission.decide import decide_all
+from admission.manager import plan_pools
 from admission.parameters import DataParameters, Headroom, Parameters, ReclaimParameters
 from foundation.timestamps import format_time
 from tests import test_admission_decide as decided

@@ -1,7 +1,7 @@
 """Reclaim through Kueue: the capacity manager's plan over the API's JSON, and its Retries.
 
 Tables over one pool of HAMi nodes: what ``admission.reclaim`` reads (card shares, the
-admitted training and its shares), which admitted workloads ``decide.reclaim_all`` sets
+admitted training and its shares), which admitted workloads ``manager.reclaim_all`` sets
 to Retry when inference's forecast rises, the allowance step 5 of ``decide_all`` adds,
 the parameters, and the write a reclaim makes (``workload.reclaim_body``).
 """
@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from admission import annotations as names
 from admission import hami, reclaim
-from admission.decide import Cluster, Pending, PoolDemand, decide_all, plan_pools, reclaim_all
+from admission.cluster import Cluster, Pending, PoolDemand
+from admission.decide import decide_all
+from admission.manager import plan_pools, reclaim_all
 from admission.parameters import (
     Headroom,
     Parameters,

@@ -19,7 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from admission import annotations as names
-from admission.decide import Cluster, Pending, decide_all, reclaim_all
+from admission.cluster import Cluster, Pending
+from admission.decide import decide_all
+from admission.manager import reclaim_all
 from admission.shape import malformed
 from foundation.timestamps import format_time
 from tests.test_admission_controller import Counting

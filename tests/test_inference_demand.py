@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from admission.decide import PoolDemand
+from admission.cluster import PoolDemand
 from admission.demand import DemandResult, fetch_demand
 from foundation.timestamps import from_timestamp, to_duration
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from admission.cluster import Decision
 from admission.config import AdmissionConfig
 from admission.controller import Controller
-from admission.decide import Decision
 from foundation.kube import KubeAccess
 from tests.k8s.control_plane import ApiError, ControlPlane
 from tests.shared_data import shared
