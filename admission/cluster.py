@@ -88,10 +88,15 @@ class Cluster:
     everything is built afresh."""
     malformed: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """``(subject, why)`` of each object left out for its JSON shape (``admission.shape``)."""
+    shaped: bool = field(default=False, compare=False)
+    """True: every object passed ``shape.well_formed`` already, where it crossed in (the
+    controller's snapshot); False: each is checked here."""
 
     def __post_init__(self) -> None:
         # The shape boundary: an object of the wrong shape is left out here, once, so no
         # helper meets it (one used to fail the pass, or every check of its pool).
+        if self.shaped:
+            return
         dropped = list(self.malformed)
         for kind, name in _SHAPED:
             kept, bad = shape.well_formed(kind, getattr(self, name))

@@ -204,6 +204,8 @@ class Controller:
         self._fetch_demand = demand
         self.watched = {name: Watched() for name in WATCHES}
         self._fresh: dict[tuple[str, str], RawObject] = {}
+        self._shapes: dict[tuple[str, str], tuple[RawObject, str | None]] = {}
+        """Each object's shape verdict as of the last snapshot, with the object it is for."""
         self._dirty = asyncio.Event()
         self._synced = asyncio.Event()
         self._demand_cache: dict[tuple[str, str, int], tuple[float, DemandResult]] = {}
@@ -260,16 +262,23 @@ class Controller:
         """The view now, our own fresher writes standing in for the watched copies."""
         sets = {name: self._merged(name) for name in WATCHES}
         # The shape boundary, once a pass: what no helper could read is left out here.
+        # A watch replaces an object that changed, never edits it: a verdict stands while
+        # its object is the same one (re-reading every template every pass was a third of
+        # the controller's CPU on a 10,000-card pool).
         malformed: list[tuple[str, str, str]] = []
         shaped: dict[str, dict[str, RawObject]] = {}
+        verdicts: dict[tuple[str, str], tuple[RawObject, str | None]] = {}
         for name, kind in _SHAPED.items():
             shaped[name] = {}
             for object_key, obj in sets[name].items():
-                why = shape.malformed(kind, obj)
+                seen = self._shapes.get((name, object_key))
+                why = seen[1] if seen is not None and seen[0] is obj else shape.malformed(kind, obj)
+                verdicts[(name, object_key)] = (obj, why)
                 if why is None:
                     shaped[name][object_key] = obj
                 else:
                     malformed.append((kind, shape.subject(kind, obj), why))
+        self._shapes = verdicts
         return Snapshot(
             checks=shaped["admissionchecks"],
             parameters=sets["parameters"],
@@ -428,6 +437,7 @@ class Controller:
             check_parameters=ours,
             pod_index=pods_by_owner(view.pods),  # once a pass, for every pool
             lora_density=self._density_or_last(view, ours, now),
+            shaped=True,  # the snapshot's boundary checked every object
         )
         plans, decided = self._decide_pass(pending, cluster, now)
         for name, planned in sorted(plans.items()):
@@ -814,7 +824,7 @@ class Controller:
 
     def _nodes_and_pods(self, view: Snapshot) -> Cluster:
         """The view's nodes and pods, to read a pool from (kept from pass to pass)."""
-        return Cluster(view.nodes, view.pods, (), (), (), None, memo=self._memo)
+        return Cluster(view.nodes, view.pods, (), (), (), None, memo=self._memo, shaped=True)
 
     def observe(self) -> None:
         """Set the view's gauges: each pool's GPUs, LoRA tenants.

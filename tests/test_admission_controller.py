@@ -240,6 +240,75 @@ def test_our_fresher_write_stands_in_until_the_watch_catches_up():
     assert controller._fresh == {}
 
 
+def _checked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the workloads ``shape.malformed`` reads from now on."""
+    from admission import shape
+
+    read: list[str] = []
+    real = shape.malformed
+
+    def counting(kind: str, obj: object) -> str | None:
+        if kind == "workload" and isinstance(obj, dict):
+            read.append(obj["metadata"]["name"])
+        return real(kind, obj)
+
+    monkeypatch.setattr(shape, "malformed", counting)
+    return read
+
+
+def test_an_object_the_watch_did_not_replace_is_not_shape_checked_again(monkeypatch):
+    """Its verdict stands while it is the same object: every pass re-read every template."""
+    controller = Counting()
+    controller._changed("workloads", {f"team/w{i}": workload(i) for i in range(3)})
+    read = _checked(monkeypatch)
+    controller.snapshot()
+    assert sorted(read) == ["w0", "w1", "w2"]
+    read.clear()
+    controller.snapshot()
+    assert read == []
+
+
+@pytest.mark.parametrize(
+    ("replacement", "kept"),
+    [
+        pytest.param(
+            {"metadata": {"name": "w1", "namespace": "team"}},
+            True,
+            id="a well-formed change is kept",
+        ),
+        pytest.param(
+            {"metadata": {"name": "w1", "namespace": "team"}, "spec": "x"},
+            False,
+            id="a change to a bad shape is left out",
+        ),
+    ],
+)
+def test_an_object_the_watch_replaced_is_checked_again(monkeypatch, replacement, kept):
+    controller = Counting()
+    controller._changed("workloads", {"team/w0": workload(0), "team/w1": workload(1)})
+    controller.snapshot()
+    read = _checked(monkeypatch)
+    controller._changed(
+        "workloads",
+        {"team/w0": controller.watched["workloads"].objects["team/w0"], "team/w1": replacement},
+    )
+    view = controller.snapshot()
+    assert read == ["w1"]
+    assert ("team/w1" in view.workloads) is kept
+    assert len(view.malformed) == (0 if kept else 1)
+
+
+def test_the_verdicts_kept_are_those_of_the_objects_watched_now():
+    controller = Counting()
+    controller._changed("workloads", {f"team/w{i}": workload(i) for i in range(3)})
+    controller.snapshot()
+    controller._changed(
+        "workloads", {"team/w2": controller.watched["workloads"].objects["team/w2"]}
+    )
+    controller.snapshot()
+    assert [key for kind, key in controller._shapes if kind == "workloads"] == ["team/w2"]
+
+
 @pytest.mark.parametrize(
     "version",
     [
