@@ -624,50 +624,74 @@ async def stream(
     }
 
 
+@dataclass
+class Phases:
+    """What both runs do: a backlog, then streams, with the watch and the placers running."""
+
+    plane: ControlPlane
+    seen: Observed
+    placers: list[Placer]
+    """The stand-ins placing admitted Jobs' pods; the first places the backlog's."""
+
+    async def run(
+        self,
+        first: Pool,
+        backlog_jobs: int,
+        streams: list[tuple[Pool, int, float]],
+        profile: Path | None,
+    ) -> dict[str, Any]:
+        """The backlog of ``first``, then each ``(pool, jobs, rate)`` stream in turn.
+
+        Returns the backlog's and each stream's figures (a stream's with the controller's
+        CPU over it), the controller's metrics and its peak RSS.
+        """
+        self.seen.hooks += [placer.offer for placer in self.placers]
+        tasks = [asyncio.create_task(observe(self.plane, self.seen), name="the watch")]
+        tasks += [
+            asyncio.create_task(p.run(), name=f"placer {min(p.namespaces)}") for p in self.placers
+        ]
+        for task in tasks:
+            task.add_done_callback(_died)
+        controller = None
+        try:
+            a = await backlog(self.plane, first, backlog_jobs, self.seen, profile)
+            controller = a.pop("controller")
+            a["cpu_s"] = controller.cpu_seconds()
+            admitted = a["outcomes"].get("Ready", 0)
+            placer = self.placers[0]
+            await until("the backlog's pods created", lambda: placer.settled(admitted))
+            done = []
+            for pool, jobs, rate in streams:
+                active = functools.partial(_active, self.plane, pool.check)
+                await until(f"check {pool.check} Active", active, 60)
+                before = controller.cpu_seconds()
+                result = await stream(self.plane, pool, jobs, rate, self.seen)
+                done.append(result | {"cpu_s": controller.cpu_seconds() - before, "rate": rate})
+            metrics = await controller.metrics()
+            rss = controller.peak_rss_mb()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if controller is not None:
+                await controller.stop()
+        return {"backlog": a, "streams": done, "metrics": metrics, "rss_mb": rss}
+
+
 async def run(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
+    """Three pools of ``--nodes``: a backlog, a stream with pods placed, one without."""
     suffix = secrets.token_hex(2)
     first, placed, held = (Pool(f"{phase}-{suffix}") for phase in ("backlog", "placed", "held"))
     for pool in (first, placed, held):
         pool.create(plane, args.nodes, args.workloads)
-    seen = Observed()
     # The backlog's gangs get pods too: unplaced, they would be held against later pools.
-    placers = {pool: Placer.of(plane, [pool], args.nodes) for pool in (first, placed)}
-    seen.hooks += [placer.offer for placer in placers.values()]
-    tasks = [asyncio.create_task(observe(plane, seen), name="the watch")]
-    tasks += [
-        asyncio.create_task(p.run(), name=f"placer {min(p.namespaces)}") for p in placers.values()
-    ]
-    for task in tasks:
-        task.add_done_callback(_died)
-    controller = None
-    try:
-        a = await backlog(plane, first, args.workloads, seen, args.profile)
-        controller = a.pop("controller")
-        admitted = a["outcomes"].get("Ready", 0)
-        await until("the backlog's pods created", lambda: placers[first].settled(admitted))
-        streams = {}
-        for pool in (placed, held):
-            active = functools.partial(_active, plane, pool.check)
-            await until(f"check {pool.check} Active", active, 60)
-            streams[pool] = await stream(plane, pool, args.workloads, args.rate, seen)
-        metrics = await controller.metrics()
-        rss = controller.peak_rss_mb()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if controller is not None:
-            await controller.stop()
-    lost = {
-        name: sum(getattr(p, name) for p in placers.values()) for name in ("unplaced", "failed")
-    }
-    return {
-        "backlog": a,
-        "placed": streams[placed] | lost,
-        "held": streams[held],
-        "metrics": metrics,
-        "rss_mb": rss,
-    }
+    placers = [Placer.of(plane, [pool], args.nodes) for pool in (first, placed)]
+    phases = Phases(plane, Observed(), placers)
+    streams = [(pool, args.workloads, args.rate) for pool in (placed, held)]
+    result = await phases.run(first, args.workloads, streams, args.profile)
+    lost = {name: sum(getattr(p, name) for p in placers) for name in ("unplaced", "failed")}
+    b, c = result.pop("streams")
+    return result | {"placed": b | lost, "held": c}
 
 
 async def run_pool(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
@@ -683,44 +707,14 @@ async def run_pool(plane: ControlPlane, args: argparse.Namespace) -> dict[str, A
     first.create(plane, args.nodes, args.workloads)
     for pool in (steady, burst):
         pool.create(plane, 0, args.stream)
-    seen = Observed()
     placer = Placer.of(plane, [first, steady, burst], args.nodes)
-    seen.hooks.append(placer.offer)
-    tasks = [
-        asyncio.create_task(observe(plane, seen), name="the watch"),
-        asyncio.create_task(placer.run(), name="the placer"),
-    ]
-    for task in tasks:
-        task.add_done_callback(_died)
-    controller = None
-    try:
-        a = await backlog(plane, first, args.workloads, seen, args.profile)
-        controller = a.pop("controller")
-        a["cpu_s"] = controller.cpu_seconds()
-        admitted = a["outcomes"].get("Ready", 0)
-        await until("the backlog's pods created", lambda: placer.settled(admitted))
-        streams = []
-        for pool, rate in ((steady, args.rate), (burst, args.burst_rate)):
-            await until(
-                f"check {pool.check} Active", functools.partial(_active, plane, pool.check), 60
-            )
-            before = controller.cpu_seconds()
-            result = await stream(plane, pool, args.stream, rate, seen)
-            streams.append(result | {"cpu_s": controller.cpu_seconds() - before, "rate": rate})
-        metrics = await controller.metrics()
-        rss = controller.peak_rss_mb()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if controller is not None:
-            await controller.stop()
-    return {
-        "backlog": a,
-        "stream": streams[0],
-        "burst": streams[1],
-        "metrics": metrics,
-        "rss_mb": rss,
+    phases = Phases(plane, Observed(), [placer])
+    streams = [(steady, args.stream, args.rate), (burst, args.stream, args.burst_rate)]
+    result = await phases.run(first, args.workloads, streams, args.profile)
+    b, c = result.pop("streams")
+    return result | {
+        "stream": b,
+        "burst": c,
         "unplaced": placer.unplaced,
         "failed": placer.failed,
     }
