@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -136,3 +137,28 @@ async def served_app(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def streaming_forever(card: dict[str, object]) -> AsyncIterator[str]:
+    """A replica listing ``card`` that streams a token every millisecond, forever."""
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [card]})
+
+    async def tokens_forever(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        while True:
+            await response.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+            await asyncio.sleep(0.001)  # the replica's pace, not the test's synchronisation
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", tokens_forever)
+    async with served_app(app) as url:
+        yield url

@@ -11,6 +11,7 @@ once at its end, so an activation still reaches StreamIsActive.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -26,11 +27,12 @@ GAP = 0.05
 
 def idle_at_zero(
     push_gap: float,
+    later: Callable[[float, Callable[[], None]], bool] = _call_later,
 ) -> tuple[FakeClock, SignalStore, ScaledObjectRegistry, ScaledObject]:
     """A ScaledObject at zero replicas, idle, decided inactive."""
     clock = FakeClock(T0)
     store = SignalStore(clock)
-    registry = ScaledObjectRegistry(store, 30.0, clock, push_gap=push_gap, later=_call_later)
+    registry = ScaledObjectRegistry(store, 30.0, clock, push_gap=push_gap, later=later)
     scaled = registry.resolve("llama", "team-a", {"scalerAddress": "x:1", "deployment": "llama"})
     engine = engine_signals(at=T0, queue=0.0, running=0.0)
     engine.engine.replicas_scraped = engine.engine.replicas_up = 0

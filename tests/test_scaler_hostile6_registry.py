@@ -26,7 +26,8 @@ from scaler.registry import MAX_RIVALS, ScaledObject, ScaledObjectRegistry
 from scaler.server import _call_later
 from scaler.signals import SignalStore
 from scaler.sources import receive
-from tests.conftest import T0, FakeClock, engine_signals, gateway_signals
+from tests.conftest import T0, FakeClock, gateway_signals
+from tests.test_scaler_hostile5_registry import idle_at_zero
 
 GAP = 0.05
 """A short gap keeps the test quick; the served one is ``PUSH_DECISION_GAP``."""
@@ -38,18 +39,7 @@ def served(
     later: Callable[[float, Callable[[], None]], bool] = _call_later,
 ) -> tuple[FakeClock, SignalStore, ScaledObjectRegistry, ScaledObject]:
     """A served registry (push gap, a loop's timer) with one idle ScaledObject decided."""
-    clock = FakeClock(T0)
-    store = SignalStore(clock)
-    registry = ScaledObjectRegistry(store, 30.0, clock, push_gap=GAP, later=later)
-    scaled = registry.resolve("llama", "team-a", META)
-    engine = engine_signals(at=T0, queue=0.0, running=0.0)
-    engine.engine.replicas_scraped = engine.engine.replicas_up = 0
-    for window in (engine.engine.stable, engine.engine.panic):
-        window.request_rate = window.prompt_token_rate = window.generation_token_rate = 0.0
-    receive(store, engine)
-    receive(store, gateway_signals(at=T0, arrival_rate=0.0))
-    assert not registry.current(scaled).active
-    return clock, store, registry, scaled
+    return idle_at_zero(GAP, later)
 
 
 async def test_calls_on_new_snapshots_within_the_gap_are_one_trailing_decision() -> None:

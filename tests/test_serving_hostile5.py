@@ -37,7 +37,7 @@ from serving.gateway_standby import Plan
 from serving.replica_answers import MAX_CONTEXT_TOKENS, read_model_list, read_wake
 from serving.routing import Backoff, ReplicaView, choose, choose_wakes
 from serving.slo import ResponseMeter
-from tests.conftest import eventually, served_app
+from tests.conftest import eventually, streaming_forever
 from tests.test_gateway_faults import Behaviour, Fake, upstream_errors
 from tests.test_gateway_isolation import StandIn, gateway_for
 from tests.test_gateway_standby import PlanFrom
@@ -588,24 +588,8 @@ def test_a_requests_token_bound(
 
 
 async def test_a_stream_with_no_bound_is_cut_past_its_replicas_context() -> None:
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "sim-llama", "max_model_len": 8}]})
-
-    async def tokens_forever(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        while True:
-            await response.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
-            await asyncio.sleep(0.001)  # the replica's pace, not the test's synchronisation
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", tokens_forever)
-    async with served_app(app) as url, gateway_for([url]) as gateway:
+    card = {"id": "sim-llama", "max_model_len": 8}
+    async with streaming_forever(card) as url, gateway_for([url]) as gateway:
         g = gateway.gateway
         await eventually(lambda: g.replicas[0].routable, "ready")
         assert g.replicas[0].max_model_len == 8

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -34,7 +33,7 @@ from serving.replica_answers import MAX_CONTEXT_TOKENS
 from serving.routing import Backoff, ReplicaView, choose, choose_standby
 from serving.server import SimReplicaServer
 from serving.slo import ResponseMeter, choices
-from tests.conftest import eventually, served_app
+from tests.conftest import eventually, served_app, streaming_forever
 from tests.test_gateway_faults import upstream_errors
 from tests.test_gateway_isolation import gateway_for
 from tests.test_gateway_standby import PlanFrom
@@ -142,31 +141,6 @@ def test_a_meter_not_yet_bound_by_a_replica_has_a_bound() -> None:
     meter = ResponseMeter(0.0)
     assert meter.token_bound == MAX_CONTEXT_TOKENS
     assert not overrun(meter)
-
-
-@contextlib.asynccontextmanager
-async def streaming_forever(card: dict[str, object]) -> AsyncIterator[str]:
-    """A replica listing ``card`` that streams a token every millisecond, forever."""
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"data": [card]})
-
-    async def tokens_forever(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        while True:
-            await response.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
-            await asyncio.sleep(0.001)  # the replica's pace, not the test's synchronisation
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", tokens_forever)
-    async with served_app(app) as url:
-        yield url
 
 
 @pytest.mark.parametrize(
