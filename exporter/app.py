@@ -26,6 +26,7 @@ from foundation.errors import ConfigError
 from foundation.grpc_server import GrpcServer, service_name
 from foundation.http_guard import ConnectionGuard, GuardedSite, RefusedCollector, bind
 from foundation.kube import KubeAccess
+from foundation.loop_share import LoopShare
 from foundation.net import split_listen
 from foundation.reload import ConfigSource, ConfigStore
 from foundation.reload_metrics import ConfigReloadCollector
@@ -80,6 +81,9 @@ class ExporterServer:
         self.http_guard = ConnectionGuard("exporter")
         self.registry.register(RefusedCollector(self.http_guard, "unitscale_exporter_http_refused"))
         self._site: GuardedSite | None = None
+        # At 3,000 replicas a body took 0.5 s of the event loop (5.8 MB), the loop that
+        # scrapes and streams signals: made at most a tenth of the time (hostile pass 7).
+        self._body = LoopShare(lambda: generate_latest(self.registry))
         self._loop_task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._health_changed = asyncio.Event()
@@ -162,8 +166,7 @@ class ExporterServer:
             self._health_changed.clear()
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=self._body.get(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         exporter = self.exporter

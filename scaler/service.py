@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from foundation.errors import MetadataError, NoDataError, quote
+from foundation.loop_share import LoopShare
 from foundation.timestamps import from_duration, to_duration, to_timestamp
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
@@ -171,6 +172,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
     def __init__(self, registry: ScaledObjectRegistry) -> None:
         self._registry = registry
         self._pool_problems: dict[str, str] = {}
+        self._pools = LoopShare(self._all_pools)
 
     async def GetInferenceDemand(  # noqa: N802 - name fixed by the proto
         self, request: capacity_pb2.GetInferenceDemandRequest, context: grpc.aio.ServicerContext
@@ -181,6 +183,29 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"horizon {horizon:g}s: must not be negative"
             )
+        pools = every = self._pools.get()
+        if request.pool:
+            pools = {request.pool: every[request.pool]} if request.pool in every else {}
+            if not pools:
+                known = sorted(every)
+                listed = ", ".join(known[:20]) + (
+                    f" and {len(known) - 20} more" if len(known) > 20 else ""
+                )
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"no ScaledObject the scaler knows of declares pool {quote(request.pool)}"
+                    f" (pools: {listed or 'none'})",
+                )
+        return capacity_pb2.GetInferenceDemandResponse(pools=list(pools.values()))
+
+    def _all_pools(self) -> dict[str, capacity_pb2.PoolDemand]:
+        """Every pool's message, by name, sorted: what ``GetInferenceDemand`` answers from.
+
+        Made at most a tenth of the time (``self._pools``): at 10,000 ScaledObjects in
+        pools one answer took 0.28 s of the event loop, and anyone who can reach the port
+        may ask back to back (issue 27, hostile pass 7); a pool asked for is picked out of
+        it, so a name that is no pool costs no new answer either.
+        """
         entries = []
         for scaled in self._registry.objects():
             if scaled.metadata.pool is None:
@@ -191,20 +216,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             entry = declared(scaled)
             if entry is not None:
                 entries.append(entry)
-        pools = pool_demand(entries, request.pool)
-        if request.pool and not pools:
-            known = sorted({e.pool for e in entries})
-            listed = ", ".join(known[:20]) + (
-                f" and {len(known) - 20} more" if len(known) > 20 else ""
-            )
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"no ScaledObject the scaler knows of declares pool {quote(request.pool)}"
-                f" (pools: {listed or 'none'})",
-            )
-        return capacity_pb2.GetInferenceDemandResponse(
-            pools=[self._pool_message(p) for p in pools.values()]
-        )
+        return {name: self._pool_message(p) for name, p in pool_demand(entries).items()}
 
     def _pool_message(self, demand: InferenceDemand) -> capacity_pb2.PoolDemand:
         """The pool's message; one whose figures do not encode is unknown alone.
