@@ -43,14 +43,16 @@ Never a Workload or pod name.
   dating a Ready entry or ``Admitted`` before their creation (read as the creation).
   Also objects left out of
   the view for their JSON shape (``admission.shape``; also ``workload``, ``dataset``,
-  ``dataload``, ``admissioncheck``), counted as their problem appears or changes.
+  ``dataload``, ``admissioncheck``), counted as their problem appears or changes;
+- ``unitscale_admission_http_refused_total{reason}``: connections and requests the HTTP
+  port refused (``too-many-connections``, ``slow-head``, ``malformed-http``:
+  ``foundation.http_guard``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -67,6 +69,7 @@ from prometheus_client import (
 
 from admission.pool import PoolPlan
 from foundation.errors import ConfigError
+from foundation.http_guard import ConnectionGuard, GuardedSite, RefusedCollector, bind
 from foundation.net import split_listen
 
 log = logging.getLogger(__name__)
@@ -254,7 +257,14 @@ the port left no time for reconcile passes (hostile pass 6, M4)."""
 
 
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` over HTTP; ``start()`` returns the bound port."""
+    """``/metrics`` and ``/healthz`` over HTTP; ``start()`` returns the bound port.
+
+    Served through a ``foundation.http_guard.ConnectionGuard`` (``guard``), as the
+    exporter's and the scaler's ports are: aiohttp's defaults held every unfinished
+    request head for good (300 trickled heads all still open 12 s later) and logged a
+    traceback per malformed request (issue 27, hostile pass 7). What it refuses is
+    ``unitscale_admission_http_refused_total{reason}``.
+    """
 
     def __init__(
         self,
@@ -268,7 +278,9 @@ class MetricsServer:
         self._health = health
         self._clock = clock
         self._refreshed = -math.inf
-        self._runner: web.AppRunner | None = None
+        self.guard = ConnectionGuard("admission.metrics")
+        metrics.registry.register(RefusedCollector(self.guard, "unitscale_admission_http_refused"))
+        self._site: GuardedSite | None = None
         self.port = 0
 
     async def start(self) -> int:
@@ -280,30 +292,22 @@ class MetricsServer:
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._serve_health)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
         # Bind first so that port 0 works and the chosen port is known.
-        family = socket.AF_INET6 if ":" in self._listen[0] else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        host, port = self._listen
         try:
-            sock.bind(self._listen)
+            sock = bind(host, port)
         except (OSError, TypeError, ValueError, UnicodeError) as err:
             # TypeError/UnicodeError: a host the resolver cannot encode (NUL, non-IDNA).
-            sock.close()
-            await self._runner.cleanup()
             why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            raise ConfigError(
-                f"metrics-listen {self._listen[0][:300]}:{self._listen[1]}: {why[:200]}"
-            ) from err
-        await web.SockSite(self._runner, sock).start()
-        self.port = int(sock.getsockname()[1])
+            raise ConfigError(f"metrics-listen {host[:300]}:{port}: {why[:200]}") from err
+        self._site = GuardedSite(app, self.guard)
+        self.port = await self._site.start(sock)
         return self.port
 
     async def stop(self) -> None:
         """Stop serving."""
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._site is not None:
+            await self._site.stop()
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
         now = self._clock()

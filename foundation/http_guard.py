@@ -177,13 +177,15 @@ def bind(host: str, port: int) -> socket.socket:
 
     Raises:
         OSError: the address cannot be bound.
+        TypeError, UnicodeError: a host the resolver cannot encode (a NUL, a non-IDNA
+            name); the socket is closed whatever ``bind`` raised.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-    except OSError:
+    except BaseException:
         sock.close()
         raise
     return sock
