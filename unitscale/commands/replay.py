@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from foundation.errors import ConfigError, quote
 from unitscale import flags
 from unitscale.commands import replay_pool
-from unitscale.commands.common import cold_start_argument
+from unitscale.commands.common import cold_start_argument, report_directory
 
 if TYPE_CHECKING:
     from replay.run import ReplayOptions
@@ -105,15 +105,18 @@ def run(args: argparse.Namespace) -> int:
         load_trace(args.trace[0], args.seed), args.rate_multiplier, args.time_compression, args.seed
     )
     options = _options(args)
+    standby = _standby(args) if args.compare_tiers else None
+    # Every input read: now the report's directory, before the run, never after it.
+    report_directory(args.report)
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("replay", total=trace.duration)
 
         def progress(name: str, now: float) -> None:
             bar.update(task, completed=now, description=name)
 
-        if args.compare_tiers:
+        if standby is not None:
             grace = {} if args.idle_grace is None else {"idleGrace": f"{args.idle_grace:g}s"}
-            results = compare_tiers(trace, config, options, _standby(args), progress, grace)
+            results = compare_tiers(trace, config, options, standby, progress, grace)
         else:
             results = run_policies(trace, names, config, options, progress)
     if args.compare_tiers:

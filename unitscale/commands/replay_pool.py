@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from foundation.errors import ConfigError
 from unitscale import flags
+from unitscale.commands.common import report_directory
 
 if TYPE_CHECKING:
     from replay.pool.cluster import Node, Task
@@ -96,6 +97,8 @@ def run(args: argparse.Namespace, policy: CorePolicy) -> int:
     from replay.pool.report import write_report
 
     nodes, tasks, deployments, options = inputs(args, policy)
+    # Every input read: now the report's directory, before the run, never after it.
+    report_directory(args.report)
     horizon = max(d.horizon for d in deployments)
     total = horizon * (1 + len(options.configs((0,) * len(deployments))))
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
