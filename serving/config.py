@@ -162,7 +162,8 @@ class GatewayConfig(BaseModel):
     dns: str | None = _DEFAULTS.dns
     """``host:port`` of a headless Service: every A record is a replica."""
     endpoint_slices: EndpointSlicesConfig | None = None
-    """A Service whose ready endpoints are replicas (``path`` is ignored)."""
+    """A Service whose ready endpoints are replicas, ``http://address:port``: its
+    ``path`` is ``/`` (the default here), as a replica URL has none."""
     models: tuple[Annotated[str, Field(max_length=MAX_MODEL_ID_CHARS, pattern=r"\S")], ...] = Field(
         _DEFAULTS.models, max_length=4096
     )
@@ -218,6 +219,26 @@ class GatewayConfig(BaseModel):
     @classmethod
     def _urls(cls, replicas: list[str]) -> list[str]:
         return list(dict.fromkeys(replica_url(url) for url in replicas))
+
+    @field_validator("endpoint_slices", mode="before")
+    @classmethod
+    def _slices_at_the_root(cls, value: object) -> object:
+        # The exporter's default path is /metrics: taken here, every replica was
+        # http://address:port/metrics, checked at /metrics/health (404), never ready,
+        # and every request waited out the buffer for a 503.
+        if isinstance(value, dict) and "path" not in value:
+            return {**value, "path": "/"}
+        return value
+
+    @field_validator("endpoint_slices")
+    @classmethod
+    def _slices_without_a_path(cls, value: EndpointSlicesConfig | None) -> object:
+        if value is not None and value.path != "/":
+            raise ValueError(
+                f"path {quote(value.path)}: a path would prefix every request; a replica is"
+                " http://address:port (path: /, the default)"
+            )
+        return value
 
     @field_validator("dns", "standby_scaler")
     @classmethod

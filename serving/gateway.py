@@ -84,6 +84,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from foundation.errors import quote
 from serving.arrival_recorder import ArrivalRecorder
 from serving.arrivals import estimate_prompt_tokens
 from serving.gateway_metrics import GatewayMetrics
@@ -91,7 +92,7 @@ from serving.gateway_replicas import Replica, ReplicaPool, read_answer
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import SignalsFeed, TrafficStats, gateway_signals
 from serving.gateway_standby import IGNORED_REASONS, NoPlan, PlanSource, StandbyClient
-from serving.replica_answers import AnswerError, read_wake
+from serving.replica_answers import MAX_MODEL_ID_CHARS, AnswerError, read_wake
 from serving.routing import (
     Backoff,
     ReplicaView,
@@ -731,7 +732,8 @@ class Gateway:
 
         A body over ``max_request_bytes`` is 413 (refused on its Content-Length, before
         it is read, or as soon as it grows past the limit); one that is not a JSON object
-        is the client's 400, whatever is wrong with it.
+        is the client's 400, whatever is wrong with it. A model name longer than any
+        replica may list (``MAX_MODEL_ID_CHARS``) is served by nobody: 404, never kept.
         """
         raw = await self._read_body(request)
         try:
@@ -745,6 +747,11 @@ class Gateway:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise self._reject(400, "model must be a string", None)
+        if model is not None and len(model) > MAX_MODEL_ID_CHARS:
+            # No replica lists such a name (``replica_answers`` refuses it) and no config
+            # holds one: served by nobody. Taken, it was kept as a key of the per-model
+            # pressure state after its request ended: 4,096 names of 16 MiB each.
+            raise self._reject(404, f"no replica serves model {quote(model, 80)}", None)
         bound = output_token_limit(body, chat=request.path == "/v1/chat/completions")
         return raw, model, estimate_prompt_tokens(body), bound, choices(body)
 

@@ -334,7 +334,8 @@ class ReplicaPool:
     async def _discover(self) -> None:
         """Resolve the DNS name, if any, and apply the replicas named now.
 
-        A failed DNS lookup keeps the replicas it named before.
+        A failed DNS lookup (no answer, an error, a name no resolver can encode) keeps the
+        replicas it named before: the lookup's failure, never the round's.
         """
         dns = self.settings.dns
         if dns is not None:
@@ -343,8 +344,11 @@ class ReplicaPool:
                     addresses, port = await resolve_addresses(dns)
                 self._dns_named = {f"http://{address}:{port}" for address in addresses}
                 self._dns_for, self._dns_failing = dns, False
-            except (OSError, TimeoutError) as err:
-                problem = str(err) or f"no answer within {DNS_TIMEOUT:g}s"
+            except (OSError, TimeoutError, ValueError) as err:
+                # ValueError: a name the resolver cannot encode (a label empty or over 63
+                # characters: UnicodeError), raised by every lookup. It failed every health
+                # round as a whole: no round's report, gauges or wake retries, for good.
+                problem = str(err)[:200] or f"no answer within {DNS_TIMEOUT:g}s"
                 if not self._dns_failing:  # once until it resolves again
                     kept = (
                         "keeping its replicas" if self._dns_for == dns else "no replica from it yet"

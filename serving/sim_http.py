@@ -72,14 +72,25 @@ class SimReplica:
             self.app.router.add_post("/wake_up", self._wake_up)
             self.app.router.add_get("/is_sleeping", self._is_sleeping)
         self.app.cleanup_ctx.append(self._engine_task)
+        self._engine: asyncio.Task[None] | None = None
+        """The engine's stepping task, while the app runs (``_health`` reads it)."""
         self._ids = itertools.count(1)
 
     async def _engine_task(self, app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(self.engine.run())
+        self._engine = task
+        task.add_done_callback(_engine_ended)
         yield
         task.cancel()
 
     async def _health(self, request: web.Request) -> web.Response:
+        """200 while the engine steps; 503 once its task ended, as vLLM's dead engine.
+
+        Always 200, a replica whose engine had stopped passed every check and was sent
+        requests that waited for good (each a 504 at the gateway's upstream timeout).
+        """
+        if self._engine is not None and self._engine.done():
+            return web.Response(status=503)
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -230,6 +241,12 @@ class _Answer:
             "choices": [],
             "usage": self.usage,
         }
+
+
+def _engine_ended(task: asyncio.Task[None]) -> None:
+    """The engine's task ended: logged once, with why (a cancel is the server stopping)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the engine stopped; /health answers 503", exc_info=task.exception())
 
 
 SLEEP_MODES: tuple[PauseMode, ...] = ("abort", "wait", "keep")
