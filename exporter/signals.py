@@ -79,9 +79,8 @@ class ReplicaHistory:
     def add(self, now: float, stats: EngineStats) -> None:
         """Record a scrape taken at ``now``; a new histogram layout starts afresh."""
         layout = Layout.of(stats)
-        if layout != self.layout:  # buckets changed (an upgrade): deltas would be nonsense
-            self.layout = layout
-            self.times, self.vectors, self.created, self.gauges = [], [], [], []
+        if layout != self.layout:  # buckets changed (an upgrade): their deltas are nonsense
+            self._relayout(layout)
         self.times.append(now)
         self.vectors.append(layout.vector(stats))
         self.created.append(stats.created)
@@ -92,6 +91,21 @@ class ReplicaHistory:
             drop += 1  # keep one scrape before the horizon as the base of the window
         if drop:
             del self.times[:drop], self.vectors[:drop], self.created[:drop], self.gauges[:drop]
+
+    def _relayout(self, layout: Layout) -> None:
+        """Keep the scrapes' counters under a new bucket layout; their buckets are unknown.
+
+        The scrapes were dropped whole, counters too, so the replica had no window until
+        two scrapes under the new layout, and the deployment's rates were the other
+        replicas' alone (not partial, nothing missing): a replica whose buckets moved
+        every scrape hid its load for good, and the scaler took the rest for the whole
+        (issue 27, hostile pass 7, XS-H2). The counters go on; a window over the change
+        has no buckets (NaN: ``ReplicaWindow.buckets`` says None), as an engine that
+        lacks the histogram.
+        """
+        self.layout = layout
+        unknown = np.full(sum(len(bounds) for _, bounds in layout.bounds), math.nan)
+        self.vectors = [np.concatenate((v[:_SCALARS], unknown)) for v in self.vectors]
 
     def window(self, now: float, seconds: float) -> ReplicaWindow | None:
         """Increases and gauge means over the last ``seconds``, or None with < 2 scrapes."""
@@ -150,7 +164,9 @@ class ReplicaWindow:
         offset = _SCALARS
         for concept, bounds in self.layout.bounds:
             if concept == histogram:
-                return bounds, self.increase[offset : offset + len(bounds)]
+                counts = self.increase[offset : offset + len(bounds)]
+                # NaN: the window spans a change of layout (``ReplicaHistory._relayout``)
+                return None if np.isnan(counts).any() else (bounds, counts)
             offset += len(bounds)
         return None
 

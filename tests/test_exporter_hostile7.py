@@ -1,11 +1,18 @@
-"""The exporter's ``/metrics`` takes at most a tenth of its event loop, however often scraped.
+"""The exporter under hostile pass 7 (issue 27): its ``/metrics``, and replicas' buckets.
 
-Issue 27, hostile pass 7, XS-M1: the exporter made its ``/metrics`` body afresh for every
+XS-M1: the exporter made its ``/metrics`` body afresh for every
 scrape on the event loop that also runs the scrape cycle and the signal streams: 0.5 s
 and 5.8 MB at 3,000 replicas, so a few clients scraping in a loop delayed every cycle
 (its replicas' scrapes timing out, the deployment partial) and the scaler's signals.
 It now answers through ``foundation.loop_share.LoopShare``: a new body only once the
 last is older than its CPU cost over a tenth. The cost is faked (a second of CPU a body).
+
+XS-H2: a replica whose histogram buckets changed dropped its history whole, counters
+too, so it had no window and the deployment's rates were the other replicas' alone,
+neither partial nor missing: one whose buckets moved every scrape hid its load for good
+(two replicas at 20 requests/s each published 20), and the scaler planned for half the
+load. The counters now go on under the new buckets; only the buckets are unknown over
+the change.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from prometheus_client.core import Metric
 import exporter.collector
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig
+from exporter.runtime import Exporter
+from tests.conftest import FakeClock
+from tests.fake_engines import HOSTILE, FakeReplicaServer
 
 ASKS = 20
 
@@ -59,3 +69,61 @@ async def test_a_body_costing_a_second_is_made_once_for_scrapes_within_ten_secon
     finally:
         await server.stop(0)
     assert len(made) == bodies  # was one a scrape: 20 seconds of the loop for 20 scrapes
+
+
+CYCLES = 6
+"""Scrapes 5 s apart, each after both replicas finished 100 requests: 20 a second each."""
+
+
+@pytest.mark.parametrize(
+    "moves",
+    [
+        pytest.param(
+            set(range(CYCLES)), id="a replica whose buckets move every scrape counts in the rates"
+        ),
+        pytest.param(
+            {CYCLES - 1},
+            id="a replica whose buckets change at the last scrape (an upgrade) counts in the rates",
+        ),
+    ],
+)
+async def test_a_replica_whose_buckets_change_still_counts_in_the_rates(
+    monkeypatch: pytest.MonkeyPatch, moves: set[int]
+) -> None:
+    cycle = 0
+
+    def moving(body: bytes) -> bytes:  # the first ttft bound, moved on the cycles named
+        bound = f'le="{0.001 + cycle * 1e-6:g}"' if cycle in moves else 'le="0.001"'
+        return body.replace(b'le="0.001"', bound.encode())
+
+    monkeypatch.setitem(HOSTILE, "moving-buckets", moving)
+    replicas = await FakeReplicaServer(2).start()
+    replicas.replicas[1].mode = "moving-buckets"
+    clock = FakeClock(1000.0)
+    config = ExporterConfig.model_validate(
+        {
+            "interval": "5s",
+            "timeout": "2s",
+            "deployments": [
+                {"namespace": "team-a", "deployment": "llama", "targets": [
+                    replicas.url(0), replicas.url(1)
+                ]}
+            ],
+        }
+    )  # fmt: skip
+    exporter = Exporter(config, clock)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for cycle in range(CYCLES):  # noqa: B007 - moving() reads it
+                for replica in replicas.replicas:
+                    replica.finish(100, prompt=100, output=50, ttft=0.1, itl=0.02, e2e=1.0)
+                await exporter.cycle(session)
+                clock.now += 5.0
+    finally:
+        exporter.close()
+        await replicas.stop()
+    signals = exporter.deployments[0].signals
+    assert signals is not None
+    assert signals.stable.request_rate == pytest.approx(40.0)  # was 20: one replica's
+    assert signals.stable.generation_token_rate == pytest.approx(2000.0)
+    assert signals.stable.ttft.p95 is not None  # the steady replica's buckets still read
