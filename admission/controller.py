@@ -622,7 +622,10 @@ class Controller:
         before = self._density
         seated = density.model_seated(view.pods, models)
         ceiling = first.lora.tenants_per_instance
-        self._density = density.step_density(before, loads, ceiling, now, seated)
+        named = density.named_models(view.workloads.values())
+        stepped = density.step_density(before, loads, ceiling, now, seated)
+        # Only models a Workload still names: one named once was kept for good (pass 7).
+        self._density = {model: held for model, held in stepped.items() if model in named}
         for model, now_held in sorted(self._density.items()):
             if model not in before or before[model].tenants != now_held.tenants:
                 log.info(

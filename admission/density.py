@@ -188,6 +188,18 @@ def _step_seconds(value: object) -> float | None:
     return seconds if seconds <= MAX_STEP_SECONDS else None
 
 
+def named_models(workloads: Iterable[RawObject]) -> frozenset[str]:
+    """The base models some Workload in the view names (``lora.base_model``).
+
+    A density is kept while its model is named: one a tenant named and then deleted was
+    kept for good, so Workloads naming a new model each grew the controller without
+    bound (200,000 models: 65 MiB and a sort of them every pass; hostile pass 7). A
+    model still named, but with no instance known (one another model's tenant claims
+    too), keeps its density: that tenant cannot reset it to the ceiling.
+    """
+    return frozenset(m for w in workloads if (m := base_model(w)) is not None)
+
+
 def instance_models(workloads: Sequence[RawObject]) -> dict[str, str]:
     """Instance id -> base model, from the tenants' admission entries and pod templates.
 

@@ -1,4 +1,5 @@
-"""Admission under the seventh hostile pass (issue 27): its HTTP port bounds what a client holds.
+"""Admission under the seventh hostile pass (issue 27): its HTTP port bounds what a client
+holds, and the adaptive LoRA density forgets models no Workload names any more.
 
 The controller's ``/metrics`` and ``/healthz`` were served with aiohttp's defaults after
 the sixth pass put the exporter's and the scaler's ports behind
@@ -8,18 +9,31 @@ for good), and each malformed request wrote an ERROR with a traceback. It now li
 through the same guard: ``HEAD_TIMEOUT`` for a whole head, ``MAX_HEADERS`` lines of
 ``MAX_FIELD_SIZE`` bytes, at most ``max_connections`` open, a malformed request one
 DEBUG line, each refusal counted in ``unitscale_admission_http_refused_total{reason}``.
+
+The controller kept each base model's adaptive density for good once a Workload had
+named it: tenants naming a new model each, then deleted, grew it without bound (200,000
+models: 65 MiB, sorted every pass). A density now stays while a Workload names its model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 
+from admission import annotations as names
+from admission.config import AdmissionConfig
+from admission.controller import Controller, Snapshot
+from admission.density import LORA_INTERVAL
 from admission.metrics import AdmissionMetrics, MetricsServer
+from admission.parameters import LoraParameters, Parameters
 from foundation.http_guard import MAX_FIELD_SIZE, MAX_HEADERS
+from foundation.kube import KubeAccess
+from tests.test_admission_decide import CHECK, MIB, NOW, node, workload
+from tests.test_admission_density import INSTANCE, MODEL, tenant_pod
 
 
 @pytest.fixture
@@ -118,3 +132,48 @@ async def test_metrics_and_health_are_served_and_count_what_was_refused(
     assert answers["/healthz"].startswith(b"HTTP/1.1 200")
     assert answers["/metrics"].startswith(b"HTTP/1.1 200")
     assert b'unitscale_admission_http_refused_total{reason="slow-head"} 1.0' in answers["/metrics"]
+
+
+# --- the adaptive LoRA density --------------------------------------------------------------
+
+ADAPTIVE = {
+    CHECK: Parameters(
+        lora=LoraParameters(tenants_per_instance=5, adaptive=True, step_time_slo_seconds=3.0)
+    )
+}
+
+
+def _tenant(name: str, model: str, instance: str) -> dict[str, Any]:
+    """A Workload fine-tuning ``model`` whose pods are labelled as ``instance``'s."""
+    found = workload(name, template_annotations={names.LORA_BASE_MODEL: model})
+    found["spec"]["podSets"][0]["template"]["metadata"]["labels"] = {names.LORA_INSTANCE: instance}
+    return found
+
+
+def _view(*workloads: dict[str, Any], pods: Sequence[dict[str, Any]] = ()) -> Snapshot:
+    named = {f"train/{w['metadata']['name']}": w for w in workloads}
+    return Snapshot({}, {}, named, [node("gpu-1")], list(pods), [], [])
+
+
+@pytest.mark.parametrize("models", [10, 1_000], ids=["ten models", "a thousand models"])
+def test_a_density_goes_with_the_last_workload_naming_its_model(models: int) -> None:
+    controller = Controller(KubeAccess(), AdmissionConfig())
+    for i in range(models):  # each pass: one tenant naming a new model, the last one gone
+        model = f"org/model-{i}"
+        tenant = _tenant(f"t{i}", model, f"org-model-{i}-1")
+        assert controller._step_density(_view(tenant), ADAPTIVE, NOW + i) == {model: 5}
+    assert list(controller._density) == [f"org/model-{models - 1}"]
+    assert controller._step_density(_view(), ADAPTIVE, NOW + models) == {}
+    assert controller._density == {}
+
+
+def test_a_model_still_named_keeps_its_density_while_its_instance_is_contested() -> None:
+    """A model whose only instance another model's tenant claims too is left out of the
+    readings (pass 4, M5): its learned density must stay, not start again at the ceiling."""
+    controller = Controller(KubeAccess(), AdmissionConfig())
+    seated = _tenant("seated", MODEL, INSTANCE)
+    pressed = [tenant_pod("a", int(MIB * 0.95), "1.0")]
+    assert controller._step_density(_view(seated, pods=pressed), ADAPTIVE, NOW) == {MODEL: 4}
+    rival = _tenant("rival", MODEL.upper(), INSTANCE)  # the same slug: the instance contested
+    claimed = _view(seated, rival, pods=pressed)
+    assert controller._step_density(claimed, ADAPTIVE, NOW + LORA_INTERVAL) == {MODEL: 4}
