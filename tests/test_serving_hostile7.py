@@ -1,9 +1,10 @@
-"""The serving side under hostile input (issue 27's seventh hostile pass, findings GZ-1..GZ-4).
+"""The serving side under hostile input (issue 27's seventh hostile pass, findings GZ-1..GZ-5).
 
 Each test injects what one finding found, at the boundary where it enters: a client's
 model name longer than any replica lists, a gateway config's ``endpoint-slices`` without
 ``path: /``, a ``dns`` name no resolver can encode, an exception that stops the
-simulated replica's engine. Real servers on 127.0.0.1 port 0.
+simulated replica's engine, a ``sim-replica --model`` no gateway would route to. Real
+servers on 127.0.0.1 port 0.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from foundation.discovery import EndpointSliceWatch
 from foundation.errors import ConfigError
 from foundation.replica_model import LLAMA3_8B_H200
 from serving.config import parse_config
-from serving.replica_answers import MAX_MODEL_ID_CHARS
+from serving.replica_answers import MAX_MODEL_ID_CHARS, read_model_list
 from serving.server import GatewayServer, SimReplicaServer
 from tests.conftest import eventually
 from tests.test_gateway_isolation import gateway_for
+from unitscale.cli import build_parser
 
 
 def labelled(server: GatewayServer, metric: str, *labels: str) -> float:
@@ -202,3 +204,34 @@ async def test_a_sim_replica_whose_engine_stopped_fails_its_health(
         assert [r for r in caplog.records if "engine stopped" in r.getMessage()]
     finally:
         await sim.stop()
+
+
+# --- GZ-5: sim-replica --model is a name a gateway takes ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("", id="an empty model name is refused before the replica starts"),
+        pytest.param("   ", id="a blank model name is refused"),
+        pytest.param("m" * (MAX_MODEL_ID_CHARS + 1), id="a name longer than a gateway reads"),
+    ],
+)
+def test_sim_replica_refuses_a_model_name_no_gateway_would_route_to(
+    model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["sim-replica", "--model", model])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--model" in err and len(err) < 300
+
+
+@given(st.text(max_size=600))
+def test_any_model_name_sim_replica_takes_is_one_a_gateway_reads(model: str) -> None:
+    try:
+        args = build_parser().parse_args(["sim-replica", "--model", model])
+    except SystemExit:
+        return
+    listed = json.dumps({"data": [{"id": args.model, "object": "model"}]}).encode()
+    assert read_model_list(listed).models == frozenset({model})
