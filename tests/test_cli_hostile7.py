@@ -92,3 +92,31 @@ def test_a_report_directory_is_made_before_the_run(
         cli.main(_replay(tmp_path, str(report), pool=pool))
     assert runs == ["joint replay" if pool else "replay"]
     assert report.is_dir()
+
+
+# --- --config-poll ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["scaler", "exporter", "gateway"])
+@pytest.mark.parametrize(
+    ("poll", "refused"),
+    [
+        pytest.param("10m", False, id="ten minutes is the longest poll taken"),
+        pytest.param("10m0.001s", True, id="past ten minutes is refused"),
+        pytest.param("2562047h", True, id="Go's longest duration (292 years) is refused"),
+    ],
+)
+def test_a_config_poll_is_at_most_ten_minutes(
+    tmp_path: Path, command: str, poll: str, refused: bool
+) -> None:
+    """A server polling its --config file every 292 years started, and never saw a change."""
+    from foundation.errors import ConfigError
+    from unitscale.commands.common import MAX_CONFIG_POLL, config_source
+
+    config = write(tmp_path / "c.yaml", b"")
+    args = cli.build_parser().parse_args([command, "--config", config, "--config-poll", poll])
+    if refused:
+        with pytest.raises(ConfigError, match=r"--config-poll '.*': must be at most 10m"):
+            config_source(args)
+    else:
+        assert config_source(args).poll_interval == MAX_CONFIG_POLL

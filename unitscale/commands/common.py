@@ -23,6 +23,10 @@ T = TypeVar("T")
 MIN_CONFIG_POLL = 0.01
 """The shortest ``--config-poll`` (seconds): at most 100 checks of the file a second.
 1 ns was ~5,000 a second, 41% of a core while idle; ``unitscale demo`` polls every 50 ms."""
+MAX_CONFIG_POLL = 600.0
+"""The longest ``--config-poll`` (seconds), as the sixth pass bounded the scaler's source
+waits: ``2562047h`` started a server that would see a changed file in 292 years, with
+nothing said (hostile pass 7)."""
 
 
 # --- flags ---------------------------------------------------------------------------------
@@ -88,6 +92,10 @@ def config_source(args: argparse.Namespace) -> ConfigSource:
     if not poll >= MIN_CONFIG_POLL:
         raise ConfigError(
             f"--config-poll {args.config_poll!r}: must be at least {MIN_CONFIG_POLL * 1000:g}ms"
+        )
+    if poll > MAX_CONFIG_POLL:
+        raise ConfigError(
+            f"--config-poll {args.config_poll!r}: must be at most {MAX_CONFIG_POLL / 60:g}m"
         )
     return ConfigSource(
         args.config, args.config_configmap, KubeAccess(args.kubeconfig), poll_interval=poll
