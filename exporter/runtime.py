@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +45,8 @@ STALE_CYCLES = 3
 """Health fails when no cycle has completed for this many intervals."""
 BACKOFF_CAP = 60.0
 """Longest wait before restarting a failed loop; the first wait is one interval."""
+MODEL_LABEL_HOLD = 600.0
+"""Seconds the ``model`` label stays before it may move to another name (``_label_model``)."""
 PARSE_WORKERS = 2
 """Threads that parse bodies: one slow parse never holds up the rest."""
 
@@ -73,7 +77,10 @@ class DeploymentState:
     histories: dict[str, ReplicaHistory] = field(default_factory=dict)
     status: dict[str, TargetStatus] = field(default_factory=dict)
     served_model: str = ""
-    """The model the engine reports (``model_name``), for the Prometheus label."""
+    """The model the engines report (``model_name``), for the Prometheus label: see
+    ``Exporter._label_model``."""
+    model_since: float = -math.inf
+    """When ``served_model`` last changed (the exporter's clock)."""
     engine: str = ""
     signals: EngineSignals | None = None
     failure: str = ""
@@ -403,6 +410,24 @@ class Exporter:
             state.too_many = 0
         state.targets = targets
 
+    @staticmethod
+    def _label_model(state: DeploymentState, models: list[str], now: float) -> None:
+        """Keep the ``model`` label while an answering replica reports it.
+
+        The label was the last answering replica's name, each cycle: a replica naming a
+        new model each scrape (or two replicas on different ones) gave every family the
+        exporter serves a new series each cycle, for good in Prometheus (issue 27,
+        hostile pass 7, XS-M3). It now moves only when no answering replica reports it,
+        to the name most of them report, once the label has stood ``MODEL_LABEL_HOLD``
+        (the first name is taken at once; so is an upgrade of a label that old).
+        """
+        if not models or state.served_model in models:
+            return
+        if state.served_model and 0 <= now - state.model_since < MODEL_LABEL_HOLD:
+            return
+        state.served_model = Counter(models).most_common(1)[0][0]
+        state.model_since = now
+
     def _absorb(
         self,
         config: ExporterConfig,
@@ -454,8 +479,7 @@ class Exporter:
             latest.append(result.stats)
             answered.append(result.target)
             state.engine = result.stats.engine
-            if result.stats.model:
-                state.served_model = result.stats.model
+        self._label_model(state, [stats.model for stats in latest if stats.model], now)
         if not state.discovered:
             state.signals = None  # "0 replicas" before any list answered is no fact
             return

@@ -7,6 +7,11 @@ and 5.8 MB at 3,000 replicas, so a few clients scraping in a loop delayed every 
 It now answers through ``foundation.loop_share.LoopShare``: a new body only once the
 last is older than its CPU cost over a tenth. The cost is faked (a second of CPU a body).
 
+XS-M3: the ``model`` label of every family was the last answering replica's
+``model_name``, each cycle: a replica naming a new model each scrape gave each family a new
+series each cycle, for good in Prometheus. It now stays while an answering replica
+reports it, and moves at most once every ``MODEL_LABEL_HOLD``.
+
 XS-H2: a replica whose histogram buckets changed dropped its history whole, counters
 too, so it had no window and the deployment's rates were the other replicas' alone,
 neither partial nor missing: one whose buckets moved every scrape hid its load for good
@@ -27,7 +32,7 @@ from prometheus_client.core import Metric
 import exporter.collector
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig
-from exporter.runtime import Exporter
+from exporter.runtime import MODEL_LABEL_HOLD, Exporter
 from tests.conftest import FakeClock
 from tests.fake_engines import HOSTILE, FakeReplicaServer
 
@@ -127,3 +132,69 @@ async def test_a_replica_whose_buckets_change_still_counts_in_the_rates(
     assert signals.stable.request_rate == pytest.approx(40.0)  # was 20: one replica's
     assert signals.stable.generation_token_rate == pytest.approx(2000.0)
     assert signals.stable.ttft.p95 is not None  # the steady replica's buckets still read
+
+
+@pytest.mark.parametrize(
+    ("names", "step", "labels"),
+    [
+        pytest.param(
+            [("a",), ("b",), ("c",), ("d",), ("e",)],
+            5.0,
+            ["a"],
+            id="a replica naming a new model each scrape keeps its first label",
+        ),
+        pytest.param(
+            [("a", "a"), ("a", "b"), ("b", "a"), ("a", "b")],
+            5.0,
+            ["a"],
+            id="two replicas on different models keep the label either reports",
+        ),
+        pytest.param(
+            [("a", "a"), ("b", "b"), ("b", "b")],
+            MODEL_LABEL_HOLD,
+            ["a", "b"],
+            id="every replica moving to a new model (an upgrade) moves the label",
+        ),
+        pytest.param(
+            [("a",), ("b",), ("c",), ("d",)],
+            MODEL_LABEL_HOLD / 2,
+            ["a", "c"],
+            id="a label moves at most once a hold",
+        ),
+    ],
+)
+async def test_the_model_label_stays_while_a_replica_reports_it(
+    names: list[tuple[str, ...]], step: float, labels: list[str]
+) -> None:
+    replicas = await FakeReplicaServer(len(names[0])).start()
+    clock = FakeClock(1000.0)
+    config = ExporterConfig.model_validate(
+        {
+            "interval": "5s",
+            "timeout": "2s",
+            "deployments": [
+                {
+                    "namespace": "team-a",
+                    "deployment": "llama",
+                    "targets": [replicas.url(i) for i in range(len(names[0]))],
+                }
+            ],
+        }
+    )
+    exporter = Exporter(config, clock)
+    seen: list[str] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            for cycle in names:
+                for replica, name in zip(replicas.replicas, cycle, strict=True):
+                    replica.model = name
+                    replica.restart()
+                await exporter.cycle(session)
+                label = exporter.deployments[0].model_label
+                if not seen or seen[-1] != label:
+                    seen.append(label)
+                clock.now += step
+    finally:
+        exporter.close()
+        await replicas.stop()
+    assert seen == labels
