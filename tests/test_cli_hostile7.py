@@ -61,6 +61,7 @@ REPORTS = [
     pytest.param("{tmp}/a-file", "File exists", id="a report that is a regular file"),
     pytest.param("{tmp}/a-file/report", "Not a directory", id="a report under a regular file"),
     pytest.param("/proc/unitscale-report", "No such file", id="a report where nothing is made"),
+    pytest.param("/proc", "no file can be made in it", id="a directory taking no file, for root"),
 ]
 
 

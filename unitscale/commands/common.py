@@ -110,17 +110,21 @@ def report_directory(path: Path, flag: str = "--report") -> Path:
     hour for every policy on 31 days), the results lost (issue 27, hostile pass 7).
 
     Raises:
-        ConfigError: it cannot be made, or is not a directory we may write into, named.
+        ConfigError: it cannot be made, or no file can be made in it; named.
     """
-    import os
+    import tempfile
 
+    shown = quote(str(path), 300)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
+        raise ConfigError(f"{flag} {shown}: {err.strerror or type(err).__name__}") from err
+    try:  # a file made and gone: the permission bits say nothing of root, nor of /proc
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".unitscale-"):
+            pass
+    except OSError as err:
         why = err.strerror or type(err).__name__
-        raise ConfigError(f"{flag} {quote(str(path), 300)}: {why}") from err
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {quote(str(path), 300)}: not a directory we may write into")
+        raise ConfigError(f"{flag} {shown}: no file can be made in it ({why})") from err
     return path
 
 
