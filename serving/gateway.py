@@ -70,7 +70,6 @@ is that replica's or that round's, counted and logged. Should a loop stop anyway
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -194,7 +193,8 @@ class Gateway:
         self._failed_bookkeeping: set[str] = set()
         """Exception types met judging or recording a request, each logged once."""
         self.loops: dict[str, asyncio.Task[None]] = {}
-        """The background loops by name: ``/health`` fails when one has stopped."""
+        """The background loops by name: ``/health`` fails when one has stopped. The
+        server adds its config-reload (``config``) and EndpointSlice (``discovery``) loops."""
         self.arrivals = ArrivalRecorder(
             settings.arrivals, self.metrics.registry, (settings.namespace, settings.deployment)
         )
@@ -250,9 +250,8 @@ class Gateway:
         tasks = [*self.loops.values(), *self._wakes]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # A loop that stopped on an exception (named by /health) does not stop the shutdown.
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._session.close()
         await self._control.close()
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -232,18 +231,28 @@ class GatewayServer:
         if self._config is not None and self._config.endpoint_slices is not None:
             watch = EndpointSliceWatch(self._config.namespace, self._config.endpoint_slices)
             self.gateway.pool.endpoint_watch = watch
-            self._tasks.append(asyncio.create_task(watch.run(self._kube or KubeAccess())))
+            self._loop("discovery", watch.run(self._kube or KubeAccess()))
         if self.configs is not None and self._source is not None:
-            self._tasks.append(asyncio.create_task(self._source.follow(self.configs)))
+            self._loop("config", self._source.follow(self.configs))
         log.info("gateway on port %d, signals on port %d", self.port, self.grpc_port)
         return self.port, self.grpc_port
+
+    def _loop(self, name: str, work: Coroutine[object, object, None]) -> None:
+        """Run ``work`` for as long as the server: one of the loops ``/health`` names.
+
+        The reload and EndpointSlice loops catch whatever they meet; should one end
+        anyway, the gateway would follow no config and no Service for good while its
+        ``/health`` said ok.
+        """
+        task = asyncio.create_task(work)
+        self._tasks.append(task)
+        self.gateway.loops[name] = task
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # A loop that ended on an exception was named by /health; it does not stop the stop.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._grpc.stop(1.0)
         if self._listener is not None:
             self._listener.close()  # no new connection; those open are closed below

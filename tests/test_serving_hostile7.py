@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from foundation.discovery import EndpointSliceWatch
 from foundation.errors import ConfigError
+from foundation.reload import C, ConfigSource, ConfigStore
 from foundation.replica_model import LLAMA3_8B_H200
 from serving.config import parse_config
 from serving.replica_answers import MAX_MODEL_ID_CHARS, read_model_list
@@ -235,3 +236,44 @@ def test_any_model_name_sim_replica_takes_is_one_a_gateway_reads(model: str) -> 
         return
     listed = json.dumps({"data": [{"id": args.model, "object": "model"}]}).encode()
     assert read_model_list(listed).models == frozenset({model})
+
+
+# --- GZ-6: /health names the config and discovery loops too ------------------------------
+
+
+class StoppingSource(ConfigSource):
+    """A config source whose follow loop ends on ``error`` (as no real one should)."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        super().__init__()
+        self.error = error
+
+    async def follow(self, store: ConfigStore[C]) -> None:
+        raise self.error("injected")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(RuntimeError, id="a reload loop ending on a runtime error fails health"),
+        pytest.param(MemoryError, id="a reload loop ending on a memory error fails health"),
+    ],
+)
+async def test_a_config_loop_that_stops_anyway_fails_the_gateway_s_health(
+    error: type[Exception],
+) -> None:
+    config = parse_config("namespace: a\ndeployment: llama\n", "gateway.yaml")
+    server = GatewayServer(
+        [], config.settings(), "127.0.0.1:0", "127.0.0.1:0",
+        config=config, source=StoppingSource(error), parse=parse_config,
+    )  # fmt: skip
+    await server.start()
+    try:
+        loop = server.gateway.loops["config"]
+        await eventually(loop.done, "the config loop ended")
+        url = f"http://127.0.0.1:{server.port}/health"
+        async with aiohttp.ClientSession() as client, client.get(url) as r:
+            assert r.status == 503
+            assert (await r.json())["stopped"] == ["config"]
+    finally:
+        await server.stop()  # a loop that ended on an exception does not stop the stop
