@@ -13,6 +13,11 @@ Issue 27, hostile pass 7:
 Both now answer through ``foundation.loop_share.LoopShare``: a new answer is made only
 once the last is older than its CPU cost over a tenth. Its cost is faked here (each
 answer "costs" a second of CPU), so the tests need no large registry and no timing.
+
+- SY-H3: the registry kept a target's set when its last ScaledObject left it (an edit
+  naming another deployment, or an eviction), so a client editing one ScaledObject to
+  name a new deployment each call grew the scaler by a target a call, for good (50,000
+  edits: +28 MiB), and every Prometheus round and eviction walked them all.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from foundation.loop_share import FREE, SHARE, LoopShare
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.config import ScalerConfig
+from scaler.registry import ScaledObjectRegistry
 from scaler.server import ScalerServer
+from scaler.signals import SignalStore
 from scaler.sources import receive
-from tests.conftest import FakeClock, engine_signals, ref
+from tests.conftest import T0, FakeClock, engine_signals, ref
 
 ASKS = 20
 
@@ -216,3 +223,33 @@ def test_making_answers_takes_at_most_the_share_of_the_time_however_often_asked(
     # Every answer but the last was kept for its cost over the share before the next.
     first, last = spent[0][0], spent[-1][0]
     assert sum(cost for _, cost in spent[:-1]) <= SHARE * (last - first) + 1e-9
+
+
+def edits_of_one(registry: ScaledObjectRegistry, clock: FakeClock, count: int) -> None:
+    for n in range(count):
+        clock.now += 1.0
+        registry.resolve("llama", "team-a", {"scalerAddress": "x:1", "deployment": f"d-{n}"})
+
+
+def new_ones_forgotten(registry: ScaledObjectRegistry, clock: FakeClock, count: int) -> None:
+    for n in range(count):
+        registry.resolve(f"so-{n}", "team-a", {"scalerAddress": "x:1", "deployment": f"d-{n}"})
+        clock.now += 120.0
+        registry.evict_idle(60.0)
+
+
+@pytest.mark.parametrize(
+    ("churn", "left"),
+    [
+        pytest.param(edits_of_one, 1, id="an edit naming a new deployment each call"),
+        pytest.param(new_ones_forgotten, 0, id="new ScaledObjects each forgotten after the ttl"),
+    ],
+)
+def test_targets_nothing_scales_any_more_are_not_kept(
+    churn: Callable[[ScaledObjectRegistry, FakeClock, int], None], left: int
+) -> None:
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    churn(registry, clock, 2_000)
+    assert len(registry.targets()) == left
+    assert len(registry._by_target) == left  # was 2,000: one a call, for good
