@@ -239,6 +239,12 @@ def _demo_round(
     store.report(about, "")
 
 
+TARGETS_PER_QUERY_SLOT = 100
+"""Targets a round queries per ``max-concurrent-queries`` slot: 18 queries each, so 1,600
+targets at the default 16 slots are 28,800 queries a round; at 10 ms a query, about 20 s,
+within the default 30 s ``max-signal-age``."""
+
+
 class PrometheusError(Exception):
     """A query round for one target failed: unreachable, an error status, a bad answer."""
 
@@ -289,8 +295,27 @@ async def _round(
     targets: Callable[[], Iterable[TargetKey]],
     problems: dict[TargetKey, str | None],
 ) -> None:
-    """Query every target once; each one's failure is its own (``_target_round``)."""
-    wanted = sorted(set(targets()))
+    """Query every target once; each one's failure is its own (``_target_round``).
+
+    At most ``TARGETS_PER_QUERY_SLOT`` targets per ``max-concurrent-queries`` (1,600 at
+    the default 16), the longest known first (``targets()`` is the registry's order): a
+    round of 18 queries a target had no bound, so 10,000 ScaledObjects from anyone who
+    can call GetMetricSpec made each round take about a minute and every deployment's
+    signals go stale (UNAVAILABLE) between rounds, and names sorting first were queried
+    first (issue 27, hostile pass 7, SY-H4). The newest past the bound get no signals
+    (UNAVAILABLE, never a guess), counted ``too-many-targets`` and warned of once.
+    """
+    every = list(dict.fromkeys(targets()))
+    room = config.max_concurrent_queries * TARGETS_PER_QUERY_SLOT
+    wanted = every[:room]
+    over = ""
+    if len(every) > room:
+        store.count_error("prometheus", "too-many-targets")
+        over = (
+            f"more targets than a round queries (at most {room:,}: max-concurrent-queries"
+            f" x {TARGETS_PER_QUERY_SLOT}); the newest get no signals"
+        )
+    store.report(("every target", "prometheus-source"), over, f" ({len(every):,} now)")
     try:
         headers: dict[str, str] | str = await _headers(config)
     except PrometheusError as err:

@@ -18,10 +18,17 @@ answer "costs" a second of CPU), so the tests need no large registry and no timi
   naming another deployment, or an eviction), so a client editing one ScaledObject to
   name a new deployment each call grew the scaler by a target a call, for good (50,000
   edits: +28 MiB), and every Prometheus round and eviction walked them all.
+- SY-H4: a Prometheus round queried every target (18 queries each) with no bound, in
+  name order: 10,000 ScaledObjects from anyone who can call GetMetricSpec made a round
+  take about a minute, every deployment's signals stale between rounds (UNAVAILABLE),
+  and names sorting first went first. A round now takes at most 100 targets per
+  ``max-concurrent-queries``, the longest known first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +36,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -37,11 +45,11 @@ import scaler.telemetry
 from foundation.loop_share import FREE, SHARE, LoopShare
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
-from scaler.config import ScalerConfig
+from scaler.config import PrometheusSourceConfig, ScalerConfig
 from scaler.registry import ScaledObjectRegistry
 from scaler.server import ScalerServer
 from scaler.signals import SignalStore
-from scaler.sources import receive
+from scaler.sources import TARGETS_PER_QUERY_SLOT, prometheus_source, receive
 from tests.conftest import T0, FakeClock, engine_signals, ref
 
 ASKS = 20
@@ -253,3 +261,61 @@ def test_targets_nothing_scales_any_more_are_not_kept(
     churn(registry, clock, 2_000)
     assert len(registry.targets()) == left
     assert len(registry._by_target) == left  # was 2,000: one a call, for good
+
+
+async def answer_one(request: web.Request) -> web.Response:
+    """A Prometheus answering every query with one series of value 1."""
+    sample = {"metric": {}, "value": [T0, "1"]}
+    data = {"resultType": "vector", "result": [sample]}
+    return web.json_response({"status": "success", "data": data})
+
+
+@pytest.mark.parametrize(
+    ("kept", "junk"),
+    [
+        pytest.param(
+            TARGETS_PER_QUERY_SLOT,
+            20,
+            id="names sorting first asked about last get no signals past the bound",
+        ),
+        pytest.param(TARGETS_PER_QUERY_SLOT, 0, id="targets within the bound are all queried"),
+    ],
+)
+async def test_a_round_queries_at_most_its_bound_the_longest_known_first(
+    caplog: pytest.LogCaptureFixture, kept: int, junk: int
+) -> None:
+    app = web.Application()
+    app.router.add_get("/api/v1/query", answer_one)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    known = [("team-a", f"zz-known-{n}", "") for n in range(kept)]  # KEDA's, asked first
+    new = [("team-a", f"aa-junk-{n}", "") for n in range(junk)]
+    store = SignalStore(FakeClock(T0))
+    config = PrometheusSourceConfig.model_validate(
+        {"url": f"http://127.0.0.1:{port}", "interval": "0.05s", "max-concurrent-queries": 1}
+    )
+    caplog.set_level(logging.WARNING, logger="scaler.sources")
+    caplog.set_level(logging.WARNING, logger="scaler.signals")
+    asked: list[int] = []
+    third = asyncio.Event()
+
+    def targets() -> list[tuple[str, str, str]]:
+        asked.append(1)
+        if len(asked) == 3:  # two whole rounds done
+            third.set()
+        return [*known, *new]
+
+    rounds = asyncio.create_task(prometheus_source(config, store, targets))
+    try:
+        async with asyncio.timeout(60):  # a cap against hangs, not a timing check
+            await third.wait()
+    finally:
+        rounds.cancel()
+        await runner.cleanup()
+    assert all(store.get(target) is not None for target in known)
+    assert all(store.get(target) is None for target in new)  # queried first, were
+    warned = [r for r in caplog.records if "more targets than a round queries" in r.message]
+    assert len(warned) == (1 if junk else 0)  # once, not once a round
