@@ -68,6 +68,9 @@ MAX_ALLOCATION_ENTRIES: Final = 1024
 """Containers (``;``) or cards (``:``) one pod's allocation may list. A pod has a handful
 of containers, each holding a few of its node's cards; 256 KiB of ``;`` is 262,144 empty
 containers, which took half a second to parse on every pass (past the memo's size)."""
+MAX_NAMED_UUIDS: Final = 4
+"""Card UUIDs a problem names (the rest counted)."""
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.\[\]]{0,63}")
 INT32_MAX: Final = 2**31 - 1
 """HAMi's register and allocation fields are Go ``int32`` (``DeviceInfo``,
 ``ContainerDevice``): a value beyond it, or a 5,000-digit one, was not written by HAMi."""
@@ -402,7 +405,7 @@ def parse_node_register(value: str) -> tuple[Device, ...]:
     for i, device in enumerate(devices):
         if device.split_count > MAX_SPLIT_COUNT:
             raise HamiFormatError(
-                f"device {i} ({device.uuid}): field 'count' is {device.split_count}, more "
+                f"device {i} ({_named(device.uuid)}): field 'count' is {device.split_count}, more "
                 f"than the {MAX_SPLIT_COUNT} containers a card may be shared by"
             )
     return devices
@@ -441,7 +444,7 @@ def _register_json(text: str) -> tuple[Device, ...]:
         if not isinstance(uuid, str) or not uuid:
             what = "is missing" if uuid is None else f"is {quote(uuid)}, not a UUID"
             raise HamiFormatError(f"device {i}: field 'id' {what}")
-        where = f"device {i} ({uuid})"
+        where = f"device {i} ({_named(uuid)})"
         devices.append(
             Device(
                 uuid=uuid,
@@ -502,7 +505,7 @@ def _register_text(text: str) -> tuple[Device, ...]:
         if "," not in segment:
             raise HamiFormatError(f"device {i}: no ',' in {quote(segment)}")
         fields = segment.split(",")
-        where = f"device {i} ({fields[0]})"
+        where = f"device {i} ({_named(fields[0])})"
         if len(fields) not in (7, 9):
             raise HamiFormatError(f"{where}: {len(fields)} fields, not 7 or 9")
         long_form = len(fields) == 9
@@ -574,8 +577,8 @@ def parse_devices_allocated(value: str) -> tuple[DeviceUse, ...]:
             if not fields[0]:
                 raise HamiFormatError(f"{where}: no UUID in {quote(segment)}")
             if not fields[1]:
-                raise HamiFormatError(f"{where} ({fields[0]}): no device type")
-            where = f"{where} ({fields[0]})"
+                raise HamiFormatError(f"{where} ({_named(fields[0])}): no device type")
+            where = f"{where} ({_named(fields[0])})"
             uses.append(
                 DeviceUse(
                     container=c,
@@ -712,6 +715,17 @@ def _subject(kind: str, obj: object) -> str:
     return "/".join([kind, *(p if isinstance(p, str) else "?" for p in parts)])[:300]
 
 
+def _named(text: str) -> str:
+    """A card's UUID as a problem names it: as written, or quoted where it is no plain name.
+
+    A plain name (``GPU-a``, ``GPU-...[1-2]``) stays as written; anything else is quoted
+    (``foundation.errors.quote``: 64 characters, escaped). A pod's allocation is a
+    tenant's text: a 200 KB UUID holding newlines went whole into the controller's
+    WARNING, forged log lines with it (hostile pass 7).
+    """
+    return text if _PLAIN_NAME.fullmatch(text) else quote(text)
+
+
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:200]}"
 
@@ -835,7 +849,10 @@ def _take_off(
         return
     unknown = sorted({u.uuid for u in uses if u.uuid not in registered[node]})
     if unknown:
-        held = ", ".join(unknown)
+        # Quoted, and a few named: a pod's own annotation (a tenant's text) is no log line.
+        held = ", ".join(_named(uuid) for uuid in unknown[:MAX_NAMED_UUIDS])
+        more = len(unknown) - MAX_NAMED_UUIDS
+        held += f" and {more} more" if more > 0 else ""
         problems.append(Problem(f"pod/{key}", f"holds {held}, which node {node} does not register"))
     cards = offered.get(node, {})
     for use in uses:

@@ -1,5 +1,6 @@
 """Admission under the seventh hostile pass (issue 27): its HTTP port bounds what a client
-holds, and the adaptive LoRA density forgets models no Workload names any more.
+holds, the adaptive LoRA density forgets models no Workload names any more, and a card
+UUID from a tenant's pod annotation is quoted wherever a problem names it.
 
 The controller's ``/metrics`` and ``/healthz`` were served with aiohttp's defaults after
 the sixth pass put the exporter's and the scaler's ports behind
@@ -13,6 +14,11 @@ DEBUG line, each refusal counted in ``unitscale_admission_http_refused_total{rea
 The controller kept each base model's adaptive density for good once a Workload had
 named it: tenants naming a new model each, then deleted, grew it without bound (200,000
 models: 65 MiB, sorted every pass). A density now stays while a Workload names its model.
+
+A pod's ``hami.io/vgpu-devices-allocated`` is a tenant's text: a 200 KB card UUID holding
+newlines went whole into the controller's WARNING (a forged CRITICAL line among them), once
+for each change of the annotation. ``admission.hami`` now names a UUID as written only when
+it is a plain name, else quoted (64 characters, escaped), and at most four of them.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from admission import annotations as names
+from admission import hami
 from admission.config import AdmissionConfig
 from admission.controller import Controller, Snapshot
 from admission.density import LORA_INTERVAL
@@ -32,7 +41,7 @@ from admission.metrics import AdmissionMetrics, MetricsServer
 from admission.parameters import LoraParameters, Parameters
 from foundation.http_guard import MAX_FIELD_SIZE, MAX_HEADERS
 from foundation.kube import KubeAccess
-from tests.test_admission_decide import CHECK, MIB, NOW, node, workload
+from tests.test_admission_decide import CHECK, MIB, NOW, node, running, workload
 from tests.test_admission_density import INSTANCE, MODEL, tenant_pod
 
 
@@ -177,3 +186,51 @@ def test_a_model_still_named_keeps_its_density_while_its_instance_is_contested()
     rival = _tenant("rival", MODEL.upper(), INSTANCE)  # the same slug: the instance contested
     claimed = _view(seated, rival, pods=pressed)
     assert controller._step_density(claimed, ADAPTIVE, NOW + LORA_INTERVAL) == {MODEL: 4}
+
+
+# --- a tenant's card UUIDs in the controller's log ------------------------------------------
+
+FORGED = "GPU-x\n2026-12-03 04.00.00 CRITICAL admission.controller forged " + "A" * 200_000
+
+
+def _holding(allocated: str) -> dict[str, Any]:
+    """A running pod on gpu-1 whose allocation annotation is ``allocated``."""
+    pod = running("tenant", "gpu-1", range(1))
+    pod["metadata"]["annotations"][names.HAMI_DEVICES_ALLOCATED] = allocated
+    return pod
+
+
+@pytest.mark.parametrize(
+    "allocated",
+    [
+        pytest.param(FORGED + ",NVIDIA,lots,10:;", id="a forged UUID before a memory no number"),
+        pytest.param(FORGED + ",NVIDIA,1,-3:;", id="a forged UUID before negative cores"),
+        pytest.param(FORGED + ",,1,1:;", id="a forged UUID with no device type"),
+    ],
+)
+def test_a_forged_uuid_is_one_short_warning(
+    allocated: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    controller = Controller(KubeAccess(), AdmissionConfig())
+    caplog.set_level(logging.WARNING)
+    controller._check_objects(_view(pods=[_holding(allocated)]))
+    (record,) = [r for r in caplog.records if "pod/serve/tenant" in r.getMessage()]
+    message = record.getMessage()
+    assert "\n" not in message and len(message) < 500, message[:300]
+    assert "CRITICAL" in message  # quoted, escaped: still there to read
+
+
+def test_cards_a_node_does_not_register_are_named_quoted_a_few() -> None:
+    uses = ":".join(f"GPU-{i}\nforged,NVIDIA,1,1" for i in range(1000)) + ":;"
+    pool = hami.inventory([node("gpu-1")], [_holding(uses)], now=NOW)
+    (problem,) = [p for p in pool.problems if p.subject == "pod/serve/tenant"]
+    assert "\n" not in problem.reason and len(problem.reason) < 500, problem.reason[:300]
+    assert f"and {1000 - hami.MAX_NAMED_UUIDS} more" in problem.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=3000).filter(lambda t: not set(t) & set(",:;")))
+def test_any_uuid_is_named_within_bounds_on_one_line(uuid: str) -> None:
+    found = hami.unreadable("pod", _holding(f"{uuid},NVIDIA,lots,10:;"))
+    assert found is not None
+    assert "\n" not in found[1] and "\r" not in found[1] and len(found[1]) < 500
