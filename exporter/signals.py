@@ -77,7 +77,7 @@ class ReplicaHistory:
     gauges: list[dict[str, float]] = field(default_factory=list)
 
     def add(self, now: float, stats: EngineStats) -> None:
-        """Record a scrape taken at ``now``; a new histogram layout starts afresh."""
+        """Record a scrape taken at ``now``; a new bucket layout keeps the counters."""
         layout = Layout.of(stats)
         if layout != self.layout:  # buckets changed (an upgrade): their deltas are nonsense
             self._relayout(layout)
