@@ -18,6 +18,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import aiohttp
+from yarl import URL
 
 from exporter.engines import EngineStats, NoEngineMetricsError, read_exposition
 from exporter.parse import (
@@ -85,11 +86,18 @@ async def scrape(
 
     try:
         async with asyncio.timeout(limit):
-            async with session.get(target) as response:
-                if response.status != 200:
-                    return failed("http", f"HTTP {response.status}")
-                phase = "read"
-                body = await _read_capped(response, limits.max_bytes)
+            url, hops = URL(target), 0
+            while True:
+                async with session.get(url, allow_redirects=False) as response:
+                    moved = _same_origin_redirect(url, response)
+                    if moved is not None and hops < MAX_REDIRECTS:
+                        url, hops = moved, hops + 1
+                        continue
+                    if response.status != 200:
+                        return failed("http", _status_detail(response, moved))
+                    phase = "read"
+                    body = await _read_capped(response, limits.max_bytes)
+                    break
             phase = "parse"
             loop = asyncio.get_running_loop()
             stats = await loop.run_in_executor(parser, read_exposition, body, engine, limits)
@@ -108,6 +116,39 @@ async def scrape(
     except Exception as err:  # a bug met on this target must not stop the others
         return failed("internal", f"{type(err).__name__}: {str(err)[:EXCERPT]}", err)
     return ScrapeResult(target, time.perf_counter() - start, stats=stats)
+
+
+MAX_REDIRECTS = 2
+"""Redirects a scrape follows, each within the replica's own scheme, host and port (a
+``/metrics`` mounted as ``/metrics/`` answers 307)."""
+
+
+def _same_origin_redirect(url: URL, response: aiohttp.ClientResponse) -> URL | None:
+    """Where a redirect within the replica points; None for any other answer.
+
+    aiohttp followed any redirect: a replica answering ``302`` to another host had the
+    exporter fetch it (a cloud metadata URL, an internal service), and the first line of
+    that answer was quoted in the exporter's log as a parse error (issue 27, hostile pass
+    7, XS-M4). A redirect off the replica's own origin is not followed.
+    """
+    if response.status not in (301, 302, 303, 307, 308):
+        return None
+    location = response.headers.get("Location")
+    if not location:
+        return None
+    try:
+        moved = url.join(URL(location))
+    except ValueError:
+        return None
+    same = (moved.scheme, moved.host, moved.port) == (url.scheme, url.host, url.port)
+    return moved if same else None
+
+
+def _status_detail(response: aiohttp.ClientResponse, moved: URL | None) -> str:
+    if response.status in (301, 302, 303, 307, 308):
+        where = "again" if moved is not None else "off the replica (not followed)"
+        return f"HTTP {response.status}: redirected {where}"
+    return f"HTTP {response.status}"
 
 
 async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:

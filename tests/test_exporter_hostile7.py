@@ -12,6 +12,11 @@ XS-M3: the ``model`` label of every family was the last answering replica's
 series each cycle, for good in Prometheus. It now stays while an answering replica
 reports it, and moves at most once every ``MODEL_LABEL_HOLD``.
 
+XS-M4: aiohttp followed any redirect a replica answered: one answering ``302`` to
+another host had the exporter fetch it (a cloud metadata URL, an internal service) and
+the first line of that answer was quoted in the exporter's log as a parse error. A
+scrape now follows at most two redirects, each within the replica's own origin.
+
 XS-H2: a replica whose histogram buckets changed dropped its history whole, counters
 too, so it had no window and the deployment's rates were the other replicas' alone,
 neither partial nor missing: one whose buckets moved every scrape hid its load for good
@@ -27,14 +32,16 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client.core import Metric
 
 import exporter.collector
 from exporter.app import ExporterServer
 from exporter.config import ExporterConfig
 from exporter.runtime import MODEL_LABEL_HOLD, Exporter
+from exporter.scrape import scrape
 from tests.conftest import FakeClock
-from tests.fake_engines import HOSTILE, FakeReplicaServer
+from tests.fake_engines import HOSTILE, FakeReplicaServer, FakeVllm
 
 ASKS = 20
 
@@ -198,3 +205,68 @@ async def test_the_model_label_stays_while_a_replica_reports_it(
         exporter.close()
         await replicas.stop()
     assert seen == labels
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
+
+
+@pytest.mark.parametrize(
+    ("where", "error", "detail"),
+    [
+        pytest.param(
+            "http://localhost:{secret}/latest/meta-data",
+            "http",
+            "HTTP 302: redirected off the replica (not followed)",
+            id="a redirect to another host is not followed and nothing of its answer is logged",
+        ),
+        pytest.param(
+            "/metrics/",
+            None,
+            "",
+            id="a redirect within the replica (/metrics to /metrics/) is followed",
+        ),
+        pytest.param(
+            "/metrics",
+            "http",
+            "HTTP 302: redirected again",
+            id="a redirect loop within the replica stops after two",
+        ),
+    ],
+)
+async def test_a_scrape_follows_redirects_only_within_the_replica(
+    where: str, error: str | None, detail: str
+) -> None:
+    asked: list[str] = []
+    secret = web.Application()
+
+    async def metadata(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.Response(text="internal-secret-token\n")
+
+    secret.router.add_get("/latest/meta-data", metadata)
+    secret_runner, secret_port = await serve(secret)
+    body = FakeVllm().body()
+    replica = web.Application()
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound(where.format(secret=secret_port))
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=body)
+
+    replica.router.add_get("/metrics", moved)
+    replica.router.add_get("/metrics/", metrics)
+    replica_runner, port = await serve(replica)
+    try:
+        async with aiohttp.ClientSession() as session:
+            result = await scrape(session, f"http://127.0.0.1:{port}/metrics", 5.0)
+    finally:
+        await replica_runner.cleanup()
+        await secret_runner.cleanup()
+    assert (result.error, result.detail) == (error, detail)
+    assert asked == []  # the other host was never asked
+    assert (result.stats is not None) == (error is None)
