@@ -118,7 +118,10 @@ UNITSCALE_SPACE = (
     Knob("headroom-half-life", 60, 7200, log=True, whole=True, seconds=True),
     Knob("scale-down-window", 0, 1800, step=30, whole=True, seconds=True),
     Knob("backlog-drain", 5, 120, log=True, whole=True, seconds=True),
-    Knob("profile-utilization", 0.5, 1.0, step=0.05),
+    # At most 0.85: above it the planner keeps no headroom of its own and the SLO rests on
+    # the attainment loop's learned headroom, which a short half-life forgets before a
+    # burst the tuning days never had (docs/replay.md, "What it searches").
+    Knob("profile-utilization", 0.5, 0.85, step=0.05),
 )
 """The scaler's policy knobs that trade cost for attainment (docs/scaler.md, "What each
 knob trades"); the SLO, the replica model and the bounds describe the service and stay."""
@@ -574,10 +577,12 @@ def run(args: argparse.Namespace) -> int:
     from unitscale.tune_report import Outcome, write_outcome
 
     started = time.monotonic()
+    from unitscale.commands.common import report_directory
+
     problem, sources = _problem_of(args)
-    args.out.mkdir(parents=True, exist_ok=True)  # a bad --out fails before the search
+    report_directory(args.out, "--out")  # a bad --out fails before the search, not after
     settings = Settings(args.budget, args.batch, args.seed)
-    workers = args.workers or _cpus()
+    workers = _workers(args.workers, settings.batch * len(problem.traces))
     target = problem.options.slo_target
     with worker_pool(problem, workers) as run_jobs, _bar(settings.budget, target) as progress:
         prepared = run_jobs(prepare, [(i,) for i in range(len(problem.traces))])
@@ -598,6 +603,18 @@ def run(args: argparse.Namespace) -> int:
     write_outcome(outcome, args.out)
     print((args.out / "report.md").read_text())  # noqa: T201 - the command's output
     return 0 if outcome.reached else 1
+
+
+def _workers(asked: int | None, at_once: int) -> int:
+    """Processes for the trials: ``--workers`` (default the CPUs), at most the CPUs and the
+    replays one batch holds. Each worker holds the whole problem (every trace), so more
+    processes than CPUs only cost memory; the proposal does not depend on the count.
+    """
+    cpus = _cpus()
+    workers = min(asked or cpus, cpus, max(1, at_once))
+    if asked is not None and asked > workers:
+        sys.stderr.write(f"unitscale tune: --workers {asked}: {workers} used ({cpus} CPUs here)\n")
+    return workers
 
 
 def _cpus() -> int:
