@@ -28,6 +28,7 @@ from replay.trace import Trace, TraceError, read_recording, read_trace
 from replay.workloads import load_trace
 from scaler.config import load_config
 from unitscale import cli
+from unitscale import tune as tune_module
 from unitscale.tune import UNITSCALE_SPACE, Run, Trial, best, space
 
 START = datetime(2024, 1, 1, 9, tzinfo=UTC).timestamp()
@@ -258,6 +259,11 @@ def test_a_target_no_trial_reaches_is_reported_and_writes_no_proposal(tmp_path, 
             "unitscale tune:",
             id="an output path that is a file ends in one line",
         ),
+        pytest.param(
+            ["--out", "/proc"],
+            "no file can be made in it",
+            id="an output directory no file can be made in is refused before the search",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
@@ -277,6 +283,22 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     code, err = tune(capsys, *given)
     assert code == 2
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("asked", "at_once", "cpus", "used"),
+    [
+        pytest.param(None, 16, 2, 2, id="by default one worker a CPU"),
+        pytest.param(64, 16, 2, 2, id="more workers than CPUs asked are the CPUs"),
+        pytest.param(8, 3, 16, 3, id="no more workers than one batch's replays"),
+        pytest.param(1, 16, 16, 1, id="one worker asked is one"),
+    ],
+)
+def test_workers_are_at_most_the_cpus_and_a_batch(monkeypatch, capsys, asked, at_once, cpus, used):
+    monkeypatch.setattr(tune_module, "_cpus", lambda: cpus)
+    assert tune_module._workers(asked, at_once) == used
+    said = capsys.readouterr().err
+    assert (f"--workers {asked}: {used} used" in said) == (asked is not None and asked > used)
 
 
 # --- the search's pieces ------------------------------------------------------------------------

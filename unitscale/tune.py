@@ -606,9 +606,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _workers(asked: int | None, at_once: int) -> int:
-    """Processes for the trials: ``--workers`` (default the CPUs), at most the CPUs and the
-    replays one batch holds. Each worker holds the whole problem (every trace), so more
-    processes than CPUs only cost memory; the proposal does not depend on the count.
+    """Processes for the trials: ``--workers`` (default the CPUs), at most the CPUs.
+
+    Nor more than the replays one batch holds. Each worker holds the whole problem (every
+    trace), so more processes than CPUs only cost memory; the proposal does not depend on
+    the count.
     """
     cpus = _cpus()
     workers = min(asked or cpus, cpus, max(1, at_once))
