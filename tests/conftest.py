@@ -162,3 +162,17 @@ async def streaming_forever(card: dict[str, object]) -> AsyncIterator[str]:
     app.router.add_post("/v1/chat/completions", tokens_forever)
     async with served_app(app) as url:
         yield url
+
+
+async def send_raw(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to 127.0.0.1:``port`` with ``data`` sent as is (a head, or part of one)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    return reader, writer
+
+
+async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    async with asyncio.timeout(30):  # a cap against hangs, not a timing check
+        return await reader.read()

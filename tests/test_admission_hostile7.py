@@ -23,7 +23,6 @@ it is a plain name, else quoted (64 characters, escaped), and at most four of th
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -41,6 +40,7 @@ from admission.metrics import AdmissionMetrics, MetricsServer
 from admission.parameters import LoraParameters, Parameters
 from foundation.http_guard import MAX_FIELD_SIZE, MAX_HEADERS
 from foundation.kube import KubeAccess
+from tests.conftest import read_until_closed, send_raw
 from tests.test_admission_decide import CHECK, MIB, NOW, node, running, workload
 from tests.test_admission_density import INSTANCE, MODEL, tenant_pod
 
@@ -58,19 +58,6 @@ async def served() -> AsyncIterator[MetricsServer]:
         await server.stop()
 
 
-async def _send(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(data)
-    await writer.drain()
-    return reader, writer
-
-
-async def _answer(reader: asyncio.StreamReader) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    async with asyncio.timeout(30):  # a cap against hangs, not a timing check
-        return await reader.read()
-
-
 @pytest.mark.parametrize(
     "head",
     [
@@ -82,16 +69,16 @@ async def _answer(reader: asyncio.StreamReader) -> bytes:
 async def test_an_unfinished_head_is_closed_at_the_head_timeout(
     served: MetricsServer, head: bytes
 ) -> None:
-    reader, writer = await _send(served.port, head)
-    assert await _answer(reader) == b""  # closed, nothing answered
+    reader, writer = await send_raw(served.port, head)
+    assert await read_until_closed(reader) == b""  # closed, nothing answered
     writer.close()
     assert served.guard.refused["slow-head"] == 1
 
 
 async def test_connections_past_the_cap_are_answered_503(served: MetricsServer) -> None:
-    held = [await _send(served.port, b"GET /metrics HTTP/1.1\r\n") for _ in range(4)]
-    reader, writer = await _send(served.port, b"")
-    assert (await _answer(reader)).startswith(b"HTTP/1.1 503")
+    held = [await send_raw(served.port, b"GET /metrics HTTP/1.1\r\n") for _ in range(4)]
+    reader, writer = await send_raw(served.port, b"")
+    assert (await read_until_closed(reader)).startswith(b"HTTP/1.1 503")
     writer.close()
     for _, held_writer in held:
         held_writer.close()
@@ -118,8 +105,8 @@ async def test_a_malformed_or_oversized_head_is_a_400_counted_with_no_traceback(
     served: MetricsServer, head: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    reader, writer = await _send(served.port, head)
-    assert (await _answer(reader)).startswith(b"HTTP/1.")
+    reader, writer = await send_raw(served.port, head)
+    assert (await read_until_closed(reader)).startswith(b"HTTP/1.")
     writer.close()
     assert served.guard.refused["malformed-http"] == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
@@ -128,15 +115,15 @@ async def test_a_malformed_or_oversized_head_is_a_400_counted_with_no_traceback(
 async def test_metrics_and_health_are_served_and_count_what_was_refused(
     served: MetricsServer,
 ) -> None:
-    reader, writer = await _send(served.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-    assert await _answer(reader) == b""  # a slow head, refused
+    reader, writer = await send_raw(served.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    assert await read_until_closed(reader) == b""  # a slow head, refused
     writer.close()
     answers = {}
     for path in ("/metrics", "/healthz"):
-        reader, writer = await _send(
+        reader, writer = await send_raw(
             served.port, b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode()
         )
-        answers[path] = await _answer(reader)
+        answers[path] = await read_until_closed(reader)
         writer.close()
     assert answers["/healthz"].startswith(b"HTTP/1.1 200")
     assert answers["/metrics"].startswith(b"HTTP/1.1 200")

@@ -12,7 +12,6 @@ are open, a malformed request is one DEBUG line; each refusal is counted and exp
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -24,7 +23,7 @@ from foundation.errors import ConfigError
 from foundation.http_guard import MAX_FIELD_SIZE, ConnectionGuard
 from scaler.config import ScalerConfig
 from scaler.server import ScalerServer
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, read_until_closed, send_raw
 
 
 class _Port:
@@ -59,30 +58,17 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[_Port]:
             await scaler.stop(0)
 
 
-async def _send(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(data)
-    await writer.drain()
-    return reader, writer
-
-
-async def _answer(reader: asyncio.StreamReader) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    async with asyncio.timeout(30):  # a cap against hangs, not a timing check
-        return await reader.read()
-
-
 async def test_an_unfinished_head_is_closed_at_the_head_timeout(served: _Port) -> None:
-    reader, writer = await _send(served.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-A: b")
-    assert await _answer(reader) == b""  # closed, nothing answered
+    reader, writer = await send_raw(served.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-A: b")
+    assert await read_until_closed(reader) == b""  # closed, nothing answered
     writer.close()
     assert served.guard.refused["slow-head"] == 1
 
 
 async def test_connections_past_the_cap_are_answered_503(served: _Port) -> None:
-    held = [await _send(served.port, b"GET /metrics HTTP/1.1\r\n") for _ in range(4)]
-    reader, writer = await _send(served.port, b"")
-    assert (await _answer(reader)).startswith(b"HTTP/1.1 503")
+    held = [await send_raw(served.port, b"GET /metrics HTTP/1.1\r\n") for _ in range(4)]
+    reader, writer = await send_raw(served.port, b"")
+    assert (await read_until_closed(reader)).startswith(b"HTTP/1.1 503")
     writer.close()
     for _, held_writer in held:
         held_writer.close()
@@ -109,21 +95,21 @@ async def test_a_malformed_or_oversized_head_is_a_400_counted_with_no_traceback(
     served: _Port, head: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    reader, writer = await _send(served.port, head)
-    assert (await _answer(reader)).startswith(b"HTTP/1.")
+    reader, writer = await send_raw(served.port, head)
+    assert (await read_until_closed(reader)).startswith(b"HTTP/1.")
     writer.close()
     assert served.guard.refused["malformed-http"] == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
 
 
 async def test_metrics_are_served_and_count_what_was_refused(served: _Port) -> None:
-    reader, writer = await _send(served.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-    assert await _answer(reader) == b""  # a slow head, refused
+    reader, writer = await send_raw(served.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    assert await read_until_closed(reader) == b""  # a slow head, refused
     writer.close()
-    reader, writer = await _send(
+    reader, writer = await send_raw(
         served.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )
-    body = await _answer(reader)
+    body = await read_until_closed(reader)
     writer.close()
     assert body.startswith(b"HTTP/1.1 200")
     assert b'_http_refused_total{reason="slow-head"} 1.0' in body
