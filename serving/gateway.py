@@ -111,11 +111,14 @@ PROXIED = ("/v1/completions", "/v1/chat/completions")
 EJECT_AFTER_5XX = 3
 """Fast failures in a row that eject a replica from routing (``_failed_in_a_row``)."""
 FAST_FAILURES = frozenset(
-    {"before-response", "mid-response", "bad-headers", "status-5xx", "stream-error"}
+    {"before-response", "mid-response", "bad-headers", "status-5xx", "stream-error", "redirect"}
 )
 """Upstream failures a replica answers at once, counted in a row toward its ejection: a
-server error, broken HTTP, a body cut off, a stream carrying an error event. Counting
-only 5xx left one that closed every answer after its headers ~98% of the traffic."""
+server error, broken HTTP, a body cut off, a stream carrying an error event, a redirect.
+Counting only 5xx left one that closed every answer after its headers ~98% of the traffic."""
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+"""Statuses aiohttp follows unless told not to: no replica's answer is followed anywhere
+(``_forward``, ``gateway_replicas``), and a completion answered by one is the replica's 502."""
 EJECT_SECONDS = 10.0
 """How long a first ejection lasts; doubled per ejection in a row (``Backoff``), at most 8x."""
 MAX_PRESSURE_MODELS = 4096
@@ -504,7 +507,7 @@ class Gateway:
         try:
             async with (
                 asyncio.timeout(self.settings.wake_timeout),
-                self._control.post(replica.url + "/wake_up") as r,
+                self._control.post(replica.url + "/wake_up", allow_redirects=False) as r,
             ):
                 if r.status != 200:
                     return f"it answered HTTP {r.status}"
@@ -644,7 +647,9 @@ class Gateway:
         try:
             async with (
                 asyncio.timeout(self.settings.wake_timeout),
-                self._control.post(replica.url + "/sleep", params=SLEEP_QUERY) as r,
+                self._control.post(
+                    replica.url + "/sleep", params=SLEEP_QUERY, allow_redirects=False
+                ) as r,
             ):
                 if r.status != 200:
                     return f"it answered HTTP {r.status}", False
@@ -835,8 +840,14 @@ class Gateway:
             try:
                 try:
                     async with asyncio.timeout(timeout):
+                        # Never followed: a replica answering 307 elsewhere had the client's
+                        # body and headers (API keys, cookies) sent to a host no config
+                        # names, and its answer relayed as the replica's.
                         upstream = await self._session.post(
-                            replica.url + request.path, data=raw, headers=headers
+                            replica.url + request.path,
+                            data=raw,
+                            headers=headers,
+                            allow_redirects=False,
                         )
                 except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as err:
                     # Nothing was sent: safe to try another replica.
@@ -879,6 +890,8 @@ class Gateway:
                     )
                     raise self._reject(502, "the replica failed before answering", None) from None
                 async with upstream:
+                    if upstream.status in REDIRECTS:
+                        raise self._redirected(replica, upstream)
                     return await self._relay(request, upstream, meter, replica)
             finally:
                 replica.outstanding -= 1
@@ -888,6 +901,25 @@ class Gateway:
         if dropped:
             raise self._reject(502, "the replica failed before answering", None)
         raise self._reject(503, "no replica accepted the connection", 5)
+
+    def _redirected(self, replica: Replica, upstream: aiohttp.ClientResponse) -> web.HTTPException:
+        """A completion the replica answered with a redirect: its 502, counted, not followed.
+
+        vLLM never redirects a completion; a replica that does points its clients (and,
+        followed, their prompts and keys) at a host behind the gateway. Relayed, the
+        client would be sent there; followed (aiohttp's default), the gateway sent it.
+        A fast failure: one redirecting every request at once is ejected.
+        """
+        where = quote(upstream.headers.get("Location", ""), 80)
+        self._upstream_failed(
+            replica,
+            "redirect",
+            "%s answered HTTP %d to %s (not followed)",
+            replica.url,
+            upstream.status,
+            where,
+        )
+        return self._reject(502, "the replica answered a redirect (not followed)", None)
 
     async def _relay(
         self,

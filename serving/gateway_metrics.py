@@ -36,6 +36,7 @@ UPSTREAM_ERROR_KINDS = (
     "status-5xx",
     "stream-error",
     "overrun",
+    "redirect",
 )
 """The ``kind`` of ``unitscale_gateway_upstream_errors_total`` (``upstream_error``)."""
 CLIENT_ERROR_KINDS = ("stalled", "malformed-http", "slow-head", "too-many-connections")

@@ -72,6 +72,9 @@ MAX_SERVED_MODELS = 4096
 ``replica_answers.MAX_MODELS``): bounded, whatever replicas list over time."""
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2)
+"""A probe's whole time. Its redirects are never followed (``allow_redirects=False``): a
+replica answering ``/v1/models`` with a 302 to another host had that host fetched and its
+list taken as the replica's; a redirect is the status it is (not 200: the probe failed)."""
 MODELS_EVERY_ROUNDS = 30
 """A healthy replica's /v1/models is asked again every this many rounds (30 s at the
 default interval): vLLM loads and unloads LoRA adapters at runtime."""
@@ -509,7 +512,9 @@ class ReplicaPool:
         Healthy, or why not; a failed re-list is healthy with the list kept, and its failure.
         """
         try:
-            async with session.get(replica.url + "/health", timeout=PROBE_TIMEOUT) as r:
+            async with session.get(
+                replica.url + "/health", timeout=PROBE_TIMEOUT, allow_redirects=False
+            ) as r:
                 if r.status != 200:
                     return False, ProbeFailure("http-status", f"/health answered HTTP {r.status}")
             if not replica.models:
@@ -538,7 +543,9 @@ class ReplicaPool:
             _ModelsRefusedError: a status other than 200. AnswerError, TimeoutError,
             aiohttp.ClientError: as the replica's other answers.
         """
-        async with session.get(replica.url + "/v1/models", timeout=PROBE_TIMEOUT) as r:
+        async with session.get(
+            replica.url + "/v1/models", timeout=PROBE_TIMEOUT, allow_redirects=False
+        ) as r:
             if r.status != 200:
                 raise _ModelsRefusedError(f"/v1/models answered HTTP {r.status}")
             return read_model_list(await read_answer(r, "/v1/models"))
@@ -662,7 +669,9 @@ class ReplicaPool:
         """Its /is_sleeping: asleep, awake, no sleep mode (404), or unreadable (kept)."""
         changes = replica.sleep_changes
         try:
-            async with session.get(replica.url + "/is_sleeping", timeout=PROBE_TIMEOUT) as r:
+            async with session.get(
+                replica.url + "/is_sleeping", timeout=PROBE_TIMEOUT, allow_redirects=False
+            ) as r:
                 if r.status == 404:
                     replica.sleep_mode, sleeping = False, False
                 elif r.status != 200:
