@@ -1,16 +1,23 @@
 """The serving side under hostile input (issue 27's eighth hostile pass, findings GU-1..).
 
 Each test injects what one finding found, at the boundary where it enters: a replica
-answering with a redirect to another host. Real servers on 127.0.0.1 port 0.
+answering with a redirect to another host, a non-streamed answer whose usage the gateway
+reads. Real servers on 127.0.0.1 port 0.
 """
 
 from __future__ import annotations
 
+import json
+import time
+
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
 from serving.server import GatewayServer
+from serving.slo import JSON_BODY_LIMIT, ResponseMeter, usage_in
 from tests.conftest import eventually, served_app
 from tests.test_gateway_isolation import gateway_for
 
@@ -127,3 +134,81 @@ async def test_a_replica_s_redirect_is_never_followed_to_another_host(
             assert "elsewhere" not in await r.text()
         assert asked == []
         assert labelled(server, *failures) >= 1
+
+
+# --- GU-2: a non-streamed answer's usage is read, not the whole answer parsed -------------
+
+
+def logprobs_answer(tokens: int) -> dict[str, object]:
+    """vLLM's chat answer with 20 top logprobs a token, its fields in vLLM's order."""
+    top = [{"token": f"t{j}", "logprob": -1.234567, "bytes": [116, 49]} for j in range(20)]
+    content = [{"token": "tok", "logprob": -0.1, "bytes": [116], "top_logprobs": top}] * tokens
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "tok" * tokens},
+                "logprobs": {"content": content},
+                "finish_reason": "length",
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {"prompt_tokens": 5, "total_tokens": tokens + 5, "completion_tokens": tokens},
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "tokens"),
+    [
+        pytest.param(
+            json.dumps(logprobs_answer(2500)).encode(),
+            2500,
+            id="an honest 3 MB answer with 20 top logprobs a token is read at once",
+        ),
+        pytest.param(
+            b'{"x": [' + b"{}," * (JSON_BODY_LIMIT // 3 - 10) + b'{}], "usage": {}}',
+            None,
+            id="4 MiB of empty objects from a hostile replica is read at once",
+        ),
+        pytest.param(
+            b'{"usage": [' + b"{}," * (JSON_BODY_LIMIT // 3 - 10) + b"{}]}",
+            None,
+            id="a usage of 4 MiB is no count and is read at once",
+        ),
+    ],
+)
+def test_a_non_streamed_answer_s_usage_is_read_without_parsing_the_answer(
+    body: bytes, tokens: int | None
+) -> None:
+    meter = ResponseMeter(0.0, 10_000, 1)
+    meter.begin(200, False)
+    meter.feed(body, 1.0)
+    started = time.perf_counter()
+    assert meter.output_tokens() == tokens
+    # Parsed whole: 0.1 s and 0.17 s of the gateway's event loop per answer; now ~0.1 ms.
+    assert time.perf_counter() - started < 0.02
+
+
+@given(
+    st.lists(st.text(max_size=20) | st.integers(), max_size=5),
+    st.integers(min_value=0, max_value=10**6),
+    st.sampled_from(["", " ", "\n  "]),
+)
+def test_the_usage_read_is_the_objects_whatever_its_text_holds(
+    choices: list[object], tokens: int, space: str
+) -> None:
+    # The text may hold '"usage": {...}' itself: a quote in a JSON string is escaped.
+    fake = ['"usage": {"completion_tokens": 7}', *choices]
+    usage = {"completion_tokens": tokens}
+    body = json.dumps({"choices": fake, "usage": usage, "prompt_logprobs": None})
+    body = body.replace('"usage": ', '"usage"' + space + ":" + space)
+    assert usage_in(body.encode()) == {"usage": usage}
+    assert usage_in(json.dumps([{"usage": usage}]).encode()) is None  # not an object
