@@ -2,11 +2,12 @@
 
 Each test injects what one finding found, at the boundary where it enters: a replica
 answering with a redirect to another host, a non-streamed answer whose usage the gateway
-reads. Real servers on 127.0.0.1 port 0.
+reads, a request body that is costly to parse. Real servers on 127.0.0.1 port 0.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 
@@ -16,6 +17,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from serving.gateway import MAX_REQUEST_JSON_ITEMS
 from serving.server import GatewayServer
 from serving.slo import JSON_BODY_LIMIT, ResponseMeter, usage_in
 from tests.conftest import eventually, served_app
@@ -212,3 +214,47 @@ def test_the_usage_read_is_the_objects_whatever_its_text_holds(
     body = body.replace('"usage": ', '"usage"' + space + ":" + space)
     assert usage_in(body.encode()) == {"usage": usage}
     assert usage_in(json.dumps([{"usage": usage}]).encode()) is None  # not an object
+
+
+# --- GU-3: a request body's parse is bounded in what it costs the event loop -------------
+
+
+@pytest.mark.parametrize(
+    ("prompt", "status"),
+    [
+        pytest.param(
+            b'"hi", "x": [' + b"{}," * (4 * 1024**2 // 3) + b"{}]",
+            413,
+            id="4 MiB of empty objects is refused before it is parsed",
+        ),
+        pytest.param(
+            b"[" + b"[1]," * (MAX_REQUEST_JSON_ITEMS // 2) + b"[1]]",
+            413,
+            id="a million nested token lists are refused",
+        ),
+        pytest.param(
+            b"[" + b"1," * (MAX_REQUEST_JSON_ITEMS - 10) + b"1]",
+            503,
+            id="a prompt of a million token ids is taken",
+        ),
+        pytest.param(
+            b'"' + b"Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 275_000 + b'"',
+            503,
+            id="a text prompt of 15 MiB (275,000 commas) is taken",
+        ),
+    ],
+)
+async def test_a_request_body_costly_to_parse_is_refused_before_parsing(
+    prompt: bytes, status: int
+) -> None:
+    async with gateway_for([], buffer_timeout=0.2) as server:
+        address = f"http://127.0.0.1:{server.port}/v1/completions"
+        body = b'{"model": "m", "prompt": ' + prompt + b"}"
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(address, data=io.BytesIO(body)) as r,
+        ):
+            assert r.status == status
+            if status == 413:
+                assert "JSON items" in (await r.json())["message"]
+        assert labelled(server, "_arrivals") == (status != 413)
