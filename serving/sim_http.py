@@ -101,7 +101,10 @@ class SimReplica:
     async def _sleep(self, request: web.Request) -> web.Response:
         level, mode = sleep_query(request.query)
         async with self._operation("sleep"):
-            await self.engine.sleep(level, mode)
+            # A client that gives up does not stop the sleep, as for a wake: cancelled
+            # in ``wait`` mode (a gateway's timeout while requests drain), it left the
+            # engine paused, ``/is_sleeping`` true, and its memory never freed.
+            await asyncio.shield(self.engine.sleep(level, mode))
         return web.json_response({"status": "sleeping", "level": level})
 
     async def _wake_up(self, request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ reads, a request body that is costly to parse. Real servers on 127.0.0.1 port 0.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import time
@@ -17,8 +18,9 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from foundation.replica_model import LLAMA3_8B_H200
 from serving.gateway import MAX_REQUEST_JSON_ITEMS
-from serving.server import GatewayServer
+from serving.server import GatewayServer, SimReplicaServer
 from serving.slo import JSON_BODY_LIMIT, ResponseMeter, usage_in
 from tests.conftest import eventually, served_app
 from tests.test_gateway_isolation import gateway_for
@@ -258,3 +260,34 @@ async def test_a_request_body_costly_to_parse_is_refused_before_parsing(
             if status == 413:
                 assert "JSON items" in (await r.json())["message"]
         assert labelled(server, "_arrivals") == (status != 413)
+
+
+# --- GU-4: the simulated replica's sleep goes on once its client left ----------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "tokens"),
+    [
+        pytest.param("wait", 100, id="a sleep waiting for a request to drain is carried out"),
+        pytest.param("wait", 400, id="a sleep waiting for a long request is carried out"),
+    ],
+)
+async def test_a_sim_sleep_whose_client_leaves_is_carried_out(mode: str, tokens: int) -> None:
+    sim = SimReplicaServer(LLAMA3_8B_H200, "127.0.0.1:0", model="m")
+    await sim.start()
+    engine = sim.replica.engine
+    try:
+        async with aiohttp.ClientSession() as client:
+            body = {"model": "m", "prompt": "hi", "max_tokens": tokens}
+            running = asyncio.create_task(client.post(sim.url + "/v1/completions", json=body))
+            await eventually(lambda: engine.running == 1, "a request runs")
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.1):  # the client gives up: its handler is cancelled
+                    await client.post(sim.url + "/sleep", params={"level": "1", "mode": mode})
+            async with await running as answer:
+                assert answer.status == 200
+            await eventually(lambda: bool(engine.sleeping_tags), "asleep", limit=10)
+            async with client.get(sim.url + "/is_sleeping") as r:
+                assert (await r.json())["is_sleeping"] is True
+    finally:
+        await sim.stop()
