@@ -17,6 +17,7 @@ requests and replicas with numpy: the replay's hot loop.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -83,12 +84,22 @@ class Fleet:
         self.requests = requests
         self.capacity = capacity
         self.kv_capacity = float(profile.kv_capacity_tokens)
-        self.active: Ints = np.empty(0, dtype=np.int64)
-        """Requests queued at, prefilling on or decoding on a replica."""
+        self._active: Ints = np.empty(0, dtype=np.int64)
+        self._routed: list[int] = []
+        """Requests assigned since ``active`` was last read: one concatenation a tick, not
+        an ``np.append`` (a copy of every active request) per arrival."""
         self.kv_reserved = np.zeros(capacity)
         self.outstanding = np.zeros(capacity, dtype=np.int64)
         self.running = np.zeros(capacity, dtype=np.int64)
         self.last_step = np.zeros(capacity)
+
+    @property
+    def active(self) -> Ints:
+        """Requests queued at, prefilling on or decoding on a replica, in routing order."""
+        if self._routed:
+            self._active = np.concatenate((self._active, self._routed))
+            self._routed.clear()
+        return self._active
 
     def assign(self, index: int, replica: int, now: float) -> None:
         """Queue request ``index`` on ``replica`` (the gateway routed it there)."""
@@ -96,7 +107,7 @@ class Fleet:
         r.state[index] = QUEUED
         r.replica[index] = replica
         r.routed[index] = now
-        self.active = np.append(self.active, index)
+        self._routed.append(index)
         self.outstanding[replica] += 1
 
     def advance(self, now: float, dt: float) -> TickResult:
@@ -112,11 +123,13 @@ class Fleet:
         replica = r.replica[active]
         decoding = state == DECODE
         prefilling = state == PREFILL
-        context = (r.prompt[active] + r.generated[active]).astype(np.float64)
+        context = r.prompt[active] + r.generated[active]
         batch = np.bincount(replica[decoding], minlength=self.capacity).astype(np.float64)
-        batch_context = np.bincount(
-            replica[decoding], weights=context[decoding], minlength=self.capacity
-        ).astype(np.float64)
+        # Weighted bincount is float64 already; numpy's stubs do not say so.
+        batch_context = cast(
+            Floats,
+            np.bincount(replica[decoding], weights=context[decoding], minlength=self.capacity),
+        )
         remaining_prefill = np.where(prefilling, r.prompt[active] - r.prefilled[active], 0.0)
         pending = np.bincount(replica, weights=remaining_prefill, minlength=self.capacity)
 
@@ -124,23 +137,27 @@ class Fleet:
         # tokens are done, then pure decode steps for the rest of the tick.
         chunk = np.minimum(pending, np.maximum(p.max_num_batched_tokens - batch, 0.0))
         # Profile.mixed_step_seconds, for every replica at once.
-        pure = np.where(batch > 0, p.decode_step_seconds(batch, batch_context), 0.0)
-        mixed = np.where(
-            batch > 0,
-            pure + p.prefill_marginal_seconds(chunk),
-            np.where(chunk > 0, p.prefill_seconds(chunk), 0.0),
-        )
+        decoding_replicas = batch > 0
         has_chunk = chunk > 0
-        prefill_steps = np.where(has_chunk, pending / np.where(has_chunk, chunk, 1.0), 0.0)
-        phase1 = np.minimum(dt, prefill_steps * mixed)
-        steps1 = np.where(has_chunk, phase1 / np.where(mixed > 0, mixed, 1.0), 0.0)
-        phase2 = np.where(batch > 0, dt - phase1, 0.0)
-        steps2 = np.where(pure > 0, phase2 / np.where(pure > 0, pure, 1.0), 0.0)
-        decode_steps = np.where(batch > 0, steps1 + steps2, 0.0)
-        busy = phase1 + phase2
-        self.last_step = np.where(
-            decode_steps > 0, dt / np.where(decode_steps > 0, decode_steps, 1.0), mixed
+        pure = np.where(decoding_replicas, p.decode_step_seconds(batch, batch_context), 0.0)
+        mixed = np.where(
+            decoding_replicas,
+            pure + p.prefill_marginal_seconds(chunk),
+            np.where(has_chunk, p.prefill_seconds(chunk), 0.0),
         )
+        # np.divide(..., where=) leaves 0 where the divisor is not used: one call where a
+        # guarded divide and a select were two (the tick's cost is its numpy calls).
+        prefill_steps = np.divide(pending, chunk, out=np.zeros(self.capacity), where=has_chunk)
+        phase1 = np.minimum(dt, prefill_steps * mixed)
+        steps1 = np.divide(
+            phase1, mixed, out=np.zeros(self.capacity), where=has_chunk & (mixed > 0)
+        )
+        phase2 = np.where(decoding_replicas, dt - phase1, 0.0)
+        steps2 = np.divide(phase2, pure, out=np.zeros(self.capacity), where=pure > 0)
+        decode_steps = np.where(decoding_replicas, steps1 + steps2, 0.0)
+        busy = phase1 + phase2
+        stepping = decode_steps > 0
+        self.last_step = np.divide(dt, decode_steps, out=mixed.copy(), where=stepping)
 
         # Prefill: first come (admitted first), first served, per replica.
         first_tokens = self._prefill(
@@ -149,14 +166,15 @@ class Fleet:
 
         # Decode: every decoding sequence gains its replica's decode steps this tick.
         rd = replica[decoding]
-        before = r.generated[active[decoding]]
-        finished = self._decode(active[decoding], decode_steps[rd], self.last_step[rd], now, dt)
-        generated = np.bincount(
-            rd, weights=r.generated[active[decoding]] - before, minlength=self.capacity
-        ) + np.bincount(r.replica[first_tokens], minlength=self.capacity)
+        finished, gained = self._decode(
+            active[decoding], decode_steps[rd], self.last_step[rd], now, dt
+        )
+        generated = np.bincount(rd, weights=gained, minlength=self.capacity) + np.bincount(
+            r.replica[first_tokens], minlength=self.capacity
+        )
 
         if len(finished):
-            self.active = self.active[r.state[self.active] != DONE]
+            self._active = active[r.state[active] != DONE]
         return TickResult(first_tokens, finished, busy, generated.astype(np.float64))
 
     def _admit(self, now: float) -> None:
@@ -230,25 +248,36 @@ class Fleet:
             r.generated[done] = 1.0
         return done
 
-    def _decode(self, indices: Ints, steps: Floats, step: Floats, now: float, dt: float) -> Ints:
+    def _decode(
+        self, indices: Ints, steps: Floats, step: Floats, now: float, dt: float
+    ) -> tuple[Ints, Floats]:
+        """Each of ``indices`` gains ``steps`` tokens; returns those done and what each got.
+
+        What each got is its count after less before (not the steps granted), as a
+        per-step counter reads it.
+        """
         r = self.requests
         if len(indices) == 0:
-            return np.empty(0, dtype=np.int64)
-        left = r.output[indices] - r.generated[indices]
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        before = r.generated[indices]
+        output = r.output[indices]
+        left = output - before
         gained = np.minimum(steps, left)
-        r.generated[indices] += gained
+        after = before + gained
+        r.generated[indices] = after
         r.decode_time[indices] += gained * step
-        finishing = r.generated[indices] >= r.output[indices] - 1e-9
+        finishing = after >= output - 1e-9
         done = indices[finishing]
         if len(done):
             fraction = np.where(steps[finishing] > 0, left[finishing] / steps[finishing], 0.0)
             r.finished[done] = now + dt * np.clip(fraction, 0.0, 1.0)
             r.state[done] = DONE
-            need = (r.prompt[done] + r.output[done]).astype(np.float64)
-            np.add.at(self.kv_reserved, r.replica[done], -need)
-            np.add.at(self.running, r.replica[done], -1)
-            np.add.at(self.outstanding, r.replica[done], -1)
-        return done
+            need = (r.prompt[done] + output[finishing]).astype(np.float64)
+            replica = r.replica[done]
+            np.add.at(self.kv_reserved, replica, -need)
+            np.add.at(self.running, replica, -1)
+            np.add.at(self.outstanding, replica, -1)
+        return done, after - before
 
     def queue_depth(self) -> npt.NDArray[np.int64]:
         """Requests queued (not yet admitted) per replica slot."""
@@ -288,6 +317,8 @@ def _segment_starts(keys: Ints) -> Ints:
     ``[3, 3, 5, 7, 7, 7]`` gives ``[0, 0, 2, 3, 3, 3]``: a running total minus its value
     at the run's start is a total per key (per replica, in the fleet).
     """
+    if len(keys) == 0 or keys[0] == keys[-1]:
+        return np.zeros(len(keys), dtype=np.int64)  # one run (one replica): the usual case
     new = np.empty(len(keys), dtype=bool)
     new[:1] = True
     np.not_equal(keys[1:], keys[:-1], out=new[1:])

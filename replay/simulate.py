@@ -68,6 +68,11 @@ _SERVING = np.isin(np.arange(9), (READY, WOKEN))
 """By slot state: the gateway routes to it."""
 _STANDBY = np.isin(np.arange(9), (SLEEPING, LOADING, WAKING, WOKEN))
 """By slot state: it is one of the standby plan's sleepers (asleep, loading or woken)."""
+_LOADED = np.isin(np.arange(9), (STARTING, LOADING, WAKING))
+"""By slot state: it becomes another at its ``ready_at``."""
+_LOADED_TO = np.arange(9)
+_LOADED_TO[[STARTING, LOADING, WAKING]] = (READY, SLEEPING, WOKEN)
+"""By slot state: the state it has once loaded (itself for any other)."""
 
 # vLLM's bucket bounds, so that the exporter's own quantile math runs on what a real
 # engine would expose (+Inf closes each histogram).
@@ -543,12 +548,15 @@ class _Replay:
     # --- one tick, stage by stage ----------------------------------------------------
 
     def start_ready(self) -> None:
-        """Replicas whose cold start is over become ready; pending ones start if they may."""
-        self.slot[(self.slot == STARTING) & (self.ready_at <= self.now)] = READY
-        self.slot[(self.slot == LOADING) & (self.ready_at <= self.now)] = SLEEPING
-        woke = np.flatnonzero((self.slot == WAKING) & (self.ready_at <= self.now))
-        self.slot[woke] = WOKEN
-        self.used_at[woke] = self.now
+        """Replicas whose cold start is over become ready; pending ones start if they may.
+
+        Starting ones become ready, loading ones sleep, waking ones are woken.
+        """
+        due = np.flatnonzero(_LOADED[self.slot] & (self.ready_at <= self.now))
+        if len(due):
+            woke = due[self.slot[due] == WAKING]
+            self.slot[due] = _LOADED_TO[self.slot[due]]
+            self.used_at[woke] = self.now
         if self.limited:
             self._start_pending()
 
