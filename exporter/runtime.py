@@ -80,7 +80,7 @@ class DeploymentState:
     """The model the engines report (``model_name``), for the Prometheus label: see
     ``Exporter._label_model``."""
     model_since: float = -math.inf
-    """When ``served_model`` last changed (the exporter's clock)."""
+    """When ``served_model`` last changed (the exporter's monotonic clock)."""
     engine: str = ""
     signals: EngineSignals | None = None
     failure: str = ""
@@ -131,9 +131,13 @@ class Exporter:
         clock: Callable[[], float] = time.time,
         kube: KubeAccess | None = None,
         slice_resync: float = 300.0,
+        steady: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        self.steady = steady or (time.monotonic if clock is time.time else clock)
+        """The clock windows are measured on (``_absorb``): monotonic, unless a test's
+        fake ``clock`` is both."""
         self.kube = kube or KubeAccess()
         self.slice_resync = slice_resync
         self.deployments = [DeploymentState(d) for d in config.deployments]
@@ -244,12 +248,12 @@ class Exporter:
             for target in state.targets
         ]
         results = await asyncio.gather(*(job for _, job in jobs))
-        now = self.clock()
+        now, steady = self.clock(), self.steady()
         by_deployment: dict[int, list[ScrapeResult]] = {id(s): [] for s in deployments}
         for (state, _), result in zip(jobs, results, strict=True):
             by_deployment[id(state)].append(result)
         for state in deployments:
-            self._publish(config, state, by_deployment[id(state)], now)
+            self._publish(config, state, by_deployment[id(state)], now, steady)
             await asyncio.sleep(0)  # let /healthz and gRPC in between deployments
         self.cycles += 1
         self.last_cycle_seconds = time.perf_counter() - started
@@ -261,11 +265,12 @@ class Exporter:
         state: DeploymentState,
         results: list[ScrapeResult],
         now: float,
+        steady: float,
     ) -> None:
         """Absorb one deployment's scrapes and tell the listeners; a failure stays its own."""
         failure = ""
         try:
-            self._absorb(config, state, results, now)
+            self._absorb(config, state, results, now, steady)
         except Exception as err:
             state.signals = None  # no signals rather than wrong ones
             failure = f"deriving signals failed: {err!r}"
@@ -434,7 +439,17 @@ class Exporter:
         state: DeploymentState,
         results: list[ScrapeResult],
         now: float,
+        steady: float,
     ) -> None:
+        """Fold one deployment's scrapes into its histories and derive its signals.
+
+        ``now`` (the wall clock) dates the signals for the scaler; the histories and
+        their windows run on ``steady``, the monotonic clock. On the wall clock a step
+        back (NTP correcting a clock a day ahead) kept every scrape until the clock
+        caught up, a day of them a replica (20 MB each at vLLM's buckets), with every
+        rate unknown meanwhile, and a step an hour ahead published a 720th of each
+        rate for a window (issue 27, hostile pass 8, XU-1).
+        """
         horizon = history_horizon(config.stable_window, config.interval)
         known = set(state.targets)
         for gone in [t for t in state.histories if t not in known]:
@@ -474,12 +489,12 @@ class Exporter:
                     )
                 status.last_rejected = dict(rejected)
             state.histories.setdefault(result.target, ReplicaHistory(horizon)).add(
-                now, result.stats
+                steady, result.stats
             )
             latest.append(result.stats)
             answered.append(result.target)
             state.engine = result.stats.engine
-        self._label_model(state, [stats.model for stats in latest if stats.model], now)
+        self._label_model(state, [stats.model for stats in latest if stats.model], steady)
         if not state.discovered:
             state.signals = None  # "0 replicas" before any list answered is no fact
             return
@@ -494,4 +509,5 @@ class Exporter:
             config.panic_window,
             config.stable_window,
             state.config.accelerator.accelerator(),
+            at=steady,
         )

@@ -217,8 +217,12 @@ def derive(
     panic_seconds: float,
     stable_seconds: float,
     accelerator: Accelerator,
+    at: float | None = None,
 ) -> EngineSignals:
     """Deployment signals from the replicas scraped now (``latest``) and their histories.
+
+    ``now`` dates the signals; ``at`` is the same instant on the histories' clock (the
+    exporter's monotonic one; None: ``now``).
 
     ``replicas`` counts every known replica, up or not: each holds accelerators and
     costs money. With no replica at all, load and rates are 0 (facts, not guesses);
@@ -228,8 +232,9 @@ def derive(
     """
     up = len(latest)
     none_known = replicas == 0
-    panic = _window(now, panic_seconds, histories, none_known)
-    stable = _window(now, stable_seconds, histories, none_known)
+    at = now if at is None else at
+    panic = _window(at, panic_seconds, histories, none_known)
+    stable = _window(at, stable_seconds, histories, none_known)
     queue = _gauge_sum(latest, "waiting", none_known)
     running = _gauge_sum(latest, "running", none_known)
     kv_values = [s.gauges["kv_usage"] for s in latest if "kv_usage" in s.gauges]
