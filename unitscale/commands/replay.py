@@ -32,7 +32,8 @@ def add_command(commands: Commands) -> None:
         type=flags.trace_source,
         help="Azure LLM CSV, Mooncake JSONL, builtin:business-day|business-days|business-week,"
         " or servegen:DIR?scale=X&days=A-B (replay.workloads);"
-        " with --pool repeatable, one inference deployment each (default builtin:business-day)",
+        " with --pool repeatable, one inference deployment each, at most 16"
+        " (default builtin:business-day)",
     )
     replay.add_argument("--policy", default="all", help="a policy name or 'all'")
     replay.add_argument("--rate-multiplier", type=flags.RATE_MULTIPLIER, default=1.0)
