@@ -1,24 +1,26 @@
 """The `unitscale` commands under the eighth hostile pass (issue 27).
 
-``unitscale replay --pool`` takes ``--trace`` repeatedly, one inference deployment each,
-and read and held every trace before the run with no bound on their count or on their
-requests together: ten built-in days at ``--rate-multiplier 50`` held 2.4 GB after 18 s
-(each within one replay's bound), so a hundred would have asked for 24 GB before the
-kernel killed the process. Now at most ``MAX_DEPLOYMENTS`` traces, counted before any
-file is read, and their requests together at most one replay's (``MAX_TRACE_REQUESTS``),
+``unitscale replay --pool`` (one inference deployment a trace) and ``unitscale tune``
+(every trial replays each) take ``--trace`` repeatedly, and read and held every trace
+before the run with no bound on their count or on their requests together: ten built-in
+days at ``--rate-multiplier 50`` held 2.4 GB after 18 s (each within one replay's bound),
+so a hundred would have asked for 24 GB before the kernel killed the process, and tune's
+workers each hold the whole problem. Now at most ``MAX_TRACES``, counted before any file
+is read, and their requests together at most one replay's (``MAX_TRACE_REQUESTS``),
 checked as each is read: one line naming the flag, status 2, nothing run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.test_cli_flags import AZURE, write
 from unitscale import cli
-from unitscale.commands import replay_pool
+from unitscale.commands.common import MAX_TRACES
 
 NODES = b"sn,cpu_milli,memory_mib,gpu,model\nnode-0,64000,262144,4,T4\n"
 PODS = (
@@ -31,81 +33,81 @@ THIRTY_ROWS = AZURE + b"".join(
 
 
 class _RanError(Exception):
-    """The joint replay started (raised in place of it)."""
+    """The run started (raised in place of it)."""
 
 
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The joint replays started, each stopped as it starts: its deployments' count."""
+    """The runs started, each stopped as it starts: how many traces it was given."""
     import replay.pool.joint
+    import unitscale.tune
 
     started: list[int] = []
 
-    def stand_in(nodes: object, tasks: object, deployments: list[object], *_: object) -> None:
+    def joint(nodes: object, tasks: object, deployments: list[object], *_: object) -> None:
         started.append(len(deployments))
         raise _RanError
 
-    monkeypatch.setattr(replay.pool.joint, "run_all", stand_in)
+    @contextlib.contextmanager
+    def tune(problem: unitscale.tune.Problem, workers: int) -> Iterator[None]:
+        started.append(len(problem.traces))
+        raise _RanError
+        yield
+
+    monkeypatch.setattr(replay.pool.joint, "run_all", joint)
+    monkeypatch.setattr(unitscale.tune, "worker_pool", tune)
     return started
 
 
-def _joint(tmp_path: Path, traces: int) -> list[str]:
+def _command(tmp_path: Path, command: str, traces: int) -> list[str]:
     trace = write(tmp_path / "t.csv", THIRTY_ROWS)
-    nodes, pods = write(tmp_path / "n.csv", NODES), write(tmp_path / "p.csv", PODS)
-    args = ["replay", "--pool", nodes, "--tasks", pods, "--pool-fraction", "1"]
-    args += ["--report", str(tmp_path / "out")]
+    if command == "tune":
+        args = ["tune", "--out", str(tmp_path / "out"), "--workers", "1", "--budget", "1"]
+    else:
+        nodes, pods = write(tmp_path / "n.csv", NODES), write(tmp_path / "p.csv", PODS)
+        args = ["replay", "--pool", nodes, "--tasks", pods, "--pool-fraction", "1"]
+        args += ["--report", str(tmp_path / "out")]
     return args + ["--trace", trace] * traces
 
 
-def _bound(limit: int) -> Callable[[pytest.MonkeyPatch], None]:
-    def apply(monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(replay_pool, "MAX_TRACE_REQUESTS", limit)
-
-    return apply
-
-
+@pytest.mark.parametrize("command", ["replay --pool", "tune"])
 @pytest.mark.parametrize(
     ("traces", "bound", "refused"),
     [
+        pytest.param(MAX_TRACES, None, None, id="as many traces as the bound are run"),
         pytest.param(
-            replay_pool.MAX_DEPLOYMENTS,
+            MAX_TRACES + 1,
             None,
-            None,
-            id="as many traces as the deployments bound are replayed",
-        ),
-        pytest.param(
-            replay_pool.MAX_DEPLOYMENTS + 1,
-            None,
-            f"--trace: 17 given; at most {replay_pool.MAX_DEPLOYMENTS} deployments",
+            f"--trace: 17 given; at most {MAX_TRACES}",
             id="one trace more is refused before any is read",
         ),
         pytest.param(
-            1_000,
-            None,
-            "--trace: 1000 given",
-            id="a thousand traces are refused before any is read",
+            1_000, None, "--trace: 1000 given", id="a thousand traces are refused at once"
         ),
         pytest.param(
             2,
-            _bound(59),
-            "60 requests with the traces before it; a joint replay holds at most 59 in all",
+            59,
+            "60 requests with the traces before it; the traces hold at most 59 in all",
             id="traces holding more requests together than one replay are refused",
         ),
-        pytest.param(2, _bound(60), None, id="traces holding one replay's requests are replayed"),
+        pytest.param(2, 60, None, id="traces holding one replay's requests together are run"),
     ],
 )
-def test_a_joint_replay_s_traces_are_bounded_in_count_and_requests_together(
+def test_the_traces_a_run_reads_are_bounded_in_count_and_requests_together(
     tmp_path: Path,
     runs: list[int],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    command: str,
     traces: int,
-    bound: Callable[[pytest.MonkeyPatch], None] | None,
+    bound: int | None,
     refused: str | None,
 ) -> None:
+    import replay.limits
+
     if bound is not None:
-        bound(monkeypatch)
-    args = _joint(tmp_path, traces)
+        monkeypatch.setattr(replay.limits, "MAX_TRACE_REQUESTS", bound)
+    args = _command(tmp_path, command, traces)
     if refused is None:
         with pytest.raises(_RanError):
             cli.main(args)
@@ -115,5 +117,5 @@ def test_a_joint_replay_s_traces_are_bounded_in_count_and_requests_together(
     assert runs == []
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("unitscale replay: --trace") and refused in err, err
+    assert err.startswith(f"unitscale {command.split()[0]}: --trace") and refused in err, err
     assert not (tmp_path / "out").exists()

@@ -530,8 +530,9 @@ def add_command(commands: Commands) -> None:
         action="append",
         type=flags.trace_source,
         required=True,
-        help="repeatable: an Azure LLM CSV, a directory of them as one trace (the gateway's"
-        " recorded arrivals), Mooncake JSONL, builtin:NAME or servegen:DIR?scale=X&days=A-B",
+        help="repeatable, at most 16: an Azure LLM CSV, a directory of them as one trace"
+        " (the gateway's recorded arrivals), Mooncake JSONL, builtin:NAME or"
+        " servegen:DIR?scale=X&days=A-B",
     )
     tune.add_argument("--policy", choices=TUNABLE, default="unitscale")
     tune.add_argument("--profile", default="llama3-8b-h200", help="the replayed replica model")
@@ -648,9 +649,8 @@ def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
     from foundation.configfile import load_mapping
     from foundation.files import MAX_CONFIG_BYTES, read_text
     from replay.run import ReplayOptions
-    from replay.trace import scale
-    from replay.workloads import load_trace
     from scaler.config import load_config
+    from unitscale.commands.common import read_traces
 
     if args.scaler_config is not None and args.policy != "unitscale":
         raise ConfigError(f"--scaler-config is the unitscale policy's: drop it for {args.policy}")
@@ -660,10 +660,7 @@ def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
         text = read_text(args.scaler_config, MAX_CONFIG_BYTES, "config file")
         base = load_mapping(text, str(args.scaler_config))
     target = args.slo_attainment or scaler.policy.slo_attainment
-    traces = tuple(
-        scale(load_trace(s, args.seed), args.rate_multiplier, args.time_compression, args.seed)
-        for s in args.trace
-    )
+    traces = tuple(read_traces(args.trace, args))  # bounded as one replay's requests in all
     options = ReplayOptions(
         ",".join(args.trace),
         args.rate_multiplier,

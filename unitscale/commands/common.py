@@ -16,6 +16,7 @@ from unitscale import flags
 if TYPE_CHECKING:
     from foundation.reload import ConfigSource
     from foundation.replica_model import Profile
+    from replay.trace import Trace
 
 log = logging.getLogger("unitscale")
 T = TypeVar("T")
@@ -27,6 +28,12 @@ MAX_CONFIG_POLL = 600.0
 """The longest ``--config-poll`` (seconds), as the sixth pass bounded the scaler's source
 waits: ``2562047h`` started a server that would see a changed file in 292 years, with
 nothing said (hostile pass 7)."""
+MAX_TRACES = 16
+"""``--trace`` values one run reads (``replay --pool``: a deployment each; ``tune``: every
+trial replays each). Every trace was read and held before the run with no bound on their
+count or their requests together, each within one replay's bound: ten built-in days at
+``--rate-multiplier 50`` held 2.4 GB after 18 s, and a hundred would have asked 24 GB
+(hostile pass 8, CM-1). Together they hold at most one replay's ``MAX_TRACE_REQUESTS``."""
 
 
 # --- flags ---------------------------------------------------------------------------------
@@ -126,6 +133,36 @@ def report_directory(path: Path, flag: str = "--report") -> Path:
         why = err.strerror or type(err).__name__
         raise ConfigError(f"{flag} {shown}: no file can be made in it ({why})") from err
     return path
+
+
+def read_traces(sources: list[str], args: argparse.Namespace) -> list[Trace]:
+    """Each ``--trace`` read and scaled by the flags, as one replay's requests in all.
+
+    Raises:
+        ConfigError: more than ``MAX_TRACES``, counted before any is read, or more than
+            ``MAX_TRACE_REQUESTS`` together, checked as each is read (so at most one trace
+            past the bound is ever held).
+    """
+    from replay.limits import MAX_TRACE_REQUESTS
+    from replay.trace import scale
+    from replay.workloads import load_trace
+
+    if len(sources) > MAX_TRACES:
+        raise ConfigError(f"--trace: {len(sources)} given; at most {MAX_TRACES}")
+    traces: list[Trace] = []
+    held = 0
+    for source in sources:
+        trace = scale(
+            load_trace(source, args.seed), args.rate_multiplier, args.time_compression, args.seed
+        )
+        held += len(trace)
+        if held > MAX_TRACE_REQUESTS:
+            raise ConfigError(
+                f"--trace {quote(source)}: {held:,} requests with the traces before it;"
+                f" the traces hold at most {MAX_TRACE_REQUESTS:,} in all, as one replay"
+            )
+        traces.append(trace)
+    return traces
 
 
 def profile(name: str) -> Profile:

@@ -6,10 +6,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from foundation.errors import ConfigError, quote
-from replay.limits import MAX_TRACE_REQUESTS
+from foundation.errors import ConfigError
 from unitscale import flags
-from unitscale.commands.common import report_directory
+from unitscale.commands.common import MAX_TRACES, read_traces, report_directory
 
 if TYPE_CHECKING:
     from replay.pool.cluster import Node, Task
@@ -21,12 +20,6 @@ if TYPE_CHECKING:
 
 MAX_HEADROOMS = 8
 """Distinct ``--headroom`` values one joint replay compares."""
-MAX_DEPLOYMENTS = 16
-"""``--trace`` values, each an inference deployment with its own simulated fleet. Each
-was read and held before the run, with no bound on their count or their requests
-together: ten built-in days at ``--rate-multiplier 50`` held 2.4 GB after 18 s, so a
-hundred would have been 24 GB; the requests of all of them are bounded as one replay's
-(``MAX_TRACE_REQUESTS``)."""
 
 
 def add_arguments(replay: argparse.ArgumentParser) -> None:
@@ -141,8 +134,6 @@ def inputs(
     """
     from replay.pool.cluster import read_nodes, read_tasks
     from replay.pool.joint import Inference, JointOptions
-    from replay.trace import scale
-    from replay.workloads import load_trace
 
     if args.pool is None or args.tasks is None:
         raise ConfigError("--pool NODES_CSV and --tasks PODS_CSV go together")
@@ -152,8 +143,8 @@ def inputs(
     if len(headrooms) > MAX_HEADROOMS:
         raise ConfigError(f"--headroom: {len(headrooms)} values; at most {MAX_HEADROOMS}")
     sources = args.trace or ["builtin:business-day"]
-    if len(sources) > MAX_DEPLOYMENTS:
-        raise ConfigError(f"--trace: {len(sources)} given; at most {MAX_DEPLOYMENTS} deployments")
+    if len(sources) > MAX_TRACES:  # before the pool's files are read too
+        raise ConfigError(f"--trace: {len(sources)} given; at most {MAX_TRACES}")
     if args.compare_tiers or args.policy != "all":
         raise ConfigError("--pool runs the unitscale scaler in every deployment: drop --policy")
     try:
@@ -166,17 +157,7 @@ def inputs(
     # the scaler config names one
     profile = config.profile.name if policy.profile is None else None
     deployments: list[Inference] = []
-    held = 0
-    for source in sources:
-        trace = scale(
-            load_trace(source, args.seed), args.rate_multiplier, args.time_compression, args.seed
-        )
-        held += len(trace)
-        if held > MAX_TRACE_REQUESTS:  # one trace past the bound at most is ever held
-            raise ConfigError(
-                f"--trace {quote(source)}: {held:,} requests with the traces before it;"
-                f" a joint replay holds at most {MAX_TRACE_REQUESTS:,} in all, as one replay"
-            )
+    for source, trace in zip(sources, read_traces(sources, args), strict=True):
         name = f"{trace.name}-{len(deployments)}" if len(args.trace or ()) > 1 else trace.name
         initial = _warm_start(args, source, trace, config) if args.warm_start else 0
         deployments.append(
