@@ -119,3 +119,44 @@ def test_the_traces_a_run_reads_are_bounded_in_count_and_requests_together(
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"unitscale {command.split()[0]}: --trace") and refused in err, err
     assert not (tmp_path / "out").exists()
+
+
+# --- the training load's copies ----------------------------------------------------------------
+
+SHORT_TASK = (
+    b"name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    b"creation_time,deletion_time,scheduled_time\npod-0,4000,16384,1,1000,,BE,Running,0,1,0\n"
+)
+TEN_MINUTES = AZURE + b"2023-11-16 18:17:00.0,512,16\n2023-11-16 18:27:00.0,512,16\n"
+
+
+@pytest.mark.parametrize(
+    ("load", "refused"),
+    [
+        pytest.param(
+            "1000",
+            "training would need 2,228,571 tasks (2,228,571x the 1 the pod list holds)",
+            id="a one-second task copied to offer a thousand times the cards is refused",
+        ),
+        pytest.param("0.01", None, id="a one-second task copied a few times is replayed"),
+    ],
+)
+def test_the_training_load_s_copies_are_counted_before_they_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], load: str, refused: str | None
+) -> None:
+    """One task of a second on four cards became 2.2M tasks at --training-load 1000
+    (16.8 s and 709 MB to make them, then every baseline replayed over them)."""
+    from replay.pool.joint import MAX_TASKS
+
+    nodes, pods = write(tmp_path / "n.csv", NODES), write(tmp_path / "p.csv", SHORT_TASK)
+    args = ["replay", "--pool", nodes, "--tasks", pods, "--pool-fraction", "1"]
+    args += ["--trace", write(tmp_path / "t.csv", TEN_MINUTES), "--placement", "binpack"]
+    args += ["--training-load", load, "--report", str(tmp_path / "out")]
+    code = cli.main(args)
+    err = capsys.readouterr().err.strip()
+    if refused is None:
+        assert code == 0, err
+        return
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert refused in err and f"a replay holds at most {MAX_TASKS:,}" in err, err

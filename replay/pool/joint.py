@@ -70,6 +70,11 @@ PREEMPTIBLE_MAX_PRIORITY = 0
 """Workloads at or below this priority are preemptible (the manager's default maxPriority)."""
 DURATION_CAP = 1800.0
 """Seconds a training task runs at most: the trace records some for months."""
+MAX_TASKS = 1_000_000
+"""Training tasks one replay holds after the training load's copies, as many as a pod list
+may have rows (``replay.pool.cluster.MAX_ROWS``). The copies are asked for by the offered
+load, not the file's size: one task of a second on four cards was 66,857 tasks at
+``--training-load 30`` (18 s) and 2.2M at 1,000, and a day's trace asked for 10^8."""
 ARRIVAL_START_QUANTILE = 0.01
 """Training arrivals before this quantile come at the start (``prepare_tasks``)."""
 REPLICA_CPU_MILLI = 8000
@@ -427,6 +432,13 @@ def run_all(
     target = options.training_load * max(0.0, cards - peaks.mean_held)
     offered_base = offered_cards(base, span)
     multiplier = target / offered_base if offered_base > 0 and target > 0 else 1.0
+    if len(base) * multiplier > MAX_TASKS:  # counted before the copies exist
+        raise PoolError(
+            f"training would need {len(base) * multiplier:,.0f} tasks ({multiplier:,.0f}x the"
+            f" {len(base):,} the pod list holds) to offer {target:,.1f} cards over"
+            f" {span:,.0f} s; a replay holds at most {MAX_TASKS:,}: lower --training-load"
+            " or give tasks that hold their cards longer"
+        )
     scaled = prepare_tasks(tasks, span, multiplier, options.duration_cap)
     results = []
     share = arrival_share(peaks, scaled)
