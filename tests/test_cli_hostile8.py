@@ -8,6 +8,11 @@ so a hundred would have asked for 24 GB before the kernel killed the process, an
 workers each hold the whole problem. Now at most ``MAX_TRACES``, counted before any file
 is read, and their requests together at most one replay's (``MAX_TRACE_REQUESTS``),
 checked as each is read: one line naming the flag, status 2, nothing run.
+
+The joint replay copies the pod list's tasks until they offer ``--training-load`` times
+the cards inference leaves: the copies were asked for by that load, not by the file's
+size, so one task of a second on four cards became 2.2M tasks at ``--training-load
+1000``. They are now counted before they exist (``replay.pool.joint.MAX_TASKS``).
 """
 
 from __future__ import annotations
