@@ -47,7 +47,7 @@ from foundation.replica_model import cold_start_seconds as cold_start_seconds
 from foundation.signals import EngineSignals
 from replay.anatomy import MET, Targets, anatomy, classify, idle_itl, met
 from replay.controllers import StandbyController
-from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests, TickResult
+from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
 from replay.policies import GatewayView, Policy, View
 from replay.trace import Trace
 from scaler.core.seasonal import SeasonalPolicy
@@ -354,6 +354,13 @@ class _Replay:
             "prompt_length": (tokens, np.zeros((slots, len(tokens))), np.zeros(slots)),
             "output_length": (tokens, np.zeros((slots, len(tokens))), np.zeros(slots)),
         }
+        self.unrecorded: tuple[list[npt.NDArray[np.int64]], list[npt.NDArray[np.int64]]] = (
+            [],
+            [],
+        )
+        """Requests that got their first token, and that finished, since the last scrape:
+        their histogram observations are made when a scrape reads them, in one call per
+        histogram (the order of observation, and so every sum, as if made each tick)."""
         self.histories: dict[int, ReplicaHistory] = {}
         self.horizon = history_horizon(config.stable_window, config.scrape_interval)
         self.accelerator = Accelerator(profile.price_per_hour, 1.0)
@@ -648,7 +655,11 @@ class _Replay:
         """The fleet runs one tick; drained replicas stop; returns the gateway's view."""
         slot, fleet, dt = self.slot, self.fleet, self.config.dt
         tick = fleet.advance(self.now, dt)
-        _record(self.requests, tick, self.counters, self.hist)
+        self.counters[:, 1] += tick.generated
+        if len(tick.first_tokens):
+            self.unrecorded[0].append(tick.first_tokens)
+        if len(tick.finished):
+            self.unrecorded[1].append(tick.finished)
         if len(tick.finished):
             judged_in = int(met(self.requests, self.targets, tick.finished).sum())
             self.judged.add(self.now, judged_in, len(tick.finished) - judged_in)
@@ -693,6 +704,11 @@ class _Replay:
         """The exporter scrapes every replica with endpoints and derives the signals."""
         config = self.config
         self.next_scrape += config.scrape_interval
+        first, finished = self.unrecorded
+        if first or finished:
+            _record(self.requests, _joined(first), _joined(finished), self.counters, self.hist)
+            first.clear()
+            finished.clear()
         serving = np.flatnonzero(_SERVING[self.slot] | (self.slot == DRAINING))
         latest = []
         queues = self.fleet.scheduler_queues()
@@ -759,18 +775,17 @@ class _Replay:
 
 def _record(
     requests: Requests,
-    tick: TickResult,
+    first: npt.NDArray[np.int64],
+    finished: npt.NDArray[np.int64],
     counters: npt.NDArray[np.float64],
     hist: dict[str, tuple[tuple[float, ...], npt.NDArray[np.float64], npt.NDArray[np.float64]]],
 ) -> None:
-    """The engines' counters and histograms after ``tick``, counted when vLLM counts them.
+    """The engines' counters and histograms for the ``first`` tokens and ``finished``.
 
-    Prompt tokens at the first token and generated tokens per step (a finished-only count
-    read a start's short requests as the whole mix); requests and the per-request
-    histograms when they finish.
+    As vLLM counts them: prompt tokens at the first token (generated tokens are counted
+    per step, by the tick: a finished-only count read a start's short requests as the
+    whole mix); requests and the per-request histograms when they finish.
     """
-    first, finished = tick.first_tokens, tick.finished
-    counters[:, 1] += tick.generated
     # The engine measures from when it got the request, not from the gateway's arrival.
     if len(first):
         ttft = requests.first_token[first] - requests.routed[first]
@@ -784,6 +799,12 @@ def _record(
         _observe(hist["output_length"], slots, requests.output[finished].astype(np.float64))
         gaps = np.maximum(requests.output[finished] - 1, 1)
         _observe(hist["itl"], slots, requests.decode_time[finished] / gaps)
+
+
+def _joined(parts: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    if not parts:
+        return np.empty(0, dtype=np.int64)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _observe(
