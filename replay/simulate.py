@@ -374,7 +374,10 @@ class _Replay:
         self.replica_seconds = self.busy_seconds = 0.0
         self.cold_starts = 0
         self.next_arrival = 0
-        self.too_big = float(profile.kv_capacity_tokens)
+        self.too_big = (self.requests.prompt + self.requests.output) > float(
+            profile.kv_capacity_tokens
+        )
+        """Per request: more tokens than a replica's KV cache holds (dropped on arrival)."""
         # The gateway judges each request against the SLO as it ends (served or dropped),
         # as serving.gateway does: the within/outside rates the scaler steers by.
         self.targets = slo_targets(self.requests, config)
@@ -580,7 +583,7 @@ class _Replay:
             self.next_arrival += 1
             self.arrivals_seen.append(self.now)
             self.arrivals_in_series += 1
-            if requests.prompt[i] + requests.output[i] > self.too_big:
+            if self.too_big[i]:
                 requests.state[i] = DROPPED
                 self.judged.add(self.now, 0, 1)
             elif buffer or not self._route(i, ready):
@@ -636,8 +639,11 @@ class _Replay:
         woken surplus too, once each running one holds ``surplus_above`` (vectorised here:
         the replay routes every request of a trace).
         """
-        if len(ready) == 0:
-            return False
+        if len(ready) <= 1:
+            if len(ready) == 0:
+                return False
+            self.fleet.assign(index, int(ready[0]), self.now)  # the only choice
+            return True
         outstanding = self.fleet.outstanding[ready]
         counted = self.slot[ready] == READY
         if counted.all() or not counted.any():
