@@ -269,8 +269,13 @@ class Fleet:
         finishing = after >= output - 1e-9
         done = indices[finishing]
         if len(done):
-            fraction = np.where(steps[finishing] > 0, left[finishing] / steps[finishing], 0.0)
-            r.finished[done] = now + dt * np.clip(fraction, 0.0, 1.0)
+            granted = steps[finishing]
+            fraction = np.divide(
+                left[finishing], granted, out=np.zeros(len(done)), where=granted > 0
+            )
+            # np.clip's dispatch costs more than the two ufuncs it is.
+            np.minimum(np.maximum(fraction, 0.0, out=fraction), 1.0, out=fraction)
+            r.finished[done] = now + dt * fraction
             r.state[done] = DONE
             need = (r.prompt[done] + output[finishing]).astype(np.float64)
             replica = r.replica[done]
