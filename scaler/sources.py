@@ -479,8 +479,14 @@ async def _run(
     async with limit:
         try:
             params = {"query": query.promql}
-            async with session.get(endpoint, params=params, headers=headers) as response:
+            async with session.get(
+                endpoint, params=params, headers=headers, allow_redirects=False
+            ) as response:
                 status, kind = response.status, response.content_type
+                if status in _REDIRECTS:  # see ``_REDIRECTS``: never followed
+                    raise PrometheusError(
+                        f"{endpoint} answered {status}: a redirect (not followed)"
+                    )
                 # Prometheus answers a bad query 400/422 in JSON; anything else is not it.
                 if status >= 500 or (status >= 400 and kind != "application/json"):
                     head = await _read_at_most(response, 200)
@@ -495,6 +501,15 @@ async def _run(
         if "no JSON" in str(err):  # a proxy's page, not the API
             raise PrometheusError(f"{endpoint} answered {status} {kind}, not JSON") from err
         raise PrometheusError(str(err)) from err
+
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+"""Answers the query API never gives; a query answered so fails its round.
+
+aiohttp followed them: a URL answering ``302`` to another host had that host asked every
+query with the configured ``headers`` (a tenant's ``X-Scope-OrgID``, an API key; only
+``Authorization`` is dropped across hosts), and its answers stored as the deployment's
+signals, read by the decision as Prometheus's (issue 27, hostile pass 8, SU-1)."""
 
 
 async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
