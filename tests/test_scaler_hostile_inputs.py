@@ -36,6 +36,7 @@ from foundation.signals import (
     Snapshot,
     TargetKey,
     WindowSignals,
+    checked,
 )
 from foundation.signals_wire import encode
 from protos.externalscaler import externalscaler_pb2 as keda
@@ -538,7 +539,9 @@ def test_no_answer_zeroes_running_requests_or_reaches_decide_unfinite(values, ru
     given_answers = {**answers(), **values, ("running", None): running}
     signals = signals_from_answers(given_answers, 2.0, 4.0)
     assert signals is not None and signals.running == running  # never read as no load
-    observation, _ = observe(GOOD, TargetSignals(1, signals), SAMPLE_TIME + 1, 30.0)
+    # As the store keeps them: a queue of 2e156 is past ``MAX_REQUESTS``, unmeasured there.
+    kept, _ = checked(signals)
+    observation, _ = observe(GOOD, TargetSignals(1, kept), SAMPLE_TIME + 1, 30.0)
     for name in observation.__dataclass_fields__:
         value = getattr(observation, name)
         if isinstance(value, float):
