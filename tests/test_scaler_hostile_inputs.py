@@ -541,6 +541,7 @@ def test_no_answer_zeroes_running_requests_or_reaches_decide_unfinite(values, ru
     assert signals is not None and signals.running == running  # never read as no load
     # As the store keeps them: a queue of 2e156 is past ``MAX_REQUESTS``, unmeasured there.
     kept, _ = checked(signals)
+    assert isinstance(kept, EngineSignals)
     observation, _ = observe(GOOD, TargetSignals(1, kept), SAMPLE_TIME + 1, 30.0)
     for name in observation.__dataclass_fields__:
         value = getattr(observation, name)
