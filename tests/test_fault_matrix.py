@@ -25,6 +25,32 @@ def cited() -> list[tuple[str, str, str | None]]:
     return out
 
 
+def named_case(source: str, param: str) -> bool:
+    """Whether ``param`` is a case id of ``source``: one quoted id, or stacked parametrize ids
+    that pytest joined with '-' (each part quoted in the source)."""
+    if f'"{param}"' in source:
+        return True
+    cuts = [i for i, c in enumerate(param) if c == "-"]
+    return any(
+        f'"{param[:cut]}"' in source and named_case(source, param[cut + 1 :]) for cut in cuts
+    )
+
+
+@pytest.mark.parametrize(
+    ("param", "named"),
+    [
+        pytest.param("one case", True, id="a quoted id is a case"),
+        pytest.param("one case-tune", True, id="stacked ids joined by a dash are a case"),
+        pytest.param("one-dash-tune", True, id="an id holding a dash still splits right"),
+        pytest.param("one case-other", False, id="a part not in the source is no case"),
+        pytest.param("no case", False, id="an id not in the source is no case"),
+    ],
+)
+def test_a_cited_case_is_found_in_stacked_parametrize_ids(param: str, named: bool):
+    source = 'ids = ["one case", "tune", "one-dash"]'
+    assert named_case(source, param) is named
+
+
 def test_the_matrix_cites_tests_from_every_part():
     files = {path for path, _, _ in cited()}
     assert len(cited()) > 50 and len(files) > 10
@@ -40,4 +66,4 @@ def test_every_cited_test_exists(path, name, param):
     }
     assert name in tests, f"{path} has no {name}"
     if param is not None:
-        assert f'"{param}"' in source, f"{path}::{name} has no case {param!r}"
+        assert named_case(source, param), f"{path}::{name} has no case {param!r}"
