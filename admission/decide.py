@@ -38,6 +38,7 @@ and counts, and the next pass tries again.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -71,7 +72,9 @@ from admission.workload import (
     created_at,
     key,
     owned_pods,
+    pod_ties,
     priority,
+    tied_pods,
 )
 from foundation.objects import RawObject
 from foundation.timestamps import parse_time
@@ -418,11 +421,16 @@ def _held_pool(
     fingerprint = None
     if cluster.memo is not None:
         by_owner = pod_index_of(cluster)
+        known = memo.keys
+
+        def owned(w: RawObject) -> list[RawObject]:
+            return tied_pods(known.read(w, "ties", functools.partial(pod_ties, w)), by_owner)
+
         fingerprint = incremental.pool_fingerprint(
             cluster.nodes,
             cluster.pods,
             cluster.workloads,
-            lambda w: owned_pods(w, by_owner),
+            owned,
             selector=selector,
             handshake_timeout=params.handshake_timeout_seconds,
             checks=checks,

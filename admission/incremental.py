@@ -35,7 +35,7 @@ import functools
 import math
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from admission import annotations as names
 from admission import hami
@@ -52,11 +52,46 @@ MAX_ANSWERS = 4096
 """Fit answers kept per pool at most (gang shapes x node selections)."""
 
 
-Keys = dict[tuple[int, float, float], tuple[RawObject, Hashable]]
-"""Objects' keys by ``id`` (a node's also by handshake limit and time), each with its
-object: kept alive, so an id is never another object's while its entry lasts."""
+_T = TypeVar("_T")
 MAX_KEYS = 262_144
-"""Keys kept at most between two ``Memo.begin``."""
+"""Objects' keys kept at most (a pass's, and the last pass's)."""
+
+
+class Keys:
+    """What was read of each object, by the object's ``id`` and what else the read took.
+
+    A watch replaces an object that changed and never edits it, so a read of the very
+    same object stands: each entry holds its object (kept alive, so an id is never
+    another object's while the entry lasts), and the keys of one pass are taken back
+    by the next. Objects no pass read since the last ``begin`` are let go.
+    """
+
+    def __init__(self) -> None:
+        self._now: dict[tuple[int, Hashable], tuple[RawObject, Any]] = {}
+        self._last: dict[tuple[int, Hashable], tuple[RawObject, Any]] = {}
+
+    def begin(self) -> None:
+        """A new pass: the keys read before it are kept for it, the older ones let go."""
+        self._last, self._now = self._now, {}
+
+    def read(self, obj: RawObject, also: Hashable, read: Callable[[], _T]) -> _T:
+        """``read()``, or what was read before of this very object (with the same ``also``)."""
+        at = (id(obj), also)
+        known = self._now.get(at)
+        if known is None:
+            known = self._last.get(at)
+            if known is not None and known[0] is obj:
+                self._now[at] = known
+        if known is not None and known[0] is obj:
+            value: _T = known[1]
+            return value
+        if len(self._now) >= MAX_KEYS:
+            self._now.clear()
+        self._now[at] = (obj, value := read())
+        return value
+
+    def __len__(self) -> int:
+        return len(self._now)
 
 
 class Fingerprint(NamedTuple):
@@ -138,14 +173,14 @@ class Memo:
     """Pools taken back with gangs admitted since held back on them (``extend``)."""
     touched: set[Hashable] = field(default_factory=set)
     """Pools read since ``begin``: the ones this pass's answers rest on."""
-    keys: Keys = field(default_factory=dict)
-    """Each node's and pod's key this pass, by the object's id (and the handshake limit):
-    the pools of one pass read the same objects, each read once."""
+    keys: Keys = field(default_factory=Keys)
+    """What each node, pod and held Workload read: the pools of one pass read the same
+    objects, each once, and the next pass takes back what it read of those unchanged."""
 
     def begin(self) -> None:
-        """A new pass: no pool read yet, no object's key known."""
+        """A new pass: no pool read yet."""
         self.touched.clear()
-        self.keys.clear()
+        self.keys.begin()
 
     def pool(
         self,
@@ -208,7 +243,7 @@ def pool_fingerprint(
     *,
     selector: Mapping[str, str] | None,
     handshake_timeout: float,
-    checks: Collection[str],
+    checks: frozenset[str],
     now: float,
     keys: Keys | None = None,
 ) -> Fingerprint | None:
@@ -223,8 +258,8 @@ def pool_fingerprint(
         handshake_timeout: the pool's handshake limit.
         checks: the checks whose Ready gangs hold cards here (empty: none are read).
         now: unix seconds.
-        keys: the pass's keys of objects read before (``Memo.keys``), filled in; the
-            objects must stay alive and unchanged while it is kept (one pass).
+        keys: the keys of objects read before (``Memo.keys``), filled in; an object
+            must never be edited while it is kept (a changed object is a new one).
 
     Returns:
         The fingerprint, or None when a held Workload has no uid, no generation and
@@ -242,31 +277,42 @@ def pool_fingerprint(
         node_part.append(
             _known(
                 keys,
-                (obj, handshake_timeout, now),
+                obj,
+                (handshake_timeout, now),
                 functools.partial(_node_key, obj, name, now, handshake_timeout),
             )
         )
     held: list[tuple[Any, ...]] = []
     tied: dict[int, RawObject] = {}
     for w in workloads if checks else ():
-        entries = (w.get("status") or {}).get("admissionChecks") or ()
-        if not any(
-            isinstance(e, Mapping) and e.get("name") in checks and e.get("state") == "Ready"
-            for e in entries
-        ):
-            continue
+        reads = _known(keys, w, checks, functools.partial(_held_reads, w, checks))
+        if reads is None:
+            continue  # not held Ready by the pool's checks
         gang = owned(w)
-        read = _held_key(w, checks, bool(gang))
+        read = reads[bool(gang)]
         if read is None:
             return None
         held.append(read)
         tied.update((id(pod), pod) for pod in gang)
-    pod_part = [
-        _known(keys, (pod, -1.0, -1.0), functools.partial(_pod_key, pod))
-        for pod in pods
-        if id(pod) in tied or _pod_node(pod) in in_pool
-    ]
+    pod_part = []
+    for pod in pods:
+        read = _known(keys, pod, "pod", functools.partial(_pod_key, pod))
+        if read[3] in in_pool or id(pod) in tied:
+            pod_part.append(read)
     return Fingerprint(tuple(node_part), tuple(held), tuple(pod_part))
+
+
+def _held_reads(
+    w: RawObject, checks: Collection[str]
+) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None] | None:
+    """``_held_key`` without pods and with, or None when no check of ``checks`` holds it Ready."""
+    entries = (w.get("status") or {}).get("admissionChecks") or ()
+    if not any(
+        isinstance(e, Mapping) and e.get("name") in checks and e.get("state") == "Ready"
+        for e in entries
+    ):
+        return None
+    return _held_key(w, checks, False), _held_key(w, checks, True)
 
 
 def _held_key(w: RawObject, checks: Collection[str], has_pods: bool) -> tuple[Any, ...] | None:
@@ -345,24 +391,13 @@ def _pod_node(pod: RawObject) -> str | None:
     return node if isinstance(node, str) else None
 
 
-def _known(
-    keys: Keys | None, what: tuple[RawObject, float, float], read: Callable[[], Hashable]
-) -> Hashable:
-    """``read()``, or the key already read of this very object (at this limit and time)."""
-    if keys is None:
-        return read()
-    obj, limit, now = what
-    known = keys.get((id(obj), limit, now))
-    if known is not None and known[0] is obj:
-        return known[1]
-    if len(keys) >= MAX_KEYS:
-        keys.clear()
-    keys[(id(obj), limit, now)] = (obj, value := read())
-    return value
+def _known(keys: Keys | None, obj: RawObject, also: Hashable, read: Callable[[], Hashable]) -> Any:
+    """``read()``, or what was read before of this very object (``Keys.read``)."""
+    return read() if keys is None else keys.read(obj, also, read)
 
 
-def _pod_key(pod: RawObject) -> Hashable:
-    """What the inventory and a held gang's count read of a pod."""
+def _pod_key(pod: RawObject) -> tuple[Any, ...]:
+    """What the inventory and a held gang's count read of a pod (its node fourth)."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}

@@ -127,7 +127,7 @@ def plain_pool(cluster: Cluster, params: Parameters, now: float) -> Inventory:
         lambda w: (),
         selector=selector,
         handshake_timeout=timeout,
-        checks=(),
+        checks=frozenset(),
         now=now,
         keys=cluster.memo.keys,
     )

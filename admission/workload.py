@@ -160,13 +160,23 @@ _WORKLOAD_KEY = "workload:"
 
 def owned_pods(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[RawObject]:
     """The workload's pods: its owner's (a Job's or a JobSet's), or those naming it."""
-    found: dict[int, RawObject] = {}
+    return tied_pods(pod_ties(w), by_owner)
+
+
+def pod_ties(w: RawObject) -> tuple[str, ...]:
+    """What ties pods to the Workload in ``pods_by_owner``: its owners' uids, its key."""
     ties = [
         str(uid)
         for owner in (w.get("metadata") or {}).get("ownerReferences") or ()
         if isinstance(owner, dict) and (uid := owner.get("uid"))
     ]
-    for tie in (*ties, _WORKLOAD_KEY + key(w)):
+    return (*ties, _WORKLOAD_KEY + key(w))
+
+
+def tied_pods(ties: Sequence[str], by_owner: Mapping[str, list[RawObject]]) -> list[RawObject]:
+    """The pods filed under any of ``ties`` (``pod_ties``), each once."""
+    found: dict[int, RawObject] = {}
+    for tie in ties:
         for pod in by_owner.get(tie, ()):
             found[id(pod)] = pod
     return list(found.values())

@@ -349,6 +349,42 @@ def test_a_gang_that_does_not_fit_is_searched_again_only_when_its_pool_changes(s
     assert searches == ["workers", "workers"]
 
 
+def test_a_pass_reads_only_the_objects_that_changed_since_the_last(monkeypatch):
+    """What a pool's fingerprint reads of a node, pod or held Workload is kept by object."""
+    reads: list[str] = []
+    for name in ("_node_key", "_pod_key", "_held_key"):
+        real = getattr(incremental, name)
+
+        def counting(*args, _real=real, _name=name):
+            reads.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(incremental, name, counting)
+    world = small_world()
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    apply_event(world, ("admit", 0))
+    apply_event(world, ("place", 0, 0))
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    memo = incremental.Memo()
+
+    def one_pass() -> list[str]:
+        reads.clear()
+        memo.begin()
+        plans = plan_pools(world.cluster(memo), world.now)
+        decide_all(world.pending(), replace(world.cluster(memo), plans=plans), world.now)
+        return sorted(set(reads))
+
+    assert one_pass() == ["_held_key", "_node_key", "_pod_key"]
+    assert one_pass() == []  # nothing changed: every key taken back
+    apply_event(world, ("share", 1, 0, 10_000))  # one pod more
+    assert one_pass() == ["_pod_key"]
+    apply_event(world, ("kueue", 0, False))  # a status write: the held Workload is a new object
+    assert one_pass() == ["_held_key"]
+    apply_event(world, ("tick", 1.0))  # a node's handshake is read at the pass's time
+    assert one_pass() == ["_node_key"]
+    assert len(memo.keys) <= len(world.nodes) + len(world.pods) + 3 * len(world.workloads)
+
+
 def test_a_miss_after_a_ready_of_the_same_pass_is_not_kept_for_the_next():
     """Y missed only for the cards X took in that pass; next pass X waits, Y fits."""
     world = small_world()  # 2 nodes x 2 cards
