@@ -469,9 +469,7 @@ def _held_after(
     before = kept.fingerprint
     if fingerprint.nodes != before.nodes or fingerprint.pods != before.pods:
         return None
-    was, held_now = set(before.held), set(fingerprint.held)
-    gone = {h[0] for h in was - held_now}
-    added = {h[0] for h in held_now - was}
+    gone, added = incremental.held_changes(before.held, fingerprint.held)
     if any(h.uid in gone and h.has_pods for h in kept.held):
         return None  # its pods' allocations count in the nodes again
     by_owner = pod_index_of(cluster)

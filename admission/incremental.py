@@ -315,6 +315,26 @@ def _held_reads(
     return _held_key(w, checks, False), _held_key(w, checks, True)
 
 
+def held_changes(
+    before: Sequence[tuple[Any, ...]], after: Sequence[tuple[Any, ...]]
+) -> tuple[set[Any], set[Any]]:
+    """The uids (each key's first item) of the held keys gone since ``before``, and added.
+
+    A key read again of an unchanged Workload is the very same tuple (``Keys``), so
+    most compare by identity; by uid, not by hashing every key of the pool again.
+    """
+    was = {h[0]: h for h in before}
+    now = {h[0]: h for h in after}
+    if len(was) != len(before) or len(now) != len(after):  # a uid twice: by the whole key
+        old, new = set(before), set(after)
+        return {h[0] for h in old - new}, {h[0] for h in new - old}
+    gone = {uid for uid, h in was.items() if (n := now.get(uid)) is None or (n is not h and n != h)}
+    added = {
+        uid for uid, h in now.items() if (b := was.get(uid)) is None or (b is not h and b != h)
+    }
+    return gone, added
+
+
 def _held_key(w: RawObject, checks: Collection[str], has_pods: bool) -> tuple[Any, ...] | None:
     """What holding a Ready gang back reads of its Workload (``decide._pool_inventory``)."""
     meta = w.get("metadata") or {}

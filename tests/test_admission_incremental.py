@@ -385,6 +385,21 @@ def test_a_pass_reads_only_the_objects_that_changed_since_the_last(monkeypatch):
     assert len(memo.keys) <= len(world.nodes) + len(world.pods) + 3 * len(world.workloads)
 
 
+HELD_KEYS = st.lists(
+    st.tuples(st.sampled_from(["uid-a", "uid-b", "uid-c", "uid-d"]), st.integers(0, 2)), max_size=6
+)
+
+
+@given(before=HELD_KEYS, after=HELD_KEYS, copied=st.booleans())
+def test_the_held_gangs_gone_and_added_are_those_a_set_difference_finds(before, after, copied):
+    """By uid and identity, as by hashing whole keys; equal keys as copies, uids twice."""
+    if copied:  # equal keys that are not the same tuple, as from a Workload written again
+        after = [(h[0], h[1]) for h in after]
+    old, new = set(before), set(after)
+    expected = ({h[0] for h in old - new}, {h[0] for h in new - old})
+    assert incremental.held_changes(before, after) == expected
+
+
 def test_a_miss_after_a_ready_of_the_same_pass_is_not_kept_for_the_next():
     """Y missed only for the cards X took in that pass; next pass X waits, Y fits."""
     world = small_world()  # 2 nodes x 2 cards
