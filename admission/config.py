@@ -56,8 +56,9 @@ class AdmissionConfig(BaseModel):
     """Each watch lists again this often, repairing a missed event; a full reconcile
     runs at least this often too."""
     debounce: Seconds = Field(0.5, ge=0, le=60)
-    """Changes within this time after the first are reconciled in one pass: 1,000
-    Workloads created at once cost a few passes, not 1,000."""
+    """The least time between the starts of two passes: a change after a quiet spell is
+    reconciled at once, the changes of a burst in the next pass (1,000 Workloads created
+    at once cost a few passes, not 1,000)."""
     demand_cache: Seconds = Field(15.0, ge=0, le=3_600)
     """How long one answer of the scaler's inference forecast is reused."""
     demand_timeout: Seconds = Field(2.0, gt=0, le=60)

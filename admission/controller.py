@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -338,6 +339,7 @@ class Controller:
     async def _reconcile_forever(self, api: client.ApiClient) -> None:
         await self._synced.wait()
         retry = RETRY_MIN
+        started = -math.inf
         while True:
             # A pass whose writes failed (API server restarting, 429, 5xx) is retried
             # sooner than the resync, doubling up to RETRY_MAX; nothing else would ask.
@@ -347,8 +349,11 @@ class Controller:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._dirty.wait()
-            # Gather the rest of a burst of changes into this one pass.
-            await asyncio.sleep(self.config.debounce)
+            # Passes start at most once a debounce: a change after a quiet spell is
+            # decided at once, and the rest of a burst is gathered into the next pass.
+            gap = self.config.debounce - (time.monotonic() - started)
+            if gap > 0:
+                await asyncio.sleep(gap)
             self._dirty.clear()
             started = time.monotonic()
             failed_before = self._unwritten

@@ -190,6 +190,21 @@ async def test_a_burst_of_a_thousand_changes_is_a_few_passes():
     assert len(controller.seen) <= 3, controller.seen
 
 
+async def test_a_change_after_a_quiet_spell_is_reconciled_at_once_and_passes_are_spaced():
+    controller = Counting(debounce=60)  # a minute between the starts of two passes
+    for name in WATCHES:
+        controller._changed(name, {})
+    loop = asyncio.create_task(controller._reconcile_forever(api=NO_API))
+    try:
+        await wait_for_pass(controller, lambda: bool(controller.seen))  # not a minute later
+        controller._changed("workloads", {"team/w1": workload(1)})
+        for _ in range(20):  # the loop runs between these, as between watch events
+            await asyncio.sleep(0)
+        assert controller.seen == [0], "a second pass within the debounce"
+    finally:
+        loop.cancel()
+
+
 async def test_no_pass_runs_before_every_watch_has_listed():
     controller = Counting(debounce=0)  # a pass would follow a change at once
     loop = asyncio.create_task(controller._reconcile_forever(api=NO_API))
