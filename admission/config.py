@@ -55,7 +55,7 @@ class AdmissionConfig(BaseModel):
     resync: Seconds = Field(300.0, ge=5, le=86_400)
     """Each watch lists again this often, repairing a missed event; a full reconcile
     runs at least this often too."""
-    debounce: Seconds = Field(0.2, ge=0, le=60)
+    debounce: Seconds = Field(0.5, ge=0, le=60)
     """The least time between the starts of two passes: a change after a quiet spell is
     reconciled at once, the changes of a burst in the next pass (1,000 Workloads created
     at once cost a few passes, not 1,000)."""

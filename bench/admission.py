@@ -762,7 +762,7 @@ def _notes(args: argparse.Namespace, result: dict[str, Any]) -> str:
         f"AdmissionCheck, ClusterQueue and LocalQueue and {args.workloads} Jobs: 8 in 10 ask "
         "1 GPU, 1 in 10 a 20,000 MiB share of one, 1 in 10 is a gang of 2 pods x 4 GPUs; "
         "quota for all, so the check alone decides. `unitscale admission` at its defaults "
-        "(debounce 0.2 s, 8 writes in flight) in its own process with the real decide_all; "
+        "(debounce 0.5 s, 8 writes in flight) in its own process with the real decide_all; "
         f"Kueue's client QPS raised to {args.kueue_qps:g} (its default 20 reserves about 4 "
         "Workloads a second). **Backlog**: Kueue reserved quota for all in "
         f"{a['reserved_s']:.1f} s with the controller down; from its start every watch had "
