@@ -203,7 +203,7 @@ def test_a_non_streamed_answer_s_usage_is_read_without_parsing_the_answer(
             return real.raw_decode(s, idx)
 
     monkeypatch.setattr(slo, "_DECODER", Recording())
-    monkeypatch.setattr(slo.json, "loads", lambda *a, **k: pytest.fail("the answer parsed whole"))
+    monkeypatch.setattr(json, "loads", lambda *a, **k: pytest.fail("the answer parsed whole"))
     meter = ResponseMeter(0.0, 10_000, 1)
     meter.begin(200, False)
     meter.feed(body, 1.0)
