@@ -508,11 +508,11 @@ class _Search:
         self.items = items
         self.names = [n.name for n in nodes]
         self.start = [n.devices for n in nodes]
-        # Keys are interned: equal keys are one object, compared and counted by id. A
-        # node key is a tuple of tuples, hashed again on every lookup; on 2,000 nodes the
-        # candidates' dedupe and the memo's sorted keys were most of a step (issue 27, L6).
-        self._interned: dict[NodeKey, NodeKey] = {}
-        self.start_keys = [self._intern(n.key) for n in nodes]
+        # Keys are interned (``hami.node_key``): equal keys are one object, compared and
+        # counted by id. A node key is a tuple of tuples, hashed again on every lookup;
+        # on 2,000 nodes the candidates' dedupe and the memo's sorted keys were most of a
+        # step (issue 27, L6), and interning them here most of a search's setup (28).
+        self.start_keys = [n.key for n in nodes]
         self.start_usage = [n.usage for n in nodes]
         self.spread_cards = spread_cards
         self.spread_nodes = spread_nodes
@@ -532,9 +532,6 @@ class _Search:
             self.left[i][kind[items[i].pod]] += 1
         self._reset(bounded=False)
 
-    def _intern(self, key: NodeKey) -> NodeKey:
-        return self._interned.setdefault(key, key)
-
     def _rank(self, n: int) -> tuple[float, str, int]:
         """Where node ``n`` goes in the candidates' order (binpack: fullest first)."""
         sign = 1.0 if self.spread_nodes else -1.0
@@ -547,9 +544,12 @@ class _Search:
         self.state = list(self.start)
         self.keys = list(self.start_keys)
         self.usage = list(self.start_usage)
-        # Kept in order as nodes change, not sorted again for every pod.
-        self.order = sorted(range(len(self.names)), key=self._rank)
-        self.counts = Counter(id(k) for k in self.keys)
+        # Kept in order as nodes change, not sorted again for every pod; sorted here as
+        # plain tuples (``_rank``'s), compared in C rather than ranked by a call a node.
+        sign = 1.0 if self.spread_nodes else -1.0
+        ranks = [sign * u for u in self.usage]
+        self.order = [n for *_, n in sorted(zip(ranks, self.names, range(len(ranks)), strict=True))]
+        self.counts = Counter(map(id, self.keys))
         self.bounds = [self._bounds(k) if bounded else () for k in self.keys]
         self.totals = [
             sum(b[k] for b in self.bounds) if bounded else 0 for k in range(len(self.kinds))
@@ -682,7 +682,7 @@ class _Search:
             seen: set[int] = set()
             options = _pod_options(pod, self.state[n], self.spread_cards, self.visits)
             for takes, devices in options:
-                after = self._intern(node_key(devices))
+                after = node_key(devices)
                 if id(after) not in seen:
                     seen.add(id(after))
                     yield n, takes, devices, after

@@ -244,9 +244,27 @@ DeviceKey = tuple[str, int, int, int, str, int, int, int]
 NodeKey = tuple[DeviceKey, ...]
 
 
+MAX_NODE_KEYS = 65_536
+"""Node keys kept interned at most (distinct node states; a few MB)."""
+_NODE_KEYS: dict[NodeKey, NodeKey] = {}
+
+
 def node_key(devices: Iterable[DeviceState]) -> NodeKey:
-    """``NodeGpus.key`` of a node holding these cards."""
-    return tuple(sorted(d.key for d in devices))
+    """``NodeGpus.key`` of a node holding these cards, interned: equal keys are one object.
+
+    A key is a tuple of tuples whose hash Python computes again on every lookup; the
+    fit counts and compares nodes by their keys' ids instead, so a search over a large
+    pool sets up in one pass over its nodes without hashing any (issue 28). Once
+    ``MAX_NODE_KEYS`` are kept the table starts again: an equal key made after that is
+    another object, which a search only tries once more (it prunes less, never wrongly).
+    """
+    key = tuple(sorted(d.key for d in devices))
+    known = _NODE_KEYS.get(key)
+    if known is None:
+        if len(_NODE_KEYS) >= MAX_NODE_KEYS:
+            _NODE_KEYS.clear()
+        known = _NODE_KEYS.setdefault(key, key)
+    return known
 
 
 def node_usage(devices: Sequence[DeviceState]) -> float:
