@@ -17,7 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from admission import annotations as names
-from admission import fit
+from admission import fit, hami
 from admission.fit import (
     fit_gang,
     fits_ever,
@@ -801,6 +801,21 @@ def test_a_fit_on_cached_state_equals_the_fit_computed_afresh(inv, first, second
         result = fit_gang(second, inv, policy, node_policy=node_policy)
         with straightforward():
             assert result == fit_gang(second, inv, policy, node_policy=node_policy)
+
+
+@settings(max_examples=100, deadline=None)
+@given(inv=inventories(), demand=demands)
+def test_a_fit_answers_the_same_when_node_keys_are_no_longer_interned_as_one(inv, demand):
+    """Once ``hami.MAX_NODE_KEYS`` are kept the table starts again, and equal node keys
+    made after it are other objects: a search then tells fewer nodes apart by id, and
+    must still give the answer it gives with every key interned once."""
+    expected = fit_gang(demand, inv)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hami, "MAX_NODE_KEYS", 1)
+        patch.setattr(hami, "_NODE_KEYS", {})
+        fresh = [NodeGpus(n.name, n.devices) for n in inv.nodes]  # keys made anew
+        again = fit_gang(demand, Inventory(tuple(fresh), inv.pool, inv.problems))
+    assert again == expected
 
 
 # --- scale (issue 27, hostile pass 3, L6) ----------------------------------------------
