@@ -59,7 +59,7 @@ from admission.cluster import (
     pool_group,
 )
 from admission.fit import FitResult, fit_gang, fits_ever, whole_free_gpus
-from admission.hami import Inventory, NodeGpus, inventory
+from admission.hami import Inventory, NodeGpus, inventory, taking_pods
 from admission.hints import Hints, combine, merge_hints
 from admission.manager import plan_pools, scaler_figures
 from admission.parameters import Parameters
@@ -75,6 +75,7 @@ from admission.workload import (
     pod_ties,
     priority,
     tied_pods,
+    ties_of_pod,
 )
 from foundation.objects import RawObject
 from foundation.timestamps import parse_time
@@ -140,9 +141,14 @@ class _Pass:
     def missed(self, attempt: tuple[Any, ...]) -> FitResult | None:
         """A miss of this gang earlier: this pass, or on the pool as the pass began.
 
-        Within a pass the pool only shrinks, so a gang that missed it misses again.
+        Within a pass the pool only shrinks, so a gang that missed it misses again. One
+        kept from an earlier pass says what the pool had as the pass began: taken only
+        while no Ready of this pass took cards from it (a search now would say fewer).
         """
-        return self.misses.get(attempt) or self.entries[attempt[0]].misses.get(attempt)
+        found = self.misses.get(attempt)
+        if found is None and attempt[0] not in self.reserved:
+            found = self.entries[attempt[0]].misses.get(attempt)
+        return found
 
     def miss(self, attempt: tuple[Any, ...], fit: FitResult) -> None:
         self.misses[attempt] = fit
@@ -456,48 +462,100 @@ def _held_after(
     checks: frozenset[str],
     now: float,
 ) -> incremental.Built | None:
-    """The kept pool with the gangs admitted since held back, as a build would give it.
+    """The kept pool with the gangs and pods that came since, as a build would give it.
 
-    When the nodes and pods read are the same, and the gangs admitted since (or gone
-    since) have no pod: the pool after the last gang held before the first change in
-    ``_pool_inventory``'s order is taken back, and only the gangs from there on are
-    fitted again (a stream of admissions fits a few gangs a pass, not every gang held).
+    When the nodes read are the same, and the pods read before are read again unchanged
+    (pods were only added): the pods the pool now counts that it did not (new pods of no
+    held gang, and those of a gang no longer held) are taken off the kept base
+    (``hami.taking_pods``); the gangs whose Workload changed, or that a new pod is tied
+    to, are read again. The pool after the last gang held before the first change in
+    ``_pool_inventory``'s order is taken back (before the first gang, when the base
+    changed), and only the gangs from there on are fitted again: a stream of admissions
+    and placements fits a few gangs a pass, not every gang held, and reads no pod twice.
     Else None, and the pool is built.
     """
-    if fingerprint is None or kept.base is None:
+    if fingerprint is None or kept.base is None or cluster.memo is None:
         return None
     before = kept.fingerprint
-    if fingerprint.nodes != before.nodes or fingerprint.pods != before.pods:
+    if fingerprint.nodes != before.nodes:
+        return None
+    new_pods = incremental.added_pods(before, fingerprint, cluster.pods, cluster.memo.keys)
+    if new_pods is None:
         return None
     gone, added = incremental.held_changes(before.held, fingerprint.held)
     if any(h.uid in gone and h.has_pods for h in kept.held):
-        return None  # its pods' allocations count in the nodes again
+        return None  # its pods' allocations count in the nodes again, and may be gone
     by_owner = pod_index_of(cluster)
-    staying = {h.uid for h in kept.held if h.uid not in gone}
-    found = {
-        str(uid): w
-        for w in cluster.workloads
-        if (uid := (w.get("metadata") or {}).get("uid")) in added or uid in staying
-    }
-    joining = [found[u] for u in sorted(added) if u in found]
-    joining = [w for w in joining if _holds_readably(w, checks, by_owner, now)]
-    if staying - found.keys() or any(owned_pods(w, by_owner) for w in joining):
-        return None  # a joining gang's pods count in the nodes: not a pool-only change
+    known = cluster.memo.keys
+    ties = {tie for pod in new_pods for tie in ties_of_pod(pod)}
+    held = {h.uid for h in kept.held}
+    found: dict[str, RawObject] = {}
+    again: set[str] = set()  # whose holding is read anew
+    for w in cluster.workloads:
+        uid = (w.get("metadata") or {}).get("uid")
+        tied = bool(ties) and any(
+            t in ties for t in known.read(w, "ties", functools.partial(pod_ties, w))
+        )
+        if uid in added or tied:
+            again.add(str(uid))
+        if uid in added or uid in held or tied:
+            found[str(uid)] = w
+    staying = held - gone - again
+    if staying - found.keys():
+        return None
+    joining = sorted(
+        (found[u] for u in again if _holds_readably(found[u], checks, by_owner, now)), key=_order
+    )
+    holding = [found[h.uid] for h in kept.held if h.uid in staying] + joining
+    ignored = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
+    fresh = {id(pod) for pod in new_pods}
+    if any(  # a pod counted before that a gang now holds: a build takes it off no more
+        id(pod) not in fresh and not _pod_keys_of(pod) & kept.ignored
+        for w in joining
+        for pod in owned_pods(w, by_owner)
+    ):
+        return None
+    # Counted now and not before: a new pod no gang holds, a pod of a gang held no more.
+    leaving = [found[h.uid] for h in kept.held if h.uid in again and h.uid in found]
+    counted: dict[int, RawObject] = {}
+    for pod in [*new_pods, *(p for w in leaving for p in owned_pods(w, by_owner))]:
+        called = _pod_keys_of(pod)
+        if not called & ignored and (id(pod) in fresh or called & kept.ignored):
+            counted[id(pod)] = pod
+    base = kept.base
+    if counted:
+        taken = taking_pods(kept.base, list(counted.values()), ignored)
+        if taken is None:
+            return None
+        base = taken
+    removed = gone | again
     first = min(
-        [i for i, h in enumerate(kept.held) if h.uid in gone]
+        [i for i, h in enumerate(kept.held) if h.uid in removed]
         + [_position(kept.held, _order(w)) for w in joining],
         default=len(kept.held),
     )
+    if base is not kept.base:
+        first = 0  # every gang held is fitted again on the new base
     keep = kept.held[:first]
-    again = [found[h.uid] for h in kept.held[first:] if h.uid not in gone]
-    placed = {key(found[h.uid]): h.placed for h in kept.held[first:] if h.uid not in gone}
-    pool, promised = (keep[-1].pool, keep[-1].promised) if keep else (kept.base, 0.0)
-    gangs = sorted([*again, *joining], key=_order)
-    built = _built(
-        kept.base, (*keep, *_hold(pool, promised, gangs, placed, cluster, params, checks, now))
+    refit = [found[h.uid] for h in kept.held[first:] if h.uid in staying]
+    placed = {key(found[h.uid]): h.placed for h in kept.held[first:] if h.uid in staying}
+    placed.update(
+        (a.admitted.key, a.admitted.cards)
+        for a in reclaim.admitted_in_pool(
+            joining, cluster.pods, base, checks, 0, by_owner=by_owner, now=now
+        )
     )
-    # Gangs held after all the others, none gone: the pool lost cards and got none back.
-    return built._replace(shrunk=first == len(kept.held))
+    pool, promised = (keep[-1].pool, keep[-1].promised) if keep else (base, 0.0)
+    gangs = sorted([*refit, *joining], key=_order)
+    return _built(
+        base, (*keep, *_hold(pool, promised, gangs, placed, cluster, params, checks, now)), ignored
+    )
+
+
+def _pod_keys_of(pod: RawObject) -> set[str]:
+    """What ``hami.inventory``'s ``ignore_pods`` may name a pod by: its uid, its key."""
+    meta = pod.get("metadata") or {}
+    return {str(meta.get("uid")), f"{meta.get('namespace', '')}/{meta.get('name', '')}"}
 
 
 def _position(held: Sequence[incremental.Held], order: tuple[int, float, str]) -> int:
@@ -505,10 +563,12 @@ def _position(held: Sequence[incremental.Held], order: tuple[int, float, str]) -
     return next((i for i, h in enumerate(held) if h.order > order), len(held))
 
 
-def _built(base: Inventory, held: Sequence[incremental.Held]) -> incremental.Built:
+def _built(
+    base: Inventory, held: Sequence[incremental.Held], ignored: frozenset[str]
+) -> incremental.Built:
     pool, promised = (held[-1].pool, held[-1].promised) if held else (base, 0.0)
     valid_until = min((h.deadline for h in held), default=math.inf)
-    return incremental.Built(pool, promised, valid_until, base, tuple(held))
+    return incremental.Built(pool, promised, valid_until, base, tuple(held), ignored=ignored)
 
 
 def _order(w: RawObject) -> tuple[int, float, str]:
@@ -592,7 +652,7 @@ def _pool_inventory(
         )
     }
     holding.sort(key=_order)
-    return _built(pool, _hold(pool, 0.0, holding, placed, cluster, params, checks, now))
+    return _built(pool, _hold(pool, 0.0, holding, placed, cluster, params, checks, now), ignore)
 
 
 def _granted_selector(w: RawObject, checks: frozenset[str]) -> dict[str, str]:

@@ -699,6 +699,43 @@ def inventory(
     )
 
 
+def taking_pods(
+    pool: Inventory, pods: Iterable[RawObject], ignore_pods: frozenset[str] = frozenset()
+) -> Inventory | None:
+    """``pool`` with these pods' HAMi allocations taken off too, as ``inventory`` takes them.
+
+    For a pool built from every pod but these (a pass that saw pods only added): the
+    result equals ``inventory`` over all of them, since a card's use is a sum. None when
+    one of these pods is a problem ``inventory`` would report (an unreadable allocation,
+    a card its node does not register): the problems' order is the pods', so only a
+    build gives it.
+    """
+    hardware = {n.name: n for n in pool.pool}
+    position = {n.name: i for i, n in enumerate(pool.nodes)}
+    registered: dict[str, frozenset[str]] = {}
+    offered: dict[str, dict[str, DeviceState]] = {}
+    problems: list[Problem] = []
+    for obj in pods:
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        node = annotations.get(names.HAMI_VGPU_NODE) or (obj.get("spec") or {}).get("nodeName")
+        if isinstance(node, str) and node in hardware and node not in registered:
+            registered[node] = frozenset(d.device.uuid for d in hardware[node].devices)
+            if node in position:
+                offered[node] = {d.device.uuid: d for d in pool.nodes[position[node]].devices}
+        try:
+            _take_off(obj, offered, registered, ignore_pods, problems)
+        except Exception:  # as ``inventory``: a problem, which only a build reports in order
+            return None
+    if problems:
+        return None
+    nodes = list(pool.nodes)
+    for name, cards in offered.items():
+        before = nodes[position[name]]
+        if any(a is not b for a, b in zip(before.devices, cards.values(), strict=True)):
+            nodes[position[name]] = NodeGpus(name, tuple(cards.values()))
+    return replace(pool, nodes=tuple(nodes))
+
+
 def unreadable(kind: str, obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """``(subject, why)`` when a node's register or a live pod's allocation cannot be read.
 

@@ -129,8 +129,8 @@ class Built(NamedTuple):
     """The pool before any gang is held back (None: not kept)."""
     held: tuple[Held, ...] = ()
     """The gangs held back, in order, each with the pool after it."""
-    shrunk: bool = False
-    """Made from a kept pool by only taking cards away: its misses still miss."""
+    ignored: frozenset[str] = frozenset()
+    """The pods whose allocations ``base`` leaves out (the held gangs' pods)."""
 
 
 @dataclass
@@ -148,6 +148,8 @@ class PoolEntry:
     """The pool before any gang is held back (None: not kept)."""
     held: tuple[Held, ...] = ()
     """The gangs held back in ``pool``, in order, each with the pool after it."""
+    ignored: frozenset[str] = frozenset()
+    """The pods whose allocations ``base`` leaves out (the held gangs' pods)."""
     ever: dict[Hashable, FitResult] = field(default_factory=dict)
     """``fits_ever`` by gang: the pool's hardware is in the fingerprint."""
     misses: dict[Hashable, FitResult] = field(default_factory=dict)
@@ -194,8 +196,7 @@ class Memo:
 
         A fingerprint of None (an input that cannot be told apart from its next version)
         is built every time. ``extend`` may make the new pool from the kept one (gangs
-        admitted or gone since), or say it cannot (None); the gangs that missed the kept
-        pool are kept only when the new one took cards away and gave none back.
+        admitted or gone since, pods added), or say it cannot (None).
         """
         self.touched.add(key)
         kept = self.pools.get(key)
@@ -208,9 +209,9 @@ class Memo:
             if grown is not None:
                 self.extended += 1
                 entry = self._keep(key, fingerprint, now, grown)
-                entry.ever = kept.ever  # the same hardware
-                if grown.shrunk:
-                    entry.misses = kept.misses
+                # The same hardware. Not the misses: a miss says what the pool had then
+                # ("1 of 2 pods fit"), and a build on the pool now would say what it has.
+                entry.ever = kept.ever
                 return entry
         self.built += 1
         return self._keep(key, fingerprint, now, build())
@@ -226,6 +227,7 @@ class Memo:
             built.promised,
             built.base,
             built.held,
+            built.ignored,
         )
         if fingerprint is None:
             entry.valid_until = -math.inf  # never taken back
@@ -300,6 +302,30 @@ def pool_fingerprint(
         if read[3] in in_pool or id(pod) in tied:
             pod_part.append(read)
     return Fingerprint(tuple(node_part), tuple(held), tuple(pod_part))
+
+
+def added_pods(
+    before: Fingerprint, after: Fingerprint, pods: Sequence[RawObject], keys: Keys
+) -> list[RawObject] | None:
+    """The pods ``after`` reads beyond ``before``, or None unless pods were only added.
+
+    A watch keeps its objects in the order they first came, a changed one in its place,
+    so when every pod read before is read again unchanged the new ones are the last
+    read; they are found from the end of ``pods`` by the very keys this pass read.
+    """
+    count = len(before.pods)
+    if after.pods[:count] != before.pods:
+        return None  # a pod changed or gone
+    wanted = {id(read) for read in after.pods[count:]}
+    found: list[RawObject] = []
+    for pod in reversed(pods):
+        if not wanted:
+            break
+        read = keys.read(pod, "pod", functools.partial(_pod_key, pod))
+        if id(read) in wanted:
+            wanted.discard(id(read))
+            found.append(pod)
+    return None if wanted else found[::-1]
 
 
 def _held_reads(

@@ -26,7 +26,7 @@ from admission.cluster import (
     pod_index_of,
     pool_group,
 )
-from admission.hami import Inventory, inventory
+from admission.hami import Inventory, inventory, taking_pods
 from admission.parameters import Headroom, Parameters
 from admission.pool import InferenceNeed, ManagerPolicy, PoolPlan, plan_pool
 
@@ -131,7 +131,17 @@ def plain_pool(cluster: Cluster, params: Parameters, now: float) -> Inventory:
         now=now,
         keys=cluster.memo.keys,
     )
-    return cluster.memo.pool(("plain", pool_group(params)), fingerprint, now, build).pool
+    keys = cluster.memo.keys
+
+    def extend(kept: incremental.PoolEntry) -> incremental.Built | None:
+        """The kept pool with the pods added since taken off too (None: build it)."""
+        if fingerprint is None or kept.fingerprint.nodes != fingerprint.nodes:
+            return None
+        added = incremental.added_pods(kept.fingerprint, fingerprint, cluster.pods, keys)
+        pool = None if added is None else taking_pods(kept.pool, added)
+        return None if pool is None else incremental.Built(pool, 0.0, math.inf)
+
+    return cluster.memo.pool(("plain", pool_group(params)), fingerprint, now, build, extend).pool
 
 
 def _need(cluster: Cluster, wanted: Headroom, inv: Inventory) -> tuple[InferenceNeed | None, str]:

@@ -136,22 +136,27 @@ def pods_by_owner(pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:
     """
     index: dict[str, list[RawObject]] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        ties = [
-            str(uid)
-            for owner in meta.get("ownerReferences") or ()
-            if isinstance(owner, dict) and (uid := owner.get("uid"))
-        ]
-        labels, annotations = meta.get("labels"), meta.get("annotations")
-        jobset = labels.get(names.JOBSET_UID) if isinstance(labels, Mapping) else None
-        if isinstance(jobset, str):
-            ties.append(jobset)
-        named = annotations.get(names.KUEUE_WORKLOAD) if isinstance(annotations, Mapping) else None
-        if isinstance(named, str) and named:
-            ties.append(f"{_WORKLOAD_KEY}{meta.get('namespace', '')}/{named}")
-        for tie in dict.fromkeys(t for t in ties if t):
+        for tie in ties_of_pod(pod):
             index.setdefault(tie, []).append(pod)
     return index
+
+
+def ties_of_pod(pod: RawObject) -> list[str]:
+    """What a pod is filed under in ``pods_by_owner``, each once."""
+    meta = pod.get("metadata") or {}
+    ties = [
+        str(uid)
+        for owner in meta.get("ownerReferences") or ()
+        if isinstance(owner, dict) and (uid := owner.get("uid"))
+    ]
+    labels, annotations = meta.get("labels"), meta.get("annotations")
+    jobset = labels.get(names.JOBSET_UID) if isinstance(labels, Mapping) else None
+    if isinstance(jobset, str) and jobset:
+        ties.append(jobset)
+    named = annotations.get(names.KUEUE_WORKLOAD) if isinstance(annotations, Mapping) else None
+    if isinstance(named, str) and named:
+        ties.append(f"{_WORKLOAD_KEY}{meta.get('namespace', '')}/{named}")
+    return ties if len(ties) < 2 else list(dict.fromkeys(ties))
 
 
 _WORKLOAD_KEY = "workload:"

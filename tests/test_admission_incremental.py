@@ -415,6 +415,31 @@ def test_a_miss_after_a_ready_of_the_same_pass_is_not_kept_for_the_next():
     assert [d.state for d in kept] == ["Retry", "Ready"]
 
 
+def test_a_miss_kept_from_an_earlier_pass_is_not_taken_after_a_ready_of_this_pass():
+    """A gang that missed the pool as the last pass began says what the pool had then; in
+    a pass where a Ready took a card first, it is searched again, as a build would."""
+    world = World()
+    for i, pool in enumerate("abaa"):  # 3 cards in pool a
+        node = decided.node(f"gpu-{i}", 1, labels={"pool": pool})
+        world.nodes[f"gpu-{i}"] = world.stamp(node)
+    memo = incremental.Memo()
+    for event in [
+        ("arrive", "check-a", 1, 1, None, 0, None),
+        ("arrive", "check-a", 1, 1, None, 0, None),
+        ("admit", 0),
+        ("arrive", "check-a", 1, 2, None, 0, None),  # misses with 1 card free
+        ("admit", 0),
+        ("arrive", "check-a", 1, 1, None, 0, None),  # decided first, takes that card
+    ]:
+        apply_event(world, event)
+        kept, fresh = both(world, memo)
+        assert kept == fresh, event
+    _, decisions = kept
+    assert [d.message.split(";")[0] for d in decisions if d.state == "Retry"] == [
+        "does not fit now: podSet workers: 0 of 2 pods fit"
+    ]
+
+
 def one_node(cards: int) -> World:
     world = World()
     node = decided.node("gpu-0", cards, labels={"pool": "a"})
@@ -518,6 +543,49 @@ def test_gangs_admitted_since_the_last_pass_are_held_back_as_a_build_would(cards
         assert kept == fresh, event
     _, decisions = kept
     assert [d.state for d in decisions] == [state]
+
+
+@pytest.mark.parametrize(
+    ("events", "placing", "state"),
+    [
+        pytest.param(
+            [("arrive", "check-a", 1, 2, None, 0, None), ("admit", 0)],
+            ("place", 0, 0),  # held until now; its two pods' cards count instead
+            "Ready",
+            id="a-held-gang-whose-pods-are-placed-counts-them-instead-of-its-hold",
+        ),
+        pytest.param(
+            [("arrive", "check-a", 2, 1, None, 0, None), ("admit", 0)],
+            ("share", 0, 2, 100_000),  # an inference pod of no gang on the free card
+            "Retry",
+            id="a-pod-of-no-gang-takes-its-card-off-the-kept-pool",
+        ),
+        pytest.param(
+            [("arrive", "check-a", 1, 2, None, 0, None), ("admit", 0)],
+            ("place-one", 0, 2),  # the pending gang's first pod, before its admission
+            "Retry",
+            id="a-pod-placed-for-a-pending-gang-counts-as-placed",
+        ),
+    ],
+)
+def test_pods_placed_since_the_last_pass_are_taken_off_the_kept_pool_as_a_build_would(
+    events, placing, state
+):
+    """Pods only added: the kept pool is extended, not built, and answers as a build."""
+    world = one_node(3)
+    memo = incremental.Memo()
+    for event in events:
+        apply_event(world, event)
+        both(world, memo)
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))  # decided after the pods
+    both(world, memo)
+    apply_event(world, placing)
+    built = memo.built
+    kept, fresh = both(world, memo)
+    assert kept == fresh
+    assert memo.built == built  # every pool extended or taken back
+    _, decisions = kept
+    assert [d.state for d in decisions][-1] == state
 
 
 def test_a_gang_held_without_pods_lets_go_at_its_deadline_with_no_event():
