@@ -205,7 +205,7 @@ class Controller:
         self._fetch_demand = demand
         self.watched = {name: Watched() for name in WATCHES}
         self._fresh: dict[tuple[str, str], RawObject] = {}
-        self._shapes: dict[tuple[str, str], tuple[RawObject, str | None]] = {}
+        self._shapes: dict[int, tuple[RawObject, str | None]] = {}
         """Each object's shape verdict as of the last snapshot, with the object it is for."""
         self._dirty = asyncio.Event()
         self._synced = asyncio.Event()
@@ -223,6 +223,8 @@ class Controller:
         """Our checks with good parameters, as the last pass found them."""
         self._read_versions: dict[tuple[str, str], tuple[str, str]] = {}
         """Each node's and pod's resourceVersion last checked, and its problem (or "")."""
+        self._read_objects: dict[int, tuple[RawObject, tuple[str, str]]] = {}
+        """The objects checked last pass, by id, each with its ``_read_versions`` key."""
         self._memo = incremental.Memo()
         """Pools and fit answers kept from pass to pass (``admission.incremental``)."""
         self._actionable_seen: dict[str, tuple[str, frozenset[str], list[tuple[str, float]]]] = {}
@@ -266,19 +268,23 @@ class Controller:
         # A watch replaces an object that changed, never edits it: a verdict stands while
         # its object is the same one (re-reading every template every pass was a third of
         # the controller's CPU on a 10,000-card pool).
+        # By the object's id: the entry holds the object, so an id is never another's
+        # while it is kept.
         malformed: list[tuple[str, str, str]] = []
         shaped: dict[str, dict[str, RawObject]] = {}
-        verdicts: dict[tuple[str, str], tuple[RawObject, str | None]] = {}
+        verdicts: dict[int, tuple[RawObject, str | None]] = {}
+        known = self._shapes
         for name, kind in _SHAPED.items():
-            shaped[name] = {}
+            shaped[name] = kept = {}
             for object_key, obj in sets[name].items():
-                seen = self._shapes.get((name, object_key))
-                why = seen[1] if seen is not None and seen[0] is obj else shape.malformed(kind, obj)
-                verdicts[(name, object_key)] = (obj, why)
-                if why is None:
-                    shaped[name][object_key] = obj
+                seen = known.get(id(obj))
+                if seen is None or seen[0] is not obj:
+                    seen = (obj, shape.malformed(kind, obj))
+                verdicts[id(obj)] = seen
+                if seen[1] is None:
+                    kept[object_key] = obj
                 else:
-                    malformed.append((kind, shape.subject(kind, obj), why))
+                    malformed.append((kind, shape.subject(kind, obj), seen[1]))
         self._shapes = verdicts
         return Snapshot(
             checks=shaped["admissionchecks"],
@@ -568,23 +574,32 @@ class Controller:
         version (HAMi rewrites a node's handshake every few seconds). The inventory
         leaves such a node (or the node of such a pod) out on its own.
         """
-        checked: dict[tuple[str, str], tuple[str, str]] = {}
+        checked = self._read_versions
+        malformed: set[tuple[str, str]] = set()
         for kind, subject, why in view.malformed:  # left out whole: warned of as it changes
-            before = self._read_versions.get((kind, subject))
+            before = checked.get((kind, subject))
             checked[kind, subject] = ("", why)
+            malformed.add((kind, subject))
             if before is None or before[1] != why:
                 log.warning("%s: left out, of the wrong shape: %s", subject, why)
                 self.metrics.unreadable.labels(kind).inc()
+        # The very object checked last pass is not read again (a watch replaces a changed
+        # object, never edits it): a pass costs a lookup per object, not a read.
+        last, objects_now = self._read_objects, {}
         kinds = (("node", view.nodes), ("pod", view.pods), ("workload", view.workloads.values()))
         for kind, objects in kinds:
             for obj in objects:
+                seen = last.get(id(obj))
+                if seen is not None and seen[0] is obj:
+                    objects_now[id(obj)] = seen
+                    continue
                 meta = obj.get("metadata") if isinstance(obj, Mapping) else None
                 meta = meta if isinstance(meta, Mapping) else {}
                 ident = (kind, f"{meta.get('namespace')}/{meta.get('name')}/{meta.get('uid')}")
+                objects_now[id(obj)] = (obj, ident)
                 version = str(meta.get("resourceVersion", ""))
-                before = self._read_versions.get(ident)
+                before = checked.get(ident)
                 if before is not None and before[0] == version:
-                    checked[ident] = before
                     continue
                 found = _unreadable(kind, obj)
                 problem = found[2] if found is not None else ""
@@ -592,7 +607,11 @@ class Controller:
                 if found is not None and (before is None or before[1] != problem):
                     log.warning(*found)
                     self.metrics.unreadable.labels(kind).inc()
-        self._read_versions = checked
+        self._read_objects = objects_now
+        if len(checked) > 2 * (len(objects_now) + len(malformed)) + 1024:  # objects gone
+            self._read_versions = {k: v for k, v in checked.items() if k in malformed} | {
+                ident: checked[ident] for _, ident in objects_now.values() if ident in checked
+            }
 
     def _density_or_last(
         self, view: Snapshot, ours: Mapping[str, params.Parameters], now: float

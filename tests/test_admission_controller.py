@@ -320,8 +320,18 @@ def test_the_verdicts_kept_are_those_of_the_objects_watched_now():
     controller._changed(
         "workloads", {"team/w2": controller.watched["workloads"].objects["team/w2"]}
     )
-    controller.snapshot()
-    assert [key for kind, key in controller._shapes if kind == "workloads"] == ["team/w2"]
+    view = controller.snapshot()
+    kept = [obj for obj, _ in controller._shapes.values()]
+    assert [o for o in kept if o in view.workloads.values()] == [view.workloads["team/w2"]]
+    assert (
+        len(controller._shapes)
+        == len(kept)
+        == len(view.workloads)
+        + sum(
+            len(getattr(view, name))
+            for name in ("nodes", "pods", "datasets", "dataloads", "checks")
+        )
+    )
 
 
 @pytest.mark.parametrize(

@@ -221,3 +221,37 @@ def test_any_uuid_is_named_within_bounds_on_one_line(uuid: str) -> None:
     found = hami.unreadable("pod", _holding(f"{uuid},NVIDIA,lots,10:;"))
     assert found is not None
     assert "\n" not in found[1] and "\r" not in found[1] and len(found[1]) < 500
+
+
+def test_an_object_checked_before_is_not_read_again_and_a_problem_warns_as_it_changes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pass reads an object only in a version it has not checked, and a new version
+    warns only when its problem changed (issue 28 keeps what was checked across passes
+    rather than building it again each pass)."""
+    from admission import controller as module
+
+    reads: list[str] = []
+    unreadable = module._unreadable
+
+    def counted(kind: str, obj: Any) -> Any:
+        reads.append(obj["metadata"]["name"])
+        return unreadable(kind, obj)
+
+    monkeypatch.setattr(module, "_unreadable", counted)
+    controller = Controller(KubeAccess(), AdmissionConfig())
+    caplog.set_level(logging.WARNING)
+    bad = _holding("not-an-allocation")
+    view = _view(pods=[bad])
+    controller._check_objects(view)
+    controller._check_objects(view)  # the very objects again: nothing read
+    assert reads == ["gpu-1", "tenant"]
+    again = _holding("not-an-allocation")  # a new version, the same problem
+    again["metadata"]["resourceVersion"] = "2"
+    controller._check_objects(_view(pods=[again]))
+    worse = _holding("GPU-x,NVIDIA,lots,10:;")  # a new version, another problem
+    worse["metadata"]["resourceVersion"] = "3"
+    controller._check_objects(_view(pods=[worse]))
+    assert reads == ["gpu-1", "tenant", "tenant", "tenant"]  # a new node, the same version
+    warned = [r.getMessage() for r in caplog.records if "pod/serve/tenant" in r.getMessage()]
+    assert len(warned) == 2, warned
