@@ -588,7 +588,7 @@ def _hold(
 ) -> list[incremental.Held]:
     """``gangs`` (in order) fitted and held back on ``pool``, each with the pool after it."""
     by_owner = pod_index_of(cluster)
-    steps = []
+    steps: list[incremental.Held] = []
     for w in gangs:
         where = _granted_selector(w, checks)
         held = fit_gang(
@@ -597,7 +597,9 @@ def _hold(
         if held.fits:
             whole = reclaim.placement_cards(pool, held.placements)
             promised += max(0.0, whole - placed.get(key(w), 0.0))
-            pool = pool.reserve(held.placements)
+            kept, pool = pool, pool.reserve(held.placements)
+            if steps:  # held with the gang before it, for a later pass: its nodes only
+                kept.forget_derived()
         meta = w.get("metadata") or {}
         steps.append(
             incremental.Held(

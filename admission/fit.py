@@ -36,9 +36,11 @@ from admission.hami import (
     DeviceState,
     DeviceTake,
     Inventory,
+    NodeColumns,
     NodeGpus,
     NodeKey,
     PodPlacement,
+    node_columns,
     node_key,
     node_usage,
 )
@@ -119,7 +121,8 @@ def fit_gang(
     items = _items(demand)
     if not items:
         return FitResult(True, "no pod asks for a GPU")
-    search = _Search(items, inventory.nodes, spread_cards, spread_nodes, budget)
+    order = inventory.emptiest_first if spread_nodes else inventory.fullest_first
+    search = _Search(items, inventory.columns, spread_cards, spread_nodes, budget, order)
     found = search.run()
     if found is not None:
         return _fitted(found)
@@ -162,7 +165,7 @@ def fits_ever(
     size = f"the pool ({cards} GPU{_s(cards)} on {len(pool)} node{_s(len(pool))})"
     if _fits_by_bounds(items, inventory):
         return FitResult(True, f"fits {size} with nothing else running")
-    search = _Search(items, pool, False, False, budget)
+    search = _Search(items, node_columns(pool), False, False, budget)
     found = search.run()
     if found is not None:
         fitted = _fitted(found)
@@ -500,20 +503,27 @@ class _Search:
     def __init__(
         self,
         items: Sequence[_Item],
-        nodes: Sequence[NodeGpus],
+        nodes: NodeColumns,
         spread_cards: bool,
         spread_nodes: bool,
         budget: int,
+        order: Sequence[int] | None = None,
     ) -> None:
-        self.items = items
-        self.names = [n.name for n in nodes]
-        self.start = [n.devices for n in nodes]
+        # ``nodes`` and ``order`` (their places in the candidates' order, ``_rank``) as
+        # the inventory keeps them from reserve to reserve (``Inventory.columns``,
+        # ``fullest_first``): sorting a large pool's nodes for every gang held was most
+        # of a search's setup (issue 28); without an order they are sorted here.
         # Keys are interned (``hami.node_key``): equal keys are one object, compared and
         # counted by id. A node key is a tuple of tuples, hashed again on every lookup;
         # on 2,000 nodes the candidates' dedupe and the memo's sorted keys were most of a
-        # step (issue 27, L6), and interning them here most of a search's setup (28).
-        self.start_keys = [n.key for n in nodes]
-        self.start_usage = [n.usage for n in nodes]
+        # step (issue 27, L6).
+        self.items = items
+        self.names = nodes.names
+        self.start = nodes.devices
+        self.start_keys = nodes.keys
+        self.start_usage = nodes.usage
+        self.start_counts = nodes.counts
+        self.start_order = order
         self.spread_cards = spread_cards
         self.spread_nodes = spread_nodes
         self.budget = budget
@@ -546,10 +556,15 @@ class _Search:
         self.usage = list(self.start_usage)
         # Kept in order as nodes change, not sorted again for every pod; sorted here as
         # plain tuples (``_rank``'s), compared in C rather than ranked by a call a node.
-        sign = 1.0 if self.spread_nodes else -1.0
-        ranks = [sign * u for u in self.usage]
-        self.order = [n for *_, n in sorted(zip(ranks, self.names, range(len(ranks)), strict=True))]
-        self.counts = Counter(map(id, self.keys))
+        if self.start_order is not None:
+            self.order = list(self.start_order)
+        else:
+            sign = 1.0 if self.spread_nodes else -1.0
+            ranks = zip(
+                [sign * u for u in self.usage], self.names, range(len(self.names)), strict=True
+            )
+            self.order = [n for *_, n in sorted(ranks)]
+        self.counts = Counter(self.start_counts)
         self.bounds = [self._bounds(k) if bounded else () for k in self.keys]
         self.totals = [
             sum(b[k] for b in self.bounds) if bounded else 0 for k in range(len(self.kinds))

@@ -33,15 +33,16 @@ values).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from admission import annotations as names
 from foundation.errors import UnitscaleError, quote
@@ -272,6 +273,51 @@ def node_usage(devices: Sequence[DeviceState]) -> float:
     return sum(d.usage for d in devices) / len(devices) if devices else 0.0
 
 
+class NodeColumns(NamedTuple):
+    """Nodes' names, cards, keys and usage by place: what a fit starts from."""
+
+    names: tuple[str, ...]
+    devices: tuple[tuple[DeviceState, ...], ...]
+    keys: tuple[NodeKey, ...]
+    usage: tuple[float, ...]
+    counts: Mapping[int, int]
+    """Nodes per key, by the interned key's id."""
+
+
+def node_columns(nodes: Sequence[NodeGpus]) -> NodeColumns:
+    """``NodeColumns`` of these nodes."""
+    keys = tuple(n.key for n in nodes)
+    return NodeColumns(
+        tuple(n.name for n in nodes),
+        tuple(n.devices for n in nodes),
+        keys,
+        tuple(n.usage for n in nodes),
+        Counter(map(id, keys)),
+    )
+
+
+def _moved(
+    columns: NodeColumns, nodes: Sequence[NodeGpus], touched: Collection[int]
+) -> NodeColumns:
+    """``columns`` with the ``touched`` places read again from ``nodes``."""
+    devices, keys, usage = list(columns.devices), list(columns.keys), list(columns.usage)
+    counts = Counter(columns.counts)
+    for i in touched:
+        counts[id(keys[i])] -= 1
+        if not counts[id(keys[i])]:
+            del counts[id(keys[i])]
+        devices[i], keys[i], usage[i] = nodes[i].devices, nodes[i].key, nodes[i].usage
+        counts[id(keys[i])] += 1
+    return NodeColumns(columns.names, tuple(devices), tuple(keys), tuple(usage), counts)
+
+
+def _ranked(nodes: Sequence[NodeGpus], sign: float) -> tuple[int, ...]:
+    """Node places by ``(sign * usage, name)``: as tuples, compared in C."""
+    ranks = [sign * n.usage for n in nodes]
+    names = [n.name for n in nodes]
+    return tuple(i for *_, i in sorted(zip(ranks, names, range(len(nodes)), strict=True)))
+
+
 @dataclass(frozen=True)
 class Problem:
     """A node or pod the inventory left out or read only in part, and why."""
@@ -321,7 +367,65 @@ class Inventory:
 
     def node(self, name: str) -> NodeGpus | None:
         """The offering node of this name, if any."""
-        return next((n for n in self.nodes if n.name == name), None)
+        i = self.positions.get(name)
+        return None if i is None else self.nodes[i]
+
+    @functools.cached_property
+    def positions(self) -> Mapping[str, int]:
+        """Each offering node's place in ``nodes``, by name (the same in every reserve)."""
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @functools.cached_property
+    def columns(self) -> NodeColumns:
+        """The offering nodes as columns (``NodeColumns``)."""
+        return node_columns(self.nodes)
+
+    @functools.cached_property
+    def fullest_first(self) -> tuple[int, ...]:
+        """The offering nodes' places, fullest first, then by name (binpack's order)."""
+        return _ranked(self.nodes, -1.0)
+
+    @functools.cached_property
+    def emptiest_first(self) -> tuple[int, ...]:
+        """The offering nodes' places, emptiest first, then by name (spread's order)."""
+        return _ranked(self.nodes, 1.0)
+
+    def forget_derived(self) -> None:
+        """Let go of the columns and orders worked out of the nodes.
+
+        They take about six times the nodes' own size: an inventory kept while others
+        are reserved from it keeps its nodes only (worked out again if fitted on).
+        """
+        for name in ("columns", "fullest_first", "emptiest_first"):
+            self.__dict__.pop(name, None)
+
+    def _derived(self, nodes: Sequence[NodeGpus], touched: Collection[int]) -> Inventory:
+        """This inventory with ``nodes`` (the same names in place, those ``touched`` new).
+
+        What was worked out of the nodes and is still known is carried, moved for the
+        touched nodes only: the fit sorted a large pool's nodes for every gang it held.
+        """
+        after = replace(self, nodes=tuple(nodes))
+        known = self.__dict__
+        if "positions" in known:
+            after.__dict__["positions"] = known["positions"]
+        if "columns" in known:
+            after.__dict__["columns"] = _moved(known["columns"], nodes, touched)
+        for name, sign in (("fullest_first", -1.0), ("emptiest_first", 1.0)):
+            order = known.get(name)
+            if order is None:
+                continue
+            moved = list(order)
+            for i in touched:
+                moved.remove(i)
+
+            def rank(i: int, sign: float = sign) -> tuple[float, str]:
+                return (sign * nodes[i].usage, nodes[i].name)
+
+            for i in touched:
+                bisect.insort(moved, i, key=rank)
+            after.__dict__[name] = tuple(moved)
+        return after
 
     def reserve(self, placements: Iterable[PodPlacement]) -> Inventory:
         """A new inventory with these placements taken (the caller decides one by one).
@@ -332,7 +436,7 @@ class Inventory:
         Raises:
             ValueError: a placement names a node or card this inventory does not offer.
         """
-        position = {n.name: i for i, n in enumerate(self.nodes)}
+        position = self.positions
         touched: dict[int, dict[str, DeviceState]] = {}
         for placement in placements:
             i = position.get(placement.node)
@@ -355,7 +459,7 @@ class Inventory:
         nodes = list(self.nodes)
         for i, cards in touched.items():
             nodes[i] = NodeGpus(nodes[i].name, tuple(cards.values()))
-        return replace(self, nodes=tuple(nodes))
+        return self._derived(nodes, touched)
 
     @functools.cached_property
     def pool_shapes(self) -> tuple[tuple[NodeKey, int], ...]:
@@ -711,7 +815,7 @@ def taking_pods(
     build gives it.
     """
     hardware = {n.name: n for n in pool.pool}
-    position = {n.name: i for i, n in enumerate(pool.nodes)}
+    position = pool.positions
     registered: dict[str, frozenset[str]] = {}
     offered: dict[str, dict[str, DeviceState]] = {}
     problems: list[Problem] = []
@@ -729,11 +833,13 @@ def taking_pods(
     if problems:
         return None
     nodes = list(pool.nodes)
+    touched = []
     for name, cards in offered.items():
         before = nodes[position[name]]
         if any(a is not b for a, b in zip(before.devices, cards.values(), strict=True)):
             nodes[position[name]] = NodeGpus(name, tuple(cards.values()))
-    return replace(pool, nodes=tuple(nodes))
+            touched.append(position[name])
+    return pool._derived(nodes, touched)
 
 
 def unreadable(kind: str, obj: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -818,6 +818,25 @@ def test_a_fit_answers_the_same_when_node_keys_are_no_longer_interned_as_one(inv
     assert again == expected
 
 
+@settings(max_examples=100, deadline=None)
+@given(inv=inventories(), first=demands, second=demands)
+def test_the_node_orders_carried_through_reserves_are_those_a_fresh_sort_gives(inv, first, second):
+    """A reserve moves only the nodes it touched in the orders the fit reads; after any
+    reserves they are the orders of the same nodes sorted anew (and each name's place)."""
+    for demand in (first, second):
+        for policy in ("binpack", "spread"):  # the orders worked out before the reserve
+            fit_gang(demand, inv, policy, node_policy=policy)
+        taken = fit_gang(demand, inv)
+        if not taken.fits:
+            break
+        inv = inv.reserve(taken.placements)
+        fresh = Inventory(inv.nodes, inv.pool, inv.problems)
+        assert inv.__dict__.keys() >= {"fullest_first", "emptiest_first", "positions"}
+        assert inv.fullest_first == fresh.fullest_first
+        assert inv.emptiest_first == fresh.emptiest_first
+        assert all(inv.node(n.name) is n for n in inv.nodes)
+
+
 # --- scale (issue 27, hostile pass 3, L6) ----------------------------------------------
 
 

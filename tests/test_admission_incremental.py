@@ -588,6 +588,22 @@ def test_pods_placed_since_the_last_pass_are_taken_off_the_kept_pool_as_a_build_
     assert [d.state for d in decisions][-1] == state
 
 
+def test_the_pools_kept_after_each_held_gang_keep_their_nodes_only():
+    """What a fit works out of an inventory (columns, orders: ~6x its nodes) is let go
+    for every pool kept after a held gang but the last; 5,000 held gangs kept them all."""
+    world = one_node(8)
+    for _ in range(3):
+        apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+        apply_event(world, ("admit", 0))
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    memo = incremental.Memo()
+    both(world, memo)
+    (entry,) = [e for k, e in memo.pools.items() if k[0] == "held"]
+    assert len(entry.held) == 3
+    derived = {"columns", "fullest_first", "emptiest_first"}
+    assert [bool(derived & h.pool.__dict__.keys()) for h in entry.held] == [False, False, True]
+
+
 def test_a_gang_held_without_pods_lets_go_at_its_deadline_with_no_event():
     world = small_world()
     apply_event(world, ("arrive", "check-a", 2, 2, None, 0, None))
