@@ -486,20 +486,8 @@ def _held_after(
     if any(h.uid in gone and h.has_pods for h in kept.held):
         return None  # its pods' allocations count in the nodes again, and may be gone
     by_owner = pod_index_of(cluster)
-    known = cluster.memo.keys
-    ties = {tie for pod in new_pods for tie in ties_of_pod(pod)}
     held = {h.uid for h in kept.held}
-    found: dict[str, RawObject] = {}
-    again: set[str] = set()  # whose holding is read anew
-    for w in cluster.workloads:
-        uid = (w.get("metadata") or {}).get("uid")
-        tied = bool(ties) and any(
-            t in ties for t in known.read(w, "ties", functools.partial(pod_ties, w))
-        )
-        if uid in added or tied:
-            again.add(str(uid))
-        if uid in added or uid in held or tied:
-            found[str(uid)] = w
+    found, again = _read_again(cluster, new_pods, added, held)
     staying = held - gone - again
     if staying - found.keys():
         return None
@@ -515,16 +503,11 @@ def _held_after(
         for pod in owned_pods(w, by_owner)
     ):
         return None
-    # Counted now and not before: a new pod no gang holds, a pod of a gang held no more.
     leaving = [found[h.uid] for h in kept.held if h.uid in again and h.uid in found]
-    counted: dict[int, RawObject] = {}
-    for pod in [*new_pods, *(p for w in leaving for p in owned_pods(w, by_owner))]:
-        called = _pod_keys_of(pod)
-        if not called & ignored and (id(pod) in fresh or called & kept.ignored):
-            counted[id(pod)] = pod
+    counted = _newly_counted(new_pods, leaving, by_owner, ignored, kept.ignored)
     base = kept.base
     if counted:
-        taken = taking_pods(kept.base, list(counted.values()), ignored)
+        taken = taking_pods(kept.base, counted, ignored)
         if taken is None:
             return None
         base = taken
@@ -550,6 +533,49 @@ def _held_after(
     return _built(
         base, (*keep, *_hold(pool, promised, gangs, placed, cluster, params, checks, now)), ignored
     )
+
+
+def _read_again(
+    cluster: Cluster, new_pods: Sequence[RawObject], added: set[Any], held: set[str]
+) -> tuple[dict[str, RawObject], set[str]]:
+    """The Workloads held, changed or tied to a new pod, by uid; the uids read anew.
+
+    A Workload is read anew when it changed or a new pod is tied to it.
+    """
+    known = cluster.memo.keys if cluster.memo is not None else incremental.Keys()
+    ties = {tie for pod in new_pods for tie in ties_of_pod(pod)}
+    found: dict[str, RawObject] = {}
+    again: set[str] = set()
+    for w in cluster.workloads:
+        uid = (w.get("metadata") or {}).get("uid")
+        tied = bool(ties) and any(
+            t in ties for t in known.read(w, "ties", functools.partial(pod_ties, w))
+        )
+        if uid in added or tied:
+            again.add(str(uid))
+        if uid in added or uid in held or tied:
+            found[str(uid)] = w
+    return found, again
+
+
+def _newly_counted(
+    new_pods: Sequence[RawObject],
+    leaving: Sequence[RawObject],
+    by_owner: Mapping[str, list[RawObject]],
+    ignored: frozenset[str],
+    was_ignored: frozenset[str],
+) -> list[RawObject]:
+    """The pods a build counts now and the kept base did not.
+
+    A new pod no gang holds, and a pod of a gang held no more (``leaving``).
+    """
+    fresh = {id(pod) for pod in new_pods}
+    counted: dict[int, RawObject] = {}
+    for pod in [*new_pods, *(p for w in leaving for p in owned_pods(w, by_owner))]:
+        called = _pod_keys_of(pod)
+        if not called & ignored and (id(pod) in fresh or called & was_ignored):
+            counted[id(pod)] = pod
+    return list(counted.values())
 
 
 def _pod_keys_of(pod: RawObject) -> set[str]:
