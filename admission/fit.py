@@ -40,7 +40,6 @@ from admission.hami import (
     NodeGpus,
     NodeKey,
     PodPlacement,
-    node_columns,
     node_key,
     node_usage,
 )
@@ -165,7 +164,8 @@ def fits_ever(
     size = f"the pool ({cards} GPU{_s(cards)} on {len(pool)} node{_s(len(pool))})"
     if _fits_by_bounds(items, inventory):
         return FitResult(True, f"fits {size} with nothing else running")
-    search = _Search(items, node_columns(pool), False, False, budget)
+    hardware = Inventory(nodes=pool)
+    search = _Search(items, hardware.columns, False, False, budget, hardware.fullest_first)
     found = search.run()
     if found is not None:
         fitted = _fitted(found)
@@ -507,12 +507,12 @@ class _Search:
         spread_cards: bool,
         spread_nodes: bool,
         budget: int,
-        order: Sequence[int] | None = None,
+        order: Sequence[int],
     ) -> None:
         # ``nodes`` and ``order`` (their places in the candidates' order, ``_rank``) as
         # the inventory keeps them from reserve to reserve (``Inventory.columns``,
         # ``fullest_first``): sorting a large pool's nodes for every gang held was most
-        # of a search's setup (issue 28); without an order they are sorted here.
+        # of a search's setup (issue 28).
         # Keys are interned (``hami.node_key``): equal keys are one object, compared and
         # counted by id. A node key is a tuple of tuples, hashed again on every lookup;
         # on 2,000 nodes the candidates' dedupe and the memo's sorted keys were most of a
@@ -554,16 +554,8 @@ class _Search:
         self.state = list(self.start)
         self.keys = list(self.start_keys)
         self.usage = list(self.start_usage)
-        # Kept in order as nodes change, not sorted again for every pod; sorted here as
-        # plain tuples (``_rank``'s), compared in C rather than ranked by a call a node.
-        if self.start_order is not None:
-            self.order = list(self.start_order)
-        else:
-            sign = 1.0 if self.spread_nodes else -1.0
-            ranks = zip(
-                [sign * u for u in self.usage], self.names, range(len(self.names)), strict=True
-            )
-            self.order = [n for *_, n in sorted(ranks)]
+        # Kept in order as nodes change, not sorted again for every pod.
+        self.order = list(self.start_order)
         self.counts = Counter(self.start_counts)
         self.bounds = [self._bounds(k) if bounded else () for k in self.keys]
         self.totals = [
