@@ -88,6 +88,9 @@ class Fleet:
         self._routed: list[int] = []
         """Requests assigned since ``active`` was last read: one concatenation a tick, not
         an ``np.append`` (a copy of every active request) per arrival."""
+        self.queued = 0
+        """Requests routed and not yet admitted: with none, admission has nothing to do
+        (most ticks of a day's replay; looking cost a pass over every active request)."""
         self.kv_reserved = np.zeros(capacity)
         self.outstanding = np.zeros(capacity, dtype=np.int64)
         self.running = np.zeros(capacity, dtype=np.int64)
@@ -108,6 +111,7 @@ class Fleet:
         r.replica[index] = replica
         r.routed[index] = now
         self._routed.append(index)
+        self.queued += 1
         self.outstanding[replica] += 1
 
     def advance(self, now: float, dt: float) -> TickResult:
@@ -123,14 +127,19 @@ class Fleet:
         replica = r.replica[active]
         decoding = state == DECODE
         prefilling = state == PREFILL
-        context = r.prompt[active] + r.generated[active]
-        batch = np.bincount(replica[decoding], minlength=self.capacity).astype(np.float64)
+        prompt = r.prompt[active]
+        rd = replica[decoding]
+        batch = np.bincount(rd, minlength=self.capacity).astype(np.float64)
         # Weighted bincount is float64 already; numpy's stubs do not say so.
         batch_context = cast(
             Floats,
-            np.bincount(replica[decoding], weights=context[decoding], minlength=self.capacity),
+            np.bincount(
+                rd,
+                weights=prompt[decoding] + r.generated[active[decoding]],
+                minlength=self.capacity,
+            ),
         )
-        remaining_prefill = np.where(prefilling, r.prompt[active] - r.prefilled[active], 0.0)
+        remaining_prefill = np.where(prefilling, prompt - r.prefilled[active], 0.0)
         pending = np.bincount(replica, weights=remaining_prefill, minlength=self.capacity)
 
         # Two phases per tick: steps carrying a prefill chunk until the pending prompt
@@ -165,7 +174,6 @@ class Fleet:
         )
 
         # Decode: every decoding sequence gains its replica's decode steps this tick.
-        rd = replica[decoding]
         finished, gained = self._decode(
             active[decoding], decode_steps[rd], self.last_step[rd], now, dt
         )
@@ -180,9 +188,9 @@ class Fleet:
     def _admit(self, now: float) -> None:
         """Move queued requests into the batch while seats and KV cache allow."""
         r, p = self.requests, self.profile
-        active = self.active
-        if len(active) == 0:
+        if self.queued == 0:
             return
+        active = self.active
         queued = active[r.state[active] == QUEUED]
         if len(queued) == 0:
             return
@@ -206,6 +214,7 @@ class Fleet:
             return
         r.state[chosen] = PREFILL
         r.admitted[chosen] = now
+        self.queued -= len(chosen)
         np.add.at(self.kv_reserved, r.replica[chosen], need[admit])
         np.add.at(self.running, r.replica[chosen], 1)
 

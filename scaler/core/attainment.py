@@ -109,8 +109,9 @@ def steer(
     judged = previous.judged.within(now, s.lookback_seconds).add(now, (within_rate, outside_rate))
     held = replace(previous, since=now, judged=judged)
     attainment = within_rate / (within_rate + outside_rate)
-    inside = sum(w for w, _ in judged.values())
-    long_run = inside / (inside + sum(o for _, o in judged.values()))
+    readings = judged.values()
+    inside = sum([w for w, _ in readings])
+    long_run = inside / (inside + sum([o for _, o in readings]))
     allowed = 1.0 - s.target
     allowances = (1.0 - attainment) / allowed
     if attainment < s.target and long_run < s.target:
