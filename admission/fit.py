@@ -533,6 +533,10 @@ class _Search:
         self.out_of_steps = False
         self.best: list[PodPlacement] = []
         self.refuted: set[_MemoKey] = set()
+        self.used: list[NodeKey] = []
+        """Every key the search set on a node, held for its life: the memo remembers keys
+        by id, and a key freed (the interned table started again) could leave its id to
+        another state, which the memo would then take for one refuted."""
         self.kinds = list(dict.fromkeys(item.pod for item in items))
         kind = {pod: k for k, pod in enumerate(self.kinds)}
         # left[i][k]: pods of kind k from level i on
@@ -631,6 +635,7 @@ class _Search:
             self.bounds[n],
         )
         bounds = self._bounds(key) if self.bounded else ()
+        self.used.append(key)
         self._set(n, devices, key, node_usage(devices), bounds)
         return entry
 

@@ -42,7 +42,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple
 
 from admission import annotations as names
 from foundation.errors import UnitscaleError, quote
@@ -245,9 +245,18 @@ DeviceKey = tuple[str, int, int, int, str, int, int, int]
 NodeKey = tuple[DeviceKey, ...]
 
 
-MAX_NODE_KEYS = 65_536
-"""Node keys kept interned at most (distinct node states; a few MB)."""
-_NODE_KEYS: dict[NodeKey, NodeKey] = {}
+MAX_INTERNED_CARDS = 262_144
+"""Cards' keys the interned node keys hold at most, all keys together (a card's key is
+about 150 bytes: some 40 MB). Bounded by cards, not keys: a key holds one tuple per card,
+and node states change with every pod allocated, so 65,536 keys of 64-card nodes held
+600 MB (issue 27, hostile pass 9)."""
+
+
+class _Interned:
+    """The interned node keys and the cards they hold."""
+
+    keys: ClassVar[dict[NodeKey, NodeKey]] = {}
+    cards: ClassVar[int] = 0
 
 
 def node_key(devices: Iterable[DeviceState]) -> NodeKey:
@@ -255,16 +264,20 @@ def node_key(devices: Iterable[DeviceState]) -> NodeKey:
 
     A key is a tuple of tuples whose hash Python computes again on every lookup; the
     fit counts and compares nodes by their keys' ids instead, so a search over a large
-    pool sets up in one pass over its nodes without hashing any (issue 28). Once
-    ``MAX_NODE_KEYS`` are kept the table starts again: an equal key made after that is
-    another object, which a search only tries once more (it prunes less, never wrongly).
+    pool sets up in one pass over its nodes without hashing any (issue 28). Once the keys
+    kept hold ``MAX_INTERNED_CARDS`` cards the table starts again: an equal key made after
+    that is another object, which a search only tries once more (it prunes less, never
+    wrongly: a search holds every key it used, so no id it remembers is reused).
     """
     key = tuple(sorted(d.key for d in devices))
-    known = _NODE_KEYS.get(key)
+    table = _Interned.keys
+    known = table.get(key)
     if known is None:
-        if len(_NODE_KEYS) >= MAX_NODE_KEYS:
-            _NODE_KEYS.clear()
-        known = _NODE_KEYS.setdefault(key, key)
+        if _Interned.cards + len(key) > MAX_INTERNED_CARDS:
+            table.clear()
+            _Interned.cards = 0
+        known = table.setdefault(key, key)
+        _Interned.cards += len(key)
     return known
 
 

@@ -806,16 +806,64 @@ def test_a_fit_on_cached_state_equals_the_fit_computed_afresh(inv, first, second
 @settings(max_examples=100, deadline=None)
 @given(inv=inventories(), demand=demands)
 def test_a_fit_answers_the_same_when_node_keys_are_no_longer_interned_as_one(inv, demand):
-    """Once ``hami.MAX_NODE_KEYS`` are kept the table starts again, and equal node keys
+    """Once ``hami.MAX_INTERNED_CARDS`` are kept the table starts again, and equal node keys
     made after it are other objects: a search then tells fewer nodes apart by id, and
     must still give the answer it gives with every key interned once."""
     expected = fit_gang(demand, inv)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hami, "MAX_NODE_KEYS", 1)
-        patch.setattr(hami, "_NODE_KEYS", {})
+        patch.setattr(hami, "MAX_INTERNED_CARDS", 1)
+        patch.setattr(hami._Interned, "keys", {})
         fresh = [NodeGpus(n.name, n.devices) for n in inv.nodes]  # keys made anew
         again = fit_gang(demand, Inventory(tuple(fresh), inv.pool, inv.problems))
     assert again == expected
+
+
+def test_the_interned_node_keys_hold_at_most_their_bound_of_cards() -> None:
+    """The table is bounded by the cards its keys hold, not by keys: a 64-card node's
+    key is 64 tuples, and every pod allocated makes a new state (issue 27, pass 9)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hami, "MAX_INTERNED_CARDS", 100)
+        patch.setattr(hami._Interned, "keys", {})
+        patch.setattr(hami._Interned, "cards", 0)
+        held = []
+        for used in range(60):  # 60 distinct 8-card states: 480 cards made
+            devices = tuple(
+                DeviceState(
+                    Device(f"u{c}", c, H200, 10, 143_771, 100, 0, True, "hami-core"), 1, used
+                )
+                for c in range(8)
+            )
+            held.append(hami.node_key(devices))
+            table = hami._Interned.keys
+            assert hami._Interned.cards == sum(len(k) for k in table) <= 100
+        assert held[-1] in hami._Interned.keys  # the newest is kept after a start again
+        assert hami.node_key(devices) is held[-1]  # equal keys are one object
+
+
+@settings(max_examples=100, deadline=None)
+@given(inv=inventories(), demand=demands)
+def test_every_key_a_search_remembers_by_id_is_held_while_it_runs(inv, demand):
+    """The memo remembers states by their keys' ids. With the interned table starting
+    again on every key, a key a search dropped would be freed and its id given to another
+    state, which the memo would take for one refuted: every id it remembers must stay a
+    key the search holds."""
+    searches: list[Any] = []
+
+    class Watched(fit._Search):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            searches.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hami, "MAX_INTERNED_CARDS", 1)
+        patch.setattr(hami._Interned, "keys", {})
+        patch.setattr(fit, "_Search", Watched)
+        fresh = [NodeGpus(n.name, n.devices) for n in inv.nodes]
+        fit_gang(demand, Inventory(tuple(fresh), inv.pool, inv.problems))
+    for search in searches:
+        held = {id(k) for k in (*search.used, *search.start_keys)}
+        for _, counts in search.refuted:
+            assert {key for key, _ in counts} <= held
 
 
 @settings(max_examples=100, deadline=None)
