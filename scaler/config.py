@@ -120,6 +120,10 @@ def ca_context(path: Path) -> ssl.SSLContext:
         raise ConfigError(f"cannot load the CA bundle {path}: {err}") from err
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+"""An HTTP header's name: a token (RFC 9110, 5.6.2), bounded."""
+
+
 class PrometheusSourceConfig(BaseModel):
     """Engine signals from PromQL over vLLM's own metrics (Prometheus, Thanos, Mimir...).
 
@@ -158,6 +162,19 @@ class PrometheusSourceConfig(BaseModel):
     @classmethod
     def _selector(cls, text: str) -> str:
         return check_template(text, SELECTOR_PARAMETERS, "selector")
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        # A name is an HTTP token, a value printable text: a CR or LF in either failed
+        # every query round of the source, each with a WARNING (issue 27, pass 10). The
+        # value is never quoted back: it may be a tenant's or a proxy's secret.
+        for name, value in headers.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"header name {name[:64]!r} is not an HTTP token")
+            if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in value):
+                raise ValueError(f"header {name!r}'s value holds a control character")
+        return headers
 
     @field_validator("queries")
     @classmethod

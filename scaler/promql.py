@@ -64,6 +64,20 @@ PANIC = ("prompt-token-rate", "generation-token-rate", "ttft-p95")
 SIGNALS = INSTANT + WINDOWED
 
 REPLICA_COUNTS = ("replicas", "replicas-up", "replicas-sleeping")
+LOAD_SIGNALS = frozenset(
+    {
+        "running",
+        "queue-depth",
+        "replicas-up",
+        "request-rate",
+        "prompt-token-rate",
+        "generation-token-rate",
+        "running-mean",
+    }
+)
+"""Signals above 0 only where some replica serves: beside them a count of 0 is no count
+(a rate over the window stays above 0 only while a replica served in it, and the idle
+grace outlasts the window before a scale to zero)."""
 """Signals that count replicas: at most ``MAX_REPLICAS`` each."""
 
 
@@ -290,10 +304,12 @@ def checked_answers(answers: Answers) -> tuple[Answers, list[str]]:
     Every signal here is a time, count, rate, latency or share: finite and not negative.
     A replica count above ``MAX_REPLICAS`` is none (``count(up)`` of 5e9 pins the
     deployment at its maximum and overflows the capacity RPC), and so are sleepers above
-    the replicas up. A replica count of 0 beside requests running or queued, or beside
-    replicas up, contradicts them; read as a fact it would zero the load (``signals_from_answers``'s
-    rule for no replicas) and scale the deployment to zero, so the counts are unmeasured
-    instead and the load stands. Checking twice changes nothing.
+    the replicas up. A replica count of 0 beside requests running or queued, replicas
+    up, or any rate served above 0 (``LOAD_SIGNALS``) contradicts them, and so does one
+    read from the replicas up where ``replicas`` was asked and is unreadable; read as a
+    fact it would zero the load (``signals_from_answers``'s rule for no replicas) and
+    scale the deployment to zero, so the counts are unmeasured instead and the load
+    stands. Checking twice changes nothing.
     """
     clean: dict[tuple[str, str | None], float | None] = dict(answers)
     problems: list[str] = []  # what, not how much: the same problem reads the same each round
@@ -307,12 +323,21 @@ def checked_answers(answers: Answers) -> tuple[Answers, list[str]]:
             clean[(name, window)] = None
     _check_sleepers(clean, problems)
     replicas, up = clean.get(("replicas", None)), clean.get(("replicas-up", None))
+    if ("replicas", None) in answers and replicas is None and up is not None and round(up) == 0:
+        # ``replicas`` asked and unreadable: the replicas up, 0 here, are no stand-in for
+        # it. Read as the count they zeroed the load and scaled a busy deployment to zero
+        # (issue 27, hostile pass 10); unknown, the load stands and the count holds.
+        problems.append("replicas-up is 0 with replicas unmeasured: no count")
+        clean[("replicas-up", None)] = None
+        up = None
     known = replicas if replicas is not None else up
-    load = {
-        name: value
-        for name in ("running", "queue-depth", "replicas-up")
-        if (value := clean.get((name, None))) is not None and value > 0
-    }
+    load = sorted(
+        {
+            f"{name} ({window})" if window else name
+            for (name, window), value in clean.items()
+            if name in LOAD_SIGNALS and value is not None and value > 0
+        }
+    )
     if known is not None and round(known) == 0 and load:
         problems.append(f"replicas is 0 beside {' and '.join(load)} above 0")
         clean[("replicas", None)] = None

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 import re
 import ssl
 import time
@@ -29,13 +30,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foundation.errors import ConfigError, StaleSignalError
-from foundation.signals import EngineSignals, TargetKey, WindowSignals
+from foundation.signals import EngineSignals, Snapshot, TargetKey, WindowSignals
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler.config import PrometheusSourceConfig, parse_config
 from scaler.core import DecisionState, Policy, decide
 from scaler.core.model import Observation
 from scaler.promql import (
     INSTANT,
+    LOAD_SIGNALS,
     PANIC,
     WINDOWED,
     AnswerError,
@@ -192,12 +194,31 @@ def test_a_signal_whose_query_is_null_is_not_asked_for():
             "prometheus-source.url",
             id="a url without its scheme is refused",
         ),
+        pytest.param(
+            '{url: "http://p:9090", headers: {X-Scope-OrgID: "team-a\\r\\nX-Evil: 1"}}',
+            "header 'X-Scope-OrgID''s value holds a control character",
+            id="a header value with a line break is refused, its value not quoted",
+        ),
+        pytest.param(
+            '{url: "http://p:9090", headers: {"X Org": "a"}}',
+            "header name 'X Org' is not an HTTP token",
+            id="a header name that is no token is refused",
+        ),
     ],
 )
 def test_a_bad_prometheus_source_config_names_its_problem(text, problem):
     with pytest.raises(ConfigError) as caught:
         parse_config(f"prometheus-source: {text}")
     assert problem in str(caught.value)
+    assert "X-Evil" not in str(caught.value)
+
+
+def test_a_header_with_a_tab_in_its_value_is_kept() -> None:
+    config = parse_config(
+        'prometheus-source: {url: "http://p:9090", headers: {X-Scope-OrgID: "a\\tb"}}'
+    )
+    assert config.prometheus_source is not None
+    assert config.prometheus_source.headers == {"X-Scope-OrgID": "a\tb"}
 
 
 def test_a_dollar_written_twice_is_a_dollar():
@@ -276,6 +297,15 @@ def with_answers(**changes: float | None) -> dict[tuple[str, str | None], float 
     return answers
 
 
+def idle_answers(**changes: float | None) -> dict[tuple[str, str | None], float | None]:
+    """``with_answers`` where no replica served in the windows: no rate has a series."""
+    answers = with_answers(**changes)
+    for name, window in list(answers):
+        if window is not None and name in LOAD_SIGNALS:
+            answers[(name, window)] = None
+    return answers
+
+
 @pytest.mark.parametrize(
     ("answers", "check"),
     [
@@ -301,9 +331,7 @@ def with_answers(**changes: float | None) -> dict[tuple[str, str | None], float 
             id="a window's absent quantile is missing in that window only",
         ),
         pytest.param(
-            with_answers(
-                replicas=0, replicas_up=0, running=None, queue_depth=None, request_rate__stable=None
-            ),
+            idle_answers(replicas=0, replicas_up=0, running=None, queue_depth=None),
             lambda s: s.running == 0.0 and s.stable.request_rate == 0.0 and s.replicas == 0,
             id="zero replicas known is zero load, a fact, as from the exporter",
         ),
@@ -328,7 +356,7 @@ def with_answers(**changes: float | None) -> dict[tuple[str, str | None], float 
             id="a sleeping engine is counted",
         ),
         pytest.param(
-            with_answers(
+            idle_answers(
                 replicas=0, replicas_up=0, replicas_sleeping=None, running=None, queue_depth=None
             ),
             lambda s: s.replicas_sleeping == 0,
@@ -343,6 +371,44 @@ def with_answers(**changes: float | None) -> dict[tuple[str, str | None], float 
 )
 def test_answers_become_the_exporters_signals(answers, check):
     assert check(signals_from_answers(answers, 60.0, 180.0))
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        pytest.param({"replicas": math.nan, "replicas_up": 0}, id="count(up) NaN beside none up"),
+        pytest.param(
+            {"replicas": 1e9, "replicas_up": 0}, id="count(up) of a billion beside none up"
+        ),
+        pytest.param({"replicas": -1, "replicas_up": 0}, id="count(up) negative beside none up"),
+        pytest.param(
+            {"replicas": None, "replicas_up": 0}, id="count(up) unanswered beside none up"
+        ),
+        pytest.param({"replicas": 0, "replicas_up": None}, id="count(up) 0 and sum(up) unanswered"),
+        pytest.param({"replicas": 0, "replicas_up": 0}, id="both 0 while requests are served"),
+    ],
+)
+def test_a_replica_count_that_is_no_count_never_scales_a_busy_deployment_to_zero(counts):
+    """Requests served at 50/s (3.3 replicas' worth), no gauge of those running or queued:
+    a count of 0 read from a refused ``count(up)``'s stand-in, or beside rates above 0,
+    is no count, and the load the rates show holds the replicas (issue 27, hostile pass
+    10: each was idle, and the deployment went to zero)."""
+    answers = with_answers(**counts, running=None, queue_depth=None)
+    for window in ("stable", "panic"):  # 50 requests of 1,000 prompt tokens a second
+        answers[("request-rate", window)] = 50.0
+        answers[("prompt-token-rate", window)] = 50_000.0
+        answers[("generation-token-rate", window)] = 10_000.0
+    answers[("signal-time", None)] = time.time()  # the store takes no snapshot from ahead
+    signals = signals_from_answers(answers, 60.0, 180.0)
+    assert signals is not None and signals.partial
+    assert signals.stable.request_rate == 50.0
+    now = signals.time
+    target = ("team-a", "llama", "")
+    store = SignalStore()
+    store.update(Snapshot(target, signals))
+    observation, _ = observe(target, store.get(target), now, 180)
+    previous = DecisionState(decisions=50, desired=5, last_activity=now - 600)
+    assert decide(observation, Policy(), previous).desired_replicas >= 5
 
 
 def _window_value(signals: EngineSignals, window: str, name: str) -> float | None:
