@@ -122,6 +122,39 @@ def test_changed_buckets_keep_the_counters_and_leave_the_buckets_unknown():
     assert window.buckets("ttft") is None
 
 
+def replica_on(bounds, per_window):
+    """A replica whose TTFT histogram, in ``bounds``, grew by ``per_window`` in 60 s."""
+    before, after = scrape(0, 0, 0), scrape(600, 60, 6)
+    before.histograms["ttft"] = Histogram(bounds, (0.0,) * len(bounds), 0.0, 0.0)
+    after.histograms["ttft"] = Histogram(bounds, tuple(map(float, per_window)), per_window[-1], 0.0)
+    return history_of((0.0, before), (60.0, after)), after
+
+
+HONEST = (BOUNDS, (0, 0, 60, 60))  # every first token between 0.5 and 1 s
+OTHER = ((0.001, 0.002, INF), (10**6, 10**6, 10**6))  # bounds of its own, a million claimed
+
+
+@pytest.mark.parametrize(
+    ("replicas", "p95"),
+    [
+        pytest.param(
+            [HONEST, HONEST, OTHER],
+            0.975,
+            id="one replica with bounds of its own and a million observations decides nothing",
+        ),
+        pytest.param([HONEST, OTHER], None, id="two replicas on two layouts are no quantile"),
+        pytest.param(
+            [OTHER, OTHER, HONEST], 0.00095, id="the layout most replicas share gives the quantile"
+        ),
+        pytest.param([HONEST], 0.975, id="one replica gives its own"),
+    ],
+)
+def test_the_layout_most_replicas_share_gives_the_quantiles(replicas, p95):
+    made = [replica_on(bounds, counts) for bounds, counts in replicas]
+    signals = derive(60.0, len(made), [m[1] for m in made], [m[0] for m in made], 10.0, 60.0, PRICE)
+    assert signals.stable.ttft.p95 == (pytest.approx(p95) if p95 is not None else None)
+
+
 PRICE = Accelerator(price_per_hour=3.6, fraction=0.5)
 
 
