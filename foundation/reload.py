@@ -211,21 +211,43 @@ async def poll_file(
     ``seen`` is the fingerprint of the text ``store`` started from (``ConfigSource.read``
     takes it), so that a change between that read and this watch is not missed; without
     it the file as it is now is the baseline. Nothing an update holds ends the loop.
+
+    A change is read once the fingerprint held still for one poll: a file rewritten in
+    place is truncated, then written, and a poll between the two read the empty file
+    (valid YAML: every default) and applied it (issue 27, hostile pass 11). An empty
+    file after one with text is refused, the last good config kept: a writer that
+    stopped halfway, never a config anyone meant (a kubelet swaps a ConfigMap whole).
     """
     if seen is None:
         seen = file_fingerprint(path)
+    had_text = _holds_text(seen)
+    changed: tuple[object, ...] | None = None
     while True:
         await asyncio.sleep(interval)
         now = file_fingerprint(path)
         if now == seen:
+            changed = None
             continue
-        seen = now
+        if now != changed:
+            changed = now  # read it once it held still for a poll
+            continue
+        seen, changed = now, None
         try:
             text = await asyncio.to_thread(read_text, path, MAX_CONFIG_BYTES, "config file")
         except ConfigError as err:
             store.reject(str(err))
             continue
+        if had_text and not text.strip():
+            store.reject(f"{path}: the file is empty (write {{}} for the defaults)")
+            continue
+        had_text = bool(text.strip())
         await store.update_off_loop(text, str(path))
+
+
+def _holds_text(fingerprint: tuple[object, ...]) -> bool:
+    """Whether the file so fingerprinted had content (``file_fingerprint``'s size)."""
+    size = fingerprint[2] if len(fingerprint) == 4 else None
+    return isinstance(size, int) and size > 0
 
 
 def parse_configmap_ref(ref: str) -> tuple[str, str, str]:

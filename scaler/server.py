@@ -24,6 +24,7 @@ from foundation.reload import ConfigSource, ConfigStore
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.config import PrometheusSourceConfig, ScalerConfig, SignalSourceConfig, parse_config
+from scaler.metadata import MAX_KEY_LENGTH, MAX_KEYS, MAX_NAME_LENGTH, MAX_VALUE_LENGTH
 from scaler.prewarm.shell import Prewarmer
 from scaler.registry import PUSH_DECISION_GAP, ScaledObjectRegistry
 from scaler.service import CapacityService, ExternalScalerService
@@ -39,7 +40,17 @@ MAX_CONCURRENT_RPCS = 50_000
 KEDA holds one StreamIsActive per external-push ScaledObject and polls the rest with
 short calls answered from memory, so 10,000 ScaledObjects use about 10,000 slots; a
 flood past 50,000 is refused at once instead of growing memory (about 10 KB a call).
+Streams have their own bound below it (``scaler.service.MAX_STREAMS``), so short calls
+always find slots.
 """
+
+MAX_REQUEST_BYTES = (
+    2 * MAX_KEYS * (MAX_KEY_LENGTH + MAX_VALUE_LENGTH) + 4 * MAX_NAME_LENGTH + (16 << 10)
+)
+"""The largest request read (about 570 KB): a ScaledObjectRef at the metadata's bounds,
+twice over for characters beyond ASCII. gRPC's default is 4 MiB, and a ref is parsed and
+copied before its keys are counted: 3 MiB refs held the event loop 0.4 s a call (issue 27,
+hostile pass 11); a larger request is RESOURCE_EXHAUSTED before it is read."""
 
 SERVICE_NAME = service_name(externalscaler_pb2.DESCRIPTOR, "ExternalScaler")
 CAPACITY_SERVICE_NAME = service_name(capacity_pb2.DESCRIPTOR, "CapacityService")
@@ -181,7 +192,10 @@ class ScalerServer:
             listen,
             flag="--listen",
             credentials=tls.credentials() if tls is not None else None,
-            options=KEEPALIVE_FOR_LONG_LIVED_CLIENTS,
+            options=(
+                *KEEPALIVE_FOR_LONG_LIVED_CLIENTS,
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            ),
             max_concurrent_rpcs=max_concurrent_rpcs,
         )
         self.port = self._grpc.port

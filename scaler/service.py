@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import re
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import grpc
@@ -41,6 +42,7 @@ from scaler.metadata import describe_object
 from scaler.registry import (
     METRIC_NAME,
     TARGET_VALUE,
+    ObjectKey,
     RegistryFullError,
     ScaledObject,
     ScaledObjectRegistry,
@@ -64,11 +66,55 @@ _ACTIVE = pb.IsActiveResponse(result=True)
 _INACTIVE = pb.IsActiveResponse(result=False)
 
 
+MAX_STREAMS = 20_480
+"""Streams (``StreamIsActive``, ``StreamMetricSpec``) held open at once: two for each of
+the registry's 10,000 ScaledObjects, and some spare. Each holds a call slot for as long as
+its client keeps it open, so without their own bound one client's idle streams took every
+slot of the server's (``scaler.server.MAX_CONCURRENT_RPCS``) and KEDA's short calls were
+refused (issue 27, hostile pass 11); past it a stream is RESOURCE_EXHAUSTED and counted
+(``unitscale_scaler_registry_errors{reason="streams"}``)."""
+MAX_STREAMS_PER_OBJECT = 4
+"""Streams of one kind held open for one ScaledObject: KEDA holds one (two across an
+operator's restart or a leader change)."""
+
+
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     """The five RPCs KEDA calls, answered from the registry."""
 
     def __init__(self, registry: ScaledObjectRegistry) -> None:
         self._registry = registry
+        self._streams: Counter[tuple[str, ObjectKey]] = Counter()
+        """Streams open by kind and ScaledObject."""
+        self.streams = 0
+        """Streams open now."""
+
+    @contextlib.asynccontextmanager
+    async def _stream(
+        self, kind: str, scaled: ScaledObject, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[None]:
+        """Hold a stream's place for its life, or refuse it (RESOURCE_EXHAUSTED).
+
+        Refused past ``MAX_STREAMS`` in all or ``MAX_STREAMS_PER_OBJECT`` of this kind
+        for this ScaledObject.
+        """
+        place = (kind, scaled.key)
+        if self.streams >= MAX_STREAMS or self._streams[place] >= MAX_STREAMS_PER_OBJECT:
+            self._registry.errors["streams"] += 1
+            where = describe_object(scaled.key[0], scaled.key[1])
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{kind} for {where}: at most {MAX_STREAMS_PER_OBJECT} a ScaledObject and"
+                f" {MAX_STREAMS} in all are held open",
+            )
+        self.streams += 1
+        self._streams[place] += 1
+        try:
+            yield
+        finally:
+            self.streams -= 1
+            self._streams[place] -= 1
+            if not self._streams[place]:
+                del self._streams[place]
 
     async def IsActive(  # noqa: N802 - name fixed by KEDA
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
@@ -87,20 +133,21 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         opens as "inactive", so a target already active gets one ``true`` first.
         """
         scaled = await self._resolve(request, context)
-        event = asyncio.Event()
-        self._registry.add_activation_listener(scaled, event.set)
-        try:
+        async with self._stream("StreamIsActive", scaled, context):
+            event = asyncio.Event()
+            self._registry.add_activation_listener(scaled, event.set)
             try:
-                if self._registry.current(scaled).active:
-                    event.set()
-            except NoDataError:
-                pass  # no data is not activity; wait for signals
-            while True:
-                await event.wait()
-                event.clear()
-                yield _ACTIVE
-        finally:
-            self._registry.remove_activation_listener(scaled, event.set)
+                try:
+                    if self._registry.current(scaled).active:
+                        event.set()
+                except NoDataError:
+                    pass  # no data is not activity; wait for signals
+                while True:
+                    await event.wait()
+                    event.clear()
+                    yield _ACTIVE
+            finally:
+                self._registry.remove_activation_listener(scaled, event.set)
 
     async def GetMetricSpec(  # noqa: N802
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
@@ -135,9 +182,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GetMetricSpecResponse]:
         """The spec at once, then nothing: our target never changes (KEDA >= 2.21)."""
-        await self._resolve(request, context)
-        yield _METRIC_SPEC
-        await asyncio.Event().wait()  # hold the stream open until KEDA closes it
+        scaled = await self._resolve(request, context)
+        async with self._stream("StreamMetricSpec", scaled, context):
+            yield _METRIC_SPEC
+            await asyncio.Event().wait()  # hold the stream open until KEDA closes it
 
     async def _resolve(
         self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext

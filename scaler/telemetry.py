@@ -115,7 +115,8 @@ class DecisionCollector(Collector):
         yield listeners
         registry_errors = CounterMetricFamily(
             "unitscale_scaler_registry_errors",
-            "New ScaledObjects refused (full) and pools whose demand did not encode.",
+            "New ScaledObjects refused (full), streams refused past their bounds (streams)"
+            " and pools whose demand did not encode.",
             labels=["reason"],
         )
         for reason, count in sorted(self._registry.errors.items()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -12,9 +13,11 @@ from prometheus_client import generate_latest
 from exporter.app import ExporterServer
 from exporter.config import load_config
 from exporter.config import parse_config as parse_exporter
+from foundation import reload
 from foundation.errors import ConfigError
 from foundation.reload import ConfigSource, ConfigStore, parse_configmap_ref
 from scaler.config import load_config as load_scaler_config
+from scaler.config import parse_config as parse_scaler
 from scaler.server import ScalerServer
 from tests.conftest import eventually
 from tests.kubelet_volume import KubeletVolume
@@ -337,3 +340,69 @@ async def test_a_listener_that_raises_does_not_stop_the_watch(tmp_path, caplog):
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
+
+
+def scripted_file(monkeypatch, states):
+    """``poll_file`` over a file whose (fingerprint, text) at each poll are given; the
+    event is set once every state was seen, and ``read`` lists the texts read."""
+    polls, done, read, now = iter(states), asyncio.Event(), [], [states[0]]
+
+    def fingerprint(_path):
+        now[0] = next(polls, None) or now[0]
+        if now[0] is states[-1]:
+            done.set()
+        return now[0][0]
+
+    def read_text(*_args):
+        read.append(now[0][1])
+        return now[0][1]
+
+    monkeypatch.setattr(reload, "file_fingerprint", fingerprint)
+    monkeypatch.setattr(reload, "read_text", read_text)
+    return done, read
+
+
+GOOD, OTHER = "max-signal-age: 45s\n", "max-signal-age: 60s\n"
+EMPTY, WRITTEN = ((None, 1, 0, 1), ""), ((None, 1, 20, 2), OTHER)
+
+
+@pytest.mark.parametrize(
+    ("states", "age", "reads", "errors"),
+    [
+        pytest.param(
+            [EMPTY, WRITTEN, WRITTEN],
+            60.0,
+            [OTHER],
+            0,
+            id="a file truncated then written is read once it holds still, never empty",
+        ),
+        pytest.param(
+            [EMPTY, EMPTY],
+            45.0,
+            [""],
+            1,
+            id="an empty file after one with text is refused and the last good kept",
+        ),
+        pytest.param(
+            [((None, 1, 3, 1), "{}\n"), ((None, 1, 3, 1), "{}\n")],
+            30.0,
+            ["{}\n"],
+            0,
+            id="the defaults written as an empty mapping are taken",
+        ),
+    ],
+)
+async def test_a_file_rewritten_in_place_is_read_once_it_holds_still(
+    monkeypatch, states, age, reads, errors
+):
+    """A poll between a truncate and the write read the empty file, valid YAML, and
+    applied every default (issue 27, hostile pass 11)."""
+    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
+    done, read = scripted_file(monkeypatch, states)
+    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0, (None, 1, 14, 0)))
+    await done.wait()
+    await eventually(lambda: store.reloads + store.errors >= 1, "the change applied or refused")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert read == reads  # once, when it held still
+    assert (store.current.max_signal_age, store.errors) == (age, errors)

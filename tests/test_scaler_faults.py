@@ -13,6 +13,7 @@ from foundation.signals import EngineSignals, Snapshot, WindowSignals
 from foundation.signals_wire import encode
 from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
+from scaler import service
 from scaler.config import ScalerConfig, SignalSourceConfig
 from scaler.server import ScalerServer
 from scaler.signals import SignalStore
@@ -185,5 +186,87 @@ async def test_calls_beyond_the_concurrency_bound_are_refused_not_queued(clock):
                         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             for stream in streams[1:]:
                 stream.cancel()
+    finally:
+        await server.stop(grace=0)
+
+
+async def test_streams_are_bounded_apart_from_the_calls_so_short_calls_keep_their_slots(clock):
+    """One client holding idle streams took every call slot, and KEDA's GetMetrics was
+    refused for every ScaledObject (issue 27, hostile pass 11). Streams have their own
+    bounds, in all and per ScaledObject and kind, below the server's; past them a stream
+    is RESOURCE_EXHAUSTED and counted, and a stream closed gives its place back."""
+    server = ScalerServer(ScalerConfig(), "127.0.0.1:0", clock=clock, max_concurrent_rpcs=8)
+    await server.start()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(service, "MAX_STREAMS", 5)
+            patch.setattr(service, "MAX_STREAMS_PER_OBJECT", 2)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = keda_grpc.ExternalScalerStub(channel)
+                receive(server.store, engine_signals(queue=0.0, running=1.0, at=T0))
+
+                async def refused(stream: grpc.aio.UnaryStreamCall) -> bool:
+                    try:
+                        await stream.read()
+                    except grpc.aio.AioRpcError as err:
+                        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        return True
+                    return False
+
+                held = [stub.StreamIsActive(ref()) for _ in range(2)]
+                assert [await refused(s) for s in held] == [False, False]
+                assert await refused(stub.StreamIsActive(ref()))  # a third for one object
+                held.append(stub.StreamMetricSpec(ref()))  # another kind has its own
+                assert not await refused(held[-1])
+                held += [stub.StreamMetricSpec(ref(f"m{i}")) for i in range(2)]
+                assert [await refused(s) for s in held[-2:]] == [False, False]
+                assert await refused(stub.StreamMetricSpec(ref("m9")))  # six in all
+                assert await desired(stub) == 1  # short calls are still served
+                assert server.registry.errors["streams"] == 2
+                held[0].cancel()
+                async with asyncio.timeout(10):
+                    while await refused(stub.StreamMetricSpec(ref("m9"))):
+                        pass  # the place frees once the server has seen the cancel
+                for stream in held:
+                    stream.cancel()
+    finally:
+        await server.stop(grace=0)
+
+
+@pytest.mark.parametrize(
+    ("keys", "width", "value", "code"),
+    [
+        pytest.param(
+            300_000, 6, "", grpc.StatusCode.RESOURCE_EXHAUSTED, id="a 3 MiB ref is refused unread"
+        ),
+        pytest.param(
+            64,
+            253,
+            "é" * 4096,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            id="a ref at the metadata's bounds in two-byte characters is read and judged",
+        ),
+    ],
+)
+async def test_a_request_larger_than_any_valid_ref_is_refused_before_it_is_read(
+    clock, keys, width, value, code
+):
+    """gRPC's default 4 MiB let a 300,000-key ref be parsed and copied before its keys
+    were counted: 0.4 s of the event loop a call (issue 27, hostile pass 11)."""
+    server = ScalerServer(ScalerConfig(), "127.0.0.1:0", clock=clock)
+    await server.start()
+    try:
+        options = [("grpc.max_send_message_length", 8 << 20)]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=options) as ch:
+            stub = keda_grpc.ExternalScalerStub(ch)
+            big = keda.ScaledObjectRef(
+                name="llama",
+                namespace="team-a",
+                scalerMetadata={f"{i:0>{width}}": value for i in range(keys)},
+            )
+            assert 2 << 20 < big.ByteSize() < 8 << 20 or keys == 64
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.IsActive(big, timeout=10)
+            assert caught.value.code() == code
     finally:
         await server.stop(grace=0)
