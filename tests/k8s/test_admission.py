@@ -477,7 +477,9 @@ async def test_an_evicted_workload_gets_no_retry(control_plane, kueue, admission
         after = controller.metrics.writes.labels("conflict")._value.get()
     entry = setup.entry()
     assert entry is not None and entry["state"] != "Retry"
-    assert after == before + 1  # refused by the resourceVersion precondition
+    # Refused by the resourceVersion precondition. At least ours: a pass of the running
+    # controller may race the same eviction and conflict too (CI saw 2).
+    assert after >= before + 1
 
 
 _merge_patch = ControlPlane.merge_patch
