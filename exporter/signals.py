@@ -314,9 +314,15 @@ def _window(
     for histogram in HISTOGRAMS:
         merged = _merge_buckets(windows, histogram)
         if merged is not None:
-            bounds, counts = merged
+            bounds, counts, members = merged
             quantiles[histogram] = Quantiles(
-                *(bucket_quantile(q, bounds, counts) for q in QUANTILES)
+                *(
+                    majority_floor(
+                        bucket_quantile(q, bounds, counts),
+                        [bucket_quantile(q, bounds, own) for own in members],
+                    )
+                    for q in QUANTILES
+                )
             )
     means = [w.gauge_means for w in windows]
     return WindowSignals(
@@ -341,17 +347,36 @@ def _mean_tokens(windows: Sequence[ReplicaWindow], concept: str) -> float | None
     """Tokens per request finished in the window, over the replicas that expose them.
 
     As for latencies, a replica without the histogram is left out; weighted by requests,
-    so a busy replica counts for its requests, not for one replica.
+    so a busy replica counts for its requests, not for one replica; never below what
+    the lower half of the replicas say (``majority_floor``).
     """
     found = [f for w in windows if (f := w.finished(concept)) is not None]
     requests = sum(count for count, _ in found)
-    return sum(total for _, total in found) / requests if requests > 0 else None
+    pooled = sum(total for _, total in found) / requests if requests > 0 else None
+    return majority_floor(pooled, [total / count for count, total in found if count > 0])
+
+
+def majority_floor(pooled: float | None, own: Sequence[float | None]) -> float | None:
+    """``pooled``, raised to the lower median of the replicas' ``own`` figures.
+
+    Pooling weighs a replica by what it claims to have served, so one replica claiming
+    100,000 one-token requests a second set the deployment's mix and TTFT p95 alone and
+    scaled a busy deployment from 21 replicas to 1 (issue 27, hostile pass 12). The
+    lower median (the 5th of 10, the smaller of 2) is a figure of an honest replica
+    while fewer than half lie; honest replicas' pooled figure sits about their median,
+    so the floor seldom binds, and when it does it plans for the heavier reading.
+    Example: pooled 1.5, own (1.5, 980, 1000, 1020) -> 980.
+    """
+    known = sorted(v for v in own if v is not None)
+    if pooled is None or not known:
+        return pooled
+    return max(pooled, known[(len(known) - 1) // 2])
 
 
 def _merge_buckets(
     windows: Sequence[ReplicaWindow], histogram: str
-) -> tuple[tuple[float, ...], Vector] | None:
-    """Sum bucket increases across replicas that share bounds.
+) -> tuple[tuple[float, ...], Vector, list[Vector]] | None:
+    """Sum bucket increases across replicas that share bounds; each one's counts too.
 
     Replicas on different engine versions may bucket differently; bucket counts
     cannot be added across layouts, so the layout most replicas share wins, and a tie
@@ -359,21 +384,15 @@ def _merge_buckets(
     of its own claiming a million a window gave the deployment its quantiles (a 9.55 s
     TTFT p95 read as 0.001 s; issue 27, hostile pass 10).
     """
-    groups: dict[tuple[float, ...], tuple[int, Vector]] = {}
+    groups: dict[tuple[float, ...], list[Vector]] = {}
     for window in windows:
         found = window.buckets(histogram)
-        if found is None:
-            continue
-        bounds, counts = found
-        if bounds in groups:
-            replicas, total = groups[bounds]
-            groups[bounds] = (replicas + 1, total + counts)
-        else:
-            groups[bounds] = (1, counts.copy())
+        if found is not None:
+            groups.setdefault(found[0], []).append(found[1])
     if not groups:
         return None
-    ranked = sorted(groups.items(), key=lambda item: item[1][0], reverse=True)
-    if len(ranked) > 1 and ranked[0][1][0] == ranked[1][1][0]:
+    ranked = sorted(groups.items(), key=lambda item: len(item[1]), reverse=True)
+    if len(ranked) > 1 and len(ranked[0][1]) == len(ranked[1][1]):
         return None
-    bounds, (_, counts) = ranked[0]
-    return bounds, counts
+    bounds, members = ranked[0]
+    return bounds, np.sum(members, axis=0), members

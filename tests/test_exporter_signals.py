@@ -6,9 +6,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exporter.engines import EngineStats, Histogram
-from exporter.signals import Accelerator, ReplicaHistory, bucket_quantile, derive
+from exporter.signals import Accelerator, ReplicaHistory, bucket_quantile, derive, majority_floor
 
 INF = math.inf
 BOUNDS = (0.1, 0.5, 1.0, INF)
@@ -155,6 +157,37 @@ def test_the_layout_most_replicas_share_gives_the_quantiles(replicas, p95):
     assert signals.stable.ttft.p95 == (pytest.approx(p95) if p95 is not None else None)
 
 
+CLAIMING = (BOUNDS, (10**6, 10**6, 10**6, 10**6))  # vLLM's own bounds, a million under 0.1 s
+
+
+@pytest.mark.parametrize(
+    ("replicas", "p95"),
+    [
+        pytest.param(
+            [HONEST] * 9 + [CLAIMING],
+            0.975,
+            id="one replica of ten claiming a million fast first tokens leaves the p95 alone",
+        ),
+        pytest.param(
+            [HONEST] * 5 + [CLAIMING] * 4,
+            0.975,
+            id="four of nine claiming leave the p95 to the five that do not",
+        ),
+        pytest.param(
+            [HONEST, CLAIMING],
+            0.095,
+            id="one of two is half the deployment and pools as before",
+        ),
+    ],
+)
+def test_replicas_claiming_most_observations_never_lower_the_p95_below_the_lower_half(
+    replicas, p95
+):
+    made = [replica_on(bounds, counts) for bounds, counts in replicas]
+    signals = derive(60.0, len(made), [m[1] for m in made], [m[0] for m in made], 10.0, 60.0, PRICE)
+    assert signals.stable.ttft.p95 == pytest.approx(p95, rel=1e-3)
+
+
 PRICE = Accelerator(price_per_hour=3.6, fraction=0.5)
 
 
@@ -254,6 +287,18 @@ LIFETIME = (100, 50_000, 1_000)  # a lifetime mean of 500 prompt and 10 output t
             [[(0.0, (0, 0, 0)), (60.0, (10, 2_000, 400))], [(0.0, None), (60.0, None)]],
             (200.0, 40.0),
             id="a-replica-without-the-histograms-is-left-out-like-for-latencies",
+        ),
+        pytest.param(
+            [[(0.0, (0, 0, 0)), (60.0, (60, 60_000, 30_000))]] * 9
+            + [[(0.0, (0, 0, 0)), (60.0, (6_000_000, 6_000_000, 6_000_000))]],
+            (1_000.0, 500.0),
+            id="one-replica-of-ten-claiming-a-million-one-token-requests-never-sets-the-mix",
+        ),
+        pytest.param(
+            [[(0.0, (0, 0, 0)), (60.0, (10, 1_000, 100))]] * 2
+            + [[(0.0, (0, 0, 0)), (60.0, (100, 3_000, 300))]],
+            (100.0, 10.0),
+            id="a-busy-replica-of-short-requests-pulls-the-pool-no-lower-than-the-lower-half",
         ),
         pytest.param(
             [[(0.0, None), (60.0, None)]],
@@ -379,3 +424,17 @@ def test_a_new_created_with_counters_from_zero_is_still_a_restart():
         history.add(at, read_exposition(exposition(total, total, created), "vllm", DEFAULT_LIMITS))
     window = history.window(20.0, 30.0)
     assert window is not None and window.rate("requests") == 0.0
+
+
+@given(
+    honest=st.lists(st.floats(1.0, 1e5), min_size=1, max_size=12),
+    lying=st.lists(st.floats(0.0, 1e5), max_size=11),
+    pooled=st.floats(0.0, 1e5),
+)
+def test_fewer_than_half_lying_never_pull_the_floor_below_every_honest_replica(
+    honest, lying, pooled
+):
+    lying = lying[: max(0, (len(honest) - 1))]  # strictly fewer than the honest ones
+    got = majority_floor(pooled, [*honest, *lying])
+    assert got >= pooled and got >= min(honest)
+    assert majority_floor(None, honest) is None and majority_floor(pooled, [None]) == pooled
