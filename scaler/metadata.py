@@ -411,9 +411,7 @@ def parse_metadata(
         MetadataError: one clause per problem (at most ``MAX_PROBLEMS``), each naming the
             key and what it allows, every value quoted with a length cap.
     """
-    oversized = _ref_problems(name, namespace) + _size_problems(raw)
-    if oversized:
-        raise MetadataError("invalid scalerMetadata: " + _join(oversized))
+    refuse_oversized(raw, name=name, namespace=namespace)
     try:
         return TriggerMetadata.model_validate(dict(raw), context={"profiles": profiles})
     except ValidationError as err:
@@ -452,6 +450,17 @@ def _ref_problems(name: str | None, namespace: str | None) -> list[str]:
             f" (lowercase RFC 1123 label, at most {MAX_NAMESPACE_LENGTH} characters)"
         )
     return problems
+
+
+def refuse_oversized(raw: Mapping[str, str], *, name: str | None, namespace: str | None) -> None:
+    """Raise ``MetadataError`` for a ref too large to look at further.
+
+    Counting keys is O(1): the registry asks before it copies the map, as 50,000 keys
+    within the request bound took 14 ms of the event loop to copy (hostile pass 12).
+    """
+    oversized = _ref_problems(name, namespace) + _size_problems(raw)
+    if oversized:
+        raise MetadataError("invalid scalerMetadata: " + _join(oversized))
 
 
 def _size_problems(raw: Mapping[str, str]) -> list[str]:

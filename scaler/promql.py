@@ -64,21 +64,27 @@ PANIC = ("prompt-token-rate", "generation-token-rate", "ttft-p95")
 SIGNALS = INSTANT + WINDOWED
 
 REPLICA_COUNTS = ("replicas", "replicas-up", "replicas-sleeping")
+"""Signals that count replicas: at most ``MAX_REPLICAS`` each."""
 LOAD_SIGNALS = frozenset(
     {
         "running",
         "queue-depth",
         "replicas-up",
+        "kv-usage",
         "request-rate",
         "prompt-token-rate",
         "generation-token-rate",
         "running-mean",
+        "ttft-p95",
+        "itl-p95",
+        "mean-prompt-tokens",
+        "mean-output-tokens",
     }
 )
 """Signals above 0 only where some replica serves: beside them a count of 0 is no count
-(a rate over the window stays above 0 only while a replica served in it, and the idle
-grace outlasts the window before a scale to zero)."""
-"""Signals that count replicas: at most ``MAX_REPLICAS`` each."""
+(a rate, a latency quantile or a mean over the window exists only while a replica served
+in it, and the idle grace outlasts the window before a scale to zero). Quantiles, means
+and the KV gauge since hostile pass 12: a count of 0 beside a 5 s TTFT alone was idle."""
 
 
 def _quantile(q: float, histogram: str) -> str:

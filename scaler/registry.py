@@ -29,7 +29,7 @@ from foundation.signals import TargetKey, describe_target
 from scaler.core import Decision, DecisionState, Policy, decide
 from scaler.core.hpa import metric_for
 from scaler.core.standby import StandbySetup, StandbyState, standby_setup, with_standby
-from scaler.metadata import TriggerMetadata, parse_metadata
+from scaler.metadata import TriggerMetadata, parse_metadata, refuse_oversized
 from scaler.signals import SignalStore, observe
 
 log = logging.getLogger(__name__)
@@ -255,6 +255,7 @@ class ScaledObjectRegistry:
         """
         if not name or not namespace:
             raise MetadataError("ScaledObjectRef needs both name and namespace")
+        refuse_oversized(raw, name=name, namespace=namespace)
         key = (namespace, name)
         existing = self._objects.get(key)
         metadata_map = dict(raw)

@@ -74,8 +74,23 @@ slot of the server's (``scaler.server.MAX_CONCURRENT_RPCS``) and KEDA's short ca
 refused (issue 27, hostile pass 11); past it a stream is RESOURCE_EXHAUSTED and counted
 (``unitscale_scaler_registry_errors{reason="streams"}``)."""
 MAX_STREAMS_PER_OBJECT = 4
-"""Streams of one kind held open for one ScaledObject: KEDA holds one (two across an
-operator's restart or a leader change)."""
+"""Streams of one kind held open for one ScaledObject by one peer host: KEDA holds one
+(two across an operator's restart or a leader change). By peer: any client holding four
+with KEDA's own ref refused KEDA's stream for that ScaledObject (hostile pass 12)."""
+MAX_STREAMS_PER_PEER = MAX_STREAMS // 2
+"""Streams one peer host holds open in all: one client cannot take every place either."""
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer (``ipv4:10.0.0.7:4711`` -> ``ipv4:10.0.0.7``).
+
+    The port changes with every connection a client opens; the host is the pod.
+    Example: ``ipv6:[::1]:80`` -> ``ipv6:[::1]``; ``unix:/run/s.sock`` stays as it is.
+    """
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and address.rpartition(":")[0]:
+        return f"{kind}:{address.rpartition(':')[0]}"
+    return peer
 
 
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
@@ -83,8 +98,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
     def __init__(self, registry: ScaledObjectRegistry) -> None:
         self._registry = registry
-        self._streams: Counter[tuple[str, ObjectKey]] = Counter()
-        """Streams open by kind and ScaledObject."""
+        self._streams: Counter[tuple[str, ObjectKey, str]] = Counter()
+        """Streams open by kind, ScaledObject and peer host."""
+        self._by_peer: Counter[str] = Counter()
+        """Streams open by peer host."""
         self.streams = 0
         """Streams open now."""
 
@@ -94,20 +111,27 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[None]:
         """Hold a stream's place for its life, or refuse it (RESOURCE_EXHAUSTED).
 
-        Refused past ``MAX_STREAMS`` in all or ``MAX_STREAMS_PER_OBJECT`` of this kind
-        for this ScaledObject.
+        Refused past ``MAX_STREAMS`` in all, ``MAX_STREAMS_PER_PEER`` from the caller's
+        host, or ``MAX_STREAMS_PER_OBJECT`` of this kind for this ScaledObject from it.
         """
-        place = (kind, scaled.key)
-        if self.streams >= MAX_STREAMS or self._streams[place] >= MAX_STREAMS_PER_OBJECT:
+        host = peer_host(context.peer() or "")
+        place = (kind, scaled.key, host)
+        if (
+            self.streams >= MAX_STREAMS
+            or self._by_peer[host] >= MAX_STREAMS_PER_PEER
+            or self._streams[place] >= MAX_STREAMS_PER_OBJECT
+        ):
             self._registry.errors["streams"] += 1
             where = describe_object(scaled.key[0], scaled.key[1])
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{kind} for {where}: at most {MAX_STREAMS_PER_OBJECT} a ScaledObject and"
-                f" {MAX_STREAMS} in all are held open",
+                f" {MAX_STREAMS_PER_PEER} in all from one host, {MAX_STREAMS} from all,"
+                " are held open",
             )
         self.streams += 1
         self._streams[place] += 1
+        self._by_peer[host] += 1
         try:
             yield
         finally:
@@ -115,6 +139,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             self._streams[place] -= 1
             if not self._streams[place]:
                 del self._streams[place]
+            self._by_peer[host] -= 1
+            if not self._by_peer[host]:
+                del self._by_peer[host]
 
     async def IsActive(  # noqa: N802 - name fixed by KEDA
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext

@@ -42,6 +42,7 @@ from scaler.promql import (
     WINDOWED,
     AnswerError,
     answer_value,
+    checked_answers,
     format_window,
     plan,
     selector,
@@ -298,10 +299,11 @@ def with_answers(**changes: float | None) -> dict[tuple[str, str | None], float 
 
 
 def idle_answers(**changes: float | None) -> dict[tuple[str, str | None], float | None]:
-    """``with_answers`` where no replica served in the windows: no rate has a series."""
+    """``with_answers`` where no replica served in the windows and none holds KV: no
+    rate, quantile, mean or KV gauge has a series."""
     answers = with_answers(**changes)
     for name, window in list(answers):
-        if window is not None and name in LOAD_SIGNALS:
+        if name in LOAD_SIGNALS and (window is not None or name == "kv-usage"):
             answers[(name, window)] = None
     return answers
 
@@ -409,6 +411,28 @@ def test_a_replica_count_that_is_no_count_never_scales_a_busy_deployment_to_zero
     observation, _ = observe(target, store.get(target), now, 180)
     previous = DecisionState(decisions=50, desired=5, last_activity=now - 600)
     assert decide(observation, Policy(), previous).desired_replicas >= 5
+
+
+@pytest.mark.parametrize(
+    ("served", "named"),
+    [
+        pytest.param({("ttft-p95", "stable"): 5.0}, "ttft-p95 (stable)", id="a 5 s TTFT p95"),
+        pytest.param(
+            {("mean-output-tokens", "stable"): 300.0},
+            "mean-output-tokens (stable)",
+            id="300 output tokens a finished request",
+        ),
+        pytest.param({("kv-usage", None): 0.8}, "kv-usage", id="KV cache 80% used"),
+    ],
+)
+def test_a_count_of_0_beside_what_only_served_replicas_give_is_no_count(served, named):
+    """Hostile pass 12: a count of 0 beside a latency quantile, a request mix or KV in
+    use, with no rate or gauge of requests, was taken as no replicas: idle, and to zero
+    after the idle grace. Each exists only while a replica serves."""
+    answers = {("signal-time", None): time.time(), ("replicas", None): 0.0, **served}
+    clean, problems = checked_answers(answers)
+    assert clean[("replicas", None)] is None
+    assert problems == [f"replicas is 0 beside {named} above 0"]
 
 
 def _window_value(signals: EngineSignals, window: str, name: str) -> float | None:

@@ -451,3 +451,36 @@ def test_the_refused_trigger_is_taken_once_the_other_is_no_longer_asked_about():
         registry.resolve("so", "team-a", SMALL)
     clock.now += SECOND_TRIGGER_WINDOW + 1  # the big trigger was removed: no more calls
     assert registry.resolve("so", "team-a", SMALL).target[1] == "small"
+
+
+class _CountedOnly(dict[str, str]):
+    """A map that says how many keys it holds and refuses to be walked."""
+
+    def __init__(self, keys: int) -> None:
+        super().__init__()
+        self.keys_said = keys
+
+    def __len__(self) -> int:
+        return self.keys_said
+
+    def __iter__(self):
+        raise AssertionError("walked a map already too large to look at")
+
+    def keys(self):
+        raise AssertionError("walked a map already too large to look at")
+
+    def items(self):
+        raise AssertionError("walked a map already too large to look at")
+
+
+@pytest.mark.parametrize(
+    "keys", [pytest.param(65, id="one key past the bound"), pytest.param(50_000, id="50,000 keys")]
+)
+def test_a_ref_with_too_many_keys_is_refused_before_its_map_is_copied(keys):
+    # Hostile pass 12: 50,000 keys within the request bound were copied (14 ms of the event
+    # loop a call) before they were counted; 64 callers held KEDA's GetMetrics 2 s.
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    with pytest.raises(MetadataError, match=f"{keys} keys, at most 64"):
+        registry.resolve("llama", "team-a", _CountedOnly(keys))
+    registry.resolve("llama", "team-a", {**ref().scalerMetadata})  # a valid one still is

@@ -15,6 +15,7 @@ from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler import service
 from scaler.config import ScalerConfig, SignalSourceConfig
+from scaler.registry import ScaledObjectRegistry
 from scaler.server import ScalerServer
 from scaler.signals import SignalStore
 from scaler.sources import receive, watch_signals
@@ -231,6 +232,71 @@ async def test_streams_are_bounded_apart_from_the_calls_so_short_calls_keep_thei
                     stream.cancel()
     finally:
         await server.stop(grace=0)
+
+
+class _RefusedError(Exception):
+    pass
+
+
+class _From:
+    """A call's context as the service reads it: its peer, and abort."""
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _RefusedError(code, details)
+
+
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [
+        pytest.param("ipv4:10.0.0.7:4711", "ipv4:10.0.0.7", id="an IPv4 peer's port is dropped"),
+        pytest.param("ipv6:[fd00::7]:4711", "ipv6:[fd00::7]", id="an IPv6 peer's port too"),
+        pytest.param("unix:/run/keda.sock", "unix:/run/keda.sock", id="a socket path stays"),
+        pytest.param("", "", id="no peer is one host of its own"),
+    ],
+)
+def test_a_peer_is_its_host(peer, host):
+    assert service.peer_host(peer) == host
+
+
+async def test_one_host_holding_a_scaled_objects_streams_never_refuses_another_hosts():
+    """Hostile pass 12: any client holding four streams with KEDA's ref of a ScaledObject
+    refused KEDA's own stream for it (RESOURCE_EXHAUSTED). Places are per peer host, and
+    one host holds at most ``MAX_STREAMS_PER_PEER`` in all."""
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    llama = registry.resolve("llama", "team-a", {**ref().scalerMetadata})
+    streams = service.ExternalScalerService(registry)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "MAX_STREAMS_PER_PEER", 6)
+        async with contextlib.AsyncExitStack() as held:
+            for port in range(4):  # four connections from the squatter's host
+                squatter = _From(f"ipv4:10.0.0.66:{4000 + port}")
+                await held.enter_async_context(streams._stream("StreamIsActive", llama, squatter))
+            with pytest.raises(_RefusedError, match="at most 4 a ScaledObject"):
+                async with streams._stream("StreamIsActive", llama, _From("ipv4:10.0.0.66:1")):
+                    pass
+            keda_host = _From("ipv4:10.0.0.7:5000")
+            async with streams._stream("StreamIsActive", llama, keda_host):
+                assert streams.streams == 5
+            for n in range(2):
+                other = registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata})
+                await held.enter_async_context(
+                    streams._stream("StreamMetricSpec", other, _From("ipv4:10.0.0.66:9"))
+                )
+            other = registry.resolve("so-9", "team-a", {**ref("d9").scalerMetadata})
+            with pytest.raises(_RefusedError, match="6 in all from one host"):
+                async with streams._stream("StreamMetricSpec", other, _From("ipv4:10.0.0.66:9")):
+                    pass
+            async with streams._stream("StreamMetricSpec", other, keda_host):
+                pass
+            assert registry.errors["streams"] == 2
+        assert streams.streams == 0  # every place given back
 
 
 @pytest.mark.parametrize(
