@@ -335,6 +335,13 @@ def test_every_keda_metric_the_rules_read_is_one_keda_exports():
         ),
         pytest.param(["--cost-budget", "-1"], "positive", id="a negative budget"),
         pytest.param(["--max-signal-age-seconds", "nan"], "positive", id="a NaN signal age"),
+        pytest.param(
+            ["--scaler-job", 'x"} or vector(1) or up{job="y'],
+            "PromQL matcher",
+            id="a job name that closes its matcher's quotes is no job name",
+        ),
+        pytest.param(["--exporter-job", "a\\b"], "backslashes", id="a backslash in a job"),
+        pytest.param(["--keda-scalers", ""], "non-empty", id="no scaler names at all"),
     ],
 )
 def test_bad_settings_are_refused_with_the_reason(argv, message, tmp_path, capsys):
@@ -343,6 +350,14 @@ def test_bad_settings_are_refused_with_the_reason(argv, message, tmp_path, capsy
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir()), "nothing is written for bad settings"
+
+
+def test_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a folder")
+    assert generate.main(["--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write into --out" in err and "Traceback" not in err
 
 
 @needs_promtool

@@ -32,7 +32,8 @@ from tests.prometheus_stack import (
     ServingStack,
     needs_prometheus,
 )
-from unitscale.dashboards import generate, stale
+from unitscale.dashboards import generate, stale, write
+from unitscale.dashboards.__main__ import main as dashboards_main
 from unitscale.dashboards.deployment import PREWARM_ROW
 
 ROOT = Path(__file__).parent.parent
@@ -153,6 +154,22 @@ def test_the_prewarm_row_is_found_and_holds_queries():
 def test_the_committed_dashboards_are_what_the_code_generates():
     assert sorted(generate()) == [p.name for p in FILES], "a dashboard file is missing or extra"
     assert stale(DIRECTORY) == [], "run: .venv/bin/python -m unitscale.dashboards"
+
+
+def test_a_check_over_a_file_that_is_no_utf8_reports_it_as_differing(tmp_path, capsys):
+    write(tmp_path)
+    (tmp_path / FILES[0].name).write_bytes(b"\xff\xfe not UTF-8")
+    assert dashboards_main(["--out", str(tmp_path), "--check"]) == 1
+    assert FILES[0].name in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a folder")
+    with pytest.raises(SystemExit) as exited:
+        dashboards_main(["--out", str(taken)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and "cannot write into --out" in err
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in FILES])

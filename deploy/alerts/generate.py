@@ -78,6 +78,15 @@ class Settings:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be a positive number, not {value}"
                 )
+        for name in ("scaler_job", "exporter_job", "keda_scalers"):
+            # Each goes between the double quotes of a PromQL matcher: a quote ended it
+            # and the rest became query (`x"} or vector(1) or up{job="y`).
+            value = getattr(self, name)
+            if not value or any(c in value for c in '"\\\n\r'):
+                raise ValueError(
+                    f"--{name.replace('_', '-')} goes into a PromQL matcher: it must be"
+                    " non-empty, without double quotes, backslashes or line breaks"
+                )
 
 
 def _number(value: float) -> str:
@@ -470,7 +479,12 @@ def parse_args(argv: list[str]) -> tuple[Path, Settings]:
 def main(argv: list[str] | None = None) -> int:
     """Generate into ``--out`` (this folder by default)."""
     out, settings = parse_args(sys.argv[1:] if argv is None else argv)
-    for path in write(out, settings):
+    try:
+        written = write(out, settings)
+    except OSError as err:
+        sys.stderr.write(f"generate.py: cannot write into --out {out}: {err.strerror or err}\n")
+        return 2
+    for path in written:
         sys.stdout.write(f"wrote {path}\n")
     return 0
 

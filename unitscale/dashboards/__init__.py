@@ -55,6 +55,7 @@ def stale(directory: Path) -> list[str]:
     found = []
     for name, content in generate().items():
         path = directory / name
-        if not path.is_file() or path.read_text(encoding="utf-8") != content:
+        # Bytes, not text: a file that is no UTF-8 differs, it is no error to report.
+        if not path.is_file() or path.read_bytes() != content.encode("utf-8"):
             found.append(name)
     return found

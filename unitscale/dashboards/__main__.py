@@ -20,11 +20,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.check:
-        differ = stale(args.out)
+        try:
+            differ = stale(args.out)
+        except OSError as err:
+            parser.exit(2, f"{parser.prog}: cannot read --out {args.out}: {err.strerror or err}\n")
         for name in differ:
             sys.stderr.write(f"{args.out / name}: not what unitscale.dashboards generates\n")
         return 1 if differ else 0
-    for path in write(args.out):
+    try:
+        written = write(args.out)
+    except OSError as err:
+        why = err.strerror or err
+        parser.exit(2, f"{parser.prog}: cannot write into --out {args.out}: {why}\n")
+    for path in written:
         sys.stdout.write(f"{path}\n")
     return 0
 
