@@ -758,13 +758,16 @@ class Controller:
                 self.metrics.writes.labels("error").inc()
                 self._unwritten = True
             return False
-        except (aiohttp.ClientError, TimeoutError) as err:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            # ValueError: a 2xx answer that is no object (not JSON, too large): a non-JSON
+            # answer to one check's Active write failed every pass whole (hostile pass 12).
             self._once.warn(topic, "%s failed: %s", topic, err)
             self.metrics.writes.labels("error").inc()
             self._unwritten = True
             return False
         self._once.clear(topic)
-        self._fresh[(name, object_key)] = answer
+        if _same_object(answer, body):  # else the watch brings the object itself
+            self._fresh[(name, object_key)] = answer
         self.metrics.writes.labels("applied").inc()
         return True
 
@@ -772,7 +775,7 @@ class Controller:
         """Tell of a state change on the Workload; an event lost is only logged."""
         try:
             await create(api, EVENTS, event)
-        except (client.ApiException, aiohttp.ClientError, TimeoutError) as err:
+        except (client.ApiException, aiohttp.ClientError, TimeoutError, ValueError) as err:
             self._once.warn(
                 "event", "an event on %s was not recorded: %s", event["involvedObject"]["name"], err
             )
@@ -793,7 +796,7 @@ class Controller:
             self.metrics.writes.labels("error").inc()  # retried with the pass's backoff
             self._unwritten = True
             return
-        except (aiohttp.ClientError, TimeoutError) as err:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
             self._once.warn(what, "creating %s failed: %s", what, err)
             self.metrics.writes.labels("error").inc()
             self._unwritten = True
@@ -941,8 +944,16 @@ def _by_subject(decisions: Iterable[Decision]) -> dict[tuple[str, str, str], Dec
     return {(d.namespace, d.workload, d.check): d for d in decisions}
 
 
-def _version(obj: Mapping[str, Any]) -> int:
+def _same_object(answer: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """Whether a write's answer is the object written (same name and namespace)."""
+    ours, theirs = body.get("metadata") or {}, answer.get("metadata") or {}
+    return all(ours.get(k) == theirs.get(k) for k in ("name", "namespace"))
+
+
+def _version(obj: object) -> int:
     """An object's resourceVersion as a number (etcd's revision), -1 when not one."""
+    if not isinstance(obj, Mapping):
+        return -1
     meta = obj.get("metadata")
     text = meta.get("resourceVersion", "") if isinstance(meta, Mapping) else ""
     # ASCII digits, at most int64's 19 (etcd's revision): isdigit() is true for '²' and

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import pytest
+from aiohttp import web
 from hypothesis import example, given
 from hypothesis import strategies as st
 from kubernetes_asyncio import client
@@ -29,7 +30,7 @@ from admission import fit, fluid, requests
 from admission import manager as manager_module
 from admission.cluster import Cluster, Pending, PoolDemand
 from admission.config import AdmissionConfig
-from admission.controller import Controller
+from admission.controller import WORKLOADS, Controller
 from admission.decide import decide_all
 from admission.demand import MAX_ACCELERATORS, _result
 from admission.fit import (
@@ -61,6 +62,7 @@ from admission.requests import (
 from foundation.kube import KubeAccess
 from protos.unitscale.v1 import capacity_pb2
 from tests.test_admission_decide import CHECK, MIB, NOW, node, running, workload
+from tests.test_scaler_hostile5_kube import api_server
 
 NO_API = cast(client.ApiClient, None)  # the recording controller never calls the API
 HUGE = "9" * 5000
@@ -549,6 +551,40 @@ async def test_a_write_that_raises_fails_alone_and_lands_once_it_stops(error, ca
     controller.written.clear()
     await controller.reconcile(api=NO_API)
     assert "train/bad Ready" in controller.written
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(b"[]", id="a JSON list"),
+        pytest.param(b"null", id="null"),
+        pytest.param(b'"ok"', id="a JSON string"),
+        pytest.param(b"<html>a proxy</html>", id="no JSON at all"),
+        pytest.param(b'{"metadata": {"name": "other", "namespace": "train"}}', id="another object"),
+    ],
+)
+async def test_a_status_write_answered_with_no_object_fails_alone_and_every_pass_still_reads(
+    tmp_path, answer
+):
+    """Hostile pass 12: a 2xx answer of ``[]`` to a Workload's status apply was kept as
+    its fresher copy, and every later view (each pass, each /metrics) raised until a
+    restart; a non-JSON one to a check's Active write failed every pass whole."""
+
+    async def handle(request: Any) -> Any:
+        return web.Response(body=answer, content_type="application/json")
+
+    controller = Controller(KubeAccess(), AdmissionConfig(resync=3600), clock=lambda: NOW)
+    w = workload("w", gpus=4)
+    w["metadata"]["resourceVersion"] = "5"
+    controller._changed("workloads", {"train/w": w})
+    body = {"metadata": {"name": "w", "namespace": "train"}, "status": {}}
+    async with api_server(tmp_path, handle) as access, await access.client() as api:
+        landed = await controller._apply(api, WORKLOADS, "workloads", "train/w", body)
+    assert landed == answer.startswith(b'{"metadata"')  # another object's answer: landed
+    assert controller._fresh == {}
+    later = {**w, "metadata": {**w["metadata"], "resourceVersion": "6"}}
+    controller._changed("workloads", {"train/w": later})
+    assert controller.snapshot().workloads["train/w"] is later
 
 
 async def test_a_check_whose_parameters_raise_is_inactive_and_the_pass_goes_on(monkeypatch, caplog):

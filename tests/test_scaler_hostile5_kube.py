@@ -178,6 +178,52 @@ async def test_continue_tokens_without_end_fail_the_attempt_past_the_most_listed
     assert not sets
 
 
+@pytest.mark.parametrize(
+    "token_of",
+    [
+        pytest.param(lambda n: f"t{n}", id="empty pages each with a new continue token"),
+        pytest.param(lambda n: "again", id="empty pages with the same continue token"),
+    ],
+)
+async def test_pages_of_nothing_without_end_fail_the_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token_of: Callable[[int], str]
+) -> None:
+    # Hostile pass 12: items alone were bounded, so pages of nothing were asked for
+    # without end (14,613 in 10 s), with no error heard and no watch started.
+    monkeypatch.setattr(kube, "MAX_LIST_PAGES", 5)
+    served = 0
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal served
+        served += 1
+        return page(token=token_of(served))
+
+    async with api_server(tmp_path, handle) as access:
+        sets, errors = await _watch_until(access, lambda _, errors: bool(errors))
+    assert "pages" in str(errors[0]) and not sets
+    assert served <= 5 * len(errors)  # each attempt ends within its pages
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param([], id="a list"),
+        pytest.param(None, id="null"),
+        pytest.param("ok", id="a string"),
+        pytest.param({"status": {}}, id="an object without metadata"),
+    ],
+)
+async def test_a_write_answered_with_no_object_is_a_value_error(
+    tmp_path: Path, answer: object
+) -> None:
+    # Hostile pass 12: a proxy's [] to a status apply was returned as the object after it.
+    async with api_server(tmp_path, _answer(answer)) as access, await access.client() as api:
+        with pytest.raises(ValueError, match="not an object with metadata"):
+            await kube.apply(
+                api, DATASETS, {"metadata": {"name": "d", "namespace": "n"}}, field_manager="t"
+            )
+
+
 async def test_an_error_answer_that_never_ends_keeps_its_first_bytes_only(tmp_path: Path) -> None:
     async def handle(request: web.Request) -> web.StreamResponse:
         return await endless(request, status=500)
