@@ -691,6 +691,12 @@ class _Search:
             if id(key) in tried:
                 continue  # a node in the same state as one tried already
             tried.add(id(key))
+            if not _key_bound(key, pod):
+                # Full for this pod: its bound is kept by key and costs no visit. Binpack
+                # tries the nodes it filled first, so on nodes in distinct states (a small
+                # share of its own on each) the greedy pass spent pods^2/2 visits on them
+                # and a 300-pod gang that fits ended undecided (hostile pass 12).
+                continue
             seen: set[int] = set()
             options = _pod_options(pod, self.state[n], self.spread_cards, self.visits)
             for takes, devices in options:

@@ -55,7 +55,14 @@ def parse_time(text: object) -> float | None:
         return None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
+    seconds = parsed.timestamp()
+    # Within the years a time can be written back in: 9999-12-31T23:59:59-23:59 is year
+    # 10000 in UTC, and writing it (``format_time``) raised on every pass (hostile pass 12).
+    return seconds if _FIRST <= seconds <= _LAST else None
+
+
+_FIRST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+_LAST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 
 
 def format_time(seconds: float) -> str:

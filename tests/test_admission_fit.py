@@ -38,6 +38,7 @@ from admission.requests import (
     workload_demand,
 )
 from tests.admission_reference import straightforward
+from tests.test_admission_decide import workload as decide_workload
 
 NOW = 1_767_000_000.0
 H200 = "NVIDIA-NVIDIA H200"
@@ -922,3 +923,37 @@ def test_the_nodes_are_ordered_once_and_kept_in_order_not_sorted_again_for_each_
     result = fit_gang([gang(pods, container(gpu="1", mem="70000"))], pool)
     assert result.fits
     assert _CountingNames.reads < nodes * pods // 4  # each pod sorting them read N each
+
+
+@pytest.mark.parametrize(
+    "distinct",
+    [pytest.param(True, id="each node a share of its own"), pytest.param(False, id="alike")],
+)
+def test_a_large_gang_that_fits_one_pod_a_node_is_decided_whatever_the_nodes_states(distinct):
+    # Hostile pass 12: binpack tries the nodes it filled first; on 300 nodes each holding
+    # a small share of a size of its own none was skipped as a duplicate, the greedy pass
+    # spent a visit on each (pods^2/2 in all) and this gang, which fits, was undecided.
+    n = 300
+
+    def share(i: int) -> int:  # MiB of card 0 a small tenant holds
+        return i + 1 if distinct else 1
+
+    pods = [
+        {
+            "metadata": {
+                "name": f"p{i}",
+                "namespace": "s",
+                "uid": f"u{i}",
+                "annotations": {
+                    names.HAMI_VGPU_NODE: f"n{i:04d}",
+                    names.HAMI_DEVICES_ALLOCATED: f"GPU-n{i:04d}-0,NVIDIA,{share(i)},0:;",
+                },
+            },
+            "spec": {"nodeName": f"n{i:04d}"},
+            "status": {"phase": "Running"},
+        }
+        for i in range(n)
+    ]
+    pool = inventory([node(f"n{i:04d}") for i in range(n)], pods, now=NOW)
+    result = fit_gang(workload_demand(decide_workload("gang", pods=n, gpus=5)), pool)
+    assert result.fits and not result.undecided, result.reason

@@ -112,10 +112,19 @@ def test_creation_time_is_unix_seconds():
         pytest.param("yesterday", None, id="not-a-time"),
         pytest.param(None, None, id="absent"),
         pytest.param(17, None, id="a-number-is-not-a-time"),
+        pytest.param(
+            "9999-12-31T23:59:59-23:59", None, id="a-time-past-year-9999-in-utc-is-not-a-time"
+        ),
+        pytest.param(
+            "0001-01-01T00:00:00+23:59", None, id="a-time-before-year-1-in-utc-is-not-a-time"
+        ),
+        pytest.param("9999-12-31T23:59:59Z", 253_402_300_799.0, id="the-last-second-of-9999-is"),
     ],
 )
 def test_parse_time(text, seconds):
     assert parse_time(text) == seconds
+    if seconds is not None:
+        assert parse_time(format_time(seconds)) == int(seconds)  # each time read can be written
 
 
 def test_format_time_is_what_kubernetes_writes():
