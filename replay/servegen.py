@@ -62,6 +62,9 @@ MAX_DAYS = 31
 """Days a trace may hold: ``replay.limits.MAX_TRACE_SPAN_SECONDS``."""
 MAX_RATE = 1e6
 """Requests per second of one client in one window; above it is a bad row."""
+MIN_WEIBULL_SHAPE = 0.01
+"""The least Weibull shape a window may have: its gaps, (-ln U)^(1/shape) with -ln U at
+most 37 in doubles, stay below 1e157, and a day's sum of them finite."""
 MAX_DATASET_BYTES = 64 * 1024**2
 """One client's distributions file (the largest here is 3.9 MB)."""
 MAX_DATASETS_BYTES = 1024**3
@@ -240,7 +243,10 @@ def _read_client(path: Path, windows_left: int, bytes_left: int, pairs_left: int
             if fields[3] not in PATTERNS:
                 raise ValueError(f"column pattern: {quote(fields[3])} is not Gamma or Weibull")
             family = PATTERNS.index(fields[3])
-            shape = _number(fields[4], "shape", 1e-3, 1e3) if family else 1.0
+            # Weibull gaps are (-ln U)^(1/shape): at 1e-3 they overflowed to inf and
+            # the day's arrivals became NaN (hostile pass 12); the data's least is 0.16.
+            least = MIN_WEIBULL_SHAPE if fields[3] == "Weibull" else 1e-3
+            shape = _number(fields[4], "shape", least, 1e3) if family else 1.0
             _number(fields[2], "cv", 0.0, math.inf)
         except ValueError as err:
             raise TraceError(f"{path}:{number}: {err}") from err

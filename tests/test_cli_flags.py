@@ -99,6 +99,18 @@ TWO_ROWS = AZURE + b"2023-11-16 18:17:03.9,100,5\n2023-11-16 18:17:05.4,200,7\n"
             id="a boolean token count is refused",
         ),
         pytest.param(
+            b"TIMESTAMP,ContextTokens,GeneratedTokens" + b",x" * 500_000 + b"\n" + TWO_ROWS[40:],
+            [],
+            "t:1: a header of 500,003 columns, at most 64",
+            id="a header of half a million columns is refused before its rows are read",
+        ),
+        pytest.param(
+            AZURE + b"2023-11-16 18:17:03.9,100\n",
+            [],
+            "t:2: column GeneratedTokens: missing",
+            id="a row short of a column names it",
+        ),
+        pytest.param(
             AZURE + b"2000-01-01 00:00:00,100,5\n2100-01-01 00:00:00,100,5\n",
             [],
             "t: lines 2 and 3 are 3,155,7",  # seconds from 2000 to 2100, named with the limit

@@ -228,6 +228,8 @@ GOOD = "0,1.0,1.0,Gamma,1.0,0.5\n"
                      id="a-window-out-of-order"),
         pytest.param(GOOD + "1e12,1,1,Gamma,1,1\n", None, r":2: column start_s",
                      id="a-window-past-31-days"),
+        pytest.param(GOOD + "600,1,1,Weibull,0.001,1\n", None, r":2: column shape",
+                     id="a-weibull-shape-whose-gaps-overflow"),
         pytest.param(b"0,1,1,Gamma,1,\xff\n", None, r":1: not UTF-8", id="not-utf-8"),
         pytest.param("", None, r"no windows", id="an-empty-chunk"),
         pytest.param(GOOD, "{", r"chunk-0-dataset.json: not JSON", id="a-dataset-not-json"),

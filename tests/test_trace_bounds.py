@@ -145,6 +145,11 @@ def test_an_azure_row_outside_the_domain_is_refused_naming_line_and_column(
             id="a timestamp too large for a float is refused, not an OverflowError",
         ),
         pytest.param(
+            b'{"timestamp": 1.7e308, "input_length": 1, "output_length": 1}\n',
+            "t.jsonl: lines 1 and 2 are 1.7e+305 s (1.97e+300 days) apart",
+            id="a span of 1e305 s is said in three digits, not 306",
+        ),
+        pytest.param(
             b'{"timestamp": "250", "input_length": 1, "output_length": 1}\n',
             "t.jsonl:2: column timestamp: '250' is not a finite number",
             id="a timestamp as a string is refused",
