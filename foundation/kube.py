@@ -469,6 +469,12 @@ whole, 1 GiB a second, until memory ran out."""
 MAX_LISTED = 500_000
 """Objects one list may hold over all its pages (Kubernetes is tested to 150,000 pods):
 a server handing out ``continue`` tokens without end is not a collection."""
+MAX_CONTINUE_CHARS = 8192
+"""A ``continue`` token's length (the API server's are a few hundred characters): a
+token of 1 MiB a page, each kept to spot one coming again, held 1.5 GB by page 1,000
+(hostile pass 13)."""
+MAX_LIST_BYTES = 4 << 30
+"""Bytes of all of one list's pages: each page is bounded, and so is their sum."""
 MAX_LIST_PAGES = 2 * MAX_LISTED // LIST_PAGE
 """Pages one list may take: a server may answer short pages, even empty ones, but pages
 of nothing with a new ``continue`` token each were asked for without end (14,613 in 10 s,
@@ -507,16 +513,19 @@ async def _list(
             of them, or a ``continue`` token comes again: the attempt failed.
     """
     items: dict[str, RawObject] = {}
-    token, count = "", 0
-    tokens: set[str] = set()
+    token, count, size = "", 0, 0
+    tokens: set[int] = set()  # hashes: a collision ends one attempt early, no more
     for _ in range(MAX_LIST_PAGES):
-        version, listed, token = await _page(api, selection, token)
+        version, listed, token, read = await _page(api, selection, token)
         count += len(listed)
+        size += read
         if count > MAX_LISTED:
             raise ValueError(f"the list holds over {MAX_LISTED:,} objects")
-        if token in tokens:
+        if size > MAX_LIST_BYTES:
+            raise ValueError(f"the list's pages hold over {MAX_LIST_BYTES:,} bytes")
+        if hash(token) in tokens:
             raise ValueError("the list's continue token came again: its pages would not end")
-        tokens.add(token)
+        tokens.add(hash(token))
         for item in listed:
             key = selection.checked_key(item)
             if key is None:
@@ -530,23 +539,28 @@ async def _list(
 
 async def _page(
     api: client.ApiClient, selection: Selection, token: str
-) -> tuple[str, list[Any], str]:
-    """One page of a list: (resourceVersion, items, the next page's token or "").
+) -> tuple[str, list[Any], str, int]:
+    """One page of a list: (resourceVersion, items, the next page's token or "", bytes).
 
     Raises:
         ValueError: not a list answer (JSON mapping, ``items`` a list or absent, a
-            ``resourceVersion`` string), or one over ``MAX_ANSWER_BYTES``.
+            ``resourceVersion`` string), one over ``MAX_ANSWER_BYTES``, or a ``continue``
+            token over ``MAX_CONTINUE_CHARS``.
     """
     response = await _get(api, selection, 30, limit=LIST_PAGE, **{"continue": token})
     async with response:
-        body = json.loads(await _read_capped(response, MAX_ANSWER_BYTES))
+        raw = await _read_capped(response, MAX_ANSWER_BYTES)
+        body = json.loads(raw)
     meta = body.get("metadata") if isinstance(body, dict) else None
     version = meta.get("resourceVersion") if isinstance(meta, dict) else None
     listed = body.get("items") if isinstance(body, dict) else None
     if not isinstance(version, str) or not version or not isinstance(listed, list | None):
         raise ValueError("the list answer has no resourceVersion or items that are not a list")
     following = meta.get("continue") if isinstance(meta, dict) else None
-    return version, listed or [], following if isinstance(following, str) else ""
+    following = following if isinstance(following, str) else ""
+    if len(following) > MAX_CONTINUE_CHARS:
+        raise ValueError(f"the list's continue token is over {MAX_CONTINUE_CHARS:,} characters")
+    return version, listed or [], following, len(raw)
 
 
 async def _watch(

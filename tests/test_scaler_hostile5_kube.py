@@ -205,6 +205,37 @@ async def test_pages_of_nothing_without_end_fail_the_attempt(
 
 
 @pytest.mark.parametrize(
+    ("bound", "value", "token", "said"),
+    [
+        pytest.param(
+            "MAX_CONTINUE_CHARS", 8192, "t" * 8193, "over 8,192 characters",
+            id="a continue token of 8 KiB and one character fails the attempt at once",
+        ),
+        pytest.param(
+            "MAX_LIST_BYTES", 1_000, "next", "over 1,000 bytes",
+            id="pages past the list's bytes in all fail the attempt",
+        ),
+    ],
+)  # fmt: skip
+async def test_a_list_is_bounded_in_its_tokens_and_bytes_not_only_items_and_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: str, value: int, token: str, said: str
+) -> None:
+    # Hostile pass 13: each page's token was kept whole to spot one coming again; tokens
+    # of 1 MiB held 1.5 GB by page 1,000.
+    monkeypatch.setattr(kube, bound, value)
+    served = 0
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal served
+        served += 1
+        return page("x" * 300, token=f"{token}{served}")
+
+    async with api_server(tmp_path, handle) as access:
+        sets, errors = await _watch_until(access, lambda _, errors: bool(errors))
+    assert said in str(errors[0]) and not sets
+
+
+@pytest.mark.parametrize(
     "answer",
     [
         pytest.param([], id="a list"),
