@@ -26,7 +26,7 @@ import logging
 import math
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -102,22 +102,33 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """Streams open by kind, ScaledObject and peer host."""
         self._by_peer: Counter[str] = Counter()
         """Streams open by peer host."""
+        self._held: dict[str, dict[int, Callable[[], None]]] = {}
+        """Each host's streams, oldest first: what ends each (``_make_room``)."""
         self.streams = 0
         """Streams open now."""
+        self._next = 0
 
     @contextlib.asynccontextmanager
     async def _stream(
-        self, kind: str, scaled: ScaledObject, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[None]:
+        self,
+        kind: str,
+        scaled: ScaledObject,
+        context: grpc.aio.ServicerContext,
+        wake: Callable[[], None] = lambda: None,
+    ) -> AsyncIterator[asyncio.Event]:
         """Hold a stream's place for its life, or refuse it (RESOURCE_EXHAUSTED).
 
-        Refused past ``MAX_STREAMS`` in all, ``MAX_STREAMS_PER_PEER`` from the caller's
-        host, or ``MAX_STREAMS_PER_OBJECT`` of this kind for this ScaledObject from it.
+        Refused past ``MAX_STREAMS_PER_PEER`` from the caller's host, or
+        ``MAX_STREAMS_PER_OBJECT`` of this kind for this ScaledObject from it. Past
+        ``MAX_STREAMS`` in all, the host holding the most gives its oldest stream up for
+        a host holding fewer (``_make_room``), else the new one is refused. Yields the
+        event set when this stream gives its place up (``wake`` is called then too): the
+        stream then ends RESOURCE_EXHAUSTED.
         """
         host = peer_host(context.peer() or "")
         place = (kind, scaled.key, host)
         if (
-            self.streams >= MAX_STREAMS
+            (self.streams >= MAX_STREAMS and not self._make_room(host))
             or self._by_peer[host] >= MAX_STREAMS_PER_PEER
             or self._streams[place] >= MAX_STREAMS_PER_OBJECT
         ):
@@ -132,9 +143,21 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self.streams += 1
         self._streams[place] += 1
         self._by_peer[host] += 1
+        gone = asyncio.Event()
+        me, self._next = self._next, self._next + 1
+
+        def give_up() -> None:
+            gone.set()
+            wake()
+
+        self._held.setdefault(host, {})[me] = give_up
         try:
-            yield
+            yield gone
         finally:
+            held = self._held.get(host, {})
+            held.pop(me, None)
+            if not held:
+                self._held.pop(host, None)
             self.streams -= 1
             self._streams[place] -= 1
             if not self._streams[place]:
@@ -142,6 +165,24 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             self._by_peer[host] -= 1
             if not self._by_peer[host]:
                 del self._by_peer[host]
+
+    def _make_room(self, host: str) -> bool:
+        """End the oldest stream of the host holding the most, if ``host`` holds fewer.
+
+        Without it two hosts holding half the places each refused every stream from a
+        third, KEDA's own (hostile pass 13); one host can take no more than its share
+        from the others. The stream given up leaves at once, its place freed as it ends.
+        """
+        if not self._by_peer:
+            return False
+        most = max(self._by_peer, key=lambda h: self._by_peer[h])
+        if self._by_peer[host] + 1 >= self._by_peer[most] or not self._held.get(most):
+            return False
+        held = self._held[most]
+        oldest = next(iter(held))
+        held.pop(oldest)()
+        self._registry.errors["streams_given_up"] += 1
+        return True
 
     async def IsActive(  # noqa: N802 - name fixed by KEDA
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
@@ -160,8 +201,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         opens as "inactive", so a target already active gets one ``true`` first.
         """
         scaled = await self._resolve(request, context)
-        async with self._stream("StreamIsActive", scaled, context):
-            event = asyncio.Event()
+        event = asyncio.Event()
+        async with self._stream("StreamIsActive", scaled, context, event.set) as gone:
             self._registry.add_activation_listener(scaled, event.set)
             try:
                 try:
@@ -172,6 +213,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 while True:
                     await event.wait()
                     event.clear()
+                    if gone.is_set():
+                        await _given_up(context)
                     yield _ACTIVE
             finally:
                 self._registry.remove_activation_listener(scaled, event.set)
@@ -210,9 +253,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[pb.GetMetricSpecResponse]:
         """The spec at once, then nothing: our target never changes (KEDA >= 2.21)."""
         scaled = await self._resolve(request, context)
-        async with self._stream("StreamMetricSpec", scaled, context):
+        async with self._stream("StreamMetricSpec", scaled, context) as gone:
             yield _METRIC_SPEC
-            await asyncio.Event().wait()  # hold the stream open until KEDA closes it
+            await gone.wait()  # held open until KEDA closes it, or its place is given up
+            await _given_up(context)
 
     async def _resolve(
         self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
@@ -373,3 +417,10 @@ def _pool_message(demand: InferenceDemand) -> capacity_pb2.PoolDemand:
         if part.decided_at is not None:
             entry.decided_time.CopyFrom(to_timestamp(part.decided_at))
     return message
+
+
+async def _given_up(context: grpc.aio.ServicerContext) -> None:
+    await context.abort(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "this stream gave its place to one from a host holding fewer; open it again later",
+    )

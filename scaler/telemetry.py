@@ -115,8 +115,9 @@ class DecisionCollector(Collector):
         yield listeners
         registry_errors = CounterMetricFamily(
             "unitscale_scaler_registry_errors",
-            "New ScaledObjects refused (full), streams refused past their bounds (streams)"
-            " and pools whose demand did not encode.",
+            "New ScaledObjects refused (full), streams refused past their bounds (streams),"
+            " streams ended for a host holding fewer (streams_given_up) and pools whose"
+            " demand did not encode.",
             labels=["reason"],
         )
         for reason, count in sorted(self._registry.errors.items()):

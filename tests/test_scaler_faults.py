@@ -299,6 +299,70 @@ async def test_one_host_holding_a_scaled_objects_streams_never_refuses_another_h
         assert streams.streams == 0  # every place given back
 
 
+async def test_a_host_holding_the_most_streams_gives_its_oldest_up_for_one_holding_fewer():
+    """Hostile pass 13: two hosts holding half the places each refused every stream from
+    a third, KEDA's own. Past ``MAX_STREAMS`` the host holding the most gives its oldest
+    stream up for a host holding fewer; a host holding as many as any is refused."""
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    streams = service.ExternalScalerService(registry)
+    objects = [
+        registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata}) for n in range(4)
+    ]
+    woken: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "MAX_STREAMS", 4)
+        async with contextlib.AsyncExitStack() as held:
+            gone = []
+            for n, host in enumerate(["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"]):
+                gone.append(
+                    await held.enter_async_context(
+                        streams._stream(
+                            "StreamMetricSpec",
+                            objects[n],
+                            _From(f"ipv4:{host}:{n}"),
+                            lambda n=n: woken.append(f"stream {n}"),
+                        )
+                    )
+                )
+            with pytest.raises(_RefusedError):  # as many as the most already: refused
+                async with streams._stream(
+                    "StreamMetricSpec", objects[0], _From("ipv4:10.0.0.2:9")
+                ):
+                    pass
+            keda = _From("ipv4:10.0.0.7:5000")
+            async with streams._stream("StreamIsActive", objects[0], keda) as mine:
+                assert [g.is_set() for g in gone] == [True, False, False, False]
+                assert woken == ["stream 0"] and not mine.is_set()
+            assert registry.errors["streams_given_up"] == 1
+            assert registry.errors["streams"] == 1
+        assert streams.streams == 0
+
+
+@pytest.mark.parametrize("kind", ["StreamMetricSpec", "StreamIsActive"])
+async def test_a_stream_that_gives_its_place_up_ends_resource_exhausted(kind):
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 30.0, clock)
+    receive(store, engine_signals(queue=0.0, running=1.0, at=T0))
+    streams = service.ExternalScalerService(registry)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "MAX_STREAMS", 2)
+        squatted = [getattr(streams, kind)(ref(), _From(f"ipv4:10.0.0.66:{n}")) for n in range(2)]
+        for stream in squatted:
+            await anext(stream)  # the spec, or the first true of an active target
+        async with streams._stream(
+            kind,
+            registry.resolve("x", "team-a", {**ref("d").scalerMetadata}),
+            _From("ipv4:10.0.0.7:1"),
+        ):
+            with pytest.raises(_RefusedError, match="gave its place"):
+                await anext(squatted[0])
+        for stream in squatted[1:]:
+            await stream.aclose()
+    assert streams.streams == 0
+
+
 @pytest.mark.parametrize(
     ("keys", "width", "value", "code"),
     [
