@@ -128,6 +128,10 @@ Decide = Callable[[Sequence[Pending], Cluster, float], Sequence[Decision]]
 FetchDemand = Callable[..., Awaitable[DemandResult]]
 
 
+FRESH_SECONDS = 30.0
+"""How long a write's answer stands in for the watch's older copy of the object."""
+
+
 @dataclass
 class Watched:
     """One watch's latest set and how it stands."""
@@ -204,7 +208,8 @@ class Controller:
         self._decide = decide
         self._fetch_demand = demand
         self.watched = {name: Watched() for name in WATCHES}
-        self._fresh: dict[tuple[str, str], RawObject] = {}
+        self._fresh: dict[tuple[str, str], tuple[RawObject, float]] = {}
+        """Our writes' answers, newer than the watch's copy, with when each landed."""
         self._shapes: dict[int, tuple[RawObject, str | None]] = {}
         """Each object's shape verdict as of the last snapshot, with the object it is for."""
         self._dirty = asyncio.Event()
@@ -304,11 +309,19 @@ class Controller:
 
     def _merged(self, name: str) -> dict[str, RawObject]:
         objects = dict(self.watched[name].objects)
-        for (kind, object_key), ours in list(self._fresh.items()):
+        now = self._clock()
+        for (kind, object_key), (ours, landed) in list(self._fresh.items()):
             if kind != name:
                 continue
             watched = objects.get(object_key)
-            if watched is not None and _version(ours) > _version(watched):
+            # At most FRESH_SECONDS: an answer claiming resourceVersion 9999999999999999999
+            # stayed newer than every real revision and froze the Workload's view for
+            # good (hostile pass 13); the watch brings a real write within seconds.
+            if (
+                watched is not None
+                and _version(ours) > _version(watched)
+                and now - landed < FRESH_SECONDS
+            ):
                 objects[object_key] = ours
             else:  # the watch caught up (or the object is gone): ours is no longer needed
                 del self._fresh[(kind, object_key)]
@@ -767,7 +780,7 @@ class Controller:
             return False
         self._once.clear(topic)
         if _same_object(answer, body):  # else the watch brings the object itself
-            self._fresh[(name, object_key)] = answer
+            self._fresh[(name, object_key)] = (answer, self._clock())
         self.metrics.writes.labels("applied").inc()
         return True
 

@@ -526,7 +526,10 @@ class _Search:
         self.start_order = order
         self.spread_cards = spread_cards
         self.spread_nodes = spread_nodes
-        self.budget = budget
+        # The greedy pass places each pod once: those placements are not the search's
+        # budget, or every gang over ``budget`` pods (up to MAX_GANG_PODS 10,000) was
+        # undecided on an empty pool, pass after pass (hostile pass 13).
+        self.budget = budget + len(items)
         self.steps = 0
         greedy = sum(2 * (len(item.pod.containers) + 1) for item in items)
         self.visits = _Visits(budget * VISITS_PER_STEP + greedy)

@@ -18,7 +18,7 @@ from admission import annotations as names
 from admission.app import AdmissionServer
 from admission.cluster import PoolDemand
 from admission.config import DEFAULT_CONTROLLER_NAME, AdmissionConfig, parse_config
-from admission.controller import WATCHES, Controller, _version, pool_labels
+from admission.controller import FRESH_SECONDS, WATCHES, Controller, _version, pool_labels
 from admission.demand import DemandResult
 from admission.metrics import AdmissionMetrics, MetricsServer
 from admission.parameters import Headroom, Parameters, ReclaimParameters
@@ -248,10 +248,26 @@ def test_our_fresher_write_stands_in_until_the_watch_catches_up():
     controller = Counting()
     controller._changed("workloads", {"team/w": workload(5)})
     ours = {**workload(7), "status": {"ours": True}}
-    controller._fresh[("workloads", "team/w")] = ours
+    controller._fresh[("workloads", "team/w")] = (ours, controller._clock())
     assert controller.snapshot().workloads["team/w"] is ours
     controller._changed("workloads", {"team/w": workload(9)})
     assert controller.snapshot().workloads["team/w"]["metadata"]["resourceVersion"] == "9"
+    assert controller._fresh == {}
+
+
+def test_our_write_stands_in_for_at_most_fresh_seconds_whatever_version_it_claims():
+    """Hostile pass 13: an answer claiming resourceVersion 9999999999999999999 stayed newer
+    than every real revision, and every pass read it instead of Kueue's changes."""
+    now = [1_000.0]
+    controller = Counting()
+    controller._clock = lambda: now[0]
+    controller._changed("workloads", {"team/w": workload(5)})
+    ours = {**workload(9_999_999_999_999_999_999), "status": {"ours": True}}
+    controller._fresh[("workloads", "team/w")] = (ours, now[0])
+    controller._changed("workloads", {"team/w": workload(6)})
+    assert controller.snapshot().workloads["team/w"] is ours
+    now[0] += FRESH_SECONDS
+    assert controller.snapshot().workloads["team/w"]["metadata"]["resourceVersion"] == "6"
     assert controller._fresh == {}
 
 
@@ -350,7 +366,7 @@ def test_a_resource_version_that_is_no_revision_never_fails_the_view(version, wh
     ours, watched = workload(7), workload(5)
     (ours if whose == "ours" else watched)["metadata"]["resourceVersion"] = version
     controller._changed("workloads", {"team/w": watched})
-    controller._fresh[("workloads", "team/w")] = ours
+    controller._fresh[("workloads", "team/w")] = (ours, controller._clock())
     expected = watched if whose == "ours" else ours
     assert controller.snapshot().workloads["team/w"] is expected
 
@@ -363,7 +379,7 @@ def test_any_resource_version_reads_as_a_revision_or_minus_one(version):
 
 def test_a_deleted_object_is_not_brought_back_by_our_write():
     controller = Counting()
-    controller._fresh[("workloads", "team/w")] = workload(7)
+    controller._fresh[("workloads", "team/w")] = (workload(7), controller._clock())
     controller._changed("workloads", {})
     assert controller.snapshot().workloads == {}
 

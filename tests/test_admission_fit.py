@@ -530,10 +530,12 @@ def test_whole_free_gpus_counts_cards_nobody_holds_anything_on():
 
 
 def test_a_search_that_runs_out_of_steps_is_undecided_not_a_rejection():
+    # 9 GPUs asked of 8, each pod kind within the pool's bound alone: only a search
+    # refutes it, and with no steps beyond the greedy pass's own it cannot.
     inv = build([node(f"gpu-{i}", cards=2) for i in range(4)])
-    demand = [gang(9, container(gpu="1", mem="100000"))]
-    now = fit_gang(demand, inv, budget=3)
-    ever = fits_ever(demand, inv, budget=3)
+    demand = [gang(3, whole_gpus(2), name="a"), gang(3, whole_gpus(1), name="b")]
+    now = fit_gang(demand, inv, budget=0)
+    ever = fits_ever(demand, inv, budget=0)
     assert not now.fits and now.undecided
     assert "could not decide" in now.reason
     assert ever.fits and ever.undecided
@@ -956,4 +958,13 @@ def test_a_large_gang_that_fits_one_pod_a_node_is_decided_whatever_the_nodes_sta
     ]
     pool = inventory([node(f"n{i:04d}") for i in range(n)], pods, now=NOW)
     result = fit_gang(workload_demand(decide_workload("gang", pods=n, gpus=5)), pool)
+    assert result.fits and not result.undecided, result.reason
+
+
+def test_a_gang_of_more_pods_than_the_search_budget_that_fits_is_decided():
+    # Hostile pass 13: the greedy pass's one placement a pod counted against the budget,
+    # so every gang over 5,000 pods (MAX_GANG_PODS is 10,000) was undecided on an empty pool.
+    pods = fit.DEFAULT_BUDGET + 1
+    pool = inventory([node(f"n{i:04d}") for i in range(pods // 8 + 1)], [], now=NOW)
+    result = fit_gang(workload_demand(decide_workload("gang", pods=pods, gpus=1)), pool)
     assert result.fits and not result.undecided, result.reason
