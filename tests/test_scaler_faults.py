@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 
 import grpc
@@ -321,7 +322,7 @@ async def test_a_host_holding_the_most_streams_gives_its_oldest_up_for_one_holdi
                             "StreamMetricSpec",
                             objects[n],
                             _From(f"ipv4:{host}:{n}"),
-                            lambda n=n: woken.append(f"stream {n}"),
+                            functools.partial(woken.append, f"stream {n}"),
                         )
                     )
                 )
