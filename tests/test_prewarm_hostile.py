@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from foundation.fluid import STATUS_LAG_SECONDS, meta
 from foundation.kube import KubeAccess
 from foundation.signals import GatewaySignals, Snapshot
+from foundation.timestamps import format_time
 from scaler.prewarm import shell
-from scaler.prewarm.plan import CLOCK_SLACK_SECONDS, Track, plan
+from scaler.prewarm.plan import CLOCK_SLACK_SECONDS, RELOAD_RESET_SECONDS, Track, plan
 from scaler.registry import ScaledObjectRegistry
 from scaler.signals import SignalStore
 from tests.conftest import T0, FakeClock
@@ -238,23 +242,104 @@ async def test_a_watch_task_that_ends_is_started_again_and_counted(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("ahead", "reloads"),
+    ("ahead", "seen_ago", "reloads"),
     [
-        pytest.param(86_400 * 365 * 70, True,
-                     id="a finish dated 70 years ahead is no time: the evicted cache reloads"),
-        pytest.param(CLOCK_SLACK_SECONDS + 60, True,
-                     id="a finish dated past the clock slack ahead is unreadable"),
-        pytest.param(-3600, True, id="a finish an hour ago reloads the evicted cache"),
-        pytest.param(-10, False, id="a finish ten seconds ago still waits for Fluid's figures"),
+        pytest.param(86_400 * 365 * 70, 3600, True,
+                     id="a finish 70 years ahead is timed from its sight: the cache reloads"),
+        pytest.param(86_400 * 365 * 70, 10, False,
+                     id="a finish 70 years ahead seen 10 s ago waits for Fluid's figures"),
+        pytest.param(CLOCK_SLACK_SECONDS + 60, 3600, True,
+                     id="a finish dated past the clock slack ahead is timed from its sight"),
+        pytest.param(-3600, 0, True, id="a finish an hour ago reloads the evicted cache"),
+        pytest.param(-10, 0, False, id="a finish ten seconds ago still waits for Fluid's figures"),
     ],
 )  # fmt: skip
-def test_a_finish_time_from_the_future_never_holds_the_reload(ahead, reloads):
-    from foundation.fluid import meta
-
+def test_a_finish_time_from_the_future_never_holds_the_reload(ahead, seen_ago, reloads):
     own = load("dataload-complete.yaml", finished=NOW + ahead)
-    track = Track(active=True, desired=2, warm_after=meta(own, "uid"))  # warm after it: evicted
+    seen = (meta(own, "uid"), NOW - seen_ago)
+    track = Track(active=True, desired=2, warm_after=meta(own, "uid"), finished=seen)  # evicted
     made = plan(KEY, SPEC, track, active=True, desired=3, fluid=view(dataset("10.0%"), own),
                 now=NOW)  # fmt: skip
     assert (made.delete is not None) == reloads, made.reason
-    if ahead > CLOCK_SLACK_SECONDS:
+    if ahead > CLOCK_SLACK_SECONDS and reloads:
         assert "ahead of this clock" in made.reason
+
+
+# --- hostile pass 14: a cache flipping warm and cold, loads dated before they were made ---
+
+
+def flipping(seconds: float, step: float, dated: float) -> tuple[int, list[float]]:
+    """Plan every ``step`` s for ``seconds`` against a Dataset flipping warm and cold.
+
+    Each DataLoad created completes at once, its finish dated ``dated`` s from its
+    creation (the API server's creationTimestamp is the plan's clock). Returns the
+    writes planned and the times of the creates.
+    """
+    track, now, writes, made_at = Track(active=True, desired=2), NOW, 0, []
+    loads: list[dict[str, Any]] = []
+    while now < NOW + seconds:
+        cached = "100.0%" if round((now - NOW) / step) % 2 else "0.0%"
+        made = plan(KEY, SPEC, track, active=True, desired=2,
+                    fluid=view(dataset(cached), *loads), now=now)  # fmt: skip
+        track = made.track
+        if made.delete is not None:
+            writes, loads = writes + 1, []
+        if made.create is not None:
+            writes += 1
+            made_at.append(now)
+            done = load("dataload-complete.yaml", made.create["metadata"]["name"], now + dated)
+            done["metadata"]["uid"] = f"uid-{len(made_at)}"
+            done["metadata"]["creationTimestamp"] = format_time(now)
+            loads = [done]
+        now += step
+    return writes, made_at
+
+
+@pytest.mark.parametrize(
+    ("dated", "step"),
+    [
+        pytest.param(-86_400.0, 0.3, id="loads finished a day before made, flips 0.3 s apart"),
+        pytest.param(0.0, 0.3, id="loads dated as made, flips 0.3 s apart"),
+        pytest.param(-86_400.0, 5.0, id="loads finished a day before made, flips 5 s apart"),
+    ],
+)  # fmt: skip
+def test_a_cache_flipping_warm_and_cold_costs_a_few_loads_an_hour(dated, step):
+    # Each flip to cold after a warm sight reads as an eviction. A load dated before its
+    # creation once skipped the wait for Fluid's figures, and each reload went at once:
+    # 198 writes a minute at 0.3 s flips. The wait is timed from the first sight of the
+    # finish, and reloads in a row back off from 300 s, doubling to an hour.
+    writes, made_at = flipping(3600.0, step, dated)
+    assert writes <= 10, made_at
+    gaps = [b - a for a, b in itertools.pairwise(made_at)]
+    assert all(gap >= STATUS_LAG_SECONDS for gap in gaps), gaps
+    assert gaps[1:] == sorted(gaps[1:]), gaps  # the waits only grow while it flips
+
+
+def test_a_load_dated_before_its_creation_waits_for_fluid_s_figures_from_its_sight():
+    own = load("dataload-complete.yaml", finished=NOW - 86_400)
+    own["metadata"]["creationTimestamp"] = format_time(NOW - 5)
+    track = Track(active=True, desired=2, warm_after=meta(own, "uid"))  # evicted, seen warm after
+    fluid = view(dataset("10.0%"), own)
+    first = plan(KEY, SPEC, track, active=True, desired=2, fluid=fluid, now=NOW)
+    assert first.delete is None and "waiting for Fluid's figures" in first.reason
+    later = plan(KEY, SPEC, first.track, active=True, desired=2, fluid=fluid,
+                 now=NOW + STATUS_LAG_SECONDS)  # fmt: skip
+    assert later.delete is not None, later.reason
+    assert "before its creation" in later.reason
+
+
+def test_reloads_in_a_row_back_off_and_a_load_that_stood_resets_the_count():
+    own = load("dataload-complete.yaml", finished=NOW - 3600)
+    uid = meta(own, "uid")
+    fluid = view(dataset("10.0%"), own)
+    evicted = Track(active=True, desired=2, warm_after=uid, finished=(uid, NOW - 200), reloads=2)
+    held = plan(KEY, SPEC, evicted, active=True, desired=2, fluid=fluid, now=NOW)
+    # The third in a row waits 600 s after its predecessor finished (seen 200 s ago).
+    assert held.delete is None and "reload 3 in a row waits 600 s" in held.reason
+    went = plan(KEY, SPEC, held.track, active=True, desired=2, fluid=fluid, now=NOW + 400)
+    assert went.delete is not None and went.track.reloads == 3
+    again = plan(KEY, SPEC, went.track, active=True, desired=2, fluid=fluid, now=NOW + 401)
+    assert again.delete is not None and again.track.reloads == 3  # one reload, counted once
+    stood = replace(evicted, finished=(uid, NOW - RELOAD_RESET_SECONDS), reloads=6)
+    reset = plan(KEY, SPEC, stood, active=True, desired=2, fluid=fluid, now=NOW)
+    assert reset.delete is not None and reset.track.reloads == 1

@@ -33,6 +33,16 @@ What is created
     warm after it was not seen, so an eviction looks like a small cache) is loaded again
     the same way, once. A failed load of ours is retried the same way, at the next
     trigger only.
+
+Time from Fluid
+    A finished load is judged only ``STATUS_LAG_SECONDS`` after it finished, when
+    Fluid's figures have caught up. The finish time is the DataLoad's own unless it
+    cannot be (before its creation, or ahead of this clock, beyond the clock slack):
+    then it is when this scaler first saw the load finished. Every reload (evicted,
+    failed, unseen) backs off: the n-th in a row waits ``RELOAD_MIN_SECONDS`` x 2^(n-2)
+    (at most ``RELOAD_MAX_SECONDS``) after its predecessor finished; a load that lasted
+    ``RELOAD_RESET_SECONDS`` starts the count again. A cache that flips between warm
+    and cold costs a few loads an hour, not one a status update.
 """
 
 from __future__ import annotations
@@ -58,7 +68,7 @@ from foundation.fluid import (
     phase,
 )
 from foundation.objects import RawObject
-from foundation.timestamps import parse_time
+from foundation.timestamps import format_time, parse_time
 
 PrewarmState = Literal[
     "unknown",
@@ -82,6 +92,12 @@ CLOCK_SLACK_SECONDS: Final = 120.0
 """How far the API server's clock (a DataLoad's ``creationTimestamp``) may run behind the
 scaler's before a load created after the watches started is taken for an older one; and
 how far ahead a DataLoad's finish time may be before it is no time at all."""
+RELOAD_MIN_SECONDS: Final = 300.0
+RELOAD_MAX_SECONDS: Final = 3600.0
+RELOAD_RESET_SECONDS: Final = 2 * RELOAD_MAX_SECONDS
+"""Reload back-off: the first reload goes at once, the second waits 300 s after its
+predecessor finished, doubling to an hour; a load that stood two hours resets it (past
+the longest wait, so a thrashing cache never reaches the reset by waiting)."""
 FOR_SCALED_OBJECT: Final = "unitscale.io/scaled-object"
 """Annotation on a DataLoad we made: ``namespace/name`` of the ScaledObject it warms for."""
 
@@ -144,6 +160,12 @@ class Track:
     """Seconds the last warm-up took, from its trigger to a warm cache."""
     timeouts: int = 0
     """Warm-ups that timed out, since the scaler started."""
+    finished: tuple[str, float] = ("", 0.0)
+    """UID of our last DataLoad seen finished, and when this scaler first saw it so."""
+    reloads: int = 0
+    """Reloads in a row (each one of ours deleted to load again), for the back-off."""
+    reloaded: str = ""
+    """UID of the last DataLoad deleted to load again (a reload is counted once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +317,8 @@ def _assess(
     deleting = any(
         meta(d, "name") == mine and meta(d, "deletionTimestamp") for d in fluid.dataloads
     )
+    if own is not None and phase(own) in FINISHED_PHASES and track.finished[0] != meta(own, "uid"):
+        track = replace(track, finished=(meta(own, "uid"), now))
     if cache.value is not None and cache.value >= spec.warm_percent:
         return _warm(track, ref, cache, own, now, triggered)
     wanted = (
@@ -384,42 +408,43 @@ def _finished(
 ) -> PrewarmPlan:
     """Our DataLoad finished and the cache is not warm: wait, reload, or say why not."""
     ref = f"{meta(own, 'namespace')}/{meta(own, 'name')}"
-    again = Delete(meta(own, "namespace"), meta(own, "name"), meta(own, "uid"))
     if phase(own) == "Failed":
         failed = f"{base.reason}; DataLoad {ref} failed ({condition_text(own, 'Failed')})"
         if triggered:  # a scale-up since: a Once load never reruns, so load anew
-            return replace(base, reason=f"{failed}: loading again", delete=again)
+            return _reload(replace(base, reason=failed), own, track, now)
         return replace(base, state="failed", reason=f"{failed}; retried at the next scale-up")
-    done = finished_at(own)
-    if done is not None and done - now > CLOCK_SLACK_SECONDS:
-        # A finish dated ahead of any skew is no time: waiting for it would hold an
-        # evicted cache cold until that date. Judge the figures as they stand.
-        base = replace(
-            base,
-            reason=f"{base.reason}; DataLoad {ref}'s finish time is dated ahead of this clock"
-            f" (more than {CLOCK_SLACK_SECONDS:.0f} s): not waited for",
-        )
-    elif done is None or now - done < STATUS_LAG_SECONDS:
+    done, dated = _finish_time(own, track)
+    if now - done < STATUS_LAG_SECONDS:
         return replace(
             base, reason=f"{base.reason}; DataLoad {ref} completed: waiting for Fluid's figures"
+        )
+    if not dated:
+        base = replace(
+            base,
+            reason=f"{base.reason}; DataLoad {ref}'s finish time cannot be (none, before its"
+            " creation, or ahead of this clock): timed from when this scaler saw it finished",
         )
     if cache.value is None:
         return replace(
             base, state="cache-unknown", reason=f"{base.reason}; DataLoad {ref} completed"
         )
     if track.warm_after and track.warm_after == meta(own, "uid"):
-        return replace(
-            base, reason=f"{base.reason}, down from warm: evicted; loading again", delete=again
+        return _reload(
+            replace(base, reason=f"{base.reason}, down from warm: evicted"), own, track, now
         )
     created = parse_time(meta(own, "creationTimestamp"))
     unseen = since is not None and created is not None and created < since - CLOCK_SLACK_SECONDS
     if unseen and not track.warm_after:
         # Made before this scaler watched Fluid: an eviction after it was not seen.
-        return replace(
-            base,
-            reason=f"{base.reason}; DataLoad {ref} was made before this scaler watched"
-            " Fluid (evicted since, or never warm: not known): loading again once",
-            delete=again,
+        return _reload(
+            replace(
+                base,
+                reason=f"{base.reason}; DataLoad {ref} was made before this scaler watched"
+                " Fluid (evicted since, or never warm: not known)",
+            ),
+            own,
+            track,
+            now,
         )
     return replace(
         base,
@@ -427,6 +452,48 @@ def _finished(
         reason=f"{base.reason}, though DataLoad {ref} completed: the cache is smaller than "
         "the data, or prewarmCachedPercentage is too high; not loading again (it would "
         "churn)",
+    )
+
+
+def _finish_time(own: Mapping[str, Any], track: Track) -> tuple[float, bool]:
+    """When our finished load finished, and whether that is its own date.
+
+    A date before its creation or ahead of this clock (beyond the slack) would skip
+    the wait for Fluid's figures, or hold it for years: the time this scaler first saw
+    it finished stands in (``_assess`` records it on the first sight).
+    """
+    seen = track.finished[1]
+    done = finished_at(own)
+    created = parse_time(meta(own, "creationTimestamp"))
+    if done is None or done > seen + CLOCK_SLACK_SECONDS:
+        return seen, False
+    if created is not None and done < created - CLOCK_SLACK_SECONDS:
+        return seen, False
+    return done, True
+
+
+def _reload(base: PrewarmPlan, own: Mapping[str, Any], track: Track, now: float) -> PrewarmPlan:
+    """Delete our finished load to load again, or wait out the reload back-off."""
+    uid = meta(own, "uid")
+    if track.reloaded == uid:  # planned already (the write or the watch is on its way)
+        reloads = track.reloads
+    else:
+        lasted = now - track.finished[1]
+        reloads = 1 if lasted >= RELOAD_RESET_SECONDS else track.reloads + 1
+    hold = 0.0 if reloads <= 1 else min(RELOAD_MIN_SECONDS * 2 ** (reloads - 2), RELOAD_MAX_SECONDS)
+    ready = track.finished[1] + hold
+    if now < ready:
+        return replace(
+            base,
+            reason=f"{base.reason}; reload {reloads} in a row waits {hold:.0f} s after the"
+            f" last load finished (at {format_time(ready)})",
+        )
+    again = Delete(meta(own, "namespace"), meta(own, "name"), uid)
+    return replace(
+        base,
+        reason=f"{base.reason}; loading again",
+        delete=again,
+        track=replace(track, reloads=reloads, reloaded=uid),
     )
 
 
