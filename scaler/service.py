@@ -77,8 +77,6 @@ MAX_STREAMS_PER_OBJECT = 4
 """Streams of one kind held open for one ScaledObject by one peer host: KEDA holds one
 (two across an operator's restart or a leader change). By peer: any client holding four
 with KEDA's own ref refused KEDA's stream for that ScaledObject (hostile pass 12)."""
-MAX_STREAMS_PER_PEER = MAX_STREAMS // 2
-"""Streams one peer host holds open in all: one client cannot take every place either."""
 
 
 def peer_host(peer: str) -> str:
@@ -118,27 +116,27 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[asyncio.Event]:
         """Hold a stream's place for its life, or refuse it (RESOURCE_EXHAUSTED).
 
-        Refused past ``MAX_STREAMS_PER_PEER`` from the caller's host, or
-        ``MAX_STREAMS_PER_OBJECT`` of this kind for this ScaledObject from it. Past
-        ``MAX_STREAMS`` in all, the host holding the most gives its oldest stream up for
-        a host holding fewer (``_make_room``), else the new one is refused. Yields the
-        event set when this stream gives its place up (``wake`` is called then too): the
-        stream then ends RESOURCE_EXHAUSTED.
+        Refused past ``MAX_STREAMS_PER_OBJECT`` of this kind for this ScaledObject from
+        the caller's host. Past ``MAX_STREAMS`` in all, the host holding the most gives its
+        oldest stream up for a host holding fewer (``_make_room``), else the new one is
+        refused: one host may hold every place while no other wants one (a KEDA operator
+        holds two for each of 10,000 ScaledObjects), and shares them when one does. Room
+        is made last, for a stream nothing else refuses: a refused stream that made room
+        first ended one of KEDA's at each attempt (hostile pass 14). Yields the event set
+        when this stream gives its place up (``wake`` is called then too): the stream
+        then ends RESOURCE_EXHAUSTED.
         """
         host = peer_host(context.peer() or "")
         place = (kind, scaled.key, host)
-        if (
-            (self.streams >= MAX_STREAMS and not self._make_room(host))
-            or self._by_peer[host] >= MAX_STREAMS_PER_PEER
-            or self._streams[place] >= MAX_STREAMS_PER_OBJECT
+        if self._streams[place] >= MAX_STREAMS_PER_OBJECT or (
+            self.streams >= MAX_STREAMS and not self._make_room(host)
         ):
             self._registry.errors["streams"] += 1
             where = describe_object(scaled.key[0], scaled.key[1])
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{kind} for {where}: at most {MAX_STREAMS_PER_OBJECT} a ScaledObject and"
-                f" {MAX_STREAMS_PER_PEER} in all from one host, {MAX_STREAMS} from all,"
-                " are held open",
+                f"{kind} for {where}: at most {MAX_STREAMS_PER_OBJECT} a ScaledObject from"
+                f" one host and {MAX_STREAMS} from all, shared between hosts, are held open",
             )
         self.streams += 1
         self._streams[place] += 1

@@ -267,37 +267,57 @@ def test_a_peer_is_its_host(peer, host):
 
 async def test_one_host_holding_a_scaled_objects_streams_never_refuses_another_hosts():
     """Hostile pass 12: any client holding four streams with KEDA's ref of a ScaledObject
-    refused KEDA's own stream for it (RESOURCE_EXHAUSTED). Places are per peer host, and
-    one host holds at most ``MAX_STREAMS_PER_PEER`` in all."""
+    refused KEDA's own stream for it (RESOURCE_EXHAUSTED). Places are per peer host."""
     clock = FakeClock(T0)
     registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
     llama = registry.resolve("llama", "team-a", {**ref().scalerMetadata})
     streams = service.ExternalScalerService(registry)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(service, "MAX_STREAMS_PER_PEER", 6)
-        async with contextlib.AsyncExitStack() as held:
-            for port in range(4):  # four connections from the squatter's host
-                squatter = _From(f"ipv4:10.0.0.66:{4000 + port}")
-                await held.enter_async_context(streams._stream("StreamIsActive", llama, squatter))
-            with pytest.raises(_RefusedError, match="at most 4 a ScaledObject"):
-                async with streams._stream("StreamIsActive", llama, _From("ipv4:10.0.0.66:1")):
-                    pass
-            keda_host = _From("ipv4:10.0.0.7:5000")
-            async with streams._stream("StreamIsActive", llama, keda_host):
-                assert streams.streams == 5
-            for n in range(2):
-                other = registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata})
-                await held.enter_async_context(
-                    streams._stream("StreamMetricSpec", other, _From("ipv4:10.0.0.66:9"))
-                )
-            other = registry.resolve("so-9", "team-a", {**ref("d9").scalerMetadata})
-            with pytest.raises(_RefusedError, match="6 in all from one host"):
-                async with streams._stream("StreamMetricSpec", other, _From("ipv4:10.0.0.66:9")):
-                    pass
-            async with streams._stream("StreamMetricSpec", other, keda_host):
+    async with contextlib.AsyncExitStack() as held:
+        for port in range(4):  # four connections from the squatter's host
+            squatter = _From(f"ipv4:10.0.0.66:{4000 + port}")
+            await held.enter_async_context(streams._stream("StreamIsActive", llama, squatter))
+        with pytest.raises(_RefusedError, match="at most 4 a ScaledObject"):
+            async with streams._stream("StreamIsActive", llama, _From("ipv4:10.0.0.66:1")):
                 pass
-            assert registry.errors["streams"] == 2
-        assert streams.streams == 0  # every place given back
+        async with streams._stream("StreamIsActive", llama, _From("ipv4:10.0.0.7:5000")):
+            assert streams.streams == 5
+        assert registry.errors["streams"] == 1
+    assert streams.streams == 0  # every place given back
+
+
+async def test_one_host_may_hold_every_place_and_a_refused_stream_makes_no_room():
+    """Hostile pass 14: a stream refused for its ScaledObject made room first, so each
+    attempt from a host holding fewer ended one of KEDA's streams; and one host held at
+    most half the places, fewer than a KEDA operator's two for each of 10,000
+    ScaledObjects."""
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    llama = registry.resolve("llama", "team-a", {**ref().scalerMetadata})
+    objects = [
+        registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata}) for n in range(8)
+    ]
+    streams = service.ExternalScalerService(registry)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "MAX_STREAMS", 12)
+        async with contextlib.AsyncExitStack() as held:
+            keda = _From("ipv4:10.0.0.7:5000")
+            kept = [
+                await held.enter_async_context(streams._stream(kind, so, keda))
+                for so in objects[:6]
+                for kind in ("StreamIsActive", "StreamMetricSpec")
+            ]
+            assert streams.streams == 12  # every place, one host's
+            for port in range(4):
+                squatter = _From(f"ipv4:10.0.0.66:{port}")
+                await held.enter_async_context(streams._stream("StreamIsActive", llama, squatter))
+            assert sum(g.is_set() for g in kept) == 4  # four given up for a host holding fewer
+            for _ in range(5):
+                with pytest.raises(_RefusedError, match="at most 4 a ScaledObject"):
+                    async with streams._stream("StreamIsActive", llama, _From("ipv4:10.0.0.66:9")):
+                        pass
+            assert sum(g.is_set() for g in kept) == 4  # the refused made no room
+            assert registry.errors["streams_given_up"] == 4
+            assert registry.errors["streams"] == 5
 
 
 async def test_a_host_holding_the_most_streams_gives_its_oldest_up_for_one_holding_fewer():
