@@ -167,11 +167,15 @@ async def running(*scalers: Scaler) -> AsyncIterator[None]:
                 await scaler.task
 
 
-@pytest.fixture(autouse=True)
 def short_status_lag(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fluid's figures are waited for 1 s after a load finishes, not 120 s: a load's
     finish dated before its creation (a shortcut once taken here) is no time."""
     monkeypatch.setattr(plan_module, "STATUS_LAG_SECONDS", 1.0)
+
+
+@pytest.fixture(autouse=True)
+def _short_status_lag(monkeypatch: pytest.MonkeyPatch) -> None:
+    short_status_lag(monkeypatch)
 
 
 async def test_a_scale_from_zero_creates_one_dataload_and_proceeds_when_it_completes(

@@ -552,10 +552,11 @@ async def prewarm_requests(kube: KubeAccess, served: str, name: str) -> PrewarmO
 
 
 async def test_the_scalers_prewarm_on_its_token_loads_and_reloads_an_evicted_cache(
-    control_plane, fluid, namespace, served, tmp_path
+    control_plane, fluid, namespace, served, tmp_path, monkeypatch
 ):
     """scaler.prewarm.Prewarmer itself: its watches, a DataLoad created, and after an
     eviction deleted under its UID and created again, all on the scaler's token."""
+    prewarm.short_status_lag(monkeypatch)
     spaces = {"unitscale": namespace, "serving": served}
     docs = render("overlays/production")
     kube = as_shipped(control_plane, "unitscale-scaler", spaces, tmp_path, docs=docs)
@@ -566,7 +567,7 @@ async def test_the_scalers_prewarm_on_its_token_loads_and_reloads_an_evicted_cac
         await prewarm.eventually("Fluid's objects listed", scaler.listed, CAP)
         scaler.arrive()
         (first,) = await prewarm.eventually("one DataLoad", cluster.dataloads, CAP)
-        cluster.complete(first["metadata"]["name"], ago=600)
+        cluster.complete(first["metadata"]["name"])
         cluster.set_cached("100.0%")
         await prewarm.eventually("warm", lambda: scaler.state() == "warm", CAP)
         cluster.set_cached("12.0%")  # evicted: ours is deleted, then created again
