@@ -125,7 +125,7 @@ def fit_gang(
     found = search.run()
     if found is not None:
         return _fitted(found)
-    reason = _miss(demand, items, search.best, inventory.nodes)
+    reason = _missed(demand, items, search, inventory.nodes)
     if search.out_of_steps:
         return FitResult(
             False, f"could not decide within {budget} placement steps; {reason}", undecided=True
@@ -172,7 +172,7 @@ def fits_ever(
         return FitResult(
             True, f"fits {size} with nothing else running", fitted.placements, fitted.gpu_types
         )
-    reason = _miss(demand, items, search.best, pool)
+    reason = _missed(demand, items, search, pool)
     if search.out_of_steps:
         return FitResult(
             True,
@@ -250,6 +250,19 @@ def _fitted(placements: Sequence[PodPlacement]) -> FitResult:
     reason = f"{pods} fit on {len(nodes)} node{_s(len(nodes))}: {shown}"
     types = tuple(sorted({t.type for p in placements for t in p.takes()}))
     return FitResult(True, reason, tuple(placements), types)
+
+
+def _missed(
+    demand: Sequence[PodSetDemand],
+    items: Sequence[_Item],
+    search: _Search,
+    nodes: Sequence[NodeGpus],
+) -> str:
+    """Why a search found no placement: the first pod the greedy pass could not place,
+    then what the gang is short of together when the capacity check refuted it.
+    """
+    reason = _miss(demand, items, search.best, nodes)
+    return f"{reason}; {search.short}" if search.short else reason
 
 
 def _miss(
@@ -474,6 +487,68 @@ def _key_bound(key: NodeKey, pod: PodRequest) -> int:
     return _node_bound(tuple(_state_of(k) for k in key), pod)
 
 
+@functools.lru_cache(maxsize=4096)
+def _key_room(key: NodeKey) -> tuple[tuple[str, int, int, int, int], ...]:
+    """What the cards of a node with this key have left, by card type and size.
+
+    One row per (type, memory): the type, its cards' memory (MiB), then the free slots,
+    cores (percent, summed over cards) and memory (MiB) of those cards together.
+    """
+    rows: dict[tuple[str, int], tuple[int, int, int]] = {}
+    for type_, memory, cores, split, _mode, slots, used_memory, used_cores in key:
+        free, left, unused = rows.get((type_, memory), (0, 0, 0))
+        rows[type_, memory] = (
+            free + max(0, split - slots),
+            left + max(0, cores - used_cores),
+            unused + max(0, memory - used_memory),
+        )
+    return tuple((t, m, *row) for (t, m), row in rows.items())
+
+
+def _short_of(items: Sequence[_Item], keys: Mapping[int, tuple[NodeKey, int]]) -> str:
+    """Why the gang cannot fit these nodes together whatever the placement, or "".
+
+    Each GPU container takes a slot, its cores and its memory on each of its cards, and
+    a card gives no more than it has left: the gang's slots, cores and MiB must be within
+    what the cards any of its pods accepts have left together. A necessary condition
+    only (a gang within it may still miss), but one that holds whatever the mix of
+    kinds: the search bounds each kind of pod apart, so two kinds each within the pool
+    alone but not together (6,000 + 6,500 whole cards on 12,000) searched to the end of
+    its budget on every pass, for seconds, and stayed undecided (hostile pass 14).
+    ``keys`` maps an interned node key's id to the key and its nodes.
+    """
+    kinds = Counter(item.pod for item in items)
+    rows = [
+        (type_, memory, (count * slots, count * cores, count * free))
+        for key, count in keys.values()
+        for type_, memory, slots, cores, free in _key_room(key)
+    ]
+    need = [0, 0, 0]
+    accepted: set[int] = set()
+    for pod, n in kinds.items():
+        mine = [i for i, r in enumerate(rows) if pod.accepts_type(r[0])]
+        if not mine:
+            return ""  # the search's bounds refute it at once, naming the type asked
+        accepted.update(mine)
+        for c in pod.containers:
+            need[0] += n * c.gpus
+            need[1] += n * c.gpus * c.cores
+            need[2] += n * c.gpus * min(c.memory_of(rows[i][1]) for i in mine)
+    have = [sum(rows[i][2][k] for i in accepted) for k in range(3)]
+    shown = (
+        ("GPU slots", 1),
+        ("whole cards' worth of cores", 100),
+        ("MiB of GPU memory", 1),
+    )
+    for (what, unit), needed, left in zip(shown, need, have, strict=True):
+        if needed > left:
+            return (
+                f"its pods together need {needed / unit:,.0f} {what} and the cards they may"
+                f" use have {left / unit:,.0f} left"
+            )
+    return ""
+
+
 def _state_of(key: DeviceKey) -> DeviceState:
     """A card in the state ``key`` describes (no UUID, index 0)."""
     type_, memory, cores, split, mode, slots, used_memory, used_cores = key
@@ -534,6 +609,8 @@ class _Search:
         greedy = sum(2 * (len(item.pod.containers) + 1) for item in items)
         self.visits = _Visits(budget * VISITS_PER_STEP + greedy)
         self.out_of_steps = False
+        self.short = ""
+        """Why the gang cannot fit the nodes together (``_short_of``), when it cannot."""
         self.best: list[PodPlacement] = []
         self.refuted: set[_MemoKey] = set()
         self.used: list[NodeKey] = []
@@ -597,6 +674,11 @@ class _Search:
     def _search(self) -> list[PodPlacement] | None:
         # An explicit stack, not recursion: a gang may have more pods than Python frames.
         if not self._may_fit(0):
+            return None
+        # Each kind of pod is within the nodes alone: are they all within them together?
+        keys = {id(k): k for k in self.start_keys}
+        self.short = _short_of(self.items, {i: (keys[i], n) for i, n in self.start_counts.items()})
+        if self.short:
             return None
         path: list[_Entry] = []
         levels: list[tuple[Iterator[_Candidate], _MemoKey]] = [

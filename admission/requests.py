@@ -61,10 +61,14 @@ class GpuRequest:
 
     def memory_on(self, device: Device) -> int:
         """MiB the container takes on ``device`` (a percentage as HAMi rounds it)."""
+        return self.memory_of(device.memory_mib)
+
+    def memory_of(self, card_mib: int) -> int:
+        """MiB the container takes on a card of ``card_mib``."""
         if self.memory_mib:
             return self.memory_mib
         percent = 100 if self.memory_percent is None else self.memory_percent
-        return device.memory_mib * percent // 100
+        return card_mib * percent // 100
 
 
 @dataclass(frozen=True)
@@ -104,14 +108,18 @@ class PodRequest:
 
     def accepts(self, device: Device) -> bool:
         """Whether the pod's type constraints allow this card."""
-        known = self._accepted.get(device.type)
+        return self.accepts_type(device.type)
+
+    def accepts_type(self, type_: str) -> bool:
+        """Whether the pod's type constraints allow cards of this type."""
+        known = self._accepted.get(type_)
         if known is None:
-            card = device.type.upper()
+            card = type_.upper()
             known = not (
                 self.use_types and not any(t.upper() in card for t in self.use_types)
             ) and not any(t.upper() in card for t in self.nouse_types)
             if len(self._accepted) < _TYPES_REMEMBERED:
-                self._accepted[device.type] = known
+                self._accepted[type_] = known
         return known
 
 

@@ -530,15 +530,89 @@ def test_whole_free_gpus_counts_cards_nobody_holds_anything_on():
 
 
 def test_a_search_that_runs_out_of_steps_is_undecided_not_a_rejection():
-    # 9 GPUs asked of 8, each pod kind within the pool's bound alone: only a search
-    # refutes it, and with no steps beyond the greedy pass's own it cannot.
-    inv = build([node(f"gpu-{i}", cards=2) for i in range(4)])
-    demand = [gang(3, whole_gpus(2), name="a"), gang(3, whole_gpus(1), name="b")]
+    # Three pods of 2 GPUs on two nodes of 3: 6 GPUs of 6, each pod kind within the
+    # pool's bound alone and all within its cards together, yet each node takes one such
+    # pod. Only a search refutes it, and with no steps beyond the greedy pass's it cannot.
+    inv = build([node(f"gpu-{i}", cards=3) for i in range(2)])
+    h200 = {names.HAMI_USE_GPUTYPE: "H200"}
+    demand = [gang(2, whole_gpus(2), name="a"), gang(1, whole_gpus(2), name="b", annotations=h200)]
     now = fit_gang(demand, inv, budget=0)
     ever = fits_ever(demand, inv, budget=0)
     assert not now.fits and now.undecided
     assert "could not decide" in now.reason
     assert ever.fits and ever.undecided
+
+
+WHOLE = GpuRequest("c", 1, memory_percent=100, cores=100)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "demand", "short"),
+    [
+        pytest.param(
+            1_500,
+            [
+                PodSetDemand("a", 6_000, PodRequest((WHOLE,), use_types=("H200",))),
+                PodSetDemand("b", 6_500, PodRequest((WHOLE,))),
+            ],
+            "need 12,500 whole cards' worth of cores and the cards they may use have 12,000",
+            id="two kinds of whole-card pods each within the pool alone, 12,500 of 12,000",
+        ),
+        pytest.param(
+            150,
+            [
+                PodSetDemand("a", 1_200, PodRequest((GpuRequest("c", 1, 50_000, None, 0),))),
+                PodSetDemand(
+                    "b",
+                    1_200,
+                    PodRequest((GpuRequest("c", 1, 100_000, None, 0),), use_types=("H200",)),
+                ),
+            ],
+            "need 180,000,000 MiB of GPU memory and the cards they may use have 172,525,200",
+            id="two kinds of memory shares each within the pool alone, not together",
+        ),
+        pytest.param(
+            15,
+            [
+                PodSetDemand("a", 600, PodRequest((GpuRequest("c", 1, 1, None, 0),))),
+                PodSetDemand(
+                    "b", 601, PodRequest((GpuRequest("c", 1, 1, None, 0),), use_types=("H200",))
+                ),
+            ],
+            "need 1,201 GPU slots and the cards they may use have 1,200",
+            id="two kinds of slivers each within the cards' slots alone, not together",
+        ),
+    ],
+)
+def test_a_large_gang_short_of_the_pool_together_is_decided_not_searched(nodes, demand, short):
+    # Hostile pass 14: each kind of pod within the pool's bound alone but not together
+    # searched to the end of its budget on every pass (2.5 s for fits_ever, as much for
+    # fit_gang) and stayed undecided, never rejected. What the gang needs together is
+    # checked against what the cards have left before a search.
+    pool = inventory([node(f"n{i:04d}") for i in range(nodes)], [], now=NOW)
+    now, ever = fit_gang(demand, pool), fits_ever(demand, pool)
+    assert not now.fits and not now.undecided, now.reason
+    assert not ever.fits and not ever.undecided, ever.reason
+    assert short in now.reason and short in ever.reason
+
+
+KINDS = st.tuples(st.integers(1, 3), st.integers(0, 2), st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(KINDS, min_size=1, max_size=3), st.integers(1, 3))
+def test_the_capacity_check_never_refutes_a_gang_that_fits(kinds, nodes):
+    # A necessary condition only: whatever it refutes, a search refutes too.
+    pool = build([node(f"n{i}", cards=2) for i in range(nodes)])
+    demand = []
+    for n, (count, share, typed) in enumerate(kinds):
+        request = GpuRequest("c", 1 + n % 2, memory_percent=40 * share or 100, cores=30 * share)
+        pod = PodRequest((request,), use_types=("H200",) if typed else ())
+        demand.append(PodSetDemand(f"p{n}", count, pod))
+    keys = pool.columns.keys
+    shapes = {id(k): (k, keys.count(k)) for k in keys}
+    if fit_gang(demand, pool, budget=100_000).fits:
+        assert fit._short_of(fit._items(demand), shapes) == ""
 
 
 # --- properties ------------------------------------------------------------------------
