@@ -258,8 +258,10 @@ def _missed(
     search: _Search,
     nodes: Sequence[NodeGpus],
 ) -> str:
-    """Why a search found no placement: the first pod the greedy pass could not place,
-    then what the gang is short of together when the capacity check refuted it.
+    """Why a search found no placement.
+
+    The first pod the greedy pass could not place, then what the gang is short of
+    together when the capacity check refuted it.
     """
     reason = _miss(demand, items, search.best, nodes)
     return f"{reason}; {search.short}" if search.short else reason

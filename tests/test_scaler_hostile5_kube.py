@@ -255,6 +255,24 @@ async def test_a_write_answered_with_no_object_is_a_value_error(
             )
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(
+            {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": "d"}},
+            id="a Status without metadata, as Kubernetes may answer a delete",
+        ),
+        pytest.param({"metadata": {"name": "d"}}, id="the object being deleted"),
+        pytest.param([], id="no object at all: nothing reads a delete's answer"),
+    ],
+)
+async def test_a_delete_answered_with_a_status_is_done(tmp_path: Path, answer: object) -> None:
+    # Hostile pass 14: the delete's answer was read as a write's, so a Status with no
+    # metadata raised ValueError after the object was gone.
+    async with api_server(tmp_path, _answer(answer)) as access, await access.client() as api:
+        await kube.delete(api, DATASETS, "n", "d", uid="u-1")
+
+
 async def test_an_error_answer_that_never_ends_keeps_its_first_bytes_only(tmp_path: Path) -> None:
     async def handle(request: web.Request) -> web.StreamResponse:
         return await endless(request, status=500)
