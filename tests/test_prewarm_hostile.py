@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -343,3 +344,68 @@ def test_reloads_in_a_row_back_off_and_a_load_that_stood_resets_the_count():
     stood = replace(evicted, finished=(uid, NOW - RELOAD_RESET_SECONDS), reloads=6)
     reset = plan(KEY, SPEC, stood, active=True, desired=2, fluid=fluid, now=NOW)
     assert reset.delete is not None and reset.track.reloads == 1
+
+
+class _Counted(dict):  # type: ignore[type-arg]
+    """A DataLoad that counts how often its spec is read."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "spec":
+            _Counted.reads += 1
+        return super().get(key, default)
+
+
+def test_a_pass_over_every_scaled_object_reads_each_dataload_once(monkeypatch):
+    # Hostile pass 14 (at scale): each plan looked at every DataLoad (and the view was a
+    # new list of them for each plan): 3,000 ScaledObjects and loads took 6.7 s a pass on
+    # the scaler's event loop, each tick and each watch event.
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 60.0, clock)
+    prewarm = shell.Prewarmer(registry, KubeAccess(Path("/nonexistent/kubeconfig")), clock)
+    many = 40
+    for n in range(many):
+        metadata = {**BASE, "deployment": f"llama-{n}", "fluidDataset": f"weights-{n}"}
+        registry.resolve(f"llama-{n}", "serving", metadata)
+        store.update(Snapshot(("serving", f"llama-{n}", ""), GatewaySignals(T0, None, 1, 0)))
+    datasets = {f"serving/weights-{n}": fluid_dataset(f"weights-{n}") for n in range(many)}
+    loads: dict[str, dict[str, Any]] = {
+        f"serving/x{n}": _Counted(load_of(f"weights-{n}")) for n in range(many)
+    }
+    prewarm._on_change("datasets")(datasets)
+    prewarm._on_change("dataloads")(loads)
+    _Counted.reads = 0
+    prewarm._replan()
+    assert len(prewarm.statuses()) == many
+    assert _Counted.reads <= many, _Counted.reads  # one look each, not one a plan
+    _Counted.reads = 0
+    prewarm._replan()  # nothing changed: the view and its index are kept
+    assert _Counted.reads == 0
+
+
+async def test_watch_events_in_a_stream_coalesce_into_passes_of_a_bounded_share(monkeypatch):
+    # Hostile pass 14 (at scale): every watch event woke a pass over every ScaledObject;
+    # a Dataset flipping every 50 ms kept the passes going without end. A pass of 20 ms
+    # woken every millisecond for a second now runs at most once per 100 ms.
+    harness = Harness(monkeypatch)
+    passes = 0
+
+    def slow_pass() -> None:
+        nonlocal passes
+        passes += 1
+        until = time.monotonic() + 0.02
+        while time.monotonic() < until:
+            pass
+
+    monkeypatch.setattr(harness.prewarm, "_replan", slow_pass)
+    task = asyncio.create_task(harness.prewarm.run())
+    until = time.monotonic() + 1.0
+    while time.monotonic() < until:
+        harness.prewarm._wake.set()
+        await asyncio.sleep(0.001)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert 3 <= passes <= 12, passes

@@ -47,6 +47,7 @@ Time from Fluid
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, get_args
@@ -63,7 +64,7 @@ from foundation.fluid import (
     dataload_manifest,
     dataset_cache,
     finished_at,
-    loads_of,
+    loads_by_dataset,
     meta,
     phase,
 )
@@ -124,9 +125,13 @@ class PrewarmSpec:
             raise ValueError(f"warm_percent must be within (0, 100], got {self.warm_percent}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FluidView:
-    """What the scaler's watches know of Fluid's objects."""
+    """What the scaler's watches know of Fluid's objects.
+
+    Indexed once a view (``loads_of``, ``named``): a plan looks up its Dataset's loads,
+    so a pass over every ScaledObject is linear in them, not their product.
+    """
 
     listed: bool
     """Both watches have listed at least once (before that, nothing is known)."""
@@ -137,6 +142,22 @@ class FluidView:
     """Why the watches cannot see Fluid's objects (its last error), "" when they can."""
     since: float | None = None
     """When the watches first listed: how a load created before fared, no plan here saw."""
+
+    def loads_of(self, namespace: str, dataset: str) -> Sequence[Mapping[str, Any]]:
+        """The DataLoads of ``namespace/dataset`` that are not being deleted."""
+        return self._by_dataset.get((namespace, dataset), ())
+
+    def named(self, namespace: str, name: str) -> RawObject | None:
+        """The DataLoad of this name, if the watch has it."""
+        return self._by_name.get((namespace, name))
+
+    @functools.cached_property
+    def _by_dataset(self) -> Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]:
+        return loads_by_dataset(self.dataloads)
+
+    @functools.cached_property
+    def _by_name(self) -> Mapping[tuple[str, str], RawObject]:
+        return {(meta(d, "namespace"), meta(d, "name")): d for d in self.dataloads}
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,11 +333,10 @@ def _assess(
     assert dataset is not None  # _unusable reports a missing one
     cache = dataset_cache(dataset)
     mine = dataload_name(key, spec, meta(dataset, "uid"))
-    loads = loads_of(fluid.dataloads, spec.namespace, spec.dataset)
+    loads = fluid.loads_of(spec.namespace, spec.dataset)
     own = next((d for d in loads if meta(d, "name") == mine), None)
-    deleting = any(
-        meta(d, "name") == mine and meta(d, "deletionTimestamp") for d in fluid.dataloads
-    )
+    named = fluid.named(spec.namespace, mine)
+    deleting = named is not None and bool(meta(named, "deletionTimestamp"))
     if own is not None and phase(own) in FINISHED_PHASES and track.finished[0] != meta(own, "uid"):
         track = replace(track, finished=(meta(own, "uid"), now))
     if cache.value is not None and cache.value >= spec.warm_percent:
