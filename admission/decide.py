@@ -77,6 +77,7 @@ from admission.workload import (
     tied_pods,
     ties_of_pod,
 )
+from foundation.fluid import FluidIndex
 from foundation.objects import RawObject
 from foundation.timestamps import parse_time
 
@@ -93,7 +94,8 @@ class _Pass:
     when ``cluster.memo`` is set)."""
     reserved: set[tuple[Any, ...]] = field(default_factory=set)
     """Pools a Ready of this pass took cards from: no longer the pool the pass began with."""
-    dataloads: list[RawObject] = field(default_factory=list)
+    fluid: FluidIndex = field(default_factory=lambda: FluidIndex((), ()))
+    """Fluid's objects, with the DataLoads this pass created."""
     seats: list[lora.LoraAssignment] = field(default_factory=list)
     broken: dict[tuple[Any, ...], str] = field(default_factory=dict)
     """Pools whose inventory raised this pass, and why: read once, failed once."""
@@ -169,7 +171,7 @@ def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list
     cluster = indexed(cluster)
     checks = our_checks(cluster, pending)
     plans = cluster.plans if cluster.plans is not None else plan_pools(cluster, now)
-    state = _Pass(cluster, now, dataloads=list(cluster.dataloads), plans=plans)
+    state = _Pass(cluster, now, fluid=FluidIndex(cluster.datasets, cluster.dataloads), plans=plans)
     order = sorted(pending, key=lambda p: _order(p.workload))
     unshaped = [_failed(p, f"the Workload: {why}") for p, why in shaped if why is not None]
     return [*unshaped, *(_settled(p, state, checks) for p in order)]
@@ -262,8 +264,7 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
     # 3. Data.
     data = fluid.readiness(
         w,
-        state.cluster.datasets,
-        state.dataloads,
+        state.fluid,
         threshold_percent=params.data.cached_percentage,
         waiting_since=waiting_since(p, state.now),
         now=state.now,
@@ -272,7 +273,8 @@ def _decide(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -
         datasets_served=state.cluster.datasets_served,
     )
     create = (data.create,) if data.create is not None else ()
-    state.dataloads.extend(create)
+    for made in create:
+        state.fluid.add_load(made)
     if data.outcome == "reject":
         return out("Rejected", data.message)
     if data.outcome == "retry":

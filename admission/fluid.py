@@ -53,13 +53,13 @@ from foundation.fluid import (
     FLUID_API,
     STATUS_LAG_SECONDS,
     CachedPercentage,
+    FluidIndex,
     active_phase,
     bounded_name,
     condition_text,
     dataload_manifest,
     dataset_cache,
     finished_at,
-    loads_of,
     meta,
     phase,
 )
@@ -110,8 +110,7 @@ class DataReadiness:
 
 def readiness(
     workload: Mapping[str, Any],
-    datasets: Sequence[Mapping[str, Any]],
-    dataloads: Sequence[Mapping[str, Any]],
+    fluid: FluidIndex,
     *,
     threshold_percent: float,
     waiting_since: float,
@@ -124,10 +123,10 @@ def readiness(
 
     Args:
         workload: the Workload.
-        datasets: Fluid Datasets (any namespace; the Workload's own is looked up).
-        dataloads: Fluid DataLoads (any namespace). A caller deciding several
-            Workloads in one pass should add each ``create`` it takes to this list for
-            the next ones, so two Workloads of one Dataset do not start two loads.
+        fluid: Fluid's Datasets and DataLoads (any namespace; the Workload's own are
+            looked up). A caller deciding several Workloads in one pass should add each
+            ``create`` it takes (``FluidIndex.add_load``) for the next ones, so two
+            Workloads of one Dataset do not start two loads.
         threshold_percent: the cached percentage needed, 0-100 (0: only Bound).
         waiting_since: unix seconds the check has been Pending since.
         now: unix seconds.
@@ -153,10 +152,7 @@ def readiness(
             "namespace)",
         )
     namespace = meta(workload, "namespace")
-    found = next(
-        (d for d in datasets if (meta(d, "namespace"), meta(d, "name")) == (namespace, name)),
-        None,
-    )
+    found = fluid.dataset(namespace, name)
     ref = f"{namespace}/{name}"
     if found is None and not datasets_served:
         verdict = DataReadiness(
@@ -167,7 +163,7 @@ def readiness(
             f"remove the annotation",
         )
         return _timed(replace(verdict, dataset=name), now - waiting_since, timeout_seconds)
-    verdict = _assess(workload, found, ref, dataloads, threshold_percent, now, create_dataload)
+    verdict = _assess(workload, found, ref, fluid, threshold_percent, now, create_dataload)
     return _timed(replace(verdict, dataset=name), now - waiting_since, timeout_seconds)
 
 
@@ -186,7 +182,7 @@ def _assess(
     workload: Mapping[str, Any],
     dataset: Mapping[str, Any] | None,
     ref: str,
-    dataloads: Sequence[Mapping[str, Any]],
+    fluid: FluidIndex,
     threshold: float,
     now: float,
     create: bool,
@@ -210,7 +206,7 @@ def _assess(
     cache = dataset_cache(dataset)
     if threshold <= 0 or (cache.value is not None and cache.value >= threshold):
         return _ready(dataset, ref, cache, threshold)
-    return _loading(workload, dataset, ref, cache, dataloads, threshold, now, create)
+    return _loading(workload, dataset, ref, cache, fluid, threshold, now, create)
 
 
 def _ready(
@@ -237,7 +233,7 @@ def _loading(
     dataset: Mapping[str, Any],
     ref: str,
     cache: CachedPercentage,
-    dataloads: Sequence[Mapping[str, Any]],
+    fluid: FluidIndex,
     threshold: float,
     now: float,
     create: bool,
@@ -247,7 +243,7 @@ def _loading(
     held = f"Dataset {ref} holds {cache.describe()} cached of the {threshold:g}% needed"
     if cache.value is None:
         held = f"Dataset {ref}: {cache.reason} (threshold {threshold:g}%)"
-    loads = loads_of(dataloads, namespace, name)
+    loads = fluid.loads_of(namespace, name)
     mine = dataload_name(workload)
     active = sorted(
         (d for d in loads if phase(d) not in FINISHED_PHASES),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -188,6 +188,36 @@ def loads_by_dataset(
         if ref is not None:
             out.setdefault(ref, []).append(load)
     return out
+
+
+class FluidIndex:
+    """Datasets by (namespace, name) and DataLoads by the Dataset they load (``loads_of``).
+
+    Built once a pass over many Workloads: looking each one's Dataset and loads up in
+    the lists made a pass cost Workloads x (Datasets + DataLoads).
+    """
+
+    def __init__(
+        self, datasets: Iterable[Mapping[str, Any]], dataloads: Iterable[Mapping[str, Any]]
+    ) -> None:
+        self._datasets: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for dataset in datasets:
+            self._datasets.setdefault((meta(dataset, "namespace"), meta(dataset, "name")), dataset)
+        self._loads = loads_by_dataset(list(dataloads))
+
+    def dataset(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The Dataset of this name (the first listed, should two claim it)."""
+        return self._datasets.get((namespace, name))
+
+    def loads_of(self, namespace: str, dataset: str) -> Sequence[Mapping[str, Any]]:
+        """``loads_of`` of the DataLoads given and added."""
+        return self._loads.get((namespace, dataset), ())
+
+    def add_load(self, load: Mapping[str, Any]) -> None:
+        """A DataLoad created meanwhile (the next Workloads of its Dataset see it)."""
+        ref = _loads(load)
+        if ref is not None:
+            self._loads.setdefault(ref, []).append(load)
 
 
 def _loads(load: Mapping[str, Any]) -> tuple[str, str] | None:

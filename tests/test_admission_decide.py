@@ -348,6 +348,41 @@ def test_two_workloads_of_one_dataset_create_one_dataload():
     assert created[0]["spec"]["dataset"]["name"] == "weights"
 
 
+class _CountedLoad(dict):  # type: ignore[type-arg]
+    """A DataLoad that counts how often its spec is read."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "spec":
+            _CountedLoad.reads += 1
+        return super().get(key, default)
+
+
+def test_a_pass_over_workloads_of_many_datasets_reads_each_dataload_a_few_times_not_per_workload():
+    # Hostile pass 14 (at scale): each Workload's data readiness looked at every DataLoad
+    # and Dataset, so a pass cost Workloads x (Datasets + DataLoads).
+    many = 30
+    pending = [
+        workload(f"w{n}", gpus=1, annotations={names.DATASET: f"weights-{n}"}) for n in range(many)
+    ]
+    loads: list[dict[str, Any]] = [
+        _CountedLoad(
+            metadata={"name": f"load-{n}", "namespace": "train"},
+            spec={"dataset": {"name": f"weights-{n}", "namespace": "train"}},
+            status={"phase": "Executing"},
+        )
+        for n in range(many)
+    ]
+    datasets = [dataset(f"weights-{n}", cached="10.0%") for n in range(many)]
+    _CountedLoad.reads = 0
+    decisions = decide(pending, TWO_NODES, datasets=datasets, dataloads=loads)
+    assert [d.state for d in decisions] == ["Pending"] * many
+    assert all("is Executing" in d.message for d in decisions), decisions[0].message
+    # The shape check and the index look at each load: a few times each, not once a Workload.
+    assert _CountedLoad.reads <= 3 * many, _CountedLoad.reads
+
+
 def test_data_waiting_past_the_timeout_is_retried():
     params = Parameters(data=DataParameters(timeout_seconds=60))
     [decision] = decide(

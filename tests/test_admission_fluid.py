@@ -28,6 +28,7 @@ from admission.fluid import cache_node_label, dataload_for, dataload_name, readi
 from foundation.fluid import (
     MAX_DATALOAD_NAME,
     STATUS_LAG_SECONDS,
+    FluidIndex,
     parse_cached_percentage,
     read_cached_percentage,
 )
@@ -109,8 +110,7 @@ def check(
 ):
     return readiness(
         workload() if wl is None else wl,
-        [bound()] if datasets is None else datasets,
-        dataloads or [],
+        FluidIndex([bound()] if datasets is None else datasets, dataloads or []),
         threshold_percent=threshold,
         waiting_since=since,
         now=now,
