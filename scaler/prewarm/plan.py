@@ -58,13 +58,13 @@ from foundation.fluid import (
     FLUID_API,
     STATUS_LAG_SECONDS,
     CachedPercentage,
+    FluidIndex,
     active_phase,
     bounded_name,
     condition_text,
     dataload_manifest,
     dataset_cache,
     finished_at,
-    loads_by_dataset,
     meta,
     phase,
 )
@@ -145,15 +145,15 @@ class FluidView:
 
     def loads_of(self, namespace: str, dataset: str) -> Sequence[Mapping[str, Any]]:
         """The DataLoads of ``namespace/dataset`` that are not being deleted."""
-        return self._by_dataset.get((namespace, dataset), ())
+        return self._index.loads_of(namespace, dataset)
 
     def named(self, namespace: str, name: str) -> RawObject | None:
         """The DataLoad of this name, if the watch has it."""
         return self._by_name.get((namespace, name))
 
     @functools.cached_property
-    def _by_dataset(self) -> Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]:
-        return loads_by_dataset(self.dataloads)
+    def _index(self) -> FluidIndex:
+        return FluidIndex((), self.dataloads)  # Datasets are looked up by key already
 
     @functools.cached_property
     def _by_name(self) -> Mapping[tuple[str, str], RawObject]:
