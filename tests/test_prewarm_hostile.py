@@ -269,7 +269,9 @@ def test_a_finish_time_from_the_future_never_holds_the_reload(ahead, seen_ago, r
 # --- hostile pass 14: a cache flipping warm and cold, loads dated before they were made ---
 
 
-def flipping(seconds: float, step: float, dated: float) -> tuple[int, list[float]]:
+def flipping(
+    seconds: float, step: float, dated: float, same_uid: bool = False
+) -> tuple[int, list[float]]:
     """Plan every ``step`` s for ``seconds`` against a Dataset flipping warm and cold.
 
     Each DataLoad created completes at once, its finish dated ``dated`` s from its
@@ -289,7 +291,7 @@ def flipping(seconds: float, step: float, dated: float) -> tuple[int, list[float
             writes += 1
             made_at.append(now)
             done = load("dataload-complete.yaml", made.create["metadata"]["name"], now + dated)
-            done["metadata"]["uid"] = f"uid-{len(made_at)}"
+            done["metadata"]["uid"] = "uid-again" if same_uid else f"uid-{len(made_at)}"
             done["metadata"]["creationTimestamp"] = format_time(now)
             loads = [done]
         now += step
@@ -297,19 +299,20 @@ def flipping(seconds: float, step: float, dated: float) -> tuple[int, list[float
 
 
 @pytest.mark.parametrize(
-    ("dated", "step"),
+    ("dated", "step", "same_uid"),
     [
-        pytest.param(-86_400.0, 0.3, id="loads finished a day before made, flips 0.3 s apart"),
-        pytest.param(0.0, 0.3, id="loads dated as made, flips 0.3 s apart"),
-        pytest.param(-86_400.0, 5.0, id="loads finished a day before made, flips 5 s apart"),
+        pytest.param(-86_400.0, 0.3, False, id="loads done a day before made, flips 0.3 s apart"),
+        pytest.param(0.0, 0.3, False, id="loads dated as made, flips 0.3 s apart"),
+        pytest.param(-86_400.0, 5.0, False, id="loads done a day before made, flips 5 s apart"),
+        pytest.param(0.0, 0.3, True, id="every load handed the same UID (pass 15)"),
     ],
 )  # fmt: skip
-def test_a_cache_flipping_warm_and_cold_costs_a_few_loads_an_hour(dated, step):
+def test_a_cache_flipping_warm_and_cold_costs_a_few_loads_an_hour(dated, step, same_uid):
     # Each flip to cold after a warm sight reads as an eviction. A load dated before its
     # creation once skipped the wait for Fluid's figures, and each reload went at once:
     # 198 writes a minute at 0.3 s flips. The wait is timed from the first sight of the
     # finish, and reloads in a row back off from 300 s, doubling to an hour.
-    writes, made_at = flipping(3600.0, step, dated)
+    writes, made_at = flipping(3600.0, step, dated, same_uid)
     assert writes <= 10, made_at
     gaps = [b - a for a, b in itertools.pairwise(made_at)]
     assert all(gap >= STATUS_LAG_SECONDS for gap in gaps), gaps
