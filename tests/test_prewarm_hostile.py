@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import itertools
 import json
 import logging
@@ -412,3 +413,56 @@ async def test_watch_events_in_a_stream_coalesce_into_passes_of_a_bounded_share(
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert 3 <= passes <= 12, passes
+
+
+def test_one_eviction_of_a_dataset_shared_by_many_scaled_objects_is_loaded_once():
+    # Hostile pass 15: eight ScaledObjects warm one Dataset, each by a load of its own.
+    # After one eviction the first reloads; Fluid's figures lag 100 s behind its finish,
+    # and each of the others took them for an eviction (or for no load) and loaded the
+    # same data again: 8 loads for one eviction. A load of the Dataset finished within
+    # Fluid's status lag is waited for by every ScaledObject.
+    keys = [("serving", f"llama-{n}") for n in range(8)]
+    loads: dict[str, dict[str, Any]] = {}
+    tracks = {}
+    made_at = NOW - 7200
+
+    def finish(obj: dict[str, Any], at: float) -> None:
+        obj["status"] = copy.deepcopy(load("dataload-complete.yaml")["status"])
+        for condition in obj["status"]["conditions"]:
+            condition["lastTransitionTime"] = format_time(at)
+
+    for n, key in enumerate(keys):  # warm for an hour: each one's own load, seen warm
+        made = plan(key, SPEC, Track(active=True, desired=2), active=True, desired=2,
+                    fluid=view(dataset("0.0%")), now=made_at)  # fmt: skip
+        assert made.create is not None
+        obj = copy.deepcopy(made.create)
+        obj["metadata"].update(uid=f"u{n}", creationTimestamp=format_time(made_at))
+        finish(obj, made_at + 60)
+        loads[obj["metadata"]["name"]] = obj
+        warm = view(dataset("100.0%"), *loads.values())
+        seen = plan(key, SPEC, made.track, active=True, desired=2, fluid=warm, now=made_at + 400)
+        tracks[key] = seen.track
+    created, warm_at = 0, None
+    done: dict[str, float] = {}
+    for step in range(900):  # evicted at NOW; loads take 5 s; figures lag 100 s
+        now = NOW + step
+        for name, at in list(done.items()):
+            if now >= at:
+                finish(loads[name], now)
+                warm_at = warm_at or now + 100
+                del done[name]
+        cached = "100.0%" if warm_at is not None and now >= warm_at else "0.0%"
+        for key in keys:
+            made = plan(key, SPEC, tracks[key], active=True, desired=2,
+                        fluid=view(dataset(cached), *loads.values()), now=now)  # fmt: skip
+            tracks[key] = made.track
+            if made.delete is not None:
+                loads.pop(made.delete.name)
+            if made.create is not None:
+                created += 1
+                obj = copy.deepcopy(made.create)
+                obj["metadata"].update(uid=f"new-{created}", creationTimestamp=format_time(now))
+                obj["status"] = {"phase": "Executing"}
+                loads[obj["metadata"]["name"]] = obj
+                done[obj["metadata"]["name"]] = now + 5
+    assert created == 1

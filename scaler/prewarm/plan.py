@@ -365,6 +365,17 @@ def _assess(
         )
     if deleting:
         return replace(base, reason=f"{held}; waiting for our old DataLoad {mine} to go")
+    other = _latest_other(own, loads, now)
+    if other is not None and now - other[1] < STATUS_LAG_SECONDS:
+        # Another ScaledObject's load of this Dataset just finished: the figures may not
+        # show it yet. Judged at once, each sharing ScaledObject took the lagging figures
+        # for an eviction, or for no load, and loaded the same data again (20 loads for
+        # one eviction, hostile pass 15).
+        return replace(
+            base,
+            reason=f"{held}; DataLoad {spec.namespace}/{other[0]} of the same Dataset"
+            " completed: waiting for Fluid's figures",
+        )
     if own is None:
         # A new load: what was seen of the last one is not of it, even should the API
         # server hand it the same UID (its finish was then never seen, and every load
@@ -478,6 +489,24 @@ def _finished(
         "the data, or prewarmCachedPercentage is too high; not loading again (it would "
         "churn)",
     )
+
+
+def _latest_other(
+    own: Mapping[str, Any] | None, loads: Sequence[Mapping[str, Any]], now: float
+) -> tuple[str, float] | None:
+    """The name and finish of the Dataset's latest finished load but ours, if any.
+
+    A finish ahead of this clock beyond the slack is no time (it would hold ours up).
+    """
+    latest: tuple[str, float] | None = None
+    for load in loads:
+        if load is own or phase(load) != "Complete":
+            continue
+        done = finished_at(load)
+        if done is not None and done <= now + CLOCK_SLACK_SECONDS:
+            if latest is None or done > latest[1]:
+                latest = (meta(load, "name"), done)
+    return latest
 
 
 def _finish_time(own: Mapping[str, Any], track: Track) -> tuple[float, bool]:
