@@ -309,6 +309,11 @@ async def read_configmap(access: KubeAccess, namespace: str, name: str, key: str
         raise ConfigError(f"{where}: {err}") from err
 
 
+REPARSE_REFUSED_SECONDS = 60.0
+"""A ConfigMap text refused is parsed again, when an event hands it over again, at most
+this often: a side file it names may have been fixed since."""
+
+
 async def watch_configmap(
     store: ConfigStore[C], access: KubeAccess, namespace: str, name: str, key: str
 ) -> None:
@@ -331,18 +336,27 @@ async def watch_configmap(
 
     async def apply() -> None:
         applied: str | None = None
+        refused: tuple[str, float] | None = None  # the text refused last, and when
+        clock = asyncio.get_running_loop().time
         while True:
             await arrived.wait()
             arrived.clear()
             (update,) = newest
             if isinstance(update, ConfigError):
                 store.reject(f"{origin}: {update}")
-                applied = None
+                applied = refused = None
             elif update != applied:
+                if refused is not None and refused[0] == update:
+                    if clock() - refused[1] < REPARSE_REFUSED_SECONDS:
+                        continue  # the same refused text: refused already, not parsed
                 await store.update_off_loop(update, origin)
-                # A refused text is parsed again at the next event: a side file it
-                # names may have been fixed since.
-                applied = update if not store.last_error else None
+                # A refused text is parsed again once a while (a side file it names
+                # may have been fixed since), not at every event: each event with a
+                # refused 1 MiB text cost 4.4 s of a core (hostile pass 15).
+                if store.last_error:
+                    applied, refused = None, (update, clock())
+                else:
+                    applied, refused = update, None
 
     selection = Selection("configmaps", namespace, field_selector=f"metadata.name={name}")
     async with asyncio.TaskGroup() as tasks:
