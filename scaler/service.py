@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import re
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
@@ -73,6 +74,14 @@ its client keeps it open, so without their own bound one client's idle streams t
 slot of the server's (``scaler.server.MAX_CONCURRENT_RPCS``) and KEDA's short calls were
 refused (issue 27, hostile pass 11); past it a stream is RESOURCE_EXHAUSTED and counted
 (``unitscale_scaler_registry_errors{reason="streams"}``)."""
+ROOM_HELD_SECONDS = 60.0
+ROOM_BAR_SECONDS = (10.0, 600.0)
+"""A stream a place was made for (another host's stream given up) that ends within
+``ROOM_HELD_SECONDS`` bars its host from making room again: 10 s, doubling to 10 min,
+until one it made room for holds its place that long. Opening and closing a stream in a
+loop otherwise ended one of KEDA's streams a cycle: 1,000 in 0.07 s (hostile pass 15)."""
+MAX_BARRED_HOSTS = 4096
+"""Hosts whose bar is kept at most (the oldest let go first)."""
 MAX_STREAMS_PER_OBJECT = 4
 """Streams of one kind held open for one ScaledObject by one peer host: KEDA holds one
 (two across an operator's restart or a leader change). By peer: any client holding four
@@ -94,8 +103,13 @@ def peer_host(peer: str) -> str:
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     """The five RPCs KEDA calls, answered from the registry."""
 
-    def __init__(self, registry: ScaledObjectRegistry) -> None:
+    def __init__(
+        self, registry: ScaledObjectRegistry, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._registry = registry
+        self._clock = clock
+        self._barred: dict[str, tuple[float, float]] = {}
+        """Hosts barred from making room: until when, and the next bar's length."""
         self._streams: Counter[tuple[str, ObjectKey, str]] = Counter()
         """Streams open by kind, ScaledObject and peer host."""
         self._by_peer: Counter[str] = Counter()
@@ -128,8 +142,11 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """
         host = peer_host(context.peer() or "")
         place = (kind, scaled.key, host)
+        made_room = False
+        if self._streams[place] < MAX_STREAMS_PER_OBJECT and self.streams >= MAX_STREAMS:
+            made_room = self._make_room(host)
         if self._streams[place] >= MAX_STREAMS_PER_OBJECT or (
-            self.streams >= MAX_STREAMS and not self._make_room(host)
+            self.streams >= MAX_STREAMS and not made_room
         ):
             self._registry.errors["streams"] += 1
             where = describe_object(scaled.key[0], scaled.key[1])
@@ -149,9 +166,12 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             wake()
 
         self._held.setdefault(host, {})[me] = give_up
+        opened = self._clock()
         try:
             yield gone
         finally:
+            if made_room:
+                self._judge_room(host, self._clock() - opened)
             held = self._held.get(host, {})
             held.pop(me, None)
             if not held:
@@ -173,6 +193,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """
         if not self._by_peer:
             return False
+        bar = self._barred.get(host)
+        if bar is not None and self._clock() < bar[0]:
+            return False
         most = max(self._by_peer, key=lambda h: self._by_peer[h])
         if self._by_peer[host] + 1 >= self._by_peer[most] or not self._held.get(most):
             return False
@@ -181,6 +204,18 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         held.pop(oldest)()
         self._registry.errors["streams_given_up"] += 1
         return True
+
+    def _judge_room(self, host: str, held: float) -> None:
+        """A stream room was made for ended after ``held`` s: bar its host, or clear it."""
+        if held >= ROOM_HELD_SECONDS:
+            self._barred.pop(host, None)
+            return
+        length = self._barred.get(host, (0.0, ROOM_BAR_SECONDS[0]))[1]
+        if host not in self._barred and len(self._barred) >= MAX_BARRED_HOSTS:
+            del self._barred[next(iter(self._barred))]
+        self._barred.pop(host, None)  # kept last: the oldest bar goes first
+        self._barred[host] = (self._clock() + length, min(2 * length, ROOM_BAR_SECONDS[1]))
+        self._registry.errors["streams_barred"] += 1
 
     async def IsActive(  # noqa: N802 - name fixed by KEDA
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
@@ -286,8 +321,13 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
     """Inference demand per pool and standby plans, from the registry's latest decisions."""
 
-    def __init__(self, registry: ScaledObjectRegistry) -> None:
+    def __init__(
+        self, registry: ScaledObjectRegistry, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._registry = registry
+        self._clock = clock
+        self._barred: dict[str, tuple[float, float]] = {}
+        """Hosts barred from making room: until when, and the next bar's length."""
         self._pool_problems: dict[str, str] = {}
         self._pools = LoopShare(self._all_pools)
 

@@ -116,7 +116,8 @@ class DecisionCollector(Collector):
         registry_errors = CounterMetricFamily(
             "unitscale_scaler_registry_errors",
             "New ScaledObjects refused (full), streams refused past their bounds (streams),"
-            " streams ended for a host holding fewer (streams_given_up) and pools whose"
+            " streams ended for a host holding fewer (streams_given_up), hosts barred from"
+            " that after a stream given room ended young (streams_barred) and pools whose"
             " demand did not encode.",
             labels=["reason"],
         )

@@ -360,6 +360,51 @@ async def test_a_host_holding_the_most_streams_gives_its_oldest_up_for_one_holdi
         assert streams.streams == 0
 
 
+async def test_a_host_whose_stream_given_room_ends_young_is_barred_from_making_room():
+    """Hostile pass 15: opening a stream and closing it in a loop ended one of KEDA's
+    streams a cycle (1,000 in 0.07 s). A stream given room that ends within
+    ``ROOM_HELD_SECONDS`` bars its host from making room, 10 s doubling; one that holds
+    its place that long clears the bar."""
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    objects = [
+        registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata}) for n in range(4)
+    ]
+    streams = service.ExternalScalerService(registry, clock)
+    keda = _From("ipv4:10.0.0.7:5000")
+    churner = _From("ipv4:10.0.0.66:1")
+
+    async def cycle(hold: float = 0.0) -> bool:
+        """One open-and-close from the churner: whether it was given a place."""
+        try:
+            async with streams._stream("StreamIsActive", objects[0], churner):
+                clock.now += hold
+        except _RefusedError:
+            return False
+        return True
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "MAX_STREAMS", 4)
+        async with contextlib.AsyncExitStack() as held:
+            kept = [
+                await held.enter_async_context(streams._stream("StreamMetricSpec", so, keda))
+                for so in objects
+            ]
+            given = [await cycle()]  # room made: one of KEDA's given up, then closed at once
+            given += [await cycle() for _ in range(5)]  # barred 10 s: refused, none given up
+            clock.now += 10
+            given.append(await cycle())  # the bar is over: room once more, barred 20 s now
+            clock.now += 10
+            given.append(await cycle())  # still barred
+            clock.now += 10
+            given.append(await cycle(hold=service.ROOM_HELD_SECONDS))  # held: bar cleared
+            given.append(await cycle(hold=service.ROOM_HELD_SECONDS))
+            assert given == [True, False, False, False, False, False, True, False, True, True]
+            assert sum(g.is_set() for g in kept) == 4
+            assert registry.errors["streams_given_up"] == 4
+            assert registry.errors["streams_barred"] == 2
+
+
 @pytest.mark.parametrize("kind", ["StreamMetricSpec", "StreamIsActive"])
 async def test_a_stream_that_gives_its_place_up_ends_resource_exhausted(kind):
     clock = FakeClock(T0)
