@@ -154,8 +154,14 @@ TWO_ROWS = AZURE + b"2023-11-16 18:17:03.9,100,5\n2023-11-16 18:17:05.4,200,7\n"
         ),
         pytest.param(
             TWO_ROWS,
+            ["--price", "0"],
+            "argument --price: '0' is not a number above 0",
+            id="a price of 0 is refused: every cost would be nothing (hostile pass 15)",
+        ),
+        pytest.param(
+            TWO_ROWS,
             ["--price", "nan"],
-            "argument --price: 'nan' is not a number from 0",
+            "argument --price: 'nan' is not a number above 0",
             id="a NaN price is refused, not a ValueError after the replay",
         ),
         pytest.param(
@@ -352,7 +358,7 @@ SIM = ["sim-replica"]
 DOMAINS = [
     (REPLAY, "--rate-multiplier", 0, 1_000, True),
     (REPLAY, "--time-compression", 0, 1e6, True),
-    (REPLAY, "--price", 0, 1e6, False),
+    (REPLAY, "--price", 0, 1e6, True),
     (REPLAY, "--slo-ttft", 0, 86_400, True),
     (REPLAY, "--slo-itl", 0, 86_400, True),
     (REPLAY, "--max-sleeping", 0, 10_000, False),
