@@ -353,46 +353,50 @@ MADE = NOW - 7200  # our load's creationTimestamp; it finished an hour ago
 
 
 @pytest.mark.parametrize(
-    ("since", "track", "expected"),
+    ("before", "track", "made", "expected"),
     [
         pytest.param(
-            NOW - 60,
+            frozenset({f"uid-{OURS}"}),
             RUNNING,
+            MADE,
             ("loading", "delete"),
-            id="a load made before a restarted scaler watched Fluid is loaded again",
+            id="a load the first list held (a restarted scaler did not see it) is loaded again",
         ),
         pytest.param(
-            MADE - 60,
+            frozenset(),
             RUNNING,
+            MADE,
             ("below-threshold", None),
             id="a load made while this scaler watched, never warm, is not repeated",
         ),
         pytest.param(
-            MADE + 60,
+            frozenset(),
             RUNNING,
+            NOW - 86_400 * 2,
             ("below-threshold", None),
-            id="a load made within the clock slack of the watches' start counts as seen",
+            id="one dated long before, the API server's clock behind, is seen all the same",
         ),
         pytest.param(
-            NOW - 60,
+            frozenset({f"uid-{OURS}"}),
             replace(RUNNING, warm_after="uid-an-older-load"),
+            MADE,
             ("below-threshold", None),
             id="once this scaler has seen the cache warm, only an eviction it saw reloads",
         ),
     ],
 )
-def test_a_restarted_scaler_reloads_a_load_it_did_not_see(since, track, expected):
+def test_a_restarted_scaler_reloads_a_load_it_did_not_see(before, track, made, expected):
     # The cache is short of warm now. A scaler that was not watching when our load ran
     # cannot tell an eviction from a cache too small for the data.
     done = load("dataload-complete.yaml")
-    done["metadata"]["creationTimestamp"] = format_time(MADE)
-    fluid = replace(view(dataset("12.0%"), done), since=since)
-    made = plan(KEY, SPEC, track, active=True, desired=2, fluid=fluid, now=NOW)
-    action = "create" if made.create else "delete" if made.delete else None
-    assert (made.state, action) == expected, made.reason
-    if made.delete is not None:
-        assert made.delete.uid == f"uid-{OURS}"
-        assert "made before this scaler watched Fluid" in made.reason
+    done["metadata"]["creationTimestamp"] = format_time(made)
+    fluid = replace(view(dataset("12.0%"), done), before=before)
+    result = plan(KEY, SPEC, track, active=True, desired=2, fluid=fluid, now=NOW)
+    action = "create" if result.create else "delete" if result.delete else None
+    assert (result.state, action) == expected, result.reason
+    if result.delete is not None:
+        assert result.delete.uid == f"uid-{OURS}"
+        assert "made before this scaler watched Fluid" in result.reason
 
 
 def test_time_to_warm_is_from_the_trigger_to_the_warm_cache():

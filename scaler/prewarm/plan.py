@@ -90,9 +90,8 @@ STATES: Final[tuple[PrewarmState, ...]] = get_args(PrewarmState)
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGER: Final = "unitscale-scaler"
 CLOCK_SLACK_SECONDS: Final = 120.0
-"""How far the API server's clock (a DataLoad's ``creationTimestamp``) may run behind the
-scaler's before a load created after the watches started is taken for an older one; and
-how far ahead a DataLoad's finish time may be before it is no time at all."""
+"""How far the API server's clock may differ from the scaler's: a DataLoad's finish time
+further ahead, or before its creation by more, is no time at all."""
 RELOAD_MIN_SECONDS: Final = 300.0
 RELOAD_MAX_SECONDS: Final = 3600.0
 RELOAD_RESET_SECONDS: Final = 2 * RELOAD_MAX_SECONDS
@@ -140,8 +139,10 @@ class FluidView:
     dataloads: Sequence[RawObject] = ()
     problem: str = ""
     """Why the watches cannot see Fluid's objects (its last error), "" when they can."""
-    since: float | None = None
-    """When the watches first listed: how a load created before fared, no plan here saw."""
+    before: frozenset[str] = frozenset()
+    """UIDs of the DataLoads the watches' first list held: how those fared, no plan here
+    saw. By UID, not by creation time: an API server whose clock ran behind made every
+    new load look older than the watches, reloaded about hourly (hostile pass 15)."""
 
     def loads_of(self, namespace: str, dataset: str) -> Sequence[Mapping[str, Any]]:
         """The DataLoads of ``namespace/dataset`` that are not being deleted."""
@@ -387,7 +388,7 @@ def _assess(
             track=fresh,
             create=dataload_for(key, spec, dataset),
         )
-    return _finished(base, own, cache, track, now, triggered, fluid.since)
+    return _finished(base, own, cache, track, now, triggered, fluid.before)
 
 
 def _unusable(
@@ -440,7 +441,7 @@ def _finished(
     track: Track,
     now: float,
     triggered: bool,
-    since: float | None,
+    before: frozenset[str],
 ) -> PrewarmPlan:
     """Our DataLoad finished and the cache is not warm: wait, reload, or say why not."""
     ref = f"{meta(own, 'namespace')}/{meta(own, 'name')}"
@@ -468,9 +469,7 @@ def _finished(
         return _reload(
             replace(base, reason=f"{base.reason}, down from warm: evicted"), own, track, now
         )
-    created = parse_time(meta(own, "creationTimestamp"))
-    unseen = since is not None and created is not None and created < since - CLOCK_SLACK_SECONDS
-    if unseen and not track.warm_after:
+    if meta(own, "uid") in before and not track.warm_after:
         # Made before this scaler watched Fluid: an eviction after it was not seen.
         return _reload(
             replace(

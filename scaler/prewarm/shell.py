@@ -134,8 +134,9 @@ class Prewarmer:
         self._problems: dict[str, str] = {}
         """Why Fluid's objects cannot be seen, by watch (``datasets``, ``dataloads``), or
         ``access`` (no Kubernetes client)."""
-        self._listed_at: float | None = None
-        """When both watches had first listed (what finished before, no plan here saw)."""
+        self._before: frozenset[str] | None = None
+        """UIDs of the DataLoads when both watches had first listed (how those fared, no
+        plan here saw); None before."""
         self._seen: FluidView | None = None
         """The view of the sets, problems and listing above; None when any changed since.
         One a change, not one a plan: a view of every DataLoad for each ScaledObject's
@@ -237,7 +238,7 @@ class Prewarmer:
                 dict(self._sets.get("datasets", {})),
                 list(self._sets.get("dataloads", {}).values()),
                 "; ".join(self._problems.values()),
-                self._listed_at,
+                self._before or frozenset(),
             )
         return self._seen
 
@@ -452,8 +453,11 @@ class Prewarmer:
         def changed(objects: dict[str, RawObject]) -> None:
             self._sets[kind] = self._readable(kind, objects)
             self._seen = None
-            if self._listed_at is None and self._view().listed:
-                self._listed_at = self._clock()
+            if self._before is None and self._view().listed:
+                uids = (
+                    (d.get("metadata") or {}).get("uid") for d in self._sets["dataloads"].values()
+                )
+                self._before = frozenset(u for u in uids if isinstance(u, str) and u)
             # Only this watch's problem is over: the other's may still fail.
             self._problems.pop(kind, None)
             self._seen = None
