@@ -158,8 +158,9 @@ def dataload_manifest(
 
 
 def meta(obj: Mapping[str, Any], key: str) -> str:
-    """``metadata.<key>`` as text, "" when absent."""
-    return str((obj.get("metadata") or {}).get(key) or "")
+    """``metadata.<key>`` as text, "" when absent (or ``metadata`` is no mapping)."""
+    metadata = obj.get("metadata")
+    return str(metadata.get(key) or "") if isinstance(metadata, Mapping) else ""
 
 
 def phase(load: Mapping[str, Any]) -> str:
@@ -205,11 +206,14 @@ def _loads(load: Mapping[str, Any]) -> tuple[str, str] | None:
 
     A DataLoad loads a Dataset of its own namespace (Fluid refuses any other).
     """
-    target = (load.get("spec") or {}).get("dataset") or {}
+    spec = load.get("spec")
+    target = spec.get("dataset") if isinstance(spec, Mapping) else None
+    if not isinstance(target, Mapping):
+        return None  # no Dataset named: a load of none (it raised, and failed every pass)
     namespace, name = meta(load, "namespace"), target.get("name")
     if not isinstance(name, str) or (target.get("namespace") or namespace) != namespace:
         return None
-    if (load.get("metadata") or {}).get("deletionTimestamp"):
+    if meta(load, "deletionTimestamp"):
         return None
     return namespace, name
 

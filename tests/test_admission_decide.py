@@ -383,6 +383,30 @@ def test_a_pass_over_workloads_of_many_datasets_reads_each_dataload_a_few_times_
     assert _CountedLoad.reads <= 3 * many, _CountedLoad.reads
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param({"spec": {"dataset": "weights"}}, id="spec.dataset a string"),
+        pytest.param({"spec": "weights"}, id="spec a string"),
+        pytest.param({"spec": {"dataset": ["weights"]}}, id="spec.dataset a list"),
+        pytest.param({"metadata": ["x"], "spec": {"dataset": {"name": "weights"}}},
+                     id="metadata a list"),
+    ],
+)  # fmt: skip
+def test_a_dataload_of_no_readable_dataset_is_a_load_of_none(hostile):
+    # Hostile pass 16: the pass's index of DataLoads read spec.dataset as a mapping, so
+    # one DataLoad naming its Dataset by a string failed every pass before any decision.
+    pending = [
+        workload("plain", gpus=1),
+        workload("data", gpus=1, annotations={names.DATASET: "weights"}),
+    ]
+    bad = {"metadata": {"name": "odd", "namespace": "train"}, **hostile}
+    decisions = decide(
+        pending, TWO_NODES, datasets=[dataset("weights", cached="10.0%")], dataloads=[bad]
+    )
+    assert {d.workload: d.state for d in decisions} == {"plain": "Ready", "data": "Pending"}
+
+
 def test_data_waiting_past_the_timeout_is_retried():
     params = Parameters(data=DataParameters(timeout_seconds=60))
     [decision] = decide(
