@@ -27,7 +27,7 @@ from foundation.kube import KubeAccess
 from foundation.signals import GatewaySignals, Snapshot
 from foundation.timestamps import format_time
 from scaler.prewarm import shell
-from scaler.prewarm.plan import CLOCK_SLACK_SECONDS, RELOAD_RESET_SECONDS, Track, plan
+from scaler.prewarm.plan import CLOCK_SLACK_SECONDS, RELOAD_RESET_SECONDS, FluidView, Track, plan
 from scaler.registry import ScaledObjectRegistry
 from scaler.signals import SignalStore
 from tests.conftest import T0, FakeClock
@@ -466,3 +466,67 @@ def test_one_eviction_of_a_dataset_shared_by_many_scaled_objects_is_loaded_once(
                 loads[obj["metadata"]["name"]] = obj
                 done[obj["metadata"]["name"]] = now + 5
     assert created == 1
+
+
+def cleaned_up(ttl: float | None, same_uid: str = "") -> tuple[int, str]:
+    """An hour of plans, one a second, our loads (5 s each) deleted ``ttl`` s after they
+    finish by someone else (None: kept); the cache stays short of warm. Creates, state."""
+    track, creates, live = Track(active=True, desired=2), 0, None
+    before = frozenset({same_uid}) if same_uid else frozenset()
+    state = ""
+    for step in range(3600):
+        now = NOW + step
+        loads: list[dict[str, Any]] = []
+        if live is not None:
+            obj, made_at = live
+            if now >= made_at + 5:
+                if ttl is not None and now >= made_at + 5 + ttl:
+                    live = None
+                else:
+                    obj["status"] = copy.deepcopy(load("dataload-complete.yaml")["status"])
+                    for condition in obj["status"]["conditions"]:
+                        condition["lastTransitionTime"] = format_time(made_at + 5)
+            if live is not None:
+                loads = [obj]
+        fluid = FluidView(True, {"models/weights": dataset("50.0%")}, loads, before=before)
+        made = plan(KEY, SPEC, track, active=True, desired=2, fluid=fluid, now=now)
+        track, state = made.track, made.state
+        if made.delete is not None:
+            live = None
+        if made.create is not None:
+            creates += 1
+            obj = copy.deepcopy(made.create)
+            obj["metadata"].update(
+                uid=same_uid or f"u{creates}", creationTimestamp=format_time(now)
+            )
+            obj["status"] = {"phase": "Executing"}
+            live = (obj, now)
+    return creates, state
+
+
+@pytest.mark.parametrize(
+    ("ttl", "same_uid", "most"),
+    [
+        pytest.param(0.0, "", 6, id="deleted as it finishes (never seen finished): backed off"),
+        pytest.param(60.0, "", 6, id="deleted a minute after it finished: backed off"),
+        pytest.param(None, "", 1, id="kept: loaded once"),
+        pytest.param(None, "same", 1, id="kept, every load one UID of the first list: once"),
+    ],
+)
+def test_our_load_cleaned_up_by_someone_else_is_reloaded_with_back_off(ttl, same_uid, most):
+    # Hostile pass 16: a load of ours deleted once finished (a TTL clean-up) was created
+    # again at once, a full load each time: 720 an hour with loads of 5 s. Loading again
+    # is a reload, backed off; a load this scaler made is never one it did not see.
+    creates, _ = cleaned_up(ttl, same_uid)
+    assert creates <= most, creates
+
+
+def test_a_dataload_of_our_name_loading_another_dataset_is_not_taken_for_ours():
+    # Hostile pass 16: the create answered 409 (taken for ours) and was asked again at
+    # every watch event: 3,600 POSTs an hour, nothing ever loaded.
+    squatter = load("dataload-complete.yaml")
+    squatter["spec"]["dataset"] = {"name": "other", "namespace": "models"}
+    made = plan(KEY, SPEC, Track(active=True, desired=2), active=True, desired=2,
+                fluid=view(dataset("0.0%"), squatter), now=NOW)  # fmt: skip
+    assert made.create is None and made.delete is None
+    assert made.state == "failed" and "is not a load of this Dataset" in made.reason

@@ -188,6 +188,11 @@ class Track:
     """Reloads in a row (each one of ours deleted to load again), for the back-off."""
     reloaded: str = ""
     """UID of the last DataLoad deleted to load again (a reload is counted once)."""
+    made_at: float | None = None
+    """When this scaler last created our DataLoad (None: never; a load of its own is
+    never one it did not see, whatever UID the API server hands it)."""
+    ours: str = ""
+    """UID of our DataLoad as last seen (any phase): gone, not by us, it was cleaned up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +343,8 @@ def _assess(
     own = next((d for d in loads if meta(d, "name") == mine), None)
     named = fluid.named(spec.namespace, mine)
     deleting = named is not None and bool(meta(named, "deletionTimestamp"))
+    if own is not None and track.ours != meta(own, "uid"):
+        track = replace(track, ours=meta(own, "uid"))
     if own is not None and phase(own) in FINISHED_PHASES and track.finished[0] != meta(own, "uid"):
         track = replace(track, finished=(meta(own, "uid"), now))
     if cache.value is not None and cache.value >= spec.warm_percent:
@@ -377,11 +384,36 @@ def _assess(
             reason=f"{held}; DataLoad {spec.namespace}/{other[0]} of the same Dataset"
             " completed: waiting for Fluid's figures",
         )
+    if own is None and named is not None:
+        # Our name, another Dataset's load (or none readable): creating ours answered
+        # 409, taken for ours, and was asked again at every watch event (hostile pass 16).
+        return replace(
+            base,
+            state="failed",
+            reason=f"{held}; DataLoad {spec.namespace}/{mine} exists and is not a load of"
+            " this Dataset: nothing is created under its name (delete it to load)",
+        )
     if own is None:
+        gone = track.ours
+        if gone and track.reloaded != gone:
+            # Our load is gone, not by us (a TTL clean-up, maybe as it finished): loading
+            # again is a reload, and backs off like one (720 loads an hour when each
+            # went at once), from its finish if seen, else from its creation.
+            seen = track.finished[0] == gone
+            since = track.finished[1] if seen else (track.made_at or now)
+            reloads, ready = _backoff(replace(track, finished=(gone, since)), gone, now)
+            ready = max(ready, since + STATUS_LAG_SECONDS)
+            if now < ready:
+                return replace(
+                    base,
+                    reason=f"{held}; our finished DataLoad {spec.namespace}/{mine} is gone:"
+                    f" loading again at {format_time(ready)} (reload {reloads} in a row)",
+                )
+            track = replace(track, reloads=reloads)
         # A new load: what was seen of the last one is not of it, even should the API
         # server hand it the same UID (its finish was then never seen, and every load
         # reloaded at once as "evicted": 2,940 writes an hour, hostile pass 15).
-        fresh = replace(track, finished=("", 0.0), reloaded="", warm_after="")
+        fresh = replace(track, finished=("", 0.0), reloaded="", warm_after="", ours="", made_at=now)
         return replace(
             base,
             reason=f"{held}: creating DataLoad {spec.namespace}/{mine}",
@@ -469,7 +501,7 @@ def _finished(
         return _reload(
             replace(base, reason=f"{base.reason}, down from warm: evicted"), own, track, now
         )
-    if meta(own, "uid") in before and not track.warm_after:
+    if meta(own, "uid") in before and not track.warm_after and track.made_at is None:
         # Made before this scaler watched Fluid: an eviction after it was not seen.
         return _reload(
             replace(
@@ -528,13 +560,8 @@ def _finish_time(own: Mapping[str, Any], track: Track) -> tuple[float, bool]:
 def _reload(base: PrewarmPlan, own: Mapping[str, Any], track: Track, now: float) -> PrewarmPlan:
     """Delete our finished load to load again, or wait out the reload back-off."""
     uid = meta(own, "uid")
-    if track.reloaded == uid:  # planned already (the write or the watch is on its way)
-        reloads = track.reloads
-    else:
-        lasted = now - track.finished[1]
-        reloads = 1 if lasted >= RELOAD_RESET_SECONDS else track.reloads + 1
-    hold = 0.0 if reloads <= 1 else min(RELOAD_MIN_SECONDS * 2 ** (reloads - 2), RELOAD_MAX_SECONDS)
-    ready = track.finished[1] + hold
+    reloads, ready = _backoff(track, uid, now)
+    hold = ready - track.finished[1]
     if now < ready:
         return replace(
             base,
@@ -548,6 +575,17 @@ def _reload(base: PrewarmPlan, own: Mapping[str, Any], track: Track, now: float)
         delete=again,
         track=replace(track, reloads=reloads, reloaded=uid),
     )
+
+
+def _backoff(track: Track, uid: str, now: float) -> tuple[int, float]:
+    """The reload of our load ``uid`` (finished): its place in a row, and when it may go."""
+    if track.reloaded == uid:  # planned already (the write or the watch is on its way)
+        reloads = track.reloads
+    else:
+        lasted = now - track.finished[1]
+        reloads = 1 if lasted >= RELOAD_RESET_SECONDS else track.reloads + 1
+    hold = 0.0 if reloads <= 1 else min(RELOAD_MIN_SECONDS * 2 ** (reloads - 2), RELOAD_MAX_SECONDS)
+    return reloads, track.finished[1] + hold
 
 
 def _settled(track: Track) -> Track:
