@@ -415,12 +415,23 @@ async def test_watch_events_in_a_stream_coalesce_into_passes_of_a_bounded_share(
     assert 3 <= passes <= 12, passes
 
 
-def test_one_eviction_of_a_dataset_shared_by_many_scaled_objects_is_loaded_once():
+@pytest.mark.parametrize(
+    "behind",
+    [
+        pytest.param(0.0, id="Fluid's clock as the scaler's"),
+        pytest.param(150.0, id="Fluid's clock 150 s behind (pass 16)"),
+        pytest.param(86_400.0, id="Fluid's clock a day behind (pass 16)"),
+        pytest.param(None, id="a finish without a date (pass 16)"),
+    ],
+)
+def test_one_eviction_of_a_dataset_shared_by_many_scaled_objects_is_loaded_once(behind):
     # Hostile pass 15: eight ScaledObjects warm one Dataset, each by a load of its own.
     # After one eviction the first reloads; Fluid's figures lag 100 s behind its finish,
     # and each of the others took them for an eviction (or for no load) and loaded the
     # same data again: 8 loads for one eviction. A load of the Dataset finished within
-    # Fluid's status lag is waited for by every ScaledObject.
+    # Fluid's status lag is waited for by every ScaledObject: from its own date, or from
+    # when the watches first saw it finished (pass 16: a Fluid clock behind, or no date).
+    first_done: dict[str, float] = {}  # as the shell keeps it
     keys = [("serving", f"llama-{n}") for n in range(8)]
     loads: dict[str, dict[str, Any]] = {}
     tracks = {}
@@ -448,16 +459,20 @@ def test_one_eviction_of_a_dataset_shared_by_many_scaled_objects_is_loaded_once(
         now = NOW + step
         for name, at in list(done.items()):
             if now >= at:
-                finish(loads[name], now)
+                finish(loads[name], now - (behind or 0.0))
+                if behind is None:
+                    loads[name]["status"]["conditions"] = []
+                first_done[loads[name]["metadata"]["uid"]] = now
                 warm_at = warm_at or now + 100
                 del done[name]
         cached = "100.0%" if warm_at is not None and now >= warm_at else "0.0%"
+        fluid = replace(view(dataset(cached), *loads.values()), first_done=first_done)
         for key in keys:
-            made = plan(key, SPEC, tracks[key], active=True, desired=2,
-                        fluid=view(dataset(cached), *loads.values()), now=now)  # fmt: skip
+            made = plan(key, SPEC, tracks[key], active=True, desired=2, fluid=fluid, now=now)
             tracks[key] = made.track
             if made.delete is not None:
                 loads.pop(made.delete.name)
+                fluid = replace(view(dataset(cached), *loads.values()), first_done=first_done)
             if made.create is not None:
                 created += 1
                 obj = copy.deepcopy(made.create)
@@ -465,6 +480,7 @@ def test_one_eviction_of_a_dataset_shared_by_many_scaled_objects_is_loaded_once(
                 obj["status"] = {"phase": "Executing"}
                 loads[obj["metadata"]["name"]] = obj
                 done[obj["metadata"]["name"]] = now + 5
+                fluid = replace(view(dataset(cached), *loads.values()), first_done=first_done)
     assert created == 1
 
 
@@ -530,3 +546,19 @@ def test_a_dataload_of_our_name_loading_another_dataset_is_not_taken_for_ours():
                 fluid=view(dataset("0.0%"), squatter), now=NOW)  # fmt: skip
     assert made.create is None and made.delete is None
     assert made.state == "failed" and "is not a load of this Dataset" in made.reason
+
+
+def test_the_watches_keep_when_each_load_was_first_seen_finished(monkeypatch):
+    harness = Harness(monkeypatch)
+    done = load_of("weights-a", status={"phase": "Complete"})
+    done["metadata"]["uid"] = "u-done"
+    running = load_of("weights-a", status={"phase": "Executing"})
+    running["metadata"].update(name="y", uid="u-running")
+    harness.feed({}, {"serving/x": done, "serving/y": running})
+    first = harness.clock.now
+    assert harness.prewarm._view().first_done == {"u-done": first}
+    harness.clock.now += 30
+    harness.feed({}, {"serving/x": done})  # seen again: the first sight stands
+    assert harness.prewarm._view().first_done == {"u-done": first}
+    harness.feed({}, {})  # gone: let go
+    assert harness.prewarm._view().first_done == {}

@@ -139,6 +139,9 @@ class FluidView:
     dataloads: Sequence[RawObject] = ()
     problem: str = ""
     """Why the watches cannot see Fluid's objects (its last error), "" when they can."""
+    first_done: Mapping[str, float] = field(default_factory=dict)
+    """UID -> when the watches first saw that DataLoad finished (this scaler's clock):
+    the figures lag from then at the latest, whatever the load's own dates say."""
     before: frozenset[str] = frozenset()
     """UIDs of the DataLoads the watches' first list held: how those fared, no plan here
     saw. By UID, not by creation time: an API server whose clock ran behind made every
@@ -373,7 +376,7 @@ def _assess(
         )
     if deleting:
         return replace(base, reason=f"{held}; waiting for our old DataLoad {mine} to go")
-    other = _latest_other(own, loads, now)
+    other = _latest_other(own, loads, now, fluid.first_done)
     if other is not None and now - other[1] < STATUS_LAG_SECONDS:
         # Another ScaledObject's load of this Dataset just finished: the figures may not
         # show it yet. Judged at once, each sharing ScaledObject took the lagging figures
@@ -523,20 +526,27 @@ def _finished(
 
 
 def _latest_other(
-    own: Mapping[str, Any] | None, loads: Sequence[Mapping[str, Any]], now: float
+    own: Mapping[str, Any] | None,
+    loads: Sequence[Mapping[str, Any]],
+    now: float,
+    first_done: Mapping[str, float],
 ) -> tuple[str, float] | None:
     """The name and finish of the Dataset's latest finished load but ours, if any.
 
-    A finish ahead of this clock beyond the slack is no time (it would hold ours up).
+    Its finish is the later of its own date and when the watches first saw it finished:
+    a Fluid clock behind (or no date) let each sharing ScaledObject judge the lagging
+    figures at once (8 loads for one eviction, hostile pass 16). A date ahead of this
+    clock beyond the slack is no time (it would hold ours up).
     """
     latest: tuple[str, float] | None = None
     for load in loads:
         if load is own or phase(load) != "Complete":
             continue
-        done = finished_at(load)
-        if done is not None and done <= now + CLOCK_SLACK_SECONDS:
-            if latest is None or done > latest[1]:
-                latest = (meta(load, "name"), done)
+        dated = finished_at(load)
+        times = [t for t in (dated, first_done.get(meta(load, "uid"))) if t is not None]
+        done = max((t for t in times if t <= now + CLOCK_SLACK_SECONDS), default=None)
+        if done is not None and (latest is None or done > latest[1]):
+            latest = (meta(load, "name"), done)
     return latest
 
 

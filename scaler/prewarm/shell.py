@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from kubernetes_asyncio import client
 
+from foundation.fluid import FINISHED_PHASES
 from foundation.kube import (
     DATALOADS,
     DATASETS,
@@ -134,6 +135,8 @@ class Prewarmer:
         self._problems: dict[str, str] = {}
         """Why Fluid's objects cannot be seen, by watch (``datasets``, ``dataloads``), or
         ``access`` (no Kubernetes client)."""
+        self._first_done: dict[str, float] = {}
+        """UID -> when a watch first brought that DataLoad finished (``FluidView``)."""
         self._before: frozenset[str] | None = None
         """UIDs of the DataLoads when both watches had first listed (how those fared, no
         plan here saw); None before."""
@@ -238,6 +241,7 @@ class Prewarmer:
                 dict(self._sets.get("datasets", {})),
                 list(self._sets.get("dataloads", {}).values()),
                 "; ".join(self._problems.values()),
+                dict(self._first_done),
                 self._before or frozenset(),
             )
         return self._seen
@@ -452,6 +456,8 @@ class Prewarmer:
     def _on_change(self, kind: str) -> Callable[[dict[str, RawObject]], None]:
         def changed(objects: dict[str, RawObject]) -> None:
             self._sets[kind] = self._readable(kind, objects)
+            if kind == "dataloads":
+                self._first_done = self._finished_since(self._sets[kind])
             self._seen = None
             if self._before is None and self._view().listed:
                 uids = (
@@ -464,6 +470,16 @@ class Prewarmer:
             self._wake.set()
 
         return changed
+
+    def _finished_since(self, loads: dict[str, RawObject]) -> dict[str, float]:
+        """When each finished load was first seen finished (those gone are let go)."""
+        now, known, seen = self._clock(), self._first_done, {}
+        for obj in loads.values():
+            uid = (obj.get("metadata") or {}).get("uid")
+            status = obj.get("status") or {}
+            if isinstance(uid, str) and uid and status.get("phase") in FINISHED_PHASES:
+                seen[uid] = known.get(uid, now)
+        return seen
 
     def _on_error(self, kind: str) -> Callable[[Exception], None]:
         def failed(err: Exception) -> None:
