@@ -335,6 +335,7 @@ class Prewarmer:
 
     async def _write_all(self, api: client.ApiClient) -> None:
         now = self._clock()
+        written: list[ObjectKey] = []
         for key, entry in list(self._entries.items()):
             if not self._pending(entry) or now < entry.retry_at:
                 continue
@@ -368,7 +369,11 @@ class Prewarmer:
                 continue
             self._recovered(("write", *key))
             entry.retry_delay = RETRY_MIN
-            # Re-plan on what was just written, so one plan's write is done once.
+            written.append(key)
+        # Re-plan on what was written, so one plan's write is done once: after the
+        # writes, on one view. A re-plan after each rebuilt the view each time (3,000
+        # writes: 8.3 s of the event loop, hostile pass 16).
+        for key in written:
             scaled = self._registry.get(*key)
             if scaled is not None and scaled.decision is not None:
                 self._guarded_plan(scaled, scaled.decision, self._clock())
