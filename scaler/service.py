@@ -82,6 +82,12 @@ until one it made room for holds its place that long. Opening and closing a stre
 loop otherwise ended one of KEDA's streams a cycle: 1,000 in 0.07 s (hostile pass 15)."""
 MAX_BARRED_HOSTS = 4096
 """Hosts whose bar is kept at most (the oldest let go first)."""
+GIVE_UP_RATE = 2.0
+GIVE_UP_BURST = 100.0
+"""Streams given up for other hosts, from all hosts together: 100 at once, then 2 a
+second. The bars are per host: 4,097 hosts taking turns (or one holding each stream a
+minute) ended KEDA's streams without end (hostile pass 16). A host kept waiting still
+has IsActive and GetMetrics, KEDA's polling; a place only pushes sooner."""
 MAX_STREAMS_PER_OBJECT = 4
 """Streams of one kind held open for one ScaledObject by one peer host: KEDA holds one
 (two across an operator's restart or a leader change). By peer: any client holding four
@@ -110,6 +116,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self._clock = clock
         self._barred: dict[str, tuple[float, float]] = {}
         """Hosts barred from making room: until when, and the next bar's length."""
+        self._give_ups = (GIVE_UP_BURST, clock())
+        """Streams that may be given up now (``GIVE_UP_RATE``), and when that was."""
         self._streams: Counter[tuple[str, ObjectKey, str]] = Counter()
         """Streams open by kind, ScaledObject and peer host."""
         self._by_peer: Counter[str] = Counter()
@@ -193,12 +201,19 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """
         if not self._by_peer:
             return False
+        now = self._clock()
         bar = self._barred.get(host)
-        if bar is not None and self._clock() < bar[0]:
+        if bar is not None and now < bar[0]:
+            return False
+        tokens, then = self._give_ups
+        tokens = min(GIVE_UP_BURST, tokens + GIVE_UP_RATE * max(0.0, now - then))
+        self._give_ups = (tokens, now)
+        if tokens < 1:
             return False
         most = max(self._by_peer, key=lambda h: self._by_peer[h])
         if self._by_peer[host] + 1 >= self._by_peer[most] or not self._held.get(most):
             return False
+        self._give_ups = (tokens - 1, now)
         held = self._held[most]
         oldest = next(iter(held))
         held.pop(oldest)()
@@ -328,6 +343,8 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         self._clock = clock
         self._barred: dict[str, tuple[float, float]] = {}
         """Hosts barred from making room: until when, and the next bar's length."""
+        self._give_ups = (GIVE_UP_BURST, clock())
+        """Streams that may be given up now (``GIVE_UP_RATE``), and when that was."""
         self._pool_problems: dict[str, str] = {}
         self._pools = LoopShare(self._all_pools)
 

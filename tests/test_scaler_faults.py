@@ -405,6 +405,46 @@ async def test_a_host_whose_stream_given_room_ends_young_is_barred_from_making_r
             assert registry.errors["streams_barred"] == 2
 
 
+async def test_streams_given_up_for_other_hosts_are_bounded_whatever_the_hosts():
+    """Hostile pass 16: the bars are per host, so 4,097 hosts taking turns, or one host
+    holding each stream a minute, ended KEDA's streams without end. From all hosts
+    together, ``GIVE_UP_BURST`` at once and then ``GIVE_UP_RATE`` a second."""
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    objects = [
+        registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata}) for n in range(150)
+    ]
+    streams = service.ExternalScalerService(registry, clock)
+    keda = _From("ipv4:10.0.0.7:5000")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "MAX_STREAMS", 300)
+        async with contextlib.AsyncExitStack() as held:
+            for so in objects:
+                for kind in ("StreamIsActive", "StreamMetricSpec"):
+                    await held.enter_async_context(streams._stream(kind, so, keda))
+
+            async def from_hosts(first: int, count: int) -> int:
+                placed = 0
+                for n in range(first, first + count):
+                    try:
+                        await held.enter_async_context(
+                            streams._stream(
+                                "StreamIsActive",
+                                objects[0],
+                                _From(f"ipv4:10.1.{n // 250}.{n % 250}:1"),
+                            )
+                        )
+                        placed += 1
+                    except _RefusedError:
+                        pass
+                return placed
+
+            assert await from_hosts(0, 140) == service.GIVE_UP_BURST
+            clock.now += 10
+            assert await from_hosts(140, 100) == 10 * service.GIVE_UP_RATE
+            assert registry.errors["streams_given_up"] == 120
+
+
 @pytest.mark.parametrize("kind", ["StreamMetricSpec", "StreamIsActive"])
 async def test_a_stream_that_gives_its_place_up_ends_resource_exhausted(kind):
     clock = FakeClock(T0)
