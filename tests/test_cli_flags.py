@@ -154,14 +154,14 @@ TWO_ROWS = AZURE + b"2023-11-16 18:17:03.9,100,5\n2023-11-16 18:17:05.4,200,7\n"
         ),
         pytest.param(
             TWO_ROWS,
-            ["--price", "0"],
-            "argument --price: '0' is not a number above 0",
-            id="a price of 0 is refused: every cost would be nothing (hostile pass 15)",
+            ["--price", "5e-324"],
+            "argument --price: '5e-324' is not a number from 1e-06",
+            id="a price of nothing is refused: every cost would be nothing (passes 15, 16)",
         ),
         pytest.param(
             TWO_ROWS,
             ["--price", "nan"],
-            "argument --price: 'nan' is not a number above 0",
+            "argument --price: 'nan' is not a number from 1e-06",
             id="a NaN price is refused, not a ValueError after the replay",
         ),
         pytest.param(
@@ -358,7 +358,7 @@ SIM = ["sim-replica"]
 DOMAINS = [
     (REPLAY, "--rate-multiplier", 0, 1_000, True),
     (REPLAY, "--time-compression", 0, 1e6, True),
-    (REPLAY, "--price", 0, 1e6, True),
+    (REPLAY, "--price", 1e-6, 1e6, False),
     (REPLAY, "--slo-ttft", 0, 86_400, True),
     (REPLAY, "--slo-itl", 0, 86_400, True),
     (REPLAY, "--max-sleeping", 0, 10_000, False),

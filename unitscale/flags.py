@@ -240,10 +240,10 @@ DEMO_REPLICAS = whole(1, 64)
 """The demo's ``--max-replicas``: each replica is a process on this machine."""
 CONCURRENCY = real(0, 100_000, above=True)
 """``--target-concurrency``: requests per replica (vLLM batches at most a few hundred)."""
-PRICE = real(0, 1_000_000, above=True)
-"""``--price``: US$ per accelerator-hour; NaN made every cost NaN and failed late, and 0
-made every trial of ``tune`` cost nothing (a cost per 1M tokens of inf, its proposal
-"nan% dearer")."""
+PRICE = real(0.000001, 1_000_000)
+"""``--price``: US$ per accelerator-hour, from a millionth of a dollar; NaN made every
+cost NaN and failed late, and 0 (or 5e-324) made every trial of ``tune`` cost nothing (a
+cost per 1M tokens of inf, its proposal "nan% dearer")."""
 SLO_SECONDS = real(0.001, DAY)
 """``--slo-ttft`` and ``--slo-itl``: from a millisecond (a target of 0 can never be met,
 and 5e-324 overflowed the replay's division by it) to a day."""
