@@ -532,11 +532,11 @@ def _short_of(items: Sequence[_Item], keys: Mapping[int, tuple[NodeKey, int]]) -
         if not mine:
             return ""  # the search's bounds refute it at once, naming the type asked
         accepted.update(mine)
-        sizes = {rows[i][1] for i in mine}  # a few card sizes, however many nodes
+        smallest = min(rows[i][1] for i in mine)  # a container takes no more on a larger card
         for c in pod.containers:
             need[0] += n * c.gpus
             need[1] += n * c.gpus * c.cores
-            need[2] += n * c.gpus * min(c.memory_of(size) for size in sizes)
+            need[2] += n * c.gpus * c.memory_of(smallest)
     have = [sum(rows[i][2][k] for i in accepted) for k in range(3)]
     shown = (
         ("GPU slots", 1),

@@ -336,15 +336,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
     """Inference demand per pool and standby plans, from the registry's latest decisions."""
 
-    def __init__(
-        self, registry: ScaledObjectRegistry, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, registry: ScaledObjectRegistry) -> None:
         self._registry = registry
-        self._clock = clock
-        self._barred: dict[str, tuple[float, float]] = {}
-        """Hosts barred from making room: until when, and the next bar's length."""
-        self._give_ups = (GIVE_UP_BURST, clock())
-        """Streams that may be given up now (``GIVE_UP_RATE``), and when that was."""
         self._pool_problems: dict[str, str] = {}
         self._pools = LoopShare(self._all_pools)
 

@@ -598,3 +598,22 @@ async def test_a_write_pass_builds_the_view_once_not_once_a_write(monkeypatch):
     await prewarm._write_all(object())  # type: ignore[arg-type]
     assert sum(s.created for s in prewarm.statuses()) == many
     assert built <= 1, built
+
+
+def test_our_load_gone_before_seen_finished_and_not_made_here_is_loaded_again():
+    # Hostile pass 17: a restarted scaler (it made none) saw our load Executing, then
+    # gone before it finished (deleted): the reload was timed from each plan's now, so it
+    # never came and the prewarm stopped for good. It is timed from the first miss.
+    running = load("dataload-executing.yaml")
+    track = plan(KEY, SPEC, Track(active=True, desired=2), active=True, desired=2,
+                 fluid=view(dataset("0.0%"), running), now=NOW).track  # fmt: skip
+    created = None
+    for step in range(1, 600):
+        made = plan(KEY, SPEC, track, active=True, desired=2, fluid=view(dataset("0.0%")),
+                    now=NOW + step)  # fmt: skip
+        track = made.track
+        if made.create is not None:
+            created = step
+            break
+        assert "is gone (not by us)" in made.reason
+    assert created is not None and created <= STATUS_LAG_SECONDS + 1, created

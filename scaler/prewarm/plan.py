@@ -401,15 +401,20 @@ def _assess(
         if gone and track.reloaded != gone:
             # Our load is gone, not by us (a TTL clean-up, maybe as it finished): loading
             # again is a reload, and backs off like one (720 loads an hour when each
-            # went at once), from its finish if seen, else from its creation.
-            seen = track.finished[0] == gone
-            since = track.finished[1] if seen else (track.made_at or now)
-            reloads, ready = _backoff(replace(track, finished=(gone, since)), gone, now)
+            # went at once), from its finish if seen, else from its creation by us, else
+            # from when it was first missed (kept: timed from each plan's now, it never
+            # came, and the prewarm stopped for good, hostile pass 17).
+            if track.finished[0] != gone:
+                start = track.made_at if track.made_at is not None else now
+                track = replace(track, finished=(gone, start))
+                base = replace(base, track=track)
+            since = track.finished[1]
+            reloads, ready = _backoff(track, gone, now)
             ready = max(ready, since + STATUS_LAG_SECONDS)
             if now < ready:
                 return replace(
                     base,
-                    reason=f"{held}; our finished DataLoad {spec.namespace}/{mine} is gone:"
+                    reason=f"{held}; our DataLoad {spec.namespace}/{mine} is gone (not by us):"
                     f" loading again at {format_time(ready)} (reload {reloads} in a row)",
                 )
             track = replace(track, reloads=reloads)
