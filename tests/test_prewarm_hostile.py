@@ -361,19 +361,26 @@ class _Counted(dict):  # type: ignore[type-arg]
         return super().get(key, default)
 
 
-def test_a_pass_over_every_scaled_object_reads_each_dataload_once(monkeypatch):
-    # Hostile pass 14 (at scale): each plan looked at every DataLoad (and the view was a
-    # new list of them for each plan): 3,000 ScaledObjects and loads took 6.7 s a pass on
-    # the scaler's event loop, each tick and each watch event.
+def deciding(many: int) -> shell.Prewarmer:
+    """A prewarm over ``many`` ScaledObjects (``llama-N`` on Dataset ``weights-N``), each
+    with a decision."""
     clock = FakeClock(T0)
     store = SignalStore(clock)
     registry = ScaledObjectRegistry(store, 60.0, clock)
     prewarm = shell.Prewarmer(registry, KubeAccess(Path("/nonexistent/kubeconfig")), clock)
-    many = 40
     for n in range(many):
         metadata = {**BASE, "deployment": f"llama-{n}", "fluidDataset": f"weights-{n}"}
         registry.resolve(f"llama-{n}", "serving", metadata)
         store.update(Snapshot(("serving", f"llama-{n}", ""), GatewaySignals(T0, None, 1, 0)))
+    return prewarm
+
+
+def test_a_pass_over_every_scaled_object_reads_each_dataload_once(monkeypatch):
+    # Hostile pass 14 (at scale): each plan looked at every DataLoad (and the view was a
+    # new list of them for each plan): 3,000 ScaledObjects and loads took 6.7 s a pass on
+    # the scaler's event loop, each tick and each watch event.
+    many = 40
+    prewarm = deciding(many)
     datasets = {f"serving/weights-{n}": fluid_dataset(f"weights-{n}") for n in range(many)}
     loads: dict[str, dict[str, Any]] = {
         f"serving/x{n}": _Counted(load_of(f"weights-{n}")) for n in range(many)
@@ -567,15 +574,8 @@ def test_the_watches_keep_when_each_load_was_first_seen_finished(monkeypatch):
 async def test_a_write_pass_builds_the_view_once_not_once_a_write(monkeypatch):
     # Hostile pass 16: each write invalidated the view and the re-plan after it built it
     # again: 3,000 creates at once (a start on cold Datasets) took 8.3 s of the loop.
-    clock = FakeClock(T0)
-    store = SignalStore(clock)
-    registry = ScaledObjectRegistry(store, 60.0, clock)
-    prewarm = shell.Prewarmer(registry, KubeAccess(Path("/nonexistent/kubeconfig")), clock)
     many = 30
-    for n in range(many):
-        metadata = {**BASE, "deployment": f"llama-{n}", "fluidDataset": f"weights-{n}"}
-        registry.resolve(f"llama-{n}", "serving", metadata)
-        store.update(Snapshot(("serving", f"llama-{n}", ""), GatewaySignals(T0, None, 1, 0)))
+    prewarm = deciding(many)
     prewarm._on_change("datasets")(
         {f"serving/weights-{n}": fluid_dataset(f"weights-{n}") for n in range(many)}
     )

@@ -397,38 +397,49 @@ def _assess(
             " this Dataset: nothing is created under its name (delete it to load)",
         )
     if own is None:
-        gone = track.ours
-        if gone and track.reloaded != gone:
-            # Our load is gone, not by us (a TTL clean-up, maybe as it finished): loading
-            # again is a reload, and backs off like one (720 loads an hour when each
-            # went at once), from its finish if seen, else from its creation by us, else
-            # from when it was first missed (kept: timed from each plan's now, it never
-            # came, and the prewarm stopped for good, hostile pass 17).
-            if track.finished[0] != gone:
-                start = track.made_at if track.made_at is not None else now
-                track = replace(track, finished=(gone, start))
-                base = replace(base, track=track)
-            since = track.finished[1]
-            reloads, ready = _backoff(track, gone, now)
-            ready = max(ready, since + STATUS_LAG_SECONDS)
-            if now < ready:
-                return replace(
-                    base,
-                    reason=f"{held}; our DataLoad {spec.namespace}/{mine} is gone (not by us):"
-                    f" loading again at {format_time(ready)} (reload {reloads} in a row)",
-                )
-            track = replace(track, reloads=reloads)
-        # A new load: what was seen of the last one is not of it, even should the API
-        # server hand it the same UID (its finish was then never seen, and every load
-        # reloaded at once as "evicted": 2,940 writes an hour, hostile pass 15).
-        fresh = replace(track, finished=("", 0.0), reloaded="", warm_after="", ours="", made_at=now)
-        return replace(
-            base,
-            reason=f"{held}: creating DataLoad {spec.namespace}/{mine}",
-            track=fresh,
-            create=dataload_for(key, spec, dataset),
-        )
+        return _create(base, key, spec, dataset, now)
     return _finished(base, own, cache, track, now, triggered, fluid.before)
+
+
+def _create(
+    base: PrewarmPlan,
+    key: tuple[str, str],
+    spec: PrewarmSpec,
+    dataset: Mapping[str, Any],
+    now: float,
+) -> PrewarmPlan:
+    """No load of ours: create one, or wait out the reload back-off if ours is gone."""
+    track, held, mine = base.track, base.reason, base.dataload
+    gone = track.ours
+    if gone and track.reloaded != gone:
+        # Our load is gone, not by us (a TTL clean-up, maybe as it finished): loading
+        # again is a reload, and backs off like one (720 loads an hour when each went at
+        # once), from its finish if seen, else from its creation by us, else from when
+        # it was first missed (kept: timed from each plan's now, it never came, and the
+        # prewarm stopped for good, hostile pass 17).
+        if track.finished[0] != gone:
+            start = track.made_at if track.made_at is not None else now
+            track = replace(track, finished=(gone, start))
+        reloads, ready = _backoff(track, gone, now)
+        ready = max(ready, track.finished[1] + STATUS_LAG_SECONDS)
+        if now < ready:
+            return replace(
+                base,
+                track=track,
+                reason=f"{held}; our DataLoad {spec.namespace}/{mine} is gone (not by us):"
+                f" loading again at {format_time(ready)} (reload {reloads} in a row)",
+            )
+        track = replace(track, reloads=reloads)
+    # A new load: what was seen of the last one is not of it, even should the API server
+    # hand it the same UID (its finish was then never seen, and every load reloaded at
+    # once as "evicted": 2,940 writes an hour, hostile pass 15).
+    fresh = replace(track, finished=("", 0.0), reloaded="", warm_after="", ours="", made_at=now)
+    return replace(
+        base,
+        reason=f"{held}: creating DataLoad {spec.namespace}/{mine}",
+        track=fresh,
+        create=dataload_for(key, spec, dataset),
+    )
 
 
 def _unusable(
