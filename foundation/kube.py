@@ -629,18 +629,6 @@ def _kept(obj: RawObject) -> RawObject:
 # --- writes -----------------------------------------------------------------------------
 
 
-async def _send(
-    api: client.ApiClient,
-    method: str,
-    path: str,
-    body: RawObject,
-    content_type: str,
-    query: list[tuple[str, object]],
-) -> RawObject:
-    """A write whose 2xx answer is the object written (``_written``)."""
-    return _written(await _request(api, method, path, body, content_type, query))
-
-
 async def _request(
     api: client.ApiClient,
     method: str,
@@ -732,7 +720,7 @@ async def apply(
     query: list[tuple[str, object]] = [("fieldManager", field_manager)]
     if force:
         query.append(("force", "true"))
-    return await _send(api, "PATCH", path, body, "application/apply-patch+yaml", query)
+    return _written(await _request(api, "PATCH", path, body, "application/apply-patch+yaml", query))
 
 
 async def create(api: client.ApiClient, resource: Resource, body: RawObject) -> RawObject:
@@ -743,7 +731,7 @@ async def create(api: client.ApiClient, resource: Resource, body: RawObject) -> 
         ValueError: a 2xx answer over ``MAX_ANSWER_BYTES`` or not an object (``_written``).
     """
     path = resource.path(body["metadata"].get("namespace"))
-    return await _send(api, "POST", path, body, "application/json", [])
+    return _written(await _request(api, "POST", path, body, "application/json", []))
 
 
 async def delete(

@@ -16,7 +16,7 @@ from protos.externalscaler import externalscaler_pb2 as keda
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from scaler import service
 from scaler.config import ScalerConfig, SignalSourceConfig
-from scaler.registry import ScaledObjectRegistry
+from scaler.registry import ScaledObject, ScaledObjectRegistry
 from scaler.server import ScalerServer
 from scaler.signals import SignalStore
 from scaler.sources import receive, watch_signals
@@ -360,17 +360,24 @@ async def test_a_host_holding_the_most_streams_gives_its_oldest_up_for_one_holdi
         assert streams.streams == 0
 
 
+def _clocked_streams(
+    count: int,
+) -> tuple[FakeClock, ScaledObjectRegistry, list[ScaledObject], service.ExternalScalerService]:
+    """``count`` ScaledObjects and the stream service, on a clock the test moves."""
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    objects = [
+        registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata}) for n in range(count)
+    ]
+    return clock, registry, objects, service.ExternalScalerService(registry, clock)
+
+
 async def test_a_host_whose_stream_given_room_ends_young_is_barred_from_making_room():
     """Hostile pass 15: opening a stream and closing it in a loop ended one of KEDA's
     streams a cycle (1,000 in 0.07 s). A stream given room that ends within
     ``ROOM_HELD_SECONDS`` bars its host from making room, 10 s doubling; one that holds
     its place that long clears the bar."""
-    clock = FakeClock(T0)
-    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
-    objects = [
-        registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata}) for n in range(4)
-    ]
-    streams = service.ExternalScalerService(registry, clock)
+    clock, registry, objects, streams = _clocked_streams(4)
     keda = _From("ipv4:10.0.0.7:5000")
     churner = _From("ipv4:10.0.0.66:1")
 
@@ -409,12 +416,7 @@ async def test_streams_given_up_for_other_hosts_are_bounded_whatever_the_hosts()
     """Hostile pass 16: the bars are per host, so 4,097 hosts taking turns, or one host
     holding each stream a minute, ended KEDA's streams without end. From all hosts
     together, ``GIVE_UP_BURST`` at once and then ``GIVE_UP_RATE`` a second."""
-    clock = FakeClock(T0)
-    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
-    objects = [
-        registry.resolve(f"so-{n}", "team-a", {**ref(f"d{n}").scalerMetadata}) for n in range(150)
-    ]
-    streams = service.ExternalScalerService(registry, clock)
+    clock, registry, objects, streams = _clocked_streams(150)
     keda = _From("ipv4:10.0.0.7:5000")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(service, "MAX_STREAMS", 300)
