@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -959,17 +960,17 @@ def handshake_offers(
 ) -> tuple[bool, str | None]:
     """Whether the node offers its cards by HAMi's handshake, and what to report."""
     key = names.HAMI_NODE_HANDSHAKE
+    offers = now < handshake_offers_until(value, timeout, allocatable)
     if not isinstance(value, str):
         return True, None
     if "Requesting" in value:
-        stamp = value.partition("_")[2]
-        asked = _handshake_time(stamp) if len(value) <= MAX_HANDSHAKE_CHARS else None
-        if asked is None:
+        if _handshake_asked(value) is None:
+            stamp = value.partition("_")[2]
             unreadable = f"{key} {quote(value)} has an unreadable time {quote(stamp)}"
             return True, f"{unreadable}; taken as healthy, as HAMi does"
-        age = now - asked
-        if age < timeout or (allocatable or 0) > 0:
+        if offers:
             return True, None
+        age = now - (_handshake_asked(value) or 0.0)
         return False, (
             f"{key} asked {age:.0f} s ago (limit {timeout:.0f} s) and the device plugin has "
             f"not answered; the node allocates no {names.GPU}"
@@ -977,6 +978,29 @@ def handshake_offers(
     if "Deleted" in value:
         return False, f"{key} is {quote(value)}: HAMi removed its devices after a stale handshake"
     return True, None
+
+
+def handshake_offers_until(value: object, timeout: float, allocatable: int | None) -> float:
+    """Until when (unix seconds, exclusive) ``handshake_offers`` says the node offers cards.
+
+    +inf: whatever the time (no handshake, an answered or unreadable one, or cards the
+    device plugin allocates); -inf: never (HAMi marked it Deleted). Without ``now``, so
+    that what a pass reads of a node can be kept until that time
+    (``incremental.pool_fingerprint``): HAMi rewrites the text every few seconds.
+    """
+    if not isinstance(value, str):
+        return math.inf
+    if "Requesting" in value:
+        asked = _handshake_asked(value)
+        if asked is None or (allocatable or 0) > 0:
+            return math.inf
+        return asked + timeout
+    return -math.inf if "Deleted" in value else math.inf
+
+
+def _handshake_asked(value: str) -> float | None:
+    """The time of a ``Requesting_<time>`` handshake, or None when unreadable."""
+    return _handshake_time(value.partition("_")[2]) if len(value) <= MAX_HANDSHAKE_CHARS else None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -276,14 +276,13 @@ def pool_fingerprint(
             continue
         name = str(meta.get("name"))
         in_pool.add(name)
-        node_part.append(
-            _known(
-                keys,
-                obj,
-                (handshake_timeout, now),
-                functools.partial(_node_key, obj, name, now, handshake_timeout),
-            )
+        until, offering, refusing = _known(
+            keys,
+            obj,
+            ("node", handshake_timeout),
+            functools.partial(_node_keys, obj, name, handshake_timeout),
         )
+        node_part.append(offering if now < until else refusing)
     held: list[tuple[Any, ...]] = []
     tied: dict[int, RawObject] = {}
     for w in workloads if checks else ():
@@ -417,18 +416,28 @@ def _held_key(w: RawObject, checks: Collection[str], has_pods: bool) -> tuple[An
 
 def _node_key(obj: RawObject, name: str, now: float, timeout: float) -> Hashable:
     """What ``hami.inventory`` reads of a node in the pool, with its handshake read at ``now``."""
+    until, offering, refusing = _node_keys(obj, name, timeout)
+    return offering if now < until else refusing
+
+
+def _node_keys(obj: RawObject, name: str, timeout: float) -> tuple[float, Hashable, Hashable]:
+    """``_node_key`` without the time, kept by ``Keys`` across passes.
+
+    Until when the handshake offers the node's cards, the key while it does, and the key
+    once it does not.
+    """
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(names.GPU)
-    offers, _ = hami.handshake_offers(
-        annotations.get(names.HAMI_NODE_HANDSHAKE), now, timeout, hami.parse_quantity(allocatable)
+    until = hami.handshake_offers_until(
+        annotations.get(names.HAMI_NODE_HANDSHAKE), timeout, hami.parse_quantity(allocatable)
     )
-    return (
+    read = (
         name,
         str(annotations.get(names.HAMI_NODE_REGISTER)),
         str(annotations.get(names.HAMI_DEVICE_CORDON, "")),
         (obj.get("spec") or {}).get("unschedulable") is True,
-        offers,
     )
+    return until, (*read, True), (*read, False)
 
 
 def _pod_node(pod: RawObject) -> str | None:

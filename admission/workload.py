@@ -20,7 +20,7 @@ Pure: raw API objects and ``now`` in, values out.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from admission import annotations as names
@@ -126,17 +126,21 @@ NAMED_TIMES = 3
 """Times ``times_before_creation`` names; the rest are counted."""
 
 
-def pods_by_owner(pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:
+def pods_by_owner(
+    pods: Sequence[RawObject], ties: Callable[[RawObject], Sequence[str]] | None = None
+) -> dict[str, list[RawObject]]:
     """Pods by what ties them to a Workload: built once a pass, looked up per gang.
 
     Each pod is filed under the uid of each of its owners (a Job's pods), the uid of the
     JobSet that made its child Job (``jobset.sigs.k8s.io/jobset-uid``: the pod's owner
     is the child Job, the Workload's is the JobSet), and the Workload Kueue names on it
-    (``kueue.x-k8s.io/workload``, filed as ``namespace/name``).
+    (``kueue.x-k8s.io/workload``, filed as ``namespace/name``). ``ties``: a pod's ties
+    as ``ties_of_pod`` reads them (the controller's, kept per pod object across passes).
     """
+    read = ties or ties_of_pod
     index: dict[str, list[RawObject]] = {}
     for pod in pods:
-        for tie in ties_of_pod(pod):
+        for tie in read(pod):
             index.setdefault(tie, []).append(pod)
     return index
 

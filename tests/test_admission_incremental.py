@@ -352,7 +352,7 @@ def test_a_gang_that_does_not_fit_is_searched_again_only_when_its_pool_changes(s
 def test_a_pass_reads_only_the_objects_that_changed_since_the_last(monkeypatch):
     """What a pool's fingerprint reads of a node, pod or held Workload is kept by object."""
     reads: list[str] = []
-    for name in ("_node_key", "_pod_key", "_held_key"):
+    for name in ("_node_keys", "_pod_key", "_held_key"):
         real = getattr(incremental, name)
 
         def counting(*args, _real=real, _name=name):
@@ -374,14 +374,16 @@ def test_a_pass_reads_only_the_objects_that_changed_since_the_last(monkeypatch):
         decide_all(world.pending(), replace(world.cluster(memo), plans=plans), world.now)
         return sorted(set(reads))
 
-    assert one_pass() == ["_held_key", "_node_key", "_pod_key"]
+    assert one_pass() == ["_held_key", "_node_keys", "_pod_key"]
     assert one_pass() == []  # nothing changed: every key taken back
     apply_event(world, ("share", 1, 0, 10_000))  # one pod more
     assert one_pass() == ["_pod_key"]
     apply_event(world, ("kueue", 0, False))  # a status write: the held Workload is a new object
     assert one_pass() == ["_held_key"]
-    apply_event(world, ("tick", 1.0))  # a node's handshake is read at the pass's time
-    assert one_pass() == ["_node_key"]
+    apply_event(world, ("tick", 1.0))  # a node's handshake says until when it offers
+    assert one_pass() == []
+    apply_event(world, ("handshake", 0))  # HAMi rewrites it: that node alone is read again
+    assert one_pass() == ["_node_keys"]
     assert len(memo.keys) <= len(world.nodes) + len(world.pods) + 3 * len(world.workloads)
 
 
