@@ -6,7 +6,10 @@ Serving never waits on the disk: ``record`` appends a tuple to a list on the eve
 writes are serialised and the loop only awaits their end. A failed write (a full disk,
 a directory that cannot be made) drops that batch, counts it in
 ``unitscale_gateway_arrivals_write_errors_total`` and is logged once, until a write
-succeeds again; the next batch tries a fresh file. Nothing here raises into a request.
+succeeds again; the next batch resumes the same file (``_Files``). A file deleted or
+moved, or its directory removed, is noticed at the next batch (the path no longer names
+the file written): the rows go to a new file, the directory made again. Nothing here
+raises into a request.
 
 Whatever else sits in the directory, rotation goes on: only regular files are deleted, and
 a file that cannot be deleted (a directory of a recorded file's name, a file the gateway
@@ -66,30 +69,46 @@ Row = tuple[float, int, int]
 
 
 class _Files:
-    """The file being written; used only on the writer thread."""
+    """The file being written; used only on the writer thread.
+
+    A batch that fails (a full disk) leaves its file to be resumed: the next batch cuts it
+    back to its last flushed byte and writes there, so a failing disk never opens file
+    after file. Old files past ``max_files`` are deleted only once the file that displaces
+    them holds a flushed batch, so a failing disk never deletes the history either.
+    """
 
     def __init__(self) -> None:
         self.directory: Path | None = None
+        self.path: Path | None = None
+        """The file being written (None: the next batch opens a new one)."""
         self.handle: IO[bytes] | None = None
         self.size = 0
+        """Bytes in the open file, this batch's included."""
+        self.kept = 0
+        """Bytes of ``path`` flushed by batches that succeeded: where a retry resumes."""
         self.opened = 0.0
         """When the file was opened (Unix seconds)."""
         self.on_delete_error: Callable[[], None] = lambda: None
         """Hears every old file that could not be deleted (counted by the recorder)."""
+        self._doomed: list[Path] = []
+        """Old files past the bound, deleted once the new file holds a flushed batch."""
         self._undeletable: set[str] = set()
         """Old files that could not be deleted, each logged once (at most ``MAX_LOGGED``)."""
 
     def write(self, settings: ArrivalSettings, rows: list[Row], now: float) -> None:
         assert settings.directory is not None
         directory = Path(settings.directory)
+        if self.path is not None and not self._still_there():
+            self.reset()  # moved or deleted under us (the directory too, maybe): start again
         if directory != self.directory:
-            self.close()
-            directory.mkdir(parents=True, exist_ok=True)
+            self.reset()
             self.directory = directory
-        if is_another_day(self.opened, now):
-            self.close()  # a file holds one UTC day at most
+        if self.path is not None and is_another_day(self.opened, now):
+            self._leave()  # a file holds one UTC day at most
         texts = [format_row(*row) for row in rows]
         try:
+            if self.path is not None and self.handle is None and self.kept:
+                self._resume()
             for rotate, text in plan_writes(texts, self.size, settings.max_file_bytes):
                 if rotate:
                     self._open_next(directory, settings.max_files, now)
@@ -99,21 +118,54 @@ class _Files:
             if self.handle is not None:
                 self.handle.flush()
         except BaseException:
-            self.close()  # the next batch starts a fresh file
+            self.close()  # the next batch resumes this file from ``kept``
             raise
+        self.kept = self.size
+        doomed, self._doomed = self._doomed, []
+        for old in doomed:
+            self._delete(old)
+
+    def _still_there(self) -> bool:
+        """Whether ``path`` is still the file written (or, between batches, still exists)."""
+        assert self.path is not None
+        try:
+            found = os.stat(self.path)
+            return self.handle is None or os.path.samestat(found, os.fstat(self.handle.fileno()))
+        except (OSError, ValueError):
+            return False
+
+    def _resume(self) -> None:
+        """Reopen a failed batch's file, cut back to what earlier batches flushed."""
+        assert self.path is not None
+        handle = self.path.open("r+b")
+        try:
+            handle.truncate(self.kept)
+            handle.seek(self.kept)
+        except BaseException:
+            handle.close()
+            raise
+        self.handle, self.size = handle, self.kept
 
     def _open_next(self, directory: Path, max_files: int, now: float) -> None:
-        self.close()
+        if self.path is not None and self.handle is None and not self.kept:
+            # a failed batch's new file, nothing flushed in it yet: retried, not replaced
+            self.handle, self.size, self.opened = self.path.open("wb"), 0, now
+            return
+        if self.handle is not None:
+            self.handle.flush()  # a full disk fails this batch here, not silently at close
+        self._leave()
+        directory.mkdir(parents=True, exist_ok=True)  # made again, were it removed
         with os.scandir(directory) as scan:
             entries = [(entry.name, _is_file(entry)) for entry in scan]
         # Every name counts for the sequence (so the new one is free); only regular files
         # count for the bound and may be deleted.
         path = directory / file_name(next_sequence([name for name, _ in entries]), now)
         self.handle = path.open("xb")
-        self.size, self.opened = 0, now
+        self.path, self.size, self.kept, self.opened = path, 0, 0, now
         files = [name for name, regular in entries if regular]
-        for old in to_delete([*files, path.name], max_files, keep=path.name):
-            self._delete(directory / old)
+        self._doomed += [
+            directory / old for old in to_delete([*files, path.name], max_files, keep=path.name)
+        ]
 
     def _delete(self, path: Path) -> None:
         """Delete an old file; a failure is counted and logged once, never the batch's."""
@@ -136,14 +188,21 @@ class _Files:
         self._undeletable.discard(path.name)
 
     def close(self) -> None:
+        """Close the open file; ``path`` stays, to be resumed."""
         handle, self.handle, self.size = self.handle, None, 0
         if handle is not None:
             with contextlib.suppress(OSError):
                 handle.close()
 
-    def reset(self) -> None:
+    def _leave(self) -> None:
+        """Close the file for good: the next batch opens a new one."""
         self.close()
+        self.path, self.kept = None, 0
+
+    def reset(self) -> None:
+        self._leave()
         self.directory = None
+        self._doomed = []
 
 
 def _is_file(entry: os.DirEntry[str]) -> bool:

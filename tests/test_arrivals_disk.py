@@ -1,0 +1,147 @@
+"""The arrivals writer when the disk fails under it (issue 27's eighteenth hostile pass).
+
+A full disk, a write that lands half its bytes, the directory or the file removed or
+moved while the gateway runs: the record keeps what it held, takes rows again once the
+disk does, and never counts rows written to a file nobody can read. The writer
+(``serving.arrival_recorder._Files``) is called directly, as its thread does.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from replay.trace import read_trace
+from serving.arrival_recorder import _Files
+from serving.arrivals import ArrivalSettings
+from tests.conftest import T0
+
+
+class Disk:
+    """Files opened through ``Path.open`` whose writes fail while ``full``.
+
+    ``landing`` is the share of a failing write's bytes that reach the file first (a
+    disk that fills mid-write).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, landing: float = 0.0) -> None:
+        self.full = False
+        self.landing = landing
+        real_open = Path.open
+
+        def opened(path: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            handle = real_open(path, mode, *args, **kwargs)
+            return _Failing(handle, self) if "b" in mode else handle
+
+        monkeypatch.setattr(Path, "open", opened)
+
+
+class _Failing:
+    def __init__(self, handle: IO[bytes], disk: Disk) -> None:
+        self._handle, self._disk = handle, disk
+
+    def write(self, data: bytes) -> int:
+        if self._disk.full:
+            self._handle.write(data[: int(len(data) * self._disk.landing)])
+            self._handle.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self._handle.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+
+def rows(start: int, count: int) -> list[tuple[float, int, int]]:
+    """``count`` rows whose prompt tokens number them from ``start`` + 1."""
+    return [(T0 + start + i, 1 + start + i, 1) for i in range(count)]
+
+
+def recorded(directory: Path) -> dict[str, list[int]]:
+    """Each recorded file's rows (by their prompt tokens), read back by the replay's reader."""
+    return {
+        path.name: read_trace(path).prompt.tolist() for path in sorted(directory.glob("arrivals-*"))
+    }
+
+
+def test_a_full_disk_deletes_no_history_and_opens_no_file_after_file(tmp_path, monkeypatch):
+    """16 failing batches, each of which would have rotated: the two files of history stay
+    whole and at most one more file is tried for all of them; the first batch after the
+    disk frees lands whole and only then displaces the oldest rows."""
+    disk = Disk(monkeypatch)
+    files, settings = _Files(), ArrivalSettings(str(tmp_path), 1024, 2)
+    for batch in range(4):  # 40 rows of about 30 bytes: past a file a batch
+        files.write(settings, rows(100 * batch, 40), T0 + batch)
+    history = recorded(tmp_path)
+    assert len(history) == 2
+    disk.full = True
+    for batch in range(4, 20):
+        with pytest.raises(OSError, match="No space"):
+            files.write(settings, rows(100 * batch, 40), T0 + batch)
+    after = recorded(tmp_path)
+    assert {name: after[name] for name in history} == history
+    assert len(after) <= 3
+    disk.full = False
+    files.write(settings, rows(2000, 20), T0 + 20)  # less than a file
+    files.reset()
+    now = [row for prompts in recorded(tmp_path).values() for row in prompts]
+    kept = [row for prompts in history.values() for row in prompts]
+    assert now[-20:] == list(range(2001, 2021))
+    assert now[:-20] == kept[len(kept) - len(now) + 20 :]  # the newest of the history
+
+
+@pytest.mark.parametrize(
+    "landing",
+    [
+        pytest.param(0.0, id="a failing write that lands nothing is resumed where it began"),
+        pytest.param(0.5, id="half a failing write's bytes are cut before the next batch"),
+    ],
+)
+def test_a_failed_batch_leaves_no_row_and_no_part_row_in_the_file(tmp_path, monkeypatch, landing):
+    disk = Disk(monkeypatch, landing)
+    files, settings = _Files(), ArrivalSettings(str(tmp_path))
+    files.write(settings, rows(0, 10), T0)
+    disk.full = True
+    with pytest.raises(OSError):
+        files.write(settings, rows(100, 10), T0 + 1)
+    disk.full = False
+    files.write(settings, rows(200, 10), T0 + 2)
+    files.reset()
+    assert list(recorded(tmp_path).values()) == [[*range(1, 11), *range(201, 211)]]
+
+
+def remove_directory(directory: Path, path: Path) -> None:
+    shutil.rmtree(directory)
+
+
+def delete_file(directory: Path, path: Path) -> None:
+    path.unlink()
+
+
+def move_file(directory: Path, path: Path) -> None:
+    path.rename(directory.parent / "moved.csv")
+
+
+@pytest.mark.parametrize(
+    "remove",
+    [
+        pytest.param(remove_directory, id="the directory removed is made again"),
+        pytest.param(delete_file, id="the file deleted is followed by a new file"),
+        pytest.param(move_file, id="the file moved away is followed by a new file"),
+    ],
+)
+def test_rows_after_the_file_goes_land_in_a_file_of_the_directory(tmp_path, remove):
+    """Writes to the open descriptor would succeed and read back nowhere."""
+    directory = tmp_path / "arrivals"
+    files, settings = _Files(), ArrivalSettings(str(directory), 1024, 4)
+    files.write(settings, rows(0, 5), T0)
+    assert files.path is not None
+    remove(directory, files.path)
+    files.write(settings, rows(100, 5), T0 + 1)
+    files.write(settings, rows(200, 40), T0 + 2)  # past 1 KiB: a rotation scans the directory
+    files.reset()
+    found = [row for prompts in recorded(directory).values() for row in prompts]
+    assert found == [*range(101, 106), *range(201, 241)]
