@@ -25,13 +25,13 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from exporter.config import MAX_TARGETS, DeploymentConfig, ExporterConfig
 from exporter.engines import REJECTIONS
+from exporter.parse_pool import ParsePool
 from exporter.scrape import REASONS, ScrapeResult, resolve_replicas, scrape
 from exporter.signals import ReplicaHistory, derive, history_horizon
 from foundation.discovery import EndpointSlicesConfig, EndpointSliceWatch
@@ -48,7 +48,7 @@ BACKOFF_CAP = 60.0
 MODEL_LABEL_HOLD = 600.0
 """Seconds the ``model`` label stays before it may move to another name (``_label_model``)."""
 PARSE_WORKERS = 2
-"""Threads that parse bodies: one slow parse never holds up the rest."""
+"""Threads that parse bodies, the smallest first (``exporter.parse_pool``)."""
 
 
 @dataclass(slots=True)
@@ -148,7 +148,7 @@ class Exporter:
         self.loop_restarts = 0
         self._started: float | None = None
         self._failures = 0
-        self._parser: ThreadPoolExecutor | None = None
+        self._parser: ParsePool | None = None
         self.slice_watches: dict[SliceKey, EndpointSliceWatch] = {}
         self._watch_tasks: dict[SliceKey, asyncio.Task[None]] = {}
         self._running = False
@@ -208,15 +208,15 @@ class Exporter:
         """Call ``listener`` with each deployment after every cycle."""
         self._listeners.append(listener)
 
-    def _parse_pool(self) -> ThreadPoolExecutor:
+    def _parse_pool(self) -> ParsePool:
         if self._parser is None:
-            self._parser = ThreadPoolExecutor(PARSE_WORKERS, thread_name_prefix="exporter-parse")
+            self._parser = ParsePool(PARSE_WORKERS)
         return self._parser
 
     def close(self) -> None:
         """Stop the parsing threads (a later cycle starts new ones)."""
         if self._parser is not None:
-            self._parser.shutdown(wait=False, cancel_futures=True)
+            self._parser.shutdown()
             self._parser = None
 
     async def cycle(self, session: aiohttp.ClientSession) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -29,6 +28,7 @@ from exporter.parse import (
     TooLargeError,
     TooManySeriesError,
 )
+from exporter.parse_pool import ParsePool
 from foundation.dns import resolve_addresses
 
 # Bounded error reasons: they become a Prometheus label.
@@ -68,11 +68,12 @@ async def scrape(
     limit: float,
     engine: str = "auto",
     limits: Limits = DEFAULT_LIMITS,
-    parser: Executor | None = None,
+    parser: ParsePool | None = None,
 ) -> ScrapeResult:
     """Scrape ``target`` within ``limit`` seconds; never raises for a bad replica.
 
-    ``parser`` is the executor that parses (None: the event loop's default executor).
+    ``parser`` holds the threads that parse, the smallest body first (None: the event
+    loop's default executor).
     """
     start = time.perf_counter()
     phase = "connect"
@@ -99,8 +100,11 @@ async def scrape(
                     body = await _read_capped(response, limits.max_bytes)
                     break
             phase = "parse"
-            loop = asyncio.get_running_loop()
-            stats = await loop.run_in_executor(parser, read_exposition, body, engine, limits)
+            if parser is None:
+                loop = asyncio.get_running_loop()
+                stats = await loop.run_in_executor(None, read_exposition, body, engine, limits)
+            else:
+                stats = await parser.run(len(body), read_exposition, body, engine, limits)
     except TimeoutError:
         return failed("timeout", f"{phase} not done within {limit:g}s")
     except TooLargeError as err:

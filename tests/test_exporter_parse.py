@@ -147,6 +147,23 @@ def test_generated_exposition_parses_like_prometheus_client(samples):
     same(ours(text), reference(text))
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "n", "x", "\\\\", "\\n", '\\"', "\\x"]), max_size=12))
+def test_any_run_of_escapes_in_a_label_value_reads_as_prometheus_client_reads_it(pieces):
+    """Known escapes, unknown ones (kept as written) and runs of backslashes before a quote."""
+    text = f'vllm:num_requests_running{{a="{"".join(pieces)}",b="z"}} 1\n'
+    same(ours(text), reference(text))
+
+
+def test_a_sample_of_more_than_64_labels_is_refused_at_the_65th():
+    labels = ",".join(f'l{i}=""' for i in range(500_000))
+    with pytest.raises(ExpositionError, match="more than 64 labels"):
+        parse_samples(f"vllm:num_requests_running{{{labels}}} 1\n", {"vllm:num_requests_running"})
+    sixty_four = ",".join(f'l{i}="v"' for i in range(64))
+    (sample,) = parse_samples(f"m{{{sixty_four}}} 1\n")
+    assert len(sample.labels) == 64
+
+
 def test_an_error_quotes_at_most_200_characters_of_a_long_line():
     line = "vllm:num_requests_running{" + "x" * 5_000_000
     with pytest.raises(ExpositionError) as caught:
