@@ -617,3 +617,32 @@ def test_our_load_gone_before_seen_finished_and_not_made_here_is_loaded_again():
             break
         assert "is gone (not by us)" in made.reason
     assert created is not None and created <= STATUS_LAG_SECONDS + 1, created
+
+
+@pytest.mark.parametrize(
+    "back",
+    [
+        pytest.param(86_400.0, id="a clock stepped back a day reloads as it would have"),
+        pytest.param(3_600.0, id="a clock stepped back an hour reloads as it would have"),
+    ],
+)
+def test_a_wall_clock_stepped_back_never_stretches_the_reload_wait(back):
+    # Hostile pass 18: our load was made on a clock ahead; NTP stepped it back, then a
+    # TTL clean-up deleted the load. The reload waited until made_at + 121 s by the new
+    # clock (a day). Times later than now are taken as now.
+    track = plan(KEY, SPEC, Track(), active=True, desired=2, fluid=view(dataset("0.0%")),
+                 now=NOW).track  # fmt: skip
+    running = load("dataload-executing.yaml")
+    track = plan(KEY, SPEC, track, active=True, desired=2,
+                 fluid=view(dataset("10.0%"), running), now=NOW + 5).track  # fmt: skip
+    assert track.ours
+    created = None
+    for after in range(1, 600):
+        made = plan(KEY, SPEC, track, active=True, desired=2, fluid=view(dataset("10.0%")),
+                    now=NOW + 5 - back + after)  # fmt: skip
+        track = made.track
+        if made.create is not None:
+            created = after
+            break
+        assert "is gone (not by us)" in made.reason
+    assert created is not None and STATUS_LAG_SECONDS <= created <= STATUS_LAG_SECONDS + 2

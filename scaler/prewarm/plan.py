@@ -291,9 +291,28 @@ def plan(
             (``Decision.prewarm_forecast``): a trigger, and the cache
             is wanted while it lasts.
     """
+    track = _on_this_clock(track, now)
     track, triggered = _follow(track, active, desired, forecast and not active, now)
     result = _assess(scaled_object, spec, track, fluid, now, triggered)
     return _timed(result, spec, now)
+
+
+def _on_this_clock(track: Track, now: float) -> Track:
+    """``track`` with every time later than ``now`` taken as ``now``.
+
+    The wall clock stepped back (NTP correcting a clock a day ahead): a wait timed from
+    what the clock said then would last until it caught up, a day without a reload.
+    """
+    times = (track.idle_since, track.wait_since, track.made_at, track.finished[1])
+    if all(t is None or t <= now for t in times):
+        return track
+    return replace(
+        track,
+        idle_since=None if track.idle_since is None else min(track.idle_since, now),
+        wait_since=None if track.wait_since is None else min(track.wait_since, now),
+        made_at=None if track.made_at is None else min(track.made_at, now),
+        finished=(track.finished[0], min(track.finished[1], now)),
+    )
 
 
 def _follow(
