@@ -139,7 +139,7 @@ def _first_blank(line: str) -> int:
 
 def _parse_labels(line: str, position: int, number: int) -> tuple[dict[str, str], int]:
     labels: dict[str, str] = {}
-    end = len(line)
+    end, count = len(line), 0  # labels read, a name repeated counted each time
     while True:
         while position < end and line[position] in " \t":
             position += 1
@@ -160,7 +160,8 @@ def _parse_labels(line: str, position: int, number: int) -> tuple[dict[str, str]
         else:
             value, close = _unescape(line, start, number)
         labels[label] = value
-        if len(labels) > MAX_LABELS:
+        count += 1
+        if count > MAX_LABELS:
             raise ExpositionError(
                 f"line {number}: more than {MAX_LABELS} labels in {excerpt(line)}"
             )

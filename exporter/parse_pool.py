@@ -1,13 +1,15 @@
-"""Threads that parse scraped bodies, the smallest waiting body first.
+"""Threads that parse scraped bodies, the smallest first, one kept for small bodies alone.
 
 A body's parse costs time in proportion to its bytes: an honest vLLM ``/metrics`` is about
 50 kB an engine and parses in a millisecond, while a hostile replica may send the 4 MiB
-cap in a shape that takes half a second. First come, first served, five such replicas kept
-every thread busy past each honest scrape's deadline; smallest first, an honest body
-waits at most for the bodies already being parsed when it arrived. A body whose scrape
-gave up before a thread took it is never parsed (its future is cancelled).
+cap in a shape that takes a second. First come, first served, a few such replicas kept
+every thread busy past each honest scrape's deadline. Now the smallest waiting body goes
+first, and one thread takes only bodies of at most ``SMALL_BODY`` bytes: however many
+large bodies are being parsed, a small one starts at once and shares the interpreter
+with them. A body whose scrape gave up before a thread took it is never parsed (its
+future is cancelled).
 
-Not a ``ThreadPoolExecutor``: its queue is first in, first out.
+Not a ``ThreadPoolExecutor``: its queue is first in, first out, for any thread.
 """
 
 from __future__ import annotations
@@ -22,20 +24,28 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+SMALL_BODY = 256 * 1024
+"""Bodies the kept thread takes: five vLLM engines' worth, parsed in tens of milliseconds
+whatever their shape."""
+
+_Job = tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]
+
 
 class ParsePool:
-    """``workers`` daemon threads, started as work arrives, taking the smallest job first."""
+    """``workers`` daemon threads taking the smallest job first, and one more for small ones.
+
+    The threads start with the first job.
+    """
 
     def __init__(self, workers: int, name: str = "exporter-parse") -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, not {workers}")
         self.workers = workers
         self.name = name
-        self._jobs: list[tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self._jobs: list[_Job] = []
         self._order = itertools.count()
         self._lock = threading.Condition()
-        self._threads: list[threading.Thread] = []
-        self._idle = 0
+        self._started = False
         self._closed = False
 
     def submit(self, size: int, work: Callable[..., T], *args: Any) -> Future[T]:
@@ -45,28 +55,29 @@ class ParsePool:
             if self._closed:
                 raise RuntimeError("the parse pool is shut down")
             heapq.heappush(self._jobs, (size, next(self._order), future, work, args))
-            if self._idle:
-                self._lock.notify()
-            elif len(self._threads) < self.workers:
-                thread = threading.Thread(
-                    target=self._work, name=f"{self.name}-{len(self._threads)}", daemon=True
-                )
-                self._threads.append(thread)
-                thread.start()
+            if not self._started:
+                self._started = True
+                for i in range(self.workers + 1):
+                    limit = SMALL_BODY if i == self.workers else None
+                    threading.Thread(
+                        target=self._work, args=(limit,), name=f"{self.name}-{i}", daemon=True
+                    ).start()
+            self._lock.notify_all()  # the kept thread may not take it: wake every one
         return future
 
     async def run(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """``submit``, awaited; cancelling the await cancels a job not yet started."""
         return await asyncio.wrap_future(self.submit(size, work, *args))
 
-    def _work(self) -> None:
+    def _work(self, limit: int | None) -> None:
+        """Take jobs, smallest first; with a ``limit``, only jobs of at most that size."""
         while True:
             with self._lock:
-                while not self._jobs and not self._closed:
-                    self._idle += 1
+                while not self._closed and not (
+                    self._jobs and (limit is None or self._jobs[0][0] <= limit)
+                ):
                     self._lock.wait()
-                    self._idle -= 1
-                if not self._jobs:
+                if self._closed:
                     return
                 _, _, future, work, args = heapq.heappop(self._jobs)
             if not future.set_running_or_notify_cancel():

@@ -155,10 +155,13 @@ def test_any_run_of_escapes_in_a_label_value_reads_as_prometheus_client_reads_it
     same(ours(text), reference(text))
 
 
-def test_a_sample_of_more_than_64_labels_is_refused_at_the_65th():
+def test_a_sample_of_more_than_64_labels_is_refused_at_the_65th_read():
     labels = ",".join(f'l{i}=""' for i in range(500_000))
     with pytest.raises(ExpositionError, match="more than 64 labels"):
         parse_samples(f"vllm:num_requests_running{{{labels}}} 1\n", {"vllm:num_requests_running"})
+    repeated = ",".join(['a="\\\\"'] * 500_000)  # one name: counted each time it is read
+    with pytest.raises(ExpositionError, match="more than 64 labels"):
+        parse_samples(f"vllm:num_requests_running{{{repeated}}} 1\n", {"vllm:num_requests_running"})
     sixty_four = ",".join(f'l{i}="v"' for i in range(64))
     (sample,) = parse_samples(f"m{{{sixty_four}}} 1\n")
     assert len(sample.labels) == 64
