@@ -46,7 +46,7 @@ from serving.arrivals import (
     ArrivalSettings,
     file_name,
     format_row,
-    is_another_day,
+    is_a_later_day,
     next_sequence,
     plan_writes,
     to_delete,
@@ -74,7 +74,10 @@ class _Files:
     A batch that fails (a full disk) leaves its file to be resumed: the next batch cuts it
     back to its last flushed byte and writes there, so a failing disk never opens file
     after file. Old files past ``max_files`` are deleted only once the file that displaces
-    them holds a flushed batch, so a failing disk never deletes the history either.
+    them holds a flushed batch, so a failing disk never deletes the history either. A file
+    left after a failed batch (a shutdown, a new day) is cut back the same way. A failed
+    batch that rotated keeps the rows it wrote before the rotation, though all of it is
+    counted dropped: the count errs towards loss, never towards rows that are not there.
     """
 
     def __init__(self) -> None:
@@ -90,8 +93,10 @@ class _Files:
         """When the file was opened (Unix seconds)."""
         self.on_delete_error: Callable[[], None] = lambda: None
         """Hears every old file that could not be deleted (counted by the recorder)."""
-        self._doomed: list[Path] = []
+        self._doomed: dict[Path, None] = {}
         """Old files past the bound, deleted once the new file holds a flushed batch."""
+        self._failed = False
+        """A batch failed on ``path``: bytes past ``kept`` may be a part of it."""
         self._undeletable: set[str] = set()
         """Old files that could not be deleted, each logged once (at most ``MAX_LOGGED``)."""
 
@@ -103,7 +108,7 @@ class _Files:
         if directory != self.directory:
             self.reset()
             self.directory = directory
-        if self.path is not None and is_another_day(self.opened, now):
+        if self.path is not None and is_a_later_day(self.opened, now):
             self._leave()  # a file holds one UTC day at most
         texts = [format_row(*row) for row in rows]
         try:
@@ -119,9 +124,10 @@ class _Files:
                 self.handle.flush()
         except BaseException:
             self.close()  # the next batch resumes this file from ``kept``
+            self._failed = True
             raise
-        self.kept = self.size
-        doomed, self._doomed = self._doomed, []
+        self.kept, self._failed = self.size, False
+        doomed, self._doomed = list(self._doomed), {}
         for old in doomed:
             self._delete(old)
 
@@ -153,6 +159,7 @@ class _Files:
             return
         if self.handle is not None:
             self.handle.flush()  # a full disk fails this batch here, not silently at close
+            self.kept, self._failed = self.size, False  # the file holds its rows whole
         self._leave()
         directory.mkdir(parents=True, exist_ok=True)  # made again, were it removed
         with os.scandir(directory) as scan:
@@ -163,9 +170,8 @@ class _Files:
         self.handle = path.open("xb")
         self.path, self.size, self.kept, self.opened = path, 0, 0, now
         files = [name for name, regular in entries if regular]
-        self._doomed += [
-            directory / old for old in to_delete([*files, path.name], max_files, keep=path.name)
-        ]
+        doomed = to_delete([*files, path.name], max_files, keep=path.name)
+        self._doomed.update(dict.fromkeys(directory / old for old in doomed))
 
     def _delete(self, path: Path) -> None:
         """Delete an old file; a failure is counted and logged once, never the batch's."""
@@ -195,14 +201,25 @@ class _Files:
                 handle.close()
 
     def _leave(self) -> None:
-        """Close the file for good: the next batch opens a new one."""
+        """Close the file for good: the next batch opens a new one.
+
+        A file left after a failed batch is cut back to what earlier batches flushed (or
+        deleted, if they flushed nothing): a part row would make the replay refuse the
+        whole recording.
+        """
         self.close()
-        self.path, self.kept = None, 0
+        if self.path is not None and self._failed:
+            with contextlib.suppress(OSError):
+                if self.kept:
+                    os.truncate(self.path, self.kept)
+                else:
+                    self.path.unlink()
+        self.path, self.kept, self._failed = None, 0, False
 
     def reset(self) -> None:
         self._leave()
         self.directory = None
-        self._doomed = []
+        self._doomed = {}
 
 
 def _is_file(entry: os.DirEntry[str]) -> bool:

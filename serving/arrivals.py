@@ -15,8 +15,8 @@ records what it had).
 
 Disk is bounded by two numbers: a file holds at most ``max_file_bytes`` (the rows that
 would pass it go to the next file, ``plan_writes``), and at most ``max_files`` files are
-kept (opening one more deletes the oldest, ``to_delete``). A file also ends with its UTC
-day (``is_another_day``): each holds at most a day, which the replay can always read
+kept (opening one more deletes the oldest, ``to_delete``). A file also ends when a later
+UTC day begins (``is_a_later_day``): each holds about a day, which the replay can always read
 (it refuses a trace spanning more than 31 days), and a day's traffic is a few files. Files are named
 ``arrivals-<sequence>-<UTC start>.csv`` with an 8-digit sequence that orders them, across
 restarts too. The sequence is a ring (after 99999999 comes 00000000): the oldest file is
@@ -103,9 +103,13 @@ def plan_writes(rows: list[str], size: int, max_bytes: int) -> list[tuple[bool, 
     return writes
 
 
-def is_another_day(opened: float, now: float) -> bool:
-    """Whether ``now`` falls on another UTC day than ``opened`` (both Unix seconds)."""
-    return int(opened // 86_400) != int(now // 86_400)
+def is_a_later_day(opened: float, now: float) -> bool:
+    """Whether ``now`` falls on a later UTC day than ``opened`` (both Unix seconds).
+
+    Only later: a wall clock stepping back and forth over midnight would otherwise open a
+    file a batch, and the bound on files would delete the history.
+    """
+    return int(now // 86_400) > int(opened // 86_400)
 
 
 def file_name(sequence: int, started: float) -> str:

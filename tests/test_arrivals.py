@@ -32,7 +32,7 @@ from serving.arrivals import (
     estimate_prompt_tokens,
     file_name,
     format_row,
-    is_another_day,
+    is_a_later_day,
     next_sequence,
     plan_writes,
     to_delete,
@@ -461,4 +461,5 @@ def test_a_file_holds_one_utc_day_at_most(tmp_path):
     paths = sorted(tmp_path.iterdir())
     assert [p.name[18:26] for p in paths] == ["20250304", "20250305"]
     assert [read_trace(p).prompt.tolist() for p in paths] == [[10, 20], [30]]
-    assert is_another_day(midnight - 1, midnight) and not is_another_day(midnight, midnight + 1)
+    assert is_a_later_day(midnight - 1, midnight) and not is_a_later_day(midnight, midnight + 1)
+    assert not is_a_later_day(midnight, midnight - 1)  # a clock stepped back opens no file

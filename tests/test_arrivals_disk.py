@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import pytest
 
-from replay.trace import read_trace
+from replay.trace import read_recording, read_trace
 from serving.arrival_recorder import _Files
 from serving.arrivals import ArrivalSettings
 from tests.conftest import T0
@@ -145,3 +145,68 @@ def test_rows_after_the_file_goes_land_in_a_file_of_the_directory(tmp_path, remo
     files.reset()
     found = [row for prompts in recorded(directory).values() for row in prompts]
     assert found == [*range(101, 106), *range(201, 241)]
+
+
+MIDNIGHT = T0 - T0 % 86_400 + 86_400
+
+
+def left_for_the_next_day(files: _Files, settings: ArrivalSettings, disk: Disk) -> None:
+    files.write(settings, rows(0, 10), MIDNIGHT - 5)
+    disk.full = True
+    with pytest.raises(OSError):
+        files.write(settings, rows(100, 10), MIDNIGHT - 4)
+    disk.full = False
+    files.write(settings, rows(200, 10), MIDNIGHT + 5)
+    files.reset()
+
+
+def left_at_shutdown(files: _Files, settings: ArrivalSettings, disk: Disk) -> None:
+    files.write(settings, rows(0, 10), MIDNIGHT - 5)
+    disk.full = True
+    with pytest.raises(OSError):
+        files.write(settings, rows(100, 10), MIDNIGHT - 4)
+    files.reset()  # the gateway restarted to free the volume
+
+
+def first_batch_failed(files: _Files, settings: ArrivalSettings, disk: Disk) -> None:
+    files.write(settings, rows(0, 10), MIDNIGHT - 5)
+    files.reset()
+    disk.full = True
+    with pytest.raises(OSError):
+        files.write(settings, rows(100, 10), MIDNIGHT - 4)
+    files.reset()
+
+
+@pytest.mark.parametrize(
+    ("scenario", "found"),
+    [
+        pytest.param(
+            left_for_the_next_day,
+            [*range(1, 11), *range(201, 211)],
+            id="a file left for the next day is cut back",
+        ),
+        pytest.param(
+            left_at_shutdown, list(range(1, 11)), id="a file left at shutdown is cut back"
+        ),
+        pytest.param(
+            first_batch_failed, list(range(1, 11)), id="a file whose first batch failed is deleted"
+        ),
+    ],
+)
+def test_a_file_left_after_a_failed_batch_holds_no_part_row(tmp_path, monkeypatch, scenario, found):
+    """Half of each failing write lands: left as it was, the replay refuses the recording."""
+    disk = Disk(monkeypatch, landing=0.47)
+    scenario(_Files(), ArrivalSettings(str(tmp_path)), disk)
+    assert read_recording(tmp_path).prompt.tolist() == found
+
+
+def test_a_clock_stepping_back_and_forth_over_midnight_keeps_the_history(tmp_path):
+    """Each step back opened a file; the bound on files then deleted the oldest."""
+    files, settings = _Files(), ArrivalSettings(str(tmp_path), 1 << 20, 2)
+    for batch in range(20):
+        now = MIDNIGHT + (5 if batch % 2 else -5)
+        files.write(settings, [(now, batch + 1, 1)], now)
+    files.reset()
+    assert sorted(row for rows_ in recorded(tmp_path).values() for row in rows_) == list(
+        range(1, 21)
+    )
