@@ -124,7 +124,7 @@ def read_recording(directory: Path) -> Trace:
 
     The files are Azure CSVs with wall-clock timestamps (``serving.arrivals``), so their
     rows merge on one clock whatever order the files were written in; a file holding only
-    its header (just opened) adds nothing. The trace is named after the directory.
+    its header, or nothing (just opened), adds nothing. The trace is named after the directory.
 
     Raises:
         TraceError: no ``.csv`` file, one that is not an Azure CSV, a bad row (named by
@@ -150,6 +150,8 @@ def read_recording(directory: Path) -> Trace:
     for path in files:
         with closing(_lines(path)) as lines:
             header = next(lines, (1, ""))[1]
+        if not header and path.stat().st_size == 0:
+            continue  # opened, its header not yet written (a crash between): nothing
         if not ("TIMESTAMP" in header and "ContextTokens" in header):
             raise TraceError(f"{path}: not an Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
         parts.append(_azure(path, sum(len(p.line) for p in parts)))

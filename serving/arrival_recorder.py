@@ -97,6 +97,8 @@ class _Files:
         """Old files past the bound, deleted once the new file holds a flushed batch."""
         self._failed = False
         """A batch failed on ``path``: bytes past ``kept`` may be a part of it."""
+        self._identity: tuple[int, int] | None = None
+        """The device and inode of the file opened as ``path``."""
         self._undeletable: set[str] = set()
         """Old files that could not be deleted, each logged once (at most ``MAX_LOGGED``)."""
 
@@ -104,6 +106,7 @@ class _Files:
         assert settings.directory is not None
         directory = Path(settings.directory)
         if self.path is not None and not self._still_there():
+            self._failed = False  # whatever the path names now is not ours to cut back
             self.reset()  # moved or deleted under us (the directory too, maybe): start again
         if directory != self.directory:
             self.reset()
@@ -132,13 +135,17 @@ class _Files:
             self._delete(old)
 
     def _still_there(self) -> bool:
-        """Whether ``path`` is still the file written (or, between batches, still exists)."""
+        """Whether ``path`` still names the file written, with every byte flushed to it.
+
+        Not when it was replaced by another file of its name, or cut short in place (a
+        ``copytruncate`` rotation): resuming would fill the gap with zeros.
+        """
         assert self.path is not None
         try:
             found = os.stat(self.path)
-            return self.handle is None or os.path.samestat(found, os.fstat(self.handle.fileno()))
-        except (OSError, ValueError):
+        except OSError:
             return False
+        return (found.st_dev, found.st_ino) == self._identity and found.st_size >= self.kept
 
     def _resume(self) -> None:
         """Reopen a failed batch's file, cut back to what earlier batches flushed."""
@@ -168,6 +175,8 @@ class _Files:
         # count for the bound and may be deleted.
         path = directory / file_name(next_sequence([name for name, _ in entries]), now)
         self.handle = path.open("xb")
+        found = os.fstat(self.handle.fileno())
+        self._identity = (found.st_dev, found.st_ino)
         self.path, self.size, self.kept, self.opened = path, 0, 0, now
         files = [name for name, regular in entries if regular]
         doomed = to_delete([*files, path.name], max_files, keep=path.name)

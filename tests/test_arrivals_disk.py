@@ -9,6 +9,7 @@ disk does, and never counts rows written to a file nobody can read. The writer
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 from typing import IO, Any
@@ -53,6 +54,12 @@ class _Failing:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._handle, name)
+
+    def __enter__(self) -> _Failing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.close()
 
 
 def rows(start: int, count: int) -> list[tuple[float, int, int]]:
@@ -210,3 +217,36 @@ def test_a_clock_stepping_back_and_forth_over_midnight_keeps_the_history(tmp_pat
     assert sorted(row for rows_ in recorded(tmp_path).values() for row in rows_) == list(
         range(1, 21)
     )
+
+
+def test_a_file_replaced_while_its_failed_batch_waits_is_not_ours_to_cut(tmp_path, monkeypatch):
+    """Resuming it would cut another writer's file, or zero-fill it up to our offset."""
+    disk = Disk(monkeypatch, landing=0.5)
+    files, settings = _Files(), ArrivalSettings(str(tmp_path))
+    files.write(settings, rows(0, 10), T0)
+    disk.full = True
+    with pytest.raises(OSError):
+        files.write(settings, rows(100, 10), T0 + 1)
+    disk.full = False
+    assert files.path is not None
+    files.path.unlink()
+    files.path.write_bytes(b"someone else's\n")
+    replaced = files.path
+    files.write(settings, rows(200, 10), T0 + 2)
+    files.reset()
+    assert replaced.read_bytes() == b"someone else's\n"
+    assert files.path is None and len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_file_cut_short_in_place_is_left_and_the_recording_reads(tmp_path):
+    """A ``copytruncate`` rotation: writing on at our offset left a hole of zeros."""
+    files, settings = _Files(), ArrivalSettings(str(tmp_path))
+    files.write(settings, rows(0, 10), T0)
+    assert files.path is not None
+    os.truncate(files.path, 0)
+    files.write(settings, rows(100, 10), T0 + 1)
+    files.reset()
+    assert all(b"\0" not in path.read_bytes() for path in tmp_path.iterdir())
+    assert read_recording(tmp_path).prompt.tolist() == list(
+        range(101, 111)
+    )  # the empty file adds nothing

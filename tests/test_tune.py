@@ -393,12 +393,12 @@ def test_rotated_files_read_as_the_one_file_holding_every_row(tmp_path):
     [
         pytest.param({}, "no .csv files", id="a directory without csv files is refused"),
         pytest.param(
-            {"a.csv": ""}, "a.csv: not an Azure CSV", id="a file without the header is named"
+            {"a.csv": "1,2,3\n"}, "a.csv: not an Azure CSV", id="a file without the header is named"
         ),
         pytest.param(
-            {"a.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n"},
-            "no requests in 1 files",
-            id="files holding only headers hold no trace",
+            {"a.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n", "b.csv": ""},
+            "no requests in 2 files",
+            id="files holding only headers or nothing hold no trace",
         ),
         pytest.param(
             {
