@@ -62,6 +62,9 @@ MAX_PENDING = 200_000
 WRITE_TIMEOUT = 10 * FLUSH_SECONDS
 """Seconds a write may take before it counts as failed: a local disk takes milliseconds."""
 
+DAY_SECONDS = 86_400.0
+"""A step back of the wall clock past this is a correction: the file ends."""
+
 MAX_LOGGED = 100
 """Undeletable files whose names are remembered, so that each is logged once."""
 
@@ -111,8 +114,12 @@ class _Files:
         if directory != self.directory:
             self.reset()
             self.directory = directory
-        if self.path is not None and is_a_later_day(self.opened, now):
-            self._leave()  # a file holds one UTC day at most
+        if self.path is not None and (
+            is_a_later_day(self.opened, now) or now < self.opened - DAY_SECONDS
+        ):
+            # A file ends with its UTC day, and when the clock is set back more than a
+            # day (opened on a clock far ahead, it would never see a later day).
+            self._leave()
         texts = [format_row(*row) for row in rows]
         try:
             if self.path is not None and self.handle is None and self.kept:
@@ -146,6 +153,15 @@ class _Files:
         except OSError:
             return False
         return (found.st_dev, found.st_ino) == self._identity and found.st_size >= self.kept
+
+    def _ours(self) -> bool:
+        """Whether ``path`` still names the file opened as it, whatever its length."""
+        assert self.path is not None
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return False
+        return (found.st_dev, found.st_ino) == self._identity
 
     def _resume(self) -> None:
         """Reopen a failed batch's file, cut back to what earlier batches flushed."""
@@ -217,7 +233,7 @@ class _Files:
         whole recording.
         """
         self.close()
-        if self.path is not None and self._failed:
+        if self.path is not None and self._failed and self._ours():
             with contextlib.suppress(OSError):
                 if self.kept:
                     os.truncate(self.path, self.kept)

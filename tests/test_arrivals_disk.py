@@ -250,3 +250,14 @@ def test_a_file_cut_short_in_place_is_left_and_the_recording_reads(tmp_path):
     assert read_recording(tmp_path).prompt.tolist() == list(
         range(101, 111)
     )  # the empty file adds nothing
+
+
+def test_a_file_opened_on_a_clock_a_year_ahead_ends_when_the_clock_comes_back(tmp_path):
+    """It would never see a later day: its rows would pass the replay's 31-day span."""
+    files, settings = _Files(), ArrivalSettings(str(tmp_path))
+    files.write(settings, rows(0, 5), T0 + 365 * 86_400)  # one flush on a clock a year ahead
+    for day in range(40):
+        now = T0 + day * 86_400
+        files.write(settings, [(now, day + 1, 1)], now)
+    files.reset()
+    assert read_recording(tmp_path).prompt.tolist() == list(range(25, 41))  # a file a day, 16 kept
