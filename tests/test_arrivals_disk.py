@@ -17,7 +17,7 @@ from typing import IO, Any
 import pytest
 
 from replay.trace import read_recording, read_trace
-from serving.arrival_recorder import _Files
+from serving.arrival_recorder import Row, _Files
 from serving.arrivals import ArrivalSettings
 from tests.conftest import T0
 
@@ -39,6 +39,13 @@ class Disk:
             return _Failing(handle, self) if "b" in mode else handle
 
         monkeypatch.setattr(Path, "open", opened)
+
+    def fail(self, files: _Files, settings: ArrivalSettings, batch: list[Row], now: float) -> None:
+        """One batch written while the disk is full: it fails, and the disk frees after."""
+        self.full = True
+        with pytest.raises(OSError):
+            files.write(settings, batch, now)
+        self.full = False
 
 
 class _Failing:
@@ -111,10 +118,7 @@ def test_a_failed_batch_leaves_no_row_and_no_part_row_in_the_file(tmp_path, monk
     disk = Disk(monkeypatch, landing)
     files, settings = _Files(), ArrivalSettings(str(tmp_path))
     files.write(settings, rows(0, 10), T0)
-    disk.full = True
-    with pytest.raises(OSError):
-        files.write(settings, rows(100, 10), T0 + 1)
-    disk.full = False
+    disk.fail(files, settings, rows(100, 10), T0 + 1)
     files.write(settings, rows(200, 10), T0 + 2)
     files.reset()
     assert list(recorded(tmp_path).values()) == [[*range(1, 11), *range(201, 211)]]
@@ -159,28 +163,21 @@ MIDNIGHT = T0 - T0 % 86_400 + 86_400
 
 def left_for_the_next_day(files: _Files, settings: ArrivalSettings, disk: Disk) -> None:
     files.write(settings, rows(0, 10), MIDNIGHT - 5)
-    disk.full = True
-    with pytest.raises(OSError):
-        files.write(settings, rows(100, 10), MIDNIGHT - 4)
-    disk.full = False
+    disk.fail(files, settings, rows(100, 10), MIDNIGHT - 4)
     files.write(settings, rows(200, 10), MIDNIGHT + 5)
     files.reset()
 
 
 def left_at_shutdown(files: _Files, settings: ArrivalSettings, disk: Disk) -> None:
     files.write(settings, rows(0, 10), MIDNIGHT - 5)
-    disk.full = True
-    with pytest.raises(OSError):
-        files.write(settings, rows(100, 10), MIDNIGHT - 4)
+    disk.fail(files, settings, rows(100, 10), MIDNIGHT - 4)
     files.reset()  # the gateway restarted to free the volume
 
 
 def first_batch_failed(files: _Files, settings: ArrivalSettings, disk: Disk) -> None:
     files.write(settings, rows(0, 10), MIDNIGHT - 5)
     files.reset()
-    disk.full = True
-    with pytest.raises(OSError):
-        files.write(settings, rows(100, 10), MIDNIGHT - 4)
+    disk.fail(files, settings, rows(100, 10), MIDNIGHT - 4)
     files.reset()
 
 
@@ -224,10 +221,7 @@ def test_a_file_replaced_while_its_failed_batch_waits_is_not_ours_to_cut(tmp_pat
     disk = Disk(monkeypatch, landing=0.5)
     files, settings = _Files(), ArrivalSettings(str(tmp_path))
     files.write(settings, rows(0, 10), T0)
-    disk.full = True
-    with pytest.raises(OSError):
-        files.write(settings, rows(100, 10), T0 + 1)
-    disk.full = False
+    disk.fail(files, settings, rows(100, 10), T0 + 1)
     assert files.path is not None
     files.path.unlink()
     files.path.write_bytes(b"someone else's\n")
