@@ -15,6 +15,7 @@ prefill, a request at its end, so their ratio is off while the load changes).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -179,13 +180,23 @@ def bucket_quantile(q: float, bounds: Sequence[float], cumulative: Vector) -> fl
     None when the buckets hold no observation. Example: bounds (0.1, 0.5, +Inf),
     counts (2, 6, 6), q 0.5: rank 3 lies in (0.1, 0.5] holding 4 -> 0.1 + 0.4 * 1/4 = 0.2.
     """
-    counts = np.maximum.accumulate(cumulative)  # scrapes are not atomic: keep it monotone
-    total = float(counts[-1]) if len(counts) else 0.0
+    return bucket_quantiles((q,), bounds, cumulative)[0]
+
+
+def bucket_quantiles(
+    qs: Sequence[float], bounds: Sequence[float], cumulative: Vector
+) -> tuple[float | None, ...]:
+    """``bucket_quantile`` for each of ``qs``, the counts made monotone once."""
+    # Scrapes are not atomic: keep the counts monotone.
+    counts: list[float] = np.maximum.accumulate(cumulative).tolist()
+    total = float(counts[-1]) if counts else 0.0
     if total <= 0 or not math.isfinite(total):
-        return None
-    rank = q * total
-    index = int(np.searchsorted(counts, rank, side="left"))
-    index = min(index, len(bounds) - 1)
+        return (None,) * len(qs)
+    return tuple(_interpolated(q * total, bounds, counts) for q in qs)
+
+
+def _interpolated(rank: float, bounds: Sequence[float], counts: list[float]) -> float | None:
+    index = min(bisect.bisect_left(counts, rank), len(bounds) - 1)
     if math.isinf(bounds[index]):
         finite = [b for b in bounds if math.isfinite(b)]
         return finite[-1] if finite else None
@@ -193,8 +204,8 @@ def bucket_quantile(q: float, bounds: Sequence[float], cumulative: Vector) -> fl
     if index == 0:
         lower, below = (0.0 if upper > 0 else upper), 0.0
     else:
-        lower, below = bounds[index - 1], float(counts[index - 1])
-    inside = float(counts[index]) - below
+        lower, below = bounds[index - 1], counts[index - 1]
+    inside = counts[index] - below
     if inside <= 0:
         return upper
     return lower + (upper - lower) * (rank - below) / inside
@@ -315,14 +326,15 @@ def _window(
         merged = _merge_buckets(windows, histogram)
         if merged is not None:
             bounds, counts, members = merged
+            pooled = bucket_quantiles(QUANTILES, bounds, counts)
+            # One replica's own quantiles are the pooled ones (its counts summed alone).
+            own = (
+                [bucket_quantiles(QUANTILES, bounds, m) for m in members]
+                if len(members) > 1
+                else [pooled]
+            )
             quantiles[histogram] = Quantiles(
-                *(
-                    majority_floor(
-                        bucket_quantile(q, bounds, counts),
-                        [bucket_quantile(q, bounds, own) for own in members],
-                    )
-                    for q in QUANTILES
-                )
+                *(majority_floor(p, [o[j] for o in own]) for j, p in enumerate(pooled))
             )
     means = [w.gauge_means for w in windows]
     return WindowSignals(
