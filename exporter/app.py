@@ -136,7 +136,7 @@ class ExporterServer:
             if task.cancelled():
                 return "scrape loop stopped: cancelled"
             return f"scrape loop stopped: {task.exception()!r}"
-        return self.exporter.stalled()
+        return self.exporter.stalled() or self.exporter.parse_problem()
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

@@ -70,6 +70,11 @@ def _loop_families(exporter: Exporter) -> Iterator[Metric]:
         "Scrape loop restarts after a cycle failed (with backoff).",
         value=exporter.loop_restarts,
     )
+    yield CounterMetricFamily(
+        "unitscale_exporter_parse_thread_start_failures",
+        "Parse threads that could not start; each is tried again with the next body.",
+        value=exporter.parse_thread_start_failures,
+    )
 
 
 def _signal_families() -> tuple[dict[str, GaugeMetricFamily], dict[str, GaugeMetricFamily]]:

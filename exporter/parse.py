@@ -98,7 +98,12 @@ def parse_samples(
     samples: list[Sample] = []
     append = samples.append
     room = -1 if max_samples is None else max_samples
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" alone, as Prometheus reads them: ``str.splitlines`` also broke at
+    # "\r", "\x0b", "\x85", U+2028 and more, which a label value may hold unescaped (a
+    # LoRA adapter's name): a sample hidden in it was read as the replica's own.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.endswith("\r"):
+            line = line[:-1]  # a body written with CRLF line ends
         if not line or line[0] == "#":
             continue
         brace = line.find("{")

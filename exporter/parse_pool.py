@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -30,11 +31,14 @@ whatever their shape."""
 
 _Job = tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]
 
+log = logging.getLogger(__name__)
+
 
 class ParsePool:
     """``workers`` daemon threads taking the smallest job first, and one more for small ones.
 
-    The threads start with the first job.
+    The threads start with the first job. One that cannot start (a brief limit on the
+    process's threads) is tried again with each later job; until then ``problem`` says so.
     """
 
     def __init__(self, workers: int, name: str = "exporter-parse") -> None:
@@ -45,7 +49,10 @@ class ParsePool:
         self._jobs: list[_Job] = []
         self._order = itertools.count()
         self._lock = threading.Condition()
-        self._started = False
+        self._threads: list[threading.Thread | None] = [None] * (workers + 1)
+        self.failed_starts = 0
+        """Threads that could not start (``Thread.start`` raised), counted."""
+        self._asked = False
         self._closed = False
 
     def submit(self, size: int, work: Callable[..., T], *args: Any) -> Future[T]:
@@ -55,15 +62,40 @@ class ParsePool:
             if self._closed:
                 raise RuntimeError("the parse pool is shut down")
             heapq.heappush(self._jobs, (size, next(self._order), future, work, args))
-            if not self._started:
-                self._started = True
-                for i in range(self.workers + 1):
-                    limit = SMALL_BODY if i == self.workers else None
-                    threading.Thread(
-                        target=self._work, args=(limit,), name=f"{self.name}-{i}", daemon=True
-                    ).start()
+            self._asked = True
+            self._start_missing()
             self._lock.notify_all()  # the kept thread may not take it: wake every one
         return future
+
+    def _start_missing(self) -> None:
+        """Start each thread not running; one that cannot start is tried at the next job."""
+        for i, thread in enumerate(self._threads):
+            if thread is not None and thread.is_alive():
+                continue
+            limit = SMALL_BODY if i == self.workers else None
+            thread = threading.Thread(
+                target=self._work, args=(limit,), name=f"{self.name}-{i}", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError as err:  # "can't start new thread"
+                self.failed_starts += 1
+                log.warning("parse thread %s could not start: %s", thread.name, err)
+                continue
+            self._threads[i] = thread
+
+    def problem(self) -> str | None:
+        """Why bodies may wait for good (a thread that could not start), or None."""
+        with self._lock:
+            if self._closed or not self._asked:
+                return None  # shut down, or no job yet
+            missing = sum(1 for t in self._threads if t is None or not t.is_alive())
+        if missing == 0:
+            return None
+        return (
+            f"{missing} of {len(self._threads)} parse threads not running"
+            f" ({self.failed_starts} failed to start)"
+        )
 
     async def run(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """``submit``, awaited; cancelling the await cancels a job not yet started."""

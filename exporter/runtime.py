@@ -292,6 +292,15 @@ class Exporter:
             namespace, deployment, _ = state.key
             log.error("deployment %s/%s: %s", namespace, deployment, failure[:300], exc_info=err)
 
+    @property
+    def parse_thread_start_failures(self) -> int:
+        """Parse threads that could not start (each is tried again with the next body)."""
+        return 0 if self._parser is None else self._parser.failed_starts
+
+    def parse_problem(self) -> str | None:
+        """Why scraped bodies may wait unparsed (a parse thread not running), or None."""
+        return None if self._parser is None else self._parser.problem()
+
     def stalled(self, now: float | None = None) -> str | None:
         """Why the loop looks stuck (no cycle for ``STALE_CYCLES`` intervals), or None."""
         since = self.last_cycle_end if self.last_cycle_end is not None else self._started

@@ -233,11 +233,13 @@ class _Files:
         whole recording.
         """
         self.close()
-        if self.path is not None and self._failed and self._ours():
+        if self.path is not None and self._failed:
             with contextlib.suppress(OSError):
-                if self.kept:
+                # A file cut shorter than what was flushed (a ``copytruncate`` rotation)
+                # is not ours to cut: truncating "back" would fill it with zeros.
+                if self.kept and self._still_there():
                     os.truncate(self.path, self.kept)
-                else:
+                elif not self.kept and self._ours():
                     self.path.unlink()
         self.path, self.kept, self._failed = None, 0, False
 

@@ -246,6 +246,33 @@ def test_a_file_cut_short_in_place_is_left_and_the_recording_reads(tmp_path):
     )  # the empty file adds nothing
 
 
+@pytest.mark.parametrize(
+    "leave",
+    [
+        pytest.param(lambda files, settings: None, id="at shutdown"),
+        pytest.param(
+            lambda files, settings: files.write(settings, rows(86_400, 3), T0 + 86_400),
+            id="for the next day",
+        ),
+    ],
+)
+def test_a_failed_file_cut_short_in_place_is_not_cut_back_up_to_our_length(
+    tmp_path, monkeypatch, leave
+):
+    """Truncating "back" to what we had flushed zero-filled it: the replay refused it all."""
+    disk = Disk(monkeypatch)
+    files, settings = _Files(), ArrivalSettings(str(tmp_path))
+    files.write(settings, rows(0, 10), T0)
+    disk.fail(files, settings, rows(100, 10), T0 + 1)
+    assert files.path is not None
+    os.truncate(files.path, 0)  # a copytruncate rotation
+    leave(files, settings)
+    files.reset()
+    assert [b"\0" in path.read_bytes() for path in sorted(tmp_path.iterdir())] == [False] * len(
+        list(tmp_path.iterdir())
+    )
+
+
 def test_a_file_opened_on_a_clock_a_year_ahead_ends_when_the_clock_comes_back(tmp_path):
     """It would never see a later day: its rows would pass the replay's 31-day span."""
     files, settings = _Files(), ArrivalSettings(str(tmp_path))

@@ -356,6 +356,52 @@ async def test_a_failing_loop_restarts_with_backoff_and_is_unhealthy_until_it_re
         await server.stop()
 
 
+async def test_parse_threads_that_cannot_start_make_it_unhealthy_until_they_start(
+    replicas, monkeypatch
+):
+    """A failed ``Thread.start`` once froze every signal while health said ok."""
+    replicas.replicas[0].set_load(running=2, waiting=5, kv=0.1)
+    allowed, start = threading.Event(), threading.Thread.start
+
+    def refusing(thread):
+        if thread.name.startswith("exporter-parse") and not allowed.is_set():
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refusing)
+    server = served(config_for(("llama", [replicas.url(0)])))
+    http_port, grpc_port = await server.start()
+    try:
+
+        async def unhealthy():
+            return (await healthz(http_port))[0] == 503 and await grpc_health(grpc_port) == (
+                NOT_SERVING
+            )
+
+        await until(unhealthy, "unhealthy while no parse thread can start")
+        _, body = await healthz(http_port)
+        assert "parse threads not running" in body["problem"]
+        await until(
+            lambda: _at_least(
+                metric(http_port, "unitscale_exporter_parse_thread_start_failures_total"), 3
+            ),
+            "failed starts counted",
+        )
+        allowed.set()
+
+        async def serving():
+            latest = server.exporter.deployments[0].signals
+            return (
+                (await healthz(http_port))[0] == 200
+                and latest is not None
+                and latest.queue_depth == 5.0
+            )
+
+        await until(serving, "healthy, and the replica's queue read, once threads start")
+    finally:
+        await server.stop()
+
+
 async def _at_least(value, floor):
     return await value >= floor
 

@@ -106,10 +106,9 @@ label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True).filt
     # le and quantile have meanings; names starting "__" are reserved by Prometheus
     lambda n: n not in ("le", "quantile") and not n.startswith("__")
 )
-label_values = st.text(
-    st.characters(codec="utf-8", exclude_characters="\r\x85\u2028\u2029\x0b\x0c\x1c\x1d\x1e"),
-    max_size=12,
-)
+# Any UTF-8 a label may hold, line separators other than "\n" included (prometheus_client
+# escapes only backslash, quote and newline).
+label_values = st.text(st.characters(codec="utf-8"), max_size=12)
 values = st.one_of(
     st.floats(allow_nan=False, allow_infinity=True, width=64),
     st.integers(min_value=-(10**12), max_value=10**12).map(float),
@@ -153,6 +152,37 @@ def test_any_run_of_escapes_in_a_label_value_reads_as_prometheus_client_reads_it
     """Known escapes, unknown ones (kept as written) and runs of backslashes before a quote."""
     text = f'vllm:num_requests_running{{a="{"".join(pieces)}",b="z"}} 1\n'
     same(ours(text), reference(text))
+
+
+@pytest.mark.parametrize(
+    "separator",
+    ["\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"],
+    ids=[
+        "carriage return",
+        "vertical tab",
+        "form feed",
+        "file separator",
+        "next line",
+        "line separator",
+        "paragraph separator",
+    ],
+)
+def test_a_sample_hidden_behind_a_line_separator_in_a_label_value_stays_in_the_value(separator):
+    """A LoRA adapter named so once added 5,000 waiting requests to an honest replica."""
+    adapter = f"tenant-a{separator}vllm:num_requests_waiting 5000{separator}#"
+    text = (
+        f'vllm:lora_requests_info{{running_lora_adapters="{adapter}"}} 1\n'
+        "vllm:num_requests_waiting 2\n"
+    )
+    assert ours(text) == reference(text)
+    waiting = ours(text, {"vllm:num_requests_waiting"})
+    assert waiting == [("vllm:num_requests_waiting", {}, 2.0, None)]
+
+
+def test_a_body_written_with_crlf_line_ends_reads_as_with_lf():
+    text = "vllm:num_requests_running 3\r\nvllm:num_requests_waiting 1\r\n"
+    assert ours(text) == ours(text.replace("\r\n", "\n"))
+    assert len(ours(text)) == 2
 
 
 def test_a_sample_of_more_than_64_labels_is_refused_at_the_65th_read():

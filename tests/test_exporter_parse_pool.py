@@ -106,6 +106,32 @@ def test_a_parse_that_raises_hands_its_error_to_the_scrape() -> None:
     pool.shutdown()
 
 
+def test_a_thread_that_could_not_start_is_started_with_the_next_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One failed ``Thread.start`` (a brief limit on threads) once stopped every parse."""
+    start, refusals = threading.Thread.start, [3]
+
+    def refusing(thread: threading.Thread) -> None:
+        if thread.name.startswith("exporter-parse") and refusals[0] > 0:
+            refusals[0] -= 1
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refusing)
+    pool = ParsePool(2)
+    assert pool.problem() is None  # no body yet
+    first = pool.submit(LARGE, len, "first")
+    assert pool.failed_starts == 3
+    assert pool.problem() == "3 of 3 parse threads not running (3 failed to start)"
+    assert not first.done()
+    assert pool.submit(1, len, "second").result(10) == 6  # every thread starts now
+    assert first.result(10) == 5
+    assert pool.problem() is None
+    pool.shutdown()
+    assert pool.problem() is None
+
+
 SIXTY_FOUR = (
     "vllm:num_requests_running{" + ",".join(f'l{i}="\\\\n"' for i in range(64)) + "} 1\n"
 ).encode()
