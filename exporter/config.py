@@ -8,6 +8,7 @@ accelerator-hour too, and signals computed with the default price say so
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -211,6 +212,8 @@ def metrics_url(target: str) -> str:
     """
     if len(target) > MAX_TARGET_LENGTH:
         raise ValueError(f"a target of at most {MAX_TARGET_LENGTH} characters, got {quote(target)}")
+    if _URL_NOISE.search(target):
+        raise ValueError(f"a target without spaces or control characters, got {quote(target)}")
     url = target if "://" in target else f"http://{target}"
     try:
         parts = urlsplit(url)
@@ -220,10 +223,17 @@ def metrics_url(target: str) -> str:
         hostname = None
     if hostname is None or parts.scheme not in ("http", "https"):
         raise ValueError(f"expected http://host:port[/path], got {quote(target)}")
+    if "@" in parts.netloc:  # not quoted back: the password is the point
+        raise ValueError(
+            "a target without user info: every series' target label and the logs would carry it"
+        )
     problem = _host_problem(hostname)
     if problem is not None:
         raise ValueError(f"{problem}, in {quote(target)}")
     return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
+
+
+_URL_NOISE = re.compile(r"[\x00-\x20\x7f]")
 
 
 def _host_problem(hostname: str) -> str | None:

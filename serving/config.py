@@ -93,6 +93,8 @@ def replica_url(url: str) -> str:
         raise ValueError(f"{expected}: {err}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ValueError(expected)
+    if len(parsed.host) > 253:  # no resolver takes it: every check would fail quietly
+        raise ValueError(f"{expected}: a host name of at most 253 characters")
     if parsed.explicit_port == 0:
         raise ValueError(f"{expected}: port 0")
     if parsed.path not in ("", "/") or parsed.query_string or parsed.fragment:

@@ -158,6 +158,21 @@ def relayable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def control_session() -> aiohttp.ClientSession:
+    """The session of health checks, wakes and sleeps, apart from the proxied requests'.
+
+    However many requests are proxied, a check never waits behind them for a connection.
+    Unbounded: with aiohttp's default of 100 connections, 100 replicas whose ``/health``
+    hangs, or 100 wakes of up to a minute each, made every other replica's check wait
+    past its own timeout, and healthy replicas went unroutable. What it carries is
+    bounded by the replicas (``MAX_REPLICAS``): a check and a wake or sleep each.
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+    )
+
+
 class Gateway:
     """State, routing and the HTTP handlers."""
 
@@ -243,12 +258,7 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
-        # Health checks, wakes and sleeps have a session of their own: however many
-        # requests are proxied, a check never waits behind them for a connection.
-        self._control = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(keepalive_timeout=4),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-        )
+        self._control = control_session()
         self.loops = {
             "health": asyncio.create_task(self.pool.check_forever(self._control, self._report)),
             "signals": asyncio.create_task(self._signal_loop()),

@@ -202,6 +202,35 @@ def test_replay_refuses_a_bad_file_or_flag_with_one_line_and_status_2(
             ["replay", "--report", "x", "--bogus", "a\nb"],
             id="an unknown flag whose value holds a newline is still one line",
         ),
+        *(
+            pytest.param(
+                [
+                    "exporter",
+                    "--target",
+                    "http://127.0.0.1:1",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--grpc-listen",
+                    "127.0.0.1:0",
+                    flag,
+                    "",
+                ],
+                id=f"the exporter refuses an empty {flag} rather than ignore it",
+            )
+            for flag in ("--interval", "--timeout")
+        ),
+        pytest.param(
+            [
+                "exporter",
+                "--target",
+                "http://user:s3cret@127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--grpc-listen",
+                "127.0.0.1:0",
+            ],
+            id="the exporter refuses a target holding a password",
+        ),
     ],
 )
 def test_other_commands_refuse_a_bad_flag_with_one_line_before_starting(
@@ -211,6 +240,7 @@ def test_other_commands_refuse_a_bad_flag_with_one_line_before_starting(
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("unitscale"), done.stderr
+    assert "s3cret" not in done.stderr
 
 
 @pytest.mark.parametrize(

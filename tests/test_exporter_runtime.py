@@ -299,6 +299,16 @@ async def test_metrics_and_signals_are_served_over_http_and_grpc(replicas):
             id="a-target-of-70000-characters-is-refused-in-a-short-message",
         ),
         pytest.param(
+            {"deployments": [{"targets": ["http://user:s3cret@127.0.0.1:8000"]}]},
+            "a target without user info",
+            id="a-target-with-a-password-is-refused-the-target-label-would-publish-it",
+        ),
+        pytest.param(
+            {"deployments": [{"targets": ["http://replica\n:8000"]}]},
+            "without spaces or control characters",
+            id="a-target-with-a-newline-in-its-host-is-refused-at-start",
+        ),
+        pytest.param(
             {"deployments": [{"targets": ["host:99999"]}]},
             "expected http://host:port",
             id="a-port-over-65535-is-refused",
@@ -324,6 +334,7 @@ def test_bad_exporter_config_names_the_key(overrides, fragment):
     with pytest.raises(ConfigError) as caught:
         load_config(None, overrides)
     assert fragment in str(caught.value)
+    assert "s3cret" not in str(caught.value)
     assert len(str(caught.value)) < 1000  # never the whole hostile value
 
 

@@ -28,6 +28,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.gateway import control_session
 from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_standby import Plan
@@ -423,3 +424,37 @@ async def test_a_refused_sleep_moves_on_to_another_idle_replica(caplog):
     assert metrics[("unitscale_gateway_sleeps_total", "slept")] == 1
     (warning,) = warnings_naming(caplog, refusing.url)
     assert "HTTP 503" in warning and "not slept again for 30s" in warning
+
+
+async def test_replicas_whose_health_hangs_never_hold_another_replica_s_check() -> None:
+    """aiohttp's default of 100 connections: 100 hung checks made every later one time out."""
+    hung = asyncio.Event()
+
+    async def never(request: web.Request) -> web.Response:
+        await hung.wait()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/health", never)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    for _ in range(120):  # one server, 120 ports: 120 hung replicas
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+    urls = [f"http://127.0.0.1:{port}" for _, port in runner.addresses]
+    session = control_session()
+    try:
+        async with StandIn().serving() as honest:
+            pool = ReplicaPool([*urls, honest.url], GatewaySettings(health_interval=0.05))
+            await pool.check_round(session, lambda routable, asleep: None)
+            await pool._checks[honest.url]
+            # It went while every hung check still waited: none gave a connection back.
+            assert not any(pool._checks[url].done() for url in urls)
+            assert pool.find(honest.url).routable
+            assert pool.find(honest.url).problem is None
+            for task in pool._checks.values():
+                task.cancel()
+            await asyncio.gather(*pool._checks.values(), return_exceptions=True)
+    finally:
+        hung.set()
+        await session.close()
+        await runner.cleanup()

@@ -442,6 +442,9 @@ async def test_a_replica_listing_no_model_is_routed_nothing_and_unknown_models_s
         pytest.param("replicas: ['http://h:1?x=1']", "query", id="T-10 a query"),
         pytest.param("replicas: ['http://h:1#y']", "fragment", id="T-10 a fragment"),
         pytest.param("replicas: ['http://u:p@h:1']", "user info", id="T-10 user info"),
+        pytest.param(
+            f"replicas: ['http://{'h' * 3000}:1']", "at most 253", id="a host no resolver takes"
+        ),
         pytest.param("models: ['   ']", "key 'models.0'", id="a blank model name"),
         pytest.param(f"models: [{'m' * 513}]", "key 'models.0'", id="a model name over 512"),
         pytest.param("arrivals: {directory: '   '}", "arrivals.directory", id="a blank directory"),

@@ -69,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
 def _flagged(args: argparse.Namespace) -> tuple[dict[str, object], list[dict[str, object]]]:
     """The config overrides, and the deployment ``--target``/``--dns`` name."""
     overrides: dict[str, object] = {}
-    if args.interval:
+    # An empty flag is a value to refuse, not one left out.
+    if args.interval is not None:
         overrides["interval"] = args.interval
-    if args.timeout:
+    if args.timeout is not None:
         overrides["timeout"] = args.timeout
     extra: list[dict[str, object]] = []
     if args.target or args.dns:
