@@ -203,8 +203,8 @@ MAX_TARGET_LENGTH = 2048
 def metrics_url(target: str) -> str:
     """``host:port`` or ``http://host:port`` -> ``http://host:port/metrics``.
 
-    The host is an IP literal or a name a resolver can take (at most 253 characters, 63
-    per label, IDNA-encodable): one that no resolver can take would fail every scrape as
+    The host is an IP literal or a name a resolver can take (printable ASCII, at most 253
+    characters, 63 per label): one that no resolver can take would fail every scrape as
     an "internal" error, for good, behind a flag that was accepted.
 
     Raises:
@@ -212,8 +212,12 @@ def metrics_url(target: str) -> str:
     """
     if len(target) > MAX_TARGET_LENGTH:
         raise ValueError(f"a target of at most {MAX_TARGET_LENGTH} characters, got {quote(target)}")
-    if _URL_NOISE.search(target):
-        raise ValueError(f"a target without spaces or control characters, got {quote(target)}")
+    if _URL_NOISE.search(target) or not target.isascii():
+        # Non-ASCII is folded as it is parsed ("h\uff0eevil" reached host "h.evil" under
+        # the label as written): an internationalised host is written as punycode.
+        raise ValueError(
+            f"a target of printable ASCII (no spaces, no control characters), got {quote(target)}"
+        )
     url = target if "://" in target else f"http://{target}"
     try:
         parts = urlsplit(url)
@@ -222,6 +226,8 @@ def metrics_url(target: str) -> str:
     except ValueError:  # an unbalanced IPv6 bracket, a port out of range
         hostname = None
     if hostname is None or parts.scheme not in ("http", "https"):
+        raise ValueError(f"expected http://host:port[/path], got {quote(target)}")
+    if re.search(r"\](?!:|$)", parts.netloc):  # "[::1]x": every scrape failed later
         raise ValueError(f"expected http://host:port[/path], got {quote(target)}")
     if "@" in parts.netloc:  # not quoted back: the password is the point
         raise ValueError(

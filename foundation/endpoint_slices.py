@@ -75,7 +75,10 @@ def host_for(address: str, address_type: str) -> str:
     """
     try:
         if address_type == "IPv6" or (address_type != "FQDN" and ":" in address):
-            return f"[{ipaddress.IPv6Address(address).compressed}]"
+            v6 = ipaddress.IPv6Address(address)
+            if v6.scope_id is not None:  # any text but "%" is a zone: "\n" went into URLs
+                raise MalformedError("an IPv6 address with a zone id (a pod's is global)")
+            return f"[{v6.compressed}]"
         if address_type == "FQDN":
             if _FQDN.fullmatch(address) is None:
                 raise MalformedError("an FQDN address is not a DNS name")

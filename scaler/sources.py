@@ -396,11 +396,14 @@ async def _headers(config: PrometheusSourceConfig) -> dict[str, str]:
 # What an upstream writes into an error (a request id, a position, a time) changes every
 # answer: the part after these is detail, logged, but no change of problem by itself.
 _UPSTREAM_TEXT = re.compile(r"(answered \d+|\bfailed|Error): .*", re.DOTALL)
+_SERIES_COUNT = re.compile(r"answered \d+ series")
 
 
 def _problem_class(problem: str | None) -> str | None:
     """The problem less the upstream's own text: what "logged once a change" compares."""
-    return None if problem is None else _UPSTREAM_TEXT.sub(r"\1", problem)
+    if problem is None:
+        return None
+    return _SERIES_COUNT.sub("answered several series", _UPSTREAM_TEXT.sub(r"\1", problem))
 
 
 def _log_change(target: TargetKey, before: str | None, now: str | None, url: str) -> None:

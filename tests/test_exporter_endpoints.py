@@ -181,6 +181,11 @@ GOOD = eps(ep("10.0.0.1"))
             "not a DNS name",
             id="an fqdn that is no dns name is skipped",
         ),
+        pytest.param(
+            eps(ep("fe80::1%\n"), address_type="IPv6"),
+            "zone id",
+            id="an ipv6 address whose zone id holds a newline is skipped",
+        ),
         pytest.param(["a", "list"], "a slice is not an object", id="a slice that is a list"),
     ],
 )

@@ -304,8 +304,18 @@ async def test_metrics_and_signals_are_served_over_http_and_grpc(replicas):
             id="a-target-with-a-password-is-refused-the-target-label-would-publish-it",
         ),
         pytest.param(
+            {"deployments": [{"targets": ["http://h\uff0eevil:8000"]}]},
+            "printable ASCII",
+            id="a-fullwidth-dot-that-would-reach-another-host-is-refused",
+        ),
+        pytest.param(
+            {"deployments": [{"targets": ["http://[::1]x:8000"]}]},
+            "expected http://host:port",
+            id="text-after-an-ipv6-literal-is-refused",
+        ),
+        pytest.param(
             {"deployments": [{"targets": ["http://replica\n:8000"]}]},
-            "without spaces or control characters",
+            "no spaces, no control characters",
             id="a-target-with-a-newline-in-its-host-is-refused-at-start",
         ),
         pytest.param(
@@ -341,11 +351,12 @@ def test_bad_exporter_config_names_the_key(overrides, fragment):
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300), st.integers(0, 70_000))
 def test_any_target_host_is_one_a_resolver_takes_or_refused(host, port):
-    """Taken: an IP literal or an IDNA-encodable name of 253/63 at most; else a ValueError."""
+    """Taken: an IP literal or an ASCII name of 253/63 at most; else a ValueError."""
     try:
         url = metrics_url(f"http://{host}:{port}")
     except ValueError:
         return
+    assert url.isascii()
     parts = urlsplit(url)
     hostname = parts.hostname
     assert hostname is not None and (parts.port or 0) <= 65535  # .port raises past it

@@ -93,6 +93,11 @@ def _big(tmp_path: Path) -> Path:
         pytest.param(lambda n: web.json_response({"status": "error", "errorType": "bad_data",
                                                   "error": f"parse error at char {n}"}, status=400),
                      id="a 400 whose error names a new position each time is logged once"),
+        pytest.param(lambda n: web.json_response({"status": "success", "data": {
+                         "resultType": "vector",
+                         "result": [{"metric": {"i": str(k)}, "value": [1.0, "1"]}
+                                    for k in range(2 + n % 50)]}}),
+                     id="a query answering a new number of series each time is logged once"),
     ],
 )  # fmt: skip
 async def test_an_error_whose_text_varies_is_logged_once_per_change(answer, caplog):
