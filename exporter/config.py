@@ -17,7 +17,14 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from exporter.parse import MAX_BYTES, MAX_SERIES, Limits
 from exporter.signals import Accelerator
-from foundation.configfile import DNS_NAME, KEBAB_CASE, host_port, load_mapping, validate
+from foundation.configfile import (
+    DNS_NAME,
+    KEBAB_CASE,
+    host_port,
+    load_mapping,
+    printable_url,
+    validate,
+)
 from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
 from foundation.errors import ConfigError, quote
@@ -212,9 +219,7 @@ def metrics_url(target: str) -> str:
     """
     if len(target) > MAX_TARGET_LENGTH:
         raise ValueError(f"a target of at most {MAX_TARGET_LENGTH} characters, got {quote(target)}")
-    if _URL_NOISE.search(target) or not target.isascii():
-        # Non-ASCII is folded as it is parsed ("h\uff0eevil" reached host "h.evil" under
-        # the label as written): an internationalised host is written as punycode.
+    if not printable_url(target):
         raise ValueError(
             f"a target of printable ASCII (no spaces, no control characters), got {quote(target)}"
         )
@@ -237,9 +242,6 @@ def metrics_url(target: str) -> str:
     if problem is not None:
         raise ValueError(f"{problem}, in {quote(target)}")
     return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
-
-
-_URL_NOISE = re.compile(r"[\x00-\x20\x7f]")
 
 
 def _host_problem(hostname: str) -> str | None:

@@ -35,6 +35,21 @@ numbers only."""
 DNS_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 """A Kubernetes object or DNS name (RFC 1123 subdomain)."""
 
+
+_URL_NOISE = re.compile(r"[\x00-\x20\x7f]")
+
+
+def printable_url(url: str) -> bool:
+    """Whether ``url`` is printable ASCII without spaces: a URL taken from a config or flag.
+
+    yarl and urllib fold Unicode (NFKC) as they parse, so "http://\u2474:1" named host
+    "(1)" and "http://h\uff0eevil" reached "h.evil"; a control character or a space
+    ends up in a host name or a log line. An internationalised host is written as
+    punycode.
+    """
+    return url.isascii() and _URL_NOISE.search(url) is None
+
+
 _HOST_PORT = re.compile(r"(?P<host>[^\s/]{1,253}):(?P<port>[0-9]{1,5})")
 
 

@@ -323,9 +323,10 @@ class Fleet:
             rep = replica[k]
             before, output, granted = generated[k], int(r.output[i]), steps[rep]
             left = output - before
-            after = before + min(granted, left)
+            gain = min(granted, left)
+            after = before + gain
             r.generated[i] = after
-            r.decode_time[i] += min(granted, left) * last_step[rep]
+            r.decode_time[i] += gain * last_step[rep]
             gained[rep] = gained.get(rep, 0.0) + (after - before)
             if after >= output - 1e-9:
                 fraction = left / granted if granted > 0 else 0.0

@@ -17,7 +17,14 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 from yarl import URL
 
-from foundation.configfile import DNS_NAME, KEBAB_CASE, host_port, load_mapping, validate
+from foundation.configfile import (
+    DNS_NAME,
+    KEBAB_CASE,
+    host_port,
+    load_mapping,
+    printable_url,
+    validate,
+)
 from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
 from foundation.errors import quote
@@ -82,10 +89,7 @@ def replica_url(url: str) -> str:
             character, a space or any character outside ASCII.
     """
     expected = f"expected http://host:port, got {quote(url)}"
-    # Printable ASCII only: yarl folds Unicode (NFKC) as it parses, so "http://\xa0" was
-    # taken as a replica on host " ", "http://⑴:1" on host "(1)", both failing their
-    # checks quietly for good. An internationalised host is written as punycode.
-    if _URL_NOISE.search(url) or not url.isascii():
+    if not printable_url(url):  # "http://\xa0" was a replica on host " ", failing quietly
         raise ValueError(f"{expected}: a space, a control character or a non-ASCII one")
     try:
         parsed = URL(url)
@@ -102,9 +106,6 @@ def replica_url(url: str) -> str:
     if parsed.user is not None or parsed.password is not None:
         raise ValueError(f"{expected}: user info would be logged with the replica")
     return url.rstrip("/")
-
-
-_URL_NOISE = re.compile(r"[\x00-\x20\x7f]")
 
 
 Size = Annotated[int, BeforeValidator(parse_size)]

@@ -17,16 +17,21 @@ SLOTS = 3
 PROFILE = dataclasses.replace(LLAMA3_8B_H200, max_num_seqs=4)
 
 
+def requests_of(ordered: list[tuple[float, int, int, int]]) -> Requests:
+    """The fleet's requests for ``(time, slot, prompt, output)`` arrivals in time order."""
+    return Requests(
+        arrival=np.array([a[0] for a in ordered], dtype=np.float64),
+        prompt=np.array([a[2] for a in ordered], dtype=np.int64),
+        output=np.array([a[3] for a in ordered], dtype=np.int64),
+    )
+
+
 def run(
     arrivals: list[tuple[float, int, int, int]], *, look_every_tick: bool
 ) -> tuple[Requests, list[int]]:
     """``arrivals`` (time, slot, prompt, output) through a fleet; the queued count per tick."""
     ordered = sorted(arrivals)
-    requests = Requests(
-        arrival=np.array([a[0] for a in ordered], dtype=np.float64),
-        prompt=np.array([a[2] for a in ordered], dtype=np.int64),
-        output=np.array([a[3] for a in ordered], dtype=np.int64),
-    )
+    requests = requests_of(ordered)
     fleet = Fleet(PROFILE, requests, SLOTS)
     counted, following, now = [], 0, 0.0
     for _ in range(200):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import replay.fleet
 from foundation.replica_model import LLAMA3_8B_H200
 from replay.fleet import Fleet, Requests
+from tests.test_fleet_admission import requests_of
 
 TICK = 0.2
 SLOTS = 3
@@ -45,11 +46,7 @@ def run(arrivals: list[Arrival], few: int) -> tuple[Requests, list[tuple[object,
 
 def _run(arrivals: list[Arrival]) -> tuple[Requests, list[tuple[object, ...]]]:
     ordered = sorted(arrivals)
-    requests = Requests(
-        arrival=np.array([a[0] for a in ordered], dtype=np.float64),
-        prompt=np.array([a[2] for a in ordered], dtype=np.int64),
-        output=np.array([a[3] for a in ordered], dtype=np.int64),
-    )
+    requests = requests_of(ordered)
     fleet = Fleet(PROFILE, requests, SLOTS)
     fleet.kv_capacity = 20_000.0
     seen: list[tuple[object, ...]] = []
