@@ -232,6 +232,8 @@ DATASETS = Resource("data.fluid.io", "v1alpha1", "datasets")
 """Fluid's Datasets (v1.0.8): what a runtime caches."""
 DATALOADS = Resource("data.fluid.io", "v1alpha1", "dataloads")
 """Fluid's DataLoads: a request to warm a Dataset's cache."""
+SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects")
+"""KEDA's ScaledObjects: which ones exist, and each trigger's metadata."""
 _BY_NAME = {"configmaps": CONFIGMAPS, "endpointslices": ENDPOINT_SLICES}
 
 

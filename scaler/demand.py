@@ -81,11 +81,19 @@ class InferenceDemand:
     """The oldest decision the figures rest on; None when there is none."""
 
 
-def declared(scaled: ScaledObject) -> Declared | None:
-    """What a registry entry contributes, or None when its trigger declares no pool."""
+def declared(scaled: ScaledObject, unconfirmed: str = "") -> Declared | None:
+    """What a registry entry contributes, or None when its trigger declares no pool.
+
+    ``unconfirmed`` says why the API server does not (yet) vouch for it
+    (``scaler.confirm``): its decision then counts as unknown, with that reason.
+    """
     metadata = scaled.metadata
     if metadata.pool is None or metadata.accelerators_per_replica is None:
         return None
+    if unconfirmed:
+        decision, unknown = None, unconfirmed
+    else:
+        decision, unknown = scaled.decision, "" if scaled.error is None else str(scaled.error)
     return Declared(
         namespace=scaled.key[0],
         name=scaled.key[1],
@@ -94,9 +102,9 @@ def declared(scaled: ScaledObject) -> Declared | None:
         accelerators_per_replica=metadata.accelerators_per_replica,
         max_replicas=scaled.policy.max_replicas,
         forecast_horizon_seconds=scaled.policy.forecast_horizon_seconds,
-        decision=scaled.decision,
-        decided_at=scaled.decided_at if scaled.decision is not None else None,
-        unknown="" if scaled.error is None else str(scaled.error),
+        decision=decision,
+        decided_at=scaled.decided_at if decision is not None else None,
+        unknown=unknown,
     )
 
 

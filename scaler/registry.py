@@ -167,7 +167,9 @@ class ScaledObjectRegistry:
         self._full_logged = False
         self.errors: Counter[str] = Counter()
         """Units of work refused or failed, by reason: ``full`` (a new ScaledObject past
-        ``max_objects``), ``pool-demand`` (a pool's inference demand not encodable)."""
+        ``max_objects``), ``pool-demand`` (a pool's inference demand not encodable),
+        ``unconfirmed`` (a ScaledObject declaring a pool that the API server does not
+        have), and the ScaledObject watch's (``scaler.scaled_objects``)."""
         self._policy_defaults = policy_defaults or Policy()
         self._default_max_age = default_max_signal_age
         self._clock = clock

@@ -27,6 +27,7 @@ from scaler.config import PrometheusSourceConfig, ScalerConfig, SignalSourceConf
 from scaler.metadata import MAX_KEY_LENGTH, MAX_KEYS, MAX_NAME_LENGTH, MAX_VALUE_LENGTH
 from scaler.prewarm.shell import Prewarmer
 from scaler.registry import PUSH_DECISION_GAP, ScaledObjectRegistry
+from scaler.scaled_objects import ScaledObjectWatch
 from scaler.service import CapacityService, ExternalScalerService
 from scaler.signals import TARGET_TTL, SignalStore
 from scaler.sources import demo_source, prometheus_source, watch_signals
@@ -176,6 +177,8 @@ class ScalerServer:
         self._clock = clock
         # Fluid prewarm for ScaledObjects naming a Dataset (needs the API server).
         self.prewarm = Prewarmer(self.registry, kube, clock) if kube is not None else None
+        # A pool's demand counts a ScaledObject only as the API server has it.
+        self.scaled_objects = ScaledObjectWatch(kube, self.registry) if kube is not None else None
         self._grpc = GrpcServer(
             [
                 (
@@ -186,7 +189,7 @@ class ScalerServer:
                 (
                     CAPACITY_SERVICE_NAME,
                     capacity_pb2_grpc.add_CapacityServiceServicer_to_server,
-                    CapacityService(self.registry),
+                    CapacityService(self.registry, self.scaled_objects),
                 ),
             ],
             listen,
@@ -268,6 +271,8 @@ class ScalerServer:
         self._tasks.append(self._loop("eviction", self._evict_loop()))
         if self.prewarm is not None:
             self._tasks.append(self._loop("prewarm", self.prewarm.run()))
+        if self.scaled_objects is not None:
+            self._tasks.append(self._loop("scaled-objects", self.scaled_objects.run()))
         await self._grpc.start()
         if self._stopped_loops:  # one ended before the server reported SERVING
             await self._grpc.set_serving(False)

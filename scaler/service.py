@@ -37,6 +37,7 @@ from foundation.timestamps import from_duration, to_duration, to_timestamp
 from protos.externalscaler import externalscaler_pb2 as pb
 from protos.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
+from scaler.confirm import Confirmer, Standing, standing
 from scaler.core import Decision
 from scaler.demand import InferenceDemand, declared, pool_demand
 from scaler.metadata import describe_object
@@ -334,10 +335,20 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
 
 class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
-    """Inference demand per pool and standby plans, from the registry's latest decisions."""
+    """Inference demand per pool and standby plans, from the registry's latest decisions.
 
-    def __init__(self, registry: ScaledObjectRegistry) -> None:
+    With ``confirm`` (the API server's ScaledObjects), a pool counts a ScaledObject only
+    as the API server has it (``scaler.confirm``): one the API server does not have is
+    left out (counted, logged once), one whose trigger differs or that cannot be checked
+    yet leaves the pool's figures unknown. Without it (no API server: tests, the demo)
+    every caller is believed.
+    """
+
+    def __init__(self, registry: ScaledObjectRegistry, confirm: Confirmer | None = None) -> None:
         self._registry = registry
+        self._confirm = confirm
+        self._left_out: set[ObjectKey] = set()
+        """ScaledObjects left out of their pool as the API server has none (logged once)."""
         self._pool_problems: dict[str, str] = {}
         self._pools = LoopShare(self._all_pools)
 
@@ -374,16 +385,51 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         it, so a name that is no pool costs no new answer either.
         """
         entries = []
+        left_out: set[ObjectKey] = set()
         for scaled in self._registry.objects():
             if scaled.metadata.pool is None:
+                continue
+            unconfirmed = self._unconfirmed(scaled)
+            if unconfirmed is None:
+                left_out.add(scaled.key)
                 continue
             # Refresh as a KEDA call would: a decision past its signals' age is unknown.
             with contextlib.suppress(NoDataError):
                 self._registry.current(scaled)
-            entry = declared(scaled)
+            entry = declared(scaled, unconfirmed)
             if entry is not None:
                 entries.append(entry)
+        self._left_out = left_out
         return {name: self._pool_message(p) for name, p in pool_demand(entries).items()}
+
+    def _unconfirmed(self, scaled: ScaledObject) -> str | None:
+        """Why the API server does not vouch for ``scaled``, or None to leave it out.
+
+        "" when it vouches, or nothing is checked; None when it has no such ScaledObject.
+        """
+        if self._confirm is None:
+            return ""
+        found = standing(self._confirm.listed, scaled.key, scaled.raw_metadata)
+        if found is Standing.ABSENT:
+            if scaled.key not in self._left_out:
+                self._registry.errors["unconfirmed"] += 1
+                log.warning(
+                    "ScaledObject %s/%s declares pool %s, but the API server has no such"
+                    " ScaledObject: left out of the pool's inference demand (a call that is"
+                    " not KEDA's?)",
+                    *scaled.key,
+                    quote(scaled.metadata.pool),
+                )
+            return None
+        if found is Standing.DIFFERS:
+            return (
+                "its trigger's metadata is not the API server's ScaledObject's (an edit"
+                " not seen yet, or a call that is not KEDA's)"
+            )
+        if found is Standing.UNLISTED:
+            problem = self._confirm.problem or "the watch has not listed them yet"
+            return f"the API server's ScaledObjects are not listed ({problem})"
+        return ""
 
     def _pool_message(self, demand: InferenceDemand) -> capacity_pb2.PoolDemand:
         """The pool's message; one whose figures do not encode is unknown alone.

@@ -50,6 +50,9 @@ USED: dict[str, set[tuple[str, str, str, str]]] = {
     component: {("", "configmaps", verb, name) for verb in ("get", "list", "watch")}
     for component, name in CONFIG.items()
 }
+# scaler.scaled_objects: a watch of every namespace's ScaledObjects, against which a
+# pool's inference demand checks KEDA's calls.
+USED["scaler"] |= {("keda.sh", "scaledobjects", v, "") for v in ("list", "watch")}
 for _component in ("exporter", "gateway"):
     USED[_component] |= {("discovery.k8s.io", "endpointslices", v, "") for v in ("list", "watch")}
 # Fluid prewarm (scaler.prewarm.shell, with components/scaler-prewarm): watches of every
@@ -297,6 +300,37 @@ def test_the_endpoint_slice_roles_are_in_the_namespace_the_configs_serve():
     assert served == {gateway["namespace"]}
     for name in ("unitscale-exporter-slices", "unitscale-gateway-slices"):
         assert named(docs, "Role", name)["metadata"]["namespace"] in served
+
+
+# --- the scaler's NetworkPolicy component ------------------------------------------------
+
+
+def test_the_scalers_network_policy_lets_in_exactly_its_callers():
+    """gRPC from KEDA's namespace, the admission controller and the gateway; metrics open."""
+    docs = render("overlays/production")
+    policy = named(docs, "NetworkPolicy", "unitscale-scaler")
+    pods = {
+        name: named(docs, "Deployment", f"unitscale-{name}")["spec"]["template"]["metadata"]
+        for name in COMPONENTS
+    }
+    assert policy["spec"]["podSelector"]["matchLabels"] == pods["scaler"]["labels"]
+    ports = {
+        p["name"] for p in container_of(named(docs, "Deployment", "unitscale-scaler"))["ports"]
+    }
+    grpc_rule, metrics_rule = policy["spec"]["ingress"]
+    assert [p["port"] for p in grpc_rule["ports"]] == ["grpc"] and "grpc" in ports
+    assert (
+        metrics_rule == {"ports": [{"port": "metrics", "protocol": "TCP"}]} and "metrics" in ports
+    )
+    keda, ours = grpc_rule["from"]
+    assert keda == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}
+    (expression,) = ours["podSelector"]["matchExpressions"]
+    let_in = {
+        name
+        for name, meta in pods.items()
+        if meta["labels"].get(expression["key"]) in expression["values"]
+    }
+    assert let_in == {"admission", "gateway"}
 
 
 # --- the TLS component ---------------------------------------------------------------------

@@ -240,6 +240,8 @@ class Scaler:
     workdir: Path
     tls: ScalerTls | None = None
     max_signal_age: str = "3s"
+    kubeconfig: Path | None = None
+    """Given: the scaler reaches the API server (pools' ScaledObjects are checked there)."""
     port: int = field(default_factory=free_port)
     popen: subprocess.Popen[bytes] | None = None
 
@@ -269,6 +271,8 @@ class Scaler:
             f"--metrics-listen=127.0.0.1:{free_port()}",
             f"--config={config_file}",
         ]
+        if self.kubeconfig is not None:
+            args.append(f"--kubeconfig={self.kubeconfig}")
         if self.tls is not None:
             d = self.tls.directory
             args += [

@@ -8,12 +8,18 @@ the HPA syncs every second, so each wait is a few seconds when it works.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from admission.cluster import PoolDemand
+from admission.demand import DemandResult, fetch_demand
+from protos.externalscaler import externalscaler_pb2 as keda_pb
+from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from tests.k8s.control_plane import ApiError, ControlPlane, Keda
 from tests.k8s.keda import (
     Load,
@@ -365,3 +371,37 @@ def test_bad_trigger_metadata_leaves_the_scaled_object_not_ready(
     refused_by_keda(
         control_plane, keda, namespace, lambda line: "InvalidArgument" in line and fragment in line
     )
+
+
+def test_a_pool_counts_kedas_scaled_object_and_leaves_out_a_forged_call(
+    control_plane: ControlPlane, keda: Keda, namespace: str, source: SignalSource, tmp_path: Path
+) -> None:
+    """The metadata real KEDA sends is the API server's trigger, exactly: its
+    ScaledObject counts in the pool; a GetMetricSpec of another caller claiming 100 x 8
+    cards on the same Deployment, under a name the API server does not have, does not."""
+    scaler = Scaler(source, tmp_path, kubeconfig=control_plane.kubeconfig).start()
+    try:
+        create(control_plane, namespace, deployment(NAME))
+        source.set(namespace, NAME, load(48))  # ceil(48 / 16) = 3
+        pool = {"pool": "h200", "acceleratorsPerReplica": "1"}
+        for doc in scaled_object("external", namespace, scaler.address, metadata=pool):
+            create(control_plane, namespace, doc)
+        follow(control_plane, namespace, 3, "activated and scaled to 3")
+
+        def asked() -> DemandResult:
+            return asyncio.run(fetch_demand(scaler.address, "h200", 600, timeout=5))
+
+        counted = eventually(lambda: asked().demand, "the pool's demand, KEDA's call confirmed")
+        assert counted == {"h200": PoolDemand("h200", 0.0, 3.0)}, asked()
+
+        forged = {"scalerAddress": scaler.address, "deployment": NAME, "namespace": namespace}
+        forged.update(pool, acceleratorsPerReplica="8", minReplicas="100", maxReplicas="100")
+        with grpc.insecure_channel(scaler.address) as channel:
+            keda_grpc.ExternalScalerStub(channel).GetMetricSpec(
+                keda_pb.ScaledObjectRef(name="forged", namespace=namespace, scalerMetadata=forged),
+                timeout=5,
+            )
+        assert asked() == DemandResult(counted)
+        assert "the API server has no such ScaledObject" in scaler.log.read_text()
+    finally:
+        scaler.stop()

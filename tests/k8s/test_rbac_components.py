@@ -49,7 +49,10 @@ from foundation.errors import ConfigError
 from foundation.kube import DATALOADS, DATASETS, KubeAccess, Selection, create, watch_objects
 from foundation.reload import ConfigSource, ConfigStore, read_configmap, watch_configmap
 from scaler.config import parse_config as parse_scaler
+from scaler.registry import ScaledObjectRegistry
+from scaler.scaled_objects import ScaledObjectWatch
 from scaler.server import ScalerServer
+from scaler.signals import SignalStore
 from serving.config import parse_config as parse_gateway
 from serving.server import GatewayServer
 from tests.conftest import eventually
@@ -606,6 +609,57 @@ async def test_without_any_one_prewarm_rule_its_request_is_refused(
         assert outcome.created == 403
     else:
         assert 403 in outcome.statuses  # the list or the watch of that resource
+
+
+# --- the scaler's ScaledObject watch (a pool's demand checks KEDA's calls against it) -------
+
+SCALED_OBJECT_RULES = sorted((g, r, v) for g, r, v, _ in USED["scaler"] if r == "scaledobjects")
+
+
+@pytest.mark.parametrize(
+    "drop",
+    [
+        pytest.param(None, id="the shipped rules list and watch ScaledObjects"),
+        *(
+            pytest.param(rule, id=f"without {rule[2]} scaledobjects")
+            for rule in SCALED_OBJECT_RULES
+        ),
+    ],
+)
+async def test_the_scalers_scaled_object_watch_on_its_token(
+    control_plane, keda_crds, namespace, served, tmp_path, drop
+):
+    """scaler.scaled_objects.ScaledObjectWatch itself on the scaler's token: it starts
+    with a ScaledObject declaring a pool and lists every namespace's; 403 without a verb."""
+    spaces = {"unitscale": namespace, "serving": served}
+    kube = as_shipped(control_plane, "unitscale-scaler", spaces, tmp_path, drop=drop)
+    metadata = {"scalerAddress": "s:1", "deployment": "llama", "pool": "h200"}
+    metadata["acceleratorsPerReplica"] = "1"
+    body = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "llama", "namespace": served},
+        "spec": {
+            "scaleTargetRef": {"name": "llama"},
+            "triggers": [{"type": "external", "metadata": metadata}],
+        },
+    }
+    control_plane.request("POST", f"/apis/keda.sh/v1alpha1/namespaces/{served}/scaledobjects", body)
+    registry = ScaledObjectRegistry(SignalStore(), 30.0)
+    registry.resolve("llama", served, metadata)
+    watch = ScaledObjectWatch(kube, registry, check_every=0.05)
+    running = asyncio.create_task(watch.run())
+    try:
+        if drop is None:
+            key = f"{served}/llama"
+            await eventually(lambda: key in (watch.listed or {}), "the ScaledObject listed", CAP)
+            assert watch.problem == ""
+        else:
+            # A CRD's watch cache may answer 429 for a moment after it is created: retried.
+            await eventually(lambda: "(403)" in watch.problem, "refused with 403", CAP)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
 
 
 # --- the admission controller: each of its rules needed ------------------------------------

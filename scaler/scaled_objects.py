@@ -1,0 +1,114 @@
+"""The API server's ScaledObjects, watched once a ScaledObject declares a pool.
+
+``scaler.confirm`` judges each ScaledObject the scaler was told of against this list
+before its pool's inference demand counts it. The watch (every namespace's
+ScaledObjects, ``list`` and ``watch`` on ``scaledobjects.keda.sh``) starts with the
+first ScaledObject that declares a ``pool``, so a scaler whose triggers declare none
+needs no such right and sends no such request.
+
+Nothing from outside stops it: ``foundation.kube.watch_objects`` retries any failure at
+a backoff (each counted here and kept as ``problem``); the last list stays in use
+meanwhile, since the API server's ScaledObjects outlive a broken watch. A watch task that
+ends anyway is started again, counted and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Mapping
+
+from foundation.kube import SCALED_OBJECTS, KubeAccess, Selection, watch_objects
+from foundation.objects import RawObject
+from scaler.registry import ScaledObjectRegistry
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY = 1.0
+"""Seconds between looks for a first ScaledObject declaring a pool, or an ended watch."""
+MAX_PROBLEM_CHARS = 300
+
+
+class ScaledObjectWatch:
+    """``listed`` and ``problem`` for ``scaler.confirm``; ``run`` until cancelled."""
+
+    def __init__(
+        self,
+        access: KubeAccess,
+        registry: ScaledObjectRegistry,
+        *,
+        resync: float = 300.0,
+        check_every: float = CHECK_EVERY,
+    ) -> None:
+        self._access = access
+        self._registry = registry
+        self._resync = resync
+        self._check_every = check_every
+        self._listed: dict[str, RawObject] | None = None
+        self._problem = ""
+        self._task: asyncio.Task[None] | None = None
+        self.errors: Counter[str] = registry.errors
+        """The registry's counter (``unitscale_scaler_registry_errors``), by reason:
+        ``scaled-object-watch`` (a list or watch that failed, retried),
+        ``scaled-object-watch-ended`` (the watch task ended and was started again)."""
+
+    @property
+    def listed(self) -> Mapping[str, RawObject] | None:
+        """Every ScaledObject by ``namespace/name``; None until first listed."""
+        return self._listed
+
+    @property
+    def problem(self) -> str:
+        """The watch's last failure since its last list or event; empty when none."""
+        return self._problem
+
+    async def run(self) -> None:
+        """Start the watch when a ScaledObject first declares a pool; keep it running."""
+        try:
+            while True:
+                self._keep_watching()
+                await asyncio.sleep(self._check_every)
+        finally:
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._task
+
+    def _keep_watching(self) -> None:
+        running = self._task
+        if running is not None and not running.done():
+            return
+        if running is None:
+            if not any(s.metadata.pool is not None for s in self._registry.objects()):
+                return
+        else:
+            error = None if running.cancelled() else running.exception()
+            self.errors["scaled-object-watch-ended"] += 1
+            log.error(
+                "the watch on ScaledObjects ended (%s); starting it again",
+                "returned" if error is None else repr(error),
+            )
+        self._task = asyncio.create_task(
+            watch_objects(
+                self._access,
+                Selection(SCALED_OBJECTS),
+                self.seen,
+                resync=self._resync,
+                on_error=self._failed,
+            ),
+            name="scaled-object-watch",
+        )
+
+    def seen(self, objects: dict[str, RawObject]) -> None:
+        """Take ``objects`` (every ScaledObject by ``namespace/name``) as the list.
+
+        What the watch calls after each list and each event.
+        """
+        self._listed = objects
+        self._problem = ""
+
+    def _failed(self, err: Exception) -> None:
+        self.errors["scaled-object-watch"] += 1
+        self._problem = f"{type(err).__name__}: {err}"[:MAX_PROBLEM_CHARS]
