@@ -45,6 +45,7 @@ from scaler.config import (
     SignalSourceConfig,
     ca_context,
 )
+from scaler.fair_slots import FairSlots
 from scaler.promql import (
     MAX_ANSWER_BYTES,
     AnswerError,
@@ -271,31 +272,44 @@ async def prometheus_source(
         log.error("prometheus-source stopped: cannot load ca-file %s: %s", config.ca_file, err)
         return
     connector = aiohttp.TCPConnector(ssl=tls)
+    running: dict[TargetKey, asyncio.Task[None]] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        limit = asyncio.Semaphore(config.max_concurrent_queries)
-        while True:
-            started = loop.time()
-            try:
-                await _round(session, limit, config, store, targets, problems)
-            except Exception as err:  # targets() or the bookkeeping: try the next round
-                store.count_error("prometheus", "exception")
-                store.report(
-                    ("prometheus-source", "prometheus"), f"round failed: {_described(err)}"
-                )
-            else:
-                store.report(("prometheus-source", "prometheus"), "")
-            await asyncio.sleep(max(0.0, config.interval - (loop.time() - started)))
+        # A target's next round starts within an interval of its last one's end.
+        slots = FairSlots(config.max_concurrent_queries, grace=2 * config.interval)
+        try:
+            while True:
+                started = loop.time()
+                try:
+                    await _round(session, slots, config, store, targets, problems, running)
+                except Exception as err:  # targets() or the bookkeeping: try the next round
+                    store.count_error("prometheus", "exception")
+                    store.report(
+                        ("prometheus-source", "prometheus"), f"round failed: {_described(err)}"
+                    )
+                else:
+                    store.report(("prometheus-source", "prometheus"), "")
+                await asyncio.sleep(max(0.0, config.interval - (loop.time() - started)))
+        finally:
+            for task in running.values():
+                task.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
 
 
 async def _round(
     session: aiohttp.ClientSession,
-    limit: asyncio.Semaphore,
+    slots: FairSlots,
     config: PrometheusSourceConfig,
     store: SignalStore,
     targets: Callable[[], Iterable[TargetKey]],
     problems: dict[TargetKey, str | None],
+    running: dict[TargetKey, asyncio.Task[None]],
 ) -> None:
-    """Query every target once; each one's failure is its own (``_target_round``).
+    """Start a query of every target not still querying; each one's failure is its own.
+
+    Each target's round is a task of its own (``_target_round``), and a target whose
+    last round is still running is skipped: a round that waited for every target let a
+    few targets whose queries take the whole timeout stall every other target's signals
+    past ``maxSignalAge`` (issue 27, hostile pass 23).
 
     At most ``TARGETS_PER_QUERY_SLOT`` targets per ``max-concurrent-queries`` (1,600 at
     the default 16), the longest known first (``targets()`` is the registry's order): a
@@ -320,19 +334,35 @@ async def _round(
         headers: dict[str, str] | str = await _headers(config)
     except PrometheusError as err:
         headers = str(err)
-    outcomes = await asyncio.gather(
-        *(_target_round(session, limit, config, store, headers, target) for target in wanted)
-    )
-    for target, problem in zip(wanted, outcomes, strict=True):
-        _log_change(target, problems.get(target, "new"), problem, config.url)
-        problems[target] = problem
-    for gone in set(problems) - set(wanted):
-        del problems[gone]
+    for target in wanted:
+        task = running.get(target)
+        if task is None or task.done():
+            running[target] = asyncio.create_task(
+                _logged_round(session, slots, config, store, headers, target, problems)
+            )
+    for gone in set(running) - set(wanted):
+        running.pop(gone).cancel()  # cancelled, it records nothing
+        problems.pop(gone, None)
+
+
+async def _logged_round(
+    session: aiohttp.ClientSession,
+    slots: FairSlots,
+    config: PrometheusSourceConfig,
+    store: SignalStore,
+    headers: dict[str, str] | str,
+    target: TargetKey,
+    problems: dict[TargetKey, str | None],
+) -> None:
+    """One target's round, its change of problem logged."""
+    problem = await _target_round(session, slots, config, store, headers, target)
+    _log_change(target, problems.get(target, "new"), problem, config.url)
+    problems[target] = problem
 
 
 async def _target_round(
     session: aiohttp.ClientSession,
-    limit: asyncio.Semaphore,
+    slots: FairSlots,
     config: PrometheusSourceConfig,
     store: SignalStore,
     headers: dict[str, str] | str,
@@ -343,7 +373,7 @@ async def _target_round(
     Any exception fails this target's round alone, never the others' or the loop.
     """
     try:
-        outcome = await _query_target(session, limit, config, headers, target)
+        outcome = await _query_target(session, slots, config, headers, target)
         if isinstance(outcome, str):
             store.count_error("prometheus", "query")
             return outcome
@@ -420,7 +450,7 @@ def _log_change(target: TargetKey, before: str | None, now: str | None, url: str
 
 async def _query_target(
     session: aiohttp.ClientSession,
-    limit: asyncio.Semaphore,
+    slots: FairSlots,
     config: PrometheusSourceConfig,
     headers: dict[str, str] | str,
     target: TargetKey,
@@ -442,7 +472,8 @@ async def _query_target(
         config.stable_window,
     )
     results = await asyncio.gather(
-        *(_run(session, limit, config.url, headers, q) for q in queries), return_exceptions=True
+        *(_run(session, slots, target, config.url, headers, q) for q in queries),
+        return_exceptions=True,
     )
     values: list[float | None] = []
     for result in results:
@@ -466,7 +497,8 @@ NO_SERIES = "no series match (the replicas are not scraped, or the selector is w
 
 async def _run(
     session: aiohttp.ClientSession,
-    limit: asyncio.Semaphore,
+    slots: FairSlots,
+    target: TargetKey,
     url: str,
     headers: dict[str, str],
     query: Query,
@@ -479,7 +511,7 @@ async def _run(
     """
     endpoint = url.rstrip("/") + "/api/v1/query"
     status, kind = 0, "no answer"
-    async with limit:
+    async with slots.slot(target):
         try:
             params = {"query": query.promql}
             async with session.get(

@@ -1,0 +1,128 @@
+"""At most ``size`` queries at once, shared fairly among the targets asking.
+
+A semaphore serves queries in the order they queued: a few targets whose queries each
+take the whole timeout held every slot in turn, and an honest target's queries waited
+behind all of theirs (issue 27, hostile pass 23). Here a freed slot goes to the waiting
+target holding the fewest slots, and among those to the one that has used the fewest
+slot-seconds; ties go to the one waiting longest. Example, 2 slots: targets S1 and S2
+each hold one for 3 s with more queued, honest H queues 18 queries of 5 ms; when S1's
+slot frees, H (holding none, used 0 s) takes it ahead of S1 (holding none, used 3 s) and
+runs its 18 queries on it in turn, about 90 ms, before S1 gets it back.
+
+A target that stops asking keeps its use for ``grace`` seconds (its next round comes
+within it); one new, or back after longer, enters at the least use of those known, not
+at zero: entering at zero, every target finishing its round cut ahead of those still
+finishing theirs, round after round (a target whose queries cost three times the others'
+finished 1 round where its share was 34), and 100 targets on one slot left the last few
+without signals for over a minute. Forgotten after ``grace``, a target banks no credit
+while it asks for nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Hashable
+
+
+class FairSlots:
+    """``slot(key)``: hold one of ``size`` slots, fairly among keys; pure asyncio."""
+
+    def __init__(
+        self, size: int, grace: float = 0.0, clock: Callable[[], float] | None = None
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"size must be at least 1, not {size}")
+        self.size = size
+        self._grace = grace
+        self._clock = clock
+        self._busy = 0
+        self._held: dict[Hashable, int] = {}
+        self._used: dict[Hashable, float] = {}
+        """Slot-seconds of each key asking, or stopped within ``grace``."""
+        self._idle: dict[Hashable, float] = {}
+        """Keys asking for nothing, since when (oldest first): forgotten after ``grace``."""
+        self._waiting: dict[Hashable, deque[asyncio.Future[None]]] = {}
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, key: Hashable) -> AsyncIterator[None]:
+        """Hold a slot for ``key`` while the block runs."""
+        await self._acquire(key)
+        start = self._now()
+        try:
+            yield
+        finally:
+            self._used[key] = self._used.get(key, 0.0) + (self._now() - start)
+            self._release(key)
+
+    async def _acquire(self, key: Hashable) -> None:
+        self._enter(key)
+        if self._busy < self.size and not self._waiting:
+            self._take(key)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, deque()).append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release(key)  # handed a slot as it was cancelled: pass it on
+            else:
+                self._forget(key, future)
+            raise
+
+    def _enter(self, key: Hashable) -> None:
+        """A key new, or back after ``grace``, enters at the least use of those known."""
+        if key in self._held or key in self._waiting:
+            return
+        now = self._now()
+        while self._idle:
+            oldest, since = next(iter(self._idle.items()))
+            if now - since <= self._grace:
+                break
+            del self._idle[oldest], self._used[oldest]
+        if self._idle.pop(key, None) is None:
+            self._used[key] = min(self._used.values(), default=0.0)
+
+    def _take(self, key: Hashable) -> None:
+        self._busy += 1
+        self._held[key] = self._held.get(key, 0) + 1
+
+    def _release(self, key: Hashable) -> None:
+        self._busy -= 1
+        self._held[key] -= 1
+        if self._held[key] == 0:
+            del self._held[key]
+        self._tidy(key)
+        self._hand_over()
+
+    def _forget(self, key: Hashable, future: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(key)
+        if queue is not None:
+            with contextlib.suppress(ValueError):  # already handed over and skipped
+                queue.remove(future)
+            if not queue:
+                del self._waiting[key]
+        self._tidy(key)
+        self._hand_over()
+
+    def _tidy(self, key: Hashable) -> None:
+        if key not in self._held and key not in self._waiting:
+            self._idle.pop(key, None)  # re-inserted: the dict stays oldest first
+            self._idle[key] = self._now()
+
+    def _hand_over(self) -> None:
+        while self._busy < self.size and self._waiting:
+            key = min(self._waiting, key=lambda k: (self._held.get(k, 0), self._used.get(k, 0.0)))
+            queue = self._waiting[key]
+            future = queue.popleft()
+            if not queue:
+                del self._waiting[key]
+            if future.done():  # its waiter was cancelled and has not forgotten it yet
+                continue
+            self._take(key)
+            future.set_result(None)

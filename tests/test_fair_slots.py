@@ -1,0 +1,183 @@
+"""Slots shared fairly among targets: a slow target's queued queries never starve a fast one.
+
+``scaler.fair_slots.FairSlots`` in the Prometheus source (issue 27, hostile pass 23): a
+freed slot goes to the waiting key holding the fewest, then having used the fewest
+slot-seconds; cancelled waiters never keep or lose a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from aiohttp import web
+
+from scaler.config import PrometheusSourceConfig
+from scaler.fair_slots import FairSlots
+from scaler.signals import SignalStore
+from scaler.sources import prometheus_source
+from tests.test_prometheus_source import FakePrometheus, drain, source_config, until
+
+
+async def test_a_freed_slot_goes_to_the_key_that_used_the_least_not_the_next_in_line() -> None:
+    slots, order = FairSlots(2), list[str]()
+    release = {key: asyncio.Event() for key in ("slow-1", "slow-2")}
+
+    async def hold(key: str, until_set: asyncio.Event | None) -> None:
+        async with slots.slot(key):
+            order.append(key)
+            if until_set is not None:
+                await until_set.wait()
+
+    first = [asyncio.create_task(hold(k, release[k])) for k in ("slow-1", "slow-2")]
+    await asyncio.sleep(0)  # both slow keys hold their slot
+    queued = [asyncio.create_task(hold("slow-1", None)) for _ in range(3)]
+    queued += [asyncio.create_task(hold("honest", None)) for _ in range(3)]
+    await asyncio.sleep(0)
+    release["slow-1"].set()
+    await asyncio.gather(*queued, first[0])
+    # The honest key queued after slow-1's three, yet ran its three first.
+    assert order == ["slow-1", "slow-2", "honest", "honest", "honest", *["slow-1"] * 3]
+    release["slow-2"].set()
+    await first[1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_cancelled_waiters_never_keep_a_slot_and_never_exceed_the_size(seed: int) -> None:
+    rng, slots = random.Random(seed), FairSlots(3)
+    holding, peak, done = [0], [0], [0]
+
+    async def use(key: int, ticks: int) -> None:
+        async with slots.slot(key):
+            holding[0] += 1
+            peak[0] = max(peak[0], holding[0])
+            try:
+                for _ in range(ticks):
+                    await asyncio.sleep(0)
+            finally:
+                holding[0] -= 1
+            done[0] += 1
+
+    tasks = [asyncio.create_task(use(rng.randrange(5), rng.randrange(4))) for _ in range(60)]
+    for _ in range(40):
+        await asyncio.sleep(0)
+        victim = rng.choice(tasks)
+        victim.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert peak[0] <= 3 and holding[0] == 0
+    assert slots._busy == 0 and not slots._held and not slots._waiting
+    assert slots._used.keys() == slots._idle.keys()  # only keys stopped, kept for the grace
+    survivors = sum(1 for t in tasks if not t.cancelled())
+    assert done[0] >= survivors
+    async with slots.slot("after"):  # every slot came back
+        assert slots._busy == 1
+
+
+@pytest.mark.parametrize(
+    ("keys", "heavy"),
+    [
+        pytest.param(10, 3.0, id="ten keys, one whose queries cost three times the others'"),
+        pytest.param(2, 5.0, id="two keys, one whose queries cost five times the other's"),
+        pytest.param(40, 2.0, id="forty keys, one whose queries cost twice the others'"),
+    ],
+)
+async def test_each_key_asking_round_after_round_gets_its_share_of_slot_time(
+    keys: int, heavy: float
+) -> None:
+    """Keys that finish a round and ask again enter at the least use of those asking.
+
+    One slot; each key runs rounds of 6 queries without pause; a query costs one unit of
+    a fake clock, key 0's cost ``heavy``. Entering at zero use instead, a key finishing
+    its round cut ahead of key 0 still finishing its own, round after round: key 0
+    finished 1 round in 6,000 units where its share is 34 (ten keys, three times).
+    Shares are of the slot's time.
+    """
+    now, per_round, total = [0.0], 6, 60.0 * keys * 6 * heavy
+    slots = FairSlots(1, grace=100.0, clock=lambda: now[0])
+    used = dict.fromkeys(range(keys), 0.0)
+
+    async def query(key: int) -> None:
+        async with slots.slot(key):
+            cost = heavy if key == 0 else 1.0
+            now[0] += cost
+            used[key] += cost
+            await asyncio.sleep(0)
+
+    async def rounds(key: int) -> None:
+        while now[0] < total:
+            await asyncio.gather(*(query(key) for _ in range(per_round)))
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(rounds(k) for k in range(keys)))
+    # Key 0 asks without a gap; a light key asks for nothing for a moment between its
+    # rounds, and key 0 may take the slot then (no slot idles while someone asks).
+    share = now[0] / keys
+    assert used[0] >= 0.8 * share, (used[0], share)
+    assert min(used.values()) >= 0.5 * share, (used, share)
+
+
+@pytest.mark.parametrize(
+    ("grace", "straight"),
+    [
+        pytest.param(100.0, 5, id="back within the grace, a key keeps its low use and catches up"),
+        pytest.param(10.0, 1, id="back after the grace, a key banked nothing: it takes turns"),
+    ],
+)
+async def test_a_key_back_after_the_grace_enters_at_the_least_use_known(
+    grace: float, straight: int
+) -> None:
+    """Key ``back`` used 1 unit and stopped; ``busy`` has used 20 and still asks."""
+    now, order, busy_used_20 = [0.0], list[str](), asyncio.Event()
+    slots = FairSlots(1, grace=grace, clock=lambda: now[0])
+
+    async def query(key: str) -> None:
+        async with slots.slot(key):
+            order.append(key)
+            now[0] += 1.0
+            if order.count("busy") == 20:
+                busy_used_20.set()
+            await asyncio.sleep(0)
+
+    await query("back")
+    busy = [asyncio.create_task(query("busy")) for _ in range(40)]
+    await busy_used_20.wait()
+    returning = [asyncio.create_task(query("back")) for _ in range(5)]
+    await asyncio.gather(*busy, *returning)
+    after = order[order.index("back", 1) :]
+    assert after[:straight] == ["back"] * straight
+    assert after.count("back") == 5 and (straight == 5 or after[1] == "busy")
+
+
+class SlowForSome(FakePrometheus):
+    """Queries naming a ``slow`` deployment hang (each holds its slot the whole timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mode = "later"
+        self.honest = 0
+
+    async def _query(self, request: web.Request) -> web.StreamResponse:
+        if 'pod=~"slow' in request.query["query"]:
+            await asyncio.Event().wait()
+        self.honest += 1
+        return await super()._query(request)
+
+
+async def test_targets_whose_queries_take_the_whole_timeout_never_stall_another_target() -> None:
+    """A round waited for every target: three slow ones held an honest one to one round in 13 s."""
+    server = SlowForSome()
+    await server.start()
+    store = SignalStore()
+    config = PrometheusSourceConfig.model_validate(
+        source_config(server.url, interval="50ms", timeout="500ms", **{"max-concurrent-queries": 2})
+    )
+    targets = [*(("team-a", f"slow{n}", "") for n in range(3)), ("team-a", "llama", "")]
+    task = asyncio.create_task(prometheus_source(config, store, lambda: targets))
+    try:
+        # The slow targets' 54 queries take 13.5 s of both slots; three honest rounds
+        # (18 queries each) run on slots as they free, one every half second or so.
+        await until(lambda: server.honest >= 3 * 18, "three honest rounds", within=6.0)
+    finally:
+        await drain(task)
+        await server.stop()
