@@ -26,6 +26,7 @@ from foundation.errors import (
     quote,
 )
 from foundation.signals import TargetKey, describe_target
+from scaler.confirm import Confirmer, Standing, standing
 from scaler.core import Decision, DecisionState, Policy, decide
 from scaler.core.hpa import metric_for
 from scaler.core.standby import StandbySetup, StandbyState, standby_setup, with_standby
@@ -51,6 +52,12 @@ scaler by about 22 KB per distinct name until the kernel kills it. KEDA's own ar
 before the bound is reached, and stay; only new ones past it are refused."""
 
 
+_NOT_THE_API_SERVERS = {
+    Standing.ABSENT: "the API server has no ScaledObject of this namespace and name (a call"
+    " that is not KEDA's, or one just created: KEDA asks again)",
+    Standing.DIFFERS: "this metadata is no trigger of the ScaledObject as the API server has"
+    " it (a call that is not KEDA's, or an edit not seen here yet: KEDA asks again)",
+}
 SECOND_TRIGGER_WINDOW = 600.0
 """Seconds within which a return to the metadata a ScaledObject just had counts towards
 "two triggers" (KEDA asks about both in every evaluation, seconds apart; an edit and its
@@ -164,12 +171,19 @@ class ScaledObjectRegistry:
         self._later = later
         self._store = store
         self._max_objects = max_objects
+        self.confirm: Confirmer | None = None
+        """The API server's ScaledObjects (``scaler.scaled_objects``), once the server
+        has them: a call whose ScaledObject or trigger they do not have is refused, and
+        their trigger replaces metadata they do not vouch for at once. None (the
+        replay, tests without an API server) or not listed yet: every call is believed."""
         self._full_logged = False
         self.errors: Counter[str] = Counter()
         """Units of work refused or failed, by reason: ``full`` (a new ScaledObject past
         ``max_objects``), ``pool-demand`` (a pool's inference demand not encodable),
         ``unconfirmed`` (a ScaledObject declaring a pool that the API server does not
-        have), and the ScaledObject watch's (``scaler.scaled_objects``)."""
+        have, left out of the pool), ``unconfirmed-call`` (a call refused as the API
+        server has no such ScaledObject or trigger), and the ScaledObject watch's
+        (``scaler.scaled_objects``)."""
         self._policy_defaults = policy_defaults or Policy()
         self._default_max_age = default_max_signal_age
         self._clock = clock
@@ -222,6 +236,27 @@ class ScaledObjectRegistry:
             log.info("forgot ScaledObject %s/%s (not asked about for %.0fs)", *key, ttl)
         return gone
 
+    def _forget_absent(self) -> bool:
+        """Forget every ScaledObject the API server does not have; whether any went.
+
+        Names made up before the API server's list came (or kept refreshed by their
+        caller) would otherwise hold the registry full against KEDA's own new ones.
+        """
+        if self.confirm is None or self.confirm.listed is None:
+            return False
+        gone = [
+            key
+            for key, scaled in self._objects.items()
+            if self._standing(key, scaled.raw_metadata) is Standing.ABSENT
+        ]
+        for key in gone:
+            self._unbind(self._objects.pop(key))
+        if gone:
+            log.warning(
+                "registry full: forgot %d ScaledObjects the API server does not have", len(gone)
+            )
+        return bool(gone)
+
     def _unbind(self, scaled: ScaledObject) -> None:
         """Take ``scaled`` off its target; a target nothing scales any more is dropped.
 
@@ -261,12 +296,21 @@ class ScaledObjectRegistry:
         key = (namespace, name)
         existing = self._objects.get(key)
         metadata_map = dict(raw)
+        found = self._standing(key, metadata_map)
         if existing is not None and existing.raw_metadata == metadata_map:
             existing.last_seen = self._clock()
             return existing
+        if found is Standing.CONFIRMED and existing is not None:
+            if self._standing(key, existing.raw_metadata) is not Standing.CONFIRMED:
+                # The API server's trigger replaces what it does not vouch for at once.
+                existing.rivals, existing.replaced, existing.returns = (), (), 0
+                existing.changed_at = -math.inf
         # An edit right after an edit waits for the push gap as signals do (a client
         # sending new metadata each call decided each call); KEDA edits minutes apart.
         quick_edit = existing is not None and self._clock() - existing.changed_at < self._push_gap
+        if found in (Standing.ABSENT, Standing.DIFFERS):
+            self.errors["unconfirmed-call"] += 1
+            raise MetadataError(_NOT_THE_API_SERVERS[found])
         if existing is None:
             self._check_room()
         elif self._second_trigger(existing, metadata_map):
@@ -313,6 +357,12 @@ class ScaledObjectRegistry:
             self._refresh(scaled, self._clock())
         return scaled
 
+    def _standing(self, key: ObjectKey, raw: Mapping[str, str]) -> Standing:
+        """What the API server says of a call for ``key`` with ``raw`` metadata."""
+        if self.confirm is None:
+            return Standing.UNLISTED
+        return standing(self.confirm.listed, key, raw)
+
     def _second_trigger(self, scaled: ScaledObject, raw: dict[str, str]) -> bool:
         """Whether ``raw`` is another trigger's metadata, not an edit of the first.
 
@@ -357,6 +407,8 @@ class ScaledObjectRegistry:
         """
         if len(self._objects) < self._max_objects:
             self._full_logged = False
+            return
+        if self._forget_absent():
             return
         self.errors["full"] += 1
         if not self._full_logged:

@@ -1,10 +1,11 @@
-"""The API server's ScaledObjects, watched once a ScaledObject declares a pool.
+"""The API server's ScaledObjects, watched from the first call about one.
 
-``scaler.confirm`` judges each ScaledObject the scaler was told of against this list
-before its pool's inference demand counts it. The watch (every namespace's
-ScaledObjects, ``list`` and ``watch`` on ``scaledobjects.keda.sh``) starts with the
-first ScaledObject that declares a ``pool``, so a scaler whose triggers declare none
-needs no such right and sends no such request.
+``scaler.confirm`` judges each call against this list (the registry refuses one whose
+ScaledObject or trigger the API server does not have) and each ScaledObject before its
+pool's inference demand counts it. The watch (every namespace's ScaledObjects, ``list``
+and ``watch`` on ``scaledobjects.keda.sh``) starts with the first ScaledObject KEDA asks
+about; until it lists (or without the right), every call is believed and a pool's
+figures are unknown.
 
 Nothing from outside stops it: ``foundation.kube.watch_objects`` retries any failure at
 a backoff (each counted here and kept as ``problem``); the last list stays in use
@@ -27,7 +28,7 @@ from scaler.registry import ScaledObjectRegistry
 log = logging.getLogger(__name__)
 
 CHECK_EVERY = 1.0
-"""Seconds between looks for a first ScaledObject declaring a pool, or an ended watch."""
+"""Seconds between looks for a first ScaledObject, or an ended watch."""
 MAX_PROBLEM_CHARS = 300
 
 
@@ -65,7 +66,7 @@ class ScaledObjectWatch:
         return self._problem
 
     async def run(self) -> None:
-        """Start the watch when a ScaledObject first declares a pool; keep it running."""
+        """Start the watch with the first ScaledObject asked about; keep it running."""
         try:
             while True:
                 self._keep_watching()
@@ -81,7 +82,7 @@ class ScaledObjectWatch:
         if running is not None and not running.done():
             return
         if running is None:
-            if not any(s.metadata.pool is not None for s in self._registry.objects()):
+            if not len(self._registry):
                 return
         else:
             error = None if running.cancelled() else running.exception()

@@ -177,8 +177,9 @@ class ScalerServer:
         self._clock = clock
         # Fluid prewarm for ScaledObjects naming a Dataset (needs the API server).
         self.prewarm = Prewarmer(self.registry, kube, clock) if kube is not None else None
-        # A pool's demand counts a ScaledObject only as the API server has it.
+        # Calls and a pool's demand count a ScaledObject only as the API server has it.
         self.scaled_objects = ScaledObjectWatch(kube, self.registry) if kube is not None else None
+        self.registry.confirm = self.scaled_objects
         self._grpc = GrpcServer(
             [
                 (

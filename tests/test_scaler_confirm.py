@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +26,7 @@ from admission.demand import DemandResult, fetch_demand
 from foundation.kube import KubeAccess
 from scaler.config import ScalerConfig
 from scaler.confirm import TRIGGER_TYPES, Standing, standing
-from scaler.registry import ScaledObjectRegistry
+from scaler.registry import RegistryFullError, ScaledObjectRegistry
 from scaler.scaled_objects import ScaledObjectWatch
 from scaler.server import ScalerServer
 from scaler.signals import SignalStore
@@ -81,6 +83,14 @@ def aimed_at_llama(call):
     return call
 
 
+@dataclass
+class Listed:
+    """A list as the watch holds it (``scaler.confirm.Confirmer``)."""
+
+    listed: dict[str, Any] | None
+    problem: str = ""
+
+
 HONEST = DemandResult({"h200": PoolDemand("h200", 1.0, 2.0)})  # 1 replica up, 2 needed
 
 
@@ -117,12 +127,80 @@ HONEST = DemandResult({"h200": PoolDemand("h200", 1.0, 2.0)})  # 1 replica up, 2
 async def test_a_scaled_object_the_api_server_does_not_have_is_left_out(
     scaler, stub, caller, api_has
 ):
+    """Told of before the list came (calls are believed until then), then left out."""
     await honest_llama(scaler, stub)
-    watch_of(scaler).seen(listed(api_object("llama", **H200), *api_has))
     await stub.GetMetricSpec(caller)
+    watch_of(scaler).seen(listed(api_object("llama", **H200), *api_has))
     for _ in range(3):
         assert await demand(scaler) == HONEST
     assert scaler.registry.errors["unconfirmed"] == 1, "counted and logged once, not per ask"
+
+
+@pytest.mark.parametrize(
+    ("caller", "why"),
+    [
+        pytest.param(
+            ref("x", "evil", deployment="nothing-here", **H200),
+            "has no ScaledObject of this namespace and name",
+            id="a name the API server does not have is refused",
+        ),
+        pytest.param(
+            ref("llama", **H200, targetUtilization="0.5"),
+            "no trigger of the ScaledObject as the API server has it",
+            id="other metadata under a real ScaledObject's name is refused",
+        ),
+    ],
+)
+async def test_once_listed_a_call_the_api_server_does_not_vouch_for_is_refused(
+    scaler, stub, caller, why
+):
+    await honest_llama(scaler, stub)
+    watch_of(scaler).seen(listed(api_object("llama", **H200)))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.GetMetricSpec(caller)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert why in str(refused.value.details())
+    await stub.GetMetricSpec(ref("llama", **H200))  # KEDA's own call
+    assert await demand(scaler) == HONEST
+    assert scaler.registry.errors["unconfirmed-call"] == 1
+
+
+async def test_forged_calls_never_get_kedas_own_metadata_refused_as_a_rival(scaler, stub):
+    """Forged B, C, B then KEDA's A made A a "second trigger", refused for as long as the
+    forger called every ten minutes (120 of 120 of KEDA's calls in an hour). Before the
+    list that order still decides; once listed, A is the trigger and replaces B at once."""
+    forged = [ref("llama", **H200, targetUtilization=u) for u in ("0.5", "0.6", "0.5")]
+    await honest_llama(scaler, stub)
+    for call in forged:
+        await stub.GetMetricSpec(call)
+    with pytest.raises(grpc.aio.AioRpcError):  # not listed yet: taken for a second trigger
+        await stub.GetMetricSpec(ref("llama", **H200))
+    watch_of(scaler).seen(listed(api_object("llama", **H200)))
+    keda = ref("llama", **H200)
+    await stub.GetMetricSpec(keda)
+    for _ in range(5):
+        for call in forged:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.GetMetricSpec(call)
+        await stub.GetMetricSpec(keda)
+    (kept,) = scaler.registry.objects()
+    assert kept.raw_metadata == dict(keda.scalerMetadata)
+    assert (await demand(scaler)).demand is not None  # confirmed: the pool is known
+
+
+def test_a_full_registry_forgets_the_names_the_api_server_does_not_have():
+    """Names made up before the list came no longer hold the registry full against KEDA."""
+    registry = ScaledObjectRegistry(SignalStore(), 30.0, max_objects=5)
+    for n in range(5):
+        registry.resolve(f"made-up-{n}", "evil", dict(ref(f"made-up-{n}").scalerMetadata))
+    with pytest.raises(RegistryFullError):
+        registry.resolve("llama", "team-a", dict(ref("llama").scalerMetadata))
+    registry.confirm = Listed(listed(api_object("llama"), api_object("made-up-0", "evil")))
+    registry.resolve("llama", "team-a", dict(ref("llama").scalerMetadata))
+    assert sorted(s.key for s in registry.objects()) == [
+        ("evil", "made-up-0"),
+        ("team-a", "llama"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -162,17 +240,16 @@ async def test_the_pool_is_unknown_until_the_api_servers_scaled_objects_are_list
     assert await demand(scaler) == HONEST
 
 
-async def test_the_watch_starts_only_once_a_scaled_object_declares_a_pool(tmp_path):
+async def test_the_watch_starts_only_once_keda_asks_about_a_scaled_object(tmp_path):
     store = SignalStore()
     registry = ScaledObjectRegistry(store, 30.0)
     watch = ScaledObjectWatch(KubeAccess(tmp_path / "no-kubeconfig"), registry, check_every=0.01)
     running = asyncio.create_task(watch.run())
     try:
-        registry.resolve("plain", "team-a", dict(ref("plain").scalerMetadata))
         await asyncio.sleep(0.2)  # twenty looks: none may start a watch
         assert registry.errors["scaled-object-watch"] == 0 and watch.problem == ""
-        registry.resolve("llama", "team-a", dict(ref("llama", **H200).scalerMetadata))
-        await eventually(lambda: watch.problem, "the watch tried, once a pool was declared")
+        registry.resolve("plain", "team-a", dict(ref("plain").scalerMetadata))
+        await eventually(lambda: watch.problem, "the watch tried, once KEDA asked")
         assert "no-kubeconfig" in watch.problem and watch.listed is None
     finally:
         running.cancel()

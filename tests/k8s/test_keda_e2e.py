@@ -378,7 +378,8 @@ def test_a_pool_counts_kedas_scaled_object_and_leaves_out_a_forged_call(
 ) -> None:
     """The metadata real KEDA sends is the API server's trigger, exactly: its
     ScaledObject counts in the pool; a GetMetricSpec of another caller claiming 100 x 8
-    cards on the same Deployment, under a name the API server does not have, does not."""
+    cards on the same Deployment, under a name the API server does not have, is refused
+    and counts nothing."""
     scaler = Scaler(source, tmp_path, kubeconfig=control_plane.kubeconfig).start()
     try:
         create(control_plane, namespace, deployment(NAME))
@@ -396,12 +397,15 @@ def test_a_pool_counts_kedas_scaled_object_and_leaves_out_a_forged_call(
 
         forged = {"scalerAddress": scaler.address, "deployment": NAME, "namespace": namespace}
         forged.update(pool, acceleratorsPerReplica="8", minReplicas="100", maxReplicas="100")
-        with grpc.insecure_channel(scaler.address) as channel:
+        with (
+            grpc.insecure_channel(scaler.address) as channel,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
             keda_grpc.ExternalScalerStub(channel).GetMetricSpec(
                 keda_pb.ScaledObjectRef(name="forged", namespace=namespace, scalerMetadata=forged),
                 timeout=5,
             )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
         assert asked() == DemandResult(counted)
-        assert "the API server has no such ScaledObject" in scaler.log.read_text()
     finally:
         scaler.stop()
