@@ -678,7 +678,14 @@ class Gateway:
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         raw, model, prompt, max_tokens, n = await self._read(request)
-        known = frozenset(self.settings.models) | self.pool.served
+        # Once a listed model went unremembered, no model is certainly unserved at zero:
+        # a replica listing fresh names each time back turned a new model's requests at
+        # zero into 404s, never counted as arrivals (issue 27, hostile pass 25).
+        known = (
+            frozenset()
+            if self.pool.served_full
+            else frozenset(self.settings.models) | self.pool.served
+        )
         views = self.pool.routing_views()  # once a request, each kept while unchanged
         if model and is_unserved(views, model, known):
             # Before it counts as an arrival: the scaler must not scale up for it.

@@ -226,7 +226,9 @@ class ReplicaPool:
         self.served: set[str] = set()
         """Every model a replica has listed since the gateway started (kept at zero), at
         most ``MAX_SERVED_MODELS``."""
-        self._served_full = False
+        self.served_full = False
+        """Whether a listed model was not remembered for lack of room: ``served`` no
+        longer tells a model no replica serves (at zero, requests are then buffered)."""
         self.on_probe_failure: Callable[[str], None] = lambda reason: None
         """Hears the reason of every replica's failed round (the gateway counts it)."""
         self.on_round_failure: Callable[[], None] = lambda: None
@@ -489,18 +491,18 @@ class ReplicaPool:
         Names are kept while their replicas are gone (a model at zero is buffered, not a
         404), so a replica that lists new names each time it comes back would grow the set
         without end; past the bound new names are still routed while a replica lists
-        them, only not remembered at zero.
+        them, only not remembered at zero, and ``served_full`` says so.
         """
         new = replica.models - self.served
         room = MAX_SERVED_MODELS - len(self.served)
         if len(new) > room:
-            if room >= 0 and not self._served_full:
+            if room >= 0 and not self.served_full:
                 log.warning(
                     "replica %s lists %d models not seen before; remembering %d: at most"
                     " %d models are kept for routing at zero replicas",
                     replica.url, len(new), max(room, 0), MAX_SERVED_MODELS,
                 )  # fmt: skip
-            self._served_full = True
+            self.served_full = True
             new = frozenset(sorted(new)[: max(room, 0)])
         self.served |= new
 

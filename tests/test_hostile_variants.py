@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -78,10 +80,12 @@ class Churning:
         self.per_answer = per_answer
         self.answers = 0
         self.healthy = False
+        self.down = False
+        """Set: every health check fails from now on."""
         self.url = ""
 
     async def _health(self, request: web.Request) -> web.Response:
-        self.healthy = not self.healthy
+        self.healthy = not self.healthy and not self.down
         return web.Response(status=200 if self.healthy else 503)
 
     async def _awake(self, request: web.Request) -> web.Response:
@@ -118,6 +122,27 @@ async def test_a_replica_listing_new_names_each_time_back_cannot_grow_what_is_re
         assert "churn-0" in pool.served  # the first remembered stay
     (warning,) = warnings_naming(caplog, replica.url)
     assert f"at most {MAX_SERVED_MODELS}" in warning
+
+
+async def test_past_the_bound_a_model_new_at_zero_replicas_is_buffered_not_refused():
+    """The flood above left a model first listed after it unremembered: at zero replicas
+    its requests got 404 at once, never counted as arrivals, so KEDA never woke it."""
+    answers = MAX_SERVED_MODELS // MAX_MODELS + 1
+    async with (
+        Churning(MAX_MODELS).serving() as replica,
+        gateway_for([replica.url], buffer_timeout=0.5) as gateway,
+    ):
+        pool = gateway.gateway.pool
+        await eventually(lambda: replica.answers >= answers, f"{answers} model listings")
+        assert pool.served_full and "new-model" not in pool.served
+        replica.healthy = True  # its next check fails, and it stays down
+        replica.down = True
+        await eventually(lambda: not pool.routing_views()[0].ready, "no replica ready")
+        url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+        body = {"model": "new-model", "prompt": "hi", "max_tokens": 1}
+        async with aiohttp.ClientSession() as client, client.post(url, json=body) as r:
+            assert r.status == 503, await r.text()  # buffered, then no replica in 0.5 s
+        assert gateway.gateway.stats.arrivals.count(time.monotonic(), 60.0) == 1
 
 
 @pytest.mark.parametrize(
