@@ -249,6 +249,13 @@ class Selection:
     namespace: str | None = None
     label_selector: str = ""
     field_selector: str = ""
+    keep: Callable[[RawObject], RawObject] | None = None
+    """What of each object the watched set keeps (its name and namespace must stay);
+    None: the object less ``metadata.managedFields``."""
+
+    def kept(self, obj: RawObject) -> RawObject:
+        """The object as the watched set keeps it."""
+        return _kept(obj) if self.keep is None else self.keep(obj)
 
     @property
     def kind(self) -> Resource:
@@ -533,7 +540,7 @@ async def _list(
             if key is None:
                 skips.skip("a listed item without a name")
             else:
-                items[key] = _kept(item)
+                items[key] = selection.kept(item)
         if not token:
             return items, version
     raise ValueError(f"the list takes over {MAX_LIST_PAGES:,} pages")
@@ -612,7 +619,7 @@ async def _watch(
             if kind == "DELETED":
                 objects.pop(name, None)
             else:
-                objects[name] = _kept(obj)
+                objects[name] = selection.kept(obj)
             on_change(dict(objects))
 
 

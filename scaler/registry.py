@@ -85,6 +85,17 @@ class RegistryFullError(UnitscaleError):
     """The registry holds ``MAX_SCALED_OBJECTS`` already: a new ScaledObject is refused."""
 
 
+def _second_trigger_error(scaled: ScaledObject, raw: Mapping[str, str]) -> MetadataError:
+    return MetadataError(
+        "a second unitscale trigger with other metadata (deployment"
+        f" {quote(raw.get('deployment'))}, beside"
+        f" {quote(scaled.raw_metadata.get('deployment'))}): one unitscale trigger"
+        " per ScaledObject, as both would share its decisions; this one is refused"
+        f" while the other is asked about (and for {SECOND_TRIGGER_WINDOW:.0f} s"
+        " after)"
+    )
+
+
 def metric_value(decision: Decision) -> float:
     """What GetMetrics reports so that the HPA lands on the decision (``core.hpa``).
 
@@ -172,6 +183,8 @@ class ScaledObjectRegistry:
         self._store = store
         self._max_objects = max_objects
         self.confirm: Confirmer | None = None
+        self._scanned: object = None
+        """The list ``_forget_absent`` last scanned (each event brings a new one)."""
         """The API server's ScaledObjects (``scaler.scaled_objects``), once the server
         has them: a call whose ScaledObject or trigger they do not have is refused, and
         their trigger replaces metadata they do not vouch for at once. None (the
@@ -242,8 +255,10 @@ class ScaledObjectRegistry:
         Names made up before the API server's list came (or kept refreshed by their
         caller) would otherwise hold the registry full against KEDA's own new ones.
         """
-        if self.confirm is None or self.confirm.listed is None:
-            return False
+        listed = None if self.confirm is None else self.confirm.listed
+        if listed is None or listed is self._scanned:
+            return False  # a list already scanned finds nothing new
+        self._scanned = listed
         gone = [
             key
             for key, scaled in self._objects.items()
@@ -297,31 +312,26 @@ class ScaledObjectRegistry:
         existing = self._objects.get(key)
         metadata_map = dict(raw)
         found = self._standing(key, metadata_map)
+        if found in (Standing.ABSENT, Standing.DIFFERS):
+            self.errors["unconfirmed-call"] += 1
+            raise MetadataError(_NOT_THE_API_SERVERS[found])
         if existing is not None and existing.raw_metadata == metadata_map:
             existing.last_seen = self._clock()
             return existing
         if found is Standing.CONFIRMED and existing is not None:
-            if self._standing(key, existing.raw_metadata) is not Standing.CONFIRMED:
-                # The API server's trigger replaces what it does not vouch for at once.
-                existing.rivals, existing.replaced, existing.returns = (), (), 0
-                existing.changed_at = -math.inf
+            if self._standing(key, existing.raw_metadata) is Standing.CONFIRMED:
+                # Both are the API server's: two triggers, not an edit (which lists one).
+                raise _second_trigger_error(existing, metadata_map)
+            # The API server's trigger replaces what it does not vouch for at once.
+            existing.rivals, existing.replaced, existing.returns = (), (), 0
+            existing.changed_at = -math.inf
         # An edit right after an edit waits for the push gap as signals do (a client
         # sending new metadata each call decided each call); KEDA edits minutes apart.
         quick_edit = existing is not None and self._clock() - existing.changed_at < self._push_gap
-        if found in (Standing.ABSENT, Standing.DIFFERS):
-            self.errors["unconfirmed-call"] += 1
-            raise MetadataError(_NOT_THE_API_SERVERS[found])
         if existing is None:
             self._check_room()
         elif self._second_trigger(existing, metadata_map):
-            raise MetadataError(
-                "a second unitscale trigger with other metadata (deployment"
-                f" {quote(metadata_map.get('deployment'))}, beside"
-                f" {quote(existing.raw_metadata.get('deployment'))}): one unitscale trigger"
-                " per ScaledObject, as both would share its decisions; this one is refused"
-                f" while the other is asked about (and for {SECOND_TRIGGER_WINDOW:.0f} s"
-                " after)"
-            )
+            raise _second_trigger_error(existing, metadata_map)
         own_profiles = [own.name for own in self._policy_defaults.profiles]
         metadata = parse_metadata(
             metadata_map, name=name, namespace=namespace, profiles=own_profiles

@@ -66,7 +66,7 @@ async def test_cancelled_waiters_never_keep_a_slot_and_never_exceed_the_size(see
         victim.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert peak[0] <= 3 and holding[0] == 0
-    assert slots._busy == 0 and not slots._held and not slots._waiting
+    assert slots._busy == 0 and not slots._held and not slots._waiting and not slots._heap
     assert slots._used.keys() == slots._idle.keys()  # only keys stopped, kept for the grace
     survivors = sum(1 for t in tasks if not t.cancelled())
     assert done[0] >= survivors
@@ -75,15 +75,16 @@ async def test_cancelled_waiters_never_keep_a_slot_and_never_exceed_the_size(see
 
 
 @pytest.mark.parametrize(
-    ("keys", "heavy"),
+    ("keys", "heavy", "grace"),
     [
-        pytest.param(10, 3.0, id="ten keys, one whose queries cost three times the others'"),
-        pytest.param(2, 5.0, id="two keys, one whose queries cost five times the other's"),
-        pytest.param(40, 2.0, id="forty keys, one whose queries cost twice the others'"),
+        pytest.param(10, 3.0, 100.0, id="ten keys, one whose queries cost three times the others'"),
+        pytest.param(2, 5.0, 100.0, id="two keys, one whose queries cost five times the other's"),
+        pytest.param(40, 2.0, 100.0, id="forty keys, one whose queries cost twice the others'"),
+        pytest.param(10, 3.0, 0.0, id="ten keys forgotten between rounds enter at the least use"),
     ],
 )
 async def test_each_key_asking_round_after_round_gets_its_share_of_slot_time(
-    keys: int, heavy: float
+    keys: int, heavy: float, grace: float
 ) -> None:
     """Keys that finish a round and ask again enter at the least use of those asking.
 
@@ -94,7 +95,7 @@ async def test_each_key_asking_round_after_round_gets_its_share_of_slot_time(
     Shares are of the slot's time.
     """
     now, per_round, total = [0.0], 6, 60.0 * keys * 6 * heavy
-    slots = FairSlots(1, grace=100.0, clock=lambda: now[0])
+    slots = FairSlots(1, grace=grace, clock=lambda: now[0])
     used = dict.fromkeys(range(keys), 0.0)
 
     async def query(key: int) -> None:

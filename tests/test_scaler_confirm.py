@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 
 from admission.cluster import PoolDemand
 from admission.demand import DemandResult, fetch_demand
+from foundation.errors import MetadataError
 from foundation.kube import KubeAccess
 from scaler.config import ScalerConfig
-from scaler.confirm import TRIGGER_TYPES, Standing, standing
+from scaler.confirm import MAX_TRIGGERS, TRIGGER_TYPES, Standing, projected, standing
 from scaler.registry import RegistryFullError, ScaledObjectRegistry
-from scaler.scaled_objects import ScaledObjectWatch
+from scaler.scaled_objects import STALE_AFTER, ScaledObjectWatch
 from scaler.server import ScalerServer
 from scaler.signals import SignalStore
 from scaler.sources import receive
@@ -186,6 +187,74 @@ async def test_forged_calls_never_get_kedas_own_metadata_refused_as_a_rival(scal
     (kept,) = scaler.registry.objects()
     assert kept.raw_metadata == dict(keda.scalerMetadata)
     assert (await demand(scaler)).demand is not None  # confirmed: the pool is known
+
+
+async def test_a_scaled_object_with_two_unitscale_triggers_keeps_the_first(scaler, stub):
+    """Both maps are the API server's: the second is refused at once, not after it took
+    the first's place for a call (an edit lists only the new map)."""
+    first, second = ref("llama", **H200), ref("llama", **H200, targetUtilization="0.5")
+    both = api_object("llama", **H200)
+    both["spec"]["triggers"].append({"type": "external", "metadata": dict(second.scalerMetadata)})
+    await stub.GetMetricSpec(first)
+    watch_of(scaler).seen(listed(both))
+    for _ in range(3):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.GetMetricSpec(second)
+        assert "second unitscale trigger" in str(refused.value.details())
+        await stub.GetMetricSpec(first)
+    (kept,) = scaler.registry.objects()
+    assert kept.raw_metadata == dict(first.scalerMetadata)
+
+
+async def test_a_name_told_of_before_the_list_is_refused_once_listed(scaler, stub):
+    made_up = ref("x", "evil", deployment="nothing-here", **H200)
+    await stub.GetMetricSpec(made_up)  # believed: nothing listed yet
+    watch_of(scaler).seen(listed(api_object("llama", **H200)))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.GetMetricSpec(made_up)  # the same call again
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_list_the_watch_cannot_renew_for_a_minute_is_no_longer_used(tmp_path):
+    """Kept for good, a list refused every ScaledObject created after the watch broke."""
+    clock = FakeClock(0.0)
+    registry = ScaledObjectRegistry(SignalStore(), 30.0)
+    watch = ScaledObjectWatch(
+        KubeAccess(tmp_path / "no-kubeconfig"), registry, check_every=0.01, clock=clock
+    )
+    registry.confirm = watch
+    registry.resolve("llama", "team-a", dict(ref("llama").scalerMetadata))
+    running = asyncio.create_task(watch.run())
+    try:
+        await eventually(lambda: watch.problem, "the watch's first failure")
+        watch.seen(listed(api_object("llama")))
+        await eventually(lambda: watch.problem, "a failure after the list")  # kept: < 60 s
+        with pytest.raises(MetadataError):
+            registry.resolve("qwen", "team-a", dict(ref("qwen").scalerMetadata))
+        clock.now += STALE_AFTER + 1
+        assert watch.listed is None
+        registry.resolve("qwen", "team-a", dict(ref("qwen").scalerMetadata))  # believed
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("triggers", "confirmed"),
+    [
+        pytest.param(MAX_TRIGGERS, True, id="at the bound on triggers, one matches"),
+        pytest.param(MAX_TRIGGERS + 1, False, id="past it, none does"),
+    ],
+)
+def test_a_scaled_object_with_too_many_triggers_confirms_no_call(triggers, confirmed):
+    obj = api_object("llama")
+    obj["spec"]["triggers"] = [
+        {"type": "external", "metadata": {"deployment": f"d{n}"}} for n in range(triggers)
+    ]
+    kept = projected(obj)
+    assert set(kept) == {"metadata", *(set(kept) - {"metadata"})} and "spec" not in kept
+    found = standing({"team-a/llama": kept}, ("team-a", "llama"), {"deployment": "d0"})
+    assert (found is Standing.CONFIRMED) is confirmed
 
 
 def test_a_full_registry_forgets_the_names_the_api_server_does_not_have():

@@ -655,6 +655,7 @@ async def test_the_scalers_scaled_object_watch_on_its_token(
             key = f"{served}/llama"
             await eventually(lambda: key in (watch.listed or {}), "the ScaledObject listed", CAP)
             assert watch.problem == ""
+            assert "spec" not in (watch.listed or {})[key]  # only what the check reads
         else:
             # A CRD's watch cache may answer 429 for a moment after it is created: retried.
             await eventually(lambda: "(403)" in watch.problem, "refused with 403", CAP)
