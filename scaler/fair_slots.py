@@ -126,7 +126,8 @@ class FairSlots:
         Stale entries are dropped once they outnumber the waiting keys three to one, so
         the heap stays within a few entries a waiting key.
         """
-        version = self._version[key] = self._version.get(key, 0) + 1
+        # Never reused: an entry left from an earlier wait must not match a new one.
+        version = self._version[key] = next(self._count)
         entry = (self._held.get(key, 0), self._used.get(key, 0.0), self._since[key], version, key)
         heapq.heappush(self._heap, entry)
         if len(self._heap) > 4 * len(self._waiting) + 64:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 
 import pytest
 from aiohttp import web
@@ -43,6 +44,12 @@ async def test_a_freed_slot_goes_to_the_key_that_used_the_least_not_the_next_in_
     await first[1]
 
 
+def one_place_each(slots: FairSlots) -> bool:
+    """Each waiting key has exactly one live place in the heap (others are stale)."""
+    live = Counter(key for *_, version, key in slots._heap if slots._version.get(key) == version)
+    return all(live[key] == 1 for key in slots._waiting)
+
+
 @pytest.mark.parametrize("seed", range(20))
 async def test_cancelled_waiters_never_keep_a_slot_and_never_exceed_the_size(seed: int) -> None:
     rng, slots = random.Random(seed), FairSlots(3)
@@ -55,11 +62,12 @@ async def test_cancelled_waiters_never_keep_a_slot_and_never_exceed_the_size(see
             try:
                 for _ in range(ticks):
                     await asyncio.sleep(0)
+                    assert one_place_each(slots)
             finally:
                 holding[0] -= 1
             done[0] += 1
 
-    tasks = [asyncio.create_task(use(rng.randrange(5), rng.randrange(4))) for _ in range(60)]
+    tasks = [asyncio.create_task(use(rng.randrange(5), rng.randrange(4))) for _ in range(200)]
     for _ in range(40):
         await asyncio.sleep(0)
         victim = rng.choice(tasks)
@@ -103,6 +111,7 @@ async def test_each_key_asking_round_after_round_gets_its_share_of_slot_time(
             cost = heavy if key == 0 else 1.0
             now[0] += cost
             used[key] += cost
+            assert one_place_each(slots)
             await asyncio.sleep(0)
 
     async def rounds(key: int) -> None:
