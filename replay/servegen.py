@@ -135,10 +135,13 @@ def parse_source(source: str) -> tuple[Path, ServeGenOptions]:
     """``[servegen:]DIR[?scale=X&days=A-B]`` as the directory and the options.
 
     Raises:
-        TraceError: an unknown option, a scale not above 0 and at most
+        TraceError: no directory, an unknown option, a scale not above 0 and at most
             ``MAX_RATE_MULTIPLIER``, or days that are not ``A`` or ``A-B`` with A <= B.
     """
     path, _, query = source.removeprefix(PREFIX).partition("?")
+    if not path.strip():
+        # Read as ".", it replayed whatever chunk files the working directory held.
+        raise TraceError(f"{source}: needs a directory before '?' (an empty one would be '.')")
     scale, days = ServeGenOptions().scale, None
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key == "scale":

@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -268,11 +268,21 @@ def _azure(path: Path, before: int = 0) -> _Rows:
                 f"{path}:{number}: a header of {len(header):,} columns, at most {MAX_COLUMNS}"
             )
         at = {column: header.index(column) for column in _AZURE if column in header}
+        offsets: tuple[bool, int] | None = None  # the first row's kind, and its line
         for row in reader:
             if not row:
                 continue  # a blank line, as csv.DictReader skips it
             try:
-                arrival = _azure_time(_field(row, at, "TIMESTAMP"))
+                arrival, zoned = _azure_time(_field(row, at, "TIMESTAMP"))
+                offsets = offsets or (zoned, number)
+                if zoned != offsets[0]:
+                    # Mixed, the rows without an offset (UTC) and those with one were
+                    # hours apart that the file meant a second apart.
+                    has = "has a UTC offset" if zoned else "has no UTC offset"
+                    raise ValueError(
+                        f"column TIMESTAMP: {has}, and line {offsets[1]}'s"
+                        f" {'does not' if zoned else 'does'}: one kind in a file"
+                    )
                 prompt = token_count(_field(row, at, "ContextTokens"), "ContextTokens")
                 output = token_count(_field(row, at, "GeneratedTokens"), "GeneratedTokens")
             except ValueError as err:
@@ -295,10 +305,17 @@ def _field(row: list[str], at: dict[str, int], column: str) -> object:
     return row[index]
 
 
-def _azure_time(value: object) -> float:
-    """A wall-clock timestamp (Python 3.11 reads the 7-digit fractions these files use)."""
+def _azure_time(value: object) -> tuple[float, bool]:
+    """A wall-clock timestamp, and whether it names its UTC offset.
+
+    Python 3.11 reads the 7-digit fractions these files use. One without an offset (the
+    Azure traces have none) is UTC: read in the host's zone, a trace crossing a daylight
+    saving change gained or lost an hour, and a replay's cost depended on ``TZ``.
+    """
     try:
-        return datetime.fromisoformat(str(value).strip()).timestamp()
+        stamp = datetime.fromisoformat(str(value).strip())
+        zoned = stamp.tzinfo is not None
+        return (stamp if zoned else stamp.replace(tzinfo=UTC)).timestamp(), zoned
     except (ValueError, OverflowError, OSError) as err:
         raise ValueError(f"column TIMESTAMP: {quote(value)} is not a date and time") from err
 
@@ -359,7 +376,7 @@ def scale(trace: Trace, rate_multiplier: float, time_compression: float, seed: i
     if not span <= MAX_TRACE_SPAN_SECONDS:
         raise TraceError(
             f"--time-compression {time_compression:g}: must be above 0, and the"
-            f" {trace.duration:,.0f} s trace would span {span:,.0f} s; a replay spans at"
+            f" {trace.duration:,.3g} s trace would span {span:,.3g} s; a replay spans at"
             f" most {MAX_TRACE_SPAN_SECONDS:,} s (31 days)"
         )
     rng = np.random.default_rng(seed)

@@ -193,6 +193,7 @@ class Gateway:
         self._control: aiohttp.ClientSession | None = None
         """Health checks', wakes' and sleeps' session (``_background``)."""
         self._wakes: set[asyncio.Task[None]] = set()
+        self._sleeps: set[asyncio.Task[None]] = set()
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
         self._pressure: WakePressure | None = None
         """``wake_at_outstanding`` as ``serving.routing.WakePressure`` (None: wake at zero only)."""
@@ -266,7 +267,7 @@ class Gateway:
             "arrivals": asyncio.create_task(self.arrivals.run()),
         }
         yield
-        tasks = [*self.loops.values(), *self._wakes]
+        tasks = [*self.loops.values(), *self._wakes, *self._sleeps]
         for task in tasks:
             task.cancel()
         # A loop that stopped on an exception (named by /health) does not stop the shutdown.
@@ -545,7 +546,7 @@ class Gateway:
                 scaler = self.settings.standby_scaler
                 try:
                     if scaler is not None:
-                        await self._standby_round(source or client, scaler)
+                        await self._standby_moves(source or client, scaler)
                     else:
                         self._release_surplus()
                     failing = None
@@ -561,9 +562,20 @@ class Gateway:
     async def _standby_round(
         self, client: PlanSource, scaler: str, now: float | None = None
     ) -> None:
+        """``_standby_moves``, its sleeps awaited: one round and all it did."""
+        await asyncio.gather(*await self._standby_moves(client, scaler, now))
+
+    async def _standby_moves(
+        self, client: PlanSource, scaler: str, now: float | None = None
+    ) -> list[asyncio.Task[None]]:
         """Ask for the plan; sleep the surplus idle replicas, wake those the running lack.
 
         ``now`` (``time.monotonic``): when the round decides, for who is backing off.
+        Wakes and sleeps run as tasks of their own, returned for the sleeps: the loop
+        does not wait for them. A replica whose ``/sleep`` never answered held the loop
+        for ``wake-timeout`` (60 s), a scale-up's wakes and every other sleep with it
+        (issue 27, hostile pass 26); it is left out of the rounds meanwhile (not routable,
+        not asleep).
         """
         s = self.settings
         plan = await client.plan(scaler, s.namespace, s.deployment, s.standby_interval)
@@ -577,7 +589,7 @@ class Gateway:
                 self.metrics.standby_plan_ignored(plan.kind)
             self.standby_problem, self._standby_kind = plan.message, plan.kind
             self._release_surplus(now)
-            return
+            return []
         if self._standby_kind is not None:
             log.info("standby: acting on the scaler's plan again")
         self.standby_problem, self._standby_kind = None, None
@@ -596,9 +608,14 @@ class Gateway:
         for replica in self.pool.replicas:
             replica.surplus = replica.url in marked
         chosen = [self.pool.find(url) for url in moves.sleep]
+        sleeps = []
         for replica in chosen:
             replica.falling_asleep = True  # before any await: no request is routed there
-        await asyncio.gather(*(self._sleep(replica, now) for replica in chosen))
+            task = asyncio.create_task(self._sleep(replica, now))
+            self._sleeps.add(task)
+            task.add_done_callback(self._sleeps.discard)
+            sleeps.append(task)
+        return sleeps
 
     def _release_surplus(self, now: float | None = None) -> None:
         """With no plan to sleep it, a surplus replica idle ``sleep_after_idle`` runs.

@@ -131,7 +131,7 @@ TWO_ROWS = AZURE + b"2023-11-16 18:17:03.9,100,5\n2023-11-16 18:17:05.4,200,7\n"
         pytest.param(
             TWO_ROWS,
             ["--time-compression", "1e-9"],
-            "--time-compression 1e-09: must be above 0, and the 2 s trace would span",
+            "--time-compression 1e-09: must be above 0, and the 1.5 s trace would span",
             id="a compression that stretches two seconds past a month is refused",
         ),
         pytest.param(

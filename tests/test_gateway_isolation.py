@@ -458,3 +458,48 @@ async def test_replicas_whose_health_hangs_never_hold_another_replica_s_check() 
         hung.set()
         await session.close()
         await runner.cleanup()
+
+
+class HangingSleep(StandIn):
+    """A stand-in whose ``/sleep`` is taken and not answered until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        if request.path == "/sleep":
+            self.calls["/sleep"] = self.calls.get("/sleep", 0) + 1
+            await self.release.wait()
+        return await super()._answer(request)
+
+
+async def test_a_sleep_never_answered_holds_no_round_back():
+    """A hanging ``/sleep`` held the standby loop for ``wake-timeout`` (60 s): the plan's
+    next wake of a sleeper came 5.2 s late at a 5 s timeout. Sleeps run on their own."""
+    hanging, sleeper = HangingSleep(), StandIn()
+    sleeper.answers["/is_sleeping"] = b'{"is_sleeping": true}'
+    plan = PlanFrom(Plan(0, 2, "no load"))
+    async with (
+        hanging.serving(),
+        sleeper.serving(),
+        gateway_for(
+            [hanging.url, sleeper.url],
+            standby_scaler="scaler:1",
+            standby_interval=0.05,
+            sleep_after_idle=0.0,
+            wake_timeout=300.0,
+        ) as server,
+    ):
+        try:
+            g = server.gateway
+            views = g.pool.views
+            await eventually(lambda: sum(v.ready or v.sleeping for v in views()) == 2, "2 up")
+            g.loops["standby"].cancel()
+            g.loops["standby"] = asyncio.create_task(g._standby_loop(plan))
+            await eventually(lambda: hanging.calls.get("/sleep"), "the hanging replica slept")
+            plan._plan = Plan(2, 0, "load rose")
+            # A cap against hangs, far below the 300 s a hanging sleep held the loop.
+            await eventually(lambda: sleeper.calls.get("/wake_up"), "the sleeper woken", limit=20)
+        finally:
+            hanging.release.set()

@@ -264,6 +264,12 @@ def test_a_malformed_chunk_is_a_trace_error_naming_the_file_and_column(
         read_servegen(tmp_path, ServeGenOptions(1.0, (0, 0)))
 
 
+@pytest.mark.parametrize("source", ["servegen:", "servegen:?scale=1", "servegen: ?days=1"])
+def test_a_source_naming_no_directory_is_refused_not_read_as_the_working_one(source):
+    with pytest.raises(TraceError, match="needs a directory before"):
+        parse_source(source)
+
+
 @pytest.mark.parametrize(
     ("query", "fragment"),
     [

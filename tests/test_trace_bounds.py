@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -259,6 +260,12 @@ TWO = Trace("two", np.array([0.0, 1.0]), np.array([10, 10]), np.array([2, 2]))
             "--time-compression 1e-09: must be above 0, and the 1 s trace would span",
             id="a compression below 1 that stretches the trace past a month is refused",
         ),
+        pytest.param(
+            1.0,
+            1e-300,
+            "the 1 s trace would span 2e+300 s;",
+            id="a tiny compression is refused in a short line, not a 300-digit span",
+        ),
         pytest.param(0.5, math.nan, "--time-compression nan", id="a NaN compression is refused"),
         pytest.param(1.0, 0.0, "--time-compression 0", id="a compression of 0 is refused"),
     ],
@@ -406,3 +413,33 @@ def test_a_recording_directory_holds_at_most_the_files_the_gateway_keeps(
             read_recording(tmp_path)
     else:
         assert len(read_recording(tmp_path)) == files
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Australia/Lord_Howe"])
+def test_timestamps_without_an_offset_are_utc_whatever_the_hosts_zone(tmp_path, monkeypatch, zone):
+    """Read in the host's zone, two rows an hour apart across New York's spring change
+    were 1 s apart there: the same trace cost 1.0004 GPU-hours under UTC, 0.0004 there."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        path = tmp_path / "dst.csv"
+        path.write_bytes(AZURE_HEADER + b"2023-03-12 01:59:59,5,10\n2023-03-12 03:00:00,5,10\n")
+        assert read_trace(path).arrival.tolist() == [0.0, 3601.0]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        pytest.param(
+            b"2023-11-16 18:17:05+05:00,5,10\n",
+            "t.csv:3: column TIMESTAMP: has a UTC offset, and line 2's does not",
+            id="a row with an offset after rows without is refused naming both lines",
+        ),
+    ],
+)
+def test_a_trace_mixing_timestamps_with_and_without_an_offset_is_refused(tmp_path, rows, words):
+    with pytest.raises(TraceError, match=re.escape(words)):
+        read_trace(azure(tmp_path, rows))
