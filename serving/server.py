@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Coroutine
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from foundation.discovery import EndpointSliceWatch
+from foundation.errors import ConfigError, quote
 from foundation.grpc_server import GrpcServer, service_name
 from foundation.kube import KubeAccess
 from foundation.net import split_listen
@@ -223,9 +225,12 @@ class GatewayServer:
         await self._runner.setup()
         assert self._runner.server is not None
         # Listened on here, not by a TCPSite: each connection goes through the guard.
-        self._listener = await asyncio.get_running_loop().create_server(
-            self.guard.protocol_factory(self._runner.server), *self._listen
-        )
+        try:
+            self._listener = await asyncio.get_running_loop().create_server(
+                self.guard.protocol_factory(self._runner.server), *self._listen
+            )
+        except OSError as err:
+            raise _listen_error(self._listen, err) from err
         self.port = int(self._listener.sockets[0].getsockname()[1])
         await self._grpc.start()
         if self._config is not None and self._config.endpoint_slices is not None:
@@ -303,7 +308,10 @@ class SimReplicaServer:
             handler_cancellation=True,
         )
         await self._runner.setup()
-        await web.TCPSite(self._runner, *self._listen).start()
+        try:
+            await web.TCPSite(self._runner, *self._listen).start()
+        except OSError as err:
+            raise _listen_error(self._listen, err) from err
         self.port = int(self._runner.addresses[0][1])
         log.info("simulated replica (%s) on port %d", self.replica.engine.profile.name, self.port)
         return self.port
@@ -316,3 +324,12 @@ class SimReplicaServer:
             if in_flight:
                 log.info("draining %d requests (grace %gs)", in_flight, self._grace)
             await self._runner.cleanup()
+
+
+def _listen_error(listen: tuple[str, int], err: OSError) -> ConfigError:
+    """``--listen`` named in a bind's failure: the error alone did not say which flag."""
+    # gaierror (a name that does not resolve) has a strerror; os.strerror(-2) has not
+    why = err.strerror or (os.strerror(err.errno) if err.errno else "cannot bind there")
+    host, port = listen
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return ConfigError(f"--listen {quote(address)}: {why}")

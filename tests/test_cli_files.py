@@ -192,6 +192,12 @@ CASES = [
         lambda t: ["gateway", "--listen", "127.0.0.1:\u0660", "--grpc-listen", "127.0.0.1:0"],
         "argument --listen", id="M13: a port of Arabic-Indic digits is refused"),
     pytest.param(
+        lambda t: ["gateway", "--listen", "256.1.1.1:8080", "--replica", "http://127.0.0.1:1"],
+        "--listen '256.1.1.1:8080': ", id="a listen host that does not resolve names the flag"),
+    pytest.param(
+        lambda t: ["gateway", "--listen", "[fe80::1]:0", "--replica", "http://127.0.0.1:1"],
+        "--listen '[fe80::1]:0': ", id="a listen address that does not bind names the flag"),
+    pytest.param(
         lambda t: ["admission", "--metrics-listen", "127.0.0.1:65536"],
         "argument --metrics-listen", id="M13: the admission metrics port above 65535 is refused"),
     pytest.param(
