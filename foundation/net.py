@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 from foundation.errors import ConfigError, quote
@@ -27,3 +28,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def bind_error(flag: str, address: str, err: OSError) -> ConfigError:
+    """A bind or lookup failure as one line naming ``flag`` and the ``address`` it gave.
+
+    The error alone said only ``[Errno -2] Name or service not known``. A gaierror (a
+    name that does not resolve) has a strerror; ``os.strerror(-2)`` has none.
+    """
+    why = err.strerror or (os.strerror(err.errno) if err.errno else "cannot bind there")
+    return ConfigError(f"{flag} {quote(address)}: {why}")
+
+
+def join_listen(listen: tuple[str, int]) -> str:
+    """``split_listen``'s parts as an address again (an IPv6 host in brackets)."""
+    host, port = listen
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

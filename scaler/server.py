@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import ssl
 import time
 from collections.abc import Callable, Coroutine
@@ -15,11 +14,12 @@ from typing import Any
 
 import grpc
 
-from foundation.errors import ConfigError, quote
+from foundation.errors import ConfigError
 from foundation.files import MAX_PEM_BYTES, read_bytes
 from foundation.grpc_server import KEEPALIVE_FOR_LONG_LIVED_CLIENTS, GrpcServer, service_name
 from foundation.http_guard import ConnectionGuard, GuardedSite, bind
 from foundation.kube import KubeAccess
+from foundation.net import bind_error
 from foundation.reload import ConfigSource, ConfigStore
 from protos.externalscaler import externalscaler_pb2, externalscaler_pb2_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
@@ -288,9 +288,7 @@ class ScalerServer:
         try:
             sock = bind(host.strip("[]"), int(port))
         except OSError as err:
-            # gaierror (a name that does not resolve) has a strerror; os.strerror(-2) has not
-            why = err.strerror or (os.strerror(err.errno) if err.errno else "cannot bind there")
-            raise ConfigError(f"--metrics-listen {quote(self._metrics_listen)}: {why}") from err
+            raise bind_error("--metrics-listen", self._metrics_listen, err) from err
         # Through a guard: bounded connections and request heads (S6-H3).
         guard = self.metrics_guard
         app = metrics_app(self.registry, self.configs, self.prewarm, self.store, guard)

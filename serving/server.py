@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable, Coroutine
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from foundation.discovery import EndpointSliceWatch
-from foundation.errors import ConfigError, quote
 from foundation.grpc_server import GrpcServer, service_name
 from foundation.kube import KubeAccess
-from foundation.net import split_listen
+from foundation.net import bind_error, join_listen, split_listen
 from foundation.reload import ConfigSource, ConfigStore
 from foundation.replica_model import Profile
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
@@ -230,7 +228,7 @@ class GatewayServer:
                 self.guard.protocol_factory(self._runner.server), *self._listen
             )
         except OSError as err:
-            raise _listen_error(self._listen, err) from err
+            raise bind_error("--listen", join_listen(self._listen), err) from err
         self.port = int(self._listener.sockets[0].getsockname()[1])
         await self._grpc.start()
         if self._config is not None and self._config.endpoint_slices is not None:
@@ -311,7 +309,7 @@ class SimReplicaServer:
         try:
             await web.TCPSite(self._runner, *self._listen).start()
         except OSError as err:
-            raise _listen_error(self._listen, err) from err
+            raise bind_error("--listen", join_listen(self._listen), err) from err
         self.port = int(self._runner.addresses[0][1])
         log.info("simulated replica (%s) on port %d", self.replica.engine.profile.name, self.port)
         return self.port
@@ -324,12 +322,3 @@ class SimReplicaServer:
             if in_flight:
                 log.info("draining %d requests (grace %gs)", in_flight, self._grace)
             await self._runner.cleanup()
-
-
-def _listen_error(listen: tuple[str, int], err: OSError) -> ConfigError:
-    """``--listen`` named in a bind's failure: the error alone did not say which flag."""
-    # gaierror (a name that does not resolve) has a strerror; os.strerror(-2) has not
-    why = err.strerror or (os.strerror(err.errno) if err.errno else "cannot bind there")
-    host, port = listen
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return ConfigError(f"--listen {quote(address)}: {why}")
