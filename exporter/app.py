@@ -22,12 +22,11 @@ from exporter.collector import WatchersCollector, registry_for
 from exporter.config import ExporterConfig, parse_config
 from exporter.grpc_service import SignalsService
 from exporter.runtime import Exporter
-from foundation.errors import ConfigError
 from foundation.grpc_server import GrpcServer, service_name
 from foundation.http_guard import ConnectionGuard, GuardedSite, RefusedCollector, bind
 from foundation.kube import KubeAccess
 from foundation.loop_share import LoopShare
-from foundation.net import split_listen
+from foundation.net import bind_error, join_listen, split_listen
 from foundation.reload import ConfigSource, ConfigStore
 from foundation.reload_metrics import ConfigReloadCollector
 from protos.unitscale.v1 import signals_pb2, signals_pb2_grpc
@@ -97,9 +96,7 @@ class ExporterServer:
         try:
             sock = bind(*self._listen)
         except OSError as err:
-            raise ConfigError(
-                f"--listen {self._listen[0]}:{self._listen[1]}: {err.strerror}"
-            ) from err
+            raise bind_error("--listen", join_listen(self._listen), err) from err
         # Through the guard: bounded connections and request heads (S6-H3).
         self._site = GuardedSite(app, self.http_guard)
         self.http_port = await self._site.start(sock)

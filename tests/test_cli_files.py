@@ -198,6 +198,12 @@ CASES = [
         lambda t: ["gateway", "--listen", "[fe80::1]:0", "--replica", "http://127.0.0.1:1"],
         "--listen '[fe80::1]:0': ", id="a listen address that does not bind names the flag"),
     pytest.param(
+        lambda t: ["exporter", "--listen", "256.1.1.1:8080", "--target", "http://127.0.0.1:1"],
+        "--listen '256.1.1.1:8080': ", id="an exporter host that does not resolve names --listen"),
+    pytest.param(
+        lambda t: ["exporter", "--listen", "[fe80::1]:0", "--target", "http://127.0.0.1:1"],
+        "--listen '[fe80::1]:0': ", id="an exporter address that does not bind names --listen"),
+    pytest.param(
         lambda t: ["admission", "--metrics-listen", "127.0.0.1:65536"],
         "argument --metrics-listen", id="M13: the admission metrics port above 65535 is refused"),
     pytest.param(
