@@ -17,6 +17,10 @@ A month holds the longest public traces (ServeGen's two weeks, Azure's week) and
 21 MB a per-second array; a span beyond it is a bad timestamp far more often than a
 real trace, and one of 100 years cost 23.5 GiB.
 """
+MAX_POD_LIST_SECONDS = 366 * 86_400
+"""A pod list's times (``creation_time``, ``deletion_time``, ``scheduled_time``): Alibaba's
+openb list spans 149 days; a time beyond a year is a bad row, and one such row set the
+end that every other task's arrival is compressed against."""
 MAX_TRACE_REQUESTS = 10_000_000
 """Requests a replay holds, as read and after the rate multiplier.
 

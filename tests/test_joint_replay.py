@@ -35,6 +35,7 @@ from replay.pool.joint import (
     JointOptions,
     JointResult,
     arrival_share,
+    arrival_window,
     inference_peaks,
     joint_mix,
     prepare_tasks,
@@ -519,6 +520,16 @@ def test_prepared_tasks_arrive_within_the_span_capped_and_scaled(arrivals, multi
     assert [t.arrival for t in out] == sorted(t.arrival for t in out)
 
 
+def test_one_far_off_arrival_sets_the_window_the_report_shows():
+    """One row a year on compressed every other arrival to 0, and the report said only
+    the span it was compressed into (issue 27, hostile pass 27)."""
+    near = [task(f"t{i}", arrival=float(i)) for i in range(99)]
+    assert arrival_window(near) == (pytest.approx(0.98), pytest.approx(97.02))
+    start, window = arrival_window([*near, task("far", arrival=3e7)])
+    assert window == pytest.approx(3e7 - start)
+    assert arrival_window([task("cpu-only", gpus=0, milli=0)]) == (0.0, 0.0)
+
+
 @pytest.mark.parametrize(
     ("qos", "priority"),
     [
@@ -558,6 +569,8 @@ def test_run_all_compares_every_baseline_and_judges_every_goal(whole_run, tmp_pa
     write_report(whole_run, tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "manager/fgd" in report and ("MISSED" in report or "met" in report)
+    assert whole_run.window == arrival_window(TASKS["a mix"])[1] > 0
+    assert f"from {whole_run.window:,.0f} s of the pod list's time" in report
     assert json.loads((tmp_path / "results.json").read_text())["runs"]["kueue/binpack"]
     assert (tmp_path / "pool.png").stat().st_size > 10_000
 

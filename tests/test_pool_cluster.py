@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replay.limits import MAX_POD_LIST_SECONDS
 from replay.pool.cluster import (
     MAX_NODE_GPUS,
     NODE_COLUMNS,
@@ -217,6 +218,18 @@ def test_a_row_becomes_a_task(tmp_path, row, duration, types):
             "column creation_time: '1e999' is not a time from the trace start",
             id="a time past a float is refused",
         ),
+        pytest.param(
+            {"creation_time": "1e308", "deletion_time": "1e308", "scheduled_time": "1e308"},
+            2,
+            "column creation_time: '1e308' is past 31,622,400 s (a year)",
+            id="a time past a year compressed every other arrival to 0 and is refused",
+        ),
+        pytest.param(
+            {"deletion_time": "31622401"},
+            2,
+            "column deletion_time: '31622401' is past 31,622,400 s",
+            id="a deletion a second past a year is refused",
+        ),
     ],
 )
 def test_a_bad_task_row_names_file_line_and_column(tmp_path, row, line, message):
@@ -293,3 +306,4 @@ def test_a_time_is_read_from_ascii_decimal_digits_only(text):
         return
     value = text.strip()
     assert value.isascii() and "_" not in value and seconds == float(value) >= 0
+    assert seconds <= MAX_POD_LIST_SECONDS

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from foundation.errors import quote
+from replay.limits import MAX_POD_LIST_SECONDS
 
 MILLI = 1000
 """``gpu_milli`` of one whole GPU."""
@@ -301,9 +302,10 @@ class _Cell:
         return number
 
     def seconds(self, column: str) -> float:
-        """A time in ASCII decimal seconds, finite and not negative.
+        """A time in ASCII decimal seconds, from 0 to ``MAX_POD_LIST_SECONDS``.
 
-        ``float()`` took ``'١٠٠٠'`` and ``'3_600'`` as seconds (hostile pass 4, L1).
+        ``float()`` took ``'١٠٠٠'`` and ``'3_600'`` as seconds (hostile pass 4, L1); one
+        row at 1e308 s compressed every other arrival to 0 (hostile pass 27).
         """
         value = self.text(column)
         if not _DECIMAL.fullmatch(value):
@@ -311,6 +313,12 @@ class _Cell:
         number = float(value)
         if not math.isfinite(number) or number < 0:
             raise self.error(f"{quote(value)} is not a time from the trace start", column)
+        if number > MAX_POD_LIST_SECONDS:
+            raise self.error(
+                f"{quote(value)} is past {MAX_POD_LIST_SECONDS:,} s (a year) from the trace"
+                " start: not a time in a pod list",
+                column,
+            )
         return number
 
 

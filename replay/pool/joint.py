@@ -236,10 +236,7 @@ def prepare_tasks(
     gpu = [t for t in tasks if t.gpus > 0]
     if not gpu:
         return ()
-    # The trace's first arrivals are months before the rest (its pods were listed at the
-    # end of 149 days; 98% arrived in the last 37): time starts at the 1st percentile.
-    start = float(np.quantile([t.arrival for t in gpu], ARRIVAL_START_QUANTILE))
-    last = max(t.arrival for t in gpu) - start
+    start, last = arrival_window(gpu)
     squeeze = span / last if last > 0 else 0.0
     gap = span / len(gpu)
     out: list[Task] = []
@@ -253,6 +250,20 @@ def prepare_tasks(
             arrival = base if copy == 0 else min(span, base + gap * _unit(task.name, -copy))
             out.append(replace(task, name=name, arrival=arrival, duration=min(task.duration, cap)))
     return tuple(sorted(out, key=lambda t: (t.arrival, t.name)))
+
+
+def arrival_window(tasks: Sequence[Task]) -> tuple[float, float]:
+    """(start, length): the trace time the GPU tasks' arrivals are compressed from.
+
+    The trace's first arrivals are months before the rest (its pods were listed at the
+    end of 149 days; 98% arrived in the last 37): time starts at the
+    ``ARRIVAL_START_QUANTILE`` arrival and ends at the last. (0, 0): no GPU task.
+    """
+    arrivals = [t.arrival for t in tasks if t.gpus > 0]
+    if not arrivals:
+        return 0.0, 0.0
+    start = float(np.quantile(arrivals, ARRIVAL_START_QUANTILE))
+    return start, max(arrivals) - start
 
 
 def offered_cards(tasks: Sequence[Task], span: float) -> float:
@@ -402,6 +413,9 @@ class JointRun:
     span: float
     """Seconds the training arrivals span (the longest inference trace)."""
     horizon: float
+    window: float = 0.0
+    """Seconds of the pod list's time those arrivals were compressed from
+    (``arrival_window``): a report shows it, so one far-off row is seen, not silent."""
 
 
 def run_all(
@@ -446,7 +460,15 @@ def run_all(
         results.append(run_joint(nodes, scaled, deployments, config, step(config.name)))
         done += horizon
     return JointRun(
-        tuple(results), peaks, scaled, multiplier, offered_cards(scaled, span), cards, span, horizon
+        tuple(results),
+        peaks,
+        scaled,
+        multiplier,
+        offered_cards(scaled, span),
+        cards,
+        span,
+        horizon,
+        arrival_window(tasks)[1],
     )
 
 

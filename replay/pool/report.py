@@ -188,6 +188,7 @@ def write_report(run: JointRun, out: Path, notes: tuple[str, ...] = ()) -> None:
         "tasks": len(run.tasks),
         "task_multiplier": run.multiplier,
         "offered_training_cards": run.offered_cards,
+        "training_arrival_window_seconds": run.window,
         "inference_peaks": list(run.peaks.peaks),
         "inference_mean_held": run.peaks.mean_held,
         "runs": {r.name: {k: json_number(v) for k, v in r.metrics.items()} for r in run.results},
@@ -206,7 +207,8 @@ def write_report(run: JointRun, out: Path, notes: tuple[str, ...] = ()) -> None:
         "# Joint replay: one pool, training and inference",
         "",
         f"- pool: {run.cards} cards; {len(run.tasks):,} training tasks"
-        f" ({run.multiplier:.2f}x the trace's, arriving over {run.span:,.0f} s,"
+        f" ({run.multiplier:.2f}x the trace's, arriving over {run.span:,.0f} s"
+        f" from {run.window:,.0f} s of the pod list's time,"
         f" offering {run.offered_cards:.1f} cards on average)",
         f"- inference: peak {', '.join(map(str, run.peaks.peaks))} cards"
         f" (static's carve-out), mean {run.peaks.mean_held:.1f} held, run alone",
