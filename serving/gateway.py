@@ -87,11 +87,16 @@ from foundation.errors import quote
 from serving.arrival_recorder import ArrivalRecorder
 from serving.arrivals import estimate_prompt_tokens
 from serving.gateway_metrics import GatewayMetrics
-from serving.gateway_replicas import Replica, ReplicaPool, read_answer
+from serving.gateway_replicas import PROBE_TIMEOUT, Replica, ReplicaPool, read_answer
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import SignalsFeed, TrafficStats, gateway_signals
 from serving.gateway_standby import IGNORED_REASONS, NoPlan, PlanSource, StandbyClient
-from serving.replica_answers import MAX_MODEL_ID_CHARS, AnswerError, read_wake
+from serving.replica_answers import (
+    MAX_MODEL_ID_CHARS,
+    AnswerError,
+    read_is_sleeping,
+    read_wake,
+)
 from serving.routing import (
     Backoff,
     ReplicaView,
@@ -329,11 +334,17 @@ class Gateway:
     # --- requests -----------------------------------------------------------------------
 
     async def _wait_for_replica(
-        self, model: str | None, size: int, views: list[ReplicaView] | None = None
+        self,
+        model: str | None,
+        size: int,
+        views: list[ReplicaView] | None = None,
+        deadline: float | None = None,
     ) -> Replica:
         """A ready replica for ``model``, waiting in the buffer (``size`` bytes) if none.
 
-        ``views``: the pool's views, if built since the last await.
+        ``views``: the pool's views, if built since the last await. ``deadline`` (the
+        loop's time): the end of the request's buffer timeout, over all its attempts;
+        None: ``buffer_timeout`` from now.
         """
         views = self.pool.routing_views() if views is None else views
         buffered = self._waiting_for.get(model, 0) + 1
@@ -367,8 +378,10 @@ class Gateway:
         chosen: asyncio.Future[Replica] = asyncio.get_running_loop().create_future()
         key = id(chosen)
         self._queue(key, model, chosen)
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + self.settings.buffer_timeout
         try:
-            async with asyncio.timeout(self.settings.buffer_timeout):
+            async with asyncio.timeout_at(deadline):
                 return await chosen
         except TimeoutError:
             raise self._reject(
@@ -477,6 +490,7 @@ class Gateway:
 
     def _start_wake(self, replica: Replica) -> None:
         replica.waking = True  # before any await: one wake per replica, per model
+        replica.wake_started = time.monotonic()
         if replica.sleep_probation > -math.inf:
             # Its sleep held until the gateway woke it: awake after this (even after a
             # wake that failed, yet woke it) is no relapse of the sleep.
@@ -504,6 +518,7 @@ class Gateway:
             replica.sleep_changes += 1
             replica.idle_since = now  # not slept again before it served
             self.metrics.woke(now - started)
+            self.pool.woke(now - started)
         else:
             replica.wake_backoff = replica.wake_backoff.failed(now, self.settings.wake_retry_after)
             log.warning(
@@ -519,7 +534,14 @@ class Gateway:
             self._ready.notify_all()
 
     async def _ask_wake(self, replica: Replica) -> str | None:
-        """Its ``POST /wake_up``: None once it says it is awake, else what went wrong."""
+        """Its ``POST /wake_up``, then its ``/is_sleeping``: None once both say awake.
+
+        Else what went wrong. A wake answered "awake" was routed every buffered request
+        before anything confirmed it: a replica that stayed asleep held them all to the
+        upstream timeout (504s), and one whose ``/is_sleeping`` was unreadable afterwards
+        was never found out (hostile pass 27). vLLM answers ``/wake_up`` once awake, so
+        the read agrees.
+        """
         assert self._control is not None
         try:
             async with (
@@ -533,7 +555,30 @@ class Gateway:
             return f"no answer within {self.settings.wake_timeout:g}s"
         except (aiohttp.ClientError, AnswerError) as err:
             return f"{type(err).__name__}: {err}"
-        return None if status == "awake" else f"it answered status {status[:40]!r}"
+        if status != "awake":
+            return f"it answered status {status[:40]!r}"
+        return await self._confirm_awake(replica)
+
+    async def _confirm_awake(self, replica: Replica) -> str | None:
+        """Its ``/is_sleeping`` after a wake: None when it says awake, else why not.
+
+        A 404 (no sleep mode any more) is awake.
+        """
+        assert self._control is not None
+        try:
+            async with self._control.get(
+                replica.url + "/is_sleeping", timeout=PROBE_TIMEOUT, allow_redirects=False
+            ) as r:
+                if r.status == 404:
+                    return None
+                if r.status != 200:
+                    return f"its /is_sleeping after the wake answered HTTP {r.status}"
+                asleep = read_is_sleeping(await read_answer(r, "/is_sleeping"))
+        except TimeoutError:
+            return "its /is_sleeping after the wake did not answer"
+        except (aiohttp.ClientError, AnswerError) as err:
+            return f"its /is_sleeping after the wake: {type(err).__name__}: {err}"
+        return "it answered the wake, but its /is_sleeping says it is asleep" if asleep else None
 
     # --- the standby plan -----------------------------------------------------------------
 
@@ -881,8 +926,11 @@ class Gateway:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DECODED_HOP_HEADERS}
         timeout = self.settings.upstream_timeout
         dropped = False
+        # One buffer timeout over every attempt: each retry waiting a whole one of its own
+        # held a request behind a crash-looping replica 11 x 120 s (hostile pass 27).
+        deadline = asyncio.get_running_loop().time() + self.settings.buffer_timeout
         for _attempt in range(self.settings.connect_retries + 1):
-            replica = await self._wait_for_replica(model, len(raw), views)
+            replica = await self._wait_for_replica(model, len(raw), views, deadline)
             views = None  # a retry looks afresh: the last one was marked down
             meter.bound_by(replica.max_model_len)
             replica.outstanding += 1

@@ -138,6 +138,8 @@ class Replica:
     """False once its /is_sleeping answered 404: not asked again until it was down."""
     waking: bool = False
     """A wake of it is under way (``serving.gateway``)."""
+    wake_started: float = -math.inf
+    """``time.monotonic`` when its wake under way began."""
     wake_backoff: Backoff = field(default_factory=Backoff)
     """When it may be woken again after failed wakes (``time.monotonic``)."""
     sleep_backoff: Backoff = field(default_factory=Backoff)
@@ -200,10 +202,24 @@ class Replica:
         return self.ready and not self.draining and self.sleeping
 
 
-def _next_change(replica: Replica, now: float) -> float:
-    """When its view changes with time alone: the first of its backoffs to end after ``now``."""
-    ends = (replica.wake_backoff.until, replica.sleep_backoff.until, replica.eject_backoff.until)
+def _next_change(replica: Replica, now: float, patience: float) -> float:
+    """When its view changes with time alone (after ``now``).
+
+    The first of its backoffs to end, or its wake under way turning overdue.
+    """
+    ends = (
+        replica.wake_backoff.until,
+        replica.sleep_backoff.until,
+        replica.eject_backoff.until,
+        replica.wake_started + patience if replica.waking else -math.inf,
+    )
     return min((end for end in ends if end > now), default=math.inf)
+
+
+WAKE_PATIENCE = 10.0
+"""Seconds a wake under way stands for a replica on its way before another sleeper is
+woken beside it: 2.5x a level-1 wake (~4 s, the sleep the gateway puts replicas in), or
+twice the slowest wake that succeeded here when longer; at most ``wake-timeout``."""
 
 
 class ReplicaPool:
@@ -237,6 +253,8 @@ class ReplicaPool:
         """Hears every wake that did not hold (the gateway counts it)."""
         self.on_sleep_relapse: Callable[[], None] = lambda: None
         """Hears every sleep answered 200 that did not hold (the gateway counts it)."""
+        self.slowest_wake = 0.0
+        """Seconds the slowest wake that succeeded took (``wake_patience``)."""
         self.on_routable: Callable[[], None] = lambda: None
         """Called when a replica may have turned routable: buffered requests are handed
         one (``serving.gateway``'s dispatch)."""
@@ -257,10 +275,23 @@ class ReplicaPool:
         self.apply_named(self._named())
         self._recheck.set()
 
+    @property
+    def wake_patience(self) -> float:
+        """Seconds a wake under way holds other sleepers back (``WAKE_PATIENCE``)."""
+        return min(self.settings.wake_timeout, max(WAKE_PATIENCE, 2 * self.slowest_wake))
+
+    def woke(self, seconds: float) -> None:
+        """A wake succeeded in ``seconds``: the patience grows with the slowest."""
+        if math.isfinite(seconds) and seconds > self.slowest_wake:
+            self.slowest_wake = seconds
+            for replica in self.replicas:  # a waking one's view turns overdue later
+                if replica.waking:
+                    replica.view = None
+
     def views(self, now: float | None = None) -> list[ReplicaView]:
         """What the router sees of each replica (``now``: ``time.monotonic``)."""
         now = time.monotonic() if now is None else now
-        return [self._view(r, now) for r in self.replicas]
+        return [self._view(r, now, self.wake_patience) for r in self.replicas]
 
     def routing_views(self, now: float | None = None) -> list[ReplicaView]:
         """``views``, each replica's kept while nothing of it changed: a request's read.
@@ -271,17 +302,18 @@ class ReplicaPool:
         ``idle_seconds`` is as of when it was built (``choose_standby`` reads ``views``).
         """
         now = time.monotonic() if now is None else now
+        patience = self.wake_patience
         out = []
         for r in self.replicas:
             kept = r.view
             if kept is None or not kept[1] <= now < kept[2]:
-                kept = (self._view(r, now), now, _next_change(r, now))
+                kept = (self._view(r, now, patience), now, _next_change(r, now, patience))
                 r.view = kept
             out.append(kept[0])
         return out
 
     @staticmethod
-    def _view(r: Replica, now: float) -> ReplicaView:
+    def _view(r: Replica, now: float, patience: float) -> ReplicaView:
         # A draining or sleeping replica is not ready as far as routing goes, however healthy.
         return ReplicaView(
             r.url,
@@ -290,7 +322,10 @@ class ReplicaPool:
             r.models,
             sleeping=r.wakeable,
             waking=r.waking,
+            wake_overdue=r.waking and now >= r.wake_started + patience,
             wake_failed=not r.wake_backoff.allows(now),
+            wake_failures=r.wake_backoff.failures,
+            falling_asleep=r.falling_asleep and r.ready and not r.draining,
             idle_seconds=0.0 if r.outstanding else max(now - r.idle_since, 0.0),
             sleep_mode=r.sleep_mode,
             sleep_failed=not r.sleep_backoff.allows(now),

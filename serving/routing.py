@@ -53,8 +53,16 @@ class ReplicaView:
     """Healthy, listed, and asleep (its /is_sleeping says so): wakeable, not routable."""
     waking: bool = False
     """A wake of it is under way."""
+    wake_overdue: bool = False
+    """Its wake has been under way past the gateway's wake patience: it no longer stands
+    for a replica on its way (``choose_wakes`` wakes another beside it)."""
     wake_failed: bool = False
     """Its last wake failed recently: wake another."""
+    wake_failures: int = 0
+    """Its wakes that failed in a row: of the sleepers, those failing least are woken first."""
+    falling_asleep: bool = False
+    """A sleep of it is under way: not routable, but it serves its models (a request for
+    one waits, and wakes it once asleep, rather than being told the model is unserved)."""
     idle_seconds: float = math.inf
     """Since its last request ended, it turned ready or it woke (0 while one is outstanding)."""
     sleep_mode: bool = True
@@ -199,8 +207,9 @@ def choose_wakes(
 
     Returns:
         As many as ``sleepers_to_wake`` says, of those that sleep, serve ``model`` and did
-        not just fail a wake, first listed first; none while a ready replica can take the
-        requests or wakes under way will (an ejected one cannot).
+        not just fail a wake, those with the fewest failed wakes in a row first (then first
+        listed first); none while a ready replica can take the requests or wakes under way
+        will (an ejected one cannot, nor an overdue wake).
     """
     serving = [r for r in replicas if r.serves(model)]
     # An ejected replica fails what it is sent: it takes no request a sleeper could, or a
@@ -210,12 +219,15 @@ def choose_wakes(
         len(ready),
         min(ready, default=0),
         sum(ready),
-        sum(r.waking for r in serving),
+        # A wake that hangs held every other sleeper asleep for wake-timeout (60 s)
+        # while requests waited (hostile pass 27): past the patience it counts no more.
+        sum(r.waking and not r.wake_overdue for r in serving),
         buffered,
         threshold,
     )
-    sleepers = [r.url for r in serving if r.sleeping and not r.wake_failed and not r.waking]
-    return tuple(sleepers[:count])
+    sleepers = [r for r in serving if r.sleeping and not r.wake_failed and not r.waking]
+    sleepers.sort(key=lambda r: r.wake_failures)  # stable: first listed among equals
+    return tuple(r.url for r in sleepers[:count])
 
 
 BACKOFF_DOUBLINGS = 3
@@ -348,12 +360,12 @@ def is_unserved(
         known: the models configured or listed by a replica since the gateway started.
 
     Returns:
-        With some replica ready, asleep or waking: True when every one of them has
-        listed its models and none lists ``model`` (a model only a sleeper serves waits
-        and wakes it, as at zero). With none: True when ``known`` is not empty and does
+        With some replica ready, asleep, waking or falling asleep: True when every one
+        of them has listed its models and none lists ``model`` (a model only a sleeper
+        serves waits and wakes it, as at zero). With none: True when ``known`` is not empty and does
         not hold ``model``.
     """
-    ready = [r for r in replicas if r.ready or r.sleeping or r.waking]
+    ready = [r for r in replicas if r.ready or r.sleeping or r.waking or r.falling_asleep]
     if ready:
         return all(r.models and model not in r.models for r in ready)
     return bool(known) and model not in known

@@ -22,7 +22,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from foundation.net import free_port
-from serving.routing import ReplicaView, is_unserved
+from serving.gateway_replicas import ReplicaPool
+from serving.gateway_settings import GatewaySettings
+from serving.routing import ReplicaView, choose, is_unserved
 from tests.conftest import eventually
 from tests.test_gateway import completion, start_gateway, start_sim, wait_ready
 
@@ -32,8 +34,13 @@ Behaviour = Callable[[web.Request, "Fake"], Awaitable[web.StreamResponse]]
 class Fake:
     """A replica that passes ``/health``, lists ``sim-llama`` and answers completions badly."""
 
-    def __init__(self, behaviour: Behaviour) -> None:
+    def __init__(
+        self,
+        behaviour: Behaviour,
+        health: Callable[[web.Request], Awaitable[web.Response]] | None = None,
+    ) -> None:
         self.behaviour = behaviour
+        self.health = health
         self.received = 0
         """Completion requests that reached it."""
         self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -43,7 +50,7 @@ class Fake:
 
     async def start(self) -> Fake:
         app = web.Application()
-        app.router.add_get("/health", _health)
+        app.router.add_get("/health", self.health or _health)
         app.router.add_get("/v1/models", _models)
         app.router.add_post("/v1/completions", self._completions)
         # A handler whose connection is gone is cancelled, so the runner stops at once.
@@ -514,6 +521,58 @@ def test_is_unserved_with_known_models(replicas, known, unserved):
         for i, (ready, models) in enumerate(replicas)
     ]
     assert is_unserved(views, "m", frozenset(known)) is unserved
+
+
+def test_a_replica_falling_asleep_still_serves_its_models_as_the_router_sees_it():
+    """Requests for a model only a replica being put to sleep lists were 404s, never
+    counted as arrivals, for as long as its /sleep took (issue 27, hostile pass 27)."""
+    pool = ReplicaPool(["http://a", "http://b"], GatewaySettings())
+    a, b = pool.replicas
+    a.ready = b.ready = True
+    a.models, b.models = frozenset({"base", "lora-x"}), frozenset({"base"})
+    a.falling_asleep = True
+    views = pool.routing_views()
+    assert views[0].falling_asleep and not views[0].ready
+    assert not is_unserved(views, "lora-x", frozenset({"base", "lora-x"}))
+    assert is_unserved(views, "lora-y", frozenset({"base", "lora-x"}))
+    assert choose(views, "lora-x") is None  # it waits in the buffer, and wakes it once asleep
+
+
+class CrashLoop:
+    """A replica that dies on every completion (its connection aborted before a byte)
+    and fails ``/health`` for ``down`` seconds after each, then is back."""
+
+    def __init__(self, down: float) -> None:
+        self.down, self.until = down, 0.0
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if time.monotonic() < self.until else 200)
+
+    async def __call__(self, request: web.Request, fake: Fake) -> web.StreamResponse:
+        self.until = time.monotonic() + self.down
+        return await close_before_headers(request, fake)
+
+
+async def test_every_attempt_of_a_request_shares_one_buffer_timeout():
+    """Each retry waited a whole buffer timeout of its own: behind a crash-looping replica
+    a request was answered after 11 x buffer-timeout (issue 27, hostile pass 27)."""
+    loop = CrashLoop(down=0.6)
+    crashing = await Fake(loop, loop.health).start()
+    gateway = await start_gateway(
+        [crashing.url], buffer_timeout=1.0, connect_retries=10, health_interval=0.05
+    )
+    try:
+        await wait_ready(gateway, 1)
+        started = time.monotonic()
+        async with posted(gateway, "SECRET-MARKER-LOOP") as r:
+            await assert_api_error(r, 503, "no replica became ready within 1s")
+        waited = time.monotonic() - started
+    finally:
+        await gateway.stop()
+        await crashing.stop()
+    # Back after 0.6 s: within the one timeout it is tried at most twice (11 tries before).
+    assert 1 <= crashing.received <= 2
+    assert waited < 3.0
 
 
 # --- config reloads are counted on /metrics ----------------------------------------------

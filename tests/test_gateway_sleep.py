@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from foundation.replica_model import LLAMA3_8B_H200
+from serving import gateway_replicas
 from serving.gateway_settings import GatewaySettings
 from serving.routing import ReplicaView, choose, choose_wakes
 from serving.server import GatewayServer, SimReplicaServer
@@ -78,7 +80,18 @@ async def gateway_metrics(gateway):
 # --- which replica to wake: pure ---------------------------------------------------------
 
 
-def view(name, *, ready=False, sleeping=False, waking=False, failed=False, busy=0, models=()):
+def view(
+    name,
+    *,
+    ready=False,
+    sleeping=False,
+    waking=False,
+    failed=False,
+    busy=0,
+    models=(),
+    overdue=False,
+    failures=0,
+):
     return ReplicaView(
         f"http://{name}",
         ready,
@@ -87,6 +100,8 @@ def view(name, *, ready=False, sleeping=False, waking=False, failed=False, busy=
         sleeping=sleeping,
         waking=waking,
         wake_failed=failed,
+        wake_overdue=overdue,
+        wake_failures=failures,
     )
 
 
@@ -111,6 +126,18 @@ def view(name, *, ready=False, sleeping=False, waking=False, failed=False, busy=
             None,
             None,
             id="a-wake-under-way-for-the-model-will-take-it",
+        ),
+        pytest.param(
+            [view("a", sleeping=True, waking=True, overdue=True), view("b", sleeping=True)],
+            None,
+            "b",
+            id="a-wake-under-way-past-the-patience-no-longer-holds-another-sleeper-asleep",
+        ),
+        pytest.param(
+            [view("a", sleeping=True, failures=2), view("b", sleeping=True)],
+            None,
+            "b",
+            id="of-the-sleepers-the-one-whose-wakes-failed-least-is-woken-first",
         ),
         pytest.param(
             [view("a", sleeping=True, failed=True), view("b", sleeping=True)],
@@ -254,17 +281,19 @@ async def test_a_request_at_zero_awake_replicas_wakes_one_and_is_served(level):
     assert metrics[("unitscale_gateway_wake_seconds_sum", None)] >= wake * 0.95
 
 
-async def stand_in(wake_up) -> tuple[web.AppRunner, str]:
-    """A replica that is healthy and asleep, whose ``POST /wake_up`` is ``wake_up``."""
+async def asleep_always(request):
+    return web.json_response({"is_sleeping": True})
+
+
+async def stand_in(wake_up, is_sleeping=asleep_always) -> tuple[web.AppRunner, str]:
+    """A replica that is healthy and asleep, whose ``POST /wake_up`` is ``wake_up`` (and
+    ``GET /is_sleeping`` is ``is_sleeping``); it serves no completion."""
 
     async def health(request):
         return web.Response()
 
     async def models(request):
         return web.json_response({"object": "list", "data": [{"id": "sim-llama"}]})
-
-    async def is_sleeping(request):
-        return web.json_response({"is_sleeping": True})
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -305,6 +334,95 @@ async def test_a_failed_wake_is_logged_and_another_replica_is_woken(caplog):
     assert metrics[("unitscale_gateway_wakes_total", "woken")] == 1
     failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
     assert len(failures) == 1 and broken_url in failures[0] and "500" in failures[0]
+
+
+async def awake_answer(request):
+    return web.json_response({"status": "awake"})
+
+
+class UnreadableOnceWoken:
+    """``/is_sleeping`` says asleep until its wake, then answers the wrong shape."""
+
+    def __init__(self) -> None:
+        self.woken = False
+
+    async def wake_up(self, request):
+        self.woken = True
+        return web.json_response({"status": "awake"})
+
+    async def is_sleeping(self, request):
+        return web.json_response({"is_sleeping": "no" if self.woken else True})
+
+
+@pytest.mark.parametrize(
+    "liar",
+    [
+        pytest.param(lambda: (awake_answer, asleep_always), id="says-awake-and-stays-asleep"),
+        pytest.param(
+            lambda: (lambda u: (u.wake_up, u.is_sleeping))(UnreadableOnceWoken()),
+            id="says-awake-then-its-is-sleeping-is-unreadable",
+        ),
+    ],
+)
+async def test_a_wake_its_is_sleeping_does_not_confirm_fails_and_the_next_sleeper_serves(liar):
+    """A wake answered "awake" was routed the buffered requests before anything confirmed
+    it: a replica that stayed asleep held them to the upstream timeout, 504 (issue 27,
+    hostile pass 27)."""
+    wake_up, is_sleeping = liar()
+    lying, lying_url = await stand_in(wake_up, is_sleeping)
+    sim = await start_sim()
+    await put_to_sleep(sim)
+    gateway = await start_gateway([lying_url, sim.url], upstream_timeout=5.0)
+    try:
+        for url in (lying_url, sim.url):
+            await eventually(lambda u=url: seen(gateway, u).sleeping, "the sleepers are seen")
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()) as r,
+        ):
+            assert r.status == 200, await r.text()
+        metrics = await gateway_metrics(gateway)
+        assert seen(gateway, lying_url).sleeping  # never routed to
+    finally:
+        await gateway.stop()
+        await sim.stop()
+        await lying.cleanup()
+    assert served(sim) == 1
+    assert metrics[("unitscale_gateway_wakes_total", "failed")] == 1
+
+
+async def test_a_wake_that_hangs_past_the_patience_has_another_sleeper_woken(monkeypatch):
+    """A sleeper whose /wake_up hung held every other sleeper asleep for wake-timeout
+    while the buffered requests waited (issue 27, hostile pass 27)."""
+    monkeypatch.setattr(gateway_replicas, "WAKE_PATIENCE", 0.3)
+    release = asyncio.Event()
+
+    async def hang(request):
+        await release.wait()
+        return web.json_response({"status": "awake"})
+
+    hung, hung_url = await stand_in(hang)
+    sim = await start_sim()
+    await put_to_sleep(sim)
+    gateway = await start_gateway([hung_url, sim.url], wake_timeout=60.0, buffer_timeout=20.0)
+    try:
+        for url in (hung_url, sim.url):
+            await eventually(lambda u=url: seen(gateway, u).sleeping, "the sleepers are seen")
+        started = time.monotonic()
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()) as r,
+        ):
+            assert r.status == 200, await r.text()
+        waited = time.monotonic() - started
+        assert seen(gateway, hung_url).waking  # its wake still hangs: one wake, not two
+    finally:
+        release.set()
+        await gateway.stop()
+        await sim.stop()
+        await hung.cleanup()
+    assert served(sim) == 1
+    assert waited < 10.0  # the patience (0.3 s) and a wake, not the wake timeout (60 s)
 
 
 async def test_a_wake_is_asked_only_once_per_replica_while_under_way():

@@ -399,9 +399,10 @@ async def test_a_replica_that_says_awake_but_stays_asleep_is_backed_off():
             url = f"http://127.0.0.1:{gw.port}/v1/completions"
             async with aiohttp.ClientSession() as client:
                 async with client.post(url, json={"model": "sim-llama"}) as first:
-                    assert first.status == 200  # woken, routed: it said awake
-                await eventually(lambda: r.sleeping, "its next /is_sleeping said asleep")
-                assert counter(gw, "_wakes", "relapsed") == 1
+                    # Its /is_sleeping, read right after the wake, says asleep: the wake
+                    # failed, and nothing was routed to it (hostile pass 27: it was).
+                    assert first.status == 503
+                assert r.sleeping and counter(gw, "_wakes", "failed") == 1
                 async with client.post(url, json={"model": "sim-llama"}) as second:
                     assert second.status == 503  # not woken again while it backs off
             assert replica.calls["/wake_up"] == 1

@@ -314,10 +314,10 @@ async def test_routing_a_request_at_the_cap_builds_only_the_views_that_changed(
     built = 0
     build = ReplicaPool._view
 
-    def counted(replica: Replica, now: float) -> ReplicaView:
+    def counted(replica: Replica, now: float, patience: float) -> ReplicaView:
         nonlocal built
         built += 1
-        return build(replica, now)
+        return build(replica, now, patience)
 
     monkeypatch.setattr(ReplicaPool, "_view", staticmethod(counted))
     for _ in range(10):  # each request's life, as _forward counts it
