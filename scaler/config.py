@@ -370,6 +370,14 @@ Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 
 
+MAX_NUM_SEQS = 16_384
+"""A profile's ``max-num-seqs``: vLLM runs hundreds (256 by default), a few thousand at
+the most. The wait for a seat sums over every seat (Erlang C): one ConfigMap line of
+10**12 held a core for days on each decision of its targets (hostile pass 28)."""
+MAX_NUM_BATCHED_TOKENS = 10_000_000
+"""A profile's ``max-num-batched-tokens``: the longest context served today."""
+
+
 class ProfileConfig(BaseModel):
     """One model on one accelerator: ``foundation.replica_model.Profile``'s numbers.
 
@@ -396,8 +404,10 @@ class ProfileConfig(BaseModel):
     activation_reserve_bytes: int = Field(_PROFILE_DEFAULT["activation_reserve_bytes"], ge=0)
     overhead: float = Field(_PROFILE_DEFAULT["overhead"], ge=1)
     """The engine's scheduling and sampling on top of the fitted step times."""
-    max_num_seqs: int = Field(_PROFILE_DEFAULT["max_num_seqs"], ge=1)
-    max_num_batched_tokens: int = Field(_PROFILE_DEFAULT["max_num_batched_tokens"], ge=1)
+    max_num_seqs: int = Field(_PROFILE_DEFAULT["max_num_seqs"], ge=1, le=MAX_NUM_SEQS)
+    max_num_batched_tokens: int = Field(
+        _PROFILE_DEFAULT["max_num_batched_tokens"], ge=1, le=MAX_NUM_BATCHED_TOKENS
+    )
     engine_init: Seconds = Field(_PROFILE_DEFAULT["engine_init_seconds"], ge=0)
 
     @model_validator(mode="after")

@@ -112,6 +112,9 @@ from serving.slo import CLIENT_CLOSED, ResponseMeter, choices, output_token_limi
 
 log = logging.getLogger(__name__)
 
+PROBE_SECONDS = float(PROBE_TIMEOUT.total or 2.0)
+"""The least a wake's ``/is_sleeping`` read after it is given: a health probe's time."""
+
 PROXIED = ("/v1/completions", "/v1/chat/completions")
 EJECT_AFTER_5XX = 3
 """Fast failures in a row that eject a replica from routing (``_failed_in_a_row``)."""
@@ -543,6 +546,7 @@ class Gateway:
         the read agrees.
         """
         assert self._control is not None
+        started = time.monotonic()
         try:
             async with (
                 asyncio.timeout(self.settings.wake_timeout),
@@ -557,9 +561,12 @@ class Gateway:
             return f"{type(err).__name__}: {err}"
         if status != "awake":
             return f"it answered status {status[:40]!r}"
-        return await self._confirm_awake(replica)
+        # The wake's own time left: a replica awake whose /is_sleeping took 2.3 s failed
+        # every wake at a probe's 2 s, and served nothing (hostile pass 28).
+        left = self.settings.wake_timeout - (time.monotonic() - started)
+        return await self._confirm_awake(replica, max(left, PROBE_SECONDS))
 
-    async def _confirm_awake(self, replica: Replica) -> str | None:
+    async def _confirm_awake(self, replica: Replica, within: float) -> str | None:
         """Its ``/is_sleeping`` after a wake: None when it says awake, else why not.
 
         A 404 (no sleep mode any more) is awake.
@@ -567,7 +574,9 @@ class Gateway:
         assert self._control is not None
         try:
             async with self._control.get(
-                replica.url + "/is_sleeping", timeout=PROBE_TIMEOUT, allow_redirects=False
+                replica.url + "/is_sleeping",
+                timeout=aiohttp.ClientTimeout(total=within),
+                allow_redirects=False,
             ) as r:
                 if r.status == 404:
                     return None
@@ -575,7 +584,7 @@ class Gateway:
                     return f"its /is_sleeping after the wake answered HTTP {r.status}"
                 asleep = read_is_sleeping(await read_answer(r, "/is_sleeping"))
         except TimeoutError:
-            return "its /is_sleeping after the wake did not answer"
+            return f"its /is_sleeping after the wake did not answer within {within:.3g}s"
         except (aiohttp.ClientError, AnswerError) as err:
             return f"its /is_sleeping after the wake: {type(err).__name__}: {err}"
         return "it answered the wake, but its /is_sleeping says it is asleep" if asleep else None

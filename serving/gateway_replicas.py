@@ -44,7 +44,9 @@ import asyncio
 import contextlib
 import logging
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -219,7 +221,11 @@ def _next_change(replica: Replica, now: float, patience: float) -> float:
 WAKE_PATIENCE = 10.0
 """Seconds a wake under way stands for a replica on its way before another sleeper is
 woken beside it: 2.5x a level-1 wake (~4 s, the sleep the gateway puts replicas in), or
-twice the slowest wake that succeeded here when longer; at most ``wake-timeout``."""
+twice the median of the last ``RECENT_WAKES`` wakes that succeeded when longer; at most
+half of ``wake-timeout``."""
+RECENT_WAKES = 8
+"""Successful wakes the patience is taken from: their median, so that one slow wake (or
+one that hung until just before the timeout) does not set it for good."""
 
 
 class ReplicaPool:
@@ -253,8 +259,8 @@ class ReplicaPool:
         """Hears every wake that did not hold (the gateway counts it)."""
         self.on_sleep_relapse: Callable[[], None] = lambda: None
         """Hears every sleep answered 200 that did not hold (the gateway counts it)."""
-        self.slowest_wake = 0.0
-        """Seconds the slowest wake that succeeded took (``wake_patience``)."""
+        self.recent_wakes: deque[float] = deque(maxlen=RECENT_WAKES)
+        """Seconds the last successful wakes took (``wake_patience``)."""
         self.on_routable: Callable[[], None] = lambda: None
         """Called when a replica may have turned routable: buffered requests are handed
         one (``serving.gateway``'s dispatch)."""
@@ -278,13 +284,14 @@ class ReplicaPool:
     @property
     def wake_patience(self) -> float:
         """Seconds a wake under way holds other sleepers back (``WAKE_PATIENCE``)."""
-        return min(self.settings.wake_timeout, max(WAKE_PATIENCE, 2 * self.slowest_wake))
+        typical = statistics.median(self.recent_wakes) if self.recent_wakes else 0.0
+        return min(self.settings.wake_timeout / 2, max(WAKE_PATIENCE, 2 * typical))
 
     def woke(self, seconds: float) -> None:
-        """A wake succeeded in ``seconds``: the patience grows with the slowest."""
-        if math.isfinite(seconds) and seconds > self.slowest_wake:
-            self.slowest_wake = seconds
-            for replica in self.replicas:  # a waking one's view turns overdue later
+        """A wake succeeded in ``seconds``: the patience follows the recent ones."""
+        if math.isfinite(seconds) and seconds >= 0:
+            self.recent_wakes.append(seconds)
+            for replica in self.replicas:  # a waking one's view turns overdue at another time
                 if replica.waking:
                     replica.view = None
 

@@ -196,6 +196,16 @@ BAD = [
         ["leave no KV cache"],
         id="weights that leave no KV cache are refused",
     ),
+    pytest.param(
+        {"mine": profile_yaml(LLAMA3_8B_H200, **{"max-num-seqs": 10**12})},
+        ["'profiles.mine.max-num-seqs'=1000000000000", "16384"],
+        id="seats by the trillion held a core for days each decision and are refused",
+    ),
+    pytest.param(
+        {"mine": profile_yaml(LLAMA3_8B_H200, **{"max-num-batched-tokens": 10**8})},
+        ["'profiles.mine.max-num-batched-tokens'=100000000"],
+        id="a step budget past any context served is refused",
+    ),
 ]
 
 

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from foundation.replica_model import LLAMA3_8B_H200
 from serving import gateway_replicas
+from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.routing import ReplicaView, choose, choose_wakes
 from serving.server import GatewayServer, SimReplicaServer
@@ -285,9 +286,12 @@ async def asleep_always(request):
     return web.json_response({"is_sleeping": True})
 
 
-async def stand_in(wake_up, is_sleeping=asleep_always) -> tuple[web.AppRunner, str]:
+async def stand_in(
+    wake_up, is_sleeping=asleep_always, completions=None
+) -> tuple[web.AppRunner, str]:
     """A replica that is healthy and asleep, whose ``POST /wake_up`` is ``wake_up`` (and
-    ``GET /is_sleeping`` is ``is_sleeping``); it serves no completion."""
+    ``GET /is_sleeping`` is ``is_sleeping``); it serves completions by ``completions``,
+    none when None."""
 
     async def health(request):
         return web.Response()
@@ -300,6 +304,8 @@ async def stand_in(wake_up, is_sleeping=asleep_always) -> tuple[web.AppRunner, s
     app.router.add_get("/v1/models", models)
     app.router.add_get("/is_sleeping", is_sleeping)
     app.router.add_post("/wake_up", wake_up)
+    if completions is not None:
+        app.router.add_post("/v1/completions", completions)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -389,6 +395,71 @@ async def test_a_wake_its_is_sleeping_does_not_confirm_fails_and_the_next_sleepe
         await lying.cleanup()
     assert served(sim) == 1
     assert metrics[("unitscale_gateway_wakes_total", "failed")] == 1
+
+
+class SlowToConfirm:
+    """Asleep until woken; its ``/is_sleeping`` then answers after ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.woken, self.served = delay, False, 0
+
+    async def wake_up(self, request):
+        self.woken = True
+        return web.json_response({"status": "awake"})
+
+    async def is_sleeping(self, request):
+        if self.woken:
+            await asyncio.sleep(self.delay)  # the replica's own slowness, not a test's wait
+        return web.json_response({"is_sleeping": not self.woken})
+
+    async def completions(self, request):
+        self.served += 1
+        return web.json_response({"choices": [{"text": "hi"}], "usage": {"completion_tokens": 1}})
+
+
+async def test_an_awake_replica_slow_to_confirm_its_wake_serves_within_the_wake_timeout():
+    """The read after a wake had a health probe's 2 s: a replica awake whose
+    /is_sleeping took 2.3 s failed every wake and served nothing, 503 (hostile pass 28)."""
+    slow = SlowToConfirm(delay=2.3)
+    runner, url = await stand_in(slow.wake_up, slow.is_sleeping, slow.completions)
+    gateway = await start_gateway([url], wake_timeout=10.0, buffer_timeout=12.0)
+    try:
+        await eventually(lambda: seen(gateway, url).sleeping, "the sleeper is seen")
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"http://127.0.0.1:{gateway.port}/v1/completions", json=completion()) as r,
+        ):
+            assert r.status == 200, await r.text()
+        metrics = await gateway_metrics(gateway)
+    finally:
+        await gateway.stop()
+        await runner.cleanup()
+    assert slow.served == 1
+    assert metrics[("unitscale_gateway_wakes_total", "woken")] == 1
+    assert metrics.get(("unitscale_gateway_wakes_total", "failed"), 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("wakes", "wake_timeout", "patience"),
+    [
+        pytest.param([], 60.0, 10.0, id="before any wake 10 s"),
+        pytest.param([1.0] * 8, 60.0, 10.0, id="level-1 wakes keep it at 10 s"),
+        pytest.param([3.0] * 7 + [40.0], 60.0, 10.0, id="one slow wake among eight moves nothing"),
+        pytest.param([8.0] * 3, 60.0, 16.0, id="slower wakes lengthen it to twice their median"),
+        pytest.param([40.0], 60.0, 30.0, id="at most half the wake timeout"),
+        pytest.param([30.0] * 8 + [1.0] * 8, 60.0, 10.0, id="only the last eight wakes count"),
+        pytest.param([], 8.0, 4.0, id="a short wake timeout halves it"),
+    ],
+)
+def test_the_wake_patience_follows_recent_wakes_and_stays_under_the_timeout(
+    wakes, wake_timeout, patience
+):
+    """One slow wake set the patience to wake-timeout for good, and a hung wake held
+    every sleeper back again (hostile pass 28)."""
+    pool = ReplicaPool(["http://a"], GatewaySettings(wake_timeout=wake_timeout))
+    for seconds in wakes:
+        pool.woke(seconds)
+    assert pool.wake_patience == patience
 
 
 async def test_a_wake_that_hangs_past_the_patience_has_another_sleeper_woken(monkeypatch):
