@@ -296,6 +296,31 @@ class Simulation:
         self._done = True
         return self._run.result(self.policy.name)
 
+    # --- what is settled so far --------------------------------------------------------
+
+    @property
+    def missed(self) -> int:
+        """Requests already outside the SLO (dropped, or finished late).
+
+        Final: the run's attainment is at most ``1 - missed / requests``.
+        """
+        return self._run.judged.outside_total
+
+    @property
+    def cost(self) -> float:
+        """US$ spent so far (replicas held and the warm tiers): the run's cost is at least it."""
+        return self._run.cost()
+
+    @property
+    def replica_seconds(self) -> float:
+        """Accelerator-seconds held so far."""
+        return self._run.replica_seconds
+
+    @property
+    def series(self) -> dict[str, list[float]]:
+        """The plotted series sampled so far (``Result.series`` once finished)."""
+        return self._run.series
+
     # --- a shared pool's limit ---------------------------------------------------------
 
     def set_accelerator_limit(self, replicas: int | None) -> None:
@@ -749,6 +774,11 @@ class _Replay:
         if progress is not None:
             progress(min(self.now, self.trace.duration))
 
+    def cost(self) -> float:
+        """US$ spent so far, as ``_result`` counts the whole run's."""
+        standby = float(self.standby.metrics(self.tiers)["standby_cost"])
+        return self.replica_seconds / 3600.0 * self.config.profile.price_per_hour + standby
+
     def finished(self) -> bool:
         """Every request has arrived and none is buffered or in the fleet."""
         return (
@@ -930,11 +960,14 @@ class _Judged:
     ticks: deque[tuple[float, int, int]] = field(default_factory=deque)
     within: int = 0
     outside: int = 0
+    outside_total: int = 0
+    """Judged outside since the start (``Simulation.missed``)."""
 
     def add(self, now: float, within: int, outside: int) -> None:
         self.ticks.append((now, within, outside))
         self.within += within
         self.outside += outside
+        self.outside_total += outside
 
     def rates(self, now: float) -> tuple[float, float]:
         """Within and outside per second over the window ending at ``now``."""

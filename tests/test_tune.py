@@ -8,6 +8,7 @@ for two workers.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import shlex
 import subprocess
@@ -23,13 +24,24 @@ from hypothesis import strategies as st
 from foundation.replica_model import PROFILES
 from replay import trace as trace_module
 from replay.oracle import smallest_static
+from replay.run import ReplayOptions
 from replay.simulate import SimConfig
 from replay.trace import Trace, TraceError, read_recording, read_trace
 from replay.workloads import load_trace
 from scaler.config import load_config
 from unitscale import cli
 from unitscale import tune as tune_module
-from unitscale.tune import UNITSCALE_SPACE, Run, Trial, best, space
+from unitscale.tune import (
+    DEARER,
+    MISSES_TARGET,
+    UNITSCALE_SPACE,
+    Problem,
+    Run,
+    Stop,
+    Trial,
+    best,
+    space,
+)
 
 START = datetime(2024, 1, 1, 9, tzinfo=UTC).timestamp()
 
@@ -367,6 +379,112 @@ def run(cost: float, attainment: float) -> Run:
 )
 def test_the_proposal_is_the_cheapest_feasible_trial(trials, chosen):
     assert best(trials, 0.99).number == chosen
+
+
+def stopped(cost: float, attainment: float) -> Run:
+    return dataclasses.replace(run(cost, attainment), stopped="settled")
+
+
+@pytest.mark.parametrize(
+    ("trials", "chosen"),
+    [
+        pytest.param(
+            [Trial(0, {}, (run(5, 0.995),)), Trial(1, {}, (stopped(1, 0.999),))],
+            0,
+            id="a trial stopped early is never the proposal beside one that ran whole",
+        ),
+        pytest.param(
+            [Trial(0, {}, (stopped(1, 0.97),)), Trial(1, {}, (run(9, 0.5),))],
+            1,
+            id="none feasible a trial that ran whole is closer than any stopped one",
+        ),
+        pytest.param(
+            [Trial(0, {}, (run(1, 1.0), stopped(1, 0.999)))],
+            0,
+            id="one trace stopped stops the trial",
+        ),
+    ],
+)
+def test_a_trial_stopped_early_is_bounds_not_a_result(trials, chosen):
+    assert best(trials, 0.99).number == chosen
+    assert not any(t.feasible(0.99) for t in trials if t.stopped)
+
+
+@pytest.mark.parametrize(
+    ("stop", "missed", "cost", "why"),
+    [
+        pytest.param(Stop(0.99), 10, 5.0, "", id="misses within 1% of 1,000 go on"),
+        pytest.param(Stop(0.99), 11, 5.0, MISSES_TARGET, id="one more stops"),
+        pytest.param(
+            Stop(0.99, cost_per_million=2.0, tokens=1e6), 0, 2.0, "", id="spend at the best goes on"
+        ),
+        pytest.param(
+            Stop(0.99, cost_per_million=2.0, tokens=1e6),
+            0,
+            2.01,
+            DEARER,
+            id="spend above the best over every token the trial could serve stops",
+        ),
+        pytest.param(Stop(0.99), 0, 1e12, "", id="no feasible trial yet: spend never stops it"),
+    ],
+)
+def test_a_replay_stops_only_once_its_outcome_is_settled(stop, missed, cost, why):
+    assert stop.why(missed, 1_000, cost) == why
+
+
+def problem(trace: Trace) -> Problem:
+    config = SimConfig(PROFILES["llama3-8b-h200"].for_itl_slo(0.1), max_replicas=6)
+    options = ReplayOptions("t", 1.0, 1.0, 0, slo_target=0.99)
+    return Problem("unitscale", (trace,), config, options)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from(UNITSCALE_SPACE).flatmap(
+        lambda k: st.tuples(st.just(k), st.floats(k.low, k.high))
+    ),
+    st.floats(0.90, 0.999),
+    st.floats(0.01, 0.5),
+)
+def test_a_stopped_replay_would_have_missed_the_target_or_cost_more_run_whole(
+    knob_value, target, cheapest
+):
+    """Every stop is exact: the whole replay of the same trial confirms its reason."""
+    tune_module._install(problem(BURSTY))
+    knob, value = knob_value
+    knobs = {knob.key: knob.snap(value)}
+    whole = tune_module.replay(0, 1, knobs)
+    early = tune_module.replay(
+        0, 1, knobs, Stop(target, cheapest, tune_module.trace_tokens(BURSTY))
+    )
+    if not early.stopped:
+        assert early == whole
+    elif early.stopped == MISSES_TARGET:
+        assert whole.attainment < target and early.attainment >= whole.attainment
+    else:
+        assert whole.cost_per_million_tokens > cheapest and early.cost <= whole.cost
+
+
+def test_stopping_early_changes_no_static_fleet_tuned_by_every_size(tmp_path, capsys):
+    bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
+    found = {}
+    for flag in ("--no-stop-early", None):
+        out = tmp_path / str(flag)
+        code, err = tune(
+            capsys, "--trace", str(bursty), "--policy", "static-peak", "--budget", "8",
+            "--workers", "1", "--max-replicas", "4", "--out", str(out),
+            *([flag] if flag else []),
+        )  # fmt: skip
+        assert code == 0, err
+        found[flag] = ((out / "knobs.yaml").read_text(), trials(out))
+    assert found[None][0] == found["--no-stop-early"][0]
+    whole, early = found["--no-stop-early"][1], found[None][1]
+    assert [r["replicas"] for r in whole] == [r["replicas"] for r in early]
+    assert all(r["stopped_early"] == "" for r in whole)
+    stopped_rows = [r for r in early if r["stopped_early"]]
+    assert stopped_rows and all(r["feasible"] == "False" for r in stopped_rows)
+    for w, e in zip(whole, early, strict=True):
+        assert float(e["slo_attainment"]) >= float(w["slo_attainment"])  # an upper bound
 
 
 # --- the recorded arrivals as one trace ---------------------------------------------------------

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from replay.policies import Policy
     from replay.run import ReplayOptions
-    from replay.simulate import Result, SimConfig
+    from replay.simulate import Result, SimConfig, Simulation
     from replay.trace import Trace
     from unitscale.flags import Commands
 
@@ -232,6 +232,10 @@ class Run:
     max_replicas: int
     t: tuple[float, ...] = ()
     replicas: tuple[float, ...] = ()
+    stopped: str = ""
+    """Why the replay stopped before the trace's end (``Stop.why``), empty when it ran
+    whole: then ``cost`` is a lower bound, ``tokens`` the trace's (an upper bound) and
+    ``attainment`` an upper bound."""
 
 
 def run_of(result: Result) -> Run:
@@ -297,14 +301,85 @@ def prepare(index: int) -> Prepared:
     )
 
 
-def replay(index: int, warm: int, knobs: Knobs | None) -> Run:
-    """One trial's replay of trace ``index`` (a worker job); None: the defaults."""
-    from replay.simulate import simulate
+STOP_CHECK_SECONDS = 60.0
+"""Trace seconds between two looks at whether a trial's outcome is settled (``Stop``):
+two counters read, so often enough that a settled replay runs at most a minute more."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """When a trial's replay of one trace may stop: its place in the search is settled.
+
+    Both rules are exact, never a guess: requests outside the SLO stay outside, and spend
+    only grows. ``target``: more misses than ``1 - target`` of the trace's requests and
+    the trial cannot reach it. ``cost_per_million``: the cheapest feasible trial told so
+    far; once this trace's spend over every trace's tokens (all the trial could serve)
+    is above it, the trial cannot be cheaper. Optuna's pruners stop on a guess from
+    intermediate values; these stop only where the answer is known.
+    """
+
+    target: float
+    cost_per_million: float = math.inf
+    tokens: float = math.inf
+    """Every trace's prompt and output tokens, all the trial's runs could serve."""
+
+    def why(self, missed: int, requests: int, cost: float) -> str:
+        """Why the replay may stop now (``MISSES_TARGET`` or ``DEARER``; "": it goes on)."""
+        if requests and (requests - missed) / requests < self.target:
+            return MISSES_TARGET
+        if cost / self.tokens * 1e6 > self.cost_per_million:
+            return DEARER
+        return ""
+
+
+MISSES_TARGET = "cannot reach the target"
+"""A replay stopped with more requests outside the SLO than the target allows."""
+DEARER = "dearer than the cheapest trial at the target"
+"""A replay stopped having spent more than the cheapest feasible trial's whole cost."""
+
+
+def replay(index: int, warm: int, knobs: Knobs | None, stop: Stop | None = None) -> Run:
+    """One trial's replay of trace ``index`` (a worker job); None: the defaults.
+
+    With ``stop``, the replay ends as soon as its outcome is settled (``Stop``): the
+    run then holds what was settled (``Run.stopped``).
+    """
+    from replay.simulate import Simulation
 
     problem = _problem()
-    policy = problem.policy_for(knobs)
-    result = simulate(problem.traces[index], policy, problem.config, initial_replicas=warm)
-    return run_of(result)
+    trace = problem.traces[index]
+    simulation = Simulation(trace, problem.policy_for(knobs), problem.config, initial_replicas=warm)
+    if stop is None:
+        simulation.advance(math.inf)
+        return run_of(simulation.result())
+    while not simulation.finished:
+        simulation.advance(simulation.now + STOP_CHECK_SECONDS)
+        why = stop.why(simulation.missed, len(trace), simulation.cost)
+        if why:
+            return _stopped(simulation, trace, why)
+    return run_of(simulation.result())
+
+
+def _stopped(simulation: Simulation, trace: Trace, why: str) -> Run:
+    """What a replay stopped early settled: lower bounds on cost, upper on attainment."""
+    cost, tokens = simulation.cost, trace_tokens(trace)
+    series = simulation.series
+    return Run(
+        cost,
+        tokens,
+        1.0 - simulation.missed / len(trace),
+        cost / tokens * 1e6 if tokens else math.inf,
+        simulation.replica_seconds / 3600.0,
+        int(max(series["replicas"], default=0)),
+        tuple(series["t"]),
+        tuple(series["replicas"]),
+        stopped=why,
+    )
+
+
+def trace_tokens(trace: Trace) -> float:
+    """Prompt and output tokens of every request of ``trace``."""
+    return float(trace.prompt.sum() + trace.output.sum())
 
 
 # --- the search -------------------------------------------------------------------------------
@@ -329,13 +404,21 @@ class Trial:
         tokens = sum(r.tokens for r in self.runs)
         return sum(r.cost for r in self.runs) / tokens * 1e6 if tokens else math.inf
 
+    @property
+    def stopped(self) -> str:
+        """Why a replay of it stopped early (``Stop``); empty: every one ran whole."""
+        return next((r.stopped for r in self.runs if r.stopped), "")
+
     def feasible(self, target: float) -> bool:
-        """Whether every trace's attainment reached ``target``."""
-        return self.attainment >= target
+        """Whether every trace's attainment reached ``target`` (known: it ran whole)."""
+        return self.attainment >= target and not self.stopped
 
 
 def best(trials: Sequence[Trial], target: float) -> Trial:
     """The cheapest feasible trial (first of equals); none: the closest to the target.
+
+    A trial stopped early is never the proposal while another ran whole: its figures are
+    bounds, not results.
 
     Raises:
         ValueError: no trials.
@@ -345,7 +428,18 @@ def best(trials: Sequence[Trial], target: float) -> Trial:
     feasible = [t for t in trials if t.feasible(target)]
     if feasible:
         return min(feasible, key=lambda t: (t.cost_per_million_tokens, t.number))
-    return min(trials, key=lambda t: (-t.attainment, t.cost_per_million_tokens, t.number))
+    return min(
+        trials,
+        key=lambda t: (bool(t.stopped), -t.attainment, t.cost_per_million_tokens, t.number),
+    )
+
+
+def stop_for(trials: Sequence[Trial], target: float, tokens: float) -> Stop:
+    """The ``Stop`` for the next batch: ``target``, and the cheapest feasible trial so far."""
+    cheapest = min(
+        (t.cost_per_million_tokens for t in trials if t.feasible(target)), default=math.inf
+    )
+    return Stop(target, cheapest, tokens)
 
 
 Mapper = Callable[[Callable[..., Any], list[tuple[Any, ...]]], list[Any]]
@@ -360,6 +454,8 @@ class Settings:
     budget: int
     batch: int
     seed: int
+    stop_early: bool = True
+    """Stop a trial's replay once its outcome is settled (``Stop``); ``--no-stop-early``."""
 
 
 def search(
@@ -375,25 +471,36 @@ def search(
     ``run_jobs``), and the batch is told in trial order: the module docstring's
     determinism. A setting asked again is not replayed again (replays are deterministic).
     """
+    from optuna.trial import TrialState
+
     knobs = space(problem.policy, problem.config.max_replicas)
     if len(knobs) == 1 and knobs[0].rising and not is_grid(knobs, settings.budget):
-        return _bisect(problem, prepared, knobs[0], settings.budget, run_jobs, progress)
+        return _bisect(problem, prepared, knobs[0], settings, run_jobs, progress)
     study, budget = _study(problem, knobs, settings)
     distributions = {k.key: k.distribution() for k in knobs}
     seen: dict[tuple[Value, ...], tuple[Run, ...]] = {}
     trials: list[Trial] = []
+    target, tokens = problem.options.slo_target, sum(map(trace_tokens, problem.traces))
     while len(trials) < budget:
         asked = [study.ask(distributions) for _ in range(min(settings.batch, budget - len(trials)))]
         sets = [{k.key: k.value(t.params[k.key]) for k in knobs} for t in asked]
         new = list({tuple(s.values()): s for s in sets if tuple(s.values()) not in seen}.values())
-        runs = run_jobs(replay, [(i, p.warm, s) for s in new for i, p in enumerate(prepared)])
+        # From the trials told before the batch, never its own: the same on any workers.
+        stop = stop_for(trials, target, tokens) if settings.stop_early else None
+        runs = run_jobs(replay, [(i, p.warm, s, stop) for s in new for i, p in enumerate(prepared)])
         for n, s in enumerate(new):
             seen[tuple(s.values())] = tuple(runs[n * len(prepared) : (n + 1) * len(prepared)])
         for asked_trial, s in zip(asked, sets, strict=True):
             trial = Trial(asked_trial.number, s, seen[tuple(s.values())])
             # read by the sampler's constraints_func when told
             asked_trial.set_user_attr("attainment", trial.attainment)
-            study.tell(asked_trial, min(trial.cost_per_million_tokens, 1e12))
+            if trial.stopped == DEARER:
+                # Its cost is a lower bound, not a value: told as the cheapest feasible
+                # trials' neighbour, it drew the search to settings known to be dearer.
+                # Pruned, TPE ranks it after every feasible trial, before the infeasible.
+                study.tell(asked_trial, state=TrialState.PRUNED)
+            else:
+                study.tell(asked_trial, min(trial.cost_per_million_tokens, 1e12))
             trials.append(trial)
         if progress is not None:
             progress(trials)
@@ -404,7 +511,7 @@ def _bisect(
     problem: Problem,
     prepared: Sequence[Prepared],
     knob: Knob,
-    budget: int,
+    settings: Settings,
     run_jobs: Mapper,
     progress: Progress | None,
 ) -> list[Trial]:
@@ -415,14 +522,17 @@ def _bisect(
     (a static fleet over 1-64 replicas: at most 8), against a sampler's dozens. Trials
     are replayed one value at a time, the traces in parallel; deterministic.
     """
-    target = problem.options.slo_target
+    target, budget = problem.options.slo_target, settings.budget
     low, high = int(knob.low), int(knob.high)
     guess = max((p.static_replicas for p in prepared), default=high)
     trials: list[Trial] = []
 
+    # Stopped at the first sign of a miss: only whether it reaches the target counts here.
+    stop = Stop(target) if settings.stop_early else None
+
     def meets(value: int) -> bool:
         knobs: Knobs = {knob.key: value}
-        runs = run_jobs(replay, [(i, p.warm, knobs) for i, p in enumerate(prepared)])
+        runs = run_jobs(replay, [(i, p.warm, knobs, stop) for i, p in enumerate(prepared)])
         trials.append(Trial(len(trials), knobs, tuple(runs)))
         if progress is not None:
             progress(trials)
@@ -551,6 +661,13 @@ def add_command(commands: Commands) -> None:
         " depends on it, never on --workers",
     )
     tune.add_argument("--seed", type=flags.SEED, default=0)
+    tune.add_argument(
+        "--no-stop-early",
+        dest="stop_early",
+        action="store_false",
+        help="replay every trial whole (by default a trial stops once it cannot reach"
+        " the target or be cheaper than the best so far; the proposal is the same kind)",
+    )
     tune.add_argument("--workers", type=flags.WORKERS, help="processes (default: the CPUs)")
     tune.add_argument(
         "--scaler-config",
@@ -582,7 +699,7 @@ def run(args: argparse.Namespace) -> int:
 
     problem, sources = _problem_of(args)
     report_directory(args.out, "--out")  # a bad --out fails before the search, not after
-    settings = Settings(args.budget, args.batch, args.seed)
+    settings = Settings(args.budget, args.batch, args.seed, args.stop_early)
     workers = _workers(args.workers, settings.batch * len(problem.traces))
     target = problem.options.slo_target
     with worker_pool(problem, workers) as run_jobs, _bar(settings.budget, target) as progress:
@@ -638,9 +755,15 @@ def _defaults(
     same_target = problem.policy != "unitscale" or (
         problem.base_attainment() == problem.options.slo_target
     )
-    if trials and same_target and trials[0].knobs == {k.key: k.snap(today[k.key]) for k in knobs}:
+    first = trials[0] if trials else None
+    if (
+        first is not None
+        and not first.stopped
+        and same_target
+        and first.knobs == {k.key: k.snap(today[k.key]) for k in knobs}
+    ):
         if all(k.snap(today[k.key]) == today[k.key] for k in knobs):
-            return trials[0].runs
+            return first.runs
     return tuple(run_jobs(replay, [(i, p.warm, None) for i, p in enumerate(prepared)]))
 
 

@@ -83,7 +83,16 @@ def _write_trials(outcome: Outcome, path: Path) -> None:
     keys = [k.key for k in space(outcome.problem.policy, outcome.problem.config.max_replicas)]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["trial", *keys, "cost_per_million_tokens", "slo_attainment", "feasible"])
+        writer.writerow(
+            [
+                "trial",
+                *keys,
+                "cost_per_million_tokens",
+                "slo_attainment",
+                "feasible",
+                "stopped_early",
+            ]
+        )
         for t in outcome.trials:
             writer.writerow(
                 [
@@ -92,6 +101,7 @@ def _write_trials(outcome: Outcome, path: Path) -> None:
                     f"{t.cost_per_million_tokens:.6f}",
                     f"{t.attainment:.6f}",
                     t.feasible(outcome.target),
+                    t.stopped,  # then cost is at least, attainment at most, the figure
                 ]
             )
 
@@ -102,6 +112,7 @@ def _report(outcome: Outcome) -> list[str]:
     knobs = space(problem.policy, config.max_replicas)
     grid = is_grid(knobs, settings.budget)
     feasible = sum(t.feasible(outcome.target) for t in outcome.trials)
+    stopped = sum(bool(t.stopped) for t in outcome.trials)
     lines = [
         f"# unitscale tune: {problem.policy} on {len(problem.traces)} trace(s)",
         "",
@@ -119,8 +130,9 @@ def _report(outcome: Outcome) -> list[str]:
         " does",
         f"- search: {len(outcome.trials)} trials ("
         + ("every value" if grid else f"TPE, budget {settings.budget}, batch {settings.batch}")
-        + f", seed {settings.seed}), {feasible} met the target; {outcome.workers} worker(s),"
-        f" {outcome.seconds:,.0f} s",
+        + f", seed {settings.seed}), {feasible} met the target, {stopped} stopped once"
+        " they could neither reach it nor be cheaper (`trials.csv`);"
+        f" {outcome.workers} worker(s), {outcome.seconds:,.0f} s",
         f"- command: `{outcome.command}`",
         "",
         "## Knobs",
