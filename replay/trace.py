@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import logging
 import math
 import re
 from array import array
@@ -32,6 +33,8 @@ from replay.limits import (
     MAX_TRACE_REQUESTS,
     MAX_TRACE_SPAN_SECONDS,
 )
+
+log = logging.getLogger(__name__)
 
 MAX_RECORDING_FILES = 10_000
 """``.csv`` files of a recording directory: the gateway's ``arrivals.max-files`` bound.
@@ -71,6 +74,8 @@ class _Rows:
         self.prompt = array("q")
         self.output = array("q")
         self.line = array("q")
+        self.part_row = 0
+        """The line of a last row cut short (no line end) that was left out; 0: none."""
 
     def add(self, line: int, arrival: float, prompt: int, output: int) -> None:
         if self.before + len(self.line) >= MAX_TRACE_REQUESTS:
@@ -154,31 +159,54 @@ def read_recording(directory: Path) -> Trace:
             continue  # opened, its header not yet written (a crash between): nothing
         if not ("TIMESTAMP" in header and "ContextTokens" in header):
             raise TraceError(f"{path}: not an Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
-        parts.append(_azure(path, sum(len(p.line) for p in parts)))
+        parts.append(_azure(path, sum(len(p.line) for p in parts), recording=True))
+    for part in parts:
+        if part.part_row:
+            log.warning(
+                "%s:%d: a row cut short (no line end: the gateway was stopped or its disk"
+                " filled while writing it) is left out",
+                part.path,
+                part.part_row,
+            )
     kept = [p for p in parts if p.line]
     if not kept:
         raise TraceError(f"{directory}: no requests in {len(files)} files")
     arrival = np.concatenate([np.frombuffer(p.arrival, dtype=np.float64) for p in kept])
-    starts = [float(np.frombuffer(p.arrival, dtype=np.float64).min()) for p in kept]
-    ends = [float(np.frombuffer(p.arrival, dtype=np.float64).max()) for p in kept]
-    first, last = int(np.argmin(starts)), int(np.argmax(ends))
-    span = ends[last] - starts[first]
-    if not span <= MAX_TRACE_SPAN_SECONDS:
-        raise TraceError(
-            f"{kept[first].path} and {kept[last].path} are {span:,.0f} s"
-            f" ({span / 86_400:,.1f} days) apart; a trace may span at most"
-            f" {MAX_TRACE_SPAN_SECONDS:,} s (31 days)"
-        )
-    order = np.argsort(arrival, kind="stable")
-    times = arrival[order]
     prompt = np.concatenate([np.frombuffer(p.prompt, dtype=np.int64) for p in kept])
     output = np.concatenate([np.frombuffer(p.output, dtype=np.int64) for p in kept])
+    order = np.argsort(arrival, kind="stable")
+    times, prompt, output = arrival[order], prompt[order], output[order]
+    start, end = busiest_window(times, MAX_TRACE_SPAN_SECONDS)
+    if end - start < len(times):
+        # A run left from weeks before, or one flush on a clock far ahead, made the whole
+        # recording unreadable until its file rotated out (hostile pass 29).
+        log.warning(
+            "%s: %d of %d requests lie outside the 31 days holding the most of them"
+            " (%s to %s UTC) and are left out",
+            directory,
+            len(times) - (end - start),
+            len(times),
+            datetime.fromtimestamp(times[start], UTC).isoformat(timespec="seconds"),
+            datetime.fromtimestamp(times[end - 1], UTC).isoformat(timespec="seconds"),
+        )
+        times, prompt, output = times[start:end], prompt[start:end], output[start:end]
     return Trace(
         directory.name,
         times - times[0],
-        np.maximum(prompt[order], 1),
-        np.maximum(output[order], 1),
+        np.maximum(prompt, 1),
+        np.maximum(output, 1),
     )
+
+
+def busiest_window(times: npt.NDArray[np.float64], span: float) -> tuple[int, int]:
+    """The slice ``[start, end)`` of sorted ``times`` within ``span`` holding the most.
+
+    Of equals the latest. Example: ``[0, 1, 2, 100]`` within 10: ``(0, 3)``.
+    """
+    ends = np.searchsorted(times, times + span, side="right")
+    counts = ends - np.arange(len(times))
+    start = len(counts) - 1 - int(np.argmax(counts[::-1]))
+    return start, int(ends[start])
 
 
 def _check_span(rows: _Rows, arrival: npt.NDArray[np.float64]) -> None:
@@ -249,13 +277,21 @@ def token_count(value: object, column: str) -> int:
     return count
 
 
-def _azure(path: Path, before: int = 0) -> _Rows:
+def _azure(path: Path, before: int = 0, recording: bool = False) -> _Rows:
+    """``path``'s rows.
+
+    ``recording``: a last line with no line end is a row the gateway was cut off writing
+    (a full disk, a kill); it is left out (``_Rows.part_row``).
+    """
     rows = _Rows(path, before)
     number = 0  # the line the csv module read last: a row's last, or the one it refused
 
     def texts() -> Iterator[str]:
         nonlocal number
-        for number, text in _lines(path):  # noqa: B007 - the loop sets the reader's line
+        for number, text in _lines(path):  # the loop sets the reader's line
+            if recording and number > 1 and not text.endswith("\n"):
+                rows.part_row = number  # only the last line can lack its end
+                return
             yield text
 
     try:

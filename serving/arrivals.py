@@ -16,8 +16,10 @@ records what it had).
 Disk is bounded by two numbers: a file holds at most ``max_file_bytes`` (the rows that
 would pass it go to the next file, ``plan_writes``), and at most ``max_files`` files are
 kept (opening one more deletes the oldest, ``to_delete``). A file also ends when a later
-UTC day begins (``is_a_later_day``): each holds about a day, which the replay can always read
-(it refuses a trace spanning more than 31 days), and a day's traffic is a few files. Files are named
+UTC day begins (``is_a_later_day``): each holds about a day, and a day's traffic is a few
+files. The replay reads the 31 days of a directory that hold the most requests (a run left
+from weeks before, or a flush on a clock far ahead, is left out with a warning), and a
+last row cut short by a kill or a full disk is left out too. Files are named
 ``arrivals-<sequence>-<UTC start>.csv`` with an 8-digit sequence that orders them, across
 restarts too. The sequence is a ring (after 99999999 comes 00000000): the oldest file is
 the one after the largest gap between the sequences present (``ring_order``), so a

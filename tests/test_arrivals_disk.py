@@ -14,9 +14,12 @@ import shutil
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from replay.trace import read_recording, read_trace
+from replay.trace import busiest_window, read_recording, read_trace
 from serving.arrival_recorder import Row, _Files
 from serving.arrivals import ArrivalSettings
 from tests.conftest import T0
@@ -282,3 +285,73 @@ def test_a_file_opened_on_a_clock_a_year_ahead_ends_when_the_clock_comes_back(tm
         files.write(settings, [(now, day + 1, 1)], now)
     files.reset()
     assert read_recording(tmp_path).prompt.tolist() == list(range(25, 41))  # a file a day, 16 kept
+
+
+def test_a_burst_over_small_files_keeps_the_bound_while_it_rotates(tmp_path, monkeypatch):
+    """The files a rotation displaced were deleted only at the batch's end: one burst over
+    1 KiB files left 5,370 of a bound of 16 (22 MB), and each rotation listed them all,
+    so the batch grew quadratic (issue 27, hostile pass 29)."""
+    files, settings = _Files(), ArrivalSettings(str(tmp_path), 1024, 16)
+    seen: list[int] = []
+    opened = _Files._open_next
+
+    def counting(self: _Files, directory: Path, max_files: int, now: float) -> None:
+        opened(self, directory, max_files, now)
+        seen.append(len(list(directory.iterdir())))
+
+    monkeypatch.setattr(_Files, "_open_next", counting)
+    files.write(settings, rows(0, 5_000), T0)
+    files.reset()
+    assert len(seen) > 100  # it rotated all along the batch
+    assert max(seen) <= 17  # the bound, and the file just opened
+    assert read_recording(tmp_path).prompt.tolist()[-1] == 5_000
+
+
+def test_a_row_cut_short_by_a_kill_is_left_out_and_the_rest_replays(tmp_path, caplog):
+    """A write cut off by a full disk, then a kill, left a part row: the replay refused the
+    whole recording (issue 27, hostile pass 29)."""
+    files, settings = _Files(), ArrivalSettings(str(tmp_path))
+    files.write(settings, rows(0, 10), T0)
+    files.close()  # as a kill leaves it: no _leave to cut the part row back
+    (path,) = tmp_path.glob("arrivals-*")
+    with path.open("ab") as handle:
+        handle.write(b"2026-1")
+    trace = read_recording(tmp_path)
+    assert trace.prompt.tolist() == list(range(1, 11))
+    assert f"{path}:12: a row cut short" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "kept"),
+    [
+        pytest.param(
+            (T0, 1), (T0 + 40 * 86_400, 5), [2, 3, 4, 5, 6],
+            id="a run left from 40 days before is left out",
+        ),
+        pytest.param(
+            (T0 + 40 * 86_400, 1), (T0, 5), [2, 3, 4, 5, 6],
+            id="one flush on a clock 40 days ahead is left out",
+        ),
+    ],
+)  # fmt: skip
+def test_a_recording_over_31_days_replays_its_busiest_31(tmp_path, caplog, first, second, kept):
+    """Refused whole until the far file rotated out, which at low traffic could be never
+    (issue 27, hostile pass 29)."""
+    for at, count in (first, second):
+        start = 0 if count == 1 else 1
+        batch = [(at + i, 1 + start + i, 1) for i in range(count)]
+        files = _Files()
+        files.write(ArrivalSettings(str(tmp_path / "d")), batch, at)
+        files.reset()  # a gateway stopped, then another started
+    assert read_recording(tmp_path / "d").prompt.tolist() == kept
+    assert "1 of 6 requests lie outside the 31 days" in caplog.text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 1000), min_size=1, max_size=40), st.floats(0, 300))
+def test_the_busiest_window_holds_the_most_times_within_the_span(times, span):
+    ordered = np.sort(np.array(times))
+    start, end = busiest_window(ordered, span)
+    assert ordered[end - 1] - ordered[start] <= span
+    best = max(int(np.sum((ordered >= t) & (ordered <= t + span))) for t in ordered)
+    assert end - start == best

@@ -706,6 +706,12 @@ def run(args: argparse.Namespace) -> int:
         prepared = run_jobs(prepare, [(i,) for i in range(len(problem.traces))])
         trials = search(problem, prepared, settings, run_jobs, progress)
         defaults = _defaults(problem, prepared, trials, run_jobs)
+        proposal = best(trials, target)
+        if proposal.stopped:
+            # None ran whole (every trial missed early): the closest is reported with
+            # its figures, not the bounds it stopped at (half its cost, hostile pass 29).
+            runs = run_jobs(replay, [(i, p.warm, proposal.knobs) for i, p in enumerate(prepared)])
+            proposal = replace(proposal, runs=tuple(runs))
     outcome = Outcome(
         problem=problem,
         sources=tuple(sources),
@@ -713,7 +719,7 @@ def run(args: argparse.Namespace) -> int:
         workers=workers,
         prepared=tuple(prepared),
         trials=tuple(trials),
-        proposal=best(trials, problem.options.slo_target),
+        proposal=proposal,
         defaults=defaults,
         seconds=time.monotonic() - started,
         command="unitscale " + " ".join(sys.argv[1:]),
