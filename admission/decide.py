@@ -487,6 +487,11 @@ def _held_after(
     gone, added = incremental.held_changes(before.held, fingerprint.held)
     if any(h.uid in gone and h.has_pods for h in kept.held):
         return None  # its pods' allocations count in the nodes again, and may be gone
+    uids = [h.uid for h in kept.held]
+    if len(set(uids)) != len(uids) or _uid_repeats(cluster.workloads):
+        # Gangs are read again by uid: two sharing one (a broken watch cache) had one
+        # fitted twice and the other dropped, and a gang admitted onto its cards (pass 30).
+        return None
     by_owner = pod_index_of(cluster)
     held = {h.uid for h in kept.held}
     found, again = _read_again(cluster, new_pods, added, held)
@@ -535,6 +540,18 @@ def _held_after(
     return _built(
         base, (*keep, *_hold(pool, promised, gangs, placed, cluster, params, checks, now)), ignored
     )
+
+
+def _uid_repeats(workloads: Sequence[RawObject]) -> bool:
+    """Whether two of ``workloads`` share a ``metadata.uid``."""
+    seen: set[str] = set()
+    for workload in workloads:
+        uid = (workload.get("metadata") or {}).get("uid")
+        if isinstance(uid, str):
+            if uid in seen:
+                return True
+            seen.add(uid)
+    return False
 
 
 def _read_again(

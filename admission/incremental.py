@@ -426,7 +426,9 @@ def _node_keys(obj: RawObject, name: str, timeout: float) -> tuple[float, Hashab
     Until when the handshake offers the node's cards, the key while it does, and the key
     once it does not.
     """
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    metadata = obj.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
     allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(names.GPU)
     until = hami.handshake_offers_until(
         annotations.get(names.HAMI_NODE_HANDSHAKE), timeout, hami.parse_quantity(allocatable)
@@ -436,6 +438,10 @@ def _node_keys(obj: RawObject, name: str, timeout: float) -> tuple[float, Hashab
         str(annotations.get(names.HAMI_NODE_REGISTER)),
         str(annotations.get(names.HAMI_DEVICE_CORDON, "")),
         (obj.get("spec") or {}).get("unschedulable") is True,
+        # A held gang is fitted on the nodes its granted selector names (Fluid's cache
+        # labels, a LoRA seat's hostname): a label that moved left the kept pool fitting
+        # it where it no longer could, and admitted another onto its cards (pass 30).
+        str(sorted(labels.items()) if isinstance(labels, dict) else labels),
     )
     return until, (*read, True), (*read, False)
 

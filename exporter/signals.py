@@ -31,6 +31,8 @@ Vector = npt.NDArray[np.float64]
 
 # A replica's flat vector: counters, each LENGTHS histogram's count and sum, then buckets.
 _SCALARS = len(COUNTERS) + 2 * len(LENGTHS)
+_CORE = [COUNTERS.index(c) for c in ("prompt_tokens", "generation_tokens", "requests")]
+"""The counters that fall together when an engine restarts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +125,23 @@ class ReplicaHistory:
         renewed = np.array(
             [created[i + 1] != created[i] for i in range(len(created) - 1)], dtype=bool
         )
-        # A restart sets the counters back to 0: some counter falls, or none rises under
-        # a new _created. A _created that changes while every counter rises is noise
-        # (one that moves each scrape made every step a restart, each counting its
-        # lifetime total: 2e8 requests/s for 1/s), and the plain increase stands.
-        restarted = np.any(steps < 0, axis=1) | (renewed & ~np.any(steps > 0, axis=1))
+        # A restart sets the counters back to 0: every core counter (requests, tokens)
+        # that had counted anything falls, or none rises under a new _created. A _created
+        # that changes while every counter rises is noise (one that moves each scrape
+        # made every step a restart, each counting its lifetime total: 2e8 requests/s for
+        # 1/s), and the plain increase stands. A column that falls alone (one histogram
+        # bucket, or one token counter, one count back: a lying or racing engine) is no
+        # restart: read as one, every lifetime total was that step's increase, 100,045
+        # requests/s for 10, and the fleet went to its maximum (issue 27, hostile pass
+        # 30). It adds nothing instead.
+        counted = matrix[:-1][:, _CORE] > 0
+        core = np.any(counted, axis=1)
+        restarted = np.where(  # with no core count yet, any column falling tells it
+            core, np.all((steps[:, _CORE] < 0) | ~counted, axis=1), np.any(steps < 0, axis=1)
+        ) | (renewed & ~np.any(steps > 0, axis=1))
         if restarted.any():
             steps[restarted] = matrix[1:][restarted]  # the counts since the restart
+        np.maximum(steps, 0.0, out=steps, where=~np.isnan(steps))
         assert self.layout is not None
         gauges = self.gauges[first + 1 :]
         means = {

@@ -153,6 +153,30 @@ def apply_event(world: World, event: tuple[Any, ...]) -> None:
         else:
             w["status"]["conditions"].append({"type": "PodsReady", "status": "False"})
         world.workloads[w["metadata"]["name"]] = w
+    elif kind == "share-uid" and len(world.workloads) >= 2:
+        # Two Workloads under one uid (a broken watch cache): one gang was fitted twice
+        # and the other dropped, and a gang admitted onto its cards (hostile pass 30).
+        names_ = sorted(world.workloads)
+        a, b = names_[args[0] % len(names_)], names_[args[1] % len(names_)]
+        if a != b:
+            w = world.stamp(world.workloads[b])
+            w["metadata"]["uid"] = world.workloads[a]["metadata"]["uid"]
+            world.workloads[b] = w
+    elif kind == "pin" and (ready := world.ready()):
+        # Our Ready entry's selector names a cache label (Fluid's), which nodes take later.
+        w = world.stamp(world.workloads[ready[args[0] % len(ready)]])
+        w["status"]["admissionChecks"][0]["podSetUpdates"] = [
+            {"name": w["spec"]["podSets"][0]["name"], "nodeSelector": {CACHE_LABEL: "true"}}
+        ]
+        world.workloads[w["metadata"]["name"]] = w
+    elif kind == "label":
+        # Fluid moves its cache label: only the node's labels change.
+        on = sorted(world.nodes)[args[0] % len(world.nodes)]
+        node = world.stamp(world.nodes[on])
+        labels = node["metadata"]["labels"]
+        if labels.pop(CACHE_LABEL, None) is None:
+            labels[CACHE_LABEL] = "true"
+        world.nodes[on] = node
     elif kind == "finish" and (ready := world.ready()):
         w = world.stamp(world.workloads[ready[args[0] % len(ready)]])
         w["status"]["conditions"].append({"type": "Finished", "status": "True"})
@@ -249,7 +273,11 @@ EVENTS = st.one_of(
         st.sampled_from([0.0, 3.0, 9.0]),
     ).map(lambda e: e if e[1] is not None else ("forecast", None, None)),
     st.tuples(st.just("tick"), st.sampled_from([0.0, 1.0, 30.0, 70.0, 200.0, 301.0])),
+    st.tuples(st.just("share-uid"), st.integers(0, 20), st.integers(0, 20)),
+    st.tuples(st.just("pin"), st.integers(0, 20)),
+    st.tuples(st.just("label"), st.integers(0, 7)),
 )
+CACHE_LABEL = "fluid.io/s-ns-data"
 
 
 @st.composite
@@ -324,6 +352,29 @@ def small_world() -> World:
         node = decided.node(f"gpu-{i}", 2, labels={"pool": "a"})
         world.nodes[node["metadata"]["name"]] = world.stamp(node)
     return world
+
+
+def test_a_cache_label_that_moves_moves_the_gang_held_on_it():
+    """The memo's node key read no labels: a gang held on the nodes of a Fluid cache
+    label stayed where the label had been, and another was admitted onto its cards
+    (issue 27, hostile pass 30)."""
+    world = World()
+    for name in ("gpu-0", "gpu-1"):
+        world.nodes[name] = world.stamp(decided.node(name, 1, labels={"pool": "a"}))
+    memo = incremental.Memo()
+    for event in (
+        ("arrive", "check-a", 1, 1, None, 5, None),
+        ("admit", 0),
+        ("pin", 0),
+        ("arrive", "check-a", 1, 2, None, 0, None),  # two 1-card pods: both cards
+        ("label", 0),
+        ("label", 1),
+        ("label", 0),  # moved from gpu-0 to gpu-1
+        ("tick", 100.0),
+    ):
+        apply_event(world, event)
+        kept, fresh = both(world, memo)
+        assert kept == fresh, event
 
 
 def test_a_gang_that_does_not_fit_is_searched_again_only_when_its_pool_changes(searches):

@@ -355,3 +355,16 @@ def test_the_busiest_window_holds_the_most_times_within_the_span(times, span):
     assert ordered[end - 1] - ordered[start] <= span
     best = max(int(np.sum((ordered >= t) & (ordered <= t + span))) for t in ordered)
     assert end - start == best
+
+
+def test_a_file_whose_header_was_cut_short_is_left_out(tmp_path, caplog):
+    """A new file's first write cut after 14 bytes (a full disk, then a kill) left
+    'TIMESTAMP,Cont': the replay refused every other file's rows (issue 27, hostile
+    pass 30)."""
+    files, settings = _Files(), ArrivalSettings(str(tmp_path))
+    files.write(settings, rows(0, 10), T0)
+    files.reset()
+    cut = tmp_path / "arrivals-00000001-20240102T000000Z.csv"
+    cut.write_bytes(b"TIMESTAMP,Cont")
+    assert read_recording(tmp_path).prompt.tolist() == list(range(1, 11))
+    assert f"{cut}: a header cut short" in caplog.text

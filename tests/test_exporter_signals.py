@@ -103,6 +103,34 @@ def test_a_counter_going_down_is_a_restart_even_without_created():
     assert history.window(10.0, 10.0).rate("generation_tokens") == pytest.approx(0.4)
 
 
+@pytest.mark.parametrize(
+    "dip",
+    [
+        pytest.param(lambda i: {"ttft": (90_000 - i % 2, 90_000, 100_000, 100_000)},
+                     id="one bucket one count back every other scrape"),
+        pytest.param(lambda i: {"prompt": 10_000_000 + 5_000 * (i - i % 2) - i % 2},
+                     id="one token counter one count back every other scrape"),
+    ],
+)  # fmt: skip
+def test_a_column_falling_alone_is_no_restart_and_adds_nothing(dip):
+    """Read as a restart, every lifetime total was that step's increase: 100,045
+    requests/s for 10, and the scaler held the fleet at its maximum (issue 27,
+    hostile pass 30)."""
+    history = ReplicaHistory(120.0)
+    for i in range(13):  # 5 s scrapes on lifetime totals: 10 requests/s, 1,000 tokens/s
+        honest = {
+            "prompt": 10_000_000 + 5_000 * i,
+            "generation": 1_000_000 + 500 * i,
+            "requests": 100_000 + 50 * i,
+            "ttft": (90_000, 90_000, 100_000, 100_000),
+        }
+        history.add(1000.0 + 5 * i, scrape(**(honest | dip(i))))
+    window = history.window(1060.0, 60.0)
+    assert window is not None
+    assert window.rate("requests") == pytest.approx(10.0)
+    assert window.rate("prompt_tokens") == pytest.approx(1_000.0, rel=1e-3)  # a count a dip
+
+
 def test_one_scrape_is_not_enough_for_a_rate():
     assert history_of((0.0, scrape(10, 1, 1))).window(0.0, 10.0) is None
 
