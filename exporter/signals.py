@@ -121,24 +121,16 @@ class ReplicaHistory:
         times = self.times[first:]
         matrix = np.vstack(self.vectors[first:])
         steps = np.diff(matrix, axis=0)
-        created = self.created[first:]
-        renewed = np.array(
-            [created[i + 1] != created[i] for i in range(len(created) - 1)], dtype=bool
-        )
         # A restart sets the counters back to 0: every core counter (requests, tokens)
-        # that had counted anything falls, or none rises under a new _created. A _created
-        # that changes while every counter rises is noise (one that moves each scrape
-        # made every step a restart, each counting its lifetime total: 2e8 requests/s for
-        # 1/s), and the plain increase stands. A column that falls alone (one histogram
-        # bucket, or one token counter, one count back: a lying or racing engine) is no
-        # restart: read as one, every lifetime total was that step's increase, 100,045
-        # requests/s for 10, and the fleet went to its maximum (issue 27, hostile pass
-        # 30). It adds nothing instead.
-        counted = matrix[:-1][:, _CORE] > 0
-        core = np.any(counted, axis=1)
-        restarted = np.where(  # with no core count yet, any column falling tells it
-            core, np.all((steps[:, _CORE] < 0) | ~counted, axis=1), np.any(steps < 0, axis=1)
-        ) | (renewed & ~np.any(steps > 0, axis=1))
+        # that had counted anything comes back at most half of it (``_reset``). Neither a
+        # _created that moves (one that moved each scrape made every step a restart: 2e8
+        # requests/s for 1/s) nor a counter or bucket a few counts back (100,045
+        # requests/s for 10, the fleet at its maximum: hostile passes 30 and 31) is one;
+        # a column that falls without a restart adds nothing.
+        restarted = _reset(matrix[:-1][:, _CORE], matrix[1:][:, _CORE])
+        # With no core count yet (an engine without them), the other columns tell it.
+        blank = ~np.any(matrix[:-1][:, _CORE] > 0, axis=1)
+        restarted[blank] = _reset(matrix[:-1][blank], matrix[1:][blank])
         if restarted.any():
             steps[restarted] = matrix[1:][restarted]  # the counts since the restart
         np.maximum(steps, 0.0, out=steps, where=~np.isnan(steps))
@@ -150,6 +142,21 @@ class ReplicaHistory:
             if all(name in g for g in gauges)
         }
         return ReplicaWindow(times[-1] - times[0], steps.sum(axis=0), self.layout, means)
+
+
+def _reset(before: Vector, after: Vector) -> npt.NDArray[np.bool_]:
+    """Per step, whether the columns were set back to 0.
+
+    Every one that had counted anything is now at most half of it (counts since a
+    restart are few against a lifetime), and some had. A column one count back, or
+    three, is no reset: read as one, every lifetime total was the step's increase
+    (hostile passes 30 and 31).
+    """
+    with np.errstate(invalid="ignore"):
+        counted = before > 0
+        down = after <= before / 2
+    result: npt.NDArray[np.bool_] = np.any(counted, axis=1) & np.all(down | ~counted, axis=1)
+    return result
 
 
 @dataclass(frozen=True, slots=True)

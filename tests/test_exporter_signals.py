@@ -110,6 +110,15 @@ def test_a_counter_going_down_is_a_restart_even_without_created():
                      id="one bucket one count back every other scrape"),
         pytest.param(lambda i: {"prompt": 10_000_000 + 5_000 * (i - i % 2) - i % 2},
                      id="one token counter one count back every other scrape"),
+        pytest.param(lambda i: {"prompt": 10_000_000 + 5_000 * (i - i % 2) - i % 2,
+                                "generation": 1_000_000 + 500 * (i - i % 2) - i % 2,
+                                "requests": 100_000 + 50 * (i - i % 2) - i % 2},
+                     id="all three core counters one count back every other scrape"),
+        pytest.param(lambda i: {"created": 1.0 + i,
+                                "prompt": 10_000_000 + 5_000 * (i - i % 2),
+                                "generation": 1_000_000 + 500 * (i - i % 2),
+                                "requests": 100_000 + 50 * (i - i % 2)},
+                     id="a _created moving while the counters stand still every other scrape"),
     ],
 )  # fmt: skip
 def test_a_column_falling_alone_is_no_restart_and_adds_nothing(dip):
@@ -127,8 +136,8 @@ def test_a_column_falling_alone_is_no_restart_and_adds_nothing(dip):
         history.add(1000.0 + 5 * i, scrape(**(honest | dip(i))))
     window = history.window(1060.0, 60.0)
     assert window is not None
-    assert window.rate("requests") == pytest.approx(10.0)
-    assert window.rate("prompt_tokens") == pytest.approx(1_000.0, rel=1e-3)  # a count a dip
+    assert window.rate("requests") == pytest.approx(10.0, rel=0.02)  # a count a dip at most
+    assert window.rate("prompt_tokens") == pytest.approx(1_000.0, rel=0.02)
 
 
 def test_one_scrape_is_not_enough_for_a_rate():
