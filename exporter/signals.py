@@ -2,8 +2,8 @@
 
 Everything here is pure: scrapes and ``now`` come in, numbers come out. Counters and
 histogram buckets become *increases inside the window* (Prometheus ``increase``
-semantics: a restart, seen as a counter going down, or a changed ``_created`` with no
-counter rising, counts the new value as the increase), never lifetime totals. A signal
+semantics: a restart, seen as every core counter set back to at most half, counts the new
+value as the increase; a column falling alone adds nothing), never lifetime totals. A signal
 that cannot be computed (one scrape in the window, a family the engine does not expose)
 is None.
 
@@ -76,7 +76,6 @@ class ReplicaHistory:
     layout: Layout | None = None
     times: list[float] = field(default_factory=list)
     vectors: list[Vector] = field(default_factory=list)
-    created: list[float | None] = field(default_factory=list)
     gauges: list[dict[str, float]] = field(default_factory=list)
 
     def add(self, now: float, stats: EngineStats) -> None:
@@ -86,14 +85,13 @@ class ReplicaHistory:
             self._relayout(layout)
         self.times.append(now)
         self.vectors.append(layout.vector(stats))
-        self.created.append(stats.created)
         self.gauges.append(stats.gauges)
         cutoff = now - self.horizon
         drop = 0
         while drop < len(self.times) - 2 and self.times[drop + 1] < cutoff:
             drop += 1  # keep one scrape before the horizon as the base of the window
         if drop:
-            del self.times[:drop], self.vectors[:drop], self.created[:drop], self.gauges[:drop]
+            del self.times[:drop], self.vectors[:drop], self.gauges[:drop]
 
     def _relayout(self, layout: Layout) -> None:
         """Keep the scrapes' counters under a new bucket layout; their buckets are unknown.
