@@ -265,16 +265,23 @@ def pool_fingerprint(
 
     Returns:
         The fingerprint, or None when a held Workload has no uid, no generation and
-        no resourceVersion, or a field read that is not a plain value (not hashable).
+        no resourceVersion, a field read is not a plain value (not hashable), or two
+        Nodes share a name.
     """
     in_pool: set[str] = set()
+    named: set[str] = set()
     node_part: list[Hashable] = []
     for obj in nodes:
         meta = obj.get("metadata") or {}
         labels = meta.get("labels") or {}
+        name = str(meta.get("name"))
+        if name in named:
+            # Two Nodes of one name (a broken watch cache): a gang's node selector reads
+            # labels by name, from either, in or out of the pool (hostile pass 31).
+            return None
+        named.add(name)
         if selector and any(labels.get(k) != v for k, v in selector.items()):
             continue
-        name = str(meta.get("name"))
         in_pool.add(name)
         until, offering, refusing = _known(
             keys,

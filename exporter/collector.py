@@ -195,8 +195,8 @@ def _deployment_samples(
     price = "default" if signals.price_is_default else "configured"
     _maybe(families["cost"], [*labels, "total", price], signals.cost_per_million_tokens)
     _maybe(families["cost"], [*labels, "output", price], signals.cost_per_million_output_tokens)
-    families["replicas"].add_metric([*labels, "known"], signals.replicas)
-    families["replicas"].add_metric([*labels, "up"], signals.replicas_up)
+    _maybe(families["replicas"], [*labels, "known"], signals.replicas)
+    _maybe(families["replicas"], [*labels, "up"], signals.replicas_up)
     _maybe(families["replicas"], [*labels, "sleeping"], signals.replicas_sleeping)
     families["age"].add_metric(labels, max(0.0, now - signals.time))
     families["partial"].add_metric(labels, 1.0 if signals.partial else 0.0)
@@ -209,6 +209,8 @@ def _held_samples(
     accelerator: Accelerator,
 ) -> None:
     """What the deployment holds, answering or not: the base of accelerator-hours and cost."""
+    if signals.replicas is None:
+        return  # the exporter always counts; no count is no sample, never 0 held
     held = accelerator.fraction * signals.replicas
     price = "default" if accelerator.price_is_default else "configured"
     families["accelerators"].add_metric(labels, held)

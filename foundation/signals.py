@@ -137,9 +137,12 @@ class EngineSignals:
 
     time: float
     """When the replicas were scraped (seconds since the epoch)."""
-    replicas: int
-    """Replicas known, answering or not: each holds accelerators."""
-    replicas_up: int
+    replicas: int | None
+    """Replicas known, answering or not: each holds accelerators. None only where a
+    source could not count them (Prometheus's count unreadable): never read as 0, which
+    says "no load" and would take a busy deployment to zero. The exporter always counts."""
+    replicas_up: int | None
+    """Replicas that answered; None as ``replicas``."""
     queue_depth: float | None
     running: float | None
     kv_usage: float | None
@@ -285,9 +288,10 @@ def impossible_counts(signals: EngineSignals | GatewaySignals) -> str | None:
     if not isinstance(signals, EngineSignals):
         return None
     for name, value in (("replicas", signals.replicas), ("replicas_up", signals.replicas_up)):
-        if not 0 <= value <= MAX_REPLICAS:
+        if value is not None and not 0 <= value <= MAX_REPLICAS:
             return f"{name} is outside 0-{MAX_REPLICAS}"  # no amount: one log line a change
-    if signals.replicas_up > signals.replicas:
+    known, up = signals.replicas, signals.replicas_up
+    if known is not None and up is not None and up > known:
         return "replicas_up is above the replicas known"
     return None
 
@@ -299,10 +303,10 @@ def _impossible_sleepers(sleeping: int, signals: EngineSignals) -> bool:
     as a fact, either takes the load's replicas away (``decide``'s ready = known -
     sleeping) and scales a busy deployment down.
     """
-    running = signals.running or 0.0
-    return sleeping > signals.replicas_up or (
-        sleeping > 0 and sleeping == signals.replicas_up and running > 0
-    )
+    running, up = signals.running or 0.0, signals.replicas_up
+    if up is None:
+        return True  # sleepers without the replicas answering to hold them
+    return sleeping > up or (sleeping > 0 and sleeping == up and running > 0)
 
 
 def _checked_window(

@@ -107,6 +107,10 @@ def decode(message: pb.Signals) -> Snapshot:
 
 
 def _encode_engine(signals: EngineSignals) -> pb.EngineSignals:
+    if signals.replicas is None or signals.replicas_up is None:
+        # The wire's counts have no "unknown" (0 is a count); only the exporter sends
+        # engine signals, and it always counts its replicas.
+        raise WireError("engine signals without replica counts have no wire form")
     engine = pb.EngineSignals(
         replicas_up=signals.replicas_up,
         replicas_scraped=signals.replicas,

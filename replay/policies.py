@@ -229,7 +229,7 @@ class AibrixKv:
         s = view.signals
         if s is None or s.kv_usage is None:
             return Answer(None, self.target, None, "no kv metric")
-        total = s.kv_usage * max(s.replicas_up, 1)  # Prometheus sums the per-pod values
+        total = s.kv_usage * max(s.replicas_up or 0, 1)  # Prometheus sums the per-pod values
         return Answer(total, self.target, True, "kv")
 
     def controller(self) -> Controller:

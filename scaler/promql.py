@@ -327,7 +327,6 @@ def checked_answers(answers: Answers) -> tuple[Answers, list[str]]:
         elif value is not None and name in REPLICA_COUNTS and value > MAX_REPLICAS:
             problems.append(f"{name} is above {MAX_REPLICAS:,}, no deployment's count")
             clean[(name, window)] = None
-    _check_sleepers(clean, problems)
     replicas, up = clean.get(("replicas", None)), clean.get(("replicas-up", None))
     if ("replicas", None) in answers and replicas is None and up is not None and round(up) == 0:
         # ``replicas`` asked and unreadable: the replicas up, 0 here, are no stand-in for
@@ -349,6 +348,7 @@ def checked_answers(answers: Answers) -> tuple[Answers, list[str]]:
         clean[("replicas", None)] = None
         if up is not None and round(up) == 0:
             clean[("replicas-up", None)] = None
+    _check_sleepers(clean, problems)  # last: against the counts as they stand
     return clean, problems
 
 
@@ -383,7 +383,8 @@ def signals_from_answers(
     None when no series answered at all, or ``signal-time`` did not (no sample to date
     the signals by). Zero replicas known is the exporter's rule: no load, rates zero
     (facts, not guesses), unless the answers contradict it (``checked_answers``, which
-    runs first). ``partial`` when fewer replicas are up than known.
+    runs first). No count readable leaves both counts None, never 0, and the load as
+    answered. ``partial`` when fewer replicas are up than known, or either is unknown.
     """
     answers, _ = checked_answers(answers)
     present = {key: value for key, value in answers.items() if value is not None}
@@ -405,8 +406,8 @@ def signals_from_answers(
         stable = _window(present, "stable", stable_seconds)
     return EngineSignals(
         time=time,
-        replicas=known or 0,
-        replicas_up=up if up is not None else (known or 0),
+        replicas=known,
+        replicas_up=up if up is not None else known,
         queue_depth=queue,
         running=running,
         kv_usage=present.get(("kv-usage", None)),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import replace
 
 import grpc
@@ -25,13 +26,13 @@ from foundation.signals_wire import WireError, decode
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
-from scaler.core import seasonal
+from scaler.core import DecisionState, Policy, decide, seasonal
 from scaler.core.seasonal import SeasonalPolicy, SeasonalState
 from scaler.metadata import parse_metadata
 from scaler.promql import checked_answers, signals_from_answers
 from scaler.registry import SECOND_TRIGGER_WINDOW, RegistryFullError, ScaledObjectRegistry
 from scaler.server import ScalerServer
-from scaler.signals import TARGET_TTL, SignalStore, TargetSignals
+from scaler.signals import TARGET_TTL, SignalStore, TargetSignals, observe
 from scaler.sources import receive, watch_signals
 from tests.conftest import T0, FakeClock, engine_signals, ref
 from tests.test_scaler_hostile_inputs import answers
@@ -86,10 +87,13 @@ def test_any_replica_counts_from_prometheus_fit_the_bound_and_never_outnumber(
     )
     signals = signals_from_answers(given_answers, 2.0, 4.0)
     assert signals is not None
-    assert 0 <= signals.replicas <= MAX_REPLICAS
-    assert 0 <= signals.replicas_up <= MAX_REPLICAS
+    known, up = signals.replicas, signals.replicas_up
+    assert known is None or 0 <= known <= MAX_REPLICAS
+    assert up is None or 0 <= up <= MAX_REPLICAS
+    assert (known is None) == (up is None)  # no count is never half of one
     if signals.replicas_sleeping is not None:
-        assert signals.replicas_sleeping <= max(signals.replicas_up, signals.replicas)
+        assert known is not None and up is not None
+        assert signals.replicas_sleeping <= max(up, known)
 
 
 def wire_engine(sleeping: int | None, up: int = 10, running: float = 20.0) -> EngineSignals:
@@ -131,6 +135,58 @@ def test_impossible_sleepers_never_lower_a_busy_deployment():
     assert receive(store, message)
     assert registry.current(scaled).desired_replicas == 10  # 160 in flight, 16 a replica
     assert store.unmeasured[("exporter", "replicas_sleeping")] == 1
+
+
+QUIET = {
+    "request_rate__stable": 0.0,
+    **{f"{rate}__{window}": 0.0 for rate in ("prompt_token_rate", "generation_token_rate")
+       for window in ("stable", "panic")},
+}  # fmt: skip
+"""Nothing served; the in-flight gauges (``running``, ``queue-depth``) have no series."""
+
+
+def quiet_rounds(replicas: float | None, up: float | None) -> list[tuple[EngineSignals, int]]:
+    """Ten minutes of 15 s rounds of ``QUIET`` answers with these counts, from one replica.
+
+    Each round's signals and the replicas decided on them, with a 60 s idle grace.
+    """
+    policy = Policy(min_replicas=0, max_replicas=50, idle_grace_seconds=60.0)
+    clock = FakeClock(T0)
+    store, target = SignalStore(clock), ("team-a", "llama", "")
+    state, rounds = DecisionState(desired=1, last_activity=T0), []
+    for step in range(1, 41):
+        at = clock.now = T0 + 15.0 * step
+        given = answers(signal_time=at, replicas=replicas, replicas_up=up, **QUIET)
+        signals = signals_from_answers(given, 60.0, 180.0)
+        assert signals is not None and store.update(Snapshot(target, signals))
+        observation, _ = observe(target, store.get(target), at, 30.0)
+        made = decide(observation, policy, state)
+        state = made.state
+        rounds.append((signals, made.desired_replicas))
+    return rounds
+
+
+@pytest.mark.parametrize(
+    ("replicas", "up"),
+    [
+        pytest.param(math.nan, math.nan, id="counts of NaN"),
+        pytest.param(-1.0, -1.0, id="counts of -1"),
+        pytest.param(None, None, id="no count series at all"),
+        pytest.param(1e300, 1e300, id="counts past the bound"),
+    ],
+)
+def test_replica_counts_prometheus_cannot_give_are_unknown_and_never_scale_to_zero(replicas, up):
+    """Read as 0 they said "no replica, no load", and the deployment went 1 to 0 after
+    the idle grace (issue 27, hostile pass 31)."""
+    rounds = quiet_rounds(replicas, up)
+    assert all(s.replicas is None and s.replicas_up is None for s, _ in rounds)
+    assert min(desired for _, desired in rounds) == 1  # nothing in flight measured
+
+
+def test_prometheus_counts_of_zero_are_a_fact_and_the_deployment_goes_to_zero():
+    rounds = quiet_rounds(0.0, 0.0)
+    assert all(s.replicas == 0 and s.running == 0.0 for s, _ in rounds)  # the exporter's rule
+    assert rounds[-1][1] == 0
 
 
 # --- the capacity RPC: one pool's figures never fail the others -------------------------
