@@ -386,6 +386,24 @@ def test_a_cache_label_that_moves_moves_the_gang_held_on_it():
         assert kept == fresh, event
 
 
+def test_two_workloads_under_one_uid_decide_as_a_pass_from_scratch():
+    """Gangs held were read again by uid: of two Workloads sharing one (a broken watch
+    cache), one was fitted twice and the other dropped (issue 27, hostile pass 30)."""
+    world = World()
+    for name, pool in (("gpu-0", "a"), ("gpu-1", "b")):
+        world.nodes[name] = world.stamp(decided.node(name, 1, labels={"pool": pool}))
+    memo = incremental.Memo()
+    for event in (
+        ("arrive", "check-a", 1, 1, None, 0, None),
+        ("arrive", "check-a", 1, 1, None, 0, None),
+        ("share-uid", 0, 1),
+        ("admit", 0),
+    ):
+        apply_event(world, event)
+        kept, fresh = both(world, memo)
+        assert kept == fresh, event
+
+
 def test_a_node_named_twice_out_of_the_pool_moves_the_gang_held_on_its_label():
     """Two Nodes named gpu-0, the second in no pool: the gang's node selector read the
     second's labels, which the pool's fingerprint never read, so the kept pool held the
