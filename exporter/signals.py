@@ -377,12 +377,21 @@ def _mean_tokens(windows: Sequence[ReplicaWindow], concept: str) -> float | None
 
     As for latencies, a replica without the histogram is left out; weighted by requests,
     so a busy replica counts for its requests, not for one replica; never below what
-    the lower half of the replicas say (``majority_floor``).
+    the lower half of the replicas say (``majority_floor``), nor above what the upper
+    half say: one replica whose ``_sum`` alone jumped (every counter honest) made the
+    mix of ten 167 times heavier, and every replica's capacity a sliver of it (issue
+    27, hostile pass 32). Skewed routing can put the pooled mean above the upper median
+    honestly; the planner reads the heavier of this and the token rates over the
+    request rate (``scaler.core.capacity.observed_mix``), which that leaves whole.
     """
     found = [f for w in windows if (f := w.finished(concept)) is not None]
     requests = sum(count for count, _ in found)
     pooled = sum(total for _, total in found) / requests if requests > 0 else None
-    return majority_floor(pooled, [total / count for count, total in found if count > 0])
+    own = sorted(total / count for count, total in found if count > 0)
+    floored = majority_floor(pooled, own)
+    if floored is None or not own:
+        return floored
+    return min(floored, own[len(own) // 2])
 
 
 def majority_floor(pooled: float | None, own: Sequence[float | None]) -> float | None:

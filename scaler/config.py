@@ -184,6 +184,10 @@ class PrometheusSourceConfig(BaseModel):
                 raise ValueError(f"unknown signal {name!r} (signals: {', '.join(SIGNALS)})")
             if text is not None:
                 check_template(text, QUERY_PARAMETERS, f"query {name!r}")
+        if all(name in queries and queries[name] is None for name in ("replicas", "replicas-up")):
+            # The counts frame every sum: without either, a replica that stops answering
+            # only lowers the load, and the scaler never scales down or to zero.
+            raise ValueError("queries 'replicas' and 'replicas-up' may not both be null")
         return queries
 
     @field_validator("ca_file")

@@ -181,7 +181,7 @@ def _why_unknown(part: DeploymentDemand) -> str:
     where = f"{part.namespace}/{part.name}"
     if part.replicas_needed is None:
         return f"{where}: {part.reason}"
-    return f"{where}: replicas now unknown (the exporter reported none)"
+    return f"{where}: replicas now unknown (no count in its signals)"
 
 
 def _cut(reasons: list[str]) -> str:

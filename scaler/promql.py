@@ -383,8 +383,9 @@ def signals_from_answers(
     None when no series answered at all, or ``signal-time`` did not (no sample to date
     the signals by). Zero replicas known is the exporter's rule: no load, rates zero
     (facts, not guesses), unless the answers contradict it (``checked_answers``, which
-    runs first). No count readable leaves both counts None, never 0, and the load as
-    answered. ``partial`` when fewer replicas are up than known, or either is unknown.
+    runs first). A count asked for and unreadable is None, never 0 nor the other count,
+    and the load stands as answered. ``partial`` when fewer replicas are up than known,
+    or either is unknown.
     """
     answers, _ = checked_answers(answers)
     present = {key: value for key, value in answers.items() if value is not None}
@@ -394,7 +395,11 @@ def signals_from_answers(
     replicas = _count(present.get(("replicas", None)))
     up = _count(present.get(("replicas-up", None)))
     sleeping = _count(present.get(("replicas-sleeping", None)))
-    known = replicas if replicas is not None else up
+    # The other count stands in for one whose query is null; one asked for and not
+    # readable is unknown: the other in its place read two pods failing their scrapes
+    # as no pods at all, and the hold on a replica missing never came (hostile pass 32).
+    known = up if ("replicas", None) not in answers else replicas
+    answering = known if ("replicas-up", None) not in answers else up
     queue: float | None
     running: float | None
     if known == 0:
@@ -407,7 +412,7 @@ def signals_from_answers(
     return EngineSignals(
         time=time,
         replicas=known,
-        replicas_up=up if up is not None else known,
+        replicas_up=answering,
         queue_depth=queue,
         running=running,
         kv_usage=present.get(("kv-usage", None)),

@@ -333,6 +333,7 @@ def _engine_values(engine: EngineSignals) -> dict[str, Any]:
         "generation_token_rate_panic": panic.generation_token_rate,
         "ttft_p95_panic_seconds": panic.ttft.p95,
         "replicas_known": engine.replicas,
+        "replicas_uncounted": engine.replicas is None or engine.replicas_up is None,
         "replicas_sleeping": engine.replicas_sleeping,
         "queue_depth": engine.queue_depth,
         "requests_running": engine.running,

@@ -122,7 +122,7 @@ def test_an_unknown_pool_says_which_scaled_object_and_why():
 
 def test_held_unknown_names_the_missing_replica_count():
     demand = pool_demand([so("llama", decision(2, None))])["h200"]
-    assert demand.unknown == "serving/llama: replicas now unknown (the exporter reported none)"
+    assert demand.unknown == "serving/llama: replicas now unknown (no count in its signals)"
 
 
 def test_a_long_list_of_unknowns_is_cut():
@@ -207,7 +207,7 @@ def test_a_real_scale_to_zero_keeps_the_replicas_it_saw():
     """The idle decision still carries the exporter's count: held is known, not missing."""
     policy = Policy(idle_grace_seconds=0.0)
     idle = Observation(
-        now=T, signal_time=T, queue_depth=0.0, requests_running=0.0, replicas_known=2
+        now=T, signal_time=T, queue_depth=0.0, requests_running=0.0, replicas_known=2, replicas_up=2
     )
     made = decide(idle, policy, DecisionState(desired=2, last_activity=T - 600))
     assert made.desired_replicas == 0 and "scale to zero" in made.reason

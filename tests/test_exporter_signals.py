@@ -475,3 +475,58 @@ def test_fewer_than_half_lying_never_pull_the_floor_below_every_honest_replica(
     got = majority_floor(pooled, [*honest, *lying])
     assert got >= pooled and got >= min(honest)
     assert majority_floor(None, honest) is None and majority_floor(pooled, [None]) == pooled
+
+
+def lengths_body(requests: int, prompt_sum: float, output_sum: float) -> str:
+    """One vLLM replica's counters and length histograms: 500-token prompts, 200 out."""
+    m = '{model_name="m"}'
+    return f"""vllm:num_requests_running{m} 10
+vllm:num_requests_waiting{m} 0
+vllm:prompt_tokens_total{m} {requests * 500}
+vllm:generation_tokens_total{m} {requests * 200}
+vllm:request_success_total{{model_name="m",finished_reason="stop"}} {requests}
+vllm:num_preemptions_total{m} 0
+vllm:request_prompt_tokens_bucket{{model_name="m",le="1000.0"}} {requests}
+vllm:request_prompt_tokens_bucket{{model_name="m",le="+Inf"}} {requests}
+vllm:request_prompt_tokens_count{m} {requests}
+vllm:request_prompt_tokens_sum{m} {prompt_sum}
+vllm:request_generation_tokens_bucket{{model_name="m",le="1000.0"}} {requests}
+vllm:request_generation_tokens_bucket{{model_name="m",le="+Inf"}} {requests}
+vllm:request_generation_tokens_count{m} {requests}
+vllm:request_generation_tokens_sum{m} {output_sum}
+"""
+
+
+@pytest.mark.parametrize(
+    ("liar_prompt_sum", "liar_output_sum"),
+    [
+        pytest.param(5e8, None, id="a prompt _sum jumping alone leaves the prompt mix"),
+        pytest.param(None, 9.9e8, id="an output _sum jumping alone leaves the output mix"),
+        pytest.param(math.inf, None, id="an infinite prompt _sum leaves the prompt mix"),
+        pytest.param(0.0, None, id="a prompt _sum falling to 0 alone leaves the prompt mix"),
+    ],
+)
+def test_one_replicas_length_sum_alone_never_sets_the_deployments_mix(
+    liar_prompt_sum, liar_output_sum
+):
+    """Ten replicas at 10 requests/s of 500 prompt and 200 output tokens; the first one's
+    ``_sum`` jumps while its counters stay honest. The pooled mean had read 83,700
+    prompt tokens, and the planner sized every replica for it (issue 27, pass 32)."""
+    from exporter.engines import read_exposition
+    from exporter.parse import DEFAULT_LIMITS
+
+    histories = [ReplicaHistory(120.0) for _ in range(10)]
+    for at in (0.0, 30.0, 60.0):
+        latest = []
+        for i, history in enumerate(histories):
+            n = 1000 + int(at) * 10
+            prompt, output = n * 500, n * 200
+            if i == 0 and at == 60.0:
+                prompt = prompt if liar_prompt_sum is None else liar_prompt_sum
+                output = output if liar_output_sum is None else liar_output_sum
+            stats = read_exposition(lengths_body(n, prompt, output), "vllm", DEFAULT_LIMITS)
+            history.add(at, stats)
+            latest.append(stats)
+    signals = derive(60.0, 10, latest, histories, 10.0, 60.0, Accelerator(1.0, 1.0), at=60.0)
+    assert signals.stable.mean_prompt_tokens == pytest.approx(500.0)
+    assert signals.stable.mean_output_tokens == pytest.approx(200.0)

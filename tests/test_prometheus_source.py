@@ -191,6 +191,11 @@ def test_a_signal_whose_query_is_null_is_not_asked_for():
             id="a stable window shorter than the panic window is refused",
         ),
         pytest.param(
+            "{url: 'http://p:9090', queries: {replicas: null, replicas-up: null}}",
+            "'replicas' and 'replicas-up' may not both be null",
+            id="both replica counts left unmeasured are refused: they frame every sum",
+        ),
+        pytest.param(
             "{url: 'prometheus:9090'}",
             "prometheus-source.url",
             id="a url without its scheme is refused",
@@ -344,8 +349,8 @@ def idle_answers(**changes: float | None) -> dict[tuple[str, str | None], float 
         ),
         pytest.param(
             with_answers(replicas=None, replicas_up=2),
-            lambda s: s.partial and (s.replicas, s.replicas_up) == (2, 2),
-            id="replicas known unmeasured: those up are known, and it is partial",
+            lambda s: s.partial and (s.replicas, s.replicas_up) == (None, 2),
+            id="replicas known unmeasured: unknown, those up known, and it is partial",
         ),
         pytest.param(
             with_answers(replicas_sleeping=None),

@@ -14,19 +14,21 @@ import contextlib
 import logging
 import math
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foundation.errors import ConfigError, MetadataError
+from foundation.errors import ConfigError, MetadataError, NoDataError
 from foundation.signals import MAX_REPLICAS, EngineSignals, Snapshot, checked, describe_target
 from foundation.signals_wire import WireError, decode
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
 from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
 from scaler.core import DecisionState, Policy, decide, seasonal
+from scaler.core.model import Observation
 from scaler.core.seasonal import SeasonalPolicy, SeasonalState
 from scaler.metadata import parse_metadata
 from scaler.promql import checked_answers, signals_from_answers
@@ -87,13 +89,10 @@ def test_any_replica_counts_from_prometheus_fit_the_bound_and_never_outnumber(
     )
     signals = signals_from_answers(given_answers, 2.0, 4.0)
     assert signals is not None
-    known, up = signals.replicas, signals.replicas_up
-    assert known is None or 0 <= known <= MAX_REPLICAS
-    assert up is None or 0 <= up <= MAX_REPLICAS
-    assert (known is None) == (up is None)  # no count is never half of one
+    counts = [c for c in (signals.replicas, signals.replicas_up) if c is not None]
+    assert all(0 <= c <= MAX_REPLICAS for c in counts)
     if signals.replicas_sleeping is not None:
-        assert known is not None and up is not None
-        assert signals.replicas_sleeping <= max(up, known)
+        assert counts and signals.replicas_sleeping <= max(counts)
 
 
 def wire_engine(sleeping: int | None, up: int = 10, running: float = 20.0) -> EngineSignals:
@@ -143,20 +142,26 @@ QUIET = {
        for window in ("stable", "panic")},
 }  # fmt: skip
 """Nothing served; the in-flight gauges (``running``, ``queue-depth``) have no series."""
+IDLE = {**QUIET, "running": 0.0, "queue_depth": 0.0}
+"""Nothing served, nothing in flight, as the replicas that answered say."""
+BUSY = {**QUIET, "running": 4.0, "queue_depth": 0.0, "request_rate__stable": 2.0}
+"""Two replicas' worth of load on four, read from the two that answered."""
 
 
-def quiet_rounds(replicas: float | None, up: float | None) -> list[tuple[EngineSignals, int]]:
-    """Ten minutes of 15 s rounds of ``QUIET`` answers with these counts, from one replica.
+def rounds_of(
+    load: dict[str, float], replicas: float | None, up: float | None, previous: DecisionState
+) -> list[tuple[EngineSignals, int]]:
+    """Ten minutes of 15 s rounds of Prometheus answers: each round's signals and decision.
 
-    Each round's signals and the replicas decided on them, with a 60 s idle grace.
+    A 60 s idle grace, ``min_replicas`` 0.
     """
     policy = Policy(min_replicas=0, max_replicas=50, idle_grace_seconds=60.0)
     clock = FakeClock(T0)
     store, target = SignalStore(clock), ("team-a", "llama", "")
-    state, rounds = DecisionState(desired=1, last_activity=T0), []
+    state, rounds = previous, []
     for step in range(1, 41):
         at = clock.now = T0 + 15.0 * step
-        given = answers(signal_time=at, replicas=replicas, replicas_up=up, **QUIET)
+        given = answers(signal_time=at, replicas=replicas, replicas_up=up, **load)
         signals = signals_from_answers(given, 60.0, 180.0)
         assert signals is not None and store.update(Snapshot(target, signals))
         observation, _ = observe(target, store.get(target), at, 30.0)
@@ -164,6 +169,10 @@ def quiet_rounds(replicas: float | None, up: float | None) -> list[tuple[EngineS
         state = made.state
         rounds.append((signals, made.desired_replicas))
     return rounds
+
+
+ONE = DecisionState(desired=1, last_activity=T0)
+FOUR = DecisionState(desired=4, last_activity=T0)
 
 
 @pytest.mark.parametrize(
@@ -178,15 +187,75 @@ def quiet_rounds(replicas: float | None, up: float | None) -> list[tuple[EngineS
 def test_replica_counts_prometheus_cannot_give_are_unknown_and_never_scale_to_zero(replicas, up):
     """Read as 0 they said "no replica, no load", and the deployment went 1 to 0 after
     the idle grace (issue 27, hostile pass 31)."""
-    rounds = quiet_rounds(replicas, up)
+    rounds = rounds_of(QUIET, replicas, up, ONE)
     assert all(s.replicas is None and s.replicas_up is None for s, _ in rounds)
     assert min(desired for _, desired in rounds) == 1  # nothing in flight measured
 
 
+@pytest.mark.parametrize(
+    ("load", "replicas", "up"),
+    [
+        pytest.param(BUSY, 4.0, 2.0, id="two of four answering hold the four"),
+        pytest.param(BUSY, 4.0, math.nan, id="the replicas up unreadable hold the four"),
+        pytest.param(BUSY, 4.0, None, id="no series of the replicas up holds the four"),
+        pytest.param(BUSY, math.nan, 2.0, id="the replicas known unreadable hold the four"),
+        pytest.param(IDLE, math.nan, 2.0, id="quiet with the replicas known unreadable holds"),
+        pytest.param(IDLE, math.nan, math.nan, id="quiet with both counts unreadable holds"),
+    ],
+)
+def test_a_count_prometheus_cannot_give_is_a_replica_missing_and_holds(load, replicas, up):
+    """The other count in its place read two pods failing their scrapes as no pods at
+    all: 4 to 1 under load, and 4 to 0 when the answering ones were quiet (issue 27,
+    hostile pass 32)."""
+    rounds = rounds_of(load, replicas, up, FOUR)
+    assert min(desired for _, desired in rounds) == 4
+    known, up = rounds[-1][0].replicas, rounds[-1][0].replicas_up
+    assert known is None or up is None or up < known
+
+
 def test_prometheus_counts_of_zero_are_a_fact_and_the_deployment_goes_to_zero():
-    rounds = quiet_rounds(0.0, 0.0)
+    rounds = rounds_of(QUIET, 0.0, 0.0, ONE)
     assert all(s.replicas == 0 and s.running == 0.0 for s, _ in rounds)  # the exporter's rule
     assert rounds[-1][1] == 0
+
+
+def busy_observation(at: float, count: int | None) -> Observation:
+    """Four replicas' worth of load; 80% of requests within the SLO, against 99%."""
+    return Observation(
+        now=at, signal_time=at, replicas_known=count, replicas_up=count,
+        replicas_uncounted=count is None, queue_depth=2.0,
+        requests_running=40.0, request_rate=10.0, prompt_token_rate=60000.0,
+        generation_token_rate=12000.0, prompt_token_rate_panic=60000.0,
+        generation_token_rate_panic=12000.0, gateway_arrival_rate=10.0, gateway_buffered=0,
+        gateway_in_flight=42, slo_within_rate=8.0, slo_outside_rate=2.0,
+    )  # fmt: skip
+
+
+def test_a_restarted_scalers_first_look_without_a_count_decides_nothing():
+    """Unknown, the count was 0 ready replicas: a restarted scaler cut ten replicas to
+    the load's one, where with the count it holds the ten on its first look."""
+    light: dict[str, Any] = {
+             "request_rate": 1.0, "prompt_token_rate": 6000.0, "generation_token_rate": 1200.0,
+             "prompt_token_rate_panic": 6000.0, "generation_token_rate_panic": 1200.0,
+             "requests_running": 4.0, "gateway_arrival_rate": 1.0, "gateway_in_flight": 4,
+             "slo_within_rate": None, "slo_outside_rate": None}  # fmt: skip
+    with pytest.raises(NoDataError, match="replica count is unknown"):
+        decide(replace(busy_observation(T0, None), **light), Policy(), DecisionState())
+    first = decide(replace(busy_observation(T0, 10), **light), Policy(), DecisionState())
+    assert first.desired_replicas == 10 and "not scaling down" in first.reason
+
+
+def test_the_attainment_loop_steers_with_the_count_unknown():
+    """Unknown, the count read as 0 ready replicas, "still starting" every round, and
+    the headroom never rose on 80% within the SLO (issue 27, hostile pass 32)."""
+    headroom = {}
+    for count in (4, None):
+        state = DecisionState(desired=4, last_activity=T0)
+        for step in range(1, 61):
+            made = decide(busy_observation(T0 + 15.0 * step, count), Policy(), state)
+            state = made.state
+        headroom[count] = made.inputs["headroom"]
+    assert headroom[None] == headroom[4] > 0.5
 
 
 # --- the capacity RPC: one pool's figures never fail the others -------------------------
@@ -235,7 +304,8 @@ async def test_a_count_of_five_billion_leaves_every_pools_demand_answerable(scal
     assert signals is not None and scaler.store.update(Snapshot(("team-a", "bad", ""), signals))
     response = await capacity.GetInferenceDemand(capacity_pb2.GetInferenceDemandRequest())
     (pool,) = response.pools
-    assert pool.accelerators_held == 2.0  # the replicas up stand in for the impossible count
+    assert pool.accelerators_needed == 2.0  # the first look holds the two answering
+    assert "replicas now unknown" in pool.unknown_reason  # held: at least two, not two
 
 
 # --- the registry: a bounded number of ScaledObjects ------------------------------------

@@ -547,7 +547,12 @@ def test_no_answer_zeroes_running_requests_or_reaches_decide_unfinite(values, ru
         value = getattr(observation, name)
         if isinstance(value, float):
             assert math.isfinite(value) and value >= 0, (name, value)
-    decision = decide(observation, Policy(), DecisionState())  # nothing raises
+    if observation.replicas_known is None and observation.replicas_up is None:
+        # No count on a first look: no decision, never one that could be a scale-down.
+        with pytest.raises(NoDataError, match="replica count is unknown"):
+            decide(observation, Policy(), DecisionState())
+        return
+    decision = decide(observation, Policy(), DecisionState())  # nothing else raises
     assert decision.desired_replicas >= 1
 
 
@@ -558,7 +563,7 @@ def test_impossible_replicas_never_scale_a_loaded_deployment_to_zero():
     scaled = registry.resolve("good", "team-a", {**ref("good").scalerMetadata})
     for step in range(0, 600, 10):  # ten minutes: five idle graces
         clock.now = SAMPLE_TIME + step
-        replicas = -3.0 if step % 20 else 0.0
+        replicas = 2.0 if step == 0 else -3.0 if step % 20 else 0.0  # counted once
         signals = signals_from_answers(
             answers(signal_time=clock.now, replicas=replicas, replicas_up=replicas, running=20),
             2.0, 4.0,

@@ -122,13 +122,17 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     """Return the replicas ``policy`` wants for ``observation``.
 
     Raises:
-        NoDataError: neither engine nor gateway load was measured; the caller must not
-            treat that as zero load.
+        NoDataError: neither engine nor gateway load was measured, or a restarted
+            scaler's first look has the engines without a replica count (it could not
+            tell a scale-down); the caller must not treat that as zero load.
     """
     o, p, now = observation, policy, observation.now
     activity = _activity(o, previous)
+    count = _replica_count(o)
+    if count is None and previous.desired is None:
+        raise NoDataError("the engines' replica count is unknown on a first look")
     # A sleeping replica is a pod, not capacity: it serves nothing until woken.
-    ready = max((o.replicas_known or o.replicas_up or 0) - (o.replicas_sleeping or 0), 0)
+    ready = max((count or 0) - (o.replicas_sleeping or 0), 0)
 
     # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
     idle = not activity.busy and activity.measured
@@ -147,7 +151,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     need = _plan(o, p, demand, capacity.rates, ready, notes)
 
     # 5. Headroom, steered by attainment.
-    starting = previous.desired is not None and ready < previous.desired
+    starting = previous.desired is not None and count is not None and ready < previous.desired
     move = attainment.steer(
         previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p), starting
     )
@@ -532,9 +536,21 @@ def _slo_margin(o: Observation, p: Policy) -> float:
 
 
 def _replicas_missing(o: Observation) -> bool:
-    """Some replica the exporter knows of did not answer its last scrape."""
+    """Some replica the engines' source knows of did not answer, or it could not count.
+
+    An unknown count is as good as a replica missing: the sums are over the replicas
+    that answered, and how many did not is not known (Prometheus's count unreadable).
+    """
     known, up = o.replicas_known, o.replicas_up
-    return known is not None and up is not None and up < known
+    return o.replicas_uncounted or (known is not None and up is not None and up < known)
+
+
+def _replica_count(o: Observation) -> int | None:
+    """The replicas known (else up), 0 with neither; None where the source could not count."""
+    count = o.replicas_known if o.replicas_known is not None else o.replicas_up
+    if count is None:
+        return None if o.replicas_uncounted else 0
+    return count
 
 
 def _whole(*values: float | None) -> float | None:

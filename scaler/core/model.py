@@ -47,6 +47,9 @@ class Observation:
     """Replicas the exporter scraped successfully."""
     replicas_known: int | None = None
     """Replicas the exporter knows of (the HPA's current count, roughly)."""
+    replicas_uncounted: bool = False
+    """The engines' source answered without one of the counts (Prometheus's query
+    unreadable): how many replicas its sums leave out is unknown, as if one were."""
     replicas_sleeping: int | None = None
     """Replicas answering that are asleep (vLLM sleep mode): pods, not capacity."""
     gateway_arrival_rate: float | None = None
