@@ -213,17 +213,39 @@ def test_a_count_prometheus_cannot_give_is_a_replica_missing_and_holds(load, rep
     assert known is None or up is None or up < known
 
 
+@pytest.mark.parametrize(
+    ("queued", "running", "held"),
+    [
+        pytest.param(40.0, 16.0, 4, id="forty queued and sixteen running, nothing served: hold"),
+        pytest.param(0.0, 16.0, 4, id="sixteen running and nothing served: hold"),
+        pytest.param(40.0, 0.0, 4, id="forty queued and nothing served: hold"),
+        pytest.param(0.0, 0.0, 0, id="nothing in flight and nothing served: idle"),
+    ],
+)
+def test_requests_in_flight_with_nothing_served_hold_the_fleet(queued, running, held):
+    """Engines that stall (a hung engine) serve no token: read as the demand, that 0
+    took four replicas to one with 56 requests waiting (issue 27, hostile pass 33)."""
+    rounds = rounds_of({**QUIET, "running": running, "queue_depth": queued}, 4.0, 4.0, FOUR)
+    desired = [made for _, made in rounds]
+    assert desired[-1] == held
+    assert held == 0 or min(desired) == held  # never lower on the way
+
+
 def test_prometheus_counts_of_zero_are_a_fact_and_the_deployment_goes_to_zero():
     rounds = rounds_of(QUIET, 0.0, 0.0, ONE)
     assert all(s.replicas == 0 and s.running == 0.0 for s, _ in rounds)  # the exporter's rule
     assert rounds[-1][1] == 0
 
 
-def busy_observation(at: float, count: int | None) -> Observation:
-    """Four replicas' worth of load; 80% of requests within the SLO, against 99%."""
+def busy_observation(at: float, known: int | None, up: int | None = -1) -> Observation:
+    """Four replicas' worth of load; 80% of requests within the SLO, against 99%.
+
+    ``up`` is ``known`` unless given.
+    """
+    up = known if up == -1 else up
     return Observation(
-        now=at, signal_time=at, replicas_known=count, replicas_up=count,
-        replicas_uncounted=count is None, queue_depth=2.0,
+        now=at, signal_time=at, replicas_known=known, replicas_up=up,
+        replicas_uncounted=known is None or up is None, queue_depth=2.0,
         requests_running=40.0, request_rate=10.0, prompt_token_rate=60000.0,
         generation_token_rate=12000.0, prompt_token_rate_panic=60000.0,
         generation_token_rate_panic=12000.0, gateway_arrival_rate=10.0, gateway_buffered=0,
@@ -231,31 +253,47 @@ def busy_observation(at: float, count: int | None) -> Observation:
     )  # fmt: skip
 
 
-def test_a_restarted_scalers_first_look_without_a_count_decides_nothing():
-    """Unknown, the count was 0 ready replicas: a restarted scaler cut ten replicas to
-    the load's one, where with the count it holds the ten on its first look."""
+@pytest.mark.parametrize(
+    ("known", "up"),
+    [
+        pytest.param(None, None, id="neither count known"),
+        pytest.param(None, 2, id="the replicas known unknown, two up: a lower bound"),
+    ],
+)
+def test_a_restarted_scalers_first_look_without_a_count_decides_nothing(known, up):
+    """Unknown, the count was 0 ready replicas (or the two up): a restarted scaler cut
+    ten replicas to the load's one (or two), where with the count it holds the ten on
+    its first look (issue 27, hostile passes 32 and 33)."""
     light: dict[str, Any] = {
              "request_rate": 1.0, "prompt_token_rate": 6000.0, "generation_token_rate": 1200.0,
              "prompt_token_rate_panic": 6000.0, "generation_token_rate_panic": 1200.0,
              "requests_running": 4.0, "gateway_arrival_rate": 1.0, "gateway_in_flight": 4,
              "slo_within_rate": None, "slo_outside_rate": None}  # fmt: skip
     with pytest.raises(NoDataError, match="replica count is unknown"):
-        decide(replace(busy_observation(T0, None), **light), Policy(), DecisionState())
+        decide(replace(busy_observation(T0, known, up), **light), Policy(), DecisionState())
     first = decide(replace(busy_observation(T0, 10), **light), Policy(), DecisionState())
     assert first.desired_replicas == 10 and "not scaling down" in first.reason
 
 
-def test_the_attainment_loop_steers_with_the_count_unknown():
-    """Unknown, the count read as 0 ready replicas, "still starting" every round, and
-    the headroom never rose on 80% within the SLO (issue 27, hostile pass 32)."""
+@pytest.mark.parametrize(
+    ("known", "up"),
+    [
+        pytest.param(None, None, id="neither count known"),
+        pytest.param(None, 2, id="the replicas known unknown, two of four up"),
+    ],
+)
+def test_the_attainment_loop_steers_with_the_count_unknown(known, up):
+    """Unknown, the count read as 0 ready replicas (or the two up), "still starting"
+    every round, and the headroom never rose on 80% within the SLO (issue 27, hostile
+    passes 32 and 33)."""
     headroom = {}
-    for count in (4, None):
+    for counts in ((4, 4), (known, up)):
         state = DecisionState(desired=4, last_activity=T0)
         for step in range(1, 61):
-            made = decide(busy_observation(T0 + 15.0 * step, count), Policy(), state)
+            made = decide(busy_observation(T0 + 15.0 * step, *counts), Policy(), state)
             state = made.state
-        headroom[count] = made.inputs["headroom"]
-    assert headroom[None] == headroom[4] > 0.5
+        headroom[counts] = made.inputs["headroom"]
+    assert headroom[(known, up)] == headroom[(4, 4)] > 0.5
 
 
 # --- the capacity RPC: one pool's figures never fail the others -------------------------
@@ -304,8 +342,8 @@ async def test_a_count_of_five_billion_leaves_every_pools_demand_answerable(scal
     assert signals is not None and scaler.store.update(Snapshot(("team-a", "bad", ""), signals))
     response = await capacity.GetInferenceDemand(capacity_pb2.GetInferenceDemandRequest())
     (pool,) = response.pools
-    assert pool.accelerators_needed == 2.0  # the first look holds the two answering
-    assert "replicas now unknown" in pool.unknown_reason  # held: at least two, not two
+    assert not pool.HasField("accelerators_needed")  # a first look with no count: none
+    assert "replica count is unknown" in pool.unknown_reason, pool.unknown_reason
 
 
 # --- the registry: a bounded number of ScaledObjects ------------------------------------

@@ -547,7 +547,7 @@ def test_no_answer_zeroes_running_requests_or_reaches_decide_unfinite(values, ru
         value = getattr(observation, name)
         if isinstance(value, float):
             assert math.isfinite(value) and value >= 0, (name, value)
-    if observation.replicas_known is None and observation.replicas_up is None:
+    if observation.replicas_uncounted:
         # No count on a first look: no decision, never one that could be a scale-down.
         with pytest.raises(NoDataError, match="replica count is unknown"):
             decide(observation, Policy(), DecisionState())

@@ -128,11 +128,11 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     """
     o, p, now = observation, policy, observation.now
     activity = _activity(o, previous)
-    count = _replica_count(o)
-    if count is None and previous.desired is None:
+    if o.replicas_uncounted and previous.desired is None:
+        # The count standing in (the replicas up) is a lower bound, not the fleet.
         raise NoDataError("the engines' replica count is unknown on a first look")
     # A sleeping replica is a pod, not capacity: it serves nothing until woken.
-    ready = max((count or 0) - (o.replicas_sleeping or 0), 0)
+    ready = max(_replica_count(o) - (o.replicas_sleeping or 0), 0)
 
     # 1. Activity and scale to zero: only on a known-zero load, never on missing data.
     idle = not activity.busy and activity.measured
@@ -151,7 +151,9 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     need = _plan(o, p, demand, capacity.rates, ready, notes)
 
     # 5. Headroom, steered by attainment.
-    starting = previous.desired is not None and count is not None and ready < previous.desired
+    starting = (
+        previous.desired is not None and not o.replicas_uncounted and ready < previous.desired
+    )
     move = attainment.steer(
         previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p), starting
     )
@@ -239,6 +241,11 @@ def _demand(
     if o.gateway_arrival_rate is not None and ready > 0:
         return _Demand(None, None, demands)
     served = _served(o, rates, panic=False)
+    if served == 0.0 and (activity.at_least or 0.0) > 0:
+        # Requests in flight and no token served the whole window: the engines stall
+        # (a hung engine), and what they serve is no measure of the demand. Read as
+        # one it took four replicas to one with 56 requests waiting (hostile pass 33).
+        return _Demand(None, None, demands)
     if served is not None:
         quick = _served(o, rates, panic=True)
         return _Demand(served if quick is None else max(served, quick), quick, demands)
@@ -545,12 +552,10 @@ def _replicas_missing(o: Observation) -> bool:
     return o.replicas_uncounted or (known is not None and up is not None and up < known)
 
 
-def _replica_count(o: Observation) -> int | None:
-    """The replicas known (else up), 0 with neither; None where the source could not count."""
+def _replica_count(o: Observation) -> int:
+    """The replicas known, else up (a lower bound where uncounted), else 0."""
     count = o.replicas_known if o.replicas_known is not None else o.replicas_up
-    if count is None:
-        return None if o.replicas_uncounted else 0
-    return count
+    return count or 0
 
 
 def _whole(*values: float | None) -> float | None:
