@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ipaddress
 import socket
 from typing import Any
+
+from foundation.endpoint_slices import is_pod_address
 
 MAX_LOOKUPS = 8
 """Lookups of distinct names running at once; more wait their turn."""
@@ -24,6 +27,8 @@ _IN_FLIGHT: dict[tuple[str, int], concurrent.futures.Future[Any]] = {}
 
 async def resolve_addresses(host_port: str) -> tuple[list[str], int]:
     """Every IPv4 A record of ``host`` in ``host:port``, sorted and unique, and the port.
+
+    Only addresses a pod can have (``endpoint_slices.is_pod_address``).
 
     A headless Service answers one A record per ready pod, so this lists the replicas.
 
@@ -43,7 +48,9 @@ async def resolve_addresses(host_port: str) -> tuple[list[str], int]:
     waited = asyncio.wrap_future(lookup)
     waited.add_done_callback(_seen)
     infos = await asyncio.shield(waited)
-    return sorted({str(info[4][0]) for info in infos}), key[1]
+    found = {str(info[4][0]) for info in infos}
+    # 0.0.0.0 connects to this host: a gateway on its replicas' port forwards to itself.
+    return sorted(a for a in found if is_pod_address(ipaddress.IPv4Address(a))), key[1]
 
 
 def _getaddrinfo(host: str, port: int) -> list[Any]:

@@ -18,6 +18,22 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 """The label the EndpointSlice controller puts on every slice of a Service."""
 
 _FQDN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+MAX_SLICE_ENDPOINTS = 1_000
+"""The API's limit of endpoints in one slice: a slice past it is no API's."""
+MAX_ENDPOINTS_READ = 10_000
+"""Endpoints read per change, over every slice (by slice name): each costs microseconds
+of the reader's event loop, and 100,000 had held it 0.4 s on every watch event. Far
+above what a deployment is scraped or routed to (1,000, 1,024), terminating pods too."""
+
+
+def is_pod_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether an IP can be a pod's: not unspecified, multicast or broadcast.
+
+    ``0.0.0.0`` connects to the reader's own host (a gateway on its replicas' port
+    forwards to itself); the others reach no single pod.
+    """
+    broadcast = isinstance(address, ipaddress.IPv4Address) and address.packed == b"\xff" * 4
+    return not (address.is_unspecified or address.is_multicast or broadcast)
 
 
 class MalformedError(ValueError):
@@ -78,12 +94,17 @@ def host_for(address: str, address_type: str) -> str:
             v6 = ipaddress.IPv6Address(address)
             if v6.scope_id is not None:  # any text but "%" is a zone: "\n" went into URLs
                 raise MalformedError("an IPv6 address with a zone id (a pod's is global)")
+            if not is_pod_address(v6):
+                raise MalformedError("an address no pod has (unspecified or multicast)")
             return f"[{v6.compressed}]"
         if address_type == "FQDN":
             if _FQDN.fullmatch(address) is None:
                 raise MalformedError("an FQDN address is not a DNS name")
             return address
-        return str(ipaddress.IPv4Address(address))
+        v4 = ipaddress.IPv4Address(address)
+        if not is_pod_address(v4):
+            raise MalformedError("an address no pod has (unspecified, multicast, broadcast)")
+        return str(v4)
     except ipaddress.AddressValueError as err:
         raise MalformedError(f"an address is not {address_type}") from err
 
@@ -100,11 +121,14 @@ def slice_targets(
 
     Only a slice's first address counts (the API: all addresses of one endpoint are
     fungible). Slices without the named port contribute nothing. A malformed slice or
-    endpoint contributes nothing either; why is appended to ``skipped`` (when given).
+    endpoint contributes nothing either (a slice of more than ``MAX_SLICE_ENDPOINTS``, an
+    address no pod has); why is appended to ``skipped`` (when given). Slices are read by
+    name, at most ``MAX_ENDPOINTS_READ`` endpoints in all.
     """
     urls: set[str] = set()
     problems: list[str] = [] if skipped is None else skipped
-    for eps in slices:
+    left = MAX_ENDPOINTS_READ
+    for eps in sorted(slices, key=_name):
         try:
             if not isinstance(eps, Mapping):
                 raise MalformedError("a slice is not an object")
@@ -115,9 +139,15 @@ def slice_targets(
             endpoints = _or_empty(eps.get("endpoints"))
             if not isinstance(endpoints, list):
                 raise MalformedError("endpoints is not a list")
+            if len(endpoints) > MAX_SLICE_ENDPOINTS:
+                raise MalformedError(f"more than the API's {MAX_SLICE_ENDPOINTS:,} endpoints")
         except MalformedError as err:
             problems.append(f"slice {_name(eps)}: {err}")
             continue
+        if len(endpoints) > left:
+            problems.append(f"slices past {MAX_ENDPOINTS_READ:,} endpoints are unread")
+            break
+        left -= len(endpoints)
         for endpoint in endpoints:
             try:
                 url = _endpoint_url(endpoint, address_type, number, scheme, path)

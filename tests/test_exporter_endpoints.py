@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foundation.discovery import EndpointSlicesConfig
-from foundation.endpoint_slices import slice_targets
+from foundation.endpoint_slices import MAX_ENDPOINTS_READ, slice_targets
 from foundation.errors import ConfigError
 
 
@@ -187,8 +187,19 @@ GOOD = eps(ep("10.0.0.1"))
             id="an ipv6 address whose zone id holds a newline is skipped",
         ),
         pytest.param(["a", "list"], "a slice is not an object", id="a slice that is a list"),
+        pytest.param(eps(ep("0.0.0.0")), "an address no pod has",
+                     id="the unspecified address (this host) is skipped"),
+        pytest.param(eps(ep("255.255.255.255")), "an address no pod has",
+                     id="the broadcast address is skipped"),
+        pytest.param(eps(ep("224.0.0.1")), "an address no pod has",
+                     id="a multicast address is skipped"),
+        pytest.param(eps(ep("::"), address_type="IPv6"), "an address no pod has",
+                     id="the unspecified ipv6 address is skipped"),
+        pytest.param(eps(*[ep(f"10.1.{i // 250}.{i % 250}") for i in range(1001)]),
+                     "more than the API's 1,000 endpoints",
+                     id="a slice of more endpoints than the api allows is skipped"),
     ],
-)
+)  # fmt: skip
 def test_a_malformed_slice_or_endpoint_is_skipped_alone_and_named(bad, why):
     skipped: list[str] = []
     urls = slice_targets([bad, GOOD], "metrics", skipped=skipped)
@@ -227,3 +238,19 @@ def test_any_json_slices_give_urls_never_an_exception(slices, port):
     urls = slice_targets([*slices, GOOD], port, skipped=[])
     assert "http://10.0.0.1:8000/metrics" in urls
     assert all(url.startswith("http://") and url.endswith("/metrics") for url in urls)
+
+
+def test_slices_past_the_endpoints_read_are_left_unread_by_name():
+    """100,000 endpoints in 100 slices held the reader's event loop 0.4 s on every watch
+    event (issue 27, hostile pass 34): at most ``MAX_ENDPOINTS_READ`` are read, the
+    slices taken by name, and the rest named as unread."""
+    slices = []
+    for n in range(12):  # 12 slices of 1,000: the 11th is past 10,000
+        one = eps(*[ep(f"10.{n}.{i // 250}.{i % 250}") for i in range(1000)])
+        one["metadata"] = {"name": f"s-{n:02d}"}
+        slices.append(one)
+    skipped: list[str] = []
+    urls = slice_targets(reversed(slices), "metrics", skipped=skipped)
+    assert len(urls) == MAX_ENDPOINTS_READ
+    assert {u.split(".")[1] for u in urls} == {str(n) for n in range(10)}  # s-00 to s-09
+    assert skipped == ["slices past 10,000 endpoints are unread"]

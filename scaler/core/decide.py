@@ -241,11 +241,13 @@ def _demand(
     if o.gateway_arrival_rate is not None and ready > 0:
         return _Demand(None, None, demands)
     served = _served(o, rates, panic=False)
-    if served == 0.0 and (activity.at_least or 0.0) > 0:
-        # Requests in flight and no token served the whole window: the engines stall
-        # (a hung engine), and what they serve is no measure of the demand. Read as
-        # one it took four replicas to one with 56 requests waiting (hostile pass 33).
-        return _Demand(None, None, demands)
+    if served == 0.0 and (_sum_known(o.queue_depth, o.requests_running) or 0.0) > 0:
+        # Requests at the engines and no token served the whole window: they stall, or
+        # count tokens only as requests finish (SGLang), so what they served is no
+        # measure of the demand and what is in flight is. Read as the demand, the 0
+        # took four replicas to one with 56 requests waiting (hostile pass 33). Only
+        # the engines': requests buffered at zero replicas are the activation's.
+        served = None
     if served is not None:
         quick = _served(o, rates, panic=True)
         return _Demand(served if quick is None else max(served, quick), quick, demands)
