@@ -399,6 +399,9 @@ async def test_past_keep_warm_after_zero_an_eviction_loads_nothing_until_the_nex
                 d for d in cluster.dataloads() if d["metadata"]["uid"] != first["metadata"]["uid"]
             ],
         )
+        # The API server lists the new load before the scaler's create call returns and
+        # counts it: the count is read once the scaler follows it.
+        await eventually("following the new load", scaler.following)
         status = scaler.status()
     assert (status.created, status.write_errors) == (2, 0)
 
