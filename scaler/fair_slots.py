@@ -14,8 +14,10 @@ within it); one new, or back after longer, enters at the least use of those know
 at zero: entering at zero, every target finishing its round cut ahead of those still
 finishing theirs, round after round (a target whose queries cost three times the others'
 finished 1 round where its share was 34), and 100 targets on one slot left the last few
-without signals for over a minute. Forgotten after ``grace``, a target banks no credit
-while it asks for nothing.
+without signals for over a minute. Nor below the waiting target served next: at the
+least use known, targets whose rounds paused past ``grace`` (an event loop lagging under
+load) re-entered ahead of one waiting all along, round after round. Forgotten after
+``grace``, a target banks no credit while it asks for nothing.
 
 The waiting targets are kept in a heap by (holding, used, waiting since): a hand-over
 costs the logarithm of their number. A scan of them all on each hand-over cost 225 us a
@@ -105,13 +107,22 @@ class FairSlots:
                 break
             del self._idle[oldest], self._used[oldest]
         if self._idle.pop(key, None) is None:
-            self._set_use(key, self._least_use())
+            # Not below the key served next: entering under it, targets whose rounds
+            # paused past ``grace`` (an event loop lagging under load) cut ahead of a
+            # target waiting all along, round after round, for over a minute.
+            self._set_use(key, max(self._least_use(), self._next_use()))
 
     def _least_use(self) -> float:
         """The least use of the keys known (a heap of uses, stale entries skipped)."""
         while self._uses and self._used.get(self._uses[0][2]) != self._uses[0][0]:
             heapq.heappop(self._uses)
         return self._uses[0][0] if self._uses else 0.0
+
+    def _next_use(self) -> float:
+        """The use of the waiting key served next (0 with none waiting)."""
+        while self._heap and self._version.get(self._heap[0][4]) != self._heap[0][3]:
+            heapq.heappop(self._heap)
+        return self._heap[0][1] if self._heap else 0.0
 
     def _set_use(self, key: Hashable, used: float) -> None:
         self._used[key] = used

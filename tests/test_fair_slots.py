@@ -159,6 +159,34 @@ async def test_a_key_back_after_the_grace_enters_at_the_least_use_known(
     assert after.count("back") == 5 and (straight == 5 or after[1] == "busy")
 
 
+async def test_a_key_new_or_back_never_enters_ahead_of_the_key_waiting_to_be_served() -> None:
+    """``idle`` (use 0) is known; ``waiting`` (use 5) queues behind ``holder``; ``new``
+    comes next. Entered at the least use known (0), each new key went ahead of
+    ``waiting``: a Prometheus source whose event loop lagged past ``grace`` had its
+    targets re-enter round after round, and one waited over a minute (issue 27, pass 34)."""
+    now, order, release = [0.0], list[str](), asyncio.Event()
+    slots = FairSlots(1, grace=100.0, clock=lambda: now[0])
+
+    async def use(key: str, units: float, until: asyncio.Event | None = None) -> None:
+        async with slots.slot(key):
+            order.append(key)
+            now[0] += units
+            if until is not None:
+                await until.wait()
+
+    await use("idle", 0.0)
+    await use("waiting", 5.0)
+    holder = asyncio.create_task(use("holder", 1.0, release))
+    await asyncio.sleep(0)
+    queued = [asyncio.create_task(use("waiting", 1.0))]
+    await asyncio.sleep(0)
+    queued.append(asyncio.create_task(use("new", 1.0)))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(holder, *queued)
+    assert order[2:] == ["holder", "waiting", "new"]
+
+
 class SlowForSome(FakePrometheus):
     """Queries naming a ``slow`` deployment hang (each holds its slot the whole timeout)."""
 
