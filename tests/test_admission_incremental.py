@@ -363,66 +363,72 @@ def small_world() -> World:
     return world
 
 
+def one_card_nodes(*pools: str) -> World:
+    """A world of one-card nodes gpu-0, gpu-1, ... in these pools."""
+    world = World()
+    for i, pool in enumerate(pools):
+        name = f"gpu-{i}"
+        world.nodes[name] = world.stamp(decided.node(name, 1, labels={"pool": pool}))
+    return world
+
+
+def assert_kept_decides_as_scratch(world: World, events: tuple[tuple[Any, ...], ...]) -> None:
+    """After each event, the memo's plans and decisions equal a pass from scratch."""
+    memo = incremental.Memo()
+    for event in events:
+        apply_event(world, event)
+        kept, fresh = both(world, memo)
+        assert kept == fresh, event
+
+
 def test_a_cache_label_that_moves_moves_the_gang_held_on_it():
     """The memo's node key read no labels: a gang held on the nodes of a Fluid cache
     label stayed where the label had been, and another was admitted onto its cards
     (issue 27, hostile pass 30)."""
-    world = World()
-    for name in ("gpu-0", "gpu-1"):
-        world.nodes[name] = world.stamp(decided.node(name, 1, labels={"pool": "a"}))
-    memo = incremental.Memo()
-    for event in (
-        ("arrive", "check-a", 1, 1, None, 5, None),
-        ("admit", 0),
-        ("pin", 0),
-        ("arrive", "check-a", 1, 2, None, 0, None),  # two 1-card pods: both cards
-        ("label", 0),
-        ("label", 1),
-        ("label", 0),  # moved from gpu-0 to gpu-1
-        ("tick", 100.0),
-    ):
-        apply_event(world, event)
-        kept, fresh = both(world, memo)
-        assert kept == fresh, event
+    assert_kept_decides_as_scratch(
+        one_card_nodes("a", "a"),
+        (
+            ("arrive", "check-a", 1, 1, None, 5, None),
+            ("admit", 0),
+            ("pin", 0),
+            ("arrive", "check-a", 1, 2, None, 0, None),  # two 1-card pods: both cards
+            ("label", 0),
+            ("label", 1),
+            ("label", 0),  # moved from gpu-0 to gpu-1
+            ("tick", 100.0),
+        ),
+    )
 
 
 def test_two_workloads_under_one_uid_decide_as_a_pass_from_scratch():
     """Gangs held were read again by uid: of two Workloads sharing one (a broken watch
     cache), one was fitted twice and the other dropped (issue 27, hostile pass 30)."""
-    world = World()
-    for name, pool in (("gpu-0", "a"), ("gpu-1", "b")):
-        world.nodes[name] = world.stamp(decided.node(name, 1, labels={"pool": pool}))
-    memo = incremental.Memo()
-    for event in (
-        ("arrive", "check-a", 1, 1, None, 0, None),
-        ("arrive", "check-a", 1, 1, None, 0, None),
-        ("share-uid", 0, 1),
-        ("admit", 0),
-    ):
-        apply_event(world, event)
-        kept, fresh = both(world, memo)
-        assert kept == fresh, event
+    assert_kept_decides_as_scratch(
+        one_card_nodes("a", "b"),
+        (
+            ("arrive", "check-a", 1, 1, None, 0, None),
+            ("arrive", "check-a", 1, 1, None, 0, None),
+            ("share-uid", 0, 1),
+            ("admit", 0),
+        ),
+    )
 
 
 def test_a_node_named_twice_out_of_the_pool_moves_the_gang_held_on_its_label():
     """Two Nodes named gpu-0, the second in no pool: the gang's node selector read the
     second's labels, which the pool's fingerprint never read, so the kept pool held the
     gang where a pass from scratch no longer could (issue 27, hostile pass 31)."""
-    world = World()
-    for name in ("gpu-0", "gpu-1"):
-        world.nodes[name] = world.stamp(decided.node(name, 1, labels={"pool": "a"}))
-    memo = incremental.Memo()
-    for event in (
-        ("arrive", "check-a", 1, 1, None, 0, None),
-        ("admit", 0),
-        ("pin", 0),
-        ("shadow",),
-        ("arrive", "check-a", 1, 2, None, 0, None),
-        ("label", 1),  # sorted: gpu-0, gpu-0-shadow, gpu-1: the shadow takes the label
-    ):
-        apply_event(world, event)
-        kept, fresh = both(world, memo)
-        assert kept == fresh, event
+    assert_kept_decides_as_scratch(
+        one_card_nodes("a", "a"),
+        (
+            ("arrive", "check-a", 1, 1, None, 0, None),
+            ("admit", 0),
+            ("pin", 0),
+            ("shadow",),
+            ("arrive", "check-a", 1, 2, None, 0, None),
+            ("label", 1),  # sorted: gpu-0, gpu-0-shadow, gpu-1: the shadow takes the label
+        ),
+    )
 
 
 def test_a_gang_that_does_not_fit_is_searched_again_only_when_its_pool_changes(searches):
