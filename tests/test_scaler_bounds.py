@@ -149,13 +149,17 @@ BUSY = {**QUIET, "running": 4.0, "queue_depth": 0.0, "request_rate__stable": 2.0
 
 
 def rounds_of(
-    load: dict[str, float], replicas: float | None, up: float | None, previous: DecisionState
+    load: dict[str, float],
+    replicas: float | None,
+    up: float | None,
+    previous: DecisionState,
+    profile: str | None = None,
 ) -> list[tuple[EngineSignals, int]]:
     """Ten minutes of 15 s rounds of Prometheus answers: each round's signals and decision.
 
     A 60 s idle grace, ``min_replicas`` 0.
     """
-    policy = Policy(min_replicas=0, max_replicas=50, idle_grace_seconds=60.0)
+    policy = Policy(min_replicas=0, max_replicas=80, idle_grace_seconds=60.0, profile=profile)
     clock = FakeClock(T0)
     store, target = SignalStore(clock), ("team-a", "llama", "")
     state, rounds = previous, []
@@ -230,6 +234,23 @@ def test_requests_in_flight_with_nothing_served_are_the_demand(queued, running, 
     flight is the demand instead, as where no token rate is known (pass 34)."""
     rounds = rounds_of({**QUIET, "running": running, "queue_depth": queued}, 4.0, 4.0, FOUR)
     assert rounds[-1][1] == wanted
+
+
+@pytest.mark.parametrize(
+    ("profile", "wanted"),
+    [
+        pytest.param(None, 39, id="priors: 428 in flight at sixteen a replica and seventy percent"),
+        pytest.param("llama3-8b-h200", 27, id="a profile: its own target concurrency"),
+    ],
+)
+def test_a_backlog_read_as_in_flight_demand_is_counted_once(profile, wanted):
+    """What is in flight holds the queue: the backlog term on top of it (long requests,
+    5,500 tokens, drain slowly) asked for 50 replicas where 39 carry the 428 at the
+    target (issue 27, hostile pass 35)."""
+    long_requests = DecisionState(desired=2, last_activity=T0, mix=(4000.0, 1500.0))
+    load = {**QUIET, "running": 28.0, "queue_depth": 400.0}
+    rounds = rounds_of(load, 2.0, 2.0, long_requests, profile)
+    assert {made for _, made in rounds} == {wanted}
 
 
 def test_prometheus_counts_of_zero_are_a_fact_and_the_deployment_goes_to_zero():

@@ -107,6 +107,8 @@ class _Demand:
     lower_bound: bool = False
     """``load`` counts only the known parts of what is in flight: it may raise the
     count, never lower it (``_held``)."""
+    in_flight: bool = False
+    """``load`` is what is in flight, the backlog with it: no backlog term on top."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,9 +254,10 @@ def _demand(
         quick = _served(o, rates, panic=True)
         return _Demand(served if quick is None else max(served, quick), quick, demands)
     if activity.concurrency is not None:
-        return _Demand(activity.concurrency / p.target_concurrency, None, demands)
+        return _Demand(activity.concurrency / p.target_concurrency, None, demands, in_flight=True)
     if activity.at_least is not None:  # running known, queue not: at least that much
-        return _Demand(activity.at_least / p.target_concurrency, None, demands, True)
+        at_least = activity.at_least / p.target_concurrency
+        return _Demand(at_least, None, demands, lower_bound=True, in_flight=True)
     return _Demand(None, None, demands)
 
 
@@ -265,7 +268,9 @@ def _plan(
     load = demand.load
     utilization = p.profile_utilization if profile_of(p) is not None else p.target_utilization
     need = (load or 0.0) / utilization
-    extra = _backlog_extra(o, p, rates, ready, load)
+    # In-flight demand holds the backlog already: counted again, 428 requests of
+    # 5,500 tokens in flight asked for 50 replicas where 39 carry them at the target.
+    extra = 0.0 if demand.in_flight else _backlog_extra(o, p, rates, ready, load)
     if extra > 0 and load is not None:
         need = max(need, (load + extra) / utilization)
         notes.append(f"backlog needs +{extra:.1f}")
