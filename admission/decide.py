@@ -59,7 +59,7 @@ from admission.cluster import (
     pool_group,
 )
 from admission.fit import FitResult, fit_gang, fits_ever, whole_free_gpus
-from admission.hami import Inventory, NodeGpus, inventory, taking_pods
+from admission.hami import Inventory, NodeGpus, holds_cards, inventory, taking_pods
 from admission.hints import Hints, combine, merge_hints
 from admission.manager import plan_pools, scaler_figures
 from admission.parameters import Parameters
@@ -754,12 +754,7 @@ def _holds_unplaced(
     owned = owned_pods(w, by_owner)
     if not owned:
         return now - _ready_since(w, ready, now) < HOLD_SECONDS
-    placed = sum(
-        1
-        for pod in owned
-        if names.HAMI_DEVICES_ALLOCATED in ((pod.get("metadata") or {}).get("annotations") or {})
-    )
-    return placed < wanted
+    return sum(1 for pod in owned if holds_cards(pod)) < wanted
 
 
 def _hold_deadline(

@@ -761,6 +761,25 @@ def _devices_allocated(value: str) -> tuple[DeviceUse, ...]:
     return _allocation_once(value)
 
 
+def holds_cards(pod: RawObject) -> bool:
+    """Whether HAMi placed ``pod``: it names a node and its allocation names a card.
+
+    An unreadable allocation counts (its node offers nothing while it lasts). The
+    annotation alone is no placement: a tenant's template may carry it empty, and Kueue
+    copies a template's annotations onto the pods; read as placed, a Ready gang not yet
+    scheduled held no card and another gang was admitted onto its two (hostile pass 35).
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
+    node = annotations.get(names.HAMI_VGPU_NODE) or (pod.get("spec") or {}).get("nodeName")
+    if not value or not isinstance(value, str) or not node or not isinstance(node, str):
+        return False
+    try:
+        return bool(_devices_allocated(value))
+    except HamiFormatError:
+        return True
+
+
 def inventory(
     nodes: Iterable[RawObject],
     pods: Iterable[RawObject],

@@ -182,6 +182,10 @@ def apply_event(world: World, event: tuple[Any, ...]) -> None:
         if labels.pop(CACHE_LABEL, None) is None:
             labels[CACHE_LABEL] = "true"
         world.nodes[on] = node
+    elif kind == "unscheduled" and (ready := world.ready()):
+        # The gang's pods, not yet scheduled (no node), their allocation annotation absent
+        # or empty (a tenant's template carries it; Kueue copies it onto the pods).
+        unscheduled(world, world.workloads[ready[args[0] % len(ready)]], args[1])
     elif kind == "finish" and (ready := world.ready()):
         w = world.stamp(world.workloads[ready[args[0] % len(ready)]])
         w["status"]["conditions"].append({"type": "Finished", "status": "True"})
@@ -240,6 +244,25 @@ def place(world: World, w: dict[str, Any], first_card: int, pods: int | None = N
         world.pods[pod["metadata"]["name"]] = world.stamp(pod)
 
 
+def unscheduled(world: World, w: dict[str, Any], allocated: str | None) -> None:
+    """The gang's pods created and not scheduled, carrying ``allocated`` (None: no such key)."""
+    name = w["metadata"]["name"]
+    for i in range(w["spec"]["podSets"][0]["count"]):
+        annotations = {} if allocated is None else {names.HAMI_DEVICES_ALLOCATED: allocated}
+        pod = {
+            "metadata": {
+                "name": f"{name}-{i}",
+                "namespace": "train",
+                "uid": f"uid-{name}-{i}",
+                "ownerReferences": [{"uid": f"uid-job-{name}"}],
+                "annotations": annotations,
+            },
+            "spec": {},
+            "status": {"phase": "Pending"},
+        }
+        world.pods[f"{name}-{i}"] = world.stamp(pod)
+
+
 ARRIVALS = st.tuples(
     st.just("arrive"),
     st.sampled_from(sorted(CHECKS)),
@@ -256,6 +279,7 @@ GANGS = st.one_of(  # gangs come and go more often than the rest changes
     st.tuples(st.just("admit"), st.integers(0, 20)),
     st.tuples(st.just("place"), st.integers(0, 20), st.integers(0, 7)),
     st.tuples(st.just("place-one"), st.integers(0, 20), st.integers(0, 7)),
+    st.tuples(st.just("unscheduled"), st.integers(0, 20), st.sampled_from([None, "", ";"])),
     st.tuples(st.just("finish"), st.integers(0, 20), st.booleans()),  # pods gone with it, or later
     st.tuples(st.just("kueue"), st.integers(0, 20), st.booleans()),
 )
@@ -427,6 +451,43 @@ def test_a_node_named_twice_out_of_the_pool_moves_the_gang_held_on_its_label():
             ("shadow",),
             ("arrive", "check-a", 1, 2, None, 0, None),
             ("label", 1),  # sorted: gpu-0, gpu-0-shadow, gpu-1: the shadow takes the label
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    "allocated",
+    [
+        pytest.param(None, id="pods without the allocation annotation"),
+        pytest.param("", id="pods with the annotation empty"),
+        pytest.param(";", id="pods with an allocation naming no card"),
+    ],
+)
+def test_a_ready_gang_whose_pods_are_not_scheduled_holds_its_cards(allocated):
+    """The annotation alone had read as placed: the gang held nothing, and a third GPU's
+    worth was admitted onto a pool of two (issue 27, hostile pass 35)."""
+    world = one_card_nodes("a", "a")
+    apply_event(world, ("arrive", "check-a", 1, 2, None, 0, None))
+    apply_event(world, ("admit", 0))
+    apply_event(world, ("unscheduled", 0, allocated))
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    _, (_, decisions) = both(world, incremental.Memo())
+    assert [d.state for d in decisions] == ["Retry"]
+
+
+def test_an_empty_allocation_and_none_decide_alike_on_the_kept_state():
+    """The memo's pod key read an absent annotation and an empty one alike, while the
+    hold told them apart: a pool kept from the empty one admitted a gang onto the held
+    gang's cards once the annotation went (issue 27, hostile pass 35)."""
+    assert_kept_decides_as_scratch(
+        one_card_nodes("a", "a"),
+        (
+            ("arrive", "check-a", 1, 2, None, 0, None),
+            ("admit", 0),
+            ("arrive", "check-a", 3, 1, None, 0, None),  # never fits: the pool is read
+            ("unscheduled", 0, ""),
+            ("unscheduled", 0, None),
+            ("arrive", "check-a", 1, 1, None, 0, None),
         ),
     )
 
