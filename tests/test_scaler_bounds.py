@@ -22,7 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foundation.errors import ConfigError, MetadataError, NoDataError
-from foundation.signals import MAX_REPLICAS, EngineSignals, Snapshot, checked, describe_target
+from foundation.signals import (
+    MAX_REPLICAS,
+    EngineSignals,
+    GatewaySignals,
+    Snapshot,
+    checked,
+    describe_target,
+)
 from foundation.signals_wire import WireError, decode
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
 from protos.unitscale.v1 import capacity_pb2, capacity_pb2_grpc
@@ -251,6 +258,78 @@ def test_a_backlog_read_as_in_flight_demand_is_counted_once(profile, wanted):
     load = {**QUIET, "running": 28.0, "queue_depth": 400.0}
     rounds = rounds_of(load, 2.0, 2.0, long_requests, profile)
     assert {made for _, made in rounds} == {wanted}
+
+
+TRICKLE = {
+    "request_rate__stable": 0.02,
+    **{f"{rate}__{window}": 20.0 for rate in ("prompt_token_rate", "generation_token_rate")
+       for window in ("stable", "panic")},
+}  # fmt: skip
+"""Twenty tokens a second each way: one short request finishing among long ones."""
+
+
+@pytest.mark.parametrize(
+    ("replicas", "running", "queued", "lowest"),
+    [
+        pytest.param(2, 128.0, 300.0, 2, id="two replicas with 428 in flight serving a trickle"),
+        pytest.param(4, 8.0, 56.0, 4, id="three of four hung, the fourth still serving"),
+        pytest.param(4, 8.0, 0.0, 1, id="nothing waiting: the trickle is the demand"),
+    ],
+)
+def test_engines_with_requests_waiting_never_lower_the_count_on_what_they_serve(
+    replicas, running, queued, lowest
+):
+    """Engines with a queue serve what they can, not what is asked: a trickle of tokens
+    (SGLang counts a request's as it finishes) read as the demand took the fleet to 1
+    under hundreds of requests (issue 27, hostile pass 35)."""
+    previous = DecisionState(desired=replicas, last_activity=T0)
+    load = {**TRICKLE, "running": running, "queue_depth": queued}
+    rounds = rounds_of(load, float(replicas), float(replicas), previous)
+    assert min(made for _, made in rounds) == lowest
+
+
+@pytest.mark.parametrize(
+    "engine_age",
+    [
+        pytest.param(None, id="the exporter's signals not in yet"),
+        pytest.param(40.0, id="the exporter's signals 40 s old"),
+    ],
+)
+def test_the_gateway_alone_counts_no_replica_yet_activates(engine_age):
+    """Ten replicas carry 40 requests; the gateway's signals alone had read as no replica
+    ready, and a restarted scaler's first look cut them to 4 (issue 27, hostile pass 35).
+    Requests in flight show replicas no one counted; buffered ones alone, an activation."""
+    target = ("team-a", "llama", "")
+    gateway = GatewaySignals(T0, 8.0, 0, 40, slo_within_rate=8.0, slo_outside_rate=0.0)
+    engine = None
+    if engine_age is not None:
+        given = answers(signal_time=T0 - engine_age, replicas=10.0, replicas_up=10.0, **BUSY)
+        engine = signals_from_answers(given, 60.0, 180.0)
+    observation, _ = observe(target, TargetSignals(engine=engine, gateway=gateway), T0, 30.0)
+    with pytest.raises(NoDataError, match="replica count is unknown on a first look"):
+        decide(observation, Policy(), DecisionState())
+    activation = replace(observation, gateway_in_flight=0, gateway_buffered=2)
+    assert decide(activation, Policy(), DecisionState()).desired_replicas == 1
+
+
+def test_the_gateway_alone_steers_the_headroom_as_a_counted_fleet():
+    """Read as 0 ready, the gateway's signals alone made every round one of replicas
+    starting, when the attainment loop waits: an hour at 80% within the SLO left the
+    headroom at 0 (issue 27, hostile pass 35)."""
+    state = DecisionState(desired=4, last_activity=T0, mix=(1000.0, 250.0))
+    for step in range(1, 241):
+        at = T0 + 15.0 * step
+        alone = Observation(
+            at,
+            at,
+            gateway_arrival_rate=6.0,
+            gateway_buffered=0,
+            gateway_in_flight=32,
+            slo_within_rate=4.8,
+            slo_outside_rate=1.2,
+        )
+        state = decide(alone, Policy(), state).state
+    assert state.headroom.value >= 0.5
 
 
 def test_prometheus_counts_of_zero_are_a_fact_and_the_deployment_goes_to_zero():

@@ -29,7 +29,7 @@ from scaler.demand import Declared, pool_demand
 from scaler.metadata import parse_metadata
 from scaler.registry import metric_value
 from scaler.sources import receive
-from tests.conftest import T0, gateway_signals, ref
+from tests.conftest import T0, engine_signals, gateway_signals, ref
 
 PROFILED = Policy(profile=LLAMA3_8B_H200.name)
 SETUP = standby_setup(PROFILED, StandbyPolicy(), cache=False)
@@ -272,6 +272,7 @@ async def test_after_traffic_one_sleeper_is_held_through_the_hour_then_released(
     scaler, clock, channel, stub
 ):
     await stub.GetMetricSpec(ref(**STANDBY))
+    receive(scaler.store, engine_signals(queue=0.0, running=1.0, at=T0))  # one replica
     receive(scaler.store, gateway_signals(in_flight=1, arrival_rate=0.5, at=T0))
     assert await metric(stub) == 1.0
     (plan,) = await standby_plan(channel)

@@ -104,9 +104,9 @@ class _Demand:
     short: float | None
     history: Recent[float]
     """Demand samples (arrivals x work per request) over ``demand_window_seconds``."""
-    lower_bound: bool = False
-    """``load`` counts only the known parts of what is in flight: it may raise the
-    count, never lower it (``_held``)."""
+    lower_bound: str | None = None
+    """Why ``load`` is only a lower bound (the known parts of what is in flight, or
+    what engines with a queue serve): it may raise the count, never lower it."""
     in_flight: bool = False
     """``load`` is what is in flight, the backlog with it: no backlog term on top."""
 
@@ -130,8 +130,13 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     """
     o, p, now = observation, policy, observation.now
     activity = _activity(o, previous)
-    if o.replicas_uncounted and previous.desired is None:
-        # The count standing in (the replicas up) is a lower bound, not the fleet.
+    if previous.desired is None and (
+        o.replicas_uncounted or (not _counted(o) and (o.gateway_in_flight or 0) > 0)
+    ):
+        # The count standing in (the replicas up) is a lower bound, not the fleet; with
+        # the gateway's signals alone (the exporter's not in yet, or stale), requests in
+        # flight show replicas no one counted: read as none, a restarted scaler cut ten
+        # to four (hostile pass 35). Nothing in flight is an activation, and decides.
         raise NoDataError("the engines' replica count is unknown on a first look")
     # A sleeping replica is a pod, not capacity: it serves nothing until woken.
     ready = max(_replica_count(o) - (o.replicas_sleeping or 0), 0)
@@ -153,9 +158,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     need = _plan(o, p, demand, capacity.rates, ready, notes)
 
     # 5. Headroom, steered by attainment.
-    starting = (
-        previous.desired is not None and not o.replicas_uncounted and ready < previous.desired
-    )
+    starting = previous.desired is not None and _counted(o) and ready < previous.desired
     move = attainment.steer(
         previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p), starting
     )
@@ -252,12 +255,18 @@ def _demand(
         served = None
     if served is not None:
         quick = _served(o, rates, panic=True)
-        return _Demand(served if quick is None else max(served, quick), quick, demands)
+        # Engines with requests waiting serve what they can, not what is asked: a trickle
+        # (SGLang counts a request's tokens as it finishes; three replicas of four hung)
+        # took a fleet to 1 with 428 requests in flight (hostile pass 35).
+        waiting = "requests waiting at the engines" if (o.queue_depth or 0.0) > 0 else None
+        load = served if quick is None else max(served, quick)
+        return _Demand(load, quick, demands, lower_bound=waiting)
     if activity.concurrency is not None:
         return _Demand(activity.concurrency / p.target_concurrency, None, demands, in_flight=True)
     if activity.at_least is not None:  # running known, queue not: at least that much
         at_least = activity.at_least / p.target_concurrency
-        return _Demand(at_least, None, demands, lower_bound=True, in_flight=True)
+        partly = "load partly unknown"
+        return _Demand(at_least, None, demands, lower_bound=partly, in_flight=True)
     return _Demand(None, None, demands)
 
 
@@ -317,7 +326,7 @@ def _held(
         notes.append("load unknown: holding")
     elif need.demand.lower_bound and previous.desired is not None and wanted < previous.desired:
         wanted = previous.desired
-        notes.append("load partly unknown: holding")
+        notes.append(f"{need.demand.lower_bound}: holding")
     elif _replicas_missing(o) and previous.desired is not None and wanted < previous.desired:
         wanted = previous.desired
         notes.append("a replica did not answer its scrape: holding")
@@ -557,6 +566,11 @@ def _replicas_missing(o: Observation) -> bool:
     """
     known, up = o.replicas_known, o.replicas_up
     return o.replicas_uncounted or (known is not None and up is not None and up < known)
+
+
+def _counted(o: Observation) -> bool:
+    """Whether the engines counted the replicas: a fleet to compare a decision with."""
+    return not o.replicas_uncounted and (o.replicas_known is not None or o.replicas_up is not None)
 
 
 def _replica_count(o: Observation) -> int:
