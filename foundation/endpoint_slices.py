@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -30,10 +31,22 @@ def is_pod_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bo
     """Whether an IP can be a pod's: not unspecified, multicast or broadcast.
 
     ``0.0.0.0`` connects to the reader's own host (a gateway on its replicas' port
-    forwards to itself); the others reach no single pod.
+    forwards to itself); the others reach no single pod. An IPv4-mapped IPv6 address is
+    judged as the IPv4 it maps (``::ffff:0.0.0.0`` reached the host too).
     """
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
     broadcast = isinstance(address, ipaddress.IPv4Address) and address.packed == b"\xff" * 4
     return not (address.is_unspecified or address.is_multicast or broadcast)
+
+
+def _is_numeric(name: str) -> bool:
+    """Whether a resolver reads ``name`` as an IPv4 address (``0x0``, ``127.1``, ``0``)."""
+    try:
+        socket.inet_aton(name)
+    except OSError:
+        return False
+    return True
 
 
 class MalformedError(ValueError):
@@ -95,10 +108,10 @@ def host_for(address: str, address_type: str) -> str:
             if v6.scope_id is not None:  # any text but "%" is a zone: "\n" went into URLs
                 raise MalformedError("an IPv6 address with a zone id (a pod's is global)")
             if not is_pod_address(v6):
-                raise MalformedError("an address no pod has (unspecified or multicast)")
+                raise MalformedError("an address no pod has (unspecified, multicast, broadcast)")
             return f"[{v6.compressed}]"
         if address_type == "FQDN":
-            if _FQDN.fullmatch(address) is None:
+            if _FQDN.fullmatch(address) is None or ".." in address or _is_numeric(address):
                 raise MalformedError("an FQDN address is not a DNS name")
             return address
         v4 = ipaddress.IPv4Address(address)
@@ -144,9 +157,9 @@ def slice_targets(
         except MalformedError as err:
             problems.append(f"slice {_name(eps)}: {err}")
             continue
-        if len(endpoints) > left:
-            problems.append(f"slices past {MAX_ENDPOINTS_READ:,} endpoints are unread")
-            break
+        if len(endpoints) > left:  # a smaller slice by a later name may still be read
+            problems.append(f"slice {_name(eps)}: past {MAX_ENDPOINTS_READ:,} endpoints, unread")
+            continue
         left -= len(endpoints)
         for endpoint in endpoints:
             try:

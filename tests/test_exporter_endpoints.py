@@ -195,6 +195,16 @@ GOOD = eps(ep("10.0.0.1"))
                      id="a multicast address is skipped"),
         pytest.param(eps(ep("::"), address_type="IPv6"), "an address no pod has",
                      id="the unspecified ipv6 address is skipped"),
+        pytest.param(eps(ep("::ffff:0.0.0.0"), address_type="IPv6"), "an address no pod has",
+                     id="the unspecified address mapped into ipv6 is skipped"),
+        pytest.param(eps(ep("::ffff:255.255.255.255")), "an address no pod has",
+                     id="the broadcast address mapped into ipv6 is skipped"),
+        pytest.param(eps(ep("0x0"), address_type="FQDN"), "not a DNS name",
+                     id="an fqdn a resolver reads as the unspecified address is skipped"),
+        pytest.param(eps(ep("4294967295"), address_type="FQDN"), "not a DNS name",
+                     id="an fqdn a resolver reads as the broadcast address is skipped"),
+        pytest.param(eps(ep("llama..svc"), address_type="FQDN"), "not a DNS name",
+                     id="an fqdn with an empty label is skipped"),
         pytest.param(eps(*[ep(f"10.1.{i // 250}.{i % 250}") for i in range(1001)]),
                      "more than the API's 1,000 endpoints",
                      id="a slice of more endpoints than the api allows is skipped"),
@@ -243,14 +253,18 @@ def test_any_json_slices_give_urls_never_an_exception(slices, port):
 def test_slices_past_the_endpoints_read_are_left_unread_by_name():
     """100,000 endpoints in 100 slices held the reader's event loop 0.4 s on every watch
     event (issue 27, hostile pass 34): at most ``MAX_ENDPOINTS_READ`` are read, the
-    slices taken by name, and the rest named as unread."""
+    slices taken by name, and those past it named as unread; a smaller one by a later
+    name still fits (pass 35: the first slice past it ended the reading)."""
     slices = []
     for n in range(12):  # 12 slices of 1,000: the 11th is past 10,000
         one = eps(*[ep(f"10.{n}.{i // 250}.{i % 250}") for i in range(1000)])
         one["metadata"] = {"name": f"s-{n:02d}"}
         slices.append(one)
+    for half in (slices[0], slices[-1]):
+        half["endpoints"] = half["endpoints"][:500]
     skipped: list[str] = []
     urls = slice_targets(reversed(slices), "metrics", skipped=skipped)
     assert len(urls) == MAX_ENDPOINTS_READ
-    assert {u.split(".")[1] for u in urls} == {str(n) for n in range(10)}  # s-00 to s-09
-    assert skipped == ["slices past 10,000 endpoints are unread"]
+    read = {u.split(".")[1] for u in urls}
+    assert read == {str(n) for n in range(10)} | {"11"}  # s-00 to s-09, then s-11
+    assert skipped == ["slice 's-10': past 10,000 endpoints, unread"]

@@ -45,6 +45,7 @@ from scaler.config import PrometheusSourceConfig, SignalSourceConfig, parse_conf
 from scaler.core import DecisionState, Policy, decide
 from scaler.promql import (
     INSTANT,
+    MAX_ANSWER_BYTES,
     PANIC,
     WINDOWED,
     AnswerError,
@@ -140,6 +141,16 @@ def test_any_bytes_are_one_finite_value_none_or_an_answer_error(body):
 def test_a_hostile_answer_is_an_answer_error_naming_the_query(body):
     with pytest.raises(AnswerError, match="query 'q'"):
         parse_answer(body, "q")
+
+
+def test_an_unaggregated_answer_is_refused_unparsed_by_its_size():
+    """3,000 series of a query left unaggregated (146 KB; 1 MiB took 28 ms of the
+    source's event loop a query) are refused by the bound, before any JSON is read
+    (issue 27, hostile pass 35)."""
+    series = [{"metric": {"pod": f"p{i}"}, "value": [SAMPLE_TIME, "1"]} for i in range(3_000)]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": series}})
+    with pytest.raises(AnswerError, match=f"answered over {MAX_ANSWER_BYTES} bytes"):
+        parse_answer(body.encode(), "q")
 
 
 # --- class 1: the Prometheus loop isolates each target's round --------------------------
