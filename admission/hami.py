@@ -762,17 +762,20 @@ def _devices_allocated(value: str) -> tuple[DeviceUse, ...]:
 
 
 def holds_cards(pod: RawObject) -> bool:
-    """Whether HAMi placed ``pod``: it names a node and its allocation names a card.
+    """Whether HAMi placed ``pod``: bound to a node, not finished, its allocation naming a card.
 
     An unreadable allocation counts (its node offers nothing while it lasts). The
-    annotation alone is no placement: a tenant's template may carry it empty, and Kueue
-    copies a template's annotations onto the pods; read as placed, a Ready gang not yet
-    scheduled held no card and another gang was admitted onto its two (hostile pass 35).
+    annotations alone are no placement: a tenant's template may carry them (Kueue copies
+    a template's annotations onto the pods), empty or naming a node, and the pods of a
+    Ready gang not yet scheduled then held no card while another gang was admitted onto
+    them (hostile passes 35, 36). A pod finished (a failed one a Job replaces) holds none.
     """
+    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        return False
+    bound = (pod.get("spec") or {}).get("nodeName")
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
-    node = annotations.get(names.HAMI_VGPU_NODE) or (pod.get("spec") or {}).get("nodeName")
-    if not value or not isinstance(value, str) or not node or not isinstance(node, str):
+    if not value or not isinstance(value, str) or not bound or not isinstance(bound, str):
         return False
     try:
         return bool(_devices_allocated(value))

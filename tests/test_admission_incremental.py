@@ -185,7 +185,18 @@ def apply_event(world: World, event: tuple[Any, ...]) -> None:
     elif kind == "unscheduled" and (ready := world.ready()):
         # The gang's pods, not yet scheduled (no node), their allocation annotation absent
         # or empty (a tenant's template carries it; Kueue copies it onto the pods).
-        unscheduled(world, world.workloads[ready[args[0] % len(ready)]], args[1])
+        unscheduled(world, world.workloads[ready[args[0] % len(ready)]], *args[1:])
+    elif kind == "fail-one" and (placed := sorted(p for p in world.pods if "-r" not in p)):
+        # A placed pod fails (its node and allocation stay on it) and its Job makes a
+        # replacement, not yet scheduled: the failed one holds no card.
+        name = placed[args[0] % len(placed)]
+        failed = world.stamp(world.pods[name])
+        failed["status"]["phase"] = "Failed"
+        world.pods[name] = failed
+        again = copy.deepcopy(failed)
+        again["metadata"].update(name=f"{name}-r", uid=f"uid-{name}-r", annotations={})
+        again["spec"], again["status"] = {}, {"phase": "Pending"}
+        world.pods[f"{name}-r"] = world.stamp(again)
     elif kind == "finish" and (ready := world.ready()):
         w = world.stamp(world.workloads[ready[args[0] % len(ready)]])
         w["status"]["conditions"].append({"type": "Finished", "status": "True"})
@@ -206,15 +217,17 @@ def apply_cluster_event(world: World, kind: str, args: list[Any]) -> None:
         world.pods[pod["metadata"]["name"]] = world.stamp(pod)
     elif kind == "free" and world.pods:
         del world.pods[sorted(world.pods)[args[0] % len(world.pods)]]
-    elif kind == "cordon":
-        node = world.stamp(world.nodes[nodes[args[0] % len(nodes)]])
+    elif kind == "cordon":  # by its key in the world: a shadow's name is another's
+        on = nodes[args[0] % len(nodes)]
+        node = world.stamp(world.nodes[on])
         node["spec"]["unschedulable"] = not node["spec"].get("unschedulable", False)
-        world.nodes[node["metadata"]["name"]] = node
+        world.nodes[on] = node
     elif kind == "handshake":
-        node = world.stamp(world.nodes[nodes[args[0] % len(nodes)]])
+        on = nodes[args[0] % len(nodes)]
+        node = world.stamp(world.nodes[on])
         asked = format_time(world.now).replace("T", " ").rstrip("Z")
         node["metadata"]["annotations"][names.HAMI_NODE_HANDSHAKE] = f"Requesting_{asked}"
-        world.nodes[node["metadata"]["name"]] = node
+        world.nodes[on] = node
     elif kind == "dataset":
         world.datasets[args[0]] = world.stamp(decided.dataset(args[0], cached=args[1]))
     elif kind == "forecast":
@@ -244,11 +257,16 @@ def place(world: World, w: dict[str, Any], first_card: int, pods: int | None = N
         world.pods[pod["metadata"]["name"]] = world.stamp(pod)
 
 
-def unscheduled(world: World, w: dict[str, Any], allocated: str | None) -> None:
-    """The gang's pods created and not scheduled, carrying ``allocated`` (None: no such key)."""
+def unscheduled(
+    world: World, w: dict[str, Any], allocated: str | None, on: str | None = None
+) -> None:
+    """The gang's pods created and not scheduled, carrying ``allocated`` (None: no such
+    key) and HAMi's node annotation ``on`` (None: none), as a tenant's template may."""
     name = w["metadata"]["name"]
     for i in range(w["spec"]["podSets"][0]["count"]):
         annotations = {} if allocated is None else {names.HAMI_DEVICES_ALLOCATED: allocated}
+        if on is not None:
+            annotations[names.HAMI_VGPU_NODE] = on
         pod = {
             "metadata": {
                 "name": f"{name}-{i}",
@@ -279,7 +297,13 @@ GANGS = st.one_of(  # gangs come and go more often than the rest changes
     st.tuples(st.just("admit"), st.integers(0, 20)),
     st.tuples(st.just("place"), st.integers(0, 20), st.integers(0, 7)),
     st.tuples(st.just("place-one"), st.integers(0, 20), st.integers(0, 7)),
-    st.tuples(st.just("unscheduled"), st.integers(0, 20), st.sampled_from([None, "", ";"])),
+    st.tuples(
+        st.just("unscheduled"),
+        st.integers(0, 20),
+        st.sampled_from([None, "", ";", "GPU-gpu-0-0,NVIDIA,80000,100:;", "garbage"]),
+        st.sampled_from([None, "gpu-0", "ghost"]),
+    ),
+    st.tuples(st.just("fail-one"), st.integers(0, 20)),
     st.tuples(st.just("finish"), st.integers(0, 20), st.booleans()),  # pods gone with it, or later
     st.tuples(st.just("kueue"), st.integers(0, 20), st.booleans()),
 )
@@ -455,21 +479,42 @@ def test_a_node_named_twice_out_of_the_pool_moves_the_gang_held_on_its_label():
     )
 
 
+CARD = "GPU-gpu-0-0,NVIDIA,80000,100:;"
+"""An allocation of gpu-0's first card, as HAMi writes one."""
+
+
 @pytest.mark.parametrize(
-    "allocated",
+    ("allocated", "on"),
     [
-        pytest.param(None, id="pods without the allocation annotation"),
-        pytest.param("", id="pods with the annotation empty"),
-        pytest.param(";", id="pods with an allocation naming no card"),
+        pytest.param(None, None, id="pods without the allocation annotation"),
+        pytest.param("", None, id="pods with the annotation empty"),
+        pytest.param(";", None, id="pods with an allocation naming no card"),
+        pytest.param(CARD, "ghost", id="a template naming a node that does not exist"),
+        pytest.param("garbage", "ghost", id="a template naming no node, its allocation unread"),
+        pytest.param(CARD, "gpu-1", id="a template naming a pool node and another's card"),
     ],
 )
-def test_a_ready_gang_whose_pods_are_not_scheduled_holds_its_cards(allocated):
-    """The annotation alone had read as placed: the gang held nothing, and a third GPU's
-    worth was admitted onto a pool of two (issue 27, hostile pass 35)."""
+def test_a_ready_gang_whose_pods_are_not_scheduled_holds_its_cards(allocated, on):
+    """The annotations alone had read as placed: the gang held nothing, and a third GPU's
+    worth was admitted onto a pool of two (issue 27, hostile passes 35 and 36)."""
     world = one_card_nodes("a", "a")
     apply_event(world, ("arrive", "check-a", 1, 2, None, 0, None))
     apply_event(world, ("admit", 0))
-    apply_event(world, ("unscheduled", 0, allocated))
+    apply_event(world, ("unscheduled", 0, allocated, on))
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    _, (_, decisions) = both(world, incremental.Memo())
+    assert [d.state for d in decisions] == ["Retry"]
+
+
+def test_a_pod_that_failed_holds_no_card_and_its_replacement_is_held_for():
+    """A failed pod keeps its node and allocation: counted as placed, the gang held
+    nothing for its replacement, and a gang was admitted onto the card the failure
+    freed (issue 27, hostile pass 36)."""
+    world = one_card_nodes("a", "a")
+    apply_event(world, ("arrive", "check-a", 1, 2, None, 0, None))
+    apply_event(world, ("admit", 0))
+    apply_event(world, ("place", 0, 0))
+    apply_event(world, ("fail-one", 1))
     apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
     _, (_, decisions) = both(world, incremental.Memo())
     assert [d.state for d in decisions] == ["Retry"]
