@@ -274,6 +274,7 @@ TRICKLE = {
         pytest.param(2, 128.0, 300.0, 2, id="two replicas with 428 in flight serving a trickle"),
         pytest.param(4, 8.0, 56.0, 4, id="three of four hung, the fourth still serving"),
         pytest.param(4, 8.0, 0.0, 1, id="nothing waiting: the trickle is the demand"),
+        pytest.param(20, 3.0, 1.0, 1, id="one replica's gauge stuck at one of twenty is no queue"),
     ],
 )
 def test_engines_with_requests_waiting_never_lower_the_count_on_what_they_serve(
@@ -310,6 +311,43 @@ def test_the_gateway_alone_counts_no_replica_yet_activates(engine_age):
         decide(observation, Policy(), DecisionState())
     activation = replace(observation, gateway_in_flight=0, gateway_buffered=2)
     assert decide(activation, Policy(), DecisionState()).desired_replicas == 1
+
+
+@pytest.mark.parametrize(
+    ("ready", "minutes", "headroom"),
+    [
+        pytest.param(9, 10, 0.0, id="one of ten starting for ten minutes: the loop waits"),
+        pytest.param(9, 60, 1.0, id="one of ten never ready in an hour is no cold start"),
+        pytest.param(10, 60, 1.0, id="all ten ready: the loop rises"),
+    ],
+)
+def test_replicas_short_of_the_count_asked_for_are_starting_for_a_cold_start_at_most(
+    ready, minutes, headroom
+):
+    """A pod that never turns ready (a crash loop on one node) kept the fleet "starting"
+    and the headroom at 0 through an hour at 80% within the SLO (issue 27, hostile pass
+    36): after ``STARTING_SECONDS`` from the last ask for more, misses are capacity's."""
+    state = DecisionState(desired=10, last_activity=T0, mix=(1000.0, 250.0), asked_more_at=T0)
+    for step in range(1, 4 * minutes + 1):
+        at = T0 + 15.0 * step
+        counted = Observation(
+            at,
+            at,
+            queue_depth=0.0,
+            requests_running=60.0,
+            requests_running_mean=60.0,
+            replicas_known=ready,
+            replicas_up=ready,
+            gateway_arrival_rate=93.0,
+            gateway_buffered=0,
+            gateway_in_flight=60,
+            slo_within_rate=74.4,
+            slo_outside_rate=18.6,
+            mean_prompt_tokens=1000.0,
+            mean_output_tokens=250.0,
+        )
+        state = decide(counted, Policy(), state).state
+    assert state.headroom.value == pytest.approx(headroom)
 
 
 def test_the_gateway_alone_steers_the_headroom_as_a_counted_fleet():

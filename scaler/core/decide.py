@@ -62,6 +62,11 @@ from scaler.core.window import Recent
 BREACH_MAX = 2.0
 """Without a gateway, an engine p95 over the SLO asks for at most this many times the
 load's replicas: the stand-in is coarse."""
+STARTING_SECONDS = 900.0
+"""Replicas short of the count asked for are starting (the attainment loop waits for
+them) for at most this long after the last ask for more: a new node and a 70B model's
+weights take about 9 minutes; a pod never ready (a crash loop on one node) had held the
+headroom at 0 for good (hostile pass 36)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +163,12 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     need = _plan(o, p, demand, capacity.rates, ready, notes)
 
     # 5. Headroom, steered by attainment.
-    starting = previous.desired is not None and _counted(o) and ready < previous.desired
+    starting = (
+        previous.desired is not None
+        and _counted(o)
+        and ready < previous.desired
+        and now - previous.asked_more_at < STARTING_SECONDS
+    )
     move = attainment.steer(
         previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p), starting
     )
@@ -188,6 +198,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         step_fit=capacity.step_fit,
         season=predictive.learn(previous.season, now, seen, p),
         headroom=move.headroom,
+        asked_more_at=now if desired > (previous.desired or 0) else previous.asked_more_at,
     )
     inputs = {**_inputs(need, capacity, activity), **_steered(move)}
     return Decision(
@@ -258,7 +269,7 @@ def _demand(
         # Engines with requests waiting serve what they can, not what is asked: a trickle
         # (SGLang counts a request's tokens as it finishes; three replicas of four hung)
         # took a fleet to 1 with 428 requests in flight (hostile pass 35).
-        waiting = "requests waiting at the engines" if (o.queue_depth or 0.0) > 0 else None
+        waiting = "requests waiting at the engines" if _queued(o, ready) else None
         load = served if quick is None else max(served, quick)
         return _Demand(load, quick, demands, lower_bound=waiting)
     if activity.concurrency is not None:
@@ -291,7 +302,7 @@ def _plan(
             (o.ttft_p95_seconds or 0.0) / p.slo_ttft_seconds,
             (o.inter_token_p95_seconds or 0.0) / p.slo_itl_seconds,
         )
-        if breach > 1.0 and (o.queue_depth or 0.0) > 0.5 * ready:
+        if breach > 1.0 and _queued(o, ready):
             need = max(need, load / utilization * min(breach, BREACH_MAX))
             notes.append(f"engine p95 over the SLO x{breach:.2f} with a queue (no gateway)")
     return _Need(demand, utilization, need)
@@ -566,6 +577,14 @@ def _replicas_missing(o: Observation) -> bool:
     """
     known, up = o.replicas_known, o.replicas_up
     return o.replicas_uncounted or (known is not None and up is not None and up < known)
+
+
+def _queued(o: Observation, ready: int) -> bool:
+    """Whether the engines' queue says capacity is short: a request waiting per two replicas.
+
+    One replica's gauge stuck at 1 had held an idle fleet of 20 (hostile pass 36).
+    """
+    return (o.queue_depth or 0.0) > 0.5 * ready
 
 
 def _counted(o: Observation) -> bool:
