@@ -762,20 +762,26 @@ def _devices_allocated(value: str) -> tuple[DeviceUse, ...]:
 
 
 def holds_cards(pod: RawObject) -> bool:
-    """Whether HAMi placed ``pod``: bound to a node, not finished, its allocation naming a card.
+    """Whether HAMi placed ``pod`` and it stays: bound where HAMi chose, a card allocated.
 
-    An unreadable allocation counts (its node offers nothing while it lasts). The
-    annotations alone are no placement: a tenant's template may carry them (Kueue copies
-    a template's annotations onto the pods), empty or naming a node, and the pods of a
-    Ready gang not yet scheduled then held no card while another gang was admitted onto
-    them (hostile passes 35, 36). A pod finished (a failed one a Job replaces) holds none.
+    Bound (``spec.nodeName``) to the node HAMi's scheduler wrote (``hami.io/vgpu-node``),
+    its allocation naming a card (an unreadable one counts: its node then offers
+    nothing), neither finished nor being deleted. The annotations alone are no placement:
+    a tenant's template may carry them (Kueue copies a template's annotations onto the
+    pods), and the pods of a Ready gang not yet scheduled, or one asking no card, then
+    held none while another gang was admitted onto them (hostile passes 35 to 37). A pod
+    finished (a failed one a Job replaces) or being deleted (a drained or dead node's)
+    holds none its gang can count on: its replacement needs one.
     """
-    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         return False
-    bound = (pod.get("spec") or {}).get("nodeName")
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = meta.get("annotations") or {}
     value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
+    bound = (pod.get("spec") or {}).get("nodeName")
     if not value or not isinstance(value, str) or not bound or not isinstance(bound, str):
+        return False
+    if annotations.get(names.HAMI_VGPU_NODE) != bound:
         return False
     try:
         return bool(_devices_allocated(value))

@@ -197,6 +197,28 @@ def apply_event(world: World, event: tuple[Any, ...]) -> None:
         again["metadata"].update(name=f"{name}-r", uid=f"uid-{name}-r", annotations={})
         again["spec"], again["status"] = {}, {"phase": "Pending"}
         world.pods[f"{name}-r"] = world.stamp(again)
+    elif kind == "drain-one" and (placed := sorted(p for p in world.pods if "-r" not in p)):
+        # A placed pod's node is drained (cordoned), or dies (its handshake goes stale),
+        # and the pod is being deleted, still Running and allocated; its Job makes a
+        # replacement, not yet scheduled.
+        name = placed[args[0] % len(placed)]
+        deleting = world.stamp(world.pods[name])
+        on = deleting["spec"].get("nodeName")
+        if on in world.nodes:
+            node = world.stamp(world.nodes[on])
+            if args[1]:
+                node["spec"]["unschedulable"] = True
+            else:
+                asked = format_time(world.now - 3600).replace("T", " ").rstrip("Z")
+                node["metadata"]["annotations"][names.HAMI_NODE_HANDSHAKE] = f"Requesting_{asked}"
+            world.nodes[on] = node
+        deleting["metadata"]["deletionTimestamp"] = format_time(world.now)
+        world.pods[name] = deleting
+        again = copy.deepcopy(deleting)
+        del again["metadata"]["deletionTimestamp"]
+        again["metadata"].update(name=f"{name}-r", uid=f"uid-{name}-r", annotations={})
+        again["spec"], again["status"] = {}, {"phase": "Pending"}
+        world.pods[f"{name}-r"] = world.stamp(again)
     elif kind == "finish" and (ready := world.ready()):
         w = world.stamp(world.workloads[ready[args[0] % len(ready)]])
         w["status"]["conditions"].append({"type": "Finished", "status": "True"})
@@ -258,10 +280,15 @@ def place(world: World, w: dict[str, Any], first_card: int, pods: int | None = N
 
 
 def unscheduled(
-    world: World, w: dict[str, Any], allocated: str | None, on: str | None = None
+    world: World,
+    w: dict[str, Any],
+    allocated: str | None,
+    on: str | None = None,
+    bound: str | None = None,
 ) -> None:
-    """The gang's pods created and not scheduled, carrying ``allocated`` (None: no such
-    key) and HAMi's node annotation ``on`` (None: none), as a tenant's template may."""
+    """The gang's pods, not scheduled by HAMi, carrying ``allocated`` (None: no such key)
+    and HAMi's node annotation ``on`` (None: none), as a tenant's template may; bound to
+    ``bound`` by another scheduler (None: not bound)."""
     name = w["metadata"]["name"]
     for i in range(w["spec"]["podSets"][0]["count"]):
         annotations = {} if allocated is None else {names.HAMI_DEVICES_ALLOCATED: allocated}
@@ -275,7 +302,7 @@ def unscheduled(
                 "ownerReferences": [{"uid": f"uid-job-{name}"}],
                 "annotations": annotations,
             },
-            "spec": {},
+            "spec": {} if bound is None else {"nodeName": bound},
             "status": {"phase": "Pending"},
         }
         world.pods[f"{name}-{i}"] = world.stamp(pod)
@@ -302,7 +329,9 @@ GANGS = st.one_of(  # gangs come and go more often than the rest changes
         st.integers(0, 20),
         st.sampled_from([None, "", ";", "GPU-gpu-0-0,NVIDIA,80000,100:;", "garbage"]),
         st.sampled_from([None, "gpu-0", "ghost"]),
+        st.sampled_from([None, None, "gpu-0", "gpu-1"]),
     ),
+    st.tuples(st.just("drain-one"), st.integers(0, 20), st.booleans()),
     st.tuples(st.just("fail-one"), st.integers(0, 20)),
     st.tuples(st.just("finish"), st.integers(0, 20), st.booleans()),  # pods gone with it, or later
     st.tuples(st.just("kueue"), st.integers(0, 20), st.booleans()),
@@ -484,26 +513,51 @@ CARD = "GPU-gpu-0-0,NVIDIA,80000,100:;"
 
 
 @pytest.mark.parametrize(
-    ("allocated", "on"),
+    ("allocated", "on", "bound"),
     [
-        pytest.param(None, None, id="pods without the allocation annotation"),
-        pytest.param("", None, id="pods with the annotation empty"),
-        pytest.param(";", None, id="pods with an allocation naming no card"),
-        pytest.param(CARD, "ghost", id="a template naming a node that does not exist"),
-        pytest.param("garbage", "ghost", id="a template naming no node, its allocation unread"),
-        pytest.param(CARD, "gpu-1", id="a template naming a pool node and another's card"),
+        pytest.param(None, None, None, id="pods without the allocation annotation"),
+        pytest.param("", None, None, id="pods with the annotation empty"),
+        pytest.param(";", None, None, id="pods with an allocation naming no card"),
+        pytest.param(CARD, "ghost", None, id="a template naming a node that does not exist"),
+        pytest.param("garbage", "ghost", None, id="a template naming no node, unread"),
+        pytest.param(CARD, "gpu-1", None, id="a template naming a pool node and another's card"),
+        pytest.param(CARD, None, "gpu-1", id="bound by another scheduler, no node of HAMi's"),
+        pytest.param(CARD, "ghost", "gpu-1", id="bound elsewhere than HAMi's node says"),
     ],
 )
-def test_a_ready_gang_whose_pods_are_not_scheduled_holds_its_cards(allocated, on):
-    """The annotations alone had read as placed: the gang held nothing, and a third GPU's
-    worth was admitted onto a pool of two (issue 27, hostile passes 35 and 36)."""
+def test_a_ready_gang_whose_pods_are_not_scheduled_holds_its_cards(allocated, on, bound):
+    """The annotations alone had read as placed: the gang held no card, and a third GPU's
+    worth was admitted onto a pool of two (issue 27, hostile passes 35 to 37)."""
     world = one_card_nodes("a", "a")
     apply_event(world, ("arrive", "check-a", 1, 2, None, 0, None))
     apply_event(world, ("admit", 0))
-    apply_event(world, ("unscheduled", 0, allocated, on))
+    apply_event(world, ("unscheduled", 0, allocated, on, bound))
     apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
     _, (_, decisions) = both(world, incremental.Memo())
     assert [d.state for d in decisions] == ["Retry"]
+
+
+@pytest.mark.parametrize(
+    "drained",
+    [
+        pytest.param(True, id="its node drained (cordoned)"),
+        pytest.param(False, id="its node dead (its handshake stale)"),
+    ],
+)
+def test_a_pod_being_deleted_holds_no_card_its_gang_counts_on(drained):
+    """A pod being deleted stays Running, bound and allocated for its grace period (on
+    a dead node, until the Node goes): counted as placed, its gang held nothing for the
+    replacement, and a 1-GPU gang was admitted onto the only card left (issue 27,
+    hostile pass 37)."""
+    world = one_card_nodes("a", "a", "a")
+    apply_event(world, ("arrive", "check-a", 1, 2, None, 0, None))
+    apply_event(world, ("admit", 0))
+    apply_event(world, ("place", 0, 0))  # gpu-0 and gpu-1
+    apply_event(world, ("drain-one", 1, drained))
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    kept, (_, decisions) = both(world, incremental.Memo())
+    assert [d.state for d in decisions] == ["Retry"]
+    assert kept[1] == decisions
 
 
 def test_a_pod_that_failed_holds_no_card_and_its_replacement_is_held_for():
