@@ -350,6 +350,10 @@ class ScaledObjectRegistry:
             # Update in place: open StreamIsActive calls keep their listeners.
             scaled = existing
             self._unbind(scaled)
+            if target != scaled.target:
+                # Another deployment's load, mix and season are no history of this one's:
+                # kept, a retarget from 40 replicas to 2 asked for 40 through the window.
+                scaled.state, scaled.standby_state = DecisionState(), StandbyState()
             scaled.raw_metadata, scaled.metadata, scaled.target = metadata_map, metadata, target
             scaled.policy, scaled.standby = policy, standby
             scaled.max_signal_age = max_age

@@ -275,6 +275,7 @@ TRICKLE = {
         pytest.param(4, 8.0, 56.0, 4, id="three of four hung, the fourth still serving"),
         pytest.param(4, 8.0, 0.0, 1, id="nothing waiting: the trickle is the demand"),
         pytest.param(20, 3.0, 1.0, 1, id="one replica's gauge stuck at one of twenty is no queue"),
+        pytest.param(20, 200.0, 8.0, 20, id="eight waiting beside 200 running on twenty"),
     ],
 )
 def test_engines_with_requests_waiting_never_lower_the_count_on_what_they_serve(
@@ -314,22 +315,25 @@ def test_the_gateway_alone_counts_no_replica_yet_activates(engine_age):
 
 
 @pytest.mark.parametrize(
-    ("ready", "minutes", "headroom"),
+    ("short", "ramp", "minutes", "headroom"),
     [
-        pytest.param(9, 10, 0.0, id="one of ten starting for ten minutes: the loop waits"),
-        pytest.param(9, 60, 1.0, id="one of ten never ready in an hour is no cold start"),
-        pytest.param(10, 60, 1.0, id="all ten ready: the loop rises"),
+        pytest.param(1, 0.0, 10, 0.0, id="one replica short for ten minutes: the loop waits"),
+        pytest.param(1, 0.0, 60, 1.0, id="one never ready in an hour is no cold start"),
+        pytest.param(1, 1.0, 60, 1.0, id="one never ready through a ramp's every ask"),
+        pytest.param(0, 0.0, 60, 1.0, id="all ready: the loop rises"),
     ],
 )
 def test_replicas_short_of_the_count_asked_for_are_starting_for_a_cold_start_at_most(
-    ready, minutes, headroom
+    short, ramp, minutes, headroom
 ):
     """A pod that never turns ready (a crash loop on one node) kept the fleet "starting"
     and the headroom at 0 through an hour at 80% within the SLO (issue 27, hostile pass
-    36): after ``STARTING_SECONDS`` from the last ask for more, misses are capacity's."""
-    state = DecisionState(desired=10, last_activity=T0, mix=(1000.0, 250.0), asked_more_at=T0)
+    36), and through a ramp whose every ask for more began it again (pass 37): a
+    shortfall that lasts ``STARTING_SECONDS`` is capacity's."""
+    state = DecisionState(desired=10, last_activity=T0, mix=(1000.0, 250.0))
     for step in range(1, 4 * minutes + 1):
-        at = T0 + 15.0 * step
+        at, arrivals = T0 + 15.0 * step, 93.0 + ramp * step
+        ready = (state.desired or 0) - short  # the HPA follows; one pod never ready
         counted = Observation(
             at,
             at,
@@ -338,16 +342,41 @@ def test_replicas_short_of_the_count_asked_for_are_starting_for_a_cold_start_at_
             requests_running_mean=60.0,
             replicas_known=ready,
             replicas_up=ready,
-            gateway_arrival_rate=93.0,
+            gateway_arrival_rate=arrivals,
             gateway_buffered=0,
             gateway_in_flight=60,
-            slo_within_rate=74.4,
-            slo_outside_rate=18.6,
+            slo_within_rate=(0.8 if step > 20 else 1.0) * arrivals,  # misses from minute 5
+            slo_outside_rate=(0.2 if step > 20 else 0.0) * arrivals,
             mean_prompt_tokens=1000.0,
             mean_output_tokens=250.0,
         )
         state = decide(counted, Policy(), state).state
     assert state.headroom.value == pytest.approx(headroom)
+
+
+def test_a_trigger_moved_to_another_deployment_starts_afresh():
+    """Edited from a deployment of 40 replicas to one of 2, the trigger kept the first's
+    decisions: "window peak 40" for the scale-down window, its mix, headroom and season
+    (issue 27, hostile pass 37). Another deployment's history is none of this one's."""
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 60.0, clock)
+    base = {"scalerAddress": "x:1", "minReplicas": "0"}
+
+    def carrying(deployment: str, replicas: float, running: float) -> None:
+        given = answers(signal_time=clock.now, replicas=replicas, replicas_up=replicas,
+                        running=running, queue_depth=0.0)  # fmt: skip
+        signals = signals_from_answers(given, 60.0, 180.0)
+        assert signals is not None
+        store.update(Snapshot(("team-a", deployment, ""), signals))
+
+    scaled = registry.resolve("llama", "team-a", {**base, "deployment": "big"})
+    carrying("big", 40.0, 448.0)
+    assert registry.current(scaled).desired_replicas == 40
+    clock.now = T0 + 15
+    moved = registry.resolve("llama", "team-a", {**base, "deployment": "small"})
+    carrying("small", 2.0, 20.0)
+    assert registry.current(moved).desired_replicas == 2
 
 
 def test_the_gateway_alone_steers_the_headroom_as_a_counted_fleet():

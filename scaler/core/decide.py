@@ -63,10 +63,10 @@ BREACH_MAX = 2.0
 """Without a gateway, an engine p95 over the SLO asks for at most this many times the
 load's replicas: the stand-in is coarse."""
 STARTING_SECONDS = 900.0
-"""Replicas short of the count asked for are starting (the attainment loop waits for
-them) for at most this long after the last ask for more: a new node and a 70B model's
+"""Ready replicas short of the count asked for are starting (the attainment loop waits
+for them) while the shortfall has lasted less than this: a new node and a 70B model's
 weights take about 9 minutes; a pod never ready (a crash loop on one node) had held the
-headroom at 0 for good (hostile pass 36)."""
+headroom at 0 for good (hostile pass 36), and through a ramp's every ask (pass 37)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +163,9 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     need = _plan(o, p, demand, capacity.rates, ready, notes)
 
     # 5. Headroom, steered by attainment.
-    starting = (
-        previous.desired is not None
-        and _counted(o)
-        and ready < previous.desired
-        and now - previous.asked_more_at < STARTING_SECONDS
-    )
+    short = previous.desired is not None and _counted(o) and ready < previous.desired
+    short_since = min(previous.short_since or now, now) if short else None
+    starting = short_since is not None and now - short_since < STARTING_SECONDS
     move = attainment.steer(
         previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p), starting
     )
@@ -198,7 +195,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         step_fit=capacity.step_fit,
         season=predictive.learn(previous.season, now, seen, p),
         headroom=move.headroom,
-        asked_more_at=now if desired > (previous.desired or 0) else previous.asked_more_at,
+        short_since=short_since,
     )
     inputs = {**_inputs(need, capacity, activity), **_steered(move)}
     return Decision(
@@ -269,7 +266,7 @@ def _demand(
         # Engines with requests waiting serve what they can, not what is asked: a trickle
         # (SGLang counts a request's tokens as it finishes; three replicas of four hung)
         # took a fleet to 1 with 428 requests in flight (hostile pass 35).
-        waiting = "requests waiting at the engines" if _queued(o, ready) else None
+        waiting = "requests waiting at the engines" if _queued(o, p, ready) else None
         load = served if quick is None else max(served, quick)
         return _Demand(load, quick, demands, lower_bound=waiting)
     if activity.concurrency is not None:
@@ -302,7 +299,7 @@ def _plan(
             (o.ttft_p95_seconds or 0.0) / p.slo_ttft_seconds,
             (o.inter_token_p95_seconds or 0.0) / p.slo_itl_seconds,
         )
-        if breach > 1.0 and _queued(o, ready):
+        if breach > 1.0 and _queued(o, p, ready):
             need = max(need, load / utilization * min(breach, BREACH_MAX))
             notes.append(f"engine p95 over the SLO x{breach:.2f} with a queue (no gateway)")
     return _Need(demand, utilization, need)
@@ -579,12 +576,16 @@ def _replicas_missing(o: Observation) -> bool:
     return o.replicas_uncounted or (known is not None and up is not None and up < known)
 
 
-def _queued(o: Observation, ready: int) -> bool:
-    """Whether the engines' queue says capacity is short: a request waiting per two replicas.
+def _queued(o: Observation, p: Policy, ready: int) -> bool:
+    """Whether the engines' queue says capacity is short.
 
-    One replica's gauge stuck at 1 had held an idle fleet of 20 (hostile pass 36).
+    A request waiting per two replicas, or any waiting while they run half their target
+    concurrency: one replica's gauge stuck at 1 had held an idle fleet of 20 (hostile
+    pass 36), and 8 waiting beside 200 running on 20 are a busy fleet's (pass 37).
     """
-    return (o.queue_depth or 0.0) > 0.5 * ready
+    queue = o.queue_depth or 0.0
+    busy = (o.requests_running or 0.0) >= 0.5 * p.target_concurrency * ready
+    return queue > 0.5 * ready or (queue > 0 and busy)
 
 
 def _counted(o: Observation) -> bool:

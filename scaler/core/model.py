@@ -153,9 +153,9 @@ class DecisionState:
     """Learned: demand per slot of the day and day kind (``scaler.core.seasonal``), bounded."""
     headroom: Headroom = field(default_factory=Headroom)
     """Steered by attainment (``scaler.core.attainment``): the share added to the need."""
-    asked_more_at: float = float("-inf")
-    """When a decision last asked for more replicas than the one before: a shortfall of
-    ready ones since is replicas starting (``decide.STARTING_SECONDS`` at most)."""
+    short_since: float | None = None
+    """Since when the ready replicas have been short of the count asked for, without a
+    break (None while they are not): replicas starting, for ``decide.STARTING_SECONDS``."""
 
 
 @dataclass(frozen=True, slots=True)

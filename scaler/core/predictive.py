@@ -72,7 +72,7 @@ def at_zero(decision: Decision, p: Policy, season: SeasonalState, now: float) ->
         return Decision(
             wanted,
             True,
-            replace(decision.state, desired=wanted, asked_more_at=now),
+            replace(decision.state, desired=wanted),
             f"forecast: {forecast.reason}: {wanted} started ahead of it",
             decision.inputs,
             current_replicas=decision.current_replicas,
