@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -498,8 +498,10 @@ def _held_after(
     staying = held - gone - again
     if staying - found.keys():
         return None
+    nodes = _node_names(cluster)
     joining = sorted(
-        (found[u] for u in again if _holds_readably(found[u], checks, by_owner, now)), key=_order
+        (found[u] for u in again if _holds_readably(found[u], checks, by_owner, now, nodes)),
+        key=_order,
     )
     holding = [found[h.uid] for h in kept.held if h.uid in staying] + joining
     ignored = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
@@ -682,7 +684,8 @@ def _pool_inventory(
     selector = dict(params.pool_node_selector) or None
     timeout = params.handshake_timeout_seconds
     by_owner = pod_index_of(cluster)
-    holding = [w for w in cluster.workloads if _holds_readably(w, checks, by_owner, now)]
+    nodes = _node_names(cluster)
+    holding = [w for w in cluster.workloads if _holds_readably(w, checks, by_owner, now, nodes)]
     ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
     pool = inventory(
         cluster.nodes,
@@ -716,8 +719,17 @@ HOLD_SECONDS = 300.0
 """How long after admission a gang whose pods cannot be matched to it keeps its GPUs."""
 
 
+def _node_names(cluster: Cluster) -> frozenset[str]:
+    """The Nodes there are: a pod bound to one gone holds nothing its gang counts on."""
+    return frozenset(str((n.get("metadata") or {}).get("name")) for n in cluster.nodes)
+
+
 def _holds_readably(
-    w: RawObject, checks: frozenset[str], by_owner: Mapping[str, list[RawObject]], now: float
+    w: RawObject,
+    checks: frozenset[str],
+    by_owner: Mapping[str, list[RawObject]],
+    now: float,
+    nodes: Collection[str],
 ) -> bool:
     """``_holds_unplaced``, for a gang whose every field ``_hold`` reads can be read.
 
@@ -726,7 +738,7 @@ def _holds_readably(
     and every other gang and workload of the pool is decided (it used to fail them all).
     """
     try:
-        if not _holds_unplaced(w, checks, by_owner, now):
+        if not _holds_unplaced(w, checks, by_owner, now, nodes):
             return False
         workload_demand(w)
         _granted_selector(w, checks)
@@ -739,7 +751,11 @@ def _holds_readably(
 
 
 def _holds_unplaced(
-    w: RawObject, checks: frozenset[str], by_owner: Mapping[str, list[RawObject]], now: float
+    w: RawObject,
+    checks: frozenset[str],
+    by_owner: Mapping[str, list[RawObject]],
+    now: float,
+    nodes: Collection[str],
 ) -> bool:
     entries = check_entries(w)
     ready = [entries[c] for c in checks if entries.get(c, {}).get("state") == "Ready"]
@@ -754,7 +770,12 @@ def _holds_unplaced(
     owned = owned_pods(w, by_owner)
     if not owned:
         return now - _ready_since(w, ready, now) < HOLD_SECONDS
-    return sum(1 for pod in owned if holds_cards(pod)) < wanted
+    # On a Node deleted undrained (a spot instance gone), a pod stays bound and Running
+    # until PodGC's sweep: its gang held nothing for the replacement (hostile pass 38).
+    placed = sum(
+        1 for pod in owned if holds_cards(pod) and (pod.get("spec") or {})["nodeName"] in nodes
+    )
+    return placed < wanted
 
 
 def _hold_deadline(

@@ -480,6 +480,7 @@ def _pod_key(pod: RawObject) -> tuple[Any, ...]:
         str(annotations.get(names.HAMI_DEVICES_ALLOCATED, "")),
         str((pod.get("spec") or {}).get("nodeName", "")),  # bound: ``hami.holds_cards``
         bool(meta.get("deletionTimestamp")),
+        str(annotations.get(names.HAMI_VGPU_NODE, "")),  # ``hami.holds_cards`` compares it
         str(annotations.get(names.KUEUE_WORKLOAD, "")),
         str(labels.get(names.JOBSET_UID, "") if isinstance(labels, Mapping) else ""),
         (pod.get("status") or {}).get("phase") in hami.TERMINAL_PHASES,

@@ -560,6 +560,45 @@ def test_a_pod_being_deleted_holds_no_card_its_gang_counts_on(drained):
     assert kept[1] == decisions
 
 
+def test_a_pod_on_a_node_deleted_undrained_holds_no_card_its_gang_counts_on():
+    """A Node deleted without a drain (a spot instance gone) leaves its pods bound and
+    Running until PodGC's sweep: counted as placed, the gang held nothing and a 1-GPU
+    gang took the only card left (issue 27, hostile pass 38)."""
+    world = one_card_nodes("a", "a", "a")
+    apply_event(world, ("arrive", "check-a", 1, 2, None, 0, None))
+    apply_event(world, ("admit", 0))
+    apply_event(world, ("place", 0, 0))  # gpu-0 and gpu-1
+    del world.nodes["gpu-1"]
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    kept, (_, decisions) = both(world, incremental.Memo())
+    assert [d.state for d in decisions] == ["Retry"]
+    assert kept[1] == decisions
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        pytest.param("gpu-0", None, id="HAMi's node annotation taken off a bound pod"),
+        pytest.param(None, "gpu-0", id="HAMi's node annotation put on a bound pod"),
+    ],
+)
+def test_hamis_node_annotation_alone_changing_decides_as_a_pass_from_scratch(before, after):
+    """The memo's pod key read HAMi's node or else the binding, so the annotation there
+    or not, equal to the binding, keyed alike while the hold told them apart: the kept
+    pool admitted a share onto the card a pass from scratch held (hostile pass 38)."""
+    small = "GPU-gpu-0-0,NVIDIA,1000,1:;"
+    assert_kept_decides_as_scratch(
+        one_card_nodes("a"),
+        (
+            ("arrive", "check-a", 1, 1, None, 0, None),
+            ("admit", 0),
+            ("unscheduled", 0, small, before, "gpu-0"),
+            ("arrive", "check-a", 1, 1, 20_000, 0, None),
+            ("unscheduled", 0, small, after, "gpu-0"),
+        ),
+    )
+
+
 def test_a_pod_that_failed_holds_no_card_and_its_replacement_is_held_for():
     """A failed pod keeps its node and allocation: counted as placed, the gang held
     nothing for its replacement, and a gang was admitted onto the card the failure
