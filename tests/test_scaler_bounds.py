@@ -37,6 +37,7 @@ from scaler.config import ScalerConfig, SignalSourceConfig, parse_config
 from scaler.core import DecisionState, Policy, decide, seasonal
 from scaler.core.model import Observation
 from scaler.core.seasonal import SeasonalPolicy, SeasonalState
+from scaler.core.window import Recent
 from scaler.metadata import parse_metadata
 from scaler.promql import checked_answers, signals_from_answers
 from scaler.registry import SECOND_TRIGGER_WINDOW, RegistryFullError, ScaledObjectRegistry
@@ -319,7 +320,7 @@ def test_the_gateway_alone_counts_no_replica_yet_activates(engine_age):
     [
         pytest.param(1, 0.0, 10, 0.0, id="one replica short for ten minutes: the loop waits"),
         pytest.param(1, 0.0, 60, 1.0, id="one never ready in an hour is no cold start"),
-        pytest.param(1, 1.0, 60, 1.0, id="one never ready through a ramp's every ask"),
+        pytest.param(1, 1.0, 60, 0.0, id="a ramp's shortfall within its last asks is starting"),
         pytest.param(0, 0.0, 60, 1.0, id="all ready: the loop rises"),
     ],
 )
@@ -328,9 +329,11 @@ def test_replicas_short_of_the_count_asked_for_are_starting_for_a_cold_start_at_
 ):
     """A pod that never turns ready (a crash loop on one node) kept the fleet "starting"
     and the headroom at 0 through an hour at 80% within the SLO (issue 27, hostile pass
-    36), and through a ramp whose every ask for more began it again (pass 37): a
-    shortfall that lasts ``STARTING_SECONDS`` is capacity's."""
-    state = DecisionState(desired=10, last_activity=T0, mix=(1000.0, 250.0))
+    36): fewer ready than every count asked within ``STARTING_SECONDS`` is capacity's.
+    Through a ramp (cold starts of 9 minutes, pass 38) the replicas asked for lately are
+    starting, whatever one pod does."""
+    asked: Recent[int] = Recent().add(T0, 10 - short)  # at T0, before 10 were asked for
+    state = DecisionState(desired=10, last_activity=T0, mix=(1000.0, 250.0), asked=asked)
     for step in range(1, 4 * minutes + 1):
         at, arrivals = T0 + 15.0 * step, 93.0 + ramp * step
         ready = (state.desired or 0) - short  # the HPA follows; one pod never ready
@@ -352,6 +355,68 @@ def test_replicas_short_of_the_count_asked_for_are_starting_for_a_cold_start_at_
         )
         state = decide(counted, Policy(), state).state
     assert state.headroom.value == pytest.approx(headroom)
+
+
+@pytest.mark.parametrize(
+    "lapse",
+    [
+        pytest.param({"queue_depth": None}, id="the queue gauge absent one round"),
+        pytest.param({"queue_depth": 0.0}, id="the queue reading 0 one round"),
+        pytest.param({"running": 150.0}, id="the replicas less busy one round"),
+    ],
+)
+def test_a_hold_on_what_a_queue_serves_outlasts_one_round_without_it(lapse):
+    """The held rounds entered what the engines serve in the scale-down window, not the
+    count held: one round without the queue took 20 replicas to 1 (issue 27, hostile
+    pass 38). Held, the count is a need of the window."""
+    policy = Policy(min_replicas=0, max_replicas=80)
+    clock = FakeClock(T0)
+    store, target = SignalStore(clock), ("team-a", "llama", "")
+    state = DecisionState(desired=20, last_activity=T0)
+    held = {**TRICKLE, "running": 200.0, "queue_depth": 8.0}
+    made: list[int] = []
+    for step in range(1, 31):
+        at = clock.now = T0 + 15.0 * step
+        load = {**held, **lapse} if step == 21 else held  # 300 s into the hold
+        given = answers(signal_time=at, replicas=20.0, replicas_up=20.0, **load)
+        signals = signals_from_answers(given, 60.0, 180.0)
+        assert signals is not None and store.update(Snapshot(target, signals))
+        observation, _ = observe(target, store.get(target), at, 30.0)
+        decision = decide(observation, policy, state)
+        state, made = decision.state, [*made, decision.desired_replicas]
+    assert set(made) == {20}
+
+
+def test_one_waiting_beside_a_busy_fleet_is_no_queue_for_the_engines_p95():
+    """Long prompts put the TTFT p95 over the SLO with no queue (more replicas do not cure
+    it); one replica's waiting gauge stuck at 1 beside a fleet at its planned load read
+    as a queue made the count swing between 15 and 29 (issue 27, hostile pass 38)."""
+    state = DecisionState(desired=15, last_activity=T0, mix=(3000.0, 200.0))
+    made: list[int] = []
+    for step in range(1, 121):
+        at = T0 + 15.0 * step
+        busy = Observation(
+            at,
+            at,
+            queue_depth=1.0,
+            requests_running=160.0,
+            requests_running_mean=160.0,
+            request_rate=50.0,
+            prompt_token_rate=150000.0,
+            generation_token_rate=30000.0,
+            prompt_token_rate_panic=150000.0,
+            generation_token_rate_panic=30000.0,
+            mean_prompt_tokens=3000.0,
+            mean_output_tokens=600.0,
+            ttft_p95_seconds=5.0,
+            inter_token_p95_seconds=0.05,
+            ttft_p95_panic_seconds=5.0,
+            replicas_known=state.desired,
+            replicas_up=state.desired,
+        )
+        decision = decide(busy, Policy(), state)
+        state, made = decision.state, [*made, decision.desired_replicas]
+    assert set(made) == {15}
 
 
 def test_a_trigger_moved_to_another_deployment_starts_afresh():

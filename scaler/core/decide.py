@@ -64,9 +64,10 @@ BREACH_MAX = 2.0
 load's replicas: the stand-in is coarse."""
 STARTING_SECONDS = 900.0
 """Ready replicas short of the count asked for are starting (the attainment loop waits
-for them) while the shortfall has lasted less than this: a new node and a 70B model's
-weights take about 9 minutes; a pod never ready (a crash loop on one node) had held the
-headroom at 0 for good (hostile pass 36), and through a ramp's every ask (pass 37)."""
+for them) while no fewer are ready than the least count asked within this long: a new
+node and a 70B model's weights take about 9 minutes. A pod never ready (a crash loop on
+one node) had held the headroom at 0 for good (hostile pass 36); timed from the start of
+the shortfall instead, a ramp's cold starts bought headroom to its maximum (pass 38)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +164,12 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     need = _plan(o, p, demand, capacity.rates, ready, notes)
 
     # 5. Headroom, steered by attainment.
-    short = previous.desired is not None and _counted(o) and ready < previous.desired
-    short_since = min(previous.short_since or now, now) if short else None
-    starting = short_since is not None and now - short_since < STARTING_SECONDS
+    asked = previous.asked.within(now, STARTING_SECONDS)
+    starting = (
+        previous.desired is not None
+        and _counted(o)
+        and min([*asked.values(), previous.desired]) <= ready < previous.desired
+    )
     move = attainment.steer(
         previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p), starting
     )
@@ -195,7 +199,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         step_fit=capacity.step_fit,
         season=predictive.learn(previous.season, now, seen, p),
         headroom=move.headroom,
-        short_since=short_since,
+        asked=asked.add(now, desired),
     )
     inputs = {**_inputs(need, capacity, activity), **_steered(move)}
     return Decision(
@@ -266,7 +270,7 @@ def _demand(
         # Engines with requests waiting serve what they can, not what is asked: a trickle
         # (SGLang counts a request's tokens as it finishes; three replicas of four hung)
         # took a fleet to 1 with 428 requests in flight (hostile pass 35).
-        waiting = "requests waiting at the engines" if _queued(o, p, ready) else None
+        waiting = "requests waiting at the engines" if _saturated(o, p, ready) else None
         load = served if quick is None else max(served, quick)
         return _Demand(load, quick, demands, lower_bound=waiting)
     if activity.concurrency is not None:
@@ -299,7 +303,7 @@ def _plan(
             (o.ttft_p95_seconds or 0.0) / p.slo_ttft_seconds,
             (o.inter_token_p95_seconds or 0.0) / p.slo_itl_seconds,
         )
-        if breach > 1.0 and _queued(o, p, ready):
+        if breach > 1.0 and _long_queue(o, ready):
             need = max(need, load / utilization * min(breach, BREACH_MAX))
             notes.append(f"engine p95 over the SLO x{breach:.2f} with a queue (no gateway)")
     return _Need(demand, utilization, need)
@@ -332,9 +336,13 @@ def _held(
     if need.demand.load is None and previous.desired is not None:
         wanted = max(wanted, previous.desired)
         notes.append("load unknown: holding")
-    elif need.demand.lower_bound and previous.desired is not None and wanted < previous.desired:
-        wanted = previous.desired
-        notes.append(f"{need.demand.lower_bound}: holding")
+    elif need.demand.lower_bound and previous.desired is not None:
+        # Held as a need each round it binds: a round the bound lapses in (a gauge unread
+        # once) falls to the window's peak, not to what the engines serve (4 to 1, pass 38).
+        if wanted < previous.desired:
+            wanted = previous.desired
+            notes.append(f"{need.demand.lower_bound}: holding")
+        needs = needs.add(o.now, wanted)
     elif _replicas_missing(o) and previous.desired is not None and wanted < previous.desired:
         wanted = previous.desired
         notes.append("a replica did not answer its scrape: holding")
@@ -576,16 +584,23 @@ def _replicas_missing(o: Observation) -> bool:
     return o.replicas_uncounted or (known is not None and up is not None and up < known)
 
 
-def _queued(o: Observation, p: Policy, ready: int) -> bool:
-    """Whether the engines' queue says capacity is short.
+def _long_queue(o: Observation, ready: int) -> bool:
+    """Whether the engines' queue is a request waiting per two replicas or more.
 
-    A request waiting per two replicas, or any waiting while they run half their target
-    concurrency: one replica's gauge stuck at 1 had held an idle fleet of 20 (hostile
-    pass 36), and 8 waiting beside 200 running on 20 are a busy fleet's (pass 37).
+    One replica's gauge stuck at 1 is not: it had held an idle fleet of 20 (hostile pass
+    36), and with long prompts made a busy one swing between 15 and 29 (pass 38).
     """
-    queue = o.queue_depth or 0.0
+    return (o.queue_depth or 0.0) > 0.5 * ready
+
+
+def _saturated(o: Observation, p: Policy, ready: int) -> bool:
+    """Whether what the engines serve is what they can rather than what is asked.
+
+    A long queue, or any request waiting while they run half their target concurrency:
+    8 waiting beside 200 running on 20 replicas are a busy fleet's (hostile pass 37).
+    """
     busy = (o.requests_running or 0.0) >= 0.5 * p.target_concurrency * ready
-    return queue > 0.5 * ready or (queue > 0 and busy)
+    return _long_queue(o, ready) or ((o.queue_depth or 0.0) > 0 and busy)
 
 
 def _counted(o: Observation) -> bool:

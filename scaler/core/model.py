@@ -153,9 +153,9 @@ class DecisionState:
     """Learned: demand per slot of the day and day kind (``scaler.core.seasonal``), bounded."""
     headroom: Headroom = field(default_factory=Headroom)
     """Steered by attainment (``scaler.core.attainment``): the share added to the need."""
-    short_since: float | None = None
-    """Since when the ready replicas have been short of the count asked for, without a
-    break (None while they are not): replicas starting, for ``decide.STARTING_SECONDS``."""
+    asked: Recent[int] = field(default_factory=Recent)
+    """The counts decided over the last ``decide.STARTING_SECONDS``: ready replicas short
+    of the count asked for, and not of the least of these, are replicas starting."""
 
 
 @dataclass(frozen=True, slots=True)
