@@ -199,7 +199,8 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         step_fit=capacity.step_fit,
         season=predictive.learn(previous.season, now, seen, p),
         headroom=move.headroom,
-        asked=asked.add(now, desired),
+        # Kept as it changes: a window of every decision would hold thousands.
+        asked=asked if desired == previous.desired else asked.add(now, desired),
     )
     inputs = {**_inputs(need, capacity, activity), **_steered(move)}
     return Decision(

@@ -154,8 +154,9 @@ class DecisionState:
     headroom: Headroom = field(default_factory=Headroom)
     """Steered by attainment (``scaler.core.attainment``): the share added to the need."""
     asked: Recent[int] = field(default_factory=Recent)
-    """The counts decided over the last ``decide.STARTING_SECONDS``: ready replicas short
-    of the count asked for, and not of the least of these, are replicas starting."""
+    """The counts decided over the last ``decide.STARTING_SECONDS``, each as it changed:
+    ready replicas short of the count asked for, and not of the least of these (or the
+    count now), are replicas starting."""
 
 
 @dataclass(frozen=True, slots=True)
