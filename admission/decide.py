@@ -770,12 +770,7 @@ def _holds_unplaced(
     owned = owned_pods(w, by_owner)
     if not owned:
         return now - _ready_since(w, ready, now) < HOLD_SECONDS
-    # On a Node deleted undrained (a spot instance gone), a pod stays bound and Running
-    # until PodGC's sweep: its gang held nothing for the replacement (hostile pass 38).
-    placed = sum(
-        1 for pod in owned if holds_cards(pod) and (pod.get("spec") or {})["nodeName"] in nodes
-    )
-    return placed < wanted
+    return sum(1 for pod in owned if holds_cards(pod, nodes)) < wanted
 
 
 def _hold_deadline(

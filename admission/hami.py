@@ -761,10 +761,12 @@ def _devices_allocated(value: str) -> tuple[DeviceUse, ...]:
     return _allocation_once(value)
 
 
-def holds_cards(pod: RawObject) -> bool:
+def holds_cards(pod: RawObject, nodes: Collection[str]) -> bool:
     """Whether HAMi placed ``pod`` and it stays: bound where HAMi chose, a card allocated.
 
     Bound (``spec.nodeName``) to the node HAMi's scheduler wrote (``hami.io/vgpu-node``),
+    one of ``nodes`` (the Nodes there are: on one deleted undrained, a spot instance
+    gone, a pod stays bound and Running until PodGC's sweep, pass 38),
     its allocation naming a card (an unreadable one counts: its node then offers
     nothing), neither finished nor being deleted. The annotations alone are no placement:
     a tenant's template may carry them (Kueue copies a template's annotations onto the
@@ -781,7 +783,7 @@ def holds_cards(pod: RawObject) -> bool:
     bound = (pod.get("spec") or {}).get("nodeName")
     if not value or not isinstance(value, str) or not bound or not isinstance(bound, str):
         return False
-    if annotations.get(names.HAMI_VGPU_NODE) != bound:
+    if annotations.get(names.HAMI_VGPU_NODE) != bound or bound not in nodes:
         return False
     try:
         return bool(_devices_allocated(value))
