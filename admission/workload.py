@@ -134,8 +134,10 @@ def pods_by_owner(
     Each pod is filed under the uid of each of its owners (a Job's pods), the uid of the
     JobSet that made its child Job (``jobset.sigs.k8s.io/jobset-uid``: the pod's owner
     is the child Job, the Workload's is the JobSet), and the Workload Kueue names on it
-    (``kueue.x-k8s.io/workload``, filed as ``namespace/name``). ``ties``: a pod's ties
-    as ``ties_of_pod`` reads them (the controller's, kept per pod object across passes).
+    (``kueue.x-k8s.io/workload``), each within the pod's namespace: an owner is always in
+    its dependents' namespace, and a label or annotation in another namespace naming a
+    gang's uid is anyone's to write. ``ties``: a pod's ties as ``ties_of_pod`` reads
+    them (the controller's, kept per pod object across passes).
     """
     read = ties or ties_of_pod
     index: dict[str, list[RawObject]] = {}
@@ -148,18 +150,19 @@ def pods_by_owner(
 def ties_of_pod(pod: RawObject) -> list[str]:
     """What a pod is filed under in ``pods_by_owner``, each once."""
     meta = pod.get("metadata") or {}
+    namespace = f"{meta.get('namespace', '')}/"
     ties = [
-        str(uid)
+        namespace + str(uid)
         for owner in meta.get("ownerReferences") or ()
         if isinstance(owner, dict) and (uid := owner.get("uid"))
     ]
     labels, annotations = meta.get("labels"), meta.get("annotations")
     jobset = labels.get(names.JOBSET_UID) if isinstance(labels, Mapping) else None
     if isinstance(jobset, str) and jobset:
-        ties.append(jobset)
+        ties.append(namespace + jobset)
     named = annotations.get(names.KUEUE_WORKLOAD) if isinstance(annotations, Mapping) else None
     if isinstance(named, str) and named:
-        ties.append(f"{_WORKLOAD_KEY}{meta.get('namespace', '')}/{named}")
+        ties.append(f"{_WORKLOAD_KEY}{namespace}{named}")
     return ties if len(ties) < 2 else list(dict.fromkeys(ties))
 
 
@@ -173,10 +176,15 @@ def owned_pods(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[Ra
 
 
 def pod_ties(w: RawObject) -> tuple[str, ...]:
-    """What ties pods to the Workload in ``pods_by_owner``: its owners' uids, its key."""
+    """What ties pods to the Workload in ``pods_by_owner``: its owners' uids, its key.
+
+    Each within the Workload's namespace, as ``ties_of_pod`` files them.
+    """
+    meta = w.get("metadata") or {}
+    namespace = f"{meta.get('namespace', '')}/"
     ties = [
-        str(uid)
-        for owner in (w.get("metadata") or {}).get("ownerReferences") or ()
+        namespace + str(uid)
+        for owner in meta.get("ownerReferences") or ()
         if isinstance(owner, dict) and (uid := owner.get("uid"))
     ]
     return (*ties, _WORKLOAD_KEY + key(w))

@@ -56,13 +56,16 @@ def node(name: str, cards: int = 8, labels: dict[str, str] | None = None) -> dic
     }
 
 
-def running(name: str, on: str, cards: range, owner: str = "serving") -> dict[str, Any]:
-    """A pod HAMi placed on ``on`` holding whole ``cards``."""
+def running(
+    name: str, on: str, cards: range, owner: str = "serving", namespace: str = ""
+) -> dict[str, Any]:
+    """A pod HAMi placed on ``on`` holding whole ``cards``: the inference server's in
+    namespace ``serve``, any other owner's beside the Workloads, in ``train``."""
     allocated = "".join(f"GPU-{on}-{i},NVIDIA,{MIB},100:" for i in cards) + ";"
     return {
         "metadata": {
             "name": name,
-            "namespace": "serve",
+            "namespace": namespace or ("serve" if owner == "serving" else "train"),
             "uid": f"uid-{name}",
             "ownerReferences": [{"uid": f"uid-{owner}"}],
             "annotations": {names.HAMI_VGPU_NODE: on, names.HAMI_DEVICES_ALLOCATED: allocated},
@@ -544,10 +547,34 @@ def test_a_gang_whose_pods_belong_to_child_jobs_is_counted_once(pod):
     assert decision.state == "Ready", decision.message
 
 
-def test_a_pod_of_the_same_name_in_another_namespace_is_not_the_gangs():
+def _owned_by_the_jobset(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["ownerReferences"] = [{"uid": "uid-job-jobset"}]
+    return pod
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [
+        pytest.param(
+            child_job_pod("js-0", "gpu-1", annotations={names.KUEUE_WORKLOAD: "jobset"}),
+            id="a-pod-naming-the-workload-in-another-namespace-is-not-the-gangs",
+        ),
+        pytest.param(
+            child_job_pod("js-0", "gpu-1", labels={names.JOBSET_UID: "uid-job-jobset"}),
+            id="a-pod-labelled-with-the-jobset-uid-in-another-namespace-is-not-the-gangs",
+        ),
+        pytest.param(
+            _owned_by_the_jobset(child_job_pod("js-0", "gpu-1")),
+            id="a-pod-naming-the-gangs-owner-uid-in-another-namespace-is-not-the-gangs",
+        ),
+    ],
+)
+def test_a_pod_tied_to_the_gang_from_another_namespace_is_not_the_gangs(elsewhere):
+    """An owner is in its dependents' namespace; a label, annotation or ownerReference in
+    another namespace is anyone's to write: tied to the gang, that pod's cards stood for
+    the gang's and it held nothing (issue 27, hostile pass 38's residual, MEDIUM)."""
     a_minute_ago = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     gang = admitted("jobset", pods=1, since=a_minute_ago)
-    elsewhere = child_job_pod("js-0", "gpu-1", annotations={names.KUEUE_WORKLOAD: "jobset"})
     elsewhere["metadata"]["namespace"] = "other"
     [decision] = decide(
         [workload("a")], [node("gpu-1"), node("gpu-2")], others=[gang], pods=[elsewhere]

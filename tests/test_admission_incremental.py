@@ -274,8 +274,9 @@ def place(world: World, w: dict[str, Any], first_card: int, pods: int | None = N
         on = nodes[(first_card + i) % len(nodes)]
         cards = len(_register(world.nodes[on]))
         start = first_card % cards
-        pod = decided.running(f"{name}-{i}", on, range(start, min(cards, start + gpus)))
-        pod["metadata"]["ownerReferences"] = [{"uid": f"uid-job-{name}"}]
+        pod = decided.running(
+            f"{name}-{i}", on, range(start, min(cards, start + gpus)), owner=f"job-{name}"
+        )
         world.pods[pod["metadata"]["name"]] = world.stamp(pod)
 
 
