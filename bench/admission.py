@@ -60,6 +60,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from admission import annotations as names
+from admission.config import AdmissionConfig
 from admission.hami import parse_quantity
 from admission.parameters import active_condition
 from admission.workload import actionable, check_entries, format_time
@@ -468,6 +469,62 @@ async def create_jobs(plane: ControlPlane, namespace: str, count: int, rate: flo
     return time.perf_counter() - started
 
 
+# --- where the machine's CPU goes ------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU process ``pid`` used so far (``/proc/PID/stat``; 0 once gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class CpuMeter:
+    """The CPU each process sharing the machine spent over a phase: where its time went.
+
+    On 2 cores a Workload decided costs the API server, etcd and Kueue far more than the
+    check itself; a phase's figures say which of them bounds it.
+    """
+
+    pids: dict[str, int]
+    """Each process by what it is: kube-apiserver, etcd, Kueue, the controller, this one."""
+    config: Path | None = None
+    """The controller's ``--config`` (None: its defaults)."""
+
+    def read(self) -> tuple[float, dict[str, float]]:
+        return time.perf_counter(), {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    @staticmethod
+    def since(start: tuple[float, dict[str, float]], end: tuple[float, dict[str, float]]) -> Spent:
+        return Spent(end[0] - start[0], {k: end[1][k] - start[1].get(k, 0.0) for k in end[1]})
+
+
+@dataclass
+class Spent:
+    """CPU seconds by process over ``wall`` seconds."""
+
+    wall: float
+    cpu: dict[str, float]
+
+    def ms(self, workloads: int) -> dict[str, float]:
+        """Milliseconds each process spent per Workload."""
+        return {k: round(1000 * v / max(workloads, 1), 2) for k, v in self.cpu.items()}
+
+    def per(self, workloads: int) -> str:
+        """Milliseconds each process spent per Workload, and how busy the machine was."""
+        each = ", ".join(
+            f"{name} {1000 * seconds / max(workloads, 1):.1f}"
+            for name, seconds in self.cpu.items()
+            if seconds > 0
+        )
+        busy = sum(self.cpu.values()) / max(self.wall * (os.cpu_count() or 1), 1e-9)
+        return f"{each} (the {os.cpu_count()} cores {100 * busy:.0f}% busy)"
+
+
 # --- the controller -----------------------------------------------------------------------
 
 
@@ -483,10 +540,13 @@ class ControllerProcess:
     stopping: bool = False
 
     @classmethod
-    async def start(cls, kubeconfig: Path, profile: Path | None = None) -> ControllerProcess:
+    async def start(
+        cls, kubeconfig: Path, profile: Path | None = None, config: Path | None = None
+    ) -> ControllerProcess:
         profiled = ("-m", "cProfile", "-o", str(profile)) if profile else ()
+        configured = ("--config", str(config)) if config else ()
         process = await asyncio.create_subprocess_exec(
-            *(sys.executable, *profiled, "-m", "unitscale.cli", "admission"),
+            *(sys.executable, *profiled, "-m", "unitscale.cli", "admission", *configured),
             *("--kubeconfig", str(kubeconfig), "--controller-name", CONTROLLER),
             *("--metrics-listen", "127.0.0.1:0"),
             stderr=asyncio.subprocess.PIPE,
@@ -526,9 +586,8 @@ class ControllerProcess:
         return found
 
     def cpu_seconds(self) -> float:
-        """User and system CPU the controller used so far (``/proc/PID/stat``)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User and system CPU the controller used so far."""
+        return cpu_seconds(self.process.pid)
 
     def peak_rss_mb(self) -> float:
         status = Path(f"/proc/{self.process.pid}/status").read_text()
@@ -581,23 +640,39 @@ def server_times(seen: Observed, check: str) -> dict[str, float]:
 
 
 async def backlog(
-    plane: ControlPlane, pool: Pool, n: int, seen: Observed, profile: Path | None
+    plane: ControlPlane,
+    pool: Pool,
+    n: int,
+    seen: Observed,
+    profile: Path | None,
+    meter: CpuMeter,
 ) -> dict[str, Any]:
-    """N Workloads waiting on the check, then the controller starts: how fast it clears them."""
+    """N Workloads waiting on the check, then the controller starts: how fast it clears them.
+
+    Also what each process spent while Kueue reserved them (the controller down) and
+    while the controller decided them.
+    """
     pool.keep_active(plane)
     created = await create_jobs(plane, pool.check, n, 0)
     start = time.perf_counter()
+    before = meter.read()
     await until(
         "every backlog Workload reserved", lambda: seen.count(pool.check, "actionable") >= n
     )
     reserved = time.perf_counter() - start
+    reserving = meter.since(before, meter.read())
     started = time.perf_counter()
-    controller = await ControllerProcess.start(plane.kubeconfig, profile)
+    controller = await ControllerProcess.start(plane.kubeconfig, profile, meter.config)
+    meter.pids["the controller"] = controller.process.pid
+    before = meter.read()
     await until("every backlog Workload decided", lambda: seen.count(pool.check, "decided") >= n)
+    deciding = meter.since(before, meter.read())
     result = spans(seen, pool.check)
     synced = controller.synced_at or started
     return {
         "controller": controller,
+        "reserving": reserving,
+        "spent": deciding,
         "created_s": created,
         "reserved_s": reserved,
         "synced_s": synced - started,
@@ -632,6 +707,7 @@ class Phases:
     seen: Observed
     placers: list[Placer]
     """The stand-ins placing admitted Jobs' pods; the first places the backlog's."""
+    meter: CpuMeter
 
     async def run(
         self,
@@ -654,7 +730,7 @@ class Phases:
             task.add_done_callback(_died)
         controller = None
         try:
-            a = await backlog(self.plane, first, backlog_jobs, self.seen, profile)
+            a = await backlog(self.plane, first, backlog_jobs, self.seen, profile, self.meter)
             controller = a.pop("controller")
             a["cpu_s"] = controller.cpu_seconds()
             admitted = a["outcomes"].get("Ready", 0)
@@ -664,9 +740,11 @@ class Phases:
             for pool, jobs, rate in streams:
                 active = functools.partial(_active, self.plane, pool.check)
                 await until(f"check {pool.check} Active", active, 60)
-                before = controller.cpu_seconds()
+                before, machine = controller.cpu_seconds(), self.meter.read()
                 result = await stream(self.plane, pool, jobs, rate, self.seen)
-                done.append(result | {"cpu_s": controller.cpu_seconds() - before, "rate": rate})
+                spent = self.meter.since(machine, self.meter.read())
+                cpu_s = controller.cpu_seconds() - before
+                done.append(result | {"cpu_s": cpu_s, "rate": rate, "spent": spent})
             metrics = await controller.metrics()
             rss = controller.peak_rss_mb()
         finally:
@@ -678,7 +756,7 @@ class Phases:
         return {"backlog": a, "streams": done, "metrics": metrics, "rss_mb": rss}
 
 
-async def run(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
+async def run(plane: ControlPlane, args: argparse.Namespace, meter: CpuMeter) -> dict[str, Any]:
     """Three pools of ``--nodes``: a backlog, a stream with pods placed, one without."""
     suffix = secrets.token_hex(2)
     first, placed, held = (Pool(f"{phase}-{suffix}") for phase in ("backlog", "placed", "held"))
@@ -686,7 +764,7 @@ async def run(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
         pool.create(plane, args.nodes, args.workloads)
     # The backlog's gangs get pods too: unplaced, they would be held against later pools.
     placers = [Placer.of(plane, [pool], args.nodes) for pool in (first, placed)]
-    phases = Phases(plane, Observed(), placers)
+    phases = Phases(plane, Observed(), placers, meter)
     streams = [(pool, args.workloads, args.rate) for pool in (placed, held)]
     result = await phases.run(first, args.workloads, streams, args.profile)
     lost = {name: sum(getattr(p, name) for p in placers) for name in ("unplaced", "failed")}
@@ -694,7 +772,9 @@ async def run(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
     return result | {"placed": b | lost, "held": c}
 
 
-async def run_pool(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
+async def run_pool(
+    plane: ControlPlane, args: argparse.Namespace, meter: CpuMeter
+) -> dict[str, Any]:
     """The pool at its real size: three checks guard one pool, every admitted Job placed.
 
     A backlog of ``--workloads`` (the controller starts with them waiting), then
@@ -708,7 +788,7 @@ async def run_pool(plane: ControlPlane, args: argparse.Namespace) -> dict[str, A
     for pool in (steady, burst):
         pool.create(plane, 0, args.stream)
     placer = Placer.of(plane, [first, steady, burst], args.nodes)
-    phases = Phases(plane, Observed(), [placer])
+    phases = Phases(plane, Observed(), [placer], meter)
     streams = [(steady, args.stream, args.rate), (burst, args.stream, args.burst_rate)]
     result = await phases.run(first, args.workloads, streams, args.profile)
     b, c = result.pop("streams")
@@ -750,6 +830,15 @@ def _latency(r: dict[str, Any]) -> str:
     return f"{r['p50_s']:.2f} / **{r['p99_s']:.2f}** / {r['max_s']:.2f}"
 
 
+def _machine(phases: list[tuple[str, Spent, int]]) -> str:
+    """Where the machine's CPU went in each phase, in ms per Workload."""
+    return (
+        "Where the machine's CPU went, ms per Workload: "
+        + "; ".join(f"{what}: {spent.per(n)}" for what, spent, n in phases)
+        + "."
+    )
+
+
 def _notes(args: argparse.Namespace, result: dict[str, Any]) -> str:
     a, b, c, m = result["backlog"], result["placed"], result["held"], result["metrics"]
     rate = f"{args.rate:g}/s"
@@ -762,7 +851,8 @@ def _notes(args: argparse.Namespace, result: dict[str, Any]) -> str:
         f"AdmissionCheck, ClusterQueue and LocalQueue and {args.workloads} Jobs: 8 in 10 ask "
         "1 GPU, 1 in 10 a 20,000 MiB share of one, 1 in 10 is a gang of 2 pods x 4 GPUs; "
         "quota for all, so the check alone decides. `unitscale admission` at its defaults "
-        "(debounce 0.5 s, 8 writes in flight) in its own process with the real decide_all; "
+        f"(debounce 0.5 s, {args.write_concurrency} writes in flight) in its own process "
+        "with the real decide_all; "
         f"Kueue's client QPS raised to {args.kueue_qps:g} (its default 20 reserves about 4 "
         "Workloads a second). **Backlog**: Kueue reserved quota for all in "
         f"{a['reserved_s']:.1f} s with the controller down; from its start every watch had "
@@ -783,7 +873,20 @@ def _notes(args: argparse.Namespace, result: dict[str, Any]) -> str:
         f"{m.get('unitscale_admission_passes_total', 0):.0f} passes, "
         f"{m.get('unitscale_admission_pass_seconds_sum', 0):.1f} s in passes, status writes "
         f"applied/conflict/error {writes}, peak RSS {result['rss_mb']:.0f} MB. "
-        "kube-apiserver, etcd, Kueue, the controller and this process share the machine."
+        "kube-apiserver, etcd, Kueue, the controller and this process share the machine. "
+        + _machine(
+            [
+                (
+                    f"Kueue reserving the backlog, the controller down "
+                    f"({args.workloads / a['reserved_s']:.0f}/s)",
+                    a["reserving"],
+                    args.workloads,
+                ),
+                ("the backlog decided", a["spent"], args.workloads),
+                ("the stream with pods placed", b["spent"], b["decided"]),
+                ("the stream with no pods", c["spent"], c["decided"]),
+            ]
+        )
     )
 
 
@@ -842,6 +945,12 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
         "outcomes": {"backlog": a["outcomes"], "placed": b["outcomes"], "held": c["outcomes"]},
         "passes": m.get("unitscale_admission_passes_total", 0),
         "rss_mb": round(result["rss_mb"], 1),
+        "machine_cpu_ms_per_workload": {
+            "reserving": a["reserving"].ms(args.workloads),
+            "backlog": a["spent"].ms(args.workloads),
+            "placed": b["spent"].ms(b["decided"]),
+            "held": c["spent"].ms(c["decided"]),
+        },
         "goals_met": met,
     }
 
@@ -902,14 +1011,28 @@ def report_pool(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, A
         f"no cards, {result['failed']} pods refused). Backlog: Kueue reserved quota for all in "
         f"{a['reserved_s']:.1f} s with the controller down; every watch had listed "
         f"{a['synced_s']:.1f} s after its start, the last decision {a['cleared_s']:.1f} s after "
-        "that. Controller CPU per decision: the backlog's from the controller's start "
-        "(listing included), a stream's over that phase. Controller: "
+        f"that, {args.write_concurrency} status writes in flight. Controller CPU per "
+        "decision: the backlog's from the controller's start (listing included), a stream's "
+        "over that phase. Controller: "
         f"{m.get('unitscale_admission_passes_total', 0):.0f} passes, "
         f"{m.get('unitscale_admission_pass_seconds_sum', 0):.1f} s in passes, status writes "
         f"applied/conflict/error {writes}. What the stand-in does not model: HAMi's own "
         "scoring (it takes the first node that fits), a kubelet (pods stay Pending, never "
         "finish or free cards), node churn. kube-apiserver, etcd, Kueue, the controller and "
-        "this process share the machine."
+        "this process share the machine. "
+        + _machine(
+            [
+                (
+                    f"Kueue reserving the backlog, the controller down "
+                    f"({args.workloads / a['reserved_s']:.0f}/s)",
+                    a["reserving"],
+                    args.workloads,
+                ),
+                ("the backlog decided", a["spent"], args.workloads),
+                ("the stream", b["spent"], b["decided"]),
+                ("the burst", c["spent"], c["decided"]),
+            ]
+        )
     )
     print(table)
     print(notes)
@@ -929,6 +1052,12 @@ def report_pool(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, A
             for k, r in (("backlog", a), ("stream", b), ("burst", c))
         },
         "rss_mb": round(result["rss_mb"], 1),
+        "machine_cpu_ms_per_workload": {
+            "reserving": a["reserving"].ms(args.workloads),
+            "backlog": a["spent"].ms(args.workloads),
+            "stream": b["spent"].ms(b["decided"]),
+            "burst": c["spent"].ms(c["decided"]),
+        },
         "goals_met": met,
     }
 
@@ -956,6 +1085,12 @@ def main() -> int:
     parser.add_argument("--burst-rate", type=float, default=200.0, help="the burst's Jobs a second")
     parser.add_argument("--no-record", dest="record", action="store_false")
     parser.add_argument(
+        "--write-concurrency",
+        type=int,
+        default=AdmissionConfig().write_concurrency,
+        help="the controller's status writes in flight (default: its own, %(default)s)",
+    )
+    parser.add_argument(
         "--profile", type=Path, help="run the controller under cProfile, its stats to FILE"
     )
     args = parser.parse_args()
@@ -979,7 +1114,19 @@ def main() -> int:
             )
             plane.apply_crds([ROOT / "deploy" / "admission" / "crd.yaml"])
             kueue.start()
-            result = asyncio.run(run_pool(plane, args) if args.real_pool else run(plane, args))
+            assert kueue.process is not None and kueue.process.popen is not None
+            pids = {
+                "API server": plane.processes["kube-apiserver"].popen,
+                "etcd": plane.processes["etcd"].popen,
+                "Kueue": kueue.process.popen,
+            }
+            meter = CpuMeter({k: p.pid for k, p in pids.items() if p is not None})
+            meter.pids["this process"] = os.getpid()
+            if args.write_concurrency != AdmissionConfig().write_concurrency:
+                meter.config = Path(tmp) / "admission.yaml"
+                meter.config.write_text(f"write-concurrency: {args.write_concurrency}\n")
+            runner = run_pool if args.real_pool else run
+            result = asyncio.run(runner(plane, args, meter))
         finally:
             kueue.stop()
             plane.stop()
