@@ -357,6 +357,63 @@ def test_replicas_short_of_the_count_asked_for_are_starting_for_a_cold_start_at_
     assert state.headroom.value == pytest.approx(headroom)
 
 
+def _cold_starts(first: int, before: float, after: float, quiet_minutes: int) -> tuple[int, float]:
+    """``first`` replicas, ``before`` arrivals a second for ``quiet_minutes``, then
+    ``after`` for 40 minutes; each pod asked for turns ready 3 minutes later, one a round,
+    and a fifth of the requests miss while some are ready and not all. Returns the most
+    replicas asked for and the highest headroom."""
+    state = DecisionState(
+        desired=first, last_activity=T0 - (3600.0 if first == 0 else 0.0), mix=(1000.0, 250.0)
+    )
+    pods = [T0 - 10_000.0] * first  # when each pod turns ready
+    most, headroom = 0, 0.0
+    for step in range(1, 4 * (quiet_minutes + 40) + 1):
+        at = T0 + 15.0 * step
+        arrivals = before if step <= 4 * quiet_minutes else after
+        ready = sum(1 for t in pods if t <= at)
+        miss = 0.2 if 0 < ready < (state.desired or 0) else 0.0
+        serving = ready > 0
+        observed = Observation(
+            at,
+            at,
+            queue_depth=0.0 if serving else None,
+            requests_running=40.0 if serving else None,
+            requests_running_mean=40.0 if serving else None,
+            replicas_known=ready,
+            replicas_up=ready,
+            gateway_arrival_rate=arrivals,
+            gateway_buffered=0 if serving else int(arrivals * 30),
+            gateway_in_flight=40 if serving else 0,
+            slo_within_rate=(1 - miss) * arrivals,
+            slo_outside_rate=miss * arrivals,
+            mean_prompt_tokens=1000.0 if serving else None,
+            mean_output_tokens=250.0 if serving else None,
+        )
+        decision = decide(observed, Policy(), state)
+        wanted = decision.desired_replicas
+        pods = sorted(pods)[:wanted] + [at + 180.0 + 15.0 * j for j in range(wanted - len(pods))]
+        state = decision.state
+        most, headroom = max(most, wanted), max(headroom, state.headroom.value)
+    return most, headroom
+
+
+@pytest.mark.parametrize(
+    ("first", "before", "after", "quiet_minutes", "most"),
+    [
+        pytest.param(10, 93.0, 140.0, 30, 15, id="a step up after the count stood half an hour"),
+        pytest.param(0, 0.0, 60.0, 5, 17, id="an activation from zero"),
+    ],
+)
+def test_a_change_after_a_count_stood_longer_than_the_window_is_starting(
+    first, before, after, quiet_minutes, most
+):
+    """Counts kept only as they changed lost one that stood longer than
+    ``STARTING_SECONDS``, and scale-to-zero kept none: the cold start of a step up (10 to
+    15) or of an activation read as capacity short, headroom 1.0 and twice the count for
+    15 minutes (issue 27, hostile pass 39). The count that stood is kept beside the new."""
+    assert _cold_starts(first, before, after, quiet_minutes) == (most, 0.0)
+
+
 @pytest.mark.parametrize(
     "lapse",
     [

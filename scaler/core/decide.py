@@ -200,7 +200,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         season=predictive.learn(previous.season, now, seen, p),
         headroom=move.headroom,
         # Kept as it changes: a window of every decision would hold thousands.
-        asked=asked if desired == previous.desired else asked.add(now, desired),
+        asked=replace(previous, asked=asked).changed_to(now, desired),
     )
     inputs = {**_inputs(need, capacity, activity), **_steered(move)}
     return Decision(
@@ -456,6 +456,7 @@ def _scale_to_zero(
         desired=0,
         last_activity=last_activity,
         need_history=Recent(),
+        asked=previous.changed_to(now, 0),  # an activation starts from 0
     )
     since = "ever" if math.isinf(last_activity) else f"{now - last_activity:.0f}s"
     reason = f"idle for {since}: scale to zero"

@@ -154,9 +154,23 @@ class DecisionState:
     headroom: Headroom = field(default_factory=Headroom)
     """Steered by attainment (``scaler.core.attainment``): the share added to the need."""
     asked: Recent[int] = field(default_factory=Recent)
-    """The counts decided over the last ``decide.STARTING_SECONDS``, each as it changed:
-    ready replicas short of the count asked for, and not of the least of these (or the
-    count now), are replicas starting."""
+    """The counts decided over the last ``decide.STARTING_SECONDS``, each as it changed
+    (``changed_to``): ready replicas short of the count asked for, and not of the least
+    of these (or the count now), are replicas starting."""
+
+    def changed_to(self, now: float, desired: int) -> Recent[int]:
+        """``asked`` once the count is ``desired``: on a change, the old count and the new.
+
+        The count that stood until now is recorded beside the new one: one that stood
+        longer than the window is still the least asked within it (10 for half an hour,
+        then 15: 5 starting). Example: asked ``((0.0, 10),)`` and the count 10; 15 at
+        2,000 s gives ``((0.0, 10), (2000.0, 10), (2000.0, 15))``; 15 again, no change.
+        """
+        if desired == self.desired:
+            return self.asked
+        if self.desired is None:
+            return self.asked.add(now, desired)
+        return self.asked.add(now, self.desired).add(now, desired)
 
 
 @dataclass(frozen=True, slots=True)

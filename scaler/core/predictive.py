@@ -72,7 +72,7 @@ def at_zero(decision: Decision, p: Policy, season: SeasonalState, now: float) ->
         return Decision(
             wanted,
             True,
-            replace(decision.state, desired=wanted),
+            replace(decision.state, desired=wanted, asked=decision.state.changed_to(now, wanted)),
             f"forecast: {forecast.reason}: {wanted} started ahead of it",
             decision.inputs,
             current_replicas=decision.current_replicas,
