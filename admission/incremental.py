@@ -303,10 +303,17 @@ def pool_fingerprint(
         held.append(read)
         tied.update((id(pod), pod) for pod in gang)
     pod_part = []
+    elsewhere: set[str] = set()
     for pod in pods:
         read = _known(keys, pod, "pod", functools.partial(_pod_key, pod))
         if read[3] in in_pool or id(pod) in tied:
             pod_part.append(read)
+            if read[5] and read[5] not in in_pool:
+                elsewhere.add(read[5])
+    # A held gang's pod bound outside the pool counts while its Node is there
+    # (``hami.holds_cards``): that Node gone undrained, the kept pool had still counted
+    # the pod placed and admitted a gang onto the card the hold was for (hostile pass 39).
+    node_part.append(("bound outside the pool", frozenset(elsewhere & named)))
     return Fingerprint(tuple(node_part), tuple(held), tuple(pod_part))
 
 

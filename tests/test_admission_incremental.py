@@ -576,6 +576,26 @@ def test_a_pod_on_a_node_deleted_undrained_holds_no_card_its_gang_counts_on():
     assert kept[1] == decisions
 
 
+def test_a_held_gangs_pod_on_a_node_outside_the_pool_deleted_decides_as_a_pass_from_scratch():
+    """A gang's pod HAMi placed outside the gang's pool (nothing steers a Job without a
+    selector into it) counts while its Node is there; that Node deleted undrained, the
+    kept pool still counted the pod placed and admitted a gang onto the card the hold was
+    for, until the resync (issue 27, hostile pass 39)."""
+    world = one_card_nodes("a", "b")  # gpu-0 in pool a, gpu-1 in pool b
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    apply_event(world, ("admit", 0))
+    name = world.workloads[world.ready()[0]]["metadata"]["name"]
+    pod = decided.running(f"{name}-0", "gpu-1", range(1), owner=f"job-{name}")
+    world.pods[pod["metadata"]["name"]] = world.stamp(pod)
+    apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
+    memo = incremental.Memo()
+    assert [d.state for d in both(world, memo)[0][1]] == ["Ready"]  # gpu-0 is free
+    del world.nodes["gpu-1"]
+    kept, fresh = both(world, memo)
+    assert [d.state for d in fresh[1]] == ["Retry"]  # gpu-0 is the gang's again
+    assert kept == fresh
+
+
 @pytest.mark.parametrize(
     ("before", "after"),
     [
