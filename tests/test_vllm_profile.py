@@ -51,3 +51,10 @@ def test_without_a_budget_vllm_keeps_its_own_default():
     args = launch_args(CPU_TEST)
     assert "--max-num-batched-tokens" not in args
     assert flag(args, "--max-num-seqs") == "8"
+
+
+def test_a_replica_told_to_stop_lets_the_requests_it_carries_finish():
+    """vLLM's default aborts them on SIGTERM, and the scaler lowers a count once arrivals
+    no longer need the replicas, whatever they still carry (issue 27, hostile pass 39)."""
+    assert flag(launch_args(LLAMA), "--shutdown-timeout") == "900"
+    assert flag(launch_args(CPU_TEST), "--shutdown-timeout") == "5"
