@@ -59,7 +59,14 @@ from admission.cluster import (
     pool_group,
 )
 from admission.fit import FitResult, fit_gang, fits_ever, whole_free_gpus
-from admission.hami import Inventory, NodeGpus, holds_cards, inventory, taking_pods
+from admission.hami import (
+    Inventory,
+    NodeGpus,
+    allocation_within,
+    holds_cards,
+    inventory,
+    taking_pods,
+)
 from admission.hints import Hints, combine, merge_hints
 from admission.manager import plan_pools, scaler_figures
 from admission.parameters import Parameters
@@ -804,9 +811,30 @@ def _ready_since(w: RawObject, ready: Sequence[Mapping[str, Any]], now: float) -
 
 
 def _pod_keys(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[str]:
-    return [
-        str((pod.get("metadata") or {}).get("uid") or key(pod)) for pod in owned_pods(w, by_owner)
-    ]
+    """The pods a held gang's hold stands for, which the inventory then leaves out.
+
+    Its tied pods that could be its own (``hami.allocation_within`` its largest pod), at
+    most as many as it asks: a pod tied by a label or annotation is its tenant's to
+    write, and each one left out frees cards the hold does not take (hostile pass 39).
+    """
+    pods = [d for d in workload_demand(w) if d.pod.asks_gpus]
+    wanted = sum(d.count for d in pods)
+    asked = [c for d in pods for c in (*d.pod.containers, *d.pod.init_containers)]
+    cards = max(  # an init container's cards may be others than the containers'
+        (
+            sum(c.gpus for c in d.pod.containers)
+            + max((c.gpus for c in d.pod.init_containers), default=0)
+            for d in pods
+        ),
+        default=0,
+    )
+    memory = max((c.memory_mib or 0 for c in asked), default=0)
+    per_card = memory if asked and all(c.memory_mib for c in asked) else None
+    keys: list[str] = []
+    for pod in owned_pods(w, by_owner):
+        if len(keys) < wanted and allocation_within(pod, cards, per_card):
+            keys.append(str((pod.get("metadata") or {}).get("uid") or key(pod)))
+    return keys
 
 
 def _on_nodes(pool: Inventory, nodes: Sequence[RawObject], where: Mapping[str, str]) -> Inventory:

@@ -791,6 +791,27 @@ def holds_cards(pod: RawObject, nodes: Collection[str]) -> bool:
         return True
 
 
+def allocation_within(pod: RawObject, cards: int, memory_mib: int | None) -> bool:
+    """Whether ``pod`` could be a pod asking ``cards`` cards, ``memory_mib`` on each.
+
+    Its allocation names at most ``cards`` distinct cards and at most ``memory_mib`` on
+    each (None: any). A pod tied to a held gang by a label or annotation its namespace's
+    tenant writes (hostile pass 39: 6 cards tied to a gang of 1-card pods) is no pod of
+    that gang when it holds more. No allocation, or an unreadable one, holds nothing the
+    inventory counts: it could be.
+    """
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(names.HAMI_DEVICES_ALLOCATED)
+    if not value or not isinstance(value, str):
+        return True
+    try:
+        uses = _devices_allocated(value)
+    except HamiFormatError:
+        return True
+    if len({use.uuid for use in uses}) > cards:
+        return False
+    return memory_mib is None or all(use.memory_mib <= memory_mib for use in uses)
+
+
 def inventory(
     nodes: Iterable[RawObject],
     pods: Iterable[RawObject],

@@ -657,6 +657,53 @@ def asking_a_share(w: dict[str, Any], mib: int) -> dict[str, Any]:
     return w
 
 
+def _one_gpu_pods(w: dict[str, Any]) -> dict[str, Any]:
+    limits = w["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    limits[names.GPU] = "1"
+    return w
+
+
+def _naming(pod: dict[str, Any], workload: str) -> dict[str, Any]:
+    """``pod`` in the held gang's namespace, naming it as Kueue names a Workload's pods."""
+    pod["metadata"]["namespace"] = "train"
+    pod["metadata"]["annotations"][names.KUEUE_WORKLOAD] = workload
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("gang", "pods", "pending"),
+    [
+        pytest.param(
+            lambda w: _one_gpu_pods(w),
+            [_naming(running("big", "gpu-1", range(6), owner="tenant-app"), "held")],
+            lambda: workload("other", gpus=4),
+            id="a-6-card-pod-naming-a-gang-of-1-card-pods-holds-its-6-cards",
+        ),
+        pytest.param(
+            lambda w: asking_a_share(_one_gpu_pods(w), 20_000),
+            [
+                running("serving", "gpu-1", range(1, 8)),
+                _naming(sharing("whole", "gpu-1", 0, MIB, 0), "held"),
+            ],
+            lambda: asking_a_share(workload("other", gpus=1), 20_000),
+            id="a-whole-card-naming-a-gang-of-20000-mib-shares-holds-the-whole-card",
+        ),
+    ],
+)
+def test_a_pod_naming_a_held_gang_that_is_more_than_its_pods_keeps_what_it_holds(
+    gang, pods, pending
+):
+    """A tenant's own pod in the gang's namespace naming the gang (a label or annotation
+    is the tenant's to write) had its cards left out of the pool while the gang was held:
+    the 6 cards, or the whole card, stood free beside the hold, and another team's gang
+    was admitted onto them (issue 27, hostile pass 39, HIGH). Only a pod the gang could
+    run as is left out for its hold."""
+    a_minute_ago = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    held = gang(admitted("held", pods=2, since=a_minute_ago))
+    [decision] = decide([pending()], [node("gpu-1")], others=[held], pods=pods)
+    assert decision.state == "Retry", decision.message
+
+
 @st.composite
 def passes(draw: st.DrawFn) -> tuple[list[Pending], Cluster]:
     """A pool or two of nodes with whole cards and shares held, and gangs to decide."""
