@@ -57,7 +57,7 @@ import numpy as np
 import numpy.typing as npt
 
 from foundation.replica_model import Profile
-from replay.fleet import DONE, Requests
+from replay.fleet import DONE, FEW, Requests
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -143,6 +143,27 @@ def met(requests: Requests, targets: Targets, index: Ints | None = None) -> npt.
             (requests.state[at] == DONE) & (ttft <= targets.ttft[at]) & (itl <= targets.itl)
         )
     return ok
+
+
+def met_count(requests: Requests, targets: Targets, index: Ints) -> int:
+    """How many of ``index`` met the SLO: ``met``'s count, element by element for a few.
+
+    The gateway judges each tick's finished requests; a day's replay finishes one or two
+    a tick, where ``met``'s dozen numpy calls were most of the judging. The same float64
+    operations in the same order, so the same count.
+    """
+    if len(index) > FEW:
+        return int(met(requests, targets, index).sum())
+    state, first, arrival = requests.state, requests.first_token, requests.arrival
+    decode, output, ttft, itl = requests.decode_time, requests.output, targets.ttft, targets.itl
+    count = 0
+    for i in index.tolist():
+        if state[i] != DONE:
+            continue
+        waited = float(first[i]) - float(arrival[i])
+        if waited <= float(ttft[i]) and float(decode[i]) / max(int(output[i]) - 1, 1) <= itl:
+            count += 1
+    return count
 
 
 def classify(requests: Requests, targets: Targets) -> Ints:

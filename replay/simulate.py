@@ -45,7 +45,7 @@ from foundation.replica_model import (
 )
 from foundation.replica_model import cold_start_seconds as cold_start_seconds
 from foundation.signals import EngineSignals
-from replay.anatomy import MET, Targets, anatomy, classify, idle_itl, met
+from replay.anatomy import MET, Targets, anatomy, classify, idle_itl, met_count
 from replay.controllers import StandbyController
 from replay.fleet import DONE, DROPPED, WAITING, Fleet, Requests
 from replay.policies import GatewayView, Policy, View
@@ -692,7 +692,7 @@ class _Replay:
         if len(tick.finished):
             self.unrecorded[1].append(tick.finished)
         if len(tick.finished):
-            judged_in = int(met(self.requests, self.targets, tick.finished).sum())
+            judged_in = met_count(self.requests, self.targets, tick.finished)
             self.judged.add(self.now, judged_in, len(tick.finished) - judged_in)
         holding = _HOLDING[slot]
         self.replica_seconds += dt * int(np.count_nonzero(holding))

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foundation.replica_model import LLAMA3_8B_H200
-from replay.anatomy import CAUSES, MET, TTFT_CAUSES, anatomy, classify
+from replay.anatomy import CAUSES, MET, TTFT_CAUSES, anatomy, classify, met, met_count
 from replay.controllers import Actuator
 from replay.fleet import DONE, DROPPED, Requests
 from replay.policies import View
@@ -365,3 +365,31 @@ def test_the_replay_report_says_why_requests_missed(tmp_path):
     payload = json.loads((tmp_path / "results.json").read_text())["cold-from-zero"]
     assert payload["miss_dropped"] == 0.125
     assert payload["queued_for_seat_excess_p50_seconds"] is None
+
+
+requests_drawn = st.lists(
+    st.builds(
+        Req,
+        ttft=st.sampled_from([0.0, 0.3, 1.9999999, 2.0, 2.0000001, 5.0]),
+        itl=st.sampled_from([0.0, 0.02, 0.0999999, 0.1, 0.1000001, 0.4]),
+        prompt=st.integers(1, 40_000),
+        output=st.integers(1, 4_000),
+        served=st.booleans(),
+    ),
+    min_size=1,
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests_drawn, st.data())
+def test_the_gateways_count_of_those_within_the_slo_is_mets_count(reqs, data):
+    """``met_count`` judges a few element by element (a day's replay judges one or two a
+    tick): the count ``met`` gives, at the SLO's edges, unserved ones and NaN times too."""
+    r = requests_of(*reqs)
+    targets = slo_targets(r, CONFIG)
+    index = np.array(
+        data.draw(st.lists(st.integers(0, len(reqs) - 1), max_size=40, unique=True)),
+        dtype=np.int64,
+    )
+    assert met_count(r, targets, index) == int(met(r, targets, index).sum())
