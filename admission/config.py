@@ -63,8 +63,10 @@ class AdmissionConfig(BaseModel):
     """How long one answer of the scaler's inference forecast is reused."""
     demand_timeout: Seconds = Field(2.0, gt=0, le=60)
     """Longest wait for the scaler's answer; then ``whenUnavailable`` applies."""
-    write_concurrency: int = Field(8, ge=1, le=64)
-    """Status writes in flight at once."""
+    write_concurrency: int = Field(32, ge=1, le=64)
+    """Status writes in flight at once. The API server spends less per write with more
+    in flight (``bench/admission.py``: a backlog of 1,000 on 2 cores, 99-109 decided a
+    second at 8, 126-132 at 32; its CPU per Workload 13.1 ms against 10.7)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @field_validator("controller_name")
