@@ -62,7 +62,7 @@ from admission.fit import FitResult, fit_gang, fits_ever, whole_free_gpus
 from admission.hami import (
     Inventory,
     NodeGpus,
-    allocation_within,
+    allocation_size,
     holds_cards,
     inventory,
     taking_pods,
@@ -813,28 +813,63 @@ def _ready_since(w: RawObject, ready: Sequence[Mapping[str, Any]], now: float) -
 def _pod_keys(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[str]:
     """The pods a held gang's hold stands for, which the inventory then leaves out.
 
-    Its tied pods that could be its own (``hami.allocation_within`` its largest pod), at
-    most as many as it asks: a pod tied by a label or annotation is its tenant's to
-    write, and each one left out frees cards the hold does not take (hostile pass 39).
+    Its tied pods the inventory takes nothing off for (finished, not yet allocated) are
+    left out as they are. Each one it takes cards off for must fit a pod slot of the
+    gang (its podSet's cards, an init container's beside them, and MiB when every GPU
+    container asks MiB), one slot each, placed pods first, the largest into the
+    smallest slot it fits: what is left out is never more than the gang asks. A pod
+    tied by a label or annotation is its tenant's to write (hostile pass 39: 6 cards
+    tied to a gang of 1-card pods), and a slot spent on a failed pod had the gang's
+    placed pod counted twice (pass 40).
     """
-    pods = [d for d in workload_demand(w) if d.pod.asks_gpus]
-    wanted = sum(d.count for d in pods)
-    asked = [c for d in pods for c in (*d.pod.containers, *d.pod.init_containers)]
-    cards = max(  # an init container's cards may be others than the containers'
-        (
-            sum(c.gpus for c in d.pod.containers)
-            + max((c.gpus for c in d.pod.init_containers), default=0)
-            for d in pods
-        ),
-        default=0,
-    )
-    memory = max((c.memory_mib or 0 for c in asked), default=0)
-    per_card = memory if asked and all(c.memory_mib for c in asked) else None
+    slots: list[tuple[int, float]] = []
+    for d in workload_demand(w):
+        if not d.pod.asks_gpus:
+            continue
+        containers = d.pod.containers
+        cards = sum(c.gpus for c in containers) + max(
+            (c.gpus for c in d.pod.init_containers), default=0
+        )
+        asked = [*containers, *d.pod.init_containers]
+        mib = (
+            float(max(c.memory_mib or 0 for c in asked))
+            if asked and all(c.memory_mib for c in asked)
+            else math.inf
+        )
+        slots += [(cards, mib)] * d.count
+    slots.sort()
     keys: list[str] = []
-    for pod in owned_pods(w, by_owner):
-        if len(keys) < wanted and allocation_within(pod, cards, per_card):
-            keys.append(str((pod.get("metadata") or {}).get("uid") or key(pod)))
+    counted: list[tuple[bool, int, int, int, RawObject]] = []
+    for index, pod in enumerate(owned_pods(w, by_owner)):
+        size = allocation_size(pod)
+        if size == (0, 0):
+            keys.append(_pod_key_of(pod))
+        elif size is not None:
+            counted.append((not _bound_where_hami_placed(pod), -size[0], -size[1], index, pod))
+    for _, cards_held, mib_held, _, pod in sorted(counted, key=lambda c: c[:4]):
+        fits = next(
+            (i for i, (c, m) in enumerate(slots) if -cards_held <= c and -mib_held <= m), None
+        )
+        if fits is not None:
+            del slots[fits]
+            keys.append(_pod_key_of(pod))
     return keys
+
+
+def _pod_key_of(pod: RawObject) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or key(pod))
+
+
+def _bound_where_hami_placed(pod: RawObject) -> bool:
+    """``hami.holds_cards`` but for its Node being there: placed, and staying."""
+    meta = pod.get("metadata") or {}
+    bound = (pod.get("spec") or {}).get("nodeName")
+    annotations = meta.get("annotations") or {}
+    return (
+        bool(bound)
+        and not meta.get("deletionTimestamp")
+        and (annotations.get(names.HAMI_VGPU_NODE) == bound)
+    )
 
 
 def _on_nodes(pool: Inventory, nodes: Sequence[RawObject], where: Mapping[str, str]) -> Inventory:

@@ -791,25 +791,25 @@ def holds_cards(pod: RawObject, nodes: Collection[str]) -> bool:
         return True
 
 
-def allocation_within(pod: RawObject, cards: int, memory_mib: int | None) -> bool:
-    """Whether ``pod`` could be a pod asking ``cards`` cards, ``memory_mib`` on each.
+def allocation_size(pod: RawObject) -> tuple[int, int] | None:
+    """What ``inventory`` takes off for ``pod``: (distinct cards, most MiB on one).
 
-    Its allocation names at most ``cards`` distinct cards and at most ``memory_mib`` on
-    each (None: any). A pod tied to a held gang by a label or annotation its namespace's
-    tenant writes (hostile pass 39: 6 cards tied to a gang of 1-card pods) is no pod of
-    that gang when it holds more. No allocation, or an unreadable one, holds nothing the
-    inventory counts: it could be.
+    (0, 0) when it takes nothing (finished, no allocation, no node named); None when
+    the allocation is unreadable (its node then offers nothing at all).
     """
-    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(names.HAMI_DEVICES_ALLOCATED)
-    if not value or not isinstance(value, str):
-        return True
+    meta = pod.get("metadata") or {}
+    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        return (0, 0)
+    annotations = meta.get("annotations") or {}
+    value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
+    node = annotations.get(names.HAMI_VGPU_NODE) or (pod.get("spec") or {}).get("nodeName")
+    if not value or not isinstance(node, str):
+        return (0, 0)
     try:
-        uses = _devices_allocated(value)
+        uses = _devices_allocated(str(value))
     except HamiFormatError:
-        return True
-    if len({use.uuid for use in uses}) > cards:
-        return False
-    return memory_mib is None or all(use.memory_mib <= memory_mib for use in uses)
+        return None
+    return (len({use.uuid for use in uses}), max((use.memory_mib for use in uses), default=0))
 
 
 def inventory(

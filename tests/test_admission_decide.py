@@ -704,6 +704,78 @@ def test_a_pod_naming_a_held_gang_that_is_more_than_its_pods_keeps_what_it_holds
     assert decision.state == "Retry", decision.message
 
 
+def _failed(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"]["phase"] = "Failed"
+    return pod
+
+
+def _not_scheduled(pod: dict[str, Any]) -> dict[str, Any]:
+    for annotation in (names.HAMI_DEVICES_ALLOCATED, names.HAMI_VGPU_NODE):
+        del pod["metadata"]["annotations"][annotation]
+    pod["spec"], pod["status"] = {}, {"phase": "Pending"}
+    return pod
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(
+            lambda: _failed(running("held-old", "gpu-1", range(1), owner="job-held")),
+            id="a-failed-pod-kept-by-its-job-listed-first",
+        ),
+        pytest.param(
+            lambda: {
+                **running("held-term", "gpu-1", range(1), owner="job-held"),
+                "metadata": {
+                    **running("held-term", "gpu-1", range(1), owner="job-held")["metadata"],
+                    "deletionTimestamp": "2026-12-01T00:00:00Z",
+                },
+            },
+            id="a-pod-being-deleted-listed-first",
+        ),
+    ],
+)
+def test_a_held_gangs_placed_pod_is_left_out_whatever_its_other_pods_are(first):
+    """Pass 39's cap took the first tied pods as many as the gang asks: a failed or a
+    terminating pod listed first (pod names are random) took a slot, the gang's placed
+    pod was counted and held for both, the hold fitted nowhere and another gang was
+    admitted onto the card the replacement needs (issue 27, hostile pass 40, HIGH).
+    Placed pods take the gang's slots first; pods counted for nothing take none."""
+    a_minute_ago = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    held = _one_gpu_pods(admitted("held", pods=2, since=a_minute_ago))
+    pods = [
+        first(),
+        _not_scheduled(running("held-c", "gpu-1", range(0), owner="job-held")),
+        running("held-b", "gpu-1", range(1, 2), owner="job-held"),
+    ]
+    [decision] = decide([workload("other", gpus=1)], [node("gpu-1", 2)], others=[held], pods=pods)
+    assert decision.state == "Retry", decision.message
+
+
+def test_pods_naming_a_gang_of_mixed_pods_free_no_more_than_it_asks():
+    """Bounded by its largest pod and its count of pods, a gang of one 8-card pod and
+    seven 1-card pods let seven 8-card pods naming it leave 56 cards out of the pool for
+    a hold of 15, and another team's four 8-card pods were admitted onto them (issue 27,
+    hostile pass 40, HIGH, forged). Each pod left out takes a slot it fits."""
+    a_minute_ago = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    held = admitted("held", pods=1, since=a_minute_ago)  # one pod of 8 cards
+    workers = json.loads(json.dumps(held["spec"]["podSets"][0]))
+    workers.update(name="workers", count=7)
+    workers["template"]["spec"]["containers"][0]["resources"]["limits"][names.GPU] = "1"
+    held["spec"]["podSets"].append(workers)
+    naming = [
+        _naming(running(f"t{i}", f"gpu-{i}", range(8), owner="tenant-app"), "held")
+        for i in range(1, 8)
+    ]
+    [decision] = decide(
+        [workload("other-team", pods=4, gpus=8)],
+        [node(f"gpu-{i}") for i in range(1, 9)],
+        others=[held],
+        pods=naming,
+    )
+    assert decision.state == "Retry", decision.message
+
+
 @st.composite
 def passes(draw: st.DrawFn) -> tuple[list[Pending], Cluster]:
     """A pool or two of nodes with whole cards and shares held, and gangs to decide."""
