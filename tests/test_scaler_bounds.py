@@ -357,17 +357,28 @@ def test_replicas_short_of_the_count_asked_for_are_starting_for_a_cold_start_at_
     assert state.headroom.value == pytest.approx(headroom)
 
 
-def _cold_starts(first: int, before: float, after: float, quiet_minutes: int) -> tuple[int, float]:
+def _cold_starts(
+    first: int,
+    before: float,
+    after: float,
+    quiet_minutes: int,
+    restart: int | None = None,
+    mix: tuple[float, float] | None = (1000.0, 250.0),
+) -> tuple[int, float, int]:
     """``first`` replicas, ``before`` arrivals a second for ``quiet_minutes``, then
     ``after`` for 40 minutes; each pod asked for turns ready 3 minutes later, one a round,
-    and a fifth of the requests miss while some are ready and not all. Returns the most
-    replicas asked for and the highest headroom."""
+    and a fifth of the requests miss while some are ready and not all. ``restart``: the
+    scaler restarts (a fresh state) at that round; ``mix``: the one the state knows.
+    Returns the most replicas asked for, the highest headroom and the replica-minutes
+    asked for."""
     state = DecisionState(
-        desired=first, last_activity=T0 - (3600.0 if first == 0 else 0.0), mix=(1000.0, 250.0)
+        desired=first, last_activity=T0 - (3600.0 if first == 0 else 0.0), mix=mix
     )
     pods = [T0 - 10_000.0] * first  # when each pod turns ready
-    most, headroom = 0, 0.0
+    most, headroom, minutes = 0, 0.0, 0.0
     for step in range(1, 4 * (quiet_minutes + 40) + 1):
+        if step == restart:
+            state = DecisionState()
         at = T0 + 15.0 * step
         arrivals = before if step <= 4 * quiet_minutes else after
         ready = sum(1 for t in pods if t <= at)
@@ -394,7 +405,8 @@ def _cold_starts(first: int, before: float, after: float, quiet_minutes: int) ->
         pods = sorted(pods)[:wanted] + [at + 180.0 + 15.0 * j for j in range(wanted - len(pods))]
         state = decision.state
         most, headroom = max(most, wanted), max(headroom, state.headroom.value)
-    return most, headroom
+        minutes += wanted / 4
+    return most, headroom, minutes
 
 
 @pytest.mark.parametrize(
@@ -411,7 +423,33 @@ def test_a_change_after_a_count_stood_longer_than_the_window_is_starting(
     ``STARTING_SECONDS``, and scale-to-zero kept none: the cold start of a step up (10 to
     15) or of an activation read as capacity short, headroom 1.0 and twice the count for
     15 minutes (issue 27, hostile pass 39). The count that stood is kept beside the new."""
-    assert _cold_starts(first, before, after, quiet_minutes) == (most, 0.0)
+    assert _cold_starts(first, before, after, quiet_minutes)[:2] == (most, 0.0)
+
+
+@pytest.mark.parametrize(
+    "restart",
+    [
+        pytest.param(124, id="a restart a minute into the step's cold start"),
+        pytest.param(128, id="a restart two minutes into it"),
+    ],
+)
+def test_a_restart_mid_cold_start_is_starting(restart):
+    """A first look knew no count asked for: the cold start's misses raised the headroom
+    to 1.0 and the count from 15 to 30 (issue 27, hostile pass 40, MEDIUM). The replicas
+    ready on a first look are the count that stood, and its misses no capacity's."""
+    assert _cold_starts(10, 93.0, 140.0, 30, restart=restart)[:2] == (15, 0.0)
+
+
+def test_an_activation_with_no_mix_known_holds_nothing_once_a_replica_serves():
+    """At zero with no mix known (a new deployment, a scaler restarted at zero) the
+    requests buffered through the cold start are the only demand read, and they grow
+    with the cold start, not the load: kept in the scale-down window they held the 90
+    replicas they asked for 20 minutes where 12 carried the load (issue 27, hostile pass
+    40, HIGH as a cost). They start replicas; once one serves, the arrivals decide."""
+    _, _, known = _cold_starts(0, 0.0, 60.0, 5)
+    most, _, unknown = _cold_starts(0, 0.0, 60.0, 5, mix=None)
+    assert most == 100  # the buffer's worth, to the maximum, for the cold start
+    assert unknown < known + 100 * 4  # 4 minutes of it at most, then the arrivals' count
 
 
 @pytest.mark.parametrize(
