@@ -65,13 +65,14 @@ from admission.hami import (
     allocation_size,
     holds_cards,
     inventory,
+    largest_card_mib,
     taking_pods,
 )
 from admission.hints import Hints, combine, merge_hints
 from admission.manager import plan_pools, scaler_figures
 from admission.parameters import Parameters
 from admission.pool import within_allowance
-from admission.requests import PodSetDemand, workload_demand
+from admission.requests import GpuRequest, PodSetDemand, workload_demand
 from admission.workload import (
     MAX_CLOCK_SKEW,
     check_entries,
@@ -511,7 +512,7 @@ def _held_after(
         key=_order,
     )
     holding = [found[h.uid] for h in kept.held if h.uid in staying] + joining
-    ignored = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
+    ignored = frozenset(k for w in holding for k in _pod_keys(w, by_owner, cluster.nodes))
     fresh = {id(pod) for pod in new_pods}
     if any(  # a pod counted before that a gang now holds: a build takes it off no more
         id(pod) not in fresh and not _pod_keys_of(pod) & kept.ignored
@@ -693,7 +694,7 @@ def _pool_inventory(
     by_owner = pod_index_of(cluster)
     nodes = _node_names(cluster)
     holding = [w for w in cluster.workloads if _holds_readably(w, checks, by_owner, now, nodes)]
-    ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner))
+    ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner, cluster.nodes))
     pool = inventory(
         cluster.nodes,
         cluster.pods,
@@ -751,7 +752,7 @@ def _holds_readably(
         _granted_selector(w, checks)
         _order(w)
         _hold_deadline(w, checks, by_owner, now)
-        _pod_keys(w, by_owner)
+        _pod_keys(w, by_owner, ())
     except Exception:  # what this gang holds is unknown; never the pool's every check
         return False
     return True
@@ -810,50 +811,60 @@ def _ready_since(w: RawObject, ready: Sequence[Mapping[str, Any]], now: float) -
     return since
 
 
-def _pod_keys(w: RawObject, by_owner: Mapping[str, list[RawObject]]) -> list[str]:
+def _pod_keys(
+    w: RawObject, by_owner: Mapping[str, list[RawObject]], nodes: Sequence[RawObject]
+) -> list[str]:
     """The pods a held gang's hold stands for, which the inventory then leaves out.
 
     Its tied pods the inventory takes nothing off for (finished, not yet allocated) are
     left out as they are. Each one it takes cards off for must fit a pod slot of the
-    gang (its podSet's cards, an init container's beside them, and MiB when every GPU
-    container asks MiB), one slot each, placed pods first, the largest into the
-    smallest slot it fits: what is left out is never more than the gang asks. A pod
-    tied by a label or annotation is its tenant's to write (hostile pass 39: 6 cards
-    tied to a gang of 1-card pods), and a slot spent on a failed pod had the gang's
-    placed pod counted twice (pass 40).
+    gang, one slot each, placed pods first and the largest into the smallest slot it
+    fits: no more distinct cards than the pod asks (an init container's beside its
+    containers'), and on any one card no more MiB and cores than all its containers
+    ask together (a percentage of the largest card ``nodes`` register). What is left out
+    is then never more than the gang asks: a pod tied by a label or annotation is its
+    tenant's to write (hostile passes 39 and 41: a whole card naming a gang of 10%
+    shares), and a slot spent on a failed pod had the gang's placed pod counted twice
+    (pass 40).
     """
-    slots: list[tuple[int, float]] = []
+    card_mib: list[int] = []  # the largest card, read once if a percentage needs it
+
+    def mib_of(c: GpuRequest) -> int:
+        if c.memory_mib:
+            return c.memory_mib
+        if not card_mib:
+            card_mib.append(largest_card_mib(nodes))
+        return c.memory_of(card_mib[0])
+
+    slots: list[tuple[int, int, int]] = []
     for d in workload_demand(w):
         if not d.pod.asks_gpus:
             continue
-        containers = d.pod.containers
-        cards = sum(c.gpus for c in containers) + max(
-            (c.gpus for c in d.pod.init_containers), default=0
-        )
-        asked = [*containers, *d.pod.init_containers]
-        mib = (
-            float(max(c.memory_mib or 0 for c in asked))
-            if asked and all(c.memory_mib for c in asked)
-            else math.inf
-        )
-        slots += [(cards, mib)] * d.count
+        containers, init = d.pod.containers, d.pod.init_containers
+        cards = sum(c.gpus for c in containers) + max((c.gpus for c in init), default=0)
+        mib = sum(mib_of(c) for c in containers) + max((mib_of(c) for c in init), default=0)
+        cores = sum(c.cores for c in containers) + max((c.cores for c in init), default=0)
+        slots += [(cards, mib, cores)] * d.count
     slots.sort()
     keys: list[str] = []
-    counted: list[tuple[bool, int, int, int, RawObject]] = []
+    counted: list[tuple[bool, tuple[int, int, int], int, RawObject]] = []
     for index, pod in enumerate(owned_pods(w, by_owner)):
         size = allocation_size(pod)
-        if size == (0, 0):
+        if size == (0, 0, 0):
             keys.append(_pod_key_of(pod))
         elif size is not None:
-            counted.append((not _bound_where_hami_placed(pod), -size[0], -size[1], index, pod))
-    for _, cards_held, mib_held, _, pod in sorted(counted, key=lambda c: c[:4]):
-        fits = next(
-            (i for i, (c, m) in enumerate(slots) if -cards_held <= c and -mib_held <= m), None
-        )
+            counted.append((not _bound_where_hami_placed(pod), size, index, pod))
+    counted.sort(key=lambda c: (c[0], tuple(-x for x in c[1]), c[2]))
+    for _, size, _, pod in counted:
+        fits = next((i for i, slot in enumerate(slots) if _within(size, slot)), None)
         if fits is not None:
             del slots[fits]
             keys.append(_pod_key_of(pod))
     return keys
+
+
+def _within(size: tuple[int, ...], slot: tuple[int, ...]) -> bool:
+    return all(a <= b for a, b in zip(size, slot, strict=True))
 
 
 def _pod_key_of(pod: RawObject) -> str:

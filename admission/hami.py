@@ -791,25 +791,46 @@ def holds_cards(pod: RawObject, nodes: Collection[str]) -> bool:
         return True
 
 
-def allocation_size(pod: RawObject) -> tuple[int, int] | None:
-    """What ``inventory`` takes off for ``pod``: (distinct cards, most MiB on one).
+def allocation_size(pod: RawObject) -> tuple[int, int, int] | None:
+    """What ``inventory`` takes off for ``pod``: (distinct cards, MiB, cores on one card).
 
-    (0, 0) when it takes nothing (finished, no allocation, no node named); None when
-    the allocation is unreadable (its node then offers nothing at all).
+    MiB and cores are summed over the pod's containers on each card, the most of any
+    card. (0, 0, 0) when it takes nothing (finished, no allocation, no node named); None
+    when the allocation is unreadable (its node then offers nothing at all).
     """
     meta = pod.get("metadata") or {}
     if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
-        return (0, 0)
+        return (0, 0, 0)
     annotations = meta.get("annotations") or {}
     value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
     node = annotations.get(names.HAMI_VGPU_NODE) or (pod.get("spec") or {}).get("nodeName")
     if not value or not isinstance(node, str):
-        return (0, 0)
+        return (0, 0, 0)
     try:
         uses = _devices_allocated(str(value))
     except HamiFormatError:
         return None
-    return (len({use.uuid for use in uses}), max((use.memory_mib for use in uses), default=0))
+    mib: dict[str, int] = {}
+    cores: dict[str, int] = {}
+    for use in uses:
+        mib[use.uuid] = mib.get(use.uuid, 0) + use.memory_mib
+        cores[use.uuid] = cores.get(use.uuid, 0) + use.cores
+    return (len(mib), max(mib.values(), default=0), max(cores.values(), default=0))
+
+
+def largest_card_mib(nodes: Iterable[RawObject]) -> int:
+    """The most memory of any card the Nodes register (0 when none reads)."""
+    most = 0
+    for obj in nodes:
+        value = ((obj.get("metadata") or {}).get("annotations") or {}).get(names.HAMI_NODE_REGISTER)
+        if not value or not isinstance(value, str):
+            continue
+        try:
+            devices = _node_register(value)
+        except HamiFormatError:
+            continue
+        most = max([most, *(d.memory_mib for d in devices)])
+    return most
 
 
 def inventory(

@@ -663,6 +663,19 @@ def _one_gpu_pods(w: dict[str, Any]) -> dict[str, Any]:
     return w
 
 
+def _asking(w: dict[str, Any], more: dict[str, str]) -> dict[str, Any]:
+    w["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["limits"].update(more)
+    return w
+
+
+def _allocated(pod: dict[str, Any], containers: int, mib: int, cores: int) -> dict[str, Any]:
+    """``pod`` holding ``containers`` containers' uses of its card, each ``mib`` and ``cores``."""
+    on = pod["spec"]["nodeName"]
+    use = f"GPU-{on}-0,NVIDIA,{mib},{cores}:;"
+    pod["metadata"]["annotations"][names.HAMI_DEVICES_ALLOCATED] = use * containers
+    return pod
+
+
 def _naming(pod: dict[str, Any], workload: str) -> dict[str, Any]:
     """``pod`` in the held gang's namespace, naming it as Kueue names a Workload's pods."""
     pod["metadata"]["namespace"] = "train"
@@ -687,6 +700,35 @@ def _naming(pod: dict[str, Any], workload: str) -> dict[str, Any]:
             ],
             lambda: asking_a_share(workload("other", gpus=1), 20_000),
             id="a-whole-card-naming-a-gang-of-20000-mib-shares-holds-the-whole-card",
+        ),
+        pytest.param(
+            lambda w: _asking(_one_gpu_pods(w), {names.GPU_MEMORY_PERCENT: "10"}),
+            [
+                running("serving", "gpu-1", range(1, 8)),
+                _naming(sharing("whole", "gpu-1", 0, MIB, 100), "held"),
+            ],
+            lambda: asking_a_share(workload("other", gpus=1), 20_000),
+            id="a-whole-card-naming-a-gang-of-10-percent-shares-holds-the-whole-card",
+        ),
+        pytest.param(
+            lambda w: asking_a_share(_one_gpu_pods(w), 20_000),
+            [
+                running("serving", "gpu-1", range(1, 8)),
+                _naming(_allocated(sharing("seven", "gpu-1", 0, 0, 0), 7, 20_000, 0), "held"),
+            ],
+            lambda: asking_a_share(workload("other", gpus=1), 80_000),
+            id="seven-20000-mib-containers-on-one-card-naming-a-gang-of-such-shares-hold-140000",
+        ),
+        pytest.param(
+            lambda w: _asking(asking_a_share(_one_gpu_pods(w), 20_000), {names.GPU_CORES: "10"}),
+            [
+                running("serving", "gpu-1", range(1, 8)),
+                _naming(sharing("cores", "gpu-1", 0, 20_000, 100), "held"),
+            ],
+            lambda: _asking(
+                asking_a_share(workload("other", gpus=1), 20_000), {names.GPU_CORES: "50"}
+            ),
+            id="a-pod-of-every-core-naming-a-gang-of-10-percent-cores-holds-every-core",
         ),
     ],
 )
