@@ -364,7 +364,7 @@ def _cold_starts(
     quiet_minutes: int,
     restart: int | None = None,
     mix: tuple[float, float] | None = (1000.0, 250.0),
-) -> tuple[int, float, int]:
+) -> tuple[int, float, float]:
     """``first`` replicas, ``before`` arrivals a second for ``quiet_minutes``, then
     ``after`` for 40 minutes; each pod asked for turns ready 3 minutes later, one a round,
     and a fifth of the requests miss while some are ready and not all. ``restart``: the
