@@ -63,6 +63,7 @@ from admission.hami import (
     Inventory,
     NodeGpus,
     allocation_size,
+    bound_where_placed,
     holds_cards,
     inventory,
     largest_card_mib,
@@ -853,7 +854,7 @@ def _pod_keys(
         if size == (0, 0, 0):
             keys.append(_pod_key_of(pod))
         elif size is not None:
-            counted.append((not _bound_where_hami_placed(pod), size, index, pod))
+            counted.append((not bound_where_placed(pod), size, index, pod))
     counted.sort(key=lambda c: (c[0], tuple(-x for x in c[1]), c[2]))
     for _, size, _, pod in counted:
         fits = next((i for i, slot in enumerate(slots) if _within(size, slot)), None)
@@ -869,18 +870,6 @@ def _within(size: tuple[int, ...], slot: tuple[int, ...]) -> bool:
 
 def _pod_key_of(pod: RawObject) -> str:
     return str((pod.get("metadata") or {}).get("uid") or key(pod))
-
-
-def _bound_where_hami_placed(pod: RawObject) -> bool:
-    """``hami.holds_cards`` but for its Node being there: placed, and staying."""
-    meta = pod.get("metadata") or {}
-    bound = (pod.get("spec") or {}).get("nodeName")
-    annotations = meta.get("annotations") or {}
-    return (
-        bool(bound)
-        and not meta.get("deletionTimestamp")
-        and (annotations.get(names.HAMI_VGPU_NODE) == bound)
-    )
 
 
 def _on_nodes(pool: Inventory, nodes: Sequence[RawObject], where: Mapping[str, str]) -> Inventory:

@@ -775,20 +775,24 @@ def holds_cards(pod: RawObject, nodes: Collection[str]) -> bool:
     finished (a failed one a Job replaces) or being deleted (a drained or dead node's)
     holds none its gang can count on: its replacement needs one.
     """
-    meta = pod.get("metadata") or {}
-    if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES or not bound_where_placed(pod):
         return False
-    annotations = meta.get("annotations") or {}
-    value = annotations.get(names.HAMI_DEVICES_ALLOCATED)
-    bound = (pod.get("spec") or {}).get("nodeName")
-    if not value or not isinstance(value, str) or not bound or not isinstance(bound, str):
-        return False
-    if annotations.get(names.HAMI_VGPU_NODE) != bound or bound not in nodes:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(names.HAMI_DEVICES_ALLOCATED)
+    if not value or not isinstance(value, str) or pod["spec"]["nodeName"] not in nodes:
         return False
     try:
         return bool(_devices_allocated(value))
     except HamiFormatError:
         return True
+
+
+def bound_where_placed(pod: RawObject) -> bool:
+    """Bound (``spec.nodeName``) to the node HAMi's scheduler wrote, and not being deleted."""
+    meta = pod.get("metadata") or {}
+    bound = (pod.get("spec") or {}).get("nodeName")
+    if not bound or not isinstance(bound, str) or meta.get("deletionTimestamp"):
+        return False
+    return bool((meta.get("annotations") or {}).get(names.HAMI_VGPU_NODE) == bound)
 
 
 def allocation_size(pod: RawObject) -> tuple[int, int, int] | None:

@@ -830,8 +830,19 @@ def _latency(r: dict[str, Any]) -> str:
     return f"{r['p50_s']:.2f} / **{r['p99_s']:.2f}** / {r['max_s']:.2f}"
 
 
-def _machine(phases: list[tuple[str, Spent, int]]) -> str:
+def _machine(
+    workloads: int, backlog: dict[str, Any], streams: list[tuple[str, dict[str, Any]]]
+) -> str:
     """Where the machine's CPU went in each phase, in ms per Workload."""
+    reserving = (
+        "Kueue reserving the backlog, the controller down "
+        f"({workloads / backlog['reserved_s']:.0f}/s)"
+    )
+    phases = [
+        (reserving, backlog["reserving"], workloads),
+        ("the backlog decided", backlog["spent"], workloads),
+        *((what, r["spent"], r["decided"]) for what, r in streams),
+    ]
     return (
         "Where the machine's CPU went, ms per Workload: "
         + "; ".join(f"{what}: {spent.per(n)}" for what, spent, n in phases)
@@ -875,17 +886,7 @@ def _notes(args: argparse.Namespace, result: dict[str, Any]) -> str:
         f"applied/conflict/error {writes}, peak RSS {result['rss_mb']:.0f} MB. "
         "kube-apiserver, etcd, Kueue, the controller and this process share the machine. "
         + _machine(
-            [
-                (
-                    f"Kueue reserving the backlog, the controller down "
-                    f"({args.workloads / a['reserved_s']:.0f}/s)",
-                    a["reserving"],
-                    args.workloads,
-                ),
-                ("the backlog decided", a["spent"], args.workloads),
-                ("the stream with pods placed", b["spent"], b["decided"]),
-                ("the stream with no pods", c["spent"], c["decided"]),
-            ]
+            args.workloads, a, [("the stream with pods placed", b), ("the stream with no pods", c)]
         )
     )
 
@@ -1020,19 +1021,7 @@ def report_pool(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, A
         "scoring (it takes the first node that fits), a kubelet (pods stay Pending, never "
         "finish or free cards), node churn. kube-apiserver, etcd, Kueue, the controller and "
         "this process share the machine. "
-        + _machine(
-            [
-                (
-                    f"Kueue reserving the backlog, the controller down "
-                    f"({args.workloads / a['reserved_s']:.0f}/s)",
-                    a["reserving"],
-                    args.workloads,
-                ),
-                ("the backlog decided", a["spent"], args.workloads),
-                ("the stream", b["spent"], b["decided"]),
-                ("the burst", c["spent"], c["decided"]),
-            ]
-        )
+        + _machine(args.workloads, a, [("the stream", b), ("the burst", c)])
     )
     print(table)
     print(notes)
