@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -513,7 +513,8 @@ def _held_after(
         key=_order,
     )
     holding = [found[h.uid] for h in kept.held if h.uid in staying] + joining
-    ignored = frozenset(k for w in holding for k in _pod_keys(w, by_owner, cluster.nodes))
+    card_mib = _largest_card(cluster)
+    ignored = frozenset(k for w in holding for k in _pod_keys(w, by_owner, card_mib))
     fresh = {id(pod) for pod in new_pods}
     if any(  # a pod counted before that a gang now holds: a build takes it off no more
         id(pod) not in fresh and not _pod_keys_of(pod) & kept.ignored
@@ -695,7 +696,8 @@ def _pool_inventory(
     by_owner = pod_index_of(cluster)
     nodes = _node_names(cluster)
     holding = [w for w in cluster.workloads if _holds_readably(w, checks, by_owner, now, nodes)]
-    ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner, cluster.nodes))
+    card_mib = _largest_card(cluster)
+    ignore = frozenset(k for w in holding for k in _pod_keys(w, by_owner, card_mib))
     pool = inventory(
         cluster.nodes,
         cluster.pods,
@@ -753,7 +755,7 @@ def _holds_readably(
         _granted_selector(w, checks)
         _order(w)
         _hold_deadline(w, checks, by_owner, now)
-        _pod_keys(w, by_owner, ())
+        _pod_keys(w, by_owner, lambda: 0)
     except Exception:  # what this gang holds is unknown; never the pool's every check
         return False
     return True
@@ -813,7 +815,7 @@ def _ready_since(w: RawObject, ready: Sequence[Mapping[str, Any]], now: float) -
 
 
 def _pod_keys(
-    w: RawObject, by_owner: Mapping[str, list[RawObject]], nodes: Sequence[RawObject]
+    w: RawObject, by_owner: Mapping[str, list[RawObject]], card_mib: Callable[[], int]
 ) -> list[str]:
     """The pods a held gang's hold stands for, which the inventory then leaves out.
 
@@ -822,20 +824,15 @@ def _pod_keys(
     gang, one slot each, placed pods first and the largest into the smallest slot it
     fits: no more distinct cards than the pod asks (an init container's beside its
     containers'), and on any one card no more MiB and cores than all its containers
-    ask together (a percentage of the largest card ``nodes`` register). What is left out
+    ask together (a percentage of the largest card, ``card_mib()``). What is left out
     is then never more than the gang asks: a pod tied by a label or annotation is its
     tenant's to write (hostile passes 39 and 41: a whole card naming a gang of 10%
     shares), and a slot spent on a failed pod had the gang's placed pod counted twice
     (pass 40).
     """
-    card_mib: list[int] = []  # the largest card, read once if a percentage needs it
 
     def mib_of(c: GpuRequest) -> int:
-        if c.memory_mib:
-            return c.memory_mib
-        if not card_mib:
-            card_mib.append(largest_card_mib(nodes))
-        return c.memory_of(card_mib[0])
+        return c.memory_mib or c.memory_of(card_mib())
 
     slots: list[tuple[int, int, int]] = []
     for d in workload_demand(w):
@@ -866,6 +863,11 @@ def _pod_keys(
 
 def _within(size: tuple[int, ...], slot: tuple[int, ...]) -> bool:
     return all(a <= b for a, b in zip(size, slot, strict=True))
+
+
+def _largest_card(cluster: Cluster) -> Callable[[], int]:
+    """The largest card's MiB the Nodes register, read once a pass if a gang needs it."""
+    return functools.cache(lambda: largest_card_mib(cluster.nodes))
 
 
 def _pod_key_of(pod: RawObject) -> str:
