@@ -315,7 +315,12 @@ def make_policy(name: str, config: SimConfig, options: ReplayOptions, **knobs: A
     # The replay knows the model it simulates, as an operator knows the model they serve:
     # unitscale plans with that profile unless the scaler config names one.
     profile = config.profile.name if options.policy.profile is None else None
-    base = unitscale_policy(options.target_concurrency, top, options.policy, profile)
+    core = options.policy
+    if config.standby is not None and config.standby.burst_sleepers > 0:
+        # The replay holds the plan itself (``StandbyController``), as the trigger's
+        # standby keys would: the scaler knows the tier is there.
+        core = replace(core, burst_tier=True)
+    base = unitscale_policy(options.target_concurrency, top, core, profile)
     metadata = knobs.get("metadata")
     if metadata is None:
         return base

@@ -361,7 +361,8 @@ class _Replay:
         self.used_at = np.zeros(slots)
         """A woken replica's last tick with a request outstanding (or its wake)."""
         self.baseline: float | None = None
-        """The gateway's mean outstanding per ready replica (``WakePressure.baseline``)."""
+        """The gateway's mean load, requests outstanding on the ready replicas in all
+        (``WakePressure.baseline``)."""
         self.surplus_above = math.inf
         """The gateway's pressure threshold: the woken surplus is routed to above it."""
         self.cold = cold_start_of(config)
@@ -636,12 +637,14 @@ class _Replay:
         if config.standby is None:
             return
         pressure, outstanding = config.wake_pressure, self.fleet.outstanding[ready]
-        threshold: float | None = None
+        threshold = fill = None
         if pressure is not None:
             if len(ready):
-                per_replica = float(outstanding.sum()) / len(ready)
-                self.baseline = pressure.baseline(self.baseline, per_replica, config.dt)
-            threshold = pressure.threshold(self.baseline)
+                total = float(outstanding.sum())
+                self.baseline = pressure.baseline(self.baseline, total, config.dt)
+            running = int(np.count_nonzero(slot[ready] == READY)) or len(ready)
+            threshold = pressure.threshold(self.baseline, running)
+            fill = pressure.fill(self.baseline, running)
             self.surplus_above = threshold
         wake = sleepers_to_wake(
             len(ready),
@@ -650,6 +653,7 @@ class _Replay:
             int(np.count_nonzero(slot == WAKING)),
             len(self.buffer),
             threshold,
+            fill,
         )
         sleepers = np.flatnonzero(slot == SLEEPING)[: min(wake, self._room())]
         slot[sleepers] = WAKING

@@ -378,7 +378,10 @@ class TriggerMetadata(BaseModel):
             "seasonal_prewarm_lead_seconds": self.seasonal_prewarm_lead,
             "seasonal_utc_offset_hours": self.seasonal_utc_offset_hours,
         }
-        chosen = {k: v for k, v in overrides.items() if v is not None}
+        chosen: dict[str, object] = {k: v for k, v in overrides.items() if v is not None}
+        standby = self.standby_policy()
+        if standby is not None and standby.burst_sleepers > 0:
+            chosen["burst_tier"] = True
         return replace(base, **chosen)  # type: ignore[arg-type]
 
 

@@ -454,9 +454,11 @@ class Gateway:
         """
         try:
             views = self.pool.routing_views() if views is None else views
-            ready = [v.outstanding for v in views if v.ready and not v.ejected and v.serves(model)]
-            threshold = self._pressure_threshold(model, ready)
-            for url in choose_wakes(views, model, threshold, max(1, buffered)):
+            serving = [v for v in views if v.ready and not v.ejected and v.serves(model)]
+            ready = [v.outstanding for v in serving]
+            running = sum(not v.surplus for v in serving) or len(serving)
+            threshold, fill = self._pressure_threshold(model, ready, running)
+            for url in choose_wakes(views, model, threshold, max(1, buffered), fill):
                 replica = self.pool.find(url)
                 replica.surplus = bool(ready)
                 self._start_wake(replica)
@@ -467,21 +469,24 @@ class Gateway:
                 self._failed_wakes.add(name)
                 log.warning("deciding wakes failed (%s); requests go on", name, exc_info=True)
 
-    def _pressure_threshold(self, model: str | None, ready: list[int]) -> float | None:
-        """``WakePressure.threshold`` over ``model``'s baseline, updated with ``ready``'s mean.
+    def _pressure_threshold(
+        self, model: str | None, ready: list[int], running: int
+    ) -> tuple[float | None, float | None]:
+        """``WakePressure``'s threshold and fill over ``model``'s baseline, with ``ready``.
 
-        Kept per model, for at most ``MAX_PRESSURE_MODELS`` (the least recently updated
-        forgotten first): a model's name comes from its clients.
+        ``ready``: what the ready replicas serving ``model`` hold outstanding; their sum
+        updates the baseline (the load). ``running``: those of them not surplus. Kept per
+        model, for at most ``MAX_PRESSURE_MODELS`` (the least recently updated forgotten
+        first): a model's name comes from its clients.
         """
         if self._pressure is None:
-            return None
+            return None, None
         now = time.monotonic()
         baseline, at = self._baselines.pop(model, (None, now))
         if ready:
-            per_replica = sum(ready) / len(ready)
-            baseline = self._pressure.baseline(baseline, per_replica, now - at)
+            baseline = self._pressure.baseline(baseline, float(sum(ready)), now - at)
             at = now
-        threshold = self._pressure.threshold(baseline)
+        threshold = self._pressure.threshold(baseline, running)
         self._surplus_above.pop(model, None)
         if baseline is not None:
             self._baselines[model] = (baseline, at)  # last: the most recently updated
@@ -489,7 +494,7 @@ class Gateway:
         for kept in (self._baselines, self._surplus_above):
             while len(kept) > MAX_PRESSURE_MODELS:
                 del kept[next(iter(kept))]
-        return threshold
+        return threshold, self._pressure.fill(baseline, running)
 
     def _start_wake(self, replica: Replica) -> None:
         replica.waking = True  # before any await: one wake per replica, per model

@@ -18,12 +18,12 @@
   first listed not backing off a failed wake, and none while another wake for that
   model is under way.
 - Under pressure (``WakePressure``: every ready replica holds at least the threshold, the
-  larger of a floor and a multiple of the last minute's mean), ``sleepers_to_wake`` says
-  how many sleepers to wake at once so that the load fits under the threshold: a burst
-  finds capacity in a wake (seconds), not behind the scaler's next decision and a cold
-  start. ``choose`` with a threshold sends requests to the Deployment's running replicas
-  first and to the woken surplus only above it, so the surplus falls idle and sleeps
-  again once the scaler has caught up.
+  larger of a floor and a multiple of the last minute's load per running replica),
+  ``sleepers_to_wake`` says how many sleepers to wake at once so that the load per replica
+  is back at what the running ones carried: a burst finds capacity in a wake (seconds),
+  not behind the scaler's next decision and a cold start. ``choose`` with a threshold
+  sends requests to the Deployment's running replicas first and to the woken surplus only
+  above it, so the surplus falls idle and sleeps again once the scaler has caught up.
 - A replica whose wake or sleep failed backs off (``Backoff``): it is not asked again for
   the base delay, doubled per failure in a row up to ``2 ** BACKOFF_DOUBLINGS`` times it;
   meanwhile another replica is woken or slept where one can be.
@@ -125,10 +125,16 @@ MAX_WAKE_RATIO = 1000.0
 class WakePressure:
     """When the gateway wakes sleepers ahead of the scaler: its ``wake-at-outstanding``.
 
-    The threshold is the larger of ``floor`` requests outstanding per ready replica and
-    ``ratio`` times their mean over the last ``window_seconds`` (``baseline``): a burst is
-    load well above what the fleet has been carrying, so a fleet the scaler sized for a
-    steady high load does not wake its sleepers for ordinary fluctuation.
+    The baseline is the load: the requests outstanding on every ready replica together,
+    averaged over the last ``window_seconds``. The threshold is the larger of ``floor``
+    requests outstanding per replica and ``ratio`` times the baseline's share of one
+    running replica (the Deployment's, not the woken surplus): a burst is load well above
+    what the fleet has been carrying, so a fleet the scaler sized for a steady high load
+    does not wake its sleepers for ordinary fluctuation, and a scale-down, the same load
+    on fewer replicas, is no burst. Kept per replica instead, the business day's 8
+    replicas kept after its lunch peak of 19 read as pressure, woke the 11 just put to
+    sleep and kept them awake serving the spill for the rest of the day (US$ 0.111 per
+    1M tokens against 0.080, day 3 at the default knobs).
     """
 
     floor: int
@@ -148,23 +154,45 @@ class WakePressure:
                 f" {MAX_WAKE_RATIO:g}, 0 < window < inf: {self}"
             )
 
-    def baseline(self, previous: float | None, per_replica: float, elapsed: float) -> float:
-        """The mean outstanding per ready replica, ``elapsed`` seconds after ``previous``.
+    def baseline(self, previous: float | None, outstanding: float, elapsed: float) -> float:
+        """The mean load (requests outstanding in all), ``elapsed`` seconds after ``previous``.
 
-        An exponential mean over ``window_seconds``. Example: previous 4, now 8 per replica,
-        6 s later, 60 s window: 4 + (8 - 4) * 0.1 = 4.4.
+        An exponential mean over ``window_seconds``. Example: previous 40, now 80
+        outstanding, 6 s later, 60 s window: 40 + (80 - 40) * 0.1 = 44.
         """
         if previous is None:
-            return per_replica
-        return previous + (per_replica - previous) * min(1.0, elapsed / self.window_seconds)
+            return outstanding
+        return previous + (outstanding - previous) * min(1.0, elapsed / self.window_seconds)
 
-    def threshold(self, baseline: float | None) -> float:
-        """Requests outstanding on every ready replica that count as pressure."""
-        return max(float(self.floor), self.ratio * (baseline or 0.0))
+    def threshold(self, baseline: float | None, running: int = 1) -> float:
+        """Requests outstanding on every ready replica that count as pressure.
+
+        ``running``: the Deployment's ready replicas (the woken surplus not among them;
+        all ready ones when none is). Example: baseline 200 over 5 running, ratio 2,
+        floor 8: max(8, 2 * 200 / 5) = 80.
+        """
+        return max(float(self.floor), self.ratio * (baseline or 0.0) / max(running, 1))
+
+    def fill(self, baseline: float | None, running: int = 1) -> float:
+        """Requests per replica the wakes size for: the baseline's share, at least ``floor``.
+
+        What one running replica carried before the burst: waking only enough to bring
+        the load under the threshold woke one sleeper at a time on the business day's
+        4x lunch step while 5 replicas sized for the load before it rose to 240 requests
+        each (first tokens up to 9 s late). Never under the floor: a replica holding
+        less is no pressure. Example: baseline 200 over 5 running, floor 8: 40.
+        """
+        return max(float(self.floor), (baseline or 0.0) / max(running, 1))
 
 
 def sleepers_to_wake(
-    ready: int, least: int, total: int, waking: int, buffered: int, threshold: float | None
+    ready: int,
+    least: int,
+    total: int,
+    waking: int,
+    buffered: int,
+    threshold: float | None,
+    fill: float | None = None,
 ) -> int:
     """How many more sleepers to wake now (the caller bounds it by those asleep).
 
@@ -175,19 +203,22 @@ def sleepers_to_wake(
         waking: wakes already under way.
         buffered: requests waiting with no ready replica.
         threshold: ``WakePressure.threshold``; None wakes only at zero, one at a time.
+        fill: ``WakePressure.fill``, the load per replica the wakes size for; None: the
+            threshold.
 
     Returns:
         At zero with requests waiting: one (as many as the buffer fills to the threshold).
-        Under pressure (``least >= threshold``): enough that ``total`` fits ``threshold``
-        per replica, at least one. Wakes under way count as replicas already there.
-        Example: 4 ready holding 40 outstanding, threshold 8: ceil(40 / 8) - 4 = 1.
+        Under pressure (``least >= threshold``): enough that ``total`` fits ``fill`` per
+        replica, at least one. Wakes under way count as replicas already there.
+        Example: 4 ready holding 40 outstanding, threshold 8, fill 4: ceil(40 / 4) - 4 = 6.
     """
     if ready == 0:
         wanted = 1 if threshold is None else math.ceil(buffered / threshold)
         return max(0, min(wanted, buffered) - waking) if buffered else 0
     if threshold is None or least < threshold:
         return 0
-    return max(0, max(1, math.ceil(total / threshold) - ready) - waking)
+    per_replica = threshold if fill is None else fill
+    return max(0, max(1, math.ceil(total / per_replica) - ready) - waking)
 
 
 def choose_wakes(
@@ -195,6 +226,7 @@ def choose_wakes(
     model: str | None,
     threshold: float | None = None,
     buffered: int = 1,
+    fill: float | None = None,
 ) -> tuple[str, ...]:
     """The sleeping replicas to wake now for requests for ``model``.
 
@@ -204,6 +236,7 @@ def choose_wakes(
         threshold: the pressure threshold (``WakePressure.threshold``); None wakes only
             when no ready replica serves ``model``.
         buffered: requests waiting for a replica (this one among them).
+        fill: the load per replica the wakes size for (``WakePressure.fill``).
 
     Returns:
         As many as ``sleepers_to_wake`` says, of those that sleep, serve ``model`` and did
@@ -224,6 +257,7 @@ def choose_wakes(
         sum(r.waking and not r.wake_overdue for r in serving),
         buffered,
         threshold,
+        fill,
     )
     sleepers = [r for r in serving if r.sleeping and not r.wake_failed and not r.waking]
     sleepers.sort(key=lambda r: r.wake_failures)  # stable: first listed among equals

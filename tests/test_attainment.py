@@ -199,3 +199,48 @@ def test_decide_plans_more_replicas_while_the_gateway_sees_the_slo_missed() -> N
         counts[label], headroom[label] = decision.desired_replicas, state.headroom.value
     assert counts["missed"] > counts["met"] == counts["unknown"]
     assert headroom["missed"] > 0.0 == headroom["met"] == headroom["unknown"]
+
+
+def _steered(burst: bool, decisions: int, tier: bool = True) -> float:
+    """The headroom after 4 decisions met at 20 requests/s, then misses (2 of 20) every
+    15 s; with ``burst`` the first of them came at 200/s. The fleet catches up at once (its
+    sleepers woken and counted): the ready replicas are the count asked 15 s before.
+    ``tier``: the policy has a burst tier (``Policy.burst_tier``)."""
+    policy, state = Policy(profile="llama3-8b-h200", burst_tier=tier), DecisionState()
+    for i in range(decisions):
+        o = (
+            _observation(1_000.0 + 15 * i, 20.0, 0.0)
+            if i < 4
+            else _observation(1_000.0 + 15 * i, 18.0, 2.0)
+        )
+        if burst and i == 4:
+            o = replace(o, gateway_arrival_rate=200.0)
+        ready = state.desired or 4
+        o = replace(o, replicas_up=ready, replicas_known=ready)
+        state = decide(o, policy, state).state
+    return state.headroom.value
+
+
+@pytest.mark.parametrize(
+    ("burst", "decisions", "rises", "tier"),
+    [
+        pytest.param(
+            False, 6, True, True, id="misses on a fleet that had its need raise the headroom"
+        ),
+        pytest.param(
+            True,
+            6,
+            False,
+            True,
+            id="misses the minute after the load outran the fleet raise nothing",
+        ),
+        pytest.param(True, 16, True, True, id="misses two windows after the burst raise it again"),
+        pytest.param(
+            True, 6, True, False, id="without a burst tier the shortfall's misses raise it"
+        ),
+    ],
+)
+def test_a_burst_the_fleet_was_short_of_buys_no_headroom(
+    burst: bool, decisions: int, rises: bool, tier: bool
+) -> None:
+    assert (_steered(burst, decisions, tier) > 0.0) == rises

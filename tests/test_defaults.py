@@ -20,7 +20,7 @@ from scaler.metadata import TriggerMetadata
 ROOT = Path(__file__).parent.parent
 CORE = Policy()
 # Knobs that come from each ScaledObject's trigger, not from the scaler config.
-PER_TRIGGER = {"min_replicas", "max_replicas"}
+PER_TRIGGER = {"min_replicas", "max_replicas", "burst_tier"}
 # Knobs the scaler config sets outside its ``policy`` section (its top-level ``profiles``).
 OUTSIDE_POLICY = {"profiles"}
 # Mechanisms always on where served: the core keeps their switch for the benches that

@@ -505,3 +505,21 @@ def test_an_slo_is_taken_within_its_range_or_refused_naming_the_key(key_range, m
         policy = metadata.policy()
         got = policy.slo_itl_seconds if key == "sloItl" else policy.slo_ttft_seconds
         assert got == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("extra", "tier"),
+    [
+        pytest.param({}, False, id="without standby no burst tier"),
+        pytest.param({"standby": "true"}, False, id="standby with no burst sleepers is no tier"),
+        pytest.param(
+            {"standby": "true", "standbyBurstSleepers": "2"},
+            True,
+            id="standby with burst sleepers is a burst tier",
+        ),
+    ],
+)
+def test_the_policy_knows_its_burst_tier_from_the_standby_keys(
+    extra: dict[str, str], tier: bool
+) -> None:
+    assert parse_metadata({**BASE, **extra}).policy().burst_tier is tier

@@ -409,10 +409,10 @@ def test_one_models_steady_load_does_not_hide_anothers_burst(
     g = Gateway([], GatewaySettings(wake_at_outstanding=2))
     for _ in range(300):  # five minutes: X's replicas hold 20 each, Y's one holds 1
         clock[0] += 0.5
-        g._pressure_threshold("x", [20, 20])
+        g._pressure_threshold("x", [20, 20], 2)
         clock[0] += 0.5
-        g._pressure_threshold("y", [1])
-    threshold = g._pressure_threshold("y", [12])
+        g._pressure_threshold("y", [1], 1)
+    threshold, _ = g._pressure_threshold("y", [12], 1)
     assert threshold is not None and threshold <= 12  # before: 21.1, X's mean with Y's
     assert g._surplus_above["x"] > g._surplus_above["y"]
 
@@ -421,7 +421,7 @@ def test_the_models_kept_for_pressure_are_bounded(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(gateway_module, "MAX_PRESSURE_MODELS", 8)
     g = Gateway([], GatewaySettings(wake_at_outstanding=2))
     for i in range(100):  # a client naming a new model each time
-        g._pressure_threshold(f"m{i}", [1])
+        g._pressure_threshold(f"m{i}", [1], 1)
     assert len(g._baselines) == len(g._surplus_above) == 8
     assert "m99" in g._baselines and "m0" not in g._baselines
 

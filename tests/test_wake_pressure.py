@@ -36,10 +36,37 @@ def view(name: str, outstanding: int, surplus: bool = False) -> ReplicaView:
         ),
         pytest.param((4, 20, 96, 8, 0, 8.0), 0, id="wakes under way count as replicas there"),
         pytest.param((4, 20, 96, 0, 0, None), 0, id="without a threshold ready replicas wake none"),
+        pytest.param(
+            (4, 20, 96, 0, 0, 8.0, 6.0),
+            12,
+            id="a burst wakes enough that the load is back at the fill per replica",
+        ),
+        pytest.param((4, 7, 30, 0, 0, 8.0, 2.0), 0, id="below the threshold the fill wakes none"),
+        pytest.param((0, 0, 0, 0, 20, 8.0, 2.0), 3, id="at zero the fill does not size the wake"),
     ],
 )
 def test_sleepers_to_wake(args: tuple[int, int, int, int, int, float | None], wake: int) -> None:
     assert sleepers_to_wake(*args) == wake
+
+
+@given(
+    ready=st.integers(1, 64),
+    per=st.integers(0, 200),
+    waking=st.integers(0, 64),
+    threshold=st.floats(1.0, 256.0),
+    share=st.floats(0.01, 1.0),
+)
+def test_woken_and_ready_replicas_hold_the_load_at_the_fill(
+    ready: int, per: int, waking: int, threshold: float, share: float
+) -> None:
+    fill = max(1.0, threshold * share)
+    total = ready * per
+    wake = sleepers_to_wake(ready, per, total, waking, 0, threshold, fill)
+    assert wake >= 0
+    if wake:  # only under pressure, and the fewest that bring the load to the fill
+        assert per >= threshold
+        assert total / (ready + waking + wake) <= fill
+        assert wake == 1 or total / (ready + waking + wake - 1) > fill
 
 
 @given(
@@ -99,22 +126,45 @@ def test_choose_prefers_the_running_replicas(
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "baseline", "threshold"),
+    ("kwargs", "baseline", "running", "threshold", "fill"),
     [
-        pytest.param({"floor": 8}, None, 8.0, id="with no history the floor holds"),
-        pytest.param({"floor": 8}, 10.0, 20.0, id="twice the last minute's mean above the floor"),
-        pytest.param({"floor": 8, "ratio": 3.0}, 2.0, 8.0, id="a quiet fleet keeps the floor"),
+        pytest.param({"floor": 8}, None, 1, 8.0, 8.0, id="with no history the floor holds"),
+        pytest.param(
+            {"floor": 8}, 10.0, 1, 20.0, 10.0, id="twice the last minute's load above the floor"
+        ),
+        pytest.param(
+            {"floor": 8}, 200.0, 5, 80.0, 40.0, id="the load's share of each running replica"
+        ),
+        pytest.param(
+            {"floor": 8, "ratio": 3.0}, 2.0, 1, 8.0, 8.0, id="a quiet fleet keeps the floor"
+        ),
+        pytest.param({"floor": 8}, 200.0, 0, 400.0, 200.0, id="no running replica counts as one"),
     ],
 )
-def test_the_threshold(kwargs: dict[str, float], baseline: float | None, threshold: float) -> None:
-    assert WakePressure(**kwargs).threshold(baseline) == threshold  # type: ignore[arg-type]
+def test_the_threshold_and_the_fill(
+    kwargs: dict[str, float], baseline: float | None, running: int, threshold: float, fill: float
+) -> None:
+    pressure = WakePressure(**kwargs)  # type: ignore[arg-type]
+    assert pressure.threshold(baseline, running) == threshold
+    assert pressure.fill(baseline, running) == fill
+
+
+def test_a_scale_down_is_the_same_load_on_fewer_replicas_not_a_burst() -> None:
+    # 19 replicas carried 380 requests for a minute; the scaler keeps 8 and the rest sleep.
+    pressure, load = WakePressure(8), 380.0
+    threshold = pressure.threshold(load, 8)
+    per = int(load // 8)  # 47 on each of the 8
+    assert per < threshold  # a share of the load the fleet carried is no pressure
+    assert sleepers_to_wake(8, per, 8 * per, 0, 0, threshold) == 0
+    # Per replica (the mean of the 19, 20 each), 40 was the threshold: 47 woke the 11.
+    assert per > 2 * (load / 19)
 
 
 def test_the_baseline_is_the_worked_example() -> None:
     pressure = WakePressure(8)
-    assert pressure.baseline(None, 8.0, 0.2) == 8.0
-    assert pressure.baseline(4.0, 8.0, 6.0) == pytest.approx(4.4)
-    assert pressure.baseline(4.0, 8.0, 600.0) == 8.0
+    assert pressure.baseline(None, 80.0, 0.2) == 80.0
+    assert pressure.baseline(40.0, 80.0, 6.0) == pytest.approx(44.0)
+    assert pressure.baseline(40.0, 80.0, 600.0) == 80.0
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,8 @@ over what one replica carries within the SLOs. Each stage is a small pure functi
    the ready replicas would not drain in time asks for more. Without the gateway's
    judgement, an engine p95 over the SLO with a queue stands in for it.
 5. **Headroom** (``scaler.core.attainment``): the need times ``1 + headroom``, the
-   headroom steered by the share of requests the gateway saw within the SLO.
+   headroom steered by the share of requests the gateway saw within the SLO; misses
+   while replicas start, or soon after the load outran the ready ones, move nothing.
 6. **Hold**: no lower than the most needed within ``scale_down_window_seconds``; an
    unknown load or an unanswered scrape never lowers the count.
 7. **First look** (``_first_look``): a scaler with no history never scales down; the
@@ -68,6 +69,15 @@ for them) while no fewer are ready than the least count asked within this long: 
 node and a 70B model's weights take about 9 minutes. A pod never ready (a crash loop on
 one node) had held the headroom at 0 for good (hostile pass 36); timed from the start of
 the shortfall instead, a ramp's cold starts bought headroom to its maximum (pass 38)."""
+
+SHORTFALL_WINDOWS = 2
+"""With a burst tier (``Policy.burst_tier``), the gateway's windows after the load outran
+the ready replicas in which its misses are the shortfall's: a request judged as it
+finishes, one that waited through the burst is counted up to a window after it. Read as
+the profile's, the business day's 10:00 spike (twice the load for 15 s, 487 misses) took
+the headroom to 82%: a load of 5 replicas held 10 until the lunch peak, whose 16 then
+asked 23 (default knobs, day 3). Without a tier, headroom is all that absorbs a burst and
+the loop rises as ever (Azure code x10 left that way: 87.8% against 90.6%, for 11% less)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +185,18 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     starting = previous.desired is None or (
         _counted(o) and min([*asked.values(), previous.desired]) <= ready < previous.desired
     )
+    # The load outran the ready replicas (a burst, before the fleet or its sleepers
+    # caught up): the gateway's windows that follow hold that shortfall's misses, which
+    # the burst tier's wakes are there for.
+    outran = (
+        now
+        if _counted(o) and demand.load is not None and demand.load / need.utilization > ready
+        else previous.outran
+    )
+    steering = _steering(p)
+    short = p.burst_tier and now - outran < SHORTFALL_WINDOWS * steering.rise_interval_seconds
     move = attainment.steer(
-        previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, _steering(p), starting
+        previous.headroom, o.slo_within_rate, o.slo_outside_rate, now, steering, starting or short
     )
     if move.reason is not None:
         notes.append(move.reason)
@@ -204,6 +224,7 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
         step_fit=capacity.step_fit,
         season=predictive.learn(previous.season, now, seen, p),
         headroom=move.headroom,
+        outran=outran,
         # Kept as it changes: a window of every decision would hold thousands.
         asked=replace(
             previous, asked=asked, desired=ready if previous.desired is None else previous.desired

@@ -92,6 +92,11 @@ class Policy:
     """About one cold start: scale-up starts this far ahead of the load."""
     idle_grace_seconds: float = 120.0
     """No request at all for this long before scaling to zero."""
+    burst_tier: bool = False
+    """Sleepers the gateway wakes under pressure stand beside the running replicas (the
+    trigger's ``standby`` with ``standbyBurstSleepers`` above 0): misses while the load
+    outran the ready replicas are that tier's to prevent, and move no headroom
+    (``decide.SHORTFALL_WINDOWS``). Not a config key: the trigger's standby says it."""
     seasonal_floor: bool = True
     """At zero, start the replicas a confident seasonal forecast (``scaler.core.predictive``)
     expects one ``forecast_horizon_seconds`` before the traffic's expected return. Not a
@@ -157,6 +162,9 @@ class DecisionState:
     """The counts decided over the last ``decide.STARTING_SECONDS``, each as it changed
     (``changed_to``): ready replicas short of the count asked for, and not of the least
     of these (or the count now), are replicas starting."""
+    outran: float = float("-inf")
+    """When the load last asked for more replicas than were ready (before headroom): the
+    gateway's misses within its window since are the shortfall's, not the profile's."""
 
     def changed_to(self, now: float, desired: int) -> Recent[int]:
         """``asked`` once the count is ``desired``: on a change, the old count and the new.
