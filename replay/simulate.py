@@ -363,6 +363,8 @@ class _Replay:
         self.baseline: float | None = None
         """The gateway's mean load, requests outstanding on the ready replicas in all
         (``WakePressure.baseline``)."""
+        self.shared = 1
+        """The running replicas that last shared the baseline (kept with none ready)."""
         self.surplus_above = math.inf
         """The gateway's pressure threshold: the woken surplus is routed to above it."""
         self.cold = cold_start_of(config)
@@ -642,9 +644,9 @@ class _Replay:
             if len(ready):
                 total = float(outstanding.sum())
                 self.baseline = pressure.baseline(self.baseline, total, config.dt)
-            running = int(np.count_nonzero(slot[ready] == READY)) or len(ready)
-            threshold = pressure.threshold(self.baseline, running)
-            fill = pressure.fill(self.baseline, running)
+                self.shared = int(np.count_nonzero(slot[ready] == READY)) or len(ready)
+            threshold = pressure.threshold(self.baseline, self.shared)
+            fill = pressure.fill(self.baseline, self.shared)
             self.surplus_above = threshold
         wake = sleepers_to_wake(
             len(ready),

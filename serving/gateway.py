@@ -205,10 +205,11 @@ class Gateway:
         """Wakes under way (kept so they are not collected, cancelled at shutdown)."""
         self._pressure: WakePressure | None = None
         """``wake_at_outstanding`` as ``serving.routing.WakePressure`` (None: wake at zero only)."""
-        self._baselines: dict[str | None, tuple[float | None, float]] = {}
-        """Per model: the mean outstanding per ready replica serving it
-        (``WakePressure.baseline``) and when it was taken (``time.monotonic``). Per model:
-        one gateway-wide mean let one model's steady load hide another's burst."""
+        self._baselines: dict[str | None, tuple[float | None, float, int]] = {}
+        """Per model: the mean load, requests outstanding on the ready replicas serving it
+        (``WakePressure.baseline``), when it was taken (``time.monotonic``) and the running
+        replicas that shared it. Per model: one gateway-wide mean let one model's steady
+        load hide another's burst."""
         self._surplus_above: dict[str | None, float] = {}
         """Per model, its last pressure threshold: its surplus is routed to only above it."""
         self._set_pressure(settings.wake_at_outstanding, settings.slo.window_seconds)
@@ -475,26 +476,29 @@ class Gateway:
         """``WakePressure``'s threshold and fill over ``model``'s baseline, with ``ready``.
 
         ``ready``: what the ready replicas serving ``model`` hold outstanding; their sum
-        updates the baseline (the load). ``running``: those of them not surplus. Kept per
+        updates the baseline (the load). ``running``: those of them not surplus (with none
+        ready, the count that last shared the baseline stands). Kept per
         model, for at most ``MAX_PRESSURE_MODELS`` (the least recently updated forgotten
         first): a model's name comes from its clients.
         """
         if self._pressure is None:
             return None, None
         now = time.monotonic()
-        baseline, at = self._baselines.pop(model, (None, now))
+        baseline, at, shared = self._baselines.pop(model, (None, now, running))
         if ready:
             baseline = self._pressure.baseline(baseline, float(sum(ready)), now - at)
-            at = now
-        threshold = self._pressure.threshold(baseline, running)
+            at, shared = now, running
+        # With none ready the load is still shared as the last running replicas shared
+        # it: over one, a fleet's load at zero woke one sleeper for 300 waiting requests.
+        threshold = self._pressure.threshold(baseline, shared)
         self._surplus_above.pop(model, None)
         if baseline is not None:
-            self._baselines[model] = (baseline, at)  # last: the most recently updated
+            self._baselines[model] = (baseline, at, shared)  # last: the most recently updated
         self._surplus_above[model] = threshold
         for kept in (self._baselines, self._surplus_above):
             while len(kept) > MAX_PRESSURE_MODELS:
                 del kept[next(iter(kept))]
-        return threshold, self._pressure.fill(baseline, running)
+        return threshold, self._pressure.fill(baseline, shared)
 
     def _start_wake(self, replica: Replica) -> None:
         replica.waking = True  # before any await: one wake per replica, per model

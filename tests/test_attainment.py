@@ -244,3 +244,24 @@ def test_a_burst_the_fleet_was_short_of_buys_no_headroom(
     burst: bool, decisions: int, rises: bool, tier: bool
 ) -> None:
     assert (_steered(burst, decisions, tier) > 0.0) == rises
+
+
+def test_a_pod_never_ready_is_no_burst_and_the_loop_still_rises() -> None:
+    # Hostile review of the burst tier: with one pod of the count never ready, the load
+    # past the ready replicas stood at every decision and held the headroom at 0 for an
+    # hour of misses. The count asked is what a burst outruns.
+    policy, state = Policy(profile="llama3-8b-h200", burst_tier=True), DecisionState()
+    for i in range(12):
+        o = _observation(1_000.0 + 15 * i, *((100.0, 0.0) if i < 4 else (90.0, 10.0)))
+        ready = max((state.desired or 5) - 1, 1)  # 3.9 replicas' load: 4 asked, 3 ready
+        o = replace(
+            o,
+            replicas_up=ready,
+            replicas_known=ready,
+            gateway_arrival_rate=100.0,
+            request_rate=100.0,
+            prompt_token_rate=100_000.0,
+            generation_token_rate=20_000.0,
+        )
+        state = decide(o, policy, state).state
+    assert state.headroom.value > 0.0

@@ -517,6 +517,11 @@ def test_an_slo_is_taken_within_its_range_or_refused_naming_the_key(key_range, m
             True,
             id="standby with burst sleepers is a burst tier",
         ),
+        pytest.param(
+            {"standby": "true", "standbyBurstSleepers": "2", "standbyMaxSleeping": "0"},
+            False,
+            id="burst sleepers with room for none are no tier",
+        ),
     ],
 )
 def test_the_policy_knows_its_burst_tier_from_the_standby_keys(

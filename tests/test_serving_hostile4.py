@@ -434,7 +434,7 @@ async def test_an_adapter_loaded_at_runtime_is_routed_and_a_bad_relist_keeps_the
 def test_a_reloaded_wake_at_outstanding_is_applied(before: int | None, after: int | None) -> None:
     g = Gateway(["http://127.0.0.1:9"], GatewaySettings(wake_at_outstanding=before))
     g.replicas[0].surplus = True
-    g._baselines["m"] = (3.0, 0.0)
+    g._baselines["m"] = (3.0, 0.0, 1)
     g.reconfigure(["http://127.0.0.1:9"], GatewaySettings(wake_at_outstanding=after))
     assert (g._pressure.floor if g._pressure else None) == after
     assert not g._baselines

@@ -620,3 +620,19 @@ async def test_a_wake_the_gateway_began_ends_the_sleeps_probation(
     await asyncio.gather(*g._wakes)
     g.pool._judge_sleep(replica, False, time.monotonic())  # read awake after it
     assert replica.sleep_backoff == Backoff()  # not a relapse of the sleep
+
+
+def test_with_none_ready_the_load_is_shared_as_the_last_running_replicas_shared_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Hostile review of the load baseline: ten replicas held 200 in all, then none was
+    # ready; shared over one, the threshold was 400 and 300 waiting requests woke one.
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    g = Gateway([], GatewaySettings(wake_at_outstanding=2))
+    for _ in range(120):
+        clock[0] += 0.5
+        g._pressure_threshold("m", [20] * 10, 10)
+    threshold, fill = g._pressure_threshold("m", [], 0)
+    assert threshold == pytest.approx(40.0, rel=0.01)
+    assert fill == pytest.approx(20.0, rel=0.01)

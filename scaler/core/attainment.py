@@ -15,10 +15,10 @@ and keeps those readings over ``lookback_seconds``, the long window:
   ``rise_interval_seconds``, so that the replicas a rise bought (a cold start away) show
   before the next one. A short window alone does not rise: the SLO is judged over hours, and one
   unlucky minute of a fleet within it is noise.
-- **starting** (replicas the fleet was asked for are still starting, or the load outran
-  the ready replicas within ``decide.SHORTFALL_WINDOWS`` of the gateway's windows): no
-  rise; their misses are the cold start's or the burst's, which headroom would have
-  cured only by being held all day before it (Azure
+- **starting** (replicas the fleet was asked for are still starting, or, with a burst
+  tier, the load outran the count asked for within ``decide.SHORTFALL_WINDOWS`` of the
+  gateway's windows): no rise; their misses are the cold start's or the burst's, which
+  headroom would have cured only by being held all day before it (Azure
   conversation x25: 1.49x the static fleet's cost against 1.61x, at the same 98.7%; the
   business day 99.6% against 99.8%, for 3% less).
 - **margin** (the gateway's window's misses at most half the allowance): it falls back

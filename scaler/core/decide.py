@@ -24,7 +24,7 @@ over what one replica carries within the SLOs. Each stage is a small pure functi
    judgement, an engine p95 over the SLO with a queue stands in for it.
 5. **Headroom** (``scaler.core.attainment``): the need times ``1 + headroom``, the
    headroom steered by the share of requests the gateway saw within the SLO; misses
-   while replicas start, or soon after the load outran the ready ones, move nothing.
+   while replicas start, or soon after the load outran the count asked, move nothing.
 6. **Hold**: no lower than the most needed within ``scale_down_window_seconds``; an
    unknown load or an unanswered scrape never lowers the count.
 7. **First look** (``_first_look``): a scaler with no history never scales down; the
@@ -72,7 +72,7 @@ the shortfall instead, a ramp's cold starts bought headroom to its maximum (pass
 
 SHORTFALL_WINDOWS = 2
 """With a burst tier (``Policy.burst_tier``), the gateway's windows after the load outran
-the ready replicas in which its misses are the shortfall's: a request judged as it
+the count asked for in which its misses are the shortfall's: a request judged as it
 finishes, one that waited through the burst is counted up to a window after it. Read as
 the profile's, the business day's 10:00 spike (twice the load for 15 s, 487 misses) took
 the headroom to 82%: a load of 5 replicas held 10 until the lunch peak, whose 16 then
@@ -185,12 +185,15 @@ def decide(observation: Observation, policy: Policy, previous: DecisionState) ->
     starting = previous.desired is None or (
         _counted(o) and min([*asked.values(), previous.desired]) <= ready < previous.desired
     )
-    # The load outran the ready replicas (a burst, before the fleet or its sleepers
+    # The load outran the count asked for (a burst, before the fleet or its sleepers
     # caught up): the gateway's windows that follow hold that shortfall's misses, which
-    # the burst tier's wakes are there for.
+    # the burst tier's wakes are there for. The count asked, not the replicas ready: a
+    # pod never ready kept every load past the ready ones, and the loop never rose.
     outran = (
         now
-        if _counted(o) and demand.load is not None and demand.load / need.utilization > ready
+        if previous.desired is not None
+        and demand.load is not None
+        and demand.load / need.utilization > previous.desired
         else previous.outran
     )
     steering = _steering(p)

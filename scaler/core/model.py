@@ -94,9 +94,10 @@ class Policy:
     """No request at all for this long before scaling to zero."""
     burst_tier: bool = False
     """Sleepers the gateway wakes under pressure stand beside the running replicas (the
-    trigger's ``standby`` with ``standbyBurstSleepers`` above 0): misses while the load
-    outran the ready replicas are that tier's to prevent, and move no headroom
-    (``decide.SHORTFALL_WINDOWS``). Not a config key: the trigger's standby says it."""
+    trigger's ``standby`` with sleepers and ``standbyBurstSleepers`` above 0; the gateway's
+    ``wake-at-outstanding`` wakes them): misses soon after the load outran the count asked
+    are that tier's to prevent, and move no headroom (``decide.SHORTFALL_WINDOWS``). Not a
+    config key: the trigger's standby says it."""
     seasonal_floor: bool = True
     """At zero, start the replicas a confident seasonal forecast (``scaler.core.predictive``)
     expects one ``forecast_horizon_seconds`` before the traffic's expected return. Not a
@@ -163,8 +164,8 @@ class DecisionState:
     (``changed_to``): ready replicas short of the count asked for, and not of the least
     of these (or the count now), are replicas starting."""
     outran: float = float("-inf")
-    """When the load last asked for more replicas than were ready (before headroom): the
-    gateway's misses within its window since are the shortfall's, not the profile's."""
+    """When the load last needed more replicas than the count asked for before it: with
+    a burst tier, the gateway's misses soon after are the burst's, not the profile's."""
 
     def changed_to(self, now: float, desired: int) -> Recent[int]:
         """``asked`` once the count is ``desired``: on a change, the old count and the new.
