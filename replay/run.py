@@ -316,13 +316,7 @@ def make_policy(name: str, config: SimConfig, options: ReplayOptions, **knobs: A
     # unitscale plans with that profile unless the scaler config names one.
     profile = config.profile.name if options.policy.profile is None else None
     core = options.policy
-    standby = config.standby
-    if (
-        standby is not None
-        and standby.burst_sleepers > 0
-        and standby.max_sleeping > 0
-        and config.wake_pressure is not None
-    ):
+    if config.standby is not None and config.standby.burst_tier and config.wake_pressure:
         # The replay holds the plan itself (``StandbyController``) and wakes its sleepers
         # under pressure, as the trigger's standby keys and the gateway would: the
         # scaler knows the tier is there.

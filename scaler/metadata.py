@@ -380,7 +380,7 @@ class TriggerMetadata(BaseModel):
         }
         chosen: dict[str, object] = {k: v for k, v in overrides.items() if v is not None}
         standby = self.standby_policy()
-        if standby is not None and standby.burst_sleepers > 0 and standby.max_sleeping > 0:
+        if standby is not None and standby.burst_tier:
             chosen["burst_tier"] = True
         return replace(base, **chosen)  # type: ignore[arg-type]
 

@@ -54,6 +54,11 @@ class StandbyPolicy:
     release_after_seconds: float = 3600.0
     """Idle this long (no request at all) and nothing is held any more."""
 
+    @property
+    def burst_tier(self) -> bool:
+        """Sleepers are held for bursts: some per running replica, and room for one."""
+        return self.burst_sleepers > 0 and self.max_sleeping > 0
+
     def __post_init__(self) -> None:
         if self.max_sleeping < 0:
             raise ValueError(f"max_sleeping must not be negative: {self.max_sleeping}")
