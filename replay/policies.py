@@ -387,7 +387,7 @@ RECOMMENDED_SPEC = ScalingSpec(
     max_replicas=64,
     polling_interval=15.0,
     cooldown=60.0,
-    scale_down_stabilization=60.0,
+    scale_down_stabilization=0.0,
     scale_up_percent=400.0,
     scale_up_pods=16,
     scale_down_percent=50.0,
@@ -426,7 +426,7 @@ def unitscale_policy(
         defaults=defaults or CorePolicy(),
         metadata=metadata,
         # deploy/scaledobjects/recommended.yaml (a test keeps the two equal): the scaler
-        # delays scale-down itself, so the HPA's own stabilization is cut to 60 s.
+        # holds scale-down itself (scale-down-window), so the HPA's stabilization is 0.
         spec=replace(RECOMMENDED_SPEC, max_replicas=max_replicas),
     )
 

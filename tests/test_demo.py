@@ -152,7 +152,7 @@ def test_the_recommended_scaled_object_reads_as_keda_and_the_hpa_would_act() -> 
         max_replicas=64,
         polling_interval=15,
         cooldown=60,
-        scale_down_stabilization=60,
+        scale_down_stabilization=0,
         scale_up_pods=16,
         scale_up_percent=400,
         scale_down_percent=50,

@@ -86,7 +86,7 @@ class Policy:
     """The headroom's bound (a share of the need); 0 turns the attainment loop off."""
     headroom_half_life_seconds: float = 300.0
     """While attainment has margin the headroom halves this often."""
-    scale_down_window_seconds: float = 300.0
+    scale_down_window_seconds: float = 360.0
     """Scale down only to the most replicas needed within this window (bursts recur)."""
     forecast_horizon_seconds: float = 60.0
     """About one cold start: scale-up starts this far ahead of the load."""
