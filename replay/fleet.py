@@ -95,9 +95,12 @@ class Fleet:
         self._routed: list[int] = []
         """Requests assigned since ``active`` was last read: one concatenation a tick, not
         an ``np.append`` (a copy of every active request) per arrival."""
-        self.queued = 0
-        """Requests routed and not yet admitted: with none, admission has nothing to do
-        (most ticks of a day's replay; looking cost a pass over every active request)."""
+        self.queued: dict[int, None] = {}
+        """Requests routed and not yet admitted, in routing order: with none, admission
+        has nothing to do (most ticks of a day's replay), and a few are found without a
+        pass over every active request."""
+        self.total_outstanding = 0
+        """``outstanding``'s sum, the gateway's in-flight count read every tick."""
         self.kv_reserved = np.zeros(capacity)
         self.outstanding = np.zeros(capacity, dtype=np.int64)
         self.running = np.zeros(capacity, dtype=np.int64)
@@ -118,8 +121,9 @@ class Fleet:
         r.replica[index] = replica
         r.routed[index] = now
         self._routed.append(index)
-        self.queued += 1
+        self.queued[index] = None
         self.outstanding[replica] += 1
+        self.total_outstanding += 1
 
     def advance(self, now: float, dt: float) -> TickResult:
         """Run every replica for ``dt`` seconds from ``now``."""
@@ -196,12 +200,14 @@ class Fleet:
 
     def _admit(self, now: float) -> None:
         """Move queued requests into the batch while seats and KV cache allow."""
+        if self.queued:  # none: nothing to look at
+            self._admit_queued(now)
+
+    def _admit_queued(self, now: float) -> None:
         r, p = self.requests, self.profile
-        if self.queued == 0:
-            return
         active = self.active
         if len(active) <= FEW:
-            self._admit_few(active, now)
+            self._admit_few(now)
             return
         queued = active[r.state[active] == QUEUED]
         if len(queued) == 0:
@@ -226,17 +232,15 @@ class Fleet:
             return
         r.state[chosen] = PREFILL
         r.admitted[chosen] = now
-        self.queued -= len(chosen)
+        for i in chosen.tolist():
+            del self.queued[i]
         np.add.at(self.kv_reserved, r.replica[chosen], need[admit])
         np.add.at(self.running, r.replica[chosen], 1)
 
-    def _admit_few(self, active: Ints, now: float) -> None:
+    def _admit_few(self, now: float) -> None:
         """``_admit`` over a few requests: the same arithmetic, element by element."""
         r, p = self.requests, self.profile
-        ids = active.tolist()
-        queued = [i for i, s in zip(ids, r.state[active].tolist(), strict=True) if s == QUEUED]
-        if not queued:
-            return
+        queued = list(self.queued)  # in routing order, as ``active`` holds them
         replica = {i: int(r.replica[i]) for i in queued}
         queued.sort(key=lambda i: (replica[i], float(r.arrival[i])))
         kv, running = self.kv_reserved.tolist(), self.running.tolist()
@@ -262,7 +266,7 @@ class Fleet:
             r.admitted[i] = now
             self.kv_reserved[rep] += need
             self.running[rep] += 1
-        self.queued -= len(chosen)
+            del self.queued[i]
 
     def _advance_few(self, active: Ints, now: float, dt: float) -> TickResult:
         """``advance`` over a few requests: the same arithmetic, element by element."""
@@ -288,6 +292,7 @@ class Fleet:
         budget = float(p.max_num_batched_tokens)
         busy, last_step = np.zeros(self.capacity), np.zeros(self.capacity)
         steps: dict[int, float] = {}
+        step_of: dict[int, float] = {}  # ``last_step`` as Python floats: the same values
         spent: dict[int, float] = {}  # prompt tokens the mixed steps carry
         chunks: dict[int, float] = {}
         mixed_steps: dict[int, float] = {}
@@ -307,7 +312,7 @@ class Fleet:
             steps2 = phase2 / pure if pure > 0 else 0.0
             decode_steps = steps1 + steps2 if decoding else 0.0
             busy[rep] = phase1 + phase2
-            last_step[rep] = dt / decode_steps if decode_steps > 0 else mixed
+            last_step[rep] = step_of[rep] = dt / decode_steps if decode_steps > 0 else mixed
             steps[rep], spent[rep] = decode_steps, steps1 * chunk
             chunks[rep], mixed_steps[rep] = chunk, mixed
         self.last_step = last_step
@@ -317,16 +322,17 @@ class Fleet:
         )
         finished: list[int] = []
         gained: dict[int, float] = {}
+        outputs = r.output[active].tolist()
         for k, i in enumerate(ids):
             if state[k] != DECODE:
                 continue
             rep = replica[k]
-            before, output, granted = generated[k], int(r.output[i]), steps[rep]
+            before, output, granted = generated[k], outputs[k], steps[rep]
             left = output - before
             gain = min(granted, left)
             after = before + gain
             r.generated[i] = after
-            r.decode_time[i] += gain * last_step[rep]
+            r.decode_time[i] += gain * step_of[rep]
             gained[rep] = gained.get(rep, 0.0) + (after - before)
             if after >= output - 1e-9:
                 fraction = left / granted if granted > 0 else 0.0
@@ -336,6 +342,7 @@ class Fleet:
                 self.kv_reserved[rep] += -float(prompt[k] + output)
                 self.running[rep] -= 1
                 self.outstanding[rep] -= 1
+                self.total_outstanding -= 1
         generated_now = np.zeros(self.capacity)
         for rep, tokens in gained.items():
             generated_now[rep] = tokens
@@ -471,6 +478,7 @@ class Fleet:
             np.add.at(self.kv_reserved, replica, -need)
             np.add.at(self.running, replica, -1)
             np.add.at(self.outstanding, replica, -1)
+            self.total_outstanding -= len(done)
         return done, after - before
 
     def queue_depth(self) -> npt.NDArray[np.int64]:

@@ -63,10 +63,16 @@ class View:
     """Everything a policy may look at, at ``now``."""
 
     now: float
-    signals: EngineSignals | None
+    engine: EngineSignals | Callable[[], EngineSignals | None] | None
+    """The exporter's signals, or what derives them when first read (``signals``)."""
     gateway: GatewayView
     replicas: int
     ready: int
+
+    @property
+    def signals(self) -> EngineSignals | None:
+        """The exporter's signals at its last scrape (None before the first)."""
+        return self.engine() if callable(self.engine) else self.engine
 
 
 class Policy(Protocol):

@@ -73,6 +73,8 @@ _LOADED = np.isin(np.arange(9), (STARTING, LOADING, WAKING))
 _LOADED_TO = np.arange(9)
 _LOADED_TO[[STARTING, LOADING, WAKING]] = (READY, SLEEPING, WOKEN)
 """By slot state: the state it has once loaded (itself for any other)."""
+_IS = tuple(np.arange(9) == state for state in range(9))
+"""By slot state: it is that one state (``_IS[DRAINING]``)."""
 
 # vLLM's bucket bounds, so that the exporter's own quantile math runs on what a real
 # engine would expose (+Inf closes each histogram).
@@ -340,6 +342,33 @@ class Simulation:
         return self._run.pending()
 
 
+class _Derived:
+    """One scrape's signals, derived when a policy first reads them.
+
+    A poll every 15 s reads one scrape in three, and KPA none. It derives from the
+    histories as this scrape left them (``_as_now``): a view read after later scrapes
+    (a recording) says what it said at its time.
+    """
+
+    __slots__ = ("_derive", "_signals")
+
+    def __init__(self, derive: Callable[[], EngineSignals]) -> None:
+        self._derive: Callable[[], EngineSignals] | None = derive
+        self._signals: EngineSignals | None = None
+
+    def __call__(self) -> EngineSignals | None:
+        if self._derive is not None:
+            self._signals, self._derive = self._derive(), None
+        return self._signals
+
+
+def _as_now(history: ReplicaHistory) -> ReplicaHistory:
+    """The history as it is now: later scrapes add to (and trim) the one they share."""
+    return ReplicaHistory(
+        history.horizon, history.layout, history.times[:], history.vectors[:], history.gauges[:]
+    )
+
+
 class _Replay:
     """One replay's state: the trace's requests, the fleet's slots, the exporter's view.
 
@@ -356,6 +385,8 @@ class _Replay:
         self.requests = Requests(trace.arrival.copy(), trace.prompt.copy(), trace.output.copy())
         self.fleet = Fleet(profile, self.requests, slots)
         self.slot = np.full(slots, OFF, dtype=np.int64)
+        self._slot_key = b""
+        self._slot_sets: dict[int, npt.NDArray[np.int64]] = {}
         self.ready_at = np.zeros(slots)
         self.created = np.zeros(slots)
         self.used_at = np.zeros(slots)
@@ -394,7 +425,8 @@ class _Replay:
         self.accelerator = Accelerator(profile.price_per_hour, 1.0)
         self.buffer: deque[int] = deque()
         self.arrivals_seen: deque[float] = deque()
-        self.signals: EngineSignals | None = None
+        self.signals: _Derived | None = None
+        """The last scrape's signals (None before the first)."""
         self.decisions: list[tuple[float, int, str]] = []
         self.series: dict[str, list[float]] = {
             k: [] for k in ("t", "arrivals", "replicas", "ready", "awake", "queue")
@@ -424,21 +456,38 @@ class _Replay:
 
     # --- the Deployment, as controllers see it ---------------------------------------
 
+    def in_states(self, states: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+        """The slots (ascending, read-only) whose state ``states`` selects (``_SERVING``).
+
+        Kept until a slot changes: a tick reads these a dozen times, and slots change a
+        few times an hour, so one comparison of the slots' bytes stands in for a pass
+        over them each read (most of a light day's tick outside the fleet).
+        """
+        key = self.slot.tobytes()
+        if key != self._slot_key:
+            self._slot_key, self._slot_sets = key, {}
+        found = self._slot_sets.get(id(states))
+        if found is None:
+            found = np.flatnonzero(states[self.slot])
+            found.flags.writeable = False
+            self._slot_sets[id(states)] = found
+        return found
+
     def running(self) -> int:
         """Replicas starting, ready or pending: the Deployment's replica count."""
-        return int(np.count_nonzero(_COUNTED[self.slot]))
+        return len(self.in_states(_COUNTED))
 
     def ready(self) -> int:
         """Replicas ready to serve (those the gateway woke among them)."""
-        return int(np.count_nonzero(_SERVING[self.slot]))
+        return len(self.in_states(_SERVING))
 
     def held(self) -> int:
         """Replicas holding an accelerator: starting, ready, draining, loading."""
-        return int(np.count_nonzero(_HOLDING[self.slot]))
+        return len(self.in_states(_HOLDING))
 
     def pending(self) -> int:
         """Replicas the Deployment wants that wait for an accelerator."""
-        return int(np.count_nonzero(self.slot == PENDING))
+        return len(self.in_states(_IS[PENDING]))
 
     def set_accelerator_limit(self, replicas: int | None) -> None:
         """Bound the accelerators held (None: unlimited); held ones above it keep running."""
@@ -590,7 +639,8 @@ class _Replay:
 
         Starting ones become ready, loading ones sleep, waking ones are woken.
         """
-        due = np.flatnonzero(_LOADED[self.slot] & (self.ready_at <= self.now))
+        loaded = self.in_states(_LOADED)
+        due = loaded[self.ready_at[loaded] <= self.now]
         if len(due):
             woke = due[self.slot[due] == WAKING]
             self.slot[due] = _LOADED_TO[self.slot[due]]
@@ -601,7 +651,7 @@ class _Replay:
     def admit_arrivals(self) -> None:
         """The gateway: route arrivals, buffer them while no replica is ready, time out."""
         trace, requests, buffer, config = self.trace, self.requests, self.buffer, self.config
-        ready = np.flatnonzero(_SERVING[self.slot])  # no replica changes state in here
+        ready = self.in_states(_SERVING)  # no replica changes state in here
         # Arrivals up to half a tick ahead join this tick: no bias on average.
         while (
             self.next_arrival < len(trace)
@@ -652,12 +702,12 @@ class _Replay:
             len(ready),
             int(outstanding.min()) if len(ready) else 0,
             int(outstanding.sum()),
-            int(np.count_nonzero(slot == WAKING)),
+            len(self.in_states(_IS[WAKING])),
             len(self.buffer),
             threshold,
             fill,
         )
-        sleepers = np.flatnonzero(slot == SLEEPING)[: min(wake, self._room())]
+        sleepers = self.in_states(_IS[SLEEPING])[: min(wake, self._room())]
         slot[sleepers] = WAKING
         self.ready_at[sleepers] = self.now + self.tiers.sleeping_wake_seconds
         self.standby.wakes += len(sleepers)
@@ -700,36 +750,38 @@ class _Replay:
         if len(tick.finished):
             judged_in = met_count(self.requests, self.targets, tick.finished)
             self.judged.add(self.now, judged_in, len(tick.finished) - judged_in)
-        holding = _HOLDING[slot]
-        self.replica_seconds += dt * int(np.count_nonzero(holding))
+        holding = self.in_states(_HOLDING)
+        self.replica_seconds += dt * len(holding)
         self.busy_seconds += float(tick.busy[holding].sum())
         if self.limited:
             pending = self.pending()
             self.pending_seconds += dt * pending
             self.max_pending = max(self.max_pending, pending)
-        drained = np.flatnonzero((slot == DRAINING) & (fleet.outstanding == 0))
-        slot[drained] = OFF
+        drained = self.in_states(_IS[DRAINING])
+        if len(drained):
+            drained = drained[fleet.outstanding[drained] == 0]
+            slot[drained] = OFF
         if self.config.standby is not None:
             self._sleep_idle_woken()
             # Drained replicas sleep (vLLM's POST /sleep) while the plan wants more sleepers.
-            sleepers = int(np.count_nonzero(slot == SLEEPING))
+            sleepers = len(self.in_states(_IS[SLEEPING]))
             self.standby.accrue(sleepers, dt)
-            held = int(np.count_nonzero(_STANDBY[slot]))
+            held = len(self.in_states(_STANDBY))
             slot[drained[: max(0, self.standby.target - held)]] = SLEEPING
-        for s in drained:
-            self.histories.pop(int(s), None)
+        for s in drained.tolist():
+            self.histories.pop(s, None)
         within, outside = self.judged.rates(self.now)
         return GatewayView(
             len(self.arrivals_seen) / self.config.panic_window,
             len(self.buffer),
-            int(fleet.outstanding.sum()),
+            fleet.total_outstanding,
             within,
             outside,
         )
 
     def _sleep_idle_woken(self) -> None:
         """Replicas the gateway woke sleep again once idle for ``sleep_after_idle``."""
-        woken = np.flatnonzero(self.slot == WOKEN)
+        woken = self.in_states(_IS[WOKEN])
         if len(woken) == 0:
             return
         busy = woken[self.fleet.outstanding[woken] > 0]
@@ -755,14 +807,17 @@ class _Replay:
             )
             self.histories.setdefault(int(s), ReplicaHistory(self.horizon)).add(self.now, stats)
             latest.append(stats)
-        self.signals = derive(
-            self.now,
-            len(serving),
-            latest,
-            [self.histories[int(s)] for s in serving],
-            config.panic_window,
-            config.stable_window,
-            self.accelerator,
+        self.signals = _Derived(
+            functools.partial(
+                derive,
+                self.now,
+                len(serving),
+                latest,
+                [_as_now(self.histories[int(s)]) for s in serving],
+                config.panic_window,
+                config.stable_window,
+                self.accelerator,
+            )
         )
 
     def record_series(self, progress: Callable[[float], None] | None) -> None:

@@ -34,18 +34,17 @@ def run(
     requests = requests_of(ordered)
     fleet = Fleet(PROFILE, requests, SLOTS)
     counted, following, now = [], 0, 0.0
+    if look_every_tick:
+        fleet._admit = fleet._admit_queued  # type: ignore[method-assign]  # look every tick
     for _ in range(200):
         while following < len(ordered) and ordered[following][0] <= now + TICK / 2:
             fleet.assign(following, ordered[following][1], now)
             following += 1
-        if look_every_tick:
-            fleet.queued += 1  # admission looks whether or not any request waits
         fleet.advance(now, TICK)
-        if look_every_tick:
-            fleet.queued -= 1
         active = fleet.active
-        assert fleet.queued == int(np.count_nonzero(requests.state[active] == QUEUED))
-        counted.append(fleet.queued)
+        assert list(fleet.queued) == active[requests.state[active] == QUEUED].tolist()
+        assert fleet.total_outstanding == int(fleet.outstanding.sum())
+        counted.append(len(fleet.queued))
         now += TICK
     return requests, counted
 

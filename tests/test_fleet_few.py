@@ -7,6 +7,7 @@ operations in the same order, so every time, count and gauge agrees bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import replay.fleet
+import replay.trace
 from foundation.replica_model import LLAMA3_8B_H200
 from replay.fleet import Fleet, Requests
 from tests.test_fleet_admission import requests_of
@@ -67,7 +69,8 @@ def _run(arrivals: list[Arrival]) -> tuple[Requests, list[tuple[object, ...]]]:
                 fleet.running.tolist(),
                 fleet.outstanding.tolist(),
                 fleet.active.tolist(),
-                fleet.queued,
+                list(fleet.queued),
+                fleet.total_outstanding,
             )
         )
         now += TICK
@@ -107,3 +110,33 @@ def test_a_burst_past_the_seats_and_the_cache_is_served_alike_both_ways() -> Non
     for field in FIELDS:
         np.testing.assert_array_equal(getattr(plain, field), getattr(vectorised, field), field)
     assert plain_ticks == ticks
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 8)), min_size=1, max_size=40))
+def test_the_replays_slots_by_state_follow_every_change(changes):
+    # The tick reads its slots by state a dozen times and they change a few times an
+    # hour, so ``in_states`` keeps them until a slot changes: after any change, what it
+    # says is the pass over the slots it stands for.
+    replay_simulate = importlib.import_module(
+        "replay.simulate"
+    )  # the package's name is the function
+    run = replay_simulate._Replay(
+        replay.trace.Trace(
+            "t", np.zeros(1), np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64)
+        ),
+        replay_simulate.SimConfig(LLAMA3_8B_H200, max_replicas=8),
+    )
+    masks = (
+        replay_simulate._COUNTED,
+        replay_simulate._HOLDING,
+        replay_simulate._SERVING,
+        replay_simulate._STANDBY,
+        replay_simulate._LOADED,
+        *replay_simulate._IS,
+    )
+    for slot, state in changes:
+        for mask in masks:
+            assert run.in_states(mask).tolist() == np.flatnonzero(mask[run.slot]).tolist()
+        run.slot[slot] = state
+    assert run.running() == int(np.count_nonzero(replay_simulate._COUNTED[run.slot]))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from foundation.replica_model import LLAMA3_8B_H200
-from replay.policies import StaticPeak
+from replay import oracle
+from replay.policies import Scheduled, StaticPeak
 from replay.run import POLICIES, ReplayOptions, run_policies, write_report
 from replay.simulate import SimConfig, cold_start_seconds, simulate
 from replay.trace import Trace, read_trace
@@ -87,6 +88,26 @@ def test_the_instant_bound_is_the_old_fit_without_cold_starts():
     assert instant["cold_starts"] == 0
     assert instant["slo_attainment"] >= OPTIONS.slo_target
     assert instant["reached_slo_target"] is True
+
+
+def test_the_instant_bound_replays_a_schedule_once_however_many_multipliers_round_to_it(
+    monkeypatch,
+):
+    # One light request a second: every multiplier bisected (1 down to 0.25) rounds to one
+    # replica wherever work arrives, so the eight steps are one fleet, replayed once.
+    light = load((0.0, 120.0, 1.0))
+    replays = []
+
+    def counted(*args, **kwargs):
+        replays.append(args[1])
+        return simulate(*args, **kwargs)
+
+    monkeypatch.setattr(oracle, "simulate", counted)
+    result, schedule = oracle.find_instant_bound(light, CONFIG, OPTIONS.slo_target)
+    assert len(replays) == 1
+    assert schedule.multiplier < 0.3  # bisected all the way down, as before
+    fresh = simulate(light, Scheduled(schedule.function(CONFIG.max_replicas)), CONFIG)
+    assert result.metrics == {**fresh.metrics, oracle.REACHED: True}
 
 
 def test_a_bound_that_cannot_reach_the_slo_target_says_so(tmp_path):

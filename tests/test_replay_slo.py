@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
 
+from exporter.signals import derive
 from foundation.replica_model import LLAMA3_8B_H200
 from replay.controllers import Actuator
 from replay.policies import StaticPeak, View
@@ -118,3 +120,29 @@ def test_vllm_waiting_includes_requests_beyond_the_seats():
     first = recording.views[0].signals
     assert first is not None
     assert (first.queue_depth, first.running) == (2, 4)
+
+
+def test_a_scrapes_signals_are_derived_only_when_a_policy_reads_them(monkeypatch):
+    # The exporter's derive is most of a scrape; a poll every 15 s reads one scrape in
+    # three, and a policy on the gateway's view alone (KPA) none.
+    derived = []
+    replay_simulate = importlib.import_module(
+        "replay.simulate"
+    )  # the package's name is the function
+
+    def counted(*args, **kwargs):
+        derived.append(args[0])
+        return derive(*args, **kwargs)
+
+    monkeypatch.setattr(replay_simulate, "derive", counted)
+    load = trace(np.arange(0.0, 60.0, 0.5), np.full(120, 512), np.full(120, 64))
+    simulate(load, _Recording(), CONFIG)
+    assert derived == []
+    recording = _Recording()
+    simulate(load, recording, CONFIG)
+    picked = [recording.views[t] for t in (152, 153, 300)]  # 30.4 s, 30.6 s, 60 s
+    read = [v.signals for v in picked]
+    assert len(derived) == len({id(v.engine) for v in picked}) == 2  # each scrape once
+    assert read[0] is read[1]
+    assert [v.signals for v in picked] == read
+    assert len(derived) == 2
