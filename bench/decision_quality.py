@@ -106,13 +106,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0, help="the days' seed (default 0)")
     parser.add_argument("--tuning-days", type=int, default=2, help="k (default 2)")
-    parser.add_argument("--budget", type=int, default=30, help="trials a policy (default 30)")
+    parser.add_argument(
+        "--budget", type=int, default=50, help="trials a policy (default 50, unitscale tune's)"
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument(
         "--sampler-seed",
         type=int,
         default=0,
-        help="the search's seed (default 0): at a budget of 30 the proposal depends on it",
+        help="the search's seed (default 0): the proposal depends on it",
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--slo-attainment", type=float, default=0.99)

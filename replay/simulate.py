@@ -386,7 +386,7 @@ class _Replay:
         self.fleet = Fleet(profile, self.requests, slots)
         self.slot = np.full(slots, OFF, dtype=np.int64)
         self._slot_key = b""
-        self._slot_sets: dict[int, npt.NDArray[np.int64]] = {}
+        self._slot_sets: dict[bytes, npt.NDArray[np.int64]] = {}
         self.ready_at = np.zeros(slots)
         self.created = np.zeros(slots)
         self.used_at = np.zeros(slots)
@@ -466,11 +466,12 @@ class _Replay:
         key = self.slot.tobytes()
         if key != self._slot_key:
             self._slot_key, self._slot_sets = key, {}
-        found = self._slot_sets.get(id(states))
+        selects = states.tobytes()  # by value: any mask, not only the module's
+        found = self._slot_sets.get(selects)
         if found is None:
             found = np.flatnonzero(states[self.slot])
             found.flags.writeable = False
-            self._slot_sets[id(states)] = found
+            self._slot_sets[selects] = found
         return found
 
     def running(self) -> int:

@@ -136,7 +136,9 @@ def test_the_replays_slots_by_state_follow_every_change(changes):
         *replay_simulate._IS,
     )
     for slot, state in changes:
-        for mask in masks:
+        # a mask made here each time too: kept by its value, not by an id reused
+        made = replay_simulate._SERVING | replay_simulate._IS[slot % 9]
+        for mask in (*masks, made):
             assert run.in_states(mask).tolist() == np.flatnonzero(mask[run.slot]).tolist()
         run.slot[slot] = state
     assert run.running() == int(np.count_nonzero(replay_simulate._COUNTED[run.slot]))
