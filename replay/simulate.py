@@ -342,26 +342,6 @@ class Simulation:
         return self._run.pending()
 
 
-class _Derived:
-    """One scrape's signals, derived when a policy first reads them.
-
-    A poll every 15 s reads one scrape in three, and KPA none. It derives from the
-    histories as this scrape left them (``_as_now``): a view read after later scrapes
-    (a recording) says what it said at its time.
-    """
-
-    __slots__ = ("_derive", "_signals")
-
-    def __init__(self, derive: Callable[[], EngineSignals]) -> None:
-        self._derive: Callable[[], EngineSignals] | None = derive
-        self._signals: EngineSignals | None = None
-
-    def __call__(self) -> EngineSignals | None:
-        if self._derive is not None:
-            self._signals, self._derive = self._derive(), None
-        return self._signals
-
-
 def _as_now(history: ReplicaHistory) -> ReplicaHistory:
     """The history as it is now: later scrapes add to (and trim) the one they share."""
     return ReplicaHistory(
@@ -425,7 +405,7 @@ class _Replay:
         self.accelerator = Accelerator(profile.price_per_hour, 1.0)
         self.buffer: deque[int] = deque()
         self.arrivals_seen: deque[float] = deque()
-        self.signals: _Derived | None = None
+        self.signals: Callable[[], EngineSignals] | None = None
         """The last scrape's signals (None before the first)."""
         self.decisions: list[tuple[float, int, str]] = []
         self.series: dict[str, list[float]] = {
@@ -808,7 +788,10 @@ class _Replay:
             )
             self.histories.setdefault(int(s), ReplicaHistory(self.horizon)).add(self.now, stats)
             latest.append(stats)
-        self.signals = _Derived(
+        # Derived when a policy first reads them (a poll every 15 s reads one scrape in
+        # three, KPA none), from the histories as this scrape left them (``_as_now``): a
+        # view read after later scrapes says what it said at its time.
+        self.signals = functools.cache(
             functools.partial(
                 derive,
                 self.now,
