@@ -274,8 +274,13 @@ async def prometheus_source(
     connector = aiohttp.TCPConnector(ssl=tls)
     running: dict[TargetKey, asyncio.Task[None]] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        # A target's next round starts within an interval of its last one's end.
-        slots = FairSlots(config.max_concurrent_queries, grace=2 * config.interval)
+        # A target's next round starts within an interval of its last one's end; a
+        # query holds a slot a timeout at most, and a use three timeouts old fades by e.
+        slots = FairSlots(
+            config.max_concurrent_queries,
+            grace=2 * config.interval,
+            memory=3 * config.timeout,
+        )
         try:
             while True:
                 started = loop.time()
