@@ -74,6 +74,7 @@ from admission.manager import plan_pools, scaler_figures
 from admission.parameters import Parameters
 from admission.pool import within_allowance
 from admission.requests import GpuRequest, PodSetDemand, workload_demand
+from admission.slots import matched as slots_matched
 from admission.workload import (
     MAX_CLOCK_SKEW,
     check_entries,
@@ -821,14 +822,14 @@ def _pod_keys(
 
     Its tied pods the inventory takes nothing off for (finished, not yet allocated) are
     left out as they are. Each one it takes cards off for must fit a pod slot of the
-    gang, one slot each, placed pods first and the largest into the smallest slot it
-    fits: no more distinct cards than the pod asks (an init container's beside its
-    containers'), and on any one card no more MiB and cores than all its containers
-    ask together (a percentage of the largest card, ``card_mib()``). What is left out
-    is then never more than the gang asks: a pod tied by a label or annotation is its
-    tenant's to write (hostile passes 39 and 41: a whole card naming a gang of 10%
-    shares), and a slot spent on a failed pod had the gang's placed pod counted twice
-    (pass 40).
+    gang, one slot each, as many as can be and placed pods first
+    (``admission.slots.matched``): no more distinct cards than the pod asks (an init
+    container's beside its containers'), and on any one card no more MiB and cores than
+    all its containers ask together (a percentage of the largest card, ``card_mib()``).
+    What is left out is then never more than the gang asks: a pod tied by a label or
+    annotation is its tenant's to write (hostile passes 39 and 41: a whole card naming a
+    gang of 10% shares), and a slot spent on a failed pod had the gang's placed pod
+    counted twice (pass 40).
     """
 
     def mib_of(c: GpuRequest) -> int:
@@ -843,7 +844,6 @@ def _pod_keys(
         mib = sum(mib_of(c) for c in containers) + max((mib_of(c) for c in init), default=0)
         cores = sum(c.cores for c in containers) + max((c.cores for c in init), default=0)
         slots += [(cards, mib, cores)] * d.count
-    slots.sort()
     keys: list[str] = []
     counted: list[tuple[bool, tuple[int, int, int], int, RawObject]] = []
     for index, pod in enumerate(owned_pods(w, by_owner)):
@@ -853,16 +853,8 @@ def _pod_keys(
         elif size is not None:
             counted.append((not bound_where_placed(pod), size, index, pod))
     counted.sort(key=lambda c: (c[0], tuple(-x for x in c[1]), c[2]))
-    for _, size, _, pod in counted:
-        fits = next((i for i, slot in enumerate(slots) if _within(size, slot)), None)
-        if fits is not None:
-            del slots[fits]
-            keys.append(_pod_key_of(pod))
-    return keys
-
-
-def _within(size: tuple[int, ...], slot: tuple[int, ...]) -> bool:
-    return all(a <= b for a, b in zip(size, slot, strict=True))
+    chosen = slots_matched([size for _, size, _, _ in counted], slots)
+    return keys + [_pod_key_of(counted[i][3]) for i in chosen]
 
 
 def _largest_card(cluster: Cluster) -> Callable[[], int]:

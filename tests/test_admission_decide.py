@@ -7,6 +7,7 @@ reservations, one DataLoad per Dataset, priority order, LoRA seats.
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -792,6 +793,46 @@ def test_a_held_gangs_placed_pod_is_left_out_whatever_its_other_pods_are(first):
     ]
     [decision] = decide([workload("other", gpus=1)], [node("gpu-1", 2)], others=[held], pods=pods)
     assert decision.state == "Retry", decision.message
+
+
+def _three_shapes(w: dict[str, Any]) -> dict[str, Any]:
+    """Podsets of one pod each: a 10,000 MiB share with 50 cores, 20,000 MiB, 1,000 MiB."""
+    template = w["spec"]["podSets"][0]
+    w["spec"]["podSets"] = []
+    for name, limits in (
+        ("first", {names.GPU: "1", names.GPU_MEMORY: "10000", names.GPU_CORES: "50"}),
+        ("second", {names.GPU: "1", names.GPU_MEMORY: "20000"}),
+        ("third", {names.GPU: "1", names.GPU_MEMORY: "1000"}),
+    ):
+        pod_set = copy.deepcopy(template)
+        pod_set.update(name=name, count=1)
+        pod_set["template"]["spec"]["containers"][0]["resources"]["limits"] = limits
+        w["spec"]["podSets"].append(pod_set)
+    return w
+
+
+def test_a_held_gangs_pods_each_take_a_slot_they_fit_as_many_as_can():
+    """Two of the gang's three pods are placed, holding (1 card, 10,000 MiB, 0 cores) and
+    (1, 5,000, 30). Matched greedily, the first took the 50-core slot and the second
+    fitted no other, so its 5,000 MiB were counted beside the hold that held them and a
+    share the card had room for was refused (issue 27, hostile pass 41, MEDIUM). Matched
+    as many as can be, the first takes the 20,000 MiB slot and the second the other."""
+    a_minute_ago = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    held = _three_shapes(admitted("held", since=a_minute_ago))
+    pods = [
+        sharing("held-a", "gpu-1", 0, 10_000, 0),
+        sharing("held-b", "gpu-1", 0, 5_000, 30),
+    ]
+    for pod in pods:
+        pod["metadata"]["ownerReferences"] = [{"uid": "uid-job-held"}]
+        pod["metadata"]["namespace"] = "train"
+    room = MIB - 31_000  # the hold's three shares, on the only card
+    pending = asking_a_share(workload("other", gpus=1), room - 2_500)
+    [decision] = decide([pending], [node("gpu-1", 1)], others=[held], pods=pods)
+    assert decision.state == "Ready", decision.message
+    too_big = asking_a_share(workload("other", gpus=1), room + 2_500)
+    [decision] = decide([too_big], [node("gpu-1", 1)], others=[held], pods=pods)
+    assert decision.state == "Retry", decision.message  # the hold still holds
 
 
 def test_pods_naming_a_gang_of_mixed_pods_free_no_more_than_it_asks():
