@@ -219,6 +219,8 @@ class StandbyController:
     served_before: bool = True
     """``SimConfig.served_before``."""
     need: deque[tuple[float, float]] = field(default_factory=deque)
+    pods: deque[tuple[float, int]] = field(default_factory=deque)
+    """The plans' ``wanted_pods`` sampled (``StandbyInputs.recent_pods``)."""
     history: deque[tuple[float, float]] = field(default_factory=deque)
     """The need over the forecast's lookback (with ``seasonal``)."""
     last_activity: float = 0.0
@@ -241,7 +243,8 @@ class StandbyController:
         # for the count they leave, not the count before.
         if view.now < self.next_plan and running == self.planned_for:
             return
-        if view.now >= self.next_plan:
+        sampled = view.now >= self.next_plan
+        if sampled:
             self.next_plan += STANDBY_INTERVAL
             self._sample(view.now, running)
         self.planned_for = running
@@ -254,8 +257,11 @@ class StandbyController:
             slo_ttft_seconds=self.slo_ttft,
             forecast_peak=forecast,
             max_pods=self.max_pods,
+            recent_pods=tuple(self.pods),
         )
         plan = plan_standby(inputs, self.tiers, self.policy)
+        if sampled:
+            self.pods.append((view.now, plan.wanted_pods))
         load = forecast is not None and forecast > running
         actuator.hold_standby(plan.sleeping, plan.cache_warm, plan.reason + why, load)
 
@@ -263,6 +269,8 @@ class StandbyController:
         self.need.append((now, float(running)))
         while self.need and now - self.need[0][0] > STANDBY_WINDOW:
             self.need.popleft()
+        while self.pods and now - self.pods[0][0] > STANDBY_WINDOW:
+            self.pods.popleft()
         if self.seasonal is not None:
             self.history.append((now, float(running)))
             keep = self.seasonal.lookback_days * self.seasonal.day_seconds + STANDBY_WINDOW

@@ -125,6 +125,21 @@ def test_the_need_is_sampled_every_interval_not_every_decision():
     assert [t - T0 for t, _ in state.need] == [0.0, 5.0, 10.0]
 
 
+def test_a_count_that_falls_keeps_its_pods_asleep_for_as_long_as_a_start_costs():
+    """Two per running replica: 6 running hold 18 pods. At 5 the plan asked for 15 and a
+    sleeper was stopped, to be started again (25 s of an accelerator from the cache) when
+    the count came back; now the drained replica sleeps, the 18 kept for 1,225 s
+    (``kept_seconds``), then let go: the pods kept are not recorded as wanted."""
+    setup = replace(SETUP, policy=StandbyPolicy(max_sleeping=16, burst_sleepers=2.0))
+    state = StandbyState()
+    planned, state = with_standby(decision(6, T0), state, setup, PROFILED, T0)
+    assert (planned.sleeping_replicas, state.pods.samples) == (12, ((T0, 18),))
+    for later, sleeping in ((5.0, 13), (1220.0, 13), (1230.0, 10)):
+        planned, state = with_standby(decision(5, T0 + later), state, setup, PROFILED, T0 + later)
+        assert planned.sleeping_replicas == sleeping, later
+    assert "pods wanted within" not in planned.reason
+
+
 def test_standby_without_a_profile_is_refused_naming_the_key():
     with pytest.raises(ValueError, match="standby needs a profile"):
         standby_setup(Policy(), StandbyPolicy(), cache=False)

@@ -15,10 +15,11 @@ from foundation.replica_model import (
     cold_start_seconds,
     warm_tiers,
 )
-from scaler.core.tiers import StandbyInputs, StandbyPolicy, plan_standby
+from scaler.core.tiers import StandbyInputs, StandbyPolicy, kept_seconds, plan_standby
 
 TIERS = warm_tiers(LLAMA3_8B_H200, cold_start_seconds(LLAMA3_8B_H200, "local-disk"))
 POLICY = StandbyPolicy()
+BURST = StandbyPolicy(max_sleeping=16, burst_sleepers=2.0)
 
 
 def inputs(**changes: object) -> StandbyInputs:
@@ -188,6 +189,60 @@ def test_negative_figures_are_refused() -> None:
             True,
             id="with room for them the burst sleepers are all held",
         ),
+        pytest.param(
+            inputs(desired_running=5, recent_pods=((990.0, 18),)),
+            BURST,
+            TIERS,
+            5,
+            13,
+            True,
+            id="a count fallen from 6 to 5 keeps its 18 pods: the drained replica sleeps",
+        ),
+        pytest.param(
+            inputs(desired_running=5, recent_pods=((1000.0 - 1300, 18), (995.0, 15))),
+            BURST,
+            TIERS,
+            5,
+            10,
+            True,
+            id="pods held longer ago than a start is worth (1,225 s) are let go",
+        ),
+        pytest.param(
+            inputs(desired_running=5, recent_pods=((990.0, 40),)),
+            BURST,
+            TIERS,
+            5,
+            16,
+            True,
+            id="pods are kept asleep up to max_sleeping only",
+        ),
+        pytest.param(
+            inputs(desired_running=5, recent_pods=((990.0, 18),), max_pods=15),
+            BURST,
+            TIERS,
+            5,
+            10,
+            True,
+            id="pods are kept within maxReplicas only",
+        ),
+        pytest.param(
+            inputs(desired_running=5, recent_pods=((990.0, 18),), last_activity=1000.0 - 4000),
+            BURST,
+            TIERS,
+            5,
+            0,
+            False,
+            id="idle past the release no pod is kept",
+        ),
+        pytest.param(
+            inputs(desired_running=5, recent_pods=((990.0, 18),)),
+            dataclasses.replace(BURST, sleeping=False),
+            TIERS,
+            5,
+            0,
+            True,
+            id="with sleeping off no pod is kept asleep",
+        ),
     ],
 )
 def test_plan(
@@ -201,6 +256,17 @@ def test_plan(
     plan = plan_standby(case, tiers, policy)
     assert (plan.running, plan.sleeping, plan.cache_warm) == (running, sleeping, cache)
     assert plan.reason.startswith(f"running {running};")
+
+
+def test_a_pod_is_kept_as_long_as_its_start_costs_in_sleeper_time() -> None:
+    """8B from the cache: 25.3 s of a US$ 3.50/h accelerator is what a sleeper's host
+    memory costs (US$ 0.0723/h) over 1,225 s."""
+    start = TIERS.cache_warm_wake_seconds
+    assert kept_seconds(TIERS, start) == pytest.approx(1225, abs=5)
+    free = dataclasses.replace(TIERS, sleeping_per_hour=0.0)
+    assert kept_seconds(free, start) == float("inf")
+    plan = plan_standby(inputs(desired_running=5, recent_pods=((990.0, 18),)), TIERS, BURST)
+    assert "18 pods wanted within 1225s" in plan.reason
 
 
 def test_the_reason_names_the_break_even_and_the_wake() -> None:
@@ -228,6 +294,7 @@ policies = st.builds(
     forecast=st.none() | st.floats(0, 20),
     policy=policies,
     pods=st.none() | st.integers(1, 30),
+    held=st.lists(st.tuples(st.floats(-3000, 1000), st.integers(0, 60)), max_size=6),
 )
 def test_never_fewer_running_than_desired_and_sleepers_bounded(
     desired: int,
@@ -236,6 +303,7 @@ def test_never_fewer_running_than_desired_and_sleepers_bounded(
     forecast: float | None,
     policy: StandbyPolicy,
     pods: int | None,
+    held: list[tuple[float, int]],
 ) -> None:
     case = inputs(
         desired_running=desired,
@@ -243,6 +311,7 @@ def test_never_fewer_running_than_desired_and_sleepers_bounded(
         last_activity=1000.0 - idle,
         forecast_peak=forecast,
         max_pods=pods,
+        recent_pods=tuple(sorted(held)),
     )
     plan = plan_standby(case, TIERS, policy)
     assert plan.running == desired

@@ -3,8 +3,9 @@
 A ScaledObject with ``standby: true`` has every decision passed through ``with_standby``:
 the replay's ``plan_standby`` (``scaler.core.tiers``) over the same inputs the replay's
 ``StandbyController`` gives it: the desired replicas sampled every ``STANDBY_INTERVAL``
-over ``STANDBY_WINDOW`` (the fleet's need), the decision's last activity, the policy's
-TTFT SLO, and a confident seasonal return (``Decision.prewarm_forecast``) as the forecast. The
+over ``STANDBY_WINDOW`` (the fleet's need) and the pods its plans held, the decision's
+last activity, the policy's TTFT SLO, and a confident seasonal return
+(``Decision.prewarm_forecast``) as the forecast. The
 decision then carries the plan's sleepers (``Decision.sleeping_replicas``), its reason
 the plan's, and it stays active while any is held: KEDA is asked for running + sleeping
 pods, and the gateway puts the sleepers to sleep (``serving.routing.choose_standby``).
@@ -43,10 +44,12 @@ class StandbySetup:
 
 @dataclass(frozen=True, slots=True)
 class StandbyState:
-    """The need samples carried from one decision to the next."""
+    """The need and pod samples carried from one decision to the next."""
 
     need: Recent[float] = field(default_factory=Recent)
     next_sample: float = -math.inf
+    pods: Recent[int] = field(default_factory=Recent)
+    """The plans' ``wanted_pods`` sampled (``StandbyInputs.recent_pods``)."""
 
 
 def standby_setup(p: Policy, policy: StandbyPolicy, *, cache: bool) -> StandbySetup:
@@ -78,10 +81,12 @@ def with_standby(
 ) -> tuple[Decision, StandbyState]:
     """``decision`` with the plan's sleepers, and the state for the next one."""
     running = decision.desired_replicas
-    need = state.need
+    need, pods = state.need, state.pods
     next_sample = state.next_sample
-    if now >= next_sample:
+    sampled = now >= next_sample
+    if sampled:
         need = need.within(now, STANDBY_WINDOW).add(now, float(running))
+        pods = pods.within(now, STANDBY_WINDOW)
         next_sample = now + STANDBY_INTERVAL
     forecast = decision.prewarm_forecast
     inputs = StandbyInputs(
@@ -92,9 +97,12 @@ def with_standby(
         slo_ttft_seconds=p.slo_ttft_seconds,
         forecast_peak=forecast if forecast is not None and math.isfinite(forecast) else None,
         max_pods=p.max_replicas,
+        recent_pods=pods.samples,
     )
     plan = plan_standby(inputs, setup.tiers, setup.policy)
     sleeping, reason = plan.sleeping, plan.reason
+    if sampled:
+        pods = pods.add(now, plan.wanted_pods)
     numbers = {f"standby_{key}": value for key, value in plan.inputs.items()}
     made = replace(
         decision,
@@ -103,4 +111,4 @@ def with_standby(
         inputs={**decision.inputs, **numbers, SLEEPING: float(sleeping)},
         sleeping_replicas=sleeping,
     )
-    return made, StandbyState(need, next_sample)
+    return made, StandbyState(need, next_sample, pods)

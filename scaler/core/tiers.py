@@ -16,7 +16,13 @@ sources, are ``foundation.replica_model.WarmTiers``):
   ``n`` as needed. Besides, at least ``burst_sleepers`` per running replica sleep (one
   running counted at zero), up to ``max_sleeping``: a burst the window never saw finds
   replicas a wake away, which the gateway wakes under pressure before the scaler's next
-  decision (``serving.routing.sleepers_to_wake``).
+  decision (``serving.routing.sleepers_to_wake``). And pods are kept: as many sleep as
+  keep the pods (running + sleeping) at the most the plan wanted within the hold time, a
+  start's accelerator-seconds over a sleeper's cost per second (about 20 minutes for 8B
+  from the cache). A replica the plan no longer wants then sleeps rather than stops, and
+  a count flapping 5, 6, 5 reloads no sleeper each time: dropped at once, 79 loads of a
+  25 s cache-warm start in a business day, 53 kept (tuned unitscale judged on day 3:
+  US$ 0.0583 per 1M tokens at 99.15% -> 0.0560 at 99.37%).
 - **cache-warm**: one copy of the weights in the node's Fluid cache makes every start
   that is not a wake a cache-warm one; held while traffic was seen within
   ``release_after_seconds`` (no DataLoad churn across short idles).
@@ -87,6 +93,9 @@ class StandbyInputs:
     max_pods: int | None = None
     """KEDA's ``maxReplicaCount``: sleepers are pods of the Deployment, so running +
     sleeping is at most this (a sleeper beyond it is never there to wake); None: no cap."""
+    recent_pods: Sequence[tuple[float, int]] = ()
+    """``(time, StandbyPlan.wanted_pods)`` of the plans before this one, oldest first
+    (``kept_seconds`` back are read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +107,10 @@ class StandbyPlan:
     cache_warm: bool
     reason: str
     inputs: dict[str, float] = field(default_factory=dict)
+    wanted_pods: int = 0
+    """Running + the sleepers this plan wants on its own, none kept for earlier plans:
+    what later plans keep (``StandbyInputs.recent_pods``). Kept pods recorded as held
+    would keep themselves for good."""
 
 
 def plan_standby(inputs: StandbyInputs, tiers: WarmTiers, policy: StandbyPolicy) -> StandbyPlan:
@@ -115,14 +128,14 @@ def plan_standby(inputs: StandbyInputs, tiers: WarmTiers, policy: StandbyPolicy)
             f"running {running}; nothing held: idle for {idle_for:.0f}s"
             f" (release after {policy.release_after_seconds:.0f}s) and no return forecast"
         )
-        return StandbyPlan(running, 0, False, reason, numbers)
+        return StandbyPlan(running, 0, False, reason, numbers, running)
     cache, cache_why = _cache(tiers, policy, inputs.slo_ttft_seconds)
-    sleeping, sleep_why = _sleepers(inputs, tiers, policy, running, forecast, cache)
+    sleeping, wanted, sleep_why = _sleepers(inputs, tiers, policy, running, forecast, cache)
     if inputs.max_pods is not None and sleeping > max(inputs.max_pods - running, 0):
         sleeping = max(inputs.max_pods - running, 0)
         sleep_why += f"; {sleeping} held: maxReplicas {inputs.max_pods} counts sleepers as pods"
     reason = f"running {running}; {sleeping} sleeping ({sleep_why}); {cache_why}"
-    return StandbyPlan(running, sleeping, cache, reason, numbers)
+    return StandbyPlan(running, sleeping, cache, reason, numbers, running + min(wanted, sleeping))
 
 
 def _break_even(tiers: WarmTiers) -> float:
@@ -155,15 +168,18 @@ def _sleepers(
     running: int,
     forecast: int,
     cache: bool,
-) -> tuple[int, str]:
-    """How many replicas above ``running`` sleep, and why that many."""
+) -> tuple[int, int, str]:
+    """How many replicas above ``running`` sleep, and why that many.
+
+    Also how many of them the plan wants on its own (the rest kept for earlier plans).
+    """
     if not policy.sleeping or policy.max_sleeping == 0:
-        return 0, "sleeping disabled"
+        return 0, 0, "sleeping disabled"
     start = tiers.cache_warm_wake_seconds if cache else tiers.cold_wake_seconds
     if tiers.sleeping_wake_seconds >= start:
-        return 0, f"a sleeper wakes no faster ({tiers.sleeping_wake_seconds:.1f}s) than a start"
+        return 0, 0, f"a sleeper wakes no faster ({tiers.sleeping_wake_seconds:.1f}s) than a start"
     if start <= inputs.slo_ttft_seconds:
-        return 0, f"a start ({start:.1f}s) fits the TTFT SLO"
+        return 0, 0, f"a start ({start:.1f}s) fits the TTFT SLO"
     break_even = _break_even(tiers)
     needs = [math.ceil(n - 1e-9) for n in inputs.recent_need if math.isfinite(n)]
     count, last_share = 0, 0.0
@@ -176,14 +192,49 @@ def _sleepers(
             break
         count, last_share = k, share
     burst = min(policy.max_sleeping, math.ceil(policy.burst_sleepers * max(running, 1) - 1e-9))
+    hold = kept_seconds(tiers, start)
+    held = max((p for t, p in inputs.recent_pods if inputs.now - t <= hold), default=0)
+    kept = min(policy.max_sleeping, held - running)
+    wanted = max(burst, count)
+    if kept > wanted:
+        return (
+            kept,
+            wanted,
+            (
+                f"{held} pods wanted within {hold:.0f}s: a start's accelerator time costs as"
+                " much as a sleeper held that long"
+            ),
+        )
     if burst > count:
-        return burst, (
-            f"wake {tiers.sleeping_wake_seconds:.1f}s; {policy.burst_sleepers:g} per running"
-            f" replica for a burst"
+        return (
+            burst,
+            burst,
+            (
+                f"wake {tiers.sleeping_wake_seconds:.1f}s; {policy.burst_sleepers:g} per running"
+                f" replica for a burst"
+            ),
         )
     if count == 0:
-        return 0, f"no replica above {running} was needed {break_even:.1%} of the window"
-    return count, (
-        f"wake {tiers.sleeping_wake_seconds:.1f}s; replica {running + count} was needed"
-        f" {last_share:.0%} of the window, above the {break_even:.1%} break-even"
+        return 0, 0, f"no replica above {running} was needed {break_even:.1%} of the window"
+    return (
+        count,
+        count,
+        (
+            f"wake {tiers.sleeping_wake_seconds:.1f}s; replica {running + count} was needed"
+            f" {last_share:.0%} of the window, above the {break_even:.1%} break-even"
+        ),
     )
+
+
+def kept_seconds(tiers: WarmTiers, start_seconds: float) -> float:
+    """How long a pod is worth keeping asleep rather than starting again.
+
+    A start's accelerator-seconds over a sleeper's cost per second (``inf`` when a
+    sleeper costs nothing).
+
+    Example: 8B, cache-warm starts of 25.3 s at US$ 3.50/h, a sleeper US$ 0.0723/h:
+    25.3 * 3.50 / 0.0723 = 1,225 s.
+    """
+    if tiers.sleeping_per_hour <= 0:
+        return math.inf
+    return start_seconds * tiers.running_per_hour / tiers.sleeping_per_hour
