@@ -83,6 +83,40 @@ async def test_cancelled_waiters_never_keep_a_slot_and_never_exceed_the_size(see
         assert slots._busy == 1
 
 
+async def rounds_on_one_slot(
+    keys: int,
+    stall: float,
+    heavy: float,
+    memory: float,
+    total: float,
+    grace: float = 50.0,
+) -> tuple[dict[int, float], dict[int, float], float]:
+    """Keys 0..keys-1 run rounds of 6 queries on one slot until the fake clock passes
+    ``total``: a query costs 1, key 0's ``heavy`` and its first ``stall`` more. Returns
+    when each key's first round ended, the slot time each used, and the time."""
+    now, first, used = [0.0], dict[int, float](), dict.fromkeys(range(keys), 0.0)
+    slots = FairSlots(1, grace=grace, clock=lambda: now[0], memory=memory)
+
+    async def query(key: int) -> None:
+        async with slots.slot(key):
+            cost = heavy if key == 0 else 1.0
+            if key == 0 and used[0] == 0.0:
+                cost += stall
+            now[0] += cost
+            used[key] += cost
+            assert one_place_each(slots)
+            await asyncio.sleep(0)
+
+    async def rounds(key: int) -> None:
+        while now[0] < total:
+            await asyncio.gather(*(query(key) for _ in range(6)))
+            first.setdefault(key, now[0])
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(rounds(k) for k in range(keys)))
+    return first, used, now[0]
+
+
 @pytest.mark.parametrize(
     ("keys", "heavy", "grace"),
     [
@@ -103,27 +137,10 @@ async def test_each_key_asking_round_after_round_gets_its_share_of_slot_time(
     finished 1 round in 6,000 units where its share is 34 (ten keys, three times).
     Shares are of the slot's time.
     """
-    now, per_round, total = [0.0], 6, 60.0 * keys * 6 * heavy
-    slots = FairSlots(1, grace=grace, clock=lambda: now[0])
-    used = dict.fromkeys(range(keys), 0.0)
-
-    async def query(key: int) -> None:
-        async with slots.slot(key):
-            cost = heavy if key == 0 else 1.0
-            now[0] += cost
-            used[key] += cost
-            assert one_place_each(slots)
-            await asyncio.sleep(0)
-
-    async def rounds(key: int) -> None:
-        while now[0] < total:
-            await asyncio.gather(*(query(key) for _ in range(per_round)))
-            await asyncio.sleep(0)
-
-    await asyncio.gather(*(rounds(k) for k in range(keys)))
+    _, used, now = await rounds_on_one_slot(keys, 0.0, heavy, math.inf, 360.0 * keys * heavy, grace)
     # Key 0 asks without a gap; a light key asks for nothing for a moment between its
     # rounds, and key 0 may take the slot then (no slot idles while someone asks).
-    share = now[0] / keys
+    share = now / keys
     assert used[0] >= 0.8 * share, (used[0], share)
     assert min(used.values()) >= 0.5 * share, (used, share)
 
@@ -220,34 +237,6 @@ async def test_targets_whose_queries_take_the_whole_timeout_never_stall_another_
     finally:
         await drain(task)
         await server.stop()
-
-
-async def rounds_on_one_slot(
-    keys: int, stall: float, heavy: float, memory: float, total: float
-) -> tuple[dict[int, float], dict[int, float], float]:
-    """Keys 0..keys-1 run rounds of 6 queries on one slot until the fake clock passes
-    ``total``: a query costs 1, key 0's ``heavy`` and its first ``stall`` more. Returns
-    when each key's first round ended, the slot time each used, and the time."""
-    now, first, used = [0.0], dict[int, float](), dict.fromkeys(range(keys), 0.0)
-    slots = FairSlots(1, grace=50.0, clock=lambda: now[0], memory=memory)
-
-    async def query(key: int) -> None:
-        async with slots.slot(key):
-            cost = heavy if key == 0 else 1.0
-            if key == 0 and used[0] == 0.0:
-                cost += stall
-            now[0] += cost
-            used[key] += cost
-            await asyncio.sleep(0)
-
-    async def rounds(key: int) -> None:
-        while now[0] < total:
-            await asyncio.gather(*(query(key) for _ in range(6)))
-            first.setdefault(key, now[0])
-            await asyncio.sleep(0)
-
-    await asyncio.gather(*(rounds(k) for k in range(keys)))
-    return first, used, now[0]
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 A ScaledObject with ``standby: true`` has every decision passed through ``with_standby``:
 the replay's ``plan_standby`` (``scaler.core.tiers``) over the same inputs the replay's
 ``StandbyController`` gives it: the desired replicas sampled every ``STANDBY_INTERVAL``
-over ``STANDBY_WINDOW`` (the fleet's need) and the pods its plans held, the decision's
+over ``STANDBY_WINDOW`` (the fleet's need) and the pods its plans wanted, the decision's
 last activity, the policy's TTFT SLO, and a confident seasonal return
 (``Decision.prewarm_forecast``) as the forecast. The
 decision then carries the plan's sleepers (``Decision.sleeping_replicas``), its reason

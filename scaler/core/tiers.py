@@ -21,7 +21,7 @@ sources, are ``foundation.replica_model.WarmTiers``):
   start's accelerator-seconds over a sleeper's cost per second (about 20 minutes for 8B
   from the cache). A replica the plan no longer wants then sleeps rather than stops, and
   a count flapping 5, 6, 5 reloads no sleeper each time: dropped at once, 79 loads of a
-  25 s cache-warm start in a business day, 53 kept (tuned unitscale judged on day 3:
+  25 s cache-warm start in a business day, 57 kept (tuned unitscale judged on day 3:
   US$ 0.0583 per 1M tokens at 99.15% -> 0.0560 at 99.37%).
 - **cache-warm**: one copy of the weights in the node's Fluid cache makes every start
   that is not a wake a cache-warm one; held while traffic was seen within
