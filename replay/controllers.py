@@ -226,6 +226,8 @@ class StandbyController:
     last_activity: float = 0.0
     next_plan: float = 0.0
     planned_for: int = -1
+    pods_held: int | None = None
+    """Running + sleeping of the last plan (``StandbyInputs.pods_held``)."""
 
     def start(self, actuator: Actuator, initial_replicas: int) -> None:
         # A fleet that served before holds its sleepers from t=0; one that never served
@@ -258,10 +260,12 @@ class StandbyController:
             forecast_peak=forecast,
             max_pods=self.max_pods,
             recent_pods=tuple(self.pods),
+            pods_held=self.pods_held,
         )
         plan = plan_standby(inputs, self.tiers, self.policy)
         if sampled:
             self.pods.append((view.now, plan.wanted_pods))
+        self.pods_held = running + plan.sleeping
         load = forecast is not None and forecast > running
         actuator.hold_standby(plan.sleeping, plan.cache_warm, plan.reason + why, load)
 

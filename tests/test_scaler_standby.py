@@ -140,6 +140,22 @@ def test_a_count_that_falls_keeps_its_pods_asleep_for_as_long_as_a_start_costs()
     assert "pods wanted within" not in planned.reason
 
 
+def test_a_step_up_takes_a_kept_sleeper_and_starts_none_to_keep_it():
+    """At most 16 asleep: 11 running held 27 pods; at 6, 22 (16 asleep, the rest
+    stopped). A step up to 7 wakes one of them: the pods stay 22, and no sleeper is started
+    to keep 16 (a start would be stopped again at the next step down, as the cap allows
+    16 asleep). Not knowing the pods held, the plan keeps 16."""
+    setup = replace(SETUP, policy=StandbyPolicy(max_sleeping=16, burst_sleepers=2.0))
+    state = StandbyState()
+    for later, running, sleeping in ((0.0, 11, 16), (5.0, 6, 16), (10.0, 7, 15), (15.0, 6, 16)):
+        now = T0 + later
+        planned, state = with_standby(decision(running, now), state, setup, PROFILED, now)
+        assert planned.sleeping_replicas == sleeping, later
+    unknown = replace(state, pods_held=None)
+    planned, _ = with_standby(decision(7, T0 + 20), unknown, setup, PROFILED, T0 + 20)
+    assert planned.sleeping_replicas == 16
+
+
 def test_standby_without_a_profile_is_refused_naming_the_key():
     with pytest.raises(ValueError, match="standby needs a profile"):
         standby_setup(Policy(), StandbyPolicy(), cache=False)

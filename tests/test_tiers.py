@@ -199,6 +199,24 @@ def test_negative_figures_are_refused() -> None:
             id="a count fallen from 6 to 5 keeps its 18 pods: the drained replica sleeps",
         ),
         pytest.param(
+            inputs(desired_running=7, recent_pods=((990.0, 33),), pods_held=22),
+            BURST,
+            TIERS,
+            7,
+            15,
+            True,
+            id="a step up from 6 to 7 of 22 pods takes a sleeper and starts none to keep 16",
+        ),
+        pytest.param(
+            inputs(desired_running=9, recent_pods=((990.0, 33),), pods_held=22),
+            BURST,
+            TIERS,
+            9,
+            16,
+            True,
+            id="a step up to 9 starts what the burst tier wants of its own: 2 per running",
+        ),
+        pytest.param(
             inputs(desired_running=5, recent_pods=((1000.0 - 1300, 18), (995.0, 15))),
             BURST,
             TIERS,
@@ -295,6 +313,7 @@ policies = st.builds(
     policy=policies,
     pods=st.none() | st.integers(1, 30),
     held=st.lists(st.tuples(st.floats(-3000, 1000), st.integers(0, 60)), max_size=6),
+    last=st.none() | st.integers(0, 60),
 )
 def test_never_fewer_running_than_desired_and_sleepers_bounded(
     desired: int,
@@ -304,6 +323,7 @@ def test_never_fewer_running_than_desired_and_sleepers_bounded(
     policy: StandbyPolicy,
     pods: int | None,
     held: list[tuple[float, int]],
+    last: int | None,
 ) -> None:
     case = inputs(
         desired_running=desired,
@@ -312,10 +332,15 @@ def test_never_fewer_running_than_desired_and_sleepers_bounded(
         forecast_peak=forecast,
         max_pods=pods,
         recent_pods=tuple(sorted(held)),
+        pods_held=last,
     )
     plan = plan_standby(case, TIERS, policy)
     assert plan.running == desired
     assert 0 <= plan.sleeping <= policy.max_sleeping
+    if last is not None:
+        assert plan.running + plan.sleeping <= max(last, plan.wanted_pods), (
+            "pods are kept, never started to be kept"
+        )
     if pods is not None:
         assert plan.sleeping <= max(pods - desired, 0), "sleepers are pods within maxReplicas"
     idle_for = case.now - case.last_activity  # as the plan computes it, rounding included

@@ -50,6 +50,8 @@ class StandbyState:
     next_sample: float = -math.inf
     pods: Recent[int] = field(default_factory=Recent)
     """The plans' ``wanted_pods`` sampled (``StandbyInputs.recent_pods``)."""
+    pods_held: int | None = None
+    """Running + sleeping of the last plan (``StandbyInputs.pods_held``)."""
 
 
 def standby_setup(p: Policy, policy: StandbyPolicy, *, cache: bool) -> StandbySetup:
@@ -98,6 +100,7 @@ def with_standby(
         forecast_peak=forecast if forecast is not None and math.isfinite(forecast) else None,
         max_pods=p.max_replicas,
         recent_pods=pods.samples,
+        pods_held=state.pods_held,
     )
     plan = plan_standby(inputs, setup.tiers, setup.policy)
     sleeping, reason = plan.sleeping, plan.reason
@@ -111,4 +114,4 @@ def with_standby(
         inputs={**decision.inputs, **numbers, SLEEPING: float(sleeping)},
         sleeping_replicas=sleeping,
     )
-    return made, StandbyState(need, next_sample, pods)
+    return made, StandbyState(need, next_sample, pods, running + sleeping)
