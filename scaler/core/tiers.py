@@ -102,7 +102,7 @@ class StandbyInputs:
     pods_held: int | None = None
     """Running + sleeping as the last plan held them (the pods KEDA was asked for). Pods
     are kept, never started to be kept: a step up takes a sleeper, and the plan loads
-    another only if it wants one on its own. None: unknown (after a restart)."""
+    another only if it wants one on its own. None: unknown (the first plan)."""
 
 
 @dataclass(frozen=True, slots=True)
