@@ -12,7 +12,9 @@ the judged day: unitscale at its defaults, the smallest static fleet reaching th
 on that day in hindsight, and the clairvoyant (``replay.oracle.find_clairvoyant``).
 
 unitscale runs with sleeping replicas as its warm tier, as docs/scaler.md recommends and
-``bench/replay_quality.py`` runs it; the others have none. Each day starts fresh: what
+``bench/replay_quality.py`` runs it (at most 16); the others have none. Its search
+includes the burst tier (``standbyBurstSleepers``, ``unitscale tune``'s with
+``--standby-max-sleeping``), its defaults row the recommended 2. Each day starts fresh: what
 the scaler's seasonal memory would have learned on the tuning days online is not carried.
 
 Goals (issue 26): on the judged day tuned unitscale >= the target, the cheapest of the

@@ -34,6 +34,8 @@ from replay.simulate import COLD_START_TIERS, Result, SimConfig, cold_start_of, 
 from replay.trace import Trace
 from scaler.core.model import Policy as CorePolicy
 from scaler.core.tiers import StandbyPolicy
+from serving.gateway_settings import RECOMMENDED_WAKE_AT_OUTSTANDING
+from serving.routing import WakePressure
 
 POLICIES = ("static-peak", "production-stack", "kpa", "aibrix-kv", "oracle", "unitscale")
 """What ``--policy all`` runs; ``oracle`` is the clairvoyant bound."""
@@ -90,13 +92,17 @@ def fleet_config(
     max_replicas: int,
     price: float | None = None,
     prewarm: bool = False,
+    standby: StandbyPolicy | None = None,
 ) -> SimConfig:
     """The fleet ``unitscale replay`` (and ``tune``) simulates, from checked flag values.
 
     The replicas run as the launch profile starts vLLM: with the chunked-prefill budget
     whose steps keep the ITL SLO (``serving.vllm_profile.for_itl_slo``), which the
     scaler's capacity assumes too; vLLM's 8,192-token default breaks a 100 ms ITL at a
-    full batch.
+    full batch. ``standby`` (with sleepers): unitscale's fleet holds them, as the
+    trigger's ``standby: true`` does, and the gateway wakes them under pressure at its
+    recommended ``wake-at-outstanding`` (docs/gateway.md); the other policies and the
+    references run without (``without_standby``).
 
     Raises:
         ValueError: an unknown profile or cold-start tier, naming the known ones.
@@ -108,6 +114,7 @@ def fleet_config(
     model = PROFILES[profile]
     if price is not None:
         model = replace(model, price_per_hour=price)
+    sleepers = standby is not None and standby.max_sleeping > 0
     return SimConfig(
         model.for_itl_slo(slo_itl),
         slo_ttft=slo_ttft,
@@ -115,7 +122,17 @@ def fleet_config(
         cold_start_tier=cold_start,
         prewarm=prewarm,
         max_replicas=max_replicas,
+        standby=standby if sleepers else None,
+        wake_pressure=WakePressure(RECOMMENDED_WAKE_AT_OUTSTANDING) if sleepers else None,
     )
+
+
+def without_standby(config: SimConfig) -> SimConfig:
+    """``config``'s fleet with no sleepers: the references' and the baselines'.
+
+    They hold no warm tier, so the gateway's pressure wakes have nothing to wake.
+    """
+    return replace(config, standby=None, wake_pressure=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +174,8 @@ def run_policies(
     for name in names:
         if name not in ALL_POLICIES:
             raise ValueError(f"unknown policy {quote(name)}; one of {', '.join(ALL_POLICIES)}")
-    target = options.slo_target
+    target, own = options.slo_target, config
+    config = without_standby(config)  # unitscale's sleepers are its own (``fleet_config``)
     instant, schedule = find_instant_bound(trace, config, target)
     warm = warm_replicas(schedule, config, options)
     static: tuple[Result, int] | None = None
@@ -175,11 +193,10 @@ def run_policies(
         elif name == "static-peak" and sized and static is not None:
             results[name] = static[0]
         else:
-            policy = make_policy(name, config, options, **knobs.get(name, {}))
+            fleet = own if name == "unitscale" else config
+            policy = make_policy(name, fleet, options, **knobs.get(name, {}))
             callback = (lambda t, n=name: progress(n, t)) if progress else None
-            results[name] = simulate(
-                trace, policy, config, progress=callback, initial_replicas=warm
-            )
+            results[name] = simulate(trace, policy, fleet, progress=callback, initial_replicas=warm)
     return results
 
 

@@ -170,6 +170,18 @@ TWO_ROWS = AZURE + b"2023-11-16 18:17:03.9,100,5\n2023-11-16 18:17:05.4,200,7\n"
             "argument --seed: '-1' is not a whole number from 0",
             id="a negative seed is refused, not a ValueError inside numpy",
         ),
+        pytest.param(
+            TWO_ROWS,
+            ["--standby-burst-sleepers", "1"],
+            "--standby-burst-sleepers holds sleepers: give --standby-max-sleeping",
+            id="burst sleepers in a fleet that may hold none are refused",
+        ),
+        pytest.param(
+            TWO_ROWS,
+            ["--compare-tiers", "--standby-max-sleeping", "2"],
+            "--compare-tiers sets each row's sleepers: drop --standby-max-sleeping",
+            id="the tiers' comparison sets its own sleepers",
+        ),
     ],
 )
 def test_replay_refuses_a_bad_file_or_flag_with_one_line_and_status_2(
@@ -392,6 +404,8 @@ DOMAINS = [
     (REPLAY, "--slo-ttft", 0, 86_400, True),
     (REPLAY, "--slo-itl", 0, 86_400, True),
     (REPLAY, "--max-sleeping", 0, 10_000, False),
+    (REPLAY, "--standby-max-sleeping", 0, 10_000, False),
+    (REPLAY, "--standby-burst-sleepers", 0, 10_000, False),
     (REPLAY, "--idle-grace", 0, 86_400, False),
     (REPLAY, "--max-replicas", 1, 10_000, False),
     (REPLAY, "--target-concurrency", 0, 100_000, True),

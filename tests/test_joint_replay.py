@@ -762,3 +762,10 @@ def test_the_benchs_mix_table_survives_binpack_leaving_nothing_unallocatable(who
     ]
     table_text = mix_table(nothing, rows)
     assert "| 0.00 | 0.00 | 0.00x |" in table_text
+
+
+def test_sleepers_are_refused_where_the_pool_replay_does_not_model_them(tmp_path):
+    from foundation.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--pool models no sleeping replicas"):
+        _tiny_inputs(tmp_path, "--standby-max-sleeping", "4")

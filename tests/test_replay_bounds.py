@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from replay.policies import Scheduled, StaticPeak
 from replay.run import POLICIES, ReplayOptions, run_policies, write_report
 from replay.simulate import SimConfig, cold_start_seconds, simulate
 from replay.trace import Trace, read_trace
+from scaler.core.tiers import StandbyPolicy
+from serving.routing import WakePressure
 from tests.shared_data import shared
 
 CONFIG = SimConfig(LLAMA3_8B_H200, max_replicas=8, tail=300.0)
@@ -149,3 +152,16 @@ def test_on_mooncake_no_static_fleet_is_cheaper_than_the_clairvoyant_at_its_slo(
         m = simulate(trace, StaticPeak(size), config).metrics
         cheaper = m["gpu_hours"] < bound["gpu_hours"] * (1 - 1e-9)
         assert not (cheaper and m["slo_attainment"] >= bound["slo_attainment"]), (size, m, bound)
+
+
+def test_the_baselines_and_references_run_without_unitscale_s_sleepers():
+    """Sleepers are unitscale's warm tier (``--standby-max-sleeping``): the other rows and
+    the references replay the same fleet with none, as if the flag were not given."""
+    standby = StandbyPolicy(max_sleeping=4, burst_sleepers=2.0)
+    sleepers = replace(CONFIG, standby=standby, wake_pressure=WakePressure(8))
+    names = ["static-peak", "instant-bound", "kpa", "unitscale"]
+    plain = run_policies(BURSTY, names, CONFIG, OPTIONS)
+    held = run_policies(BURSTY, names, sleepers, OPTIONS)
+    for name in names[:-1]:
+        assert held[name].metrics == plain[name].metrics, name
+    assert held["unitscale"].metrics["cost"] != plain["unitscale"].metrics["cost"]

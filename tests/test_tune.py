@@ -25,14 +25,16 @@ from hypothesis import strategies as st
 from foundation.replica_model import PROFILES
 from replay import trace as trace_module
 from replay.oracle import smallest_static
-from replay.run import ReplayOptions
+from replay.run import ReplayOptions, fleet_config
 from replay.simulate import SimConfig
 from replay.trace import Trace, TraceError, read_recording, read_trace
 from replay.workloads import load_trace
 from scaler.config import load_config
+from scaler.core.tiers import StandbyPolicy
 from unitscale import cli
 from unitscale import tune as tune_module
 from unitscale.tune import (
+    BURST_SLEEPERS,
     DEARER,
     MISSES_TARGET,
     UNITSCALE_SPACE,
@@ -164,6 +166,74 @@ def test_the_same_seed_gives_the_same_proposal_on_one_worker_or_two(tmp_path, ca
     assert outputs[0] == outputs[1]
 
 
+def test_a_fleet_with_sleepers_tunes_its_burst_tier_and_names_the_trigger_key(tmp_path, capsys):
+    bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
+    out = tmp_path / "out"
+    fleet = ["--max-replicas", "6", "--standby-max-sleeping", "4", "--standby-burst-sleepers", "2"]
+    code, err = tune(
+        capsys, "--trace", str(bursty), *fleet, "--budget", "4", "--workers", "1",
+        "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 0, err
+    rows = trials(out)
+    assert rows[0]["standbyBurstSleepers"] == "2.0", "the first trial is today's burst tier"
+    chosen = min(
+        (r for r in rows if r["feasible"] == "True"),
+        key=lambda r: (float(r["cost_per_million_tokens"]), int(r["trial"])),
+    )
+    burst = f"{float(chosen['standbyBurstSleepers']):g}"
+    text = (out / "scaler-config.yaml").read_text()
+    assert f'#   standbyBurstSleepers: "{burst}"' in text
+    assert "standbyBurstSleepers" not in yaml.safe_load(text)["policy"], "the trigger's key"
+    assert load_config(out / "scaler-config.yaml").policy.headroom_step == float(
+        chosen["headroom-step"]
+    )
+    report = (out / "report.md").read_text()
+    assert f'trigger metadata `standbyBurstSleepers: "{burst}"`' in report
+    assert "up to 4 sleeping, woken at 8 outstanding a replica" in report
+
+    # unitscale replay of the proposal on the same fleet, its sleepers as the trigger
+    # would hold them, predicts what the report says
+    replayed = tmp_path / "replayed"
+    assert cli.main(
+        [
+            "replay", "--trace", str(bursty), "--policy", "unitscale", "--max-replicas", "6",
+            "--standby-max-sleeping", "4", "--standby-burst-sleepers", burst,
+            "--scaler-config", str(out / "scaler-config.yaml"), "--report", str(replayed),
+        ]
+    ) == 0  # fmt: skip
+    metrics = yaml.safe_load((replayed / "results.json").read_text())["unitscale"]
+    row = next(line for line in report.splitlines() if f"`{bursty}` | proposal" in line)
+    assert f"US$ {metrics['cost_per_million_tokens']:.4f}" in row
+    assert f"{metrics['slo_attainment']:.2%}" in row
+
+
+def test_the_burst_knob_is_the_replayed_fleets():
+    """A trial's burst tier replays as a fleet holding it does, not as the fleet given."""
+    options = ReplayOptions("t", 1.0, 1.0, 0, slo_target=0.99)
+
+    def holding(burst: float) -> Problem:
+        standby = StandbyPolicy(max_sleeping=4, burst_sleepers=burst)
+        fleet = fleet_config(  # unitscale tune's fleet flags at their defaults
+            "llama3-8b-h200",
+            slo_ttft=2.0,
+            slo_itl=0.1,
+            cold_start="local-disk",
+            max_replicas=6,
+            standby=standby,
+        )
+        return Problem("unitscale", (BURSTY,), fleet, options)
+
+    tune_module._install(holding(3.0))
+    as_given = tune_module.replay(0, 1, None)
+    tune_module._install(holding(0.5))
+    as_knob = tune_module.replay(0, 1, {BURST_SLEEPERS.key: 3.0})
+    none = tune_module.replay(0, 1, {BURST_SLEEPERS.key: 0.0})
+    assert as_knob == as_given
+    assert none.cost < as_knob.cost, "no sleeper held for a burst costs less"
+
+
 def tuned_static(tmp_path, capsys, budget: int, max_replicas: int) -> tuple[int, list[int], Path]:
     """``unitscale tune --policy static-peak`` on the bursty trace: the smallest static
     fleet meeting 99% (``smallest_static``), the sizes tried in order, and ``--out``."""
@@ -270,6 +340,22 @@ def test_a_target_no_trial_reaches_is_reported_and_writes_no_proposal(tmp_path, 
             id="a scaler config for a baseline is refused",
         ),
         pytest.param(
+            ["--standby-burst-sleepers", "1"],
+            "unitscale tune: --standby-burst-sleepers holds sleepers: give --standby-max-sleeping",
+            id="burst sleepers in a fleet that may hold none are refused",
+        ),
+        pytest.param(
+            ["--standby-burst-sleepers", "nan"],
+            "argument --standby-burst-sleepers: 'nan' is not a number from 0 to",
+            id="a NaN burst tier is refused",
+        ),
+        pytest.param(
+            ["--policy", "kpa", "--standby-max-sleeping", "4"],
+            "unitscale tune: --standby-max-sleeping: sleepers are the unitscale policy's;"
+            " drop it for kpa",
+            id="sleepers for a baseline are refused",
+        ),
+        pytest.param(
             ["--scaler-config", "{tmp}/bad.yaml"],
             "headroom-max",
             id="a bad base config names its key",
@@ -328,13 +414,33 @@ def test_workers_are_at_most_the_cpus_and_a_batch(monkeypatch, capsys, asked, at
 
 # --- the search's pieces ------------------------------------------------------------------------
 
+FLEET = SimConfig(PROFILES["llama3-8b-h200"].for_itl_slo(0.1), max_replicas=64)
+SLEEPERS = dataclasses.replace(FLEET, standby=StandbyPolicy(max_sleeping=4, burst_sleepers=2.0))
 KNOBS = [
-    *UNITSCALE_SPACE,
-    *space("static-peak", 64),
-    *space("kpa", 64),
-    *space("production-stack", 64),
-    *space("aibrix-kv", 64),
+    *space("unitscale", SLEEPERS),
+    *space("static-peak", FLEET),
+    *space("kpa", FLEET),
+    *space("production-stack", FLEET),
+    *space("aibrix-kv", FLEET),
 ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "fleet", "searched"),
+    [
+        pytest.param("unitscale", FLEET, False, id="a fleet without sleepers has no burst tier"),
+        pytest.param("unitscale", SLEEPERS, True, id="with sleepers the burst tier is searched"),
+        pytest.param(
+            "unitscale",
+            dataclasses.replace(SLEEPERS, standby=StandbyPolicy(max_sleeping=0)),
+            False,
+            id="a plan that may hold no sleeper has no burst tier either",
+        ),
+        pytest.param("kpa", SLEEPERS, False, id="a baseline never holds sleepers"),
+    ],
+)
+def test_the_burst_tier_is_searched_where_the_fleet_holds_sleepers(policy, fleet, searched):
+    assert (BURST_SLEEPERS in space(policy, fleet)) == searched
 
 
 @settings(max_examples=300, deadline=None)

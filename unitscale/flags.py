@@ -233,6 +233,8 @@ SEED = whole(0, 2**63 - 1)
 REPLICAS = whole(1, MAX_REPLICAS)
 """``--max-replicas`` of a simulated fleet: 0 replayed a fleet that can serve nothing."""
 SLEEPING = whole(0, MAX_REPLICAS)
+BURST_SLEEPERS = real(0, MAX_REPLICAS)
+"""``--standby-burst-sleepers``: sleepers per running replica (capped by the maximum)."""
 DEMO_COMPRESSION = real(0, 50, above=True)
 """The demo's ``--time-compression``: its gateway's 5 s standby interval, compressed, stays at
 or above the 100 ms the gateway config takes."""
@@ -273,13 +275,21 @@ def fleet_of(args: argparse.Namespace) -> SimConfig:
     """The fleet the replay's flags describe, for ``unitscale replay`` and ``tune`` alike.
 
     ``--profile``, ``--slo-*``, ``--cold-start``, ``--max-replicas``, ``--price`` and
-    ``--prewarm`` where the command has it, through ``replay.run.fleet_config``.
+    ``--prewarm`` and ``--standby-*`` where the command has them, through
+    ``replay.run.fleet_config``.
 
     Raises:
-        ConfigError: an unknown profile or cold-start tier, naming the known ones.
+        ConfigError: an unknown profile or cold-start tier, naming the known ones; burst
+            sleepers without sleepers.
     """
     from replay.run import fleet_config
+    from scaler.core.tiers import StandbyPolicy
 
+    most = getattr(args, "standby_max_sleeping", 0)
+    burst = getattr(args, "standby_burst_sleepers", 0.0)
+    if burst > 0 and most == 0:
+        raise ConfigError("--standby-burst-sleepers holds sleepers: give --standby-max-sleeping")
+    standby = StandbyPolicy(max_sleeping=most, burst_sleepers=burst) if most else None
     try:
         return fleet_config(
             args.profile,
@@ -289,6 +299,26 @@ def fleet_of(args: argparse.Namespace) -> SimConfig:
             max_replicas=args.max_replicas,
             price=args.price,
             prewarm=getattr(args, "prewarm", False),
+            standby=standby,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def standby_arguments(group: argparse._ActionsContainer) -> None:
+    """``--standby-max-sleeping`` and ``--standby-burst-sleepers``: unitscale's warm tier."""
+    group.add_argument(
+        "--standby-max-sleeping",
+        type=SLEEPING,
+        default=0,
+        help="unitscale holds up to this many sleeping replicas, as the trigger's standby:"
+        " true with standbyMaxSleeping, and the gateway wakes them at its recommended"
+        " wake-at-outstanding (default 0: none; the other policies never hold any)",
+    )
+    group.add_argument(
+        "--standby-burst-sleepers",
+        type=BURST_SLEEPERS,
+        default=0.0,
+        help="the trigger's standbyBurstSleepers: sleepers per running replica held for a"
+        " burst (default 0)",
+    )

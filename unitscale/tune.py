@@ -78,6 +78,9 @@ class Knob:
     rising: bool = False
     """Attainment and cost both rise with it (a static fleet's size): the smallest value
     meeting the target is the cheapest, found by bisection (``_bisect``)."""
+    trigger: bool = False
+    """A key of the ScaledObject's trigger metadata (``scaler.metadata``), not of the
+    scaler config: the replayed fleet carries it (``Problem.config_for``)."""
 
     def distribution(self) -> BaseDistribution:
         """The knob as Optuna samples it."""
@@ -125,11 +128,23 @@ UNITSCALE_SPACE = (
 )
 """The scaler's policy knobs that trade cost for attainment (docs/scaler.md, "What each
 knob trades"); the SLO, the replica model and the bounds describe the service and stay."""
+BURST_SLEEPERS = Knob("standbyBurstSleepers", 0.0, 3.0, step=0.5, trigger=True)
+"""Sleepers held per running replica for a burst (the trigger's, with ``standby``): what a
+burst the recent windows did not foresee wakes, priced at every quiet hour. How many pays
+depends on how the traffic bursts, so it is searched where the fleet has sleepers."""
+TRIGGER_KEYS = frozenset({BURST_SLEEPERS.key})
 
 
-def space(policy: str, max_replicas: int) -> tuple[Knob, ...]:
-    """``policy``'s knobs and their ranges (docs/tune.md explains each range)."""
+def space(policy: str, config: SimConfig) -> tuple[Knob, ...]:
+    """``policy``'s knobs and their ranges on ``config``.
+
+    unitscale's include the burst tier where the fleet holds sleepers
+    (``--standby-max-sleeping``). docs/replay.md, "What it searches", explains each range.
+    """
+    max_replicas = config.max_replicas
     if policy == "unitscale":
+        if config.standby is not None and config.standby.max_sleeping > 0:
+            return (*UNITSCALE_SPACE, BURST_SLEEPERS)
         return UNITSCALE_SPACE
     if policy == "static-peak":
         return (Knob("replicas", 1, max_replicas, whole=True, rising=True),)
@@ -178,9 +193,22 @@ class Problem:
         }
         seconds = {k.key for k in UNITSCALE_SPACE if k.seconds}
         for key, value in knobs.items():
-            policy[key] = f"{value:g}s" if key in seconds else value
+            if key not in TRIGGER_KEYS:
+                policy[key] = f"{value:g}s" if key in seconds else value
         policy["slo-attainment"] = self.options.slo_target
         return {**self.base, "policy": policy}
+
+    def trigger_metadata(self, knobs: Knobs | None) -> dict[str, str]:
+        """The trigger metadata keys ``knobs`` set, as the ScaledObject spells them."""
+        return {k: f"{v:g}" for k, v in (knobs or {}).items() if k in TRIGGER_KEYS}
+
+    def config_for(self, knobs: Knobs | None) -> SimConfig:
+        """The fleet a trial replays: ``config`` with the trigger knobs ``knobs`` set."""
+        standby = self.config.standby
+        if knobs is None or standby is None or BURST_SLEEPERS.key not in knobs:
+            return self.config
+        burst = float(knobs[BURST_SLEEPERS.key])
+        return replace(self.config, standby=replace(standby, burst_sleepers=burst))
 
     def policy_for(self, knobs: Knobs | None) -> Policy:
         """The policy a trial replays (None: the defaults)."""
@@ -191,7 +219,7 @@ class Problem:
         if self.policy == "unitscale":
             config = validate(ScalerConfig, self.scaler_mapping(knobs), "the tuned config")
             options = replace(self.options, policy=config.policy_defaults())
-            return make_policy("unitscale", self.config, options)
+            return make_policy("unitscale", self.config_for(knobs), options)
         return make_policy(self.policy, self.config, self.options, **(knobs or {}))
 
     def defaults(self) -> Knobs | None:
@@ -203,12 +231,17 @@ class Problem:
             from foundation.configfile import validate
 
             policy = validate(ScalerConfig, self.base, "--scaler-config").policy
-            return {k.key: getattr(policy, k.key.replace("-", "_")) for k in UNITSCALE_SPACE}
+            today: Knobs = {
+                k.key: getattr(policy, k.key.replace("-", "_")) for k in UNITSCALE_SPACE
+            }
+            if BURST_SLEEPERS in space(self.policy, self.config) and self.config.standby:
+                today[BURST_SLEEPERS.key] = self.config.standby.burst_sleepers
+            return today
         if self.policy == "static-peak":
             return None
         baseline = {"kpa": Kpa(), "production-stack": ProductionStack(), "aibrix-kv": AibrixKv()}
         policy_object = baseline[self.policy]
-        knobs = space(self.policy, self.config.max_replicas)
+        knobs = space(self.policy, self.config)
         return {k.key: getattr(policy_object, k.key) for k in knobs}
 
     def base_attainment(self) -> float:
@@ -285,10 +318,11 @@ def _problem() -> Problem:
 def prepare(index: int) -> Prepared:
     """Trace ``index``'s warm start, smallest static fleet and instant bound (a worker job)."""
     from replay.oracle import REACHED, find_instant_bound, smallest_static
-    from replay.run import static_hint, warm_replicas
+    from replay.run import static_hint, warm_replicas, without_standby
 
     problem = _problem()
-    trace, config, target = problem.traces[index], problem.config, problem.options.slo_target
+    trace, target = problem.traces[index], problem.options.slo_target
+    config = without_standby(problem.config)  # as unitscale replay's references
     instant, schedule = find_instant_bound(trace, config, target)
     warm = warm_replicas(schedule, config, problem.options)
     static, size = smallest_static(trace, config, target, hint=static_hint(schedule, config))
@@ -348,7 +382,8 @@ def replay(index: int, warm: int, knobs: Knobs | None, stop: Stop | None = None)
 
     problem = _problem()
     trace = problem.traces[index]
-    simulation = Simulation(trace, problem.policy_for(knobs), problem.config, initial_replicas=warm)
+    config = problem.config_for(knobs)
+    simulation = Simulation(trace, problem.policy_for(knobs), config, initial_replicas=warm)
     if stop is None:
         simulation.advance(math.inf)
         return run_of(simulation.result())
@@ -473,7 +508,7 @@ def search(
     """
     from optuna.trial import TrialState
 
-    knobs = space(problem.policy, problem.config.max_replicas)
+    knobs = space(problem.policy, problem.config)
     if len(knobs) == 1 and knobs[0].rising and not is_grid(knobs, settings.budget):
         return _bisect(problem, prepared, knobs[0], settings, run_jobs, progress)
     study, budget = _study(problem, knobs, settings)
@@ -687,6 +722,7 @@ def add_command(commands: Commands) -> None:
     )
     fleet.add_argument("--max-replicas", type=flags.REPLICAS, default=64)
     fleet.add_argument("--target-concurrency", type=flags.CONCURRENCY, default=32.0)
+    flags.standby_arguments(fleet)  # with sleepers, the burst tier is searched too
     tune.set_defaults(run=run, default_log_level="warning")
 
 
@@ -757,7 +793,7 @@ def _defaults(
     today = problem.defaults()
     if today is None:
         return None
-    knobs = space(problem.policy, problem.config.max_replicas)
+    knobs = space(problem.policy, problem.config)
     same_target = problem.policy != "unitscale" or (
         problem.base_attainment() == problem.options.slo_target
     )
@@ -783,6 +819,11 @@ def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
 
     if args.scaler_config is not None and args.policy != "unitscale":
         raise ConfigError(f"--scaler-config is the unitscale policy's: drop it for {args.policy}")
+    if args.standby_max_sleeping and args.policy != "unitscale":
+        raise ConfigError(
+            "--standby-max-sleeping: sleepers are the unitscale policy's;"
+            f" drop it for {args.policy}"
+        )
     scaler = load_config(args.scaler_config)  # the ConfigError names the key
     base: dict[str, object] = {}
     if args.scaler_config is not None:

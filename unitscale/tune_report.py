@@ -2,10 +2,12 @@
 
 ``scaler-config.yaml`` is the scaler's config file (what ``--config``, the ConfigMap's
 ``config.yaml`` and ``unitscale replay --scaler-config`` read), written only when a trial
-met the target; a baseline's proposal is ``knobs.yaml`` instead (its ``make_policy``
-keywords). ``trials.csv`` holds every trial, ``report.md`` the predicted cost and
-attainment per trace of the proposal, today's config, the smallest static fleet and the
-instant bound, and ``replicas.png`` their replicas over time.
+met the target; a tuned trigger key (``standbyBurstSleepers``) is named in its header
+and the report, as the ScaledObject carries it. A baseline's proposal is ``knobs.yaml``
+instead (its ``make_policy`` keywords). ``trials.csv`` holds every trial, ``report.md``
+the predicted cost and attainment per trace of the proposal, today's config, the
+smallest static fleet and the instant bound, and ``replicas.png`` their replicas over
+time.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from replay.simulate import SimConfig
 from unitscale.tune import Prepared, Problem, Run, Settings, Trial, is_grid, space
 
 PLOTTED_TRACES = 4
@@ -70,8 +73,13 @@ def _proposal_text(outcome: Outcome) -> str:
         f" {', '.join(outcome.sources)}:",
         f"# predicted US$ {trial.cost_per_million_tokens:.4f} per 1M tokens at"
         f" >= {trial.attainment:.2%} SLO attainment (target {outcome.target:.2%}); report.md",
-        "# has the figures per trace. Review, then apply it as the scaler's config (docs/tune.md).",
+        "# has the figures per trace. Review, then apply it as the scaler's config"
+        " (docs/replay.md).",
     ]
+    trigger = problem.trigger_metadata(trial.knobs)
+    if trigger:
+        header.append("# With it, on the ScaledObject's trigger (metadata, beside standby: true):")
+        header += [f'#   {key}: "{value}"' for key, value in trigger.items()]
     if problem.policy == "unitscale":
         body: dict[str, object] = problem.scaler_mapping(trial.knobs)
     else:
@@ -80,7 +88,7 @@ def _proposal_text(outcome: Outcome) -> str:
 
 
 def _write_trials(outcome: Outcome, path: Path) -> None:
-    keys = [k.key for k in space(outcome.problem.policy, outcome.problem.config.max_replicas)]
+    keys = [k.key for k in space(outcome.problem.policy, outcome.problem.config)]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
@@ -109,7 +117,7 @@ def _write_trials(outcome: Outcome, path: Path) -> None:
 def _report(outcome: Outcome) -> list[str]:
     problem, settings = outcome.problem, outcome.settings
     config, options = problem.config, problem.options
-    knobs = space(problem.policy, config.max_replicas)
+    knobs = space(problem.policy, config)
     grid = is_grid(knobs, settings.budget)
     feasible = sum(t.feasible(outcome.target) for t in outcome.trials)
     stopped = sum(bool(t.stopped) for t in outcome.trials)
@@ -126,8 +134,8 @@ def _report(outcome: Outcome) -> list[str]:
         f" request's idle prefill, mean inter-token latency <= {config.slo_itl * 1000:g} ms",
         f"- fleet: {config.profile.name} (${config.profile.price_per_hour:.2f} per"
         f" accelerator-hour), cold start {config.cold_start_tier}, at most"
-        f" {config.max_replicas} replicas, each policy started warm as `unitscale replay`"
-        " does",
+        f" {config.max_replicas} replicas{_sleepers(config)}, each policy started warm as"
+        " `unitscale replay` does",
         f"- search: {len(outcome.trials)} trials ("
         + ("every value" if grid else f"TPE, budget {settings.budget}, batch {settings.batch}")
         + f", seed {settings.seed}), {feasible} met the target, {stopped} stopped once"
@@ -157,6 +165,15 @@ def _report(outcome: Outcome) -> list[str]:
     return lines
 
 
+def _sleepers(config: SimConfig) -> str:
+    """The fleet's warm tier in words (empty without sleepers)."""
+    if config.standby is None:
+        return ""
+    pressure = config.wake_pressure
+    woken = f", woken at {pressure.floor} outstanding a replica" if pressure is not None else ""
+    return f" and up to {config.standby.max_sleeping} sleeping{woken}"
+
+
 def _verdict(outcome: Outcome) -> str:
     trial = outcome.proposal
     if not outcome.reached:
@@ -179,7 +196,12 @@ def _verdict(outcome: Outcome) -> str:
         else:
             text += f"; today's config: {_compared(trial, today, outcome.target)}"
     name = "scaler-config.yaml" if outcome.problem.policy == "unitscale" else "knobs.yaml"
-    text += f". Written to `{name}`."
+    text += f". Written to `{name}`"
+    trigger = outcome.problem.trigger_metadata(trial.knobs)
+    if trigger:
+        keys = ", ".join(f'`{key}: "{value}"`' for key, value in trigger.items())
+        text += f", with the ScaledObject's trigger metadata {keys}"
+    text += "."
     static = Trial(-1, {}, tuple(p.static for p in outcome.prepared))
     if outcome.problem.policy != "static-peak" and static.feasible(outcome.target):
         text += f" The smallest static fleet: {_compared(trial, static, outcome.target)}."
@@ -201,10 +223,11 @@ def _knob_rows(outcome: Outcome) -> list[str]:
     problem = outcome.problem
     today = problem.defaults() or {}
     rows = []
-    for knob in space(problem.policy, problem.config.max_replicas):
+    for knob in space(problem.policy, problem.config):
         now = today.get(knob.key)
+        where = " (trigger metadata)" if knob.trigger else ""
         rows.append(
-            f"| `{knob.key}` | {knob.describe()} |"
+            f"| `{knob.key}`{where} | {knob.describe()} |"
             f" {'-' if now is None else _value(now)} | {_value(outcome.proposal.knobs[knob.key])} |"
         )
     return rows

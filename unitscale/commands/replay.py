@@ -56,6 +56,7 @@ def add_command(commands: Commands) -> None:
         "--prewarm", action="store_true", help="Fluid prewarm: every start is cached"
     )
     _tier_arguments(replay)
+    flags.standby_arguments(replay)
     replay.add_argument("--max-replicas", type=flags.REPLICAS, default=64)
     replay.add_argument("--target-concurrency", type=flags.CONCURRENCY, default=32.0)
     replay.add_argument("--seed", type=flags.SEED, default=0)
@@ -101,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         return replay_pool.run(args, scaler_policy(args))
     if not args.trace or len(args.trace) > 1:
         raise ConfigError("--trace: give exactly one (several only with --pool)")
+    if args.compare_tiers and args.standby_max_sleeping:
+        raise ConfigError("--compare-tiers sets each row's sleepers: drop --standby-max-sleeping")
     config, names = fleet_and_policies(args)
     trace = scale(
         load_trace(args.trace[0], args.seed), args.rate_multiplier, args.time_compression, args.seed

@@ -147,6 +147,8 @@ def inputs(
         raise ConfigError(f"--trace: {len(sources)} given; at most {MAX_TRACES}")
     if args.compare_tiers or args.policy != "all":
         raise ConfigError("--pool runs the unitscale scaler in every deployment: drop --policy")
+    if args.standby_max_sleeping:
+        raise ConfigError("--pool models no sleeping replicas: drop --standby-max-sleeping")
     try:
         nodes = read_nodes(args.pool, args.pool_fraction)
         tasks = read_tasks(args.tasks, args.pool_fraction)
