@@ -45,6 +45,7 @@ from replay.run import (
     make_policy,
     static_hint,
     warm_replicas,
+    with_standby,
     write_report,
 )
 from replay.simulate import Result, SimConfig, simulate
@@ -61,7 +62,6 @@ from replay.trace import Trace, scale
 from replay.workloads import load_trace
 from scaler.core.tiers import StandbyPolicy
 from serving.gateway_settings import RECOMMENDED_WAKE_AT_OUTSTANDING
-from serving.routing import WakePressure
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 RUNS = (
@@ -75,11 +75,7 @@ SLO_ITL = 0.1
 # whose steps keep the ITL SLO, which the scaler's profile capacity assumes too.
 CONFIG = SimConfig(LLAMA3_8B_H200.for_itl_slo(SLO_ITL), slo_itl=SLO_ITL, max_replicas=64)
 GATEWAY_WAKE_AT_OUTSTANDING = RECOMMENDED_WAKE_AT_OUTSTANDING
-UNITSCALE_CONFIG = replace(
-    CONFIG,
-    standby=StandbyPolicy(max_sleeping=16, burst_sleepers=2.0),
-    wake_pressure=WakePressure(GATEWAY_WAKE_AT_OUTSTANDING),
-)
+UNITSCALE_CONFIG = with_standby(CONFIG, StandbyPolicy(max_sleeping=16, burst_sleepers=2.0))
 """unitscale as docs/scaler.md recommends: sleeping replicas as its warm tier (the standby
 plan), each priced at its host memory as on HAMi-shared cards (on whole cards a sleeper
 costs its card: docs/scaler.md, "The accelerator caveat"), and a gateway that wakes them

@@ -114,17 +114,27 @@ def fleet_config(
     model = PROFILES[profile]
     if price is not None:
         model = replace(model, price_per_hour=price)
-    sleepers = standby is not None and standby.max_sleeping > 0
-    return SimConfig(
+    fleet = SimConfig(
         model.for_itl_slo(slo_itl),
         slo_ttft=slo_ttft,
         slo_itl=slo_itl,
         cold_start_tier=cold_start,
         prewarm=prewarm,
         max_replicas=max_replicas,
-        standby=standby if sleepers else None,
-        wake_pressure=WakePressure(RECOMMENDED_WAKE_AT_OUTSTANDING) if sleepers else None,
     )
+    return fleet if standby is None else with_standby(fleet, standby)
+
+
+def with_standby(config: SimConfig, standby: StandbyPolicy) -> SimConfig:
+    """``config``'s fleet holding ``standby``'s sleepers, as unitscale's trigger holds them.
+
+    As with ``standby: true``, and a gateway waking them at its recommended
+    ``wake-at-outstanding``; a plan of no sleepers is ``config`` without any.
+    """
+    if standby.max_sleeping == 0:
+        return without_standby(config)
+    pressure = WakePressure(RECOMMENDED_WAKE_AT_OUTSTANDING)
+    return replace(config, standby=standby, wake_pressure=pressure)
 
 
 def without_standby(config: SimConfig) -> SimConfig:
