@@ -15,6 +15,7 @@ import logging
 from admission.config import AdmissionConfig
 from admission.controller import Controller
 from admission.metrics import AdmissionMetrics, MetricsServer
+from foundation.heap import PassHeap
 from foundation.kube import KubeAccess
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class AdmissionServer:
     ) -> None:
         self.config = config
         self.metrics = AdmissionMetrics() if controller is None else controller.metrics
-        self.controller = controller or Controller(access, config, self.metrics)
+        self.controller = controller or Controller(access, config, self.metrics, heap=PassHeap())
         self.http = MetricsServer(self.metrics, config.metrics_listen, self.health)
         self._task: asyncio.Task[None] | None = None
 

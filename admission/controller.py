@@ -27,9 +27,12 @@ unit's round alone (one WARNING, ``unit_failures{unit}``), and the next pass tri
 A pass builds the pod index once and keeps each pool's inventory and the fit answers
 given on it for the next (``admission.incremental.Memo``): a pool none of whose nodes,
 pods or held gangs changed is taken back as it was, and a gang that did not fit it is not
-searched again. Every ``incremental.RESYNC_SECONDS`` a pass also decides from scratch;
-its answers stand, and each kind of answer the kept state gave otherwise is counted
-(``resync_differences{kind}``) and warned of once.
+searched again. Every ``incremental.RESYNC_SECONDS`` a pass's view is also planned and
+decided from scratch, in a thread beside the loop (a pass from scratch costs several kept
+ones, and every Workload arriving meanwhile would wait for it); each kind of answer the
+kept state gave otherwise is counted (``resync_differences{kind}``) and warned of once,
+and the kept state starts again. Between passes the heap is settled
+(``foundation.heap``): the collections inside a pass scan what it made, not the view.
 
 What we write comes back through the watch later; until it does, the object our write
 returned stands in for the watched one (the higher resourceVersion wins), so the next
@@ -47,6 +50,7 @@ import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +61,7 @@ from admission import density, hami, incremental, lora, shape
 from admission import parameters as params
 from admission.cluster import Ask, CheckPlan, Cluster, Decision, Pending, PoolDemand
 from admission.config import AdmissionConfig
-from admission.decide import decide_all, waiting_since
+from admission.decide import decide_all, read_pools, waiting_since
 from admission.demand import DemandResult, fetch_demand, merge_demand
 from admission.manager import plain_pool, plan_pools, reclaim_all
 from admission.metrics import AdmissionMetrics
@@ -76,6 +80,7 @@ from admission.workload import (
     times_before_creation,
 )
 from foundation.errors import ConfigError
+from foundation.heap import PassHeap
 from foundation.kube import (
     DATALOADS,
     DATASETS,
@@ -200,6 +205,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         decide: Decide = decide_all,
         demand: FetchDemand = fetch_demand,
+        heap: PassHeap | None = None,
     ) -> None:
         self.access = access
         self.config = config
@@ -208,6 +214,8 @@ class Controller:
         self._clock = clock
         self._decide = decide
         self._fetch_demand = demand
+        self._heap = heap
+        """Collects between passes (``foundation.heap``); None: CPython's own schedule."""
         self.watched = {name: Watched() for name in WATCHES}
         self._fresh: dict[tuple[str, str], tuple[RawObject, float]] = {}
         """Our writes' answers, newer than the watch's copy, with when each landed."""
@@ -239,6 +247,9 @@ class Controller:
         """Each Workload's version last read, our checks then, and its pending checks."""
         self._resynced: float | None = None
         """The clock's seconds at the last pass that also decided from scratch."""
+        self.resync: asyncio.Task[None] | None = None
+        """The last resync (``_resync_beside``), running or done."""
+        self._resyncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resync")
         self.metrics.refresh = self.observe
 
     # --- the view --------------------------------------------------------------------
@@ -347,7 +358,10 @@ class Controller:
         finally:
             for task in watches:
                 task.cancel()
+            if self.resync is not None:
+                self.resync.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
+            self._resyncer.shutdown(wait=False, cancel_futures=True)
 
     async def _watch(self, name: str) -> None:
         await watch_objects(
@@ -388,6 +402,8 @@ class Controller:
                 self._unwritten = True
             else:
                 self._once.clear("pass")
+            if self._heap is not None:
+                self._heap.settle()
             retry = min(retry * 2, RETRY_MAX) if failed_before and self._unwritten else RETRY_MIN
             self.passes += 1
             self.last_pass_end = time.monotonic()
@@ -442,29 +458,20 @@ class Controller:
         reclaiming = [q for q in ours.values() if q.reclaim.enabled and q.inference_headroom]
         if not found and not reclaiming:
             self.metrics.set_plans({})
+            if ours:  # the pools kept current: the next Workload waits for no catching up
+                self._memo.begin()
+                read_pools(dataclasses.replace(self._cluster(view, ours), memo=self._memo), now)
             return
         pending = [
             Pending(workload=w, check=check, parameters=ours[check], pending_since=since)
             for w, check, since in found
         ]
         asked, demand_error = await self._demand([*(p.parameters for p in pending), *reclaiming])
-        cluster = Cluster(
-            nodes=view.nodes,
-            pods=view.pods,
-            workloads=list(view.workloads.values()),
-            datasets=view.datasets,
-            dataloads=view.dataloads,
-            datasets_served=not self.watched["datasets"].absent,
-            demand=None,  # each check reads its own ask's figures
+        cluster = dataclasses.replace(
+            self._cluster(view, ours),
             demand_error=demand_error,
             asked=asked if asked is not None else {},
-            # Gangs admitted through any of our checks hold their GPUs, also those of a
-            # check whose parameters are bad right now.
-            our_checks=view.ours,
-            check_parameters=ours,
-            pod_index=self._pod_index(view.pods),  # once a pass, for every pool
             lora_density=self._density_or_last(view, ours, now),
-            shaped=True,  # the snapshot's boundary checked every object
         )
         plans, decided = self._decide_pass(pending, cluster, now)
         for name, planned in sorted(plans.items()):
@@ -497,6 +504,25 @@ class Controller:
             *(write(d, taken.get(f"{d.namespace}/{d.workload}")) for d in reclaims),
         )
 
+    def _cluster(self, view: Snapshot, ours: Mapping[str, params.Parameters]) -> Cluster:
+        """The pass's view as ``decide`` reads it, before the scaler's figures are asked."""
+        return Cluster(
+            nodes=view.nodes,
+            pods=view.pods,
+            workloads=list(view.workloads.values()),
+            datasets=view.datasets,
+            dataloads=view.dataloads,
+            datasets_served=not self.watched["datasets"].absent,
+            demand=None,  # each check reads its own ask's figures
+            asked={},
+            # Gangs admitted through any of our checks hold their GPUs, also those of a
+            # check whose parameters are bad right now.
+            our_checks=view.ours,
+            check_parameters=ours,
+            pod_index=self._pod_index(view.pods),  # once a pass, for every pool
+            shaped=True,  # the snapshot's boundary checked every object
+        )
+
     def _pod_index(self, pods: Sequence[RawObject]) -> dict[str, list[RawObject]]:
         """``pods_by_owner``, a pod's ties read again only when its object is new.
 
@@ -522,8 +548,7 @@ class Controller:
         """The plans (made once: admission's step 5 and reclaim read the same) and decisions.
 
         On the pools and fit answers kept from earlier passes; every ``RESYNC_SECONDS``
-        also from scratch, whose answers then stand: each kind of answer the kept state
-        gave otherwise is counted (``resync_differences{kind}``) and warned of once.
+        the same view from scratch too, beside the loop (``_resync_beside``).
         """
         memo = self._memo
         memo.begin()
@@ -536,40 +561,81 @@ class Controller:
         self.metrics.pools.labels("built").inc(memo.built - built)
         self.metrics.pools.labels("reused").inc(memo.reused - reused)
         self.metrics.pools.labels("extended").inc(memo.extended - extended)
+        if self._resync_due(now):
+            kept_answers: dict[str, Mapping[Any, object]] = {
+                "decision": _by_subject(decided),
+                "plan": dict(plans),
+                "inventory": incremental.pool_states(memo),
+            }
+            self.resync = asyncio.create_task(
+                self._resync_beside(kept_answers, pending, cluster, now), name="resync"
+            )
+        return plans, decided
+
+    def _resync_due(self, now: float) -> bool:
+        """Whether this pass's view is also decided from scratch; if so, counted from now.
+
+        ``RESYNC_SECONDS`` after the last, one at a time; a clock that went back resyncs
+        at once. The first pass only starts the count.
+        """
+        if self.resync is not None and not self.resync.done():
+            return False
         if self._resynced is None:
             self._resynced = now
+            return False
         if 0 <= now - self._resynced < incremental.RESYNC_SECONDS:
-            return plans, decided
+            return False
         self._resynced = now
-        fresh = incremental.Memo()
-        scratch = dataclasses.replace(cluster, memo=fresh)
-        fresh_plans = plan_pools(scratch, now)
-        fresh_decided = (
-            self._decide(pending, dataclasses.replace(scratch, plans=fresh_plans), now)
-            if pending
-            else ()
-        )
-        found = incremental.differences(
-            {
-                "decision": (_by_subject(decided), _by_subject(fresh_decided)),
-                "plan": (dict(plans), dict(fresh_plans)),
-                "inventory": (
-                    incremental.pool_states(memo),
-                    incremental.pool_states(fresh),
-                ),
+        return True
+
+    async def _resync_beside(
+        self,
+        kept: Mapping[str, Mapping[Any, object]],
+        pending: Sequence[Pending],
+        cluster: Cluster,
+        now: float,
+    ) -> None:
+        """Plan and decide a pass's view from scratch in a thread; compare with ``kept``.
+
+        The pass wrote the kept answers. Each kind the pass from scratch answers
+        otherwise is counted and warned of once, and the kept state starts again (the
+        next pass builds every pool). The view is the pass's: a watch replaces objects,
+        never edits them, and the thread reads nothing else the loop changes.
+        """
+
+        def from_scratch() -> dict[str, Mapping[Any, object]]:
+            fresh = incremental.Memo()
+            scratch = dataclasses.replace(cluster, memo=fresh)
+            plans = plan_pools(scratch, now)
+            decided = (
+                self._decide(pending, dataclasses.replace(scratch, plans=plans), now)
+                if pending
+                else ()
+            )
+            return {
+                "decision": _by_subject(decided),
+                "plan": dict(plans),
+                "inventory": incremental.pool_states(fresh),
             }
-        )
+
+        try:
+            fresh = await asyncio.get_running_loop().run_in_executor(self._resyncer, from_scratch)
+        except Exception as err:  # the safety net failing must not stop the loop
+            self._settled("resync", "the resync", f"{type(err).__name__}: {str(err)[:300]}")
+            return
+        self._settled("resync", "the resync", "")
+        found = incremental.differences({kind: (kept[kind], fresh[kind]) for kind in kept})
         for kind, count in sorted(found.items()):
             self.metrics.resync_differences.labels(kind).inc(count)
             self._once.warn(
                 f"resync {kind}",
                 "resync: the kept state's %s answers differ from a pass from scratch "
-                "(unitscale_admission_resync_differences_total counts them); the pass from "
-                "scratch stands and the kept state starts again",
+                "(unitscale_admission_resync_differences_total counts them); the kept "
+                "state starts again",
                 kind,
             )
-        self._memo = fresh
-        return fresh_plans, fresh_decided
+        if found:
+            self._memo = incremental.Memo()
 
     def _actionable(
         self, object_key: str, w: RawObject, ours: frozenset[str]

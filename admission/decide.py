@@ -38,6 +38,7 @@ and counts, and the next pass tries again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -185,6 +186,25 @@ def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list
     order = sorted(pending, key=lambda p: _order(p.workload))
     unshaped = [_failed(p, f"the Workload: {why}") for p, why in shaped if why is not None]
     return [*unshaped, *(_settled(p, state, checks) for p in order)]
+
+
+def read_pools(cluster: Cluster, now: float) -> int:
+    """Read the pool of each of our checks with usable parameters, as a pass deciding would.
+
+    Into ``cluster.memo``: the pools kept are taken back or extended by what changed,
+    the others built, so a pass with nothing to decide keeps them current and the next
+    Workload is not decided after every change since. One read per pool, by the first
+    check's policy (by name); a pool whose inventory raises is left unread (a pass
+    deciding fails its checks). Returns the pools read.
+    """
+    cluster = indexed(cluster)
+    checks = our_checks(cluster)
+    state = _Pass(cluster, now)
+    for _, params in sorted(checks.items()):
+        if params is not None:
+            with contextlib.suppress(_PoolError):
+                state.inventory(params, checks)
+    return len(state.inventories)
 
 
 def _settled(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -> Decision:

@@ -31,11 +31,12 @@ Never a Workload or pod name.
 - ``unitscale_admission_unit_failures_total{unit}``: rounds of one unit that raised
   (``workload``: deciding one check; ``pool``: planning one pool; ``write``: writing one
   decision; ``density``: the LoRA density step; ``check``: reading one AdmissionCheck's
-  parameters, which then stays inactive), each with one WARNING; the pass went on;
+  parameters, which then stays inactive; ``resync``: deciding a pass's view from scratch
+  beside the loop), each with one WARNING; the pass went on;
 - ``unitscale_admission_resync_differences_total{kind}``: answers (``decision``, ``plan``,
   ``inventory``) the state kept from pass to pass gave otherwise than the pass from
-  scratch every ``incremental.RESYNC_SECONDS`` (0 unless there is a bug; one WARNING per
-  kind); ``unitscale_admission_pool_inventories_total{result}``: pools ``built``,
+  scratch of the resync (every ``incremental.RESYNC_SECONDS``; 0 unless there is a bug;
+  one WARNING per kind); ``unitscale_admission_pool_inventories_total{result}``: pools ``built``,
   ``reused`` unchanged from an earlier pass, or ``extended`` by the gangs admitted since;
 - ``unitscale_admission_unreadable_objects_total{kind}``: node or pod versions whose HAMi
   annotation could not be read (``node``, ``pod``), each with one WARNING naming it; such

@@ -23,6 +23,7 @@ from admission.demand import DemandResult
 from admission.metrics import AdmissionMetrics, MetricsServer
 from admission.parameters import Headroom, Parameters, ReclaimParameters
 from foundation.errors import ConfigError
+from foundation.heap import PassHeap
 from foundation.kube import KubeAccess
 from foundation.timestamps import format_time
 from tests import test_admission_decide as decided
@@ -239,6 +240,41 @@ async def test_a_failing_pass_does_not_end_the_loop():
     finally:
         loop.cancel()
     assert not loop.done() or loop.cancelled()
+
+
+async def test_the_heap_is_settled_between_passes_after_a_failed_one_too():
+    class Failing(Counting):
+        async def reconcile(self, api):
+            await super().reconcile(api)
+            raise RuntimeError("a bug in a pass")
+
+    class Heap:
+        """Records how many passes had run at each settle."""
+
+        def __init__(self) -> None:
+            self.at: list[int] = []
+            self.settled = asyncio.Event()
+
+        def settle(self) -> int:
+            self.at.append(len(controller.seen))
+            self.settled.set()
+            return 0
+
+    heap = Heap()
+    controller = Failing()
+    controller._heap = cast(PassHeap, heap)
+    for name in WATCHES:
+        controller._changed(name, {})
+    loop = asyncio.create_task(controller._reconcile_forever(api=NO_API))
+    try:
+        async with asyncio.timeout(10):
+            while len(heap.at) < 2:
+                heap.settled.clear()
+                controller.notify()
+                await heap.settled.wait()
+    finally:
+        loop.cancel()
+    assert heap.at == [1, 2], "one settle after each pass, once it ended"
 
 
 # --- the view ------------------------------------------------------------------------

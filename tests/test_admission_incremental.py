@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1004,14 +1005,19 @@ class Resyncing(Writing):
         self._clock = lambda: self.t
 
 
-async def test_the_resync_counts_each_difference_and_its_answers_stand(caplog):
-    controller = Resyncing()
+def watching(controller: Writing, *workloads: dict[str, Any]) -> None:
+    """The watches list one check of ours, two nodes of 8 cards, and ``workloads``."""
     check = {"metadata": {"name": decided.CHECK}, "spec": {"controllerName": controller.name}}
     controller._changed("admissionchecks", {decided.CHECK: check})
-    controller._changed("workloads", {"train/a": decided.workload("a", gpus=1)})
-    controller._changed("nodes", {"gpu-1": decided.node("gpu-1")})
+    controller._changed("workloads", {f"train/{w['metadata']['name']}": w for w in workloads})
+    controller._changed("nodes", {n: decided.node(n) for n in ("gpu-1", "gpu-2")})
     for name in ("pods", "datasets", "dataloads", "parameters"):
         controller._changed(name, {})
+
+
+async def test_the_resync_counts_each_difference_and_the_kept_state_starts_again(caplog):
+    controller = Resyncing()
+    watching(controller, decided.workload("a", gpus=1))
     differences = "unitscale_admission_resync_differences_total"
     sample = controller.metrics.registry.get_sample_value
 
@@ -1023,13 +1029,96 @@ async def test_the_resync_counts_each_difference_and_its_answers_stand(caplog):
     with caplog.at_level(logging.WARNING, logger="admission.controller"):
         await passes(2, 1.0)  # within the resync period: the kept answers stand
         assert controller.written["train/a"]["state"] == "Retry"
-        assert sample(differences, {"kind": "decision"}) is None
+        assert controller.resync is None
         controller.t += incremental.RESYNC_SECONDS
-        await passes(3, incremental.RESYNC_SECONDS)
-    assert controller.written["train/a"]["state"] == "Ready"  # the pass from scratch's
-    assert sample(differences, {"kind": "decision"}) == 3.0
+        await passes(1, 1.0)  # the kept answer is written; from scratch beside the loop
+        assert controller.written["train/a"]["state"] == "Retry"
+        assert controller.resync is not None
+        await controller.resync
+        assert sample(differences, {"kind": "decision"}) == 1.0
+        await passes(1, 1.0)  # on a kept state started again: a pool built, as from scratch
+    assert controller.written["train/a"]["state"] == "Ready"
     warned = [r for r in caplog.records if "resync" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in warned]
+
+
+class Clocked(Writing):
+    """A controller whose clock the test moves."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.t = NOW
+        self._clock = lambda: self.t
+
+
+async def test_the_resync_runs_beside_the_loop_one_at_a_time():
+    release = threading.Event()
+
+    def decide(pending, cluster, now):
+        if threading.current_thread() is not threading.main_thread():
+            assert release.wait(10), "the test never let the resync go on"
+        return decide_all(pending, cluster, now)
+
+    controller = Clocked(decide=decide)
+    watching(controller, decided.workload("a", gpus=1))
+    await controller.reconcile(api=NO_API)
+    kept = controller._memo
+    controller.t += incremental.RESYNC_SECONDS
+    await controller.reconcile(api=NO_API)  # due: the resync starts, and waits
+    resync = controller.resync
+    assert resync is not None
+    for _ in range(2):  # passes go on meanwhile, with no second resync
+        controller.t += incremental.RESYNC_SECONDS
+        await controller.reconcile(api=NO_API)
+        assert controller.resync is resync and not resync.done()
+    release.set()
+    await resync
+    sample = controller.metrics.registry.get_sample_value
+    assert sample("unitscale_admission_resync_differences_total", {"kind": "decision"}) is None
+    assert controller._memo is kept, "no difference: the kept state stays"
+
+
+async def test_a_resync_that_raises_fails_its_own_round_and_the_passes_go_on(caplog):
+    def decide(pending, cluster, now):
+        if threading.current_thread() is not threading.main_thread():
+            raise RecursionError("a bug in the pass from scratch")
+        return decide_all(pending, cluster, now)
+
+    controller = Clocked(decide=decide)
+    watching(controller, decided.workload("a", gpus=1))
+    await controller.reconcile(api=NO_API)
+    controller.t += incremental.RESYNC_SECONDS
+    with caplog.at_level(logging.WARNING, logger="admission.controller"):
+        await controller.reconcile(api=NO_API)
+        assert controller.resync is not None
+        await controller.resync
+    sample = controller.metrics.registry.get_sample_value
+    assert sample("unitscale_admission_unit_failures_total", {"unit": "resync"}) == 1.0
+    assert any("RecursionError" in r.getMessage() for r in caplog.records)
+    await controller.reconcile(api=NO_API)
+    assert controller.written["train/a"]["state"] == "Ready"
+
+
+async def test_a_pass_with_nothing_to_decide_keeps_the_pools_current():
+    controller = Clocked()
+    held = decided.admitted("b", pods=1)  # Ready, its pods not placed: it holds 8 cards
+    held["metadata"]["resourceVersion"] = "1"  # a version: what the pool read is kept
+    watching(controller, decided.workload("a", gpus=1), held)
+    await controller.reconcile(api=NO_API)
+    memo = controller._memo
+    assert (memo.built, memo.reused, memo.extended) == (1, 0, 0)
+    # a is gone; a pod of another owner is placed: nothing to decide, the pool extended
+    watching(controller, held)
+    controller._changed("pods", {"serve/p": decided.running("p", "gpu-2", range(2))})
+    controller.t += 1
+    await controller.reconcile(api=NO_API)
+    assert (memo.built, memo.reused, memo.extended) == (1, 0, 1)
+    # c arrives: its pass takes the pool back as it is, nothing left to catch up on
+    controller._changed("workloads", {"train/b": held, "train/c": decided.workload("c", gpus=1)})
+    controller.t += 1
+    await controller.reconcile(api=NO_API)
+    assert (memo.built, memo.reused, memo.extended) == (1, 1, 1)
+    assert controller.written["train/c"]["state"] == "Ready"
 
 
 async def test_a_workloads_pending_checks_are_read_once_per_version(monkeypatch):
