@@ -7,9 +7,11 @@ not installed) is an empty set marked ``absent``, never a crash, and is picked u
 CRD appears.
 
 Every change marks the view dirty; the loop waits ``debounce`` after the first change,
-then runs one pass over the whole view, so a burst of 1,000 Workload events costs a few
-passes. A pass also runs every ``resync`` seconds. No pass runs before every watch has
-listed once: deciding on an empty Pod list would hand out GPUs that pods hold.
+then runs one pass over the view, so a burst of 1,000 Workload events costs a few
+passes. Each watch event names the object it changed (``on_event``): a pass reads again
+(shape, HAMi annotations, pending checks) only what changed since the last. A pass also
+runs every ``resync`` seconds. No pass runs before every watch has listed once: deciding
+on an empty Pod list would hand out GPUs that pods hold.
 
 A pass: keep each of our AdmissionChecks Active (or Active=False, BadParametersRef, with
 the problem); gather the Pending checks Kueue lets us write (``workload.actionable``),
@@ -148,6 +150,19 @@ class Watched:
     absent: bool = False
     """The server does not serve the resource (its CRD is not installed)."""
     error: str = ""
+    changed: set[str] | None = None
+    """Keys a watch event changed since the view last read them; None: every key (a list)."""
+
+
+@dataclass
+class _Shaped:
+    """One watch's objects past the shape boundary, kept from view to view."""
+
+    good: dict[str, RawObject] = field(default_factory=dict)
+    bad: dict[str, tuple[RawObject, tuple[str, str, str]]] = field(default_factory=dict)
+    """Each object left out, by key, with ``(kind, subject, why)``."""
+    overlaid: set[str] = field(default_factory=set)
+    """Keys our fresher write stood in for in the last view."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +181,11 @@ class Snapshot:
     ours: frozenset[str] = frozenset()
     """Our AdmissionChecks by name, also one left out for its shape: the gangs admitted
     through it still hold their GPUs."""
+    by_key: Mapping[str, Mapping[str, RawObject]] = field(default_factory=dict)
+    """The objects past the shape boundary by watch and key (``nodes``, ``pods``, ...)."""
+    changed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """By watch, the keys whose object may differ from the last view's; a watch not
+    named: any."""
 
 
 class _Once:
@@ -219,8 +239,8 @@ class Controller:
         self.watched = {name: Watched() for name in WATCHES}
         self._fresh: dict[tuple[str, str], tuple[RawObject, float]] = {}
         """Our writes' answers, newer than the watch's copy, with when each landed."""
-        self._shapes: dict[int, tuple[RawObject, str | None]] = {}
-        """Each object's shape verdict as of the last snapshot, with the object it is for."""
+        self._shaped: dict[str, _Shaped] = {}
+        """Each watch's objects past the shape boundary, as of the last view."""
         self._dirty = asyncio.Event()
         self._synced = asyncio.Event()
         self._demand_cache: dict[tuple[str, str, int], tuple[float, DemandResult]] = {}
@@ -237,14 +257,16 @@ class Controller:
         """Our checks with good parameters, as the last pass found them."""
         self._read_versions: dict[tuple[str, str], tuple[str, str]] = {}
         """Each node's and pod's resourceVersion last checked, and its problem (or "")."""
-        self._read_objects: dict[int, tuple[RawObject, tuple[str, str]]] = {}
-        """The objects checked last pass, by id, each with its ``_read_versions`` key."""
         self._memo = incremental.Memo()
         """Pools and fit answers kept from pass to pass (``admission.incremental``)."""
         self._pod_ties: dict[int, tuple[RawObject, list[str]]] = {}
         """Each pod's ties (``workload.ties_of_pod``) last pass, by the object's id."""
         self._actionable_seen: dict[str, tuple[str, frozenset[str], list[tuple[str, float]]]] = {}
         """Each Workload's version last read, our checks then, and its pending checks."""
+        self._pending: dict[str, tuple[RawObject, list[tuple[str, float]]]] = {}
+        """The Workloads with checks we may write, by key, as of the last view."""
+        self._pending_ours: frozenset[str] | None = None
+        """Our usable checks when ``_pending`` was read."""
         self._resynced: float | None = None
         """The clock's seconds at the last pass that also decided from scratch."""
         self.resync: asyncio.Task[None] | None = None
@@ -255,8 +277,21 @@ class Controller:
     # --- the view --------------------------------------------------------------------
 
     def _changed(self, name: str, objects: dict[str, RawObject]) -> None:
+        """A watch's whole set (a list): every key is read again."""
         watched = self.watched[name]
         watched.objects, watched.synced, watched.absent, watched.error = objects, True, False, ""
+        watched.changed = None
+        self._mark()
+
+    def _heard(self, name: str, object_key: str, obj: RawObject | None) -> None:
+        """One watch event: the object under ``object_key`` changed (None: deleted)."""
+        watched = self.watched[name]
+        if obj is None:
+            watched.objects.pop(object_key, None)
+        else:
+            watched.objects[object_key] = obj
+        if watched.changed is not None:
+            watched.changed.add(object_key)
         self._mark()
 
     def _failed(self, name: str, err: Exception) -> None:
@@ -265,6 +300,7 @@ class Controller:
             if not watched.absent:
                 log.info("%s is not served (CRD not installed): taken as empty", WATCHES[name])
             watched.objects, watched.synced, watched.absent = {}, True, True
+            watched.changed = None
             watched.error = f"{WATCHES[name].kind} is not served by the API server"
             self._mark()
         else:
@@ -281,56 +317,102 @@ class Controller:
         self._dirty.set()
 
     def snapshot(self) -> Snapshot:
-        """The view now, our own fresher writes standing in for the watched copies."""
-        sets = {name: self._merged(name) for name in WATCHES}
-        # The shape boundary, once a pass: what no helper could read is left out here.
-        # A watch replaces an object that changed, never edits it: a verdict stands while
-        # its object is the same one (re-reading every template every pass was a third of
-        # the controller's CPU on a 10,000-card pool).
-        # By the object's id: the entry holds the object, so an id is never another's
-        # while it is kept.
+        """The view now, our own fresher writes standing in for the watched copies.
+
+        Each watch's objects pass the shape boundary once a version (``admission.shape``):
+        only the keys its events changed are read again (re-reading every object every
+        pass was a third of the controller's CPU on a 10,000-card pool), and the view
+        says which keys may differ from the last one (``Snapshot.changed``).
+        """
+        sets = {name: self._merged(name) for name in ("admissionchecks", "parameters")}
+        by_key: dict[str, dict[str, RawObject]] = {}
+        changed: dict[str, frozenset[str]] = {}
         malformed: list[tuple[str, str, str]] = []
-        shaped: dict[str, dict[str, RawObject]] = {}
-        verdicts: dict[int, tuple[RawObject, str | None]] = {}
-        known = self._shapes
         for name, kind in _SHAPED.items():
-            shaped[name] = kept = {}
-            for object_key, obj in sets[name].items():
-                seen = known.get(id(obj))
-                if seen is None or seen[0] is not obj:
-                    seen = (obj, shape.malformed(kind, obj))
-                verdicts[id(obj)] = seen
-                if seen[1] is None:
-                    kept[object_key] = obj
-                else:
-                    malformed.append((kind, shape.subject(kind, obj), seen[1]))
-        self._shapes = verdicts
+            view, bad, keys = self._shape_view(name, kind)
+            by_key[name] = view
+            malformed.extend(bad)
+            if keys is not None:
+                changed[name] = keys
         return Snapshot(
-            checks=shaped["admissionchecks"],
+            checks=by_key["admissionchecks"],
             parameters=sets["parameters"],
-            workloads=shaped["workloads"],
-            nodes=list(shaped["nodes"].values()),
-            pods=list(shaped["pods"].values()),
-            datasets=list(shaped["datasets"].values()),
-            dataloads=list(shaped["dataloads"].values()),
+            workloads=by_key["workloads"],
+            nodes=list(by_key["nodes"].values()),
+            pods=list(by_key["pods"].values()),
+            datasets=list(by_key["datasets"].values()),
+            dataloads=list(by_key["dataloads"].values()),
             malformed=tuple(malformed),
             ours=frozenset(
                 name
                 for name, check in sets["admissionchecks"].items()
                 if _controller_of(check) == self.name
             ),
+            by_key=by_key,
+            changed=changed,
         )
 
+    def _shape_view(
+        self, name: str, kind: str
+    ) -> tuple[dict[str, RawObject], list[tuple[str, str, str]], frozenset[str] | None]:
+        """One watch's view: its objects past the shape boundary, ours standing in.
+
+        Also what was left out, and the keys that may differ from the last view (None:
+        any, the first view).
+        """
+        watched = self.watched[name]
+        kept = self._shaped.get(name)
+        keys: set[str] | None
+        last_overlaid = kept.overlaid if kept is not None else set()
+        if kept is None or watched.changed is None:  # a list: the very objects read before stand
+            before, kept = kept, _Shaped()
+            keys = _relisted(before, kept, kind, watched.objects)
+            self._shaped[name] = kept
+        else:
+            keys = set(watched.changed)
+            for object_key in keys | last_overlaid:
+                _shape_into(kept, kind, object_key, watched.objects.get(object_key))
+        watched.changed = set()
+        view = dict(kept.good)
+        bad = {object_key: entry for object_key, (_, entry) in kept.bad.items()}
+        overlaid = set()
+        now = self._clock()
+        for (of, object_key), (ours, landed) in list(self._fresh.items()):
+            if of != name:
+                continue
+            theirs = watched.objects.get(object_key)
+            # At most FRESH_SECONDS: an answer claiming resourceVersion 9999999999999999999
+            # stayed newer than every real revision and froze the Workload's view for
+            # good (hostile pass 13); the watch brings a real write within seconds.
+            if (
+                theirs is None
+                or _version(ours) <= _version(theirs)
+                or now - landed >= FRESH_SECONDS
+            ):
+                del self._fresh[(of, object_key)]  # the watch caught up, or the object is gone
+                continue
+            overlaid.add(object_key)
+            why = shape.malformed(kind, ours)
+            if why is None:
+                bad.pop(object_key, None)
+                view[object_key] = ours
+            else:
+                view.pop(object_key, None)
+                bad[object_key] = (kind, shape.subject(kind, ours), why)
+        kept.overlaid = overlaid
+        if keys is None:
+            return view, list(bad.values()), None
+        # Where ours stood in last view or does now, the object differs from the watched.
+        return view, list(bad.values()), frozenset({*keys, *last_overlaid, *overlaid})
+
     def _merged(self, name: str) -> dict[str, RawObject]:
+        """A watch's set, our fresher writes standing in (``_shape_view``'s rule)."""
         objects = dict(self.watched[name].objects)
         now = self._clock()
         for (kind, object_key), (ours, landed) in list(self._fresh.items()):
             if kind != name:
                 continue
             watched = objects.get(object_key)
-            # At most FRESH_SECONDS: an answer claiming resourceVersion 9999999999999999999
-            # stayed newer than every real revision and froze the Workload's view for
-            # good (hostile pass 13); the watch brings a real write within seconds.
             if (
                 watched is not None
                 and _version(ours) > _version(watched)
@@ -370,6 +452,7 @@ class Controller:
             functools.partial(self._changed, name),
             resync=self.config.resync,
             on_error=functools.partial(self._failed, name),
+            on_event=functools.partial(self._heard, name),
         )
 
     async def _reconcile_forever(self, api: client.ApiClient) -> None:
@@ -446,11 +529,7 @@ class Controller:
         view = self.snapshot()
         self._check_objects(view)
         ours = await self._sync_checks(api, view, now)
-        found = [
-            (w, check, since)
-            for object_key, w in view.workloads.items()
-            for check, since in self._actionable(object_key, w, frozenset(ours))
-        ]
+        found = self._pending_checks(view, frozenset(ours))
         if len(self._actionable_seen) > 2 * len(view.workloads) + 64:  # deleted ones go
             seen = self._actionable_seen
             self._actionable_seen = {k: seen[k] for k in view.workloads if k in seen}
@@ -637,6 +716,28 @@ class Controller:
         if found:
             self._memo = incremental.Memo()
 
+    def _pending_checks(
+        self, view: Snapshot, ours: frozenset[str]
+    ) -> list[tuple[RawObject, str, float]]:
+        """Each Workload's checks of ours it holds Pending: ``(workload, check, since)``.
+
+        Read again only for the Workloads the view changed (every one when our checks
+        did): a pass costs the changes, not a read of every Workload.
+        """
+        keys: Iterable[str] | None = view.changed.get("workloads")
+        if keys is None or ours != self._pending_ours:
+            self._pending, self._pending_ours = {}, ours
+            keys = view.workloads.keys()
+        for object_key in keys:
+            self._pending.pop(object_key, None)
+            w = view.workloads.get(object_key)
+            if w is None:
+                continue
+            found = self._actionable(object_key, w, ours)
+            if found:
+                self._pending[object_key] = (w, found)
+        return [(w, check, since) for w, found in self._pending.values() for check, since in found]
+
     def _actionable(
         self, object_key: str, w: RawObject, ours: frozenset[str]
     ) -> list[tuple[str, float]]:
@@ -684,21 +785,19 @@ class Controller:
             if before is None or before[1] != why:
                 log.warning("%s: left out, of the wrong shape: %s", subject, why)
                 self.metrics.unreadable.labels(kind).inc()
-        # The very object checked last pass is not read again (a watch replaces a changed
-        # object, never edits it): a pass costs a lookup per object, not a read.
-        last, objects_now = self._read_objects, {}
-        kinds = (("node", view.nodes), ("pod", view.pods), ("workload", view.workloads.values()))
-        for kind, objects in kinds:
-            for obj in objects:
-                seen = last.get(id(obj))
-                if seen is not None and seen[0] is obj:
-                    objects_now[id(obj)] = seen
-                    continue
-                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-                meta = meta if isinstance(meta, Mapping) else {}
-                ident = (kind, f"{meta.get('namespace')}/{meta.get('name')}/{meta.get('uid')}")
-                objects_now[id(obj)] = (obj, ident)
-                version = str(meta.get("resourceVersion", ""))
+        # Only the objects the view changed are read again (a watch replaces a changed
+        # object, never edits it): a pass costs the changes, not a read of every object.
+        total = 0
+        listed = {"node": view.nodes, "pod": view.pods, "workload": list(view.workloads.values())}
+        for kind, name in (("node", "nodes"), ("pod", "pods"), ("workload", "workloads")):
+            total += len(listed[kind])
+            objects, keys = view.by_key.get(name), view.changed.get(name)
+            todo: Iterable[RawObject] = listed[kind]
+            if objects is not None and keys is not None:
+                todo = [obj for k in keys if (obj := objects.get(k)) is not None]
+            for obj in todo:
+                ident = _ident(kind, obj)
+                version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
                 before = checked.get(ident)
                 if before is not None and before[0] == version:
                     continue
@@ -708,11 +807,9 @@ class Controller:
                 if found is not None and (before is None or before[1] != problem):
                     log.warning(*found)
                     self.metrics.unreadable.labels(kind).inc()
-        self._read_objects = objects_now
-        if len(checked) > 2 * (len(objects_now) + len(malformed)) + 1024:  # objects gone
-            self._read_versions = {k: v for k, v in checked.items() if k in malformed} | {
-                ident: checked[ident] for _, ident in objects_now.values() if ident in checked
-            }
+        if len(checked) > 2 * (total + len(malformed)) + 1024:  # objects gone
+            here = {_ident(kind, obj) for kind, objects in listed.items() for obj in objects}
+            self._read_versions = {k: v for k, v in checked.items() if k in malformed or k in here}
 
     def _density_or_last(
         self, view: Snapshot, ours: Mapping[str, params.Parameters], now: float
@@ -1039,6 +1136,58 @@ def _controller_of(check: object) -> object:
     """An AdmissionCheck's ``spec.controllerName``, None where it cannot be read."""
     spec = check.get("spec") if isinstance(check, Mapping) else None
     return spec.get("controllerName") if isinstance(spec, Mapping) else None
+
+
+def _ident(kind: str, obj: RawObject) -> tuple[str, str]:
+    """What ``_check_objects`` keeps an object's last version under."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    return (kind, f"{meta.get('namespace')}/{meta.get('name')}/{meta.get('uid')}")
+
+
+def _relisted(
+    before: _Shaped | None, kept: _Shaped, kind: str, objects: Mapping[str, RawObject]
+) -> set[str] | None:
+    """A watch's whole set into ``kept``; the keys changed since ``before`` (None: no before).
+
+    An object that is the very one read before keeps its verdict (a watch replaces a
+    changed object, never edits it; a list of 6,000 Workloads was read whole every
+    time the watch relisted).
+    """
+    changed: set[str] = set()
+    for object_key, obj in objects.items():
+        if before is not None:
+            if before.good.get(object_key) is obj:
+                kept.good[object_key] = obj
+                continue
+            left_out = before.bad.get(object_key)
+            if left_out is not None and left_out[0] is obj:
+                kept.bad[object_key] = left_out
+                continue
+        changed.add(object_key)
+        _shape_into(kept, kind, object_key, obj)
+    if before is None:
+        return None
+    return changed | {k for k in (*before.good, *before.bad) if k not in objects}
+
+
+def _shape_into(kept: _Shaped, kind: str, object_key: str, obj: RawObject | None) -> None:
+    """One watched object (None: gone) into ``kept``, past the shape boundary.
+
+    A changed object that stays well shaped keeps its place (a watch keeps its objects
+    in the order they first came, a changed one in its place: ``incremental.added_pods``).
+    """
+    if obj is None:
+        kept.good.pop(object_key, None)
+        kept.bad.pop(object_key, None)
+        return
+    why = shape.malformed(kind, obj)
+    if why is None:
+        kept.bad.pop(object_key, None)
+        kept.good[object_key] = obj
+    else:
+        kept.good.pop(object_key, None)
+        kept.bad[object_key] = (obj, (kind, shape.subject(kind, obj), why))
 
 
 def _by_subject(decisions: Iterable[Decision]) -> dict[tuple[str, str, str], Decision]:

@@ -308,14 +308,18 @@ async def watch_objects(
     reconnect_max: float = 30.0,
     on_error: Callable[[Exception], None] | None = None,
     on_skip: Callable[[str], None] | None = None,
+    on_event: Callable[[str, RawObject | None], None] | None = None,
 ) -> None:
     """List and watch ``selection`` forever, calling ``on_change`` with every new set.
 
     ``on_change`` runs after each list and after each watch event, with a dict of
-    object key to raw object; it must not block. ``on_error`` (optional, must not block)
-    hears each failed list or watch before the backoff (a watch ended before it held
-    too): an ``ApiException`` with status 404 means the server does not serve the
-    resource. ``on_skip`` (optional) hears the
+    object key to raw object; it must not block. With ``on_event`` (optional, must not
+    block), a watch event calls it instead, with the key and the new object (None:
+    deleted), and a list still calls ``on_change``: a caller that keeps its own copy
+    reads what changed, not a copy of the whole set each event. ``on_error``
+    (optional, must not block) hears each failed list or watch before the backoff (a
+    watch ended before it held too): an ``ApiException`` with status 404 means the
+    server does not serve the resource. ``on_skip`` (optional) hears the
     reason for each list item or watch event skipped as malformed (``_Skips``).
 
     Nothing the server answers ends the loop: a list that is not one (no mapping, no
@@ -326,6 +330,13 @@ async def watch_objects(
     delay = reconnect_min
     last_problem = ""
     skips = _Skips(selection, on_skip)
+
+    def each(key: str, obj: RawObject | None, objects: dict[str, RawObject]) -> None:
+        if on_event is not None:
+            on_event(key, obj)
+        else:
+            on_change(dict(objects))
+
     # A watch that held this long was a watch: the next list is at once, the backoff
     # starts again. One ended sooner (a proxy closing it, a 410 each time, RBAC that
     # grants list and not watch) relisted ~600 times a second, or warned every try.
@@ -349,9 +360,7 @@ async def watch_objects(
                         objects, version = await _list(api, selection, skips)
                         on_change(dict(objects))
                         began = loop.time()
-                        how = await _watched(
-                            api, selection, objects, version, on_change, resync, skips
-                        )
+                        how = await _watched(api, selection, objects, version, each, resync, skips)
                         if loop.time() - began < hold:
                             raise _ShortWatchError(how, hold)
                         log.debug("watch on %s %s; listing again", selection, how)
@@ -388,13 +397,13 @@ async def _watched(
     selection: Selection,
     objects: dict[str, RawObject],
     version: str,
-    on_change: Callable[[dict[str, RawObject]], None],
+    each: Callable[[str, RawObject | None, dict[str, RawObject]], None],
     resync: float,
     skips: _Skips,
 ) -> str:
     """How ``_watch`` ended: ``ended`` (the server closed it) or ``expired`` (a 410)."""
     try:
-        await _watch(api, selection, objects, version, on_change, resync, skips)
+        await _watch(api, selection, objects, version, each, resync, skips)
     except GoneError:
         return "expired (410 GoneError)"
     return "ended"
@@ -577,11 +586,13 @@ async def _watch(
     selection: Selection,
     objects: dict[str, RawObject],
     version: str,
-    on_change: Callable[[dict[str, RawObject]], None],
+    each: Callable[[str, RawObject | None, dict[str, RawObject]], None],
     resync: float,
     skips: _Skips,
 ) -> None:
     """Apply watch events to ``objects`` until the server ends the watch after ``resync``.
+
+    ``each(key, object or None, objects)`` hears every event once applied.
 
     An event that is not JSON, not a mapping, or whose object has no name is skipped
     alone; an ERROR event ends the watch (a 410 relists at once).
@@ -618,9 +629,10 @@ async def _watch(
                 continue
             if kind == "DELETED":
                 objects.pop(name, None)
+                each(name, None, objects)
             else:
-                objects[name] = selection.kept(obj)
-            on_change(dict(objects))
+                objects[name] = kept = selection.kept(obj)
+                each(name, kept, objects)
 
 
 def _kept(obj: RawObject) -> RawObject:

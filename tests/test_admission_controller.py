@@ -373,17 +373,66 @@ def test_the_verdicts_kept_are_those_of_the_objects_watched_now():
         "workloads", {"team/w2": controller.watched["workloads"].objects["team/w2"]}
     )
     view = controller.snapshot()
-    kept = [obj for obj, _ in controller._shapes.values()]
-    assert [o for o in kept if o in view.workloads.values()] == [view.workloads["team/w2"]]
-    assert (
-        len(controller._shapes)
-        == len(kept)
-        == len(view.workloads)
-        + sum(
-            len(getattr(view, name))
-            for name in ("nodes", "pods", "datasets", "dataloads", "checks")
-        )
+    kept = controller._shaped["workloads"]
+    assert list(kept.good.values()) == [view.workloads["team/w2"]]
+    assert not kept.bad
+    assert view.changed["workloads"] == {"team/w0", "team/w1"}, "the two gone"
+
+
+def _versioned(i: int, version: int, *, bad: bool = False) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "metadata": {"name": f"w{i}", "namespace": "team", "resourceVersion": str(version)}
+    }
+    if bad:
+        obj["spec"] = "not a mapping"
+    return obj
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["put", "put a bad shape", "delete", "our write", "relist"]),
+            st.integers(0, 4),
+        ),
+        max_size=25,
     )
+)
+def test_a_view_kept_by_watch_events_is_the_view_a_list_gives(steps):
+    """The same objects, by events or listed whole each time: the same view, and every
+    key whose object differs from the last view is named changed."""
+    by_events, by_lists = Counting(), Counting()
+    objects: dict[str, dict[str, Any]] = {}
+    for controller in (by_events, by_lists):
+        for name in WATCHES:
+            controller._changed(name, {})
+    last = by_events.snapshot().workloads
+    by_lists.snapshot()
+    for version, (action, i) in enumerate(steps, start=1):
+        key = f"team/w{i}"
+        if action == "delete":
+            objects.pop(key, None)
+            by_events._heard("workloads", key, None)
+        elif action == "our write":
+            ours = _versioned(i, 10_000 + version)
+            for controller in (by_events, by_lists):
+                controller._fresh[("workloads", key)] = (ours, 0.0)
+        elif action == "relist":
+            by_events._changed("workloads", dict(objects))
+        else:
+            objects[key] = _versioned(i, version, bad=action == "put a bad shape")
+            by_events._heard("workloads", key, objects[key])
+        by_lists._changed("workloads", dict(objects))
+        view, listed = by_events.snapshot(), by_lists.snapshot()
+        assert view.workloads.keys() == listed.workloads.keys()
+        assert all(view.workloads[k] is listed.workloads[k] for k in listed.workloads)
+        if not any(a == "put a bad shape" for a, _ in steps):
+            # A watch's order, a changed object in its place (one left out for its shape
+            # and then well shaped comes last, until a list).
+            assert list(view.workloads) == list(listed.workloads)
+        assert sorted(view.malformed) == sorted(listed.malformed)
+        moved = {k for k in {*last, *view.workloads} if last.get(k) is not view.workloads.get(k)}
+        assert moved <= view.changed["workloads"]
+        last = view.workloads
 
 
 @pytest.mark.parametrize(

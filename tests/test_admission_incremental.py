@@ -1121,6 +1121,30 @@ async def test_a_pass_with_nothing_to_decide_keeps_the_pools_current():
     assert controller.written["train/c"]["state"] == "Ready"
 
 
+async def test_a_pass_reads_the_pending_checks_of_the_workloads_its_view_changed_only():
+    controller = Writing()
+    read: list[str] = []
+    real = controller._actionable
+
+    def counting(object_key, w, ours):
+        read.append(object_key)
+        return real(object_key, w, ours)
+
+    controller._actionable = counting  # type: ignore[method-assign]
+    workloads = {f"train/w{i}": decided.workload(f"w{i}", gpus=1) for i in range(3)}
+    for i, w in enumerate(workloads.values()):
+        w["metadata"]["resourceVersion"] = str(i + 1)
+    watching(controller, *workloads.values())
+    await controller.reconcile(api=NO_API)
+    assert sorted(read) == sorted(workloads)
+    read.clear()
+    newer = copy.deepcopy(workloads["train/w1"])
+    newer["metadata"]["resourceVersion"] = "9"
+    controller._heard("workloads", "train/w1", newer)  # one watch event
+    await controller.reconcile(api=NO_API)
+    assert read == ["train/w1"]
+
+
 async def test_a_workloads_pending_checks_are_read_once_per_version(monkeypatch):
     read: list[str] = []
     real = workload.actionable
