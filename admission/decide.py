@@ -559,6 +559,8 @@ def _held_after(
     )
     if base is not kept.base:
         first = 0  # every gang held is fitted again on the new base
+    while first > 0 and kept.held[first - 1].pool is None:
+        first -= 1  # from the checkpoint before it: the gangs since are fitted again
     keep = kept.held[:first]
     refit = [found[h.uid] for h in kept.held[first:] if h.uid in staying]
     placed = {key(found[h.uid]): h.placed for h in kept.held[first:] if h.uid in staying}
@@ -569,10 +571,10 @@ def _held_after(
         )
     )
     pool, promised = (keep[-1].pool, keep[-1].promised) if keep else (base, 0.0)
+    assert pool is not None  # a checkpoint, or the base
     gangs = sorted([*refit, *joining], key=_order)
-    return _built(
-        base, (*keep, *_hold(pool, promised, gangs, placed, cluster, params, checks, now)), ignored
-    )
+    steps = _hold(pool, promised, gangs, placed, cluster, params, checks, now, first=first)
+    return _built(base, (*keep, *steps), ignored)
 
 
 def _uid_repeats(workloads: Sequence[RawObject]) -> bool:
@@ -645,6 +647,7 @@ def _built(
     base: Inventory, held: Sequence[incremental.Held], ignored: frozenset[str]
 ) -> incremental.Built:
     pool, promised = (held[-1].pool, held[-1].promised) if held else (base, 0.0)
+    assert pool is not None  # the last step keeps its pool
     valid_until = min((h.deadline for h in held), default=math.inf)
     return incremental.Built(pool, promised, valid_until, base, tuple(held), ignored=ignored)
 
@@ -663,11 +666,20 @@ def _hold(
     params: Parameters,
     checks: frozenset[str],
     now: float,
+    *,
+    first: int = 0,
 ) -> list[incremental.Held]:
-    """``gangs`` (in order) fitted and held back on ``pool``, each with the pool after it."""
+    """``gangs`` (in order) fitted and held back on ``pool``, each with the pool after it.
+
+    ``first``: the place of the first gang among those held. A step keeps its pool
+    where the next one resumes (``incremental.HELD_CHECKPOINT``) and the last step;
+    the others let it go (a pass resumes from the checkpoint before its first change).
+    """
     by_owner = pod_index_of(cluster)
     steps: list[incremental.Held] = []
     for w in gangs:
+        if steps and (first + len(steps)) % incremental.HELD_CHECKPOINT:
+            steps[-1] = steps[-1]._replace(pool=None)  # no checkpoint: resumed from before
         where = _granted_selector(w, checks)
         held = fit_gang(
             workload_demand(w), _on_nodes(pool, cluster.nodes, where), params.gpu_scheduler_policy

@@ -399,6 +399,20 @@ def test_decisions_on_the_kept_state_equal_a_pass_from_scratch(world, events):
         assert kept == fresh, event
 
 
+@settings(max_examples=150, deadline=None)
+@given(world=worlds(), events=st.lists(EVENTS, min_size=1, max_size=25))
+def test_decisions_resumed_from_held_checkpoints_equal_a_pass_from_scratch(world, events):
+    """As above, with a checkpoint every second gang held: a pass resumes from the one
+    before its first change, and fits the gangs since again."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(incremental, "HELD_CHECKPOINT", 2)
+        memo = incremental.Memo()
+        for event in events:
+            apply_event(world, event)
+            kept, fresh = both(world, memo)
+            assert kept == fresh, event
+
+
 @settings(max_examples=60, deadline=None)
 @given(  # two Nodes of one name are built every pass (``pool_fingerprint``)
     world=worlds(),
@@ -916,9 +930,10 @@ def test_pods_placed_since_the_last_pass_are_taken_off_the_kept_pool_as_a_build_
     assert [d.state for d in decisions][-1] == state
 
 
-def test_the_pools_kept_after_each_held_gang_keep_their_nodes_only():
+def test_the_pools_kept_after_held_gangs_are_checkpoints_with_their_nodes_only():
     """What a fit works out of an inventory (columns, orders: ~6x its nodes) is let go
-    for every pool kept after a held gang but the last; 5,000 held gangs kept them all."""
+    for every pool kept after a held gang but the last; 5,000 held gangs kept them all.
+    Between checkpoints the pool itself is let go (70 MB at 10,000 cards)."""
     world = one_node(8)
     for _ in range(3):
         apply_event(world, ("arrive", "check-a", 1, 1, None, 0, None))
@@ -929,7 +944,16 @@ def test_the_pools_kept_after_each_held_gang_keep_their_nodes_only():
     (entry,) = [e for k, e in memo.pools.items() if isinstance(k, tuple) and k[0] == "held"]
     assert len(entry.held) == 3
     derived = {"columns", "fullest_first", "emptiest_first"}
-    assert [bool(derived & h.pool.__dict__.keys()) for h in entry.held] == [False, False, True]
+    assert [h.pool is None for h in entry.held] == [True, True, False]
+    assert derived & entry.held[-1].pool.__dict__.keys()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(incremental, "HELD_CHECKPOINT", 2)
+        memo = incremental.Memo()
+        both(world, memo)  # built: the pool after the second gang is a checkpoint
+    (entry,) = [e for k, e in memo.pools.items() if isinstance(k, tuple) and k[0] == "held"]
+    pools = [h.pool for h in entry.held]
+    assert [p is None for p in pools] == [True, False, False]
+    assert pools[1] is not None and not derived & pools[1].__dict__.keys()
 
 
 def test_a_gang_held_without_pods_lets_go_at_its_deadline_with_no_event():
