@@ -370,28 +370,13 @@ class Controller:
             self._shaped[name] = kept
         else:
             keys = set(watched.changed)
-            for object_key in keys | last_overlaid:
+            for object_key in keys:
                 _shape_into(kept, kind, object_key, watched.objects.get(object_key))
         watched.changed = set()
         view = dict(kept.good)
         bad = {object_key: entry for object_key, (_, entry) in kept.bad.items()}
-        overlaid = set()
-        now = self._clock()
-        for (of, object_key), (ours, landed) in list(self._fresh.items()):
-            if of != name:
-                continue
-            theirs = watched.objects.get(object_key)
-            # At most FRESH_SECONDS: an answer claiming resourceVersion 9999999999999999999
-            # stayed newer than every real revision and froze the Workload's view for
-            # good (hostile pass 13); the watch brings a real write within seconds.
-            if (
-                theirs is None
-                or _version(ours) <= _version(theirs)
-                or now - landed >= FRESH_SECONDS
-            ):
-                del self._fresh[(of, object_key)]  # the watch caught up, or the object is gone
-                continue
-            overlaid.add(object_key)
+        overlaid = self._standing(name)
+        for object_key, ours in overlaid.items():
             why = shape.malformed(kind, ours)
             if why is None:
                 bad.pop(object_key, None)
@@ -399,29 +384,41 @@ class Controller:
             else:
                 view.pop(object_key, None)
                 bad[object_key] = (kind, shape.subject(kind, ours), why)
-        kept.overlaid = overlaid
+        kept.overlaid = set(overlaid)
         if keys is None:
             return view, list(bad.values()), None
         # Where ours stood in last view or does now, the object differs from the watched.
         return view, list(bad.values()), frozenset({*keys, *last_overlaid, *overlaid})
 
     def _merged(self, name: str) -> dict[str, RawObject]:
-        """A watch's set, our fresher writes standing in (``_shape_view``'s rule)."""
-        objects = dict(self.watched[name].objects)
+        """A watch's set, our fresher writes standing in."""
+        return {**self.watched[name].objects, **self._standing(name)}
+
+    def _standing(self, name: str) -> dict[str, RawObject]:
+        """Our writes' answers of one watch that stand in for its copies, by key.
+
+        Ours stands while its resourceVersion is higher and for at most ``FRESH_SECONDS``;
+        once the watch caught up, or the object is gone, it is let go.
+        """
+        objects = self.watched[name].objects
         now = self._clock()
+        standing: dict[str, RawObject] = {}
         for (kind, object_key), (ours, landed) in list(self._fresh.items()):
             if kind != name:
                 continue
             watched = objects.get(object_key)
+            # At most FRESH_SECONDS: an answer claiming resourceVersion 9999999999999999999
+            # stayed newer than every real revision and froze the Workload's view for
+            # good (hostile pass 13); the watch brings a real write within seconds.
             if (
                 watched is not None
                 and _version(ours) > _version(watched)
                 and now - landed < FRESH_SECONDS
             ):
-                objects[object_key] = ours
-            else:  # the watch caught up (or the object is gone): ours is no longer needed
+                standing[object_key] = ours
+            else:
                 del self._fresh[(kind, object_key)]
-        return objects
+        return standing
 
     # --- the loop --------------------------------------------------------------------
 

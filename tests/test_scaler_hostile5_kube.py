@@ -88,8 +88,13 @@ async def quiet_watch(request: web.Request) -> web.StreamResponse:
 
 
 async def _watch_until(
-    access: KubeAccess, done: Callable[[list[dict[str, RawObject]], list[Exception]], bool]
+    access: KubeAccess,
+    done: Callable[[list[dict[str, RawObject]], list[Exception]], bool],
+    *,
+    on_event: Callable[[str, RawObject | None], None] | None = None,
 ) -> tuple[list[dict[str, RawObject]], list[Exception]]:
+    """The sets and errors a watch hands over until ``done`` says so (``on_event``: its
+    events too, each heard before ``done`` is asked again)."""
     sets: list[dict[str, RawObject]] = []
     errors: list[Exception] = []
     heard = asyncio.Event()
@@ -101,6 +106,11 @@ async def _watch_until(
 
         return append
 
+    def event(key: str, obj: RawObject | None) -> None:
+        assert on_event is not None
+        on_event(key, obj)
+        heard.set()
+
     task = asyncio.create_task(
         watch_objects(
             access,
@@ -109,6 +119,7 @@ async def _watch_until(
             reconnect_min=0.01,
             reconnect_max=0.02,
             on_error=hear(errors),
+            on_event=event if on_event is not None else None,
         )
     )
     try:
