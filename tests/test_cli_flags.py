@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +59,28 @@ def write(path: Path, content: bytes) -> str:
 
 AZURE = b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
 TWO_ROWS = AZURE + b"2023-11-16 18:17:03.9,100,5\n2023-11-16 18:17:05.4,200,7\n"
+
+
+def test_a_report_whose_reader_left_ends_quietly_as_a_writer_sigpipe_stopped(tmp_path):
+    """``unitscale replay ... | head``: once head has what it wants, no "Broken pipe" and
+    no status 2 (a mistake of the user's); 141, as ``yes | head`` gives."""
+    trace = write(tmp_path / "t.csv", TWO_ROWS)
+    report = ["--report", str(tmp_path / "report")]
+    read, written = os.pipe()
+    os.close(read)  # the reader left before a byte was written
+    try:
+        done = subprocess.run(
+            [*BOUNDED, "replay", "--trace", trace, "--policy", "static-peak", *report],
+            stdout=written,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(written)
+    assert done.returncode == 128 + signal.SIGPIPE, done.stderr
+    assert done.stderr == ""
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 
 from foundation.errors import UnitscaleError
@@ -32,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.run(args))
+    except BrokenPipeError:
+        # The reader of our output left (``| head``): as ``yes | head`` does, end quietly
+        # with the status of a writer SIGPIPE stopped. Python ignores SIGPIPE, so the
+        # write raised; stdout points at nothing now, or the last flush raises again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (UnitscaleError, OSError) as err:
         # The one error path for what the user gave: a flag, a config or trace file, a
         # report directory or a port. One line, status 2; the traceback at debug.
