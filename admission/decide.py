@@ -188,14 +188,14 @@ def decide_all(pending: Sequence[Pending], cluster: Cluster, now: float) -> list
     return [*unshaped, *(_settled(p, state, checks) for p in order)]
 
 
-def read_pools(cluster: Cluster, now: float) -> int:
+def read_pools(cluster: Cluster, now: float) -> None:
     """Read the pool of each of our checks with usable parameters, as a pass deciding would.
 
     Into ``cluster.memo``: the pools kept are taken back or extended by what changed,
     the others built, so a pass with nothing to decide keeps them current and the next
     Workload is not decided after every change since. One read per pool, by the first
     check's policy (by name); a pool whose inventory raises is left unread (a pass
-    deciding fails its checks). Returns the pools read.
+    deciding fails its checks).
     """
     cluster = indexed(cluster)
     checks = our_checks(cluster)
@@ -204,7 +204,6 @@ def read_pools(cluster: Cluster, now: float) -> int:
         if params is not None:
             with contextlib.suppress(_PoolError):
                 state.inventory(params, checks)
-    return len(state.inventories)
 
 
 def _settled(p: Pending, state: _Pass, checks: Mapping[str, Parameters | None]) -> Decision:
