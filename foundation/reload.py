@@ -382,7 +382,9 @@ class ConfigSource:
         if file is not None and configmap is not None:
             raise ConfigError("--config and --config-configmap exclude each other")
         self.file = file
-        self.configmap = parse_configmap_ref(configmap) if configmap else None
+        # `--config-configmap ''` names no ConfigMap: refused, not taken as none (a server
+        # meant to follow a ConfigMap started on its defaults, hostile pass 7).
+        self.configmap = parse_configmap_ref(configmap) if configmap is not None else None
         self.kube = kube or KubeAccess()
         self.poll_interval = poll_interval
         self._read_fingerprint: tuple[object, ...] | None = None

@@ -816,9 +816,11 @@ class Gateway:
         """Judge a request that ended against the SLO; count it within or outside."""
         end = time.monotonic()
         verdict = meter.verdict(self.settings.slo, end, status)
+        self.metrics.judged(verdict)
+        if not verdict.judged:
+            return  # left too early to tell: no evidence for the scaler either way
         window = self.settings.slo.window_seconds
         (self.stats.within if verdict.within else self.stats.outside).add(end, window)
-        self.metrics.judged(verdict)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request judged %s (%s): status %s, ttft %s s, mean itl %s s",

@@ -130,6 +130,13 @@ class GatewayMetrics:
             [*labels, "result", "reason"],
             registry=r,
         )
+        self._left = Counter(
+            "unitscale_gateway_slo_unjudged_requests",
+            "Requests whose client left before any token while still within the TTFT target:"
+            " not judged, in neither result of unitscale_gateway_slo_requests_total.",
+            labels,
+            registry=r,
+        )
         self._define_replica_metrics(labels)
         self._slo_attainment = Gauge(
             "unitscale_gateway_slo_attainment_target_ratio",
@@ -221,6 +228,7 @@ class GatewayMetrics:
             self._plans_ignored.labels(*self._labels, reason)
         self._watchers_refused.labels(*self._labels)
         self._usage_unmeasured.labels(*self._labels)
+        self._left.labels(*self._labels)
         for status in REJECT_STATUSES:
             self._rejected.labels(*self._labels, str(status))
         for result in WAKE_RESULTS:
@@ -331,7 +339,10 @@ class GatewayMetrics:
         self._backing_off.labels(*self._labels, "sleep").set(sleep)
 
     def judged(self, verdict: Verdict) -> None:
-        """A request ended and was judged against the SLO."""
+        """A request ended and was judged against the SLO (or its client left too early)."""
+        if not verdict.judged:
+            self._left.labels(*self._labels).inc()
+            return
         result = "within" if verdict.within else "outside"
         self._slo.labels(*self._labels, result, verdict.reason).inc()
 

@@ -26,7 +26,11 @@ The rule, for targets ``ttft`` and ``itl``:
 
 A request whose client left (``CLIENT_CLOSED``) is judged on what it had seen: late if its
 first token had not come within ``ttft``, slow if its tokens so far (to the last) came
-slower than ``itl``; a user stopping a stream on time is no miss.
+slower than ``itl``; a user stopping a stream on time is no miss. One that left before any
+token, while still within ``ttft``, is **not judged** (``LEFT``): whether it would have met
+the SLO is unknown, and counting it within let clients that cancel early (an editor's
+completions as the user types, or a neighbour opening and dropping requests) raise the
+attainment the scaler steers by.
 
 Worked example, targets 2 s and 100 ms: a stream whose first token comes 0.4 s after
 arrival and whose 101st and last at 10.9 s has a mean ITL of (10.9 - 0.4) / 100 = 105 ms:
@@ -60,6 +64,9 @@ REASONS = ("met", "ttft", "itl", "latency", "failed")
 """A verdict's ``reason``: ``met`` is within, the others outside."""
 CLIENT_CLOSED = 499
 """The status (nginx's) of a request whose client left: judged on what it had seen."""
+LEFT = "left"
+"""A verdict's ``reason`` when the client left before any token within ``ttft``: not
+judged, neither within nor outside (``Verdict.judged``)."""
 SSE_LINE_LIMIT = 1024**2
 """Bytes a server-sent event line may reach; a longer one is skipped, not held."""
 JSON_BODY_LIMIT = 4 * 1024**2
@@ -104,6 +111,11 @@ class Verdict:
     """Mean inter-token latency; None when not measured (failed, non-streamed, or under
     two tokens)."""
 
+    @property
+    def judged(self) -> bool:
+        """False when the client left too early to tell (``LEFT``): counted neither way."""
+        return self.reason != LEFT
+
 
 def is_failure(status: int | None) -> bool:
     """No complete response (None), a 5xx or a 429: outside, whatever the timing."""
@@ -137,7 +149,8 @@ def judge(
         targets: the TTFT and ITL targets.
         arrival: when the request reached the gateway.
         first_token: when a stream's first token (or first byte) passed; None if none
-            did. Not read for a non-streamed response.
+            did. For a non-streamed response only whether any byte passed: a client
+            that left (``CLIENT_CLOSED``) before any, within ``ttft``, is ``LEFT``.
         end: when its response ended, failed, or its client left.
         output_tokens: tokens it generated; None when unknown.
         status: the HTTP status its client got; None when the response was cut off.
@@ -146,6 +159,8 @@ def judge(
     """
     if is_failure(status):
         return Verdict(False, "failed", None, None)
+    if status == CLIENT_CLOSED and first_token is None and end - arrival <= targets.ttft_seconds:
+        return Verdict(False, LEFT, end - arrival, None)
     if not streamed:
         latency = end - arrival
         if latency > latency_budget(targets, output_tokens):
@@ -337,7 +352,8 @@ class ResponseMeter:
 
         A stream whose client left (``CLIENT_CLOSED``) after some tokens is judged on those,
         to the last: the wait after it was the client's, not an inter-token gap. A request
-        whose response never began is judged as a stream: on its wait for a first token.
+        whose response never began is judged as a stream: on its wait for a first token,
+        not at all (``LEFT``) when its client left before ``ttft`` had passed.
         """
         first = self.first_token if self.first_token is not None else self.first_byte
         if status == CLIENT_CLOSED and self.last_token is not None:

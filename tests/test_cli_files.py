@@ -217,6 +217,11 @@ CASES = [
     pytest.param(
         lambda t: ["tune", "--trace", _file(t, "t.csv", TWO_ROWS), "--out", ""],
         "argument --out: an empty path", id="M16: tune --out '' is refused"),
+    pytest.param(
+        lambda t: ["scaler", "--config-configmap", "", "--listen", "127.0.0.1:0",
+                   "--metrics-listen", "127.0.0.1:0"],
+        "--config-configmap '': expected NAMESPACE/NAME",
+        id="an empty --config-configmap is refused, not a server on its defaults"),
 ]  # fmt: skip
 
 

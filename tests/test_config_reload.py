@@ -160,11 +160,17 @@ def test_configmap_refs(ref, expected):
         pytest.param("unitscale", id="a-name-without-namespace-is-refused"),
         pytest.param("a/b/c", id="two-slashes-are-refused"),
         pytest.param("/b", id="an-empty-namespace-is-refused"),
+        pytest.param("", id="an-empty-reference-is-refused"),
     ],
 )
 def test_bad_configmap_refs(ref):
     with pytest.raises(ConfigError, match="NAMESPACE/NAME"):
         parse_configmap_ref(ref)
+
+
+def test_an_empty_configmap_flag_is_refused_not_taken_for_none():
+    with pytest.raises(ConfigError, match="--config-configmap '': expected NAMESPACE/NAME"):
+        ConfigSource(None, "")
 
 
 def test_file_and_configmap_exclude_each_other(tmp_path):

@@ -64,6 +64,10 @@ def series(name: str, **extra: str) -> tuple[str, frozenset[tuple[str, str]]]:
             id="requests judged within and outside the SLO, for every reason",
         ),
         pytest.param(
+            [series("unitscale_gateway_slo_unjudged_requests_total")],
+            id="requests whose client left too early to judge",
+        ),
+        pytest.param(
             [
                 series("unitscale_gateway_buffer_seconds_count"),
                 series("unitscale_gateway_buffer_seconds_bucket", le="+Inf"),

@@ -9,6 +9,7 @@ late or fail (outside), with the counts read from its ``/metrics`` and its signa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -28,6 +29,7 @@ from serving.gateway_metrics import SLO_SERIES
 from serving.gateway_signals import MIN_RATE_SECONDS
 from serving.slo import (
     CLIENT_CLOSED,
+    LEFT,
     REASONS,
     ResponseMeter,
     SloTargets,
@@ -113,8 +115,16 @@ S, J = True, False
             id="a-client-leaving-unanswered-after-the-target-missed-it",
         ),
         pytest.param(
-            S, 0, None, 0.5, None, 499, True, "met",
-            id="a-client-leaving-unanswered-before-the-target-is-no-miss",
+            S, 0, None, 0.5, None, 499, False, "left",
+            id="a-client-leaving-unanswered-before-the-target-is-not-judged",
+        ),
+        pytest.param(
+            J, 0, None, 1.9, None, 499, False, "left",
+            id="a-client-leaving-before-a-json-answer-began-within-the-target-is-not-judged",
+        ),
+        pytest.param(
+            J, 0, None, 2.1, None, 499, False, "latency",
+            id="a-client-leaving-before-a-json-answer-began-past-the-target-missed-it",
         ),
         pytest.param(
             S, 0, 0.5, 0.6, 2, 499, True, "met", id="a-client-stopping-a-stream-on-time-is-no-miss"
@@ -124,7 +134,8 @@ S, J = True, False
 def test_judge(streamed, arrival, first_token, end, tokens, status, within, reason):
     verdict = judge(TARGETS, arrival, first_token, end, tokens, status, streamed)
     assert (verdict.within, verdict.reason) == (within, reason)
-    assert verdict.reason in REASONS
+    assert verdict.reason in (*REASONS, LEFT)
+    assert verdict.judged == (reason != LEFT)
 
 
 @pytest.mark.parametrize(
@@ -384,6 +395,40 @@ async def test_a_first_token_after_the_ttft_target_is_outside():
         signals = gateway.gateway.feed.snapshot(time.time()).signals
         assert (signals.slo_within_rate, signals.slo_outside_rate) == (0.0, 1 / 60)
     finally:
+        await gateway.stop()
+        await fake.stop()
+
+
+def unjudged(gateway) -> float:
+    """``unitscale_gateway_slo_unjudged_requests_total``, from /metrics."""
+    text = gateway.gateway.metrics.render().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "unitscale_gateway_slo_unjudged_requests"
+        for s in family.samples
+        if s.name.endswith("_total")
+    )
+
+
+async def test_a_client_that_leaves_before_its_first_token_within_the_target_is_not_judged():
+    (fake,) = await fakes(stream_on_demand)
+    gateway = await start_gateway([fake.url], slo=SloTargets(ttft_seconds=30.0))
+    try:
+        await wait_ready(gateway, 1)
+        async with aiohttp.ClientSession() as client:
+            url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+            asking = asyncio.ensure_future(client.post(url, json=completion(stream=True)))
+            await eventually(lambda: fake.received == 1, "the replica has the request")
+            asking.cancel()  # the client leaves before a token, well within 30 s
+            with contextlib.suppress(asyncio.CancelledError):
+                await asking
+        await eventually(lambda: unjudged(gateway) == 1, "the request counted as not judged")
+        assert counted(gateway)  # neither within nor outside
+        signals = gateway.gateway.feed.snapshot(time.time()).signals
+        assert (signals.slo_within_rate, signals.slo_outside_rate) == (0.0, 0.0)
+    finally:
+        fake.chunks.put_nowait(None)
         await gateway.stop()
         await fake.stop()
 
