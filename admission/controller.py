@@ -1013,6 +1013,12 @@ class Controller:
             for p in parameters
             if (h := p.inference_headroom) is not None
         }
+        # An answer no check asks for any more goes once it expires: one entry was kept for
+        # good per edit of a check's scaler, pool or horizon.
+        now = time.monotonic()
+        self._demand_cache = {
+            k: v for k, v in self._demand_cache.items() if k in asked or v[0] > now
+        }
         if not asked:
             return {}, ""
         ordered = sorted(asked)

@@ -726,3 +726,32 @@ async def test_two_reclaiming_checks_on_one_pool_each_keep_their_plan_gauges(mon
     strict = sample(allowance, {"pool": "h200", "check": "strict"})
     roomy = sample(allowance, {"pool": "h200", "check": "roomy"})
     assert (strict, roomy) == (6.0, 4.0)  # 8 cards - 2 needed, less 2 kept free for roomy
+
+
+async def test_a_demand_answer_no_check_asks_for_goes_once_it_expires(monkeypatch):
+    """One entry per edit of a check's scaler, pool or horizon was kept for good."""
+    clock = [1000.0]
+    monkeypatch.setattr("admission.controller.time.monotonic", lambda: clock[0])
+    asked: list[tuple[str, str, float]] = []
+
+    async def demand(scaler, pool, horizon, **_):
+        asked.append((scaler, pool, horizon))
+        return DemandResult({pool: PoolDemand(pool, 0, 1)})
+
+    controller = Writing(demand=demand)
+    for horizon in range(60, 60 + 50):  # an administrator editing the horizon, 50 times
+        await controller._demand([Parameters(inference_headroom=asking(horizon))])
+        clock[0] += 1.0
+    assert len(controller._demand_cache) <= controller.config.demand_cache + 1
+    clock[0] += controller.config.demand_cache
+    await controller._demand([])
+    assert controller._demand_cache == {}
+    # The answer a check still asks for is kept for its time, and used.
+    kept = [Parameters(inference_headroom=asking(300))]
+    await controller._demand(kept)
+    await controller._demand(kept)
+    assert asked.count(("scaler:9090", "h200", 300.0)) == 1
+
+
+def asking(horizon: int) -> Headroom:
+    return Headroom("scaler:9090", "h200", horizon_seconds=horizon)
