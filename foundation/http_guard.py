@@ -14,7 +14,9 @@ T-2). ``serve`` listens through a ``ConnectionGuard``:
 - a malformed request is answered 400 by aiohttp and logged at DEBUG, bounded.
 
 Each refusal is counted in ``ConnectionGuard.refused`` by kind (``too-many-connections``,
-``slow-head``, ``malformed-http``).
+``slow-head``, ``malformed-http``), and told to ``on_refused`` where one is given. The
+gateway's proxy listens through the same guard with its own bounds and its own 503
+(``serving.server.gateway_guard``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ handful; with the head's bounds, 256 unfinished heads hold at most ~32 MiB, for 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def refusal(content_type: str, body: bytes) -> bytes:
+    """The whole answer a connection past ``max_connections`` gets: a 503, then closed."""
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: %s\r\n"
+        b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+        % (content_type.encode(), len(body), body)
+    )
+
+
+TOO_MANY_CONNECTIONS = refusal("text/plain", b"too many connections\n")
+
+
 class _Malformed(logging.Filter):
     """aiohttp's ERROR with a traceback per malformed request: counted, one DEBUG line."""
 
@@ -73,12 +87,21 @@ class ConnectionGuard:
         *,
         max_connections: int = MAX_CONNECTIONS,
         head_timeout: float = HEAD_TIMEOUT,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+        on_refused: Callable[[str], None] | None = None,
+        answer: bytes = TOO_MANY_CONNECTIONS,
     ) -> None:
-        """``name`` names the endpoint's logger (``<name>.http``)."""
+        """``name`` names the endpoint's logger (``<name>.http``).
+
+        ``answer`` is what a connection past ``max_connections`` is sent (``refusal``).
+        """
         self.max_connections = max_connections
         self.head_timeout = head_timeout
+        self.keepalive_timeout = keepalive_timeout
         self.refused: Counter[str] = Counter()
         """Connections and requests refused, by kind."""
+        self._on_refused = on_refused
+        self._answer = answer
         self._deadlines: dict[asyncio.BaseProtocol, asyncio.TimerHandle] = {}
         self.logger = logging.getLogger(f"{name}.http")
         for old in [f for f in self.logger.filters if isinstance(f, _Malformed)]:
@@ -87,6 +110,8 @@ class ConnectionGuard:
 
     def _refuse(self, kind: str) -> None:
         self.refused[kind] += 1
+        if self._on_refused is not None:
+            self._on_refused(kind)
 
     def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
         """What the listening socket makes per connection: aiohttp's handler, or a refusal."""
@@ -94,7 +119,7 @@ class ConnectionGuard:
         def connection() -> asyncio.BaseProtocol:
             if len(server.connections) >= self.max_connections:
                 self._refuse("too-many-connections")
-                return _Refused()
+                return _Refused(self._answer)
             handler = server()
             loop = asyncio.get_running_loop()
             self._deadlines[handler] = loop.call_later(self.head_timeout, self._expire, handler)
@@ -126,32 +151,43 @@ class ConnectionGuard:
 
 
 class _Refused(asyncio.Protocol):
-    """A connection past ``max_connections``: a 503, closed."""
+    """A connection past ``max_connections``: its answer (a 503), closed."""
+
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        body = b"too many connections\n"
-        transport.write(
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(body), body)
-        )
+        transport.write(self._answer)
         transport.close()
 
 
 class GuardedSite:
-    """An aiohttp app served through a ``ConnectionGuard`` on a bound socket."""
+    """An aiohttp app served through a ``ConnectionGuard`` on a bound socket.
 
-    def __init__(self, app: web.Application, guard: ConnectionGuard) -> None:
+    ``max_headers`` and ``max_field_size`` bound a request head; ``handler_cancellation``
+    cancels a handler whose client left (aiohttp's option).
+    """
+
+    def __init__(
+        self,
+        app: web.Application,
+        guard: ConnectionGuard,
+        *,
+        max_headers: int = MAX_HEADERS,
+        max_field_size: int = MAX_FIELD_SIZE,
+        handler_cancellation: bool = False,
+    ) -> None:
         app.middlewares.append(guard.middleware)
         self.guard = guard
         self.runner = web.AppRunner(
             app,
             access_log=None,
             logger=guard.logger,
-            max_headers=MAX_HEADERS,
-            max_field_size=MAX_FIELD_SIZE,
-            keepalive_timeout=KEEPALIVE_TIMEOUT,
+            max_headers=max_headers,
+            max_field_size=max_field_size,
+            keepalive_timeout=guard.keepalive_timeout,
+            handler_cancellation=handler_cancellation,
         )
         self._listener: asyncio.Server | None = None
 

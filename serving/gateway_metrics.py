@@ -275,7 +275,7 @@ class GatewayMetrics:
         ``stalled``: it stopped reading a response past the upstream timeout;
         ``malformed-http``: aiohttp answered its bytes 400, or its body could not be
         decoded; ``slow-head``: its connection sent no whole request head in time
-        (``serving.server.ConnectionGuard``); ``too-many-connections``: refused, 503.
+        (``serving.server.gateway_guard``); ``too-many-connections``: refused, 503.
         """
         self._client_errors.labels(*self._labels, kind).inc()
 

@@ -8,10 +8,10 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from foundation.discovery import EndpointSliceWatch
 from foundation.grpc_server import GrpcServer, service_name
+from foundation.http_guard import ConnectionGuard, GuardedSite, bind, refusal
 from foundation.kube import KubeAccess
 from foundation.net import bind_error, join_listen, split_listen
 from foundation.reload import ConfigSource, ConfigStore
@@ -48,120 +48,34 @@ MAX_CONNECTIONS = 4096
 never finish a head hold at most ~2 GiB, and only for seconds."""
 
 
-class MalformedRequests(logging.Filter):
-    """aiohttp's ERROR, with a traceback, for every malformed request: one DEBUG line instead.
+_TOO_MANY_CONNECTIONS = refusal(
+    "application/json",
+    json.dumps(
+        {"object": "error", "message": "the gateway has too many connections", "code": 503}
+    ).encode(),
+)
 
-    Anyone who can reach the port can send a header without a colon or a URL over 8 KiB;
-    aiohttp answers 400 and logs its parse error at ERROR, a traceback per request. Those
-    are counted (``on_malformed``) and logged at DEBUG in a bounded line; every other
-    record (a handler's unexpected exception) passes unchanged.
+
+def gateway_guard(
+    on_refused: Callable[[str], None],
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+) -> ConnectionGuard:
+    """The guard the gateway's proxy listens through (``foundation.http_guard``).
+
+    The gateway's bounds, its refusals counted by ``on_refused`` (``client_error``), and a
+    503 in the gateway's error shape.
     """
-
-    def __init__(self, on_malformed: Callable[[], None]) -> None:
-        super().__init__()
-        self._on_malformed = on_malformed
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        err = record.exc_info[1] if record.exc_info else None
-        if not isinstance(err, HttpProcessingError):
-            return True
-        self._on_malformed()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("a malformed request was answered 400: %s", str(err)[:200])
-        return False
-
-
-def http_logger(on_malformed: Callable[[], None]) -> logging.Logger:
-    """The logger the gateway's HTTP server logs through: aiohttp's, filtered."""
-    logger = logging.getLogger("serving.gateway.http")
-    for old in [f for f in logger.filters if isinstance(f, MalformedRequests)]:
-        logger.removeFilter(old)
-    logger.addFilter(MalformedRequests(on_malformed))
-    return logger
-
-
-class ConnectionGuard:
-    """Bounds on the connections the gateway's HTTP server holds, before any handler runs.
-
-    A connection is refused (a 503, closed) past ``max_connections``; one that has not sent
-    its first request head whole within ``head_timeout`` is closed. Each is counted through
-    ``on_refused`` with its kind. aiohttp bounds a head's size (``MAX_HEADERS``,
-    ``MAX_FIELD_SIZE``) but not the time the first one takes; a kept-alive connection's
-    next head it closes at ``keepalive_timeout`` from the last answer, sent whole or not.
-    """
-
-    def __init__(
-        self,
-        on_refused: Callable[[str], None],
-        *,
-        max_connections: int = MAX_CONNECTIONS,
-        head_timeout: float = HEAD_TIMEOUT,
-        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
-    ) -> None:
-        self._on_refused = on_refused
-        self.max_connections = max_connections
-        self.head_timeout = head_timeout
-        self.keepalive_timeout = keepalive_timeout
-        self._deadlines: dict[asyncio.BaseProtocol, asyncio.TimerHandle] = {}
-        """Connections waiting for a request head, and when they are closed."""
-
-    def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
-        """What the listening socket makes per connection: aiohttp's handler, or a refusal."""
-
-        def connection() -> asyncio.BaseProtocol:
-            if len(server.connections) >= self.max_connections:
-                self._on_refused("too-many-connections")
-                return _Refused()
-            handler = server()
-            self._arm(handler, self.head_timeout)
-            return handler
-
-        return connection
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """A request whose head arrived: its connection's head deadline is off."""
-        deadline = self._deadlines.pop(request.protocol, None)
-        if deadline is not None:
-            deadline.cancel()
-        return await handler(request)
-
-    def _arm(self, protocol: asyncio.BaseProtocol, seconds: float) -> None:
-        loop = asyncio.get_running_loop()
-        self._deadlines[protocol] = loop.call_later(seconds, self._expire, protocol)
-
-    def _expire(self, protocol: asyncio.BaseProtocol) -> None:
-        self._deadlines.pop(protocol, None)
-        transport = getattr(protocol, "transport", None)
-        if transport is None or transport.is_closing():
-            return  # closed meanwhile
-        self._on_refused("slow-head")
-        transport.abort()
-
-    def close(self) -> None:
-        """Cancel every deadline (the server stops)."""
-        for deadline in self._deadlines.values():
-            deadline.cancel()
-        self._deadlines.clear()
-
-
-_TOO_MANY_CONNECTIONS = json.dumps(
-    {"object": "error", "message": "the gateway has too many connections", "code": 503}
-).encode()
-
-
-class _Refused(asyncio.Protocol):
-    """A connection past ``MAX_CONNECTIONS``: a 503 in the gateway's error shape, closed."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        body = _TOO_MANY_CONNECTIONS
-        transport.write(
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(body), body)
-        )
-        transport.close()
+    return ConnectionGuard(
+        "serving.gateway",
+        max_connections=max_connections,
+        head_timeout=head_timeout,
+        keepalive_timeout=keepalive_timeout,
+        on_refused=on_refused,
+        answer=_TOO_MANY_CONNECTIONS,
+    )
 
 
 class GatewayServer:
@@ -181,7 +95,7 @@ class GatewayServer:
         guard: ConnectionGuard | None = None,
     ) -> None:
         self.gateway = Gateway(replicas, settings)
-        self.guard = guard or ConnectionGuard(self.gateway.metrics.client_error)
+        self.guard = guard or gateway_guard(self.gateway.metrics.client_error)
         self._config, self._source, self._kube = config, source, kube
         self.configs: ConfigStore[GatewayConfig] | None = None
         if config is not None and source is not None and parse is not None:
@@ -202,34 +116,25 @@ class GatewayServer:
             max_concurrent_rpcs=MAX_GRPC_CALLS,
         )
         self.grpc_port = self._grpc.port
-        self._runner: web.AppRunner | None = None
-        self._listener: asyncio.Server | None = None
+        self._site: GuardedSite | None = None
         self.port = 0
 
     async def start(self) -> tuple[int, int]:
         """Serve; returns (HTTP port, gRPC port)."""
-        app = self.gateway.app()
-        app.middlewares.append(self.guard.middleware)
-        # A client that gives up while buffered frees its place (and its upstream request).
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handler_cancellation=True,
-            logger=http_logger(lambda: self.gateway.metrics.client_error("malformed-http")),
-            max_headers=MAX_HEADERS,
-            max_field_size=MAX_FIELD_SIZE,
-            keepalive_timeout=self.guard.keepalive_timeout,
-        )
-        await self._runner.setup()
-        assert self._runner.server is not None
-        # Listened on here, not by a TCPSite: each connection goes through the guard.
+        # Bound first, so that a bad address is the flag's error and port 0 is known.
         try:
-            self._listener = await asyncio.get_running_loop().create_server(
-                self.guard.protocol_factory(self._runner.server), *self._listen
-            )
+            sock = bind(*self._listen)
         except OSError as err:
             raise bind_error("--listen", join_listen(self._listen), err) from err
-        self.port = int(self._listener.sockets[0].getsockname()[1])
+        # A client that gives up while buffered frees its place (and its upstream request).
+        self._site = GuardedSite(
+            self.gateway.app(),
+            self.guard,
+            max_headers=MAX_HEADERS,
+            max_field_size=MAX_FIELD_SIZE,
+            handler_cancellation=True,
+        )
+        self.port = await self._site.start(sock)
         await self._grpc.start()
         if self._config is not None and self._config.endpoint_slices is not None:
             watch = EndpointSliceWatch(self._config.namespace, self._config.endpoint_slices)
@@ -257,11 +162,8 @@ class GatewayServer:
         # A loop that ended on an exception was named by /health; it does not stop the stop.
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._grpc.stop(1.0)
-        if self._listener is not None:
-            self._listener.close()  # no new connection; those open are closed below
-        self.guard.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._site is not None:
+            await self._site.stop()
 
 
 class SimReplicaServer:

@@ -33,7 +33,7 @@ from serving.arrival_recorder import ArrivalRecorder, Row, _Files
 from serving.arrivals import ArrivalSettings
 from serving.config import parse_config
 from serving.gateway_settings import GatewaySettings
-from serving.server import ConnectionGuard, GatewayServer
+from serving.server import GatewayServer, gateway_guard
 from serving.slo import SSE_LINE_LIMIT, ResponseMeter
 from tests.conftest import eventually, served_app
 from tests.test_gateway_faults import (
@@ -136,7 +136,7 @@ async def guarded_gateway(**guard: Any) -> AsyncIterator[GatewayServer]:
     """A gateway with no replica whose connection guard has the bounds given."""
     settings = GatewaySettings(namespace="a", deployment="llama")
     server = GatewayServer([], settings, "127.0.0.1:0", "127.0.0.1:0")
-    server.guard = ConnectionGuard(server.gateway.metrics.client_error, **guard)
+    server.guard = gateway_guard(server.gateway.metrics.client_error, **guard)
     await server.start()
     try:
         yield server
@@ -146,8 +146,8 @@ async def guarded_gateway(**guard: Any) -> AsyncIterator[GatewayServer]:
 
 def connections(gateway: GatewayServer) -> int:
     """Connections the gateway's HTTP server holds."""
-    assert gateway._runner is not None and gateway._runner.server is not None
-    return len(gateway._runner.server.connections)
+    assert gateway._site is not None and gateway._site.runner.server is not None
+    return len(gateway._site.runner.server.connections)
 
 
 async def closed(reader: asyncio.StreamReader) -> bytes:
