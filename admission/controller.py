@@ -184,8 +184,8 @@ class Snapshot:
     by_key: Mapping[str, Mapping[str, RawObject]] = field(default_factory=dict)
     """The objects past the shape boundary by watch and key (``nodes``, ``pods``, ...)."""
     changed: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    """By watch, the keys whose object may differ from the last view's; a watch not
-    named: any."""
+    """By watch, the keys whose object may differ from the view the last pass that ended
+    read; a watch not named: any."""
 
 
 class _Once:
@@ -240,6 +240,10 @@ class Controller:
         self._fresh: dict[tuple[str, str], tuple[RawObject, float]] = {}
         """Our writes' answers, newer than the watch's copy, with when each landed."""
         self._shaped: dict[str, _Shaped] = {}
+        self._unpassed: dict[str, frozenset[str] | None] = {}
+        """By watch, the keys changed since the view of the last pass that ended (None or
+        absent: any). A scrape's view (``observe``) leaves them to the pass, and a pass
+        that fails gives its keys back: a key taken by either was never read again."""
         """Each watch's objects past the shape boundary, as of the last view."""
         self._dirty = asyncio.Event()
         self._synced = asyncio.Event()
@@ -316,13 +320,15 @@ class Controller:
         """Ask for a pass soon (tests, and anything that knows the view changed)."""
         self._dirty.set()
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, *, take: bool = False) -> Snapshot:
         """The view now, our own fresher writes standing in for the watched copies.
 
         Each watch's objects pass the shape boundary once a version (``admission.shape``):
         only the keys its events changed are read again (re-reading every object every
         pass was a third of the controller's CPU on a 10,000-card pool), and the view
-        says which keys may differ from the last one (``Snapshot.changed``).
+        says which keys may differ from the view of the last pass that ended
+        (``Snapshot.changed``). A pass ``take``s them (``_give_back`` should it fail);
+        any other view leaves them for the next pass.
         """
         sets = {name: self._merged(name) for name in ("admissionchecks", "parameters")}
         by_key: dict[str, dict[str, RawObject]] = {}
@@ -332,8 +338,11 @@ class Controller:
             view, bad, keys = self._shape_view(name, kind)
             by_key[name] = view
             malformed.extend(bad)
-            if keys is not None:
-                changed[name] = keys
+            before = self._unpassed.get(name)
+            since = None if keys is None or before is None else before | keys
+            self._unpassed[name] = frozenset() if take else since
+            if since is not None:
+                changed[name] = since
         return Snapshot(
             checks=by_key["admissionchecks"],
             parameters=sets["parameters"],
@@ -389,6 +398,12 @@ class Controller:
             return view, list(bad.values()), None
         # Where ours stood in last view or does now, the object differs from the watched.
         return view, list(bad.values()), frozenset({*keys, *last_overlaid, *overlaid})
+
+    def _give_back(self, view: Snapshot) -> None:
+        """A pass that took ``view``'s changed keys did not end: the next pass reads them."""
+        for name in _SHAPED:
+            keys, since = view.changed.get(name), self._unpassed.get(name)
+            self._unpassed[name] = None if keys is None or since is None else since | keys
 
     def _merged(self, name: str) -> dict[str, RawObject]:
         """A watch's set, our fresher writes standing in."""
@@ -523,7 +538,14 @@ class Controller:
     async def reconcile(self, api: client.ApiClient) -> None:
         """One pass over the view: checks Active, every actionable Workload, reclaims."""
         now = self._clock()
-        view = self.snapshot()
+        view = self.snapshot(take=True)
+        try:
+            await self._reconcile(api, view, now)
+        except BaseException:
+            self._give_back(view)
+            raise
+
+    async def _reconcile(self, api: client.ApiClient, view: Snapshot, now: float) -> None:
         self._check_objects(view)
         ours = await self._sync_checks(api, view, now)
         found = self._pending_checks(view, frozenset(ours))

@@ -368,11 +368,11 @@ def test_an_object_the_watch_replaced_is_checked_again(monkeypatch, replacement,
 def test_the_verdicts_kept_are_those_of_the_objects_watched_now():
     controller = Counting()
     controller._changed("workloads", {f"team/w{i}": workload(i) for i in range(3)})
-    controller.snapshot()
+    controller.snapshot(take=True)
     controller._changed(
         "workloads", {"team/w2": controller.watched["workloads"].objects["team/w2"]}
     )
-    view = controller.snapshot()
+    view = controller.snapshot(take=True)
     kept = controller._shaped["workloads"]
     assert list(kept.good.values()) == [view.workloads["team/w2"]]
     assert not kept.bad
@@ -405,8 +405,8 @@ def test_a_view_kept_by_watch_events_is_the_view_a_list_gives(steps):
     for controller in (by_events, by_lists):
         for name in WATCHES:
             controller._changed(name, {})
-    last = by_events.snapshot().workloads
-    by_lists.snapshot()
+    last = by_events.snapshot(take=True).workloads
+    by_lists.snapshot(take=True)
     for version, (action, i) in enumerate(steps, start=1):
         key = f"team/w{i}"
         if action == "delete":
@@ -422,7 +422,9 @@ def test_a_view_kept_by_watch_events_is_the_view_a_list_gives(steps):
             objects[key] = _versioned(i, version, bad=action == "put a bad shape")
             by_events._heard("workloads", key, objects[key])
         by_lists._changed("workloads", dict(objects))
-        view, listed = by_events.snapshot(), by_lists.snapshot()
+        if action == "relist":  # a scrape's view between passes takes nothing from them
+            by_events.snapshot()
+        view, listed = by_events.snapshot(take=True), by_lists.snapshot(take=True)
         assert view.workloads.keys() == listed.workloads.keys()
         assert all(view.workloads[k] is listed.workloads[k] for k in listed.workloads)
         if not any(a == "put a bad shape" for a, _ in steps):
@@ -755,3 +757,61 @@ async def test_a_demand_answer_no_check_asks_for_goes_once_it_expires(monkeypatc
 
 def asking(horizon: int) -> Headroom:
     return Headroom("scaler:9090", "h200", horizon_seconds=horizon)
+
+
+def _listed(controller: Controller, **sets: dict[str, Any]) -> None:
+    """Every watch listed: our check, and ``sets`` by watch name (others empty)."""
+    check = {"metadata": {"name": decided.CHECK}, "spec": {"controllerName": controller.name}}
+    for name in WATCHES:
+        controller._changed(name, sets.get(name, {}))
+    controller._changed("admissionchecks", {decided.CHECK: check})
+
+
+def _waiting(name: str, version: int, **kw: Any) -> dict[str, Any]:
+    """A Workload Pending on our check since a minute ago, at ``resourceVersion``."""
+    w = decided.workload(name, **kw)
+    a_minute_ago = format_time(decided.NOW - 60)
+    w["metadata"]["resourceVersion"] = str(version)
+    w["metadata"]["creationTimestamp"] = a_minute_ago
+    w["status"]["admissionChecks"][0]["lastTransitionTime"] = a_minute_ago
+    return w
+
+
+async def _fail_once(controller: Controller) -> None:
+    """A pass that raises after it read the view (any step not isolated)."""
+    real = controller._sync_checks
+
+    async def failing(*args: Any, **kw: Any) -> Any:
+        controller._sync_checks = real  # type: ignore[method-assign]
+        raise RuntimeError("a step failed")
+
+    controller._sync_checks = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await controller.reconcile(api=NO_API)
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        pytest.param(lambda c: c.observe(), id="a metrics scrape between the events and the pass"),
+        pytest.param(_fail_once, id="a pass that failed after reading the view"),
+    ],
+)
+async def test_what_changed_between_two_passes_is_read_by_the_next_pass_that_ends(between):
+    """Workload a (8 GPUs) waits on a pool without a card; it is deleted, then a node of 8
+    and Workload b arrive. A scrape's view (or a failed pass) read the changed keys and the
+    next pass never did: a was decided still, took the 8 GPUs, and b was told it does not
+    fit (hostile pass 43)."""
+    controller = Writing()
+    _listed(controller, workloads={"train/a": _waiting("a", 5, gpus=8, priority=10)})
+    await controller.reconcile(api=NO_API)
+    assert controller.written["train/a"]["state"] == "Retry"
+    controller._heard("workloads", "train/a", None)
+    controller._heard("nodes", "gpu-1", decided.node("gpu-1"))
+    controller._heard("workloads", "train/b", _waiting("b", 7, gpus=8))
+    result = between(controller)
+    if asyncio.iscoroutine(result):
+        await result
+    await controller.reconcile(api=NO_API)
+    assert controller.written["train/b"]["state"] == "Ready", controller.written["train/b"]
+    assert list(controller._pending) == ["train/b"]
