@@ -52,7 +52,6 @@ import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +80,7 @@ from admission.workload import (
     ties_of_pod,
     times_before_creation,
 )
+from foundation.daemon import in_daemon_thread
 from foundation.errors import ConfigError
 from foundation.heap import PassHeap
 from foundation.kube import (
@@ -275,7 +275,6 @@ class Controller:
         """The clock's seconds at the last pass that also decided from scratch."""
         self.resync: asyncio.Task[None] | None = None
         """The last resync (``_resync_beside``), running or done."""
-        self._resyncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resync")
         self.metrics.refresh = self.observe
 
     # --- the view --------------------------------------------------------------------
@@ -455,7 +454,6 @@ class Controller:
             if self.resync is not None:
                 self.resync.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
-            self._resyncer.shutdown(wait=False, cancel_futures=True)
 
     async def _watch(self, name: str) -> None:
         await watch_objects(
@@ -717,7 +715,8 @@ class Controller:
             }
 
         try:
-            fresh = await asyncio.get_running_loop().run_in_executor(self._resyncer, from_scratch)
+            # A daemon thread: a resync under way holds up no exit (the pod's grace period).
+            fresh = await in_daemon_thread(from_scratch, "resync")
         except Exception as err:  # the safety net failing must not stop the loop
             self._settled("resync", "the resync", f"{type(err).__name__}: {str(err)[:300]}")
             return

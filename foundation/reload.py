@@ -18,10 +18,8 @@ Two sources feed a store:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -29,6 +27,7 @@ from typing import Generic, TypeVar
 import aiohttp
 from kubernetes_asyncio.client import ApiException
 
+from foundation.daemon import in_daemon_thread
 from foundation.errors import ConfigError
 from foundation.files import MAX_CONFIG_BYTES, read_text
 from foundation.kube import CONFIGMAPS, KubeAccess, Selection, get_object, watch_objects
@@ -108,21 +107,9 @@ class ConfigStore(Generic[C]):
         thread is left to itself (a daemon: it holds up nothing) and the next change is
         read as usual.
         """
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[C] | str] = loop.create_future()
-
-        def settle(result: tuple[C] | str) -> None:
-            if not done.done():
-                done.set_result(result)
-
-        def work() -> None:
-            result = self._parsed(text, origin)
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(settle, result)
-
-        threading.Thread(target=work, name=f"config-parse {origin}", daemon=True).start()
+        parsing = in_daemon_thread(lambda: self._parsed(text, origin), f"config-parse {origin}")
         try:
-            return await asyncio.wait_for(done, self.parse_deadline)
+            return await asyncio.wait_for(parsing, self.parse_deadline)
         except TimeoutError:
             return f"{origin}: not parsed within {self.parse_deadline:g}s (a file it names blocks?)"
 

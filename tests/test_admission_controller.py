@@ -815,3 +815,41 @@ async def test_what_changed_between_two_passes_is_read_by_the_next_pass_that_end
     await controller.reconcile(api=NO_API)
     assert controller.written["train/b"]["state"] == "Ready", controller.written["train/b"]
     assert list(controller._pending) == ["train/b"]
+
+
+STOPPING_WITH_A_RESYNC_UNDER_WAY = """
+import asyncio, threading
+from admission.decide import decide_all
+from tests.test_admission_controller import NO_API, Writing, _listed, _waiting
+
+started = threading.Event()
+
+def hanging(pending, cluster, now):
+    if threading.current_thread().name.startswith("resync"):
+        started.set()
+        threading.Event().wait()  # a pass from scratch that never ends
+    return decide_all(pending, cluster, now)
+
+async def main():
+    controller = Writing(decide=hanging)
+    _listed(controller, workloads={"train/a": _waiting("a", 5, gpus=1)})
+    controller._resynced = controller._clock() - 3600
+    await controller.reconcile(api=NO_API)
+    await asyncio.to_thread(started.wait, 30)
+    controller.resync.cancel()  # as run() does when the controller stops
+    print("stopped", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_resync_under_way_holds_up_no_exit():
+    """The executor's thread was joined at exit: a resync that hangs held the pod until its
+    grace period ended (hostile pass 43). The resync runs in a daemon thread."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPING_WITH_A_RESYNC_UNDER_WAY],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout == "stopped\n", done.stderr
