@@ -21,9 +21,11 @@ Beside them, on their own schedules over the same minutes (issue 27):
   one after another, hostile answers: JSON nested 100,000 deep, a sample value that is an
   object, a 400-digit integer, +Inf, negative load, a signal time a day ahead, 0 replicas
   beside running requests;
-- **admission**: the admission controller's pass (``decide_all``, in this process) every
-  0.5 s over four HAMi nodes, one node's register or one pod's allocation turning hostile
-  (a 5,000-digit integer, JSON nested 100,000 deep) in turn.
+- **admission**: the admission controller (the served class, in this process, its status
+  writes recorded) every 0.5 s over four HAMi nodes it is told of by watch events, one
+  node's register or one pod's allocation turning hostile (a 5,000-digit integer, JSON
+  nested 100,000 deep) in turn; new gangs each pass, a scrape between passes, a resync
+  from scratch beside the loop every 20 s, its answers compared with the kept state's.
 
 Goals: no request lost; no decision on missing data (while a fault hides signals the
 scaler answers UNAVAILABLE or holds; it never lowers its answer nor says inactive while
@@ -1258,6 +1260,9 @@ def side_report(run: Run, end: float) -> tuple[list[Row], dict[str, Any]]:
         ("admission passes that raised", f"{raised}", "0", raised == 0),
         ("hostile annotations named by the controller's check (passes)", f"{named} of {seen}",
          "all", named == seen),
+        ("admission resyncs: answers differing from the kept state's",
+         f"{adm.resync_differences:g} over {adm.resyncs} resyncs", "0",
+         adm.resync_differences == 0 and adm.resyncs > 0),
     ]  # fmt: skip
     return rows, {
         "prometheus_impossible_data_decisions": prom_wrong,
@@ -1267,6 +1272,8 @@ def side_report(run: Run, end: float) -> tuple[list[Row], dict[str, Any]]:
         "admission_alive": side.admission_alive,
         "admission_impossible_data_decisions": adm_wrong,
         "admission_passes_raised": raised,
+        "admission_resyncs": adm.resyncs,
+        "admission_resync_differences": adm.resync_differences,
     }
 
 
@@ -1285,10 +1292,12 @@ def _side_notes(run: Run, end: float) -> str:
         " Per hostile answer: "
         + "; ".join(f"{name}: {t}" for name, t in prom.tallies.items() if name in prom.hiding)
         + ".",
-        f"The admission pass: {adm.passes} passes of 4 one-pod 4-card gangs over 4 nodes of"
-        f" 8 cards, 4 held by a serving pod on each; while hostile, {adm.ready_while_hostile}"
-        f" Ready (at most 3 a pass, never on the hostile node), {adm.failed_decisions}"
-        " decisions failed alone. Hostile passes by kind: " + _counts(adm.hostile_seen) + ".",
+        f"The admission controller: {adm.passes} passes, each of 4 new one-pod 4-card gangs"
+        " (the last pass's gone) over 4 nodes of 8 cards, 4 held by a serving pod on each,"
+        " told by watch events, a scrape before each pass; while hostile,"
+        f" {adm.ready_while_hostile} Ready (at most 3 a pass, never on the hostile node),"
+        f" {adm.failed_decisions} units failed alone; {adm.resyncs} resyncs. Hostile passes"
+        " by kind: " + _counts(adm.hostile_seen) + ".",
     ]
     out += [f"Admission decision on missing data: {w}" for w in adm.wrong[:10]]
     if adm.raised:

@@ -6,9 +6,11 @@
   the bench's own process at ``/<kind>/metrics``.
 - A hostile Prometheus, which the scaler's Prometheus source polls: one deployment's
   steady signals, hostile answers on a schedule (issue 27, classes 1 to 3).
-- The admission controller's pass (``admission.decide.decide_all``, in this process, as
-  the controller calls it) over a pool of HAMi nodes whose register or a pod's allocation
-  turns hostile on a schedule (issue 27, class 4).
+- The admission controller (``admission.controller.Controller``, in this process: the
+  served class, its status writes recorded instead of sent) told of a pool of HAMi nodes
+  by watch events, whose register or a pod's allocation turns hostile on a schedule
+  (issue 27, class 4); new gangs arrive and the last pass's go each pass, a scrape reads
+  the view between passes, and a resync decides from scratch beside the loop.
 """
 
 from __future__ import annotations
@@ -26,10 +28,15 @@ from typing import Any
 from aiohttp import web
 
 from admission import annotations as names
-from admission.cluster import Cluster, Decision, Pending
-from admission.decide import decide_all
+from admission import incremental
+from admission.config import AdmissionConfig
+from admission.controller import WATCHES, Controller
 from admission.hami import unreadable
-from admission.parameters import Parameters
+from foundation.heap import PassHeap
+from foundation.kube import KubeAccess
+
+NO_API: Any = None
+"""The controller's API client: never used, its writes are recorded (``_Recording``)."""
 
 HUGE_BYTES = 8 * 1024**2
 """The huge exposition's size: far above a replica's (~13 kB), small enough for 2 cores."""
@@ -286,14 +293,52 @@ def gang(i: int) -> dict[str, Any]:
 ADMISSION_CHECK = "soak-capacity"
 
 
+RESYNC_SECONDS = 20.0
+"""The controller's resync in the soak (300 s served): a few within the load's minutes."""
+
+
+class _Recording(Controller):
+    """The served controller, its status writes recorded: there is no API server here."""
+
+    def __init__(self) -> None:
+        super().__init__(KubeAccess(), AdmissionConfig(), heap=PassHeap())
+        self.written: dict[str, dict[str, Any]] = {}
+
+    async def _apply(self, api: Any, resource: Any, name: str, key: str, body: Any) -> bool:
+        if name == "workloads":
+            self.written[key] = body["status"]["admissionChecks"][0]
+        return True
+
+    async def _event(self, api: Any, event: Any) -> None:
+        return None
+
+
+def _unit_failures(controller: Controller) -> float:
+    sample = controller.metrics.registry.get_sample_value
+    return sum(
+        sample("unitscale_admission_unit_failures_total", {"unit": unit}) or 0.0
+        for unit in ("workload", "pool", "resync")
+    )
+
+
+def _resync_differences(controller: Controller) -> float:
+    sample = controller.metrics.registry.get_sample_value
+    return sum(
+        sample("unitscale_admission_resync_differences_total", {"kind": kind}) or 0.0
+        for kind in ("decision", "plan", "inventory")
+    )
+
+
 @dataclass
 class AdmissionSoak:
-    """``decide_all`` over a pool of HAMi nodes, pass after pass, as the controller runs it.
+    """The served admission controller, pass after pass, over a pool of HAMi nodes.
 
-    ``hostile`` is (kind, node) while one object of that node is hostile. Each pass decides
-    one 4-card gang per node; a Ready is a decision on missing data when it counts the
-    hostile node's cards (its message names it) or admits more gangs than the readable
-    nodes hold.
+    ``hostile`` is (kind, node) while one object of that node is hostile. The view is
+    kept by watch events, as served: each pass, one 4-card gang per node arrives and
+    the last pass's gangs go; a node or pod turning hostile or back is an event too, and
+    a ``/metrics`` scrape reads the view before each pass. A Ready is a decision on
+    missing data when it counts the hostile node's cards (its message names it) or
+    admits more gangs than the readable nodes hold.
     """
 
     hostile: tuple[str, int] | None = None
@@ -301,7 +346,7 @@ class AdmissionSoak:
     raised: Counter[str] = field(default_factory=Counter)
     """Passes that raised, by exception class: the loop survives them, the goal is none."""
     failed_decisions: int = 0
-    """Decisions failed alone (``Decision.failed``): isolated, nothing written."""
+    """Units that failed their round alone (``unit_failures``): isolated, nothing written."""
     wrong: list[str] = field(default_factory=list)
     """Decisions on missing data, described."""
     hostile_seen: Counter[str] = field(default_factory=Counter)
@@ -309,42 +354,81 @@ class AdmissionSoak:
     hostile_counted: Counter[str] = field(default_factory=Counter)
     """Of those, the passes where the controller's check (``unreadable``) named it."""
     ready_while_hostile: int = 0
+    resyncs: int = 0
+    """Resyncs (a pass decided from scratch beside the loop) that ended."""
+    resync_differences: float = 0.0
+    """Answers the kept state gave otherwise than a pass from scratch (the goal is none)."""
+    controller: _Recording = field(default_factory=_Recording)
+    _shown: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _gangs: list[str] = field(default_factory=list)
 
-    def one_pass(self, now: float) -> None:
+    def __post_init__(self) -> None:
+        check = {"metadata": {"name": ADMISSION_CHECK},
+                 "spec": {"controllerName": self.controller.name}}  # fmt: skip
+        for name in WATCHES:
+            self.controller._changed(name, {})
+        self.controller._changed("admissionchecks", {ADMISSION_CHECK: check})
+
+    async def one_pass(self, now: float) -> None:
         kind, bad = self.hostile if self.hostile is not None else (None, -1)
         on_node = kind if kind is not None and kind.startswith("register") else None
         on_pod = kind if kind is not None and kind.startswith("allocation") else None
-        nodes = [admission_node(i, on_node if i == bad else None) for i in range(ADMISSION_NODES)]
-        pods = [serving_pod(i, on_pod if i == bad else None) for i in range(ADMISSION_NODES)]
-        workloads = [gang(i) for i in range(ADMISSION_NODES)]
-        pending = [Pending(w, ADMISSION_CHECK, Parameters(), now - 10) for w in workloads]
+        c = self.controller
+        for i in range(ADMISSION_NODES):
+            node = admission_node(i, on_node if i == bad else None)
+            pod = serving_pod(i, on_pod if i == bad else None)
+            for watch, key, obj in (("nodes", node["metadata"]["name"], node),
+                                    ("pods", f"serve/serve-{i}", pod)):  # fmt: skip
+                if self._shown.get(key) != obj:  # an event only when it changed
+                    self._shown[key] = obj
+                    c._heard(watch, key, obj)
+        for key in self._gangs:  # the last pass's gangs are done
+            c._heard("workloads", key, None)
+        self._gangs = []
+        for i in range(ADMISSION_NODES):
+            w = gang(self.passes * ADMISSION_NODES + i)
+            key = f"train/{w['metadata']['name']}"
+            w["metadata"]["resourceVersion"] = str(self.passes + 1)
+            self._gangs.append(key)
+            c._heard("workloads", key, w)
         self.passes += 1
         if kind is not None:
             self.hostile_seen[kind] += 1
-            objects = [("node", nodes[bad]), ("pod", pods[bad])]
+            objects = [("node", admission_node(bad, on_node)), ("pod", serving_pod(bad, on_pod))]
             if any(unreadable(k, o) is not None for k, o in objects):
                 self.hostile_counted[kind] += 1
+        if c._resynced is not None and c._clock() - c._resynced >= RESYNC_SECONDS:
+            c._resynced = c._clock() - incremental.RESYNC_SECONDS  # due: this pass resyncs
+        failed = _unit_failures(c)
+        resync = c.resync
         try:
-            decisions = decide_all(pending, Cluster(nodes, pods, workloads, [], [], {}), now)
-        except Exception as err:  # the controller's pass would have died here
+            c.observe()  # a scrape between passes reads the view too
+            await c.reconcile(NO_API)
+        except Exception as err:  # the controller's loop would go on, warned of once
             self.raised[type(err).__name__] += 1
             return
-        self._judge(decisions, kind, bad)
+        if resync is not None and resync.done():
+            self.resyncs += 1
+        self.failed_decisions += int(_unit_failures(c) - failed)
+        self.resync_differences = _resync_differences(c)
+        decided = [(key, c.written.get(key)) for key in self._gangs]
+        self._judge(decided, kind, bad)
 
-    def _judge(self, decisions: list[Decision], kind: str | None, bad: int) -> None:
-        ready = [d for d in decisions if d.state == "Ready"]
-        self.failed_decisions += sum(bool(d.failed) for d in decisions)
+    def _judge(
+        self, decided: list[tuple[str, dict[str, Any] | None]], kind: str | None, bad: int
+    ) -> None:
+        ready = [(k, e) for k, e in decided if e is not None and e.get("state") == "Ready"]
         readable = ADMISSION_NODES - (kind is not None)
         if kind is None:
             if len(ready) != ADMISSION_NODES:
-                states = Counter(d.state for d in decisions)
+                states = Counter(e.get("state") if e else "unwritten" for _, e in decided)
                 self.wrong.append(f"a calm pass admitted {len(ready)}: {dict(states)}")
             return
         self.ready_while_hostile += len(ready)
         hostile_name = f"soak-gpu-{bad}"
-        for d in ready:
-            if re.search(rf"\b{hostile_name}\b", d.message):
-                self.wrong.append(f"{kind}: {d.workload} Ready on {hostile_name}: {d.message}")
+        for key, entry in ready:
+            if re.search(rf"\b{hostile_name}\b", str(entry.get("message", ""))):
+                self.wrong.append(f"{kind}: {key} Ready on {hostile_name}: {entry['message']}")
         if len(ready) > readable:
             self.wrong.append(f"{kind}: {len(ready)} Ready where {readable} nodes are readable")
 
@@ -372,7 +456,7 @@ async def run_admission(
                 soak.hostile = (kind, node)
                 if not spans or spans[-1][0] != kind:
                     spans.append((kind, at, at + hold))
-        soak.one_pass(time.time())
+        await soak.one_pass(time.time())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
     return spans

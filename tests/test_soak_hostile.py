@@ -15,7 +15,9 @@ from bench.soak_hostile import (
     ADMISSION_KINDS,
     ADMISSION_NODES,
     PROM_KINDS,
+    RESYNC_SECONDS,
     AdmissionSoak,
+    _resync_differences,
     prometheus_answer,
     signal_of,
 )
@@ -59,16 +61,34 @@ def test_every_hostile_answer_leaves_something_unusable(kind):
     assert unusable or problems or time_ahead, read
 
 
-def test_a_calm_admission_pass_admits_a_gang_on_every_node():
+async def test_a_calm_admission_pass_admits_a_gang_on_every_node():
     soak = AdmissionSoak()
-    soak.one_pass(time.time())
+    await soak.one_pass(time.time())
     assert soak.passes == 1 and not soak.wrong and not soak.raised
 
 
 @pytest.mark.parametrize("kind", ADMISSION_KINDS)
-def test_a_hostile_node_is_named_and_never_counted(kind):
-    soak = AdmissionSoak(hostile=(kind, 1))
-    soak.one_pass(time.time())
+async def test_a_hostile_node_is_named_and_never_counted(kind):
+    soak = AdmissionSoak()
+    await soak.one_pass(time.time())
+    soak.hostile = (kind, 1)
+    await soak.one_pass(time.time())
     assert soak.hostile_counted[kind] == 1
     assert soak.ready_while_hostile == ADMISSION_NODES - 1
     assert not soak.wrong and not soak.raised
+    soak.hostile = None  # the node heals: every gang admitted again
+    await soak.one_pass(time.time())
+    assert not soak.wrong and not soak.raised
+
+
+async def test_the_soaks_resync_decides_as_the_kept_state_did():
+    soak = AdmissionSoak()
+    for hostile in (None, ("register-deep-json", 2), None):
+        soak.hostile = hostile
+        await soak.one_pass(time.time())
+        soak.controller._resynced = soak.controller._clock() - RESYNC_SECONDS
+        await soak.one_pass(time.time())
+        assert soak.controller.resync is not None
+        await soak.controller.resync
+    assert _resync_differences(soak.controller) == 0
+    assert soak.failed_decisions == 0 and not soak.wrong and not soak.raised
