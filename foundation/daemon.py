@@ -34,10 +34,17 @@ async def in_daemon_thread(work: Callable[[], T], name: str) -> T:
             done.set_result(result)  # type: ignore[arg-type]
 
     def run() -> None:
+        error: BaseException | None = None
         try:
-            result, error = work(), None
-        except BaseException as err:  # handed to the awaiting task, as an executor would
+            result = work()
+        except Exception as err:  # handed to the awaiting task, as an executor would
             result, error = None, err
+        except BaseException as err:
+            # SystemExit or KeyboardInterrupt from the work is no word to stop the
+            # process: handed to the task as is, asyncio re-raises it out of the loop
+            # (a config parse calling sys.exit ended the server, hostile pass 44).
+            result = None
+            error = RuntimeError(f"the work raised {type(err).__name__}: {err}")
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(settle, result, error)
 

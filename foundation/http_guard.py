@@ -200,6 +200,23 @@ class GuardedSite:
         )
         return int(sock.getsockname()[1])
 
+    async def listen(self, host: str, port: int) -> int:
+        """Serve on every address ``host`` resolves to, as asyncio's ``create_server`` binds.
+
+        A name resolving to IPv6 alone, or to both families, and ``[::]`` listening on IPv6
+        only: ``bind``'s one socket of the family a colon suggests took none of these as
+        the gateway had taken them (hostile pass 44). The port of the first socket.
+
+        Raises:
+            OSError: no address could be bound (the caller names its flag).
+        """
+        await self.runner.setup()
+        assert self.runner.server is not None
+        self._listener = await asyncio.get_running_loop().create_server(
+            self.guard.protocol_factory(self.runner.server), host, port
+        )
+        return int(self._listener.sockets[0].getsockname()[1])
+
     async def stop(self) -> None:
         """Stop listening, cancel the deadlines, close the connections."""
         if self._listener is not None:

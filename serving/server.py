@@ -11,7 +11,7 @@ from aiohttp import web
 
 from foundation.discovery import EndpointSliceWatch
 from foundation.grpc_server import GrpcServer, service_name
-from foundation.http_guard import ConnectionGuard, GuardedSite, bind, refusal
+from foundation.http_guard import ConnectionGuard, GuardedSite, refusal
 from foundation.kube import KubeAccess
 from foundation.net import bind_error, join_listen, split_listen
 from foundation.reload import ConfigSource, ConfigStore
@@ -121,11 +121,6 @@ class GatewayServer:
 
     async def start(self) -> tuple[int, int]:
         """Serve; returns (HTTP port, gRPC port)."""
-        # Bound first, so that a bad address is the flag's error and port 0 is known.
-        try:
-            sock = bind(*self._listen)
-        except OSError as err:
-            raise bind_error("--listen", join_listen(self._listen), err) from err
         # A client that gives up while buffered frees its place (and its upstream request).
         self._site = GuardedSite(
             self.gateway.app(),
@@ -134,7 +129,11 @@ class GatewayServer:
             max_field_size=MAX_FIELD_SIZE,
             handler_cancellation=True,
         )
-        self.port = await self._site.start(sock)
+        try:
+            self.port = await self._site.listen(*self._listen)
+        except OSError as err:
+            await self._site.stop()
+            raise bind_error("--listen", join_listen(self._listen), err) from err
         await self._grpc.start()
         if self._config is not None and self._config.endpoint_slices is not None:
             watch = EndpointSliceWatch(self._config.namespace, self._config.endpoint_slices)

@@ -354,8 +354,15 @@ class ResponseMeter:
         to the last: the wait after it was the client's, not an inter-token gap. A request
         whose response never began is judged as a stream: on its wait for a first token,
         not at all (``LEFT``) when its client left before ``ttft`` had passed.
+
+        A stream that ended with no event we read a token from is timed from its first
+        byte (an engine's events of another shape); one whose client left is not: a
+        keep-alive comment or the role chunk of an engine that never sent a token made a
+        client that gave up waiting a request within the SLO (hostile pass 44).
         """
-        first = self.first_token if self.first_token is not None else self.first_byte
+        first = self.first_token
+        if first is None and status != CLIENT_CLOSED:
+            first = self.first_byte
         if status == CLIENT_CLOSED and self.last_token is not None:
             end = self.last_token
         streamed = self._streamed is not False

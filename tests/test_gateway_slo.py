@@ -261,6 +261,33 @@ def test_a_non_streamed_response_is_judged_on_its_whole_latency(
     assert (verdict.ttft_seconds, verdict.itl_seconds) == (end, None)
 
 
+ROLE_ONLY = b'data: {"choices": [{"delta": {"role": "assistant", "content": ""}}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("chunk", "left_at", "within", "reason"),
+    [
+        pytest.param(b": keep-alive\n\n", 30.0, False, "ttft",
+                     id="a keep-alive comment then no token is a miss to a client that gave up"),
+        pytest.param(ROLE_ONLY, 30.0, False, "ttft",
+                     id="the role chunk then no token is a miss to a client that gave up"),
+        pytest.param(b": keep-alive\n\n", 1.0, False, "left",
+                     id="a comment then a client leaving within the target is not judged"),
+    ],
+)  # fmt: skip
+def test_a_byte_that_is_no_token_is_no_first_token_to_a_client_that_left(
+    chunk, left_at, within, reason
+):
+    """A wedged engine sending keep-alives (or its role chunk) before any token: the
+    first byte stood for the first token, and a client that gave up after 30 s counted
+    within the SLO (hostile pass 44)."""
+    meter = ResponseMeter(0.0)
+    meter.begin(200, True)
+    meter.feed(chunk, 0.01)
+    verdict = meter.verdict(TARGETS, left_at, CLIENT_CLOSED)
+    assert (verdict.within, verdict.reason) == (within, reason)
+
+
 def test_a_request_whose_response_never_began_is_judged_on_its_wait_for_a_first_token():
     verdict = ResponseMeter(0.0).verdict(TARGETS, 3.0, CLIENT_CLOSED)
     assert (verdict.within, verdict.reason, verdict.ttft_seconds) == (False, "ttft", 3.0)

@@ -15,6 +15,7 @@ import gzip
 import itertools
 import json
 import logging
+import socket
 import threading
 import zlib
 from collections.abc import AsyncIterator
@@ -621,3 +622,30 @@ async def test_a_stream_must_carry_a_token_within_the_upstream_timeout(
             assert upstream_errors(gateway).get("stalled", 0) == stalled
     finally:
         await fake.stop()
+
+
+def _ipv6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6(), reason="no IPv6 on this host")
+async def test_the_gateway_on_every_ipv6_address_leaves_the_ipv4_port_to_another():
+    """``[::]:P`` listens on IPv6 only, as asyncio binds it: through ``bind`` the gateway
+    took a dual-stack socket and failed (EADDRINUSE) beside a server on ``0.0.0.0:P``
+    (hostile pass 44)."""
+    with socket.socket(socket.AF_INET) as other:
+        other.bind(("0.0.0.0", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        settings = GatewaySettings(namespace="a", deployment="llama")
+        server = GatewayServer([], settings, f"[::]:{port}", "127.0.0.1:0")
+        await server.start()
+        try:
+            assert server.port == port
+        finally:
+            await server.stop()
