@@ -326,7 +326,34 @@ def attainment_rules(s: Settings) -> dict[str, Any]:
                 " headroom is rising.",
             )
         )
+    rules.append(
+        _alert(
+            s,
+            "UnitscaleRequestsUnjudged",
+            f"{_unjudged_ratio('1h')} > {ATTAINMENT_BUDGET}",
+            "30m",
+            {"severity": "warning", "component": "slo"},
+            "{{ $labels.namespace }}/{{ $labels.deployment }} leaves more requests unjudged"
+            " than its SLO lets miss",
+            "{{ $value | humanizePercentage }} of the requests of the last 1h ended with"
+            " their client gone before any token, within the TTFT target: not judged, more"
+            " than the SLO lets miss (the target is"
+            f" {_TARGET} within), so the attainment the scaler steers by could hide a"
+            " breach. Clients whose own timeout is below the TTFT target, or early cancels.",
+        )
+    )
     return {"name": "unitscale-attainment", "rules": rules}
+
+
+def _unjudged_ratio(window: str) -> str:
+    """Requests left unjudged (their client gone early) over every request that ended."""
+    unjudged, judged = (
+        "unitscale_gateway_slo_unjudged_requests_total",
+        "unitscale_gateway_slo_requests_total",
+    )
+    left = f"sum by ({ATTAINMENT_BY}) (rate({unjudged}[{window}]))"
+    judged = f"sum by ({ATTAINMENT_BY}) (rate({judged}[{window}]))"
+    return f"{left}\n/\n({left} + {judged})"
 
 
 def cost_rules(s: Settings) -> dict[str, Any]:
