@@ -355,7 +355,7 @@ class AdmissionSoak:
     """Of those, the passes where the controller's check (``unreadable``) named it."""
     ready_while_hostile: int = 0
     resyncs: int = 0
-    """Resyncs (a pass decided from scratch beside the loop) that ended."""
+    """Resyncs (a pass decided from scratch beside the loop) started."""
     resync_differences: float = 0.0
     """Answers the kept state gave otherwise than a pass from scratch (the goal is none)."""
     controller: _Recording = field(default_factory=_Recording)
@@ -407,7 +407,7 @@ class AdmissionSoak:
         except Exception as err:  # the controller's loop would go on, warned of once
             self.raised[type(err).__name__] += 1
             return
-        if resync is not None and resync.done():
+        if c.resync is not resync:  # this pass started one
             self.resyncs += 1
         self.failed_decisions += int(_unit_failures(c) - failed)
         self.resync_differences = _resync_differences(c)
