@@ -15,6 +15,7 @@ import shlex
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -164,6 +165,34 @@ def test_the_same_seed_gives_the_same_proposal_on_one_worker_or_two(tmp_path, ca
         assert code == 0, err
         outputs.append(((out / "trials.csv").read_text(), (out / "scaler-config.yaml").read_text()))
     assert outputs[0] == outputs[1]
+
+
+def test_trials_fanned_out_over_a_local_ray_propose_what_one_worker_does(
+    tmp_path, capsys, monkeypatch
+):
+    import ray  # the test group installs the ray extra: CI runs this
+
+    started: list[dict[str, Any]] = []
+    real_init = ray.init
+
+    def init(**kw: Any) -> Any:
+        started.append(kw)
+        return real_init(**kw)
+
+    monkeypatch.setattr(ray, "init", init)
+    steady = write_csv(tmp_path / "steady.csv", azure_rows(STEADY))
+    outputs = []
+    for where in (("--workers", "1"), ("--ray", "local")):
+        out = tmp_path / where[1]
+        code, err = tune(
+            capsys, "--trace", str(steady), "--budget", "4", "--batch", "2", "--seed", "7",
+            *where, "--max-replicas", "6", "--out", str(out),
+        )  # fmt: skip
+        assert code == 0, err
+        outputs.append(((out / "trials.csv").read_text(), (out / "scaler-config.yaml").read_text()))
+    assert outputs[0] == outputs[1]
+    assert len(started) == 1 and not ray.is_initialized()  # started for the command, and ended
+    assert "Ray tasks on `local`" in (tmp_path / "local" / "report.md").read_text()
 
 
 def test_a_fleet_with_sleepers_tunes_its_burst_tier_and_names_the_trigger_key(tmp_path, capsys):
@@ -364,6 +393,16 @@ def test_a_target_no_trial_reaches_is_reported_and_writes_no_proposal(tmp_path, 
             ["--trace", "{tmp}/missing.csv"],
             "unitscale tune: cannot read trace",
             id="a missing trace is named",
+        ),
+        pytest.param(
+            ["--ray", "127.0.0.1:1"],
+            "unitscale tune: --ray '127.0.0.1:1': cannot connect",
+            id="a ray address nobody answers at is refused at once, not retried for minutes",
+        ),
+        pytest.param(
+            ["--ray", "head"],
+            "unitscale tune: --ray 'head': expected local, auto, HOST:PORT or ray://HOST:PORT",
+            id="a ray address without a port is refused",
         ),
         pytest.param(
             ["--out", "{tmp}/file"],

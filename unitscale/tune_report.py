@@ -42,6 +42,8 @@ class Outcome:
     """Today's config replayed (None for static-peak, which has no default size)."""
     seconds: float
     command: str
+    ray: str | None = None
+    """The Ray cluster's address the replays ran on as tasks (``--ray``); None: workers."""
 
     @property
     def target(self) -> float:
@@ -140,7 +142,8 @@ def _report(outcome: Outcome) -> list[str]:
         + ("every value" if grid else f"TPE, budget {settings.budget}, batch {settings.batch}")
         + f", seed {settings.seed}), {feasible} met the target, {stopped} stopped once"
         " they could neither reach it nor be cheaper (`trials.csv`);"
-        f" {outcome.workers} worker(s), {outcome.seconds:,.0f} s",
+        + (f" Ray tasks on `{outcome.ray}`" if outcome.ray else f" {outcome.workers} worker(s)")
+        + f", {outcome.seconds:,.0f} s",
         f"- command: `{outcome.command}`",
         "",
         "## Knobs",
