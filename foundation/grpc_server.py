@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from foundation.errors import ConfigError, quote
+from foundation.net import check_bindable
 
 KEEPALIVE_FOR_LONG_LIVED_CLIENTS = (
     # KEDA (and our own signal watches) hold one connection open for hours; let it idle
@@ -62,6 +63,7 @@ class GrpcServer:
         reflection.enable_server_reflection(
             (*self._names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
+        check_bindable(flag, listen)  # our one line, before gRPC logs its own
         try:
             if credentials is not None:
                 self.port: int = self.server.add_secure_port(listen, credentials)

@@ -44,3 +44,36 @@ def join_listen(listen: tuple[str, int]) -> str:
     """``split_listen``'s parts as an address again (an IPv6 host in brackets)."""
     host, port = listen
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_bindable(flag: str, listen: str) -> None:
+    """Raise the one line ``bind_error`` gives where ``listen`` cannot be bound, else nothing.
+
+    For servers that bind in a library which logs its own failure first (gRPC's C core
+    printed ``E... add_port.cc: Failed to add port`` before the command's one line): the
+    host is resolved and each address bound here, as gRPC binds them (``SO_REUSEPORT``),
+    then let go.
+
+    Raises:
+        ConfigError: ``listen`` is not HOST:PORT, does not resolve, or an address refuses.
+    """
+    host, port = split_listen(listen)
+    try:
+        found = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, UnicodeError) as err:
+        if isinstance(err, OSError):
+            raise bind_error(flag, listen, err) from err
+        raise ConfigError(f"{flag} {quote(listen)}: {err}") from err
+    for family, kind, proto, _, address in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "SO_REUSEPORT"):
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as err:
+                raise bind_error(flag, listen, err) from err

@@ -218,6 +218,15 @@ CASES = [
         lambda t: ["tune", "--trace", _file(t, "t.csv", TWO_ROWS), "--out", ""],
         "argument --out: an empty path", id="M16: tune --out '' is refused"),
     pytest.param(
+        lambda t: ["scaler", "--listen", "256.1.1.1:9090", "--metrics-listen", "127.0.0.1:0"],
+        "--listen '256.1.1.1:9090': ",
+        id="a gRPC listen host that does not resolve is our one line, not gRPC's log first"),
+    pytest.param(
+        lambda t: ["gateway", "--listen", "127.0.0.1:0", "--grpc-listen", "[fe80::1]:0",
+                   "--replica", "http://127.0.0.1:1"],
+        "--grpc-listen '[fe80::1]:0': ",
+        id="a gRPC listen address that does not bind is our one line, not gRPC's log first"),
+    pytest.param(
         lambda t: ["scaler", "--config-configmap", "", "--listen", "127.0.0.1:0",
                    "--metrics-listen", "127.0.0.1:0"],
         "--config-configmap '': expected NAMESPACE/NAME",
@@ -567,7 +576,8 @@ async def test_an_address_gRPC_cannot_bind_is_a_config_error_naming_the_flag():
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        with pytest.raises(ConfigError, match=f"--listen '127.0.0.1:{port}': cannot bind"):
+        taken = f"--listen '127.0.0.1:{port}': Address already in use"
+        with pytest.raises(ConfigError, match=taken):
             GrpcServer([], f"127.0.0.1:{port}", flag="--listen")
 
 
