@@ -337,8 +337,7 @@ class Controller:
             view, bad, keys = self._shape_view(name, kind)
             by_key[name] = view
             malformed.extend(bad)
-            before = self._unpassed.get(name)
-            since = None if keys is None or before is None else before | keys
+            since = self._since(name, keys, self._unpassed.get(name))
             self._unpassed[name] = frozenset() if take else since
             if since is not None:
                 changed[name] = since
@@ -401,8 +400,21 @@ class Controller:
     def _give_back(self, view: Snapshot) -> None:
         """A pass that took ``view``'s changed keys did not end: the next pass reads them."""
         for name in _SHAPED:
-            keys, since = view.changed.get(name), self._unpassed.get(name)
-            self._unpassed[name] = None if keys is None or since is None else since | keys
+            keys = view.changed.get(name)
+            self._unpassed[name] = self._since(name, keys, self._unpassed.get(name))
+
+    def _since(
+        self, name: str, keys: frozenset[str] | None, before: frozenset[str] | None
+    ) -> frozenset[str] | None:
+        """``before`` and ``keys`` together (None: any); any once they outnumber the objects.
+
+        Keys of objects created and deleted while passes kept failing grew without bound
+        (hostile pass 44); past the objects' count, reading every key is no dearer.
+        """
+        if keys is None or before is None:
+            return None
+        since = before | keys
+        return None if len(since) > max(64, len(self.watched[name].objects)) else since
 
     def _merged(self, name: str) -> dict[str, RawObject]:
         """A watch's set, our fresher writes standing in."""
