@@ -52,12 +52,18 @@ def check_bindable(flag: str, listen: str) -> None:
     For servers that bind in a library which logs its own failure first (gRPC's C core
     printed ``E... add_port.cc: Failed to add port`` before the command's one line): the
     host is resolved and each address bound here, as gRPC binds them (``SO_REUSEPORT``),
-    then let go.
+    then let go. The C library's short numeric forms (``127.1``, ``0``, ``0x7f.1``),
+    which gRPC's resolver refuses, are refused here.
 
     Raises:
         ConfigError: ``listen`` is not HOST:PORT, does not resolve, or an address refuses.
     """
     host, port = split_listen(listen)
+    if _numeric_shorthand(host):
+        raise ConfigError(
+            f"{flag} {quote(listen)}: write the address in full (a dotted quad or IPv6):"
+            " gRPC does not read this short form"
+        )
     try:
         found = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -71,9 +77,22 @@ def check_bindable(flag: str, listen: str) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if hasattr(socket, "SO_REUSEPORT"):
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 probe.bind(address)
             except OSError as err:
                 raise bind_error(flag, listen, err) from err
+
+
+def _numeric_shorthand(host: str) -> bool:
+    """A numeric host the C library reads (``127.1``) that is no full IPv4 or IPv6 address."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except (OSError, ValueError):
+            continue
+        return False
+    try:
+        socket.getaddrinfo(host, 0, flags=socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError, ValueError):
+        return False
+    return True

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from foundation.errors import ConfigError
 from foundation.grpc_server import GrpcServer
 from foundation.kube import KubeAccess
+from foundation.net import check_bindable
 from foundation.reload import ConfigSource, ConfigStore
 from replay.keda import read_scaled_object
 from replay.pool.cluster import NODE_COLUMNS, TASK_COLUMNS, read_nodes, read_tasks
@@ -226,6 +227,10 @@ CASES = [
                    "--replica", "http://127.0.0.1:1"],
         "--grpc-listen '[fe80::1]:0': ",
         id="a gRPC listen address that does not bind is our one line, not gRPC's log first"),
+    pytest.param(
+        lambda t: ["scaler", "--listen", "127.1:0", "--metrics-listen", "127.0.0.1:0"],
+        "--listen '127.1:0': write the address in full",
+        id="a short numeric host the C library reads and gRPC does not is our one line"),
     pytest.param(
         lambda t: ["scaler", "--config-configmap", "", "--listen", "127.0.0.1:0",
                    "--metrics-listen", "127.0.0.1:0"],
@@ -569,6 +574,22 @@ def test_any_listen_host_taken_is_one_the_bind_can_encode(host):
     except argparse.ArgumentTypeError:
         return
     host.encode("idna")
+
+
+@pytest.mark.parametrize(
+    "listen",
+    [
+        pytest.param("127.0.0.1:0", id="a dotted quad"),
+        pytest.param("0.0.0.0:0", id="every IPv4 address"),
+        pytest.param("localhost:0", id="a name"),
+        pytest.param("[::1]:0", id="the IPv6 loopback"),
+        pytest.param("[::ffff:127.0.0.1]:0", id="an IPv4-mapped IPv6 address, which gRPC binds"),
+    ],
+)
+def test_an_address_grpc_binds_is_taken_by_the_check_before_it(listen):
+    if ":" in listen.rpartition(":")[0] and not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    check_bindable("--listen", listen)
 
 
 async def test_an_address_gRPC_cannot_bind_is_a_config_error_naming_the_flag():

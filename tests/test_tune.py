@@ -12,6 +12,7 @@ import dataclasses
 import math
 import re
 import shlex
+import socket
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -193,6 +194,24 @@ def test_trials_fanned_out_over_a_local_ray_propose_what_one_worker_does(
     assert outputs[0] == outputs[1]
     assert len(started) == 1 and not ray.is_initialized()  # started for the command, and ended
     assert "Ray tasks on `local`" in (tmp_path / "local" / "report.md").read_text()
+
+
+def test_a_ray_address_that_takes_a_connection_and_says_nothing_is_refused_in_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    """Ray retried such a port for minutes, a few log lines a round (hostile pass 45)."""
+    monkeypatch.setattr("unitscale.tune_ray.CONNECT_SECONDS", 1.0)
+    steady = write_csv(tmp_path / "steady.csv", azure_rows(STEADY))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # connections complete in the backlog; nothing ever answers
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        code, err = tune(capsys, "--trace", str(steady), "--ray", address, "--out", str(tmp_path))
+    assert code == 2
+    assert (
+        err == f"unitscale tune: --ray '{address}': '{address}' did not answer as a Ray"
+        " cluster (gRPC) within 1s\n"
+    )
 
 
 def test_a_fleet_with_sleepers_tunes_its_burst_tier_and_names_the_trigger_key(tmp_path, capsys):

@@ -645,6 +645,8 @@ def worker_pool(problem: Problem, workers: int, ray: str | None = None) -> Itera
     jobs are Ray tasks instead (``ray_pool``), as many at once as the cluster has CPUs.
     """
     if ray is not None:
+        from unitscale.tune_ray import ray_pool
+
         with ray_pool(problem, ray) as run_jobs:
             yield run_jobs
         return
@@ -665,83 +667,6 @@ def worker_pool(problem: Problem, workers: int, ray: str | None = None) -> Itera
             return list(pool.map(job, *zip(*args, strict=True))) if args else []
 
         yield there
-
-
-@contextmanager
-def ray_pool(problem: Problem, address: str) -> Iterator[Mapper]:
-    """A ``Mapper`` whose jobs are Ray tasks on the cluster at ``address``.
-
-    For a night's tunes past one machine (hundreds of deployments): Ray schedules the
-    replays over the cluster's CPUs, one CPU a task, and hands results back in order, so
-    the search (asked and told batch by batch) proposes what ``--workers`` would.
-    ``local`` starts a Ray on this machine for the command's length; any other address
-    joins a running cluster (``auto``, ``ray://HEAD:10001``), whose workers must have
-    unitscale installed (the same image). The problem goes to the object store once.
-
-    Raises:
-        ConfigError: Ray is not installed (the ``ray`` extra).
-    """
-    try:
-        import ray
-    except ImportError as err:
-        raise ConfigError("--ray needs Ray: pip install 'unitscale[ray]'") from err
-    started = not ray.is_initialized()
-    if started:
-        options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-        if address != "local":
-            _reachable(address)  # Ray itself retries an address nobody answers for minutes
-            options["address"] = address
-        else:
-            options["num_cpus"] = _cpus()
-        try:
-            ray.init(**options)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise ConfigError(f"--ray {address!r}: {str(err)[:300]}") from err
-    try:
-        shared = ray.put(problem)
-        task = ray.remote(num_cpus=1)(_ray_job)
-
-        def there(job: Callable[..., Any], args: list[tuple[Any, ...]]) -> list[Any]:
-            return list(ray.get([task.remote(shared, job, a) for a in args]))
-
-        yield there
-    finally:
-        if started:
-            ray.shutdown()
-
-
-RAY_CONNECT_SECONDS = 10.0
-"""How long ``--ray HOST:PORT`` has to accept a connection before the command gives up."""
-
-
-def _reachable(address: str) -> None:
-    """Refuse a ``--ray`` address no one answers at, before Ray's own minutes of retries.
-
-    ``auto`` (a cluster this machine is part of) is left to Ray, which says at once when
-    there is none; ``HOST:PORT`` and ``ray://HOST:PORT`` must accept a TCP connection.
-
-    Raises:
-        ConfigError: the address is empty, has no port, or refuses or ignores a connection.
-    """
-    import socket
-
-    if address == "auto":
-        return
-    where = address.removeprefix("ray://")
-    host, _, port = where.rpartition(":")
-    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--ray {address!r}: expected local, auto, HOST:PORT or ray://HOST:PORT")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), RAY_CONNECT_SECONDS):
-            pass
-    except (OSError, UnicodeError) as err:
-        raise ConfigError(f"--ray {address!r}: cannot connect: {err}") from err
-
-
-def _ray_job(problem: Problem, job: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """One job in a Ray worker, the task's problem installed (a worker may serve several)."""
-    _install(problem)
-    return job(*args)
 
 
 # --- the command ------------------------------------------------------------------------------
