@@ -54,7 +54,9 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         raise _RanError
 
     @contextlib.contextmanager
-    def tune(problem: unitscale.tune.Problem, workers: int) -> Iterator[None]:
+    def tune(
+        problem: unitscale.tune.Problem, workers: int, ray: str | None = None
+    ) -> Iterator[None]:
         started.append(len(problem.traces))
         raise _RanError
         yield

@@ -753,7 +753,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(args.budget, args.batch, args.seed, args.stop_early)
     workers = _workers(args.workers, settings.batch * len(problem.traces))
     target = problem.options.slo_target
-    pool = worker_pool(problem, workers, args.ray)
+    pool = worker_pool(problem, workers, ray=args.ray)
     with pool as run_jobs, _bar(settings.budget, target) as progress:
         prepared = run_jobs(prepare, [(i,) for i in range(len(problem.traces))])
         trials = search(problem, prepared, settings, run_jobs, progress)
