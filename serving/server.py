@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 
 from aiohttp import web
 
@@ -24,7 +24,6 @@ from serving.gateway_signals import GatewaySignalsService
 from serving.sim_http import SimReplica
 
 log = logging.getLogger(__name__)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MAX_GRPC_CALLS = 64
 """gRPC calls the gateway serves at once (signal watches, GetSignals, health): the
