@@ -12,8 +12,10 @@ import dataclasses
 import math
 import re
 import shlex
+import signal
 import socket
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -194,6 +196,42 @@ def test_trials_fanned_out_over_a_local_ray_propose_what_one_worker_does(
     assert outputs[0] == outputs[1]
     assert len(started) == 1 and not ray.is_initialized()  # started for the command, and ended
     assert "Ray tasks on `local`" in (tmp_path / "local" / "report.md").read_text()
+
+
+class _StoppedError(Exception):
+    """What the test's SIGTERM handler raises: the signal acted on."""
+
+
+def test_a_sigterm_while_ray_starts_waits_for_the_start_and_its_shutdown(monkeypatch):
+    """Ray's init installs its own SIGTERM handler (``sys.exit``) before it starts the
+    node; a SIGTERM after that ended the command inside init, its agents left running
+    (hostile pass 45)."""
+    import ray
+    import ray._private.utils as ray_utils
+
+    from unitscale import tune_ray
+
+    events: list[str] = []
+    install = ray_utils.set_sigterm_handler
+
+    def init(**options: Any) -> None:  # as ray.init: its handler first, then the start
+        ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))
+        signal.raise_signal(signal.SIGTERM)
+        events.append("started")
+
+    def stopped(signum: int, frame: Any) -> None:
+        raise _StoppedError(signum)
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: events.append("shut down"))
+    before = signal.signal(signal.SIGTERM, stopped)
+    try:
+        with pytest.raises(_StoppedError):
+            tune_ray._start(ray, "local")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert events == ["started", "shut down"]
+    assert ray_utils.set_sigterm_handler is install
 
 
 def test_a_ray_address_that_takes_a_connection_and_says_nothing_is_refused_in_one_line(

@@ -16,7 +16,8 @@ Where the command meets Ray, and why each guard:
   lines a round (hostile pass 45);
 - a Ctrl-C or SIGTERM while the local Ray starts is held until it has started, then the
   Ray is shut down and the signal acted on: one landing inside ``ray.init`` left its
-  agents running for good, about 200 MB each time. Later a SIGTERM is an exit (143), the
+  agents running for good, about 200 MB each time. Ray's own SIGTERM handlers are not
+  installed meanwhile: they replaced the hold. Later a SIGTERM is an exit (143), the
   Ray shut down on the way, where Ray's own handler printed a crash report;
 - Ray's own INFO and WARNING lines and warnings are kept off the command's stderr.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -112,7 +114,7 @@ def _start(ray: ModuleType, address: str) -> None:
             _answers(address, target)
         options["address"] = address
     held: list[int] = []
-    with _signals_held(held), warnings.catch_warnings():
+    with _signals_held(held), _ray_sigterm_handlers_off(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             ray.init(**options)
@@ -146,6 +148,32 @@ def _signals_held(held: list[int]) -> Iterator[None]:
     finally:
         for kind, handler in before.items():
             signal.signal(kind, handler)
+
+
+@contextmanager
+def _ray_sigterm_handlers_off() -> Iterator[None]:
+    """Ray's own SIGTERM handlers not installed while ``ray.init`` runs.
+
+    ``ray.init`` installs one first thing (``sys.exit``), and the node it starts another
+    (kill what it started, then exit): either replaced ``_signals_held``'s, and a SIGTERM
+    then ended the command inside ``ray.init`` with the raylet's dashboard and
+    runtime-env agents left running (hostile pass 45). Both go through
+    ``ray._private.utils.set_sigterm_handler``; a Ray without it installs nothing here.
+    """
+    utils = sys.modules.get("ray._private.utils")
+    install = getattr(utils, "set_sigterm_handler", None)
+    if utils is None or install is None:
+        yield
+        return
+    setattr(utils, "set_sigterm_handler", _not_installed)  # noqa: B010 (a module of Ray's)
+    try:
+        yield
+    finally:
+        setattr(utils, "set_sigterm_handler", install)  # noqa: B010
+
+
+def _not_installed(handler: Callable[[int, FrameType | None], Any]) -> None:
+    """Stands in for Ray's ``set_sigterm_handler`` while ``ray.init`` runs."""
 
 
 def _answers(address: str, target: str) -> None:
