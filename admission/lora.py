@@ -139,7 +139,7 @@ class LoraAssignment:
 @dataclass(frozen=True)
 class _Seat:
     workload: str
-    base_model: str | None
+    base_model: str
     instance: str
 
 
@@ -172,7 +172,7 @@ def assign_instance(
     seats += [_Seat(a.workload, a.base_model, a.instance) for a in taken if a.workload != me]
     counts = Counter(s.instance for s in seats)
     pinned = _template_instance(workload)
-    own = _ready_instance(workload)
+    own = _ready_instance(workload, model)
     if pinned:
         instance, why = pinned, "set on its pod template"
     elif own and counts[own] < limit:
@@ -193,7 +193,7 @@ def assign_instance(
 
 def tenants_per_base_model(workloads: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Seat holders per base model, for the tenants metric (models with none absent)."""
-    counts = Counter(s.base_model for s in _seats(workloads) if s.base_model)
+    counts = Counter(s.base_model for s in _seats(workloads))
     return {model: counts[model] for model in sorted(counts)}
 
 
@@ -201,7 +201,7 @@ def _choose(
     model: str, seats: Sequence[_Seat], pods: Sequence[Mapping[str, Any]], limit: int
 ) -> str:
     """The fullest instance of ``model`` with a free seat, else the next new one."""
-    by_instance: dict[str, set[str | None]] = {}
+    by_instance: dict[str, set[str]] = {}
     for seat in seats:
         by_instance.setdefault(seat.instance, set()).add(seat.base_model)
     counts = Counter(s.instance for s in seats)
@@ -242,13 +242,22 @@ def _node(instance: str, pods: Sequence[Mapping[str, Any]]) -> tuple[str | None,
 
 
 def _seats(workloads: Iterable[Mapping[str, Any]]) -> list[_Seat]:
+    """The seats tenants hold: each on an instance of its own model (``model_instance``).
+
+    A Workload that is no tenant, or a tenant labelled with another model's instance,
+    holds none: read raw, one such label made that instance unjoinable and every later
+    tenant of its model started a new one (hostile pass 47).
+    """
     seats = []
     for wl in workloads:
-        if not _holds_seat(wl):
+        model = base_model(wl)
+        if model is None or not _holds_seat(wl):
             continue
-        instance = _ready_instance(wl) or (_template_instance(wl) if _admitted(wl) else None)
+        instance = _ready_instance(wl, model) or (
+            _template_instance(wl, model) if _admitted(wl) else None
+        )
         if instance:
-            seats.append(_Seat(key(wl), base_model(wl), instance))
+            seats.append(_Seat(key(wl), model, instance))
     return seats
 
 
@@ -263,13 +272,13 @@ def _admitted(workload: Mapping[str, Any]) -> bool:
     return condition_status(workload, "Admitted") == "True"
 
 
-def _ready_instance(workload: Mapping[str, Any]) -> str | None:
-    """Our label in a Ready admission-check entry's podSetUpdates."""
+def _ready_instance(workload: Mapping[str, Any], model: str) -> str | None:
+    """Our label in a Ready admission-check entry's podSetUpdates, as ``model``'s."""
     for entry in (workload.get("status") or {}).get("admissionChecks") or []:
         if entry.get("state") != "Ready":
             continue
         for update in entry.get("podSetUpdates") or []:
-            value = _instance((update.get("labels") or {}).get(names.LORA_INSTANCE))
+            value = model_instance(model, (update.get("labels") or {}).get(names.LORA_INSTANCE))
             if value:
                 return value
     return None
@@ -292,10 +301,12 @@ def _instance(value: object) -> str | None:
     return None
 
 
-def _template_instance(workload: Mapping[str, Any]) -> str | None:
+def _template_instance(workload: Mapping[str, Any], model: str | None = None) -> str | None:
+    """The instance label on a pod template; with ``model``, only one of its instances."""
     for pod_set in (workload.get("spec") or {}).get("podSets") or []:
         metadata = (pod_set.get("template") or {}).get("metadata") or {}
-        value = _instance((metadata.get("labels") or {}).get(names.LORA_INSTANCE))
+        label = (metadata.get("labels") or {}).get(names.LORA_INSTANCE)
+        value = _instance(label) if model is None else model_instance(model, label)
         if value:
             return value
     return None

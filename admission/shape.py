@@ -120,8 +120,8 @@ def _workload(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
             return f"{where}.name is not a string"
         why = why or _objects(entry.get("podSetUpdates"), f"{where}.podSetUpdates")
         for j, update in enumerate(entry.get("podSetUpdates") or () if why is None else ()):
-            selector = update.get("nodeSelector")
-            why = why or _strings(selector, f"{where}.podSetUpdates[{j}].nodeSelector")
+            for field in ("nodeSelector", "labels", "annotations"):
+                why = why or _strings(update.get(field), f"{where}.podSetUpdates[{j}].{field}")
     return why
 
 

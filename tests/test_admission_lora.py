@@ -289,6 +289,33 @@ def test_a_joined_instance_pins_its_node(pods, node, word):
     assert word in got.message
 
 
+@pytest.mark.parametrize(
+    "squatter",
+    [
+        pytest.param(
+            tenant("plain", model=None, namespace="other-team", template_instance=f"{SLUG}-1"),
+            id="a workload that is no tenant, its template labelled with the instance",
+        ),
+        pytest.param(
+            tenant("qwen", model=QWEN, namespace="other-team", template_instance=f"{SLUG}-1"),
+            id="another model's tenant labelled with the instance",
+        ),
+        pytest.param(
+            tenant("qwen", model=QWEN, namespace="other-team", instance=f"{SLUG}-1"),
+            id="another model's tenant whose Ready entry names the instance",
+        ),
+    ],
+)
+def test_a_label_that_is_no_instance_of_the_workloads_own_model_holds_no_seat(squatter):
+    """Read raw, it made the instance unjoinable: the next tenant started a second copy
+    of the base model away from the running one (hostile pass 47)."""
+    pods = [pod(f"{SLUG}-1", "gpu-7")]
+    got = assign_instance(NEW, [*holders(f"{SLUG}-1", 1), squatter], pods)
+    assert got is not None and (got.instance, got.node) == (f"{SLUG}-1", "gpu-7")
+    assert got.tenants == 2
+    assert tenants_per_base_model([squatter]) == {}
+
+
 def test_a_new_instance_avoids_an_id_whose_pods_still_run():
     got = assign_instance(NEW, [], [pod(f"{SLUG}-1", "gpu-1")], tenants_per_instance=5)
     assert got is not None and (got.instance, got.node) == (f"{SLUG}-2", None)

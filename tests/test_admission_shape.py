@@ -33,7 +33,14 @@ def base() -> dict[str, Any]:
     ghost = workload("ghost", gpus=2, state="Ready")
     entry = ghost["status"]["admissionChecks"][0]
     entry["lastTransitionTime"] = format_time(NOW - 60)
-    entry["podSetUpdates"] = [{"name": "workers", "nodeSelector": {names.HOSTNAME: "gpu-1"}}]
+    entry["podSetUpdates"] = [
+        {
+            "name": "workers",
+            "nodeSelector": {names.HOSTNAME: "gpu-1"},
+            "labels": {},
+            "annotations": {},
+        }
+    ]
     return {
         "ghost": ghost,
         "held": admitted("held", ago=7200, gpus=2),
@@ -59,7 +66,10 @@ def victim_after(name: str, path: tuple[Any, ...], value: Any) -> Any:
     """The victim's decision with one object's field at ``path`` set to ``value``."""
     objects = copy.deepcopy(base())
     with_value(objects, name, path, value)
-    victim = workload("victim", gpus=1)
+    # A LoRA tenant: its instance is chosen from every Workload's podSetUpdates labels.
+    victim = workload(
+        "victim", gpus=1, annotations={names.LORA_BASE_MODEL: "meta-llama/Llama-3.1-8B"}
+    )
     cluster = Cluster(
         nodes=[objects["node"], node("gpu-2")],
         pods=[objects["pod"], objects["serve"]],
@@ -122,6 +132,18 @@ def test_the_untouched_cluster_admits_the_victim():
             ("status", "admissionChecks", 0, "podSetUpdates", 0, "nodeSelector"),
             "abc",
             id="a Ready entry whose nodeSelector is a string",
+        ),
+        pytest.param(
+            "ghost",
+            ("status", "admissionChecks", 0, "podSetUpdates", 0, "labels"),
+            "abc",
+            id="a Ready entry whose labels are a string leaves a LoRA tenant decided",
+        ),
+        pytest.param(
+            "ghost",
+            ("status", "admissionChecks", 0, "podSetUpdates", 0, "labels"),
+            ["a"],
+            id="a Ready entry whose labels are a list leaves a LoRA tenant decided",
         ),
         pytest.param(
             "ghost",
