@@ -11,14 +11,21 @@ calls it a regular file, and read to at most ``limit`` bytes (one more is read t
 
     cannot read config file /dev/zero: not a regular file (a character device)
     config file big.yaml is over 1,048,576 bytes (1 MiB), the most read
+
+Files a command writes go through ``write_file``: written beside the path, then renamed
+over it. What stood there is never opened (a FIFO held a finished run forever, waiting
+for a reader) and a reader never sees half a file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import secrets
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from foundation.errors import ConfigError, UnitscaleError, quote
 
@@ -105,6 +112,51 @@ def read_text(
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise error(f"cannot read {what} {path}: not UTF-8 (byte {err.start + 1:,})") from err
+
+
+def kind_of(path: Path) -> str | None:
+    """What stands at ``path`` when it is no regular file: "a directory", "a FIFO", ...
+
+    None when it is one (symlinks followed) or nothing is there.
+
+    Raises:
+        OSError: it cannot be looked at (a permission, a symlink loop).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a file")
+
+
+def write_file(path: Path, data: str | bytes) -> None:
+    """Replace ``path`` with ``data`` (text as UTF-8): written beside it, then renamed.
+
+    The partial file is made with the process's umask, as ``open`` would.
+
+    Raises:
+        OSError: the directory takes no file, or ``path`` is a directory.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+
+
+def write_png(path: Path, figure: Any, dpi: int) -> None:
+    """A matplotlib figure as a PNG at ``path``, through ``write_file``."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    write_file(path, buffer.getvalue())
 
 
 def _size(limit: int) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from foundation.errors import quote
+from foundation.files import write_file, write_png
 from foundation.replica_model import PROFILES, warm_tiers
 from replay.anatomy import CAUSES, TTFT_CAUSES
 from replay.oracle import (
@@ -389,6 +390,10 @@ def _number(name: str, key: str, value: Any) -> float:
     return number
 
 
+REPORT_FILES = ("results.json", "report.md", "replicas.png", "latency_cdf.png")
+"""What ``write_report`` writes in its directory."""
+
+
 def write_report(
     results: dict[str, Result],
     config: SimConfig,
@@ -397,7 +402,7 @@ def write_report(
     columns: tuple[str, ...] = COLUMNS,
     notes: tuple[str, ...] = (),
 ) -> None:
-    """``results.json``, ``report.md``, ``replicas.png`` and ``latency_cdf.png`` in ``out``.
+    """``REPORT_FILES`` in ``out``.
 
     ``columns`` are the table's (``TIER_COLUMNS`` for ``compare_tiers``), ``notes`` extra
     lines above it.
@@ -406,7 +411,7 @@ def write_report(
     payload = {
         name: {k: json_number(v) for k, v in r.metrics.items()} for name, r in results.items()
     }
-    (out / "results.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_file(out / "results.json", json.dumps(payload, indent=2, sort_keys=True) + "\n")
     header = "| policy | " + " | ".join(columns) + " |"
     rule = "|---|" + "---:|" * len(columns)
     rows = [
@@ -439,7 +444,7 @@ def write_report(
         "![latency CDF](latency_cdf.png)",
         "",
     ]
-    (out / "report.md").write_text("\n".join(lines))
+    write_file(out / "report.md", "\n".join(lines))
     _plots(results, out)
 
 
@@ -531,7 +536,7 @@ def _plots(results: dict[str, Result], out: Path) -> None:
     reps.set_xlabel("minutes")
     reps.legend(fontsize=8, ncol=3)
     fig.tight_layout()
-    fig.savefig(out / "replicas.png", dpi=100)
+    write_png(out / "replicas.png", fig, dpi=100)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -544,7 +549,7 @@ def _plots(results: dict[str, Result], out: Path) -> None:
     ax.set_ylabel("share of served requests")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "latency_cdf.png", dpi=100)
+    write_png(out / "latency_cdf.png", fig, dpi=100)
     plt.close(fig)
 
 

@@ -308,6 +308,9 @@ def _azure(path: Path, before: int = 0, recording: bool = False) -> _Rows:
             raise TraceError(
                 f"{path}:{number}: a header of {len(header):,} columns, at most {MAX_COLUMNS}"
             )
+        twice = [column for column in _AZURE if header.count(column) > 1]
+        if twice:  # which copy the file means is unknowable (hostile pass 48)
+            raise TraceError(f"{path}:{number}: column {twice[0]} is named twice in the header")
         at = {column: header.index(column) for column in _AZURE if column in header}
         offsets: tuple[bool, int] | None = None  # the first row's kind, and its line
         for row in reader:

@@ -743,13 +743,13 @@ def add_command(commands: Commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``unitscale tune``: 0 with a proposal, 1 when no trial met the target."""
-    from unitscale.tune_report import Outcome, write_outcome
+    from unitscale.commands.common import given_inputs, report_directory
+    from unitscale.tune_report import OUT_FILES, Outcome, write_outcome
 
     started = time.monotonic()
-    from unitscale.commands.common import report_directory
-
     problem, sources = _problem_of(args)
-    report_directory(args.out, "--out")  # a bad --out fails before the search, not after
+    # A bad --out fails before the search, not after.
+    report_directory(args.out, "--out", OUT_FILES, given_inputs(args))
     settings = Settings(args.budget, args.batch, args.seed, args.stop_early)
     workers = _workers(args.workers, settings.batch * len(problem.traces))
     target = problem.options.slo_target

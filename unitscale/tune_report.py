@@ -13,12 +13,14 @@ time.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from foundation.files import write_file, write_png
 from replay.simulate import SimConfig
 from unitscale.tune import Prepared, Problem, Run, Settings, Trial, is_grid, space
 
@@ -54,18 +56,22 @@ class Outcome:
         return self.proposal.feasible(self.target)
 
 
+OUT_FILES = ("scaler-config.yaml", "knobs.yaml", "trials.csv", "replicas.png", "report.md")
+"""What ``write_outcome`` writes in ``--out`` (a proposal is one of the first two)."""
+
+
 def write_outcome(outcome: Outcome, out: Path) -> None:
     """Every output file in ``out`` (which exists); a stale proposal is removed when none."""
     proposal = out / (
         "scaler-config.yaml" if outcome.problem.policy == "unitscale" else "knobs.yaml"
     )
     if outcome.reached:
-        proposal.write_text(_proposal_text(outcome))
+        write_file(proposal, _proposal_text(outcome))
     else:
         proposal.unlink(missing_ok=True)  # an earlier night's proposal is not tonight's
     _write_trials(outcome, out / "trials.csv")
     _plot(outcome, out / "replicas.png")
-    (out / "report.md").write_text("\n".join(_report(outcome)) + "\n")
+    write_file(out / "report.md", "\n".join(_report(outcome)) + "\n")
 
 
 def _proposal_text(outcome: Outcome) -> str:
@@ -91,29 +97,22 @@ def _proposal_text(outcome: Outcome) -> str:
 
 def _write_trials(outcome: Outcome, path: Path) -> None:
     keys = [k.key for k in space(outcome.problem.policy, outcome.problem.config)]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle)
+    columns = ["cost_per_million_tokens", "slo_attainment", "feasible", "stopped_early"]
+    writer.writerow(["trial", *keys, *columns])
+    for t in outcome.trials:
         writer.writerow(
             [
-                "trial",
-                *keys,
-                "cost_per_million_tokens",
-                "slo_attainment",
-                "feasible",
-                "stopped_early",
+                t.number,
+                *(t.knobs[k] for k in keys),
+                f"{t.cost_per_million_tokens:.6f}",
+                f"{t.attainment:.6f}",
+                t.feasible(outcome.target),
+                t.stopped,  # then cost is at least, attainment at most, the figure
             ]
         )
-        for t in outcome.trials:
-            writer.writerow(
-                [
-                    t.number,
-                    *(t.knobs[k] for k in keys),
-                    f"{t.cost_per_million_tokens:.6f}",
-                    f"{t.attainment:.6f}",
-                    t.feasible(outcome.target),
-                    t.stopped,  # then cost is at least, attainment at most, the figure
-                ]
-            )
+    write_file(path, handle.getvalue())
 
 
 def _report(outcome: Outcome) -> list[str]:
@@ -276,7 +275,7 @@ def _plot(outcome: Outcome, path: Path) -> None:
         ax.legend(fontsize=8, ncol=4)
     axes[-1, 0].set_xlabel("hours")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    write_png(path, fig, dpi=100)
     plt.close(fig)
 
 

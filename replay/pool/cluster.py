@@ -242,17 +242,22 @@ def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str,
     """The rows as dicts with their line numbers; the header must name every column.
 
     Raises:
-        ValueError: a missing column, more than ``MAX_ROWS`` rows, or a line the csv
-            module refuses (a field over its 128 KiB limit; ``csv.Error`` is no
-            ValueError and came out as a traceback), naming the file and line.
+        ValueError: a missing column or one named twice, more than ``MAX_ROWS`` rows,
+            or a line the csv module refuses (a field over its 128 KiB limit;
+            ``csv.Error`` is no ValueError and came out as a traceback), naming the file
+            and line.
         UnitscaleError: not a regular file (``/dev/zero``), a line over
             ``MAX_LINE_BYTES`` or not UTF-8 (``replay.trace``'s line reader).
     """
     reader = csv.DictReader(_text_lines(path))
     try:
-        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        header = list(reader.fieldnames or ())
+        missing = [c for c in columns if c not in header]
         if missing:
             raise ValueError(f"{path}:1: missing column(s) {', '.join(missing)}")
+        twice = [c for c in columns if header.count(c) > 1]
+        if twice:  # the csv module kept the last copy, silently (hostile pass 48)
+            raise ValueError(f"{path}:1: column {twice[0]} is named twice in the header")
         for number, row in enumerate(reader, start=2):
             if number > MAX_ROWS + 1:
                 raise ValueError(f"{path}:{reader.line_num}: more than {MAX_ROWS:,} rows")

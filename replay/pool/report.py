@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from admission.pool import ManagerPolicy
+from foundation.files import write_file, write_png
 from replay.pool.joint import JointResult, JointRun
 from replay.run import json_number
 
@@ -180,8 +181,12 @@ def ratios(run: JointRun) -> str:
     return "\n".join([head, rule, *rows])
 
 
+REPORT_FILES = ("results.json", "report.md", "pool.png")
+"""What ``write_report`` writes in its directory."""
+
+
 def write_report(run: JointRun, out: Path, notes: tuple[str, ...] = ()) -> None:
-    """``results.json``, ``report.md`` and ``pool.png`` in ``out``."""
+    """``REPORT_FILES`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     payload = {
         "cards": run.cards,
@@ -197,7 +202,7 @@ def write_report(run: JointRun, out: Path, notes: tuple[str, ...] = ()) -> None:
             for g in goals(run)
         ],
     }
-    (out / "results.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_file(out / "results.json", json.dumps(payload, indent=2, sort_keys=True) + "\n")
     verdicts = [
         f"- {g.name}: {g.measured} (goal {g.target}):"
         f" {'met' if g.met else 'not measured' if g.met is None else 'MISSED'}"
@@ -229,7 +234,7 @@ def write_report(run: JointRun, out: Path, notes: tuple[str, ...] = ()) -> None:
     if reasons:
         lines += ["Reclaims (the manager's reasons, first few):", ""]
         lines += [f"- {reason}" for reason in reasons] + [""]
-    (out / "report.md").write_text("\n".join(lines))
+    write_file(out / "report.md", "\n".join(lines))
     plots(run, out / "pool.png")
 
 
@@ -270,7 +275,7 @@ def plots(run: JointRun, path: Path) -> None:
     axes[0].legend(fontsize=7, ncol=3)
     axes[-1].set_xlabel("minutes")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    write_png(path, fig, dpi=90)
     plt.close(fig)
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from foundation.errors import ConfigError, quote
 from unitscale import flags
 from unitscale.commands import replay_pool
-from unitscale.commands.common import cold_start_argument, report_directory
+from unitscale.commands.common import cold_start_argument, given_inputs, report_directory
 
 if TYPE_CHECKING:
     from replay.run import ReplayOptions
@@ -94,7 +94,14 @@ def run(args: argparse.Namespace) -> int:
     """Replay every policy (or the tiers) on one trace; print and write the report."""
     from rich.progress import Progress
 
-    from replay.run import TIER_COLUMNS, compare_tiers, run_policies, tier_notes, write_report
+    from replay.run import (
+        REPORT_FILES,
+        TIER_COLUMNS,
+        compare_tiers,
+        run_policies,
+        tier_notes,
+        write_report,
+    )
     from replay.trace import scale
     from replay.workloads import load_trace
 
@@ -111,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     options = _options(args)
     standby = _standby(args) if args.compare_tiers else None
     # Every input read: now the report's directory, before the run, never after it.
-    report_directory(args.report)
+    report_directory(args.report, outputs=REPORT_FILES, inputs=given_inputs(args))
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("replay", total=trace.duration)
 

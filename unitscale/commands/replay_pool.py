@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING
 
 from foundation.errors import ConfigError
 from unitscale import flags
-from unitscale.commands.common import MAX_TRACES, read_traces, report_directory
+from unitscale.commands.common import (
+    MAX_TRACES,
+    given_inputs,
+    read_traces,
+    report_directory,
+)
 
 if TYPE_CHECKING:
     from replay.pool.cluster import Node, Task
@@ -94,11 +99,11 @@ def run(args: argparse.Namespace, policy: CorePolicy) -> int:
     from rich.progress import Progress
 
     from replay.pool.joint import PoolError, run_all
-    from replay.pool.report import write_report
+    from replay.pool.report import REPORT_FILES, write_report
 
     nodes, tasks, deployments, options = inputs(args, policy)
     # Every input read: now the report's directory, before the run, never after it.
-    report_directory(args.report)
+    report_directory(args.report, outputs=REPORT_FILES, inputs=given_inputs(args))
     horizon = max(d.horizon for d in deployments)
     total = horizon * (1 + len(options.configs((0,) * len(deployments))))
     with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:

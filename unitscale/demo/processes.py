@@ -70,7 +70,10 @@ class Supervisor:
         """Start ``argv`` in a new session, its output written to ``logs/NAME.log``."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
-        with log.open("wb") as out:  # a fresh log per run, even in a reused directory
+        # A fresh log per run, even in a reused directory: what stood there is removed,
+        # never opened (a FIFO would hold the demo waiting for a reader).
+        log.unlink(missing_ok=True)
+        with log.open("xb") as out:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from foundation.files import write_file, write_png
 from foundation.replica_model import warm_tiers
 from replay.run import json_number
 from replay.simulate import Result, percentile
@@ -125,6 +126,10 @@ def predicted_metrics(result: Result) -> dict[str, float | int]:
     return m
 
 
+REPORT_FILES = ("report.md", "results.json", "replicas.png", "latency.png", "cost.png")
+"""What ``write_report`` writes in the demo's directory."""
+
+
 def write_report(
     out: Path,
     plan: Plan,
@@ -153,7 +158,7 @@ def write_report(
         *tier_section(plan, tiers or {}),
         *_decisions(run),
     ]
-    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    write_file(out / "report.md", "\n".join(lines))
     _write_results(out / "results.json", plan, run, live, predicted, tiers or {})
     return {"live": live, "predicted": predicted}
 
@@ -276,7 +281,8 @@ def _write_results(
     tiers: Mapping[str, Result],
 ) -> None:
     """``results.json``: both metric sets and the warm tiers' rows, as JSON numbers."""
-    path.write_text(
+    write_file(
+        path,
         json.dumps(
             {
                 "live": {k: json_number(v) for k, v in live.items()},
@@ -287,7 +293,6 @@ def _write_results(
             },
             indent=2,
         ),
-        encoding="utf-8",
     )
 
 
@@ -465,5 +470,5 @@ def _save(fig: Figure, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_png(path, fig, dpi=110)
     plt.close(fig)

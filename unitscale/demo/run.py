@@ -54,6 +54,10 @@ SLEEP_POLL = 2.0
 sleep or wake is billed at most this late, against sleeps of minutes."""
 
 
+CONFIG_FILES = {name: f"config/{name}.yaml" for name in ("scaler", "exporter", "gateway")}
+"""Each server's config file in the demo's directory, rewritten every run."""
+
+
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
     """``unitscale demo``'s flags."""
@@ -367,9 +371,8 @@ class Conductor:
 
     def _write_configs(self, ports: dict[str, int]) -> dict[str, Path]:
         """Each server's config file; the scaler's written now, the others by the fleet."""
-        config_dir = self.options.report / "config"
-        config_dir.mkdir(parents=True, exist_ok=True)
-        files = {name: config_dir / f"{name}.yaml" for name in ("scaler", "exporter", "gateway")}
+        (self.options.report / "config").mkdir(parents=True, exist_ok=True)
+        files = {name: self.options.report / path for name, path in CONFIG_FILES.items()}
         sources = [_local(ports["exporter-grpc"]), _local(ports["gateway-grpc"])]
         write_yaml(files["scaler"], scaler_config(self.plan, sources))
         return files

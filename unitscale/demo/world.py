@@ -31,7 +31,7 @@ import yaml
 from foundation.configfile import UniqueKeyLoader
 from foundation.durations import parse_duration
 from foundation.errors import ConfigError, MetadataError, quote
-from foundation.files import MAX_CONFIG_BYTES, read_text
+from foundation.files import MAX_CONFIG_BYTES, read_text, write_file
 from foundation.replica_model import Profile
 from replay.keda import ScaledObjectSpec, ScalingSpec, read_scaled_object
 from replay.policies import KEY as REPLAY_KEY
@@ -377,9 +377,7 @@ def keda_spec(plan: Plan) -> ScalingSpec:
 
 def write_yaml(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` atomically (a reader never sees half a file)."""
-    partial = path.with_suffix(".partial")
-    partial.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    partial.replace(path)
+    write_file(path, yaml.safe_dump(data, sort_keys=False))
 
 
 # --- the prediction (trace time) ---------------------------------------------------------
