@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.client_proto import ResponseHandler
 
 from foundation import kube
 from foundation.kube import DATASETS, KubeAccess, Selection, watch_objects
@@ -321,3 +322,22 @@ async def test_a_watch_that_never_holds_backs_off_and_warns_once(mode, tmp_path,
     warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1, [r.getMessage() for r in warned]
     assert watched.sets and watched.sets[-1].keys() == {"n/a"}  # the listed set stands
+
+
+async def test_a_cancelled_watch_aborts_its_connection_at_once(tmp_path, monkeypatch):
+    """Closed, it went into TLS's close_notify exchange, which aiohttp tracks nowhere: a
+    test's event loop that ended first left the socket unclosed (an intermittent CI
+    failure of the admission tests, with the cores busy)."""
+    aborted: list[object] = []
+    real_abort = ResponseHandler.abort
+
+    def abort(self: ResponseHandler) -> None:
+        aborted.append(self)
+        real_abort(self)
+
+    monkeypatch.setattr(ResponseHandler, "abort", abort)
+    added = json.dumps({"type": "ADDED", "object": named("b")}).encode()
+    async with watching(FakeApi([GOOD], [added]), tmp_path) as (watched, task):
+        await watched.until(lambda objects: "n/b" in objects)  # the watch streams
+    assert task.cancelled()
+    assert len(aborted) == 1
