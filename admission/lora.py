@@ -169,7 +169,13 @@ def assign_instance(
         return None
     me = key(workload)
     seats = [s for s in _seats(workloads) if s.workload != me]
-    seats += [_Seat(a.workload, a.base_model, a.instance) for a in taken if a.workload != me]
+    # Counted as _seats will count them once admitted: a pin naming another model's
+    # instance holds no seat there, in this pass or the next (pass 49).
+    seats += [
+        _Seat(a.workload, a.base_model, a.instance)
+        for a in taken
+        if a.workload != me and model_instance(a.base_model, a.instance)
+    ]
     counts = Counter(s.instance for s in seats)
     pinned = _template_instance(workload)
     own = _ready_instance(workload, model)
@@ -285,13 +291,18 @@ def _ready_instance(workload: Mapping[str, Any], model: str) -> str | None:
 
 
 def model_instance(model: str, value: object) -> str | None:
-    """``value`` as an instance of ``model``: a label value named ``<its slug>-...``.
+    """``value`` as an instance of ``model``: named ``<its slug>-<number>``, as ``_choose`` does.
 
     Anything else is no instance of it: one tenant's template label naming another
-    model's instance is not that instance (hostile pass 4, M5).
+    model's instance is not that instance (hostile pass 4, M5). The number is whole:
+    ``meta-llama-llama-3-1-8b-instruct-1`` starts with Llama-3.1-8B's slug, and a base
+    model's tenant labelled so held a seat on the Instruct model's instance (pass 49).
     """
     instance = _instance(value)
-    return instance if instance and instance.startswith(f"{instance_slug(model)}-") else None
+    slug = instance_slug(model)
+    if instance is None or not instance.startswith(f"{slug}-"):
+        return None
+    return instance if _number(instance, slug) != _NO_NUMBER else None
 
 
 def _instance(value: object) -> str | None:
@@ -330,7 +341,11 @@ def _number(instance: str, slug: str) -> int:
     # isdigit() alone is true for "²" and for 5,000 digits, and int() raises on both
     if tail.isascii() and tail.isdigit() and len(tail) <= _MAX_INSTANCE_DIGITS:
         return int(tail)
-    return 1 << 30
+    return _NO_NUMBER
+
+
+_NO_NUMBER: Final = 1 << 30
+"""``_number`` of an id that is not ``<slug>-<number>``: after every numbered one."""
 
 
 @dataclass(frozen=True, slots=True)

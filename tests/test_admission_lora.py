@@ -22,6 +22,7 @@ from admission.lora import (
     LoraAssignment,
     assign_instance,
     instance_slug,
+    model_instance,
     tenants_for,
     tenants_per_base_model,
     validate_tenants_per_instance,
@@ -304,6 +305,10 @@ def test_a_joined_instance_pins_its_node(pods, node, word):
             tenant("qwen", model=QWEN, namespace="other-team", instance=f"{SLUG}-1"),
             id="another model's tenant whose Ready entry names the instance",
         ),
+        pytest.param(
+            tenant("base", model="meta-llama/Llama-3.1-8B", template_instance=f"{SLUG}-1"),
+            id="the base model's tenant, whose slug begins the Instruct model's",
+        ),
     ],
 )
 def test_a_label_that_is_no_instance_of_the_workloads_own_model_holds_no_seat(squatter):
@@ -314,6 +319,38 @@ def test_a_label_that_is_no_instance_of_the_workloads_own_model_holds_no_seat(sq
     assert got is not None and (got.instance, got.node) == (f"{SLUG}-1", "gpu-7")
     assert got.tenants == 2
     assert tenants_per_base_model([squatter]) == {}
+
+
+def test_a_pin_to_another_models_instance_counts_alike_in_its_pass_and_the_next():
+    """Taken in its pass, it counted on the instance; admitted, it did not: the next
+    tenant started a new instance, and one a pass later joined as the sixth (pass 49)."""
+    pods = [pod(f"{SLUG}-1", "gpu-7")]
+    held = holders(f"{SLUG}-1", 4)
+    pinned = tenant("qwen", QWEN, template_instance=f"{SLUG}-1", conditions=("QuotaReserved",))
+    taken = assign_instance(pinned, [*held, pinned], pods)
+    assert taken is not None and taken.instance == f"{SLUG}-1"  # the template asks it
+    same_pass = assign_instance(NEW, [*held, pinned, NEW], pods, taken=[taken])
+    admitted = tenant("qwen", QWEN, instance=f"{SLUG}-1", template_instance=f"{SLUG}-1")
+    next_pass = assign_instance(NEW, [*held, admitted, NEW], pods)
+    assert same_pass is not None and next_pass is not None
+    assert (same_pass.instance, same_pass.tenants) == (next_pass.instance, next_pass.tenants)
+    assert (next_pass.instance, next_pass.tenants) == (f"{SLUG}-1", 5)
+
+
+@pytest.mark.parametrize(
+    ("label", "instance"),
+    [
+        pytest.param(f"{SLUG}-1", f"{SLUG}-1", id="the slug and a number"),
+        pytest.param(f"{SLUG}-12", f"{SLUG}-12", id="a larger number"),
+        pytest.param(f"{SLUG}-one", None, id="a name after the slug is no number"),
+        pytest.param(f"{SLUG}-1234567890", None, id="more than nine digits"),
+        pytest.param(f"{SLUG}1", None, id="no dash after the slug"),
+        pytest.param("7", None, id="a number without the slug"),
+        pytest.param(5, None, id="not a string"),
+    ],
+)
+def test_an_instance_of_a_model_is_its_slug_and_a_number(label, instance):
+    assert model_instance(LLAMA, label) == instance
 
 
 def test_a_new_instance_avoids_an_id_whose_pods_still_run():
