@@ -134,16 +134,26 @@ def kind_of(path: Path) -> str | None:
 def write_file(path: Path, data: str | bytes) -> None:
     """Replace ``path`` with ``data`` (text as UTF-8): written beside it, then renamed.
 
-    The partial file is made with the process's umask, as ``open`` would.
+    A symlink's target is what is replaced, as writing through it would; a regular file
+    there keeps its permissions; a new one is made with the process's umask. A hard
+    link to the file before keeps the old contents.
 
     Raises:
         OSError: the directory takes no file, or ``path`` is a directory.
     """
     payload = data.encode("utf-8") if isinstance(data, str) else data
+    path = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        before = os.stat(path)
+        mode = stat.S_IMODE(before.st_mode) if stat.S_ISREG(before.st_mode) else None
+    except OSError:
+        mode = None
     partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
             handle.write(payload)
         os.replace(partial, path)
     except BaseException:

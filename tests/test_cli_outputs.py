@@ -199,3 +199,48 @@ def test_a_csv_header_naming_a_column_twice_is_refused(
     code, err = _main(argv, capsys)
     assert (code, runs) == (2, [])
     assert err == f"unitscale replay: {path}:1: column {column} is named twice in the header"
+
+
+def test_a_replaced_file_keeps_its_permissions_and_a_symlink_its_target(tmp_path: Path) -> None:
+    private = tmp_path / "report.md"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    write_file(private, "new\n")
+    assert (private.read_text(), private.stat().st_mode & 0o777) == ("new\n", 0o600)
+    elsewhere = tmp_path / "kept" / "results.json"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("{}\n")
+    (tmp_path / "results.json").symlink_to(elsewhere)
+    write_file(tmp_path / "results.json", '{"a": 1}\n')
+    assert (tmp_path / "results.json").is_symlink()
+    assert elsewhere.read_text() == '{"a": 1}\n'
+
+
+def test_a_replay_may_report_into_the_recording_it_reads(
+    tmp_path: Path, runs: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A recording reads its CSVs only; a replay writes none (tune's trials.csv is one)."""
+    recording = tmp_path / "recording"
+    recording.mkdir()
+    write(recording / "arrivals-1.csv", TWO_ROWS)
+    argv = ["replay", "--trace", str(recording), "--report", str(recording), "--policy", "kpa"]
+    with pytest.raises(_RanError):
+        cli.main(argv)
+    assert runs == ["replay"]
+
+
+def test_a_scaled_object_the_demo_would_replace_is_refused_and_kept(
+    tmp_path: Path, runs: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    given = out / "config" / "gateway.yaml"
+    given.parent.mkdir(parents=True)
+    given.write_text(CONFIG)
+    argv = [*_command(tmp_path, "demo", out), "--scaled-object", str(given)]
+    code, err = _main(argv, capsys)
+    assert (code, runs) == (2, [])
+    assert err.endswith(
+        "config/gateway.yaml is the --scaled-object given, which the run replaces:"
+        " copy it elsewhere first"
+    )
+    assert given.read_text() == CONFIG

@@ -234,6 +234,32 @@ def test_a_sigterm_while_ray_starts_waits_for_the_start_and_its_shutdown(monkeyp
     assert ray_utils.set_sigterm_handler is install
 
 
+def test_a_sigterm_while_ray_fails_to_start_is_acted_on_after_its_shutdown(monkeypatch):
+    """Ray's refusal was raised first and the signal dropped (hostile pass 49)."""
+    import ray
+
+    from unitscale import tune_ray
+
+    events: list[str] = []
+
+    def init(**options: Any) -> None:
+        signal.raise_signal(signal.SIGTERM)
+        raise RuntimeError("the raylet died")
+
+    def stopped(signum: int, frame: Any) -> None:
+        raise _StoppedError(signum)
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: events.append("shut down"))
+    before = signal.signal(signal.SIGTERM, stopped)
+    try:
+        with pytest.raises(_StoppedError):
+            tune_ray._start(ray, "local")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert events == ["shut down"]
+
+
 def test_a_ray_address_that_takes_a_connection_and_says_nothing_is_refused_in_one_line(
     tmp_path, capsys, monkeypatch
 ):

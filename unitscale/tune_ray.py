@@ -114,17 +114,20 @@ def _start(ray: ModuleType, address: str) -> None:
             _answers(address, target)
         options["address"] = address
     held: list[int] = []
+    refused: Exception | None = None
     with _signals_held(held), _ray_sigterm_handlers_off(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             ray.init(**options)
         except (ConnectionError, RuntimeError, ValueError) as err:
-            raise ConfigError(f"--ray {quote(address)}: {str(err)[:300]}") from err
-    if held:  # asked to stop while Ray started: stop it first, then as asked
+            refused = err
+    if held:  # asked to stop while Ray started (or failed to): stop it, then as asked
         ray.shutdown()
         if held[0] == signal.SIGINT:
             raise KeyboardInterrupt
         signal.raise_signal(held[0])
+    if refused is not None:
+        raise ConfigError(f"--ray {quote(address)}: {str(refused)[:300]}") from refused
 
 
 @contextmanager

@@ -114,6 +114,7 @@ INPUT_FLAGS = (
     ("--scaler-config", "scaler_config"),
     ("--pool", "pool"),
     ("--tasks", "tasks"),
+    ("--scaled-object", "scaled_object"),
 )
 """The flags naming files a run reads, by their ``argparse`` names (``report_directory``)."""
 
@@ -145,7 +146,8 @@ def report_directory(
     one, failed after the whole run (74 s for one policy on the built-in day; over an
     hour for every policy on 31 days), the results lost (issue 27, hostile pass 7). Each
     of ``outputs`` (the names the run writes in it) must be a regular file or nothing,
-    and none of ``inputs`` (``given_inputs``) may be one of them, or ``path`` itself: a
+    and none of ``inputs`` (``given_inputs``) may be one of them, or, where the run
+    writes a CSV, ``path`` itself (a recording reads every CSV in its directory): a
     directory named ``report.md`` failed after the run; ``tune --scaler-config
     OUT/scaler-config.yaml --out OUT`` removed the config it was given when no trial
     met the target; ``tune --trace REC --out REC`` left its CSVs among a recording's
@@ -171,7 +173,8 @@ def report_directory(
         why = err.strerror or type(err).__name__
         raise ConfigError(f"{flag} {shown}: no file can be made in it ({why})") from err
     for given_flag, given in inputs or []:
-        if _same(given, path):
+        # A recording reads every CSV in its directory; reports and plots it leaves alone.
+        if any(name.endswith(".csv") for name in outputs) and _same(given, path):
             raise ConfigError(
                 f"{flag} {shown} is the {given_flag} directory: the files written would be"
                 " read with it next time"
