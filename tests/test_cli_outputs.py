@@ -4,7 +4,7 @@ A run wrote its report files by opening each path where it stood: a FIFO there h
 finished run forever, a directory there failed it after the whole run, and an output
 that was one of its own inputs was replaced, or removed (``tune`` with no trial meeting
 the target removes a stale proposal: it removed the ``--scaler-config`` it was given).
-Now each output is checked before the run (``unitscale.commands.common.report_directory``)
+Now each output is checked before the run (``unitscale.outputs.report_directory``)
 and written beside its path, then renamed over it (``foundation.files.write_file``).
 """
 
@@ -21,7 +21,11 @@ from tests.test_cli_flags import TWO_ROWS, write
 from tests.test_cli_hostile7 import NODES, PODS
 from unitscale import cli
 
-CONFIG = "# an SRE's config, with its comments\npolicy:\n  headroom-step: 0.05\n"
+CONFIG = (
+    "# an SRE's config, with its comments\npolicy:\n  profile: llama3-8b-h200\n"
+    "  headroom-step: 0.05\n"
+)
+SCALED_OBJECT = (Path(__file__).parents[1] / "deploy/scaledobjects/recommended.yaml").read_text()
 
 
 class _RanError(Exception):
@@ -33,7 +37,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The runs started, each stopped as it starts: which one, by name."""
     import replay.pool.joint
     import replay.run
-    import unitscale.demo
+    import unitscale.demo.run
     import unitscale.tune
 
     started: list[str] = []
@@ -48,7 +52,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(replay.run, "run_policies", stand_in("replay"))
     monkeypatch.setattr(replay.pool.joint, "run_all", stand_in("joint replay"))
     monkeypatch.setattr(unitscale.tune, "worker_pool", stand_in("tune"))
-    monkeypatch.setattr(unitscale.demo, "run_demo", stand_in("demo"))
+    monkeypatch.setattr(unitscale.demo.run, "Conductor", stand_in("demo"))  # the fleet
     return started
 
 
@@ -235,7 +239,7 @@ def test_a_scaled_object_the_demo_would_replace_is_refused_and_kept(
     out = tmp_path / "out"
     given = out / "config" / "gateway.yaml"
     given.parent.mkdir(parents=True)
-    given.write_text(CONFIG)
+    given.write_text(SCALED_OBJECT)
     argv = [*_command(tmp_path, "demo", out), "--scaled-object", str(given)]
     code, err = _main(argv, capsys)
     assert (code, runs) == (2, [])
@@ -243,4 +247,4 @@ def test_a_scaled_object_the_demo_would_replace_is_refused_and_kept(
         "config/gateway.yaml is the --scaled-object given, which the run replaces:"
         " copy it elsewhere first"
     )
-    assert given.read_text() == CONFIG
+    assert given.read_text() == SCALED_OBJECT

@@ -743,7 +743,7 @@ def add_command(commands: Commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``unitscale tune``: 0 with a proposal, 1 when no trial met the target."""
-    from unitscale.commands.common import given_inputs, report_directory
+    from unitscale.outputs import given_inputs, report_directory
     from unitscale.tune_report import OUT_FILES, Outcome, write_outcome
 
     started = time.monotonic()

@@ -83,15 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Children are exec'd at once: gRPC's fork handlers would only log that they skip.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    from unitscale.commands.common import given_inputs, report_directory
     from unitscale.demo import DemoOptions, run_demo
-    from unitscale.demo.report import REPORT_FILES
-    from unitscale.demo.run import CONFIG_FILES
-
-    # --scaler-config REPORT/config/scaler.yaml was replaced by the demo's own (hostile
-    # pass 48); a bad directory fails before the fleet starts.
-    outputs = (*REPORT_FILES, *CONFIG_FILES.values())
-    report_directory(args.report, outputs=outputs, inputs=given_inputs(args))
 
     options = DemoOptions(
         report=args.report,

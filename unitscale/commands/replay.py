@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from foundation.errors import ConfigError, quote
 from unitscale import flags
 from unitscale.commands import replay_pool
-from unitscale.commands.common import cold_start_argument, given_inputs, report_directory
+from unitscale.commands.common import cold_start_argument
+from unitscale.outputs import given_inputs, report_directory
 
 if TYPE_CHECKING:
     from replay.run import ReplayOptions

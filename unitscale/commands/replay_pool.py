@@ -8,12 +8,8 @@ from typing import TYPE_CHECKING
 
 from foundation.errors import ConfigError
 from unitscale import flags
-from unitscale.commands.common import (
-    MAX_TRACES,
-    given_inputs,
-    read_traces,
-    report_directory,
-)
+from unitscale.commands.common import MAX_TRACES, read_traces
+from unitscale.outputs import given_inputs, report_directory
 
 if TYPE_CHECKING:
     from replay.pool.cluster import Node, Task

@@ -28,7 +28,7 @@ from unitscale.demo.keda import KedaLoop
 from unitscale.demo.load import LoadGenerator, clip, wall_trace
 from unitscale.demo.observe import ReasonTail, Sampler
 from unitscale.demo.processes import ComponentError, Supervisor, unitscale_command
-from unitscale.demo.report import LiveRun, headline, write_report
+from unitscale.demo.report import REPORT_FILES, LiveRun, headline, write_report
 from unitscale.demo.tiers import compare_plan_tiers
 from unitscale.demo.view import View
 from unitscale.demo.workload import WorkloadShape, generate, lead_in
@@ -43,6 +43,7 @@ from unitscale.demo.world import (
     trigger_metadata,
     write_yaml,
 )
+from unitscale.outputs import given_inputs, report_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_POLL = 0.05
@@ -185,7 +186,10 @@ async def run_demo(options: DemoOptions) -> int:
     plan = _plan(options)
     trace = _trace(options, plan)
     out = options.report
-    out.mkdir(parents=True, exist_ok=True)
+    # Once the flags are good: --scaler-config REPORT/config/scaler.yaml was replaced by
+    # the demo's own (hostile pass 48).
+    outputs = (*REPORT_FILES, *CONFIG_FILES.values())
+    report_directory(out, "--report", outputs, given_inputs(options))
     lead = (
         f" after a lead-in of one request {plan.lead_in / 60:.1f} min before (a Deployment"
         " that served before, its sleepers held)"
