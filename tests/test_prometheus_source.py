@@ -1014,8 +1014,10 @@ async def test_the_prometheus_source_reads_a_real_vllm(real_vllm, tmp_path):
     body = {"model": vllm.MODEL_NAME, "prompt": "hello world", "max_tokens": 8}
     body |= {"ignore_eos": True, "temperature": 0}
     try:
-        # Prometheus has seen the idle engine before the first request.
-        idle = await engine_signals_until(store, lambda e: True, within=60, target=target)
+        # Prometheus has seen the idle engine before the first request. A round of
+        # queries can straddle its first scrape (some series there, others not yet: a
+        # partial reading, as a CI run on busy cores met): wait for a whole one.
+        idle = await engine_signals_until(store, lambda e: not e.partial, within=60, target=target)
         async with aiohttp.ClientSession() as session:
             usages = []
             for _ in range(4):
