@@ -46,11 +46,18 @@ from scaler.promql import (
 )
 
 MAX_WINDOW_SECONDS = 3600.0
-"""The longest ``scale-down-window`` and ``demand-window`` (and a Prometheus source's
+"""The longest ``scale-down-window``, ``demand-window``, ``forecast-horizon`` and
+``backlog-drain`` (and a Prometheus source's
 ``panic-window`` and ``stable-window``): an hour, the HPA's own bound
 on a stabilization window. Every decision keeps a sample for the window and copies them
 all; Go's largest duration (292 years) kept them all for good, 23 ms a decision after 6
 hours and growing, until the event loop could not keep up."""
+MAX_HEADROOM = 10.0
+"""The attainment loop's headroom (``headroom-max``) and one rise of it (``headroom-step``),
+as a share of the need: ten times the need is past any fleet an SLO asks for."""
+MAX_PROFILE_SPEEDUP = 1_000_000.0
+"""``profile-speedup``: the largest time compression a demo or replay runs its replicas at
+(``replay.limits.MAX_TIME_COMPRESSION``); real replicas run at 1."""
 MAX_SOURCE_SECONDS = 600.0
 """The longest wait a source's loop may be told to make (``reconnect-min``,
 ``reconnect-max``, a Prometheus ``interval`` or ``timeout``) and ``grace-period``: 10
@@ -288,15 +295,17 @@ class PolicyConfig(BaseModel):
     """Inter-token latency p95 target: 1 ms to 10 s."""
     slo_attainment: float = Field(_CORE.slo_attainment, gt=0, lt=1)
     """The share of requests to keep within both targets (the gateway judges them)."""
-    headroom_step: float = Field(_CORE.headroom_step, ge=0)
+    headroom_step: float = Field(_CORE.headroom_step, ge=0, le=MAX_HEADROOM)
     """Headroom added per allowance of misses while attainment is below target."""
-    headroom_max: float = Field(_CORE.headroom_max, ge=0, le=10)
+    headroom_max: float = Field(_CORE.headroom_max, ge=0, le=MAX_HEADROOM)
     """The attainment loop's headroom bound, a share of the need (0: the loop is off)."""
-    headroom_half_life: Seconds = Field(_CORE.headroom_half_life_seconds, gt=0)
+    headroom_half_life: Seconds = Field(
+        _CORE.headroom_half_life_seconds, gt=0, le=MAX_SEASONAL_SECONDS
+    )
     """While attainment has margin the headroom halves this often."""
     scale_down_window: Seconds = Field(_CORE.scale_down_window_seconds, ge=0, le=MAX_WINDOW_SECONDS)
     """Scale down only to the most replicas needed within this window."""
-    forecast_horizon: Seconds = Field(_CORE.forecast_horizon_seconds, ge=0)
+    forecast_horizon: Seconds = Field(_CORE.forecast_horizon_seconds, ge=0, le=MAX_WINDOW_SECONDS)
     """About one cold start: scale-up starts this far ahead of the load."""
     idle_grace: Seconds = Field(_CORE.idle_grace_seconds, ge=0, le=MAX_SEASONAL_SECONDS)
     """No request at all for this long before scaling to zero."""
@@ -305,7 +314,7 @@ class PolicyConfig(BaseModel):
     the observed mix (``ScalerConfig`` checks that it is known)."""
     profile_utilization: float = Field(_CORE.profile_utilization, ge=MIN_RATE, le=1)
     """With a profile: the share of a replica's SLO capacity to plan for."""
-    backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0)
+    backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0, le=MAX_WINDOW_SECONDS)
     """With a profile: drain a backlog within this long (more replicas if need be)."""
     seasonal_prewarm_lead: Seconds = Field(
         _CORE.seasonal_prewarm_lead_seconds, ge=0, le=MAX_SEASONAL_SECONDS
@@ -319,7 +328,7 @@ class PolicyConfig(BaseModel):
     """The forecast's day (shorter only in a replay of compressed days); 1 min to 7 days."""
     demand_window: Seconds = Field(_CORE.demand_window_seconds, gt=0, le=MAX_WINDOW_SECONDS)
     """With a profile: demand is averaged over this long (the exporter's stable window)."""
-    profile_speedup: float = Field(_CORE.profile_speedup, gt=0)
+    profile_speedup: float = Field(_CORE.profile_speedup, gt=0, le=MAX_PROFILE_SPEEDUP)
     """With a profile: replicas step this many times faster than it says (1: real ones)."""
 
     @model_validator(mode="before")

@@ -852,11 +852,36 @@ def test_metadata_outside_a_plausible_domain_is_refused_naming_the_key(key, valu
                      id="a config decode rate of 1e300 is refused"),
         pytest.param("target-concurrency: 1e-9", "target-concurrency",
                      id="a config concurrency of 1e-9 is refused"),
+        # Each counted a backlog for nothing: 100,000 queued took 3 replicas to 2 (pass 50).
+        pytest.param("forecast-horizon: 2562047h", "forecast-horizon",
+                     id="a cold start of 292 years is refused"),
+        pytest.param("backlog-drain: 2562047h", "backlog-drain",
+                     id="a backlog drained over 292 years is refused"),
+        pytest.param("profile-speedup: 1e12", "profile-speedup",
+                     id="replicas a trillion times faster than their profile are refused"),
+        pytest.param("headroom-step: 1e300", "headroom-step",
+                     id="a headroom step of 1e300 is refused"),
+        pytest.param("headroom-half-life: 2562047h", "headroom-half-life",
+                     id="a headroom that never falls is refused"),
     ],
 )  # fmt: skip
 def test_a_policy_outside_a_plausible_domain_is_a_config_error_naming_the_key(policy, key):
     with pytest.raises(ConfigError, match=key):
         parse_config(f"policy: {{{policy}}}\n")
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pytest.param("forecast-horizon: 1h", id="a cold start of an hour"),
+        pytest.param("backlog-drain: 1h", id="a backlog drained over an hour"),
+        pytest.param("profile-speedup: 1e6", id="a demo's replicas a million times faster"),
+        pytest.param("headroom-step: 10", id="a step to ten times the need"),
+        pytest.param("headroom-half-life: 168h", id="a headroom halving weekly"),
+    ],
+)
+def test_a_policy_at_the_edge_of_its_domain_is_taken(policy):
+    parse_config(f"policy: {{{policy}}}\n")
 
 
 def test_at_most_256_signal_sources_are_taken():
