@@ -147,6 +147,13 @@ MAX_STABLE_WINDOW = 3600.0
 is an hour at most). Each replica keeps every scrape of the window; 2562047h kept them
 for good, each cycle's windows walking them all (3 s of CPU a thousand cycles at 60 s,
 10.7 s by the third thousand, growing)."""
+MIN_INTERVAL = 0.1
+"""The shortest ``interval``, ``panic-window`` and ``stable-window``: the demo's 5 s scrape
+compressed 50 times. 1 ns was taken: the scrape loop spun a whole core, every cycle's
+scrapes failing (hostile pass 51)."""
+MIN_TIMEOUT = 0.01
+"""The shortest ``timeout`` (the demo's compressed one is 40 ms): below it no connection
+is made, and every scrape fails."""
 MAX_INTERVAL = 600.0
 """The longest ``interval``: 10 minutes. 2562047h was taken: one scrape at start, then
 none for 292 years, the scaler's signals stale all along."""
@@ -160,14 +167,14 @@ class ExporterConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    interval: Seconds = Field(5.0, gt=0, le=MAX_INTERVAL)
+    interval: Seconds = Field(5.0, ge=MIN_INTERVAL, le=MAX_INTERVAL)
     """Time between scrape cycles. 5 s: a 10 s panic window then holds 2-3 scrapes. 10 min
     at most (``MAX_INTERVAL``)."""
-    timeout: Seconds = Field(2.0, gt=0)
+    timeout: Seconds = Field(2.0, ge=MIN_TIMEOUT, le=MAX_INTERVAL)
     """Per-scrape limit; a slower replica counts as down for that cycle."""
-    panic_window: Seconds = Field(10.0, gt=0)
+    panic_window: Seconds = Field(10.0, ge=MIN_INTERVAL, le=MAX_STABLE_WINDOW)
     """Short window for burst detection (Knative's panic window is 6 s of 60 s)."""
-    stable_window: Seconds = Field(60.0, gt=0, le=MAX_STABLE_WINDOW)
+    stable_window: Seconds = Field(60.0, ge=MIN_INTERVAL, le=MAX_STABLE_WINDOW)
     """Longer window for steady-state rates, quantiles and cost: at most an hour, and at
     most ``MAX_WINDOW_SCRAPES`` intervals (each replica keeps its scrapes for it)."""
     max_body_bytes: int = Field(MAX_BYTES, ge=1024, le=MAX_BODY_BYTES_LIMIT)

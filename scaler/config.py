@@ -58,6 +58,10 @@ as a share of the need: ten times the need is past any fleet an SLO asks for."""
 MAX_PROFILE_SPEEDUP = 1_000_000.0
 """``profile-speedup``: the largest time compression a demo or replay runs its replicas at
 (``replay.limits.MAX_TIME_COMPRESSION``); real replicas run at 1."""
+MIN_SOURCE_SECONDS = 0.01
+"""The shortest a source's round (``interval``, ``timeout``; a demo source's ``interval``
+and ``period``): 1 ns was taken, and the demo source's loop spun a whole core (hostile
+pass 51)."""
 MAX_SOURCE_SECONDS = 600.0
 """The longest wait a source's loop may be told to make (``reconnect-min``,
 ``reconnect-max``, a Prometheus ``interval`` or ``timeout``) and ``grace-period``: 10
@@ -101,9 +105,9 @@ class DemoSourceConfig(BaseModel):
 
     namespace: str = "demo"
     deployments: list[str] = Field(default_factory=lambda: ["llama-chat"], min_length=1)
-    interval: Seconds = Field(1.0, gt=0)
+    interval: Seconds = Field(1.0, ge=MIN_SOURCE_SECONDS, le=MAX_SOURCE_SECONDS)
     """How often each deployment publishes a new snapshot."""
-    period: Seconds = Field(60.0, gt=0)
+    period: Seconds = Field(60.0, ge=MIN_SOURCE_SECONDS, le=MAX_SEASONAL_SECONDS)
     """Length of one demo load cycle (ramp, burst, idle, return)."""
     peak_concurrency: float = Field(64.0, gt=0)
     """Requests in flight at the top of the burst."""
@@ -142,10 +146,10 @@ class PrometheusSourceConfig(BaseModel):
 
     url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")]
     """Base URL of the Prometheus HTTP API (``/api/v1/query`` is added to it)."""
-    interval: Seconds = Field(5.0, gt=0, le=MAX_SOURCE_SECONDS)
+    interval: Seconds = Field(5.0, ge=MIN_SOURCE_SECONDS, le=MAX_SOURCE_SECONDS)
     """Time between query rounds for each target (10 min at most: past it every signal
     is stale long before the next round)."""
-    timeout: Seconds = Field(3.0, gt=0, le=MAX_SOURCE_SECONDS)
+    timeout: Seconds = Field(3.0, ge=MIN_SOURCE_SECONDS, le=MAX_SOURCE_SECONDS)
     """Per-query limit; a round with a failed query publishes nothing."""
     panic_window: Seconds = Field(60.0, gt=0, le=MAX_WINDOW_SECONDS)
     """``$window`` of the panic signals: at least four scrape intervals."""

@@ -233,6 +233,8 @@ SEED = whole(0, 2**63 - 1)
 REPLICAS = whole(1, MAX_REPLICAS)
 """``--max-replicas`` of a simulated fleet: 0 replayed a fleet that can serve nothing."""
 SLEEPING = whole(0, MAX_REPLICAS)
+TIER_SLEEPING = 4
+"""``replay --compare-tiers``' ``--max-sleeping`` by default."""
 BURST_SLEEPERS = real(0, MAX_REPLICAS)
 """``--standby-burst-sleepers``: sleepers per running replica (capped by the maximum)."""
 DEMO_COMPRESSION = real(0, 50, above=True)

@@ -81,8 +81,8 @@ def _tier_arguments(replay: argparse.ArgumentParser) -> None:
     replay.add_argument(
         "--max-sleeping",
         type=flags.SLEEPING,
-        default=4,
-        help="with --compare-tiers (default 4)",
+        default=flags.TIER_SLEEPING,
+        help="with --compare-tiers (default %(default)s)",
     )
     replay.add_argument(
         "--idle-grace",
@@ -108,6 +108,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pool is not None or args.tasks is not None:
         return replay_pool.run(args, scaler_policy(args))
+    joint = replay_pool.given(args)
+    if joint:  # the run would be a plain replay, the flag's meaning silently dropped
+        raise ConfigError(f"{joint[0]} is the joint replay's: add --pool and --tasks, or drop it")
+    if not args.compare_tiers and (
+        args.idle_grace is not None or args.max_sleeping != flags.TIER_SLEEPING
+    ):
+        which = "--idle-grace" if args.idle_grace is not None else "--max-sleeping"
+        raise ConfigError(f"{which} applies with --compare-tiers: add it, or drop {which}")
     if not args.trace or len(args.trace) > 1:
         raise ConfigError("--trace: give exactly one (several only with --pool)")
     if args.compare_tiers and args.standby_max_sleeping:

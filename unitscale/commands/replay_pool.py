@@ -23,6 +23,28 @@ MAX_HEADROOMS = 8
 """Distinct ``--headroom`` values one joint replay compares."""
 
 
+DEFAULTS: dict[str, object] = {
+    "pool_fraction": 0.03,
+    "training_load": 1.0,
+    "placement": None,
+    "inference_gpu_type": None,
+    "headroom": None,
+    "fgd_mix": "joint",
+    "warm_start": False,
+    "max_task_seconds": 1800.0,
+}
+"""The joint replay's flags (by their ``argparse`` names) and their defaults."""
+
+
+def given(args: argparse.Namespace) -> list[str]:
+    """The joint replay's flags ``args`` sets to other than their defaults."""
+    return [
+        "--" + name.replace("_", "-")
+        for name, default in DEFAULTS.items()
+        if getattr(args, name, default) != default
+    ]
+
+
 def add_arguments(replay: argparse.ArgumentParser) -> None:
     """The joint replay's flags, a group of ``unitscale replay``'s."""
     joint = replay.add_argument_group("joint replay (one pool, training and inference)")
@@ -38,13 +60,13 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
     joint.add_argument(
         "--pool-fraction",
         type=flags.SHARE,
-        default=0.03,
+        default=DEFAULTS["pool_fraction"],
         help="share of the nodes and tasks kept, stratified by model (default %(default)s; 1: all)",
     )
     joint.add_argument(
         "--training-load",
         type=flags.TRAINING_LOAD,
-        default=1.0,
+        default=DEFAULTS["training_load"],
         help="offered training load as a share of the cards inference leaves on average"
         " (default %(default)s)",
     )
@@ -69,7 +91,7 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
     joint.add_argument(
         "--fgd-mix",
         choices=["joint", "training"],
-        default="joint",
+        default=DEFAULTS["fgd_mix"],
         help="FGD's target workload: training's tasks and inference's replicas by arrivals,"
         " or training's alone (default %(default)s)",
     )
@@ -82,7 +104,7 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
     joint.add_argument(
         "--max-task-seconds",
         type=flags.TASK_SECONDS,
-        default=1800.0,
+        default=DEFAULTS["max_task_seconds"],
         help="training durations are capped at this (default %(default)s)",
     )
 
@@ -150,6 +172,8 @@ def inputs(
         raise ConfigError("--pool runs the unitscale scaler in every deployment: drop --policy")
     if args.standby_max_sleeping:
         raise ConfigError("--pool models no sleeping replicas: drop --standby-max-sleeping")
+    if args.idle_grace is not None or args.max_sleeping != flags.TIER_SLEEPING:
+        raise ConfigError("--idle-grace and --max-sleeping are --compare-tiers': drop them")
     try:
         nodes = read_nodes(args.pool, args.pool_fraction)
         tasks = read_tasks(args.tasks, args.pool_fraction)
