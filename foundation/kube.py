@@ -106,8 +106,10 @@ class KubeAccess:
         A kubeconfig: a regular file, at most 1 MiB; a user's ``tokenFile``: at most
         64 KiB; a cluster's ``certificate-authority``, a user's ``client-certificate`` and
         ``client-key``: at most ``MAX_PEM_BYTES``. The client opens these by path:
-        ``/dev/zero`` was read until memory ran out, a FIFO waited on for good. A missing
-        one, or a kubeconfig of the wrong shape, stays the client's to report
+        ``/dev/zero`` was read until memory ran out, a FIFO waited on for good. None of
+        the kubeconfigs there, or the only one empty, is said here (the client logged a
+        warning and blamed a missing current-context, or a ``NoneType``); one missing
+        from a list, or a kubeconfig of the wrong shape, stays the client's to report
         (KUBECONFIG lists may name files not there). A list names at most
         ``MAX_KUBECONFIG_FILES``.
         """
@@ -117,12 +119,17 @@ class KubeAccess:
                 f"--kubeconfig {_clip(files)}: lists {len(listed):,} files; at most"
                 f" {MAX_KUBECONFIG_FILES} are read"
             )
-        for name in listed:
-            if os.path.lexists(name):
-                data = read_bytes(Path(name), MAX_CONFIG_BYTES, "kubeconfig")
-                for path, what, limit in _named_files(_parsed(data, name), Path(name).parent):
-                    if os.path.lexists(path):
-                        read_bytes(path, limit, f"kubeconfig {what}")
+        there = [name for name in listed if os.path.lexists(name)]
+        if not there:  # the client logged a warning, then blamed a missing current-context
+            raise ConfigError(f"--kubeconfig {_clip(files)}: no such file")
+        for name in there:
+            data = read_bytes(Path(name), MAX_CONFIG_BYTES, "kubeconfig")
+            parsed = _parsed(data, name)
+            if len(there) == 1 and not data.strip():
+                raise ConfigError(f"--kubeconfig {name}: empty")
+            for path, what, limit in _named_files(parsed, Path(name).parent):
+                if os.path.lexists(path):
+                    read_bytes(path, limit, f"kubeconfig {what}")
 
 
 MAX_TOKEN_BYTES = 64 * 1024

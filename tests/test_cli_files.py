@@ -184,6 +184,13 @@ CASES = [
         lambda t: ["admission", "--kubeconfig", "/dev/zero"],
         "cannot read kubeconfig /dev/zero", id="M12: a kubeconfig of /dev/zero is refused"),
     pytest.param(
+        lambda t: ["admission", "--kubeconfig", str(t / "missing.yaml")],
+        "missing.yaml: no such file",
+        id="a kubeconfig not there is one line, not the client's warning and its own"),
+    pytest.param(
+        lambda t: ["admission", "--kubeconfig", _file(t, "kc.yaml", b"\n")],
+        "kc.yaml: empty", id="an empty kubeconfig says so, not NoneType"),
+    pytest.param(
         lambda t: ["scaler", "--listen", "[::1:0", "--metrics-listen", "127.0.0.1:0"],
         "argument --listen", id="M13: a listen address gRPC cannot parse is refused as a flag"),
     pytest.param(
