@@ -61,8 +61,10 @@ class AdmissionConfig(BaseModel):
     at once cost a few passes, not 1,000)."""
     demand_cache: Seconds = Field(15.0, ge=0, le=3_600)
     """How long one answer of the scaler's inference forecast is reused."""
-    demand_timeout: Seconds = Field(2.0, gt=0, le=60)
-    """Longest wait for the scaler's answer; then ``whenUnavailable`` applies."""
+    demand_timeout: Seconds = Field(2.0, ge=0.1, le=60)
+    """Longest wait for the scaler's answer; then ``whenUnavailable`` applies. 100 ms at
+    least: 1 ms never heard an answer over a 5 ms round trip, and every headroom check
+    read "forecast unavailable" (hostile pass 52)."""
     write_concurrency: int = Field(8, ge=1, le=64)
     """Status writes in flight at once. More clear a backlog sooner and cost a stream's
     tail (``bench/admission.py`` on 2 cores, five runs each: at 32 a backlog of 1,000 is

@@ -32,6 +32,7 @@ from scaler.metadata import (
     MAX_SIGNAL_AGE_SECONDS,
     MAX_TOKENS_PER_SECOND,
     MIN_RATE,
+    MIN_SIGNAL_AGE_SECONDS,
     MIN_TOKENS_PER_SECOND,
     SLO_ITL_RANGE,
     SLO_TTFT_RANGE,
@@ -69,6 +70,10 @@ minutes. Go's largest duration (292 years) was taken: a watch broken once waited
 then centuries, to retry; a Prometheus round came once in 292 years."""
 MAX_SCALED_OBJECT_TTL = 7 * 86_400.0
 """The longest ``scaled-object-ttl``: a week."""
+MIN_SCALED_OBJECT_TTL = 300.0
+"""The shortest ``scaled-object-ttl``: five minutes, ten of KEDA's slowest polls. 1 ns
+forgot every ScaledObject at each minute's eviction, with its scale-down window, headroom
+and step fit: a fall held 6 minutes came after 75 s (hostile pass 52)."""
 
 
 class SignalSourceConfig(BaseModel):
@@ -385,6 +390,14 @@ _PROFILE_DEFAULT: dict[str, Any] = {f.name: f.default for f in fields(ReplicaPro
 _PROFILE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
+STEP_FLOOR_MS = 0.05
+"""A decode step's fixed cost (``decode-ms[0]``), ms, at least: a hundredth of the
+calibrated 8B on H200's (5.7 ms). Coefficients of 1e-9 ms were taken and every replica
+carried any load: 100,000 requests queued asked for 1 (hostile pass 52). Seconds given
+for milliseconds fall below it too."""
+PER_TOKEN_FLOOR_MS = 0.0001
+"""A decode step's cost per sequence and a prefill's per token (``decode-ms[1]``,
+``prefill-ms[1]``), ms, at least: a hundredth of the 8B on H200's (0.017, 0.020)."""
 
 
 MAX_NUM_SEQS = 16_384
@@ -406,9 +419,13 @@ class ProfileConfig(BaseModel):
 
     model: Annotated[str, Field(min_length=1)]
     """What it serves, in words (shown in reasons and reports)."""
-    decode_ms: tuple[Positive, Positive, NonNegative]
+    decode_ms: tuple[
+        Annotated[float, Field(ge=STEP_FLOOR_MS)],
+        Annotated[float, Field(ge=PER_TOKEN_FLOOR_MS)],
+        NonNegative,
+    ]
     """(a, b, c) of one decode step's ``a + b*batch + c*context_tokens`` ms."""
-    prefill_ms: tuple[NonNegative, Positive, NonNegative]
+    prefill_ms: tuple[NonNegative, Annotated[float, Field(ge=PER_TOKEN_FLOOR_MS)], NonNegative]
     """(p0, p1, p2) of a T-token prefill's ``p0 + p1*T + p2*T**2`` ms."""
     weights_gb: float = Field(gt=0)
     kv_bytes_per_token: int = Field(gt=0)
@@ -502,17 +519,18 @@ class ScalerConfig(BaseModel):
         default_factory=list, max_length=MAX_SIGNAL_SOURCES
     )
     """Exporters and gateways to watch. Empty is allowed only with ``demo-source``."""
-    max_signal_age: Seconds = Field(30.0, gt=0, le=MAX_SIGNAL_AGE_SECONDS)
+    max_signal_age: Seconds = Field(30.0, ge=MIN_SIGNAL_AGE_SECONDS, le=MAX_SIGNAL_AGE_SECONDS)
     """Signals older than this make KEDA RPCs answer UNAVAILABLE (KEDA's fallback
     applies) instead of acting on old data. 30 s is two exporter scrapes at the
-    default 15 s Prometheus interval; an hour at most (``MAX_SIGNAL_AGE_SECONDS``)."""
+    default 15 s Prometheus interval; 100 ms to an hour (``MIN_SIGNAL_AGE_SECONDS``,
+    ``MAX_SIGNAL_AGE_SECONDS``). Keep it several of the sources' periods."""
     demo_source: DemoSourceConfig | None = None
     prometheus_source: PrometheusSourceConfig | None = None
     """Take engine signals from PromQL instead of (or beside) an exporter; read at start."""
     """Publish synthetic signals in-process instead of (or beside) real sources."""
     grace_period: Seconds = Field(5.0, ge=0, le=MAX_SOURCE_SECONDS)
     """On SIGTERM, how long open RPCs may finish before the server stops (10 min at most)."""
-    scaled_object_ttl: Seconds = Field(3600.0, gt=0, le=MAX_SCALED_OBJECT_TTL)
+    scaled_object_ttl: Seconds = Field(3600.0, ge=MIN_SCALED_OBJECT_TTL, le=MAX_SCALED_OBJECT_TTL)
     """Forget a ScaledObject KEDA has not asked about for this long (KEDA never says one
     was deleted; its polls come every 15-30 s). A week at most: kept for good, deleted
     ScaledObjects filled the registry's bound and every new one was refused."""

@@ -127,6 +127,11 @@ MAX_TOKENS_PER_SECOND = 1e7
 """A replica's prefill or decode rate: 1 token/s (a CPU toy) to 10^7 (no accelerator
 does 10^6); outside it a busy deployment reads as no load, or as never enough."""
 
+MIN_SIGNAL_AGE_SECONDS = 0.1
+"""The shortest ``max-signal-age`` (and trigger ``maxSignalAge``): 1 ns was taken, no
+signal was ever that fresh, and every KEDA call answered UNAVAILABLE: buffered requests
+at zero were never activated (hostile pass 52). The demo's, compressed 50 times, is
+0.6 s."""
 MAX_SIGNAL_AGE_SECONDS = 3600.0
 """The oldest signals ``maxSignalAge`` (and the config's ``max-signal-age``) may take as
 current: an hour. Past it a source that went away is no measurement: 2562047h decided a
@@ -208,7 +213,7 @@ class TriggerMetadata(BaseModel):
     )
     """Requests in flight (running plus queued) one replica should hold."""
     max_signal_age: Seconds | None = Field(
-        None, alias="maxSignalAge", gt=0, le=MAX_SIGNAL_AGE_SECONDS
+        None, alias="maxSignalAge", ge=MIN_SIGNAL_AGE_SECONDS, le=MAX_SIGNAL_AGE_SECONDS
     )
     """Signals older than this give UNAVAILABLE; defaults to the scaler config's."""
     target_utilization: Decimal | None = Field(None, alias="targetUtilization", ge=MIN_RATE, le=1)

@@ -77,6 +77,11 @@ def test_a_flag_overrides_the_file():
         pytest.param('metrics-listen: "[::1:0"\n', "metrics-listen", id="an unclosed IPv6 host"),
         pytest.param('metrics-listen: "[x::1]:0"\n', "metrics-listen", id="an IPv6 host not hex"),
         pytest.param("resync: 1s\n", "resync", id="a-resync-too-short"),
+        pytest.param(
+            "demand-timeout: 1ms\n",
+            "demand-timeout",
+            id="a forecast wait no answer meets over a network (pass 52)",
+        ),
         pytest.param("resync: soon\n", "resync", id="not-a-duration"),
         pytest.param("write-concurrency: 0\n", "write-concurrency", id="no-writes-at-all"),
         pytest.param("logging: {format: xml}\n", "logging.format", id="an-unknown-log-format"),

@@ -163,13 +163,23 @@ BAD = [
     ),
     pytest.param(
         {"mine": profile_yaml(LLAMA3_8B_H200, **{"decode-ms": [0, 0.017, 0.00003]})},
-        ["'profiles.mine.decode-ms.0'=0", "greater than 0"],
+        ["'profiles.mine.decode-ms.0'=0", "greater than or equal to 0.05"],
         id="a zero weight-read time per decode step is refused naming the coefficient",
     ),
     pytest.param(
         {"mine": profile_yaml(LLAMA3_8B_H200, **{"prefill-ms": [4.8, -0.02, 0.0]})},
-        ["'profiles.mine.prefill-ms.1'=-0.02", "greater than 0"],
+        ["'profiles.mine.prefill-ms.1'=-0.02", "greater than or equal to 0.0001"],
         id="a negative prefill cost per token is refused naming the coefficient",
+    ),
+    pytest.param(
+        {"mine": profile_yaml(LLAMA3_8B_H200, **{"decode-ms": [1e-9, 1e-9, 0]})},
+        ["'profiles.mine.decode-ms.0'=1e-09", "greater than or equal to 0.05"],
+        id="a step of a nanosecond is refused: every replica carried any load (pass 52)",
+    ),
+    pytest.param(
+        {"mine": profile_yaml(LLAMA3_8B_H200, **{"decode-ms": [0.0057, 0.000017, 0]})},
+        ["'profiles.mine.decode-ms.0'=0.0057", "greater than or equal to 0.05"],
+        id="seconds given for milliseconds are refused",
     ),
     pytest.param(
         {"mine": profile_yaml(LLAMA3_8B_H200, **{"decode-ms": [5.7, 0.017]})},

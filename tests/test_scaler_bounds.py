@@ -825,6 +825,9 @@ async def test_a_watched_source_of_endless_new_targets_keeps_the_store_bounded()
                      id="a prefill rate of 1e300 is refused"),
         pytest.param("prefillTokensPerSecond", "1e7", False, id="a prefill rate of 1e7 is taken"),
         pytest.param("decodeTokensPerSecond", "1", False, id="a decode rate of 1 is taken"),
+        pytest.param("maxSignalAge", "1ns", True,
+                     id="a signal age no signal is ever within is refused (pass 52)"),
+        pytest.param("maxSignalAge", "100ms", False, id="a signal age of 100 ms is taken"),
     ],
 )  # fmt: skip
 def test_metadata_outside_a_plausible_domain_is_refused_naming_the_key(key, value, refused):
@@ -882,6 +885,29 @@ def test_a_policy_outside_a_plausible_domain_is_a_config_error_naming_the_key(po
 )
 def test_a_policy_at_the_edge_of_its_domain_is_taken(policy):
     parse_config(f"policy: {{{policy}}}\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        # No signal was ever within 1 ns: every KEDA call UNAVAILABLE, no activation.
+        pytest.param("max-signal-age: 1ns\n", "max-signal-age",
+                     id="a signal age no signal is ever within is refused"),
+        # Every ScaledObject forgotten at each minute's eviction, its window with it.
+        pytest.param("scaled-object-ttl: 1ns\n", "scaled-object-ttl",
+                     id="a ScaledObject forgotten at once is refused"),
+        pytest.param("scaled-object-ttl: 299s\n", "scaled-object-ttl",
+                     id="one under five minutes is refused"),
+    ],
+)  # fmt: skip
+def test_a_config_below_its_floor_is_refused_naming_the_key(text, key):
+    with pytest.raises(ConfigError, match=key):
+        parse_config(text)
+
+
+def test_the_config_floors_themselves_are_taken():
+    config = parse_config("max-signal-age: 100ms\nscaled-object-ttl: 5m\n")
+    assert (config.max_signal_age, config.scaled_object_ttl) == (0.1, 300.0)
 
 
 def test_at_most_256_signal_sources_are_taken():
