@@ -63,6 +63,9 @@ MIN_SOURCE_SECONDS = 0.01
 """The shortest a source's round (``interval``, ``timeout``; a demo source's ``interval``
 and ``period``): 1 ns was taken, and the demo source's loop spun a whole core (hostile
 pass 51)."""
+MIN_PROMQL_WINDOW = 1.0
+"""The shortest ``$window`` of a Prometheus source: a range finer than a second holds no
+two samples of any scrape (1 ns was taken)."""
 MAX_SOURCE_SECONDS = 600.0
 """The longest wait a source's loop may be told to make (``reconnect-min``,
 ``reconnect-max``, a Prometheus ``interval`` or ``timeout``) and ``grace-period``: 10
@@ -83,9 +86,9 @@ class SignalSourceConfig(BaseModel):
 
     address: Annotated[str, Field(min_length=1)]
     """``host:port`` to dial; a headless Service name reaches every pod behind it."""
-    reconnect_min: Seconds = Field(0.5, gt=0, le=MAX_SOURCE_SECONDS)
+    reconnect_min: Seconds = Field(0.5, ge=MIN_SOURCE_SECONDS, le=MAX_SOURCE_SECONDS)
     """First wait after a broken watch; doubles up to ``reconnect-max``."""
-    reconnect_max: Seconds = Field(30.0, gt=0, le=MAX_SOURCE_SECONDS)
+    reconnect_max: Seconds = Field(30.0, ge=MIN_SOURCE_SECONDS, le=MAX_SOURCE_SECONDS)
     """The longest wait between two attempts: 10 min at most (``MAX_SOURCE_SECONDS``);
     2562047h made a watch broken for an hour wait hours more, then centuries."""
     idle_timeout: Seconds = Field(60.0, ge=1, le=MAX_SIGNAL_AGE_SECONDS)
@@ -156,9 +159,9 @@ class PrometheusSourceConfig(BaseModel):
     is stale long before the next round)."""
     timeout: Seconds = Field(3.0, ge=MIN_SOURCE_SECONDS, le=MAX_SOURCE_SECONDS)
     """Per-query limit; a round with a failed query publishes nothing."""
-    panic_window: Seconds = Field(60.0, gt=0, le=MAX_WINDOW_SECONDS)
+    panic_window: Seconds = Field(60.0, ge=MIN_PROMQL_WINDOW, le=MAX_WINDOW_SECONDS)
     """``$window`` of the panic signals: at least four scrape intervals."""
-    stable_window: Seconds = Field(180.0, gt=0, le=MAX_WINDOW_SECONDS)
+    stable_window: Seconds = Field(180.0, ge=MIN_PROMQL_WINDOW, le=MAX_WINDOW_SECONDS)
     """``$window`` of the stable rates and quantiles."""
     selector: str = Field(DEFAULT_SELECTOR, min_length=1)
     """``$selector``: the label matchers of one target's series."""
@@ -309,7 +312,7 @@ class PolicyConfig(BaseModel):
     headroom_max: float = Field(_CORE.headroom_max, ge=0, le=MAX_HEADROOM)
     """The attainment loop's headroom bound, a share of the need (0: the loop is off)."""
     headroom_half_life: Seconds = Field(
-        _CORE.headroom_half_life_seconds, gt=0, le=MAX_SEASONAL_SECONDS
+        _CORE.headroom_half_life_seconds, ge=1, le=MAX_SEASONAL_SECONDS
     )
     """While attainment has margin the headroom halves this often."""
     scale_down_window: Seconds = Field(_CORE.scale_down_window_seconds, ge=0, le=MAX_WINDOW_SECONDS)
@@ -323,7 +326,7 @@ class PolicyConfig(BaseModel):
     the observed mix (``ScalerConfig`` checks that it is known)."""
     profile_utilization: float = Field(_CORE.profile_utilization, ge=MIN_RATE, le=1)
     """With a profile: the share of a replica's SLO capacity to plan for."""
-    backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, gt=0, le=MAX_WINDOW_SECONDS)
+    backlog_drain: Seconds = Field(_CORE.backlog_drain_seconds, ge=0.1, le=MAX_WINDOW_SECONDS)
     """With a profile: drain a backlog within this long (more replicas if need be)."""
     seasonal_prewarm_lead: Seconds = Field(
         _CORE.seasonal_prewarm_lead_seconds, ge=0, le=MAX_SEASONAL_SECONDS
@@ -335,7 +338,7 @@ class PolicyConfig(BaseModel):
         _CORE.seasonal_day_seconds, ge=MIN_SEASONAL_DAY, le=MAX_SEASONAL_SECONDS
     )
     """The forecast's day (shorter only in a replay of compressed days); 1 min to 7 days."""
-    demand_window: Seconds = Field(_CORE.demand_window_seconds, gt=0, le=MAX_WINDOW_SECONDS)
+    demand_window: Seconds = Field(_CORE.demand_window_seconds, ge=0.1, le=MAX_WINDOW_SECONDS)
     """With a profile: demand is averaged over this long (the exporter's stable window)."""
     profile_speedup: float = Field(_CORE.profile_speedup, gt=0, le=MAX_PROFILE_SPEEDUP)
     """With a profile: replicas step this many times faster than it says (1: real ones)."""

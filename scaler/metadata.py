@@ -234,7 +234,7 @@ class TriggerMetadata(BaseModel):
     pool: Pool | None = None
     """The accelerator pool the replicas run on; what the inference-demand RPC sums by."""
     accelerators_per_replica: Decimal | None = Field(
-        None, alias="acceleratorsPerReplica", gt=0, le=1024
+        None, alias="acceleratorsPerReplica", ge=0.01, le=1024
     )
     """Accelerators one replica holds (a fraction for a shared one); given with ``pool``."""
     seasonal_prewarm_lead: Seconds | None = Field(
@@ -254,7 +254,7 @@ class TriggerMetadata(BaseModel):
     ] = None
     """The Dataset's namespace; defaults to the workload's."""
     prewarm_paths: Paths | None = Field(None, alias="prewarmPaths")
-    prewarm_timeout: Seconds | None = Field(None, alias="prewarmTimeout", gt=0)
+    prewarm_timeout: Seconds | None = Field(None, alias="prewarmTimeout", ge=1)
     keep_warm_after_zero: Seconds | None = Field(None, alias="keepWarmAfterZero", ge=0)
     prewarm_cached_percentage: Decimal | None = Field(
         None, alias="prewarmCachedPercentage", gt=0, le=100

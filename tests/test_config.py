@@ -29,7 +29,7 @@ def test_the_shipped_config_parses():
     ("text", "fragment"),
     [
         pytest.param("max-signal-age: soon", "key 'max-signal-age'='soon'", id="bad-duration"),
-        pytest.param("max-signal-age: 0s", "greater than 0", id="zero-age"),
+        pytest.param("max-signal-age: 0s", "greater than or equal to 0.1", id="zero-age"),
         pytest.param("max-signal-ages: 5s", "unknown key 'max-signal-ages'", id="typo"),
         pytest.param(
             "signal-sources: [{reconnect-min: 1s}]",

@@ -165,8 +165,13 @@ def test_valid_metadata_parses(extra, expected):
         ),
         pytest.param(
             BASE | {"pool": "h200", "acceleratorsPerReplica": "0"},
-            ["'acceleratorsPerReplica'='0'", "greater than 0"],
+            ["'acceleratorsPerReplica'='0'", "greater than or equal to 0.01"],
             id="zero-accelerators-per-replica-is-refused",
+        ),
+        pytest.param(
+            BASE | {"pool": "h200", "acceleratorsPerReplica": "1e-9"},
+            ["'acceleratorsPerReplica'='1e-9'", "greater than or equal to 0.01"],
+            id="a billionth of a card a replica is refused: the pool's demand read as none",
         ),
         pytest.param(
             BASE | {"pool": "h200", "acceleratorsPerReplica": "2000"},

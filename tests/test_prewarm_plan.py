@@ -643,6 +643,11 @@ def test_the_trigger_metadata_gives_the_prewarm_spec(given, expected):
             id="a zero prewarmTimeout is refused",
         ),
         pytest.param(
+            {"fluidDataset": "w", "prewarmTimeout": "1ns"},
+            "key 'prewarmTimeout'='1ns'",
+            id="a prewarm that times out at once is refused",
+        ),
+        pytest.param(
             {"fluidDataset": "w", "prewarmCachedPercentage": "101"},
             "key 'prewarmCachedPercentage'='101'",
             id="a percentage above 100 is refused",

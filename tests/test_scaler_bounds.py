@@ -898,6 +898,19 @@ def test_a_policy_at_the_edge_of_its_domain_is_taken(policy):
                      id="a ScaledObject forgotten at once is refused"),
         pytest.param("scaled-object-ttl: 299s\n", "scaled-object-ttl",
                      id="one under five minutes is refused"),
+        # A self-audit of the keys bounded above 0 only, after passes 50-52:
+        pytest.param("signal-sources: [{address: 'e:9090', reconnect-min: 1ns}]\n",
+                     "reconnect-min", id="a reconnect every nanosecond is refused"),
+        pytest.param("signal-sources: [{address: 'e:9090', reconnect-max: 1ns}]\n",
+                     "reconnect-max", id="a backoff capped at a nanosecond is refused"),
+        pytest.param("prometheus-source: {url: 'http://p:9090', panic-window: 1ns}\n",
+                     "panic-window", id="a PromQL range of a nanosecond is refused"),
+        pytest.param("policy: {headroom-half-life: 1ns}\n", "headroom-half-life",
+                     id="a headroom gone at the first margin is refused"),
+        pytest.param("policy: {backlog-drain: 1ns}\n", "backlog-drain",
+                     id="a backlog drained in a nanosecond is refused"),
+        pytest.param("policy: {demand-window: 1ns}\n", "demand-window",
+                     id="a demand window of a nanosecond is refused"),
     ],
 )  # fmt: skip
 def test_a_config_below_its_floor_is_refused_naming_the_key(text, key):
