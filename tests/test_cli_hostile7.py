@@ -9,11 +9,11 @@ checked before any replay: one line naming the flag, status 2, nothing run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.stand_ins import RanError, stop_runs
 from tests.test_cli_flags import TWO_ROWS, write
 from unitscale import cli
 
@@ -24,28 +24,16 @@ PODS = (
 )
 
 
-class _RanError(Exception):
-    """The replay started (raised in place of it)."""
-
-
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The replays started, each stopped as it starts: which one, by name."""
     import replay.pool.joint
     import replay.run
 
-    started: list[str] = []
-
-    def stand_in(name: str) -> Callable[..., object]:
-        def run(*args: object, **kwargs: object) -> object:
-            started.append(name)
-            raise _RanError(name)
-
-        return run
-
-    monkeypatch.setattr(replay.run, "run_policies", stand_in("replay"))
-    monkeypatch.setattr(replay.pool.joint, "run_all", stand_in("joint replay"))
-    return started
+    return stop_runs(
+        monkeypatch,
+        {"replay": (replay.run, "run_policies"), "joint replay": (replay.pool.joint, "run_all")},
+    )
 
 
 def _replay(tmp_path: Path, report: str, *, pool: bool) -> list[str]:
@@ -89,7 +77,7 @@ def test_a_report_directory_is_made_before_the_run(
     tmp_path: Path, runs: list[str], pool: bool
 ) -> None:
     report = tmp_path / "new" / "report"
-    with pytest.raises(_RanError):
+    with pytest.raises(RanError):
         cli.main(_replay(tmp_path, str(report), pool=pool))
     assert runs == ["joint replay" if pool else "replay"]
     assert report.is_dir()

@@ -8,7 +8,6 @@ source a 1 ns round: each loop spun a whole core. Each is now one line, status 2
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,10 @@ import pytest
 from exporter.config import parse_config as parse_exporter_config
 from foundation.errors import ConfigError
 from scaler.config import parse_config as parse_scaler_config
+from tests.stand_ins import RanError, stop_runs
 from tests.test_cli_flags import TWO_ROWS, write
 from tests.test_cli_hostile7 import NODES, PODS
 from unitscale import cli
-
-
-class _RanError(Exception):
-    """The replay started (raised in place of it)."""
 
 
 @pytest.fixture
@@ -30,19 +26,14 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     import replay.pool.joint
     import replay.run
 
-    started: list[str] = []
-
-    def stand_in(name: str) -> Callable[..., object]:
-        def run(*args: object, **kwargs: object) -> object:
-            started.append(name)
-            raise _RanError(name)
-
-        return run
-
-    monkeypatch.setattr(replay.run, "run_policies", stand_in("replay"))
-    monkeypatch.setattr(replay.run, "compare_tiers", stand_in("tiers"))
-    monkeypatch.setattr(replay.pool.joint, "run_all", stand_in("joint replay"))
-    return started
+    return stop_runs(
+        monkeypatch,
+        {
+            "replay": (replay.run, "run_policies"),
+            "tiers": (replay.run, "compare_tiers"),
+            "joint replay": (replay.pool.joint, "run_all"),
+        },
+    )
 
 
 @pytest.mark.parametrize(
@@ -120,7 +111,7 @@ def test_a_replay_with_its_own_flags_runs(
     trace = write(tmp_path / "t.csv", TWO_ROWS)
     argv = ["replay", "--trace", trace, "--report", str(tmp_path / "r")]
     policy = [] if tiers else ["--policy", "kpa"]
-    with pytest.raises(_RanError):
+    with pytest.raises(RanError):
         cli.main([*argv, *policy, *extra])
     assert runs == ["tiers" if tiers else "replay"]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from foundation.files import write_file
+from tests.stand_ins import RanError, stop_runs
 from tests.test_cli_flags import TWO_ROWS, write
 from tests.test_cli_hostile7 import NODES, PODS
 from unitscale import cli
@@ -28,10 +29,6 @@ CONFIG = (
 SCALED_OBJECT = (Path(__file__).parents[1] / "deploy/scaledobjects/recommended.yaml").read_text()
 
 
-class _RanError(Exception):
-    """The run started (raised in place of it)."""
-
-
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The runs started, each stopped as it starts: which one, by name."""
@@ -40,20 +37,15 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     import unitscale.demo.run
     import unitscale.tune
 
-    started: list[str] = []
-
-    def stand_in(name: str) -> Callable[..., object]:
-        def run(*args: object, **kwargs: object) -> object:
-            started.append(name)
-            raise _RanError(name)
-
-        return run
-
-    monkeypatch.setattr(replay.run, "run_policies", stand_in("replay"))
-    monkeypatch.setattr(replay.pool.joint, "run_all", stand_in("joint replay"))
-    monkeypatch.setattr(unitscale.tune, "worker_pool", stand_in("tune"))
-    monkeypatch.setattr(unitscale.demo.run, "Conductor", stand_in("demo"))  # the fleet
-    return started
+    return stop_runs(
+        monkeypatch,
+        {
+            "replay": (replay.run, "run_policies"),
+            "joint replay": (replay.pool.joint, "run_all"),
+            "tune": (unitscale.tune, "worker_pool"),
+            "demo": (unitscale.demo.run, "Conductor"),  # the fleet, once the checks are done
+        },
+    )
 
 
 def _command(tmp_path: Path, command: str, out: Path) -> list[str]:
@@ -228,7 +220,7 @@ def test_a_replay_may_report_into_the_recording_it_reads(
     recording.mkdir()
     write(recording / "arrivals-1.csv", TWO_ROWS)
     argv = ["replay", "--trace", str(recording), "--report", str(recording), "--policy", "kpa"]
-    with pytest.raises(_RanError):
+    with pytest.raises(RanError):
         cli.main(argv)
     assert runs == ["replay"]
 

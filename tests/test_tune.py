@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -202,10 +203,41 @@ class _StoppedError(Exception):
     """What the test's SIGTERM handler raises: the signal acted on."""
 
 
-def test_a_sigterm_while_ray_starts_waits_for_the_start_and_its_shutdown(monkeypatch):
-    """Ray's init installs its own SIGTERM handler (``sys.exit``) before it starts the
-    node; a SIGTERM after that ended the command inside init, its agents left running
-    (hostile pass 45)."""
+def _installing_its_handler(events: list[str]) -> Callable[..., None]:
+    """As ray.init: its own SIGTERM handler first, then the start a SIGTERM lands in."""
+    import ray._private.utils as ray_utils
+
+    def init(**options: Any) -> None:
+        ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))
+        signal.raise_signal(signal.SIGTERM)
+        events.append("started")
+
+    return init
+
+
+def _failing(events: list[str]) -> Callable[..., None]:
+    """A ray.init that a SIGTERM lands in, and that then fails."""
+
+    def init(**options: Any) -> None:
+        signal.raise_signal(signal.SIGTERM)
+        raise RuntimeError("the raylet died")
+
+    return init
+
+
+@pytest.mark.parametrize(
+    ("init", "expected"),
+    [
+        # Ray's handler (sys.exit) replaced the hold: the command ended inside ray.init,
+        # its agents left running (hostile pass 45).
+        pytest.param(_installing_its_handler, ["started", "shut down"],
+                     id="ray's own handler installed first: held until the start"),
+        # The refusal was raised first and the signal dropped (hostile pass 49).
+        pytest.param(_failing, ["shut down"],
+                     id="a failing start: acted on after the shutdown, not dropped"),
+    ],
+)  # fmt: skip
+def test_a_sigterm_while_ray_starts_is_acted_on_once_ray_is_shut_down(monkeypatch, init, expected):
     import ray
     import ray._private.utils as ray_utils
 
@@ -214,15 +246,10 @@ def test_a_sigterm_while_ray_starts_waits_for_the_start_and_its_shutdown(monkeyp
     events: list[str] = []
     install = ray_utils.set_sigterm_handler
 
-    def init(**options: Any) -> None:  # as ray.init: its handler first, then the start
-        ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))
-        signal.raise_signal(signal.SIGTERM)
-        events.append("started")
-
     def stopped(signum: int, frame: Any) -> None:
         raise _StoppedError(signum)
 
-    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "init", init(events))
     monkeypatch.setattr(ray, "shutdown", lambda: events.append("shut down"))
     before = signal.signal(signal.SIGTERM, stopped)
     try:
@@ -230,34 +257,8 @@ def test_a_sigterm_while_ray_starts_waits_for_the_start_and_its_shutdown(monkeyp
             tune_ray._start(ray, "local")
     finally:
         signal.signal(signal.SIGTERM, before)
-    assert events == ["started", "shut down"]
+    assert events == expected
     assert ray_utils.set_sigterm_handler is install
-
-
-def test_a_sigterm_while_ray_fails_to_start_is_acted_on_after_its_shutdown(monkeypatch):
-    """Ray's refusal was raised first and the signal dropped (hostile pass 49)."""
-    import ray
-
-    from unitscale import tune_ray
-
-    events: list[str] = []
-
-    def init(**options: Any) -> None:
-        signal.raise_signal(signal.SIGTERM)
-        raise RuntimeError("the raylet died")
-
-    def stopped(signum: int, frame: Any) -> None:
-        raise _StoppedError(signum)
-
-    monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr(ray, "shutdown", lambda: events.append("shut down"))
-    before = signal.signal(signal.SIGTERM, stopped)
-    try:
-        with pytest.raises(_StoppedError):
-            tune_ray._start(ray, "local")
-    finally:
-        signal.signal(signal.SIGTERM, before)
-    assert events == ["shut down"]
 
 
 def test_a_ray_address_that_takes_a_connection_and_says_nothing_is_refused_in_one_line(
