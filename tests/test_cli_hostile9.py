@@ -131,24 +131,6 @@ def test_an_exporter_loop_period_below_its_floor_is_refused(text: str, key: str)
         parse_exporter_config(text)
 
 
-@pytest.mark.parametrize(
-    ("text", "key"),
-    [
-        pytest.param("demo-source: {interval: 1ns}\n", "demo-source.interval",
-                     id="a demo source publishing every nanosecond"),
-        pytest.param("demo-source: {period: 1ns}\n", "demo-source.period",
-                     id="a demo cycle of a nanosecond"),
-        pytest.param("prometheus-source: {url: 'http://p:9090', interval: 1ns}\n",
-                     "prometheus-source.interval", id="a Prometheus round every nanosecond"),
-        pytest.param("prometheus-source: {url: 'http://p:9090', timeout: 1ns}\n",
-                     "prometheus-source.timeout", id="a Prometheus query limit of 1 ns"),
-    ],
-)  # fmt: skip
-def test_a_scaler_source_period_below_its_floor_is_refused(text: str, key: str) -> None:
-    with pytest.raises(ConfigError, match=key):
-        parse_scaler_config(text)
-
-
 def test_the_floors_themselves_are_taken() -> None:
     """The demo compresses the exporter's 5 s scrape 50 times and its 2 s timeout to 40 ms;
     tests run sources at 10-20 ms."""

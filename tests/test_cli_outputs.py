@@ -105,27 +105,37 @@ def test_an_output_that_is_no_regular_file_is_refused_before_the_run(
 
 
 @pytest.mark.parametrize(
-    ("command", "name"),
+    ("command", "name", "flag", "content"),
     [
-        pytest.param("tune", "scaler-config.yaml", id="tune, last night's proposal fed back"),
-        pytest.param("replay", "report.md", id="replay, an odd place for a config"),
-        pytest.param("demo", "config/scaler.yaml", id="the demo, its own config directory"),
+        pytest.param("tune", "scaler-config.yaml", "--scaler-config", CONFIG,
+                     id="tune, last night's proposal fed back"),
+        pytest.param("replay", "report.md", "--scaler-config", CONFIG,
+                     id="replay, an odd place for a config"),
+        pytest.param("demo", "config/scaler.yaml", "--scaler-config", CONFIG,
+                     id="the demo, its own config directory"),
+        pytest.param("demo", "config/gateway.yaml", "--scaled-object", SCALED_OBJECT,
+                     id="the demo, a ScaledObject where it writes the gateway's config"),
     ],
-)
+)  # fmt: skip
 def test_an_input_the_run_would_replace_is_refused_and_kept(
-    tmp_path: Path, runs: list[str], capsys: pytest.CaptureFixture[str], command: str, name: str
+    tmp_path: Path,
+    runs: list[str],
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    name: str,
+    flag: str,
+    content: str,
 ) -> None:
     out = tmp_path / "out"
     given = out / name
     given.parent.mkdir(parents=True)
-    given.write_text(CONFIG)
-    argv = [*_command(tmp_path, command, out), "--scaler-config", str(given)]
-    code, err = _main(argv, capsys)
+    given.write_text(content)
+    code, err = _main([*_command(tmp_path, command, out), flag, str(given)], capsys)
     assert (code, runs) == (2, [])
     assert err.endswith(
-        f"{name} is the --scaler-config given, which the run replaces: copy it elsewhere first"
+        f"{name} is the {flag} given, which the run replaces: copy it elsewhere first"
     )
-    assert given.read_text() == CONFIG
+    assert given.read_text() == content
 
 
 def test_a_recording_directory_as_tunes_out_is_refused(
@@ -223,20 +233,3 @@ def test_a_replay_may_report_into_the_recording_it_reads(
     with pytest.raises(RanError):
         cli.main(argv)
     assert runs == ["replay"]
-
-
-def test_a_scaled_object_the_demo_would_replace_is_refused_and_kept(
-    tmp_path: Path, runs: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "out"
-    given = out / "config" / "gateway.yaml"
-    given.parent.mkdir(parents=True)
-    given.write_text(SCALED_OBJECT)
-    argv = [*_command(tmp_path, "demo", out), "--scaled-object", str(given)]
-    code, err = _main(argv, capsys)
-    assert (code, runs) == (2, [])
-    assert err.endswith(
-        "config/gateway.yaml is the --scaled-object given, which the run replaces:"
-        " copy it elsewhere first"
-    )
-    assert given.read_text() == SCALED_OBJECT

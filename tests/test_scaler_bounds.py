@@ -898,6 +898,15 @@ def test_a_policy_at_the_edge_of_its_domain_is_taken(policy):
                      id="a ScaledObject forgotten at once is refused"),
         pytest.param("scaled-object-ttl: 299s\n", "scaled-object-ttl",
                      id="one under five minutes is refused"),
+        # A source's round of 1 ns spun the demo source's loop on a core (pass 51):
+        pytest.param("demo-source: {interval: 1ns}\n", "demo-source.interval",
+                     id="a demo source publishing every nanosecond is refused"),
+        pytest.param("demo-source: {period: 1ns}\n", "demo-source.period",
+                     id="a demo cycle of a nanosecond is refused"),
+        pytest.param("prometheus-source: {url: 'http://p:9090', interval: 1ns}\n",
+                     "prometheus-source.interval", id="a Prometheus round every nanosecond"),
+        pytest.param("prometheus-source: {url: 'http://p:9090', timeout: 1ns}\n",
+                     "prometheus-source.timeout", id="a Prometheus query limit of 1 ns"),
         # A self-audit of the keys bounded above 0 only, after passes 50-52:
         pytest.param("signal-sources: [{address: 'e:9090', reconnect-min: 1ns}]\n",
                      "reconnect-min", id="a reconnect every nanosecond is refused"),
