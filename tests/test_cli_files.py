@@ -103,7 +103,7 @@ CASES = [
         "cannot read CSV /dev/zero", id="H4: --tasks /dev/zero is refused"),
     pytest.param(
         lambda t: [*REPLAY, "--trace", _file(t, "t.csv", TWO_ROWS), "--scaler-config",
-                   "/dev/zero"],
+                   "/dev/zero", "--policy", "unitscale"],
         "cannot read config file /dev/zero", id="H4: replay --scaler-config /dev/zero is refused"),
     pytest.param(
         lambda t: ["replay", "--trace", _file(t, "t.csv", TWO_ROWS), "--scaler-config",

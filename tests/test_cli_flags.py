@@ -212,7 +212,7 @@ def test_replay_refuses_a_bad_file_or_flag_with_one_line_and_status_2(
     tmp_path: Path, trace: bytes, flags: list[str], message: str
 ) -> None:
     path = write(tmp_path / "t", trace)
-    args = ["replay", "--trace", path, "--policy", "static-peak", *flags]
+    args = ["replay", "--trace", path, "--policy", "unitscale", *flags]
     done = unitscale(*args, "--report", str(tmp_path / "out"))
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr

@@ -58,7 +58,7 @@ def _command(tmp_path: Path, command: str, out: Path) -> list[str]:
     if command == "replay --pool":
         nodes, pods = write(tmp_path / "n.csv", NODES), write(tmp_path / "p.csv", PODS)
         return [*args, "--pool", nodes, "--tasks", pods, "--pool-fraction", "1"]
-    return [*args, "--policy", "kpa"]
+    return [*args, "--policy", "unitscale"]
 
 
 def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

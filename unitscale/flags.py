@@ -271,6 +271,35 @@ BATCH = whole(1, 1_024)
 """``tune --batch``: trials the sampler proposes before it sees their results."""
 WORKERS = whole(1, 1_024)
 """``tune --workers``: processes replaying trials at once."""
+TARGET_CONCURRENCY = 32.0
+"""``--target-concurrency`` of ``replay`` and ``tune`` by default: the trigger's
+``targetConcurrency`` as deploy/scaledobjects/recommended.yaml sets it."""
+
+UNITSCALE_FLAGS: dict[str, object] = {
+    "target_concurrency": TARGET_CONCURRENCY,
+    "scaler_config": None,
+    "standby_max_sleeping": 0,
+    "standby_burst_sleepers": 0.0,
+}
+"""The flags (by their ``argparse`` names) only the unitscale policy reads, and their
+defaults: ``replay --policy kpa --target-concurrency 8`` replayed KPA with the flag
+dropped without a word."""
+
+
+def unitscale_only(args: argparse.Namespace, policy: str) -> None:
+    """Refuse a flag of ``UNITSCALE_FLAGS`` set for a run whose ``policy`` never reads it.
+
+    ``policy`` is the one policy run (``all`` and ``unitscale`` read them all).
+
+    Raises:
+        ConfigError: naming the first such flag.
+    """
+    if policy in {"all", "unitscale"}:
+        return
+    for name, default in UNITSCALE_FLAGS.items():
+        if getattr(args, name, default) != default:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} is the unitscale policy's: drop it for {policy}")
 
 
 def fleet_of(args: argparse.Namespace) -> SimConfig:

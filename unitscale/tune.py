@@ -736,7 +736,12 @@ def add_command(commands: Commands) -> None:
         "--cold-start", default="local-disk", help="a cold start tier (default %(default)s)"
     )
     fleet.add_argument("--max-replicas", type=flags.REPLICAS, default=64)
-    fleet.add_argument("--target-concurrency", type=flags.CONCURRENCY, default=32.0)
+    fleet.add_argument(
+        "--target-concurrency",
+        type=flags.CONCURRENCY,
+        default=flags.TARGET_CONCURRENCY,
+        help="the unitscale policy's targetConcurrency (default %(default)s)",
+    )
     flags.standby_arguments(fleet)  # with sleepers, the burst tier is searched too
     tune.set_defaults(run=run, default_log_level="warning")
 
@@ -834,13 +839,9 @@ def _problem_of(args: argparse.Namespace) -> tuple[Problem, list[str]]:
     from scaler.config import load_config
     from unitscale.commands.common import read_traces
 
-    if args.scaler_config is not None and args.policy != "unitscale":
-        raise ConfigError(f"--scaler-config is the unitscale policy's: drop it for {args.policy}")
-    if args.standby_max_sleeping and args.policy != "unitscale":
-        raise ConfigError(
-            "--standby-max-sleeping: sleepers are the unitscale policy's;"
-            f" drop it for {args.policy}"
-        )
+    flags.unitscale_only(args, args.policy)
+    if args.workers is not None and args.ray is not None:
+        raise ConfigError("--workers is the local processes' count; Ray places its tasks: drop it")
     scaler = load_config(args.scaler_config)  # the ConfigError names the key
     base: dict[str, object] = {}
     if args.scaler_config is not None:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("unitscale")
 T = TypeVar("T")
 
+CONFIG_POLL = "1s"
+"""How often ``--config`` is checked for changes by default."""
 MIN_CONFIG_POLL = 0.01
 """The shortest ``--config-poll`` (seconds): at most 100 checks of the file a second.
 1 ns was ~5,000 a second, 41% of a core while idle; ``unitscale demo`` polls every 50 ms."""
@@ -56,9 +58,8 @@ def config_arguments(command: argparse.ArgumentParser, config_help: str) -> None
     )
     command.add_argument(
         "--config-poll",
-        default="1s",
         metavar="DURATION",
-        help="how often --config is checked for changes (Go duration, default %(default)s)",
+        help=f"how often --config is checked for changes (Go duration, default {CONFIG_POLL})",
     )
     kubeconfig_argument(command)
 
@@ -91,18 +92,18 @@ def config_source(args: argparse.Namespace) -> ConfigSource:
     from foundation.kube import KubeAccess
     from foundation.reload import ConfigSource
 
+    if args.config_poll is not None and args.config is None:
+        # A ConfigMap is watched, and without either there is nothing to check.
+        raise ConfigError("--config-poll is how often --config is read: give --config, or drop it")
+    text = CONFIG_POLL if args.config_poll is None else args.config_poll
     try:
-        poll = parse_duration(args.config_poll)
+        poll = parse_duration(text)
     except ValueError as err:
-        raise ConfigError(f"--config-poll {args.config_poll!r}: {err}") from err
+        raise ConfigError(f"--config-poll {text!r}: {err}") from err
     if not poll >= MIN_CONFIG_POLL:
-        raise ConfigError(
-            f"--config-poll {args.config_poll!r}: must be at least {MIN_CONFIG_POLL * 1000:g}ms"
-        )
+        raise ConfigError(f"--config-poll {text!r}: must be at least {MIN_CONFIG_POLL * 1000:g}ms")
     if poll > MAX_CONFIG_POLL:
-        raise ConfigError(
-            f"--config-poll {args.config_poll!r}: must be at most {MAX_CONFIG_POLL / 60:g}m"
-        )
+        raise ConfigError(f"--config-poll {text!r}: must be at most {MAX_CONFIG_POLL / 60:g}m")
     return ConfigSource(
         args.config, args.config_configmap, KubeAccess(args.kubeconfig), poll_interval=poll
     )

@@ -33,8 +33,12 @@ def add_command(commands: Commands) -> None:
     listen_argument(exporter, "--listen", "0.0.0.0:9100", "HTTP /metrics")
     listen_argument(exporter, "--grpc-listen", "0.0.0.0:9091", "signals gRPC service")
     config_arguments(exporter, "exporter config YAML (a mounted ConfigMap; hot-reloaded)")
-    exporter.add_argument("--namespace", default="default", help="namespace of --target replicas")
-    exporter.add_argument("--deployment", default="default", help="deployment of --target replicas")
+    exporter.add_argument(
+        "--namespace", help="namespace of the --target or --dns replicas (default: default)"
+    )
+    exporter.add_argument(
+        "--deployment", help="deployment of the --target or --dns replicas (default: default)"
+    )
     dns_argument(exporter)
     exporter.add_argument("--interval", help="scrape interval (Go duration, default 5s)")
     exporter.add_argument("--timeout", help="per-scrape timeout (Go duration, default 2s)")
@@ -75,10 +79,15 @@ def _flagged(args: argparse.Namespace) -> tuple[dict[str, object], list[dict[str
     if args.timeout is not None:
         overrides["timeout"] = args.timeout
     extra: list[dict[str, object]] = []
+    names = {"--namespace": args.namespace, "--deployment": args.deployment}
+    named = [flag for flag, value in names.items() if value is not None]
+    if named and not (args.target or args.dns):
+        # The config file's deployments carry their own names: the flag would be dropped.
+        raise ConfigError(f"{named[0]} names the --target or --dns replicas: give one, or drop it")
     if args.target or args.dns:
         flagged: dict[str, object] = {
-            "namespace": args.namespace,
-            "deployment": args.deployment,
+            "namespace": "default" if args.namespace is None else args.namespace,
+            "deployment": "default" if args.deployment is None else args.deployment,
             "targets": args.target,
         }
         if args.dns:

@@ -59,7 +59,12 @@ def add_command(commands: Commands) -> None:
     _tier_arguments(replay)
     flags.standby_arguments(replay)
     replay.add_argument("--max-replicas", type=flags.REPLICAS, default=64)
-    replay.add_argument("--target-concurrency", type=flags.CONCURRENCY, default=32.0)
+    replay.add_argument(
+        "--target-concurrency",
+        type=flags.CONCURRENCY,
+        default=flags.TARGET_CONCURRENCY,
+        help="the unitscale policy's targetConcurrency (default %(default)s)",
+    )
     replay.add_argument("--seed", type=flags.SEED, default=0)
     replay.add_argument(
         "--scaler-config",
@@ -118,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{which} applies with --compare-tiers: add it, or drop {which}")
     if not args.trace or len(args.trace) > 1:
         raise ConfigError("--trace: give exactly one (several only with --pool)")
+    flags.unitscale_only(args, args.policy)
     if args.compare_tiers and args.standby_max_sleeping:
         raise ConfigError("--compare-tiers sets each row's sleepers: drop --standby-max-sleeping")
     config, names = fleet_and_policies(args)

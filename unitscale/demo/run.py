@@ -59,6 +59,10 @@ CONFIG_FILES = {name: f"config/{name}.yaml" for name in ("scaler", "exporter", "
 """Each server's config file in the demo's directory, rewritten every run."""
 
 
+COLD_START = "local-disk"
+"""The tier simulated replicas start from by default (``--cold-start``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
     """``unitscale demo``'s flags."""
@@ -76,7 +80,7 @@ class DemoOptions:
     max_replicas: int | None = None
     """Default 8 simulated replicas, or 2 vLLM ones (each ~2 GB of memory and a core)."""
     target_concurrency: float = 16.0
-    cold_start: str = "local-disk"
+    cold_start: str = COLD_START
     standby: bool = True
     """Sleeping replicas (the trigger's ``standby: "true"``); simulated replicas only: vLLM
     for CPUs has no sleep mode."""
@@ -171,6 +175,10 @@ def validate(options: DemoOptions) -> None:
     if options.cold_start not in COLD_START_TIERS:
         raise ConfigError(
             f"--cold-start {options.cold_start!r}: one of {', '.join(COLD_START_TIERS)}"
+        )
+    if options.real_vllm and options.cold_start != COLD_START:
+        raise ConfigError(
+            "--cold-start is the simulated replicas': --real-vllm starts real ones; drop it"
         )
     if options.max_replicas is not None and options.max_replicas < 1:
         raise ConfigError("--max-replicas must be at least 1")
