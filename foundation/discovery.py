@@ -48,7 +48,8 @@ class EndpointSliceWatch:
     Attributes:
         targets: replica URLs; ``None`` until the first list succeeded (then the last
             known list stays while the API server is unreachable). A malformed slice or
-            endpoint is skipped alone (``skipped`` counts them, logged once a change).
+            endpoint is skipped alone (``skipped`` counts them, logged once a change);
+            a change whose every endpoint named is malformed keeps the list too.
     """
 
     def __init__(self, namespace: str, config: EndpointSlicesConfig) -> None:
@@ -79,6 +80,10 @@ class EndpointSliceWatch:
                 problem,
             )
         self._last_skipped = problem
+        if skipped and not targets:
+            # Slices naming endpoints, none usable: no answer, not a fleet of none (read
+            # as one, the exporter published a busy fleet's load as 0, hostile pass 53).
+            return
         if targets != self.targets:
             log.info(
                 "service %s/%s: %d ready replicas",

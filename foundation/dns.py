@@ -33,7 +33,9 @@ async def resolve_addresses(host_port: str) -> tuple[list[str], int]:
     A headless Service answers one A record per ready pod, so this lists the replicas.
 
     Raises:
-        OSError: the name does not resolve.
+        OSError: the name does not resolve, or resolves to no address a pod can have
+            (0.0.0.0, multicast: a filtering resolver's answer for a blocked name). Read as
+            no replicas it made every caller take the fleet as gone and its load as 0.
         ValueError: ``host_port`` has no numeric port.
     """
     host, _, port = host_port.rpartition(":")
@@ -50,7 +52,11 @@ async def resolve_addresses(host_port: str) -> tuple[list[str], int]:
     infos = await asyncio.shield(waited)
     found = {str(info[4][0]) for info in infos}
     # 0.0.0.0 connects to this host: a gateway on its replicas' port forwards to itself.
-    return sorted(a for a in found if is_pod_address(ipaddress.IPv4Address(a))), key[1]
+    pods = sorted(a for a in found if is_pod_address(ipaddress.IPv4Address(a)))
+    if found and not pods:
+        shown = ", ".join(sorted(found)[:3])
+        raise OSError(f"{host} resolves to no address a pod can have ({shown})")
+    return pods, key[1]
 
 
 def _getaddrinfo(host: str, port: int) -> list[Any]:

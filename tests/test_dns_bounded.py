@@ -75,17 +75,3 @@ async def test_more_hung_names_than_threads_still_never_touch_the_default_execut
     async with asyncio.timeout(30):
         await asyncio.gather(*tasks)
     assert not dns._IN_FLIGHT
-
-
-@pytest.mark.parametrize(
-    ("name", "addresses"),
-    [
-        pytest.param("0.0.0.0:8000", [], id="the unspecified address is no replica"),
-        pytest.param("255.255.255.255:8000", [], id="the broadcast address is no replica"),
-        pytest.param("127.0.0.1:8000", ["127.0.0.1"], id="a loopback replica is one"),
-    ],
-)
-async def test_only_addresses_a_pod_can_have_are_replicas(name, addresses):
-    """0.0.0.0 connects to this host: a gateway on its replicas' port forwarded to itself
-    (issue 27, hostile pass 34)."""
-    assert await resolve_addresses(name) == (addresses, 8000)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foundation.discovery import EndpointSlicesConfig
+from foundation.discovery import EndpointSlicesConfig, EndpointSliceWatch
 from foundation.endpoint_slices import MAX_ENDPOINTS_READ, slice_targets
 from foundation.errors import ConfigError
 
@@ -215,6 +215,30 @@ def test_a_malformed_slice_or_endpoint_is_skipped_alone_and_named(bad, why):
     urls = slice_targets([bad, GOOD], "metrics", skipped=skipped)
     assert urls == ["http://10.0.0.1:8000/metrics"]  # the good slice still counts
     assert len(skipped) == 1 and why in skipped[0]
+
+
+@pytest.mark.parametrize(
+    ("before", "change", "after"),
+    [
+        pytest.param([ep("10.0.0.1")], [ep("0.0.0.0")], ["http://10.0.0.1:8000/metrics"],
+                     id="a change naming only an address no pod has keeps the last list"),
+        pytest.param(None, [ep("224.0.0.1")], None,
+                     id="a first list naming only malformed endpoints is no list yet"),
+        pytest.param([ep("10.0.0.1")], [], [],
+                     id="a change naming no endpoint is a fleet of none"),
+        pytest.param([ep("10.0.0.1")], [ep("10.0.0.2"), ep("0.0.0.0")],
+                     ["http://10.0.0.2:8000/metrics"],
+                     id="a change with a usable endpoint lists it alone"),
+    ],
+)  # fmt: skip
+def test_a_change_whose_every_endpoint_is_malformed_is_no_answer(before, change, after):
+    """Read as a fleet of none, 0.0.0.0 alone made the exporter publish a busy fleet's
+    load as 0 (issue 27, hostile pass 53)."""
+    watch = EndpointSliceWatch("team-a", EndpointSlicesConfig(service="llama", port="metrics"))
+    if before is not None:
+        watch._changed({"s1": eps(*before)})
+    watch._changed({"s1": eps(*change)})
+    assert watch.targets == (None if after is None else sorted(after))
 
 
 json_values = st.recursive(
