@@ -29,6 +29,7 @@ from foundation.discovery import EndpointSlicesConfig
 from foundation.durations import Seconds
 from foundation.errors import ConfigError, quote
 from foundation.files import MAX_CONFIG_BYTES, read_text
+from foundation.replica_model import MAX_PRICE_PER_HOUR
 from foundation.signals import MAX_DEPLOYMENT_LENGTH, MAX_MODEL_LENGTH, MAX_NAMESPACE_LENGTH
 
 DEFAULT_PRICE_PER_HOUR = 3.50
@@ -44,7 +45,7 @@ class AcceleratorConfig(BaseModel):
 
     model_config = KEBAB_CASE
 
-    price_per_hour: float | None = Field(None, ge=0)
+    price_per_hour: float | None = Field(None, ge=0, le=MAX_PRICE_PER_HOUR)
     """US$ per whole accelerator-hour; unset uses the documented default (3.50)."""
     count: float = Field(1.0, gt=0, le=64)
     """Accelerators per replica (``nvidia.com/gpu``)."""

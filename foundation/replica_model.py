@@ -49,6 +49,11 @@ FULL_BATCH_CONTEXT = 2048
 Azure conversation mix's 1,260 (1,155 prompt + 211/2 output), the calibration's middle."""
 
 
+MAX_PRICE_PER_HOUR = 1_000_000.0
+"""US$ per accelerator-hour at most, wherever a price is given (a config, ``--price``):
+an H200 rents for a few dollars an hour, so more is a typo, not a price."""
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """One model on one accelerator, served by vLLM."""

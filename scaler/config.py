@@ -23,7 +23,7 @@ from foundation.configfile import KEBAB_CASE, load_mapping, no_booleans_for_numb
 from foundation.durations import Seconds
 from foundation.errors import ConfigError
 from foundation.files import MAX_CONFIG_BYTES, MAX_PEM_BYTES, read_text
-from foundation.replica_model import PROFILES
+from foundation.replica_model import MAX_PRICE_PER_HOUR, PROFILES
 from foundation.replica_model import Profile as ReplicaProfile
 from scaler.core.capacity import PRIORS, check_profile
 from scaler.core.model import Policy
@@ -435,7 +435,7 @@ class ProfileConfig(BaseModel):
     accelerator_memory_gb: float | None = Field(None, gt=0)
     """The accelerator's memory in GB (1e9 bytes); or ``accelerator-memory-bytes``."""
     accelerator_memory_bytes: int | None = Field(None, gt=0)
-    price_per_hour: float = Field(gt=0)
+    price_per_hour: float = Field(gt=0, le=MAX_PRICE_PER_HOUR)
     """US$ per accelerator-hour."""
     gpu_memory_utilization: float = Field(_PROFILE_DEFAULT["gpu_memory_utilization"], gt=0, le=1)
     activation_reserve_bytes: int = Field(_PROFILE_DEFAULT["activation_reserve_bytes"], ge=0)
@@ -445,7 +445,8 @@ class ProfileConfig(BaseModel):
     max_num_batched_tokens: int = Field(
         _PROFILE_DEFAULT["max_num_batched_tokens"], ge=1, le=MAX_NUM_BATCHED_TOKENS
     )
-    engine_init: Seconds = Field(_PROFILE_DEFAULT["engine_init_seconds"], ge=0)
+    engine_init: Seconds = Field(_PROFILE_DEFAULT["engine_init_seconds"], ge=0, le=3600)
+    """An engine's start past its weights' load: an hour at most (an 8B's is 25 s)."""
 
     @model_validator(mode="after")
     def _memory(self) -> ProfileConfig:

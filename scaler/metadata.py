@@ -110,7 +110,8 @@ def _pool(value: object) -> object:
 
 
 MAX_SEASONAL_SECONDS = 7 * 86_400.0
-"""The longest ``idleGrace`` and ``seasonalPrewarmLead``: a week. Each at-zero decision
+"""The longest ``idleGrace`` and ``seasonalPrewarmLead`` (and ``keepWarmAfterZero`` and
+``standbyReleaseAfter``, whose 292 years only kept what they keep): a week. Each at-zero decision
 walks the forecast's slots over lead plus grace; Go's largest duration (292 years) made
 it 10^7 slots, seconds of CPU on the event loop per signal."""
 MIN_RATE = 0.01
@@ -255,7 +256,9 @@ class TriggerMetadata(BaseModel):
     """The Dataset's namespace; defaults to the workload's."""
     prewarm_paths: Paths | None = Field(None, alias="prewarmPaths")
     prewarm_timeout: Seconds | None = Field(None, alias="prewarmTimeout", ge=1)
-    keep_warm_after_zero: Seconds | None = Field(None, alias="keepWarmAfterZero", ge=0)
+    keep_warm_after_zero: Seconds | None = Field(
+        None, alias="keepWarmAfterZero", ge=0, le=MAX_SEASONAL_SECONDS
+    )
     prewarm_cached_percentage: Decimal | None = Field(
         None, alias="prewarmCachedPercentage", gt=0, le=100
     )
@@ -270,7 +273,9 @@ class TriggerMetadata(BaseModel):
         None, alias="standbyBurstSleepers", ge=0, le=MAX_SLEEPING
     )
     """At least this many sleepers per running replica, for a burst; default 0."""
-    standby_release_after: Seconds | None = Field(None, alias="standbyReleaseAfter", ge=0)
+    standby_release_after: Seconds | None = Field(
+        None, alias="standbyReleaseAfter", ge=0, le=MAX_SEASONAL_SECONDS
+    )
     """Idle this long and no sleeper is held any more; default 1h."""
 
     @model_validator(mode="after")

@@ -172,6 +172,11 @@ BIG = 10**400
             id="exporter-an-infinite-price-is-refused",
         ),
         pytest.param(
+            _exporter, "deployments: [{accelerator: {price-per-hour: 1e9}}]",
+            ["key 'deployments.0.accelerator.price-per-hour'"],
+            id="exporter-a-billion-dollar-accelerator-hour-is-refused",
+        ),
+        pytest.param(
             _exporter, "deployments: [{targets: ['http://[::1']}]",
             ["key 'deployments.0.targets'"],
             id="exporter-a-broken-url-names-the-key",

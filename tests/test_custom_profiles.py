@@ -197,6 +197,16 @@ BAD = [
         id="a free accelerator is refused",
     ),
     pytest.param(
+        {"mine": profile_yaml(LLAMA3_8B_H200, **{"price-per-hour": 1e9})},
+        ["'profiles.mine.price-per-hour'=1000000000", "1000000"],
+        id="a billion dollars an accelerator-hour is refused",
+    ),
+    pytest.param(
+        {"mine": profile_yaml(LLAMA3_8B_H200, **{"engine-init": "2562047h"})},
+        ["'profiles.mine.engine-init'", "3600"],
+        id="an engine start of 292 years is refused",
+    ),
+    pytest.param(
         {"mine": profile_yaml(LLAMA3_8B_H200, **{"accelerator-memory-gb": 141})},
         ["give one of accelerator-memory-gb and accelerator-memory-bytes"],
         id="the memory given twice is refused",

@@ -840,6 +840,29 @@ def test_metadata_outside_a_plausible_domain_is_refused_naming_the_key(key, valu
 
 
 @pytest.mark.parametrize(
+    ("extra", "key", "value", "refused"),
+    [
+        pytest.param({"standby": "true"}, "standbyReleaseAfter", "2562047h", True,
+                     id="sleepers held 292 years after the last request are refused"),
+        pytest.param({"standby": "true"}, "standbyReleaseAfter", "168h", False,
+                     id="sleepers held a week are taken"),
+        pytest.param({"fluidDataset": "weights"}, "keepWarmAfterZero", "2562047h", True,
+                     id="a cache kept 292 years at zero is refused"),
+        pytest.param({"fluidDataset": "weights"}, "keepWarmAfterZero", "168h", False,
+                     id="a cache kept a week at zero is taken"),
+    ],
+)  # fmt: skip
+def test_a_hold_past_a_week_is_refused_naming_the_key(extra, key, value, refused):
+    """Each was bounded by Go's largest duration alone (issue 27, after pass 52)."""
+    metadata = {**ref().scalerMetadata, **extra, key: value}
+    if refused:
+        with pytest.raises(MetadataError, match=key):
+            parse_metadata(metadata, name="llama", namespace="team-a")
+    else:
+        parse_metadata(metadata, name="llama", namespace="team-a")
+
+
+@pytest.mark.parametrize(
     ("policy", "key"),
     [
         pytest.param("seasonal-day: 1ns", "seasonal-day", id="a forecast day of 1ns is refused"),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from foundation.errors import ConfigError, quote
+from foundation.replica_model import MAX_PRICE_PER_HOUR
 from replay.limits import (
     MAX_RATE_MULTIPLIER,
     MAX_REPLICAS,
@@ -244,7 +245,7 @@ DEMO_REPLICAS = whole(1, 64)
 """The demo's ``--max-replicas``: each replica is a process on this machine."""
 CONCURRENCY = real(0, 100_000, above=True)
 """``--target-concurrency``: requests per replica (vLLM batches at most a few hundred)."""
-PRICE = real(0.000001, 1_000_000)
+PRICE = real(0.000001, MAX_PRICE_PER_HOUR)
 """``--price``: US$ per accelerator-hour, from a millionth of a dollar; NaN made every
 cost NaN and failed late, and 0 (or 5e-324) made every trial of ``tune`` cost nothing (a
 cost per 1M tokens of inf, its proposal "nan% dearer")."""
