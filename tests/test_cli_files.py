@@ -547,13 +547,15 @@ async def test_every_file_a_kubeconfig_names_is_read_within_its_bound(
         pytest.param("..:0", False, id="empty labels the bind cannot encode"),
         pytest.param("a..b:0", False, id="an empty label between two"),
         pytest.param(".:0", False, id="the root alone"),
+        pytest.param("[fe80::1%lo]:0", "zone id", id="a zone id is refused saying so"),
     ],
 )
 def test_a_listen_address_is_host_and_a_port_from_0_to_65535(text, valid):
-    if valid:
+    if valid is True:
         assert flags.host_port(text) == text
     else:
-        with pytest.raises(argparse.ArgumentTypeError, match="is not HOST:PORT"):
+        why = "is not HOST:PORT" if valid is False else valid
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
             flags.host_port(text)
 
 

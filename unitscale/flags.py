@@ -136,6 +136,10 @@ def host_port(text: str) -> str:
     bracketed IPv6 one. gRPC took ``:99999`` as port 34463 (modulo 65536) and raised a
     45-line RuntimeError on ``[::1:0``.
     """
+    if re.fullmatch(r"\[[^\]]*%[^\]]*\]:[0-9]*", text):
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)}: an IPv6 zone id (%) is not taken; give a global address or ::"
+        )
     match = _LISTEN.fullmatch(text)
     valid = match is not None and int(match["port"]) <= 65535
     if valid and match is not None and match["v6"] is not None:
