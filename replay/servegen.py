@@ -135,7 +135,7 @@ def parse_source(source: str) -> tuple[Path, ServeGenOptions]:
     """``[servegen:]DIR[?scale=X&days=A-B]`` as the directory and the options.
 
     Raises:
-        TraceError: no directory, an unknown option, a scale not above 0 and at most
+        TraceError: no directory, an unknown or repeated option, a scale not above 0 and at most
             ``MAX_RATE_MULTIPLIER``, or days that are not ``A`` or ``A-B`` with A <= B.
     """
     path, _, query = source.removeprefix(PREFIX).partition("?")
@@ -143,7 +143,11 @@ def parse_source(source: str) -> tuple[Path, ServeGenOptions]:
         # Read as ".", it replayed whatever chunk files the working directory held.
         raise TraceError(f"{source}: needs a directory before '?' (an empty one would be '.')")
     scale, days = ServeGenOptions().scale, None
+    seen: set[str] = set()
     for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in seen:  # the last one won, the first dropped without a word
+            raise TraceError(f"{source}: {quote(key)} given twice; give it once")
+        seen.add(key)
         if key == "scale":
             # ASCII only: float() takes '١' as 1 (hostile pass 5, L1)
             scale = float(value) if _DECIMAL.fullmatch(value.strip()) else math.nan

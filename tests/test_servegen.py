@@ -279,6 +279,8 @@ def test_a_source_naming_no_directory_is_refused_not_read_as_the_working_one(sou
         pytest.param("?days=3-1", "days='3-1' must be A or A-B", id="days-backwards"),
         pytest.param("?days=one", "days='one'", id="days-not-numbers"),
         pytest.param("?speed=2", "unknown option 'speed'", id="an-unknown-option"),
+        pytest.param("?scale=0.1&scale=0.01", "'scale' given twice", id="a-scale-given-twice"),
+        pytest.param("?days=0&days=1", "'days' given twice", id="days-given-twice"),
         pytest.param("?days=2", "the data holds days 0-1", id="a-day-past-the-data"),
     ],
 )
