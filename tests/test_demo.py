@@ -481,6 +481,51 @@ def test_the_plans_standby_follows_the_flag_and_the_scaled_objects_knobs(
     parse_metadata(trigger_metadata(plan, "127.0.0.1:3"))  # the scaler takes it
 
 
+@pytest.mark.parametrize(
+    ("spec", "metadata", "flags", "want"),
+    [
+        pytest.param({}, {"targetConcurrency": "4"}, {}, ("4", 8, True),
+                     id="the files target concurrency is kept without the flag"),
+        pytest.param({}, {"targetConcurrency": "4"}, {"target_concurrency": 20.0},
+                     ("20", 8, True), id="the flag's target concurrency wins over the file's"),
+        pytest.param({}, {}, {}, ("16", 8, True),
+                     id="neither gives a target concurrency: the demo's 16"),
+        pytest.param({}, {"standby": "false"}, {}, ("16", 8, False),
+                     id="the files standby false is kept without the flag"),
+        pytest.param({}, {"standby": "true"}, {"standby": False}, ("16", 8, False),
+                     id="no standby wins over the file's true"),
+        pytest.param({"maxReplicaCount": 3}, {"maxReplicas": "3"}, {}, ("16", 3, True),
+                     id="a files maximum below the demo's cap is kept"),
+        pytest.param({"maxReplicaCount": 64}, {"maxReplicas": "64"}, {}, ("16", 8, True),
+                     id="a files maximum above the demo's cap is capped"),
+        pytest.param({"maxReplicaCount": 3}, {"maxReplicas": "3"}, {"max_replicas": 12},
+                     ("16", 12, True), id="the flag's maximum wins over the file's"),
+        pytest.param({}, {}, {"replica_cap": 2}, ("16", 2, True),
+                     id="real vllm's cap of two replicas"),
+    ],
+)  # fmt: skip
+def test_a_flag_left_out_keeps_the_scaled_objects_own_key(
+    tmp_path: Path,
+    spec: dict[str, object],
+    metadata: dict[str, str],
+    flags: dict[str, Any],
+    want: tuple[str, int, bool],
+) -> None:
+    """The flags' defaults replaced the file's keys: a ScaledObject of targetConcurrency 4
+    and standby false ran the demo at 16 with sleepers (issue 27, hostile pass 54)."""
+    doc = yaml.safe_load(RECOMMENDED.read_text())
+    doc["spec"].update(spec)
+    doc["spec"]["triggers"][0]["metadata"].update(metadata)
+    path = tmp_path / "scaledobject.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    given = {"max_replicas": None, "target_concurrency": None, **flags}
+    plan = make_plan(10.0, QWEN, path, default_policy(QWEN), **given)
+    trigger = trigger_metadata(plan, "127.0.0.1:3")
+    got = (trigger["targetConcurrency"], plan.scaled_object.spec.max_replicas, plan.standby)
+    assert got[:2] == want[:2] and (got[2] is not None) == want[2]
+    assert trigger["maxReplicas"] == str(want[1])
+
+
 def test_standby_without_a_profile_is_refused_naming_no_standby() -> None:
     with pytest.raises(ConfigError, match=r"standby needs a profile.*--no-standby"):
         make_plan(10.0, QWEN, RECOMMENDED, capacity_priors(QWEN), 8, 16.0)

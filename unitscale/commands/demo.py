@@ -45,21 +45,23 @@ def add_command(commands: Commands) -> None:
     demo.add_argument("--seed", type=flags.SEED, default=0)
     demo.add_argument("--profile", default="qwen2.5-32b-h200", help="simulated replica model")
     demo.add_argument(
-        "--max-replicas", type=flags.DEMO_REPLICAS, help="default 8 simulated, 2 with --real-vllm"
+        "--max-replicas",
+        type=flags.DEMO_REPLICAS,
+        help="default the ScaledObject's, at most 8 simulated or 2 with --real-vllm",
     )
     demo.add_argument(
         "--target-concurrency",
         type=flags.CONCURRENCY,
-        default=16.0,
-        help="the trigger's targetConcurrency",
+        help="the trigger's targetConcurrency (default the ScaledObject's, else 16)",
     )
     cold_start_argument(demo)
     demo.add_argument(
         "--no-standby",
         dest="standby",
         action="store_false",
+        default=None,
         help="no sleeping replicas: every return from zero waits out a cold start"
-        " (the default holds them as the trigger's standby: true; off with --real-vllm)",
+        " (by default the ScaledObject's standby, else on; off with --real-vllm)",
     )
     demo.add_argument(
         "--scaled-object",

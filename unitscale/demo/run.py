@@ -33,6 +33,7 @@ from unitscale.demo.tiers import compare_plan_tiers
 from unitscale.demo.view import View
 from unitscale.demo.workload import WorkloadShape, generate, lead_in
 from unitscale.demo.world import (
+    REPLICA_CAP,
     Plan,
     alternatives,
     check_lead_in,
@@ -78,12 +79,15 @@ class DemoOptions:
     seed: int = 0
     profile: str = "qwen2.5-32b-h200"
     max_replicas: int | None = None
-    """Default 8 simulated replicas, or 2 vLLM ones (each ~2 GB of memory and a core)."""
-    target_concurrency: float = 16.0
+    """Default the ScaledObject's maximum, at most 8 simulated replicas or 2 vLLM ones
+    (each ~2 GB of memory and a core)."""
+    target_concurrency: float | None = None
+    """The trigger's ``targetConcurrency``: the ScaledObject's unless given (else 16)."""
     cold_start: str = COLD_START
-    standby: bool = True
-    """Sleeping replicas (the trigger's ``standby: "true"``); simulated replicas only: vLLM
-    for CPUs has no sleep mode."""
+    standby: bool | None = None
+    """Sleeping replicas (the trigger's ``standby: "true"``; None: the ScaledObject's
+    ``standby``, on where it says nothing); simulated replicas only: vLLM for CPUs has no
+    sleep mode."""
     scaled_object: Path = ROOT / "deploy" / "scaledobjects" / "recommended.yaml"
     scaler_config: Path | None = None
     live_view: bool | None = None
@@ -240,9 +244,10 @@ def _plan(options: DemoOptions) -> Plan:
         profile,
         options.scaled_object,
         policy,
-        options.max_replicas or (2 if options.real_vllm else 8),
+        options.max_replicas,
         options.target_concurrency,
-        standby=options.standby and not options.real_vllm,
+        standby=False if options.real_vllm else options.standby,
+        replica_cap=2 if options.real_vllm else REPLICA_CAP,
     )
     plan = dataclasses.replace(
         plan,

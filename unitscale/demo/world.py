@@ -64,6 +64,10 @@ STANDBY_KEYS = ("standby", *TRIGGER_STANDBY_KEYS)
 STANDBY_RECOMMENDED = {"standbyBurstSleepers": "2", "standbyMaxSleeping": "16"}
 """The standby knobs docs/scaler.md recommends on shared cards (the file's own win)."""
 STANDBY_RELEASE_AFTER = "1h"
+REPLICA_CAP = 8
+"""Simulated replicas at most unless ``--max-replicas`` says (each a process here)."""
+DEFAULT_TARGET_CONCURRENCY = 16.0
+"""The trigger's ``targetConcurrency`` where neither the flag nor the file gives one."""
 """Written into the demo's trigger, so that it is compressed as every clock is (the
 scaler's own default is not): the demo's 30 minutes never reach it."""
 _GATEWAY = GatewaySettings()
@@ -156,13 +160,19 @@ def make_plan(
     profile: Profile,
     scaled_object_file: Path,
     scaler_config_policy: PolicyConfig,
-    max_replicas: int,
-    target_concurrency: float,
-    standby: bool = True,
+    max_replicas: int | None,
+    target_concurrency: float | None,
+    standby: bool | None = None,
+    *,
+    replica_cap: int = REPLICA_CAP,
 ) -> Plan:
     """The demo's plan: the ScaledObject in ``scaled_object_file`` pointed at the demo.
 
-    With ``standby`` its trigger says ``standby: "true"`` (its own ``standbyMaxSleeping``
+    Each of ``max_replicas``, ``target_concurrency`` and ``standby`` is the flag's where
+    given (not None), else the file's, else the demo's: at most ``replica_cap`` replicas
+    (each a process here), ``DEFAULT_TARGET_CONCURRENCY``, standby on. A flag left out
+    replaced the file's own key, so a ScaledObject tried in the demo ran another policy.
+    With standby its trigger says ``standby: "true"`` (its own ``standbyMaxSleeping``
     kept); without, every ``standby*`` key is dropped.
 
     Raises:
@@ -182,12 +192,20 @@ def make_plan(
     if len(found) != 1:
         raise ConfigError(f"{scaled_object_file}: expected one ScaledObject, found {len(found)}")
     scaled = read_scaled_object(found[0], str(scaled_object_file))
+    own = {**scaled.metadata, "deployment": DEPLOYMENT, "namespace": NAMESPACE}
+    if standby is None:
+        standby = _trigger(own, False).standby if "standby" in own else True
+    if max_replicas is None:
+        max_replicas = min(scaled.spec.max_replicas, _trigger(own, False).max_replicas, replica_cap)
+    concurrency = (
+        f"{target_concurrency:g}"
+        if target_concurrency is not None
+        else own.get("targetConcurrency", f"{DEFAULT_TARGET_CONCURRENCY:g}")
+    )
     metadata = {
-        **{k: v for k, v in scaled.metadata.items() if standby or k not in STANDBY_KEYS},
-        "deployment": DEPLOYMENT,
-        "namespace": NAMESPACE,
+        **{k: v for k, v in own.items() if standby or k not in STANDBY_KEYS},
         "maxReplicas": str(max_replicas),
-        "targetConcurrency": f"{target_concurrency:g}",
+        "targetConcurrency": concurrency,
     }
     if standby:
         metadata = {
