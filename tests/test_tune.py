@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from foundation.replica_model import PROFILES
 from replay import trace as trace_module
 from replay.oracle import smallest_static
-from replay.run import ReplayOptions, fleet_config
+from replay.run import ReplayOptions, fleet_config, run_policies
 from replay.simulate import SimConfig
 from replay.trace import Trace, TraceError, read_recording, read_trace
 from replay.workloads import load_trace
@@ -376,6 +376,36 @@ def test_a_static_fleet_with_more_sizes_than_the_budget_is_bisected_to_the_small
 ):
     smallest, sizes, _ = tuned_static(tmp_path, capsys, budget=4, max_replicas=16)
     assert sizes == [smallest, smallest - 1], "the references' size, then its neighbour"
+
+
+@pytest.mark.parametrize("clairvoyant", [True, False], ids=["with --clairvoyant", "without"])
+def test_the_report_sets_the_proposal_against_replays_clairvoyant_when_asked(
+    tmp_path, capsys, clairvoyant
+):
+    """Issue 26: the report's replicas over time against the static fleet and the
+    clairvoyant; the clairvoyant is ``unitscale replay``'s oracle row, to the cent."""
+    bursty = write_csv(tmp_path / "bursty.csv", azure_rows(BURSTY))
+    out = tmp_path / "out"
+    asked = ["--clairvoyant"] if clairvoyant else []
+    code, err = tune(
+        capsys, "--trace", str(bursty), "--policy", "static-peak", "--budget", "4",
+        "--workers", "1", "--max-replicas", "4", "--out", str(out), *asked,
+    )  # fmt: skip
+    assert code == 0, err
+    report = (out / "report.md").read_text()
+    rows = [line for line in report.splitlines() if "| clairvoyant" in line]
+    if not clairvoyant:
+        assert rows == [] and "`--clairvoyant` adds it" in report
+        return
+    config = fleet_config(
+        "llama3-8b-h200", slo_ttft=2.0, slo_itl=0.1, cold_start="local-disk", max_replicas=4
+    )
+    options = ReplayOptions(str(bursty), 1.0, 1.0, 0)
+    oracle = run_policies(read_trace(bursty), ["oracle"], config, options)["oracle"].metrics
+    assert len(rows) == 1
+    assert f"US$ {float(oracle['cost_per_million_tokens']):.4f}" in rows[0]
+    assert f"{float(oracle['slo_attainment']):.2%}" in rows[0]
+    assert "x its cost)" in report
 
 
 def test_a_target_no_trial_reaches_is_reported_and_writes_no_proposal(tmp_path, capsys):

@@ -298,6 +298,10 @@ class Prepared:
     static: Run
     static_reached: bool
     instant: Run
+    clairvoyant: Run | None = None
+    """The cheapest schedule found in hindsight (``replay.oracle.find_clairvoyant``), where
+    asked (``--clairvoyant``): about 20 more replays of the trace."""
+    clairvoyant_reached: bool = False
 
 
 _PROBLEM: Problem | None = None
@@ -315,9 +319,13 @@ def _problem() -> Problem:
     return _PROBLEM
 
 
-def prepare(index: int) -> Prepared:
-    """Trace ``index``'s warm start, smallest static fleet and instant bound (a worker job)."""
-    from replay.oracle import REACHED, find_instant_bound, smallest_static
+def prepare(index: int, clairvoyant: bool = False) -> Prepared:
+    """Trace ``index``'s warm start, smallest static fleet and instant bound (a worker job).
+
+    With ``clairvoyant``, the clairvoyant's schedule too, seeded as ``unitscale replay``
+    seeds it (the instant bound's replicas, the static fleet a candidate).
+    """
+    from replay.oracle import REACHED, find_clairvoyant, find_instant_bound, smallest_static
     from replay.run import static_hint, warm_replicas, without_standby
 
     problem = _problem()
@@ -326,12 +334,19 @@ def prepare(index: int) -> Prepared:
     instant, schedule = find_instant_bound(trace, config, target)
     warm = warm_replicas(schedule, config, problem.options)
     static, size = smallest_static(trace, config, target, hint=static_hint(schedule, config))
+    oracle = (
+        find_clairvoyant(trace, config, target, seed=schedule.replicas(), static=(static, size))[0]
+        if clairvoyant
+        else None
+    )
     return Prepared(
         warm=warm,
         static_replicas=size,
         static=run_of(static),
         static_reached=bool(static.metrics[REACHED]),
         instant=run_of(instant),
+        clairvoyant=None if oracle is None else run_of(oracle),
+        clairvoyant_reached=oracle is not None and bool(oracle.metrics[REACHED]),
     )
 
 
@@ -725,6 +740,13 @@ def add_command(commands: Commands) -> None:
         help="the scaler's config to start from (--policy unitscale): the proposal keeps"
         " everything but the tuned policy knobs",
     )
+    tune.add_argument(
+        "--clairvoyant",
+        action="store_true",
+        help="find each trace's clairvoyant schedule too (the cheapest in hindsight, as"
+        " unitscale replay's oracle row) and report the proposal against it: about 20"
+        " more replays a trace",
+    )
     tune.add_argument("--out", type=flags.path, required=True, help="output directory")
     fleet = tune.add_argument_group("the replayed fleet (as unitscale replay)")
     fleet.add_argument("--rate-multiplier", type=flags.RATE_MULTIPLIER, default=1.0)
@@ -760,7 +782,8 @@ def run(args: argparse.Namespace) -> int:
     target = problem.options.slo_target
     pool = worker_pool(problem, workers, ray=args.ray)
     with pool as run_jobs, _bar(settings.budget, target) as progress:
-        prepared = run_jobs(prepare, [(i,) for i in range(len(problem.traces))])
+        jobs = [(i, args.clairvoyant) for i in range(len(problem.traces))]
+        prepared = run_jobs(prepare, jobs)
         trials = search(problem, prepared, settings, run_jobs, progress)
         defaults = _defaults(problem, prepared, trials, run_jobs)
         proposal = best(trials, target)

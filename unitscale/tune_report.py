@@ -6,8 +6,8 @@ met the target; a tuned trigger key (``standbyBurstSleepers``) is named in its h
 and the report, as the ScaledObject carries it. A baseline's proposal is ``knobs.yaml``
 instead (its ``make_policy`` keywords). ``trials.csv`` holds every trial, ``report.md``
 the predicted cost and attainment per trace of the proposal, today's config, the
-smallest static fleet and the instant bound, and ``replicas.png`` their replicas over
-time.
+smallest static fleet, the instant bound and (``--clairvoyant``) the clairvoyant, and
+``replicas.png`` their replicas over time.
 """
 
 from __future__ import annotations
@@ -161,7 +161,13 @@ def _report(outcome: Outcome) -> list[str]:
         "![replicas over time](replicas.png)",
         "",
         "The instant bound starts each replica the moment its interval needs it (no cold"
-        " start): a lower bound on cost, looser than the clairvoyant of `unitscale replay`.",
+        " start): a lower bound on cost, looser than the clairvoyant."
+        + (
+            " The clairvoyant is the cheapest schedule found knowing every arrival in"
+            " advance, each replica started a cold start ahead (`unitscale replay`'s oracle)."
+            if any(p.clairvoyant is not None for p in outcome.prepared)
+            else " `--clairvoyant` adds it (about 20 replays a trace)."
+        ),
         "",
     ]
     return lines
@@ -209,6 +215,14 @@ def _verdict(outcome: Outcome) -> str:
         text += f" The smallest static fleet: {_compared(trial, static, outcome.target)}."
         if static.cost_per_million_tokens < trial.cost_per_million_tokens:
             text += " A fixed fleet meets the target for less on this traffic."
+    oracles = [p.clairvoyant for p in outcome.prepared]
+    if all(o is not None for o in oracles):
+        clairvoyant = Trial(-2, {}, tuple(o for o in oracles if o is not None))
+        ratio = trial.cost_per_million_tokens / clairvoyant.cost_per_million_tokens
+        text += (
+            f" The clairvoyant: US$ {clairvoyant.cost_per_million_tokens:.4f} at"
+            f" {clairvoyant.attainment:.2%} (the proposal {ratio:.2f}x its cost)."
+        )
     return text
 
 
@@ -246,6 +260,9 @@ def _trace_rows(outcome: Outcome) -> list[str]:
         if outcome.defaults is not None:
             shown.append(("today's config", outcome.defaults[i]))
         shown += [(static, ready.static), ("instant bound", ready.instant)]
+        if ready.clairvoyant is not None:
+            below = "" if ready.clairvoyant_reached else ", below target"
+            shown.append((f"clairvoyant{below}", ready.clairvoyant))
         rows += [
             f"| `{source}` | {label} | {_money(r.cost_per_million_tokens)} | {r.attainment:.2%}"
             f" | {r.gpu_hours:,.2f} | {r.max_replicas} |"
@@ -266,6 +283,8 @@ def _plot(outcome: Outcome, path: Path) -> None:
         ready = outcome.prepared[i]
         lines = [] if outcome.defaults is None else [("today", outcome.defaults[i], "-")]
         lines += [("static", ready.static, "-"), ("instant bound", ready.instant, "-")]
+        if ready.clairvoyant is not None:
+            lines.append(("clairvoyant", ready.clairvoyant, "-"))
         lines.append(("proposal", outcome.proposal.runs[i], "--"))  # dashed: today's shows under
         for label, run, style in lines:
             hours = [t / 3600 for t in run.t]
