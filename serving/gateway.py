@@ -144,18 +144,35 @@ SLEEP_QUERY = {"level": "1", "mode": "wait"}
 """The standby plan's sleep: level 1 (weights to host memory), in-flight requests finish."""
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 DECODED_HOP_HEADERS = HOP_HEADERS | {"content-encoding"}
-"""What is not relayed of a body aiohttp decoded: hop-by-hop headers and its encoding."""
+"""What is not relayed of a body: hop-by-hop headers and its encoding."""
+PLAIN = {"Accept-Encoding": "identity"}
+"""What the gateway asks every replica for, and all it takes (``check_encoding``): it reads
+every body it relays (tokens, usage, SSE events). A replica's gzip stream of empty events
+was inflated on the event loop faster than any read could yield: the whole gateway froze,
+its health and every other replica's requests with it (hostile pass 55)."""
 _FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 """What aiohttp refuses to write in a header (a ValueError at ``prepare``): CR, LF, CTLs."""
+
+
+def check_encoding(headers: Mapping[str, str]) -> str:
+    """The problem with a replica's ``Content-Encoding`` (empty: none, the body is plain).
+
+    The gateway asked for ``identity`` (``PLAIN``) and never decodes: any other encoding is
+    the replica's broken answer, as a header that cannot be relayed is.
+    """
+    encoding = headers.get("Content-Encoding", "").strip().lower()
+    if encoding in {"", "identity"}:
+        return ""
+    return f"Content-Encoding {quote(encoding, 40)} where identity was asked"
 
 
 def relayable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """A replica's response headers as the gateway may relay them.
 
     Hop-by-hop headers go; so does a header whose name or value holds a control
-    character (the client would get a broken answer, the gateway a ValueError). The
-    gateway's client session decodes a compressed body, so what is relayed is the decoded
-    body: ``Content-Encoding`` (and the encoded ``Content-Length``) no longer describe it.
+    character (the client would get a broken answer, the gateway a ValueError). The body
+    relayed is plain (``check_encoding``) and streamed: no ``Content-Encoding`` or
+    ``Content-Length`` of the replica's describes what the client gets.
     """
     return {
         name: value
@@ -178,6 +195,8 @@ def control_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+        headers=PLAIN,
+        auto_decompress=False,  # a compressed answer is malformed JSON, never inflated
     )
 
 
@@ -267,6 +286,7 @@ class Gateway:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            auto_decompress=False,  # never inflated here: refused (``check_encoding``)
         )
         self._control = control_session()
         self.loops = {
@@ -943,7 +963,15 @@ class Gateway:
         """
         assert self._session is not None
         # The body sent is the decoded one: its Content-Encoding no longer describes it.
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in DECODED_HOP_HEADERS}
+        # The answer is asked plain, whatever the client takes: the gateway reads it.
+        headers = {
+            **{
+                k: v
+                for k, v in request.headers.items()
+                if k.lower() not in {*DECODED_HOP_HEADERS, "accept-encoding"}
+            },
+            **PLAIN,
+        }
         timeout = self.settings.upstream_timeout
         dropped = False
         # One buffer timeout over every attempt: each retry waiting a whole one of its own
@@ -1167,6 +1195,11 @@ class Gateway:
         """
         headers = relayable_headers(upstream.headers)
         meter.begin(upstream.status, upstream.content_type == "text/event-stream")
+        encoded = check_encoding(upstream.headers)
+        if encoded:
+            self._upstream_failed(replica, "bad-headers", "%s answered %s", replica.url, encoded)
+            meter.status = 502
+            raise self._reject(502, "the replica's answer could not be relayed", None)
         try:
             response = web.StreamResponse(status=upstream.status, headers=headers)
             await response.prepare(request)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import json
 import logging
 import socket
@@ -460,11 +459,6 @@ def raw_answer(headers: bytes, body: bytes) -> bytes:
             raw_answer(b"X-Request-Note: a\x01b\r\n", JSON_BODY),
             "X-Request-Note",
             id="a-header-with-a-control-character-is-dropped-the-answer-relayed",
-        ),
-        pytest.param(
-            raw_answer(b"Content-Encoding: gzip\r\n", gzip.compress(JSON_BODY)),
-            "Content-Encoding",
-            id="a-gzip-answer-is-relayed-decoded-without-its-encoding-header",
         ),
     ],
 )
