@@ -332,6 +332,7 @@ def _blocks(
     if not isinstance(data, dict):
         raise TraceError(f"{path}: not a JSON object of blocks")
     blocks = {}
+    starts: set[int] = set()
     for key, block in data.items():
         fields = block if isinstance(block, dict) else {}
         texts = (fields.get("input_tokens"), fields.get("output_tokens"))
@@ -343,6 +344,9 @@ def _blocks(
                 f"{path}: block {quote(key)}: not a start second with input_tokens and"
                 " output_tokens texts"
             )
+        if int(key) in starts:  # "0" and "00": the later replaced the earlier silently
+            raise TraceError(f"{path}: block {quote(key)} starts where another block does")
+        starts.add(int(key))
         if all(t.strip() != "{}" for t in texts):  # type: ignore[union-attr]
             blocks[int(key)] = (str(texts[0]), str(texts[1]))
     pairs = sum(text.count(",") + 1 for both in blocks.values() for text in both)
@@ -365,12 +369,16 @@ def _pdf(text: str, where: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.f
         len(pairs)
         and np.all((tokens >= 0) & (tokens <= MAX_TOKENS))
         and np.all(np.isfinite(weights) & (weights >= 0))
-        and weights.sum() > 0
+        and weights.max() > 0
     ):
         raise TraceError(
             f"{where}: token counts must be 0 to {MAX_TOKENS:,}, probabilities finite,"
             " not negative and not all 0"
         )
+    if not np.isfinite(weights.sum()):
+        # Weights each finite summed to inf (1e308 three times), the shares to NaN and
+        # every draw to one count (hostile pass 56): over the largest, they sum finite.
+        weights = weights / weights.max()
     cumulative = np.cumsum(weights)
     return np.maximum(tokens, 1), cumulative / cumulative[-1]
 

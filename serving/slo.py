@@ -299,12 +299,15 @@ class ResponseMeter:
 
     def _feed_events(self, chunk: bytes, now: float) -> None:
         self._pending += chunk
-        if b"\n" not in chunk:  # the line goes on: nothing to split, nothing copied
+        if b"\n" not in chunk and b"\r" not in chunk:  # the line goes on: nothing to split
             if len(self._pending) > SSE_LINE_LIMIT:
                 self._pending.clear()
             return
-        *lines, rest = self._pending.split(b"\n")
-        self._pending = rest if len(rest) <= SSE_LINE_LIMIT else bytearray()
+        # CR, LF or CRLF, as the SSE spec allows: split on LF alone, a stream of CR line
+        # ends showed no token, and was cut as stalled (hostile pass 56). A CRLF split
+        # between two chunks adds an empty line, which ends no event that was not ended.
+        *lines, rest = _LINE_ENDS.split(self._pending)
+        self._pending = bytearray(rest) if len(rest) <= SSE_LINE_LIMIT else bytearray()
         for line in lines:
             event = _event(line)
             if event is None:
@@ -399,6 +402,10 @@ def usage_in(body: bytes | bytearray) -> dict[str, object] | None:
             return None
         return {"usage": value}
     return None
+
+
+_LINE_ENDS = re.compile(rb"\r\n|\r|\n")
+"""An SSE line's end: CRLF, CR or LF."""
 
 
 def _event(line: bytes | bytearray) -> dict[str, object] | None:

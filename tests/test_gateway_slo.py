@@ -196,6 +196,15 @@ LONG = {"choices": [{"text": "a" * 200}], "usage": {"completion_tokens": 200}}
             id="a-stream-with-no-token-has-no-first-token",
         ),
         pytest.param(
+            True, [(sse(TEXT).replace(b"\n", b"\r"), 1.0), (sse(TEXT).replace(b"\n", b"\r"), 2.0)],
+            1.0, 2, id="cr-line-ends-count-as-the-sse-spec-allows-them",
+        ),
+        pytest.param(
+            True, [(b'data: {"choices": [{"text": "a"}]}\r', 1.0), (b"\n\r\n", 2.0),
+                   (sse(TEXT).replace(b"\n", b"\r\n"), 3.0)],
+            1.0, 2, id="a-crlf-split-between-chunks-counts-its-event-once",
+        ),
+        pytest.param(
             False, [(json.dumps(WHOLE).encode()[:10], 4.0), (json.dumps(WHOLE).encode()[10:], 5.0)],
             4.0, 3, id="a-json-answer-s-first-byte-and-usage",
         ),

@@ -251,6 +251,11 @@ GOOD = "0,1.0,1.0,Gamma,1.0,0.5\n"
             GOOD, '{"0": {"input_tokens": "{1: 0}", "output_tokens": "{1: 1}"}}',
             r"not all 0", id="a-distribution-of-nothing",
         ),
+        pytest.param(
+            GOOD, '{"0": {"input_tokens": "{1: 1}", "output_tokens": "{1: 1}"},'
+                  ' "00": {"input_tokens": "{9: 1}", "output_tokens": "{9: 1}"}}',
+            r"block '00' starts where another block does", id="two-blocks-at-one-second",
+        ),
     ],
 )  # fmt: skip
 def test_a_malformed_chunk_is_a_trace_error_naming_the_file_and_column(
@@ -398,6 +403,14 @@ def test_a_text_that_is_not_a_dict_is_refused_in_one_pass(text):
 def test_a_distribution_reads_ascii_digits_only(text):
     with pytest.raises(TraceError, match="token counts must be 0 to"):
         servegen._pdf(text, "here")
+
+
+def test_weights_each_finite_whose_sum_overflows_keep_their_shares():
+    """1e308 three times summed to inf, the shares to NaN, and every draw to one count
+    (hostile pass 56)."""
+    tokens, shares = servegen._pdf("{100: 1e308, 200: 1e308, 300: 1e308}", "here")
+    assert tokens.tolist() == [100, 200, 300]
+    assert shares == pytest.approx([1 / 3, 2 / 3, 1])
 
 
 @pytest.mark.timeout(30)  # a hang guard, not a measurement: 2,000 spaces took 27 s before
