@@ -375,7 +375,9 @@ def _pdf(text: str, where: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.f
             f"{where}: token counts must be 0 to {MAX_TOKENS:,}, probabilities finite,"
             " not negative and not all 0"
         )
-    if not np.isfinite(weights.sum()):
+    with np.errstate(over="ignore"):  # an overflow is the case taken care of below
+        total = weights.sum()
+    if not np.isfinite(total):
         # Weights each finite summed to inf (1e308 three times), the shares to NaN and
         # every draw to one count (hostile pass 56): over the largest, they sum finite.
         weights = weights / weights.max()
