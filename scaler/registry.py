@@ -65,6 +65,13 @@ revert are minutes apart and return once), and how long after the current trigge
 last asked about the other is still refused."""
 
 
+MAX_PER_TARGET = 8
+"""ScaledObjects naming one target (namespace, deployment, model). Each snapshot of a
+target decides every ScaledObject naming it: 4,000 naming one live deployment held the
+event loop at 99% of a core, KEDA's calls at half a second and every other target's
+signals past their age (hostile pass 57). One names a target; a migration, two."""
+
+
 MAX_RIVALS = 8
 """Other triggers' metadata maps (and replaced ones) remembered per ScaledObject: KEDA
 sends every trigger of a ScaledObject under its one name, so three triggers cycle
@@ -190,9 +197,12 @@ class ScaledObjectRegistry:
         their trigger replaces metadata they do not vouch for at once. None (the
         replay, tests without an API server) or not listed yet: every call is believed."""
         self._full_logged = False
+        self._crowded_logged: set[TargetKey] = set()
+        """Targets whose ``MAX_PER_TARGET`` refusal was logged (once a filling)."""
         self.errors: Counter[str] = Counter()
         """Units of work refused or failed, by reason: ``full`` (a new ScaledObject past
-        ``max_objects``), ``pool-demand`` (a pool's inference demand not encodable),
+        ``max_objects``), ``target-full`` (one naming a target past ``MAX_PER_TARGET``),
+        ``pool-demand`` (a pool's inference demand not encodable),
         ``unconfirmed`` (a ScaledObject declaring a pool that the API server does not
         have, left out of the pool), ``unconfirmed-call`` (a call refused as the API
         server has no such ScaledObject or trigger), and the ScaledObject watch's
@@ -281,6 +291,7 @@ class ScaledObjectRegistry:
         hostile pass 7, SY-H3).
         """
         bound = self._by_target.get(scaled.target)
+        self._crowded_logged.discard(scaled.target)  # room again: a new filling is logged
         if bound is not None:
             bound.discard(scaled)
             if not bound:
@@ -339,6 +350,7 @@ class ScaledObjectRegistry:
         policy = metadata.policy(self._policy_defaults)
         standby = _standby(metadata, policy)
         target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
+        self._check_target_room(target, existing)
         max_age = metadata.max_signal_age or self._default_max_age
         if existing is None:
             scaled = ScaledObject(key, metadata_map, metadata, target, policy, max_age)
@@ -412,6 +424,32 @@ class ScaledObjectRegistry:
         scaled.replaced = (*kept, scaled.raw_metadata)[-MAX_RIVALS:]
         scaled.changed_at = now
         return False
+
+    def _check_target_room(self, target: TargetKey, existing: ScaledObject | None) -> None:
+        """Refuse a ScaledObject newly naming ``target`` past ``MAX_PER_TARGET``.
+
+        Raises:
+            RegistryFullError: the target is named by as many already (counted, logged
+                once a filling of that target).
+        """
+        bound = self._by_target.get(target, set())
+        if len(bound) < MAX_PER_TARGET:
+            self._crowded_logged.discard(target)
+            return
+        if existing is not None and existing in bound:
+            return
+        self.errors["target-full"] += 1
+        if target not in self._crowded_logged:
+            self._crowded_logged.add(target)
+            log.error(
+                "refusing ScaledObjects naming %s: %d name it already, the most one target takes",
+                describe_target(target),
+                len(bound),
+            )
+        raise RegistryFullError(
+            f"{describe_target(target)} is named by {len(bound)} ScaledObjects already,"
+            f" the most one target takes ({MAX_PER_TARGET})"
+        )
 
     def _check_room(self) -> None:
         """Refuse a new ScaledObject past ``max_objects``: counted, logged once a filling.

@@ -40,7 +40,12 @@ from scaler.core.seasonal import SeasonalPolicy, SeasonalState
 from scaler.core.window import Recent
 from scaler.metadata import parse_metadata
 from scaler.promql import checked_answers, signals_from_answers
-from scaler.registry import SECOND_TRIGGER_WINDOW, RegistryFullError, ScaledObjectRegistry
+from scaler.registry import (
+    MAX_PER_TARGET,
+    SECOND_TRIGGER_WINDOW,
+    RegistryFullError,
+    ScaledObjectRegistry,
+)
 from scaler.server import ScalerServer
 from scaler.signals import TARGET_TTL, SignalStore, TargetSignals, observe
 from scaler.sources import receive, watch_signals
@@ -693,6 +698,27 @@ def test_a_new_scaled_object_past_the_bound_is_refused_and_counted(caplog):
     clock.now += 3600
     registry.evict_idle(60.0)
     registry.resolve("so-9", "team-a", {**ref("d9").scalerMetadata})  # room again
+
+
+def test_a_scaled_object_naming_a_target_past_its_bound_is_refused_and_counted(caplog):
+    """4,000 ScaledObjects naming one live deployment decided each on every snapshot:
+    the event loop at 99% of a core, every other target's signals stale (pass 57)."""
+    caplog.set_level(logging.ERROR, logger="scaler.registry")
+    clock = FakeClock(T0)
+    registry = ScaledObjectRegistry(SignalStore(clock), 30.0, clock)
+    for n in range(MAX_PER_TARGET):
+        registry.resolve(f"so-{n}", "team-a", {**ref("crowded").scalerMetadata})
+    for n in range(MAX_PER_TARGET, MAX_PER_TARGET + 3):
+        with pytest.raises(RegistryFullError, match=r"is named by 8 ScaledObjects already"):
+            registry.resolve(f"so-{n}", "team-a", {**ref("crowded").scalerMetadata})
+    mover = registry.resolve("elsewhere", "team-a", {**ref("other").scalerMetadata})
+    with pytest.raises(RegistryFullError):  # nor may one move onto it
+        registry.resolve("elsewhere", "team-a", {**ref("crowded").scalerMetadata})
+    assert mover.target[1] == "other" and mover in registry.objects()
+    registry.resolve("so-0", "team-a", {**ref("crowded").scalerMetadata})  # its own, still
+    assert registry.errors["target-full"] == 4 and len(caplog.records) == 1
+    registry.resolve("so-0", "team-a", {**ref("moved").scalerMetadata})  # room again
+    registry.resolve(f"so-{MAX_PER_TARGET}", "team-a", {**ref("crowded").scalerMetadata})
 
 
 async def test_the_server_answers_resource_exhausted_past_the_bound(scaler, stub, monkeypatch):
