@@ -66,10 +66,11 @@ last asked about the other is still refused."""
 
 
 MAX_PER_TARGET = 8
-"""ScaledObjects naming one target (namespace, deployment, model). Each snapshot of a
-target decides every ScaledObject naming it: 4,000 naming one live deployment held the
-event loop at 99% of a core, KEDA's calls at half a second and every other target's
-signals past their age (hostile pass 57). One names a target; a migration, two."""
+"""ScaledObjects of one namespace naming one target (namespace, deployment, model). Each
+snapshot of a target decides every ScaledObject naming it: 4,000 naming one live
+deployment held the event loop at 99% of a core, KEDA's calls at half a second and every
+other target's signals past their age (hostile pass 57). One names a target; a
+migration, two. Per namespace: another's could otherwise take every slot."""
 
 
 MAX_RIVALS = 8
@@ -350,7 +351,7 @@ class ScaledObjectRegistry:
         policy = metadata.policy(self._policy_defaults)
         standby = _standby(metadata, policy)
         target: TargetKey = (metadata.namespace or namespace, metadata.deployment, metadata.model)
-        self._check_target_room(target, existing)
+        self._check_target_room(target, namespace, existing)
         max_age = metadata.max_signal_age or self._default_max_age
         if existing is None:
             scaled = ScaledObject(key, metadata_map, metadata, target, policy, max_age)
@@ -425,14 +426,20 @@ class ScaledObjectRegistry:
         scaled.changed_at = now
         return False
 
-    def _check_target_room(self, target: TargetKey, existing: ScaledObject | None) -> None:
-        """Refuse a ScaledObject newly naming ``target`` past ``MAX_PER_TARGET``.
+    def _check_target_room(
+        self, target: TargetKey, namespace: str, existing: ScaledObject | None
+    ) -> None:
+        """Refuse one more ScaledObject of ``namespace`` naming ``target`` past its share.
+
+        ``MAX_PER_TARGET`` a namespace: a tenant whose ScaledObjects name another
+        namespace's deployment (the trigger's ``namespace``) fills only its own share,
+        never the slots of the deployment's own namespace.
 
         Raises:
-            RegistryFullError: the target is named by as many already (counted, logged
-                once a filling of that target).
+            RegistryFullError: the target is named by as many of the namespace's already
+                (counted, logged once a filling of that target).
         """
-        bound = self._by_target.get(target, set())
+        bound = {s for s in self._by_target.get(target, ()) if s.key[0] == namespace}
         if len(bound) < MAX_PER_TARGET:
             self._crowded_logged.discard(target)
             return
@@ -447,8 +454,8 @@ class ScaledObjectRegistry:
                 len(bound),
             )
         raise RegistryFullError(
-            f"{describe_target(target)} is named by {len(bound)} ScaledObjects already,"
-            f" the most one target takes ({MAX_PER_TARGET})"
+            f"{describe_target(target)} is named by {len(bound)} ScaledObjects of namespace"
+            f" {namespace} already, the most one target takes from one ({MAX_PER_TARGET})"
         )
 
     def _check_room(self) -> None:

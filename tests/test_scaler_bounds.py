@@ -709,7 +709,7 @@ def test_a_scaled_object_naming_a_target_past_its_bound_is_refused_and_counted(c
     for n in range(MAX_PER_TARGET):
         registry.resolve(f"so-{n}", "team-a", {**ref("crowded").scalerMetadata})
     for n in range(MAX_PER_TARGET, MAX_PER_TARGET + 3):
-        with pytest.raises(RegistryFullError, match=r"is named by 8 ScaledObjects already"):
+        with pytest.raises(RegistryFullError, match=r"named by 8 ScaledObjects of namespace"):
             registry.resolve(f"so-{n}", "team-a", {**ref("crowded").scalerMetadata})
     mover = registry.resolve("elsewhere", "team-a", {**ref("other").scalerMetadata})
     with pytest.raises(RegistryFullError):  # nor may one move onto it
@@ -717,6 +717,10 @@ def test_a_scaled_object_naming_a_target_past_its_bound_is_refused_and_counted(c
     assert mover.target[1] == "other" and mover in registry.objects()
     registry.resolve("so-0", "team-a", {**ref("crowded").scalerMetadata})  # its own, still
     assert registry.errors["target-full"] == 4 and len(caplog.records) == 1
+    # Another namespace's ScaledObjects naming team-a's deployment fill their own share.
+    crowded = {**ref("crowded").scalerMetadata, "namespace": "team-a"}
+    theirs = registry.resolve("so-0", "team-b", crowded)
+    assert theirs.target[:2] == ("team-a", "crowded")
     registry.resolve("so-0", "team-a", {**ref("moved").scalerMetadata})  # room again
     registry.resolve(f"so-{MAX_PER_TARGET}", "team-a", {**ref("crowded").scalerMetadata})
 
