@@ -66,11 +66,11 @@ last asked about the other is still refused."""
 
 
 MAX_PER_TARGET = 8
-"""ScaledObjects of one namespace naming one target (namespace, deployment, model). Each
-snapshot of a target decides every ScaledObject naming it: 4,000 naming one live
-deployment held the event loop at 99% of a core, KEDA's calls at half a second and every
-other target's signals past their age (hostile pass 57). One names a target; a
-migration, two. Per namespace: another's could otherwise take every slot."""
+"""ScaledObjects naming one target (namespace, deployment, model) from its own namespace,
+and as many from all others together. Each snapshot of a target decides every
+ScaledObject naming it: 4,000 naming one live deployment held the event loop at 99% of a
+core, KEDA's calls at half a second and every other target's signals past their age
+(hostile pass 57). One names a target; a migration, two."""
 
 
 MAX_RIVALS = 8
@@ -431,15 +431,18 @@ class ScaledObjectRegistry:
     ) -> None:
         """Refuse one more ScaledObject of ``namespace`` naming ``target`` past its share.
 
-        ``MAX_PER_TARGET`` a namespace: a tenant whose ScaledObjects name another
-        namespace's deployment (the trigger's ``namespace``) fills only its own share,
-        never the slots of the deployment's own namespace.
+        Two shares of ``MAX_PER_TARGET``: the ScaledObjects of the target's own namespace,
+        and those of every other namespace together (the trigger's ``namespace`` names
+        another's deployment). Another tenant never takes the own namespace's slots, and
+        no spread over namespaces grows a target's decisions past twice the bound (500
+        namespaces of 8 each brought pass 57's freeze back, hostile pass 58).
 
         Raises:
-            RegistryFullError: the target is named by as many of the namespace's already
-                (counted, logged once a filling of that target).
+            RegistryFullError: the target's share is full (counted, logged once a filling
+                of that target).
         """
-        bound = {s for s in self._by_target.get(target, ()) if s.key[0] == namespace}
+        own = namespace == target[0]
+        bound = {s for s in self._by_target.get(target, ()) if (s.key[0] == target[0]) == own}
         if len(bound) < MAX_PER_TARGET:
             self._crowded_logged.discard(target)
             return
@@ -453,9 +456,10 @@ class ScaledObjectRegistry:
                 describe_target(target),
                 len(bound),
             )
+        whose = "its own namespace" if own else "other namespaces"
         raise RegistryFullError(
-            f"{describe_target(target)} is named by {len(bound)} ScaledObjects of namespace"
-            f" {namespace} already, the most one target takes from one ({MAX_PER_TARGET})"
+            f"{describe_target(target)} is named by {len(bound)} ScaledObjects of {whose}"
+            f" already, the most one target takes from them ({MAX_PER_TARGET})"
         )
 
     def _check_room(self) -> None:

@@ -709,7 +709,7 @@ def test_a_scaled_object_naming_a_target_past_its_bound_is_refused_and_counted(c
     for n in range(MAX_PER_TARGET):
         registry.resolve(f"so-{n}", "team-a", {**ref("crowded").scalerMetadata})
     for n in range(MAX_PER_TARGET, MAX_PER_TARGET + 3):
-        with pytest.raises(RegistryFullError, match=r"named by 8 ScaledObjects of namespace"):
+        with pytest.raises(RegistryFullError, match=r"named by 8 ScaledObjects of its own"):
             registry.resolve(f"so-{n}", "team-a", {**ref("crowded").scalerMetadata})
     mover = registry.resolve("elsewhere", "team-a", {**ref("other").scalerMetadata})
     with pytest.raises(RegistryFullError):  # nor may one move onto it
@@ -717,10 +717,15 @@ def test_a_scaled_object_naming_a_target_past_its_bound_is_refused_and_counted(c
     assert mover.target[1] == "other" and mover in registry.objects()
     registry.resolve("so-0", "team-a", {**ref("crowded").scalerMetadata})  # its own, still
     assert registry.errors["target-full"] == 4 and len(caplog.records) == 1
-    # Another namespace's ScaledObjects naming team-a's deployment fill their own share.
+    caplog.clear()
+    # Other namespaces' ScaledObjects naming team-a's deployment share one bound: spread
+    # over namespaces, they never take its own slots nor grow past it (pass 58).
     crowded = {**ref("crowded").scalerMetadata, "namespace": "team-a"}
-    theirs = registry.resolve("so-0", "team-b", crowded)
-    assert theirs.target[:2] == ("team-a", "crowded")
+    for n in range(MAX_PER_TARGET):
+        theirs = registry.resolve("so", f"tenant-{n}", crowded)
+        assert theirs.target[:2] == ("team-a", "crowded")
+    with pytest.raises(RegistryFullError, match=r"named by 8 ScaledObjects of other"):
+        registry.resolve("so", "tenant-99", crowded)
     registry.resolve("so-0", "team-a", {**ref("moved").scalerMetadata})  # room again
     registry.resolve(f"so-{MAX_PER_TARGET}", "team-a", {**ref("crowded").scalerMetadata})
 
