@@ -448,6 +448,18 @@ class ScaledObjectRegistry:
             return
         if existing is not None and existing in bound:
             return
+        # Names made up before the API server's list came held the share for their whole
+        # TTL against the ScaledObject it has (hostile pass 59): those it lacks go first.
+        absent = [s for s in bound if self._standing(s.key, s.raw_metadata) is Standing.ABSENT]
+        for scaled in absent:
+            self._unbind(self._objects.pop(scaled.key))
+        if absent:
+            log.warning(
+                "%s: forgot %d ScaledObjects naming it that the API server does not have",
+                describe_target(target),
+                len(absent),
+            )
+            return
         self.errors["target-full"] += 1
         if target not in self._crowded_logged:
             self._crowded_logged.add(target)

@@ -27,7 +27,7 @@ from foundation.errors import MetadataError
 from foundation.kube import KubeAccess
 from scaler.config import ScalerConfig
 from scaler.confirm import MAX_TRIGGERS, TRIGGER_TYPES, Standing, projected, standing
-from scaler.registry import RegistryFullError, ScaledObjectRegistry
+from scaler.registry import MAX_PER_TARGET, RegistryFullError, ScaledObjectRegistry
 from scaler.scaled_objects import STALE_AFTER, ScaledObjectWatch
 from scaler.server import ScalerServer
 from scaler.signals import SignalStore
@@ -270,6 +270,20 @@ def test_a_full_registry_forgets_the_names_the_api_server_does_not_have():
         ("evil", "made-up-0"),
         ("team-a", "llama"),
     ]
+
+
+def test_a_full_target_forgets_the_names_the_api_server_does_not_have():
+    """Eight made up before the list came held the target's share for their whole TTL,
+    and the API server's own ScaledObject was refused (issue 27, hostile pass 59)."""
+    registry = ScaledObjectRegistry(SignalStore(), 30.0)
+    metadata = dict(ref("llama").scalerMetadata)
+    for n in range(MAX_PER_TARGET):
+        registry.resolve(f"made-up-{n}", "team-a", metadata)
+    with pytest.raises(RegistryFullError):
+        registry.resolve("llama", "team-a", metadata)
+    registry.confirm = Listed(listed(api_object("llama"), api_object("made-up-0")))
+    registry.resolve("llama", "team-a", metadata)
+    assert sorted(s.key[1] for s in registry.objects()) == ["llama", "made-up-0"]
 
 
 @pytest.mark.parametrize(
