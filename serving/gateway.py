@@ -145,6 +145,9 @@ SLEEP_QUERY = {"level": "1", "mode": "wait"}
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 DECODED_HOP_HEADERS = HOP_HEADERS | {"content-encoding"}
 """What is not relayed of a body: hop-by-hop headers and its encoding."""
+NOT_FORWARDED = frozenset({*DECODED_HOP_HEADERS, "accept-encoding"})
+"""What of a client's request is not sent on: the body sent is the decoded one, and the
+answer is asked plain (``PLAIN``), whatever the client takes."""
 PLAIN = {"Accept-Encoding": "identity"}
 """What the gateway asks every replica for, and all it takes (``check_encoding``): it reads
 every body it relays (tokens, usage, SSE events). A replica's gzip stream of empty events
@@ -962,14 +965,8 @@ class Gateway:
         request found them (nothing awaited since), for its first try.
         """
         assert self._session is not None
-        # The body sent is the decoded one: its Content-Encoding no longer describes it.
-        # The answer is asked plain, whatever the client takes: the gateway reads it.
         headers = {
-            **{
-                k: v
-                for k, v in request.headers.items()
-                if k.lower() not in {*DECODED_HOP_HEADERS, "accept-encoding"}
-            },
+            **{k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED},
             **PLAIN,
         }
         timeout = self.settings.upstream_timeout

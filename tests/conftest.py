@@ -176,3 +176,31 @@ async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
     """Everything the server sends until it closes the connection."""
     async with asyncio.timeout(30):  # a cap against hangs, not a timing check
         return await reader.read()
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every command's run stopped as it starts (``tests.stand_ins.stop_runs``): the
+    names of those started, for tests of what a command refuses before running."""
+    import replay.pool.joint
+    import replay.run
+    import unitscale.commands.exporter
+    import unitscale.commands.gateway
+    import unitscale.commands.scaler
+    import unitscale.demo.run
+    import unitscale.tune
+    from tests.stand_ins import stop_runs
+
+    return stop_runs(
+        monkeypatch,
+        {
+            "replay": (replay.run, "run_policies"),
+            "tiers": (replay.run, "compare_tiers"),
+            "joint replay": (replay.pool.joint, "run_all"),
+            "tune": (unitscale.tune, "worker_pool"),
+            "exporter": (unitscale.commands.exporter, "serve_until_signal"),
+            "gateway": (unitscale.commands.gateway, "serve_until_signal"),
+            "scaler": (unitscale.commands.scaler, "serve_until_signal"),
+            "demo": (unitscale.demo.run, "_plan"),
+        },
+    )

@@ -14,34 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.stand_ins import RanError, stop_runs
+from tests.stand_ins import RanError
 from tests.test_cli_flags import TWO_ROWS, write
 from unitscale import cli
-
-
-@pytest.fixture
-def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    import replay.pool.joint
-    import replay.run
-    import unitscale.commands.exporter
-    import unitscale.commands.gateway
-    import unitscale.commands.scaler
-    import unitscale.demo.run
-    import unitscale.tune
-
-    return stop_runs(
-        monkeypatch,
-        {
-            "replay": (replay.run, "run_policies"),
-            "tiers": (replay.run, "compare_tiers"),
-            "joint replay": (replay.pool.joint, "run_all"),
-            "tune": (unitscale.tune, "worker_pool"),
-            "exporter": (unitscale.commands.exporter, "serve_until_signal"),
-            "gateway": (unitscale.commands.gateway, "serve_until_signal"),
-            "scaler": (unitscale.commands.scaler, "serve_until_signal"),
-            "demo": (unitscale.demo.run, "_plan"),
-        },
-    )
 
 
 def _argv(tmp_path: Path, argv: list[str]) -> list[str]:

@@ -15,25 +15,10 @@ import pytest
 from exporter.config import parse_config as parse_exporter_config
 from foundation.errors import ConfigError
 from scaler.config import parse_config as parse_scaler_config
-from tests.stand_ins import RanError, stop_runs
+from tests.stand_ins import RanError
 from tests.test_cli_flags import TWO_ROWS, write
 from tests.test_cli_hostile7 import NODES, PODS
 from unitscale import cli
-
-
-@pytest.fixture
-def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    import replay.pool.joint
-    import replay.run
-
-    return stop_runs(
-        monkeypatch,
-        {
-            "replay": (replay.run, "run_policies"),
-            "tiers": (replay.run, "compare_tiers"),
-            "joint replay": (replay.pool.joint, "run_all"),
-        },
-    )
 
 
 @pytest.mark.parametrize(
