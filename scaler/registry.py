@@ -67,10 +67,11 @@ last asked about the other is still refused."""
 
 MAX_PER_TARGET = 8
 """ScaledObjects naming one target (namespace, deployment, model) from its own namespace,
-and as many from all others together. Each snapshot of a target decides every
+and as many from all others together. Each snapshot of a target decided every
 ScaledObject naming it: 4,000 naming one live deployment held the event loop at 99% of a
 core, KEDA's calls at half a second and every other target's signals past their age
-(hostile pass 57). One names a target; a migration, two."""
+(hostile pass 57). A snapshot still decides each at zero with an open stream, and each
+costs memory. One names a target; a migration, two."""
 
 
 MAX_RIVALS = 8
@@ -179,9 +180,10 @@ class ScaledObjectRegistry:
     ) -> None:
         """Keep the store's ScaledObjects; decide on its signals.
 
-        ``push_gap``: the least seconds between two decisions on pushed signals
-        (``PUSH_DECISION_GAP`` where a wire feeds the store; 0, every snapshot decides,
-        for the replay, whose snapshots come once a simulated tick). ``later(delay,
+        A decision is made when KEDA asks, or at once on signals for a ScaledObject at
+        zero with an open StreamIsActive (``_on_signals``). ``push_gap``: the least
+        seconds between two decisions (``PUSH_DECISION_GAP`` where a wire feeds the
+        store; 0, none, for the replay, which asks once a simulated call). ``later(delay,
         call)`` runs ``call`` after ``delay`` seconds (the server's event loop) and says
         whether it will: the trailing decision; without it the next snapshot or KEDA
         call decides.
@@ -535,11 +537,21 @@ class ScaledObjectRegistry:
         scaled.activation_listeners.discard(listener)
 
     def _on_signals(self, target: TargetKey) -> None:
+        """Decide at once only where a decision cannot wait for KEDA's next call.
+
+        That is a ScaledObject at zero with an open StreamIsActive: its inactive-to-active
+        transition is pushed the moment signals show it. Every other decision is made
+        when asked (``current`` decides on signals it has not seen), as the replay has
+        always judged the scaler: deciding each ScaledObject on each snapshot cost the
+        scaler a core at 16 ScaledObjects on each of 200 busy targets, another target's
+        calls UNAVAILABLE (issue 27, hostile pass 59).
+        """
         bound = self._by_target.get(target)
         if bound:
             now = self._clock()
             for scaled in bound:
-                self._decide(scaled, now, asked=False)
+                if scaled.activation_listeners and not scaled.active:
+                    self._decide(scaled, now, asked=False)
 
     def _decide(self, scaled: ScaledObject, now: float, *, asked: bool) -> None:
         """Decide on new signals or metadata now, or once at the end of the push gap.

@@ -363,15 +363,16 @@ class _Counted(dict):  # type: ignore[type-arg]
 
 def deciding(many: int) -> shell.Prewarmer:
     """A prewarm over ``many`` ScaledObjects (``llama-N`` on Dataset ``weights-N``), each
-    with a decision."""
+    with a decision (KEDA asked once on its signals)."""
     clock = FakeClock(T0)
     store = SignalStore(clock)
     registry = ScaledObjectRegistry(store, 60.0, clock)
     prewarm = shell.Prewarmer(registry, KubeAccess(Path("/nonexistent/kubeconfig")), clock)
     for n in range(many):
         metadata = {**BASE, "deployment": f"llama-{n}", "fluidDataset": f"weights-{n}"}
-        registry.resolve(f"llama-{n}", "serving", metadata)
+        scaled = registry.resolve(f"llama-{n}", "serving", metadata)
         store.update(Snapshot(("serving", f"llama-{n}", ""), GatewaySignals(T0, None, 1, 0)))
+        registry.current(scaled)
     return prewarm
 
 

@@ -29,7 +29,8 @@ def idle_at_zero(
     push_gap: float,
     later: Callable[[float, Callable[[], None]], bool] = _call_later,
 ) -> tuple[FakeClock, SignalStore, ScaledObjectRegistry, ScaledObject]:
-    """A ScaledObject at zero replicas, idle, decided inactive."""
+    """A ScaledObject at zero replicas, idle, decided inactive, with an open
+    StreamIsActive (a listener): the one kind decided on signals, not only when asked."""
     clock = FakeClock(T0)
     store = SignalStore(clock)
     registry = ScaledObjectRegistry(store, 30.0, clock, push_gap=push_gap, later=later)
@@ -41,6 +42,7 @@ def idle_at_zero(
     receive(store, engine)
     receive(store, gateway_signals(at=T0, arrival_rate=0.0))
     assert not registry.current(scaled).active
+    registry.add_activation_listener(scaled, lambda: None)
     return clock, store, registry, scaled
 
 
@@ -69,24 +71,32 @@ async def test_signals_after_the_gap_are_decided_at_once() -> None:
 
 
 @pytest.mark.parametrize(
-    "snapshots",
+    ("snapshots", "streaming", "decided"),
     [
-        pytest.param(1, id="one snapshot is one decision"),
-        pytest.param(50, id="fifty snapshots at one instant are fifty decisions"),
+        pytest.param(1, True, 1, id="one snapshot at zero with a stream open is one decision"),
+        pytest.param(50, True, 50, id="fifty at one instant with a stream are fifty decisions"),
+        pytest.param(50, False, 0, id="fifty without a stream are none until KEDA asks"),
     ],
 )
-def test_without_a_gap_every_snapshot_is_a_decision_as_in_the_replay(snapshots: int) -> None:
-    clock, store, _, scaled = idle_at_zero(0.0)
+def test_without_a_gap_a_listened_to_scaled_object_decides_every_snapshot(
+    snapshots: int, streaming: bool, decided: int
+) -> None:
+    clock, store, registry, scaled = idle_at_zero(0.0)
+    if not streaming:
+        scaled.activation_listeners.clear()
     before = scaled.state.decisions
     for _ in range(snapshots):
         receive(store, gateway_signals(at=clock.now, arrival_rate=0.0))
-    assert scaled.state.decisions == before + snapshots
+    assert scaled.state.decisions == before + decided
+    registry.current(scaled)  # KEDA's call decides once on what it has not seen
+    assert scaled.state.decisions == before + max(decided, 1)
 
 
 async def test_a_trailing_decision_of_a_forgotten_scaled_object_decides_nothing() -> None:
     clock, store, registry, scaled = idle_at_zero(GAP)
     receive(store, gateway_signals(at=clock.now, buffered=3, arrival_rate=1.0))
     assert scaled.push_pending
+    scaled.activation_listeners.clear()  # its stream closed: it may be forgotten
     clock.now += 3600
     registry.evict_idle(60)
     before = scaled.signals_version

@@ -168,6 +168,8 @@ async def test_stream_is_active_pushes_only_inactive_to_active_transitions(scale
         receive(scaler.store, engine_signals(queue=0.0, running=running, at=T0 + step))
         if step == 2:  # 0 -> 4 in flight: the one transition so far
             assert (await next_push(call)).result is True
+        if step == 5:  # KEDA's poll sees the fall to zero (an active one decides when asked)
+            assert not (await stub.IsActive(ref(idleGrace="0s"))).result
     # 8 and 30 stayed active: nothing more was sent; 0 -> 2 at the end is a new transition.
     assert (await next_push(call)).result is True
     with pytest.raises(asyncio.TimeoutError):

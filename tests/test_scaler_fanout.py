@@ -1,0 +1,109 @@
+"""Signals decide at once only what cannot wait for KEDA's call (issue 27, hostile pass 59).
+
+Every snapshot of a target decided each ScaledObject naming it. With the scaler unable to
+list ScaledObjects (no RBAC, or the list failing), 16 made-up ones on each of 200 busy
+targets held it at a core: another target's calls UNAVAILABLE. Now a snapshot decides at
+once only a ScaledObject at zero with an open StreamIsActive (its activation is pushed);
+the rest are decided when KEDA asks, on the newest signals, as the replay judges them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scaler.registry import MAX_PER_TARGET, ScaledObject, ScaledObjectRegistry
+from scaler.signals import SignalStore
+from scaler.sources import receive
+from tests.conftest import T0, FakeClock, engine_signals, ref
+
+
+def at_zero(at: float) -> Any:
+    """The engines' message of a deployment at zero replicas, nothing asked of it."""
+    message = engine_signals(at=at, queue=0.0, running=0.0)
+    message.engine.replicas_scraped = message.engine.replicas_up = 0
+    for window in (message.engine.stable, message.engine.panic):
+        window.request_rate = window.prompt_token_rate = window.generation_token_rate = 0.0
+    return message
+
+
+def registry_with(clock: FakeClock) -> tuple[SignalStore, ScaledObjectRegistry]:
+    store = SignalStore(clock)
+    return store, ScaledObjectRegistry(store, 30.0, clock)
+
+
+def decisions(scaled: ScaledObject) -> int:
+    return scaled.state.decisions
+
+
+@pytest.mark.parametrize(
+    ("streaming", "busy_before", "decided_at_once"),
+    [
+        pytest.param(
+            True, False, True, id="at zero with a stream open it is decided on the snapshot"
+        ),
+        pytest.param(False, False, False, id="at zero without a stream it waits for KEDA's poll"),
+        pytest.param(True, True, False, id="active with a stream KEDA has its replicas and asks"),
+        pytest.param(False, True, False, id="active without a stream it is decided when asked"),
+    ],
+)
+def test_a_snapshot_decides_at_once_only_a_listened_to_scaled_object_at_zero(
+    streaming: bool, busy_before: bool, decided_at_once: bool
+) -> None:
+    clock = FakeClock(T0)
+    store, registry = registry_with(clock)
+    scaled = registry.resolve("llama", "team-a", {**ref().scalerMetadata, "idleGrace": "0s"})
+    first = engine_signals(at=T0, running=32.0) if busy_before else at_zero(T0)
+    receive(store, first)
+    assert registry.current(scaled).active is busy_before
+    pushed: list[bool] = []
+    if streaming:
+        registry.add_activation_listener(scaled, lambda: pushed.append(True))
+    before = decisions(scaled)
+    clock.now = T0 + 1
+    receive(store, engine_signals(at=clock.now, running=4.0))
+    assert decisions(scaled) == before + decided_at_once
+    assert pushed == ([True] if decided_at_once else [])
+    assert registry.current(scaled).active  # KEDA's call sees the newest, decided once
+    assert decisions(scaled) == before + 1
+
+
+def test_many_scaled_objects_on_a_busy_target_cost_nothing_until_asked() -> None:
+    clock = FakeClock(T0)
+    store, registry = registry_with(clock)
+    own = [
+        registry.resolve(f"so-{n}", "team-a", {**ref("busy").scalerMetadata})
+        for n in range(MAX_PER_TARGET)
+    ]
+    theirs = [
+        registry.resolve("so", f"tenant-{n}", {**ref("busy").scalerMetadata, "namespace": "team-a"})
+        for n in range(MAX_PER_TARGET)
+    ]
+    every = own + theirs
+    assert len({s.target for s in every}) == 1
+    for step in range(100):
+        clock.now = T0 + step
+        receive(store, engine_signals("busy", at=clock.now, running=32.0))
+    assert [decisions(s) for s in every] == [0] * len(every)
+    assert registry.current(own[0]).desired_replicas == 2  # the one asked, on the last
+    assert [decisions(s) for s in every] == [1] + [0] * (len(every) - 1)
+    signals = store.get(own[0].target)
+    assert signals is not None and own[0].signals_version == signals.version
+
+
+def test_a_stream_that_saw_the_fall_to_zero_is_pushed_the_next_rise() -> None:
+    clock = FakeClock(T0)
+    store, registry = registry_with(clock)
+    scaled = registry.resolve("llama", "team-a", {**ref().scalerMetadata, "idleGrace": "0s"})
+    receive(store, engine_signals(at=T0, running=8.0))
+    assert registry.current(scaled).active
+    pushed: list[float] = []
+    registry.add_activation_listener(scaled, lambda: pushed.append(clock.now))
+    clock.now = T0 + 1
+    receive(store, at_zero(clock.now))
+    assert not registry.current(scaled).active  # KEDA's poll: it falls to zero
+    for step, running in ((2, 0.0), (3, 3.0), (4, 9.0)):
+        clock.now = T0 + step
+        receive(store, engine_signals(at=clock.now, running=running))
+    assert pushed == [T0 + 3]  # the rise, once, the moment its signals came
