@@ -294,6 +294,12 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
         rejected["sleep"] = sleep
         missing.append("sleep")
     sleeping, level = sleep if isinstance(sleep, tuple) else (None, None)
+    if sleeping and (gauges.get("running", 0.0) > 0 or gauges.get("waiting", 0.0) > 0):
+        # Asleep it serves nothing: requests on it say the flag is wrong, and a sleeper
+        # counted so would be capacity the scaler takes away.
+        rejected["sleep"] = "asleep-with-requests"
+        missing.append("sleep")
+        sleeping, level = None, None
     return EngineStats(
         contract.engine,
         model,

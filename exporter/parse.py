@@ -213,5 +213,8 @@ def _parse_value(line: str, position: int, number: int) -> tuple[float, float | 
 
 
 def _float(text: str) -> float:
-    # As prometheus_client does: float() reads "+Inf", "-Inf" and "NaN" too.
+    # As prometheus_client does: float() reads "+Inf", "-Inf" and "NaN" too. Its digit
+    # separators ("1_000") are no number to Prometheus, which refuses the scrape.
+    if "_" in text:
+        raise ValueError(text)
     return float(text)

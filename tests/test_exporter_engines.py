@@ -431,6 +431,27 @@ LEVEL_2 = {"awake": 0, "weights_offloaded": 0, "discard_all": 1}
             sleep_series({"awake": "NaN"}), None, None, "not-finite", id="nan-is-rejected"
         ),
         pytest.param(
+            sleep_series(LEVEL_1) + "vllm:num_requests_running 3\n",
+            None,
+            None,
+            "asleep-with-requests",
+            id="asleep-beside-running-requests-is-no-sleeper",
+        ),
+        pytest.param(
+            sleep_series(LEVEL_2) + "vllm:num_requests_waiting 1\n",
+            None,
+            None,
+            "asleep-with-requests",
+            id="asleep-beside-waiting-requests-is-no-sleeper",
+        ),
+        pytest.param(
+            sleep_series(LEVEL_1) + "vllm:num_requests_running 0\n",
+            True,
+            1,
+            None,
+            id="asleep-and-idle-is-a-sleeper",
+        ),
+        pytest.param(
             sleep_series(AWAKE) + sleep_series({"awake": 0}).split("\n", 1)[1],
             None,
             None,

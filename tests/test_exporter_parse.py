@@ -84,6 +84,14 @@ def test_openmetrics_with_exemplars_and_timestamps_in_seconds():
         pytest.param('vllm:num_requests_running{engine="0" 1', "line 2", id="unclosed-braces"),
         pytest.param("vllm:num_requests_running", "no value", id="no-value"),
         pytest.param("vllm:num_requests_running abc", "bad number", id="not-a-number"),
+        pytest.param(
+            "vllm:num_requests_running 1_000",
+            "bad number",
+            id="digit separators are no number to Prometheus",
+        ),
+        pytest.param(
+            "vllm:num_requests_running 1 1_700_000_000", "bad number", id="nor in a timestamp"
+        ),
         pytest.param("vllm:num_requests_running{engine=0} 1", "bad label", id="unquoted-label"),
         pytest.param("vllm:num_requests_running 1 2 3", "value [timestamp]", id="extra-fields"),
     ],
