@@ -654,6 +654,10 @@ def _apply(
         objects.pop(name, None)
         each(name, None, objects)
     else:
+        if name not in objects and len(objects) >= MAX_LISTED:
+            # The list's bound, kept by its watch too: new names without end took memory
+            # without end.
+            raise ValueError(f"the watch would hold over {MAX_LISTED:,} objects")
         objects[name] = kept = selection.kept(obj)
         each(name, kept, objects)
 

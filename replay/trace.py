@@ -317,6 +317,9 @@ def _azure(path: Path, before: int = 0, recording: bool = False) -> _Rows:
             if not row:
                 continue  # a blank line, as csv.DictReader skips it
             try:
+                if len(row) > len(header):
+                    # A comma inside a field ("1,000") shifts every column after it.
+                    raise ValueError(f"{len(row)} fields where the header names {len(header)}")
                 arrival, zoned = _azure_time(_field(row, at, "TIMESTAMP"))
                 offsets = offsets or (zoned, number)
                 if zoned != offsets[0]:

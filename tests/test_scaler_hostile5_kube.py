@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -187,6 +188,39 @@ async def test_continue_tokens_without_end_fail_the_attempt_past_the_most_listed
         sets, errors = await _watch_until(access, lambda _, errors: bool(errors))
     assert "over 5 objects" in str(errors[0])
     assert not sets
+
+
+async def test_a_watch_adding_names_past_the_most_listed_fails_the_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lists were bounded, their watches not: ADDED events of new names grew memory
+    # without end. Past the bound the attempt fails (backoff, relist); a change to a
+    # name already held at the bound is still read.
+    monkeypatch.setattr(kube, "MAX_LISTED", 3)
+    events = [("MODIFIED", "a"), ("ADDED", "b"), ("MODIFIED", "b")]
+    events += [("ADDED", f"new-{n}") for n in range(5)]
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            return page("a", "c")
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        for kind, name in events:
+            line = json.dumps({"type": kind, "object": {**named(name), "spec": {"k": kind}}})
+            await response.write(line.encode() + b"\n")
+        await request.app[_STOP].wait()
+        return response
+
+    heard: list[tuple[str, str | None]] = []
+
+    def on_event(key: str, obj: RawObject | None) -> None:
+        heard.append((key, None if obj is None else obj["spec"]["k"]))
+
+    async with api_server(tmp_path, handle) as access:
+        _, errors = await _watch_until(access, lambda _, errors: bool(errors), on_event=on_event)
+    assert "over 3 objects" in str(errors[0])
+    assert heard[:3] == [("n/a", "MODIFIED"), ("n/b", "ADDED"), ("n/b", "MODIFIED")]
+    assert ("n/new-0", "ADDED") not in heard
 
 
 @pytest.mark.parametrize(

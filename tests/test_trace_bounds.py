@@ -81,6 +81,11 @@ def mooncake(tmp_path: Path, *lines: bytes) -> Path:
             id="a boolean count in a CSV is refused",
         ),
         pytest.param(
+            b"2023-11-16 18:17:04,1,000,5\n",
+            "t.csv:3: 4 fields where the header names 3",
+            id="a thousands comma shifting the columns is refused, not 1 prompt token",
+        ),
+        pytest.param(
             b"2023-11-16 18:17:04,10\n",
             "t.csv:3: column GeneratedTokens: missing",
             id="a short row names the missing column",
