@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from scaler.registry import MAX_PER_TARGET, ScaledObject, ScaledObjectRegistry
+from foundation.errors import NoDataError
+from scaler.registry import MAX_PER_TARGET, RegistryFullError, ScaledObject, ScaledObjectRegistry
 from scaler.signals import SignalStore
 from scaler.sources import receive
 from tests.conftest import T0, FakeClock, engine_signals, ref
@@ -107,3 +108,39 @@ def test_a_stream_that_saw_the_fall_to_zero_is_pushed_the_next_rise() -> None:
         clock.now = T0 + step
         receive(store, engine_signals(at=clock.now, running=running))
     assert pushed == [T0 + 3]  # the rise, once, the moment its signals came
+
+
+def test_asking_about_a_scaled_object_without_signals_holds_no_more_each_call() -> None:
+    # Hostile pass 60: its kept "no signals yet" error was raised as it was, and each
+    # raise added the caller's frames to its traceback: 5.5 KB a call, held for good.
+    clock = FakeClock(T0)
+    _, registry = registry_with(clock)
+    scaled = registry.resolve("llama", "team-a", {**ref().scalerMetadata})
+
+    def frames_after(calls: int) -> int:
+        for _ in range(calls):
+            with pytest.raises(NoDataError) as refused:
+                registry.current(scaled)
+        depth, tb = 0, refused.value.__traceback__
+        while tb is not None:
+            depth, tb = depth + 1, tb.tb_next
+        return depth
+
+    assert frames_after(1) == frames_after(1_000) <= 3
+
+
+def test_scaled_objects_naming_one_deployment_are_bounded_whatever_model() -> None:
+    # Hostile pass 60: the bound counted per model, so 8,000 ScaledObjects each naming
+    # another model of one deployment were kept, each in every GetStandbyPlan answer of
+    # it (256 ms of the event loop a call). KEDA itself takes one per workload.
+    clock = FakeClock(T0)
+    _, registry = registry_with(clock)
+    for n in range(MAX_PER_TARGET):
+        registry.resolve(f"so-{n}", "team-a", {**ref("busy").scalerMetadata, "model": f"m{n}"})
+    with pytest.raises(RegistryFullError, match=r"team-a/busy is named by 8 .*\(whatever model\)"):
+        registry.resolve("so-x", "team-a", {**ref("busy").scalerMetadata, "model": "other"})
+    moved = registry.resolve("so-0", "team-a", {**ref("busy").scalerMetadata, "model": "m9"})
+    assert moved.target == ("team-a", "busy", "m9")  # one of its own changes model
+    registry.resolve("so-0", "team-a", {**ref("elsewhere").scalerMetadata})
+    registry.resolve("so-x", "team-a", {**ref("busy").scalerMetadata, "model": "other"})
+    assert registry.errors["target-full"] == 1

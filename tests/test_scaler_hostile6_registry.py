@@ -26,7 +26,7 @@ from scaler.registry import MAX_RIVALS, ScaledObject, ScaledObjectRegistry
 from scaler.server import _call_later
 from scaler.signals import SignalStore
 from scaler.sources import receive
-from tests.conftest import T0, FakeClock, gateway_signals
+from tests.conftest import T0, FakeClock, engine_signals, gateway_signals
 from tests.test_scaler_hostile5_registry import idle_at_zero
 
 GAP = 0.05
@@ -100,6 +100,29 @@ def test_metadata_edits_each_call_are_one_trailing_decision() -> None:
     timers.pop()()
     assert scaled.state.decisions == before + 1
     assert scaled.policy.max_replicas == 1007
+
+
+def test_a_call_within_the_gap_of_an_edit_is_answered_on_its_own_metadata() -> None:
+    # Hostile pass 60: a caller sending other metadata under KEDA's ScaledObject just
+    # before each of KEDA's calls (an idle deployment, a new maxReplicas each time) had
+    # KEDA answered the edit's decision: 0 for a busy deployment, in 19 calls of 20.
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 30.0, clock, push_gap=GAP, later=lambda d, c: True)
+    receive(store, engine_signals(at=T0, running=32.0))
+    idle = engine_signals("idle", at=T0, queue=0.0, running=0.0)
+    idle.engine.replicas_up = idle.engine.replicas_scraped = 0
+    receive(store, idle)
+    keda = {**META, "targetConcurrency": "16", "maxReplicas": "50"}
+    scaled = registry.resolve("llama", "team-a", keda)
+    busy = registry.current(scaled).desired_replicas
+    assert busy > 0
+    for n in range(1, 21):
+        clock.now = T0 + n
+        stranger = {**META, "deployment": "idle", "maxReplicas": str(n), "idleGrace": "0s"}
+        assert registry.current(registry.resolve("llama", "team-a", stranger)).desired_replicas == 0
+        clock.now += GAP / 10  # KEDA's call, within the gap of the stranger's edit
+        assert registry.current(registry.resolve("llama", "team-a", keda)).desired_replicas == busy
 
 
 def _cycle(registry: ScaledObjectRegistry, clock: FakeClock, maps: list[dict[str, str]], n: int):
