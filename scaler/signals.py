@@ -86,6 +86,29 @@ class TargetSignals:
     """When a snapshot was last kept (the store's clock)."""
 
 
+def shows_load(signals: TargetSignals | None) -> bool:
+    """Whether the newest snapshots show any request arriving, waiting, running or served.
+
+    What can turn a deployment at zero active at once (a forecast turns it at KEDA's
+    poll). A value not measured shows nothing here: this only says when to decide
+    early, never what. Example: the gateway buffering 1 at zero replicas shows load;
+    engines reporting 0 everywhere and a gateway with no arrivals do not.
+    """
+    if signals is None:
+        return False
+    found: list[float | None] = []
+    if signals.gateway is not None:
+        gateway = signals.gateway
+        found += [gateway.buffered, gateway.in_flight, gateway.arrival_rate]
+    if signals.engine is not None:
+        engine = signals.engine
+        found += [engine.queue_depth, engine.running]
+        for window in (engine.panic, engine.stable):
+            found += [window.request_rate, window.prompt_token_rate, window.running_mean]
+            found.append(window.generation_token_rate)
+    return any(value is not None and value > 0 for value in found)
+
+
 class SignalStore:
     """Latest signals per target; notifies listeners after each accepted update.
 

@@ -15,9 +15,9 @@ import pytest
 
 from foundation.errors import NoDataError
 from scaler.registry import MAX_PER_TARGET, RegistryFullError, ScaledObject, ScaledObjectRegistry
-from scaler.signals import SignalStore
+from scaler.signals import SignalStore, shows_load
 from scaler.sources import receive
-from tests.conftest import T0, FakeClock, engine_signals, ref
+from tests.conftest import T0, FakeClock, engine_signals, gateway_signals, ref
 
 
 def at_zero(at: float) -> Any:
@@ -26,6 +26,13 @@ def at_zero(at: float) -> Any:
     message.engine.replicas_scraped = message.engine.replicas_up = 0
     for window in (message.engine.stable, message.engine.panic):
         window.request_rate = window.prompt_token_rate = window.generation_token_rate = 0.0
+    return message
+
+
+def served_only() -> Any:
+    """Engines whose gauges are unknown while their window served requests."""
+    message = engine_signals(queue=None, running=None)
+    message.engine.stable.request_rate = 2.0
     return message
 
 
@@ -144,3 +151,61 @@ def test_scaled_objects_naming_one_deployment_are_bounded_whatever_model() -> No
     registry.resolve("so-0", "team-a", {**ref("elsewhere").scalerMetadata})
     registry.resolve("so-x", "team-a", {**ref("busy").scalerMetadata, "model": "other"})
     assert registry.errors["target-full"] == 1
+
+
+def test_quiet_snapshots_of_an_idle_target_decide_no_streamed_scaled_object() -> None:
+    # Hostile pass 60: 16 ScaledObjects with open streams on each of 300 idle targets
+    # were decided on every quiet snapshot: 94% of a core. Load decides them at once.
+    clock = FakeClock(T0)
+    store, registry = registry_with(clock)
+    receive(store, at_zero(T0))
+    waiting = [registry.resolve(f"so-{n}", "team-a", {**ref().scalerMetadata}) for n in range(8)]
+    pushed: list[str] = []
+    for scaled in waiting:
+        assert not registry.current(scaled).active
+        registry.add_activation_listener(scaled, lambda key=scaled.key: pushed.append(key[1]))
+    for step in range(1, 101):
+        clock.now = T0 + step
+        receive(store, at_zero(clock.now))
+    assert [decisions(s) for s in waiting] == [1] * len(waiting) and not pushed
+    clock.now += 1
+    receive(store, engine_signals(at=clock.now, queue=2.0, running=0.0))
+    assert [decisions(s) for s in waiting] == [2] * len(waiting)
+    assert sorted(pushed) == sorted(s.key[1] for s in waiting)
+
+
+@pytest.mark.parametrize(
+    ("engine", "gateway", "load"),
+    [
+        pytest.param(None, None, False, id="no snapshot shows nothing"),
+        pytest.param(at_zero(T0), None, False, id="engines at zero show nothing"),
+        pytest.param(
+            at_zero(T0),
+            gateway_signals(buffered=1),
+            True,
+            id="the gateway buffering one at zero shows load",
+        ),
+        pytest.param(
+            None,
+            gateway_signals(in_flight=0, arrival_rate=0.5),
+            True,
+            id="arrivals alone show load",
+        ),
+        pytest.param(
+            served_only(),
+            None,
+            True,
+            id="requests served in the window show load with gauges unknown",
+        ),
+        pytest.param(
+            None, gateway_signals(arrival_rate=None), False, id="an unmeasured rate is no load"
+        ),
+    ],
+)
+def test_what_shows_load(engine: Any, gateway: Any, load: bool) -> None:
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    for message in (engine, gateway):
+        if message is not None:
+            receive(store, message)
+    assert shows_load(store.get(("team-a", "llama", ""))) is load

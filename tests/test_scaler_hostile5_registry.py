@@ -71,25 +71,29 @@ async def test_signals_after_the_gap_are_decided_at_once() -> None:
 
 
 @pytest.mark.parametrize(
-    ("snapshots", "streaming", "decided"),
+    ("snapshots", "buffered", "streaming", "decided"),
     [
-        pytest.param(1, True, 1, id="one snapshot at zero with a stream open is one decision"),
-        pytest.param(50, True, 50, id="fifty at one instant with a stream are fifty decisions"),
-        pytest.param(50, False, 0, id="fifty without a stream are none until KEDA asks"),
+        pytest.param(1, 1, True, 1, id="a snapshot showing load at zero with a stream decides"),
+        pytest.param(
+            50, 1, True, 1, id="fifty showing load are one decision: active, KEDA asks after"
+        ),
+        pytest.param(50, 0, True, 0, id="fifty quiet ones wait for KEDA's poll, stream or not"),
+        pytest.param(50, 1, False, 0, id="fifty showing load without a stream wait for KEDA"),
     ],
 )
-def test_without_a_gap_a_listened_to_scaled_object_decides_every_snapshot(
-    snapshots: int, streaming: bool, decided: int
+def test_without_a_gap_a_listened_to_scaled_object_at_zero_decides_on_load(
+    snapshots: int, buffered: int, streaming: bool, decided: int
 ) -> None:
     clock, store, registry, scaled = idle_at_zero(0.0)
     if not streaming:
         scaled.activation_listeners.clear()
     before = scaled.state.decisions
     for _ in range(snapshots):
-        receive(store, gateway_signals(at=clock.now, arrival_rate=0.0))
+        receive(store, gateway_signals(at=clock.now, buffered=buffered, arrival_rate=0.0))
     assert scaled.state.decisions == before + decided
-    registry.current(scaled)  # KEDA's call decides once on what it has not seen
-    assert scaled.state.decisions == before + max(decided, 1)
+    assert registry.current(scaled).active is bool(buffered)  # KEDA's call: the newest
+    signals = store.get(scaled.target)
+    assert signals is not None and scaled.signals_version == signals.version
 
 
 async def test_a_trailing_decision_of_a_forgotten_scaled_object_decides_nothing() -> None:
