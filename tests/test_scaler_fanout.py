@@ -9,6 +9,7 @@ the rest are decided when KEDA asks, on the newest signals, as the replay judges
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -163,7 +164,7 @@ def test_quiet_snapshots_of_an_idle_target_decide_no_streamed_scaled_object() ->
     pushed: list[str] = []
     for scaled in waiting:
         assert not registry.current(scaled).active
-        registry.add_activation_listener(scaled, lambda key=scaled.key: pushed.append(key[1]))
+        registry.add_activation_listener(scaled, functools.partial(pushed.append, scaled.key[1]))
     for step in range(1, 101):
         clock.now = T0 + step
         receive(store, at_zero(clock.now))
