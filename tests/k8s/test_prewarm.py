@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from foundation.errors import NoDataError
 from foundation.signals import GatewaySignals, Snapshot
 from foundation.timestamps import format_time
 from scaler.prewarm import plan as plan_module
@@ -123,9 +124,12 @@ class Scaler:
         self.task: asyncio.Task[None] | None = None
 
     def arrive(self, buffered: int = 1) -> None:
-        # as a gateway publishes: its arrival rate is measured (0 while none arrives)
+        # as a gateway publishes: its arrival rate is measured (0 while none arrives);
+        # then KEDA's poll, which decides (the prewarm plans on each decision)
         signals = GatewaySignals(time.time(), 0.0, buffered, 0)
         self.store.update(Snapshot((self.namespace, "llama", ""), signals))
+        with contextlib.suppress(NoDataError):
+            self.registry.current(self.scaled)
 
     def state(self) -> str:
         statuses = self.prewarm.statuses()
@@ -422,12 +426,13 @@ async def test_the_scaler_server_runs_the_prewarm_and_serves_its_metrics(
     await server.start()
     try:
         keys = {"scalerAddress": "scaler:9090", "deployment": "llama", "fluidDataset": "weights"}
-        server.registry.resolve("llama", namespace, keys)
+        scaled = server.registry.resolve("llama", namespace, keys)
         assert server.prewarm is not None
         await eventually("Fluid's objects listed", lambda: server.prewarm and server.prewarm.listed)
         server.store.update(
             Snapshot((namespace, "llama", ""), GatewaySignals(time.time(), None, 1, 0))
         )
+        assert server.registry.current(scaled).active  # KEDA's poll decides
         await eventually("one DataLoad", cluster.dataloads)
         async with aiohttp.ClientSession() as session:
             url = f"http://127.0.0.1:{server.metrics_port}/metrics"
