@@ -11,6 +11,7 @@ HPA computes ``ceil(value / 1)`` replicas (subject to its 10% tolerance).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -312,6 +313,14 @@ class ScaledObjectRegistry:
         """Every ScaledObject KEDA has asked about."""
         return list(self._objects.values())
 
+    def naming(self, namespace: str, deployment: str) -> list[ScaledObject]:
+        """The ScaledObjects naming one deployment, whatever model, by key.
+
+        At most twice ``MAX_PER_TARGET``: a walk over every ScaledObject a call, 10,000
+        of them, held the loop for anyone reaching the port (hostile pass 61).
+        """
+        return sorted(self._by_workload.get((namespace, deployment), ()), key=lambda s: s.key)
+
     def targets(self) -> list[TargetKey]:
         """Every target some ScaledObject scales (what a polling source must query)."""
         return [target for target, bound in self._by_target.items() if bound]
@@ -531,15 +540,20 @@ class ScaledObjectRegistry:
         signals = self._store.get(scaled.target)
         version = signals.version if signals is not None else 0
         if now > scaled.valid_until:
-            self._refresh(scaled, now)  # stale or failed: looked at again at once
+            # Stale or failed: looked at again at once, but kept at most once a gap (a
+            # source dating its snapshots just inside the age made every call a kept
+            # decision, each a window sample, hostile pass 61).
+            since = now - scaled.decided_at if scaled.decided_at is not None else math.inf
+            self._refresh(scaled, now, keep=not (0 <= since < self._push_gap))
         elif version != scaled.signals_version:
             self._decide(scaled, now, asked=True)
         if scaled.decision is None:
             assert scaled.error is not None
             # The error is kept between calls: raised as it is, each raise added the
             # caller's frames to its traceback, held for good (5.5 KB a call, a scaler
-            # at 3 GB in 20 s of calls about ScaledObjects without signals, hostile pass 60).
-            raise scaled.error.with_traceback(None)
+            # at 3 GB in 20 s of calls about ScaledObjects without signals, hostile pass
+            # 60); a copy is raised, so the kept one holds no frames at all (pass 61).
+            raise copy.copy(scaled.error)
         return scaled.decision
 
     def add_decision_hook(self, hook: DecisionHook) -> None:
@@ -662,7 +676,8 @@ class ScaledObjectRegistry:
         message says how old), a failed decision may not fail twice. "No signals yet"
         stays true until a source reports.
         """
-        scaled.decision, scaled.decided_at, scaled.error = None, None, err
+        scaled.decision, scaled.decided_at = None, None
+        scaled.error = err.with_traceback(None)  # kept for calls, without the frames it held
         scaled.valid_until = now if retry else math.inf
 
     def _keep(

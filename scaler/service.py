@@ -457,8 +457,8 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         """Each standby ScaledObject of the workload: running and sleeping, or unset."""
         workload = (request.namespace, request.deployment)
         plans = []
-        for scaled in sorted(self._registry.objects(), key=lambda s: s.key):
-            if scaled.standby is None or scaled.target[:2] != workload:
+        for scaled in self._registry.naming(*workload):
+            if scaled.standby is None:
                 continue
             with contextlib.suppress(NoDataError):
                 self._registry.current(scaled)  # refreshed as a KEDA call would be

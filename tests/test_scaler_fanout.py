@@ -135,6 +135,18 @@ def test_asking_about_a_scaled_object_without_signals_holds_no_more_each_call() 
         return depth
 
     assert frames_after(1) == frames_after(1_000) <= 3
+    assert scaled.error is not None and scaled.error.__traceback__ is None  # kept bare
+
+
+def test_a_deployments_scaled_objects_are_found_without_a_walk_over_all() -> None:
+    clock = FakeClock(T0)
+    _, registry = registry_with(clock)
+    for n in range(50):
+        registry.resolve(f"other-{n}", "team-a", {**ref(f"dep-{n}").scalerMetadata})
+    theirs = registry.resolve("b", "tenant", {**ref("llama").scalerMetadata, "namespace": "team-a"})
+    own = registry.resolve("a", "team-a", {**ref().scalerMetadata, "model": "m"})
+    assert registry.naming("team-a", "llama") == [own, theirs]  # by key, whatever model
+    assert registry.naming("team-a", "nothing") == []
 
 
 def test_scaled_objects_naming_one_deployment_are_bounded_whatever_model() -> None:

@@ -125,6 +125,27 @@ def test_a_call_within_the_gap_of_an_edit_is_answered_on_its_own_metadata() -> N
         assert registry.current(registry.resolve("llama", "team-a", keda)).desired_replicas == busy
 
 
+def test_signals_dated_at_the_edge_of_their_age_keep_a_decision_once_a_gap() -> None:
+    # Hostile pass 61: one source's snapshots dated just inside max-signal-age expire a
+    # moment after they come (the other's fresh), and a decision past its signals' age
+    # was kept at once on each call: a window sample a call, what the gap exists to stop.
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    registry = ScaledObjectRegistry(store, 30.0, clock, push_gap=GAP, later=lambda d, c: True)
+    scaled = registry.resolve("llama", "team-a", META)
+    receive(store, engine_signals(at=T0, running=8.0))
+    assert receive(store, gateway_signals(at=T0 - 30.0 + 5e-4, in_flight=8))
+    assert registry.current(scaled).active
+    before = scaled.state.decisions
+    for n in range(1, 201):  # 0.2 s of calls, a millisecond apart
+        clock.now = T0 + n * 1e-3
+        receive(store, engine_signals(at=clock.now, running=8.0))
+        assert receive(store, gateway_signals(at=clock.now - 30.0 + 5e-4, in_flight=8))
+        clock.now += 1e-4  # the last decision's signals aged a moment ago: it looks again
+        assert registry.current(scaled).active  # every call answered
+    assert scaled.state.decisions - before <= 0.2 / GAP + 1
+
+
 def _cycle(registry: ScaledObjectRegistry, clock: FakeClock, maps: list[dict[str, str]], n: int):
     """``n`` calls cycling ``maps``: the metadata each was refused with, or None."""
     refused: list[str | None] = []

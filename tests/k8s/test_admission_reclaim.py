@@ -215,9 +215,18 @@ async def test_a_rising_forecast_reclaims_the_preemptible_job_through_kueue(
 
         # Three replicas forecast: 2 more cards, 1 free (card 2): one short.
         receive(scaler.store, engine_signals("llama", queue=0.0, running=48.0))
+        # Kueue counts the eviction and clears Admitted in two writes: both are awaited.
         workload = await eventually(
             "Kueue evicts the Workload",
-            nudging(controller, lambda: evictions(w := setup.workload_of("train")) and w),
+            nudging(
+                controller,
+                lambda: (
+                    (w := setup.workload_of("train")) is not None
+                    and evictions(w)
+                    and not is_true(w, "Admitted")
+                    and w
+                ),
+            ),
             show=lambda: (setup.workload_of("train") or {}).get("status"),
         )
         job = await eventually(
