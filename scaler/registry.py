@@ -72,8 +72,8 @@ of one workload, each in every GetStandbyPlan answer of it, hostile pass 60) fro
 namespace, and as many from all others together. Each snapshot of a target decided every
 ScaledObject naming it: 4,000 naming one live deployment held the event loop at 99% of a
 core, KEDA's calls at half a second and every other target's signals past their age
-(hostile pass 57). A snapshot still decides each at zero with an open stream, and each
-costs memory. One names a target; a migration, two."""
+(hostile pass 57). A snapshot showing load still decides each at zero with an open
+stream, and each costs memory. One names a target; a migration, two."""
 
 
 MAX_RIVALS = 8
@@ -182,8 +182,8 @@ class ScaledObjectRegistry:
     ) -> None:
         """Keep the store's ScaledObjects; decide on its signals.
 
-        A decision is made when KEDA asks, or at once on signals for a ScaledObject at
-        zero with an open StreamIsActive (``_on_signals``). ``push_gap``: the least
+        A decision is made when KEDA asks, or at once on signals showing load for a
+        ScaledObject at zero with an open StreamIsActive (``_on_signals``). ``push_gap``: the least
         seconds between two decisions (``PUSH_DECISION_GAP`` where a wire feeds the
         store; 0, none, for the replay, which asks once a simulated call). ``later(delay,
         call)`` runs ``call`` after ``delay`` seconds (the server's event loop) and says
@@ -470,7 +470,6 @@ class ScaledObjectRegistry:
         """
         own = namespace == target[0]
         workload = target[:2]
-        where = describe_target((*workload, ""))
         named = self._by_workload.get(workload, ())
         bound = {s for s in named if (s.key[0] == target[0]) == own}
         if len(bound) < MAX_PER_TARGET:
@@ -478,6 +477,7 @@ class ScaledObjectRegistry:
             return
         if existing is not None and existing in bound:
             return
+        where = describe_target((*workload, ""))
         # Names made up before the API server's list came held the share for their whole
         # TTL against the ScaledObject it has (hostile pass 59): those it lacks go first.
         absent = [s for s in bound if self._standing(s.key, s.raw_metadata) is Standing.ABSENT]
