@@ -543,8 +543,7 @@ class ScaledObjectRegistry:
             # Stale or failed: looked at again at once, but kept at most once a gap (a
             # source dating its snapshots just inside the age made every call a kept
             # decision, each a window sample, hostile pass 61).
-            since = now - scaled.decided_at if scaled.decided_at is not None else math.inf
-            self._refresh(scaled, now, keep=not (0 <= since < self._push_gap))
+            self._refresh(scaled, now, keep=self._gap_left(scaled, now) is None)
         elif version != scaled.signals_version:
             self._decide(scaled, now, asked=True)
         if scaled.decision is None:
@@ -607,12 +606,22 @@ class ScaledObjectRegistry:
         decision sees the newest. Without a loop to schedule it (``later`` says no) a
         call (``asked``) decides at once, as before; pushed signals wait for the next call.
         """
-        since = now - scaled.decided_at if scaled.decided_at is not None else math.inf
-        if 0 <= since < self._push_gap:
-            self._decide_later(scaled, self._push_gap - since)
+        left = self._gap_left(scaled, now)
+        if left is not None:
+            self._decide_later(scaled, left)
             if scaled.push_pending or not asked:
                 return
         self._refresh(scaled, now)
+
+    def _gap_left(self, scaled: ScaledObject, now: float) -> float | None:
+        """Seconds until the push gap since the last kept decision ends; None when past it.
+
+        A clock that went back (``since`` negative) counts as past the gap.
+        """
+        if scaled.decided_at is None:
+            return None
+        since = now - scaled.decided_at
+        return self._push_gap - since if 0 <= since < self._push_gap else None
 
     def _decide_later(self, scaled: ScaledObject, delay: float) -> None:
         """One trailing decision for signals that came within the push gap.
