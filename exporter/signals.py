@@ -3,7 +3,9 @@
 Everything here is pure: scrapes and ``now`` come in, numbers come out. Counters and
 histogram buckets become *increases inside the window* (Prometheus ``increase``
 semantics: a restart, seen as every core counter set back to at most half, counts the new
-value as the increase; a column falling alone adds nothing), never lifetime totals. A signal
+value as the increase; a column falling alone adds nothing; a replica whose core counters
+fell twice in its history is two engines behind one address, its increases unknown),
+never lifetime totals. A signal
 that cannot be computed (one scrape in the window, a family the engine does not expose)
 is None.
 
@@ -77,14 +79,19 @@ class ReplicaHistory:
     times: list[float] = field(default_factory=list)
     vectors: list[Vector] = field(default_factory=list)
     gauges: list[dict[str, float]] = field(default_factory=list)
+    falls: list[float] = field(default_factory=list)
+    """When its core counters fell (a restart, or one of them back), among the scrapes kept."""
 
     def add(self, now: float, stats: EngineStats) -> None:
         """Record a scrape taken at ``now``; a new bucket layout keeps the counters."""
         layout = Layout.of(stats)
         if layout != self.layout:  # buckets changed (an upgrade): their deltas are nonsense
             self._relayout(layout)
+        vector = layout.vector(stats)
+        if self.vectors and _fell(self.vectors[-1], vector):
+            self.falls.append(now)
         self.times.append(now)
-        self.vectors.append(layout.vector(stats))
+        self.vectors.append(vector)
         self.gauges.append(stats.gauges)
         cutoff = now - self.horizon
         drop = 0
@@ -92,6 +99,7 @@ class ReplicaHistory:
             drop += 1  # keep one scrape before the horizon as the base of the window
         if drop:
             del self.times[:drop], self.vectors[:drop], self.gauges[:drop]
+            self.falls = [t for t in self.falls if t > self.times[0]]
 
     def _relayout(self, layout: Layout) -> None:
         """Keep the scrapes' counters under a new bucket layout; their buckets are unknown.
@@ -119,19 +127,20 @@ class ReplicaHistory:
         times = self.times[first:]
         matrix = np.vstack(self.vectors[first:])
         steps = np.diff(matrix, axis=0)
-        # A restart sets the counters back to 0: every core counter (requests, tokens)
-        # that had counted anything comes back at most half of it (``_reset``). Neither a
-        # _created that moves (one that moved each scrape made every step a restart: 2e8
-        # requests/s for 1/s) nor a counter or bucket a few counts back (100,045
-        # requests/s for 10, the fleet at its maximum: hostile passes 30 and 31) is one;
-        # a column that falls without a restart adds nothing.
-        restarted = _reset(matrix[:-1][:, _CORE], matrix[1:][:, _CORE])
-        # With no core count yet (an engine without them), the other columns tell it.
-        blank = ~np.any(matrix[:-1][:, _CORE] > 0, axis=1)
-        restarted[blank] = _reset(matrix[:-1][blank], matrix[1:][blank])
+        restarted = _restarted(matrix[:-1], matrix[1:])
         if restarted.any():
             steps[restarted] = matrix[1:][restarted]  # the counts since the restart
         np.maximum(steps, 0.0, out=steps, where=~np.isnan(steps))
+        increase = steps.sum(axis=0)
+        if len(self.falls) > 1:
+            # Counters that fell twice in a history of a minute: no engine restarts so
+            # fast (it loads its model each time), and an honest counter falls only then;
+            # but one address answering for two engines in turn (a Service, not a pod)
+            # falls each time it lands on the one that counted less. Each fall read as a
+            # restart (or each rise after one that was not) made 20 requests/s 3,888, the
+            # fleet at its maximum (hostile pass 62). Its counts are unknown while two
+            # falls are in its history.
+            increase[:] = math.nan
         assert self.layout is not None
         gauges = self.gauges[first + 1 :]
         means = {
@@ -139,7 +148,37 @@ class ReplicaHistory:
             for name in ("running", "waiting", "kv_usage")
             if all(name in g for g in gauges)
         }
-        return ReplicaWindow(times[-1] - times[0], steps.sum(axis=0), self.layout, means)
+        return ReplicaWindow(times[-1] - times[0], increase, self.layout, means)
+
+
+def _restarted(
+    before: npt.NDArray[np.float64], after: npt.NDArray[np.float64]
+) -> npt.NDArray[np.bool_]:
+    """Per step (row), whether the engine restarted between the two scrapes.
+
+    A restart sets the counters back to 0: every core counter (requests, tokens) that had
+    counted anything comes back at most half of it (``_reset``). Neither a _created that
+    moves (one that moved each scrape made every step a restart: 2e8 requests/s for 1/s)
+    nor a counter or bucket a few counts back (100,045 requests/s for 10, the fleet at its
+    maximum: hostile passes 30 and 31) is one; a column that falls without a restart adds
+    nothing. With no core count yet (an engine without them), the other columns tell it.
+    """
+    restarted = _reset(before[:, _CORE], after[:, _CORE])
+    blank = ~np.any(before[:, _CORE] > 0, axis=1)
+    restarted[blank] = _reset(before[blank], after[blank])
+    return restarted
+
+
+FALL_SLACK = 3.0
+"""Counts a core counter may come back without falling (``_fell``): scrapes that are not
+atomic, as ``_reset`` allows them (hostile passes 30 and 31)."""
+
+
+def _fell(before: Vector, after: Vector) -> bool:
+    """Whether the engine restarted between two scrapes, or a core counter fell."""
+    with np.errstate(invalid="ignore"):
+        down = bool(np.any(after[_CORE] < before[_CORE] - FALL_SLACK))
+    return down or bool(_restarted(before[None, :], after[None, :])[0])
 
 
 def _reset(before: Vector, after: Vector) -> npt.NDArray[np.bool_]:

@@ -20,7 +20,7 @@ mid-stream, or goes silent past ``upstream_timeout`` between two chunks, ends th
 client's response; the gateway carries on, as does a stream far past its request's token
 bound or a non-streamed body not whole within ``upstream_timeout`` of its headers
 (``overrun``). A replica answering server errors in a row is ejected: routed to only when
-no other serves the model (``EJECT_AFTER_5XX``). Every one of these upstream failures is
+no other serves the model (``EJECT_AFTER``). Every one of these upstream failures is
 counted (by kind) in the metrics and in the ``upstream_error_rate`` the scaler reads;
 every error the gateway answers itself is ``{"object": "error", "message": ...,
 "code": status}``.
@@ -87,7 +87,13 @@ from foundation.errors import quote
 from serving.arrival_recorder import ArrivalRecorder
 from serving.arrivals import estimate_prompt_tokens
 from serving.gateway_metrics import GatewayMetrics
-from serving.gateway_replicas import PROBE_TIMEOUT, Replica, ReplicaPool, read_answer
+from serving.gateway_replicas import (
+    EJECT_WINDOW,
+    PROBE_TIMEOUT,
+    Replica,
+    ReplicaPool,
+    read_answer,
+)
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import SignalsFeed, TrafficStats, gateway_signals
 from serving.gateway_standby import IGNORED_REASONS, NoPlan, PlanSource, StandbyClient
@@ -116,14 +122,29 @@ PROBE_SECONDS = float(PROBE_TIMEOUT.total or 2.0)
 """The least a wake's ``/is_sleeping`` read after it is given: a health probe's time."""
 
 PROXIED = ("/v1/completions", "/v1/chat/completions")
-EJECT_AFTER_5XX = 3
-"""Fast failures in a row that eject a replica from routing (``_failed_in_a_row``)."""
+EJECT_AFTER = 3
+"""Fast failures among a replica's last ``EJECT_WINDOW`` answers that eject it from
+routing (``_failed_fast``): three in a row, or three of ten. Counted only in a row, a
+replica answering 500, 500, 200 over and over was never ejected, and kept ~65% of the
+traffic (two in three answers failed) beside an idle healthy one (hostile pass 62)."""
 FAST_FAILURES = frozenset(
-    {"before-response", "mid-response", "bad-headers", "status-5xx", "stream-error", "redirect"}
+    {
+        "before-response",
+        "mid-response",
+        "bad-headers",
+        "status-5xx",
+        "stream-error",
+        "redirect",
+        "refused",
+        "empty",
+        "token-less",
+    }
 )
-"""Upstream failures a replica answers at once, counted in a row toward its ejection: a
-server error, broken HTTP, a body cut off, a stream carrying an error event, a redirect.
-Counting only 5xx left one that closed every answer after its headers ~98% of the traffic."""
+"""Upstream failures a replica answers at once, counted toward its ejection: a server
+error, broken HTTP, a body cut off, a stream carrying an error event, a redirect, a
+refusal (429, or 404 for a model it lists), a success holding no choice, a stream of
+lines without a token. Counting only 5xx left one that closed every answer after its
+headers ~98% of the traffic; one answering 404 or non-JSON 200s at once, ~95%."""
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 """Statuses aiohttp follows unless told not to: no replica's answer is followed anywhere
 (``_forward``, ``gateway_replicas``), and a completion answered by one is the replica's 502."""
@@ -784,13 +805,10 @@ class Gateway:
         # Once a listed model went unremembered, no model is certainly unserved at zero:
         # a replica listing fresh names each time back turned a new model's requests at
         # zero into 404s, never counted as arrivals (issue 27, hostile pass 25).
-        known = (
-            frozenset()
-            if self.pool.served_full
-            else frozenset(self.settings.models) | self.pool.served
-        )
+        configured = frozenset(self.settings.models)
+        known = frozenset() if self.pool.served_full else configured | self.pool.served
         views = self.pool.routing_views()  # once a request, each kept while unchanged
-        if model and is_unserved(views, model, known):
+        if model and is_unserved(views, model, known, configured):
             # Before it counts as an arrival: the scaler must not scale up for it.
             raise self._reject(404, f"no replica serves model {model!r}", None)
         now = time.time()
@@ -1035,7 +1053,7 @@ class Gateway:
                 async with upstream:
                     if upstream.status in REDIRECTS:
                         raise self._redirected(replica, upstream)
-                    return await self._relay(request, upstream, meter, replica)
+                    return await self._relay(request, upstream, meter, replica, model)
             finally:
                 replica.outstanding -= 1
                 replica.idle_since = time.monotonic()
@@ -1070,13 +1088,15 @@ class Gateway:
         upstream: aiohttp.ClientResponse,
         meter: ResponseMeter,
         replica: Replica,
+        model: str | None,
     ) -> web.StreamResponse:
         """Pass the response on chunk by chunk, however long, while no gap passes the timeout.
 
         A gap in a stream is one without a token: a replica that sends keep-alive comments
         and never a token (an engine wedged behind a live HTTP server) held its request in
         flight for good. A stream far past its request's token bound, or a non-streamed
-        body not whole within the timeout of its headers, is cut too (``overrun``).
+        body not whole within the timeout of its headers, is cut too (``overrun``), as is
+        one of lines without tokens (``ResponseMeter.flooded``).
         ``meter`` sees every chunk as it comes, for the SLO's judgment;
         its ``status`` ends None when the response is cut off, ``CLIENT_CLOSED`` when the
         client left.
@@ -1101,6 +1121,16 @@ class Gateway:
                     meter.token_bound,
                 )
                 return self._broken(request, response, meter)
+            if meter.flooded:
+                self._upstream_failed(
+                    replica,
+                    "token-less",
+                    "%s streamed %d lines for %d token events",
+                    replica.url,
+                    meter.lines,
+                    meter.token_events,
+                )
+                return self._broken(request, response, meter)
             try:
                 # A client that stops reading (its socket open) would block this write,
                 # its replica slot and its place in_flight for good: it gets as long as a
@@ -1108,7 +1138,7 @@ class Gateway:
                 async with asyncio.timeout(gap):
                     if not chunk:
                         await response.write_eof()
-                        self._answered(replica, upstream.status, meter.stream_error)
+                        self._answered(replica, upstream.status, meter, model)
                         return response
                     await response.write(chunk)
             except ConnectionResetError:
@@ -1241,7 +1271,7 @@ class Gateway:
         """
         self.stats.errors.add(time.monotonic(), self.settings.rate_window)
         self.metrics.upstream_error(kind)
-        ejected_for = self._failed_in_a_row(replica) if kind in FAST_FAILURES else None
+        ejected_for = self._failed_fast(replica) if kind in FAST_FAILURES else None
         if ejected_for is not None:
             message += "; routed to only when no other replica serves the model for %gs"
             args = (*args, ejected_for)
@@ -1251,37 +1281,61 @@ class Gateway:
         replica.failing.add(kind)
         log.warning(message + "; logged once until it answers a request whole", *args)
 
-    def _answered(self, replica: Replica, status: int, stream_error: bool = False) -> None:
-        """A response relayed whole: a failure of its replica's, or the end of its run.
+    def _answered(
+        self, replica: Replica, status: int, meter: ResponseMeter, model: str | None
+    ) -> None:
+        """A response relayed whole: an answer of its replica's, or a failure it counts.
 
-        A server error, or a stream carrying an error event, counts against it
-        (``_failed_in_a_row``); any other answer ends its run of failures and ejections.
+        A server error, a stream carrying an error event, a refusal (429, or 404 for a
+        model it lists) and a success holding no choice count against it
+        (``_failed_fast``); the last two are judged failed too (``meter.unanswered``).
         """
+        url = replica.url
         if status >= 500:
-            self._upstream_failed(replica, "status-5xx", "%s answered HTTP %d", replica.url, status)
-            return
-        if stream_error:
+            self._upstream_failed(replica, "status-5xx", "%s answered HTTP %d", url, status)
+        elif meter.stream_error:
             message = "%s streamed an error event in an answer of HTTP %d"
-            self._upstream_failed(replica, "stream-error", message, replica.url, status)
-            return
-        replica.server_errors, replica.eject_backoff = 0, Backoff()
+            self._upstream_failed(replica, "stream-error", message, url, status)
+        elif status == 429 or (status == 404 and model in replica.models):
+            meter.unanswered = True
+            message = "%s refused a request for %s (HTTP %d%s)"
+            lists = ", a model it lists" if status == 404 else ""
+            name = quote(model or "", 80)
+            self._upstream_failed(replica, "refused", message, url, name, status, lists)
+        elif 200 <= status < 300 and not meter.holds_choices():
+            meter.unanswered = True
+            message = "%s answered HTTP %d holding no choice (no completion)"
+            self._upstream_failed(replica, "empty", message, url, status)
+        else:
+            self._answered_well(replica)
+
+    def _answered_well(self, replica: Replica) -> None:
+        """An answer, counted among its last ones.
+
+        A window of answers without failure ends its ejections in a row; its failures
+        are logged again.
+        """
+        replica.recent.append(False)
+        clean = len(replica.recent) == EJECT_WINDOW and not any(replica.recent)
+        if clean and replica.eject_backoff.failures:
+            replica.eject_backoff = Backoff()
         if replica.failing:
             log.info("replica %s answered a request whole again", replica.url)
             replica.failing.clear()
 
-    def _failed_in_a_row(self, replica: Replica) -> float | None:
+    def _failed_fast(self, replica: Replica) -> float | None:
         """One more fast failure of ``replica``; the seconds it is ejected for, if it now is.
 
-        ``EJECT_AFTER_5XX`` in a row eject it (passed over while others serve the model)
-        for ``EJECT_SECONDS``, doubled per ejection in a row: a sick engine behind a live
-        HTTP server answers at once, so least-outstanding routing sent it ~99% of the
-        traffic.
+        ``EJECT_AFTER`` among its last ``EJECT_WINDOW`` answers eject it (passed over
+        while others serve the model) for ``EJECT_SECONDS``, doubled per ejection until
+        it answers a window without failure: a sick engine behind a live HTTP server
+        answers at once, so least-outstanding routing sent it ~99% of the traffic.
         """
-        replica.server_errors += 1
-        if replica.server_errors < EJECT_AFTER_5XX:
+        replica.recent.append(True)
+        if sum(replica.recent) < EJECT_AFTER:
             return None
         now = time.monotonic()
-        replica.server_errors = 0
+        replica.recent.clear()
         replica.eject_backoff = replica.eject_backoff.failed(now, EJECT_SECONDS)
         return replica.eject_backoff.until - now
 

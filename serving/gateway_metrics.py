@@ -37,6 +37,9 @@ UPSTREAM_ERROR_KINDS = (
     "stream-error",
     "overrun",
     "redirect",
+    "refused",
+    "empty",
+    "token-less",
 )
 """The ``kind`` of ``unitscale_gateway_upstream_errors_total`` (``upstream_error``)."""
 CLIENT_ERROR_KINDS = ("stalled", "malformed-http", "slow-head", "too-many-connections")
@@ -264,8 +267,10 @@ class GatewayMetrics:
         timeout: 504), ``mid-response`` (failed while the body streamed), ``stalled``
         (silent past the upstream timeout while the body streamed), ``bad-headers``,
         ``status-5xx`` (the replica answered a server error), ``stream-error`` (a stream
-        answered 200 that carried an error event, vLLM's streamed error) and ``overrun`` (a stream
-        cut past its request's token bound, or a body past its deadline).
+        answered 200 that carried an error event, vLLM's streamed error), ``overrun`` (a stream
+        cut past its request's token bound, or a body past its deadline), ``redirect``,
+        ``refused`` (a 429, or a 404 for a model the replica lists), ``empty`` (a success
+        holding no choice) and ``token-less`` (a stream of lines without tokens, cut).
         """
         self._errors.labels(*self._labels, kind).inc()
 

@@ -69,6 +69,8 @@ from serving.routing import Backoff, ReplicaView
 # The gateway's logger: its replica lines keep the name operators filter them by.
 log = logging.getLogger("serving.gateway")
 
+EJECT_WINDOW = 10
+"""A replica's last answers its fast failures are counted over (``serving.gateway``)."""
 MAX_SERVED_MODELS = 4096
 """Models the gateway remembers once their replicas are gone (two replicas' worth of
 ``replica_answers.MAX_MODELS``): bounded, whatever replicas list over time."""
@@ -162,8 +164,9 @@ class Replica:
     surplus: bool = False
     """Woken under pressure beyond the scaler's running count: routed to only above the
     pressure threshold, until it sleeps again or the plan's running count takes it."""
-    server_errors: int = 0
-    """Server errors (5xx) it answered in a row (``serving.gateway`` ejects it at a few)."""
+    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=EJECT_WINDOW))
+    """Its last answers, True for a fast failure (``serving.gateway`` ejects it at a few):
+    changed in place, as it never changes its routing view."""
     eject_backoff: Backoff = field(default_factory=Backoff)
     """Until when it is ejected: routed to only when no other replica serves the model."""
     wake_probation: float = -math.inf
@@ -441,9 +444,11 @@ class ReplicaPool:
         round's (``_check``), and a round failing as a whole is counted and tried again.
         """
         failing: str | None = None
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 self._recheck.clear()
+                began = loop.time()
                 try:
                     await self.check_round(session, report)
                     failing = None
@@ -452,8 +457,11 @@ class ReplicaPool:
                     if type(err).__name__ != failing:  # once per kind, not every second
                         log.warning("a health round failed; trying again", exc_info=True)
                     failing = type(err).__name__
+                # Rounds begin an interval apart, however long one took: a replica whose
+                # /health hangs held each round its whole interval, and every other
+                # replica was checked every other interval (hostile pass 62).
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.settings.health_interval):
+                    async with asyncio.timeout_at(began + self.settings.health_interval):
                         await self._recheck.wait()
         finally:
             checks = list(self._checks.values())

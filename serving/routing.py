@@ -384,7 +384,10 @@ def may_buffer(
 
 
 def is_unserved(
-    replicas: Sequence[ReplicaView], model: str, known: frozenset[str] = frozenset()
+    replicas: Sequence[ReplicaView],
+    model: str,
+    known: frozenset[str] = frozenset(),
+    configured: frozenset[str] = frozenset(),
 ) -> bool:
     """Whether ``model`` is certainly served by nobody: a 404 beats waiting for nothing.
 
@@ -392,13 +395,19 @@ def is_unserved(
         replicas: what the router sees.
         model: the model asked for.
         known: the models configured or listed by a replica since the gateway started.
+        configured: the models the gateway is configured with (``models``).
 
     Returns:
-        With some replica ready, asleep, waking or falling asleep: True when every one
-        of them has listed its models and none lists ``model`` (a model only a sleeper
-        serves waits and wakes it, as at zero). With none: True when ``known`` is not empty and does
-        not hold ``model``.
+        False for a model configured: it waits, counted, whatever the replicas list (a
+        stray pod ready beside replicas still starting made every request for it a 404
+        never counted, and the deployment never left zero: hostile pass 62). Else, with
+        some replica ready, asleep, waking or falling asleep: True when every one of them
+        has listed its models and none lists ``model`` (a model only a sleeper serves
+        waits and wakes it, as at zero). With none: True when ``known`` is not empty and
+        does not hold ``model``.
     """
+    if model in configured:
+        return False
     ready = [r for r in replicas if r.ready or r.sleeping or r.waking or r.falling_asleep]
     if ready:
         return all(r.models and model not in r.models for r in ready)

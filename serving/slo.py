@@ -8,7 +8,9 @@ status and the end into a ``Verdict``.
 The rule, for targets ``ttft`` and ``itl``:
 
 - **failed** (outside): no complete response (cut or stalled mid-body), a 5xx (the
-  gateway's own 502, 503 and 504 among them) or a 429 (the buffer was full);
+  gateway's own 502, 503 and 504 among them), a 429 (the buffer was full), or an answer
+  that is none (``ResponseMeter.unanswered``: a success holding no choice, a 404 of a
+  model its replica lists);
 - **ttft** (outside): a stream's first token came more than ``ttft`` after the arrival. Its
   first token is its first server-sent event that carries one; with no token at all, the
   end counts. A request that got no response at all is judged so too: it waited;
@@ -67,6 +69,12 @@ CLIENT_CLOSED = 499
 LEFT = "left"
 """A verdict's ``reason`` when the client left before any token within ``ttft``: not
 judged, neither within nor outside (``Verdict.judged``)."""
+TOKEN_LESS_LINES = 4096
+"""Lines a stream may carry beyond two per token event (its ``data:`` line and the blank
+line after it) before it is flooded (``ResponseMeter.flooded``): a vLLM stream has a few
+per choice (its role, its end, the usage, ``[DONE]``). Each line is parsed on the
+gateway's event loop: a replica streaming ``data: {}`` lines took 227 ms of it a MB,
+honest requests beside it 1.1 s instead of 58 ms at two such streams (hostile pass 62)."""
 SSE_LINE_LIMIT = 1024**2
 """Bytes a server-sent event line may reach; a longer one is skipped, not held."""
 JSON_BODY_LIMIT = 4 * 1024**2
@@ -236,14 +244,24 @@ class ResponseMeter:
         self.last_token: float | None = None
         """A stream's latest event carrying a token."""
         self.token_events = 0
+        self.lines = 0
+        """A stream's lines read so far: past ``TOKEN_LESS_LINES`` more than two per token
+        event, it is ``flooded`` and no more are read."""
         self.stream_error = False
         """A stream carried an error event (vLLM streams its errors in a 200)."""
+        self.chosen = False
+        """A stream carried an event holding a choice (``holds_choices``)."""
+        self.unanswered = False
+        """The replica's answer was none, whatever its status (``serving.gateway`` sets it:
+        a success holding no choice, a 404 of a model it lists, a 429): judged failed."""
         self.usage_tokens: int | None = None
         """``usage.completion_tokens``, the latest seen."""
         self.prompt_tokens: int | None = None
         """``usage.prompt_tokens``, the latest seen (for the arrivals record)."""
         self._streamed: bool | None = None
         """Whether the response is server-sent events; None until its headers came."""
+        self._cr_ended = False
+        """The last chunk ended with a CR: an LF opening the next ends no other line."""
         self._pending = bytearray()
         """A stream's bytes after its last full line (grown in place: a 1 MiB line sent
         256 bytes at a time was copied whole per chunk, quadratic on the event loop)."""
@@ -297,29 +315,61 @@ class ResponseMeter:
         """Whether the response is server-sent events (False until its headers came)."""
         return bool(self._streamed)
 
+    @property
+    def flooded(self) -> bool:
+        """Whether a stream carried ``TOKEN_LESS_LINES`` more lines than its tokens explain."""
+        return self.lines - 2 * self.token_events > TOKEN_LESS_LINES
+
     def _feed_events(self, chunk: bytes, now: float) -> None:
-        self._pending += chunk
+        if self.flooded:
+            return
+        # A CRLF split between two chunks is one line end, as the SSE spec reads it: split
+        # as two, it added an empty line, and honest CRLF streams counted lines twice.
+        skip = 1 if self._cr_ended and chunk.startswith(b"\n") else 0
+        self._cr_ended = chunk.endswith(b"\r")
+        self._pending += memoryview(chunk)[skip:]
         if b"\n" not in chunk and b"\r" not in chunk:  # the line goes on: nothing to split
             if len(self._pending) > SSE_LINE_LIMIT:
                 self._pending.clear()
             return
         # CR, LF or CRLF, as the SSE spec allows: split on LF alone, a stream of CR line
-        # ends showed no token, and was cut as stalled (hostile pass 56). A CRLF split
-        # between two chunks adds an empty line, which ends no event that was not ended.
+        # ends showed no token, and was cut as stalled (hostile pass 56).
         *lines, rest = _LINE_ENDS.split(self._pending)
         self._pending = bytearray(rest) if len(rest) <= SSE_LINE_LIMIT else bytearray()
         for line in lines:
+            self.lines += 1
+            if self.flooded:
+                return
             event = _event(line)
             if event is None:
                 continue
             self._read_usage(event)
             if _is_error(event):
                 self.stream_error = True
+            if not self.chosen and _holds_choice(event):
+                self.chosen = True
             if _carries_tokens(event):
                 self.token_events += 1
                 self.last_token = now
                 if self.first_token is None:
                     self.first_token = now
+
+    def holds_choices(self) -> bool:
+        """Whether the body answers a completion, read before ``output_tokens``.
+
+        A stream answers one with an event holding a choice, any other body as a JSON
+        object with a ``"choices"`` key (past ``JSON_BODY_LIMIT`` it is not read, and
+        taken as one).
+
+        A vLLM answer always holds one (an answer of no token too: its choice says why it
+        stopped); a replica answering 200 with anything else at once took ~95% of the
+        traffic from least-outstanding routing, each answer judged within (hostile pass 62).
+        """
+        if self._streamed:
+            return self.chosen
+        if self._body is None:
+            return True
+        return _OBJECT.match(self._body) is not None and self._body.find(b'"choices"') >= 0
 
     def output_tokens(self) -> int | None:
         """Tokens generated: the usage's count, else the events carrying tokens."""
@@ -363,6 +413,8 @@ class ResponseMeter:
         keep-alive comment or the role chunk of an engine that never sent a token made a
         client that gave up waiting a request within the SLO (hostile pass 44).
         """
+        if self.unanswered:
+            return Verdict(False, "failed", None, None)
         first = self.first_token
         if first is None and status != CLIENT_CLOSED:
             first = self.first_byte
@@ -429,6 +481,15 @@ def _count(value: object) -> int | None:
 def _is_error(event: dict[str, object]) -> bool:
     """Whether an event is vLLM's streamed error: ``{"error": {...}}`` or ``"object": "error"``."""
     return isinstance(event.get("error"), dict) or event.get("object") == "error"
+
+
+def _holds_choice(event: dict[str, object]) -> bool:
+    """Whether an event holds a choice: ``choices`` a list whose first is an object.
+
+    vLLM's usage event holds ``"choices": []``: no choice.
+    """
+    choices = event.get("choices")
+    return isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict)
 
 
 def _carries_tokens(event: dict[str, object]) -> bool:

@@ -103,6 +103,54 @@ def test_a_counter_going_down_is_a_restart_even_without_created():
     assert history.window(10.0, 10.0).rate("generation_tokens") == pytest.approx(0.4)
 
 
+def two_engines_in_turn(scrapes: int, start_a: float, start_b: float, every: float = 5.0):
+    """One address answering for two engines in turn (a Service), each 10 requests a second."""
+    for i in range(scrapes):
+        lifetime = (start_a if i % 2 == 0 else start_b) + 10 * every * i
+        yield i * every, scrape(100 * lifetime, 10 * lifetime, lifetime)
+
+
+@pytest.mark.parametrize(
+    ("scrapes", "known"),
+    [
+        pytest.param(
+            list(two_engines_in_turn(14, 2e6, 1e6)),
+            False,
+            id="counters falling every other scrape (two engines behind one address) are unknown",
+        ),
+        pytest.param(
+            list(two_engines_in_turn(14, 50_000, 20_000)),
+            False,
+            id="an honest Service URL over two pods is unknown, not thousands a second",
+        ),
+        pytest.param(
+            [(0.0, scrape(5_000, 800, 40)), (10.0, scrape(5_200, 850, 45)),
+             (20.0, scrape(30, 10, 2)), (30.0, scrape(230, 60, 7))],
+            True,
+            id="one restart in the history is a restart, counted",
+        ),
+        pytest.param(
+            [(0.0, scrape(5_000, 800, 40)), (10.0, scrape(30, 10, 2)),
+             *((10.0 * i, scrape(30 + 200 * i, 10 + 50 * i, 2 + 5 * i)) for i in range(2, 14)),
+             (140.0, scrape(40, 20, 3)), (150.0, scrape(240, 70, 8))],
+            True,
+            id="two restarts further apart than the history are each counted",
+        ),
+    ],
+)  # fmt: skip
+def test_restarts_in_a_row_leave_the_counters_unknown(scrapes, known):
+    """Each fall read as a restart made 20 requests/s 3,888 (hostile pass 62)."""
+    history = history_of(*scrapes, horizon=70.0)
+    now = scrapes[-1][0]
+    window = history.window(now, 60.0)
+    rate = window.rate("requests")
+    assert (rate is not None) is known
+    if known:
+        assert rate < 1.0
+    signals = derive(now, 1, [scrapes[-1][1]], [history], 10.0, 60.0, Accelerator(1.0, 1.0))
+    assert (signals.stable.request_rate is not None) is known
+
+
 @pytest.mark.parametrize(
     "dip",
     [

@@ -51,7 +51,7 @@ class StandIn:
             "/is_sleeping": b'{"is_sleeping": false}',
             "/wake_up": AWAKE,
             "/sleep": b"{}",
-            "/v1/completions": b'{"usage": {"completion_tokens": 1}}',
+            "/v1/completions": b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}}',
         }
         self.answers |= answers
         """A path's body, or an int: answer that HTTP status."""
@@ -503,3 +503,40 @@ async def test_a_sleep_never_answered_holds_no_round_back():
             await eventually(lambda: sleeper.calls.get("/wake_up"), "the sleeper woken", limit=20)
         finally:
             hanging.release.set()
+
+
+async def test_a_replica_whose_health_hangs_leaves_rounds_an_interval_apart() -> None:
+    """Each round waited its whole interval for the hung check, then slept an interval
+    more: every other replica was checked every other interval (hostile pass 62)."""
+    hung = asyncio.Event()
+
+    async def never(request: web.Request) -> web.Response:
+        await hung.wait()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/health", never)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    (_, port), *_ = runner.addresses
+    session = control_session()
+    interval = 0.2
+    loop = asyncio.get_running_loop()
+    ends: list[float] = []
+    try:
+        async with StandIn().serving() as honest:
+            urls = [f"http://127.0.0.1:{port}", honest.url]
+            pool = ReplicaPool(urls, GatewaySettings(health_interval=interval))
+            rounds = asyncio.create_task(
+                pool.check_forever(session, lambda routable, asleep: ends.append(loop.time()))
+            )
+            await eventually(lambda: len(ends) >= 8, "eight rounds")
+            rounds.cancel()
+            await asyncio.gather(rounds, return_exceptions=True)
+    finally:
+        hung.set()
+        await session.close()
+        await runner.cleanup()
+    gaps = sorted(b - a for a, b in zip(ends, ends[1:], strict=False))
+    assert gaps[len(gaps) // 2] < 1.5 * interval  # before: 2 intervals

@@ -363,7 +363,7 @@ def test_output_token_limit(body, limit):
 
 async def test_a_400_digit_usage_is_counted_unmeasured_and_the_request_judged(caplog):
     caplog.set_level(logging.ERROR)
-    huge = b'{"usage": {"completion_tokens": 1' + b"0" * 400 + b"}}"
+    huge = b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1' + b"0" * 400 + b"}}"
     async with StandIn(**{"/v1/completions": huge}).serving() as replica:
         async with gateway_for([replica.url]) as gateway:
             await eventually(lambda: gateway.gateway.replicas[0].routable, "ready")

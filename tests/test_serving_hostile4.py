@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from foundation.errors import ConfigError
 from serving import gateway as gateway_module
 from serving.config import parse_config
-from serving.gateway import EJECT_AFTER_5XX, OVERRUN_EVENTS, Gateway
+from serving.gateway import EJECT_AFTER, OVERRUN_EVENTS, Gateway
 from serving.gateway_replicas import MODELS_EVERY_ROUNDS
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_standby import NoPlan, Plan
@@ -271,9 +271,9 @@ async def test_a_replica_answering_500_at_once_is_ejected_after_a_few_and_counte
                 (await post(gateway, {"model": "sim-llama", "prompt": "x"}))[0] for _ in range(20)
             ]
             # Before: all 20 went to the sick one, nothing counted as an upstream error.
-            assert statuses == [500] * EJECT_AFTER_5XX + [200] * (20 - EJECT_AFTER_5XX)
-            assert (sick.received, well.received) == (EJECT_AFTER_5XX, 20 - EJECT_AFTER_5XX)
-            assert upstream_errors(gateway) == {"status-5xx": EJECT_AFTER_5XX}
+            assert statuses == [500] * EJECT_AFTER + [200] * (20 - EJECT_AFTER)
+            assert (sick.received, well.received) == (EJECT_AFTER, 20 - EJECT_AFTER)
+            assert upstream_errors(gateway) == {"status-5xx": EJECT_AFTER}
             assert "status-5xx" in g.replicas[0].failing  # a 5xx no longer clears it
             assert sum(sick.url in r.getMessage() for r in caplog.records) == 1
 

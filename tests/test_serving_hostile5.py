@@ -29,7 +29,7 @@ from foundation.signals import GatewaySignals
 from serving import gateway as gateway_module
 from serving import gateway_replicas
 from serving.config import MAX_REPLICAS, parse_config
-from serving.gateway import EJECT_AFTER_5XX, Gateway
+from serving.gateway import EJECT_AFTER, Gateway
 from serving.gateway_replicas import ReplicaPool
 from serving.gateway_settings import GatewaySettings
 from serving.gateway_signals import TrafficStats, gateway_signals
@@ -140,8 +140,8 @@ async def test_a_replica_failing_fast_without_a_5xx_is_ejected_after_a_few(
             for _ in range(20):
                 await post(gateway, body)
             # Before: all 20 went to the sick one (~98% of a steady load in the repro).
-            assert (sick.received, well.received) == (EJECT_AFTER_5XX, 20 - EJECT_AFTER_5XX)
-            assert upstream_errors(gateway).get(kind) == EJECT_AFTER_5XX
+            assert (sick.received, well.received) == (EJECT_AFTER, 20 - EJECT_AFTER)
+            assert upstream_errors(gateway).get(kind) == EJECT_AFTER
 
 
 def test_a_stream_answered_whole_is_no_failure() -> None:
@@ -220,7 +220,7 @@ async def test_requests_that_make_replicas_fail_eject_at_most_half_of_them(
         async with gateway_for([r.url for r in replicas]) as gateway:
             g = gateway.gateway
             await eventually(lambda: all(r.routable for r in g.replicas), "all ready")
-            for _ in range(3 * EJECT_AFTER_5XX):
+            for _ in range(3 * EJECT_AFTER):
                 assert (await post(gateway, COMPLETION | {"prompt": "poison"}))[0] == 500
             before = [r.received for r in replicas]
             got = await asyncio.gather(*(post(gateway, COMPLETION) for _ in range(40)))
@@ -257,7 +257,7 @@ async def test_a_sick_replica_awake_beside_a_sleeper_wakes_it_and_it_serves(
                 lambda: g.replicas[0].routable and g.replicas[1].wakeable, "one up, one asleep"
             )
             # The last one finds the sick one ejected: it still serves (500), and wakes.
-            tries = EJECT_AFTER_5XX + 1
+            tries = EJECT_AFTER + 1
             statuses = [(await post(gateway, COMPLETION))[0] for _ in range(tries)]
             assert statuses == [500] * tries
             # Before: every request 500 for good, the sleeper never woken.

@@ -1,0 +1,317 @@
+"""Answers that are no answers (issue 27, hostile pass 62).
+
+A replica that answers at once without answering (a 200 that is not a completion, a
+refusal, a stream of lines without tokens) won most of the traffic from least-outstanding
+routing, each answer judged within the SLO; one slipping a success between its failures
+was never ejected; a stray replica listing another model made every request for the
+configured one a 404 never counted. Real servers on 127.0.0.1 port 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
+
+from serving import gateway as gateway_module
+from serving.gateway import EJECT_AFTER, Gateway
+from serving.gateway_replicas import EJECT_WINDOW
+from serving.gateway_settings import GatewaySettings
+from serving.routing import ReplicaView, is_unserved
+from serving.slo import JSON_BODY_LIMIT, TOKEN_LESS_LINES, ResponseMeter, SloTargets
+from tests.conftest import eventually
+from tests.test_gateway_faults import Behaviour, Fake, upstream_errors
+from tests.test_gateway_isolation import StandIn, gateway_for
+
+COMPLETION = {"model": "sim-llama", "prompt": "x"}
+LABELS = ("a", "llama")
+
+
+def slo(gateway: Any, result: str, why: str) -> float:
+    return gateway.gateway.metrics._slo.labels(*LABELS, result, why)._value.get()
+
+
+async def post(gateway: Any, body: dict[str, Any]) -> int | str:
+    url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+    try:
+        async with aiohttp.ClientSession() as client, client.post(url, json=body) as r:
+            await r.read()
+            return r.status
+    except aiohttp.ClientError as err:
+        return type(err).__name__
+
+
+@contextlib.asynccontextmanager
+async def fakes(*behaviours: Behaviour) -> AsyncIterator[list[Fake]]:
+    started = [await Fake(b).start() for b in behaviours]
+    try:
+        yield started
+    finally:
+        for fake in started:
+            await fake.stop()
+
+
+async def answers(request: web.Request, fake: Fake) -> web.StreamResponse:
+    return web.json_response({"choices": [{"text": "ok"}]})
+
+
+async def garbage(request: web.Request, fake: Fake) -> web.StreamResponse:
+    return web.Response(text="<html>hello</html>", content_type="text/html")
+
+
+async def error_object(request: web.Request, fake: Fake) -> web.StreamResponse:
+    return web.json_response({"object": "error", "message": "nope"})
+
+
+async def streams_nothing(request: web.Request, fake: Fake) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b"data: [DONE]\n\n")
+    return response
+
+
+async def floods(request: web.Request, fake: Fake) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionError):
+        for _ in range(4 * TOKEN_LESS_LINES // 1000):
+            await response.write(b"data: {}\n" * 1000)
+        await response.write(b"data: [DONE]\n\n")
+    return response
+
+
+def status(code: int) -> Behaviour:
+    async def answer(request: web.Request, fake: Fake) -> web.StreamResponse:
+        return web.json_response({"object": "error", "message": "refused"}, status=code)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "kind"),
+    [
+        pytest.param(garbage, "empty", id="a 200 that is not JSON is a failure and ejects"),
+        pytest.param(error_object, "empty", id="a 200 JSON object holding no choice is a failure"),
+        pytest.param(
+            streams_nothing, "empty", id="a stream holding no event but DONE is a failure"
+        ),
+        pytest.param(status(404), "refused", id="a 404 for a model it lists is a refusal"),
+        pytest.param(status(429), "refused", id="a 429 is a refusal, and ejects"),
+        pytest.param(floods, "token-less", id="a stream of lines without tokens is cut"),
+    ],
+)
+async def test_a_replica_answering_at_once_without_an_answer_is_ejected_and_judged_failed(
+    behaviour: Behaviour, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)  # however slow the machine
+    # The sick one is listed first: ties of least-outstanding go to it.
+    async with fakes(behaviour, answers) as (sick, well):
+        async with gateway_for([sick.url, well.url]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
+            body = COMPLETION | {"stream": behaviour in (streams_nothing, floods)}
+            for _ in range(20):
+                await post(gateway, body)
+            # Before: every one went to the sick one, each judged within the SLO (a 429
+            # outside), and it was never ejected.
+            assert (sick.received, well.received) == (EJECT_AFTER, 20 - EJECT_AFTER)
+            assert upstream_errors(gateway) == {kind: EJECT_AFTER}
+            assert slo(gateway, "outside", "failed") == EJECT_AFTER
+            assert slo(gateway, "within", "met") == 20 - EJECT_AFTER
+
+
+async def test_a_replica_slipping_a_success_between_its_failures_is_ejected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)
+
+    async def fails_two_in_three(request: web.Request, fake: Fake) -> web.StreamResponse:
+        if fake.received % 3 == 0:
+            return await answers(request, fake)
+        return web.json_response({"object": "error"}, status=500)
+
+    async with fakes(fails_two_in_three, answers) as (sick, well):
+        async with gateway_for([sick.url, well.url]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
+            statuses = [await post(gateway, COMPLETION) for _ in range(20)]
+            # 500, 500, 200, 500: three of its last four. Before: never ejected, 13 of
+            # the 20 answered 500 beside an idle healthy replica.
+            assert sick.received == 4 and well.received == 16
+            assert statuses.count(500) == 3
+
+
+@pytest.mark.parametrize(
+    ("answers_", "ejected_at"),
+    [
+        pytest.param("FFF", [3], id="three fast failures in a row eject at the third"),
+        pytest.param("FFSFFSFFS", [4, 8], id="two in three eject at every third failure"),
+        pytest.param("FSSFSSF", [7], id="one in three ejects once three are in ten"),
+        pytest.param("FSSSSFSSSSFSSSSFSSSS", [], id="one in five never ejects"),
+        pytest.param("SSSSSSSSSSFFSSSSSSSSSSF", [], id="two failures in ten never eject"),
+    ],
+)
+def test_fast_failures_eject_a_replica_at_three_of_its_last_ten(
+    answers_: str, ejected_at: list[int]
+) -> None:
+    g = Gateway(["http://sick"], GatewaySettings())
+    replica = g.replicas[0]
+    ejections = []
+    for i, answer in enumerate(answers_, start=1):
+        if answer == "F":
+            if g._failed_fast(replica) is not None:
+                ejections.append(i)
+        else:
+            g._answered_well(replica)
+    assert ejections == ejected_at
+
+
+def test_only_a_window_without_failure_ends_the_doubling_of_ejections() -> None:
+    g = Gateway(["http://sick"], GatewaySettings())
+    replica = g.replicas[0]
+    for _ in range(EJECT_AFTER):
+        g._failed_fast(replica)
+    assert replica.eject_backoff.failures == 1
+    for _ in range(EJECT_WINDOW - 1):
+        g._answered_well(replica)
+    assert replica.eject_backoff.failures == 1  # one success no longer forgives it
+    g._answered_well(replica)
+    assert replica.eject_backoff.failures == 0
+
+
+# --- a model configured is never a 404 --------------------------------------------------
+
+
+def view(url: str, models: tuple[str, ...]) -> ReplicaView:
+    return ReplicaView(url, True, 0, frozenset(models))
+
+
+@pytest.mark.parametrize(
+    ("replicas", "model", "unserved"),
+    [
+        pytest.param(
+            [view("stray", ("evil",))],
+            "llama",
+            False,
+            id="a configured model waits though the only ready replica lists another",
+        ),
+        pytest.param(
+            [view("stray", ("evil",))],
+            "other",
+            True,
+            id="a model neither configured nor listed by a ready replica is 404",
+        ),
+        pytest.param([], "llama", False, id="a configured model waits at zero"),
+    ],
+)
+def test_a_configured_model_is_never_unserved(
+    replicas: list[ReplicaView], model: str, unserved: bool
+) -> None:
+    known = frozenset({"llama", "evil"})
+    assert is_unserved(replicas, model, known, frozenset({"llama"})) is unserved
+
+
+async def test_a_stray_replica_listing_another_model_leaves_the_configured_one_waiting() -> None:
+    stray = StandIn(**{"/v1/models": b'{"object": "list", "data": [{"id": "evil-model"}]}'})
+    async with stray.serving():
+        dead = "http://127.0.0.1:1"  # the deployment's own replica, not up yet
+        async with gateway_for([dead, stray.url], models=("sim-llama",)) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: g.replicas[1].routable, "the stray one ready")
+            request = asyncio.create_task(post(gateway, COMPLETION))
+            # Before: a 404 at once, never counted, and the deployment stayed at zero.
+            await eventually(lambda: g.stats.buffered == 1, "the request waits")
+            assert g.stats.last_arrival is not None  # and the scaler hears of it
+            request.cancel()
+            assert stray.calls.get("/v1/completions") is None
+
+
+# --- the meter: what holds a choice, what floods ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("streamed", "body", "holds"),
+    [
+        pytest.param(
+            True,
+            b'data: {"choices": [{"text": "", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n',
+            True,
+            id="a stream of no token whose choice says why it stopped holds one",
+        ),
+        pytest.param(
+            True,
+            b'data: {"choices": [], "usage": {"completion_tokens": 0}}\n\n',
+            False,
+            id="a stream whose only event is a usage with no choice holds none",
+        ),
+        pytest.param(
+            False, b'{"choices": [{"text": "x"}]}', True, id="a completion holds a choice"
+        ),
+        pytest.param(False, b"<html></html>", False, id="a body that is not JSON holds none"),
+        pytest.param(
+            False, b'{"object": "error"}', False, id="a JSON object without choices holds none"
+        ),
+        pytest.param(
+            False,
+            b"{" + b" " * (JSON_BODY_LIMIT + 1),
+            True,
+            id="a body past the limit is not read, and taken as an answer",
+        ),
+    ],
+)
+def test_an_answer_holds_a_choice(streamed: bool, body: bytes, holds: bool) -> None:
+    meter = ResponseMeter(0.0)
+    meter.begin(200, streamed)
+    meter.feed(body, 1.0)
+    assert meter.holds_choices() is holds
+
+
+def test_an_answer_that_is_none_is_judged_failed_whatever_its_timing() -> None:
+    meter = ResponseMeter(0.0)
+    meter.begin(200, False)
+    meter.feed(b"{}", 0.1)
+    meter.unanswered = True
+    assert meter.verdict(SloTargets(), 0.1, 200).reason == "failed"
+
+
+@given(
+    tokens=st.integers(0, 3000),
+    choices=st.integers(1, 64),
+    chunk=st.integers(1, 4096),
+)
+def test_an_honest_stream_never_floods(tokens: int, choices: int, chunk: int) -> None:
+    """A role event and a finish event per choice, a usage event, CRLF line ends."""
+    events = [
+        b'data: {"choices": [{"index": %d, "delta": {"role": "assistant"}}]}' % i
+        for i in range(choices)
+    ]
+    events += [b'data: {"choices": [{"delta": {"content": "t"}}]}'] * tokens
+    events += [
+        b'data: {"choices": [{"index": %d, "finish_reason": "stop"}]}' % i for i in range(choices)
+    ]
+    events += [b'data: {"choices": [], "usage": {"completion_tokens": 1}}', b"data: [DONE]"]
+    body = b"".join(e + b"\r\n\r\n" for e in events)
+    meter = ResponseMeter(0.0)
+    meter.begin(200, True)
+    for at in range(0, len(body), chunk):
+        meter.feed(body[at : at + chunk], 1.0)
+    assert not meter.flooded
+    assert meter.token_events == tokens
+
+
+def test_a_flooded_stream_is_read_no_further() -> None:
+    meter = ResponseMeter(0.0)
+    meter.begin(200, True)
+    meter.feed(b"data: {}\n" * (2 * TOKEN_LESS_LINES), 1.0)
+    assert meter.flooded
+    read = meter.lines
+    assert read == TOKEN_LESS_LINES + 1  # it stopped at the line past the budget
+    meter.feed(b'data: {"choices": [{"text": "t"}]}\n' * 100, 2.0)
+    assert meter.lines == read and meter.token_events == 0
