@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -43,6 +45,15 @@ MAX_CONFIG_TEXT = 1 << 20
 
 PARSE_DEADLINE = 60.0
 """Seconds a reload's parse may take off the loop: a megabyte ConfigMap took 9 s of CPU."""
+RELOAD_GAP = 2.0
+"""Seconds from one config applied to the next update read (``ConfigStore.settle``): a
+config flapping every 25 ms made a scaler decide every ScaledObject each time (2,000 at
+82% of a core), restarted its Prometheus rounds before one could finish (no signals at
+all) and its signal watches (a WARNING each); the newest text is the one read."""
+UNSTEADY_POLLS = 5
+"""Polls a file may change at in a row before it is read as it is (``poll_file``)."""
+_BLANK_LINE = re.compile(r"\s*(#.*)?|---\s*(#.*)?|\.\.\.\s*|(null|Null|NULL|~)\s*(#.*)?")
+"""A line of a YAML text that holds no document: blank, a comment, a marker, a null."""
 
 
 class ConfigStore(Generic[C]):
@@ -60,9 +71,12 @@ class ConfigStore(Generic[C]):
         initial: C,
         parse: Callable[[str, str], C],
         parse_deadline: float = PARSE_DEADLINE,
+        reload_gap: float = RELOAD_GAP,
     ) -> None:
         self.current = initial
         self.parse_deadline = parse_deadline
+        self.reload_gap = reload_gap
+        self._applied_at = -float("inf")
         self.reloads = 0
         self.errors = 0
         self.last_error = ""
@@ -72,6 +86,15 @@ class ConfigStore(Generic[C]):
     def add_listener(self, listener: Callable[[C], None]) -> None:
         """Call ``listener(new_config)`` after every applied update."""
         self._listeners.append(listener)
+
+    async def settle(self) -> None:
+        """Wait until ``reload_gap`` has passed since the last config applied.
+
+        A reload loop waits here before it reads an update, then reads the newest.
+        """
+        left = self._applied_at + self.reload_gap - time.monotonic()
+        if left > 0:
+            await asyncio.sleep(left)
 
     def update(self, text: str, origin: str) -> bool:
         """Parse ``text``; swap it in when valid. Returns whether the config changed.
@@ -134,6 +157,7 @@ class ConfigStore(Generic[C]):
             return False
         self.current = new
         self.reloads += 1
+        self._applied_at = time.monotonic()
         log.info("config reloaded from %s", origin)
         for listener in self._listeners:
             try:
@@ -173,7 +197,8 @@ def file_fingerprint(path: Path) -> tuple[object, ...]:
     """What changes when a mounted file's content may have changed.
 
     The ``..data`` target changes on every kubelet update; inode, size and mtime
-    catch a file rewritten in place (editors, ``kubectl cp``, tests).
+    catch a file rewritten in place (editors, ``kubectl cp``, tests), and ctime one
+    whose mtime was put back (``cp -p``, ``touch -r``, ``tar x``) at the same size.
     """
     data_link = path.parent / "..data"
     try:
@@ -184,7 +209,7 @@ def file_fingerprint(path: Path) -> tuple[object, ...]:
         st = path.stat()
     except OSError:
         return (target, None)
-    return (target, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (target, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 async def poll_file(
@@ -201,39 +226,62 @@ async def poll_file(
 
     A change is read once the fingerprint held still for one poll: a file rewritten in
     place is truncated, then written, and a poll between the two read the empty file
-    (valid YAML: every default) and applied it (issue 27, hostile pass 11). An empty
-    file after one with text is refused, the last good config kept: a writer that
-    stopped halfway, never a config anyone meant (a kubelet swaps a ConfigMap whole).
+    (valid YAML: every default) and applied it (issue 27, hostile pass 11). A file that
+    changes at ``UNSTEADY_POLLS`` polls in a row (a sidecar rewriting it) is read as it
+    is: waiting for it to hold still, its changes were never read (hostile pass 62).
+    Either read is taken only if the fingerprint held across it. A text holding no YAML
+    document (empty, comments, ``---``, ``null``) after one with a document is refused,
+    the last good config kept: a writer that stopped halfway, never a config anyone
+    meant (a kubelet swaps a ConfigMap whole; ``{}`` is the defaults). A read that
+    fails is tried again at the next poll, refused (logged) once.
     """
     if seen is None:
         seen = file_fingerprint(path)
     had_text = _holds_text(seen)
     changed: tuple[object, ...] | None = None
+    unsteady = 0
+    failed: tuple[object, ...] | None = None  # the fingerprint whose read failed last
+    warned = False
     while True:
         await asyncio.sleep(interval)
         now = file_fingerprint(path)
         if now == seen:
-            changed = None
+            changed, unsteady = None, 0
             continue
         if now != changed:
-            changed = now  # read it once it held still for a poll
-            continue
-        seen, changed = now, None
+            changed, unsteady = now, unsteady + 1
+            if unsteady < UNSTEADY_POLLS:
+                continue  # read it once it held still for a poll
+            if not warned:  # once: a sidecar rewriting it does so for good
+                log.warning("%s changed at each of %d polls: read as it is", path, unsteady)
+                warned = True
+        await store.settle()
+        before = file_fingerprint(path)
         try:
             text = await asyncio.to_thread(read_text, path, MAX_CONFIG_BYTES, "config file")
         except ConfigError as err:
-            store.reject(str(err))
+            if failed != before:  # a fingerprint seen: tried at every poll, refused once
+                store.reject(str(err))
+            failed = before
             continue
-        if had_text and not text.strip():
-            store.reject(f"{path}: the file is empty (write {{}} for the defaults)")
+        if file_fingerprint(path) != before:
+            continue  # written while read: read again
+        seen, changed, unsteady, failed = before, None, 0, None
+        if had_text and holds_no_document(text):
+            store.reject(f"{path}: the file holds no YAML document (write {{}} for the defaults)")
             continue
-        had_text = bool(text.strip())
+        had_text = not holds_no_document(text)
         await store.update_off_loop(text, str(path))
+
+
+def holds_no_document(text: str) -> bool:
+    """Whether a YAML text is empty: blank lines, comments, ``---``, ``...`` or a null."""
+    return all(_BLANK_LINE.fullmatch(line) for line in text.splitlines())
 
 
 def _holds_text(fingerprint: tuple[object, ...]) -> bool:
     """Whether the file so fingerprinted had content (``file_fingerprint``'s size)."""
-    size = fingerprint[2] if len(fingerprint) == 4 else None
+    size = fingerprint[2] if len(fingerprint) > 2 else None
     return isinstance(size, int) and size > 0
 
 
@@ -327,6 +375,7 @@ async def watch_configmap(
         clock = asyncio.get_running_loop().time
         while True:
             await arrived.wait()
+            await store.settle()  # then the newest text
             arrived.clear()
             (update,) = newest
             if isinstance(update, ConfigError):

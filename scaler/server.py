@@ -205,7 +205,11 @@ class ScalerServer:
         self.port = self._grpc.port
         self._tasks: list[asyncio.Task[None]] = []
         self._source_tasks: dict[SignalSourceConfig, asyncio.Task[None]] = {}
-        self._prometheus: tuple[PrometheusSourceConfig, asyncio.Task[None]] | None = None
+        self._prometheus: (
+            tuple[PrometheusSourceConfig, asyncio.Task[None], asyncio.Event] | None
+        ) = None
+        self._draining: set[asyncio.Task[None]] = set()
+        """Prometheus sources a reload replaced, finishing their queries under way."""
         self._started = False
         self._stopped_loops: dict[str, str] = {}
         """Loops that ended while they should run (by name): health fails until a restart."""
@@ -237,17 +241,25 @@ class ScalerServer:
         self._reconcile_prometheus(config.prometheus_source)
 
     def _reconcile_prometheus(self, wanted: PrometheusSourceConfig | None) -> None:
-        """Query Prometheus as ``wanted`` says: a changed config restarts the rounds."""
+        """Query Prometheus as ``wanted`` says: a changed config starts another source.
+
+        The one running is drained: it starts no more rounds, and its queries under way
+        end and publish (``prometheus_source``).
+        """
         if self._prometheus is not None:
-            running, task = self._prometheus
+            running, task, drain = self._prometheus
             if running == wanted:
                 return
-            log.info("no longer querying signals from %s", running.url)
-            task.cancel()
+            log.info("no longer querying signals from %s as configured before", running.url)
+            self._draining.add(task)
+            task.add_done_callback(self._draining.discard)
+            drain.set()
             self._prometheus = None
         if wanted is not None:
-            source = prometheus_source(wanted, self.store, self.registry.targets)
-            self._prometheus = (wanted, self._loop(f"prometheus-source {wanted.url}", source))
+            drain = asyncio.Event()
+            source = prometheus_source(wanted, self.store, self.registry.targets, drain)
+            task = self._loop(f"prometheus-source {wanted.url}", source)
+            self._prometheus = (wanted, task, drain)
 
     @property
     def watched_sources(self) -> list[str]:
@@ -302,8 +314,8 @@ class ScalerServer:
         return task
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return  # stop() or a reconfiguration cancelled it
+        if task.cancelled() or (task in self._draining and task.exception() is None):
+            return  # stop() or a reconfiguration cancelled it, or a drained one ended
         error = task.exception()
         why = f"{error!r}" if error is not None else "returned"
         self._stopped_loops[task.get_name()] = why
@@ -339,7 +351,7 @@ class ScalerServer:
     async def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, let open RPCs finish for ``grace`` seconds, then stop."""
         await self._grpc.enter_graceful_shutdown()
-        tasks = [*self._tasks, *self._source_tasks.values()]
+        tasks = [*self._tasks, *self._source_tasks.values(), *self._draining]
         if self._prometheus is not None:
             tasks.append(self._prometheus[1])
             self._prometheus = None

@@ -701,6 +701,8 @@ class FakePrometheus:
         self.authorization: str | None = None
         """The Authorization header every query must carry (None: none)."""
         self.authorized = 0
+        self.delay = 0.0
+        """Seconds each query takes before its answer."""
         self.asked_enough = asyncio.Event()
         """Set once ``enough`` queries have come."""
         self.runner: web.AppRunner | None = None
@@ -727,6 +729,7 @@ class FakePrometheus:
         if self.mode == "401" or request.headers.get("Authorization") != self.authorization:
             return web.Response(status=401, text="Unauthorized\n")
         self.authorized += 1
+        await asyncio.sleep(self.delay)
         if self.mode == "503":
             return web.Response(status=503, text="Service Unavailable: querier overloaded")
         if self.mode == "hang":
@@ -853,6 +856,37 @@ async def test_a_reloaded_prometheus_source_queries_as_the_new_config_says():
         await server.stop(grace=0)
         await first.stop()
         await second.stop()
+
+
+async def test_a_source_reloaded_faster_than_its_queries_answer_still_publishes():
+    """Each reload cancelled the queries under way: a header flapping faster than
+    Prometheus answered left no signals at all, KEDA UNAVAILABLE (hostile pass 62)."""
+    prometheus = await FakePrometheus().start()
+    prometheus.delay = 0.3
+    text = "prometheus-source: {{url: '{}', interval: 20ms, timeout: 10s, headers: {{X: '{}'}}}}\n"
+    server = ScalerServer(parse_config(text.format(prometheus.url, 0)))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = keda_grpc.ExternalScalerStub(channel)
+            with contextlib.suppress(grpc.aio.AioRpcError):  # KEDA names the target
+                await stub.IsActive(ref())
+
+        async def flap() -> None:
+            for i in range(1, 100_000):
+                assert server.configs.update(text.format(prometheus.url, i), "flapping")
+                await asyncio.sleep(0.1)
+
+        flapping = asyncio.create_task(flap())
+        try:
+            await engine_signals_until(server.store, lambda e: e.running == 12.0)
+        finally:
+            flapping.cancel()
+            await asyncio.gather(flapping, return_exceptions=True)
+        assert server.problem() is None  # a drained source is no loop that stopped
+    finally:
+        await server.stop(grace=0)
+        await prometheus.stop()
 
 
 async def until(predicate: Callable[[], bool], what: str, within: float = 30.0) -> None:
