@@ -345,7 +345,12 @@ class Simulation:
 def _as_now(history: ReplicaHistory) -> ReplicaHistory:
     """The history as it is now: later scrapes add to (and trim) the one they share."""
     return ReplicaHistory(
-        history.horizon, history.layout, history.times[:], history.vectors[:], history.gauges[:]
+        history.horizon,
+        history.layout,
+        history.times[:],
+        history.vectors[:],
+        history.gauges[:],
+        history.falls[:],
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -538,5 +539,5 @@ async def test_a_replica_whose_health_hangs_leaves_rounds_an_interval_apart() ->
         hung.set()
         await session.close()
         await runner.cleanup()
-    gaps = sorted(b - a for a, b in zip(ends, ends[1:], strict=False))
+    gaps = sorted(b - a for a, b in itertools.pairwise(ends))
     assert gaps[len(gaps) // 2] < 1.5 * interval  # before: 2 intervals
