@@ -285,9 +285,7 @@ def many(count: int, prefix: str = "p") -> dict[str, object]:
     [
         pytest.param(MAX_PROFILES, 0, None, id="the most profiles a config defines are taken"),
         pytest.param(MAX_PROFILES + 1, 0, "at most 256 items", id="one more is refused"),
-        pytest.param(
-            MAX_PROFILES, 1, "over 256 profiles", id="the file's count with the config's"
-        ),
+        pytest.param(MAX_PROFILES, 1, "over 256 profiles", id="the file's count with the config's"),
         pytest.param(0, MAX_PROFILES + 1, "profiles-file", id="the file's own count alone"),
     ],
 )
