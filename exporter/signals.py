@@ -216,6 +216,21 @@ class ReplicaWindow:
         count, total = self.increase[at], self.increase[at + 1]
         return None if math.isnan(count) or math.isnan(total) else (float(count), float(total))
 
+    def counted(self, concept: str) -> tuple[float, float] | None:
+        """Requests and their tokens by the counters (a ``LENGTHS`` concept), or None.
+
+        For an engine without the per-request histograms (SGLang without
+        ``--collect-tokens-histogram``): its counters count a prompt at prefill and a
+        request at its end, so the ratio is off while the load changes, but each replica
+        has its own, and the deployment's is floored by the replicas' (``_mean_tokens``):
+        pooled alone, one replica claiming 10,000 one-token requests a second set the mix
+        of ten, and a loaded deployment asked for one replica (hostile pass 63).
+        """
+        tokens = "prompt_tokens" if concept == "prompt_length" else "generation_tokens"
+        count = self.increase[COUNTERS.index("requests")]
+        total = self.increase[COUNTERS.index(tokens)]
+        return None if math.isnan(count) or math.isnan(total) else (float(count), float(total))
+
     def buckets(self, histogram: str) -> tuple[tuple[float, ...], Vector] | None:
         """Bucket bounds and cumulative count increases of a histogram."""
         offset = _SCALARS
@@ -414,6 +429,8 @@ def _window(
 def _mean_tokens(windows: Sequence[ReplicaWindow], concept: str) -> float | None:
     """Tokens per request finished in the window, over the replicas that expose them.
 
+    By the per-request histograms, or a replica's counters where it has none.
+
     As for latencies, a replica without the histogram is left out; weighted by requests,
     so a busy replica counts for its requests, not for one replica; never below what
     the lower half of the replicas say (``majority_floor``), nor above what the upper
@@ -423,7 +440,7 @@ def _mean_tokens(windows: Sequence[ReplicaWindow], concept: str) -> float | None
     honestly; the planner reads the heavier of this and the token rates over the
     request rate (``scaler.core.capacity.observed_mix``), which that leaves whole.
     """
-    found = [f for w in windows if (f := w.finished(concept)) is not None]
+    found = [f for w in windows if (f := w.finished(concept) or w.counted(concept)) is not None]
     requests = sum(count for count, _ in found)
     pooled = sum(total for _, total in found) / requests if requests > 0 else None
     own = sorted(total / count for count, total in found if count > 0)

@@ -138,13 +138,16 @@ FAST_FAILURES = frozenset(
         "refused",
         "empty",
         "token-less",
+        "overrun",
     }
 )
 """Upstream failures a replica answers at once, counted toward its ejection: a server
 error, broken HTTP, a body cut off, a stream carrying an error event, a redirect, a
 refusal (429, or 404 for a model it lists), a success holding no choice, a stream of
-lines without a token. Counting only 5xx left one that closed every answer after its
-headers ~98% of the traffic; one answering 404 or non-JSON 200s at once, ~95%."""
+lines without a choice, a stream past its request's bound (one listing a context of 1
+had 94% of the streams cut, never ejected: hostile pass 63). Counting only 5xx left one
+that closed every answer after its headers ~98% of the traffic; one answering 404 or
+non-JSON 200s at once, ~95%."""
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 """Statuses aiohttp follows unless told not to: no replica's answer is followed anywhere
 (``_forward``, ``gateway_replicas``), and a completion answered by one is the replica's 502."""
@@ -1051,7 +1054,7 @@ class Gateway:
                     )
                     raise self._reject(502, "the replica failed before answering", None) from None
                 async with upstream:
-                    if upstream.status in REDIRECTS:
+                    if 300 <= upstream.status < 400:  # a 300 or 304 too: no completion
                         raise self._redirected(replica, upstream)
                     return await self._relay(request, upstream, meter, replica, model)
             finally:
@@ -1115,8 +1118,9 @@ class Gateway:
                 self._upstream_failed(
                     replica,
                     "overrun",
-                    "%s streamed %d token events for a request allowing %s tokens",
+                    "%s streamed %d events (%d with text) for a request allowing %s tokens",
                     replica.url,
+                    meter.choice_events,
                     meter.token_events,
                     meter.token_bound,
                 )
@@ -1125,10 +1129,10 @@ class Gateway:
                 self._upstream_failed(
                     replica,
                     "token-less",
-                    "%s streamed %d lines for %d token events",
+                    "%s streamed %d lines for %d events holding a choice",
                     replica.url,
                     meter.lines,
-                    meter.token_events,
+                    meter.choice_events,
                 )
                 return self._broken(request, response, meter)
             try:
@@ -1412,7 +1416,9 @@ def overrun(meter: ResponseMeter) -> bool:
     flight for good. The bound is the request's within its replica's ``max_model_len``
     (``ResponseMeter.token_bound``): every stream has one.
     """
-    return meter.token_events > meter.token_bound + OVERRUN_EVENTS
+    bound = meter.token_bound + OVERRUN_EVENTS
+    # Every event holding a choice is a token generated, or a choice's role or its end.
+    return meter.token_events > bound or meter.choice_events > bound + 2 * (meter.choices or 1)
 
 
 def rejection(status: int, message: str, retry_after: float | None) -> web.HTTPException:

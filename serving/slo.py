@@ -70,11 +70,24 @@ LEFT = "left"
 """A verdict's ``reason`` when the client left before any token within ``ttft``: not
 judged, neither within nor outside (``Verdict.judged``)."""
 TOKEN_LESS_LINES = 4096
-"""Lines a stream may carry beyond two per token event (its ``data:`` line and the blank
-line after it) before it is flooded (``ResponseMeter.flooded``): a vLLM stream has a few
-per choice (its role, its end, the usage, ``[DONE]``). Each line is parsed on the
-gateway's event loop: a replica streaming ``data: {}`` lines took 227 ms of it a MB,
-honest requests beside it 1.1 s instead of 58 ms at two such streams (hostile pass 62)."""
+"""Lines a stream may carry beyond two per event holding a choice (its ``data:`` line and
+the blank line after it) before it is flooded (``ResponseMeter.flooded``): every vLLM
+event but the usage and ``[DONE]`` holds one (its role, a token, even one of no text yet,
+its end). Each line is parsed on the gateway's event loop: a replica streaming
+``data: {}`` lines took 227 ms of it a MB, honest requests beside it 1.1 s instead of
+58 ms at two such streams (hostile pass 62). Counted against token events only, a chat
+request for 2,100 choices of one token flooded an honest vLLM's stream, and a client
+ejected every replica with a few (hostile pass 63)."""
+PARSED_BYTES = 1024**2
+"""Bytes of a stream's lines parsed beyond ``PARSED_BYTES_PER_EVENT`` an event holding a
+choice; past them the meter reads no more (the stream is relayed, judged on what was
+read): token events carrying 80 MB of junk each held the event loop (honest requests
+1.2 s at 24 such streams, ``/health`` past a probe's second, hostile pass 63)."""
+PARSED_BYTES_PER_EVENT = 64 * 1024
+"""An event's share of ``PARSED_BYTES``: vLLM's with 20 top logprobs is ~4 KB."""
+HEAD_BYTES = 64 * 1024
+"""Bytes of a non-streamed body's beginning kept to see its choices (vLLM's come within
+~200 bytes: an id, the object, the time, the model)."""
 SSE_LINE_LIMIT = 1024**2
 """Bytes a server-sent event line may reach; a longer one is skipped, not held."""
 JSON_BODY_LIMIT = 4 * 1024**2
@@ -84,6 +97,8 @@ USAGE_WINDOW = 4096
 vLLM's is ~200. Past it (or unreadable there) the count is unknown."""
 USAGE_CANDIDATES = 16
 """``"usage"`` strings looked at from a body's end for the key (``usage_in``)."""
+_CHOICES = re.compile(rb'"choices"[ \t\r\n]*:[ \t\r\n]*\[[ \t\r\n]*\{')
+"""A ``choices`` key whose list opens with an object."""
 _USAGE_KEY = re.compile(rb'"usage"[ \t\r\n]*:[ \t\r\n]*')
 _OBJECT = re.compile(rb"[ \t\r\n]*\{")
 _DECODER = json.JSONDecoder()
@@ -244,13 +259,15 @@ class ResponseMeter:
         self.last_token: float | None = None
         """A stream's latest event carrying a token."""
         self.token_events = 0
+        self.choice_events = 0
+        """A stream's events holding a choice, with text or not (``_holds_choice``)."""
         self.lines = 0
-        """A stream's lines read so far: past ``TOKEN_LESS_LINES`` more than two per token
-        event, it is ``flooded`` and no more are read."""
+        """A stream's lines read so far: past ``TOKEN_LESS_LINES`` more than two per event
+        holding a choice, it is ``flooded`` and no more are read."""
+        self.parsed_bytes = 0
+        """Bytes of a stream's lines parsed (``PARSED_BYTES``)."""
         self.stream_error = False
         """A stream carried an error event (vLLM streams its errors in a 200)."""
-        self.chosen = False
-        """A stream carried an event holding a choice (``holds_choices``)."""
         self.unanswered = False
         """The replica's answer was none, whatever its status (``serving.gateway`` sets it:
         a success holding no choice, a 404 of a model it lists, a 429): judged failed."""
@@ -267,6 +284,8 @@ class ResponseMeter:
         256 bytes at a time was copied whole per chunk, quadratic on the event loop)."""
         self._body: bytearray | None = bytearray()
         """Any other body so far; None past ``JSON_BODY_LIMIT``."""
+        self._head = bytearray()
+        """Any other body's first ``HEAD_BYTES`` (``holds_choices``)."""
 
     def bound_by(self, max_model_len: int | None) -> None:
         """Its replica's context (``max_model_len``, None where it lists none).
@@ -305,10 +324,13 @@ class ResponseMeter:
                 self.first_token = now
         if self._streamed:
             self._feed_events(chunk, now)
-        elif self._body is not None:
-            self._body += chunk
-            if len(self._body) > JSON_BODY_LIMIT:
-                self._body = None
+        else:
+            if len(self._head) < HEAD_BYTES:
+                self._head += chunk[: HEAD_BYTES - len(self._head)]
+            if self._body is not None:
+                self._body += chunk
+                if len(self._body) > JSON_BODY_LIMIT:
+                    self._body = None
 
     @property
     def streamed(self) -> bool:
@@ -317,11 +339,16 @@ class ResponseMeter:
 
     @property
     def flooded(self) -> bool:
-        """Whether a stream carried ``TOKEN_LESS_LINES`` more lines than its tokens explain."""
-        return self.lines - 2 * self.token_events > TOKEN_LESS_LINES
+        """Whether a stream carried ``TOKEN_LESS_LINES`` more lines than its events explain."""
+        return self.lines - 2 * self.choice_events > TOKEN_LESS_LINES
+
+    @property
+    def read_whole(self) -> bool:
+        """Whether every line of the stream so far was read (``PARSED_BYTES``)."""
+        return self.parsed_bytes <= PARSED_BYTES + PARSED_BYTES_PER_EVENT * self.choice_events
 
     def _feed_events(self, chunk: bytes, now: float) -> None:
-        if self.flooded:
+        if self.flooded or not self.read_whole:
             return
         # A CRLF split between two chunks is one line end, as the SSE spec reads it: split
         # as two, it added an empty line, and honest CRLF streams counted lines twice.
@@ -338,7 +365,8 @@ class ResponseMeter:
         self._pending = bytearray(rest) if len(rest) <= SSE_LINE_LIMIT else bytearray()
         for line in lines:
             self.lines += 1
-            if self.flooded:
+            self.parsed_bytes += len(line)
+            if self.flooded or not self.read_whole:
                 return
             event = _event(line)
             if event is None:
@@ -346,8 +374,8 @@ class ResponseMeter:
             self._read_usage(event)
             if _is_error(event):
                 self.stream_error = True
-            if not self.chosen and _holds_choice(event):
-                self.chosen = True
+            if _holds_choice(event):
+                self.choice_events += 1
             if _carries_tokens(event):
                 self.token_events += 1
                 self.last_token = now
@@ -358,29 +386,30 @@ class ResponseMeter:
         """Whether the body answers a completion, read before ``output_tokens``.
 
         A stream answers one with an event holding a choice, any other body as a JSON
-        object with a ``"choices"`` key (past ``JSON_BODY_LIMIT`` it is not read, and
-        taken as one).
+        object whose ``"choices"`` list opens with an object within ``HEAD_BYTES``.
 
         A vLLM answer always holds one (an answer of no token too: its choice says why it
         stopped); a replica answering 200 with anything else at once took ~95% of the
         traffic from least-outstanding routing, each answer judged within (hostile pass 62).
         """
         if self._streamed:
-            return self.chosen
-        if self._body is None:
-            return True
-        return _OBJECT.match(self._body) is not None and self._body.find(b'"choices"') >= 0
+            return self.choice_events > 0
+        return _OBJECT.match(self._head) is not None and _CHOICES.search(self._head) is not None
 
     def output_tokens(self) -> int | None:
-        """Tokens generated: the usage's count, else the events carrying tokens."""
+        """Tokens generated: the usage's count, else the events carrying tokens.
+
+        A stream's is at least its events carrying tokens: a usage claiming fewer (1, or
+        0) made 21 tokens 300 ms apart a stream within the ITL target (hostile pass 63).
+        """
         if not self._streamed and self._body:
             usage = usage_in(self._body)
             self._body = None  # read once
             if usage is not None:
                 self._read_usage(usage)
-        if self.usage_tokens is not None:
-            return self.usage_tokens
-        return self.token_events if self._streamed else None
+        if self._streamed:
+            return max(self.usage_tokens or 0, self.token_events)
+        return self.usage_tokens
 
     def _read_usage(self, body: dict[str, object]) -> None:
         """A body's (or event's) ``usage``, at the boundary: counts in bounds, or none."""

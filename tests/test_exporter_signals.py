@@ -578,3 +578,23 @@ def test_one_replicas_length_sum_alone_never_sets_the_deployments_mix(
     signals = derive(60.0, 10, latest, histories, 10.0, 60.0, Accelerator(1.0, 1.0), at=60.0)
     assert signals.stable.mean_prompt_tokens == pytest.approx(500.0)
     assert signals.stable.mean_output_tokens == pytest.approx(200.0)
+
+
+def test_without_token_histograms_one_replica_claiming_light_requests_sets_no_mix():
+    """One of ten claiming 10,000 one-token requests a second, the counters pooled alone
+    set the mix, and a loaded deployment asked for one replica (hostile pass 63)."""
+    histories, latest = [], []
+    for replica in range(10):
+        liar = replica == 0
+        rate = 10_000.0 if liar else 2.0  # requests a second
+        prompt, output = (1.3, 1.2) if liar else (500.0, 200.0)
+        history = ReplicaHistory(70.0)
+        for i in range(13):
+            done = rate * 5 * i
+            stats = scrape(prompt * done, output * done, done)  # no per-request histograms
+            history.add(1000.0 + 5 * i, stats)
+        histories.append(history)
+        latest.append(stats)
+    signals = derive(1060.0, 10, latest, histories, 10.0, 60.0, Accelerator(1.0, 1.0))
+    assert signals.stable.mean_prompt_tokens == pytest.approx(500.0)
+    assert signals.stable.mean_output_tokens == pytest.approx(200.0)

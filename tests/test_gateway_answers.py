@@ -17,15 +17,22 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serving import gateway as gateway_module
-from serving.gateway import EJECT_AFTER, Gateway
+from serving.gateway import EJECT_AFTER, Gateway, overrun
 from serving.gateway_replicas import EJECT_WINDOW
 from serving.gateway_settings import GatewaySettings
 from serving.routing import ReplicaView, is_unserved
-from serving.slo import JSON_BODY_LIMIT, TOKEN_LESS_LINES, ResponseMeter, SloTargets
+from serving.slo import (
+    JSON_BODY_LIMIT,
+    PARSED_BYTES,
+    PARSED_BYTES_PER_EVENT,
+    TOKEN_LESS_LINES,
+    ResponseMeter,
+    SloTargets,
+)
 from tests.conftest import eventually
 from tests.test_gateway_faults import Behaviour, Fake, upstream_errors
 from tests.test_gateway_isolation import StandIn, gateway_for
@@ -87,6 +94,16 @@ async def floods(request: web.Request, fake: Fake) -> web.StreamResponse:
     return response
 
 
+async def overruns(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """Far more token events than the request's one token, at once."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionError):
+        await response.write(b'data: {"choices": [{"text": "t"}]}\n\n' * 100)
+        await response.write(b"data: [DONE]\n\n")
+    return response
+
+
 def status(code: int) -> Behaviour:
     async def answer(request: web.Request, fake: Fake) -> web.StreamResponse:
         return web.json_response({"object": "error", "message": "refused"}, status=code)
@@ -105,6 +122,8 @@ def status(code: int) -> Behaviour:
         pytest.param(status(404), "refused", id="a 404 for a model it lists is a refusal"),
         pytest.param(status(429), "refused", id="a 429 is a refusal, and ejects"),
         pytest.param(floods, "token-less", id="a stream of lines without tokens is cut"),
+        pytest.param(overruns, "overrun", id="a stream far past its bound at once ejects"),
+        pytest.param(status(300), "redirect", id="a 300 is no completion, the replica's 502"),
     ],
 )
 async def test_a_replica_answering_at_once_without_an_answer_is_ejected_and_judged_failed(
@@ -116,7 +135,10 @@ async def test_a_replica_answering_at_once_without_an_answer_is_ejected_and_judg
         async with gateway_for([sick.url, well.url]) as gateway:
             g = gateway.gateway
             await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
-            body = COMPLETION | {"stream": behaviour in (streams_nothing, floods)}
+            body = COMPLETION | {
+                "stream": behaviour in (streams_nothing, floods, overruns),
+                "max_tokens": 1,
+            }
             for _ in range(20):
                 await post(gateway, body)
             # Before: every one went to the sick one, each judged within the SLO (a 429
@@ -260,10 +282,15 @@ async def test_a_stray_replica_listing_another_model_leaves_the_configured_one_w
         ),
         pytest.param(
             False,
-            b"{" + b" " * (JSON_BODY_LIMIT + 1),
+            b'{"choices": [{"text": "' + b"y" * JSON_BODY_LIMIT + b'"}]}',
             True,
-            id="a body past the limit is not read, and taken as an answer",
+            id="a completion past the body's limit holds the choice it opens with",
         ),
+        pytest.param(
+            False, b"{" + b" " * (JSON_BODY_LIMIT + 1), False, id="a body of spaces holds none"
+        ),
+        pytest.param(False, b'{"choices": []}', False, id="an empty list of choices is none"),
+        pytest.param(False, b'{"x": "choices"}', False, id="the word in a value is none"),
     ],
 )
 def test_an_answer_holds_a_choice(streamed: bool, body: bytes, holds: bool) -> None:
@@ -282,28 +309,68 @@ def test_an_answer_that_is_none_is_judged_failed_whatever_its_timing() -> None:
 
 
 @given(
-    tokens=st.integers(0, 3000),
-    choices=st.integers(1, 64),
-    chunk=st.integers(1, 4096),
+    per_choice=st.integers(1, 40),
+    choices=st.integers(1, 2500),
+    texts=st.lists(st.booleans(), min_size=1, max_size=7),
+    chunk=st.integers(1, 65536),
 )
-def test_an_honest_stream_never_floods(tokens: int, choices: int, chunk: int) -> None:
-    """A role event and a finish event per choice, a usage event, CRLF line ends."""
+@settings(max_examples=40, deadline=None)
+def test_an_honest_stream_never_floods_nor_overruns(
+    per_choice: int, choices: int, texts: list[bool], chunk: int
+) -> None:
+    """vLLM's chat stream, as its ``serving_chat`` writes it: a role event per choice (its
+    content empty), a delta per token (empty while the text is held back: a stop string,
+    a byte of a character), a finish per choice, the usage, CRLF line ends. A client
+    asking 2,100 choices of one token had an honest replica cut, and ejected (pass 63)."""
     events = [
-        b'data: {"choices": [{"index": %d, "delta": {"role": "assistant"}}]}' % i
+        b'data: {"choices": [{"index": %d, "delta": {"role": "assistant", "content": ""}}]}' % i
         for i in range(choices)
     ]
-    events += [b'data: {"choices": [{"delta": {"content": "t"}}]}'] * tokens
+    for t in range(per_choice):
+        text = b"t" if texts[t % len(texts)] else b""
+        events += [
+            b'data: {"choices": [{"index": %d, "delta": {"content": "%s"}}]}' % (i, text)
+            for i in range(choices)
+        ]
     events += [
-        b'data: {"choices": [{"index": %d, "finish_reason": "stop"}]}' % i for i in range(choices)
+        b'data: {"choices": [{"index": %d, "delta": {}, "finish_reason": "length"}]}' % i
+        for i in range(choices)
     ]
     events += [b'data: {"choices": [], "usage": {"completion_tokens": 1}}', b"data: [DONE]"]
     body = b"".join(e + b"\r\n\r\n" for e in events)
-    meter = ResponseMeter(0.0)
+    meter = ResponseMeter(0.0, max_tokens=per_choice * choices, choices=choices)
+    meter.bound_by(8192)
     meter.begin(200, True)
     for at in range(0, len(body), chunk):
         meter.feed(body[at : at + chunk], 1.0)
-    assert not meter.flooded
-    assert meter.token_events == tokens
+        assert not overrun(meter)
+    assert not meter.flooded and meter.read_whole
+    assert meter.choice_events == choices * (per_choice + 2)
+
+
+def test_a_usage_claiming_fewer_tokens_than_the_stream_carried_is_no_count() -> None:
+    """21 tokens 300 ms apart were within the ITL target with a usage of 1 (pass 63)."""
+    meter = ResponseMeter(0.0, max_tokens=64)
+    meter.begin(200, True)
+    for i in range(21):
+        meter.feed(b'data: {"choices": [{"text": "t"}]}\n\n', 0.5 + 0.3 * i)
+    meter.feed(b'data: {"choices": [], "usage": {"completion_tokens": 1}}\n\n', 6.5)
+    assert meter.output_tokens() == 21
+    assert meter.verdict(SloTargets(), 6.5, 200).reason == "itl"
+
+
+def test_junk_in_token_events_is_parsed_up_to_a_bound_and_relayed() -> None:
+    """Token events of 100 KB of junk each held the gateway's loop (pass 63)."""
+    meter = ResponseMeter(0.0)
+    meter.begin(200, True)
+    junk = b'data: {"choices": [{"text": "t"}], "x": "' + b"j" * 100_000 + b'"}\n\n'
+    for _ in range(500):
+        meter.feed(junk, 1.0)
+    assert not meter.read_whole and not meter.flooded
+    assert meter.parsed_bytes < PARSED_BYTES + (PARSED_BYTES_PER_EVENT + len(junk)) * (
+        meter.choice_events + 1
+    )
+    assert meter.choice_events < 40  # of 500: the rest relayed, not parsed
 
 
 def test_a_flooded_stream_is_read_no_further() -> None:
