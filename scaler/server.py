@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl
 import time
 from collections.abc import Callable, Coroutine
@@ -35,6 +36,10 @@ from scaler.telemetry import metrics_app
 
 log = logging.getLogger(__name__)
 
+PROMETHEUS_RESTART_GAP = 60.0
+"""Seconds from one replacement of the Prometheus source to the next
+(``ScalerServer._reconcile_prometheus``): long enough for rounds of 1,600 targets on 16
+slots (about 18 s) to end and publish whatever the reloads do."""
 MAX_CONCURRENT_RPCS = 50_000
 """Calls served at once; more are refused (RESOURCE_EXHAUSTED), never queued without bound.
 
@@ -205,11 +210,11 @@ class ScalerServer:
         self.port = self._grpc.port
         self._tasks: list[asyncio.Task[None]] = []
         self._source_tasks: dict[SignalSourceConfig, asyncio.Task[None]] = {}
-        self._prometheus: (
-            tuple[PrometheusSourceConfig, asyncio.Task[None], asyncio.Event] | None
-        ) = None
-        self._draining: set[asyncio.Task[None]] = set()
-        """Prometheus sources a reload replaced, finishing their queries under way."""
+        self._prometheus: tuple[PrometheusSourceConfig, asyncio.Task[None]] | None = None
+        self._prometheus_replaced = -math.inf
+        """The loop's time the running Prometheus source replaced another."""
+        self._prometheus_later: asyncio.TimerHandle | None = None
+        """A replacement waiting for ``PROMETHEUS_RESTART_GAP`` to pass."""
         self._started = False
         self._stopped_loops: dict[str, str] = {}
         """Loops that ended while they should run (by name): health fails until a restart."""
@@ -221,10 +226,19 @@ class ScalerServer:
         return self.configs.current
 
     def _reconfigure(self, config: ScalerConfig) -> None:
-        self.registry.set_default_max_signal_age(config.max_signal_age)
-        self.registry.set_policy_defaults(config.policy_defaults())
+        """Apply a reloaded config, each part alone: one that fails leaves the others."""
+        registry = self.registry
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("max-signal-age", lambda: registry.set_default_max_signal_age(config.max_signal_age)),
+            ("policy", lambda: registry.set_policy_defaults(config.policy_defaults())),
+        ]
         if self._started:
-            self._reconcile_sources(config)
+            steps.append(("signal sources", lambda: self._reconcile_sources(config)))
+        for part, step in steps:
+            try:
+                step()
+            except Exception as err:  # the config is in force; the next reload tries again
+                log.error("applying the reloaded %s failed: %s: %s", part, type(err).__name__, err)
 
     def _reconcile_sources(self, config: ScalerConfig) -> None:
         """Watch exactly ``config.signal_sources``: start new ones, cancel dropped ones."""
@@ -241,25 +255,34 @@ class ScalerServer:
         self._reconcile_prometheus(config.prometheus_source)
 
     def _reconcile_prometheus(self, wanted: PrometheusSourceConfig | None) -> None:
-        """Query Prometheus as ``wanted`` says: a changed config starts another source.
+        """Query Prometheus as ``wanted`` says: a changed config restarts the rounds.
 
-        The one running is drained: it starts no more rounds, and its queries under way
-        end and publish (``prometheus_source``).
+        A source replaced less than ``PROMETHEUS_RESTART_GAP`` ago runs on until the gap
+        has passed, then the newest config replaces it: restarted at every reload, a
+        Prometheus slower than the reloads answered none (hostile pass 62), and queries
+        left to finish beside the new ones piled up (pass 63). Removing it is at once.
         """
+        if self._prometheus_later is not None:
+            self._prometheus_later.cancel()
+            self._prometheus_later = None
+        loop = asyncio.get_running_loop()
         if self._prometheus is not None:
-            running, task, drain = self._prometheus
+            running, task = self._prometheus
             if running == wanted:
                 return
+            left = self._prometheus_replaced + PROMETHEUS_RESTART_GAP - loop.time()
+            if wanted is not None and left > 0:
+                self._prometheus_later = loop.call_later(
+                    left, lambda: self._reconcile_prometheus(self.config.prometheus_source)
+                )
+                return
             log.info("no longer querying signals from %s as configured before", running.url)
-            self._draining.add(task)
-            task.add_done_callback(self._draining.discard)
-            drain.set()
+            task.cancel()
             self._prometheus = None
+            self._prometheus_replaced = loop.time()
         if wanted is not None:
-            drain = asyncio.Event()
-            source = prometheus_source(wanted, self.store, self.registry.targets, drain)
-            task = self._loop(f"prometheus-source {wanted.url}", source)
-            self._prometheus = (wanted, task, drain)
+            source = prometheus_source(wanted, self.store, self.registry.targets)
+            self._prometheus = (wanted, self._loop(f"prometheus-source {wanted.url}", source))
 
     @property
     def watched_sources(self) -> list[str]:
@@ -314,8 +337,8 @@ class ScalerServer:
         return task
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or (task in self._draining and task.exception() is None):
-            return  # stop() or a reconfiguration cancelled it, or a drained one ended
+        if task.cancelled():
+            return  # stop() or a reconfiguration cancelled it
         error = task.exception()
         why = f"{error!r}" if error is not None else "returned"
         self._stopped_loops[task.get_name()] = why
@@ -351,7 +374,9 @@ class ScalerServer:
     async def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, let open RPCs finish for ``grace`` seconds, then stop."""
         await self._grpc.enter_graceful_shutdown()
-        tasks = [*self._tasks, *self._source_tasks.values(), *self._draining]
+        if self._prometheus_later is not None:
+            self._prometheus_later.cancel()
+        tasks = [*self._tasks, *self._source_tasks.values()]
         if self._prometheus is not None:
             tasks.append(self._prometheus[1])
             self._prometheus = None

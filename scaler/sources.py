@@ -16,7 +16,6 @@ loop ends its task, and the server's health says so (``scaler.server``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import re
@@ -255,18 +254,13 @@ async def prometheus_source(
     config: PrometheusSourceConfig,
     store: SignalStore,
     targets: Callable[[], Iterable[TargetKey]],
-    drain: asyncio.Event | None = None,
 ) -> None:
-    """Query every target ``targets()`` names each ``interval``, until ``drain`` is set.
+    """Query every target ``targets()`` names each ``interval``, forever.
 
     Logged on changes only, per target: a WARNING when its queries start failing, find
     no series or answer impossible values, INFO when signals come back. Each failed
-    round is counted (``store.errors``, source ``prometheus``). Drained, it starts no
-    more rounds and returns once its queries under way have ended (a ``timeout`` at
-    most): a reloaded config starts another source beside it, and cancelling this one's
-    queries lost every answer of a Prometheus slower than the reloads (hostile pass 62).
+    round is counted (``store.errors``, source ``prometheus``).
     """
-    drain = drain or asyncio.Event()
     loop = asyncio.get_running_loop()
     problems: dict[TargetKey, str | None] = {}
     timeout = aiohttp.ClientTimeout(total=config.timeout)
@@ -288,7 +282,7 @@ async def prometheus_source(
             memory=3 * config.timeout,
         )
         try:
-            while not drain.is_set():
+            while True:
                 started = loop.time()
                 try:
                     await _round(session, slots, config, store, targets, problems, running)
@@ -299,12 +293,7 @@ async def prometheus_source(
                     )
                 else:
                     store.report(("prometheus-source", "prometheus"), "")
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout_at(started + config.interval):
-                        await drain.wait()
-            under_way = [task for task in running.values() if not task.done()]
-            if under_way:
-                await asyncio.wait(under_way, timeout=config.timeout)
+                await asyncio.sleep(max(0.0, config.interval - (loop.time() - started)))
         finally:
             for task in running.values():
                 task.cancel()

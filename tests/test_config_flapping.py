@@ -14,12 +14,13 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from foundation import files, reload
 from foundation.errors import ConfigError
-from foundation.reload import ConfigStore, holds_no_document, poll_file
+from foundation.reload import ConfigStore, holds_no_document, poll_file, watch_configmap
 from scaler.config import ScalerConfig, parse_config
 from scaler.core.model import Decision
 from scaler.registry import PUSH_DECISION_GAP, ScaledObject, ScaledObjectRegistry
@@ -99,6 +100,10 @@ def store_of(text: str, gap: float = 0.0) -> ConfigStore[ScalerConfig]:
         pytest.param(
             "\n  \n# a\n---\n~  # nothing\n", id="blanks, comments and a null are refused"
         ),
+        pytest.param("--- null\n...\n", id="what yaml.safe_dump(None) writes is refused"),
+        pytest.param("\ufeff# c\n", id="a byte-order mark and a comment are refused"),
+        pytest.param("%YAML 1.1\n---\n", id="a directive and a marker are refused"),
+        pytest.param("--- !!null ''\n", id="a tagged null is refused"),
     ],
 )
 async def test_a_file_holding_no_document_after_a_config_keeps_the_last_good(tmp_path, text):
@@ -119,6 +124,8 @@ async def test_a_file_holding_no_document_after_a_config_keeps_the_last_good(tmp
         pytest.param("{}\n", False, id="the defaults written as an empty mapping are a document"),
         pytest.param("# a\nmax-signal-age: 1m\n", False, id="a comment before a key is one"),
         pytest.param("~x: 1\n", False, id="a key that begins with a tilde is one"),
+        pytest.param("--- {a: 1}\n", False, id="a marker before a mapping is one"),
+        pytest.param("null: 1\n", False, id="a key named null is one"),
         pytest.param("", True, id="nothing is none"),
     ],
 )
@@ -204,3 +211,51 @@ async def test_a_flapping_file_is_applied_at_most_once_a_gap(tmp_path):
     # Each reload after the first waited the gap: a scaler decided (before) or marked
     # every ScaledObject, restarted its sources, at every change.
     assert took >= 2 * gap
+
+
+def test_a_reload_leaving_a_standby_without_a_profile_keeps_its_policy_and_the_rest_apply():
+    """Raised out of the loop, the ScaledObjects after it kept the old policy, and the
+    reload's signal sources never landed (hostile pass 63)."""
+    clock = FakeClock(T0)
+    store = SignalStore(clock)
+    profiled = parse_config("policy: {profile: llama3-8b-h200}\n").policy_defaults()
+    registry = ScaledObjectRegistry(store, 30.0, clock, profiled)
+    objects = {}
+    for name, extra in (("standby", {"standby": "true"}), ("plain", {}), ("other", {})):
+        r = ref(name, "team-a", deployment=name, **extra)
+        objects[name] = registry.resolve(r.name, r.namespace, dict(r.scalerMetadata))
+    registry.set_policy_defaults(
+        parse_config("policy: {target-concurrency: 8}\n").policy_defaults()
+    )
+    assert objects["standby"].policy.profile == "llama3-8b-h200"  # kept, logged
+    assert [objects[n].policy.target_concurrency for n in ("plain", "other")] == [8.0, 8.0]
+
+
+async def test_a_configmap_key_holding_no_document_keeps_the_last_good(monkeypatch):
+    store = store_of(GOOD)
+
+    async def watch(access: object, selection: object, changed: Any, **kwargs: object) -> None:
+        changed({"cfg": {"data": {"config.yaml": OTHER}}})
+        await eventually(lambda: store.reloads == 1, "applied")
+        changed({"cfg": {"data": {"config.yaml": "# config.yaml\n"}}})
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(reload, "watch_objects", watch)
+    task = asyncio.create_task(watch_configmap(store, None, "ns", "cfg", "config.yaml"))  # type: ignore[arg-type]
+    try:
+        # Before: the defaults, every signal source dropped (pass 63).
+        await eventually(lambda: store.errors == 1, "refused")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert store.current.max_signal_age == 60.0 and "no YAML document" in store.last_error
+
+
+async def test_an_update_refused_waits_the_gap_as_one_applied():
+    """Refused (or equal) texts were parsed nonstop: 1 MiB ones at 88-100% of a core."""
+    store = store_of(GOOD, gap=0.3)
+    loop = asyncio.get_running_loop()
+    assert not await store.update_off_loop("max-signal-age: -1s\n", "refused")
+    began = loop.time()
+    await store.settle()
+    assert loop.time() - began >= 0.2

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from foundation.errors import ConfigError, StaleSignalError
 from foundation.signals import EngineSignals, Snapshot, TargetKey, WindowSignals
 from protos.externalscaler import externalscaler_pb2_grpc as keda_grpc
+from scaler import server as server_module
 from scaler.config import PrometheusSourceConfig, parse_config
 from scaler.core import DecisionState, Policy, decide
 from scaler.core.model import Observation
@@ -887,6 +888,34 @@ async def test_a_source_reloaded_faster_than_its_queries_answer_still_publishes(
     finally:
         await server.stop(grace=0)
         await prometheus.stop()
+
+
+async def test_a_source_replaced_is_replaced_again_only_after_the_gap(monkeypatch):
+    """Replaced at every reload, rounds longer than the reloads never ended (no signals),
+    and queries left to finish beside the new ones piled up (hostile pass 63)."""
+    monkeypatch.setattr(server_module, "PROMETHEUS_RESTART_GAP", 1.0)
+    first, second, third = [await FakePrometheus().start() for _ in range(3)]
+    text = "prometheus-source: {{url: '{}', interval: 20ms, timeout: 10s}}\n"
+    server = ScalerServer(parse_config(text.format(first.url)))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = keda_grpc.ExternalScalerStub(channel)
+            with contextlib.suppress(grpc.aio.AioRpcError):  # KEDA names the target
+                await stub.IsActive(ref())
+        assert server.configs.update(text.format(second.url), "first change")
+        assert server._prometheus is not None and server._prometheus[0].url == second.url
+        assert server.configs.update(text.format(third.url), "second change")
+        # In force, but the source replaced a moment ago runs on until the gap passes.
+        assert server._prometheus[0].url == second.url
+        await until(lambda: third.queries > 0, "the newest config queried after the gap")
+        asked = second.queries
+        await until(lambda: third.queries > 3 * len(INSTANT), "rounds of the newest")
+        assert second.queries <= asked + len(INSTANT)  # at most a round under way
+    finally:
+        await server.stop(grace=0)
+        for prometheus in (first, second, third):
+            await prometheus.stop()
 
 
 async def until(predicate: Callable[[], bool], what: str, within: float = 30.0) -> None:
