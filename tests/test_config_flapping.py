@@ -126,6 +126,11 @@ async def test_a_file_holding_no_document_after_a_config_keeps_the_last_good(tmp
         pytest.param("~x: 1\n", False, id="a key that begins with a tilde is one"),
         pytest.param("--- {a: 1}\n", False, id="a marker before a mapping is one"),
         pytest.param("null: 1\n", False, id="a key named null is one"),
+        pytest.param(
+            " " * 100_000 + "x: 1\n",
+            False,
+            id="a line of 100,000 blanks before a key is read in linear time",  # was cubic
+        ),
         pytest.param("", True, id="nothing is none"),
     ],
 )
