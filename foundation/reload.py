@@ -255,6 +255,7 @@ async def poll_file(
     failed: tuple[object, ...] | None = None  # the fingerprint whose read failed last
     warned = False
     unsteady_text: str | None = None  # the last text read as it was
+    unsteady_at: tuple[object, ...] | None = None  # and its fingerprint
     while True:
         await asyncio.sleep(interval)
         now = file_fingerprint(path)
@@ -279,10 +280,14 @@ async def poll_file(
             continue
         if file_fingerprint(path) != before:
             continue  # written while read: read again
-        if unsteady >= UNSTEADY_POLLS and text != unsteady_text:
-            unsteady_text = text  # taken when the next read finds it again
+        # A file swapped whole since the last read (another inode, or ..data) is whole:
+        # a writer renaming a stamped file in place was never read twice alike (pass 64).
+        swapped = unsteady_at is not None and before[:2] != unsteady_at[:2]
+        if unsteady >= UNSTEADY_POLLS and text != unsteady_text and not swapped:
+            unsteady_text, unsteady_at = text, before  # taken when the next read agrees
             continue
         seen, changed, unsteady, failed, unsteady_text = before, None, 0, None, None
+        unsteady_at = None
         if had_text and holds_no_document(text):
             store.reject(f"{path}: the file holds no YAML document (write {{}} for the defaults)")
             continue

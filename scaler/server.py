@@ -280,6 +280,15 @@ class ScalerServer:
             task.cancel()
             self._prometheus = None
             self._prometheus_replaced = loop.time()
+        elif wanted is not None:
+            # Back after a removal: the gap holds too (removing and adding it in turn
+            # restarted the rounds at every reload, pass 64).
+            left = self._prometheus_replaced + PROMETHEUS_RESTART_GAP - loop.time()
+            if left > 0:
+                self._prometheus_later = loop.call_later(
+                    left, lambda: self._reconcile_prometheus(self.config.prometheus_source)
+                )
+                return
         if wanted is not None:
             source = prometheus_source(wanted, self.store, self.registry.targets)
             self._prometheus = (wanted, self._loop(f"prometheus-source {wanted.url}", source))

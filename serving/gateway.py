@@ -1171,7 +1171,7 @@ class Gateway:
         """
         gap = self.settings.upstream_timeout
         try:
-            async with asyncio.timeout(self._silence_left(meter, since, gap)):
+            async with asyncio.timeout(self._silence_left(meter, since, gap, last_byte)):
                 return await upstream.content.readany()
         except TimeoutError:
             if not meter.streamed and time.monotonic() - last_byte < gap:
@@ -1200,7 +1200,7 @@ class Gateway:
         return None
 
     @staticmethod
-    def _silence_left(meter: ResponseMeter, since: float, gap: float) -> float:
+    def _silence_left(meter: ResponseMeter, since: float, gap: float, last_byte: float) -> float:
         """How long the next read may wait: a stream's to its token, a body's to its end.
 
         A stream's next token comes within ``gap`` of the last; a non-streamed body
@@ -1210,6 +1210,10 @@ class Gateway:
         gets ``gap``: one that sent a space a second held its request in flight for good.
         """
         last = since if not meter.streamed or meter.last_token is None else meter.last_token
+        if meter.streamed and not meter.read_whole:
+            # Its tokens are no longer read: its bytes tell it is alive (an honest stream
+            # past the parse budget was cut as stalled while tokens flowed, pass 64).
+            last = last_byte
         return max(0.0, min(gap, last + gap - time.monotonic()))
 
     async def _begin(
@@ -1417,8 +1421,10 @@ def overrun(meter: ResponseMeter) -> bool:
     (``ResponseMeter.token_bound``): every stream has one.
     """
     bound = meter.token_bound + OVERRUN_EVENTS
-    # Every event holding a choice is a token generated, or a choice's role or its end.
-    return meter.token_events > bound or meter.choice_events > bound + 2 * (meter.choices or 1)
+    choices = meter.choices or 1
+    # Every event holding a choice is a token generated, or a choice's role or its end;
+    # an echo is one text event a choice before its tokens (hostile pass 64).
+    return meter.token_events > bound + choices or meter.choice_events > bound + 2 * choices
 
 
 def rejection(status: int, message: str, retry_after: float | None) -> web.HTTPException:

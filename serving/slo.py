@@ -227,7 +227,16 @@ def choices(body: dict[str, object]) -> int | None:
     stream of a chat request without ``max_tokens`` unbounded.
     """
     n = _count(body.get("n") if body.get("n") is not None else 1)
-    return None if n is None else max(n, 1)
+    if n is None:
+        return None
+    # A completion's prompt may be a batch (strings, or lists of token ids): vLLM answers
+    # n choices for each, and a batch of 18 had honest streams cut past a bound of one
+    # prompt's, their replicas ejected by a client (hostile pass 64).
+    prompt = body.get("prompt")
+    batch = 1
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        batch = len(prompt)
+    return max(n, 1) * batch
 
 
 class ResponseMeter:
@@ -266,6 +275,8 @@ class ResponseMeter:
         holding a choice, it is ``flooded`` and no more are read."""
         self.parsed_bytes = 0
         """Bytes of a stream's lines parsed (``PARSED_BYTES``)."""
+        self.skipped = False
+        """A stream's line was longer than ``SSE_LINE_LIMIT``, skipped unread."""
         self.stream_error = False
         """A stream carried an error event (vLLM streams its errors in a 200)."""
         self.unanswered = False
@@ -358,11 +369,13 @@ class ResponseMeter:
         if b"\n" not in chunk and b"\r" not in chunk:  # the line goes on: nothing to split
             if len(self._pending) > SSE_LINE_LIMIT:
                 self._pending.clear()
+                self.skipped = True
             return
         # CR, LF or CRLF, as the SSE spec allows: split on LF alone, a stream of CR line
         # ends showed no token, and was cut as stalled (hostile pass 56).
         *lines, rest = _LINE_ENDS.split(self._pending)
         self._pending = bytearray(rest) if len(rest) <= SSE_LINE_LIMIT else bytearray()
+        self.skipped = self.skipped or len(rest) > SSE_LINE_LIMIT
         for line in lines:
             self.lines += 1
             self.parsed_bytes += len(line)
@@ -393,8 +406,14 @@ class ResponseMeter:
         traffic from least-outstanding routing, each answer judged within (hostile pass 62).
         """
         if self._streamed:
-            return self.choice_events > 0
-        return _OBJECT.match(self._head) is not None and _CHOICES.search(self._head) is not None
+            # A line not read (too long, or past the parse budget) may have held one: a
+            # client's request id of 1 MiB (vLLM's answer ids carry it) made every
+            # honest event such a line, each stream "empty" (hostile pass 64).
+            return self.choice_events > 0 or self.skipped or not self.read_whole
+        if _OBJECT.match(self._head) is None:
+            return False
+        # Not seen within a head that filled (a long id before them) is not known absent.
+        return _CHOICES.search(self._head) is not None or len(self._head) >= HEAD_BYTES
 
     def output_tokens(self) -> int | None:
         """Tokens generated: the usage's count, else the events carrying tokens.

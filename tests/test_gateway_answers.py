@@ -32,6 +32,7 @@ from serving.slo import (
     TOKEN_LESS_LINES,
     ResponseMeter,
     SloTargets,
+    choices,
 )
 from tests.conftest import eventually
 from tests.test_gateway_faults import Behaviour, Fake, upstream_errors
@@ -287,7 +288,10 @@ async def test_a_stray_replica_listing_another_model_leaves_the_configured_one_w
             id="a completion past the body's limit holds the choice it opens with",
         ),
         pytest.param(
-            False, b"{" + b" " * (JSON_BODY_LIMIT + 1), False, id="a body of spaces holds none"
+            False,
+            b"{" + b" " * (JSON_BODY_LIMIT + 1),
+            True,
+            id="a head that filled without choices is not known to hold none",  # pass 64
         ),
         pytest.param(False, b'{"choices": []}', False, id="an empty list of choices is none"),
         pytest.param(False, b'{"x": "choices"}', False, id="the word in a value is none"),
@@ -382,3 +386,57 @@ def test_a_flooded_stream_is_read_no_further() -> None:
     assert read == TOKEN_LESS_LINES + 1  # it stopped at the line past the budget
     meter.feed(b'data: {"choices": [{"text": "t"}]}\n' * 100, 2.0)
     assert meter.lines == read and meter.token_events == 0
+
+
+# --- what a client may ask that an honest replica answers at length (pass 64) -------------
+
+
+@pytest.mark.parametrize(
+    ("body", "count"),
+    [
+        pytest.param({"prompt": ["a", "b", "c"], "n": 2}, 6, id="a batch of prompts times n"),
+        pytest.param({"prompt": [[1, 2], [3]]}, 2, id="a batch of token-id prompts"),
+        pytest.param({"prompt": [1, 2, 3]}, 1, id="one prompt of token ids is one"),
+        pytest.param({"messages": [], "n": 3}, 3, id="a chat request is its n"),
+    ],
+)
+def test_a_completions_choices_count_each_prompt_of_a_batch(
+    body: dict[str, object], count: int
+) -> None:
+    assert choices(body) == count
+
+
+def test_an_echo_of_each_choice_before_its_tokens_is_no_overrun() -> None:
+    """vLLM's chat echo sends a text event a choice: 17 choices of 1 token had honest
+    streams cut, their replicas ejected by a client (hostile pass 64)."""
+    meter = ResponseMeter(0.0, max_tokens=17, choices=17)
+    meter.bound_by(8192)
+    meter.begin(200, True)
+    for _ in range(2):  # the echo, then the token
+        meter.feed(b'data: {"choices": [{"delta": {"content": "t"}}]}\n\n' * 17, 1.0)
+    assert meter.token_events == 34 and not overrun(meter)
+
+
+@pytest.mark.parametrize(
+    ("streamed", "body"),
+    [
+        pytest.param(
+            False,
+            b'{"id": "cmpl-' + b"r" * 70_000 + b'", "choices": [{"text": "x"}]}',
+            id="a long request id before the choices is not read as none",
+        ),
+        pytest.param(
+            True,
+            b'data: {"id": "' + b"r" * (2 * 1024**2) + b'", "choices": [{"text": "x"}]}\n\n',
+            id="a stream whose lines were too long to read is not read as empty",
+        ),
+    ],
+)
+def test_an_answer_whose_choices_could_not_be_read_is_no_empty_one(
+    streamed: bool, body: bytes
+) -> None:
+    meter = ResponseMeter(0.0)
+    meter.begin(200, streamed)
+    for at in range(0, len(body), 65536):
+        meter.feed(body[at : at + 65536], 1.0)
+    assert meter.holds_choices()

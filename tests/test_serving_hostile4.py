@@ -392,7 +392,7 @@ def test_a_stream_is_cut_only_well_past_its_bound():
 
     meter = ResponseMeter(0.0, 5)
     meter.begin(200, True)
-    for i in range(5 + OVERRUN_EVENTS):
+    for i in range(5 + OVERRUN_EVENTS + 1):  # and an echo's event a choice
         meter.feed(b'data: {"choices": [{"text": "x"}]}\n\n', float(i))
     assert not overrun(meter)
     meter.feed(b'data: {"choices": [{"text": "x"}]}\n\n', 99.0)
