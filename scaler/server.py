@@ -212,7 +212,9 @@ class ScalerServer:
         self._source_tasks: dict[SignalSourceConfig, asyncio.Task[None]] = {}
         self._prometheus: tuple[PrometheusSourceConfig, asyncio.Task[None]] | None = None
         self._prometheus_replaced = -math.inf
-        """The loop's time the running Prometheus source replaced another."""
+        """The loop's time a reload last replaced the Prometheus source."""
+        self._prometheus_started = -math.inf
+        """The loop's time the running Prometheus source started."""
         self._prometheus_later: asyncio.TimerHandle | None = None
         """A replacement waiting for ``PROMETHEUS_RESTART_GAP`` to pass."""
         self._started = False
@@ -258,20 +260,24 @@ class ScalerServer:
         """Query Prometheus as ``wanted`` says: a changed config restarts the rounds.
 
         A source replaced less than ``PROMETHEUS_RESTART_GAP`` ago runs on until the gap
-        has passed, then the newest config replaces it: restarted at every reload, a
-        Prometheus slower than the reloads answered none (hostile pass 62), and queries
-        left to finish beside the new ones piled up (pass 63). Removing it is at once.
+        has passed, then the newest config replaces it (restarted at every reload, a
+        Prometheus slower than the reloads answered none, hostile pass 62; queries left
+        to finish beside the new ones piled up, pass 63); one removed within the gap of
+        its start goes once the gap has passed, so that a removal undone meanwhile leaves
+        it running (removed and added in turn, it restarted at every reload, pass 64).
         """
         if self._prometheus_later is not None:
             self._prometheus_later.cancel()
             self._prometheus_later = None
         loop = asyncio.get_running_loop()
+        now = loop.time()
         if self._prometheus is not None:
             running, task = self._prometheus
             if running == wanted:
                 return
-            left = self._prometheus_replaced + PROMETHEUS_RESTART_GAP - loop.time()
-            if wanted is not None and left > 0:
+            since = self._prometheus_replaced if wanted is not None else self._prometheus_started
+            left = since + PROMETHEUS_RESTART_GAP - now
+            if left > 0:
                 self._prometheus_later = loop.call_later(
                     left, lambda: self._reconcile_prometheus(self.config.prometheus_source)
                 )
@@ -279,19 +285,12 @@ class ScalerServer:
             log.info("no longer querying signals from %s as configured before", running.url)
             task.cancel()
             self._prometheus = None
-            self._prometheus_replaced = loop.time()
-        elif wanted is not None:
-            # Back after a removal: the gap holds too (removing and adding it in turn
-            # restarted the rounds at every reload, pass 64).
-            left = self._prometheus_replaced + PROMETHEUS_RESTART_GAP - loop.time()
-            if left > 0:
-                self._prometheus_later = loop.call_later(
-                    left, lambda: self._reconcile_prometheus(self.config.prometheus_source)
-                )
-                return
+            if wanted is not None:
+                self._prometheus_replaced = now
         if wanted is not None:
             source = prometheus_source(wanted, self.store, self.registry.targets)
             self._prometheus = (wanted, self._loop(f"prometheus-source {wanted.url}", source))
+            self._prometheus_started = now
 
     @property
     def watched_sources(self) -> list[str]:

@@ -918,6 +918,25 @@ async def test_a_source_replaced_is_replaced_again_only_after_the_gap(monkeypatc
             await prometheus.stop()
 
 
+async def test_a_source_removed_and_added_back_within_the_gap_runs_on():
+    """Removed at once and added back, it restarted at every reload: rounds longer than
+    the reloads never ended, no signals (hostile pass 64)."""
+    prometheus = await FakePrometheus().start()
+    text = f"prometheus-source: {{url: '{prometheus.url}', interval: 20ms, timeout: 10s}}\n"
+    server = ScalerServer(parse_config(text))
+    await server.start()
+    try:
+        assert server._prometheus is not None
+        running = server._prometheus[1]
+        for _ in range(5):
+            assert server.configs.update("{}\n", "removed")
+            assert server.configs.update(text, "added back")
+        assert server._prometheus[1] is running and not running.done()
+    finally:
+        await server.stop(grace=0)
+        await prometheus.stop()
+
+
 async def until(predicate: Callable[[], bool], what: str, within: float = 30.0) -> None:
     deadline = time.monotonic() + within
     while not predicate():
