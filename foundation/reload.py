@@ -288,10 +288,11 @@ async def poll_file(
             continue
         seen, changed, unsteady, failed, unsteady_text = before, None, 0, None, None
         unsteady_at = None
-        if had_text and holds_no_document(text):
+        blank = holds_no_document(text)  # once: up to a MiB, on the loop
+        if had_text and blank:
             store.reject(f"{path}: the file holds no YAML document (write {{}} for the defaults)")
             continue
-        had_text = not holds_no_document(text)
+        had_text = not blank
         await store.update_off_loop(text, str(path))
 
 
