@@ -412,3 +412,57 @@ async def test_a_file_rewritten_in_place_is_read_once_it_holds_still(
     await asyncio.gather(task, return_exceptions=True)
     assert read == reads  # once, when it held still
     assert (store.current.max_signal_age, store.errors) == (age, errors)
+
+
+HALF, WHOLE = "max-signal-age: 60s\n", "max-signal-age: 60s\ngrace-period: 7s\n"
+
+
+def sidecar(texts, inode=lambda n: 1):
+    """A file changed at every poll: four polls that only look, then one poll per text
+    that reads it (the three fingerprints of a read, alike), then the last held still."""
+    looks = [((None, inode(n), 20 + n, n), texts[0]) for n in range(1, 5)]
+    reads = [((None, inode(n), 30 + n, 10 + n), text) for n, text in enumerate(texts)]
+    return looks + [state for state in reads for _ in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("states", "reads", "grace", "reloads"),
+    [
+        pytest.param(
+            sidecar([WHOLE, WHOLE]),
+            [WHOLE, WHOLE],
+            7.0,
+            1,
+            id="a sidecar rewriting one config at every poll has it taken at the second read",
+        ),
+        pytest.param(
+            sidecar([HALF, WHOLE]),
+            [HALF, WHOLE, WHOLE],
+            7.0,
+            1,
+            id="a writer adding a line at every poll has no half of its config applied",
+        ),
+        pytest.param(
+            sidecar([HALF, WHOLE], inode=lambda n: n),
+            [HALF, WHOLE],
+            7.0,
+            1,
+            id="a file swapped whole since the last read is taken at once",
+        ),
+    ],
+)
+async def test_a_file_changing_at_every_poll_is_taken_once_two_reads_agree(
+    monkeypatch, states, reads, grace, reloads
+):
+    """Waiting for a sidecar's file to hold still, its changes were never read (hostile
+    pass 62); taken at one read, a line-at-a-time writer had halves applied (pass 63);
+    a stamped file renamed in place was never read alike twice (pass 64)."""
+    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
+    done, read = scripted_file(monkeypatch, states)
+    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0, (None, 1, 14, 0)))
+    await done.wait()
+    await eventually(lambda: store.reloads >= 1, "the config taken")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert read == reads
+    assert (store.current.grace_period, store.reloads, store.errors) == (grace, reloads, 0)
