@@ -1171,7 +1171,7 @@ class Gateway:
         """
         gap = self.settings.upstream_timeout
         try:
-            async with asyncio.timeout(self._silence_left(meter, since, gap, last_byte)):
+            async with asyncio.timeout(self._silence_left(meter, since, gap)):
                 return await upstream.content.readany()
         except TimeoutError:
             if not meter.streamed and time.monotonic() - last_byte < gap:
@@ -1200,7 +1200,7 @@ class Gateway:
         return None
 
     @staticmethod
-    def _silence_left(meter: ResponseMeter, since: float, gap: float, last_byte: float) -> float:
+    def _silence_left(meter: ResponseMeter, since: float, gap: float) -> float:
         """How long the next read may wait: a stream's to its token, a body's to its end.
 
         A stream's next token comes within ``gap`` of the last; a non-streamed body
@@ -1211,9 +1211,10 @@ class Gateway:
         """
         last = since if not meter.streamed or meter.last_token is None else meter.last_token
         if meter.streamed and not meter.read_whole:
-            # Its tokens are no longer read: its bytes tell it is alive (an honest stream
-            # past the parse budget was cut as stalled while tokens flowed, pass 64).
-            last = last_byte
+            # Its tokens are no longer read: its events tell it is alive (an honest stream
+            # past the parse budget was cut as stalled while tokens flowed, pass 64; timed
+            # from its bytes, a byte a gap held it for good, pass 65).
+            last = since if meter.last_data_line is None else meter.last_data_line
         return max(0.0, min(gap, last + gap - time.monotonic()))
 
     async def _begin(
@@ -1424,7 +1425,11 @@ def overrun(meter: ResponseMeter) -> bool:
     choices = meter.choices or 1
     # Every event holding a choice is a token generated, or a choice's role or its end;
     # an echo is one text event a choice before its tokens (hostile pass 64).
-    return meter.token_events > bound + choices or meter.choice_events > bound + 2 * choices
+    if meter.token_events > bound + choices or meter.choice_events > bound + 2 * choices:
+        return True
+    # Past the parse budget its events are counted, not read: a usage event and the
+    # closing [DONE] come beside the choices' (slack for as many more).
+    return not meter.read_whole and meter.data_lines > bound + 2 * choices + OVERRUN_EVENTS
 
 
 def rejection(status: int, message: str, retry_after: float | None) -> web.HTTPException:

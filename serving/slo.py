@@ -275,6 +275,13 @@ class ResponseMeter:
         holding a choice, it is ``flooded`` and no more are read."""
         self.parsed_bytes = 0
         """Bytes of a stream's lines parsed (``PARSED_BYTES``)."""
+        self.data_lines = 0
+        """A stream's event lines (``data:`` opening a line), read or not: past the parse
+        budget, the count of its events (``serving.gateway.overrun``)."""
+        self.last_data_line: float | None = None
+        """When a stream's latest event line began: past the parse budget, its pace."""
+        self._tail = b"\n"
+        """The last bytes of the stream before this chunk (its start opens a line)."""
         self.skipped = False
         """A stream's line was longer than ``SSE_LINE_LIMIT``, skipped unread."""
         self.stream_error = False
@@ -334,6 +341,7 @@ class ResponseMeter:
             if not self._streamed:
                 self.first_token = now
         if self._streamed:
+            self._count_data_lines(chunk, now)
             self._feed_events(chunk, now)
         else:
             if len(self._head) < HEAD_BYTES:
@@ -357,6 +365,21 @@ class ResponseMeter:
     def read_whole(self) -> bool:
         """Whether every line of the stream so far was read (``PARSED_BYTES``)."""
         return self.parsed_bytes <= PARSED_BYTES + PARSED_BYTES_PER_EVENT * self.choice_events
+
+    def _count_data_lines(self, chunk: bytes, now: float) -> None:
+        """Count the event lines opening in ``chunk``, however many of them are parsed.
+
+        A line end can sit in no JSON text, so ``data:`` after one opens an event; past
+        the parse budget, a replica that padded its first events had the rest of its
+        stream unbounded, its pace unread: a byte a gap held its request for good
+        (hostile pass 64).
+        """
+        window = self._tail + chunk
+        found = window.count(b"\ndata:") + window.count(b"\rdata:")
+        if found:
+            self.data_lines += found
+            self.last_data_line = now
+        self._tail = window[-5:]  # a match straddling two chunks is counted once
 
     def _feed_events(self, chunk: bytes, now: float) -> None:
         if self.flooded or not self.read_whole:

@@ -105,6 +105,34 @@ async def overruns(request: web.Request, fake: Fake) -> web.StreamResponse:
     return response
 
 
+PADDING = b":" + b"p" * 300_000 + b"\n"
+"""A comment line of 300 KB: four of them take a stream past its parse budget."""
+
+
+async def padded_then_overruns(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """Its first lines past the parse budget, then far more events than one token's."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionError):
+        await response.write(PADDING * 4)
+        await response.write(b'data: {"choices": [{"text": "t"}]}\n\n' * 100)
+        await response.write(b"data: [DONE]\n\n")
+    return response
+
+
+async def padded_then_trickles(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """Its first lines past the parse budget, one token, then a byte of comment at a
+    time, each within the gateway's gap, never another event."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionError):
+        await response.write(PADDING * 4 + b'data: {"choices": [{"text": "t"}]}\n\n')
+        for _ in range(600):
+            await asyncio.sleep(0.1)
+            await response.write(b":")
+    return response
+
+
 def status(code: int) -> Behaviour:
     async def answer(request: web.Request, fake: Fake) -> web.StreamResponse:
         return web.json_response({"object": "error", "message": "refused"}, status=code)
@@ -124,6 +152,11 @@ def status(code: int) -> Behaviour:
         pytest.param(status(429), "refused", id="a 429 is a refusal, and ejects"),
         pytest.param(floods, "token-less", id="a stream of lines without tokens is cut"),
         pytest.param(overruns, "overrun", id="a stream far past its bound at once ejects"),
+        pytest.param(
+            padded_then_overruns,
+            "overrun",
+            id="a stream past its bound behind padding past the parse budget ejects",
+        ),
         pytest.param(status(300), "redirect", id="a 300 is no completion, the replica's 502"),
     ],
 )
@@ -137,7 +170,7 @@ async def test_a_replica_answering_at_once_without_an_answer_is_ejected_and_judg
             g = gateway.gateway
             await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
             body = COMPLETION | {
-                "stream": behaviour in (streams_nothing, floods, overruns),
+                "stream": behaviour in (streams_nothing, floods, overruns, padded_then_overruns),
                 "max_tokens": 1,
             }
             for _ in range(20):
@@ -350,6 +383,20 @@ def test_an_honest_stream_never_floods_nor_overruns(
         assert not overrun(meter)
     assert not meter.flooded and meter.read_whole
     assert meter.choice_events == choices * (per_choice + 2)
+    assert meter.data_lines == len(events)  # however the chunks split them
+
+
+async def test_a_stream_past_its_parse_budget_is_timed_by_its_events_not_its_bytes() -> None:
+    """Timed from its last byte past the parse budget, a replica sending a byte of comment
+    within each gap held its request for good (hostile pass 64, left; closed in pass 65)."""
+    async with fakes(padded_then_trickles) as (replica,):
+        async with gateway_for([replica.url], upstream_timeout=1.0) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: g.replicas[0].routable, "ready")
+            async with asyncio.timeout(20):  # before: held for the whole minute
+                status = await post(gateway, COMPLETION | {"stream": True, "max_tokens": 4})
+            assert status == "ClientPayloadError"  # cut mid-stream
+            assert upstream_errors(gateway) == {"stalled": 1}
 
 
 def test_a_usage_claiming_fewer_tokens_than_the_stream_carried_is_no_count() -> None:
