@@ -378,7 +378,8 @@ async def watch_configmap(
 
     The watch's callback must not block, so it only keeps the newest text; a task of
     its own parses it off the loop (``update_off_loop``). The same good text again
-    (every resync hands the ConfigMap over) is not parsed again.
+    (every resync hands the ConfigMap over) is not parsed again, the same key missing or
+    blank not refused again (an ERROR at each resync of a ConfigMap blank from the start).
     """
     origin = f"configmap {namespace}/{name}:{key}"
     newest: list[str | ConfigError] = []
@@ -394,21 +395,28 @@ async def watch_configmap(
     async def apply() -> None:
         applied: str | None = None
         refused: tuple[str, float] | None = None  # the text refused last, and when
+        missing: str | None = None  # why the last update held no config, refused once
         clock = asyncio.get_running_loop().time
         while True:
             await arrived.wait()
             await store.settle()  # then the newest text
             arrived.clear()
             (update,) = newest
-            if isinstance(update, ConfigError):
-                store.reject(f"{origin}: {update}")
-                applied = refused = None
-            elif holds_no_document(update):
-                # As for a file: the defaults are written {} (an emptied key took every
-                # default, every signal source dropped, hostile pass 63).
-                store.reject(f"{origin}: holds no YAML document (write {{}} for the defaults)")
-                applied = refused = None
-            elif update != applied:
+            if isinstance(update, ConfigError) or holds_no_document(update):
+                why = (
+                    f"{origin}: {update}"
+                    if isinstance(update, ConfigError)
+                    # As for a file: the defaults are written {} (an emptied key took
+                    # every default, every signal source dropped, hostile pass 63).
+                    else f"{origin}: holds no YAML document (write {{}} for the defaults)"
+                )
+                # Every resync hands it over again: refused (an ERROR) once, until it changes.
+                if why != missing:
+                    store.reject(why)
+                applied, refused, missing = None, None, why
+                continue
+            missing = None
+            if update != applied:
                 if refused is not None and refused[0] == update:
                     if clock() - refused[1] < REPARSE_REFUSED_SECONDS:
                         continue  # the same refused text: refused already, not parsed

@@ -256,6 +256,37 @@ async def test_a_configmap_key_holding_no_document_keeps_the_last_good(monkeypat
     assert store.current.max_signal_age == 60.0 and "no YAML document" in store.last_error
 
 
+async def test_a_configmap_key_blank_at_each_resync_is_refused_once_until_it_changes(
+    monkeypatch,
+):
+    """A ConfigMap blank from the start logged an ERROR at every event handing it over
+    (pass 64, LOW)."""
+    store = store_of(GOOD)
+    looked = []
+
+    def counted(text: str) -> bool:
+        looked.append(text)
+        return holds_no_document(text)
+
+    async def watch(access: object, selection: object, changed: Any, **kwargs: object) -> None:
+        for text in ["# config.yaml\n"] * 3 + [OTHER, "# config.yaml\n"]:
+            seen = len(looked)
+            changed({"cfg": {"data": {"config.yaml": text}}})
+            await eventually(lambda seen=seen: len(looked) > seen, "the update looked at")
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(reload, "holds_no_document", counted)
+    monkeypatch.setattr(reload, "watch_objects", watch)
+    task = asyncio.create_task(watch_configmap(store, None, "ns", "cfg", "config.yaml"))  # type: ignore[arg-type]
+    try:
+        await eventually(lambda: len(looked) == 5, "every update looked at")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    # Before: 4 errors, one per blank event. The blank after a good config is refused again.
+    assert (store.errors, store.reloads, store.current.max_signal_age) == (2, 1, 60.0)
+
+
 async def test_an_update_refused_waits_the_gap_as_one_applied():
     """Refused (or equal) texts were parsed nonstop: 1 MiB ones at 88-100% of a core."""
     store = store_of(GOOD, gap=0.3)
