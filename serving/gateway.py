@@ -169,9 +169,11 @@ SLEEP_QUERY = {"level": "1", "mode": "wait"}
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 DECODED_HOP_HEADERS = HOP_HEADERS | {"content-encoding"}
 """What is not relayed of a body: hop-by-hop headers and its encoding."""
-NOT_FORWARDED = frozenset({*DECODED_HOP_HEADERS, "accept-encoding"})
+NOT_FORWARDED = frozenset({*DECODED_HOP_HEADERS, "accept-encoding", "x-data-parallel-rank"})
 """What of a client's request is not sent on: the body sent is the decoded one, and the
-answer is asked plain (``PLAIN``), whatever the client takes."""
+answer is asked plain (``PLAIN``), whatever the client takes. vLLM's data-parallel rank
+is its router's to pick, not a client's through the gateway: a rank the replica lacks
+failed every stream of it (hostile pass 65)."""
 PLAIN = {"Accept-Encoding": "identity"}
 """What the gateway asks every replica for, and all it takes (``check_encoding``): it reads
 every body it relays (tokens, usage, SSE events). A replica's gzip stream of empty events
@@ -1295,16 +1297,21 @@ class Gateway:
     ) -> None:
         """A response relayed whole: an answer of its replica's, or a failure it counts.
 
-        A server error, a stream carrying an error event, a refusal (429, or 404 for a
+        A server error, a stream carrying an error event of the replica's (one of a 4xx
+        code refuses the client's request, as a 400 does), a refusal (429, or 404 for a
         model it lists) and a success holding no choice count against it
-        (``_failed_fast``); the last two are judged failed too (``meter.unanswered``).
+        (``_failed_fast``); all but the first are judged failed too (``meter.unanswered``:
+        a 5xx is by its status).
         """
         url = replica.url
         if status >= 500:
             self._upstream_failed(replica, "status-5xx", "%s answered HTTP %d", url, status)
         elif meter.stream_error:
+            meter.unanswered = True  # an error in a 200 is no answer: it was judged within
             message = "%s streamed an error event in an answer of HTTP %d"
             self._upstream_failed(replica, "stream-error", message, url, status)
+        elif meter.client_error:
+            self._answered_well(replica)  # the client's request refused, as a 400 is
         elif status == 429 or (status == 404 and model in replica.models):
             meter.unanswered = True
             message = "%s refused a request for %s (HTTP %d%s)"

@@ -285,7 +285,11 @@ class ResponseMeter:
         self.skipped = False
         """A stream's line was longer than ``SSE_LINE_LIMIT``, skipped unread."""
         self.stream_error = False
-        """A stream carried an error event (vLLM streams its errors in a 200)."""
+        """A stream carried an error event (vLLM streams its errors in a 200) of the
+        replica's: a 5xx code, or none."""
+        self.client_error = False
+        """A stream carried an error event of a 4xx code (``_is_client_error``): the
+        client's request refused, as an answer of HTTP 400 is."""
         self.unanswered = False
         """The replica's answer was none, whatever its status (``serving.gateway`` sets it:
         a success holding no choice, a 404 of a model it lists, a 429): judged failed."""
@@ -409,7 +413,10 @@ class ResponseMeter:
                 continue
             self._read_usage(event)
             if _is_error(event):
-                self.stream_error = True
+                if _is_client_error(event):
+                    self.client_error = True
+                else:
+                    self.stream_error = True
             if _holds_choice(event):
                 self.choice_events += 1
             if _carries_tokens(event):
@@ -552,6 +559,20 @@ def _count(value: object) -> int | None:
 def _is_error(event: dict[str, object]) -> bool:
     """Whether an event is vLLM's streamed error: ``{"error": {...}}`` or ``"object": "error"``."""
     return isinstance(event.get("error"), dict) or event.get("object") == "error"
+
+
+def _is_client_error(event: dict[str, object]) -> bool:
+    """Whether an error event refuses the client's request: a 4xx code other than 429.
+
+    vLLM checks much of a request after its stream began (``logprobs`` past its limit, a
+    token id outside the vocabulary, a bad regex or grammar), answering
+    ``{"error": {"code": 400, ...}}`` in a 200: counted as the replica's, six such
+    requests ejected two of four honest replicas (hostile pass 65). A 429 is a refusal
+    of the replica's (``serving.gateway``), as its status is.
+    """
+    error = event.get("error")
+    code = error.get("code") if isinstance(error, dict) else event.get("code")
+    return type(code) is int and 400 <= code < 500 and code != 429
 
 
 def _holds_choice(event: dict[str, object]) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -133,6 +134,21 @@ async def padded_then_trickles(request: web.Request, fake: Fake) -> web.StreamRe
     return response
 
 
+def streams_error(code: object) -> Behaviour:
+    """vLLM's error event in a 200 stream: what it answers a request it checks late."""
+
+    async def answer(request: web.Request, fake: Fake) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        error = {"message": "logprobs: at most 20", "type": "BadRequestError", "code": code}
+        await response.write(
+            b"data: %s\n\ndata: [DONE]\n\n" % json.dumps({"error": error}).encode()
+        )
+        return response
+
+    return answer
+
+
 def status(code: int) -> Behaviour:
     async def answer(request: web.Request, fake: Fake) -> web.StreamResponse:
         return web.json_response({"object": "error", "message": "refused"}, status=code)
@@ -158,6 +174,12 @@ def status(code: int) -> Behaviour:
             id="a stream past its bound behind padding past the parse budget ejects",
         ),
         pytest.param(status(300), "redirect", id="a 300 is no completion, the replica's 502"),
+        pytest.param(
+            streams_error(500), "stream-error", id="a stream's error event of a 5xx ejects"
+        ),
+        pytest.param(
+            streams_error(None), "stream-error", id="a stream's error event of no code ejects"
+        ),
     ],
 )
 async def test_a_replica_answering_at_once_without_an_answer_is_ejected_and_judged_failed(
@@ -170,7 +192,7 @@ async def test_a_replica_answering_at_once_without_an_answer_is_ejected_and_judg
             g = gateway.gateway
             await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
             body = COMPLETION | {
-                "stream": behaviour in (streams_nothing, floods, overruns, padded_then_overruns),
+                "stream": kind in ("empty", "token-less", "overrun", "stream-error"),
                 "max_tokens": 1,
             }
             for _ in range(20):
@@ -181,6 +203,42 @@ async def test_a_replica_answering_at_once_without_an_answer_is_ejected_and_judg
             assert upstream_errors(gateway) == {kind: EJECT_AFTER}
             assert slo(gateway, "outside", "failed") == EJECT_AFTER
             assert slo(gateway, "within", "met") == 20 - EJECT_AFTER
+
+
+@pytest.mark.parametrize("code", [400, 422], ids=["a 400", "a 422"])
+async def test_a_stream_refusing_the_clients_request_is_no_failure_of_the_replica(
+    code: int,
+) -> None:
+    """vLLM refuses much of a bad request in its stream (``"code": 400`` in a 200): six
+    such requests ejected two of four honest replicas (hostile pass 65)."""
+    async with fakes(streams_error(code), answers) as (refuses, well):
+        async with gateway_for([refuses.url, well.url]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
+            for _ in range(10):
+                await post(gateway, COMPLETION | {"stream": True, "logprobs": 21})
+            assert refuses.received == 10  # never ejected: the requests were the client's
+            assert upstream_errors(gateway) == {}
+            assert not any(g.replicas[0].recent)
+
+
+async def test_a_clients_data_parallel_rank_is_not_forwarded() -> None:
+    """vLLM's router picks the rank; one the replica lacks failed each stream (pass 65)."""
+    seen: list[str | None] = []
+
+    async def records(request: web.Request, fake: Fake) -> web.StreamResponse:
+        seen.append(request.headers.get("X-Data-Parallel-Rank"))
+        return await answers(request, fake)
+
+    async with fakes(records) as (replica,):
+        async with gateway_for([replica.url]) as gateway:
+            await eventually(lambda: gateway.gateway.replicas[0].routable, "ready")
+            url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+            headers = {"X-Data-Parallel-Rank": "5"}
+            async with aiohttp.ClientSession() as client:
+                async with client.post(url, json=COMPLETION, headers=headers) as r:
+                    assert r.status == 200
+    assert seen == [None]
 
 
 async def test_a_replica_slipping_a_success_between_its_failures_is_ejected(
