@@ -520,3 +520,25 @@ async def test_a_request_dropped_from_a_full_buffer_is_outside():
         await eventually(lambda: counted(gateway, failed=1), "the drop counted outside")
     finally:
         await gateway.stop()
+
+
+@pytest.mark.parametrize(
+    ("streamed", "end", "tokens", "choices", "within", "reason"),
+    [
+        pytest.param(True, 10.4, 808, 8, True, "met", id="8 choices of 101 tokens at 100 ms"),
+        pytest.param(
+            True, 11.4, 808, 8, False, "itl", id="8 choices of 101 tokens at 110 ms are slow"
+        ),
+        pytest.param(False, 12.0, 808, 8, True, "met", id="8 whole answers at their budget"),
+        pytest.param(False, 12.5, 808, 8, False, "latency", id="8 whole answers past their budget"),
+        pytest.param(True, 0.4, 8, 8, True, "met", id="one token a choice is judged on ttft"),
+    ],
+)
+def test_tokens_generated_side_by_side_are_judged_per_choice(
+    streamed, end, tokens, choices, within, reason
+):
+    """A stream of 8 choices each 10 ms a token was judged at its 8 choices' tokens
+    together: within a 4 ms target (hostile pass 65). Targets 2 s and 100 ms, first at 0.4 s."""
+    first = 0.4 if streamed else end
+    verdict = judge(TARGETS, 0.0, first, end, tokens, 200, streamed, choices)
+    assert (verdict.within, verdict.reason) == (within, reason)
