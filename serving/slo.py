@@ -92,13 +92,18 @@ HEAD_BYTES = 64 * 1024
 SSE_LINE_LIMIT = 1024**2
 """Bytes a server-sent event line may reach; a longer one is skipped, not held."""
 JSON_BODY_LIMIT = 4 * 1024**2
-"""Bytes of a non-streamed body kept to read its usage; past it, the count is unknown."""
+"""Bytes of a non-streamed body kept to read its usage; past it, its last half of this
+are kept (vLLM writes ``usage`` near the end): dropped whole, the answer to a client's
+request id of 4 MB had no count, judged against ``ttft`` alone (hostile pass 65)."""
 USAGE_WINDOW = 4096
 """Bytes after a non-streamed body's ``"usage":`` its value is read from (``usage_in``):
 vLLM's is ~200. Past it (or unreadable there) the count is unknown."""
 USAGE_CANDIDATES = 16
 """``"usage"`` strings looked at from a body's end for the key (``usage_in``)."""
-_CHOICES = re.compile(rb'"choices"[ \t\r\n]*:[ \t\r\n]*\[[ \t\r\n]*\{')
+_CHOICES = re.compile(rb'"choices"[ \t\r\n]{0,64}:[ \t\r\n]{0,64}\[[ \t\r\n]{0,64}\{')
+"""A list of choices opening with an object, as a key (a quote in a JSON string is
+escaped); blanks bounded, so a match is at most ``_CHOICES_SPAN`` bytes across chunks."""
+_CHOICES_SPAN = 9 + 3 * 64 + 3
 """A ``choices`` key whose list opens with an object."""
 _USAGE_KEY = re.compile(rb'"usage"[ \t\r\n]*:[ \t\r\n]*')
 _OBJECT = re.compile(rb"[ \t\r\n]*\{")
@@ -286,7 +291,9 @@ class ResponseMeter:
         self.last_data_line: float | None = None
         """When a stream's latest event line began: past the parse budget, its pace."""
         self._tail = b"\n"
-        """The last bytes of the stream before this chunk (its start opens a line)."""
+        """The last bytes of the body before this chunk (a stream's start opens a line)."""
+        self.choices_seen = False
+        """Whether a list of choices opening with an object passed, read or not (``_scan``)."""
         self.skipped = False
         """A stream's line was longer than ``SSE_LINE_LIMIT``, skipped unread."""
         self.stream_error = False
@@ -310,7 +317,10 @@ class ResponseMeter:
         """A stream's bytes after its last full line (grown in place: a 1 MiB line sent
         256 bytes at a time was copied whole per chunk, quadratic on the event loop)."""
         self._body: bytearray | None = bytearray()
-        """Any other body so far; None past ``JSON_BODY_LIMIT``."""
+        """Any other body so far, its last bytes past ``JSON_BODY_LIMIT`` (``_cut``);
+        None once read."""
+        self._cut = False
+        """Whether ``_body`` lost its start: its opening is read from ``_head``."""
         self._head = bytearray()
         """Any other body's first ``HEAD_BYTES`` (``holds_choices``)."""
 
@@ -349,16 +359,17 @@ class ResponseMeter:
             self.first_byte = now
             if not self._streamed:
                 self.first_token = now
+        self._scan(chunk, now)
         if self._streamed:
-            self._count_data_lines(chunk, now)
             self._feed_events(chunk, now)
         else:
             if len(self._head) < HEAD_BYTES:
                 self._head += chunk[: HEAD_BYTES - len(self._head)]
             if self._body is not None:
                 self._body += chunk
-                if len(self._body) > JSON_BODY_LIMIT:
-                    self._body = None
+                if len(self._body) > JSON_BODY_LIMIT:  # at most once a half: linear
+                    del self._body[: len(self._body) - JSON_BODY_LIMIT // 2]
+                    self._cut = True
 
     @property
     def streamed(self) -> bool:
@@ -375,20 +386,26 @@ class ResponseMeter:
         """Whether every line of the stream so far was read (``PARSED_BYTES``)."""
         return self.parsed_bytes <= PARSED_BYTES + PARSED_BYTES_PER_EVENT * self.choice_events
 
-    def _count_data_lines(self, chunk: bytes, now: float) -> None:
-        """Count the event lines opening in ``chunk``, however many of them are parsed.
+    def _scan(self, chunk: bytes, now: float) -> None:
+        """What every byte tells, parsed or not: choices, and a stream's event lines.
 
         A line end can sit in no JSON text, so ``data:`` after one opens an event; past
         the parse budget, a replica that padded its first events had the rest of its
         stream unbounded, its pace unread: a byte a gap held its request for good
-        (hostile pass 64).
+        (hostile pass 64). Choices not read (a body past its head, a line too long or
+        past the budget) were taken as there: a replica answering ``{"id": <70 KB>}`` at
+        once took 92% of the traffic, judged within (hostile pass 65).
         """
         window = self._tail + chunk
-        found = window.count(b"\ndata:") + window.count(b"\rdata:")
-        if found:
-            self.data_lines += found
-            self.last_data_line = now
-        self._tail = window[-5:]  # a match straddling two chunks is counted once
+        if self._streamed:
+            start = max(0, len(self._tail) - 5)  # a line start in the tail was counted
+            found = window.count(b"\ndata:", start) + window.count(b"\rdata:", start)
+            if found:
+                self.data_lines += found
+                self.last_data_line = now
+        if not self.choices_seen:
+            self.choices_seen = _CHOICES.search(window) is not None
+        self._tail = window[-_CHOICES_SPAN:]
 
     def _feed_events(self, chunk: bytes, now: float) -> None:
         if self.flooded or not self.read_whole:
@@ -434,7 +451,8 @@ class ResponseMeter:
         """Whether the body answers a completion, read before ``output_tokens``.
 
         A stream answers one with an event holding a choice, any other body as a JSON
-        object whose ``"choices"`` list opens with an object within ``HEAD_BYTES``.
+        object whose ``"choices"`` list opens with an object (``choices_seen``, anywhere
+        in it). In lines not parsed, a stream's choices are those ``choices_seen``.
 
         A vLLM answer always holds one (an answer of no token too: its choice says why it
         stopped); a replica answering 200 with anything else at once took ~95% of the
@@ -443,12 +461,11 @@ class ResponseMeter:
         if self._streamed:
             # A line not read (too long, or past the parse budget) may have held one: a
             # client's request id of 1 MiB (vLLM's answer ids carry it) made every
-            # honest event such a line, each stream "empty" (hostile pass 64).
-            return self.choice_events > 0 or self.skipped or not self.read_whole
-        if _OBJECT.match(self._head) is None:
-            return False
-        # Not seen within a head that filled (a long id before them) is not known absent.
-        return _CHOICES.search(self._head) is not None or len(self._head) >= HEAD_BYTES
+            # honest event such a line, each stream "empty" (hostile pass 64); taken as
+            # held unseen, a replica padding its lines passed off none (pass 65).
+            unread = self.skipped or not self.read_whole
+            return self.choice_events > 0 or (unread and self.choices_seen)
+        return _OBJECT.match(self._head) is not None and self.choices_seen
 
     def output_tokens(self) -> int | None:
         """Tokens generated: the usage's count, else the events carrying tokens.
@@ -457,12 +474,18 @@ class ResponseMeter:
         0) made 21 tokens 300 ms apart a stream within the ITL target (hostile pass 63).
         """
         if not self._streamed and self._body:
-            usage = usage_in(self._body)
+            usage = usage_in(self._body, self._head if self._cut else None)
             self._body = None  # read once
             if usage is not None:
                 self._read_usage(usage)
         if self._streamed:
-            return max(self.usage_tokens or 0, self.token_events)
+            counted = self.token_events
+            if self.skipped or not self.read_whole:
+                # Events not read carried tokens too: all but each choice's role and end,
+                # the usage and [DONE]. Uncounted, a client's request id of 200 KB (in
+                # every event) had honest streams judged slow (hostile pass 65).
+                counted = max(counted, self.data_lines - 2 * (self.choices or 1) - 2)
+            return max(self.usage_tokens or 0, counted)
         return self.usage_tokens
 
     def _read_usage(self, body: dict[str, object]) -> None:
@@ -509,8 +532,12 @@ class ResponseMeter:
         return judge(targets, self.arrival, first, end, tokens, status, streamed, choices)
 
 
-def usage_in(body: bytes | bytearray) -> dict[str, object] | None:
+def usage_in(
+    body: bytes | bytearray, head: bytes | bytearray | None = None
+) -> dict[str, object] | None:
     """A non-streamed JSON object's ``usage`` as ``{"usage": value}``; None if none is read.
+
+    ``head``: the body's opening bytes, where ``body`` holds only its last ones.
 
     Only the usage is read, not the body: parsing a whole answer held the gateway's event
     loop 0.1 s for an honest 3 MB one (2,500 tokens with 20 top logprobs each, a request
@@ -520,7 +547,7 @@ def usage_in(body: bytes | bytearray) -> dict[str, object] | None:
     by a colon (in a string a quote is escaped, so such bytes are a key); its value is
     read from at most ``USAGE_WINDOW`` bytes, at most ``USAGE_CANDIDATES`` keys looked at.
     """
-    if _OBJECT.match(body) is None:
+    if _OBJECT.match(body if head is None else head) is None:
         return None
     end = len(body)
     for _ in range(USAGE_CANDIDATES):

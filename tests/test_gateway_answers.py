@@ -75,6 +75,10 @@ async def garbage(request: web.Request, fake: Fake) -> web.StreamResponse:
     return web.Response(text="<html>hello</html>", content_type="text/html")
 
 
+async def padded_object(request: web.Request, fake: Fake) -> web.StreamResponse:
+    return web.json_response({"id": "x" * 70_000})
+
+
 async def error_object(request: web.Request, fake: Fake) -> web.StreamResponse:
     return web.json_response({"object": "error", "message": "nope"})
 
@@ -161,6 +165,9 @@ def status(code: int) -> Behaviour:
     [
         pytest.param(garbage, "empty", id="a 200 that is not JSON is a failure and ejects"),
         pytest.param(error_object, "empty", id="a 200 JSON object holding no choice is a failure"),
+        pytest.param(
+            padded_object, "empty", id="a 200 padded past its head holding no choice is one"
+        ),
         pytest.param(
             streams_nothing, "empty", id="a stream holding no event but DONE is a failure"
         ),
@@ -380,9 +387,21 @@ async def test_a_stray_replica_listing_another_model_leaves_the_configured_one_w
         ),
         pytest.param(
             False,
-            b"{" + b" " * (JSON_BODY_LIMIT + 1),
+            b'{"id": "' + b"x" * 70_000 + b'"}',
+            False,
+            id="padding past the head holding no choice holds none",  # pass 65
+        ),
+        pytest.param(
+            False,
+            b'{"id": "' + b"x" * (JSON_BODY_LIMIT + 1) + b'", "choices": [\n  {"text": "x"}]}',
             True,
-            id="a head that filled without choices is not known to hold none",  # pass 64
+            id="choices past the body's limit are read as they pass",
+        ),
+        pytest.param(
+            True,
+            b'data: {"id": "' + b"x" * (2 * 1024**2) + b'"}\n\n',
+            False,
+            id="a stream's line too long to read holding no choice holds none",  # pass 65
         ),
         pytest.param(False, b'{"choices": []}', False, id="an empty list of choices is none"),
         pytest.param(False, b'{"x": "choices"}', False, id="the word in a value is none"),
@@ -520,6 +539,33 @@ def test_an_echo_of_each_choice_before_its_tokens_is_no_overrun() -> None:
     for _ in range(2):  # the echo, then the token
         meter.feed(b'data: {"choices": [{"delta": {"content": "t"}}]}\n\n' * 17, 1.0)
     assert meter.token_events == 34 and not overrun(meter)
+
+
+def test_a_stream_past_its_parse_budget_counts_the_tokens_of_its_unread_events() -> None:
+    """A client's request id of 200 KB (in every event vLLM streams) took honest streams
+    past the parse budget: 120 tokens 80 ms apart judged as 8, outside ``itl`` (pass 65)."""
+    meter = ResponseMeter(0.0, max_tokens=120)
+    meter.bound_by(8192)
+    meter.begin(200, True)
+    event = b'data: {"id": "' + b"r" * 200_000 + b'", "choices": [{"text": "t"}]}\n\n'
+    for i in range(120):
+        meter.feed(event, 0.1 + 0.08 * i)
+    meter.feed(b"data: [DONE]\n\n", 9.62)
+    assert not meter.read_whole and not overrun(meter)
+    verdict = meter.verdict(SloTargets(ttft_seconds=2.0, itl_seconds=0.1), 9.62, 200)
+    assert verdict.reason == "met"
+
+
+def test_a_long_answers_usage_is_read_from_its_end() -> None:
+    """A client's request id of 4.3 MB (vLLM's answer id carries it): the body was
+    dropped at 4 MiB, its 500 tokens unknown, judged against ttft alone (pass 65)."""
+    meter = ResponseMeter(0.0)
+    meter.begin(200, False)
+    body = b'{"id": "cmpl-' + b"r" * 4_300_000 + b'", "choices": [{"text": "x"}], '
+    body += b'"usage": {"prompt_tokens": 3, "completion_tokens": 500}}'
+    for at in range(0, len(body), 1000):
+        meter.feed(body[at : at + 1000], 1.0)
+    assert meter.output_tokens() == 500
 
 
 @pytest.mark.parametrize(
