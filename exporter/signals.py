@@ -324,7 +324,11 @@ def derive(
     spend = accelerator.price_per_hour * accelerator.fraction * replicas  # $ per hour
     cost_total = _cost(spend, _sum(stable.prompt_token_rate, stable.generation_token_rate))
     cost_output = _cost(spend, stable.generation_token_rate)
-    partial = up < replicas or any(s.missing for s in latest)
+    # A token rate unknown while replicas answer is some replica's part unknown (a
+    # counter NaN, or fallen twice in the window): the deployment's is partly known, and
+    # what is in flight no measure of its load (hostile pass 65).
+    rates_unknown = up > 0 and None in (stable.prompt_token_rate, stable.generation_token_rate)
+    partial = up < replicas or any(s.missing for s in latest) or rates_unknown
     return EngineSignals(
         now,
         replicas,

@@ -358,6 +358,7 @@ def _engine_values(engine: EngineSignals) -> dict[str, Any]:
         "replicas_known": engine.replicas,
         "replicas_uncounted": engine.replicas is None or engine.replicas_up is None,
         "replicas_sleeping": engine.replicas_sleeping,
+        "engine_partial": engine.partial,
         "queue_depth": engine.queue_depth,
         "requests_running": engine.running,
         "requests_running_mean": stable.running_mean,

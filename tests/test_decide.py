@@ -97,6 +97,15 @@ CASES = [
         id="with-no-higher-need-in-the-window-scale-down-to-the-need",
     ),
     pytest.param(
+        obs(
+            queue_depth=0, requests_running=20, replicas_known=8, replicas_up=8, engine_partial=True
+        ),
+        POLICY,
+        state(desired=8, last_activity=NOW),
+        8,
+        id="in-flight-on-replicas-whose-throughput-is-partly-unknown-is-a-floor-never-lowering",
+    ),
+    pytest.param(
         obs(queue_depth=0, requests_running=20, replicas_known=8),
         POLICY,
         state(desired=8, last_activity=NOW, need_history=Recent(((NOW - 100, 8),))),

@@ -149,6 +149,8 @@ def test_restarts_in_a_row_leave_the_counters_unknown(scrapes, known):
         assert rate < 1.0
     signals = derive(now, 1, [scrapes[-1][1]], [history], 10.0, 60.0, Accelerator(1.0, 1.0))
     assert (signals.stable.request_rate is not None) is known
+    # Partly known, said so: the scaler read what was in flight as the load, 10 -> 1 (pass 65).
+    assert signals.partial is not known
 
 
 @pytest.mark.parametrize(

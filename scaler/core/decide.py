@@ -308,7 +308,12 @@ def _demand(
     if activity.concurrency is not None:
         start = ready == 0 and o.gateway_arrival_rate is not None
         load = activity.concurrency / p.target_concurrency
-        return _Demand(load, None, demands, in_flight=True, start=start)
+        # Throughput unknown because some replica's part is (a counter NaN, missing, or
+        # fallen twice in the window): what is in flight is a floor, not the load. Read
+        # as the load, one replica's unknown counter took ten busy replicas of short
+        # requests to one (hostile pass 65).
+        partly = "throughput partly unknown" if o.engine_partial and ready > 0 else None
+        return _Demand(load, None, demands, lower_bound=partly, in_flight=True, start=start)
     if activity.at_least is not None:  # running known, queue not: at least that much
         at_least = activity.at_least / p.target_concurrency
         partly = "load partly unknown"

@@ -52,6 +52,9 @@ class Observation:
     unreadable): how many replicas its sums leave out is unknown, as if one were."""
     replicas_sleeping: int | None = None
     """Replicas answering that are asleep (vLLM sleep mode): pods, not capacity."""
+    engine_partial: bool = False
+    """Some replica's part of the engines' sums is unknown (a family missing or not a
+    measurement, a counter fallen twice in the window, a replica not answering)."""
     gateway_arrival_rate: float | None = None
     gateway_buffered: int | None = None
     gateway_in_flight: int | None = None
