@@ -202,6 +202,39 @@ def test_capacity_is_learned_from_saturated_replicas():
     assert learned.capacity_scale == pytest.approx(0.6, abs=0.01)
 
 
+def healthy_delivering(prompt_rate: float) -> Observation:
+    """4 healthy replicas (no queue, p95s well within) delivering ``prompt_rate``."""
+    return obs(
+        queue_depth=0,
+        requests_running=8,
+        replicas_known=4,
+        replicas_up=4,
+        ttft_p95_seconds=0.5,
+        inter_token_p95_seconds=0.02,
+        ttft_p95_panic_seconds=0.5,
+        prompt_token_rate=prompt_rate,
+        generation_token_rate=0,
+        prompt_token_rate_panic=prompt_rate,
+        generation_token_rate_panic=0,
+    )
+
+
+def test_one_counters_jump_moves_the_learned_capacity_two_percent_at_most():
+    """A jump of 5e7 tokens read as delivered took the scale from 1 to 2 in one
+    decision, and the fleet to 7 replicas where 10 carried the load (hostile pass 65)."""
+    state = DecisionState(desired=4, last_activity=NOW)
+    jumped = decide(healthy_delivering(5e7 / 10), POLICY, state).state
+    assert 1.0 < jumped.capacity_scale <= 1.02
+
+
+def test_healthy_replicas_carrying_more_than_the_priors_teach_it_step_by_step():
+    # 4 replicas carry 180k prompt tokens/s: 1.5x the 30k prior each, healthy.
+    state = DecisionState(desired=4, last_activity=NOW)
+    for _ in range(60):
+        state = replace(decide(healthy_delivering(180_000), POLICY, state).state, desired=4)
+    assert state.capacity_scale == pytest.approx(1.5, abs=0.05)
+
+
 def test_capacity_is_not_judged_while_the_fleet_changes_size():
     saturated = obs(
         queue_depth=40,
