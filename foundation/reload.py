@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import re
 import time
 from collections.abc import Callable
@@ -52,6 +53,15 @@ config flapping every 25 ms made a scaler decide every ScaledObject each time (2
 all) and its signal watches (a WARNING each); the newest text is the one read."""
 UNSTEADY_POLLS = 5
 """Polls a file may change at in a row before it is read as it is (``poll_file``)."""
+QUIET_SECONDS = 0.2
+"""How long ago a file's last write must be for a read of it to be taken (``poll_file``),
+at most a quarter of the poll interval:
+a writer writing a line every 70-90 ms, once a poll interval, had its first lines read
+alike twice (each poll at the same point of its writing), or taken as a file swapped
+whole (recreated each time), and applied: 0 signal sources (hostile pass 65)."""
+POLL_JITTER = 0.2
+"""The share of the interval each poll is moved by, at random, so that no writer keeping
+time with the polls finds every read at the same point of its writing."""
 _BLANK_LINE = re.compile(
     r"%.*"  # a directive: %YAML 1.1, %TAG
     r"|[ \t]*(?:(?:---|\.\.\.)(?=[ \t]|$)[ \t]*)?"  # a document's start or end, or neither
@@ -241,8 +251,10 @@ async def poll_file(
     is, and taken once two reads in a row find the same text: waiting for it to hold
     still, its changes were never read (hostile pass 62); taken at one read, a writer
     writing a line at a time had halves of the config applied (pass 63). Either read is
-    taken only if the fingerprint held across it. A text holding no YAML
-    document (empty, comments, ``---``, ``null``) after one with a document is refused,
+    taken only if the fingerprint held across it and the file was last written
+    ``QUIET_SECONDS`` before (a quarter of the interval at most); polls are moved by
+    ``POLL_JITTER`` at random. A text holding no YAML document (empty, comments,
+    ``---``, ``null``) after one with a document is refused,
     the last good config kept: a writer that stopped halfway, never a config anyone
     meant (a kubelet swaps a ConfigMap whole; ``{}`` is the defaults). A read that
     fails is tried again at the next poll, refused (logged) once.
@@ -250,6 +262,7 @@ async def poll_file(
     if seen is None:
         seen = file_fingerprint(path)
     had_text = _holds_text(seen)
+    quiet = min(QUIET_SECONDS, interval / 4)  # a sidecar writing at every poll rests that long
     changed: tuple[object, ...] | None = None
     unsteady = 0
     failed: tuple[object, ...] | None = None  # the fingerprint whose read failed last
@@ -257,7 +270,7 @@ async def poll_file(
     unsteady_text: str | None = None  # the last text read as it was
     unsteady_at: tuple[object, ...] | None = None  # and its fingerprint
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER))
         now = file_fingerprint(path)
         if now == seen:
             changed, unsteady = None, 0
@@ -278,8 +291,8 @@ async def poll_file(
                 store.reject(str(err))
             failed = before
             continue
-        if file_fingerprint(path) != before:
-            continue  # written while read: read again
+        if file_fingerprint(path) != before or _written_within(before, quiet):
+            continue  # being written: read again once it rests
         # A file swapped whole since the last read (another inode, or ..data) is whole:
         # a writer renaming a stamped file in place was never read twice alike (pass 64).
         swapped = unsteady_at is not None and before[:2] != unsteady_at[:2]
@@ -299,6 +312,17 @@ async def poll_file(
 def holds_no_document(text: str) -> bool:
     """Whether a YAML text is empty: blank lines, comments, directives, markers, a null."""
     return all(_BLANK_LINE.fullmatch(line) for line in text.lstrip("\ufeff").splitlines())
+
+
+def _written_within(fingerprint: tuple[object, ...], seconds: float) -> bool:
+    """Whether the file so fingerprinted was written less than ``seconds`` ago.
+
+    A time ahead of this clock's (another host's, skewed) says nothing: not within.
+    """
+    written = fingerprint[3] if len(fingerprint) > 3 else None
+    if not isinstance(written, int):
+        return False
+    return 0 <= time.time_ns() - written < seconds * 1e9
 
 
 def _holds_text(fingerprint: tuple[object, ...]) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
@@ -466,3 +468,26 @@ async def test_a_file_changing_at_every_poll_is_taken_once_two_reads_agree(
     await asyncio.gather(task, return_exceptions=True)
     assert read == reads
     assert (store.current.grace_period, store.reloads, store.errors) == (grace, reloads, 0)
+
+
+NOW_NS = 10**18
+"""The wall clock, in ns, of the quiet test's files (``_written_within``)."""
+
+
+async def test_a_file_written_within_the_quiet_time_is_read_again_once_it_rests(monkeypatch):
+    """A writer writing a line every 70 ms once a poll interval had its first lines read
+    alike twice, or taken as a file swapped whole, and applied (hostile pass 65)."""
+    clock = SimpleNamespace(time_ns=lambda: NOW_NS, monotonic=time.monotonic)
+    monkeypatch.setattr(reload, "time", clock)
+    being_written = ((None, 1, 20, NOW_NS - 1_000_000), HALF)  # 1 ms ago: within 2.5 ms
+    rested = ((None, 2, 40, NOW_NS - 10**10), WHOLE)  # 10 s ago
+    states = [being_written] * 4 + [rested] * 4  # a look, then a read, of each
+    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
+    done, read = scripted_file(monkeypatch, states)
+    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0.01, (None, 1, 14, 0)))
+    await done.wait()
+    await eventually(lambda: store.reloads >= 1, "the config taken")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert read == [HALF, WHOLE]  # the half read, not taken
+    assert (store.current.grace_period, store.reloads, store.errors) == (7.0, 1, 0)
