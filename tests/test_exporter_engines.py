@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.engines import CONTRACTS, WANTED_ANY, detect_engine, engine_stats, read_exposition
+from exporter.engines import (
+    CONTRACTS,
+    MAX_BUCKETS,
+    WANTED_ANY,
+    detect_engine,
+    engine_stats,
+    read_exposition,
+)
 from exporter.parse import (
     ExpositionError,
     Limits,
@@ -289,6 +296,18 @@ def bucket(le, value, engine="0"):
             {},
             {"prompt_length": "negative"},
             id="a-negative-request-count-is-no-prompt-length-histogram",
+        ),
+        pytest.param(
+            [*(bucket(f"0.{i:04d}", i) for i in range(1, MAX_BUCKETS + 1)), bucket("+Inf", 999)],
+            {},
+            {"ttft": "too-many-buckets"},
+            id="a-histogram-of-more-bounds-than-any-engines-is-no-histogram",  # pass 65
+        ),
+        pytest.param(
+            [*(bucket(f"0.{i:04d}", i) for i in range(1, MAX_BUCKETS)), bucket("+Inf", 999)],
+            {},
+            {},
+            id="a-histogram-of-max-buckets-bounds-is-one",
         ),
     ],
 )
