@@ -396,6 +396,8 @@ class ResponseMeter:
         past the budget) were taken as there: a replica answering ``{"id": <70 KB>}`` at
         once took 92% of the traffic, judged within (hostile pass 65).
         """
+        if self.choices_seen and not self._streamed:
+            return  # all a body's bytes could tell
         window = self._tail + chunk
         if self._streamed:
             start = max(0, len(self._tail) - 5)  # a line start in the tail was counted
