@@ -327,7 +327,8 @@ def derive(
     # A token rate unknown while replicas answer is some replica's part unknown (a
     # counter NaN, or fallen twice in the window): the deployment's is partly known, and
     # what is in flight no measure of its load (hostile pass 65).
-    rates_unknown = up > 0 and None in (stable.prompt_token_rate, stable.generation_token_rate)
+    counted = any(len(h.times) > 1 for h in histories)  # a window exists: not the first scrape
+    rates_unknown = counted and None in (stable.prompt_token_rate, stable.generation_token_rate)
     partial = up < replicas or any(s.missing for s in latest) or rates_unknown
     return EngineSignals(
         now,
