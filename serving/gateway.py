@@ -907,8 +907,9 @@ class Gateway:
             # holds one: served by nobody. Taken, it was kept as a key of the per-model
             # pressure state after its request ended: 4,096 names of 16 MiB each.
             raise self._reject(404, f"no replica serves model {quote(model, 80)}", None)
-        bound = output_token_limit(body, chat=request.path == "/v1/chat/completions")
-        return raw, model, estimate_prompt_tokens(body), bound, choices(body)
+        chat = request.path == "/v1/chat/completions"
+        bound = output_token_limit(body, chat=chat)
+        return raw, model, estimate_prompt_tokens(body), bound, choices(body, chat)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The body, read within ``body_timeout`` (408) and the bytes budget (429).

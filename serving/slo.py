@@ -230,7 +230,7 @@ def output_token_limit(body: dict[str, object], chat: bool = True) -> int | None
     return limit * n
 
 
-def choices(body: dict[str, object]) -> int | None:
+def choices(body: dict[str, object], chat: bool = False) -> int | None:
     """The choices a request asks for (``n``, at least 1); None when ``n`` is no count.
 
     ``"n": null`` is one, as vLLM reads it (its default): read as no count, it left the
@@ -239,14 +239,20 @@ def choices(body: dict[str, object]) -> int | None:
     n = _count(body.get("n") if body.get("n") is not None else 1)
     if n is None:
         return None
-    # A completion's prompt may be a batch (strings, or lists of token ids): vLLM answers
-    # n choices for each, and a batch of 18 had honest streams cut past a bound of one
-    # prompt's, their replicas ejected by a client (hostile pass 64).
-    prompt = body.get("prompt")
-    batch = 1
+    if chat:  # a chat request's prompt is its messages: a "prompt" field is ignored
+        return max(n, 1)
+    # A completion's prompt may be a batch (strings, or lists of token ids), and its
+    # prompt embeddings another (one, or a list): vLLM answers n choices for each, and a
+    # batch of 18 prompts, or of 8 embeddings, had honest streams cut past a bound of one
+    # prompt's, their replicas ejected by a client (hostile passes 64 and 66).
+    return max(n, 1) * max(1, _prompts(body.get("prompt")) + _prompts(body.get("prompt_embeds")))
+
+
+def _prompts(prompt: object) -> int:
+    """Prompts in a completion's ``prompt`` or ``prompt_embeds``: a batch's, one, or none."""
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        batch = len(prompt)
-    return max(n, 1) * batch
+        return len(prompt)
+    return 1 if isinstance(prompt, str | list) and prompt else 0
 
 
 class ResponseMeter:

@@ -522,12 +522,27 @@ def test_a_flooded_stream_is_read_no_further() -> None:
         pytest.param({"prompt": [[1, 2], [3]]}, 2, id="a batch of token-id prompts"),
         pytest.param({"prompt": [1, 2, 3]}, 1, id="one prompt of token ids is one"),
         pytest.param({"messages": [], "n": 3}, 3, id="a chat request is its n"),
+        pytest.param(
+            {"prompt_embeds": ["e1", "e2", "e3"], "n": 2},
+            6,
+            id="a batch of prompt embeddings times n",  # pass 66
+        ),
+        pytest.param(
+            {"prompt": ["a", "b"], "prompt_embeds": "e"}, 3, id="prompts beside an embedding"
+        ),
+        pytest.param({"prompt_embeds": "e"}, 1, id="one prompt embedding is one"),
     ],
 )
 def test_a_completions_choices_count_each_prompt_of_a_batch(
     body: dict[str, object], count: int
 ) -> None:
     assert choices(body) == count
+
+
+def test_a_chat_requests_prompt_field_is_no_batch() -> None:
+    """vLLM ignores it: 1,000 of them made a chat stream's bound 1,000 times its own and
+    its ITL unjudged (pass 66)."""
+    assert choices({"messages": [], "prompt": ["a"] * 1000}, chat=True) == 1
 
 
 def test_an_echo_of_each_choice_before_its_tokens_is_no_overrun() -> None:
