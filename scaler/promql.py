@@ -386,7 +386,7 @@ def signals_from_answers(
     (facts, not guesses), unless the answers contradict it (``checked_answers``, which
     runs first). A count asked for and unreadable is None, never 0 nor the other count,
     and the load stands as answered. ``partial`` when fewer replicas are up than known,
-    or either is unknown.
+    either is unknown, or a token rate asked for is while replicas are up.
     """
     answers, _ = checked_answers(answers)
     present = {key: value for key, value in answers.items() if value is not None}
@@ -422,9 +422,32 @@ def signals_from_answers(
         cost_per_million_tokens=None,  # no price here: the exporter's alone
         cost_per_million_output_tokens=None,
         price_is_default=False,
-        partial=replicas is None or up is None or up < replicas,
+        partial=(
+            replicas is None
+            or up is None
+            or up < replicas
+            or (bool(answering) and _rates_unanswered(answers, stable))
+        ),
         replicas_sleeping=sleeping,
     )
+
+
+def _rates_unanswered(answers: Answers, stable: WindowSignals) -> bool:
+    """Whether a token rate asked for came back with no value while replicas answer.
+
+    One replica's counter NaN makes the sum's NaN: the deployment's rate is partly
+    unknown, and what is in flight no measure of its load (ten busy replicas were taken
+    to one, hostile pass 66), as the exporter marks it.
+    """
+    asked = [
+        rate
+        for name, rate in (
+            ("prompt-token-rate", stable.prompt_token_rate),
+            ("generation-token-rate", stable.generation_token_rate),
+        )
+        if (name, "stable") in answers
+    ]
+    return None in asked
 
 
 def _count(value: float | None) -> int | None:

@@ -349,6 +349,11 @@ def idle_answers(**changes: float | None) -> dict[tuple[str, str | None], float 
             id="fewer replicas up than known is partial",
         ),
         pytest.param(
+            with_answers(prompt_token_rate__stable=None),
+            lambda s: s.partial and s.stable.prompt_token_rate is None,
+            id="a token rate asked for and unanswered while replicas are up is partial",
+        ),
+        pytest.param(
             with_answers(replicas=None, replicas_up=2),
             lambda s: s.partial and (s.replicas, s.replicas_up) == (None, 2),
             id="replicas known unmeasured: unknown, those up known, and it is partial",
