@@ -59,6 +59,10 @@ at most a quarter of the poll interval:
 a writer writing a line every 70-90 ms, once a poll interval, had its first lines read
 alike twice (each poll at the same point of its writing), or taken as a file swapped
 whole (recreated each time), and applied: 0 signal sources (hostile pass 65)."""
+RESTLESS_POLLS = 20
+"""Reads in a row a file may be refused as just written before the rule is waived, its
+reads taken by the others (two alike, or a whole swap): a sidecar rewriting it every
+0.1 s never rested 0.2 s, and its change was never applied (hostile pass 66)."""
 POLL_JITTER = 0.2
 """The share of the interval each poll is moved by, at random, so that no writer keeping
 time with the polls finds every read at the same point of its writing."""
@@ -252,7 +256,8 @@ async def poll_file(
     still, its changes were never read (hostile pass 62); taken at one read, a writer
     writing a line at a time had halves of the config applied (pass 63). Either read is
     taken only if the fingerprint held across it and the file was last written
-    ``QUIET_SECONDS`` before (a quarter of the interval at most); polls are moved by
+    ``QUIET_SECONDS`` before (a quarter of the interval at most; waived after
+    ``RESTLESS_POLLS`` reads in a row refused so); polls are moved by
     ``POLL_JITTER`` at random. A text holding no YAML document (empty, comments,
     ``---``, ``null``) after one with a document is refused,
     the last good config kept: a writer that stopped halfway, never a config anyone
@@ -263,6 +268,7 @@ async def poll_file(
         seen = file_fingerprint(path)
     had_text = _holds_text(seen)
     quiet = min(QUIET_SECONDS, interval / 4)  # a sidecar writing at every poll rests that long
+    restless = 0  # reads in a row refused as written within ``quiet``
     changed: tuple[object, ...] | None = None
     unsteady = 0
     failed: tuple[object, ...] | None = None  # the fingerprint whose read failed last
@@ -291,7 +297,10 @@ async def poll_file(
                 store.reject(str(err))
             failed = before
             continue
-        if file_fingerprint(path) != before or _written_within(before, quiet):
+        if file_fingerprint(path) != before:
+            continue  # written while read: read again
+        if restless < RESTLESS_POLLS and _written_within(before, quiet):
+            restless += 1
             continue  # being written: read again once it rests
         # A file swapped whole since the last read (another inode, or ..data) is whole:
         # a writer renaming a stamped file in place was never read twice alike (pass 64).
@@ -300,6 +309,7 @@ async def poll_file(
             unsteady_text, unsteady_at = text, before  # taken when the next read agrees
             continue
         seen, changed, unsteady, failed, unsteady_text = before, None, 0, None, None
+        restless = 0
         unsteady_at = None
         blank = holds_no_document(text)  # once: up to a MiB, on the loop
         if had_text and blank:

@@ -491,3 +491,27 @@ async def test_a_file_written_within_the_quiet_time_is_read_again_once_it_rests(
     await asyncio.gather(task, return_exceptions=True)
     assert read == [HALF, WHOLE]  # the half read, not taken
     assert (store.current.grace_period, store.reloads, store.errors) == (7.0, 1, 0)
+
+
+async def test_a_sidecar_writing_faster_than_the_quiet_time_is_read_after_a_bound(monkeypatch):
+    """A sidecar rewriting the config every 0.1 s never rested 0.2 s: its change was
+    never applied (hostile pass 66). Past ``RESTLESS_POLLS`` reads refused so, the other
+    rules take it: two reads alike."""
+    clock = SimpleNamespace(time_ns=lambda: NOW_NS, monotonic=time.monotonic)
+    monkeypatch.setattr(reload, "time", clock)
+    fresh = NOW_NS - 1_000_000  # written 1 ms ago at every poll
+
+    def written(n: int) -> tuple[tuple[object, ...], str]:
+        return ((None, 1, 40 + n, fresh - n), WHOLE)
+
+    looks = [written(n) for n in range(1, 5)]
+    reads = [written(n) for n in range(5, 5 + reload.RESTLESS_POLLS + 2) for _ in range(3)]
+    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
+    done, read = scripted_file(monkeypatch, looks + reads)
+    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0.01, (None, 1, 14, 0)))
+    await done.wait()
+    await eventually(lambda: store.reloads >= 1, "the config taken")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert len(read) == reload.RESTLESS_POLLS + 2  # refused 20 times, then two alike
+    assert (store.current.grace_period, store.reloads) == (7.0, 1)
