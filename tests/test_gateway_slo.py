@@ -542,3 +542,17 @@ def test_tokens_generated_side_by_side_are_judged_per_choice(
     first = 0.4 if streamed else end
     verdict = judge(TARGETS, 0.0, first, end, tokens, 200, streamed, choices)
     assert (verdict.within, verdict.reason) == (within, reason)
+
+
+def test_a_batch_of_uneven_choices_is_paced_by_its_longest() -> None:
+    """One choice of 101 tokens 100 ms apart beside seven of one token: shared evenly,
+    13.5 tokens a choice over 10 s read 800 ms, outside (hostile pass 66)."""
+    meter = ResponseMeter(0.0, max_tokens=200, choices=8)
+    meter.bound_by(8192)
+    meter.begin(200, True)
+    for index in range(1, 8):
+        meter.feed(b'data: {"choices": [{"index": %d, "text": "t"}]}\n\n' % index, 0.4)
+    for i in range(101):
+        meter.feed(b'data: {"choices": [{"index": 0, "text": "t"}]}\n\n', 0.4 + 0.1 * i)
+    verdict = meter.verdict(TARGETS, 10.4, 200)
+    assert verdict.reason == "met" and verdict.itl_seconds == pytest.approx(0.1)
