@@ -332,6 +332,9 @@ class ResponseMeter:
         None once read."""
         self._cut = False
         """Whether ``_body`` lost its start: its opening is read from ``_head``."""
+        self._usage_cut: bytes | None = None
+        """The window of the last ``usage`` key's value cut from ``_body``: vLLM writes a
+        chat answer's ``prompt_logprobs`` after it, 1.4 KB a prompt token."""
         self._head = bytearray()
         """Any other body's first ``HEAD_BYTES`` (``holds_choices``)."""
 
@@ -379,7 +382,11 @@ class ResponseMeter:
             if self._body is not None:
                 self._body += chunk
                 if len(self._body) > JSON_BODY_LIMIT:  # at most once a half: linear
-                    del self._body[: len(self._body) - JSON_BODY_LIMIT // 2]
+                    cut = len(self._body) - JSON_BODY_LIMIT // 2
+                    at = _last_usage_value(self._body, cut + 64)  # one across the cut too
+                    if at >= 0:
+                        self._usage_cut = bytes(self._body[at : at + USAGE_WINDOW])
+                    del self._body[:cut]
                     self._cut = True
 
     @property
@@ -491,6 +498,8 @@ class ResponseMeter:
         """
         if not self._streamed and self._body:
             usage = usage_in(self._body, self._head if self._cut else None)
+            if usage is None and self._usage_cut is not None:
+                usage = _usage_value(self._usage_cut)
             self._body = None  # read once
             if usage is not None:
                 self._read_usage(usage)
@@ -579,13 +588,29 @@ def usage_in(
         key = _USAGE_KEY.match(body, at)
         if key is None:
             continue
-        window = bytes(body[key.end() : key.end() + USAGE_WINDOW]).decode("utf-8", "replace")
-        try:
-            value, _ = _DECODER.raw_decode(window)
-        except (ValueError, RecursionError):
-            return None
-        return {"usage": value}
+        return _usage_value(body[key.end() : key.end() + USAGE_WINDOW])
     return None
+
+
+def _last_usage_value(body: bytes | bytearray, end: int) -> int:
+    """Where the value of the last ``"usage":`` key before ``end`` begins, or -1.
+
+    In one pass, however many ``"usage"`` values (a token's text in the logprobs) follow.
+    """
+    last = -1
+    for match in _USAGE_KEY.finditer(body, 0, end):
+        last = match.end()
+    return last
+
+
+def _usage_value(window: bytes | bytearray) -> dict[str, object] | None:
+    """The JSON value opening ``window`` as ``{"usage": value}``; None if none is read."""
+    text = bytes(window[:USAGE_WINDOW]).decode("utf-8", "replace")
+    try:
+        value, _ = _DECODER.raw_decode(text)
+    except (ValueError, RecursionError):
+        return None
+    return {"usage": value}
 
 
 _LINE_ENDS = re.compile(rb"\r\n|\r|\n")

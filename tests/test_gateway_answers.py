@@ -571,6 +571,19 @@ def test_a_stream_past_its_parse_budget_counts_the_tokens_of_its_unread_events()
     assert verdict.reason == "met"
 
 
+def test_a_long_answers_usage_before_its_prompt_logprobs_is_read() -> None:
+    """vLLM writes a chat answer's prompt_logprobs after its usage, 1.4 KB a prompt
+    token: past 4 MiB the usage was cut with the body's start (hostile pass 66)."""
+    meter = ResponseMeter(0.0)
+    meter.begin(200, False)
+    body = b'{"id": "x", "choices": [{"message": {"content": "x"}}], '
+    body += b'"usage": {"prompt_tokens": 6000, "completion_tokens": 500}, "prompt_logprobs": ['
+    body += b'{"1": {"logprob": -1.0, "decoded_token": "usage"}}, ' * 100_000 + b"null]}"
+    for at in range(0, len(body), 1000):
+        meter.feed(body[at : at + 1000], 1.0)
+    assert len(body) > 4 * 1024**2 and meter.output_tokens() == 500
+
+
 def test_a_long_answers_usage_is_read_from_its_end() -> None:
     """A client's request id of 4.3 MB (vLLM's answer id carries it): the body was
     dropped at 4 MiB, its 500 tokens unknown, judged against ttft alone (pass 65)."""
