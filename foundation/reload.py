@@ -23,6 +23,7 @@ import os
 import random
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -269,6 +270,7 @@ async def poll_file(
     had_text = _holds_text(seen)
     quiet = min(QUIET_SECONDS, interval / 4)  # a sidecar writing at every poll rests that long
     restless = 0  # reads in a row refused as written within ``quiet``
+    sizes: deque[object] = deque(maxlen=UNSTEADY_POLLS)  # the file's size at the last polls
     changed: tuple[object, ...] | None = None
     unsteady = 0
     failed: tuple[object, ...] | None = None  # the fingerprint whose read failed last
@@ -278,6 +280,7 @@ async def poll_file(
     while True:
         await asyncio.sleep(interval * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER))
         now = file_fingerprint(path)
+        sizes.append(now[2] if len(now) > 2 else None)
         if now == seen:
             changed, unsteady = None, 0
             continue
@@ -299,13 +302,22 @@ async def poll_file(
             continue
         if file_fingerprint(path) != before:
             continue  # written while read: read again
-        if restless < RESTLESS_POLLS and _written_within(before, quiet):
+        restive = _written_within(before, quiet)
+        if restless < RESTLESS_POLLS and restive:
             restless += 1
             continue  # being written: read again once it rests
+        size = before[2] if len(before) > 2 else None
+        if restive and (len(sizes) < UNSTEADY_POLLS or any(z != size for z in sizes)):
+            # Past the waiver, a file whose size moved within the last polls is being
+            # written: a writer recreating it a line every 90 ms was read alike twice
+            # at a half (0 targets applied); a sidecar writing it whole keeps its size.
+            continue
         # A file swapped whole since the last read (another inode, or ..data) is whole:
         # a writer renaming a stamped file in place was never read twice alike (pass 64).
-        swapped = unsteady_at is not None and before[:2] != unsteady_at[:2]
-        if unsteady >= UNSTEADY_POLLS and text != unsteady_text and not swapped:
+        # Not one just written past the waiver: a writer recreating the file a line at
+        # a time makes a new inode each time, its halves applied (hostile pass 67).
+        swapped = not restive and unsteady_at is not None and before[:2] != unsteady_at[:2]
+        if (unsteady >= UNSTEADY_POLLS or restive) and text != unsteady_text and not swapped:
             unsteady_text, unsteady_at = text, before  # taken when the next read agrees
             continue
         seen, changed, unsteady, failed, unsteady_text = before, None, 0, None, None

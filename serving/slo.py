@@ -100,14 +100,16 @@ MAX_INDEXED = 4096
 USAGE_WINDOW = 4096
 """Bytes after a non-streamed body's ``"usage":`` its value is read from (``usage_in``):
 vLLM's is ~200. Past it (or unreadable there) the count is unknown."""
-USAGE_CANDIDATES = 16
-"""``"usage"`` strings looked at from a body's end for the key (``usage_in``)."""
 _CHOICES = re.compile(rb'"choices"[ \t\r\n]{0,64}:[ \t\r\n]{0,64}\[[ \t\r\n]{0,64}\{')
 """A list of choices opening with an object, as a key (a quote in a JSON string is
 escaped); blanks bounded, so a match is at most ``_CHOICES_SPAN`` bytes across chunks."""
 _CHOICES_SPAN = 9 + 3 * 64 + 3
 """A ``choices`` key whose list opens with an object."""
 _USAGE_KEY = re.compile(rb'"usage"[ \t\r\n]*:[ \t\r\n]*')
+_LAST_USAGE_KEY = re.compile(rb'.*"usage"[ \t\r\n]*:[ \t\r\n]*', re.DOTALL)
+"""Up to the value of the last ``"usage":`` key, in one search from the end, however many
+``"usage"`` texts (a token's, in the logprobs) come after it: a loop over them in Python
+cost 27 times a body's bytes of filler (hostile pass 67)."""
 _OBJECT = re.compile(rb"[ \t\r\n]*\{")
 _DECODER = json.JSONDecoder()
 
@@ -170,7 +172,7 @@ def judge(
     arrival: float,
     first_token: float | None,
     end: float,
-    output_tokens: int | None,
+    output_tokens: float | None,
     status: int | None,
     streamed: bool,
     choices: int = 1,
@@ -223,10 +225,16 @@ def output_token_limit(body: dict[str, object], chat: bool = True) -> int | None
     """
     limit = None
     if chat:
-        limit = _count(body.get("max_completion_tokens")) or None  # 0 falls through, as vLLM
+        given = body.get("max_completion_tokens")
+        if given is not None and given != 0:  # 0 falls through, as vLLM's ``or``
+            limit = _count(given)
+            if limit is None:
+                # vLLM reads 300.0 or "300" as 300: a bound of max_tokens beside it cut
+                # honest streams as overruns, a client ejecting replicas (pass 67).
+                return None
     if limit is None:
         limit = _count(body.get("max_tokens"))
-    n = choices(body)
+    n = choices(body, chat)
     if limit is None or n is None:
         return None
     return limit * n
@@ -251,10 +259,13 @@ def choices(body: dict[str, object], chat: bool = False) -> int | None:
 
 
 def _prompts(prompt: object) -> int:
-    """Prompts in a completion's ``prompt`` or ``prompt_embeds``: a batch's, one, or none."""
+    """Prompts in a completion's ``prompt`` or ``prompt_embeds``: a batch's, one, or none.
+
+    A string is one, empty too: vLLM answers ``""`` beside 8 embeddings with 9 choices.
+    """
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         return len(prompt)
-    return 1 if isinstance(prompt, str | list) and prompt else 0
+    return 1 if isinstance(prompt, str) or (isinstance(prompt, list) and prompt) else 0
 
 
 class ResponseMeter:
@@ -552,13 +563,16 @@ class ResponseMeter:
         if status == CLIENT_CLOSED and self.last_token is not None:
             end = self.last_token
         streamed = self._streamed is not False
-        tokens = self.output_tokens()
+        tokens: float | None = self.output_tokens()
         choices = self.choices or 1
         if choices > 1 and len(self._indexed) > 1 and self.read_whole and not self.skipped:
             # The choices end when the longest does: its tokens are the pace. Shared
             # evenly, one choice of 500 tokens at 20 ms beside seven of one token was
             # judged at 160 ms (hostile pass 66).
-            tokens, choices = max(self._indexed.values()), 1
+            # Never fewer than the usage shared: events of several tokens each (vLLM's
+            # stream interval, speculative decoding) read n=2 at 4x its pace (pass 67).
+            longest = max(max(self._indexed.values()), (tokens or 0) / choices)
+            tokens, choices = longest, 1
         return judge(targets, self.arrival, first, end, tokens, status, streamed, choices)
 
 
@@ -575,21 +589,13 @@ def usage_in(
     every such answer. vLLM writes ``usage`` after ``choices`` (the text, the logprobs)
     and before fields that hold no ``usage`` key, so it is the last ``"usage"`` followed
     by a colon (in a string a quote is escaped, so such bytes are a key); its value is
-    read from at most ``USAGE_WINDOW`` bytes, at most ``USAGE_CANDIDATES`` keys looked at.
+    read from at most ``USAGE_WINDOW`` bytes. However many ``"usage"`` texts follow it (a
+    token's, in the logprobs): 16 of them hid the count (hostile pass 67).
     """
     if _OBJECT.match(body if head is None else head) is None:
         return None
-    end = len(body)
-    for _ in range(USAGE_CANDIDATES):
-        at = body.rfind(b'"usage"', 0, end)
-        if at < 0:
-            return None
-        end = at
-        key = _USAGE_KEY.match(body, at)
-        if key is None:
-            continue
-        return _usage_value(body[key.end() : key.end() + USAGE_WINDOW])
-    return None
+    at = _last_usage_value(body, len(body))
+    return None if at < 0 else _usage_value(body[at : at + USAGE_WINDOW])
 
 
 def _last_usage_value(body: bytes | bytearray, end: int) -> int:
@@ -597,10 +603,8 @@ def _last_usage_value(body: bytes | bytearray, end: int) -> int:
 
     In one pass, however many ``"usage"`` values (a token's text in the logprobs) follow.
     """
-    last = -1
-    for match in _USAGE_KEY.finditer(body, 0, end):
-        last = match.end()
-    return last
+    match = _LAST_USAGE_KEY.match(body, 0, end)
+    return -1 if match is None else match.end()
 
 
 def _usage_value(window: bytes | bytearray) -> dict[str, object] | None:

@@ -502,7 +502,7 @@ async def test_a_sidecar_writing_faster_than_the_quiet_time_is_read_after_a_boun
     fresh = NOW_NS - 1_000_000  # written 1 ms ago at every poll
 
     def written(n: int) -> tuple[tuple[object, ...], str]:
-        return ((None, 1, 40 + n, fresh - n), WHOLE)
+        return ((None, 1, len(WHOLE), fresh - n), WHOLE)  # whole each time: one size
 
     looks = [written(n) for n in range(1, 5)]
     reads = [written(n) for n in range(5, 5 + reload.RESTLESS_POLLS + 2) for _ in range(3)]
@@ -514,4 +514,32 @@ async def test_a_sidecar_writing_faster_than_the_quiet_time_is_read_after_a_boun
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert len(read) == reload.RESTLESS_POLLS + 2  # refused 20 times, then two alike
+    assert (store.current.grace_period, store.reloads) == (7.0, 1)
+
+
+async def test_a_file_recreated_a_line_at_a_time_past_the_waiver_is_not_taken_at_a_half(
+    monkeypatch,
+):
+    """Past the waiver a new inode was taken as a whole swap, and two reads alike at a
+    half were taken too: a writer recreating the file a line every 90 ms had halves
+    applied, 0 targets (hostile pass 67). Past it, the file's size must also have held
+    at the last polls (a sidecar writing it whole keeps its size)."""
+    clock = SimpleNamespace(time_ns=lambda: NOW_NS, monotonic=time.monotonic)
+    monkeypatch.setattr(reload, "time", clock)
+    part = "max-signal-age: 60s\ngrace-period: 3s\n"
+    texts = [HALF, part] * (reload.RESTLESS_POLLS // 2 + 1) + [HALF, HALF, WHOLE]
+
+    def recreated(n: int, text: str) -> tuple[tuple[object, ...], str]:
+        return ((None, 100 + n, len(text), NOW_NS - 1_000_000 - n), text)  # a new inode
+
+    looks = [recreated(n, HALF if n % 2 else part) for n in range(1, 5)]
+    reads = [recreated(5 + i, t) for i, t in enumerate(texts) for _ in range(3)]
+    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
+    done, _read = scripted_file(monkeypatch, looks + reads)
+    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0.01, (None, 1, 14, 0)))
+    await done.wait()
+    await eventually(lambda: store.reloads >= 1, "the config taken")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    # Before: the part taken as a swap (grace 3), or the half read twice alike (grace 5).
     assert (store.current.grace_period, store.reloads) == (7.0, 1)

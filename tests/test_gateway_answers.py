@@ -531,6 +531,11 @@ def test_a_flooded_stream_is_read_no_further() -> None:
             {"prompt": ["a", "b"], "prompt_embeds": "e"}, 3, id="prompts beside an embedding"
         ),
         pytest.param({"prompt_embeds": "e"}, 1, id="one prompt embedding is one"),
+        pytest.param(
+            {"prompt": "", "prompt_embeds": ["e"] * 8},
+            9,
+            id="an empty prompt beside embeddings is one more, as vLLM answers",  # pass 67
+        ),
     ],
 )
 def test_a_completions_choices_count_each_prompt_of_a_batch(
@@ -582,6 +587,17 @@ def test_a_long_answers_usage_before_its_prompt_logprobs_is_read() -> None:
     for at in range(0, len(body), 1000):
         meter.feed(body[at : at + 1000], 1.0)
     assert len(body) > 4 * 1024**2 and meter.output_tokens() == 500
+
+
+def test_a_usage_followed_by_usage_texts_is_read() -> None:
+    """16 tokens whose text is "usage" in the logprobs after it hid the count of an
+    answer under 4 MiB (hostile pass 67)."""
+    meter = ResponseMeter(0.0)
+    meter.begin(200, False)
+    body = b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 500}, "lp": ['
+    body += b'{"decoded_token": "usage"}, ' * 40 + b"null]}"
+    meter.feed(body, 1.0)
+    assert meter.output_tokens() == 500
 
 
 def test_a_long_answers_usage_is_read_from_its_end() -> None:

@@ -556,3 +556,19 @@ def test_a_batch_of_uneven_choices_is_paced_by_its_longest() -> None:
         meter.feed(b'data: {"choices": [{"index": 0, "text": "t"}]}\n\n', 0.4 + 0.1 * i)
     verdict = meter.verdict(TARGETS, 10.4, 200)
     assert verdict.reason == "met" and verdict.itl_seconds == pytest.approx(0.1)
+
+
+def test_events_of_several_tokens_pace_a_batch_by_its_usage() -> None:
+    """vLLM's stream interval sends 4 tokens an event: n=2 read 200 ms where each choice
+    ran at 49 ms (hostile pass 67). The usage shared is the floor of the longest."""
+    meter = ResponseMeter(0.0, max_tokens=400, choices=2)
+    meter.bound_by(8192)
+    meter.begin(200, True)
+    for i in range(50):  # 50 events a choice, 4 tokens each, 200 ms apart
+        for index in (0, 1):
+            meter.feed(
+                b'data: {"choices": [{"index": %d, "text": "tttt"}]}\n\n' % index, 0.4 + 0.2 * i
+            )
+    meter.feed(b'data: {"choices": [], "usage": {"completion_tokens": 400}}\n\n', 10.2)
+    verdict = meter.verdict(TARGETS, 10.2, 200)  # 200 tokens a choice over 9.8 s: 49 ms
+    assert verdict.reason == "met" and verdict.itl_seconds == pytest.approx(9.8 / 199)

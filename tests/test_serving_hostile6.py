@@ -423,8 +423,20 @@ def test_the_views_kept_are_the_views_built_afresh(
         pytest.param(
             {"max_tokens": 5, "max_completion_tokens": "100"},
             True,
+            None,
+            id="a max_completion_tokens vLLM reads and this does not leaves the bound unknown",
+        ),  # pass 67: vLLM reads "100" and 100.0 as 100; a bound of 5 cut its streams
+        pytest.param(
+            {"max_tokens": 5, "max_completion_tokens": 300.0},
+            True,
+            None,
+            id="a float max_completion_tokens leaves the bound unknown, never max_tokens",
+        ),
+        pytest.param(
+            {"max_tokens": 5, "prompt": ["a"] * 1000},
+            True,
             5,
-            id="a max_completion_tokens that is no count falls through",
+            id="a chat request's unused prompt list multiplies no bound",  # pass 67
         ),
     ],
 )
