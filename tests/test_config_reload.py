@@ -416,6 +416,21 @@ async def test_a_file_rewritten_in_place_is_read_once_it_holds_still(
     assert (store.current.max_signal_age, store.errors) == (age, errors)
 
 
+async def taken(monkeypatch, states, interval: float) -> tuple[ConfigStore, list[str]]:
+    """``poll_file`` over a scripted file (``scripted_file``) polled every ``interval``
+    until its first config is taken: the store and the texts read."""
+    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
+    done, read = scripted_file(monkeypatch, states)
+    task = asyncio.create_task(
+        reload.poll_file(store, Path("scaler.yaml"), interval, (None, 1, 14, 0))
+    )
+    await done.wait()
+    await eventually(lambda: store.reloads >= 1, "the config taken")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return store, read
+
+
 HALF, WHOLE = "max-signal-age: 60s\n", "max-signal-age: 60s\ngrace-period: 7s\n"
 
 
@@ -459,36 +474,24 @@ async def test_a_file_changing_at_every_poll_is_taken_once_two_reads_agree(
     """Waiting for a sidecar's file to hold still, its changes were never read (hostile
     pass 62); taken at one read, a line-at-a-time writer had halves applied (pass 63);
     a stamped file renamed in place was never read alike twice (pass 64)."""
-    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
-    done, read = scripted_file(monkeypatch, states)
-    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0, (None, 1, 14, 0)))
-    await done.wait()
-    await eventually(lambda: store.reloads >= 1, "the config taken")
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    store, read = await taken(monkeypatch, states, 0)
     assert read == reads
     assert (store.current.grace_period, store.reloads, store.errors) == (grace, reloads, 0)
 
 
 NOW_NS = 10**18
 """The wall clock, in ns, of the quiet test's files (``_written_within``)."""
+FAKE_WALL_CLOCK = SimpleNamespace(time_ns=lambda: NOW_NS, monotonic=time.monotonic)
 
 
 async def test_a_file_written_within_the_quiet_time_is_read_again_once_it_rests(monkeypatch):
     """A writer writing a line every 70 ms once a poll interval had its first lines read
     alike twice, or taken as a file swapped whole, and applied (hostile pass 65)."""
-    clock = SimpleNamespace(time_ns=lambda: NOW_NS, monotonic=time.monotonic)
-    monkeypatch.setattr(reload, "time", clock)
+    monkeypatch.setattr(reload, "time", FAKE_WALL_CLOCK)
     being_written = ((None, 1, 20, NOW_NS - 1_000_000), HALF)  # 1 ms ago: within 2.5 ms
     rested = ((None, 2, 40, NOW_NS - 10**10), WHOLE)  # 10 s ago
     states = [being_written] * 4 + [rested] * 4  # a look, then a read, of each
-    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
-    done, read = scripted_file(monkeypatch, states)
-    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0.01, (None, 1, 14, 0)))
-    await done.wait()
-    await eventually(lambda: store.reloads >= 1, "the config taken")
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    store, read = await taken(monkeypatch, states, 0.01)
     assert read == [HALF, WHOLE]  # the half read, not taken
     assert (store.current.grace_period, store.reloads, store.errors) == (7.0, 1, 0)
 
@@ -497,8 +500,7 @@ async def test_a_sidecar_writing_faster_than_the_quiet_time_is_read_after_a_boun
     """A sidecar rewriting the config every 0.1 s never rested 0.2 s: its change was
     never applied (hostile pass 66). Past ``RESTLESS_POLLS`` reads refused so, the other
     rules take it: two reads alike."""
-    clock = SimpleNamespace(time_ns=lambda: NOW_NS, monotonic=time.monotonic)
-    monkeypatch.setattr(reload, "time", clock)
+    monkeypatch.setattr(reload, "time", FAKE_WALL_CLOCK)
     fresh = NOW_NS - 1_000_000  # written 1 ms ago at every poll
 
     def written(n: int) -> tuple[tuple[object, ...], str]:
@@ -506,13 +508,7 @@ async def test_a_sidecar_writing_faster_than_the_quiet_time_is_read_after_a_boun
 
     looks = [written(n) for n in range(1, 5)]
     reads = [written(n) for n in range(5, 5 + reload.RESTLESS_POLLS + 2) for _ in range(3)]
-    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
-    done, read = scripted_file(monkeypatch, looks + reads)
-    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0.01, (None, 1, 14, 0)))
-    await done.wait()
-    await eventually(lambda: store.reloads >= 1, "the config taken")
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    store, read = await taken(monkeypatch, looks + reads, 0.01)
     assert len(read) == reload.RESTLESS_POLLS + 2  # refused 20 times, then two alike
     assert (store.current.grace_period, store.reloads) == (7.0, 1)
 
@@ -524,8 +520,7 @@ async def test_a_file_recreated_a_line_at_a_time_past_the_waiver_is_not_taken_at
     half were taken too: a writer recreating the file a line every 90 ms had halves
     applied, 0 targets (hostile pass 67). Past it, the file's size must also have held
     at the last polls (a sidecar writing it whole keeps its size)."""
-    clock = SimpleNamespace(time_ns=lambda: NOW_NS, monotonic=time.monotonic)
-    monkeypatch.setattr(reload, "time", clock)
+    monkeypatch.setattr(reload, "time", FAKE_WALL_CLOCK)
     part = "max-signal-age: 60s\ngrace-period: 3s\n"
     texts = [HALF, part] * (reload.RESTLESS_POLLS // 2 + 1) + [HALF, HALF, WHOLE]
 
@@ -534,12 +529,6 @@ async def test_a_file_recreated_a_line_at_a_time_past_the_waiver_is_not_taken_at
 
     looks = [recreated(n, HALF if n % 2 else part) for n in range(1, 5)]
     reads = [recreated(5 + i, t) for i, t in enumerate(texts) for _ in range(3)]
-    store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
-    done, _read = scripted_file(monkeypatch, looks + reads)
-    task = asyncio.create_task(reload.poll_file(store, Path("scaler.yaml"), 0.01, (None, 1, 14, 0)))
-    await done.wait()
-    await eventually(lambda: store.reloads >= 1, "the config taken")
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    store, _read = await taken(monkeypatch, looks + reads, 0.01)
     # Before: the part taken as a swap (grace 3), or the half read twice alike (grace 5).
     assert (store.current.grace_period, store.reloads) == (7.0, 1)
