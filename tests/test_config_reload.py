@@ -18,6 +18,7 @@ from exporter.config import parse_config as parse_exporter
 from foundation import reload
 from foundation.errors import ConfigError
 from foundation.reload import ConfigSource, ConfigStore, parse_configmap_ref
+from scaler.config import ScalerConfig
 from scaler.config import load_config as load_scaler_config
 from scaler.config import parse_config as parse_scaler
 from scaler.server import ScalerServer
@@ -416,7 +417,9 @@ async def test_a_file_rewritten_in_place_is_read_once_it_holds_still(
     assert (store.current.max_signal_age, store.errors) == (age, errors)
 
 
-async def taken(monkeypatch, states, interval: float) -> tuple[ConfigStore, list[str]]:
+async def taken(
+    monkeypatch, states, interval: float
+) -> tuple[ConfigStore[ScalerConfig], list[str]]:
     """``poll_file`` over a scripted file (``scripted_file``) polled every ``interval``
     until its first config is taken: the store and the texts read."""
     store = ConfigStore(parse_scaler(GOOD, "x"), parse_scaler)
