@@ -19,8 +19,10 @@ one silent past ``upstream_timeout`` a 504: those are not retried. A replica tha
 mid-stream, or goes silent past ``upstream_timeout`` between two chunks, ends that
 client's response; the gateway carries on, as does a stream far past its request's token
 bound or a non-streamed body not whole within ``upstream_timeout`` of its headers
-(``overrun``). A replica answering server errors in a row is ejected: routed to only when
-no other serves the model (``EJECT_AFTER``). Every one of these upstream failures is
+(``overrun``). A replica's quick failures and refusals weigh in routing as requests
+outstanding for a while (``serving.routing.FAILURE_SECONDS``); one answering server errors
+in a row, more often than its peers do, is ejected: routed to only when no other serves
+the model (``EJECT_AFTER``, ``PEER_MARGIN``). Every one of these upstream failures is
 counted (by kind) in the metrics and in the ``upstream_error_rate`` the scaler reads;
 every error the gateway answers itself is ``{"object": "error", "message": ...,
 "code": status}``.
@@ -127,6 +129,9 @@ EJECT_AFTER = 3
 routing (``_failed_fast``): three in a row, or three of ten. Counted only in a row, a
 replica answering 500, 500, 200 over and over was never ejected, and kept ~65% of the
 traffic (two in three answers failed) beside an idle healthy one (hostile pass 62)."""
+PEER_MARGIN = 2.0
+"""How many times its peers' share of fast failures a replica's own must reach to eject
+it (``_peers_bar``): one request's failure ahead of them is no sign of a sick replica."""
 FAST_FAILURES = frozenset(
     {
         "before-response",
@@ -1311,14 +1316,17 @@ class Gateway:
             meter.unanswered = True  # an error in a 200 is no answer: it was judged within
             message = "%s streamed an error event in an answer of HTTP %d"
             self._upstream_failed(replica, "stream-error", message, url, status)
-        elif meter.client_error:
-            self._answered_well(replica)  # the client's request refused, as a 400 is
         elif status == 429 or (status == 404 and model in replica.models):
             meter.unanswered = True
             message = "%s refused a request for %s (HTTP %d%s)"
             lists = ", a model it lists" if status == 404 else ""
             name = quote(model or "", 80)
             self._upstream_failed(replica, "refused", message, url, name, status, lists)
+        elif meter.client_error or 400 <= status < 500:
+            # The client's request refused: no failure of the replica's, but one quick to
+            # answer it is idle again at once, so it weighs in routing (``Replica.failed``).
+            replica.failed(time.monotonic())
+            self._answered_well(replica)
         elif 200 <= status < 300 and not meter.holds_choices():
             meter.unanswered = True
             message = "%s answered HTTP %d holding no choice (no completion)"
@@ -1348,13 +1356,34 @@ class Gateway:
         it answers a window without failure: a sick engine behind a live HTTP server
         answers at once, so least-outstanding routing sent it ~99% of the traffic.
         """
-        replica.recent.append(True)
-        if sum(replica.recent) < EJECT_AFTER:
-            return None
         now = time.monotonic()
+        replica.failed(now)
+        replica.recent.append(True)
+        failures = sum(replica.recent)
+        if failures < EJECT_AFTER or failures < self._peers_bar(replica):
+            return None
         replica.recent.clear()
         replica.eject_backoff = replica.eject_backoff.failed(now, EJECT_SECONDS)
         return replica.eject_backoff.until - now
+
+    def _peers_bar(self, replica: Replica) -> float:
+        """The fast failures among ``replica``'s last answers that set it apart from its peers.
+
+        ``PEER_MARGIN`` times as many as their share of failures among their own last
+        answers gives it, plus one.
+        A client's request that makes every replica answer 500 fails on whichever gets
+        it; spread by their weight (``Replica.failed``) such requests fail each replica
+        about as often, and none is ejected (four requests ejected a healthy replica
+        each, three of four: hostile pass 65). One failing everything beside peers that
+        answer is ejected at ``EJECT_AFTER``.
+        """
+        failed = answered = 0
+        for peer in self.pool.replicas:
+            if peer is not replica:
+                failed += sum(peer.recent)
+                answered += len(peer.recent)
+        share = failed / answered if answered else 0.0
+        return PEER_MARGIN * share * len(replica.recent) + 1
 
     def _reject(self, status: int, message: str, retry_after: float | None) -> web.HTTPException:
         """An error the gateway answers itself, counted, with ``Retry-After`` when it helps."""

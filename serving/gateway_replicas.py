@@ -64,7 +64,7 @@ from serving.replica_answers import (
     read_is_sleeping,
     read_model_list,
 )
-from serving.routing import Backoff, ReplicaView
+from serving.routing import FAILURE_SECONDS, MAX_FAILURES, Backoff, ReplicaView
 
 # The gateway's logger: its replica lines keep the name operators filter them by.
 log = logging.getLogger("serving.gateway")
@@ -167,6 +167,9 @@ class Replica:
     recent: deque[bool] = field(default_factory=lambda: deque(maxlen=EJECT_WINDOW))
     """Its last answers, True for a fast failure (``serving.gateway`` ejects it at a few):
     changed in place, as it never changes its routing view."""
+    failed_at: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_FAILURES))
+    """``time.monotonic`` of its last quick failures and refusals: those of the last
+    ``FAILURE_SECONDS`` weigh in routing (``failed``)."""
     eject_backoff: Backoff = field(default_factory=Backoff)
     """Until when it is ejected: routed to only when no other replica serves the model."""
     wake_probation: float = -math.inf
@@ -189,6 +192,11 @@ class Replica:
         object.__setattr__(self, name, value)
         if name != "view":
             object.__setattr__(self, "view", None)
+
+    def failed(self, now: float) -> None:
+        """A quick failure or refusal at ``now``: it weighs as a request outstanding."""
+        self.failed_at.append(now)
+        self.view = None
 
     @property
     def routable(self) -> bool:
@@ -217,6 +225,7 @@ def _next_change(replica: Replica, now: float, patience: float) -> float:
         replica.sleep_backoff.until,
         replica.eject_backoff.until,
         replica.wake_started + patience if replica.waking else -math.inf,
+        *(t + FAILURE_SECONDS for t in replica.failed_at),
     )
     return min((end for end in ends if end > now), default=math.inf)
 
@@ -340,6 +349,7 @@ class ReplicaPool:
             sleep_mode=r.sleep_mode,
             sleep_failed=not r.sleep_backoff.allows(now),
             surplus=r.surplus,
+            failures=sum(t > now - FAILURE_SECONDS for t in r.failed_at),
             ejected=not r.eject_backoff.allows(now),
         )
 

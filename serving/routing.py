@@ -11,6 +11,9 @@
   none, the known models decide (those configured plus every one a replica has listed
   since the gateway started): a model outside them is 404; with nothing known yet,
   every model may wait.
+- A replica's quick failures and refusals of the last ``FAILURE_SECONDS`` weigh as
+  requests outstanding: one answering at once is idle again at once, and least-outstanding
+  routing would send it nearly everything.
 - A replica that failed fast in a row (server errors, broken answers) is ejected: passed
   over while others serve the model, at most half of them.
 - A sleeping replica (vLLM sleep mode) is never routed to. When no ready replica serves
@@ -38,6 +41,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+FAILURE_SECONDS = 10.0
+"""How long a replica's quick failure (or refusal of a client's request) weighs in routing
+as a request outstanding: about an honest request's time, so that a replica answering at
+once is sent about as much as it is given back."""
+MAX_FAILURES = 64
+"""Quick failures a replica's weight counts at most: a bound on what each keeps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +82,11 @@ class ReplicaView:
     surplus: bool = False
     """Woken by the gateway beyond the replicas the scaler runs: routed to above the
     pressure threshold only, so that it falls idle and sleeps again."""
+    failures: int = 0
+    """Its quick failures and refusals of a client's request of the last
+    ``FAILURE_SECONDS``: each weighs in routing as a request outstanding. A replica
+    answering 401 to everything kept 91% of the traffic beside a healthy one, and a
+    client's requests that fail everywhere all went to the one least loaded, ejecting it."""
     ejected: bool = False
     """It failed fast in a row recently (server errors, broken answers): passed over while
     others serve the model (a sick engine behind a live HTTP server fails fast, so
@@ -87,12 +102,12 @@ def choose(
 ) -> str | None:
     """The URL to send a request for ``model`` to, or None when no ready replica serves it.
 
-    The ready replica with the fewest outstanding; a ``surplus`` one only when every other
-    holds at least ``surplus_above`` (or none other is ready). ``ejected`` ones are passed
-    over, at most half of the ready replicas serving the model (first listed first): a
-    client whose requests make replicas answer 500 ejected three of four healthy ones with
-    nine requests, and every other request went to the fourth. Past half, the failures
-    follow the requests more than the replicas.
+    The ready replica with the fewest outstanding and recent ``failures``; a ``surplus``
+    one only when every other holds at least ``surplus_above`` (or none other is ready).
+    ``ejected`` ones are passed over, at most half of the ready replicas serving the model
+    (first listed first): a client whose requests make replicas answer 500 ejected three
+    of four healthy ones with nine requests, and every other request went to the fourth.
+    Past half, the failures follow the requests more than the replicas.
     """
     candidates = [r for r in replicas if r.ready and r.serves(model)]
     ejected = [r.url for r in candidates if r.ejected][: len(candidates) // 2]
@@ -103,15 +118,19 @@ def choose(
     spare: ReplicaView | None = None
     for replica in candidates:
         if replica.surplus:
-            if spare is None or replica.outstanding < spare.outstanding:
+            if spare is None or _load(replica) < _load(spare):
                 spare = replica
-        elif best is None or replica.outstanding < best.outstanding:
+        elif best is None or _load(replica) < _load(best):
             best = replica
     if spare is not None and (
-        best is None or (best.outstanding >= surplus_above and spare.outstanding < best.outstanding)
+        best is None or (best.outstanding >= surplus_above and _load(spare) < _load(best))
     ):
         best = spare
     return best.url if best is not None else None
+
+
+def _load(replica: ReplicaView) -> int:
+    return replica.outstanding + replica.failures
 
 
 MAX_WAKE_FLOOR = 10_000

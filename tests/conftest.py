@@ -204,3 +204,13 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             "demo": (unitscale.demo.run, "_plan"),
         },
     )
+
+
+@pytest.fixture
+def no_failure_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quick failures weigh nothing in routing (``serving.routing.FAILURE_SECONDS``): for
+    tests of what the gateway counts and ejects, whose sick replica, listed first, is then
+    given every request until it is ejected (weighed, it is given one)."""
+    import serving.gateway_replicas
+
+    monkeypatch.setattr(serving.gateway_replicas, "FAILURE_SECONDS", 0.0)

@@ -160,6 +160,7 @@ def status(code: int) -> Behaviour:
     return answer
 
 
+@pytest.mark.usefixtures("no_failure_weight")
 @pytest.mark.parametrize(
     ("behaviour", "kind"),
     [
@@ -212,6 +213,7 @@ async def test_a_replica_answering_at_once_without_an_answer_is_ejected_and_judg
             assert slo(gateway, "within", "met") == 20 - EJECT_AFTER
 
 
+@pytest.mark.usefixtures("no_failure_weight")
 @pytest.mark.parametrize("code", [400, 422], ids=["a 400", "a 422"])
 async def test_a_stream_refusing_the_clients_request_is_no_failure_of_the_replica(
     code: int,
@@ -248,6 +250,7 @@ async def test_a_clients_data_parallel_rank_is_not_forwarded() -> None:
     assert seen == [None]
 
 
+@pytest.mark.usefixtures("no_failure_weight")
 async def test_a_replica_slipping_a_success_between_its_failures_is_ejected(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

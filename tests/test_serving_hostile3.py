@@ -545,6 +545,7 @@ def test_a_line_past_the_limit_is_skipped_and_the_next_one_read():
 # --- T-11: a replica that drops every request ------------------------------------------
 
 
+@pytest.mark.usefixtures("no_failure_weight")
 async def test_a_replica_dropping_every_request_is_logged_once_and_counted_each_time(caplog):
     caplog.set_level(logging.DEBUG, logger="serving.gateway")
     bad = await Fake(close_before_headers).start()

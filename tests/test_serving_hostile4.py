@@ -257,6 +257,7 @@ async def fakes(*behaviours: Behaviour) -> AsyncIterator[list[Fake]]:
             await fake.stop()
 
 
+@pytest.mark.usefixtures("no_failure_weight")
 async def test_a_replica_answering_500_at_once_is_ejected_after_a_few_and_counted(
     caplog, monkeypatch
 ):

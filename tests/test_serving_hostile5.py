@@ -107,6 +107,7 @@ async def streams_an_error(request: web.Request, fake: Fake) -> web.StreamRespon
     return response
 
 
+@pytest.mark.usefixtures("no_failure_weight")
 @pytest.mark.parametrize(
     ("behaviour", "kind"),
     [

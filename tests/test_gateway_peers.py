@@ -1,0 +1,169 @@
+"""A replica's quick failures weigh in routing, and it is ejected only apart from its peers.
+
+A replica answering at once is idle again at once: least-outstanding routing sent one
+answering 401 to everything 91% of the traffic, and a client's requests that make every
+replica answer 500 all went to the one least loaded, ejecting three healthy replicas of
+four (hostile pass 65). Each quick failure or refusal now weighs as a request outstanding
+for ``FAILURE_SECONDS``, and fast failures eject a replica only when they stand out from
+its peers' share. Real servers on 127.0.0.1 port 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from serving import gateway as gateway_module
+from serving.gateway import Gateway
+from serving.gateway_settings import GatewaySettings
+from serving.routing import ReplicaView, choose
+from tests.conftest import eventually
+from tests.test_gateway_answers import COMPLETION, answers, fakes, post, status
+from tests.test_gateway_faults import Fake
+from tests.test_gateway_isolation import gateway_for
+
+
+def weighed(url: str, outstanding: int, failures: int) -> ReplicaView:
+    return ReplicaView(url, True, outstanding, frozenset({"m"}), failures=failures)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "chosen"),
+    [
+        pytest.param(
+            [weighed("a", 0, 1), weighed("b", 0, 0)],
+            "b",
+            id="one that just failed at once is passed over for an idle one",
+        ),
+        pytest.param(
+            [weighed("a", 0, 1), weighed("b", 1, 0)],
+            "a",
+            id="a failure weighs as a request outstanding, ties to the first listed",
+        ),
+        pytest.param(
+            [weighed("a", 3, 0), weighed("b", 0, 2)],
+            "b",
+            id="failures fewer than the others hold leave it chosen",
+        ),
+        pytest.param([weighed("a", 0, 50)], "a", id="the only one is chosen however it fails"),
+    ],
+)
+def test_quick_failures_weigh_as_requests_outstanding(
+    replicas: list[ReplicaView], chosen: str
+) -> None:
+    assert choose(replicas, "m") == chosen
+
+
+def ejections(peers: list[str], answers_: str) -> list[int]:
+    """At which of ``answers_`` (F: a fast failure, S: an answer) the first of four
+    replicas is ejected, its three peers' last answers being ``peers``."""
+    g = Gateway([f"http://r{i}" for i in range(4)], GatewaySettings())
+    replica, *others = g.replicas
+    for peer, window in zip(others, peers, strict=True):
+        peer.recent.extend(answer == "F" for answer in window)
+    ejected = []
+    for i, answer in enumerate(answers_, start=1):
+        if answer == "S":
+            g._answered_well(replica)
+        elif g._failed_fast(replica) is not None:
+            ejected.append(i)
+    return ejected
+
+
+@pytest.mark.parametrize(
+    ("peers", "answers_", "ejected_at"),
+    [
+        pytest.param(["S" * 10] * 3, "FFF", [3], id="failing beside peers that answer ejects"),
+        pytest.param(["", "", ""], "FFF", [3], id="beside peers not heard from it ejects alone"),
+        pytest.param(
+            ["FF"] * 3, "FFFFFF", [], id="one failure ahead of peers failing alike is no sign"
+        ),
+        pytest.param(
+            ["FFSSSSSSSS"] * 3,
+            "SSFSSFSSFS",
+            [],
+            id="failing about as often as its peers never ejects",
+        ),
+        pytest.param(
+            ["FSSSSSSSSS"] * 3,
+            "SSSSSSSFFF",
+            [10],
+            id="twice its peers' share and one more ejects",
+        ),
+        pytest.param(
+            ["FFFFFSSSSS"] * 3,
+            "FFFFFFFFFF",
+            [],
+            id="failing every request beside peers failing half is no sign either",
+        ),
+    ],
+)
+def test_fast_failures_eject_only_apart_from_the_peers(
+    peers: list[str], answers_: str, ejected_at: list[int]
+) -> None:
+    assert ejections(peers, answers_) == ejected_at
+
+
+async def test_a_replica_refusing_everything_at_once_is_given_one_request_not_all() -> None:
+    async with fakes(status(401), answers) as (refuses, well):
+        async with gateway_for([refuses.url, well.url]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
+            for _ in range(20):
+                await post(gateway, COMPLETION)
+            # Before: 20 and 0 (listed first, idle again at once, each one a 401).
+            assert (refuses.received, well.received) == (1, 19)
+
+
+HONEST_SECONDS = 0.3
+"""An honest request's time on a replica: long beside a 500 answered at once."""
+
+
+async def poisoned(request: web.Request, fake: Fake) -> web.StreamResponse:
+    """An honest replica: a request it cannot take fails at once (vLLM's 500 for an
+    input check raising), the others take their time."""
+    if (await request.json()).get("prompt") == "poison":
+        return web.json_response({"message": "Internal Server Error"}, status=500)
+    await asyncio.sleep(HONEST_SECONDS)  # the replica's pace, not a synchronisation
+    return web.json_response({"choices": [{"text": "ok"}]})
+
+
+async def test_a_clients_requests_failing_everywhere_eject_no_replica_under_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)
+    async with fakes(*[poisoned] * 4) as replicas:
+        async with gateway_for([r.url for r in replicas]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "all ready")
+            honest = [asyncio.create_task(post(gateway, COMPLETION)) for _ in range(8)]
+            await eventually(lambda: g.stats.in_flight == 8, "the honest requests in flight")
+            for _ in range(12):
+                assert await post(gateway, COMPLETION | {"prompt": "poison"}) == 500
+            assert await asyncio.gather(*honest) == [200] * 8
+            # Before: the poison went to whichever was least loaded, three each to two
+            # replicas, both ejected.
+            assert [r.eject_backoff.failures for r in g.replicas] == [0] * 4
+            assert [r.received for r in replicas] == [5] * 4  # 2 honest and 3 poison each
+
+
+async def test_a_replica_failing_everything_at_once_is_still_ejected_under_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)
+
+    async def sick(request: web.Request, fake: Fake) -> web.StreamResponse:
+        return web.json_response({"message": "engine dead"}, status=500)
+
+    async with fakes(sick, poisoned, poisoned, poisoned) as replicas:
+        async with gateway_for([r.url for r in replicas]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "all ready")
+            # All 30 are routed before the first answer: a share each.
+            await asyncio.gather(*(post(gateway, COMPLETION) for _ in range(30)))
+            assert g.replicas[0].eject_backoff.failures >= 1
+            before = replicas[0].received
+            got = await asyncio.gather(*(post(gateway, COMPLETION) for _ in range(30)))
+            assert (replicas[0].received - before, got) == (0, [200] * 30)
