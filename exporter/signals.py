@@ -315,8 +315,8 @@ def derive(
     up = len(latest)
     none_known = replicas == 0
     at = now if at is None else at
-    panic = _window(at, panic_seconds, histories, none_known)
-    stable = _window(at, stable_seconds, histories, none_known)
+    panic, _ = _window(at, panic_seconds, histories, none_known)
+    stable, estimated = _window(at, stable_seconds, histories, none_known)
     queue = _gauge_sum(latest, "waiting", none_known)
     running = _gauge_sum(latest, "running", none_known)
     kv_values = [s.gauges["kv_usage"] for s in latest if "kv_usage" in s.gauges]
@@ -324,12 +324,12 @@ def derive(
     spend = accelerator.price_per_hour * accelerator.fraction * replicas  # $ per hour
     cost_total = _cost(spend, _sum(stable.prompt_token_rate, stable.generation_token_rate))
     cost_output = _cost(spend, stable.generation_token_rate)
-    # A token rate unknown while replicas answer is some replica's part unknown (a
-    # counter NaN, or fallen twice in the window): the deployment's is partly known, and
-    # what is in flight no measure of its load (hostile pass 65).
+    # A token rate unknown (or estimated) while replicas answer is some replica's part
+    # unknown (a counter NaN, or fallen twice in the window): the deployment's is partly
+    # known, and what is in flight no measure of its load (hostile pass 65).
     counted = any(len(h.times) > 1 for h in histories)  # a window exists: not the first scrape
     rates_unknown = counted and None in (stable.prompt_token_rate, stable.generation_token_rate)
-    partial = up < replicas or any(s.missing for s in latest) or rates_unknown
+    partial = up < replicas or any(s.missing for s in latest) or rates_unknown or estimated
     return EngineSignals(
         now,
         replicas,
@@ -386,16 +386,32 @@ def _gauge_sum(latest: Sequence[EngineStats], name: str, none_known: bool) -> fl
 
 def _window(
     now: float, seconds: float, histories: Sequence[ReplicaHistory], none_known: bool
-) -> WindowSignals:
+) -> tuple[WindowSignals, bool]:
+    """The deployment's window of ``seconds``, and whether a rate in it is estimated.
+
+    A counter's rate unknown on fewer than half the replicas (NaN, missing, fallen twice
+    in the window) is estimated from the others' mean; on more, it is unknown. Unknown
+    for good on one replica of ten, the deployment's throughput was, and its count was
+    held at its peak for as long (hostile pass 65).
+    """
     if none_known:
-        return WindowSignals(seconds, 0.0, 0.0, 0.0, 0.0, queue_depth_mean=0.0, running_mean=0.0)
+        zeros = WindowSignals(seconds, 0.0, 0.0, 0.0, 0.0, queue_depth_mean=0.0, running_mean=0.0)
+        return zeros, False
     windows = [w for h in histories if (w := h.window(now, seconds)) is not None]
     if not windows:
-        return WindowSignals(seconds)
+        return WindowSignals(seconds), False
+    estimated = False
 
     def total(counter: str) -> float | None:
+        nonlocal estimated
         rates = [w.rate(counter) for w in windows]
-        return None if any(r is None for r in rates) else float(sum(r for r in rates if r))
+        known = [r for r in rates if r is not None]
+        if len(known) == len(rates):
+            return float(sum(r for r in known if r))
+        if 2 * len(known) <= len(rates):
+            return None
+        estimated = True
+        return float(sum(known)) * len(rates) / len(known)
 
     quantiles: dict[str, Quantiles] = {}
     for histogram in HISTOGRAMS:
@@ -413,7 +429,7 @@ def _window(
                 *(majority_floor(p, [o[j] for o in own]) for j, p in enumerate(pooled))
             )
     means = [w.gauge_means for w in windows]
-    return WindowSignals(
+    signals = WindowSignals(
         seconds,
         total("requests"),
         total("prompt_tokens"),
@@ -429,6 +445,7 @@ def _window(
         mean_prompt_tokens=_mean_tokens(windows, "prompt_length"),
         mean_output_tokens=_mean_tokens(windows, "output_length"),
     )
+    return signals, estimated
 
 
 def _mean_tokens(windows: Sequence[ReplicaWindow], concept: str) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -600,3 +601,41 @@ def test_without_token_histograms_one_replica_claiming_light_requests_sets_no_mi
     signals = derive(1060.0, 10, latest, histories, 10.0, 60.0, Accelerator(1.0, 1.0))
     assert signals.stable.mean_prompt_tokens == pytest.approx(500.0)
     assert signals.stable.mean_output_tokens == pytest.approx(200.0)
+
+
+def fleet_without_counters(unknown: int, replicas: int = 10):
+    """``replicas`` replicas at 100 prompt and 20 generated tokens a second for 60 s, the
+    first ``unknown`` of them without a generation counter."""
+    histories, latest = [], []
+    for i in range(replicas):
+        scrapes = [(t, scrape(100.0 * t, 20.0 * t, t)) for t in (0.0, 30.0, 60.0)]
+        if i < unknown:
+            scrapes = [
+                (t, dataclasses.replace(s, counters={**s.counters, "generation_tokens": math.nan}))
+                for t, s in scrapes
+            ]
+        histories.append(history_of(*scrapes))
+        latest.append(scrapes[-1][1])
+    return derive(60.0, replicas, latest, histories, 10.0, 60.0, Accelerator(1.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("unknown", "generated", "partial"),
+    [
+        pytest.param(0, 200.0, False, id="every replica's counter known is the sum, whole"),
+        pytest.param(
+            1, 200.0, True, id="one counter of ten unknown for good is the others' mean each"
+        ),
+        pytest.param(4, 200.0, True, id="four of ten are still estimated from six"),
+        pytest.param(5, None, True, id="half of them unknown leaves the rate unknown"),
+    ],
+)
+def test_a_rate_unknown_on_fewer_than_half_the_replicas_is_estimated_and_partial(
+    unknown: int, generated: float | None, partial: bool
+) -> None:
+    """Unknown on one replica of ten for good, the deployment's rate was, and the scaler
+    held the count at its peak for as long (hostile pass 65)."""
+    signals = fleet_without_counters(unknown)
+    assert signals.stable.generation_token_rate == pytest.approx(generated)
+    assert signals.stable.prompt_token_rate == pytest.approx(1000.0)
+    assert signals.partial is partial
