@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from exporter.config import MAX_TARGETS, DeploymentConfig, ExporterConfig
+from exporter.config import MAX_TARGETS, MAX_TOTAL_TARGETS, DeploymentConfig, ExporterConfig
 from exporter.engines import REJECTIONS
 from exporter.parse_pool import ParsePool
 from exporter.scrape import REASONS, ScrapeResult, resolve_replicas, scrape
@@ -398,24 +398,30 @@ class Exporter:
         self._take(state, targets)
         state.discovered = state.discovered and not state.too_many
 
-    @staticmethod
-    def _take(state: DeploymentState, targets: list[str]) -> None:
-        """Scrape ``targets`` from now on, unless there are more than ``MAX_TARGETS``.
+    def _take(self, state: DeploymentState, targets: list[str]) -> None:
+        """Scrape ``targets`` from now on, unless there are more than the bound.
 
-        More is no deployment this exporter scrapes: every one of them was scraped at
-        once each cycle (30,000 from a Service's EndpointSlices ran out of file
-        descriptors; 5,000 starved the deployment beside it, whose one replica timed
-        out every cycle). The last list within the bound stays, and no signals are
-        published until discovery is within it again (logged once a change).
+        The bound: ``MAX_TARGETS``, or what the other deployments' lists leave of
+        ``MAX_TOTAL_TARGETS`` when less. More is no deployment this exporter scrapes:
+        every one of them was scraped at once each cycle (30,000 from a Service's
+        EndpointSlices ran out of file descriptors; 5,000 starved the deployment beside
+        it, whose one replica timed out every cycle; 256 deployments discovering 1,000
+        each made 256,000 a cycle). The last list within the bound stays, and no signals
+        are published until discovery is within it again (logged once a change).
         """
-        if len(targets) > MAX_TARGETS:
+        others = sum(len(s.targets) for s in self.deployments if s is not state)
+        bound = min(MAX_TARGETS, MAX_TOTAL_TARGETS - others)
+        if len(targets) > bound:
             if not state.too_many:  # once a change: a count that churns is not one
                 log.error(
-                    "%s/%s: discovery found %d replicas, more than the %d scraped; no"
-                    " signals until it finds at most that many",
+                    "%s/%s: discovery found %d replicas, more than the %d scraped (%d"
+                    " for one deployment, %d for all of them); no signals until it finds"
+                    " at most that many",
                     *state.key[:2],
                     len(targets),
+                    bound,
                     MAX_TARGETS,
+                    MAX_TOTAL_TARGETS,
                 )
             state.too_many = len(targets)
             return

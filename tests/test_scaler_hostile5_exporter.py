@@ -91,3 +91,42 @@ async def test_the_last_list_within_the_bound_stays_and_signals_come_back_once_w
         flood.config = flood.config.model_copy(update={"targets": unreachable(3)})
         await exporter.cycle(session)
     assert flood.signals is not None and flood.signals.replicas == 3
+
+
+def three_floods(counts: tuple[int, int, int]) -> ExporterConfig:
+    return ExporterConfig.model_validate(
+        {
+            "timeout": "1s",
+            "deployments": [
+                {"namespace": "team-b", "deployment": f"flood-{i}", "targets": unreachable(n)}
+                for i, n in enumerate(counts)
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("counts", "taken"),
+    [
+        pytest.param((3, 3, 3), [3, 3, 3], id="within both bounds every list is taken"),
+        pytest.param(
+            (4, 4, 4), [4, 4, 0], id="the third past what the first two leave of all is not"
+        ),
+        pytest.param((5, 0, 5), [5, 0, 5], id="lists adding up to the total are taken"),
+        pytest.param((6, 4, 4), [0, 4, 4], id="one past its own bound leaves the total"),
+    ],
+)
+async def test_discoveries_past_the_total_bound_publish_nothing_for_the_last(
+    monkeypatch: pytest.MonkeyPatch, counts: tuple[int, int, int], taken: list[int]
+) -> None:
+    """256 deployments discovering 1,000 replicas each were 256,000 scrapes a cycle: the
+    bound over all of them held only for targets configured (hostile pass 65)."""
+    monkeypatch.setattr(runtime, "MAX_TARGETS", CAP)
+    monkeypatch.setattr(runtime, "MAX_TOTAL_TARGETS", 2 * CAP)
+    exporter = Exporter(three_floods(counts), FakeClock())
+    async with aiohttp.ClientSession() as session:
+        await exporter.cycle(session)
+    assert [len(s.targets) for s in exporter.deployments] == taken
+    assert [s.signals is not None for s in exporter.deployments] == [
+        n == c for n, c in zip(taken, counts, strict=True)
+    ]
