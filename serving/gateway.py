@@ -1370,7 +1370,9 @@ class Gateway:
         """The fast failures among ``replica``'s last answers that set it apart from its peers.
 
         ``PEER_MARGIN`` times as many as their share of failures among their own last
-        answers gives it, plus one.
+        answers gives it, plus one; its peers serve a model it serves (or have not
+        listed theirs), so that replicas of another model do not thin their share.
+
         A client's request that makes every replica answer 500 fails on whichever gets
         it; spread by their weight (``Replica.failed``) such requests fail each replica
         about as often, and none is ejected (four requests ejected a healthy replica
@@ -1378,8 +1380,9 @@ class Gateway:
         answer is ejected at ``EJECT_AFTER``.
         """
         failed = answered = 0
+        models = replica.models
         for peer in self.pool.replicas:
-            if peer is not replica:
+            if peer is not replica and (not models or not peer.models or models & peer.models):
                 failed += sum(peer.recent)
                 answered += len(peer.recent)
         share = failed / answered if answered else 0.0

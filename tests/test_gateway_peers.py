@@ -56,10 +56,13 @@ def test_quick_failures_weigh_as_requests_outstanding(
     assert choose(replicas, "m") == chosen
 
 
-def ejections(peers: list[str], answers_: str) -> list[int]:
+def ejections(peers: list[str], answers_: str, models: str = "") -> list[int]:
     """At which of ``answers_`` (F: a fast failure, S: an answer) the first of four
-    replicas is ejected, its three peers' last answers being ``peers``."""
+    replicas is ejected, its three peers' last answers being ``peers``; ``models``: the
+    model each of the four serves (none listed: empty)."""
     g = Gateway([f"http://r{i}" for i in range(4)], GatewaySettings())
+    for r, model in zip(g.replicas, models, strict=False):
+        r.models = frozenset({model})
     replica, *others = g.replicas
     for peer, window in zip(others, peers, strict=True):
         peer.recent.extend(answer == "F" for answer in window)
@@ -104,6 +107,19 @@ def test_fast_failures_eject_only_apart_from_the_peers(
     peers: list[str], answers_: str, ejected_at: list[int]
 ) -> None:
     assert ejections(peers, answers_) == ejected_at
+
+
+@pytest.mark.parametrize(
+    ("models", "ejected_at"),
+    [
+        pytest.param("aabb", [], id="replicas of another model do not thin its peers' share"),
+        pytest.param("abbb", [9], id="with no peer of its model it is judged alone"),
+        pytest.param("", [9], id="replicas that have not listed their models are all peers"),
+    ],
+)
+def test_its_peers_are_the_replicas_of_its_models(models: str, ejected_at: list[int]) -> None:
+    peers = ["FFSSSSSSSS", "S" * 10, "S" * 10]
+    assert ejections(peers, "SSFSSFSSF", models) == ejected_at
 
 
 async def test_a_replica_refusing_everything_at_once_is_given_one_request_not_all() -> None:
