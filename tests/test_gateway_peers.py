@@ -21,7 +21,7 @@ from serving.gateway_settings import GatewaySettings
 from serving.routing import ReplicaView, choose
 from tests.conftest import eventually
 from tests.test_gateway_answers import COMPLETION, answers, fakes, post, status
-from tests.test_gateway_faults import Fake
+from tests.test_gateway_faults import Behaviour, Fake
 from tests.test_gateway_isolation import gateway_for
 
 
@@ -137,20 +137,28 @@ HONEST_SECONDS = 0.3
 """An honest request's time on a replica: long beside a 500 answered at once."""
 
 
-async def poisoned(request: web.Request, fake: Fake) -> web.StreamResponse:
+def poisoned(release: asyncio.Event | None = None) -> Behaviour:
     """An honest replica: a request it cannot take fails at once (vLLM's 500 for an
-    input check raising), the others take their time."""
-    if (await request.json()).get("prompt") == "poison":
-        return web.json_response({"message": "Internal Server Error"}, status=500)
-    await asyncio.sleep(HONEST_SECONDS)  # the replica's pace, not a synchronisation
-    return web.json_response({"choices": [{"text": "ok"}]})
+    input check raising), the others take their time, or end once ``release`` is set."""
+
+    async def answer(request: web.Request, fake: Fake) -> web.StreamResponse:
+        if (await request.json()).get("prompt") == "poison":
+            return web.json_response({"message": "Internal Server Error"}, status=500)
+        if release is None:
+            await asyncio.sleep(HONEST_SECONDS)  # the replica's pace, not a synchronisation
+        else:
+            await release.wait()
+        return web.json_response({"choices": [{"text": "ok"}]})
+
+    return answer
 
 
 async def test_a_clients_requests_failing_everywhere_eject_no_replica_under_load(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)
-    async with fakes(*[poisoned] * 4) as replicas:
+    release = asyncio.Event()
+    async with fakes(*[poisoned(release)] * 4) as replicas:
         async with gateway_for([r.url for r in replicas]) as gateway:
             g = gateway.gateway
             await eventually(lambda: all(r.routable for r in g.replicas), "all ready")
@@ -158,6 +166,7 @@ async def test_a_clients_requests_failing_everywhere_eject_no_replica_under_load
             await eventually(lambda: g.stats.in_flight == 8, "the honest requests in flight")
             for _ in range(12):
                 assert await post(gateway, COMPLETION | {"prompt": "poison"}) == 500
+            release.set()
             assert await asyncio.gather(*honest) == [200] * 8
             # Before: the poison went to whichever was least loaded, three each to two
             # replicas, both ejected.
@@ -173,7 +182,7 @@ async def test_a_replica_failing_everything_at_once_is_still_ejected_under_load(
     async def sick(request: web.Request, fake: Fake) -> web.StreamResponse:
         return web.json_response({"message": "engine dead"}, status=500)
 
-    async with fakes(sick, poisoned, poisoned, poisoned) as replicas:
+    async with fakes(sick, *[poisoned()] * 3) as replicas:
         async with gateway_for([r.url for r in replicas]) as gateway:
             g = gateway.gateway
             await eventually(lambda: all(r.routable for r in g.replicas), "all ready")
