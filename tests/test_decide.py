@@ -106,21 +106,6 @@ CASES = [
         id="in-flight-on-replicas-whose-throughput-is-partly-unknown-is-a-floor-never-lowering",
     ),
     pytest.param(
-        obs(
-            queue_depth=0,
-            requests_running=48,
-            replicas_known=8,
-            replicas_up=8,
-            prompt_token_rate=30_000,
-            generation_token_rate=3_000,
-            engine_partial=True,
-        ),
-        POLICY,
-        state(desired=8, last_activity=NOW),
-        5,
-        id="in-flight-is-a-floor-under-a-throughput-partly-estimated-and-lowers-to-it",
-    ),
-    pytest.param(
         obs(queue_depth=0, requests_running=20, replicas_known=8),
         POLICY,
         state(desired=8, last_activity=NOW, need_history=Recent(((NOW - 100, 8),))),

@@ -304,10 +304,6 @@ def _demand(
         # took a fleet to 1 with 428 requests in flight (hostile pass 35).
         waiting = "requests waiting at the engines" if _saturated(o, p, ready) else None
         load = served if quick is None else max(served, quick)
-        if o.engine_partial and ready > 0 and activity.concurrency is not None:
-            # Some replica's part of the throughput is estimated (``exporter.signals``) or
-            # missing: what is in flight is a floor under it, as where it is unknown.
-            load = max(load, activity.concurrency / p.target_concurrency)
         return _Demand(load, quick, demands, lower_bound=waiting)
     if activity.concurrency is not None:
         start = ready == 0 and o.gateway_arrival_rate is not None
