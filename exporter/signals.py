@@ -34,6 +34,10 @@ Vector = npt.NDArray[np.float64]
 # A replica's flat vector: counters, each LENGTHS histogram's count and sum, then buckets.
 _SCALARS = len(COUNTERS) + 2 * len(LENGTHS)
 _CORE = [COUNTERS.index(c) for c in ("prompt_tokens", "generation_tokens", "requests")]
+LOAD = frozenset({"running", "waiting", "prompt_tokens", "generation_tokens", "requests"})
+"""The concepts that measure a replica's load: one missing on a replica that answers
+makes the deployment's signal ``partial`` (a latency histogram or ``preemptions`` that
+an engine lacks does not: SGLang has no ``e2e`` histogram, every scrape)."""
 """The counters that fall together when an engine restarts."""
 
 
@@ -315,8 +319,9 @@ def derive(
     up = len(latest)
     none_known = replicas == 0
     at = now if at is None else at
-    panic, _ = _window(at, panic_seconds, histories, none_known)
-    stable, estimated = _window(at, stable_seconds, histories, none_known)
+    running_now = [s.gauges.get("running") for s in latest]
+    panic, _ = _window(at, panic_seconds, histories, none_known, running_now)
+    stable, estimated = _window(at, stable_seconds, histories, none_known, running_now)
     queue = _gauge_sum(latest, "waiting", none_known)
     running = _gauge_sum(latest, "running", none_known)
     kv_values = [s.gauges["kv_usage"] for s in latest if "kv_usage" in s.gauges]
@@ -329,7 +334,8 @@ def derive(
     # known, and what is in flight no measure of its load (hostile pass 65).
     counted = any(len(h.times) > 1 for h in histories)  # a window exists: not the first scrape
     rates_unknown = counted and None in (stable.prompt_token_rate, stable.generation_token_rate)
-    partial = up < replicas or any(s.missing for s in latest) or rates_unknown or estimated
+    missing = any(LOAD.intersection(s.missing) for s in latest)
+    partial = up < replicas or missing or rates_unknown or estimated
     return EngineSignals(
         now,
         replicas,
@@ -385,33 +391,40 @@ def _gauge_sum(latest: Sequence[EngineStats], name: str, none_known: bool) -> fl
 
 
 def _window(
-    now: float, seconds: float, histories: Sequence[ReplicaHistory], none_known: bool
+    now: float,
+    seconds: float,
+    histories: Sequence[ReplicaHistory],
+    none_known: bool,
+    running: Sequence[float | None] = (),
 ) -> tuple[WindowSignals, bool]:
     """The deployment's window of ``seconds``, and whether a rate in it is estimated.
 
     A counter's rate unknown on fewer than half the replicas (NaN, missing, fallen twice
-    in the window) is estimated from the others' mean; on more, it is unknown. Unknown
-    for good on one replica of ten, the deployment's throughput was, and its count was
-    held at its peak for as long (hostile pass 65).
+    in the window) is estimated (``_estimate``); on more, it is unknown. Unknown for
+    good on one replica of ten, the deployment's throughput was, and its count was held
+    at its peak for as long (hostile pass 65). ``running``: each history's replica's
+    requests running now, in the same order (empty: not known).
     """
     if none_known:
         zeros = WindowSignals(seconds, 0.0, 0.0, 0.0, 0.0, queue_depth_mean=0.0, running_mean=0.0)
         return zeros, False
-    windows = [w for h in histories if (w := h.window(now, seconds)) is not None]
+    per_history = [h.window(now, seconds) for h in histories]
+    windows = [w for w in per_history if w is not None]
     if not windows:
         return WindowSignals(seconds), False
+    # Running now, by window: for the estimate's weights, only with every one known.
+    weights = [r for r, w in zip(running, per_history, strict=False) if w is not None]
+    if len(weights) != len(windows) or None in weights:
+        weights = []
     estimated = False
 
     def total(counter: str) -> float | None:
         nonlocal estimated
         rates = [w.rate(counter) for w in windows]
-        known = [r for r in rates if r is not None]
-        if len(known) == len(rates):
-            return float(sum(r for r in known if r))
-        if 2 * len(known) <= len(rates):
-            return None
+        if None not in rates:
+            return float(sum(r for r in rates if r))
         estimated = True
-        return float(sum(known)) * len(rates) / len(known)
+        return _estimate(rates, weights)
 
     quantiles: dict[str, Quantiles] = {}
     for histogram in HISTOGRAMS:
@@ -446,6 +459,41 @@ def _window(
         mean_output_tokens=_mean_tokens(windows, "output_length"),
     )
     return signals, estimated
+
+
+def _estimate(rates: Sequence[float | None], running: Sequence[float | None]) -> float | None:
+    """The deployment's rate where some replicas' are unknown (None), if it can be said.
+
+    Known on more than half the replicas: the known ones' sum, scaled by the replicas
+    (their mean for each unknown one) or, with every replica's ``running`` known, by the
+    requests running (their rate per running request for each unknown one's), whichever
+    is larger. A mean over replicas idle or asleep read four busy replicas of ten that
+    carried 90% of the load as 2 replicas' worth where 8 were needed; all the running on
+    the unknown ones is unknown load, never 0 (it scaled a fleet serving 0.3 requests a
+    second to zero: hostile pass 68).
+
+    >>> _estimate([10.0, 10.0, None], [])
+    30.0
+    >>> _estimate([10.0, 0.0, 0.0, None, None], [1.0, 0.0, 0.0, 3.0, 0.0])
+    40.0
+    >>> _estimate([0.0, 0.0, None], [0.0, 0.0, 2.0]) is None
+    True
+    """
+    known = [r for r in rates if r is not None]
+    if 2 * len(known) <= len(rates):
+        return None
+    total = float(sum(known))
+    by_replicas = total * len(rates) / len(known)
+    if len(running) != len(rates):
+        return by_replicas
+    weights = [w or 0.0 for w in running]
+    running_known = sum(w for w, r in zip(weights, rates, strict=True) if r is not None)
+    running_all = sum(weights)
+    if running_all <= 0.0:
+        return by_replicas
+    if running_known <= 0.0:
+        return None
+    return max(by_replicas, total * running_all / running_known)
 
 
 def _mean_tokens(windows: Sequence[ReplicaWindow], concept: str) -> float | None:

@@ -61,6 +61,22 @@ CASES = [
         id="idle-past-the-grace-period-scales-to-zero",
     ),
     pytest.param(
+        obs(
+            queue_depth=0,
+            requests_running=0,
+            replicas_known=3,
+            replicas_up=3,
+            prompt_token_rate=0,
+            generation_token_rate=0,
+            request_rate=0,
+            engine_partial=True,
+        ),
+        POLICY,
+        state(desired=1, last_activity=NOW - 900),
+        1,
+        id="quiet-with-a-replicas-throughput-estimated-is-no-idle-never-zero",
+    ),
+    pytest.param(
         obs(queue_depth=0, requests_running=0, gateway_arrival_rate=0.0),
         POLICY,
         state(desired=1, last_activity=NOW - 60),

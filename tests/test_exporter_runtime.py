@@ -422,3 +422,26 @@ async def test_replicas_asleep_are_a_signal_and_a_metric(replicas, session):
         if s.name == "unitscale_replicas"
     }
     assert states == {"known": 3, "up": 3, "sleeping": 1}
+
+
+async def test_a_replica_listed_again_keeps_its_rates(session):
+    """Readiness flapping: each replica listed again had lost its history and answered
+    without a window, its load left out of a signal read whole (hostile pass 68)."""
+    replicas = await FakeReplicaServer(4).start()
+    try:
+        clock = FakeClock(1000.0)
+        urls = [replicas.url(i) for i in range(4)]
+        exporter = Exporter(config_for(urls), clock)
+        state = exporter.deployments[0]
+        for listed in (urls, urls[:2], urls):
+            state.config = state.config.model_copy(update={"targets": listed})
+            for replica in replicas.replicas:
+                replica.finish(10, prompt=100, output=20, ttft=0.3, itl=0.02, e2e=1.2)
+            await exporter.cycle(session)
+            clock.now += 10
+        signals = signals_of(exporter)
+        # 10 requests of 20 tokens each 10 s on each of the 4: before, 40 (two of them).
+        assert signals.stable.generation_token_rate == pytest.approx(80.0)
+        assert not signals.partial
+    finally:
+        await replicas.stop()

@@ -603,12 +603,15 @@ def test_without_token_histograms_one_replica_claiming_light_requests_sets_no_mi
     assert signals.stable.mean_output_tokens == pytest.approx(200.0)
 
 
-def fleet_without_counters(unknown: int, replicas: int = 10):
-    """``replicas`` replicas at 100 prompt and 20 generated tokens a second for 60 s, the
-    first ``unknown`` of them without a generation counter."""
+def fleet_without_counters(unknown: int, replicas: int = 10, generating=None, running=None):
+    """``replicas`` replicas at 100 prompt and 20 generated tokens a second for 60 s (or
+    ``generating[i]``, running ``running[i]``), the first ``unknown`` of them without a
+    generation counter."""
     histories, latest = [], []
     for i in range(replicas):
-        scrapes = [(t, scrape(100.0 * t, 20.0 * t, t)) for t in (0.0, 30.0, 60.0)]
+        rate = 20.0 if generating is None else generating[i]
+        now = 0.0 if running is None else running[i]
+        scrapes = [(t, scrape(100.0 * t, rate * t, t, running=now)) for t in (0.0, 30.0, 60.0)]
         if i < unknown:
             scrapes = [
                 (t, dataclasses.replace(s, counters={**s.counters, "generation_tokens": math.nan}))
@@ -638,4 +641,65 @@ def test_a_rate_unknown_on_fewer_than_half_the_replicas_is_estimated_and_partial
     signals = fleet_without_counters(unknown)
     assert signals.stable.generation_token_rate == pytest.approx(generated)
     assert signals.stable.prompt_token_rate == pytest.approx(1000.0)
+    assert signals.partial is partial
+
+
+@pytest.mark.parametrize(
+    ("unknown", "generating", "running", "estimate"),
+    [
+        pytest.param(
+            4,
+            [45.0] * 4 + [5.0] * 6,
+            [9.0] * 4 + [1.0] * 6,
+            210.0,
+            id="four busy replicas unknown: by the requests they run (the mean read 50 of 210)",
+        ),
+        pytest.param(
+            2,
+            [20.0, 20.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 20.0, 20.0],
+            [4.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 4.0],
+            80.0,
+            id="two awake replicas unknown beside sleepers: the mean of the awake",
+        ),
+        pytest.param(
+            1,
+            [20.0, 0.0, 0.0, 0.0],
+            [3.0, 0.0, 0.0, 0.0],
+            None,
+            id="all that runs on the unknown one is unknown load, never 0",
+        ),
+        pytest.param(
+            1,
+            [0.0, 20.0, 20.0, 20.0],
+            [0.0, 4.0, 4.0, 4.0],
+            80.0,
+            id="an idle one unknown is the mean still, never less",
+        ),
+    ],
+)
+def test_an_estimate_weighs_the_unknown_by_the_requests_they_run(
+    unknown: int, generating: list[float], running: list[float], estimate: float | None
+) -> None:
+    """A mean over replicas idle or asleep under-read the busy ones unknown; 0 read for a
+    fleet whose load all ran on the unknown one took it to zero (hostile pass 68)."""
+    signals = fleet_without_counters(unknown, len(generating), generating, running)
+    assert signals.stable.generation_token_rate == pytest.approx(estimate)
+    assert signals.partial
+
+
+@pytest.mark.parametrize(
+    ("missing", "partial"),
+    [
+        pytest.param(("e2e", "queue_time", "preemptions"), False, id="sglang's lacking families"),
+        pytest.param(("running",), True, id="a load gauge missing is part of the load unknown"),
+    ],
+)
+def test_only_a_load_concept_missing_makes_the_signal_partial(
+    missing: tuple[str, ...], partial: bool
+) -> None:
+    """Partial on every SGLang scrape, the scaler read it as load partly unknown."""
+    scrapes = [(t, scrape(100.0 * t, 20.0 * t, t)) for t in (0.0, 30.0, 60.0)]
+    history = history_of(*scrapes)
+    latest = dataclasses.replace(scrapes[-1][1], missing=missing)
+    signals = derive(60.0, 1, [latest], [history], 10.0, 60.0, Accelerator(1.0, 1.0))
     assert signals.partial is partial

@@ -454,7 +454,9 @@ def _all_measured(o: Observation, engine: float | None, gateway: float | None) -
     """Whether quiet may be read as idle: every part of the load is measured.
 
     Some in-flight count is known whole, each source present reports its whole load,
-    and every replica known answered its scrape.
+    every replica known answered its scrape, and none's throughput is estimated: a
+    replica's counters unknown, the others' idle, read 0 requests a second where 0.3
+    arrived, and the fleet went to zero (hostile pass 68).
     """
     engine_present = o.replicas_known is not None or (
         o.queue_depth is not None or o.requests_running is not None
@@ -463,7 +465,8 @@ def _all_measured(o: Observation, engine: float | None, gateway: float | None) -
     engine_ok = not engine_present or engine is not None
     gateway_ok = not gateway_present or (gateway is not None and o.gateway_arrival_rate is not None)
     known = engine is not None or gateway is not None
-    return known and engine_ok and gateway_ok and not _replicas_missing(o)
+    measured = not _replicas_missing(o) and not o.engine_partial
+    return known and engine_ok and gateway_ok and measured
 
 
 def _fit_profile(
