@@ -1307,7 +1307,8 @@ class Gateway:
         code refuses the client's request, as a 400 does), a refusal (429, or 404 for a
         model it lists) and a success holding no choice count against it
         (``_failed_fast``); all but the first are judged failed too (``meter.unanswered``:
-        a 5xx is by its status).
+        a 5xx is by its status). The client's request refused (a 4xx) counts among its
+        answers as one failing, for the ejection that compares it with its peers alone.
         """
         url = replica.url
         if status >= 500:
@@ -1324,9 +1325,14 @@ class Gateway:
             self._upstream_failed(replica, "refused", message, url, name, status, lists)
         elif meter.client_error or 400 <= status < 500:
             # The client's request refused: no failure of the replica's, but one quick to
-            # answer it is idle again at once, so it weighs in routing (``Replica.failed``).
-            replica.failed(time.monotonic())
-            self._answered_well(replica)
+            # answer it is idle again at once, so it weighs in routing, and one refusing
+            # far more than its peers refuse is ejected (one answering 401 to everything
+            # kept 69% of the traffic beside a replica busy with long requests).
+            ejected_for = self._failed_fast(replica)
+            if ejected_for is not None:
+                message = "%s refuses requests far more often than its peers (HTTP %d)"
+                message += "; routed to only when no other replica serves the model for %gs"
+                log.warning(message, url, status, ejected_for)
         elif 200 <= status < 300 and not meter.holds_choices():
             meter.unanswered = True
             message = "%s answered HTTP %d holding no choice (no completion)"
@@ -1351,23 +1357,27 @@ class Gateway:
     def _failed_fast(self, replica: Replica) -> float | None:
         """One more fast failure of ``replica``; the seconds it is ejected for, if it now is.
 
-        ``EJECT_AFTER`` among its last ``EJECT_WINDOW`` answers eject it (passed over
-        while others serve the model) for ``EJECT_SECONDS``, doubled per ejection until
-        it answers a window without failure: a sick engine behind a live HTTP server
-        answers at once, so least-outstanding routing sent it ~99% of the traffic.
+        ``EJECT_AFTER`` among its last ``EJECT_WINDOW`` answers, and more than its peers
+        fail (``_peers_bar``), eject it (passed over while others serve the model) for
+        ``EJECT_SECONDS``, doubled per ejection until it answers a window without
+        failure: a sick engine behind a live HTTP server answers at once, so
+        least-outstanding routing sent it ~99% of the traffic. Its window is kept: the
+        peers' bar reads it (cleared, an ejected peer's read as answering well, and two
+        replicas of a model took turns being ejected by a client's failing requests); one
+        still routed to while ejected (past half) is not ejected again.
         """
         now = time.monotonic()
         replica.failed(now)
         replica.recent.append(True)
-        failures = sum(replica.recent)
-        if failures < EJECT_AFTER or failures < self._peers_bar(replica):
+        if not replica.eject_backoff.allows(now):
             return None
-        replica.recent.clear()
+        if sum(replica.recent) < max(EJECT_AFTER, self._peers_bar(replica)):
+            return None
         replica.eject_backoff = replica.eject_backoff.failed(now, EJECT_SECONDS)
         return replica.eject_backoff.until - now
 
     def _peers_bar(self, replica: Replica) -> float:
-        """The fast failures among ``replica``'s last answers that set it apart from its peers.
+        """The failures among ``replica``'s last answers that set it apart from its peers.
 
         ``PEER_MARGIN`` times as many as their share of failures among their own last
         answers gives it, plus one; its peers serve a model it serves (or have not
@@ -1386,7 +1396,11 @@ class Gateway:
                 failed += sum(peer.recent)
                 answered += len(peer.recent)
         share = failed / answered if answered else 0.0
-        return PEER_MARGIN * share * len(replica.recent) + 1
+        if share >= 1.0:
+            return math.inf  # every answer fails everywhere: the requests', not its
+        # Never past a whole window: peers made to fail half their answers shielded a
+        # replica failing everything (10 of 10 short of a bar of 11).
+        return min(PEER_MARGIN * share * len(replica.recent) + 1, EJECT_WINDOW)
 
     def _reject(self, status: int, message: str, retry_after: float | None) -> web.HTTPException:
         """An error the gateway answers itself, counted, with ``Retry-After`` when it helps."""

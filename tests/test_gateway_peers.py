@@ -97,9 +97,21 @@ def ejections(peers: list[str], answers_: str, models: str = "") -> list[int]:
         ),
         pytest.param(
             ["FFFFFSSSSS"] * 3,
-            "FFFFFFFFFF",
+            "FFFFFFFFFS",
             [],
-            id="failing every request beside peers failing half is no sign either",
+            id="failing nine in ten beside peers failing half is no sign either",
+        ),
+        pytest.param(
+            ["FFFFFSSSSS"] * 3,
+            "FFFFFFFFFF",
+            [10],
+            id="failing a whole window beside peers that answer some is one, however they fail",
+        ),
+        pytest.param(
+            ["F" * 10] * 3,
+            "F" * 20,
+            [],
+            id="beside peers failing every answer too the failures are the requests'",
         ),
     ],
 )
@@ -192,3 +204,39 @@ async def test_a_replica_failing_everything_at_once_is_still_ejected_under_load(
             before = replicas[0].received
             got = await asyncio.gather(*(post(gateway, COMPLETION) for _ in range(30)))
             assert (replicas[0].received - before, got) == (0, [200] * 30)
+
+
+def test_a_peer_ejected_keeps_its_failures_for_the_comparison() -> None:
+    """Its window cleared at its ejection, an ejected replica read as a peer answering
+    well: two replicas of a model took turns being ejected by a client's requests that
+    failed on both (hostile pass 68)."""
+    g = Gateway(["http://r0", "http://r1"], GatewaySettings())
+    first, second = g.replicas
+    for replica in g.replicas:
+        replica.recent.extend([False] * 7)
+    assert [g._failed_fast(first) is not None for _ in range(3)] == [False, False, True]
+    assert [g._failed_fast(second) is not None for _ in range(3)] == [False, False, False]
+
+
+async def test_a_replica_refusing_everything_beside_one_busy_is_ejected() -> None:
+    """A 4xx is the client's, never counted: a replica answering 401 to everything kept
+    69% of the traffic beside one busy with requests of 25 s (hostile pass 68)."""
+    release = asyncio.Event()
+    async with fakes(status(401), poisoned(release)) as (refuses, busy):
+        async with gateway_for([refuses.url, busy.url]) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
+            sent = []
+            for i in range(1, 21):
+                sent.append(asyncio.create_task(post(gateway, COMPLETION)))
+                await eventually(
+                    lambda i=i: (
+                        refuses.received + busy.received == i and g.stats.in_flight == busy.received
+                    ),
+                    "the request refused or held",
+                )
+            release.set()
+            got = await asyncio.gather(*sent)
+            # Before: 10 and 10, every other one refused as the refusals weighed.
+            assert (refuses.received, busy.received) == (3, 17)
+            assert got.count(401) == 3 and g.replicas[0].eject_backoff.failures == 1
