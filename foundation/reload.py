@@ -275,7 +275,7 @@ async def poll_file(
     unsteady = 0
     failed: tuple[object, ...] | None = None  # the fingerprint whose read failed last
     warned = False
-    unsteady_text: str | None = None  # the last text read as it was
+    unsteady_text: str | None = None  # the last text read as it was (``_content``)
     unsteady_at: tuple[object, ...] | None = None  # and its fingerprint
     while True:
         await asyncio.sleep(interval * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER))
@@ -317,8 +317,9 @@ async def poll_file(
         # Not one just written past the waiver: a writer recreating the file a line at
         # a time makes a new inode each time, its halves applied (hostile pass 67).
         swapped = not restive and unsteady_at is not None and before[:2] != unsteady_at[:2]
-        if (unsteady >= UNSTEADY_POLLS or restive) and text != unsteady_text and not swapped:
-            unsteady_text, unsteady_at = text, before  # taken when the next read agrees
+        content = _content(text)
+        if (unsteady >= UNSTEADY_POLLS or restive) and content != unsteady_text and not swapped:
+            unsteady_text, unsteady_at = content, before  # taken when the next read agrees
             continue
         seen, changed, unsteady, failed, unsteady_text = before, None, 0, None, None
         restless = 0
@@ -329,6 +330,34 @@ async def poll_file(
             continue
         had_text = not blank
         await store.update_off_loop(text, str(path))
+
+
+_COMMENT_START = re.compile(r"[ \t]#")
+"""Where a comment begins on a line after its content (YAML: after a blank)."""
+
+
+def _content(text: str) -> str:
+    """A config's text without its comments: two reads alike are alike in this.
+
+    A sidecar stamping the file as it rewrites it (``# written at ...``) was never read
+    twice alike, its changes never applied (hostile pass 68). A line holding a quote is
+    kept whole: a ``#`` in a quoted scalar is no comment.
+
+    >>> _content("a: 1  # stamp 17")
+    'a: 1'
+    >>> _content("b: '# kept'  # kept too")
+    "b: '# kept'  # kept too"
+    """
+    lines = []
+    for line in text.splitlines():
+        if line.lstrip(" \t").startswith("#"):
+            continue
+        if "'" not in line and '"' not in line:
+            comment = _COMMENT_START.search(line)
+            if comment is not None:
+                line = line[: comment.start()]
+        lines.append(line.rstrip())
+    return "\n".join(lines)
 
 
 def holds_no_document(text: str) -> bool:

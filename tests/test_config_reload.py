@@ -469,6 +469,13 @@ def sidecar(texts, inode=lambda n: 1):
             1,
             id="a file swapped whole since the last read is taken at once",
         ),
+        pytest.param(
+            sidecar([WHOLE + "# written 1\n", WHOLE + "# written 2  # by a sidecar\n"]),
+            [WHOLE + "# written 1\n", WHOLE + "# written 2  # by a sidecar\n"],
+            7.0,
+            1,
+            id="reads alike but for their comments agree: a sidecar's stamp (hostile pass 68)",
+        ),
     ],
 )
 async def test_a_file_changing_at_every_poll_is_taken_once_two_reads_agree(
