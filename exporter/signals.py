@@ -423,8 +423,11 @@ def _window(
         rates = [w.rate(counter) for w in windows]
         if None not in rates:
             return float(sum(r for r in rates if r))
-        estimated = True
-        return _estimate(rates, weights)
+        estimate = _estimate(rates, weights)
+        # Only a load's estimate makes the signal partial: SGLang has no preemptions
+        # counter, and a deployment partial for good never scales to zero.
+        estimated = estimated or (estimate is not None and counter in LOAD)
+        return estimate
 
     quantiles: dict[str, Quantiles] = {}
     for histogram in HISTOGRAMS:

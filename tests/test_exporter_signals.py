@@ -697,9 +697,14 @@ def test_an_estimate_weighs_the_unknown_by_the_requests_they_run(
 def test_only_a_load_concept_missing_makes_the_signal_partial(
     missing: tuple[str, ...], partial: bool
 ) -> None:
-    """Partial on every SGLang scrape, the scaler read it as load partly unknown."""
-    scrapes = [(t, scrape(100.0 * t, 20.0 * t, t)) for t in (0.0, 30.0, 60.0)]
+    """Partial on every SGLang scrape (no preemptions counter, no e2e histogram), the
+    scaler read its load as partly unknown, and quiet never as idle."""
+    scrapes = []
+    for t in (0.0, 30.0, 60.0):
+        stats = scrape(100.0 * t, 20.0 * t, t)
+        counters = {k: v for k, v in stats.counters.items() if k not in missing}
+        scrapes.append((t, dataclasses.replace(stats, counters=counters, missing=missing)))
     history = history_of(*scrapes)
-    latest = dataclasses.replace(scrapes[-1][1], missing=missing)
+    latest = scrapes[-1][1]
     signals = derive(60.0, 1, [latest], [history], 10.0, 60.0, Accelerator(1.0, 1.0))
     assert signals.partial is partial
