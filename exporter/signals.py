@@ -473,11 +473,14 @@ def _estimate(rates: Sequence[float | None], running: Sequence[float | None]) ->
     is larger. A mean over replicas idle or asleep read four busy replicas of ten that
     carried 90% of the load as 2 replicas' worth where 8 were needed; all the running on
     the unknown ones is unknown load, never 0 (it scaled a fleet serving 0.3 requests a
-    second to zero: hostile pass 68).
+    second to zero: hostile pass 68). Weighed by their running, the unknown ones count
+    for at most twice the known ones' mean each: a gauge is theirs to claim.
 
     >>> _estimate([10.0, 10.0, None], [])
     30.0
     >>> _estimate([10.0, 0.0, 0.0, None, None], [1.0, 0.0, 0.0, 3.0, 0.0])
+    40.0
+    >>> _estimate([10.0, 10.0, None], [1.0, 1.0, 256.0])
     40.0
     >>> _estimate([0.0, 0.0, None], [0.0, 0.0, 2.0]) is None
     True
@@ -496,7 +499,13 @@ def _estimate(rates: Sequence[float | None], running: Sequence[float | None]) ->
         return by_replicas
     if running_known <= 0.0:
         return None
-    return max(by_replicas, total * running_all / running_known)
+    # Each unknown one counts for at most twice the mean of the known ones running
+    # requests: one replica's gauge of 256 beside its counters NaN read its fleet at
+    # maxReplicas, for good.
+    unknown = len(rates) - len(known)
+    active = sum(1 for w, r in zip(weights, rates, strict=True) if r is not None and w > 0)
+    by_running = total * running_all / running_known
+    return max(by_replicas, min(by_running, total + 2.0 * unknown * total / active))
 
 
 def _mean_tokens(windows: Sequence[ReplicaWindow], concept: str) -> float | None:

@@ -651,8 +651,15 @@ def test_a_rate_unknown_on_fewer_than_half_the_replicas_is_estimated_and_partial
             4,
             [45.0] * 4 + [5.0] * 6,
             [9.0] * 4 + [1.0] * 6,
-            210.0,
-            id="four busy replicas unknown: by the requests they run (the mean read 50 of 210)",
+            70.0,
+            id="four busy replicas unknown count twice the mean each at most: 70 of 210, not 50",
+        ),
+        pytest.param(
+            1,
+            [20.0] * 10,
+            [256.0] + [1.0] * 9,
+            220.0,
+            id="one claiming 256 running beside its counters unknown is twice the mean, not 26x",
         ),
         pytest.param(
             2,
