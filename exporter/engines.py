@@ -75,6 +75,10 @@ class Contract:
     lengths: Mapping[str, tuple[str, ...]]
     """``LENGTHS`` histograms, observed once per finished request; optional."""
     model_label: str = "model_name"
+    counters_at_first_use: bool = False
+    """Its counters appear at their first increment (labelled on first use): one absent
+    beside nothing running or waiting is 0, not missing. Missing, an SGLang pod that had
+    served nothing left its idle deployment partial, held at its count for good."""
     sleep_state: str | None = None
     """The sleep-state gauge (one series per ``sleep_state`` label value), if any."""
 
@@ -145,6 +149,7 @@ SGLANG = Contract(
         "prompt_length": ("sglang:prompt_tokens_histogram",),
         "output_length": ("sglang:generation_tokens_histogram",),
     },
+    counters_at_first_use=True,
 )
 
 CONTRACTS = {"vllm": VLLM, "sglang": SGLANG}
@@ -268,8 +273,11 @@ def engine_stats(samples: list[Sample], contract: Contract) -> EngineStats:
     gauges = _gauges(by_name, contract, missing, rejected)
     counters: dict[str, float] = {}
     created: float | None = None
+    idle = gauges.get("running") == 0.0 and gauges.get("waiting") == 0.0
     for concept, options in contract.counters.items():
         value = _first(by_name, options)
+        if value is None and idle and contract.counters_at_first_use:
+            value = 0.0
         if isinstance(value, str):
             rejected[concept] = value
         if value is None or isinstance(value, str):

@@ -218,6 +218,38 @@ def test_per_request_token_histograms_map_onto_two_concepts(lines, lengths):
     assert "prompt_length" not in stats.missing and "output_length" not in stats.missing
 
 
+SG_RUN, SG_WAIT = 'sglang:num_running_reqs{model_name="m"}', 'sglang:num_queue_reqs{model_name="m"}'
+
+
+@pytest.mark.parametrize(
+    ("lines", "counted"),
+    [
+        pytest.param(
+            [f"{SG_RUN} 0", f"{SG_WAIT} 0"],
+            True,
+            id="an sglang pod idle before its first request has counted nothing: 0",
+        ),
+        pytest.param(
+            [f"{SG_RUN} 3", f"{SG_WAIT} 0"],
+            False,
+            id="one running its first requests has counted nothing yet: unknown",
+        ),
+        pytest.param(
+            ['vllm:num_requests_running{model_name="m"} 0', 'vllm:num_requests_waiting 0'],
+            False,
+            id="a vllm pod's counters exist from its start: absent is missing",
+        ),
+    ],
+)  # fmt: skip
+def test_counters_appearing_at_first_use_are_0_on_an_idle_pod(lines, counted):
+    """Missing, an SGLang pod that had served nothing left its idle deployment partial,
+    held at its count for good (hostile pass 69)."""
+    stats = read_exposition("\n".join(lines) + "\n")
+    tokens = ("prompt_tokens", "generation_tokens", "requests")
+    assert all((stats.counters.get(c) == 0.0) is counted for c in tokens)
+    assert all((c in stats.missing) is not counted for c in tokens)
+
+
 RUN = 'vllm:num_requests_running{engine="0",model_name="m"}'
 WAIT = 'vllm:num_requests_waiting{engine="0",model_name="m"}'
 TOKENS = 'vllm:prompt_tokens_total{engine="0",model_name="m"}'
