@@ -332,32 +332,58 @@ async def poll_file(
         await store.update_off_loop(text, str(path))
 
 
-_COMMENT_START = re.compile(r"[ \t]#")
-"""Where a comment begins on a line after its content (YAML: after a blank)."""
-
-
 def _content(text: str) -> str:
-    """A config's text without its comments: two reads alike are alike in this.
+    """A config's text with each comment cut to its ``#``: two reads alike are alike in this.
 
     A sidecar stamping the file as it rewrites it (``# written at ...``) was never read
-    twice alike, its changes never applied (hostile pass 68). A line holding a quote is
-    kept whole: a ``#`` in a quoted scalar is no comment.
+    twice alike, its changes never applied (hostile pass 68). A comment's ``#`` stays:
+    dropped whole, a file grown by comment lines alone (a writer halfway) read alike, and
+    its half was applied (pass 69). A ``#`` inside a quoted scalar is no comment; a quote
+    inside a comment or a plain scalar (``don't``) opens nothing.
 
     >>> _content("a: 1  # stamp 17")
-    'a: 1'
-    >>> _content("b: '# kept'  # kept too")
-    "b: '# kept'  # kept too"
+    'a: 1 #'
+    >>> _content("b: 'x # y' # by Bob's sidecar")
+    "b: 'x # y' #"
     """
+    if "#" not in text:
+        return text
     lines = []
     for line in text.splitlines():
-        if line.lstrip(" \t").startswith("#"):
-            continue
-        if "'" not in line and '"' not in line:
-            comment = _COMMENT_START.search(line)
-            if comment is not None:
-                line = line[: comment.start()]
-        lines.append(line.rstrip())
+        at = _comment_at(line) if "#" in line else None
+        if at is None:
+            lines.append(line)
+        else:
+            kept = line[:at].rstrip()
+            lines.append(f"{kept} #" if kept else f"{line[:at]}#")
     return "\n".join(lines)
+
+
+def _comment_at(line: str) -> int | None:
+    """Where a YAML line's comment begins, if it holds one.
+
+    A ``#`` after a blank (or first), outside quotes; a quote opens a scalar only where
+    one begins (first, or after a blank or one of ``[{,:``).
+    """
+    quote = ""
+    before = " "
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if quote == '"' and c == "\\":
+                i += 1  # the escaped character
+            elif c == quote and quote == "'" and line[i + 1 : i + 2] == "'":
+                i += 1  # '' inside single quotes
+            elif c == quote:
+                quote = ""
+        elif c in "'\"" and before in " \t[{,:":
+            quote = c
+        elif c == "#" and before in " \t":
+            return i
+        before = c
+        i += 1
+    return None
 
 
 def holds_no_document(text: str) -> bool:

@@ -435,6 +435,7 @@ async def taken(
 
 
 HALF, WHOLE = "max-signal-age: 60s\n", "max-signal-age: 60s\ngrace-period: 7s\n"
+STAMPED = "max-signal-age: '60s'  # don't edit: stamp %d\ngrace-period: 7s\n"
 
 
 def sidecar(texts, inode=lambda n: 1):
@@ -475,6 +476,20 @@ def sidecar(texts, inode=lambda n: 1):
             7.0,
             1,
             id="reads alike but for their comments agree: a sidecar's stamp (hostile pass 68)",
+        ),
+        pytest.param(
+            sidecar([STAMPED % 1, STAMPED % 2]),
+            [STAMPED % 1, STAMPED % 2],
+            7.0,
+            1,
+            id="a stamp in a comment holding a quote is a comment still (hostile pass 69)",
+        ),
+        pytest.param(
+            sidecar([HALF + "# 1\n", HALF + "# 1\n# 2\n", WHOLE, WHOLE]),
+            [HALF + "# 1\n", HALF + "# 1\n# 2\n", WHOLE, WHOLE],
+            7.0,
+            1,
+            id="a half grown by a comment line is no read alike (hostile pass 69)",
         ),
     ],
 )
