@@ -471,12 +471,17 @@ class Exporter:
         # as many as are listed): listed again (readiness flapping), its rates go on. Its
         # history dropped, each one flapping answered without a window, its load left
         # out: 76,000 of 152,000 tokens a second read, the signal whole (hostile pass 68).
+        # Nothing listed at once after replicas were (every pod unready under load, an
+        # empty answer) is no fact of 0 replicas until the horizon has passed: read so, a
+        # fleet running 640 requests went to zero, and one empty answer dropped every
+        # history, the next rates unknown (hostile pass 69).
         recent = [
             t
             for t, h in state.histories.items()
             if t not in known and h.times and steady - h.times[-1] <= horizon
         ]
-        kept = known | set(recent[-len(known) :] if known else ())
+        vanished = not known and bool(recent)
+        kept = known | set(recent[-len(known) :] if known else recent)
         for gone in [t for t in state.histories if t not in kept]:
             del state.histories[gone]
         for gone in [t for t in state.status if t not in known]:
@@ -520,7 +525,7 @@ class Exporter:
             answered.append(result.target)
             state.engine = result.stats.engine
         self._label_model(state, [stats.model for stats in latest if stats.model], steady)
-        if not state.discovered:
+        if not state.discovered or vanished:
             state.signals = None  # "0 replicas" before any list answered is no fact
             return
         state.signals = derive(

@@ -445,3 +445,29 @@ async def test_a_replica_listed_again_keeps_its_rates(session):
         assert not signals.partial
     finally:
         await replicas.stop()
+
+
+async def test_an_empty_list_after_replicas_is_unknown_until_the_horizon(session):
+    """Every pod unready under load, or one empty answer: read as 0 replicas at once, a
+    fleet running 640 requests went to zero, and the histories dropped left the next
+    rates unknown (hostile pass 69)."""
+    replicas = await FakeReplicaServer(2).start()
+    try:
+        clock = FakeClock(1000.0)
+        urls = [replicas.url(i) for i in range(2)]
+        exporter = Exporter(config_for(urls), clock)
+        state = exporter.deployments[0]
+        seen = []
+        for listed, step in ((urls, 10), (urls, 10), ([], 10), (urls, 10), ([], 1000), ([], 10)):
+            state.config = state.config.model_copy(update={"targets": listed})
+            for replica in replicas.replicas:
+                replica.finish(10, prompt=100, output=20, ttft=0.3, itl=0.02, e2e=1.2)
+            await exporter.cycle(session)
+            signals = state.signals
+            seen.append(None if signals is None else signals.stable.generation_token_rate)
+            clock.now += step
+        # Listed again, the rates go on; past the horizon, an empty list is 0 replicas.
+        assert seen[:4] == [None, 40.0, None, 40.0]
+        assert seen[4] is None and seen[5] == 0.0
+    finally:
+        await replicas.stop()
