@@ -1347,6 +1347,7 @@ class Gateway:
         are logged again.
         """
         replica.recent.append(False)
+        replica.fresh.append(False)
         clean = len(replica.recent) == EJECT_WINDOW and not any(replica.recent)
         if clean and replica.eject_backoff.failures:
             replica.eject_backoff = Backoff()
@@ -1361,18 +1362,21 @@ class Gateway:
         fail (``_peers_bar``), eject it (passed over while others serve the model) for
         ``EJECT_SECONDS``, doubled per ejection until it answers a window without
         failure: a sick engine behind a live HTTP server answers at once, so
-        least-outstanding routing sent it ~99% of the traffic. Its window is kept: the
-        peers' bar reads it (cleared, an ejected peer's read as answering well, and two
-        replicas of a model took turns being ejected by a client's failing requests); one
-        still routed to while ejected (past half) is not ejected again.
+        least-outstanding routing sent it ~99% of the traffic. Only its failures since its
+        last ejection count (``fresh``); its window is kept whole for its peers' bar
+        (cleared, an ejected peer's read as answering well, and two replicas of a model
+        took turns being ejected by a client's failing requests). One still routed to
+        while ejected (past half) is not ejected again.
         """
         now = time.monotonic()
         replica.failed(now)
         replica.recent.append(True)
+        replica.fresh.append(True)
         if not replica.eject_backoff.allows(now):
             return None
-        if sum(replica.recent) < max(EJECT_AFTER, self._peers_bar(replica)):
+        if sum(replica.fresh) < max(EJECT_AFTER, self._peers_bar(replica)):
             return None
+        replica.fresh.clear()
         replica.eject_backoff = replica.eject_backoff.failed(now, EJECT_SECONDS)
         return replica.eject_backoff.until - now
 
@@ -1400,7 +1404,7 @@ class Gateway:
             return math.inf  # every answer fails everywhere: the requests', not its
         # Never past a whole window: peers made to fail half their answers shielded a
         # replica failing everything (10 of 10 short of a bar of 11).
-        return min(PEER_MARGIN * share * len(replica.recent) + 1, EJECT_WINDOW)
+        return min(PEER_MARGIN * share * len(replica.fresh) + 1, EJECT_WINDOW)
 
     def _reject(self, status: int, message: str, retry_after: float | None) -> web.HTTPException:
         """An error the gateway answers itself, counted, with ``Retry-After`` when it helps."""

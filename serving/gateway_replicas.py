@@ -167,6 +167,10 @@ class Replica:
     recent: deque[bool] = field(default_factory=lambda: deque(maxlen=EJECT_WINDOW))
     """Its last answers, True for a fast failure (``serving.gateway`` ejects it at a few):
     changed in place, as it never changes its routing view."""
+    fresh: deque[bool] = field(default_factory=lambda: deque(maxlen=EJECT_WINDOW))
+    """Its answers since it was last ejected, as ``recent``: its own ejection counts these
+    (its peers read ``recent`` whole), so that the failures one ejection was for do not
+    eject it again at its next failure once the ejection is over."""
     failed_at: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_FAILURES))
     """``time.monotonic`` of its last quick failures and refusals: those of the last
     ``FAILURE_SECONDS`` weigh in routing (``failed``)."""

@@ -11,6 +11,7 @@ its peers' share. Real servers on 127.0.0.1 port 0.
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 from aiohttp import web
@@ -18,7 +19,7 @@ from aiohttp import web
 from serving import gateway as gateway_module
 from serving.gateway import Gateway
 from serving.gateway_settings import GatewaySettings
-from serving.routing import ReplicaView, choose
+from serving.routing import Backoff, ReplicaView, choose
 from tests.conftest import eventually
 from tests.test_gateway_answers import COMPLETION, answers, fakes, post, status
 from tests.test_gateway_faults import Behaviour, Fake
@@ -213,7 +214,8 @@ def test_a_peer_ejected_keeps_its_failures_for_the_comparison() -> None:
     g = Gateway(["http://r0", "http://r1"], GatewaySettings())
     first, second = g.replicas
     for replica in g.replicas:
-        replica.recent.extend([False] * 7)
+        for _ in range(7):
+            g._answered_well(replica)
     assert [g._failed_fast(first) is not None for _ in range(3)] == [False, False, True]
     assert [g._failed_fast(second) is not None for _ in range(3)] == [False, False, False]
 
@@ -240,3 +242,16 @@ async def test_a_replica_refusing_everything_beside_one_busy_is_ejected() -> Non
             # Before: 10 and 10, every other one refused as the refusals weighed.
             assert (refuses.received, busy.received) == (3, 17)
             assert got.count(401) == 3 and g.replicas[0].eject_backoff.failures == 1
+
+
+def test_the_failures_an_ejection_was_for_do_not_eject_it_again() -> None:
+    """Its window kept, a replica's first failure after its ejection ejected it again,
+    for twice as long, on the failures the first was for."""
+    g = Gateway([f"http://r{i}" for i in range(4)], GatewaySettings())
+    replica, *peers = g.replicas
+    for peer in peers:
+        peer.recent.extend([False] * 10)
+    assert [g._failed_fast(replica) is not None for _ in range(3)] == [False, False, True]
+    replica.eject_backoff = Backoff(replica.eject_backoff.failures, -math.inf)  # over
+    assert [g._failed_fast(replica) is not None for _ in range(3)] == [False, False, True]
+    assert replica.eject_backoff.failures == 2
