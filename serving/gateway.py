@@ -90,8 +90,11 @@ from serving.arrival_recorder import ArrivalRecorder
 from serving.arrivals import estimate_prompt_tokens
 from serving.gateway_metrics import GatewayMetrics
 from serving.gateway_replicas import (
+    ANSWERED,
     EJECT_WINDOW,
+    FAILED,
     PROBE_TIMEOUT,
+    REFUSED,
     Replica,
     ReplicaPool,
     read_answer,
@@ -129,6 +132,11 @@ EJECT_AFTER = 3
 routing (``_failed_fast``): three in a row, or three of ten. Counted only in a row, a
 replica answering 500, 500, 200 over and over was never ejected, and kept ~65% of the
 traffic (two in three answers failed) beside an idle healthy one (hostile pass 62)."""
+REFUSING_AFTER = 8
+"""Refusals of the client's requests (4xx) among a replica's last ``EJECT_WINDOW``
+answers that eject it, beside peers refusing less (``_failed_fast``): one answering 401
+to everything is ejected at its eighth; a client's few invalid requests landing on a
+replica never make most of its answers."""
 PEER_MARGIN = 2.0
 """How many times its peers' share of fast failures a replica's own must reach to eject
 it (``_peers_bar``): one request's failure ahead of them is no sign of a sick replica."""
@@ -144,6 +152,8 @@ FAST_FAILURES = frozenset(
         "empty",
         "token-less",
         "overrun",
+        "timeout",
+        "stalled",
     }
 )
 """Upstream failures a replica answers at once, counted toward its ejection: a server
@@ -152,7 +162,10 @@ refusal (429, or 404 for a model it lists), a success holding no choice, a strea
 lines without a choice, a stream past its request's bound (one listing a context of 1
 had 94% of the streams cut, never ejected: hostile pass 63). Counting only 5xx left one
 that closed every answer after its headers ~98% of the traffic; one answering 404 or
-non-JSON 200s at once, ~95%."""
+non-JSON 200s at once, ~95%. Not at once, but its own too: no response, or silence
+mid-response, past ``upstream_timeout`` (a hung engine behind a live /health kept 27.5%
+of the traffic, each request a 504 after 30 s: hostile pass 69), compared with its
+peers as the others are."""
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 """Statuses aiohttp follows unless told not to: no replica's answer is followed anywhere
 (``_forward``, ``gateway_replicas``), and a completion answered by one is the replica's 502."""
@@ -1328,7 +1341,7 @@ class Gateway:
             # answer it is idle again at once, so it weighs in routing, and one refusing
             # far more than its peers refuse is ejected (one answering 401 to everything
             # kept 69% of the traffic beside a replica busy with long requests).
-            ejected_for = self._failed_fast(replica)
+            ejected_for = self._failed_fast(replica, REFUSED)
             if ejected_for is not None:
                 message = "%s refuses requests far more often than its peers (HTTP %d)"
                 message += "; routed to only when no other replica serves the model for %gs"
@@ -1346,8 +1359,8 @@ class Gateway:
         A window of answers without failure ends its ejections in a row; its failures
         are logged again.
         """
-        replica.recent.append(False)
-        replica.fresh.append(False)
+        replica.recent.append(ANSWERED)
+        replica.fresh.append(ANSWERED)
         clean = len(replica.recent) == EJECT_WINDOW and not any(replica.recent)
         if clean and replica.eject_backoff.failures:
             replica.eject_backoff = Backoff()
@@ -1355,32 +1368,38 @@ class Gateway:
             log.info("replica %s answered a request whole again", replica.url)
             replica.failing.clear()
 
-    def _failed_fast(self, replica: Replica) -> float | None:
-        """One more fast failure of ``replica``; the seconds it is ejected for, if it now is.
+    def _failed_fast(self, replica: Replica, outcome: int = FAILED) -> float | None:
+        """One more fast failure (or refusal) of ``replica``; the seconds it is ejected for.
 
-        ``EJECT_AFTER`` among its last ``EJECT_WINDOW`` answers, and more than its peers
-        fail (``_peers_bar``), eject it (passed over while others serve the model) for
-        ``EJECT_SECONDS``, doubled per ejection until it answers a window without
-        failure: a sick engine behind a live HTTP server answers at once, so
-        least-outstanding routing sent it ~99% of the traffic. Only its failures since its
-        last ejection count (``fresh``); its window is kept whole for its peers' bar
-        (cleared, an ejected peer's read as answering well, and two replicas of a model
-        took turns being ejected by a client's failing requests). One still routed to
-        while ejected (past half) is not ejected again.
+        None when it is not ejected now. ``EJECT_AFTER`` failures among its last
+        ``EJECT_WINDOW`` answers, and more than its peers fail (``_peers_bar``), eject it
+        (passed over while others serve the model) for ``EJECT_SECONDS``, doubled per
+        ejection until it answers a window without failure: a sick engine behind a live
+        HTTP server answers at once, so least-outstanding routing sent it ~99% of the
+        traffic. Only its failures since its last ejection count (``fresh``); its window
+        is kept whole for its peers' bar (cleared, an ejected peer's read as answering
+        well, and two replicas of a model took turns being ejected by a client's failing
+        requests). One still routed to while ejected (past half) is not ejected again.
+        Refusals of the client's requests eject it only at ``REFUSING_AFTER``: at three,
+        ordinary clients' 5% of invalid requests ejected one replica of two 43% of the
+        time (hostile pass 69).
         """
         now = time.monotonic()
         replica.failed(now)
-        replica.recent.append(True)
-        replica.fresh.append(True)
+        replica.recent.append(outcome)
+        replica.fresh.append(outcome)
         if not replica.eject_backoff.allows(now):
             return None
-        if sum(replica.fresh) < max(EJECT_AFTER, self._peers_bar(replica)):
+        own = replica.fresh.count(outcome)
+        if own < (EJECT_AFTER if outcome == FAILED else REFUSING_AFTER):
+            return None  # the peers' bar is walked only past this
+        if own < self._peers_bar(replica, outcome):
             return None
         replica.fresh.clear()
         replica.eject_backoff = replica.eject_backoff.failed(now, EJECT_SECONDS)
         return replica.eject_backoff.until - now
 
-    def _peers_bar(self, replica: Replica) -> float:
+    def _peers_bar(self, replica: Replica, outcome: int = FAILED) -> float:
         """The failures among ``replica``'s last answers that set it apart from its peers.
 
         ``PEER_MARGIN`` times as many as their share of failures among their own last
@@ -1397,7 +1416,7 @@ class Gateway:
         models = replica.models
         for peer in self.pool.replicas:
             if peer is not replica and (not models or not peer.models or models & peer.models):
-                failed += sum(peer.recent)
+                failed += peer.recent.count(outcome)
                 answered += len(peer.recent)
         share = failed / answered if answered else 0.0
         if share >= 1.0:

@@ -71,6 +71,9 @@ log = logging.getLogger("serving.gateway")
 
 EJECT_WINDOW = 10
 """A replica's last answers its fast failures are counted over (``serving.gateway``)."""
+ANSWERED, REFUSED, FAILED = 0, 1, 2
+"""What one answer was, in a replica's windows (``Replica.recent``): an answer, the
+client's request refused (a 4xx), or a fast failure of the replica's."""
 MAX_SERVED_MODELS = 4096
 """Models the gateway remembers once their replicas are gone (two replicas' worth of
 ``replica_answers.MAX_MODELS``): bounded, whatever replicas list over time."""
@@ -164,10 +167,11 @@ class Replica:
     surplus: bool = False
     """Woken under pressure beyond the scaler's running count: routed to only above the
     pressure threshold, until it sleeps again or the plan's running count takes it."""
-    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=EJECT_WINDOW))
-    """Its last answers, True for a fast failure (``serving.gateway`` ejects it at a few):
-    changed in place, as it never changes its routing view."""
-    fresh: deque[bool] = field(default_factory=lambda: deque(maxlen=EJECT_WINDOW))
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=EJECT_WINDOW))
+    """Its last answers (``ANSWERED``, ``REFUSED``, ``FAILED``; ``serving.gateway`` ejects
+    it at a few failures, or at most answers refused): changed in place, as it never
+    changes its routing view."""
+    fresh: deque[int] = field(default_factory=lambda: deque(maxlen=EJECT_WINDOW))
     """Its answers since it was last ejected, as ``recent``: its own ejection counts these
     (its peers read ``recent`` whole), so that the failures one ejection was for do not
     eject it again at its next failure once the ejection is over."""

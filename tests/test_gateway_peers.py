@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 
 from serving import gateway as gateway_module
-from serving.gateway import Gateway
+from serving.gateway import EJECT_AFTER, REFUSING_AFTER, Gateway
+from serving.gateway_replicas import ANSWERED, FAILED, REFUSED
 from serving.gateway_settings import GatewaySettings
 from serving.routing import Backoff, ReplicaView, choose
 from tests.conftest import eventually
@@ -66,7 +67,7 @@ def ejections(peers: list[str], answers_: str, models: str = "") -> list[int]:
         r.models = frozenset({model})
     replica, *others = g.replicas
     for peer, window in zip(others, peers, strict=True):
-        peer.recent.extend(answer == "F" for answer in window)
+        peer.recent.extend(FAILED if answer == "F" else ANSWERED for answer in window)
     ejected = []
     for i, answer in enumerate(answers_, start=1):
         if answer == "S":
@@ -240,8 +241,9 @@ async def test_a_replica_refusing_everything_beside_one_busy_is_ejected() -> Non
             release.set()
             got = await asyncio.gather(*sent)
             # Before: 10 and 10, every other one refused as the refusals weighed.
-            assert (refuses.received, busy.received) == (3, 17)
-            assert got.count(401) == 3 and g.replicas[0].eject_backoff.failures == 1
+            assert (refuses.received, busy.received) == (REFUSING_AFTER, 20 - REFUSING_AFTER)
+            assert got.count(401) == REFUSING_AFTER
+            assert g.replicas[0].eject_backoff.failures == 1
 
 
 def test_the_failures_an_ejection_was_for_do_not_eject_it_again() -> None:
@@ -250,8 +252,66 @@ def test_the_failures_an_ejection_was_for_do_not_eject_it_again() -> None:
     g = Gateway([f"http://r{i}" for i in range(4)], GatewaySettings())
     replica, *peers = g.replicas
     for peer in peers:
-        peer.recent.extend([False] * 10)
+        peer.recent.extend([ANSWERED] * 10)
     assert [g._failed_fast(replica) is not None for _ in range(3)] == [False, False, True]
     replica.eject_backoff = Backoff(replica.eject_backoff.failures, -math.inf)  # over
     assert [g._failed_fast(replica) is not None for _ in range(3)] == [False, False, True]
     assert replica.eject_backoff.failures == 2
+
+
+def refusals(answers_: str, peers: str = "S" * 10) -> list[int]:
+    """At which of ``answers_`` (R: a refusal, S: an answer) the first of four replicas
+    is ejected, its three peers' last answers being ``peers`` (R, F: a failure, S)."""
+    kinds = {"R": REFUSED, "F": FAILED, "S": ANSWERED}
+    g = Gateway([f"http://r{i}" for i in range(4)], GatewaySettings())
+    replica, *others = g.replicas
+    for peer in others:
+        peer.recent.extend(kinds[a] for a in peers)
+    ejected = []
+    for i, answer in enumerate(answers_, start=1):
+        if answer == "S":
+            g._answered_well(replica)
+        elif g._failed_fast(replica, REFUSED) is not None:
+            ejected.append(i)
+    return ejected
+
+
+@pytest.mark.parametrize(
+    ("answers_", "peers", "ejected_at"),
+    [
+        pytest.param("R" * 10, "S" * 10, [8], id="refusing everything ejects at the eighth"),
+        pytest.param(
+            "SSRSSSRSSSRSSSR", "S" * 10, [], id="a client's invalid requests landing on it do not"
+        ),
+        pytest.param("R" * 10, "R" * 10, [], id="beside peers refusing everything too, no sign"),
+        pytest.param("R" * 10, "FFFFFFFFFS", [8], id="peers' failures are no refusals"),
+    ],
+)
+def test_refusals_eject_a_replica_only_when_most_of_its_answers_are(
+    answers_: str, peers: str, ejected_at: list[int]
+) -> None:
+    """At three refusals, 5% of invalid requests from ordinary clients ejected one of two
+    healthy replicas 43% of the time (hostile pass 69)."""
+    assert refusals(answers_, peers) == ejected_at
+
+
+@pytest.mark.usefixtures("no_failure_weight")
+async def test_a_replica_that_never_answers_is_ejected_beside_one_that_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Timeouts were never counted toward ejection: a hung engine behind a live /health
+    kept 27.5% of the traffic, each request a 504 after the upstream timeout (pass 69)."""
+    monkeypatch.setattr(gateway_module, "EJECT_SECONDS", 3600.0)
+    forever = asyncio.Event()  # never set: it accepts and never answers
+
+    async def hung(request: web.Request, fake: Fake) -> web.StreamResponse:
+        await forever.wait()
+        raise AssertionError("unreachable")
+
+    async with fakes(hung, answers) as (stuck, well):
+        async with gateway_for([stuck.url, well.url], upstream_timeout=0.2) as gateway:
+            g = gateway.gateway
+            await eventually(lambda: all(r.routable for r in g.replicas), "both ready")
+            got = [await post(gateway, COMPLETION) for _ in range(12)]
+            assert g.replicas[0].eject_backoff.failures == 1
+            assert got.count(504) == stuck.received == EJECT_AFTER
