@@ -82,10 +82,13 @@ class Churning:
         self.healthy = False
         self.down = False
         """Set: every health check fails from now on."""
+        self.checks_down = 0
+        """Health checks answered since ``down`` was set."""
         self.url = ""
 
     async def _health(self, request: web.Request) -> web.Response:
         self.healthy = not self.healthy and not self.down
+        self.checks_down += self.down
         return web.Response(status=200 if self.healthy else 503)
 
     async def _awake(self, request: web.Request) -> web.Response:
@@ -137,7 +140,12 @@ async def test_past_the_bound_a_model_new_at_zero_replicas_is_buffered_not_refus
         assert pool.served_full and "new-model" not in pool.served
         replica.healthy = True  # its next check fails, and it stays down
         replica.down = True
-        await eventually(lambda: not pool.routing_views()[0].ready, "no replica ready")
+        # A second check answered down: the first one's answer is taken, and no check
+        # answered before ``down`` (ready again) is still on its way.
+        await eventually(
+            lambda: replica.checks_down >= 2 and not pool.routing_views()[0].ready,
+            "no replica ready",
+        )
         url = f"http://127.0.0.1:{gateway.port}/v1/completions"
         body = {"model": "new-model", "prompt": "hi", "max_tokens": 1}
         async with aiohttp.ClientSession() as client, client.post(url, json=body) as r:
