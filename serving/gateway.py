@@ -1320,8 +1320,9 @@ class Gateway:
         code refuses the client's request, as a 400 does), a refusal (429, or 404 for a
         model it lists) and a success holding no choice count against it
         (``_failed_fast``); all but the first are judged failed too (``meter.unanswered``:
-        a 5xx is by its status). The client's request refused (a 4xx) counts among its
-        answers as one failing, for the ejection that compares it with its peers alone.
+        a 5xx is by its status). The client's request refused (a 4xx) is no failure of
+        the replica's: it counts among its answers as a refusal (``REFUSED``), which
+        weighs in routing, and most of its answers refused eject it (``REFUSING_AFTER``).
         """
         url = replica.url
         if status >= 500:
@@ -1339,8 +1340,8 @@ class Gateway:
         elif meter.client_error or 400 <= status < 500:
             # The client's request refused: no failure of the replica's, but one quick to
             # answer it is idle again at once, so it weighs in routing, and one refusing
-            # far more than its peers refuse is ejected (one answering 401 to everything
-            # kept 69% of the traffic beside a replica busy with long requests).
+            # most of what it is sent, more than its peers, is ejected (one answering 401
+            # to everything kept 69% of the traffic beside a replica busy with long ones).
             ejected_for = self._failed_fast(replica, REFUSED)
             if ejected_for is not None:
                 message = "%s refuses requests far more often than its peers (HTTP %d)"
