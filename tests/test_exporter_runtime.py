@@ -424,50 +424,48 @@ async def test_replicas_asleep_are_a_signal_and_a_metric(replicas, session):
     assert states == {"known": 3, "up": 3, "sleeping": 1}
 
 
-async def test_a_replica_listed_again_keeps_its_rates(session):
-    """Readiness flapping: each replica listed again had lost its history and answered
-    without a window, its load left out of a signal read whole (hostile pass 68)."""
-    replicas = await FakeReplicaServer(4).start()
+async def listed_in_turn(session, count, steps):
+    """``count`` fake replicas, each finishing 10 requests of 20 tokens a cycle, scraped
+    by an exporter whose discovery lists ``listed`` before each cycle, the clock moved
+    ``step`` s after it (``steps``: (listed indexes, step) pairs): the signals of each."""
+    replicas = await FakeReplicaServer(count).start()
     try:
         clock = FakeClock(1000.0)
-        urls = [replicas.url(i) for i in range(4)]
+        urls = [replicas.url(i) for i in range(count)]
         exporter = Exporter(config_for(urls), clock)
         state = exporter.deployments[0]
-        for listed in (urls, urls[:2], urls):
-            state.config = state.config.model_copy(update={"targets": listed})
+        seen = []
+        for listed, step in steps:
+            targets = [urls[i] for i in listed]
+            state.config = state.config.model_copy(update={"targets": targets})
             for replica in replicas.replicas:
                 replica.finish(10, prompt=100, output=20, ttft=0.3, itl=0.02, e2e=1.2)
             await exporter.cycle(session)
-            clock.now += 10
-        signals = signals_of(exporter)
-        # 10 requests of 20 tokens each 10 s on each of the 4: before, 40 (two of them).
-        assert signals.stable.generation_token_rate == pytest.approx(80.0)
-        assert not signals.partial
+            seen.append(state.signals)
+            clock.now += step
+        return seen
     finally:
         await replicas.stop()
+
+
+async def test_a_replica_listed_again_keeps_its_rates(session):
+    """Readiness flapping: each replica listed again had lost its history and answered
+    without a window, its load left out of a signal read whole (hostile pass 68)."""
+    every, half = range(4), range(2)
+    signals = (await listed_in_turn(session, 4, [(every, 10), (half, 10), (every, 10)]))[-1]
+    # 10 requests of 20 tokens each 10 s on each of the 4: before, 40 (two of them).
+    assert signals.stable.generation_token_rate == pytest.approx(80.0)
+    assert not signals.partial
 
 
 async def test_an_empty_list_after_replicas_is_unknown_until_the_horizon(session):
     """Every pod unready under load, or one empty answer: read as 0 replicas at once, a
     fleet running 640 requests went to zero, and the histories dropped left the next
     rates unknown (hostile pass 69)."""
-    replicas = await FakeReplicaServer(2).start()
-    try:
-        clock = FakeClock(1000.0)
-        urls = [replicas.url(i) for i in range(2)]
-        exporter = Exporter(config_for(urls), clock)
-        state = exporter.deployments[0]
-        seen = []
-        for listed, step in ((urls, 10), (urls, 10), ([], 10), (urls, 10), ([], 1000), ([], 10)):
-            state.config = state.config.model_copy(update={"targets": listed})
-            for replica in replicas.replicas:
-                replica.finish(10, prompt=100, output=20, ttft=0.3, itl=0.02, e2e=1.2)
-            await exporter.cycle(session)
-            signals = state.signals
-            seen.append(None if signals is None else signals.stable.generation_token_rate)
-            clock.now += step
-        # Listed again, the rates go on; past the horizon, an empty list is 0 replicas.
-        assert seen[:4] == [None, 40.0, None, 40.0]
-        assert seen[4] is None and seen[5] == 0.0
-    finally:
-        await replicas.stop()
+    both, none = range(2), range(0)
+    steps = [(both, 10), (both, 10), (none, 10), (both, 10), (none, 1000), (none, 10)]
+    signals = await listed_in_turn(session, 2, steps)
+    seen = [None if s is None else s.stable.generation_token_rate for s in signals]
+    # Listed again, the rates go on; past the horizon, an empty list is 0 replicas.
+    assert seen[:4] == [None, 40.0, None, 40.0]
+    assert seen[4] is None and seen[5] == 0.0
